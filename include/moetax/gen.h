@@ -1,0 +1,105 @@
+/*
+ * moetax/gen.h - random-weight DeepSeek2 models in llama.cpp's GGUF layout.
+ *
+ * DESIGN
+ *   A model is described by struct moetax_gen_params (every shape knob, the
+ *   routing style, the weight type, the seed). moetax_gen_write streams it to
+ *   a GGUF file tensor by tensor, never holding more than one chunk of values.
+ *   Keys, tensor names and shapes follow shared/docs/GGUF-MOE.md (deepseek2).
+ *
+ * INVARIANTS
+ *   - Deterministic: the same params and seed give the same bytes. Each tensor's
+ *     values come from an RNG seeded by (seed, tensor name), so they do not
+ *     depend on the order or chunking of the write.
+ *   - Router (ffn_gate_inp), norms and exp_probs_b stay F32 whatever the weight
+ *     type, as llama.cpp's quantizer does; a quantized tensor whose first
+ *     dimension is not a multiple of 32 is stored F16 (llama-quantize falls back
+ *     the same way).
+ *   - Weights are scaled by 1/sqrt(fan_in) so activations stay O(1) through all
+ *     layers, and the router's logits have unit spread so routing does not
+ *     collapse onto a few experts.
+ *   - A dense twin (dense_twin = true) has the same attention and leading dense
+ *     layers, and in place of every MoE layer a dense SwiGLU FFN of width
+ *     n_expert_used * n_ff_exp + n_expert_shared * n_ff_exp: the same active
+ *     parameters per token.
+ */
+#ifndef MOETAX_GEN_H
+#define MOETAX_GEN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "moetax/status.h"
+#include "moetax/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct moetax_gen_params {
+    const char *name;          /* general.name */
+    int n_vocab;
+    int n_ctx;                 /* context_length */
+    int n_embd;                /* d */
+    int n_layer;
+    int n_layer_dense_lead;    /* leading_dense_block_count */
+    int n_ff;                  /* dense FFN width */
+    int n_head;
+    int q_lora_rank;           /* 0: plain attn_q (Lite shapes) */
+    int kv_lora_rank;
+    int n_embd_head_qk_nope;
+    int n_embd_head_qk_rope;   /* rope.dimension_count */
+    int n_embd_head_v;
+    int n_expert;
+    int n_expert_used;
+    int n_expert_shared;
+    int n_ff_exp;              /* expert_feed_forward_length */
+    int n_expert_group;        /* 0/1: no group-limited routing */
+    int n_expert_group_used;
+    int gating_func;           /* 1 softmax, 2 sigmoid */
+    bool exp_probs_b;          /* V3 selection bias */
+    bool expert_weights_norm;
+    float expert_weights_scale;
+    float rope_freq_base;
+    float rope_yarn_factor;    /* 0: no rope scaling */
+    int rope_yarn_orig_ctx;
+    float rope_yarn_log_mul;
+    float rms_eps;
+    bool fused_gate_up;        /* ffn_gate_up_exps instead of gate/up */
+    bool kv_b_merged;          /* older attn_kv_b instead of attn_k_b/attn_v_b */
+    bool dense_twin;           /* see above */
+    enum moetax_type wtype;    /* F32, F16, BF16, Q8_0, Q4_0 */
+    uint64_t seed;
+};
+
+/* Fill p with a named preset: "tiny", "tiny-v3", "small", "bench-v3".
+ * Returns MOETAX_ERR_ARG for an unknown name. */
+moetax_status moetax_gen_preset(const char *preset, struct moetax_gen_params *p);
+/* Check shapes and options; the message names the offending knob. */
+moetax_status moetax_gen_validate(const struct moetax_gen_params *p);
+/* Total parameter count and file size (bytes of tensor data). */
+void moetax_gen_size(const struct moetax_gen_params *p, uint64_t *n_params, uint64_t *n_bytes);
+
+typedef void (*moetax_gen_progress_fn)(void *user, uint64_t bytes_done, uint64_t bytes_total);
+moetax_status moetax_gen_write(const struct moetax_gen_params *p, const char *path,
+                               moetax_gen_progress_fn progress, void *user);
+
+/* Build a byte-level BPE vocabulary of exactly n_vocab tokens (GPT-2 byte
+ * encoding; merges learned on a built-in English+Python text; two control
+ * tokens BOS/EOS; unused padding tokens if the text runs out of merges).
+ * Arrays are malloc'd; free with moetax_gen_vocab_free. */
+struct moetax_gen_vocab {
+    int n_tokens;
+    char **tokens;
+    int32_t *token_type; /* 1 normal, 3 control, 5 unused, 6 byte */
+    int n_merges;
+    char **merges;       /* "left right" */
+    int bos_id, eos_id;
+};
+moetax_status moetax_gen_vocab_build(int n_vocab, struct moetax_gen_vocab *v);
+void moetax_gen_vocab_free(struct moetax_gen_vocab *v);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

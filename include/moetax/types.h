@@ -1,0 +1,117 @@
+/*
+ * moetax/types.h - tensor element types (ggml numbering), block layouts and
+ * scalar conversions.
+ *
+ * DESIGN
+ *   Type ids are ggml's, so a GGUF tensor's type field maps 1:1. moetax knows the
+ *   block size and byte size of every ggml type (so `inspect` can read any file)
+ *   but computes with F32, F16, BF16, Q8_0 and Q4_0 only.
+ *
+ *   Q8_0: blocks of 32 values: f16 scale d, then 32 int8 q; value = q * d.
+ *   Q4_0: blocks of 32 values: f16 scale d, then 16 bytes; byte j holds value j
+ *         in its low nibble and value j+16 in its high nibble; value = (q-8) * d.
+ *
+ * INVARIANTS
+ *   - A row of n values of type t takes n / blck_size(t) * type_size(t) bytes,
+ *     and n must be a multiple of blck_size(t).
+ *   - The *_ref conversions here are the scalar references every optimized
+ *     kernel is tested against; they match ggml's reference quantizers bit for bit.
+ */
+#ifndef MOETAX_TYPES_H
+#define MOETAX_TYPES_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum moetax_type {
+    MOETAX_TYPE_F32 = 0,
+    MOETAX_TYPE_F16 = 1,
+    MOETAX_TYPE_Q4_0 = 2,
+    MOETAX_TYPE_Q4_1 = 3,
+    MOETAX_TYPE_Q5_0 = 6,
+    MOETAX_TYPE_Q5_1 = 7,
+    MOETAX_TYPE_Q8_0 = 8,
+    MOETAX_TYPE_Q8_1 = 9,
+    MOETAX_TYPE_Q2_K = 10,
+    MOETAX_TYPE_Q3_K = 11,
+    MOETAX_TYPE_Q4_K = 12,
+    MOETAX_TYPE_Q5_K = 13,
+    MOETAX_TYPE_Q6_K = 14,
+    MOETAX_TYPE_Q8_K = 15,
+    MOETAX_TYPE_IQ2_XXS = 16,
+    MOETAX_TYPE_IQ2_XS = 17,
+    MOETAX_TYPE_IQ3_XXS = 18,
+    MOETAX_TYPE_IQ1_S = 19,
+    MOETAX_TYPE_IQ4_NL = 20,
+    MOETAX_TYPE_IQ3_S = 21,
+    MOETAX_TYPE_IQ2_S = 22,
+    MOETAX_TYPE_IQ4_XS = 23,
+    MOETAX_TYPE_I8 = 24,
+    MOETAX_TYPE_I16 = 25,
+    MOETAX_TYPE_I32 = 26,
+    MOETAX_TYPE_I64 = 27,
+    MOETAX_TYPE_F64 = 28,
+    MOETAX_TYPE_IQ1_M = 29,
+    MOETAX_TYPE_BF16 = 30,
+    MOETAX_TYPE_TQ1_0 = 34,
+    MOETAX_TYPE_TQ2_0 = 35,
+    MOETAX_TYPE_MXFP4 = 39,
+    MOETAX_TYPE_COUNT = 40,
+};
+
+#define MOETAX_QK8_0 32
+#define MOETAX_QK4_0 32
+
+typedef struct moetax_block_q8_0 {
+    uint16_t d;                 /* f16 scale */
+    int8_t qs[MOETAX_QK8_0];    /* quants */
+} moetax_block_q8_0;
+
+typedef struct moetax_block_q4_0 {
+    uint16_t d;                 /* f16 scale */
+    uint8_t qs[MOETAX_QK4_0 / 2]; /* nibbles: low = value j, high = value j+16 */
+} moetax_block_q4_0;
+
+/* True if t is a known ggml type id (including ones moetax cannot compute). */
+bool moetax_type_valid(uint32_t t);
+/* Values per block (1 for plain types), 0 for an unknown type. */
+int64_t moetax_type_blck_size(enum moetax_type t);
+/* Bytes per block, 0 for an unknown type. */
+size_t moetax_type_size(enum moetax_type t);
+/* "f32", "q8_0", ...; "unknown" for an unknown id. */
+const char *moetax_type_name(enum moetax_type t);
+/* Parse a name as printed by moetax_type_name (case-insensitive); returns false if unknown. */
+bool moetax_type_from_name(const char *name, enum moetax_type *out);
+/* True for the types moetax computes with: F32, F16, BF16, Q8_0, Q4_0. */
+bool moetax_type_supported(enum moetax_type t);
+/* Bytes of a row of n values; 0 if n is not a multiple of the block size. */
+size_t moetax_row_size(enum moetax_type t, int64_t n);
+
+/* Scalar half/bfloat conversions (round to nearest even). */
+float moetax_fp16_to_fp32(uint16_t h);
+uint16_t moetax_fp32_to_fp16(float f);
+float moetax_bf16_to_fp32(uint16_t h);
+uint16_t moetax_fp32_to_bf16(float f);
+
+/* Reference row conversions for the supported types; n must be a multiple of
+ * the block size. */
+void moetax_quantize_row_q8_0_ref(const float *x, moetax_block_q8_0 *y, int64_t n);
+void moetax_dequantize_row_q8_0_ref(const moetax_block_q8_0 *x, float *y, int64_t n);
+void moetax_quantize_row_q4_0_ref(const float *x, moetax_block_q4_0 *y, int64_t n);
+void moetax_dequantize_row_q4_0_ref(const moetax_block_q4_0 *x, float *y, int64_t n);
+
+/* Convert n floats to a row of type t (F32, F16, BF16, Q8_0, Q4_0). Returns
+ * false if t is unsupported or n is not a multiple of the block size. */
+bool moetax_from_float(enum moetax_type t, const float *x, void *y, int64_t n);
+/* Convert a row of n values of type t to floats. */
+bool moetax_to_float(enum moetax_type t, const void *x, float *y, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

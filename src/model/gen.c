@@ -1,0 +1,447 @@
+/*
+ * gen.c - write random-weight deepseek2 models (and their dense twins) in the
+ * GGUF layout llama.cpp loads. See include/moetax/gen.h for the invariants.
+ */
+#include "moetax/gen.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moetax/gguf.h"
+
+moetax_status moetax_gen_preset(const char *preset, struct moetax_gen_params *p) {
+    /* defaults shared by all presets: DeepSeek-V2-Lite-like routing */
+    *p = (struct moetax_gen_params){
+        .name = preset,
+        .n_ctx = 4096,
+        .n_layer_dense_lead = 1,
+        .gating_func = 1,
+        .expert_weights_scale = 1.0f,
+        .rope_freq_base = 10000.0f,
+        .rms_eps = 1e-6f,
+        .wtype = MOETAX_TYPE_F32,
+        .seed = 42,
+    };
+    if (!strcmp(preset, "tiny") || !strcmp(preset, "tiny-v3")) {
+        p->n_vocab = 512;
+        p->n_ctx = 512;
+        p->n_embd = 64;
+        p->n_layer = 3;
+        p->n_ff = 128;
+        p->n_head = 4;
+        p->kv_lora_rank = 32;
+        p->n_embd_head_qk_nope = 16;
+        p->n_embd_head_qk_rope = 8;
+        p->n_embd_head_v = 16;
+        p->n_expert = 8;
+        p->n_expert_used = 2;
+        p->n_expert_shared = 1;
+        p->n_ff_exp = 32;
+        if (!strcmp(preset, "tiny-v3")) {
+            p->q_lora_rank = 48;
+            p->n_expert_group = 4;
+            p->n_expert_group_used = 2;
+            p->gating_func = 2;
+            p->exp_probs_b = true;
+            p->expert_weights_norm = true;
+            p->expert_weights_scale = 2.5f;
+            p->rope_yarn_factor = 4.0f;
+            p->rope_yarn_orig_ctx = 128;
+            p->rope_yarn_log_mul = 0.1f;
+        }
+        return MOETAX_OK;
+    }
+    if (!strcmp(preset, "small")) {
+        /* the default random model: ~416 M parameters */
+        p->n_vocab = 8192;
+        p->n_embd = 1024;
+        p->n_layer = 8;
+        p->n_ff = 2816;
+        p->n_head = 16;
+        p->kv_lora_rank = 256;
+        p->n_embd_head_qk_nope = 64;
+        p->n_embd_head_qk_rope = 32;
+        p->n_embd_head_v = 64;
+        p->n_expert = 64;
+        p->n_expert_used = 6;
+        p->n_expert_shared = 2;
+        p->n_ff_exp = 256;
+        return MOETAX_OK;
+    }
+    if (!strcmp(preset, "bench-v3")) {
+        /* DeepSeek-V3 proportions scaled down: ~2.3 G parameters, Q8_0 ~2.5 GB */
+        p->n_vocab = 8192;
+        p->n_embd = 1024;
+        p->n_layer = 12;
+        p->n_ff = 2816;
+        p->n_head = 16;
+        p->q_lora_rank = 384;
+        p->kv_lora_rank = 256;
+        p->n_embd_head_qk_nope = 64;
+        p->n_embd_head_qk_rope = 32;
+        p->n_embd_head_v = 64;
+        p->n_expert = 256;
+        p->n_expert_used = 8;
+        p->n_expert_shared = 1;
+        p->n_ff_exp = 256;
+        p->n_expert_group = 8;
+        p->n_expert_group_used = 4;
+        p->gating_func = 2;
+        p->exp_probs_b = true;
+        p->expert_weights_norm = true;
+        p->expert_weights_scale = 2.5f;
+        p->rope_yarn_factor = 4.0f;
+        p->rope_yarn_orig_ctx = 1024;
+        p->rope_yarn_log_mul = 0.1f;
+        p->wtype = MOETAX_TYPE_Q8_0;
+        return MOETAX_OK;
+    }
+    return moetax_error(MOETAX_ERR_ARG, "unknown preset '%s' (expected tiny, tiny-v3, small or bench-v3)", preset);
+}
+
+moetax_status moetax_gen_validate(const struct moetax_gen_params *p) {
+#define NEED(cond, ...) do { if (!(cond)) return moetax_error(MOETAX_ERR_ARG, __VA_ARGS__); } while (0)
+    NEED(p->n_vocab >= 260, "--vocab %d: need at least 260 tokens (256 bytes + BOS/EOS)", p->n_vocab);
+    NEED(p->n_embd >= 1 && p->n_embd <= 65536, "--embd %d out of range", p->n_embd);
+    NEED(p->n_layer >= 1 && p->n_layer <= 1024, "--layers %d out of range", p->n_layer);
+    NEED(p->n_layer_dense_lead >= 0 && p->n_layer_dense_lead <= p->n_layer,
+         "--dense-lead %d must be in 0..layers (%d)", p->n_layer_dense_lead, p->n_layer);
+    NEED(p->n_ctx >= 1, "--ctx %d must be >= 1", p->n_ctx);
+    NEED(p->n_head >= 1, "--heads %d must be >= 1", p->n_head);
+    NEED(p->kv_lora_rank >= 1, "--kv-lora %d must be >= 1", p->kv_lora_rank);
+    NEED(p->q_lora_rank >= 0, "--q-lora %d must be >= 0", p->q_lora_rank);
+    NEED(p->n_embd_head_qk_nope >= 1 && p->n_embd_head_v >= 1, "head dims must be >= 1");
+    NEED(p->n_embd_head_qk_rope >= 2 && p->n_embd_head_qk_rope % 2 == 0, "--rope-dim %d must be even and >= 2",
+         p->n_embd_head_qk_rope);
+    bool has_moe = p->n_layer_dense_lead < p->n_layer;
+    NEED(p->n_layer_dense_lead == 0 || p->n_ff >= 1, "--ff %d must be >= 1 with leading dense layers", p->n_ff);
+    if (has_moe) {
+        NEED(p->n_expert >= 1, "--experts %d must be >= 1", p->n_expert);
+        NEED(p->n_expert_used >= 1 && p->n_expert_used <= p->n_expert, "--experts-used %d must be in 1..experts (%d)",
+             p->n_expert_used, p->n_expert);
+        NEED(p->n_expert_shared >= 0, "--shared %d must be >= 0", p->n_expert_shared);
+        NEED(p->n_ff_exp >= 1, "--expert-ff %d must be >= 1", p->n_ff_exp);
+        if (p->n_expert_group > 1) {
+            NEED(p->n_expert % p->n_expert_group == 0, "--groups %d must divide experts (%d)", p->n_expert_group,
+                 p->n_expert);
+            NEED(p->n_expert / p->n_expert_group >= 2, "each group needs at least 2 experts (group score = top-2 sum)");
+            NEED(p->n_expert_group_used >= 1 && p->n_expert_group_used <= p->n_expert_group,
+                 "--groups-used %d must be in 1..groups (%d)", p->n_expert_group_used, p->n_expert_group);
+            NEED(p->n_expert_group_used * (p->n_expert / p->n_expert_group) >= p->n_expert_used,
+                 "groups-used x experts per group (%d) must be >= experts-used (%d)",
+                 p->n_expert_group_used * (p->n_expert / p->n_expert_group), p->n_expert_used);
+        }
+    }
+    NEED(p->gating_func == 1 || p->gating_func == 2, "--gating must be softmax (1) or sigmoid (2)");
+    NEED(p->rope_yarn_factor == 0 || (p->rope_yarn_factor >= 1 && p->rope_yarn_orig_ctx >= 1),
+         "--yarn-factor must be 0 (off) or >= 1 with --yarn-orig-ctx >= 1");
+    NEED(isfinite(p->rms_eps) && p->rms_eps > 0, "--eps must be > 0");
+    NEED(isfinite(p->rope_freq_base) && p->rope_freq_base > 0, "--rope-base must be > 0");
+    NEED(moetax_type_supported(p->wtype), "weight type %s is not one of f32, f16, bf16, q8_0, q4_0",
+         moetax_type_name(p->wtype));
+#undef NEED
+    return MOETAX_OK;
+}
+
+/* ---- the tensor list ------------------------------------------------------- */
+
+enum init_kind { INIT_LINEAR, INIT_NORM, INIT_EMBD, INIT_BIAS, INIT_ROUTER };
+
+struct gen_tensor {
+    char name[96];
+    uint32_t n_dims;
+    int64_t ne[3];
+    enum moetax_type type;
+    enum init_kind init;
+    float std;
+};
+
+struct tensor_list {
+    struct gen_tensor *t;
+    int n, cap;
+    const struct moetax_gen_params *p;
+};
+
+static moetax_status add(struct tensor_list *l, enum init_kind init, float fan_in, int n_dims, int64_t ne0,
+                         int64_t ne1, int64_t ne2, const char *fmt, int layer) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        struct gen_tensor *t = realloc(l->t, sizeof *t * (size_t)cap);
+        if (!t) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        l->t = t;
+        l->cap = cap;
+    }
+    struct gen_tensor *t = &l->t[l->n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, fmt, layer);
+    t->n_dims = (uint32_t)n_dims;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1;
+    t->ne[2] = ne2;
+    t->init = init;
+    t->std = init == INIT_LINEAR || init == INIT_ROUTER ? 1.0f / sqrtf(fan_in) : init == INIT_EMBD ? 1.0f : 0.05f;
+    /* F32: norms, router, biases, 1-D; else the weight type, F16 if the blocks do not fit */
+    enum moetax_type wt = l->p->wtype;
+    if (init == INIT_NORM || init == INIT_BIAS || init == INIT_ROUTER || n_dims == 1) wt = MOETAX_TYPE_F32;
+    else if (ne0 % moetax_type_blck_size(wt) != 0) wt = MOETAX_TYPE_F16;
+    t->type = wt;
+    return MOETAX_OK;
+}
+
+static moetax_status build_tensors(const struct moetax_gen_params *p, struct tensor_list *l) {
+    const int64_t d = p->n_embd, H = p->n_head, nope = p->n_embd_head_qk_nope, rope = p->n_embd_head_qk_rope;
+    const int64_t vh = p->n_embd_head_v, kvl = p->kv_lora_rank, ql = p->q_lora_rank;
+    const int64_t E = p->n_expert, F = p->n_ff_exp, Fs = (int64_t)p->n_expert_shared * p->n_ff_exp;
+    const int64_t twin_ff = (int64_t)p->n_expert_used * F + Fs;
+    moetax_status st = MOETAX_OK;
+#define ADD(...) do { if ((st = add(l, __VA_ARGS__))) return st; } while (0)
+    ADD(INIT_EMBD, 1, 2, d, p->n_vocab, 1, "token_embd.weight", 0);
+    for (int il = 0; il < p->n_layer; il++) {
+        ADD(INIT_NORM, 1, 1, d, 1, 1, "blk.%d.attn_norm.weight", il);
+        if (ql > 0) {
+            ADD(INIT_LINEAR, (float)d, 2, d, ql, 1, "blk.%d.attn_q_a.weight", il);
+            ADD(INIT_NORM, 1, 1, ql, 1, 1, "blk.%d.attn_q_a_norm.weight", il);
+            ADD(INIT_LINEAR, (float)ql, 2, ql, H * (nope + rope), 1, "blk.%d.attn_q_b.weight", il);
+        } else {
+            ADD(INIT_LINEAR, (float)d, 2, d, H * (nope + rope), 1, "blk.%d.attn_q.weight", il);
+        }
+        ADD(INIT_LINEAR, (float)d, 2, d, kvl + rope, 1, "blk.%d.attn_kv_a_mqa.weight", il);
+        ADD(INIT_NORM, 1, 1, kvl, 1, 1, "blk.%d.attn_kv_a_norm.weight", il);
+        if (p->kv_b_merged) {
+            ADD(INIT_LINEAR, (float)kvl, 2, kvl, H * (nope + vh), 1, "blk.%d.attn_kv_b.weight", il);
+        } else {
+            ADD(INIT_LINEAR, (float)nope, 3, nope, kvl, H, "blk.%d.attn_k_b.weight", il);
+            ADD(INIT_LINEAR, (float)kvl, 3, kvl, vh, H, "blk.%d.attn_v_b.weight", il);
+        }
+        ADD(INIT_LINEAR, (float)(H * vh), 2, H * vh, d, 1, "blk.%d.attn_output.weight", il);
+        ADD(INIT_NORM, 1, 1, d, 1, 1, "blk.%d.ffn_norm.weight", il);
+        if (il < p->n_layer_dense_lead || p->dense_twin) {
+            int64_t ff = il < p->n_layer_dense_lead ? p->n_ff : twin_ff;
+            ADD(INIT_LINEAR, (float)d, 2, d, ff, 1, "blk.%d.ffn_gate.weight", il);
+            ADD(INIT_LINEAR, (float)d, 2, d, ff, 1, "blk.%d.ffn_up.weight", il);
+            ADD(INIT_LINEAR, (float)ff, 2, ff, d, 1, "blk.%d.ffn_down.weight", il);
+            continue;
+        }
+        ADD(INIT_ROUTER, (float)d, 2, d, E, 1, "blk.%d.ffn_gate_inp.weight", il);
+        if (p->exp_probs_b) ADD(INIT_BIAS, 1, 1, E, 1, 1, "blk.%d.exp_probs_b.bias", il);
+        if (p->fused_gate_up) {
+            ADD(INIT_LINEAR, (float)d, 3, d, 2 * F, E, "blk.%d.ffn_gate_up_exps.weight", il);
+        } else {
+            ADD(INIT_LINEAR, (float)d, 3, d, F, E, "blk.%d.ffn_gate_exps.weight", il);
+            ADD(INIT_LINEAR, (float)d, 3, d, F, E, "blk.%d.ffn_up_exps.weight", il);
+        }
+        ADD(INIT_LINEAR, (float)F, 3, F, d, E, "blk.%d.ffn_down_exps.weight", il);
+        if (Fs > 0) {
+            ADD(INIT_LINEAR, (float)d, 2, d, Fs, 1, "blk.%d.ffn_gate_shexp.weight", il);
+            ADD(INIT_LINEAR, (float)d, 2, d, Fs, 1, "blk.%d.ffn_up_shexp.weight", il);
+            ADD(INIT_LINEAR, (float)Fs, 2, Fs, d, 1, "blk.%d.ffn_down_shexp.weight", il);
+        }
+    }
+    ADD(INIT_NORM, 1, 1, d, 1, 1, "output_norm.weight", 0);
+    ADD(INIT_LINEAR, (float)d, 2, d, p->n_vocab, 1, "output.weight", 0);
+#undef ADD
+    return MOETAX_OK;
+}
+
+static uint64_t tensor_bytes(const struct gen_tensor *t) {
+    return moetax_row_size(t->type, t->ne[0]) * (uint64_t)t->ne[1] * (uint64_t)t->ne[2];
+}
+
+void moetax_gen_size(const struct moetax_gen_params *p, uint64_t *n_params, uint64_t *n_bytes) {
+    struct tensor_list l = {.p = p};
+    *n_params = *n_bytes = 0;
+    if (build_tensors(p, &l) == MOETAX_OK)
+        for (int i = 0; i < l.n; i++) {
+            *n_params += (uint64_t)(l.t[i].ne[0] * l.t[i].ne[1] * l.t[i].ne[2]);
+            *n_bytes += tensor_bytes(&l.t[i]);
+        }
+    free(l.t);
+}
+
+/* ---- values ------------------------------------------------------------------ */
+
+struct rng {
+    uint64_t s[2];
+};
+
+static uint64_t splitmix(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void rng_seed(struct rng *r, uint64_t seed, const char *name) {
+    uint64_t x = seed;
+    for (const char *c = name; *c; c++) x = (x ^ (uint8_t)*c) * 1099511628211ull;
+    r->s[0] = splitmix(&x);
+    r->s[1] = splitmix(&x) | 1;
+}
+
+static inline uint64_t rng_next(struct rng *r) { /* xorshift128+ */
+    uint64_t s1 = r->s[0];
+    const uint64_t s0 = r->s[1];
+    r->s[0] = s0;
+    s1 ^= s1 << 23;
+    r->s[1] = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26);
+    return r->s[1] + s0;
+}
+
+/* n values with mean 0 and the given standard deviation: uniform on
+ * [-sqrt(3) std, sqrt(3) std) (same variance as a normal, bounded). */
+static void fill(struct rng *r, const struct gen_tensor *t, float *x, int64_t n) {
+    float a = 1.7320508f * t->std, mean = t->init == INIT_NORM ? 1.0f : 0.0f;
+    int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint64_t u = rng_next(r);
+        x[i] = mean + a * ((float)(uint32_t)u * 4.656612873e-10f - 1.0f);
+        x[i + 1] = mean + a * ((float)(uint32_t)(u >> 32) * 4.656612873e-10f - 1.0f);
+    }
+    if (i < n) x[i] = mean + a * ((float)(uint32_t)rng_next(r) * 4.656612873e-10f - 1.0f);
+}
+
+/* ---- metadata ---------------------------------------------------------------- */
+
+static moetax_status write_metadata(const struct moetax_gen_params *p, struct moetax_gguf_writer *w) {
+    moetax_status st = MOETAX_OK;
+    char key[128];
+#define KEY(s) (snprintf(key, sizeof key, "deepseek2.%s", s), key)
+#define TRY(x) do { if ((st = (x))) goto out; } while (0)
+    struct moetax_gen_vocab v;
+    if ((st = moetax_gen_vocab_build(p->n_vocab, &v))) return st;
+    uint32_t ftype = p->wtype == MOETAX_TYPE_F32 ? 0 : p->wtype == MOETAX_TYPE_F16 ? 1 : p->wtype == MOETAX_TYPE_Q4_0 ? 2
+                   : p->wtype == MOETAX_TYPE_Q8_0 ? 7 : 32;
+    bool has_moe = !p->dense_twin && p->n_layer_dense_lead < p->n_layer;
+    int64_t H = p->n_head;
+    TRY(moetax_gguf_writer_set_str(w, "general.architecture", "deepseek2"));
+    TRY(moetax_gguf_writer_set_str(w, "general.name", p->name ? p->name : "moetax-random"));
+    TRY(moetax_gguf_writer_set_u32(w, "general.file_type", ftype));
+    TRY(moetax_gguf_writer_set_u32(w, "general.quantization_version", 2));
+    TRY(moetax_gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)p->n_ctx));
+    TRY(moetax_gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)p->n_embd));
+    TRY(moetax_gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)p->n_layer));
+    TRY(moetax_gguf_writer_set_u32(w, KEY("feed_forward_length"),
+                                   (uint32_t)(p->dense_twin && p->n_layer_dense_lead == 0
+                                                  ? (p->n_expert_used + p->n_expert_shared) * p->n_ff_exp
+                                                  : p->n_ff)));
+    TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)H));
+    if (p->kv_b_merged) {
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)H));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.key_length"),
+                                       (uint32_t)(p->n_embd_head_qk_nope + p->n_embd_head_qk_rope)));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)p->n_embd_head_v));
+    } else {
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), 1));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.key_length"),
+                                       (uint32_t)(p->kv_lora_rank + p->n_embd_head_qk_rope)));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)p->kv_lora_rank));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.key_length_mla"),
+                                       (uint32_t)(p->n_embd_head_qk_nope + p->n_embd_head_qk_rope)));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.value_length_mla"), (uint32_t)p->n_embd_head_v));
+    }
+    TRY(moetax_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), p->rms_eps));
+    if (p->q_lora_rank > 0) TRY(moetax_gguf_writer_set_u32(w, KEY("attention.q_lora_rank"), (uint32_t)p->q_lora_rank));
+    TRY(moetax_gguf_writer_set_u32(w, KEY("attention.kv_lora_rank"), (uint32_t)p->kv_lora_rank));
+    TRY(moetax_gguf_writer_set_f32(w, KEY("rope.freq_base"), p->rope_freq_base));
+    TRY(moetax_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)p->n_embd_head_qk_rope));
+    if (p->rope_yarn_factor > 0) {
+        TRY(moetax_gguf_writer_set_str(w, KEY("rope.scaling.type"), "yarn"));
+        TRY(moetax_gguf_writer_set_f32(w, KEY("rope.scaling.factor"), p->rope_yarn_factor));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)p->rope_yarn_orig_ctx));
+        TRY(moetax_gguf_writer_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"), p->rope_yarn_log_mul));
+    }
+    TRY(moetax_gguf_writer_set_u32(w, KEY("leading_dense_block_count"),
+                                   (uint32_t)(p->dense_twin ? p->n_layer : p->n_layer_dense_lead)));
+    TRY(moetax_gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)p->n_vocab));
+    if (has_moe) {
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_shared_count"), (uint32_t)p->n_expert_shared));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p->n_ff_exp));
+        TRY(moetax_gguf_writer_set_f32(w, KEY("expert_weights_scale"), p->expert_weights_scale));
+        TRY(moetax_gguf_writer_set_bool(w, KEY("expert_weights_norm"), p->expert_weights_norm));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_gating_func"), (uint32_t)p->gating_func));
+        if (p->n_expert_group > 1) {
+            TRY(moetax_gguf_writer_set_u32(w, KEY("expert_group_count"), (uint32_t)p->n_expert_group));
+            TRY(moetax_gguf_writer_set_u32(w, KEY("expert_group_used_count"), (uint32_t)p->n_expert_group_used));
+        }
+    } else {
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_count"), 0));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_used_count"), 0));
+    }
+    TRY(moetax_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"));
+    TRY(moetax_gguf_writer_set_str(w, "tokenizer.ggml.pre", "default"));
+    TRY(moetax_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tokens, (uint64_t)v.n_tokens));
+    TRY(moetax_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", MOETAX_GGUF_TYPE_INT32, v.token_type,
+                                   (uint64_t)v.n_tokens));
+    TRY(moetax_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)v.merges, (uint64_t)v.n_merges));
+    TRY(moetax_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v.bos_id));
+    TRY(moetax_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v.eos_id));
+    TRY(moetax_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true));
+    TRY(moetax_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false));
+out:
+    moetax_gen_vocab_free(&v);
+#undef KEY
+#undef TRY
+    return st;
+}
+
+moetax_status moetax_gen_write(const struct moetax_gen_params *p, const char *path, moetax_gen_progress_fn progress,
+                               void *user) {
+    moetax_status st = moetax_gen_validate(p);
+    if (st) return st;
+    struct tensor_list l = {.p = p};
+    struct moetax_gguf_writer *w = NULL;
+    float *vals = NULL;
+    void *buf = NULL;
+    if ((st = build_tensors(p, &l))) goto out;
+    if ((st = moetax_gguf_writer_init(path, &w))) goto out;
+    if ((st = write_metadata(p, w))) goto out;
+    for (int i = 0; i < l.n; i++) {
+        const struct gen_tensor *t = &l.t[i];
+        if ((st = moetax_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne))) goto out;
+    }
+    const int64_t chunk_target = 1 << 20; /* values per chunk */
+    vals = malloc(sizeof(float) * (size_t)chunk_target + 4096 * sizeof(float));
+    buf = malloc(sizeof(float) * (size_t)chunk_target + 4096 * sizeof(float));
+    if (!vals || !buf) { st = moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", path); goto out; }
+    uint64_t total = moetax_gguf_writer_data_total(w);
+    for (int i = 0; i < l.n; i++) {
+        const struct gen_tensor *t = &l.t[i];
+        struct rng r;
+        rng_seed(&r, p->seed, t->name);
+        int64_t rows = t->ne[1] * t->ne[2];
+        int64_t rows_per_chunk = chunk_target / t->ne[0];
+        if (rows_per_chunk < 1) rows_per_chunk = 1;
+        for (int64_t r0 = 0; r0 < rows; r0 += rows_per_chunk) {
+            int64_t nr = rows - r0 < rows_per_chunk ? rows - r0 : rows_per_chunk;
+            for (int64_t rr = 0; rr < nr; rr++) {
+                float *x = t->ne[0] > chunk_target ? vals : vals + rr * t->ne[0];
+                fill(&r, t, x, t->ne[0]);
+                if (t->ne[0] > chunk_target) { /* a single huge row: convert and write it alone */
+                    if (!moetax_from_float(t->type, x, buf, t->ne[0])) {
+                        st = moetax_error(MOETAX_ERR_INTERNAL, "conversion to %s failed", moetax_type_name(t->type));
+                        goto out;
+                    }
+                    if ((st = moetax_gguf_writer_write(w, buf, moetax_row_size(t->type, t->ne[0])))) goto out;
+                }
+            }
+            if (t->ne[0] <= chunk_target) {
+                for (int64_t rr = 0; rr < nr; rr++)
+                    moetax_from_float(t->type, vals + rr * t->ne[0],
+                                      (char *)buf + (size_t)rr * moetax_row_size(t->type, t->ne[0]), t->ne[0]);
+                if ((st = moetax_gguf_writer_write(w, buf, (size_t)nr * moetax_row_size(t->type, t->ne[0])))) goto out;
+            }
+            if (progress) progress(user, moetax_gguf_writer_data_written(w), total);
+        }
+    }
+    st = moetax_gguf_writer_finish(w);
+out:
+    moetax_gguf_writer_free(w);
+    free(vals);
+    free(buf);
+    free(l.t);
+    return st;
+}

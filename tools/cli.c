@@ -1,0 +1,149 @@
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+int cli_fail(const char *cmd, moetax_status st) {
+    const char *msg = moetax_last_error();
+    fprintf(stderr, "moetax %s: error: %s%s(%s)\n", cmd, msg, msg[0] ? " " : "", moetax_status_name(st));
+    return 1;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "moetax %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(see 'moetax %s --help')\n", cmd);
+    va_end(ap);
+    return 2;
+}
+
+bool cli_flag(char **argv, int i, const char *s, const char *l) {
+    return (s && strcmp(argv[i], s) == 0) || (l && strcmp(argv[i], l) == 0);
+}
+
+bool cli_opt(int argc, char **argv, int *i, const char *s, const char *l, const char **val, bool *err) {
+    const char *a = argv[*i];
+    if (l) {
+        size_t n = strlen(l);
+        if (strncmp(a, l, n) == 0 && a[n] == '=') { *val = a + n + 1; return true; }
+    }
+    if (!cli_flag(argv, *i, s, l)) return false;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "moetax: option %s needs a value\n", a);
+        *err = true;
+        return true;
+    }
+    *val = argv[++*i];
+    return true;
+}
+
+bool cli_parse_i64(const char *s, int64_t *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end) return false;
+    *out = v;
+    return true;
+}
+
+bool cli_parse_f64(const char *s, double *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+bool cli_parse_size(const char *s, uint64_t *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0 || !isfinite(v)) return false;
+    double mul = 1;
+    if (*end) {
+        char c = (char)(*end | 0x20);
+        if (c == 'k') mul = 1024.0;
+        else if (c == 'm') mul = 1024.0 * 1024;
+        else if (c == 'g') mul = 1024.0 * 1024 * 1024;
+        else if (c == 't') mul = 1024.0 * 1024 * 1024 * 1024;
+        else if (c == 'b' && end[1] == 0) mul = 1;
+        else return false;
+        end++;
+        if (*end && strcasecmp(end, "b") != 0 && strcasecmp(end, "ib") != 0) return false;
+    }
+    double b = v * mul;
+    if (b > 1.8e19) return false;
+    *out = (uint64_t)b;
+    return true;
+}
+
+int cli_parse_int_list(const char *s, int64_t *out, int max) {
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        char buf[64];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof buf || n >= max) return -1;
+        memcpy(buf, p, len);
+        buf[len] = 0;
+        if (!cli_parse_i64(buf, &out[n])) return -1;
+        n++;
+        p += len;
+        if (*p == ',') p++;
+    }
+    return n;
+}
+
+double cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void cli_progress_init(cli_progress *p, const char *label, uint64_t total) {
+    const char *force = getenv("MOETAX_PROGRESS");
+    p->label = label;
+    p->total = total ? total : 1;
+    p->t_start = p->t_last = cli_now();
+    p->enabled = force ? strcmp(force, "0") != 0 : isatty(2);
+}
+
+void cli_progress_update(cli_progress *p, uint64_t done) {
+    if (!p->enabled) return;
+    double t = cli_now();
+    if (t - p->t_last < 0.1 && done < p->total) return;
+    p->t_last = t;
+    double frac = (double)done / (double)p->total;
+    if (frac > 1) frac = 1;
+    int width = 30, fill = (int)(frac * width);
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    bar[width] = 0;
+    double el = t - p->t_start;
+    double eta = frac > 0 ? el / frac - el : 0;
+    fprintf(stderr, "\r%s [%s] %5.1f%%  %.0fs elapsed, %.0fs left ", p->label, bar, 100 * frac, el, eta);
+    fflush(stderr);
+}
+
+void cli_progress_done(cli_progress *p) {
+    if (!p->enabled) return;
+    cli_progress_update(p, p->total);
+    fprintf(stderr, "\n");
+}
+
+const char *cli_default_model_path(void) {
+    const char *e = getenv("MOETAX_MODEL");
+    return e && *e ? e : "models/default.gguf";
+}

@@ -1,0 +1,103 @@
+/* cmd_quantize.c - `moetax quantize IN OUT TYPE`: convert a model's weights.
+ * Like llama-quantize: the router (ffn_gate_inp), norms, biases, exp_probs_b
+ * and all 1-D tensors stay F32; a tensor whose rows do not fit the target
+ * block size falls back to F16. Metadata is copied, general.file_type updated. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "moetax/gguf.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: moetax quantize IN.gguf OUT.gguf TYPE\n\n"
+               "TYPE: f32 f16 bf16 q8_0 q4_0. Routers, norms, biases and 1-D tensors stay f32.\n");
+}
+
+static bool keep_f32(const struct moetax_gguf_tensor *t) {
+    char name[256];
+    size_t n = t->name.len < 255 ? t->name.len : 255;
+    memcpy(name, t->name.data, n);
+    name[n] = 0;
+    return t->n_dims == 1 || strstr(name, "ffn_gate_inp") || strstr(name, "_norm") || strstr(name, ".bias") ||
+           strstr(name, "exp_probs_b");
+}
+
+int cmd_quantize(int argc, char **argv) {
+    const char *pos[3];
+    int np = 0;
+    for (int i = 1; i < argc; i++) {
+        if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+        if (argv[i][0] == '-') return cli_usage_error("quantize", "unknown option '%s'", argv[i]);
+        if (np == 3) return cli_usage_error("quantize", "too many arguments");
+        pos[np++] = argv[i];
+    }
+    if (np != 3) return cli_usage_error("quantize", "need IN OUT TYPE");
+    enum moetax_type to;
+    if (!moetax_type_from_name(pos[2], &to) || !moetax_type_supported(to))
+        return cli_usage_error("quantize", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0)", pos[2]);
+    if (!strcmp(pos[0], pos[1])) return cli_usage_error("quantize", "input and output are the same file");
+    struct moetax_gguf *g;
+    moetax_status st = moetax_gguf_open(pos[0], &g);
+    if (st) return cli_fail("quantize", st);
+    struct moetax_gguf_writer *w = NULL;
+    float *row = NULL;
+    void *out = NULL;
+    enum moetax_type *types = calloc(g->n_tensors + 1, sizeof *types);
+    if (!types) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+    if ((st = moetax_gguf_writer_init(pos[1], &w))) goto done;
+    uint32_t ftype = to == MOETAX_TYPE_F32 ? 0 : to == MOETAX_TYPE_F16 ? 1 : to == MOETAX_TYPE_Q4_0 ? 2 : to == MOETAX_TYPE_Q8_0 ? 7 : 32;
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        const struct moetax_gguf_kv *kv = &g->kv[i];
+        if (kv->key.len == 17 && !memcmp(kv->key.data, "general.file_type", 17))
+            st = moetax_gguf_writer_set_u32(w, "general.file_type", ftype);
+        else st = moetax_gguf_writer_copy_kv(w, g, kv);
+        if (st) goto done;
+    }
+    if (!moetax_gguf_find_kv(g, "general.file_type") && (st = moetax_gguf_writer_set_u32(w, "general.file_type", ftype)))
+        goto done;
+    int64_t max_ne0 = 1;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const struct moetax_gguf_tensor *t = &g->tensors[i];
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.data);
+        if (!moetax_type_supported(t->type)) {
+            st = moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which moetax cannot convert", pos[0],
+                              name, moetax_type_name(t->type));
+            goto done;
+        }
+        enum moetax_type ty = keep_f32(t) ? MOETAX_TYPE_F32 : to;
+        if (t->ne[0] % moetax_type_blck_size(ty)) ty = MOETAX_TYPE_F16;
+        types[i] = ty;
+        if (t->ne[0] > max_ne0) max_ne0 = t->ne[0];
+        if ((st = moetax_gguf_writer_add_tensor(w, name, ty, t->n_dims, t->ne))) goto done;
+    }
+    row = malloc(sizeof(float) * (size_t)max_ne0);
+    out = malloc(sizeof(float) * (size_t)max_ne0);
+    if (!row || !out) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+    cli_progress bar;
+    cli_progress_init(&bar, "quantizing", moetax_gguf_writer_data_total(w));
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const struct moetax_gguf_tensor *t = &g->tensors[i];
+        int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+        size_t rb_in = moetax_row_size(t->type, t->ne[0]), rb_out = moetax_row_size(types[i], t->ne[0]);
+        for (int64_t r = 0; r < rows; r++) {
+            moetax_to_float(t->type, (const char *)t->data + (size_t)r * rb_in, row, t->ne[0]);
+            moetax_from_float(types[i], row, out, t->ne[0]);
+            if ((st = moetax_gguf_writer_write(w, out, rb_out))) goto done;
+        }
+        cli_progress_update(&bar, moetax_gguf_writer_data_written(w));
+    }
+    cli_progress_done(&bar);
+    st = moetax_gguf_writer_finish(w);
+done:
+    moetax_gguf_writer_free(w);
+    moetax_gguf_close(g);
+    free(types);
+    free(row);
+    free(out);
+    if (st) return cli_fail("quantize", st);
+    fprintf(stderr, "moetax quantize: wrote %s (%s)\n", pos[1], moetax_type_name(to));
+    return 0;
+}

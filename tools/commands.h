@@ -1,0 +1,17 @@
+/* commands.h - the subcommand table of the moetax CLI (git's builtin/ style).
+ * One file per subcommand under tools/, each defining cmd_<name>(argc, argv)
+ * where argv[0] is the subcommand name. Add one X() line per subcommand. */
+#ifndef MOETAX_TOOLS_COMMANDS_H
+#define MOETAX_TOOLS_COMMANDS_H
+
+#define MOETAX_COMMANDS(X) \
+    X(gen, "write a random-weight (or dense-twin) model in llama.cpp's GGUF layout") \
+    X(inspect, "show a GGUF file: metadata, tensors, totals, active bytes per token") \
+    X(quantize, "convert a GGUF model's weights to another type (f16, bf16, q8_0, q4_0)") \
+    X(bench, "benchmarks: mem (read bandwidth), kernels, and model prefill/decode")
+
+#define X(name, help) int cmd_##name(int argc, char **argv);
+MOETAX_COMMANDS(X)
+#undef X
+
+#endif
