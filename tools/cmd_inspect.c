@@ -92,7 +92,7 @@ static void print_array(FILE *f, const struct moetax_gguf_kv *kv, bool json, boo
 }
 
 static uint64_t fnv1a64(const uint8_t *p, uint64_t n) {
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = 14695981039346656037ull;
     for (uint64_t i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ull; }
     return h;
 }

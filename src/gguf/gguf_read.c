@@ -37,7 +37,7 @@ struct name_index {
 };
 
 uint64_t moetax_gguf_hash(const char *s, uint64_t n) {
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = 14695981039346656037ull;
     for (uint64_t i = 0; i < n; i++) {
         h ^= (uint8_t)s[i];
         h *= 1099511628211ull;

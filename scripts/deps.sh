@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages moetax needs, only those that are missing.
+# A no-op (no apt call at all) when everything is present.
+# Usage: scripts/deps.sh [build|test]   (test adds what the test suite needs)
+set -euo pipefail
+mode=${1:-build}
+pkgs=(gcc g++ make cmake pkg-config)
+if [ "$mode" = test ]; then
+  # numpy for the independent reference (tests/ref), clang + compiler-rt for libFuzzer
+  pkgs+=(python3 python3-numpy clang libclang-rt-14-dev)
+fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "moetax: installing missing Debian packages: ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "moetax: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

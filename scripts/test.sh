@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The whole test suite: install what is missing, build, run CTest (Release),
+# the unit tests again under AddressSanitizer+UndefinedBehaviorSanitizer and the
+# threaded ones under ThreadSanitizer, and the GGUF fuzzer briefly.
+# MOETAX_SLOW=1 also runs the tests labelled 'slow'.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh test || exit 1
+jobs=$(nproc)
+passed=0; failed=0; failed_names=()
+stage() { # name, command...
+  local name=$1; shift
+  echo "=== $name"
+  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); failed_names+=("$name"); fi
+}
+exclude=()
+[ "${MOETAX_SLOW:-0}" = 1 ] || exclude=(-LE slow)
+
+build() { # dir, cmake args...
+  local dir=$1; shift
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null && cmake --build "$dir" -j"$jobs" 2>&1 | grep -E "warning|error" ; test "${PIPESTATUS[0]}" -eq 0
+}
+
+stage "build (release)" build build
+stage "ctest (release)" ctest --test-dir build --output-on-failure -j"$jobs" "${exclude[@]}"
+stage "build (asan+ubsan)" build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETAX_SANITIZE=address,undefined
+stage "ctest unit (asan+ubsan)" ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit
+stage "build (tsan)" build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETAX_SANITIZE=thread
+stage "ctest threads (tsan)" ctest --test-dir build-tsan --output-on-failure -L threads
+
+fuzz() {
+  build build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DMOETAX_FUZZ=ON \
+      -DMOETAX_SANITIZE=fuzzer-no-link,address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo || return 1
+  local corpus=build-fuzz/corpus
+  mkdir -p "$corpus"
+  for preset in tiny tiny-v3; do
+    for t in f32 q8_0 q4_0; do
+      ./build/moetax gen --preset $preset --type $t --vocab 260 --layers 2 --embd 32 --ff 32 --expert-ff 32 \
+          -o "$corpus/$preset-$t.gguf" 2>/dev/null || return 1
+    done
+  done
+  ./build-fuzz/tests/fuzz_gguf -max_total_time="${MOETAX_FUZZ_SECONDS:-60}" -max_len=65536 -rss_limit_mb=2048 \
+      -print_final_stats=1 "$corpus" 2>&1 | tail -5
+  test "${PIPESTATUS[0]}" -eq 0
+}
+stage "fuzz gguf reader" fuzz
+
+echo
+[ $failed -eq 0 ] || echo "failed stages: ${failed_names[*]}"
+echo "stages: $passed passed, $failed failed"
+[ $failed -eq 0 ]

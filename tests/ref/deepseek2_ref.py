@@ -1,0 +1,534 @@
+#!/usr/bin/python3
+"""deepseek2_ref.py - independent NumPy reference forward pass for GGUF `deepseek2` models.
+
+All arithmetic is float64 (weights are dequantised to float32 exactly as stored, then widened).
+Implements /work/shared/docs/GGUF-MOE.md with llama.cpp's deepseek2 graph semantics:
+
+  x = token_embd[tok]
+  per layer:
+    h  = rmsnorm(x) * attn_norm                     rmsnorm(v) = v / sqrt(mean(v^2) + eps)
+    q  = W_qb rmsnorm(W_qa h)*q_a_norm  (or W_q h)  -> per head [q_nope (nope) | q_pe (rope)]
+    c  = W_kva h -> kv (kv_lora) | k_pe (rope)      kv = rmsnorm(kv) * kv_a_norm
+    rope (ggml NORM mode = adjacent pairs (2i, 2i+1)) on q_pe and k_pe, YaRN when
+    rope.scaling.type == "yarn"; cache [kv ; k_pe] per position
+    q_abs[h] = W_kb[h] @ q_nope[h]     (attn_k_b numpy (H, kv_lora, nope); = W_k[h]^T q_nope)
+    s[h,t]   = (q_abs[h].kv_t + q_pe[h].k_pe_t) * kq_scale,  t <= pos;  p = softmax(s)
+    o[h]     = W_vb[h] @ sum_t p[h,t] kv_t   (attn_v_b numpy (H, v_head, kv_lora))
+    x += W_o concat(o)
+    h2 = rmsnorm(x) * ffn_norm
+    x += dense SwiGLU (layers < leading_dense_block_count) or MoE(h2) + shared SwiGLU(h2)
+  logits = W_out (rmsnorm(x) * output_norm)
+
+  MoE: logits_r = W_gate_inp h2; p = softmax | sigmoid (expert_gating_func 1 | 2; absent -> 1);
+  s = p + exp_probs_b (selection only); if expert_group_count G > 1: group score = sum of the
+  top-2 s in each group, keep expert_group_used_count best groups, others -> -inf; top-k of s
+  (ties -> lower index); w = p[topk]; if expert_weights_norm: w /= max(sum w, 6.103515625e-5);
+  if expert_weights_scale not in (0, 1): w *= scale; out = sum_i w_i W_down_i(silu(W_gate_i h2) *
+  (W_up_i h2)). Fused ffn_gate_up_exps numpy (E, 2F, d): rows [0, F) gate, [F, 2F) up.
+  Older files with merged attn_kv_b {kv_lora, H*(nope+v_head)}: numpy (H*(nope+v), kv_lora),
+  per head the first nope rows are k (W_kb[h] = that block transposed), the next v_head rows v.
+
+  kq_scale and RoPE magnitude follow llama.cpp (llama-context.cpp + models/deepseek2.cpp):
+    F = rope.scaling.factor (freq_scale = 1/F; absent/0 -> 1), ext = 1 if type == "yarn" else 0
+    L = rope.scaling.yarn_log_multiplier / 0.1   (the converter stores 0.1*mscale_all_dim)
+    A = rope.scaling.attn_factor (default 1)
+    if ext: af = (1 if L != 0 else 1 + 0.1 ln F) / (1 + 0.1 ln F)     else af = 1;   af *= A
+    rope: cos/sin scaled by af * (1 + 0.1 ln F) if ext else af
+    mscale = af * (1 + 0.1 ln F) * (1 + 0.1 L ln F);  kq_scale = mscale^2 / sqrt(nope + rope)
+  (for DeepSeek-V2/V3 files: rope magnitude 1, kq_scale = (1 + 0.1 L ln F)^2 / sqrt(192)).
+  YaRN theta per pair i (ggml rope_yarn): theta_e = pos * base^(-2i/n_rot), theta_i = theta_e/F,
+  ramp = 1 - clamp((i - lo) / max(0.001, hi - lo), 0, 1), theta = theta_i (1 - ramp*ext) +
+  theta_e ramp*ext, with lo = max(0, floor(c(beta_fast))), hi = min(n_rot - 1, ceil(c(beta_slow))),
+  c(b) = n_rot ln(n_ctx_orig / (2 pi b)) / (2 ln base), beta_fast 32, beta_slow 1,
+  n_ctx_orig = rope.scaling.original_context_length (default context_length); lo/hi computed in
+  float32 like ggml.
+
+Python API
+  m = Model(path, dtype=np.float64, expert_cache_mb=1024)
+  m.cfg                        dict of the hyper-parameters used (incl. kq_scale, rope params)
+  m.forward(tokens)            -> ndarray [len(tokens), n_vocab] (float64), positions 0..n-1
+  m.reset(); m.step(token)     -> ndarray [n_vocab] logits at the next position (KV cache)
+  m.generate(prompt, n)        -> (tokens, logits [len(prompt)+n, n_vocab]) greedy decoding:
+                                  logits of the prompt positions then of each generated token
+  m.routing                    list of {"layer","pos","token","experts","weights"} appended by
+                                  forward/step since the last reset (clear with m.routing.clear())
+  Building blocks (module level): rmsnorm, rope_norm, yarn_corr_dims, rope_params, route,
+  moe_forward, softmax, silu, sigmoid.
+
+CLI
+  /usr/bin/python3 tests/ref/deepseek2_ref.py MODEL --tokens 1,2,3 [--decode N] [--out logits.npy]
+        [--routing routing.json] [--incremental]
+  writes float32 logits [len+N, n_vocab]: rows 0..len-1 are the prompt positions; generated token
+  g_j = argmax(row len-1+j) (j = 0..N-1) is fed back and row len+j holds its logits. Prints
+  "prompt argmax: ..." and "greedy: g_0,...,g_{N-1}". --routing writes JSON
+  {"model","prompt","generated","n_layer","n_dense","routing": [{"layer","pos","token","experts",
+  "weights"}, ...]} with one record per MoE layer per fed position (experts in top-k order).
+  --incremental feeds the prompt one token at a time (default: one batched pass).
+"""
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_np import GGUFReader  # noqa: E402
+
+NORM_W_CLAMP = 6.103515625e-5
+
+
+# --------------------------------------------------------------------------------------------
+# building blocks
+
+def rmsnorm(x, w, eps):
+    x = np.asarray(x)
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    return x / np.sqrt(ms + eps) * w
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def softmax(x, axis=-1):
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
+    """ggml_rope_yarn_corr_dims, evaluated in float32 like ggml (floor/ceil are sensitive)."""
+    f = np.float32
+
+    def corr_dim(n_rot):
+        return f(n_dims) * f(np.log(f(n_ctx_orig) / (f(n_rot) * f(2) * f(math.pi)))) / \
+            (f(2) * f(np.log(f(freq_base))))
+    start = np.floor(corr_dim(beta_fast))
+    end = np.ceil(corr_dim(beta_slow))
+    return float(max(0.0, start)), float(min(n_dims - 1, end))
+
+
+def rope_norm(x, pos, n_dims, freq_base=10000.0, freq_scale=1.0, ext_factor=0.0,
+              attn_factor=1.0, corr_dims=(0.0, 0.0)):
+    """ggml RoPE, NORM mode (adjacent pairs), on the last axis of x (length n_dims).
+    x: (..., n_dims) with the leading axis (if any) broadcast against pos (shape (T,) or scalar):
+    x shape (T, ..., n_dims) and pos shape (T,)."""
+    x = np.asarray(x, dtype=np.float64)
+    pos = np.asarray(pos, dtype=np.float64)
+    half = n_dims // 2
+    i = np.arange(half, dtype=np.float64)
+    inv = freq_base ** (-2.0 * i / n_dims)                       # theta_scale^i
+    theta_e = pos.reshape(pos.shape + (1,)) * inv                 # (T, half) or (half,)
+    theta_i = freq_scale * theta_e
+    mscale = attn_factor
+    if ext_factor != 0.0:
+        lo, hi = corr_dims
+        y = (i - lo) / max(0.001, hi - lo)
+        ramp = (1.0 - np.clip(y, 0.0, 1.0)) * ext_factor
+        theta = theta_i * (1.0 - ramp) + theta_e * ramp
+        mscale = attn_factor * (1.0 + 0.1 * math.log(1.0 / freq_scale))
+    else:
+        theta = theta_i
+    c = np.cos(theta) * mscale
+    s = np.sin(theta) * mscale
+    # broadcast (T, half) over middle axes of x
+    extra = x.ndim - 1 - pos.ndim
+    if extra > 0:
+        shp = pos.shape + (1,) * extra + (half,)
+        c = c.reshape(shp)
+        s = s.reshape(shp)
+    x0 = x[..., 0::2]
+    x1 = x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * c - x1 * s
+    out[..., 1::2] = x0 * s + x1 * c
+    return out
+
+
+def rope_params(meta_get, arch="deepseek2"):
+    """RoPE / YaRN / kq-scale parameters as llama.cpp derives them for deepseek2."""
+    def k(s, d=None):
+        return meta_get("%s.%s" % (arch, s), d)
+    freq_base = float(k("rope.freq_base", 10000.0))
+    stype = k("rope.scaling.type", "linear")
+    factor = float(k("rope.scaling.factor", 0.0) or 0.0)
+    if factor == 0.0:
+        factor = float(k("rope.scale_linear", 0.0) or 0.0)
+    freq_scale = 1.0 if factor == 0.0 else 1.0 / factor
+    if stype == "none":
+        freq_scale = 1.0
+    ext = float(k("rope.scaling.yarn_ext_factor", -1.0))
+    if ext < 0.0:
+        ext = 1.0 if stype == "yarn" else 0.0
+    L = k("rope.scaling.yarn_log_multiplier", None)
+    L = 0.0 if L is None else float(L) / 0.1
+    A = float(k("rope.scaling.attn_factor", 1.0))
+    lnF = math.log(1.0 / freq_scale)
+    af = 1.0
+    if ext != 0.0:
+        if L != 0.0:
+            # deepseek2: mscale = mscale_all_dim -> get_mscale(F, L) / get_mscale(F, L) = 1
+            m = L
+            gm = (lambda s, ms: 1.0 if s <= 1.0 else 0.1 * ms * math.log(s) + 1.0)
+            af = gm(1.0 / freq_scale, m) / gm(1.0 / freq_scale, L)
+        else:
+            af = 1.0 if freq_scale >= 1.0 else 1.0 + 0.1 * lnF
+        af *= 1.0 / (1.0 + 0.1 * lnF)
+    af *= A
+    rope_mag = af * (1.0 + 0.1 * lnF) if ext != 0.0 else af
+    attn_factor_org = af * (1.0 + 0.1 * lnF)
+    mscale = attn_factor_org * (1.0 + 0.1 * L * lnF)
+    n_ctx_train = int(k("context_length", 4096))
+    n_ctx_orig = int(k("rope.scaling.original_context_length", 0) or n_ctx_train)
+    beta_fast = float(k("rope.scaling.yarn_beta_fast", 32.0))
+    beta_slow = float(k("rope.scaling.yarn_beta_slow", 1.0))
+    return dict(freq_base=freq_base, scaling_type=stype, freq_scale=freq_scale, ext_factor=ext,
+                yarn_log_mul=L, rope_attn_factor=A, attn_factor=af, rope_magnitude=rope_mag,
+                mscale=mscale, n_ctx_orig=n_ctx_orig, beta_fast=beta_fast, beta_slow=beta_slow)
+
+
+def route(logits, gating_func=1, bias=None, n_group=1, n_group_used=0, k=2, norm=False,
+          scale=0.0):
+    """One token's routing. logits (E,) -> (experts (k,), weights (k,), p (E,))."""
+    logits = np.asarray(logits, dtype=np.float64)
+    E = logits.shape[0]
+    if gating_func == 2:
+        p = sigmoid(logits)
+    elif gating_func in (0, 1):
+        p = softmax(logits)
+    else:
+        raise NotImplementedError("expert_gating_func %d" % gating_func)
+    s = p + bias if bias is not None else p.copy()
+    if n_group > 1:
+        if E % n_group:
+            raise ValueError("expert_count %d not divisible by expert_group_count %d" % (E, n_group))
+        g = s.reshape(n_group, E // n_group)
+        top2 = -np.sort(-g, axis=1, kind="stable")[:, :2]
+        gs = top2.sum(axis=1)
+        keep = np.argsort(-gs, kind="stable")[:n_group_used]
+        mask = np.full(n_group, True)
+        mask[keep] = False
+        g = g.copy()
+        g[mask, :] = -np.inf
+        s = g.reshape(E)
+    top = np.argsort(-s, kind="stable")[:k]
+    w = p[top].copy()
+    if norm:
+        w = w / max(float(np.sum(w)), NORM_W_CLAMP)
+    if scale != 0.0 and scale != 1.0:
+        w = w * scale
+    return top, w, p
+
+
+def moe_forward(h, gate_inp, get_expert, probs_b, cfg, shared=None):
+    """MoE block for tokens h (T, d). gate_inp (E, d); get_expert(e) -> (gate (F, d), up (F, d),
+    down (d, F)); cfg keys: gating_func, n_group, n_group_used, n_expert_used, w_norm, w_scale.
+    shared: optional (gate, up, down) of the merged shared-expert FFN (added ungated).
+    Returns (out (T, d), [(experts, weights)] per token)."""
+    T = h.shape[0]
+    logits = h @ gate_inp.T                                       # (T, E)
+    sel = [route(logits[t], cfg["gating_func"], probs_b, cfg["n_group"], cfg["n_group_used"],
+                 cfg["n_expert_used"], cfg["w_norm"], cfg["w_scale"])[:2] for t in range(T)]
+    out = np.zeros_like(h)
+    by_e = {}                     # group tokens by expert: one weight fetch per expert used
+    for t, (e, w) in enumerate(sel):
+        for j in range(len(e)):
+            by_e.setdefault(int(e[j]), []).append((t, w[j]))
+    for e in sorted(by_e):
+        gate, up, down = get_expert(e)
+        ts = np.array([t for t, _ in by_e[e]])
+        ws = np.array([w for _, w in by_e[e]])
+        x = h[ts]
+        y = (silu(x @ gate.T) * (x @ up.T)) @ down.T
+        np.add.at(out, ts, y * ws[:, None])
+    if shared is not None:
+        sg, su, sd = shared
+        out = out + (silu(h @ sg.T) * (h @ su.T)) @ sd.T
+    return out, sel
+
+
+# --------------------------------------------------------------------------------------------
+# model
+
+class Model:
+    def __init__(self, path, dtype=np.float64, expert_cache_mb=1024):
+        self.path = path
+        self.r = GGUFReader(path)
+        self.dtype = dtype
+        r = self.r
+        arch = r.arch
+        if arch != "deepseek2":
+            raise ValueError("%s: architecture %r is not deepseek2" % (path, arch))
+
+        def k(s, d=None):
+            return r.get("deepseek2." + s, d)
+        c = {}
+        c["n_embd"] = int(k("embedding_length"))
+        c["n_layer"] = int(k("block_count"))
+        c["n_head"] = int(k("attention.head_count"))
+        c["eps"] = float(k("attention.layer_norm_rms_epsilon"))
+        c["n_rot"] = int(k("rope.dimension_count"))
+        c["kv_lora"] = int(k("attention.kv_lora_rank"))
+        c["q_lora"] = int(k("attention.q_lora_rank", 0) or 0)
+        c["n_dense"] = int(k("leading_dense_block_count", 0) or 0)
+        c["n_expert"] = int(k("expert_count", 0) or 0)
+        c["n_expert_used"] = int(k("expert_used_count", 0) or 0)
+        c["n_group"] = int(k("expert_group_count", 0) or 0)
+        c["n_group_used"] = int(k("expert_group_used_count", 0) or 0)
+        c["n_shared"] = int(k("expert_shared_count", 0) or 0)
+        c["w_scale"] = float(k("expert_weights_scale", 0.0) or 0.0)
+        c["w_norm"] = bool(k("expert_weights_norm", False))
+        gf = int(k("expert_gating_func", 0) or 0)
+        c["gating_func"] = 1 if gf == 0 else gf
+        H = c["n_head"]
+        if k("attention.key_length_mla") is not None:
+            c["head_k"] = int(k("attention.key_length_mla"))
+            c["v_head"] = int(k("attention.value_length_mla"))
+        else:
+            c["head_k"] = int(k("attention.key_length"))
+            c["v_head"] = int(k("attention.value_length"))
+        c["nope"] = c["head_k"] - c["n_rot"]
+        rp = rope_params(r.get)
+        c.update(rope=rp)
+        c["kq_scale"] = rp["mscale"] ** 2 / math.sqrt(c["head_k"])
+        if rp["ext_factor"] != 0.0:
+            c["corr_dims"] = yarn_corr_dims(c["n_rot"], rp["n_ctx_orig"], rp["freq_base"],
+                                            rp["beta_fast"], rp["beta_slow"])
+        else:
+            c["corr_dims"] = (0.0, 0.0)
+        self.cfg = c
+        ti = r.info("token_embd.weight")
+        c["n_vocab"] = ti.ne[1]
+
+        # ---- weights (dense ones cached as float64) ----
+        self._dense = {}
+        L = []
+        for il in range(c["n_layer"]):
+            p = "blk.%d." % il
+            lw = {}
+            lw["attn_norm"] = self._w(p + "attn_norm.weight")
+            if p + "attn_q_a.weight" in r:
+                lw["q_a"] = self._w(p + "attn_q_a.weight")
+                lw["q_a_norm"] = self._w(p + "attn_q_a_norm.weight")
+                lw["q_b"] = self._w(p + "attn_q_b.weight")
+            else:
+                lw["q"] = self._w(p + "attn_q.weight")
+            lw["kv_a"] = self._w(p + "attn_kv_a_mqa.weight")
+            lw["kv_a_norm"] = self._w(p + "attn_kv_a_norm.weight")
+            nope, vh, kvl = c["nope"], c["v_head"], c["kv_lora"]
+            if p + "attn_k_b.weight" in r:
+                lw["k_b"] = self._w(p + "attn_k_b.weight")          # (H, kvl, nope)
+                lw["v_b"] = self._w(p + "attn_v_b.weight")          # (H, vh, kvl)
+            else:
+                kvb = self._w(p + "attn_kv_b.weight").reshape(H, nope + vh, kvl)
+                lw["k_b"] = np.ascontiguousarray(kvb[:, :nope, :].transpose(0, 2, 1))
+                lw["v_b"] = np.ascontiguousarray(kvb[:, nope:, :])
+            assert lw["k_b"].shape == (H, kvl, nope), lw["k_b"].shape
+            assert lw["v_b"].shape == (H, vh, kvl), lw["v_b"].shape
+            lw["o"] = self._w(p + "attn_output.weight")
+            lw["ffn_norm"] = self._w(p + "ffn_norm.weight")
+            if il < c["n_dense"]:
+                lw["gate"] = self._w(p + "ffn_gate.weight")
+                lw["up"] = self._w(p + "ffn_up.weight")
+                lw["down"] = self._w(p + "ffn_down.weight")
+            else:
+                lw["gate_inp"] = self._w(p + "ffn_gate_inp.weight")
+                lw["probs_b"] = self._w(p + "exp_probs_b.bias") if p + "exp_probs_b.bias" in r else None
+                lw["fused"] = p + "ffn_gate_up_exps.weight" in r
+                lw["exps"] = p
+                if p + "ffn_gate_shexp.weight" in r:
+                    lw["sh_gate"] = self._w(p + "ffn_gate_shexp.weight")
+                    lw["sh_up"] = self._w(p + "ffn_up_shexp.weight")
+                    lw["sh_down"] = self._w(p + "ffn_down_shexp.weight")
+            L.append(lw)
+        self.layers = L
+        self.output_norm = self._w("output_norm.weight")
+        self.output = self._w("output.weight" if "output.weight" in r else "token_embd.weight")
+        self._ecache = {}
+        self._ecache_bytes = 0
+        self._ecache_max = int(expert_cache_mb) << 20
+        self.routing = []
+        self.reset()
+
+    # ---- weight access ----
+    def _w(self, name):
+        return self.r.tensor(name).astype(self.dtype)
+
+    def expert(self, il, e):
+        """(gate (F, d), up (F, d), down (d, F)) of routed expert e in layer il."""
+        key = (il, e)
+        hit = self._ecache.get(key)
+        if hit is not None:
+            return hit
+        p = self.layers[il]["exps"]
+        if self.layers[il]["fused"]:
+            gu = self.r.slice3(p + "ffn_gate_up_exps.weight", e).astype(self.dtype)
+            F = gu.shape[0] // 2
+            gate, up = gu[:F], gu[F:]
+        else:
+            gate = self.r.slice3(p + "ffn_gate_exps.weight", e).astype(self.dtype)
+            up = self.r.slice3(p + "ffn_up_exps.weight", e).astype(self.dtype)
+        down = self.r.slice3(p + "ffn_down_exps.weight", e).astype(self.dtype)
+        val = (gate, up, down)
+        nb = gate.nbytes + up.nbytes + down.nbytes
+        if self._ecache_bytes + nb <= self._ecache_max:
+            self._ecache[key] = val
+            self._ecache_bytes += nb
+        return val
+
+    def embed(self, tokens):
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.cfg["n_vocab"]):
+            raise ValueError("token id out of range [0, %d)" % self.cfg["n_vocab"])
+        return self.r.rows("token_embd.weight", tokens).astype(self.dtype)
+
+    # ---- state ----
+    def reset(self):
+        c = self.cfg
+        self.pos = 0
+        self.cache = [np.zeros((0, c["kv_lora"] + c["n_rot"]), dtype=self.dtype)
+                      for _ in range(c["n_layer"])]
+        self.routing = []
+
+    # ---- layers ----
+    def _attention(self, il, h, positions):
+        """h (T, d) for consecutive positions; appends to the layer cache; returns (T, d)."""
+        c = self.cfg
+        lw = self.layers[il]
+        H, nope, rot, kvl, vh = c["n_head"], c["nope"], c["n_rot"], c["kv_lora"], c["v_head"]
+        eps = c["eps"]
+        T = h.shape[0]
+        if "q" in lw:
+            q = h @ lw["q"].T
+        else:
+            qa = rmsnorm(h @ lw["q_a"].T, lw["q_a_norm"], eps)
+            q = qa @ lw["q_b"].T
+        q = q.reshape(T, H, nope + rot)
+        q_nope, q_pe = q[:, :, :nope], q[:, :, nope:]
+        ckv = h @ lw["kv_a"].T                                   # (T, kvl + rot)
+        kv, k_pe = ckv[:, :kvl], ckv[:, kvl:]
+        rp = c["rope"]
+        rargs = dict(n_dims=rot, freq_base=rp["freq_base"], freq_scale=rp["freq_scale"],
+                     ext_factor=rp["ext_factor"], attn_factor=rp["attn_factor"],
+                     corr_dims=c["corr_dims"])
+        q_pe = rope_norm(q_pe, positions, **rargs)                # (T, H, rot)
+        k_pe = rope_norm(k_pe, positions, **rargs)                # (T, rot)
+        kv = rmsnorm(kv, lw["kv_a_norm"], eps)
+        self.cache[il] = np.concatenate([self.cache[il], np.concatenate([kv, k_pe], axis=1)], axis=0)
+        K = self.cache[il]                                        # (P, kvl + rot)
+        P = K.shape[0]
+        q_abs = np.einsum("hcn,thn->thc", lw["k_b"], q_nope)      # (T, H, kvl)
+        Q = np.concatenate([q_abs, q_pe], axis=2)                 # (T, H, kvl + rot)
+        scores = np.einsum("thc,pc->thp", Q, K) * c["kq_scale"]   # (T, H, P)
+        pos_k = np.arange(P)
+        mask = pos_k[None, :] > np.asarray(positions)[:, None]    # (T, P)
+        scores = np.where(mask[:, None, :], -np.inf, scores)
+        pr = softmax(scores, axis=-1)
+        o = np.einsum("thp,pc->thc", pr, K[:, :kvl])              # (T, H, kvl)
+        out = np.einsum("hvc,thc->thv", lw["v_b"], o).reshape(T, H * vh)
+        return out @ lw["o"].T
+
+    def _dense_ffn(self, lw, h):
+        return (silu(h @ lw["gate"].T) * (h @ lw["up"].T)) @ lw["down"].T
+
+    def _moe(self, il, h, positions, tokens):
+        c = self.cfg
+        lw = self.layers[il]
+        shared = (lw["sh_gate"], lw["sh_up"], lw["sh_down"]) if "sh_gate" in lw else None
+        out, sel = moe_forward(h, lw["gate_inp"], lambda e: self.expert(il, e), lw["probs_b"], c,
+                               shared)
+        for t, (e, w) in enumerate(sel):
+            self.routing.append({"layer": il, "pos": int(positions[t]),
+                                 "token": None if tokens is None else int(tokens[t]),
+                                 "experts": [int(x) for x in e], "weights": [float(x) for x in w]})
+        return out
+
+    def _run(self, tokens):
+        c = self.cfg
+        T = len(tokens)
+        positions = np.arange(self.pos, self.pos + T)
+        x = self.embed(tokens)
+        for il in range(c["n_layer"]):
+            lw = self.layers[il]
+            h = rmsnorm(x, lw["attn_norm"], c["eps"])
+            x = x + self._attention(il, h, positions)
+            h2 = rmsnorm(x, lw["ffn_norm"], c["eps"])
+            if il < c["n_dense"]:
+                x = x + self._dense_ffn(lw, h2)
+            else:
+                x = x + self._moe(il, h2, positions, tokens)
+        self.pos += T
+        xn = rmsnorm(x, self.output_norm, c["eps"])
+        return xn @ self.output.T
+
+    # ---- public API ----
+    def forward(self, tokens):
+        """Logits [len(tokens), n_vocab] for a sequence processed from position 0."""
+        self.reset()
+        return self._run(list(tokens))
+
+    def step(self, token):
+        """Feed one token at the current position; returns its logits [n_vocab]."""
+        return self._run([int(token)])[0]
+
+    def prefill(self, tokens):
+        """Feed tokens (batched) continuing at the current position; returns their logits."""
+        return self._run(list(tokens))
+
+    def generate(self, prompt, n, incremental=False):
+        """Greedy decode. Returns (generated tokens, logits [len(prompt)+n, n_vocab])."""
+        self.reset()
+        if incremental:
+            rows = [self.step(t) for t in prompt]
+        else:
+            rows = list(self._run(list(prompt)))
+        out = []
+        for _ in range(n):
+            nxt = int(np.argmax(rows[-1]))
+            out.append(nxt)
+            rows.append(self.step(nxt))
+        return out, np.array(rows)
+
+
+def main(argv=None):
+    import argparse
+    import time
+    ap = argparse.ArgumentParser(description="NumPy float64 reference forward pass for deepseek2 GGUF")
+    ap.add_argument("model")
+    ap.add_argument("--tokens", required=True, help="comma-separated token ids")
+    ap.add_argument("--decode", type=int, default=0, help="greedy decode steps after the prompt")
+    ap.add_argument("--out", help="write float32 logits [len+decode, n_vocab] (.npy)")
+    ap.add_argument("--routing", help="write chosen experts per layer per position (JSON)")
+    ap.add_argument("--incremental", action="store_true", help="feed the prompt one token at a time")
+    ap.add_argument("--print-config", action="store_true")
+    a = ap.parse_args(argv)
+    toks = [int(t) for t in a.tokens.replace(" ", "").split(",") if t != ""]
+    if not toks:
+        ap.error("--tokens is empty")
+    t0 = time.time()
+    m = Model(a.model)
+    if a.print_config:
+        print(json.dumps(m.cfg, indent=1, default=str))
+    gen, logits = m.generate(toks, a.decode, incremental=a.incremental)
+    dt = time.time() - t0
+    if a.out:
+        np.save(a.out, logits.astype(np.float32))
+    if a.routing:
+        with open(a.routing, "w") as f:
+            json.dump({"model": a.model, "prompt": toks, "generated": gen,
+                       "n_layer": m.cfg["n_layer"], "n_dense": m.cfg["n_dense"],
+                       "routing": m.routing}, f)
+    print("prompt argmax: %s" % ",".join(str(int(np.argmax(r))) for r in logits[:len(toks)]))
+    print("greedy: %s" % ",".join(str(t) for t in gen))
+    print("logits shape %s, %.2f s" % (list(logits.shape), dt), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
