@@ -7,6 +7,7 @@
 #define MOETAX_COMMANDS(X) \
     X(gen, "write a random-weight (or dense-twin) model in llama.cpp's GGUF layout") \
     X(inspect, "show a GGUF file: metadata, tensors, totals, active bytes per token") \
+    X(eval, "evaluate token ids and write the logits (for comparing against a reference)") \
     X(quantize, "convert a GGUF model's weights to another type (f16, bf16, q8_0, q4_0)") \
     X(bench, "benchmarks: mem (read bandwidth), kernels, and model prefill/decode")
 

@@ -1,0 +1,174 @@
+/*
+ * moetax/kernels.h - CPU compute kernels: matrix x vector(s) for the weight
+ * types moetax computes with, and the F32 vector ops of a transformer step.
+ *
+ * DESIGN
+ *   Every kernel exists as a plain-C scalar reference (src/kernels/ *_ref.c) and,
+ *   where it pays, as an AVX2/FMA/F16C variant (*_avx2.c, compiled with its own
+ *   flags). A `struct moetax_kernels` table of function pointers is chosen once,
+ *   from cpuid, by moetax_kernels_get(); MOETAX_FORCE_REF=1 in the environment
+ *   (any non-empty value but "0") forces the reference table. Callers fetch the
+ *   table once and call through it; there is no per-call dispatch.
+ *
+ *   Matmul is the decode hot spot and is memory-bound: it streams weights in
+ *   their stored (GGUF / ggml) layout, zero-copy from mmap, with no repacking:
+ *     W: [rows, ncols] row-major, row r starts at w + r * row_bytes, with
+ *        row_bytes = moetax_row_size(wtype, ncols) (or larger, for padded rows).
+ *        ggml's ne0 = ncols (input dim), ne1 = rows (output dim).
+ *   Activations are first *prepared* (quantize_act), once per step, into a
+ *   buffer of moetax_act_size() bytes; then any number of threads call matmul
+ *   on disjoint row ranges [row0, row1) and write y[b * ldy + r].
+ *
+ * PREPARED ACTIVATIONS (the `xq` buffer; same layout in every table)
+ *   n_batch rows, each of moetax_act_size(wtype, ncols, 1) bytes, back to back:
+ *   act_size(w, n, b) == b * act_size(w, n, 1), so batch row i of xq starts at
+ *   (char *)xq + i * act_size(w, n, 1) and rows may be prepared separately
+ *   (e.g. split across threads).
+ *     F32, F16, BF16 weights: the row is ncols floats (x copied, F32).
+ *     Q8_0 weights (nb = ncols / 32): int8 qs[nb][32]; float d[nb]
+ *       ggml's Q8_0 quantization of x (d rounded to F16 as in a block_q8_0,
+ *       stored widened to float).
+ *     Q4_0 weights: the same quants, arranged by pairs of blocks (2p, 2p+1),
+ *       (nb + 1) / 2 pairs of 128 bytes:
+ *         int8  lo[32]  = qs[2p][0..16),  qs[2p+1][0..16)
+ *         int8  hi[32]  = qs[2p][16..32), qs[2p+1][16..32)
+ *         int16 s[16]:  s[8h + i] = 8 * (lo[16h+2i] + lo[16h+2i+1] + hi[16h+2i] + hi[16h+2i+1])
+ *         float d[8]    = d[2p] x 4, d[2p+1] x 4
+ *       (a missing block 2p+1 of an odd nb is all zero). This matches the
+ *       nibble layout of block_q4_0 (byte j = values j and j+16), so one
+ *       register holds two blocks; s turns unsigned nibbles into q - 8.
+ *   quantize_act of every table produces identical bytes.
+ *
+ * INVARIANTS
+ *   - Q8_0 / Q4_0: ncols must be a multiple of 32 (moetax_act_size returns 0
+ *     otherwise and matmul must not be called). F32/F16/BF16: any ncols >= 1.
+ *   - matmul: rows in [row0, row1) only, y[b * ldy + r] for b < n_batch; row1 ==
+ *     row0 is a no-op; any n_batch >= 1 (tiled internally). y must not alias w or
+ *     xq. Results are deterministic for a given table and do not depend on how
+ *     rows are split across threads (each y element is computed by one call).
+ *   - Integer block sums are exact; float accumulation order differs between
+ *     tables, so ref and avx2 agree to a relative error of ~1e-6 of sum|w*x|.
+ *   - Vector ops take F32, n >= 0, and allow out == in where stated.
+ *   - topk is deterministic: the k largest values in descending order, ties to
+ *     the lower index; NaN ranks below -inf.
+ *   - All functions are thread-safe (no shared mutable state after init).
+ */
+#ifndef MOETAX_KERNELS_H
+#define MOETAX_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moetax/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* RoPE modes: ggml's values. NORM rotates adjacent pairs (x[2i], x[2i+1])
+ * (llama, deepseek2); NEOX rotates halves (x[i], x[i + n_dims/2]). */
+enum moetax_rope_mode {
+    MOETAX_ROPE_MODE_NORM = 0,
+    MOETAX_ROPE_MODE_NEOX = 2,
+};
+
+#define MOETAX_ROPE_MAX_DIMS 1024
+
+/* RoPE with YaRN, with ggml's formula. For pair i (i0 = 2i < n_dims):
+ *   theta_extrap = pos * freq_base^(-i0 / n_dims) / freq_factors[i] (if given)
+ *   theta_interp = freq_scale * theta_extrap
+ *   ext_factor == 0: theta = theta_interp, mscale = attn_factor
+ *   else: ramp = 1 - clamp((i - corr_lo) / max(0.001, corr_hi - corr_lo), 0, 1)
+ *         mix = ramp * ext_factor
+ *         theta = theta_interp * (1 - mix) + theta_extrap * mix
+ *         mscale = attn_factor * (1 + 0.1 * ln(1 / freq_scale))
+ *   with [corr_lo, corr_hi] from moetax_rope_corr_dims; the pair is rotated by
+ *   theta and scaled by mscale. Dims n_dims.. of each head are left unchanged. */
+struct moetax_rope_params {
+    int n_dims;             /* rotated dims per head: even, <= MOETAX_ROPE_MAX_DIMS */
+    enum moetax_rope_mode mode;
+    int n_ctx_orig;         /* training context (YaRN) */
+    float freq_base;        /* e.g. 10000 */
+    float freq_scale;       /* 1 / context scaling factor; 1 = none */
+    float ext_factor;       /* YaRN extrapolation mix; 0 = off */
+    float attn_factor;      /* magnitude scale; 1 = none */
+    float beta_fast;        /* YaRN, e.g. 32 */
+    float beta_slow;        /* YaRN, e.g. 1 */
+    const float *freq_factors; /* optional [n_dims / 2] divisors of theta, or NULL */
+};
+
+/* ggml_rope_yarn_corr_dims: dims[0] = max(0, floor(cd(beta_fast))),
+ * dims[1] = min(n_dims - 1, ceil(cd(beta_slow))), with
+ * cd(b) = n_dims * ln(n_ctx_orig / (b * 2 pi)) / (2 ln(freq_base)). */
+void moetax_rope_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow,
+                           float dims[2]);
+
+/* cos/sin of every rotated pair at position pos, already scaled by mscale:
+ * cs[2i] = cos(theta_i) * mscale, cs[2i+1] = sin(theta_i) * mscale, i < n_dims/2.
+ * Compute once per position and reuse for every head (rope_cached). */
+void moetax_rope_cache(const struct moetax_rope_params *p, int64_t pos, float *cs);
+
+/* Bytes of prepared activations for n_batch rows of ncols (see the layout
+ * above); 0 if wtype is not computable or ncols is not a multiple of its block. */
+size_t moetax_act_size(enum moetax_type wtype, int64_t ncols, int64_t n_batch);
+
+struct moetax_kernels {
+    const char *name; /* "ref", "avx2" */
+
+    /* ---- matrix x vector(s) ---- */
+
+    /* Prepare n_batch rows of x (row i at x + i * ldx, ncols floats) into xq
+     * (moetax_act_size(wtype, ncols, n_batch) bytes). */
+    void (*quantize_act)(enum moetax_type wtype, const float *x, int64_t ldx, int64_t ncols, int64_t n_batch,
+                         void *xq);
+    /* y[b * ldy + r] = dot(W[r, :], x[b, :]) for r in [row0, row1), b < n_batch. */
+    void (*matmul)(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                   int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
+
+    /* ---- vector ops (F32) ---- */
+
+    /* out = x / sqrt(mean(x^2) + eps) * w (w == NULL: no weight); out == x allowed. */
+    void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
+    /* x = softmax(x) in place (max-subtracted). n >= 1. */
+    void (*softmax)(float *x, int64_t n);
+    /* x = 1 / (1 + exp(-x)) in place. */
+    void (*sigmoid)(float *x, int64_t n);
+    /* Indices (and values, if val != NULL) of the k largest of x[0..n), in
+     * descending order, ties to the lower index. 0 <= k <= n. */
+    void (*topk)(const float *x, int64_t n, int64_t k, int32_t *idx, float *val);
+    /* out[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i]; out may be g or u. */
+    void (*silu_mul)(float *out, const float *g, const float *u, int64_t n);
+    /* Rotate n_head heads (head h at x + h * head_stride) at position pos. */
+    void (*rope)(float *x, int64_t n_head, int64_t head_stride, int64_t pos, const struct moetax_rope_params *p);
+    /* Same with a precomputed moetax_rope_cache (n_dims, mode as given there). */
+    void (*rope_cached)(float *x, int64_t n_head, int64_t head_stride, int n_dims, enum moetax_rope_mode mode,
+                        const float *cs);
+    /* MoE combine: for i < n_rows: dst[rows[i] * ld_dst + j] += w[i] * src[i * ld_src + j], j < n.
+     * rows == NULL means rows[i] = i. Rows are applied in order i = 0, 1, ... */
+    void (*scatter_add)(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, const int32_t *rows,
+                        const float *w, int64_t n_rows, int64_t n);
+    float (*dot)(const float *a, const float *b, int64_t n);
+    /* y += a * x */
+    void (*axpy)(float *y, float a, const float *x, int64_t n);
+    /* x *= a */
+    void (*scale)(float *x, float a, int64_t n);
+
+    /* ---- row conversions (same results as types.h's scalar ones, finite inputs) ---- */
+    void (*fp16_to_fp32)(const uint16_t *x, float *y, int64_t n);
+    void (*fp32_to_fp16)(const float *x, uint16_t *y, int64_t n);
+    void (*bf16_to_fp32)(const uint16_t *x, float *y, int64_t n);
+    void (*fp32_to_bf16)(const float *x, uint16_t *y, int64_t n);
+};
+
+/* The table for this CPU (avx2 if avx2+fma+f16c, unless MOETAX_FORCE_REF is
+ * set), chosen on the first call; thread-safe. Never NULL. */
+const struct moetax_kernels *moetax_kernels_get(void);
+/* The scalar reference table. */
+const struct moetax_kernels *moetax_kernels_ref(void);
+/* The AVX2/FMA/F16C table, or NULL if this CPU lacks any of them. */
+const struct moetax_kernels *moetax_kernels_avx2(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,60 @@
+/*
+ * moetax/membw.h - memory read bandwidth of this machine: the roofline.
+ *
+ * DESIGN
+ *   Every throughput figure moetax reports (kernels, experts, decode) is divided
+ *   by the read bandwidth measured here, so this must be what a well-written
+ *   streaming kernel can reach, not a pessimistic number:
+ *     - one buffer far larger than the last-level cache (the caller passes its
+ *       size; 512 MiB - 1 GiB is typical), mmap'd with transparent huge pages
+ *       requested, and written once (first touch by the thread that will read
+ *       it) so every page exists and is not the shared zero page;
+ *     - each pool worker streams its own contiguous share (4 KiB aligned) with
+ *       AVX2 256-bit loads into four independent accumulators (scalar 64-bit
+ *       loads without AVX2, or with MOETAX_REF=1 in the environment); the sums
+ *       are stored, so the loads cannot be dropped;
+ *     - all workers start together (barrier) and the time runs until the last
+ *       one finishes (barrier); one warm-up pass, then reps timed passes; the
+ *       median is the figure.
+ *
+ * INVARIANTS
+ *   - GB/s are 1e9 bytes per second.
+ *   - moetax_membw_sum and moetax_membw_sum_ref return the same value for the
+ *     same bytes: the wrapping sum of the little-endian 64-bit words of the
+ *     first bytes/8*8 bytes plus each remaining byte.
+ */
+#ifndef MOETAX_MEMBW_H
+#define MOETAX_MEMBW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moetax/pool.h"
+#include "moetax/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct moetax_membw_result {
+    double gbps_median, gbps_min, gbps_max;
+    size_t bytes;       /* buffer size actually read per pass */
+    int threads, reps;
+    const char *kernel; /* "avx2" or "ref" */
+};
+
+/* Read bandwidth with all of the pool's workers over a bytes-sized buffer,
+ * median of reps passes. bytes >= 4096, reps >= 1. */
+moetax_status moetax_membw_read(struct moetax_pool *pool, size_t bytes, int reps, double *gbps_median);
+moetax_status moetax_membw_read_ex(struct moetax_pool *pool, size_t bytes, int reps,
+                                   struct moetax_membw_result *out);
+
+/* The streaming read kernel on its own (fastest available, and the scalar reference). */
+uint64_t moetax_membw_sum(const void *buf, size_t bytes);
+uint64_t moetax_membw_sum_ref(const void *buf, size_t bytes);
+const char *moetax_membw_kernel_name(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,166 @@
+/*
+ * moetax/model.h - a DeepSeek2 model bound from GGUF, and an inference context
+ * (KV cache, buffers, thread pool) that evaluates tokens.
+ *
+ * DESIGN
+ *   moetax_model_load maps the file (moetax_gguf_open) and binds every tensor
+ *   in place: resident weights are not copied. Each tensor's shape is checked
+ *   against the shape the metadata implies; a mismatch names the tensor and
+ *   both shapes. Small vectors (norms, biases) are converted to owned F32
+ *   copies; the older merged attn_kv_b is split once into attn_k_b / attn_v_b
+ *   (F32) so there is one attention path.
+ *
+ *   A context evaluates a batch of tokens at its current position (prefill),
+ *   or one token (decode), with one moetax_pool_run per micro-batch: all
+ *   workers walk the same sequence of phases, split by (ith, nth) or atomic
+ *   chunk counters, separated by barriers only where the data dependencies
+ *   demand one (counted per layer in src/model/forward.c).
+ *
+ *   MLA attention runs in the absorbed form: only [kv_norm ; k_pe] (kv_lora +
+ *   rope values) is cached per token and layer. The MoE block routes all tokens
+ *   of the micro-batch at once, builds one dispatch plan (rows grouped by
+ *   expert), and runs every (expert, row block) of gate/up and down as a work
+ *   item; the down items own disjoint output rows, so the weighted combine is
+ *   done in place, into the residual, without a separate pass or atomics.
+ *
+ * INVARIANTS
+ *   - A context's position never exceeds n_ctx; moetax_ctx_eval returns
+ *     MOETAX_ERR_LIMIT (and evaluates nothing) if the tokens would not fit.
+ *   - Results do not depend on the number of threads beyond float summation
+ *     order inside kernels (each output element is computed by one worker).
+ *   - The model must outlive its contexts.
+ */
+#ifndef MOETAX_MODEL_H
+#define MOETAX_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moetax/gguf.h"
+#include "moetax/status.h"
+#include "moetax/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct moetax_pool;
+
+struct moetax_hparams {
+    char arch[32];
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_embd;              /* d */
+    int32_t n_layer;
+    int32_t n_layer_dense_lead;
+    int32_t n_ff;                /* dense FFN width */
+    int32_t n_head;              /* H */
+    int32_t q_lora_rank;         /* 0: plain attn_q */
+    int32_t kv_lora_rank;
+    int32_t n_embd_head_qk_nope;
+    int32_t n_embd_head_qk_rope; /* rotated dims */
+    int32_t n_embd_head_v;
+    int32_t n_expert;            /* E (0: dense model) */
+    int32_t n_expert_used;       /* k */
+    int32_t n_expert_shared;
+    int32_t n_ff_exp;            /* expert width F */
+    int32_t n_expert_group;      /* <= 1: no group limit */
+    int32_t n_expert_group_used;
+    int32_t gating_func;         /* 1 softmax, 2 sigmoid */
+    bool expert_weights_norm;
+    float expert_weights_scale;  /* 0 or 1: none */
+    float rms_eps;
+    /* rope (ggml's parameters, derived from the metadata as llama.cpp does) */
+    float rope_freq_base;
+    float rope_freq_scale;
+    float rope_ext_factor;
+    float rope_attn_factor;
+    float rope_beta_fast, rope_beta_slow;
+    int32_t rope_n_ctx_orig;
+    float kq_scale;              /* mscale^2 / sqrt(nope + rope) */
+};
+
+/* A weight: 2-D {ncols, nrows} or 3-D {ncols, nrows, n_mat} in ggml order. */
+struct moetax_weight {
+    const void *data;       /* NULL if absent */
+    enum moetax_type type;
+    int64_t ne[3];
+    size_t row_bytes;       /* bytes of one row of ne[0] values */
+    size_t mat_bytes;       /* bytes of one matrix (ne[1] rows) */
+};
+
+struct moetax_layer {
+    bool is_moe;
+    float *attn_norm;                       /* [d] */
+    struct moetax_weight wq;                /* {d, H*(nope+rope)} when q_lora_rank == 0 */
+    struct moetax_weight wq_a;              /* {d, q_lora} */
+    float *q_a_norm;                        /* [q_lora] */
+    struct moetax_weight wq_b;              /* {q_lora, H*(nope+rope)} */
+    struct moetax_weight wkv_a;             /* {d, kv_lora + rope} */
+    float *kv_a_norm;                       /* [kv_lora] */
+    struct moetax_weight wk_b;              /* {nope, kv_lora, H} */
+    struct moetax_weight wv_b;              /* {kv_lora, v_head, H} */
+    struct moetax_weight wo;                /* {H*v_head, d} */
+    float *ffn_norm;                        /* [d] */
+    /* dense FFN */
+    struct moetax_weight ffn_gate, ffn_up;  /* {d, n_ff} */
+    struct moetax_weight ffn_down;          /* {n_ff, d} */
+    /* MoE */
+    struct moetax_weight gate_inp;          /* {d, E} router */
+    float *exp_probs_b;                     /* [E] selection bias or NULL */
+    struct moetax_weight gate_exps, up_exps;/* {d, F, E} (fused: gate_up_exps {d, 2F, E}) */
+    bool fused_gate_up;
+    struct moetax_weight down_exps;         /* {F, d, E} */
+    struct moetax_weight gate_sh, up_sh;    /* {d, F*n_shared} */
+    struct moetax_weight down_sh;           /* {F*n_shared, d} */
+};
+
+struct moetax_model {
+    struct moetax_gguf *gguf;
+    struct moetax_hparams hp;
+    struct moetax_weight tok_embd;          /* {d, n_vocab} */
+    float *output_norm;                     /* [d] */
+    struct moetax_weight output;            /* {d, n_vocab} (token_embd if absent) */
+    struct moetax_layer *layers;            /* [n_layer] */
+    bool has_q8_0, has_q4_0;                /* activation preparations needed */
+    void *owned;                            /* internal: owned F32 copies */
+};
+
+moetax_status moetax_model_load(const char *path, struct moetax_model **out);
+void moetax_model_free(struct moetax_model *m);
+/* Bytes of weights a decoded token reads (routed experts k/E, one embedding row). */
+double moetax_model_active_bytes(const struct moetax_model *m);
+
+struct moetax_ctx_params {
+    int32_t n_ctx;            /* KV cache positions; 0: min(n_ctx_train, 4096) */
+    int32_t n_ubatch;         /* max tokens per micro-batch; 0: 64 */
+    int32_t n_threads;        /* 0: online CPUs (ignored when pool is given) */
+    struct moetax_pool *pool; /* optional shared pool (not owned) */
+};
+
+struct moetax_ctx;
+
+moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_ctx_params *p,
+                              struct moetax_ctx **out);
+void moetax_ctx_free(struct moetax_ctx *c);
+/* Forget the sequence (position back to 0). */
+void moetax_ctx_reset(struct moetax_ctx *c);
+int64_t moetax_ctx_pos(const struct moetax_ctx *c);
+int64_t moetax_ctx_n_ctx(const struct moetax_ctx *c);
+/* Bytes of the KV cache. */
+size_t moetax_ctx_kv_bytes(const struct moetax_ctx *c);
+
+/* Evaluate n tokens at the current position (split into micro-batches of at
+ * most n_ubatch). logits: NULL, or [n, n_vocab] when all_logits, else [n_vocab]
+ * for the last token. Token ids are checked against n_vocab. */
+moetax_status moetax_ctx_eval(struct moetax_ctx *c, const int32_t *tokens, int64_t n, float *logits, bool all_logits);
+
+/* Routing of the last evaluated micro-batch, for tests and the ledger:
+ * experts[layer][t * k + j] and weights likewise; NULL for dense layers. */
+const int32_t *moetax_ctx_routing(const struct moetax_ctx *c, int layer, const float **weights, int64_t *n_tokens);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

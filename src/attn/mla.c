@@ -1,0 +1,128 @@
+/*
+ * mla.c - DeepSeek2 Multi-head Latent Attention in the absorbed form, with the
+ * compressed KV cache: per token and layer only [kv_norm ; k_pe] (kv_lora +
+ * rope floats) is stored. For a token at position p and head h:
+ *   q = W_q x (or W_qb rmsnorm(W_qa x)), split into q_nope, q_pe; rope(q_pe, p)
+ *   [kv ; k_pe] = W_kva x; kv = rmsnorm(kv); rope(k_pe, p); cache[p] = [kv ; k_pe]
+ *   Q_h = [W_kb[h] q_nope_h ; q_pe_h]                      (kv_lora + rope)
+ *   s_j = kq_scale * Q_h . cache[j], j <= p;  o_h = sum_j softmax(s)_j cache[j][:kv_lora]
+ *   out_h = W_vb[h] o_h;  x += W_o [out_0 .. out_H-1]
+ *
+ * Barriers (phases) per layer: 1 norm+prep, 2 q/kv_a projections, (+2 with
+ * q_lora: q_a norm+prep, q_b), 3 rope/cache/q_abs, 4 attention+v_b, 5 prep, 6 W_o.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "model/forward_impl.h"
+
+void fw_attention(struct worker *w, int il) {
+    struct moetax_ctx *c = w->c;
+    const struct moetax_model *m = c->m;
+    const struct moetax_hparams *hp = &m->hp;
+    const struct moetax_layer *l = &m->layers[il];
+    const struct moetax_kernels *K = c->K;
+    const int64_t n = c->n, d = hp->n_embd, H = hp->n_head, nope = hp->n_embd_head_qk_nope;
+    const int64_t rope = hp->n_embd_head_qk_rope, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
+    const int64_t ql = hp->q_lora_rank, qrow = H * (nope + rope), kvr = c->kv_row;
+    int64_t r0, r1;
+
+    /* 1: attn_norm, prepare */
+    fw_phase_begin(w);
+    fw_split(w, n, 1, &r0, &r1);
+    for (int64_t t = r0; t < r1; t++) K->rmsnorm(c->xn + t * d, c->x + t * d, l->attn_norm, d, hp->rms_eps);
+    c->a_in.x = c->xn;
+    c->a_in.ncols = d;
+    c->a_in.n = n;
+    fw_act_prep(c, &c->a_in, r0, r1);
+    fw_phase_end(w);
+
+    /* 2: q (or q_a) and kv_a projections, rows of both split together */
+    fw_phase_begin(w);
+    const struct moetax_weight *wq = ql ? &l->wq_a : &l->wq;
+    float *qout = ql ? c->qa : c->q;
+    const int64_t nq = wq->ne[1], nkv = l->wkv_a.ne[1];
+    fw_split(w, nq + nkv, 8, &r0, &r1);
+    if (r0 < nq) fw_matmul(c, wq, 0, r0, r1 < nq ? r1 : nq, &c->a_in, 0, n, qout, nq);
+    if (r1 > nq) fw_matmul(c, &l->wkv_a, 0, (r0 > nq ? r0 : nq) - nq, r1 - nq, &c->a_in, 0, n, c->kva, nkv);
+    fw_phase_end(w);
+
+    if (ql) {
+        fw_phase_begin(w);
+        fw_split(w, n, 1, &r0, &r1);
+        for (int64_t t = r0; t < r1; t++) K->rmsnorm(c->qa + t * ql, c->qa + t * ql, l->q_a_norm, ql, hp->rms_eps);
+        c->a_in.x = c->qa;
+        c->a_in.ncols = ql;
+        fw_act_prep(c, &c->a_in, r0, r1);
+        fw_phase_end(w);
+        fw_phase_begin(w);
+        fw_split(w, qrow, 8, &r0, &r1);
+        fw_matmul(c, &l->wq_b, 0, r0, r1, &c->a_in, 0, n, c->q, qrow);
+        fw_phase_end(w);
+    }
+
+    /* 3: per token: kv norm + rope(k_pe) into the cache; per (token, head): rope(q_pe), q_abs = W_kb[h] q_nope */
+    fw_phase_begin(w);
+    struct scratch *s = &c->scr[w->ith];
+    float *qn = s->f;                 /* [nope] */
+    for (int64_t it; (it = fw_chunk(w, n * (H + 1), 1)) >= 0;) {
+        int64_t t = it / (H + 1), h = it % (H + 1);
+        int64_t p = c->pos0 + t;
+        const float *cs = c->ropecs + t * rope;
+        if (h == H) {
+            float *dst = c->kv + ((int64_t)il * c->n_ctx + p) * kvr;
+            const float *src = c->kva + t * kvr;
+            K->rmsnorm(dst, src, l->kv_a_norm, kvl, hp->rms_eps);
+            memcpy(dst + kvl, src + kvl, sizeof(float) * (size_t)rope);
+            K->rope_cached(dst + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, cs);
+            continue;
+        }
+        const float *qh = c->q + t * qrow + h * (nope + rope);
+        float *Q = c->qabs + (t * H + h) * kvr;
+        memcpy(Q + kvl, qh + nope, sizeof(float) * (size_t)rope);
+        K->rope_cached(Q + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, cs);
+        memcpy(qn, qh, sizeof(float) * (size_t)nope);
+        struct act a = {.x = qn, .ncols = nope, .n = 1, .q8 = s->q, .q4 = s->q, .cap_q8 = s->nq, .cap_q4 = s->nq};
+        if (l->wk_b.type == MOETAX_TYPE_Q8_0 || l->wk_b.type == MOETAX_TYPE_Q4_0)
+            K->quantize_act(l->wk_b.type, qn, nope, nope, 1, s->q);
+        fw_matmul(c, &l->wk_b, h, 0, kvl, &a, 0, 1, Q, kvl);
+    }
+    fw_phase_end(w);
+
+    /* 4: attention per (token, head), then out_h = W_vb[h] o_h */
+    fw_phase_begin(w);
+    float *sc = s->f;                 /* [n_ctx] scores */
+    float *o = s->f + c->n_ctx;       /* [kvl] */
+    const float *kvc = c->kv + (int64_t)il * c->n_ctx * kvr;
+    for (int64_t it; (it = fw_chunk(w, n * H, 1)) >= 0;) {
+        int64_t t = it / H, h = it % H;
+        int64_t np = c->pos0 + t + 1;
+        const float *Q = c->qabs + (t * H + h) * kvr;
+        for (int64_t j = 0; j < np; j++) sc[j] = K->dot(Q, kvc + j * kvr, kvr) * hp->kq_scale;
+        K->softmax(sc, np);
+        memset(o, 0, sizeof(float) * (size_t)kvl);
+        for (int64_t j = 0; j < np; j++) K->axpy(o, sc[j], kvc + j * kvr, kvl);
+        struct act a = {.x = o, .ncols = kvl, .n = 1, .q8 = s->q, .q4 = s->q, .cap_q8 = s->nq, .cap_q4 = s->nq};
+        if (l->wv_b.type == MOETAX_TYPE_Q8_0 || l->wv_b.type == MOETAX_TYPE_Q4_0)
+            K->quantize_act(l->wv_b.type, o, kvl, kvl, 1, s->q);
+        fw_matmul(c, &l->wv_b, h, 0, vh, &a, 0, 1, c->attv + t * H * vh + h * vh, vh);
+    }
+    fw_phase_end(w);
+
+    /* 5: prepare the concatenated head outputs */
+    fw_phase_begin(w);
+    fw_split(w, n, 1, &r0, &r1);
+    c->a_in.x = c->attv;
+    c->a_in.ncols = H * vh;
+    c->a_in.n = n;
+    fw_act_prep(c, &c->a_in, r0, r1);
+    fw_phase_end(w);
+
+    /* 6: x += W_o attv; each worker owns a row range of the output */
+    fw_phase_begin(w);
+    fw_split(w, d, 8, &r0, &r1);
+    fw_matmul(c, &l->wo, 0, r0, r1, &c->a_in, 0, n, c->tmp, d);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = r0; r < r1; r++) c->x[t * d + r] += c->tmp[t * d + r];
+    fw_phase_end(w);
+}

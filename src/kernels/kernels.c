@@ -1,0 +1,144 @@
+/* kernels.c - the kernel tables and their one-time selection from cpuid, plus
+ * the ISA-independent helpers (activation sizes, RoPE angles). */
+#include "kernels_impl.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moetax/types.h"
+
+#ifndef M_PI
+#define M_PI 3.14159265358979323846
+#endif
+
+float moetax_k_fp16_table[1 << 16];
+
+static void tables_init_once(void) {
+    for (uint32_t i = 0; i < (1u << 16); i++) moetax_k_fp16_table[i] = moetax_fp16_to_fp32((uint16_t)i);
+}
+
+static pthread_once_t g_tables_once = PTHREAD_ONCE_INIT;
+void moetax_k_tables_init(void) { pthread_once(&g_tables_once, tables_init_once); }
+
+static const struct moetax_kernels k_ref = {
+    .name = "ref",
+    .quantize_act = moetax_k_quantize_act_ref,
+    .matmul = moetax_k_matmul_ref,
+    .rmsnorm = moetax_k_rmsnorm_ref,
+    .softmax = moetax_k_softmax_ref,
+    .sigmoid = moetax_k_sigmoid_ref,
+    .topk = moetax_k_topk_ref,
+    .silu_mul = moetax_k_silu_mul_ref,
+    .rope = moetax_k_rope_ref,
+    .rope_cached = moetax_k_rope_cached_ref,
+    .scatter_add = moetax_k_scatter_add_ref,
+    .dot = moetax_k_dot_ref,
+    .axpy = moetax_k_axpy_ref,
+    .scale = moetax_k_scale_ref,
+    .fp16_to_fp32 = moetax_k_fp16_to_fp32_ref,
+    .fp32_to_fp16 = moetax_k_fp32_to_fp16_ref,
+    .bf16_to_fp32 = moetax_k_bf16_to_fp32_ref,
+    .fp32_to_bf16 = moetax_k_fp32_to_bf16_ref,
+};
+
+static const struct moetax_kernels k_avx2 = {
+    .name = "avx2",
+    .quantize_act = moetax_k_quantize_act_avx2,
+    .matmul = moetax_k_matmul_avx2,
+    .rmsnorm = moetax_k_rmsnorm_avx2,
+    .softmax = moetax_k_softmax_avx2,
+    .sigmoid = moetax_k_sigmoid_avx2,
+    .topk = moetax_k_topk_ref,        /* branchy, tiny n: scalar is right */
+    .silu_mul = moetax_k_silu_mul_avx2,
+    .rope = moetax_k_rope_ref,        /* sin/cos dominated, once per head */
+    .rope_cached = moetax_k_rope_cached_ref,
+    .scatter_add = moetax_k_scatter_add_avx2,
+    .dot = moetax_k_dot_avx2,
+    .axpy = moetax_k_axpy_avx2,
+    .scale = moetax_k_scale_avx2,
+    .fp16_to_fp32 = moetax_k_fp16_to_fp32_avx2,
+    .fp32_to_fp16 = moetax_k_fp32_to_fp16_avx2,
+    .bf16_to_fp32 = moetax_k_bf16_to_fp32_avx2,
+    .fp32_to_bf16 = moetax_k_fp32_to_bf16_avx2,
+};
+
+static const struct moetax_kernels *g_best;
+static bool g_has_avx2;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void select_once(void) {
+    moetax_k_tables_init();
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    g_has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                 __builtin_cpu_supports("f16c");
+#else
+    g_has_avx2 = false;
+#endif
+    const char *force = getenv("MOETAX_FORCE_REF");
+    const bool use_ref = force && force[0] && strcmp(force, "0") != 0;
+    g_best = (g_has_avx2 && !use_ref) ? &k_avx2 : &k_ref;
+}
+
+const struct moetax_kernels *moetax_kernels_get(void) {
+    pthread_once(&g_once, select_once);
+    return g_best;
+}
+
+const struct moetax_kernels *moetax_kernels_ref(void) {
+    pthread_once(&g_once, select_once);
+    return &k_ref;
+}
+
+const struct moetax_kernels *moetax_kernels_avx2(void) {
+    pthread_once(&g_once, select_once);
+    return g_has_avx2 ? &k_avx2 : NULL;
+}
+
+size_t moetax_act_size(enum moetax_type wtype, int64_t ncols, int64_t n_batch) {
+    if (ncols < 0 || n_batch < 0) return 0;
+    if (moetax_k_act_is_q(wtype) && ncols % 32 != 0) return 0;
+    return moetax_k_act_row_bytes(wtype, ncols) * (size_t)n_batch;
+}
+
+/* ---- RoPE angles (ggml's rope_yarn, computed per pair without the running
+ * product, so theta is as exact as powf allows) ---- */
+
+static float corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+    return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2.0f * (float)M_PI)) / (2.0f * logf(base));
+}
+
+void moetax_rope_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow,
+                           float dims[2]) {
+    const float start = floorf(corr_dim(n_dims, n_ctx_orig, beta_fast, freq_base));
+    const float end = ceilf(corr_dim(n_dims, n_ctx_orig, beta_slow, freq_base));
+    dims[0] = fmaxf(0.0f, start);
+    dims[1] = fminf((float)(n_dims - 1), end);
+}
+
+void moetax_rope_cache(const struct moetax_rope_params *p, int64_t pos, float *cs) {
+    const int n_dims = p->n_dims;
+    float corr[2] = {0.0f, 0.0f};
+    float mscale = p->attn_factor;
+    if (p->ext_factor != 0.0f) {
+        moetax_rope_corr_dims(n_dims, p->n_ctx_orig, p->freq_base, p->beta_fast, p->beta_slow, corr);
+        mscale *= 1.0f + 0.1f * logf(1.0f / p->freq_scale);
+    }
+    for (int i = 0; i < n_dims / 2; i++) {
+        const int i0 = 2 * i;
+        float theta_extrap = (float)pos * powf(p->freq_base, -(float)i0 / (float)n_dims);
+        if (p->freq_factors) theta_extrap /= p->freq_factors[i];
+        const float theta_interp = p->freq_scale * theta_extrap;
+        float theta = theta_interp;
+        if (p->ext_factor != 0.0f) {
+            const float y = ((float)i - corr[0]) / fmaxf(0.001f, corr[1] - corr[0]);
+            const float ramp = 1.0f - fminf(1.0f, fmaxf(0.0f, y));
+            const float mix = ramp * p->ext_factor;
+            theta = theta_interp * (1.0f - mix) + theta_extrap * mix;
+        }
+        cs[2 * i] = cosf(theta) * mscale;
+        cs[2 * i + 1] = sinf(theta) * mscale;
+    }
+}

@@ -1,0 +1,80 @@
+/* kernels_impl.h - declarations shared by the kernel files (not public).
+ *
+ * Each *_ref.c / *_avx2.c file exports plain functions named
+ * moetax_k_<op>_<isa>; kernels.c assembles them into the tables. */
+#ifndef MOETAX_KERNELS_IMPL_H
+#define MOETAX_KERNELS_IMPL_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#include "moetax/kernels.h"
+
+/* ---- prepared-activation layout (see kernels.h) ---- */
+/* Q4_0 pair of blocks: int8 lo[32], int8 hi[32], int16 s[16], float d[8]. */
+#define MOETAX_K_Q4_PAIR_BYTES 128
+static inline int moetax_k_act_is_q(enum moetax_type t) {
+    return t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0;
+}
+/* Bytes of one prepared batch row. */
+static inline size_t moetax_k_act_row_bytes(enum moetax_type t, int64_t ncols) {
+    const size_t nb = (size_t)(ncols / 32);
+    switch (t) {
+    case MOETAX_TYPE_F32: case MOETAX_TYPE_F16: case MOETAX_TYPE_BF16: return (size_t)ncols * sizeof(float);
+    case MOETAX_TYPE_Q8_0: return nb * (32 + sizeof(float));
+    case MOETAX_TYPE_Q4_0: return (nb + 1) / 2 * MOETAX_K_Q4_PAIR_BYTES;
+    default: return 0;
+    }
+}
+/* Q8_0 row: qs[nb][32] at 0, then float d[nb]. */
+static inline size_t moetax_k_act_d_off(enum moetax_type t, int64_t nb) { (void)t; return (size_t)nb * 32; }
+
+/* Shared tables (kernels.c): fp16 -> fp32 for every bit pattern. */
+extern float moetax_k_fp16_table[1 << 16];
+void moetax_k_tables_init(void);
+
+/* ---- matmul ---- */
+void moetax_k_quantize_act_ref(enum moetax_type wtype, const float *x, int64_t ldx, int64_t ncols,
+                               int64_t n_batch, void *xq);
+void moetax_k_matmul_ref(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                         int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
+void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t ldx, int64_t ncols,
+                                int64_t n_batch, void *xq);
+void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                          int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
+
+/* ---- vector ops ---- */
+void moetax_k_rmsnorm_ref(float *out, const float *x, const float *w, int64_t n, float eps);
+void moetax_k_softmax_ref(float *x, int64_t n);
+void moetax_k_sigmoid_ref(float *x, int64_t n);
+void moetax_k_topk_ref(const float *x, int64_t n, int64_t k, int32_t *idx, float *val);
+void moetax_k_silu_mul_ref(float *out, const float *g, const float *u, int64_t n);
+void moetax_k_rope_ref(float *x, int64_t n_head, int64_t head_stride, int64_t pos,
+                       const struct moetax_rope_params *p);
+void moetax_k_rope_cached_ref(float *x, int64_t n_head, int64_t head_stride, int n_dims,
+                              enum moetax_rope_mode mode, const float *cs);
+void moetax_k_scatter_add_ref(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, const int32_t *rows,
+                              const float *w, int64_t n_rows, int64_t n);
+float moetax_k_dot_ref(const float *a, const float *b, int64_t n);
+void moetax_k_axpy_ref(float *y, float a, const float *x, int64_t n);
+void moetax_k_scale_ref(float *x, float a, int64_t n);
+void moetax_k_fp16_to_fp32_ref(const uint16_t *x, float *y, int64_t n);
+void moetax_k_fp32_to_fp16_ref(const float *x, uint16_t *y, int64_t n);
+void moetax_k_bf16_to_fp32_ref(const uint16_t *x, float *y, int64_t n);
+void moetax_k_fp32_to_bf16_ref(const float *x, uint16_t *y, int64_t n);
+
+void moetax_k_rmsnorm_avx2(float *out, const float *x, const float *w, int64_t n, float eps);
+void moetax_k_softmax_avx2(float *x, int64_t n);
+void moetax_k_sigmoid_avx2(float *x, int64_t n);
+void moetax_k_silu_mul_avx2(float *out, const float *g, const float *u, int64_t n);
+void moetax_k_scatter_add_avx2(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, const int32_t *rows,
+                               const float *w, int64_t n_rows, int64_t n);
+float moetax_k_dot_avx2(const float *a, const float *b, int64_t n);
+void moetax_k_axpy_avx2(float *y, float a, const float *x, int64_t n);
+void moetax_k_scale_avx2(float *x, float a, int64_t n);
+void moetax_k_fp16_to_fp32_avx2(const uint16_t *x, float *y, int64_t n);
+void moetax_k_fp32_to_fp16_avx2(const float *x, uint16_t *y, int64_t n);
+void moetax_k_bf16_to_fp32_avx2(const uint16_t *x, float *y, int64_t n);
+void moetax_k_fp32_to_bf16_avx2(const float *x, uint16_t *y, int64_t n);
+
+#endif

@@ -1,0 +1,130 @@
+/* matmul_ref.c - scalar reference: activation preparation and matrix x
+ * vector(s) for F32, F16, BF16, Q8_0, Q4_0 weights. Plain C11, one output at
+ * a time, double accumulation: slow and obviously right. */
+#include "kernels_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "moetax/types.h"
+
+/* ggml's quantize_row_q8_0 for one block, with the scale stored widened. */
+static void quantize_block_q8(const float *x, int8_t *qs, float *d_out) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; j++) qs[j] = (int8_t)roundf(x[j] * id);
+    *d_out = moetax_fp16_to_fp32(moetax_fp32_to_fp16(d));
+}
+
+/* Q4_0 pair layout (kernels.h): lo[32], hi[32], s[16], d[8] per pair of blocks. */
+static void put_q4_block(uint8_t *pair, int h, const int8_t *q, float d) {
+    int8_t *lo = (int8_t *)pair, *hi = (int8_t *)pair + 32;
+    int16_t *s = (int16_t *)(pair + 64);
+    float *dd = (float *)(pair + 96);
+    for (int j = 0; j < 16; j++) {
+        lo[16 * h + j] = q[j];
+        hi[16 * h + j] = q[16 + j];
+    }
+    for (int i = 0; i < 8; i++)
+        s[8 * h + i] = (int16_t)(8 * (q[2 * i] + q[2 * i + 1] + q[16 + 2 * i] + q[16 + 2 * i + 1]));
+    for (int i = 0; i < 4; i++) dd[4 * h + i] = d;
+}
+
+void moetax_k_quantize_act_ref(enum moetax_type wtype, const float *x, int64_t ldx, int64_t ncols,
+                               int64_t n_batch, void *xq) {
+    const size_t row_bytes = moetax_k_act_row_bytes(wtype, ncols);
+    const int64_t nb = ncols / 32;
+    for (int64_t b = 0; b < n_batch; b++) {
+        const float *xr = x + b * ldx;
+        uint8_t *out = (uint8_t *)xq + (size_t)b * row_bytes;
+        if (wtype == MOETAX_TYPE_Q8_0) {
+            float *d = (float *)(out + moetax_k_act_d_off(wtype, nb));
+            for (int64_t i = 0; i < nb; i++) quantize_block_q8(xr + i * 32, (int8_t *)out + i * 32, &d[i]);
+        } else if (wtype == MOETAX_TYPE_Q4_0) {
+            memset(out, 0, row_bytes); /* the missing half of an odd last pair */
+            for (int64_t i = 0; i < nb; i++) {
+                int8_t q[32];
+                float d;
+                quantize_block_q8(xr + i * 32, q, &d);
+                put_q4_block(out + (size_t)(i / 2) * MOETAX_K_Q4_PAIR_BYTES, (int)(i % 2), q, d);
+            }
+        } else {
+            memcpy(out, xr, (size_t)ncols * sizeof(float));
+        }
+    }
+}
+
+static double dot_f32(const float *w, const float *x, int64_t n) {
+    double acc = 0.0;
+    for (int64_t k = 0; k < n; k++) acc += (double)w[k] * (double)x[k];
+    return acc;
+}
+
+static double dot_f16(const uint16_t *w, const float *x, int64_t n) {
+    double acc = 0.0;
+    for (int64_t k = 0; k < n; k++) acc += (double)moetax_fp16_to_fp32(w[k]) * (double)x[k];
+    return acc;
+}
+
+static double dot_bf16(const uint16_t *w, const float *x, int64_t n) {
+    double acc = 0.0;
+    for (int64_t k = 0; k < n; k++) acc += (double)moetax_bf16_to_fp32(w[k]) * (double)x[k];
+    return acc;
+}
+
+/* Q8_0 x Q8_0: exact integer block sums, float block scale (d_w * d_x). */
+static double dot_q8(const moetax_block_q8_0 *w, const int8_t *qs, const float *d, int64_t nb) {
+    double acc = 0.0;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < 32; j++) isum += (int32_t)w[i].qs[j] * (int32_t)qs[i * 32 + j];
+        acc += (double)(moetax_fp16_to_fp32(w[i].d) * d[i]) * (double)isum;
+    }
+    return acc;
+}
+
+static double dot_q4(const moetax_block_q4_0 *w, const uint8_t *act, int64_t nb) {
+    double acc = 0.0;
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *pair = act + (size_t)(i / 2) * MOETAX_K_Q4_PAIR_BYTES;
+        const int h = (int)(i % 2);
+        const int8_t *lo = (const int8_t *)pair + 16 * h, *hi = (const int8_t *)pair + 32 + 16 * h;
+        float d;
+        memcpy(&d, pair + 96 + 16 * h, sizeof d);
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) {
+            isum += ((int32_t)(w[i].qs[j] & 0x0f) - 8) * (int32_t)lo[j];
+            isum += ((int32_t)(w[i].qs[j] >> 4) - 8) * (int32_t)hi[j];
+        }
+        acc += (double)(moetax_fp16_to_fp32(w[i].d) * d) * (double)isum;
+    }
+    return acc;
+}
+
+void moetax_k_matmul_ref(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                         int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
+    const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
+    const int64_t nb = ncols / 32;
+    for (int64_t r = row0; r < row1; r++) {
+        const void *wr = (const uint8_t *)w + (size_t)r * row_bytes;
+        for (int64_t b = 0; b < n_batch; b++) {
+            const uint8_t *a = (const uint8_t *)xq + (size_t)b * act_row;
+            double v = 0.0;
+            switch (wtype) {
+            case MOETAX_TYPE_F32: v = dot_f32(wr, (const float *)a, ncols); break;
+            case MOETAX_TYPE_F16: v = dot_f16(wr, (const float *)a, ncols); break;
+            case MOETAX_TYPE_BF16: v = dot_bf16(wr, (const float *)a, ncols); break;
+            case MOETAX_TYPE_Q8_0:
+                v = dot_q8(wr, (const int8_t *)a, (const float *)(a + moetax_k_act_d_off(wtype, nb)), nb);
+                break;
+            case MOETAX_TYPE_Q4_0:
+                v = dot_q4(wr, a, nb);
+                break;
+            default: break;
+            }
+            y[b * ldy + r] = (float)v;
+        }
+    }
+}

@@ -1,0 +1,383 @@
+/*
+ * deepseek2.c - bind a deepseek2 GGUF file: hyper-parameters from the metadata
+ * (as llama.cpp derives them, including the YaRN attention factor), every
+ * tensor checked against the shape the metadata implies, weights used in place.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moetax/model.h"
+
+struct owned {
+    void **ptr;
+    size_t n, cap;
+};
+
+static void *own(struct moetax_model *m, size_t bytes) {
+    struct owned *o = m->owned;
+    if (o->n == o->cap) {
+        size_t cap = o->cap ? 2 * o->cap : 64;
+        void **p = realloc(o->ptr, cap * sizeof *p);
+        if (!p) return NULL;
+        o->ptr = p;
+        o->cap = cap;
+    }
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (p) o->ptr[o->n++] = p;
+    return p;
+}
+
+void moetax_model_free(struct moetax_model *m) {
+    if (!m) return;
+    struct owned *o = m->owned;
+    if (o) {
+        for (size_t i = 0; i < o->n; i++) free(o->ptr[i]);
+        free(o->ptr);
+        free(o);
+    }
+    free(m->layers);
+    moetax_gguf_close(m->gguf);
+    free(m);
+}
+
+/* ---- hyper-parameters ---------------------------------------------------------- */
+
+struct keys {
+    const struct moetax_gguf *g;
+    const char *arch;
+    moetax_status st;
+};
+
+static int32_t key_i(struct keys *k, const char *suffix, int64_t def, bool required) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", k->arch, suffix);
+    uint32_t v;
+    moetax_status st = moetax_gguf_get_u32(k->g, key, &v);
+    if (st == MOETAX_ERR_NOT_FOUND && !required) return (int32_t)def;
+    if (st) {
+        if (!k->st) k->st = st;
+        return (int32_t)def;
+    }
+    if (v > INT32_MAX) {
+        if (!k->st) k->st = moetax_error(MOETAX_ERR_FORMAT, "%s: %s = %u is out of range", k->g->path, key, v);
+        return (int32_t)def;
+    }
+    return (int32_t)v;
+}
+
+static float key_f(struct keys *k, const char *suffix, float def) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", k->arch, suffix);
+    float v;
+    moetax_status st = moetax_gguf_get_f32(k->g, key, &v);
+    if (st == MOETAX_ERR_NOT_FOUND) return def;
+    if (st || !isfinite(v)) {
+        if (!k->st) k->st = st ? st : moetax_error(MOETAX_ERR_FORMAT, "%s: %s is not finite", k->g->path, key);
+        return def;
+    }
+    return v;
+}
+
+static moetax_status load_hparams(struct moetax_model *m) {
+    const struct moetax_gguf *g = m->gguf;
+    struct moetax_hparams *hp = &m->hp;
+    moetax_status st = moetax_gguf_get_str(g, "general.architecture", hp->arch, sizeof hp->arch);
+    if (st) return st;
+    if (strcmp(hp->arch, "deepseek2") != 0)
+        return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported yet (moetax runs deepseek2)",
+                            g->path, hp->arch);
+    struct keys k = {.g = g, .arch = hp->arch};
+    hp->n_ctx_train = key_i(&k, "context_length", 4096, false);
+    hp->n_embd = key_i(&k, "embedding_length", 0, true);
+    hp->n_layer = key_i(&k, "block_count", 0, true);
+    hp->n_head = key_i(&k, "attention.head_count", 0, true);
+    hp->n_layer_dense_lead = key_i(&k, "leading_dense_block_count", 0, false);
+    hp->n_ff = key_i(&k, "feed_forward_length", 0, hp->n_layer_dense_lead > 0);
+    hp->q_lora_rank = key_i(&k, "attention.q_lora_rank", 0, false);
+    hp->kv_lora_rank = key_i(&k, "attention.kv_lora_rank", 0, true);
+    hp->n_embd_head_qk_rope = key_i(&k, "rope.dimension_count", 0, true);
+    int32_t klen = key_i(&k, "attention.key_length_mla", -1, false);
+    int32_t vlen = key_i(&k, "attention.value_length_mla", -1, false);
+    if (klen < 0) klen = key_i(&k, "attention.key_length", 0, true);
+    if (vlen < 0) vlen = key_i(&k, "attention.value_length", 0, true);
+    hp->n_embd_head_qk_nope = klen - hp->n_embd_head_qk_rope;
+    hp->n_embd_head_v = vlen;
+    hp->n_expert = key_i(&k, "expert_count", 0, false);
+    hp->n_expert_used = key_i(&k, "expert_used_count", 0, hp->n_expert > 0);
+    hp->n_expert_shared = key_i(&k, "expert_shared_count", 0, false);
+    hp->n_ff_exp = key_i(&k, "expert_feed_forward_length", 0, hp->n_expert > 0);
+    hp->n_expert_group = key_i(&k, "expert_group_count", 0, false);
+    hp->n_expert_group_used = key_i(&k, "expert_group_used_count", 0, false);
+    hp->gating_func = key_i(&k, "expert_gating_func", 1, false);
+    hp->expert_weights_scale = key_f(&k, "expert_weights_scale", 0.0f);
+    hp->rms_eps = key_f(&k, "attention.layer_norm_rms_epsilon", -1.0f);
+    char key[160];
+    snprintf(key, sizeof key, "%s.expert_weights_norm", hp->arch);
+    bool b = false;
+    st = moetax_gguf_get_bool(g, key, &b);
+    if (st && st != MOETAX_ERR_NOT_FOUND && !k.st) k.st = st;
+    hp->expert_weights_norm = b;
+    if (k.st) return k.st;
+#define NEED(cond, ...) do { if (!(cond)) return moetax_error(MOETAX_ERR_FORMAT, __VA_ARGS__); } while (0)
+    NEED(hp->rms_eps > 0, "%s: %s.attention.layer_norm_rms_epsilon is missing or not positive", g->path, hp->arch);
+    NEED(hp->n_embd > 0 && hp->n_layer > 0 && hp->n_head > 0 && hp->kv_lora_rank > 0,
+         "%s: embedding_length, block_count, head_count and kv_lora_rank must be positive", g->path);
+    NEED(hp->n_embd_head_qk_rope > 0 && hp->n_embd_head_qk_rope % 2 == 0 && hp->n_embd_head_qk_rope <= 1024,
+         "%s: rope.dimension_count %d must be even and in 2..1024", g->path, hp->n_embd_head_qk_rope);
+    NEED(hp->n_embd_head_qk_nope > 0 && hp->n_embd_head_v > 0,
+         "%s: key length %d must exceed the rope dims %d, value length must be positive", g->path, klen,
+         hp->n_embd_head_qk_rope);
+    NEED(hp->n_layer_dense_lead <= hp->n_layer, "%s: leading_dense_block_count %d > block_count %d", g->path,
+         hp->n_layer_dense_lead, hp->n_layer);
+    if (hp->n_layer_dense_lead < hp->n_layer) {
+        NEED(hp->n_expert > 0, "%s: layers %d.. are MoE layers but expert_count is 0", g->path, hp->n_layer_dense_lead);
+        NEED(hp->n_expert_used > 0 && hp->n_expert_used <= hp->n_expert && hp->n_expert_used <= 256,
+             "%s: expert_used_count %d must be in 1..min(expert_count %d, 256)", g->path, hp->n_expert_used, hp->n_expert);
+        NEED(hp->n_ff_exp > 0, "%s: expert_feed_forward_length must be positive", g->path);
+        NEED(hp->gating_func == 1 || hp->gating_func == 2, "%s: expert_gating_func %d (expected 1 softmax or 2 sigmoid)",
+             g->path, hp->gating_func);
+        if (hp->n_expert_group > 1) {
+            NEED(hp->n_expert % hp->n_expert_group == 0 && hp->n_expert / hp->n_expert_group >= 2,
+                 "%s: expert_group_count %d must divide expert_count %d into groups of >= 2", g->path,
+                 hp->n_expert_group, hp->n_expert);
+            NEED(hp->n_expert_group_used >= 1 && hp->n_expert_group_used <= hp->n_expert_group &&
+                     hp->n_expert_group_used * (hp->n_expert / hp->n_expert_group) >= hp->n_expert_used,
+                 "%s: expert_group_used_count %d cannot supply %d experts", g->path, hp->n_expert_group_used,
+                 hp->n_expert_used);
+        }
+    }
+#undef NEED
+
+    /* rope and the attention scale, as llama.cpp derives them for deepseek2 */
+    hp->rope_freq_base = key_f(&k, "rope.freq_base", 10000.0f);
+    char stype[32] = "";
+    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch);
+    moetax_gguf_get_str(g, key, stype, sizeof stype);
+    float factor = key_f(&k, "rope.scaling.factor", 0.0f);
+    if (factor == 0.0f) factor = key_f(&k, "rope.scale_linear", 0.0f);
+    float fs = factor == 0.0f ? 1.0f : 1.0f / factor;
+    if (!strcmp(stype, "none")) fs = 1.0f;
+    float ext = key_f(&k, "rope.scaling.yarn_ext_factor", -1.0f);
+    if (ext < 0.0f) ext = !strcmp(stype, "yarn") ? 1.0f : 0.0f;
+    double L = key_f(&k, "rope.scaling.yarn_log_multiplier", 0.0f) / 0.1;
+    double A = key_f(&k, "rope.scaling.attn_factor", 1.0f);
+    double lnF = log(1.0 / fs);
+    double af = 1.0;
+    if (ext != 0.0f) {
+        if (L == 0.0) af = fs >= 1.0f ? 1.0 : 1.0 + 0.1 * lnF;
+        af *= 1.0 / (1.0 + 0.1 * lnF);
+    }
+    af *= A;
+    double mscale = af * (1.0 + 0.1 * lnF) * (1.0 + 0.1 * L * lnF);
+    hp->rope_freq_scale = fs;
+    hp->rope_ext_factor = ext;
+    hp->rope_attn_factor = (float)af;
+    hp->rope_beta_fast = key_f(&k, "rope.scaling.yarn_beta_fast", 32.0f);
+    hp->rope_beta_slow = key_f(&k, "rope.scaling.yarn_beta_slow", 1.0f);
+    hp->rope_n_ctx_orig = key_i(&k, "rope.scaling.original_context_length", 0, false);
+    if (hp->rope_n_ctx_orig <= 0) hp->rope_n_ctx_orig = hp->n_ctx_train;
+    hp->kq_scale = (float)(mscale * mscale / sqrt((double)(hp->n_embd_head_qk_nope + hp->n_embd_head_qk_rope)));
+    return k.st;
+}
+
+/* ---- tensors ------------------------------------------------------------------- */
+
+static void fmt_shape(char *buf, size_t cap, int n, const int64_t *ne) {
+    int o = snprintf(buf, cap, "{");
+    for (int i = 0; i < n; i++) o += snprintf(buf + o, cap - (size_t)o, "%s%lld", i ? ", " : "", (long long)ne[i]);
+    snprintf(buf + o, cap - (size_t)o, "}");
+}
+
+/* Bind tensor `name` with the expected shape; absent + !required leaves w->data NULL. */
+static moetax_status bind(struct moetax_model *m, struct moetax_weight *w, const char *name, bool required, int n_dims,
+                          int64_t ne0, int64_t ne1, int64_t ne2) {
+    memset(w, 0, sizeof *w);
+    const struct moetax_gguf_tensor *t = moetax_gguf_find_tensor(m->gguf, name);
+    if (!t) {
+        if (!required) return MOETAX_OK;
+        return moetax_error(MOETAX_ERR_NOT_FOUND, "%s: tensor '%s' is missing", m->gguf->path, name);
+    }
+    int64_t want[4] = {ne0, ne1, ne2, 1};
+    int td = (int)t->n_dims;
+    while (td > 1 && t->ne[td - 1] == 1) td--;
+    int wd = n_dims;
+    while (wd > 1 && want[wd - 1] == 1) wd--;
+    bool ok = td == wd;
+    for (int i = 0; ok && i < 4; i++) ok = t->ne[i] == want[i];
+    if (!ok) {
+        char a[96], b[96];
+        fmt_shape(a, sizeof a, (int)t->n_dims, t->ne);
+        fmt_shape(b, sizeof b, n_dims, want);
+        return moetax_error(MOETAX_ERR_SHAPE, "%s: tensor '%s' has shape %s but the metadata implies %s", m->gguf->path,
+                            name, a, b);
+    }
+    if (!moetax_type_supported(t->type))
+        return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s; moetax computes with f32, f16, bf16, q8_0 and q4_0",
+                            m->gguf->path, name, moetax_type_name(t->type));
+    w->data = t->data;
+    w->type = t->type;
+    w->ne[0] = t->ne[0];
+    w->ne[1] = t->ne[1];
+    w->ne[2] = t->ne[2];
+    w->row_bytes = moetax_row_size(t->type, t->ne[0]);
+    w->mat_bytes = w->row_bytes * (size_t)t->ne[1];
+    if (t->type == MOETAX_TYPE_Q8_0) m->has_q8_0 = true;
+    if (t->type == MOETAX_TYPE_Q4_0) m->has_q4_0 = true;
+    return MOETAX_OK;
+}
+
+/* A vector tensor converted to an owned F32 copy. */
+static moetax_status bind_vec(struct moetax_model *m, float **out, const char *name, bool required, int64_t n) {
+    struct moetax_weight w;
+    moetax_status st = bind(m, &w, name, required, 1, n, 1, 1);
+    *out = NULL;
+    if (st || !w.data) return st;
+    float *v = own(m, sizeof(float) * (size_t)n);
+    if (!v) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    moetax_to_float(w.type, w.data, v, n);
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) return moetax_error(MOETAX_ERR_FORMAT, "%s: tensor '%s' holds a non-finite value at %lld",
+                                                 m->gguf->path, name, (long long)i);
+    *out = v;
+    return MOETAX_OK;
+}
+
+/* Split the older attn_kv_b {kv_lora, H*(nope+v)} into F32 k_b {nope, kv_lora, H} and v_b {kv_lora, v, H}. */
+static moetax_status split_kv_b(struct moetax_model *m, struct moetax_layer *l, const struct moetax_weight *kvb) {
+    const struct moetax_hparams *hp = &m->hp;
+    const int64_t H = hp->n_head, nope = hp->n_embd_head_qk_nope, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
+    float *row = own(m, sizeof(float) * (size_t)kvl);
+    float *kb = own(m, sizeof(float) * (size_t)(H * kvl * nope));
+    float *vb = own(m, sizeof(float) * (size_t)(H * vh * kvl));
+    if (!row || !kb || !vb) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t j = 0; j < nope + vh; j++) {
+            moetax_to_float(kvb->type, (const char *)kvb->data + (size_t)(h * (nope + vh) + j) * kvb->row_bytes, row, kvl);
+            if (j < nope)
+                for (int64_t c = 0; c < kvl; c++) kb[(h * kvl + c) * nope + j] = row[c];
+            else
+                memcpy(vb + (h * vh + (j - nope)) * kvl, row, sizeof(float) * (size_t)kvl);
+        }
+    }
+    l->wk_b = (struct moetax_weight){.data = kb, .type = MOETAX_TYPE_F32, .ne = {nope, kvl, H},
+                                     .row_bytes = sizeof(float) * (size_t)nope, .mat_bytes = sizeof(float) * (size_t)(nope * kvl)};
+    l->wv_b = (struct moetax_weight){.data = vb, .type = MOETAX_TYPE_F32, .ne = {kvl, vh, H},
+                                     .row_bytes = sizeof(float) * (size_t)kvl, .mat_bytes = sizeof(float) * (size_t)(kvl * vh)};
+    return MOETAX_OK;
+}
+
+static moetax_status bind_layer(struct moetax_model *m, int il) {
+    const struct moetax_hparams *hp = &m->hp;
+    struct moetax_layer *l = &m->layers[il];
+    const int64_t d = hp->n_embd, H = hp->n_head, nope = hp->n_embd_head_qk_nope, rope = hp->n_embd_head_qk_rope;
+    const int64_t vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank, ql = hp->q_lora_rank;
+    const int64_t E = hp->n_expert, F = hp->n_ff_exp, Fs = (int64_t)hp->n_expert_shared * hp->n_ff_exp;
+    char n[128];
+    moetax_status st;
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
+#define TRY(x) do { if ((st = (x))) return st; } while (0)
+    TRY(bind_vec(m, &l->attn_norm, NAME("attn_norm.weight"), true, d));
+    if (ql > 0) {
+        TRY(bind(m, &l->wq_a, NAME("attn_q_a.weight"), true, 2, d, ql, 1));
+        TRY(bind_vec(m, &l->q_a_norm, NAME("attn_q_a_norm.weight"), true, ql));
+        TRY(bind(m, &l->wq_b, NAME("attn_q_b.weight"), true, 2, ql, H * (nope + rope), 1));
+    } else {
+        TRY(bind(m, &l->wq, NAME("attn_q.weight"), true, 2, d, H * (nope + rope), 1));
+    }
+    TRY(bind(m, &l->wkv_a, NAME("attn_kv_a_mqa.weight"), true, 2, d, kvl + rope, 1));
+    TRY(bind_vec(m, &l->kv_a_norm, NAME("attn_kv_a_norm.weight"), true, kvl));
+    TRY(bind(m, &l->wk_b, NAME("attn_k_b.weight"), false, 3, nope, kvl, H));
+    if (l->wk_b.data) {
+        TRY(bind(m, &l->wv_b, NAME("attn_v_b.weight"), true, 3, kvl, vh, H));
+    } else {
+        struct moetax_weight kvb;
+        snprintf(n, sizeof n, "blk.%d.attn_k_b.weight' or 'blk.%d.attn_kv_b.weight", il, il);
+        char both[160];
+        snprintf(both, sizeof both, "%s", n);
+        TRY(bind(m, &kvb, NAME("attn_kv_b.weight"), false, 2, kvl, H * (nope + vh), 1));
+        if (!kvb.data) return moetax_error(MOETAX_ERR_NOT_FOUND, "%s: tensor '%s' is missing", m->gguf->path, both);
+        TRY(split_kv_b(m, l, &kvb));
+    }
+    TRY(bind(m, &l->wo, NAME("attn_output.weight"), true, 2, H * vh, d, 1));
+    TRY(bind_vec(m, &l->ffn_norm, NAME("ffn_norm.weight"), true, d));
+    l->is_moe = il >= hp->n_layer_dense_lead;
+    if (!l->is_moe) {
+        TRY(bind(m, &l->ffn_gate, NAME("ffn_gate.weight"), true, 2, d, hp->n_ff, 1));
+        TRY(bind(m, &l->ffn_up, NAME("ffn_up.weight"), true, 2, d, hp->n_ff, 1));
+        TRY(bind(m, &l->ffn_down, NAME("ffn_down.weight"), true, 2, hp->n_ff, d, 1));
+        return MOETAX_OK;
+    }
+    TRY(bind(m, &l->gate_inp, NAME("ffn_gate_inp.weight"), true, 2, d, E, 1));
+    TRY(bind_vec(m, &l->exp_probs_b, NAME("exp_probs_b.bias"), false, E));
+    TRY(bind(m, &l->gate_exps, NAME("ffn_gate_up_exps.weight"), false, 3, d, 2 * F, E));
+    if (l->gate_exps.data) {
+        l->fused_gate_up = true;
+        /* up = rows F..2F-1 of each expert's fused matrix */
+        l->up_exps = l->gate_exps;
+        l->up_exps.data = (const char *)l->gate_exps.data + (size_t)F * l->gate_exps.row_bytes;
+    } else {
+        TRY(bind(m, &l->gate_exps, NAME("ffn_gate_exps.weight"), true, 3, d, F, E));
+        TRY(bind(m, &l->up_exps, NAME("ffn_up_exps.weight"), true, 3, d, F, E));
+    }
+    TRY(bind(m, &l->down_exps, NAME("ffn_down_exps.weight"), true, 3, F, d, E));
+    if (Fs > 0) {
+        TRY(bind(m, &l->gate_sh, NAME("ffn_gate_shexp.weight"), true, 2, d, Fs, 1));
+        TRY(bind(m, &l->up_sh, NAME("ffn_up_shexp.weight"), true, 2, d, Fs, 1));
+        TRY(bind(m, &l->down_sh, NAME("ffn_down_shexp.weight"), true, 2, Fs, d, 1));
+    }
+#undef NAME
+#undef TRY
+    return MOETAX_OK;
+}
+
+moetax_status moetax_model_load(const char *path, struct moetax_model **out) {
+    *out = NULL;
+    struct moetax_model *m = calloc(1, sizeof *m);
+    if (!m) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    m->owned = calloc(1, sizeof(struct owned));
+    moetax_status st = m->owned ? moetax_gguf_open(path, &m->gguf) : moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    if (!st) st = load_hparams(m);
+    if (!st) {
+        const struct moetax_gguf_tensor *te = moetax_gguf_find_tensor(m->gguf, "token_embd.weight");
+        if (!te) st = moetax_error(MOETAX_ERR_NOT_FOUND, "%s: tensor 'token_embd.weight' is missing", path);
+        else if (te->ne[1] > INT32_MAX) st = moetax_error(MOETAX_ERR_FORMAT, "%s: vocabulary too large", path);
+        else m->hp.n_vocab = (int32_t)te->ne[1];
+    }
+    if (!st) st = bind(m, &m->tok_embd, "token_embd.weight", true, 2, m->hp.n_embd, m->hp.n_vocab, 1);
+    if (!st) st = bind_vec(m, &m->output_norm, "output_norm.weight", true, m->hp.n_embd);
+    if (!st) st = bind(m, &m->output, "output.weight", false, 2, m->hp.n_embd, m->hp.n_vocab, 1);
+    if (!st && !m->output.data) m->output = m->tok_embd;
+    if (!st) {
+        m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
+        if (!m->layers) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    }
+    for (int il = 0; !st && il < m->hp.n_layer; il++) st = bind_layer(m, il);
+    if (st) {
+        moetax_model_free(m);
+        return st;
+    }
+    *out = m;
+    return MOETAX_OK;
+}
+
+double moetax_model_active_bytes(const struct moetax_model *m) {
+    const struct moetax_hparams *hp = &m->hp;
+    double frac = hp->n_expert ? (double)hp->n_expert_used / hp->n_expert : 0;
+    double b = (double)m->tok_embd.row_bytes + (double)m->output.mat_bytes;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct moetax_layer *l = &m->layers[il];
+        const struct moetax_weight *ws[] = {&l->wq, &l->wq_a, &l->wq_b, &l->wkv_a, &l->wk_b, &l->wv_b, &l->wo,
+                                            &l->ffn_gate, &l->ffn_up, &l->ffn_down, &l->gate_inp, &l->gate_sh,
+                                            &l->up_sh, &l->down_sh};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (ws[i]->data) b += (double)ws[i]->mat_bytes * (double)(ws[i]->ne[2] > 0 ? ws[i]->ne[2] : 1);
+        if (l->is_moe) {
+            double ex = (double)l->gate_exps.mat_bytes * (l->fused_gate_up ? 1 : 2) + (double)l->down_exps.mat_bytes;
+            b += ex * (double)hp->n_expert * frac;
+        }
+        b += sizeof(float) * (double)hp->n_embd * 2; /* norms */
+    }
+    return b;
+}

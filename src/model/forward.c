@@ -1,0 +1,330 @@
+/*
+ * forward.c - the inference context and the step scheduler.
+ *
+ * One moetax_pool_run per micro-batch: every worker walks the same phases
+ * (embedding, then per layer attention and FFN/MoE, then the head), splitting
+ * each phase's work by (ith, nth) or by the pool's atomic chunk counters, with
+ * a barrier between phases. Phases rotate over the pool's chunk counters: at
+ * the start of phase p worker 0 resets the counter of phase p+1, and the
+ * barrier ending phase p publishes it.
+ *
+ * Barriers per layer for one decoded token: attention 6 (8 with q_lora), FFN
+ * norm 1, then MoE 5 (6 for a batch: the gather) or dense 3. Plus 1 for the
+ * embedding and 2 for the head per step.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/forward_impl.h"
+
+/* ---- phases ------------------------------------------------------------------- */
+
+void fw_phase_begin(struct worker *w) {
+    w->phase++;
+    if (w->ith == 0) moetax_pool_chunk_reset(w->c->pool, (w->phase + 1) % MOETAX_POOL_N_CHUNK_COUNTERS, 0);
+}
+
+void fw_phase_end(struct worker *w) { moetax_pool_barrier(w->c->pool, w->ith); }
+
+int64_t fw_chunk(struct worker *w, int64_t n, int64_t step) {
+    int64_t i = moetax_pool_chunk_next(w->c->pool, w->phase % MOETAX_POOL_N_CHUNK_COUNTERS, step);
+    return i < n ? i : -1;
+}
+
+void fw_split(const struct worker *w, int64_t n, int64_t align, int64_t *r0, int64_t *r1) {
+    int64_t blocks = (n + align - 1) / align;
+    int64_t b0 = blocks * w->ith / w->nth, b1 = blocks * (w->ith + 1) / w->nth;
+    *r0 = b0 * align < n ? b0 * align : n;
+    *r1 = b1 * align < n ? b1 * align : n;
+}
+
+/* ---- activations and matmul ---------------------------------------------------- */
+
+void fw_act_prep(const struct moetax_ctx *c, struct act *a, int64_t t0, int64_t t1) {
+    if (t1 <= t0) return;
+    const struct moetax_model *m = c->m;
+    if (m->has_q8_0 && a->ncols % 32 == 0) {
+        size_t rb = moetax_act_size(MOETAX_TYPE_Q8_0, a->ncols, 1);
+        c->K->quantize_act(MOETAX_TYPE_Q8_0, a->x + t0 * a->ncols, a->ncols, a->ncols, t1 - t0,
+                           (char *)a->q8 + (size_t)t0 * rb);
+    }
+    if (m->has_q4_0 && a->ncols % 32 == 0) {
+        size_t rb = moetax_act_size(MOETAX_TYPE_Q4_0, a->ncols, 1);
+        c->K->quantize_act(MOETAX_TYPE_Q4_0, a->x + t0 * a->ncols, a->ncols, a->ncols, t1 - t0,
+                           (char *)a->q4 + (size_t)t0 * rb);
+    }
+}
+
+const void *fw_act_for(const struct act *a, enum moetax_type t) {
+    if (t == MOETAX_TYPE_Q8_0) return a->q8;
+    if (t == MOETAX_TYPE_Q4_0) return a->q4;
+    return a->x;
+}
+
+void fw_matmul_rel(const struct moetax_ctx *c, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
+                   const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
+    if (r1 <= r0 || n <= 0) return;
+    const char *wp = (const char *)w->data + (size_t)mat * w->mat_bytes + (size_t)r0 * w->row_bytes;
+    const char *xq = fw_act_for(a, w->type);
+    xq += (size_t)b0 * moetax_act_size(w->type, w->ne[0], 1);
+    c->K->matmul(w->type, wp, w->row_bytes, 0, r1 - r0, w->ne[0], xq, n, y, ldy);
+}
+
+void fw_matmul(const struct moetax_ctx *c, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
+               const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
+    fw_matmul_rel(c, w, mat, r0, r1, a, b0, n, y + r0, ldy);
+}
+
+/* ---- the step ---------------------------------------------------------------------- */
+
+static void dense_ffn(struct worker *w, const struct moetax_layer *l) {
+    struct moetax_ctx *c = w->c;
+    const int64_t n = c->n, d = c->m->hp.n_embd, ff = l->ffn_gate.ne[1];
+    int64_t r0, r1;
+    fw_phase_begin(w);
+    fw_split(w, ff, 8, &r0, &r1);
+    fw_matmul(c, &l->ffn_gate, 0, r0, r1, &c->a_in, 0, n, c->hid, ff);
+    fw_matmul(c, &l->ffn_up, 0, r0, r1, &c->a_in, 0, n, c->tmp, ff);
+    for (int64_t t = 0; t < n; t++) c->K->silu_mul(c->hid + t * ff + r0, c->hid + t * ff + r0, c->tmp + t * ff + r0, r1 - r0);
+    fw_phase_end(w);
+    fw_phase_begin(w);
+    c->a_hid.x = c->hid;
+    c->a_hid.ncols = ff;
+    c->a_hid.n = n;
+    fw_split(w, n, 1, &r0, &r1);
+    fw_act_prep(c, &c->a_hid, r0, r1);
+    fw_phase_end(w);
+    fw_phase_begin(w);
+    fw_split(w, d, 8, &r0, &r1);
+    fw_matmul(c, &l->ffn_down, 0, r0, r1, &c->a_hid, 0, n, c->tmp, d);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = r0; r < r1; r++) c->x[t * d + r] += c->tmp[t * d + r];
+    fw_phase_end(w);
+}
+
+/* normalise rows of x with `weight` into xn and prepare them in a_in */
+static void norm_prep(struct worker *w, const float *weight, int64_t t_first) {
+    struct moetax_ctx *c = w->c;
+    const int64_t d = c->m->hp.n_embd;
+    int64_t r0, r1;
+    fw_phase_begin(w);
+    fw_split(w, c->n - t_first, 1, &r0, &r1);
+    r0 += t_first;
+    r1 += t_first;
+    for (int64_t t = r0; t < r1; t++) c->K->rmsnorm(c->xn + t * d, c->x + t * d, weight, d, c->m->hp.rms_eps);
+    c->a_in.x = c->xn;
+    c->a_in.ncols = d;
+    c->a_in.n = c->n;
+    fw_act_prep(c, &c->a_in, r0, r1);
+    fw_phase_end(w);
+}
+
+static void step_worker(void *ctx, int ith, int nth) {
+    struct moetax_ctx *c = ctx;
+    const struct moetax_model *m = c->m;
+    const struct moetax_hparams *hp = &m->hp;
+    struct worker w = {.c = c, .ith = ith, .nth = nth, .phase = 0};
+    const int64_t n = c->n, d = hp->n_embd, rope = hp->n_embd_head_qk_rope;
+    int64_t r0, r1;
+
+    /* embedding rows and each position's rope cos/sin */
+    fw_phase_begin(&w);
+    fw_split(&w, n, 1, &r0, &r1);
+    struct moetax_rope_params rp = {
+        .n_dims = (int)rope, .mode = MOETAX_ROPE_MODE_NORM, .n_ctx_orig = hp->rope_n_ctx_orig,
+        .freq_base = hp->rope_freq_base, .freq_scale = hp->rope_freq_scale, .ext_factor = hp->rope_ext_factor,
+        .attn_factor = hp->rope_attn_factor, .beta_fast = hp->rope_beta_fast, .beta_slow = hp->rope_beta_slow,
+    };
+    for (int64_t t = r0; t < r1; t++) {
+        const struct moetax_weight *te = &m->tok_embd;
+        moetax_to_float(te->type, (const char *)te->data + (size_t)c->tokens[t] * te->row_bytes, c->x + t * d, d);
+        moetax_rope_cache(&rp, c->pos0 + t, c->ropecs + t * rope);
+    }
+    fw_phase_end(&w);
+
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct moetax_layer *l = &m->layers[il];
+        fw_attention(&w, il);
+        norm_prep(&w, l->ffn_norm, 0);
+        if (l->is_moe) fw_moe(&w, il);
+        else dense_ffn(&w, l);
+    }
+
+    if (!c->logits) return;
+    /* head: final norm of the rows that need logits, then the output matrix */
+    int64_t t_first = c->all_logits ? 0 : n - 1;
+    norm_prep(&w, m->output_norm, t_first);
+    fw_phase_begin(&w);
+    fw_split(&w, hp->n_vocab, 8, &r0, &r1);
+    fw_matmul(c, &m->output, 0, r0, r1, &c->a_in, t_first, n - t_first, c->logits, hp->n_vocab);
+    fw_phase_end(&w);
+}
+
+/* ---- context --------------------------------------------------------------------- */
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t up32(int64_t a) { return (a + 31) / 32 * 32; }
+
+static moetax_status act_alloc(struct moetax_ctx *c, struct act *a, int64_t ncols, int64_t rows, bool own_x) {
+    size_t b8 = moetax_act_size(MOETAX_TYPE_Q8_0, up32(ncols), rows);
+    size_t b4 = moetax_act_size(MOETAX_TYPE_Q4_0, up32(ncols), rows);
+    a->q8 = c->m->has_q8_0 ? aligned_alloc(64, (b8 + 63) / 64 * 64) : NULL;
+    a->q4 = c->m->has_q4_0 ? aligned_alloc(64, (b4 + 63) / 64 * 64) : NULL;
+    a->cap_q8 = b8;
+    a->cap_q4 = b4;
+    if (own_x) a->x = calloc((size_t)(ncols * rows), sizeof(float));
+    if ((c->m->has_q8_0 && !a->q8) || (c->m->has_q4_0 && !a->q4) || (own_x && !a->x))
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory for activations");
+    return MOETAX_OK;
+}
+
+static void act_free(struct act *a, bool own_x) {
+    free(a->q8);
+    free(a->q4);
+    if (own_x) free((void *)a->x);
+}
+
+moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_ctx_params *p,
+                              struct moetax_ctx **out) {
+    *out = NULL;
+    const struct moetax_hparams *hp = &m->hp;
+    struct moetax_ctx *c = calloc(1, sizeof *c);
+    if (!c) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    c->m = m;
+    c->K = moetax_kernels_get();
+    c->n_ctx = p && p->n_ctx > 0 ? p->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+    c->n_ubatch = p && p->n_ubatch > 0 ? p->n_ubatch : 64;
+    if (c->n_ubatch > c->n_ctx) c->n_ubatch = c->n_ctx;
+    moetax_status st = MOETAX_OK;
+    if (c->n_ctx > (1 << 24)) {
+        st = moetax_error(MOETAX_ERR_ARG, "context size %lld is too large (max %d)", (long long)c->n_ctx, 1 << 24);
+        free(c);
+        return st;
+    }
+    if (p && p->pool) c->pool = p->pool;
+    else {
+        struct moetax_pool_params pp = {.n_threads = p ? p->n_threads : 0};
+        st = moetax_pool_init(&pp, &c->pool);
+        if (st) { free(c); return st; }
+        c->own_pool = true;
+    }
+    c->n_threads = moetax_pool_n_threads(c->pool);
+    const int64_t U = c->n_ubatch, d = hp->n_embd, H = hp->n_head, nope = hp->n_embd_head_qk_nope;
+    const int64_t rope = hp->n_embd_head_qk_rope, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
+    const int64_t ql = hp->q_lora_rank, k = hp->n_expert ? hp->n_expert_used : 1, E = hp->n_expert;
+    const int64_t F = hp->n_ff_exp, Fs = (int64_t)hp->n_expert_shared * hp->n_ff_exp;
+    const int64_t ffmax = max64(max64(hp->n_ff, Fs), 1);
+    const int64_t incols = max64(max64(d, ql), H * vh);
+    c->kv_row = kvl + rope;
+    size_t kvn = (size_t)hp->n_layer * (size_t)c->n_ctx * (size_t)c->kv_row;
+    c->kv = malloc(kvn * sizeof(float));
+#define A(ptr, count) do { size_t cnt_ = (size_t)(count); \
+    if (!st && !((ptr) = calloc(cnt_ ? cnt_ : 1, sizeof *(ptr)))) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); } while (0)
+    if (!c->kv) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory for a KV cache of %.1f MiB (%lld positions); lower --ctx",
+                                  (double)kvn * 4 / (1 << 20), (long long)c->n_ctx);
+    A(c->x, U * d);
+    A(c->xn, U * max64(d, ql));
+    A(c->qa, U * max64(ql, 1));
+    A(c->q, U * H * (nope + rope));
+    A(c->kva, U * c->kv_row);
+    A(c->qabs, U * H * c->kv_row);
+    A(c->attv, U * H * vh);
+    A(c->tmp, U * max64(d, ffmax));
+    A(c->hid, U * ffmax);
+    A(c->router, U * max64(E, 1));
+    A(c->ropecs, U * rope);
+    A(c->eh, U * k * max64(F, 1));
+    A(c->eh_g, U * k * max64(F, 1));
+    A(c->sel, (int64_t)hp->n_layer * U * k);
+    A(c->selw, (int64_t)hp->n_layer * U * k);
+    A(c->plan.active, max64(E, 1));
+    A(c->plan.count, max64(E, 1));
+    A(c->plan.offset, max64(E, 1));
+    A(c->plan.slot_token, U * k);
+    A(c->plan.slot_w, U * k);
+    A(c->scr, c->n_threads);
+    if (!st) st = act_alloc(c, &c->a_in, incols, U, false);
+    if (!st) st = act_alloc(c, &c->a_hid, ffmax, U, false);
+    if (!st) st = act_alloc(c, &c->a_exp, d, U * k, true);
+    if (!st) st = act_alloc(c, &c->a_eh, max64(F, 1), U * k, false);
+    for (int i = 0; !st && i < c->n_threads; i++) {
+        struct scratch *s = &c->scr[i];
+        s->nf = (size_t)max64(max64(c->n_ctx + kvl, 2 * E + 2), max64(U * k, U) * 32 + nope);
+        s->nq = moetax_act_size(MOETAX_TYPE_Q4_0, up32(max64(nope, kvl)), 1) + 64;
+        s->f = calloc(s->nf, sizeof(float));
+        s->q = aligned_alloc(64, (s->nq + 63) / 64 * 64);
+        if (!s->f || !s->q) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    }
+#undef A
+    if (st) {
+        moetax_ctx_free(c);
+        return st;
+    }
+    *out = c;
+    return MOETAX_OK;
+}
+
+void moetax_ctx_free(struct moetax_ctx *c) {
+    if (!c) return;
+    if (c->own_pool) moetax_pool_free(c->pool);
+    free(c->kv);
+    free(c->x); free(c->xn); free(c->qa); free(c->q); free(c->kva); free(c->qabs); free(c->attv);
+    free(c->tmp); free(c->hid); free(c->router); free(c->ropecs); free(c->eh); free(c->eh_g);
+    free(c->sel); free(c->selw);
+    free(c->plan.active); free(c->plan.count); free(c->plan.offset); free(c->plan.slot_token); free(c->plan.slot_w);
+    act_free(&c->a_in, false);
+    act_free(&c->a_hid, false);
+    act_free(&c->a_exp, true);
+    act_free(&c->a_eh, false);
+    if (c->scr)
+        for (int i = 0; i < c->n_threads; i++) { free(c->scr[i].f); free(c->scr[i].q); }
+    free(c->scr);
+    free(c);
+}
+
+void moetax_ctx_reset(struct moetax_ctx *c) { c->pos = 0; }
+int64_t moetax_ctx_pos(const struct moetax_ctx *c) { return c->pos; }
+int64_t moetax_ctx_n_ctx(const struct moetax_ctx *c) { return c->n_ctx; }
+size_t moetax_ctx_kv_bytes(const struct moetax_ctx *c) {
+    return (size_t)c->m->hp.n_layer * (size_t)c->n_ctx * (size_t)c->kv_row * sizeof(float);
+}
+
+moetax_status moetax_ctx_eval(struct moetax_ctx *c, const int32_t *tokens, int64_t n, float *logits, bool all_logits) {
+    const struct moetax_hparams *hp = &c->m->hp;
+    if (n <= 0) return moetax_error(MOETAX_ERR_ARG, "no tokens to evaluate");
+    if (n > c->n_ctx - c->pos)
+        return moetax_error(MOETAX_ERR_LIMIT,
+                            "%lld more tokens at position %lld would exceed the context size of %lld positions (the KV cache); "
+                            "raise it with --ctx",
+                            (long long)n, (long long)c->pos, (long long)c->n_ctx);
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return moetax_error(MOETAX_ERR_ARG, "token %lld: id %d is outside the vocabulary (0..%d)", (long long)i,
+                                tokens[i], hp->n_vocab - 1);
+    for (int64_t i0 = 0; i0 < n; i0 += c->n_ubatch) {
+        int64_t nb = n - i0 < c->n_ubatch ? n - i0 : c->n_ubatch;
+        bool last = i0 + nb == n;
+        c->tokens = tokens + i0;
+        c->n = nb;
+        c->pos0 = c->pos;
+        c->all_logits = all_logits;
+        c->logits = logits && all_logits ? logits + i0 * hp->n_vocab : logits && last ? logits : NULL;
+        moetax_pool_chunk_reset(c->pool, 0, 0);
+        moetax_pool_chunk_reset(c->pool, 1, 0);
+        moetax_pool_run(c->pool, step_worker, c);
+        c->pos += nb;
+        c->sel_n = nb;
+    }
+    return MOETAX_OK;
+}
+
+const int32_t *moetax_ctx_routing(const struct moetax_ctx *c, int layer, const float **weights, int64_t *n_tokens) {
+    const struct moetax_hparams *hp = &c->m->hp;
+    if (layer < 0 || layer >= hp->n_layer || !c->m->layers[layer].is_moe) return NULL;
+    int64_t off = (int64_t)layer * c->n_ubatch * hp->n_expert_used;
+    if (weights) *weights = c->selw + off;
+    if (n_tokens) *n_tokens = c->sel_n;
+    return c->sel + off;
+}

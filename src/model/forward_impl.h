@@ -1,0 +1,115 @@
+/* forward_impl.h - the inference context and the phases of a step, shared by
+ * src/model/forward.c (scheduler), src/attn/mla.c and src/moe/moe.c. Internal. */
+#ifndef MOETAX_FORWARD_IMPL_H
+#define MOETAX_FORWARD_IMPL_H
+
+#include <stdint.h>
+
+#include "moetax/kernels.h"
+#include "moetax/model.h"
+#include "moetax/pool.h"
+
+/* Prepared activations of one input matrix [n rows, ncols] for every weight
+ * type the model uses: float types read x itself; Q8_0/Q4_0 get their own
+ * prepared copies (see include/moetax/kernels.h). */
+struct act {
+    const float *x;
+    int64_t ncols, n;
+    void *q8, *q4;       /* buffers owned by the context */
+    size_t cap_q8, cap_q4;
+};
+
+/* The dispatch plan of one MoE layer for the micro-batch. */
+struct plan {
+    int32_t n_active;      /* experts with at least one row */
+    int32_t *active;       /* [E] expert ids, ascending */
+    int32_t *count;        /* [E] rows per expert */
+    int32_t *offset;       /* [E] first slot of each expert */
+    int32_t *slot_token;   /* [U*k] token of each slot, grouped by expert */
+    float *slot_w;         /* [U*k] routing weight of each slot */
+};
+
+/* per-thread scratch */
+struct scratch {
+    float *f;              /* floats: scores [n_ctx], vectors */
+    size_t nf;
+    void *q;               /* prepared activations for per-head matmuls */
+    size_t nq;
+};
+
+struct moetax_ctx {
+    const struct moetax_model *m;
+    const struct moetax_kernels *K;
+    struct moetax_pool *pool;
+    bool own_pool;
+    int n_threads;
+    int64_t n_ctx, n_ubatch, pos;
+    int64_t kv_row;        /* kv_lora + rope */
+    float *kv;             /* [n_layer][n_ctx][kv_row] */
+
+    /* micro-batch buffers (U = n_ubatch) */
+    float *x;              /* [U, d] residual */
+    float *xn;             /* [U, max(d, q_lora)] normed input of a projection */
+    float *qa;             /* [U, q_lora] */
+    float *q;              /* [U, H*(nope+rope)] */
+    float *kva;            /* [U, kv_lora + rope] */
+    float *qabs;           /* [U, H, kv_lora + rope] */
+    float *attv;           /* [U, H*v_head] */
+    float *tmp;            /* [U, max(d, ...)] matmul output before the residual add */
+    float *hid;            /* [U, max(n_ff, F*n_shared)] dense / shared hidden */
+    float *router;         /* [U, E] router logits */
+    float *ropecs;         /* [U, rope] cos/sin of each token's position (once per micro-batch) */
+    float *eh;             /* [U*k, F] expert hidden */
+    float *eh_g;           /* [U*k, F] expert gate (scratch) */
+    struct act a_in;       /* slot for inputs of width d / q_lora / H*v */
+    struct act a_hid;      /* slot for dense/shared hidden */
+    struct act a_exp;      /* slot for expert inputs (gathered) */
+    struct act a_eh;       /* slot for expert hidden */
+    struct plan plan;
+    int32_t *sel;          /* [n_layer][U*k] routing of the last micro-batch */
+    float *selw;           /* [n_layer][U*k] */
+    int64_t sel_n;         /* tokens routed in the last micro-batch */
+    struct scratch *scr;   /* [n_threads] */
+
+    /* the step being run (set before moetax_pool_run) */
+    const int32_t *tokens;
+    int64_t n, pos0;
+    float *logits;
+    bool all_logits;
+    int phase;             /* per-run phase counter (each worker keeps its own copy) */
+};
+
+/* Per-worker view of a step: phase counter for the chunk counters. */
+struct worker {
+    struct moetax_ctx *c;
+    int ith, nth;
+    int phase;
+};
+
+/* Begin a phase: worker 0 resets the chunk counter of the next phase. */
+void fw_phase_begin(struct worker *w);
+/* End a phase: barrier. */
+void fw_phase_end(struct worker *w);
+/* Next dynamic chunk of the current phase, or -1 when n items are done. */
+int64_t fw_chunk(struct worker *w, int64_t n, int64_t step);
+/* Static split [*r0, *r1) of n items for this worker, aligned to `align`. */
+void fw_split(const struct worker *w, int64_t n, int64_t align, int64_t *r0, int64_t *r1);
+
+/* Prepare rows [t0, t1) of an activation (x set, ncols, n). */
+void fw_act_prep(const struct moetax_ctx *c, struct act *a, int64_t t0, int64_t t1);
+/* The xq pointer for a weight type. */
+const void *fw_act_for(const struct act *a, enum moetax_type t);
+/* y[b * ldy + r] for r in [r0, r1) of matrix `mat` of w, rows b < n of a. */
+void fw_matmul(const struct moetax_ctx *c, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
+               const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy);
+/* Same, writing y[b * ldy + (r - r0)]. */
+void fw_matmul_rel(const struct moetax_ctx *c, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
+                   const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy);
+
+/* attention (src/attn/mla.c): from the normed input in c->xn to c->tmp = attention output rows
+ * added into c->x; uses phases, ends with a barrier. */
+void fw_attention(struct worker *w, int il);
+/* MoE block (src/moe/moe.c): reads ffn-normed c->xn prepared in c->a_in, adds into c->x. */
+void fw_moe(struct worker *w, int il);
+
+#endif

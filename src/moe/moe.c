@@ -1,0 +1,207 @@
+/*
+ * moe.c - the fused MoE block for a whole micro-batch.
+ *
+ * Input: the ffn-normed tokens c->xn, prepared in c->a_in. Output: added into
+ * the residual c->x. Phases (each ends with a barrier):
+ *   1. router logits [n, E] and the shared experts' gate/up (silu-gated) [n, Fs],
+ *      rows of both split across workers.
+ *   2. worker 0 routes every token (softmax or sigmoid, selection bias, group
+ *      limit, top-k, renormalise, scale) and builds one dispatch plan (slots
+ *      grouped by expert); meanwhile the other workers prepare the shared hidden.
+ *   3. (only when n > 1) gather: each slot's prepared input row is copied so
+ *      that an expert's rows are contiguous (one batched matmul per expert).
+ *   4. gate/up: one work item per (active expert, block of F rows), dynamic.
+ *   5. prepare the expert hidden rows.
+ *   6. down + combine: one work item per block of d output rows; it runs every
+ *      active expert's down projection on that block and adds w * y into the
+ *      residual rows of the expert's tokens, then the shared expert's. Blocks
+ *      are disjoint, so the combine needs no atomics and no extra pass, and the
+ *      summation order (experts ascending, then shared) is fixed.
+ * So 5 barriers per MoE layer for one token (6 for a batch); no barrier per expert.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "model/forward_impl.h"
+
+/* Route token logits [E] -> k experts and weights (GGUF-MOE.md "The MoE block"). */
+static void route_token(const struct moetax_kernels *K, const struct moetax_hparams *hp, const float *bias,
+                        const float *logits, float *p, float *s, int32_t *idx, float *wout) {
+    const int64_t E = hp->n_expert, k = hp->n_expert_used;
+    memcpy(p, logits, sizeof(float) * (size_t)E);
+    if (hp->gating_func == 2) K->sigmoid(p, E);
+    else K->softmax(p, E);
+    for (int64_t e = 0; e < E; e++) s[e] = bias ? p[e] + bias[e] : p[e];
+    if (hp->n_expert_group > 1) {
+        const int64_t G = hp->n_expert_group, per = E / G;
+        float gscore[256];
+        int32_t gidx[256];
+        for (int64_t g = 0; g < G; g++) {
+            float a = -INFINITY, b = -INFINITY; /* top-2 of the group */
+            for (int64_t e = g * per; e < (g + 1) * per; e++) {
+                if (s[e] > a) { b = a; a = s[e]; }
+                else if (s[e] > b) b = s[e];
+            }
+            gscore[g] = a + b;
+        }
+        K->topk(gscore, G, hp->n_expert_group_used, gidx, NULL);
+        bool keep[256] = {false};
+        for (int64_t j = 0; j < hp->n_expert_group_used; j++) keep[gidx[j]] = true;
+        for (int64_t g = 0; g < G; g++)
+            if (!keep[g])
+                for (int64_t e = g * per; e < (g + 1) * per; e++) s[e] = -INFINITY;
+    }
+    K->topk(s, E, k, idx, NULL);
+    float sum = 0;
+    for (int64_t j = 0; j < k; j++) {
+        wout[j] = p[idx[j]];
+        sum += wout[j];
+    }
+    if (hp->expert_weights_norm) {
+        float den = sum > 6.103515625e-5f ? sum : 6.103515625e-5f;
+        for (int64_t j = 0; j < k; j++) wout[j] /= den;
+    }
+    if (hp->expert_weights_scale != 0.0f && hp->expert_weights_scale != 1.0f)
+        for (int64_t j = 0; j < k; j++) wout[j] *= hp->expert_weights_scale;
+}
+
+static void route_and_plan(struct moetax_ctx *c, struct scratch *s, int il) {
+    const struct moetax_hparams *hp = &c->m->hp;
+    const struct moetax_layer *l = &c->m->layers[il];
+    const int64_t E = hp->n_expert, k = hp->n_expert_used, n = c->n;
+    int32_t *sel = c->sel + (int64_t)il * c->n_ubatch * k;
+    float *selw = c->selw + (int64_t)il * c->n_ubatch * k;
+    float *p = s->f, *sc = s->f + E;
+    for (int64_t t = 0; t < n; t++)
+        route_token(c->K, hp, l->exp_probs_b, c->router + t * E, p, sc, sel + t * k, selw + t * k);
+    struct plan *pl = &c->plan;
+    memset(pl->count, 0, sizeof(int32_t) * (size_t)E);
+    for (int64_t i = 0; i < n * k; i++) pl->count[sel[i]]++;
+    pl->n_active = 0;
+    int32_t off = 0;
+    for (int32_t e = 0; e < E; e++) {
+        pl->offset[e] = off;
+        if (pl->count[e]) pl->active[pl->n_active++] = e;
+        off += pl->count[e];
+    }
+    int32_t *fill = (int32_t *)sc; /* reuse: next free slot per expert */
+    memcpy(fill, pl->offset, sizeof(int32_t) * (size_t)E);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int32_t e = sel[t * k + j], slot = fill[e]++;
+            pl->slot_token[slot] = (int32_t)t;
+            pl->slot_w[slot] = selw[t * k + j];
+        }
+}
+
+/* copy prepared row `src_row` of a into row `dst_row` of b (same ncols) */
+static void copy_prepared_row(const struct moetax_ctx *c, const struct act *a, int64_t src_row, struct act *b,
+                              int64_t dst_row) {
+    const int64_t nc = a->ncols;
+    memcpy((float *)b->x + dst_row * nc, a->x + src_row * nc, sizeof(float) * (size_t)nc);
+    if (c->m->has_q8_0) {
+        size_t rb = moetax_act_size(MOETAX_TYPE_Q8_0, nc, 1);
+        memcpy((char *)b->q8 + (size_t)dst_row * rb, (const char *)a->q8 + (size_t)src_row * rb, rb);
+    }
+    if (c->m->has_q4_0) {
+        size_t rb = moetax_act_size(MOETAX_TYPE_Q4_0, nc, 1);
+        memcpy((char *)b->q4 + (size_t)dst_row * rb, (const char *)a->q4 + (size_t)src_row * rb, rb);
+    }
+}
+
+void fw_moe(struct worker *w, int il) {
+    struct moetax_ctx *c = w->c;
+    const struct moetax_hparams *hp = &c->m->hp;
+    const struct moetax_layer *l = &c->m->layers[il];
+    const struct moetax_kernels *K = c->K;
+    const int64_t n = c->n, d = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp;
+    const int64_t Fs = l->gate_sh.data ? l->gate_sh.ne[1] : 0;
+    struct scratch *s = &c->scr[w->ith];
+    struct plan *pl = &c->plan;
+    int64_t r0, r1;
+
+    /* 1: router + shared gate/up */
+    fw_phase_begin(w);
+    fw_split(w, E + Fs, 8, &r0, &r1);
+    if (r0 < E) fw_matmul(c, &l->gate_inp, 0, r0, r1 < E ? r1 : E, &c->a_in, 0, n, c->router, E);
+    if (r1 > E) {
+        int64_t a = (r0 > E ? r0 : E) - E, b = r1 - E;
+        fw_matmul(c, &l->gate_sh, 0, a, b, &c->a_in, 0, n, c->hid, Fs);
+        fw_matmul(c, &l->up_sh, 0, a, b, &c->a_in, 0, n, c->tmp, Fs);
+        for (int64_t t = 0; t < n; t++) K->silu_mul(c->hid + t * Fs + a, c->hid + t * Fs + a, c->tmp + t * Fs + a, b - a);
+    }
+    fw_phase_end(w);
+
+    /* 2: worker 0 routes and plans; the others prepare the shared hidden */
+    fw_phase_begin(w);
+    c->a_hid.x = c->hid;
+    c->a_hid.ncols = Fs;
+    c->a_hid.n = n;
+    if (w->ith == 0) route_and_plan(c, s, il);
+    if (Fs) {
+        if (w->nth == 1) fw_act_prep(c, &c->a_hid, 0, n);
+        else if (w->ith > 0) {
+            struct worker sub = {.c = c, .ith = w->ith - 1, .nth = w->nth - 1};
+            fw_split(&sub, n, 1, &r0, &r1);
+            fw_act_prep(c, &c->a_hid, r0, r1);
+        }
+    }
+    fw_phase_end(w);
+
+    /* 3: gather each slot's input row (batches only) */
+    const struct act *ain = &c->a_in;
+    if (n > 1) {
+        fw_phase_begin(w);
+        c->a_exp.ncols = d;
+        c->a_exp.n = n * hp->n_expert_used;
+        fw_split(w, c->a_exp.n, 1, &r0, &r1);
+        for (int64_t i = r0; i < r1; i++) copy_prepared_row(c, &c->a_in, pl->slot_token[i], &c->a_exp, i);
+        fw_phase_end(w);
+        ain = &c->a_exp;
+    }
+
+    /* 4: gate/up per (expert, block of F rows) */
+    fw_phase_begin(w);
+    const int64_t bf = F >= 64 ? 32 : F;
+    const int64_t nbf = (F + bf - 1) / bf;
+    for (int64_t it; (it = fw_chunk(w, pl->n_active * nbf, 1)) >= 0;) {
+        int32_t e = pl->active[it / nbf];
+        int64_t f0 = (it % nbf) * bf, f1 = f0 + bf < F ? f0 + bf : F;
+        int64_t b0 = n > 1 ? pl->offset[e] : 0, cnt = pl->count[e];
+        float *g = c->eh_g + (int64_t)pl->offset[e] * F, *u = c->eh + (int64_t)pl->offset[e] * F;
+        fw_matmul(c, &l->gate_exps, e, f0, f1, ain, b0, cnt, g, F);
+        fw_matmul(c, &l->up_exps, e, f0, f1, ain, b0, cnt, u, F);
+        for (int64_t i = 0; i < cnt; i++) K->silu_mul(u + i * F + f0, g + i * F + f0, u + i * F + f0, f1 - f0);
+    }
+    fw_phase_end(w);
+
+    /* 5: prepare the expert hidden rows */
+    fw_phase_begin(w);
+    c->a_eh.x = c->eh;
+    c->a_eh.ncols = F;
+    c->a_eh.n = n * hp->n_expert_used;
+    fw_split(w, c->a_eh.n, 1, &r0, &r1);
+    fw_act_prep(c, &c->a_eh, r0, r1);
+    fw_phase_end(w);
+
+    /* 6: down + combine per block of output rows */
+    fw_phase_begin(w);
+    const int64_t bd = 32;
+    const int64_t nbd = (d + bd - 1) / bd;
+    float *y = s->f; /* [max(n*k, n), bd] */
+    for (int64_t it; (it = fw_chunk(w, nbd, 1)) >= 0;) {
+        int64_t d0 = it * bd, d1 = d0 + bd < d ? d0 + bd : d;
+        for (int32_t ai = 0; ai < pl->n_active; ai++) {
+            int32_t e = pl->active[ai];
+            int64_t off = pl->offset[e], cnt = pl->count[e];
+            fw_matmul_rel(c, &l->down_exps, e, d0, d1, &c->a_eh, off, cnt, y, bd);
+            K->scatter_add(c->x + d0, d, y, bd, pl->slot_token + off, pl->slot_w + off, cnt, d1 - d0);
+        }
+        if (Fs) {
+            fw_matmul_rel(c, &l->down_sh, 0, d0, d1, &c->a_hid, 0, n, y, bd);
+            for (int64_t t = 0; t < n; t++) K->axpy(c->x + t * d + d0, 1.0f, y + t * bd, d1 - d0);
+        }
+    }
+    fw_phase_end(w);
+    (void)E;
+}

@@ -1,0 +1,183 @@
+/* membw.c - read bandwidth (the roofline); see moetax/membw.h. */
+#include "moetax/membw.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define MEMBW_PAGE 4096u
+#define MEMBW_HUGE (2u << 20)
+
+#if defined(__x86_64__) || defined(__i386__)
+#define MEMBW_HAVE_AVX2 1
+uint64_t moetax_membw_sum_avx2(const void *buf, size_t bytes); /* membw_avx2.c */
+#endif
+
+uint64_t moetax_membw_sum_ref(const void *buf, size_t bytes) {
+    const uint8_t *p = buf;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 32 <= bytes; i += 32) {
+        uint64_t v[4];
+        memcpy(v, p + i, 32);
+        s0 += v[0];
+        s1 += v[1];
+        s2 += v[2];
+        s3 += v[3];
+    }
+    uint64_t s = s0 + s1 + s2 + s3;
+    for (; i + 8 <= bytes; i += 8) {
+        uint64_t v;
+        memcpy(&v, p + i, 8);
+        s += v;
+    }
+    for (; i < bytes; i++) s += p[i];
+    return s;
+}
+
+/* ---- kernel choice, once -------------------------------------------------- */
+
+typedef uint64_t (*membw_sum_fn)(const void *buf, size_t bytes);
+static membw_sum_fn g_sum = moetax_membw_sum_ref;
+static const char *g_sum_name = "ref";
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void choose_kernel(void) {
+    const char *ref = getenv("MOETAX_REF");
+    if (ref && *ref && strcmp(ref, "0") != 0) return;
+#ifdef MEMBW_HAVE_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) {
+        g_sum = moetax_membw_sum_avx2;
+        g_sum_name = "avx2";
+    }
+#endif
+}
+
+uint64_t moetax_membw_sum(const void *buf, size_t bytes) {
+    pthread_once(&g_once, choose_kernel);
+    return g_sum(buf, bytes);
+}
+
+const char *moetax_membw_kernel_name(void) {
+    pthread_once(&g_once, choose_kernel);
+    return g_sum_name;
+}
+
+/* ---- the measurement -------------------------------------------------------- */
+
+struct membw_ctx {
+    struct moetax_pool *pool;
+    uint8_t *buf;
+    size_t bytes, share; /* share: per worker, 4 KiB aligned; the last takes the rest */
+    int passes;          /* warm-up + reps */
+    uint64_t *t0, *t1;   /* [passes], written by worker 0 */
+    uint64_t *sink;      /* [nth * 8]: one cache line per worker */
+};
+
+static void membw_range(const struct membw_ctx *c, int ith, int nth, uint8_t **p, size_t *n) {
+    size_t off = c->share * (size_t)ith;
+    size_t end = ith == nth - 1 ? c->bytes : off + c->share;
+    *p = c->buf + off;
+    *n = end - off;
+}
+
+static void membw_fn(void *vctx, int ith, int nth) {
+    struct membw_ctx *c = vctx;
+    uint8_t *p;
+    size_t n;
+    membw_range(c, ith, nth, &p, &n);
+    /* First touch by the reader: pages exist (not the zero page), on its node. */
+    memset(p, 0x5a + ith, n);
+    uint64_t acc = 0;
+    for (int r = 0; r < c->passes; r++) {
+        moetax_pool_barrier(c->pool, ith);
+        if (ith == 0) c->t0[r] = moetax_pool_now_ns();
+        acc += moetax_membw_sum(p, n);
+        moetax_pool_barrier(c->pool, ith);
+        if (ith == 0) c->t1[r] = moetax_pool_now_ns();
+    }
+    c->sink[(size_t)ith * 8] = acc;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+moetax_status moetax_membw_read_ex(struct moetax_pool *pool, size_t bytes, int reps,
+                                   struct moetax_membw_result *out) {
+    if (!pool || !out) return moetax_error(MOETAX_ERR_ARG, "moetax_membw_read: pool and out are required");
+    if (bytes < MEMBW_PAGE || reps < 1)
+        return moetax_error(MOETAX_ERR_ARG, "moetax_membw_read: need bytes >= %u and reps >= 1 (got %zu, %d)",
+                            MEMBW_PAGE, bytes, reps);
+    memset(out, 0, sizeof *out);
+    int nth = moetax_pool_n_threads(pool);
+
+    /* Reserve 2 MiB extra so the buffer can start on a huge-page boundary. */
+    size_t map_len = bytes + MEMBW_HUGE;
+    void *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED)
+        return moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_read: mmap of %zu bytes: %s", map_len,
+                            strerror(errno));
+    uint8_t *buf = (uint8_t *)(((uintptr_t)map + MEMBW_HUGE - 1) & ~(uintptr_t)(MEMBW_HUGE - 1));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(buf, (bytes + MEMBW_HUGE - 1) & ~(size_t)(MEMBW_HUGE - 1), MADV_HUGEPAGE);
+#endif
+
+    int passes = reps + 1;
+    uint64_t *t0 = calloc((size_t)passes, sizeof *t0);
+    uint64_t *t1 = calloc((size_t)passes, sizeof *t1);
+    uint64_t *sink = calloc((size_t)nth * 8, sizeof *sink);
+    double *g = calloc((size_t)reps, sizeof *g);
+    moetax_status st = MOETAX_OK;
+    if (!t0 || !t1 || !sink || !g) {
+        st = moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_read: out of memory");
+        goto done;
+    }
+
+    struct membw_ctx c = {
+        .pool = pool, .buf = buf, .bytes = bytes, .passes = passes, .t0 = t0, .t1 = t1, .sink = sink,
+        .share = bytes / (size_t)nth / MEMBW_PAGE * MEMBW_PAGE,
+    };
+    moetax_pool_run(pool, membw_fn, &c);
+
+    uint64_t check = 0;
+    for (int i = 0; i < nth; i++) check += sink[(size_t)i * 8];
+    volatile uint64_t consume = check; /* the sums are used */
+    (void)consume;
+
+    for (int r = 0; r < reps; r++) {
+        uint64_t dt = t1[r + 1] > t0[r + 1] ? t1[r + 1] - t0[r + 1] : 1;
+        g[r] = (double)bytes / (double)dt; /* bytes per ns == GB/s */
+    }
+    qsort(g, (size_t)reps, sizeof *g, cmp_double);
+    out->gbps_median = reps % 2 ? g[reps / 2] : 0.5 * (g[reps / 2 - 1] + g[reps / 2]);
+    out->gbps_min = g[0];
+    out->gbps_max = g[reps - 1];
+    out->bytes = bytes;
+    out->threads = nth;
+    out->reps = reps;
+    out->kernel = moetax_membw_kernel_name();
+    if (!isfinite(out->gbps_median) || out->gbps_median <= 0)
+        st = moetax_error(MOETAX_ERR_INTERNAL, "moetax_membw_read: bad measurement %g GB/s", out->gbps_median);
+
+done:
+    free(t0);
+    free(t1);
+    free(sink);
+    free(g);
+    munmap(map, map_len);
+    return st;
+}
+
+moetax_status moetax_membw_read(struct moetax_pool *pool, size_t bytes, int reps, double *gbps_median) {
+    if (!gbps_median) return moetax_error(MOETAX_ERR_ARG, "moetax_membw_read: gbps_median is NULL");
+    struct moetax_membw_result r;
+    moetax_status st = moetax_membw_read_ex(pool, bytes, reps, &r);
+    if (st == MOETAX_OK) *gbps_median = r.gbps_median;
+    return st;
+}

@@ -1,0 +1,514 @@
+// ctest-labels: unit
+/* test_kernels.c - every AVX2 kernel against its scalar reference, and the
+ * references against naive double-precision formulas. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moetax/kernels.h"
+#include "moetax/types.h"
+#include "testutil.h"
+
+static tu_rng g_rng = {0x9e3779b97f4a7c15ull};
+
+static float *rand_vec(int64_t n, float scale) {
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = tu_rand_normal(&g_rng) * scale;
+    return v;
+}
+
+static const enum moetax_type k_types[] = {MOETAX_TYPE_F32, MOETAX_TYPE_F16, MOETAX_TYPE_BF16, MOETAX_TYPE_Q8_0,
+                                           MOETAX_TYPE_Q4_0};
+
+/* A random [rows, ncols] matrix of type t (rows stored back to back). */
+static void *rand_matrix(enum moetax_type t, int64_t rows, int64_t ncols, size_t *row_bytes) {
+    *row_bytes = moetax_row_size(t, ncols);
+    uint8_t *w = malloc(*row_bytes * (size_t)(rows > 0 ? rows : 1));
+    float *tmp = rand_vec(ncols, 1.0f);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t k = 0; k < ncols; k++) tmp[k] = tu_rand_normal(&g_rng) * (r % 3 == 0 ? 0.02f : 1.0f);
+        CHECK(moetax_from_float(t, tmp, w + (size_t)r * *row_bytes, ncols));
+    }
+    free(tmp);
+    return w;
+}
+
+/* Dequantized activations as the matmul sees them (for the naive check). */
+static void act_to_float(enum moetax_type t, const void *xq, int64_t ncols, float *out) {
+    const uint8_t *a = xq;
+    if (t == MOETAX_TYPE_F32 || t == MOETAX_TYPE_F16 || t == MOETAX_TYPE_BF16) {
+        memcpy(out, a, (size_t)ncols * sizeof(float));
+        return;
+    }
+    const int64_t nb = ncols / 32;
+    for (int64_t i = 0; i < nb; i++) {
+        float d;
+        int8_t q[32];
+        if (t == MOETAX_TYPE_Q8_0) {
+            memcpy(q, a + i * 32, 32);
+            memcpy(&d, a + nb * 32 + i * 4, 4);
+        } else {
+            const uint8_t *pair = a + (i / 2) * 128;
+            const int h = (int)(i % 2);
+            memcpy(q, pair + 16 * h, 16);
+            memcpy(q + 16, pair + 32 + 16 * h, 16);
+            memcpy(&d, pair + 96 + 16 * h, 4);
+        }
+        for (int j = 0; j < 32; j++) out[i * 32 + j] = (float)q[j] * d;
+    }
+}
+
+/* Reference matmul vs naive dequantize + double dot; AVX2 vs reference. */
+static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, int64_t n_batch) {
+    const struct moetax_kernels *ref = moetax_kernels_ref();
+    const struct moetax_kernels *avx = moetax_kernels_avx2();
+    size_t rb;
+    void *w = rand_matrix(t, rows, ncols, &rb);
+    const int64_t ldx = ncols + 3;
+    float *x = rand_vec(ldx * n_batch, 1.0f);
+    const size_t asz = moetax_act_size(t, ncols, n_batch);
+    CHECK(asz == moetax_act_size(t, ncols, 1) * (size_t)n_batch);
+    void *xq_ref = malloc(asz ? asz : 1), *xq_avx = malloc(asz ? asz : 1);
+    ref->quantize_act(t, x, ldx, ncols, n_batch, xq_ref);
+    const int64_t ldy = rows + 5;
+    float *y_ref = malloc(sizeof(float) * (size_t)(ldy * n_batch + 1));
+    float *y_avx = malloc(sizeof(float) * (size_t)(ldy * n_batch + 1));
+    for (int64_t i = 0; i < ldy * n_batch; i++) y_ref[i] = y_avx[i] = -777.0f;
+    ref->matmul(t, w, rb, 0, rows, ncols, xq_ref, n_batch, y_ref, ldy);
+
+    /* naive: dequantize both sides, double dot; bound relative to sum |w x| */
+    float *wf = malloc(sizeof(float) * (size_t)ncols), *xf = malloc(sizeof(float) * (size_t)ncols);
+    const double tol_ref = 1e-6;
+    int bad = 0;
+    for (int64_t b = 0; b < n_batch; b++) {
+        act_to_float(t, (const uint8_t *)xq_ref + b * moetax_act_size(t, ncols, 1), ncols, xf);
+        double qerr = 0.0; /* activation quantization error, vs the original x */
+        for (int64_t k = 0; k < ncols; k++) qerr = fmax(qerr, fabs((double)xf[k] - x[b * ldx + k]));
+        if (t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0) CHECK(qerr < 0.05);
+        else CHECK(qerr == 0.0);
+        for (int64_t r = 0; r < rows; r++) {
+            moetax_to_float(t, (const uint8_t *)w + r * rb, wf, ncols);
+            double dot = 0.0, mag = 0.0;
+            for (int64_t k = 0; k < ncols; k++) {
+                dot += (double)wf[k] * xf[k];
+                mag += fabs((double)wf[k] * xf[k]);
+            }
+            const double err = fabs(y_ref[b * ldy + r] - dot);
+            if (err > tol_ref * mag + 1e-30 && bad++ < 5)
+                fprintf(stderr, "ref %s r=%lld b=%lld ncols=%lld: %g vs %g (mag %g)\n", moetax_type_name(t),
+                        (long long)r, (long long)b, (long long)ncols, y_ref[b * ldy + r], dot, mag);
+        }
+        for (int64_t r = rows; r < ldy; r++) CHECK(y_ref[b * ldy + r] == -777.0f);
+    }
+    CHECK_MSG(bad == 0, "ref matmul %s rows=%lld ncols=%lld batch=%lld: %d bad", moetax_type_name(t),
+              (long long)rows, (long long)ncols, (long long)n_batch, bad);
+
+    if (avx) {
+        avx->quantize_act(t, x, ldx, ncols, n_batch, xq_avx);
+        CHECK_MSG(asz == 0 || memcmp(xq_ref, xq_avx, asz) == 0, "quantize_act %s ncols=%lld differs",
+                  moetax_type_name(t), (long long)ncols);
+        avx->matmul(t, w, rb, 0, rows, ncols, xq_ref, n_batch, y_avx, ldy);
+        const double tol = 2e-6;
+        bad = 0;
+        for (int64_t b = 0; b < n_batch; b++) {
+            act_to_float(t, (const uint8_t *)xq_ref + b * moetax_act_size(t, ncols, 1), ncols, xf);
+            for (int64_t r = 0; r < rows; r++) {
+                moetax_to_float(t, (const uint8_t *)w + r * rb, wf, ncols);
+                double mag = 0.0;
+                for (int64_t k = 0; k < ncols; k++) mag += fabs((double)wf[k] * xf[k]);
+                const double err = fabs((double)y_avx[b * ldy + r] - y_ref[b * ldy + r]);
+                if (!(err <= tol * mag + 1e-30) && bad++ < 5)
+                    fprintf(stderr, "avx2 %s r=%lld b=%lld ncols=%lld: %g vs ref %g (mag %g)\n",
+                            moetax_type_name(t), (long long)r, (long long)b, (long long)ncols, y_avx[b * ldy + r],
+                            y_ref[b * ldy + r], mag);
+            }
+            for (int64_t r = rows; r < ldy; r++)
+                if (y_avx[b * ldy + r] != -777.0f) bad++;
+        }
+        CHECK_MSG(bad == 0, "avx2 matmul %s rows=%lld ncols=%lld batch=%lld: %d bad", moetax_type_name(t),
+                  (long long)rows, (long long)ncols, (long long)n_batch, bad);
+
+        /* a sub-range of rows touches only those rows, and matches the full call */
+        if (rows >= 3) {
+            for (int64_t i = 0; i < ldy * n_batch; i++) y_avx[i] = -777.0f;
+            avx->matmul(t, w, rb, 1, rows - 1, ncols, xq_ref, n_batch, y_avx, ldy);
+            int diff = 0;
+            for (int64_t b = 0; b < n_batch; b++)
+                for (int64_t r = 0; r < ldy; r++) {
+                    const float v = y_avx[b * ldy + r];
+                    if (r >= 1 && r < rows - 1) diff += fabsf(v - y_ref[b * ldy + r]) > 1e-3f * (1 + fabsf(v));
+                    else diff += v != -777.0f;
+                }
+            CHECK_MSG(diff == 0, "avx2 row range %s: %d bad", moetax_type_name(t), diff);
+        }
+    }
+    free(w), free(x), free(xq_ref), free(xq_avx), free(y_ref), free(y_avx), free(wf), free(xf);
+}
+
+static void test_matmul(void) {
+    static const int64_t batches[] = {1, 2, 3, 7, 8, 33, 64};
+    static const int64_t rows_list[] = {0, 1, 2, 3, 4, 5, 9, 17};
+    for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
+        const enum moetax_type t = k_types[ti];
+        const bool q = t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0;
+        const int64_t cols_f[] = {1, 5, 8, 13, 31, 64, 100, 257};
+        const int64_t cols_q[] = {32, 64, 96, 160, 256, 1024};
+        const int64_t *cols = q ? cols_q : cols_f;
+        const int ncols_n = q ? 6 : 8;
+        for (int ci = 0; ci < ncols_n; ci++)
+            for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++)
+                for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+                    if (cols[ci] > 300 && batches[bi] > 8 && rows_list[ri] > 5) continue; /* keep it quick */
+                    test_matmul_case(t, rows_list[ri], cols[ci], batches[bi]);
+                }
+        test_matmul_case(t, 37, q ? 4096 : 4099, 1);
+        test_matmul_case(t, 6, q ? 2048 : 2047, 65);
+    }
+    CHECK(moetax_act_size(MOETAX_TYPE_Q8_0, 33, 1) == 0);
+    CHECK(moetax_act_size(MOETAX_TYPE_Q4_0, 48, 1) == 0);
+    CHECK(moetax_act_size(MOETAX_TYPE_Q4_K, 256, 1) == 0);
+    CHECK(moetax_act_size(MOETAX_TYPE_F16, 7, 3) == 7 * 3 * sizeof(float));
+}
+
+/* Quantized matmul stays close to the exact F32 product (quantization error). */
+static void test_matmul_vs_f32(void) {
+    const struct moetax_kernels *k = moetax_kernels_get();
+    const int64_t rows = 16, ncols = 512;
+    float *wf = rand_vec(rows * ncols, 1.0f), *x = rand_vec(ncols, 1.0f);
+    for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
+        const enum moetax_type t = k_types[ti];
+        const size_t rb = moetax_row_size(t, ncols);
+        uint8_t *w = malloc(rb * rows);
+        for (int64_t r = 0; r < rows; r++) moetax_from_float(t, wf + r * ncols, w + r * rb, ncols);
+        void *xq = malloc(moetax_act_size(t, ncols, 1));
+        float y[16];
+        k->quantize_act(t, x, ncols, ncols, 1, xq);
+        k->matmul(t, w, rb, 0, rows, ncols, xq, 1, y, rows);
+        const double tol = t == MOETAX_TYPE_Q4_0 ? 0.15 : t == MOETAX_TYPE_F32 ? 1e-5 : 0.02;
+        for (int64_t r = 0; r < rows; r++) {
+            double dot = 0, mag = 0;
+            for (int64_t c = 0; c < ncols; c++) {
+                dot += (double)wf[r * ncols + c] * x[c];
+                mag += fabs((double)wf[r * ncols + c] * x[c]);
+            }
+            CHECK_MSG(fabs(y[r] - dot) <= tol * mag, "%s: %g vs %g", moetax_type_name(t), y[r], dot);
+        }
+        free(w), free(xq);
+    }
+    free(wf), free(x);
+}
+
+/* ---- vector ops ---- */
+
+static double max_rel(const float *a, const float *b, int64_t n, double floor_) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]) / fmax(floor_, fabs((double)b[i])));
+    return m;
+}
+
+static void test_vec_ops(void) {
+    const struct moetax_kernels *ref = moetax_kernels_ref(), *avx = moetax_kernels_avx2();
+    static const int64_t sizes[] = {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 100, 1023, 4096};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const int64_t n = sizes[si];
+        float *x = rand_vec(n, 3.0f), *w = rand_vec(n, 1.0f), *u = rand_vec(n, 1.0f);
+        float *a = malloc(sizeof(float) * (size_t)(n + 1)), *b = malloc(sizeof(float) * (size_t)(n + 1));
+
+        /* rmsnorm vs double formula */
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        ref->rmsnorm(a, x, w, n, 1e-6f);
+        for (int64_t i = 0; i < n; i++) {
+            const double want = x[i] / sqrt(ss / n + 1e-6) * w[i];
+            CHECK(fabs(a[i] - want) <= 1e-5 * (1 + fabs(want)));
+        }
+        if (avx) {
+            avx->rmsnorm(b, x, w, n, 1e-6f);
+            CHECK_MSG(max_rel(b, a, n, 1e-3) < 1e-5, "rmsnorm n=%lld", (long long)n);
+            memcpy(b, x, sizeof(float) * (size_t)n);
+            avx->rmsnorm(b, b, NULL, n, 1e-6f); /* in place, no weight */
+            ref->rmsnorm(a, x, NULL, n, 1e-6f);
+            CHECK(max_rel(b, a, n, 1e-3) < 1e-5);
+        }
+
+        if (n > 0) {
+            /* softmax sums to 1, matches exp formula */
+            memcpy(a, x, sizeof(float) * (size_t)n);
+            ref->softmax(a, n);
+            double sum = 0, max = -INFINITY;
+            for (int64_t i = 0; i < n; i++) max = fmax(max, x[i]);
+            double z = 0;
+            for (int64_t i = 0; i < n; i++) z += exp(x[i] - max);
+            for (int64_t i = 0; i < n; i++) {
+                sum += a[i];
+                CHECK(fabs(a[i] - exp(x[i] - max) / z) <= 1e-6 * (1 + exp(x[i] - max) / z));
+            }
+            CHECK(fabs(sum - 1.0) < 1e-5);
+            if (avx) {
+                memcpy(b, x, sizeof(float) * (size_t)n);
+                avx->softmax(b, n);
+                sum = 0;
+                for (int64_t i = 0; i < n; i++) sum += b[i];
+                CHECK(fabs(sum - 1.0) < 1e-5);
+                CHECK_MSG(max_rel(b, a, n, 1e-30) < 2e-6, "softmax n=%lld: %g", (long long)n,
+                          max_rel(b, a, n, 1e-30));
+            }
+        }
+
+        /* sigmoid, silu_mul */
+        memcpy(a, x, sizeof(float) * (size_t)n);
+        ref->sigmoid(a, n);
+        for (int64_t i = 0; i < n; i++) CHECK(fabs(a[i] - 1.0 / (1.0 + exp(-(double)x[i]))) < 1e-6);
+        if (avx) {
+            memcpy(b, x, sizeof(float) * (size_t)n);
+            avx->sigmoid(b, n);
+            CHECK_MSG(max_rel(b, a, n, 1e-3) < 2e-6, "sigmoid n=%lld", (long long)n);
+        }
+        ref->silu_mul(a, x, u, n);
+        for (int64_t i = 0; i < n; i++) {
+            const double want = x[i] / (1.0 + exp(-(double)x[i])) * u[i];
+            CHECK(fabs(a[i] - want) <= 1e-5 * (1 + fabs(want)));
+        }
+        if (avx) {
+            memcpy(b, x, sizeof(float) * (size_t)n);
+            avx->silu_mul(b, b, u, n); /* out == g */
+            CHECK_MSG(max_rel(b, a, n, 1e-3) < 3e-6, "silu_mul n=%lld", (long long)n);
+        }
+
+        /* dot, axpy, scale */
+        double d = 0;
+        for (int64_t i = 0; i < n; i++) d += (double)x[i] * w[i];
+        CHECK(fabs(ref->dot(x, w, n) - d) <= 1e-6 * (1 + fabs(d)));
+        if (avx) CHECK(fabs(avx->dot(x, w, n) - d) <= 1e-5 * (1 + sqrt((double)n)));
+        memcpy(a, u, sizeof(float) * (size_t)n);
+        memcpy(b, u, sizeof(float) * (size_t)n);
+        ref->axpy(a, 0.37f, x, n);
+        if (avx) {
+            avx->axpy(b, 0.37f, x, n);
+            CHECK(max_rel(b, a, n, 1.0) < 2e-6);
+            ref->scale(a, -1.5f, n);
+            avx->scale(b, -1.5f, n);
+            CHECK(max_rel(b, a, n, 1.0) < 2e-6);
+        }
+
+        /* row conversions: bit exact for finite inputs */
+        if (avx) {
+            uint16_t *h1 = malloc(2 * (size_t)(n + 1)), *h2 = malloc(2 * (size_t)(n + 1));
+            float *xs = rand_vec(n, 1.0f);
+            for (int64_t i = 0; i < n; i++) {
+                const int kind = (int)(i % 5);
+                if (kind == 1) xs[i] *= 1e-6f;       /* fp16 subnormal */
+                if (kind == 2) xs[i] *= 70000.0f;    /* fp16 overflow */
+                if (kind == 3) xs[i] = ldexpf(1.0f + (float)(i % 3) * 0x1p-11f, -3); /* ties */
+            }
+            ref->fp32_to_fp16(xs, h1, n);
+            avx->fp32_to_fp16(xs, h2, n);
+            CHECK(n == 0 || memcmp(h1, h2, 2 * (size_t)n) == 0);
+            ref->fp16_to_fp32(h1, a, n);
+            avx->fp16_to_fp32(h1, b, n);
+            CHECK(n == 0 || memcmp(a, b, 4 * (size_t)n) == 0);
+            ref->fp32_to_bf16(xs, h1, n);
+            avx->fp32_to_bf16(xs, h2, n);
+            CHECK(n == 0 || memcmp(h1, h2, 2 * (size_t)n) == 0);
+            ref->bf16_to_fp32(h1, a, n);
+            avx->bf16_to_fp32(h1, b, n);
+            CHECK(n == 0 || memcmp(a, b, 4 * (size_t)n) == 0);
+            free(h1), free(h2), free(xs);
+        }
+        free(x), free(w), free(u), free(a), free(b);
+    }
+    /* softmax with -inf entries (masked attention) and extremes */
+    float v[11] = {-INFINITY, 0.0f, 100.0f, -100.0f, 88.0f, -INFINITY, 1.0f, 2.0f, 3.0f, -1e30f, 50.0f};
+    float va[11], vb[11];
+    memcpy(va, v, sizeof v);
+    ref->softmax(va, 11);
+    CHECK(va[0] == 0.0f && va[5] == 0.0f);
+    if (avx) {
+        memcpy(vb, v, sizeof v);
+        avx->softmax(vb, 11);
+        CHECK(vb[0] == 0.0f && vb[5] == 0.0f);
+        CHECK(max_rel(vb, va, 11, 1e-20) < 2e-6);
+        float g[3] = {-200.0f, 200.0f, 0.0f}, one[3] = {1, 1, 1};
+        avx->silu_mul(g, g, one, 3);
+        CHECK(fabsf(g[0]) < 1e-30f && g[1] == 200.0f && g[2] == 0.0f);
+    }
+}
+
+static void test_scatter_add(void) {
+    const struct moetax_kernels *ref = moetax_kernels_ref(), *avx = moetax_kernels_avx2();
+    const int64_t n = 37, n_rows = 6, ld_src = 40, ld_dst = 41, n_dst = 4;
+    float *src = rand_vec(n_rows * ld_src, 1.0f), *d1 = rand_vec(n_dst * ld_dst, 1.0f);
+    float *d2 = malloc(sizeof(float) * (size_t)(n_dst * ld_dst)), *d0 = malloc(sizeof(float) * (size_t)(n_dst * ld_dst));
+    memcpy(d2, d1, sizeof(float) * (size_t)(n_dst * ld_dst));
+    memcpy(d0, d1, sizeof(float) * (size_t)(n_dst * ld_dst));
+    const int32_t rows[6] = {3, 0, 3, 1, 2, 0};
+    const float wts[6] = {0.5f, 0.25f, -1.0f, 2.0f, 0.125f, 1.0f};
+    ref->scatter_add(d1, ld_dst, src, ld_src, rows, wts, n_rows, n);
+    for (int64_t r = 0; r < n_dst; r++)
+        for (int64_t j = 0; j < ld_dst; j++) {
+            double want = d0[r * ld_dst + j];
+            if (j < n)
+                for (int i = 0; i < n_rows; i++)
+                    if (rows[i] == r) want += (double)wts[i] * src[i * ld_src + j];
+            CHECK(fabs(d1[r * ld_dst + j] - want) < 1e-5);
+        }
+    if (avx) {
+        avx->scatter_add(d2, ld_dst, src, ld_src, rows, wts, n_rows, n);
+        CHECK(max_rel(d2, d1, n_dst * ld_dst, 1e-3) < 1e-6);
+        ref->scatter_add(d1, ld_dst, src, ld_src, NULL, wts, 4, n);
+        avx->scatter_add(d2, ld_dst, src, ld_src, NULL, wts, 4, n);
+        CHECK(max_rel(d2, d1, n_dst * ld_dst, 1e-3) < 1e-6);
+    }
+    free(src), free(d0), free(d1), free(d2);
+}
+
+static void check_topk(const struct moetax_kernels *k, const float *x, int64_t n, int64_t kk, const int32_t *want) {
+    int32_t idx[16];
+    float val[16];
+    k->topk(x, n, kk, idx, val);
+    for (int64_t i = 0; i < kk; i++) {
+        CHECK_MSG(idx[i] == want[i], "%s topk n=%lld k=%lld: idx[%lld] = %d, want %d", k->name, (long long)n,
+                  (long long)kk, (long long)i, idx[i], want[i]);
+        CHECK(val[i] == x[want[i]] || (isnan(val[i]) && isnan(x[want[i]])));
+    }
+}
+
+static void test_topk(void) {
+    const struct moetax_kernels *tabs[2] = {moetax_kernels_ref(), moetax_kernels_avx2()};
+    for (int ti = 0; ti < 2; ti++) {
+        const struct moetax_kernels *k = tabs[ti];
+        if (!k) continue;
+        const float a[8] = {1, 3, 3, 2, 3, -1, 2, 0};
+        check_topk(k, a, 8, 4, (const int32_t[]){1, 2, 4, 3});
+        check_topk(k, a, 8, 1, (const int32_t[]){1});
+        check_topk(k, a, 8, 8, (const int32_t[]){1, 2, 4, 3, 6, 0, 7, 5});
+        check_topk(k, a, 8, 0, (const int32_t[]){0});
+        const float same[5] = {7, 7, 7, 7, 7};
+        check_topk(k, same, 5, 3, (const int32_t[]){0, 1, 2});
+        const float nan_[5] = {NAN, -INFINITY, 1, NAN, 0};
+        check_topk(k, nan_, 5, 5, (const int32_t[]){2, 4, 1, 0, 3});
+        const float neg0[3] = {-0.0f, 0.0f, -1.0f}; /* -0 == +0: a tie, lower index first */
+        check_topk(k, neg0, 3, 2, (const int32_t[]){0, 1});
+        /* random: against a full stable sort */
+        for (int rep = 0; rep < 50; rep++) {
+            const int64_t n = 1 + (int64_t)(tu_rand_u64(&g_rng) % 300);
+            const int64_t kk = (int64_t)(tu_rand_u64(&g_rng) % (uint64_t)(n < 16 ? n + 1 : 17));
+            float *x = malloc(sizeof(float) * (size_t)n);
+            for (int64_t i = 0; i < n; i++) x[i] = (float)(tu_rand_u64(&g_rng) % 20); /* many ties */
+            int32_t want[16];
+            bool *used = calloc((size_t)n, 1);
+            for (int64_t j = 0; j < kk; j++) {
+                int64_t best = -1;
+                for (int64_t i = 0; i < n; i++)
+                    if (!used[i] && (best < 0 || x[i] > x[best])) best = i;
+                used[best] = true;
+                want[j] = (int32_t)best;
+            }
+            check_topk(k, x, n, kk, want);
+            free(x), free(used);
+        }
+    }
+}
+
+/* RoPE against a direct double-precision formula. */
+static void rope_expected(const float *x, double *out, int head_dim, int64_t pos, const struct moetax_rope_params *p) {
+    const int nd = p->n_dims;
+    double lo = 0, hi = 0, mscale = p->attn_factor;
+    if (p->ext_factor != 0.0f) {
+        const double cd_fast = nd * log(p->n_ctx_orig / (p->beta_fast * 2 * M_PI)) / (2 * log(p->freq_base));
+        const double cd_slow = nd * log(p->n_ctx_orig / (p->beta_slow * 2 * M_PI)) / (2 * log(p->freq_base));
+        lo = fmax(0, floor(cd_fast));
+        hi = fmin(nd - 1, ceil(cd_slow));
+        mscale *= 1 + 0.1 * log(1.0 / p->freq_scale);
+    }
+    for (int i = 0; i < head_dim; i++) out[i] = x[i];
+    for (int i = 0; i < nd / 2; i++) {
+        double te = (double)pos * pow(p->freq_base, -2.0 * i / nd);
+        if (p->freq_factors) te /= p->freq_factors[i];
+        double theta = p->freq_scale * te;
+        if (p->ext_factor != 0.0f) {
+            const double y = (i - lo) / fmax(0.001, hi - lo);
+            const double mix = (1 - fmin(1, fmax(0, y))) * p->ext_factor;
+            theta = theta * (1 - mix) + te * mix;
+        }
+        const int a = p->mode == MOETAX_ROPE_MODE_NEOX ? i : 2 * i;
+        const int b = p->mode == MOETAX_ROPE_MODE_NEOX ? i + nd / 2 : 2 * i + 1;
+        out[a] = (x[a] * cos(theta) - x[b] * sin(theta)) * mscale;
+        out[b] = (x[a] * sin(theta) + x[b] * cos(theta)) * mscale;
+    }
+}
+
+static void test_rope(void) {
+    const struct moetax_kernels *k = moetax_kernels_get();
+    const int head_dim = 72, n_head = 3, stride = 80;
+    float ff[32];
+    for (int i = 0; i < 32; i++) ff[i] = 1.0f + 0.1f * (float)i;
+    for (int mode = 0; mode < 2; mode++)
+        for (int yarn = 0; yarn < 3; yarn++) {
+            struct moetax_rope_params p = {
+                .n_dims = 64,
+                .mode = mode ? MOETAX_ROPE_MODE_NEOX : MOETAX_ROPE_MODE_NORM,
+                .n_ctx_orig = 4096,
+                .freq_base = 10000.0f,
+                .freq_scale = yarn ? 0.25f : 1.0f,
+                .ext_factor = yarn ? 1.0f : 0.0f,
+                .attn_factor = yarn ? 1.1f : 1.0f,
+                .beta_fast = 32.0f,
+                .beta_slow = 1.0f,
+                .freq_factors = yarn == 2 ? ff : NULL,
+            };
+            const int64_t positions[] = {0, 1, 7, 123, 3000};
+            for (int pi = 0; pi < 5; pi++) {
+                const int64_t pos = positions[pi];
+                float *x = rand_vec(n_head * stride, 1.0f), *x0 = malloc(sizeof(float) * n_head * stride);
+                memcpy(x0, x, sizeof(float) * n_head * stride);
+                k->rope(x, n_head, stride, pos, &p);
+                double want[72];
+                double maxerr = 0;
+                for (int h = 0; h < n_head; h++) {
+                    rope_expected(x0 + h * stride, want, head_dim, pos, &p);
+                    for (int i = 0; i < head_dim; i++) maxerr = fmax(maxerr, fabs(x[h * stride + i] - want[i]));
+                    for (int i = head_dim; i < stride; i++) CHECK(x[h * stride + i] == x0[h * stride + i]);
+                }
+                /* float theta: error grows with |theta| ~ pos */
+                CHECK_MSG(maxerr < 2e-6 * (4 + (double)pos), "rope mode=%d yarn=%d pos=%lld: err %g", mode, yarn,
+                          (long long)pos, maxerr);
+                /* rope_cached matches rope */
+                float cs[64];
+                moetax_rope_cache(&p, pos, cs);
+                float *x2 = malloc(sizeof(float) * n_head * stride);
+                memcpy(x2, x0, sizeof(float) * n_head * stride);
+                k->rope_cached(x2, n_head, stride, p.n_dims, p.mode, cs);
+                CHECK(memcmp(x2, x, sizeof(float) * n_head * stride) == 0);
+                free(x), free(x0), free(x2);
+            }
+        }
+    /* corr dims, deepseek-v2-lite-like numbers */
+    float dims[2];
+    moetax_rope_corr_dims(64, 4096, 10000.0f, 32.0f, 1.0f, dims);
+    CHECK(dims[0] == 10.0f && dims[1] == 23.0f);
+}
+
+static void test_dispatch(void) {
+    const struct moetax_kernels *k = moetax_kernels_get();
+    CHECK(k != NULL && moetax_kernels_ref() != NULL);
+    CHECK(strcmp(moetax_kernels_ref()->name, "ref") == 0);
+    const char *force = getenv("MOETAX_FORCE_REF");
+    if (force && force[0] && strcmp(force, "0") != 0) CHECK(k == moetax_kernels_ref());
+    else if (moetax_kernels_avx2()) CHECK(k == moetax_kernels_avx2() && strcmp(k->name, "avx2") == 0);
+    if (!moetax_kernels_avx2()) printf("test_kernels: CPU lacks avx2/fma/f16c: AVX2 comparisons skipped\n");
+    else printf("test_kernels: using table '%s'\n", k->name);
+}
+
+int main(int argc, char **argv) {
+    tu_init(argc, argv);
+    test_dispatch();
+    test_matmul();
+    test_matmul_vs_f32();
+    test_vec_ops();
+    test_scatter_add();
+    test_topk();
+    test_rope();
+    return tu_finish("test_kernels");
+}

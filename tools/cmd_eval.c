@@ -1,0 +1,101 @@
+/* cmd_eval.c - `moetax eval`: run token ids through a model and write the
+ * logits, for comparing against a reference implementation (tests/ref). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "moetax/model.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: moetax eval -m FILE --tokens 1,2,3 [--decode N] [--out LOGITS.f32] [-t N] [--ubatch N]\n"
+               "                   [--step-by-step] [--routing]\n\n"
+               "Evaluates the prompt tokens from position 0, then N greedy decode steps, and writes the logits\n"
+               "as raw little-endian float32 [tokens + N, n_vocab] (prompt rows, then one row per decoded\n"
+               "token). Prints the greedy tokens.\n"
+               "  --step-by-step  evaluate the prompt one token at a time (decode path) instead of one batch\n"
+               "  --routing       print the experts chosen for each token of the last micro-batch\n");
+}
+
+int cmd_eval(int argc, char **argv) {
+    const char *model = NULL, *out = NULL, *toks = NULL;
+    int64_t n_decode = 0, n_threads = 0, ubatch = 0;
+    bool step = false, routing = false;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        bool err = false;
+        if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+        else if (cli_opt(argc, argv, &i, "-m", "--model", &model, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--tokens", &toks, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, "-o", "--out", &out, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--decode", &v, &err)) {
+            if (err || !cli_parse_i64(v, &n_decode) || n_decode < 0) return cli_usage_error("eval", "--decode needs a count >= 0");
+        } else if (cli_opt(argc, argv, &i, "-t", "--threads", &v, &err)) {
+            if (err || !cli_parse_i64(v, &n_threads) || n_threads < 1 || n_threads > 512)
+                return cli_usage_error("eval", "-t needs a thread count in 1..512");
+        } else if (cli_opt(argc, argv, &i, NULL, "--ubatch", &v, &err)) {
+            if (err || !cli_parse_i64(v, &ubatch) || ubatch < 1) return cli_usage_error("eval", "--ubatch needs a count >= 1");
+        } else if (!strcmp(argv[i], "--step-by-step")) step = true;
+        else if (!strcmp(argv[i], "--routing")) routing = true;
+        else return cli_usage_error("eval", "unknown option '%s'", argv[i]);
+    }
+    if (!model) return cli_usage_error("eval", "no model given (-m FILE)");
+    if (!toks) return cli_usage_error("eval", "no tokens given (--tokens 1,2,3)");
+    int64_t tk[4096];
+    int n = cli_parse_int_list(toks, tk, 4096);
+    if (n <= 0) return cli_usage_error("eval", "--tokens: expected a comma-separated list of token ids");
+    struct moetax_model *m;
+    moetax_status st = moetax_model_load(model, &m);
+    if (st) return cli_fail("eval", st);
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)(n + n_decode + 1), .n_threads = (int32_t)n_threads,
+                                   .n_ubatch = (int32_t)ubatch};
+    struct moetax_ctx *c;
+    if ((st = moetax_ctx_init(m, &cp, &c))) { moetax_model_free(m); return cli_fail("eval", st); }
+    const int64_t V = m->hp.n_vocab;
+    float *logits = malloc(sizeof(float) * (size_t)V * (size_t)(n + n_decode));
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n + n_decode));
+    if (!logits || !ids) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)tk[i];
+    if (step) {
+        for (int i = 0; i < n && !st; i++) st = moetax_ctx_eval(c, ids + i, 1, logits + (size_t)i * V, false);
+    } else {
+        st = moetax_ctx_eval(c, ids, n, logits, true);
+    }
+    printf("greedy:");
+    for (int64_t j = 0; !st && j < n_decode; j++) {
+        const float *row = logits + (size_t)(n - 1 + j) * V;
+        int32_t best = 0;
+        for (int64_t v = 1; v < V; v++) if (row[v] > row[best]) best = (int32_t)v;
+        ids[n + j] = best;
+        printf(" %d", best);
+        st = moetax_ctx_eval(c, ids + n + j, 1, logits + (size_t)(n + j) * V, false);
+    }
+    printf("\n");
+    if (!st && routing) {
+        for (int il = 0; il < m->hp.n_layer; il++) {
+            const float *w;
+            int64_t nt;
+            const int32_t *sel = moetax_ctx_routing(c, il, &w, &nt);
+            if (!sel) continue;
+            for (int64_t t = 0; t < nt; t++) {
+                printf("layer %d token %lld:", il, (long long)t);
+                for (int j = 0; j < m->hp.n_expert_used; j++) printf(" %d(%.4f)", sel[t * m->hp.n_expert_used + j], w[t * m->hp.n_expert_used + j]);
+                printf("\n");
+            }
+        }
+    }
+    if (!st && out) {
+        FILE *f = fopen(out, "wb");
+        if (!f || fwrite(logits, sizeof(float) * (size_t)V, (size_t)(n + n_decode), f) != (size_t)(n + n_decode))
+            st = moetax_error(MOETAX_ERR_IO, "%s: cannot write the logits", out);
+        if (f && fclose(f) && !st) st = moetax_error(MOETAX_ERR_IO, "%s: write failed", out);
+    }
+done:
+    free(logits);
+    free(ids);
+    moetax_ctx_free(c);
+    moetax_model_free(m);
+    if (st) return cli_fail("eval", st);
+    return 0;
+}
