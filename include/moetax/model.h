@@ -148,6 +148,7 @@ void moetax_ctx_free(struct moetax_ctx *c);
 void moetax_ctx_reset(struct moetax_ctx *c);
 int64_t moetax_ctx_pos(const struct moetax_ctx *c);
 int64_t moetax_ctx_n_ctx(const struct moetax_ctx *c);
+int moetax_ctx_n_threads(const struct moetax_ctx *c);
 /* Bytes of the KV cache. */
 size_t moetax_ctx_kv_bytes(const struct moetax_ctx *c);
 

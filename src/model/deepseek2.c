@@ -54,8 +54,9 @@ static int32_t key_i(struct keys *k, const char *suffix, int64_t def, bool requi
     char key[160];
     snprintf(key, sizeof key, "%s.%s", k->arch, suffix);
     uint32_t v;
+    if (k->st) return (int32_t)def; /* keep the first error's message */
+    if (!moetax_gguf_find_kv(k->g, key) && !required) return (int32_t)def;
     moetax_status st = moetax_gguf_get_u32(k->g, key, &v);
-    if (st == MOETAX_ERR_NOT_FOUND && !required) return (int32_t)def;
     if (st) {
         if (!k->st) k->st = st;
         return (int32_t)def;
@@ -71,8 +72,8 @@ static float key_f(struct keys *k, const char *suffix, float def) {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", k->arch, suffix);
     float v;
+    if (k->st || !moetax_gguf_find_kv(k->g, key)) return def;
     moetax_status st = moetax_gguf_get_f32(k->g, key, &v);
-    if (st == MOETAX_ERR_NOT_FOUND) return def;
     if (st || !isfinite(v)) {
         if (!k->st) k->st = st ? st : moetax_error(MOETAX_ERR_FORMAT, "%s: %s is not finite", k->g->path, key);
         return def;
@@ -116,8 +117,7 @@ static moetax_status load_hparams(struct moetax_model *m) {
     char key[160];
     snprintf(key, sizeof key, "%s.expert_weights_norm", hp->arch);
     bool b = false;
-    st = moetax_gguf_get_bool(g, key, &b);
-    if (st && st != MOETAX_ERR_NOT_FOUND && !k.st) k.st = st;
+    if (!k.st && moetax_gguf_find_kv(g, key) && (st = moetax_gguf_get_bool(g, key, &b))) k.st = st;
     hp->expert_weights_norm = b;
     if (k.st) return k.st;
 #define NEED(cond, ...) do { if (!(cond)) return moetax_error(MOETAX_ERR_FORMAT, __VA_ARGS__); } while (0)

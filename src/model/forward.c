@@ -287,6 +287,7 @@ void moetax_ctx_free(struct moetax_ctx *c) {
 void moetax_ctx_reset(struct moetax_ctx *c) { c->pos = 0; }
 int64_t moetax_ctx_pos(const struct moetax_ctx *c) { return c->pos; }
 int64_t moetax_ctx_n_ctx(const struct moetax_ctx *c) { return c->n_ctx; }
+int moetax_ctx_n_threads(const struct moetax_ctx *c) { return c->n_threads; }
 size_t moetax_ctx_kv_bytes(const struct moetax_ctx *c) {
     return (size_t)c->m->hp.n_layer * (size_t)c->n_ctx * (size_t)c->kv_row * sizeof(float);
 }

@@ -1,0 +1,215 @@
+// ctest-labels: unit;model;threads
+/* test_model.c - the DeepSeek2 forward pass against itself: decode step by step
+ * equals prefill of the same tokens, 1 and 2 threads agree, micro-batch sizes
+ * agree, a golden greedy sequence, routing invariants, the KV-cache limit, bad
+ * tokens, and models whose tensors do not match their metadata.
+ * (The comparison against the independent NumPy reference is test_model_ref.py.) */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moetax/gguf.h"
+#include "moetax/model.h"
+#include "moetax/pool.h"
+#include "testutil.h"
+
+/* recorded from moetax and equal to tests/ref/deepseek2_ref.py --tokens 1..8 --decode 16 */
+#define GOLDEN_TINY_V3_F32 "199,152,189,451,503,291,105,226,281,44,133,195,158,373,509,103"
+
+static float max_abs(const float *a, int64_t n) {
+    float m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i]));
+    return m;
+}
+
+static float max_diff(const float *a, const float *b, int64_t n) {
+    float m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i] - b[i]));
+    return m;
+}
+
+/* logits of every token, by one prefill (ubatch) or step by step */
+static float *run(struct moetax_model *m, int threads, int ubatch, const int32_t *toks, int n, bool step) {
+    struct moetax_ctx_params p = {.n_ctx = 64, .n_threads = threads, .n_ubatch = ubatch};
+    struct moetax_ctx *c;
+    if (moetax_ctx_init(m, &p, &c) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return NULL; }
+    const int64_t V = m->hp.n_vocab;
+    float *l = malloc(sizeof(float) * (size_t)(V * n));
+    moetax_status st = MOETAX_OK;
+    if (step)
+        for (int i = 0; i < n && !st; i++) st = moetax_ctx_eval(c, toks + i, 1, l + i * V, false);
+    else
+        st = moetax_ctx_eval(c, toks, n, l, true);
+    CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+    CHECK_EQ_INT(moetax_ctx_pos(c), n);
+    moetax_ctx_free(c);
+    return l;
+}
+
+static void consistency(const char *path, float tol_rel) {
+    struct moetax_model *m;
+    moetax_status st = moetax_model_load(path, &m);
+    CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+    if (st) return;
+    int32_t toks[20];
+    for (int i = 0; i < 20; i++) toks[i] = (int32_t)((i * 37 + 11) % m->hp.n_vocab);
+    const int n = 20;
+    const int64_t V = m->hp.n_vocab;
+    float *a = run(m, 1, 64, toks, n, false);   /* one batch, 1 thread */
+    float *b = run(m, 2, 64, toks, n, false);   /* one batch, 2 threads */
+    float *s = run(m, 2, 64, toks, n, true);    /* decode step by step */
+    float *u = run(m, 2, 7, toks, n, false);    /* micro-batches of 7 */
+    if (a && b && s && u) {
+        float mag = max_abs(a, V * n);
+        CHECK_MSG(mag > 0.1f && isfinite(mag), "%s: logits magnitude %g", path, mag);
+        float d1 = max_diff(a, b, V * n), d2 = max_diff(a, s, V * n), d3 = max_diff(a, u, V * n);
+        CHECK_MSG(d1 <= tol_rel * mag, "%s: 1 vs 2 threads differ by %g (max |logit| %g)", path, d1, mag);
+        CHECK_MSG(d2 <= tol_rel * mag, "%s: step-by-step vs prefill differ by %g (max |logit| %g)", path, d2, mag);
+        CHECK_MSG(d3 <= tol_rel * mag, "%s: ubatch 7 vs 64 differ by %g (max |logit| %g)", path, d3, mag);
+    }
+    free(a); free(b); free(s); free(u);
+    moetax_model_free(m);
+}
+
+static void routing_invariants(const char *path, bool v3) {
+    struct moetax_model *m;
+    if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    struct moetax_ctx_params p = {.n_ctx = 32, .n_threads = 2};
+    struct moetax_ctx *c;
+    CHECK(moetax_ctx_init(m, &p, &c) == MOETAX_OK);
+    int32_t toks[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    CHECK(moetax_ctx_eval(c, toks, 8, NULL, false) == MOETAX_OK);
+    const int k = m->hp.n_expert_used, E = m->hp.n_expert;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const float *w;
+        int64_t nt;
+        const int32_t *sel = moetax_ctx_routing(c, il, &w, &nt);
+        if (il < m->hp.n_layer_dense_lead) { CHECK(sel == NULL); continue; }
+        CHECK(sel != NULL && nt == 8);
+        for (int64_t t = 0; sel && t < nt; t++) {
+            float sum = 0;
+            for (int j = 0; j < k; j++) {
+                int32_t e = sel[t * k + j];
+                CHECK(e >= 0 && e < E);
+                for (int j2 = 0; j2 < j; j2++) CHECK(sel[t * k + j2] != e);
+                CHECK(w[t * k + j] > 0);
+                sum += w[t * k + j];
+                if (v3 && m->hp.n_expert_group > 1) {
+                    /* all chosen experts come from at most n_group_used groups */
+                    int per = E / m->hp.n_expert_group, groups[64], ng = 0;
+                    for (int j2 = 0; j2 <= j; j2++) {
+                        int g = sel[t * k + j2] / per, seen = 0;
+                        for (int q = 0; q < ng; q++) seen |= groups[q] == g;
+                        if (!seen) groups[ng++] = g;
+                    }
+                    CHECK(ng <= m->hp.n_expert_group_used);
+                }
+            }
+            if (v3) CHECK_MSG(fabsf(sum - m->hp.expert_weights_scale) < 1e-4f, "weights sum %g", sum);
+            else CHECK_MSG(sum <= 1.0f + 1e-5f, "layer %d token %lld: sum %g", il, (long long)t, sum); /* softmax, no renormalisation */
+        }
+    }
+    /* the KV cache limit: 32 positions, 8 used */
+    int32_t many[30] = {0};
+    CHECK(moetax_ctx_eval(c, many, 30, NULL, false) == MOETAX_ERR_LIMIT);
+    CHECK(strstr(moetax_last_error(), "context size") != NULL);
+    CHECK_EQ_INT(moetax_ctx_pos(c), 8);
+    int32_t bad = m->hp.n_vocab;
+    CHECK(moetax_ctx_eval(c, &bad, 1, NULL, false) == MOETAX_ERR_ARG);
+    CHECK(moetax_ctx_eval(c, many, 24, NULL, false) == MOETAX_OK);
+    moetax_ctx_reset(c);
+    CHECK_EQ_INT(moetax_ctx_pos(c), 0);
+    moetax_ctx_free(c);
+    moetax_model_free(m);
+}
+
+/* golden greedy sequence of the tiny-v3 q8_0 model (seed 42): pins the whole
+ * pipeline; cross-checked against tests/ref/deepseek2_ref.py when recorded. */
+static void golden(const char *path) {
+    struct moetax_model *m;
+    if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    struct moetax_ctx_params p = {.n_ctx = 64, .n_threads = 2};
+    struct moetax_ctx *c;
+    CHECK(moetax_ctx_init(m, &p, &c) == MOETAX_OK);
+    const int64_t V = m->hp.n_vocab;
+    float *l = malloc(sizeof(float) * (size_t)V);
+    int32_t t[24] = {1, 2, 3, 4, 5, 6, 7, 8};
+    CHECK(moetax_ctx_eval(c, t, 8, l, false) == MOETAX_OK);
+    char got[256] = "";
+    for (int i = 8; i < 24; i++) {
+        int32_t best = 0;
+        for (int64_t v = 1; v < V; v++) if (l[v] > l[best]) best = (int32_t)v;
+        t[i] = best;
+        snprintf(got + strlen(got), sizeof got - strlen(got), "%s%d", i > 8 ? "," : "", best);
+        CHECK(moetax_ctx_eval(c, &t[i], 1, l, false) == MOETAX_OK);
+    }
+    const char *want = getenv("MOETAX_GOLDEN") ? getenv("MOETAX_GOLDEN") : GOLDEN_TINY_V3_F32;
+    CHECK_MSG(!strcmp(got, want), "greedy: got %s, want %s", got, want);
+    free(l);
+    moetax_ctx_free(c);
+    moetax_model_free(m);
+}
+
+/* a file whose tensors do not match its metadata: kv_lora_rank changed */
+static void shape_mismatch(const char *src, const char *dst) {
+    struct moetax_gguf *g;
+    if (moetax_gguf_open(src, &g) != MOETAX_OK) { CHECK(0); return; }
+    struct moetax_gguf_writer *w;
+    CHECK(moetax_gguf_writer_init(dst, &w) == MOETAX_OK);
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        const struct moetax_gguf_kv *kv = &g->kv[i];
+        if (kv->key.len == 32 && !memcmp(kv->key.data, "deepseek2.attention.kv_lora_rank", 32)) continue;
+        CHECK(moetax_gguf_writer_copy_kv(w, g, kv) == MOETAX_OK);
+    }
+    CHECK(moetax_gguf_writer_set_u32(w, "deepseek2.attention.kv_lora_rank", 48) == MOETAX_OK);
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)g->tensors[i].name.len, g->tensors[i].name.data);
+        CHECK(moetax_gguf_writer_add_tensor(w, name, g->tensors[i].type, g->tensors[i].n_dims, g->tensors[i].ne) == MOETAX_OK);
+    }
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        CHECK(moetax_gguf_writer_write(w, g->tensors[i].data, g->tensors[i].nbytes) == MOETAX_OK);
+    CHECK(moetax_gguf_writer_finish(w) == MOETAX_OK);
+    moetax_gguf_writer_free(w);
+    moetax_gguf_close(g);
+    struct moetax_model *m;
+    CHECK(moetax_model_load(dst, &m) == MOETAX_ERR_SHAPE);
+    const char *e = moetax_last_error();
+    CHECK_MSG(strstr(e, "blk.0.attn_kv_a_mqa.weight") && strstr(e, "{64, 40}") && strstr(e, "{64, 56}"),
+              "message: %s", e);
+}
+
+static int gen(const char *args, const char *out) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s gen %s -o %s >/dev/null 2>&1", tu_moetax_bin, args, out);
+    return tu_run(cmd, NULL);
+}
+
+int main(int argc, char **argv) {
+    tu_init(argc, argv);
+    char v2[512], v3[512]; /* tu_path's buffers rotate: keep copies */
+    snprintf(v2, sizeof v2, "%s", tu_path("model_tiny.gguf"));
+    snprintf(v3, sizeof v3, "%s", tu_path("model_tiny_v3.gguf"));
+    CHECK_EQ_INT(gen("--preset tiny", v2), 0);
+    CHECK_EQ_INT(gen("--preset tiny-v3", v3), 0);
+    consistency(v2, 2e-5f);
+    consistency(v3, 2e-5f);
+    const char *types[] = {"f16", "bf16", "q8_0", "q4_0"};
+    for (int i = 0; i < 4; i++) {
+        char args[128];
+        snprintf(args, sizeof args, "--preset tiny-v3 --type %s", types[i]);
+        const char *p = tu_path("model_tiny_v3_t.gguf");
+        CHECK_EQ_INT(gen(args, p), 0);
+        consistency(p, 2e-5f);
+    }
+    const char *p = tu_path("model_variants.gguf");
+    CHECK_EQ_INT(gen("--preset tiny-v3 --fused-gate-up --kv-b-merged --type q8_0", p), 0);
+    consistency(p, 2e-5f);
+    routing_invariants(v2, false);
+    routing_invariants(v3, true);
+    golden(v3);
+    shape_mismatch(v2, tu_path("model_bad_shape.gguf"));
+    struct moetax_model *m;
+    CHECK(moetax_model_load(tu_path("no-such-model.gguf"), &m) == MOETAX_ERR_IO);
+    return tu_finish("test_model");
+}
