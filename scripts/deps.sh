@@ -4,10 +4,11 @@
 # Usage: scripts/deps.sh [build|test]   (test adds what the test suite needs)
 set -euo pipefail
 mode=${1:-build}
-pkgs=(gcc g++ make cmake pkg-config)
+pkgs=(gcc g++ make cmake pkg-config libjansson-dev)
 if [ "$mode" = test ]; then
-  # numpy for the independent reference (tests/ref), clang + compiler-rt for libFuzzer
-  pkgs+=(python3 python3-numpy clang libclang-rt-14-dev)
+  # numpy for the independent reference (tests/ref), clang + compiler-rt for libFuzzer,
+  # chromium to render the report's HTML page headless
+  pkgs+=(python3 python3-numpy clang libclang-rt-14-dev chromium)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

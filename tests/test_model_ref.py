@@ -4,11 +4,29 @@
 (tests/ref/deepseek2_ref.py, float64, its own GGUF reader) on tiny V2-style and
 V3-style models: the prompt (one prefill batch) and 8 greedy decode steps.
 
-The reference computes on the dequantized weights with float activations. Stated
-tolerances, as max |moetax - ref| over all logits divided by max |ref|:
-  f32, f16, bf16:  2e-5  (same weights, float32 vs float64 arithmetic)
-  q8_0, q4_0:      0.05  (moetax quantizes activations to 8 bits, as ggml does)
-and for the quantized types the greedy token agrees on at least 90% of rows.
+The reference computes on the dequantized weights. Errors are max |moetax - ref|
+over a row's logits divided by max |ref| over all rows.
+
+  f32, f16, bf16: float activations; every row within 2e-5 (measured <= 7e-7:
+    float32 vs float64 arithmetic) and the same argmax on every row.
+
+  q8_0, q4_0: moetax (like ggml) quantizes the input of every Q8_0/Q4_0 matmul to
+    Q8_0 blocks, so the reference runs with act_quant=True, which emulates that
+    exactly. Every row within 5e-6 (measured <= 1.1e-7, AVX2 and scalar kernels
+    alike) and the same argmax. Where a value x*id the reference quantizes lies
+    within float32 rounding of a .5 boundary (within 1e-6 * amax, deepseek2_ref
+    m.qties), the engine's float32 x may legitimately round the other way; one q
+    off by one then cascades through later quantizations and the KV cache into
+    ~1e-2 differences (or flipped expert choices). So when a row fails, the test
+    tries rounding one such near-tie value (at that row's position or earlier)
+    the other way in the reference (m.qflip), keeps the flip that makes the most
+    rows pass, and repeats (at most 4 flips); the same 5e-6 then holds for every
+    row of the flipped reference. Seen once: v3-layout q4_0 with the AVX2
+    kernels, position 14, |x*id| = 106.4999847 (1.2e-7 * amax from the tie):
+    rows 14-19 differ by ~9e-3 without the flip, <= 1e-7 with it.
+    The comparison with float activations is printed for information only, with
+    a sanity bound of 1.0 (measured up to 0.73: flipped expert choices).
+
 Decode rows are compared on the same tokens: the reference is run on the prompt
 followed by moetax's greedy tokens.
 
@@ -24,7 +42,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "ref"))
 import deepseek2_ref  # noqa: E402
 
-TOL = {"f32": 2e-5, "f16": 2e-5, "bf16": 2e-5, "q8_0": 0.05, "q4_0": 0.05}
+TOL = {"f32": 2e-5, "f16": 2e-5, "bf16": 2e-5, "q8_0": 5e-6, "q4_0": 5e-6}
+QUANT = ("q8_0", "q4_0")
+MAX_FLIPS = 4         # near-tie roundings the quantized comparison may flip (see above)
+TRIES = 12            # candidate flips tried per step
+LOOSE = 1.0           # sanity bound for the float-activation comparison
 passed = failed = 0
 
 
@@ -44,22 +66,62 @@ def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8):
     r = subprocess.run([moetax, "eval", "-m", path, "--tokens", ",".join(map(str, prompt)), "--decode", str(n_decode),
                         "--out", out], check=True, capture_output=True, text=True)
     greedy = [int(x) for x in r.stdout.split(":")[1].split()]
-    model = deepseek2_ref.Model(path)
-    V = model.cfg["n_vocab"] if "n_vocab" in model.cfg else None
     ours = np.fromfile(out, dtype=np.float32)
     tokens = prompt + greedy
-    ref = model.forward(tokens)[: len(prompt) + n_decode]
+    n_rows = len(prompt) + n_decode
+    quant = wtype in QUANT
+    tag = f"{name:10s} {wtype:5s}"
+
+    model = deepseek2_ref.Model(path)
+    ref = model.forward(tokens)[:n_rows]
     ours = ours.reshape(ref.shape)
-    err = float(np.abs(ours - ref).max())
+    if quant:   # float activations: informational, sanity bound only
+        err = float(np.abs(ours - ref).max())
+        mag = float(np.abs(ref).max())
+        agree = float(np.mean(np.argmax(ours, axis=1) == np.argmax(ref, axis=1)))
+        print(f"{tag} float act (info): rel {err / mag:.2e}  argmax agree {agree:.0%}")
+        check(err <= LOOSE * mag, f"{name} {wtype}: float-activation rel error {err / mag:.3g} > {LOOSE}")
+        model = deepseek2_ref.Model(path, act_quant=True)
+        ref = model.forward(tokens)[:n_rows]
+
     mag = float(np.abs(ref).max())
-    agree = float(np.mean(np.argmax(ours, axis=1) == np.argmax(ref, axis=1)))
-    print(f"{name:10s} {wtype:5s} max|err| {err:.3g}  max|ref| {mag:.3g}  rel {err / mag:.2e}  argmax agree {agree:.0%}")
-    check(err <= TOL[wtype] * mag, f"{name} {wtype}: rel error {err / mag:.3g} > {TOL[wtype]}")
-    if wtype in ("q8_0", "q4_0"):
-        check(agree >= 0.9, f"{name} {wtype}: argmax agreement {agree:.0%} < 90%")
-    else:
-        check(agree == 1.0, f"{name} {wtype}: argmax agreement {agree:.0%}")
-    del V
+
+    def rows_ok(r):
+        rel_ = np.abs(ours - r).max(axis=1) / mag
+        return rel_, (rel_ <= TOL[wtype]) & (np.argmax(ours, axis=1) == np.argmax(r, axis=1))
+
+    row_rel, ok = rows_ok(ref)
+    what = "act-quant ref" if quant else "ref"
+    print(f"{tag} {what}: max|err| {row_rel.max() * mag:.3g}  max|ref| {mag:.3g}  rel {row_rel.max():.2e}  "
+          f"argmax agree {np.mean(np.argmax(ours, axis=1) == np.argmax(ref, axis=1)):.0%}")
+    flips = []
+    while quant and not ok.all() and len(flips) < MAX_FLIPS:
+        first = int(np.flatnonzero(~ok)[0])
+        # near ties at positions <= the first failing row, that row's own position first
+        cands = sorted((t for t in model.qties if t[1] <= first and t[2] not in model.qflip),
+                       key=lambda t: (t[1] != first, t[0]))[:TRIES]
+        best = None
+        for mg, pos, key in cands:
+            model.qflip.add(key)
+            r_ = model.forward(tokens)[:n_rows]
+            model.qflip.discard(key)
+            rel_, ok_ = rows_ok(r_)
+            score = (int(np.argmin(ok_)) if not ok_.all() else n_rows, int(ok_.sum()))
+            if score > (first, int(ok.sum())) and (best is None or score > best[0]):
+                best = (score, key, mg, pos, r_, rel_, ok_)
+        if best is None:
+            break
+        _, key, mg, pos, ref, row_rel, ok = best
+        model.qflip.add(key)
+        flips.append((pos, mg))
+        model.forward(tokens)          # qties of the flipped run, for the next step
+    if flips:
+        print(f"{tag}   with {len(flips)} near-tie rounding(s) flipped (position, margin/amax): "
+              + ", ".join(f"({p}, {m:.2g})" for p, m in flips)
+              + f": rel {row_rel.max():.2e}, {int(ok.sum())}/{n_rows} rows within {TOL[wtype]}")
+    detail = "; ".join(f"row {r} rel {row_rel[r]:.3g}" for r in np.flatnonzero(~ok)[:6])
+    check(ok.all(), f"{name} {wtype}: {int((~ok).sum())} of {n_rows} rows beyond rel {TOL[wtype]} or "
+                    f"with another argmax{' (after %d flips)' % len(flips) if quant else ''}: {detail}")
 
 
 def main():

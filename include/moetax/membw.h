@@ -11,7 +11,7 @@
  *       it) so every page exists and is not the shared zero page;
  *     - each pool worker streams its own contiguous share (4 KiB aligned) with
  *       AVX2 256-bit loads into four independent accumulators (scalar 64-bit
- *       loads without AVX2, or with MOETAX_REF=1 in the environment); the sums
+ *       loads without AVX2, or with MOETAX_FORCE_REF=1 in the environment); the sums
  *       are stored, so the loads cannot be dropped;
  *     - all workers start together (barrier) and the time runs until the last
  *       one finishes (barrier); one warm-up pass, then reps timed passes; the

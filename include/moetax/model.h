@@ -149,6 +149,13 @@ void moetax_ctx_reset(struct moetax_ctx *c);
 int64_t moetax_ctx_pos(const struct moetax_ctx *c);
 int64_t moetax_ctx_n_ctx(const struct moetax_ctx *c);
 int moetax_ctx_n_threads(const struct moetax_ctx *c);
+/* Record every step in a ledger (NULL: none). The ledger must have at least as
+ * many workers as the context has threads, and outlive its use. */
+struct moetax_ledger;
+void moetax_ctx_set_ledger(struct moetax_ctx *c, struct moetax_ledger *l);
+/* Test hook: every worker spins for ns nanoseconds each time it enters phase
+ * `phase` (an int holding an enum moetax_phase); ns = 0 turns it off. */
+void moetax_ctx_test_delay(struct moetax_ctx *c, int phase, uint64_t ns);
 /* Bytes of the KV cache. */
 size_t moetax_ctx_kv_bytes(const struct moetax_ctx *c);
 

@@ -28,7 +28,7 @@ void fw_attention(struct worker *w, int il) {
     int64_t r0, r1;
 
     /* 1: attn_norm, prepare */
-    fw_phase_begin(w);
+    fw_phase_begin(w, MOETAX_PHASE_NORM, il);
     fw_split(w, n, 1, &r0, &r1);
     for (int64_t t = r0; t < r1; t++) K->rmsnorm(c->xn + t * d, c->x + t * d, l->attn_norm, d, hp->rms_eps);
     c->a_in.x = c->xn;
@@ -38,7 +38,7 @@ void fw_attention(struct worker *w, int il) {
     fw_phase_end(w);
 
     /* 2: q (or q_a) and kv_a projections, rows of both split together */
-    fw_phase_begin(w);
+    fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     const struct moetax_weight *wq = ql ? &l->wq_a : &l->wq;
     float *qout = ql ? c->qa : c->q;
     const int64_t nq = wq->ne[1], nkv = l->wkv_a.ne[1];
@@ -48,21 +48,21 @@ void fw_attention(struct worker *w, int il) {
     fw_phase_end(w);
 
     if (ql) {
-        fw_phase_begin(w);
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
         fw_split(w, n, 1, &r0, &r1);
         for (int64_t t = r0; t < r1; t++) K->rmsnorm(c->qa + t * ql, c->qa + t * ql, l->q_a_norm, ql, hp->rms_eps);
         c->a_in.x = c->qa;
         c->a_in.ncols = ql;
         fw_act_prep(c, &c->a_in, r0, r1);
         fw_phase_end(w);
-        fw_phase_begin(w);
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
         fw_split(w, qrow, 8, &r0, &r1);
         fw_matmul(c, &l->wq_b, 0, r0, r1, &c->a_in, 0, n, c->q, qrow);
         fw_phase_end(w);
     }
 
     /* 3: per token: kv norm + rope(k_pe) into the cache; per (token, head): rope(q_pe), q_abs = W_kb[h] q_nope */
-    fw_phase_begin(w);
+    fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     struct scratch *s = &c->scr[w->ith];
     float *qn = s->f;                 /* [nope] */
     for (int64_t it; (it = fw_chunk(w, n * (H + 1), 1)) >= 0;) {
@@ -90,7 +90,7 @@ void fw_attention(struct worker *w, int il) {
     fw_phase_end(w);
 
     /* 4: attention per (token, head), then out_h = W_vb[h] o_h */
-    fw_phase_begin(w);
+    fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     float *sc = s->f;                 /* [n_ctx] scores */
     float *o = s->f + c->n_ctx;       /* [kvl] */
     const float *kvc = c->kv + (int64_t)il * c->n_ctx * kvr;
@@ -110,7 +110,7 @@ void fw_attention(struct worker *w, int il) {
     fw_phase_end(w);
 
     /* 5: prepare the concatenated head outputs */
-    fw_phase_begin(w);
+    fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     fw_split(w, n, 1, &r0, &r1);
     c->a_in.x = c->attv;
     c->a_in.ncols = H * vh;
@@ -119,7 +119,7 @@ void fw_attention(struct worker *w, int il) {
     fw_phase_end(w);
 
     /* 6: x += W_o attv; each worker owns a row range of the output */
-    fw_phase_begin(w);
+    fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     fw_split(w, d, 8, &r0, &r1);
     fw_matmul(c, &l->wo, 0, r0, r1, &c->a_in, 0, n, c->tmp, d);
     for (int64_t t = 0; t < n; t++)

@@ -5,14 +5,21 @@
  * Shape of every kernel: a tile of RB weight rows x BB batch rows is computed
  * in registers (RB*BB accumulators), so each weight vector loaded from memory
  * is used BB times and each activation vector RB times. Decode (n_batch == 1)
- * runs 4 rows at a time: four independent streams through the weights, which
- * the hardware prefetcher follows, with the activation loads shared.
+ * runs 4 rows at a time: four interleaved streams through the weights, each
+ * software-prefetched QPF bytes ahead (short rows defeat the hardware
+ * prefetcher), with the activation loads shared. F32/F16/BF16 with more batch
+ * rows than one tile cut the columns into L1-sized chunks so the weights come
+ * from memory once per call.
  *
- * Q8_0 / Q4_0 weights are multiplied in int8 with ggml's pmaddubsw trick:
- *   Q8_0: |w| (unsigned) x sign(x, w) (signed) -> i16 pairs -> i32 (pmaddwd)
- *   Q4_0: nibbles (unsigned 0..15) x x (signed) -> i16 pairs, minus the
- *         prepared s = 8 * (x[2i] + x[2i+1]) (the -8 offset) -> i32
- * then converted to float and accumulated with the block scale d_w * d_x. */
+ * Q8_0 / Q4_0 weights are multiplied in int8 with pmaddubsw (u8 x s8 -> i16
+ * pairs), pmaddwd (-> i32), then converted to float and accumulated with the
+ * block scale d_w * d_x:
+ *   Q8_0: |w| x sign(x, w) (ggml's trick), one block per step.
+ *   Q4_0: two blocks per step: the 2 x 16 nibble bytes in one register, low
+ *         and high nibbles (unsigned 0..15) against the activations prepared
+ *         in the matching arrangement, minus the prepared s = 8 * sum(x) for
+ *         the -8 offset; one pmaddwd / cvt / fma serves both blocks.
+ * d_w (F16) is read through the shared 64 Ki-entry fp16 -> fp32 table. */
 #include "kernels_impl.h"
 
 #include <immintrin.h>
@@ -104,6 +111,28 @@ void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t 
     }
 }
 
+/* Prefetch distance (bytes ahead in each weight row). A tile reads RB rows as
+ * RB interleaved streams; rows of Q weights (2-5 KiB for 4096 columns) and of
+ * expert-sized matrices are short streams that the hardware prefetcher barely
+ * ramps up on, so each row is fetched QPF bytes ahead, continuing into the
+ * same row of the next tile of RB rows (prefetches past the matrix are
+ * harmless: they never fault). */
+#ifndef QPF
+#define QPF 1024
+#endif
+#ifndef QPF_HINT
+#define QPF_HINT _MM_HINT_T0
+#endif
+
+/* Prefetch position pos + QPF of each of the RB rows of a tile (the same
+ * offset in every row, so one base address serves all of them). */
+ALWAYS_INLINE void prefetch_tile(const uint8_t *w, size_t rb, int RB, size_t pos) {
+    const size_t off = pos + QPF;
+    const char *base = (const char *)w + off + (off >= rb ? (size_t)(RB - 1) * rb : 0);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; r++) _mm_prefetch(base + r * rb, QPF_HINT);
+}
+
 /* ------------------------------------------------------------------------ */
 /* F32 / F16 / BF16 weights                                                 */
 /* ------------------------------------------------------------------------ */
@@ -124,18 +153,36 @@ ALWAYS_INLINE float load_w1(enum moetax_type t, const uint8_t *w, int64_t k) {
 }
 
 /* RB rows starting at w (stride rb), BB batch rows starting at x (stride ncols). */
+/* RB rows starting at w (stride rb) x BB batch rows starting at x (stride ldx),
+ * over columns [k0, k1); y[j * ldy + r] = (or +=, if add) the partial dots. */
 ALWAYS_INLINE void tile_f(enum moetax_type t, const int RB, const int BB, const uint8_t *w, size_t rb,
-                          const float *x, int64_t ncols, float *y, int64_t ldy) {
+                          const float *x, int64_t ldx, int64_t k0, int64_t k1, float *y, int64_t ldy, bool add) {
+    const size_t esz = t == MOETAX_TYPE_F32 ? 4 : 2;
     __m256 acc[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 4
         for (int j = 0; j < BB; j++) acc[r][j] = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 8 <= ncols; k += 8) {
+    int64_t k = k0;
+    for (; k + 16 <= k1; k += 16) {
+        prefetch_tile(w, rb, RB, (size_t)k * esz);
+#pragma GCC unroll 2
+        for (int h = 0; h < 16; h += 8) {
+            __m256 xv[4];
+#pragma GCC unroll 4
+            for (int j = 0; j < BB; j++) xv[j] = _mm256_loadu_ps(x + j * ldx + k + h);
+#pragma GCC unroll 4
+            for (int r = 0; r < RB; r++) {
+                const __m256 wv = load_w8(t, w + r * rb, k + h);
+#pragma GCC unroll 4
+                for (int j = 0; j < BB; j++) acc[r][j] = _mm256_fmadd_ps(wv, xv[j], acc[r][j]);
+            }
+        }
+    }
+    for (; k + 8 <= k1; k += 8) {
         __m256 xv[4];
 #pragma GCC unroll 4
-        for (int j = 0; j < BB; j++) xv[j] = _mm256_loadu_ps(x + j * ncols + k);
+        for (int j = 0; j < BB; j++) xv[j] = _mm256_loadu_ps(x + j * ldx + k);
 #pragma GCC unroll 4
         for (int r = 0; r < RB; r++) {
             const __m256 wv = load_w8(t, w + r * rb, k);
@@ -148,16 +195,19 @@ ALWAYS_INLINE void tile_f(enum moetax_type t, const int RB, const int BB, const 
 #pragma GCC unroll 4
         for (int j = 0; j < BB; j++) {
             float s = hsum_ps(acc[r][j]);
-            for (int64_t kk = k; kk < ncols; kk++) s += load_w1(t, w + r * rb, kk) * x[j * ncols + kk];
-            y[j * ldy + r] = s;
+            for (int64_t kk = k; kk < k1; kk++) s += load_w1(t, w + r * rb, kk) * x[j * ldx + kk];
+            y[j * ldy + r] = add ? y[j * ldy + r] + s : s;
         }
     }
 }
 
-#define TILE_F(T, RB, BB, tag)                                                                            \
-    static void tile_##tag##_##RB##x##BB(const uint8_t *w, size_t rb, const float *x, int64_t ncols,    \
-                                         float *y, int64_t ldy) {                                        \
-        tile_f(T, RB, BB, w, rb, x, ncols, y, ldy);                                                      \
+typedef void (*tile_f_fn)(const uint8_t *w, size_t rb, const float *x, int64_t ldx, int64_t k0, int64_t k1,
+                          float *y, int64_t ldy, bool add);
+
+#define TILE_F(T, RB, BB, tag)                                                                               \
+    static void tile_##tag##_##RB##x##BB(const uint8_t *w, size_t rb, const float *x, int64_t ldx, int64_t k0, \
+                                         int64_t k1, float *y, int64_t ldy, bool add) {                     \
+        tile_f(T, RB, BB, w, rb, x, ldx, k0, k1, y, ldy, add);                                              \
     }
 #define TILES_F(T, tag)                                                                                    \
     TILE_F(T, 4, 1, tag) TILE_F(T, 4, 2, tag) TILE_F(T, 4, 3, tag)                                        \
@@ -166,8 +216,6 @@ TILES_F(MOETAX_TYPE_F32, f32)
 TILES_F(MOETAX_TYPE_F16, f16)
 TILES_F(MOETAX_TYPE_BF16, bf16)
 
-typedef void (*tile_f_fn)(const uint8_t *w, size_t rb, const float *x, int64_t ncols, float *y, int64_t ldy);
-
 /* [type][rb == 4][bb - 1] */
 static const tile_f_fn k_tiles_f[3][2][3] = {
     {{tile_f32_1x1, tile_f32_1x2, tile_f32_1x3}, {tile_f32_4x1, tile_f32_4x2, tile_f32_4x3}},
@@ -175,18 +223,24 @@ static const tile_f_fn k_tiles_f[3][2][3] = {
     {{tile_bf16_1x1, tile_bf16_1x2, tile_bf16_1x3}, {tile_bf16_4x1, tile_bf16_4x2, tile_bf16_4x3}},
 };
 
+/* With more batch rows than one tile holds, the columns are cut into chunks
+ * whose RB weight rows stay in L1 (16 KiB) while every batch tile passes over
+ * them, so weights come from memory once per call, not once per batch tile. */
 static void matmul_f(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                      const float *x, int64_t n_batch, float *y, int64_t ldy) {
     enum { BBMAX = 3 };
-    int64_t r = row0;
-    for (; r < row1; ) {
+    const int64_t kc = n_batch > BBMAX ? (ti == 0 ? 1024 : 2048) : ncols;
+    for (int64_t r = row0; r < row1;) {
         const int rb4 = row1 - r >= 4;
-        for (int64_t j = 0; j < n_batch; ) {
-            const int64_t left = n_batch - j;
-            const int bb = left >= BBMAX ? BBMAX : (int)left;
-            k_tiles_f[ti][rb4][bb - 1](w + (size_t)r * row_bytes, row_bytes, x + j * ncols, ncols,
-                                       y + j * ldy + r, ldy);
-            j += bb;
+        for (int64_t k0 = 0; k0 < ncols; k0 += kc) {
+            const int64_t k1 = ncols - k0 > kc ? k0 + kc : ncols;
+            for (int64_t j = 0; j < n_batch;) {
+                const int64_t left = n_batch - j;
+                const int bb = left >= BBMAX ? BBMAX : (int)left;
+                k_tiles_f[ti][rb4][bb - 1](w + (size_t)r * row_bytes, row_bytes, x + j * ncols, ncols, k0, k1,
+                                           y + j * ldy + r, ldy, k0 > 0);
+                j += bb;
+            }
         }
         r += rb4 ? 4 : 1;
     }
@@ -195,23 +249,6 @@ static void matmul_f(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, i
 /* ------------------------------------------------------------------------ */
 /* Q8_0 / Q4_0 weights x Q8 activations                                     */
 /* ------------------------------------------------------------------------ */
-
-/* Prefetch distance (bytes ahead in each weight row). Rows of Q weights are
- * short streams (2-5 KiB for 4096 columns) that the hardware prefetcher barely
- * ramps up on, so each row is fetched QPF bytes ahead, continuing into the
- * same row of the next tile of RB rows (prefetches past the matrix are
- * harmless: they never fault). */
-#ifndef QPF
-#define QPF 1024
-#endif
-#ifndef QPF_HINT
-#define QPF_HINT _MM_HINT_T0
-#endif
-
-ALWAYS_INLINE void prefetch_row(const uint8_t *w, size_t rb, int r, int RB, size_t pos) {
-    const size_t off = pos + QPF;
-    _mm_prefetch((const char *)(w + r * rb + off + (off >= rb ? (size_t)(RB - 1) * rb : 0)), QPF_HINT);
-}
 
 ALWAYS_INLINE void tile_q8(const int RB, const int BB, const uint8_t *w, size_t rb, const uint8_t *act,
                            size_t act_row, int64_t nb, float *y, int64_t ldy) {
@@ -231,10 +268,10 @@ ALWAYS_INLINE void tile_q8(const int RB, const int BB, const uint8_t *w, size_t 
             xv[j] = _mm256_loadu_si256((const __m256i *)(act + j * act_row + b * 32));
             dx[j] = _mm256_broadcast_ss((const float *)(act + j * act_row + d_off) + b);
         }
+        if (QPF > 0) prefetch_tile(w, rb, RB, (size_t)b * sizeof(moetax_block_q8_0));
 #pragma GCC unroll 4
         for (int r = 0; r < RB; r++) {
             const uint8_t *blk = w + r * rb + b * sizeof(moetax_block_q8_0);
-            if (QPF > 0) prefetch_row(w, rb, r, RB, (size_t)b * sizeof(moetax_block_q8_0));
             uint16_t dh;
             memcpy(&dh, blk, 2);
             const __m256 dw = _mm256_broadcast_ss(&moetax_k_fp16_table[dh]);
@@ -270,10 +307,10 @@ ALWAYS_INLINE void q4_pair_step(const int RB, const int BB, const uint8_t *w, si
         xlo[j] = _mm256_loadu_si256((const __m256i *)(ap + j * act_row));
         xhi[j] = _mm256_loadu_si256((const __m256i *)(ap + j * act_row + 32));
     }
+    if (QPF > 0) prefetch_tile(w, rb, RB, (size_t)p * 2 * sizeof(moetax_block_q4_0));
 #pragma GCC unroll 4
     for (int r = 0; r < RB; r++) {
         const uint8_t *b0 = w + r * rb + (size_t)p * 2 * sizeof(moetax_block_q4_0);
-        if (QPF > 0) prefetch_row(w, rb, r, RB, (size_t)p * 2 * sizeof(moetax_block_q4_0));
         uint16_t d0, d1;
         memcpy(&d0, b0, 2);
         __m256i v;

@@ -21,12 +21,46 @@
 
 /* ---- phases ------------------------------------------------------------------- */
 
-void fw_phase_begin(struct worker *w) {
-    w->phase++;
-    if (w->ith == 0) moetax_pool_chunk_reset(w->c->pool, (w->phase + 1) % MOETAX_POOL_N_CHUNK_COUNTERS, 0);
+/* test hook: spin for delay_ns whenever a worker enters the delayed phase */
+static void test_delay(const struct moetax_ctx *c, enum moetax_phase ph) {
+    if (c->delay_ns && ph == c->delay_phase) {
+        uint64_t t = moetax_ledger_now();
+        while (moetax_ledger_now() - t < c->delay_ns) {
+        }
+    }
 }
 
-void fw_phase_end(struct worker *w) { moetax_pool_barrier(w->c->pool, w->ith); }
+void fw_phase_begin(struct worker *w, enum moetax_phase ph, int layer) {
+    w->phase++;
+    if (w->ith == 0) moetax_pool_chunk_reset(w->c->pool, (w->phase + 1) % MOETAX_POOL_N_CHUNK_COUNTERS, 0);
+    w->lph = ph;
+    w->layer = layer;
+    if (w->ledger) w->t0 = moetax_ledger_now();
+    test_delay(w->c, ph);
+}
+
+void fw_mark(struct worker *w, enum moetax_phase ph) {
+    if (ph == w->lph) return;
+    if (w->ledger) {
+        uint64_t t = moetax_ledger_now();
+        moetax_ledger_span(w->ledger, w->ith, w->lph, w->layer, w->t0, t);
+        w->t0 = t;
+    }
+    w->lph = ph;
+    test_delay(w->c, ph);
+}
+
+void fw_phase_end(struct worker *w) {
+    if (!w->ledger) {
+        moetax_pool_barrier(w->c->pool, w->ith);
+        return;
+    }
+    uint64_t t = moetax_ledger_now();
+    moetax_ledger_span(w->ledger, w->ith, w->lph, w->layer, w->t0, t);
+    moetax_pool_barrier(w->c->pool, w->ith);
+    uint64_t t2 = moetax_ledger_now();
+    moetax_ledger_span(w->ledger, w->ith, MOETAX_PHASE_WAIT, w->layer, t, t2);
+}
 
 int64_t fw_chunk(struct worker *w, int64_t n, int64_t step) {
     int64_t i = moetax_pool_chunk_next(w->c->pool, w->phase % MOETAX_POOL_N_CHUNK_COUNTERS, step);
@@ -79,24 +113,24 @@ void fw_matmul(const struct moetax_ctx *c, const struct moetax_weight *w, int64_
 
 /* ---- the step ---------------------------------------------------------------------- */
 
-static void dense_ffn(struct worker *w, const struct moetax_layer *l) {
+static void dense_ffn(struct worker *w, const struct moetax_layer *l, int il) {
     struct moetax_ctx *c = w->c;
     const int64_t n = c->n, d = c->m->hp.n_embd, ff = l->ffn_gate.ne[1];
     int64_t r0, r1;
-    fw_phase_begin(w);
+    fw_phase_begin(w, MOETAX_PHASE_DENSE, il);
     fw_split(w, ff, 8, &r0, &r1);
     fw_matmul(c, &l->ffn_gate, 0, r0, r1, &c->a_in, 0, n, c->hid, ff);
     fw_matmul(c, &l->ffn_up, 0, r0, r1, &c->a_in, 0, n, c->tmp, ff);
     for (int64_t t = 0; t < n; t++) c->K->silu_mul(c->hid + t * ff + r0, c->hid + t * ff + r0, c->tmp + t * ff + r0, r1 - r0);
     fw_phase_end(w);
-    fw_phase_begin(w);
+    fw_phase_begin(w, MOETAX_PHASE_DENSE, il);
     c->a_hid.x = c->hid;
     c->a_hid.ncols = ff;
     c->a_hid.n = n;
     fw_split(w, n, 1, &r0, &r1);
     fw_act_prep(c, &c->a_hid, r0, r1);
     fw_phase_end(w);
-    fw_phase_begin(w);
+    fw_phase_begin(w, MOETAX_PHASE_DENSE, il);
     fw_split(w, d, 8, &r0, &r1);
     fw_matmul(c, &l->ffn_down, 0, r0, r1, &c->a_hid, 0, n, c->tmp, d);
     for (int64_t t = 0; t < n; t++)
@@ -105,11 +139,11 @@ static void dense_ffn(struct worker *w, const struct moetax_layer *l) {
 }
 
 /* normalise rows of x with `weight` into xn and prepare them in a_in */
-static void norm_prep(struct worker *w, const float *weight, int64_t t_first) {
+static void norm_prep(struct worker *w, const float *weight, int64_t t_first, enum moetax_phase ph, int layer) {
     struct moetax_ctx *c = w->c;
     const int64_t d = c->m->hp.n_embd;
     int64_t r0, r1;
-    fw_phase_begin(w);
+    fw_phase_begin(w, ph, layer);
     fw_split(w, c->n - t_first, 1, &r0, &r1);
     r0 += t_first;
     r1 += t_first;
@@ -125,12 +159,14 @@ static void step_worker(void *ctx, int ith, int nth) {
     struct moetax_ctx *c = ctx;
     const struct moetax_model *m = c->m;
     const struct moetax_hparams *hp = &m->hp;
-    struct worker w = {.c = c, .ith = ith, .nth = nth, .phase = 0};
+    struct worker w = {.c = c, .ith = ith, .nth = nth, .phase = 0,
+                       .ledger = moetax_ledger_enabled(c->ledger) ? c->ledger : NULL};
     const int64_t n = c->n, d = hp->n_embd, rope = hp->n_embd_head_qk_rope;
     int64_t r0, r1;
 
+    if (ith == 0) memset(c->pred_ok, 0, sizeof(bool) * (size_t)hp->n_layer);
     /* embedding rows and each position's rope cos/sin */
-    fw_phase_begin(&w);
+    fw_phase_begin(&w, MOETAX_PHASE_EMBD, -1);
     fw_split(&w, n, 1, &r0, &r1);
     struct moetax_rope_params rp = {
         .n_dims = (int)rope, .mode = MOETAX_ROPE_MODE_NORM, .n_ctx_orig = hp->rope_n_ctx_orig,
@@ -147,16 +183,16 @@ static void step_worker(void *ctx, int ith, int nth) {
     for (int il = 0; il < hp->n_layer; il++) {
         const struct moetax_layer *l = &m->layers[il];
         fw_attention(&w, il);
-        norm_prep(&w, l->ffn_norm, 0);
+        norm_prep(&w, l->ffn_norm, 0, MOETAX_PHASE_NORM, il);
         if (l->is_moe) fw_moe(&w, il);
-        else dense_ffn(&w, l);
+        else dense_ffn(&w, l, il);
     }
 
     if (!c->logits) return;
     /* head: final norm of the rows that need logits, then the output matrix */
     int64_t t_first = c->all_logits ? 0 : n - 1;
-    norm_prep(&w, m->output_norm, t_first);
-    fw_phase_begin(&w);
+    norm_prep(&w, m->output_norm, t_first, MOETAX_PHASE_HEAD, -1);
+    fw_phase_begin(&w, MOETAX_PHASE_HEAD, -1);
     fw_split(&w, hp->n_vocab, 8, &r0, &r1);
     fw_matmul(c, &m->output, 0, r0, r1, &c->a_in, t_first, n - t_first, c->logits, hp->n_vocab);
     fw_phase_end(&w);
@@ -245,6 +281,15 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     A(c->plan.slot_token, U * k);
     A(c->plan.slot_w, U * k);
     A(c->scr, c->n_threads);
+    A(c->pred, (int64_t)hp->n_layer * U * k);
+    A(c->pred_ok, hp->n_layer);
+    A(c->plan.fill, max64(E, 1));
+    A(c->ydown, U * k * d);
+    A(c->pred_x, d);
+    A(c->pred_logits, max64(E, 1));
+    A(c->pred_p, 2 * max64(E, 1));
+    if (!st && !(c->pred_q = aligned_alloc(64, (moetax_act_size(MOETAX_TYPE_Q4_0, up32(d), 1) + 63) / 64 * 64)))
+        st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     if (!st) st = act_alloc(c, &c->a_in, incols, U, false);
     if (!st) st = act_alloc(c, &c->a_hid, ffmax, U, false);
     if (!st) st = act_alloc(c, &c->a_exp, d, U * k, true);
@@ -272,7 +317,8 @@ void moetax_ctx_free(struct moetax_ctx *c) {
     free(c->kv);
     free(c->x); free(c->xn); free(c->qa); free(c->q); free(c->kva); free(c->qabs); free(c->attv);
     free(c->tmp); free(c->hid); free(c->router); free(c->ropecs); free(c->eh); free(c->eh_g);
-    free(c->sel); free(c->selw);
+    free(c->sel); free(c->selw); free(c->pred); free(c->pred_ok);
+    free(c->plan.fill); free(c->ydown); free(c->pred_x); free(c->pred_logits); free(c->pred_p); free(c->pred_q);
     free(c->plan.active); free(c->plan.count); free(c->plan.offset); free(c->plan.slot_token); free(c->plan.slot_w);
     act_free(&c->a_in, false);
     act_free(&c->a_hid, false);
@@ -288,6 +334,11 @@ void moetax_ctx_reset(struct moetax_ctx *c) { c->pos = 0; }
 int64_t moetax_ctx_pos(const struct moetax_ctx *c) { return c->pos; }
 int64_t moetax_ctx_n_ctx(const struct moetax_ctx *c) { return c->n_ctx; }
 int moetax_ctx_n_threads(const struct moetax_ctx *c) { return c->n_threads; }
+void moetax_ctx_set_ledger(struct moetax_ctx *c, struct moetax_ledger *l) { c->ledger = l; }
+void moetax_ctx_test_delay(struct moetax_ctx *c, int ph, uint64_t ns) {
+    c->delay_phase = (enum moetax_phase)ph;
+    c->delay_ns = ns;
+}
 size_t moetax_ctx_kv_bytes(const struct moetax_ctx *c) {
     return (size_t)c->m->hp.n_layer * (size_t)c->n_ctx * (size_t)c->kv_row * sizeof(float);
 }
@@ -314,7 +365,9 @@ moetax_status moetax_ctx_eval(struct moetax_ctx *c, const int32_t *tokens, int64
         c->logits = logits && all_logits ? logits + i0 * hp->n_vocab : logits && last ? logits : NULL;
         moetax_pool_chunk_reset(c->pool, 0, 0);
         moetax_pool_chunk_reset(c->pool, 1, 0);
+        moetax_ledger_step_begin(c->ledger, nb, c->pos, n > 1);
         moetax_pool_run(c->pool, step_worker, c);
+        moetax_ledger_step_end(c->ledger);
         c->pos += nb;
         c->sel_n = nb;
     }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "moetax/kernels.h"
+#include "moetax/ledger.h"
 #include "moetax/model.h"
 #include "moetax/pool.h"
 
@@ -27,6 +28,7 @@ struct plan {
     int32_t *offset;       /* [E] first slot of each expert */
     int32_t *slot_token;   /* [U*k] token of each slot, grouped by expert */
     float *slot_w;         /* [U*k] routing weight of each slot */
+    int32_t *fill;         /* [E] scratch */
 };
 
 /* per-thread scratch */
@@ -76,19 +78,34 @@ struct moetax_ctx {
     int64_t n, pos0;
     float *logits;
     bool all_logits;
-    int phase;             /* per-run phase counter (each worker keeps its own copy) */
+    struct moetax_ledger *ledger; /* optional, not owned */
+    enum moetax_phase delay_phase; /* test hook (moetax_ctx_test_delay) */
+    uint64_t delay_ns;
+    float *ydown;          /* [U*k, d] expert down outputs */
+    float *pred_x, *pred_logits, *pred_p; /* [d], [E], [2E] prediction scratch (worker 0) */
+    void *pred_q;          /* prepared pred_x */
+    int32_t *pred;         /* [n_layer][U*k] experts predicted for a layer from the previous layer's residual */
+    bool *pred_ok;         /* [n_layer] */
 };
 
-/* Per-worker view of a step: phase counter for the chunk counters. */
+/* Per-worker view of a step: phase counter for the chunk counters, and the
+ * ledger phase being timed. */
 struct worker {
     struct moetax_ctx *c;
     int ith, nth;
     int phase;
+    struct moetax_ledger *ledger; /* NULL or disabled: no timing */
+    enum moetax_phase lph;        /* ledger phase being timed */
+    int layer;
+    uint64_t t0;
 };
 
-/* Begin a phase: worker 0 resets the chunk counter of the next phase. */
-void fw_phase_begin(struct worker *w);
-/* End a phase: barrier. */
+/* Begin a phase of work (ledger phase ph, layer or -1): worker 0 resets the
+ * chunk counter of the next phase. */
+void fw_phase_begin(struct worker *w, enum moetax_phase ph, int layer);
+/* Switch the ledger phase being timed within a phase of work. */
+void fw_mark(struct worker *w, enum moetax_phase ph);
+/* End a phase: barrier; the time at the barrier is booked to wait. */
 void fw_phase_end(struct worker *w);
 /* Next dynamic chunk of the current phase, or -1 when n items are done. */
 int64_t fw_chunk(struct worker *w, int64_t n, int64_t step);

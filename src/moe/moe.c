@@ -65,7 +65,7 @@ static void route_token(const struct moetax_kernels *K, const struct moetax_hpar
         for (int64_t j = 0; j < k; j++) wout[j] *= hp->expert_weights_scale;
 }
 
-static void route_and_plan(struct moetax_ctx *c, struct scratch *s, int il) {
+static void route_tokens(struct moetax_ctx *c, struct scratch *s, int il) {
     const struct moetax_hparams *hp = &c->m->hp;
     const struct moetax_layer *l = &c->m->layers[il];
     const int64_t E = hp->n_expert, k = hp->n_expert_used, n = c->n;
@@ -74,6 +74,14 @@ static void route_and_plan(struct moetax_ctx *c, struct scratch *s, int il) {
     float *p = s->f, *sc = s->f + E;
     for (int64_t t = 0; t < n; t++)
         route_token(c->K, hp, l->exp_probs_b, c->router + t * E, p, sc, sel + t * k, selw + t * k);
+}
+
+/* The dispatch plan: slots grouped by expert (ascending), tokens in order. */
+static void plan(struct moetax_ctx *c, int il) {
+    const struct moetax_hparams *hp = &c->m->hp;
+    const int64_t E = hp->n_expert, k = hp->n_expert_used, n = c->n;
+    const int32_t *sel = c->sel + (int64_t)il * c->n_ubatch * k;
+    const float *selw = c->selw + (int64_t)il * c->n_ubatch * k;
     struct plan *pl = &c->plan;
     memset(pl->count, 0, sizeof(int32_t) * (size_t)E);
     for (int64_t i = 0; i < n * k; i++) pl->count[sel[i]]++;
@@ -84,7 +92,7 @@ static void route_and_plan(struct moetax_ctx *c, struct scratch *s, int il) {
         if (pl->count[e]) pl->active[pl->n_active++] = e;
         off += pl->count[e];
     }
-    int32_t *fill = (int32_t *)sc; /* reuse: next free slot per expert */
+    int32_t *fill = c->plan.fill; /* next free slot per expert */
     memcpy(fill, pl->offset, sizeof(int32_t) * (size_t)E);
     for (int64_t t = 0; t < n; t++)
         for (int64_t j = 0; j < k; j++) {
@@ -109,22 +117,43 @@ static void copy_prepared_row(const struct moetax_ctx *c, const struct act *a, i
     }
 }
 
+/* Experts layer il+1 would pick when its router is applied to the current
+ * residual (what a cross-layer prefetcher would predict); for the report. */
+static void predict_next(struct moetax_ctx *c, int il) {
+    const struct moetax_hparams *hp = &c->m->hp;
+    if (il + 1 >= hp->n_layer || !c->m->layers[il + 1].is_moe) return;
+    const struct moetax_layer *nl = &c->m->layers[il + 1];
+    const int64_t d = hp->n_embd, E = hp->n_expert, k = hp->n_expert_used;
+    for (int64_t t = 0; t < c->n; t++) {
+        c->K->rmsnorm(c->pred_x, c->x + t * d, nl->ffn_norm, d, hp->rms_eps);
+        struct act a = {.x = c->pred_x, .ncols = d, .n = 1, .q8 = c->pred_q, .q4 = c->pred_q};
+        if (nl->gate_inp.type == MOETAX_TYPE_Q8_0 || nl->gate_inp.type == MOETAX_TYPE_Q4_0)
+            c->K->quantize_act(nl->gate_inp.type, c->pred_x, d, d, 1, c->pred_q);
+        fw_matmul(c, &nl->gate_inp, 0, 0, E, &a, 0, 1, c->pred_logits, E);
+        float wdummy[256];
+        route_token(c->K, hp, nl->exp_probs_b, c->pred_logits, c->pred_p, c->pred_p + E,
+                    c->pred + ((int64_t)(il + 1) * c->n_ubatch + t) * k, wdummy);
+    }
+    c->pred_ok[il + 1] = true;
+}
+
 void fw_moe(struct worker *w, int il) {
     struct moetax_ctx *c = w->c;
     const struct moetax_hparams *hp = &c->m->hp;
     const struct moetax_layer *l = &c->m->layers[il];
     const struct moetax_kernels *K = c->K;
-    const int64_t n = c->n, d = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp;
+    const int64_t n = c->n, d = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp, k = hp->n_expert_used;
     const int64_t Fs = l->gate_sh.data ? l->gate_sh.ne[1] : 0;
     struct scratch *s = &c->scr[w->ith];
     struct plan *pl = &c->plan;
     int64_t r0, r1;
 
     /* 1: router + shared gate/up */
-    fw_phase_begin(w);
+    fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
     fw_split(w, E + Fs, 8, &r0, &r1);
     if (r0 < E) fw_matmul(c, &l->gate_inp, 0, r0, r1 < E ? r1 : E, &c->a_in, 0, n, c->router, E);
     if (r1 > E) {
+        fw_mark(w, MOETAX_PHASE_SHARED);
         int64_t a = (r0 > E ? r0 : E) - E, b = r1 - E;
         fw_matmul(c, &l->gate_sh, 0, a, b, &c->a_in, 0, n, c->hid, Fs);
         fw_matmul(c, &l->up_sh, 0, a, b, &c->a_in, 0, n, c->tmp, Fs);
@@ -133,12 +162,23 @@ void fw_moe(struct worker *w, int il) {
     fw_phase_end(w);
 
     /* 2: worker 0 routes and plans; the others prepare the shared hidden */
-    fw_phase_begin(w);
+    fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
     c->a_hid.x = c->hid;
     c->a_hid.ncols = Fs;
     c->a_hid.n = n;
-    if (w->ith == 0) route_and_plan(c, s, il);
+    if (w->ith == 0) {
+        route_tokens(c, s, il);
+        if (moetax_ledger_routing_on(c->ledger)) {
+            moetax_ledger_routing(c->ledger, il, n, c->sel + (int64_t)il * c->n_ubatch * k,
+                                  c->selw + (int64_t)il * c->n_ubatch * k,
+                                  c->pred_ok[il] ? c->pred + (int64_t)il * c->n_ubatch * k : NULL);
+            predict_next(c, il);
+        }
+        fw_mark(w, MOETAX_PHASE_DISPATCH);
+        plan(c, il);
+    }
     if (Fs) {
+        fw_mark(w, MOETAX_PHASE_SHARED);
         if (w->nth == 1) fw_act_prep(c, &c->a_hid, 0, n);
         else if (w->ith > 0) {
             struct worker sub = {.c = c, .ith = w->ith - 1, .nth = w->nth - 1};
@@ -151,9 +191,9 @@ void fw_moe(struct worker *w, int il) {
     /* 3: gather each slot's input row (batches only) */
     const struct act *ain = &c->a_in;
     if (n > 1) {
-        fw_phase_begin(w);
+        fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
         c->a_exp.ncols = d;
-        c->a_exp.n = n * hp->n_expert_used;
+        c->a_exp.n = n * k;
         fw_split(w, c->a_exp.n, 1, &r0, &r1);
         for (int64_t i = r0; i < r1; i++) copy_prepared_row(c, &c->a_in, pl->slot_token[i], &c->a_exp, i);
         fw_phase_end(w);
@@ -161,7 +201,7 @@ void fw_moe(struct worker *w, int il) {
     }
 
     /* 4: gate/up per (expert, block of F rows) */
-    fw_phase_begin(w);
+    fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
     const int64_t bf = F >= 64 ? 32 : F;
     const int64_t nbf = (F + bf - 1) / bf;
     for (int64_t it; (it = fw_chunk(w, pl->n_active * nbf, 1)) >= 0;) {
@@ -175,33 +215,49 @@ void fw_moe(struct worker *w, int il) {
     }
     fw_phase_end(w);
 
-    /* 5: prepare the expert hidden rows */
-    fw_phase_begin(w);
+    /* 5: prepare (quantize) the expert hidden rows */
+    fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
     c->a_eh.x = c->eh;
     c->a_eh.ncols = F;
-    c->a_eh.n = n * hp->n_expert_used;
+    c->a_eh.n = n * k;
     fw_split(w, c->a_eh.n, 1, &r0, &r1);
     fw_act_prep(c, &c->a_eh, r0, r1);
     fw_phase_end(w);
 
-    /* 6: down + combine per block of output rows */
-    fw_phase_begin(w);
-    const int64_t bd = 32;
-    const int64_t nbd = (d + bd - 1) / bd;
-    float *y = s->f; /* [max(n*k, n), bd] */
+    /* 6: down projections per block of output rows into ydown, then this
+     * worker's blocks are combined into the residual, then the shared expert */
+    fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
+    const int64_t bd = 32, nbd = (d + bd - 1) / bd;
+    int32_t mine[512];
+    int nmine = 0;
+    float *yd = c->ydown; /* [n*k, d] */
     for (int64_t it; (it = fw_chunk(w, nbd, 1)) >= 0;) {
         int64_t d0 = it * bd, d1 = d0 + bd < d ? d0 + bd : d;
         for (int32_t ai = 0; ai < pl->n_active; ai++) {
             int32_t e = pl->active[ai];
-            int64_t off = pl->offset[e], cnt = pl->count[e];
-            fw_matmul_rel(c, &l->down_exps, e, d0, d1, &c->a_eh, off, cnt, y, bd);
-            K->scatter_add(c->x + d0, d, y, bd, pl->slot_token + off, pl->slot_w + off, cnt, d1 - d0);
+            fw_matmul(c, &l->down_exps, e, d0, d1, &c->a_eh, pl->offset[e], pl->count[e], yd + pl->offset[e] * d, d);
         }
-        if (Fs) {
+        if (nmine < 512) mine[nmine++] = (int32_t)it;
+        else { /* more blocks than the local list holds: combine this one now */
+            fw_mark(w, MOETAX_PHASE_COMBINE);
+            K->scatter_add(c->x + d0, d, yd + d0, d, pl->slot_token, pl->slot_w, n * k, d1 - d0);
+            fw_mark(w, MOETAX_PHASE_EXPERT);
+        }
+    }
+    fw_mark(w, MOETAX_PHASE_COMBINE);
+    for (int i = 0; i < nmine; i++) {
+        int64_t d0 = (int64_t)mine[i] * bd, d1 = d0 + bd < d ? d0 + bd : d;
+        /* slots are grouped by expert in ascending order: a fixed summation order */
+        K->scatter_add(c->x + d0, d, yd + d0, d, pl->slot_token, pl->slot_w, n * k, d1 - d0);
+    }
+    if (Fs) {
+        fw_mark(w, MOETAX_PHASE_SHARED);
+        float *y = s->f;
+        for (int i = 0; i < nmine; i++) {
+            int64_t d0 = (int64_t)mine[i] * bd, d1 = d0 + bd < d ? d0 + bd : d;
             fw_matmul_rel(c, &l->down_sh, 0, d0, d1, &c->a_hid, 0, n, y, bd);
             for (int64_t t = 0; t < n; t++) K->axpy(c->x + t * d + d0, 1.0f, y + t * bd, d1 - d0);
         }
     }
     fw_phase_end(w);
-    (void)E;
 }

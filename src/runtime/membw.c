@@ -46,7 +46,7 @@ static const char *g_sum_name = "ref";
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void choose_kernel(void) {
-    const char *ref = getenv("MOETAX_REF");
+    const char *ref = getenv("MOETAX_FORCE_REF");
     if (ref && *ref && strcmp(ref, "0") != 0) return;
 #ifdef MEMBW_HAVE_AVX2
     __builtin_cpu_init();

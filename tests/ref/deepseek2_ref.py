@@ -43,8 +43,33 @@ Implements /work/shared/docs/GGUF-MOE.md with llama.cpp's deepseek2 graph semant
   n_ctx_orig = rope.scaling.original_context_length (default context_length); lo/hi computed in
   float32 like ggml.
 
+  Activation quantization (act_quant=True, CLI --act-quant; default off): emulates what moetax and
+  ggml do before a matmul whose weight is Q8_0 or Q4_0 (GGUF type 8 or 2): the input vector is
+  cast to float32 and quantized to Q8_0 blocks (ggml quantize_row_q8_0), per block of 32:
+    amax = max|x_i| (f32); d = amax/127 (f32); id = 1/d if d != 0 else 0 (f32);
+    q_i = roundf(x_i * id) (f32 product, half away from zero); d16 = fp16(d) (nearest even)
+  and the matmul takes q_i * float(d16) instead of x (then float64 as usual; see quantize_q8_0).
+  Matmuls affected, each only when its own weight is q8_0/q4_0: attn_q / attn_q_a (attn-normed x),
+  attn_q_b (normed q_a), attn_kv_a_mqa (attn-normed x), attn_k_b per head (q_nope of the head),
+  attn_v_b per head (attention output o_h, kv_lora values), attn_output (concatenated heads),
+  dense ffn_gate/ffn_up (ffn-normed x) and ffn_down (silu(gate)*up), shared experts gate/up/down,
+  routed experts gate/up (ffn-normed x; fused ffn_gate_up_exps: its type) and down (expert hidden),
+  output head (final-normed x). Never: the router ffn_gate_inp, the token-embedding lookup, and the
+  merged attn_kv_b of older files (moetax converts it to F32 k_b/v_b at load, so k_b/v_b count as
+  f32 there). With it the reference agrees with moetax's quantized-weight logits to float32
+  rounding, instead of differing by activation-quantization noise and flipped expert choices,
+  except after a position where some x_i * id lies within float32 rounding of a .5 boundary:
+  there the engine's float32 x_i may round the other way, q_i differs by one, and the logits of
+  that and every later position (through the KV cache) differ by ordinary quantization noise
+  (~1e-2). m.qmargin[p] (act_quant only) is the smallest distance to such a boundary, relative
+  to the block's amax, over all values quantized for position p (quantize_q8_0(margin=True));
+  a few float32 ulps (say < 1e-6) marks position p as ambiguous. m.qties lists every value with
+  margin < Model.QTIE_RECORD as (margin, position, key) in the last forward/prefill/step calls
+  since reset; m.qflip (a set of such keys, kept across reset) makes those values round the
+  other way, so a test can check whether an engine's differences are explained by such flips.
+
 Python API
-  m = Model(path, dtype=np.float64, expert_cache_mb=1024)
+  m = Model(path, dtype=np.float64, expert_cache_mb=1024, act_quant=False)
   m.cfg                        dict of the hyper-parameters used (incl. kq_scale, rope params)
   m.forward(tokens)            -> ndarray [len(tokens), n_vocab] (float64), positions 0..n-1
   m.reset(); m.step(token)     -> ndarray [n_vocab] logits at the next position (KV cache)
@@ -52,18 +77,22 @@ Python API
                                   logits of the prompt positions then of each generated token
   m.routing                    list of {"layer","pos","token","experts","weights"} appended by
                                   forward/step since the last reset (clear with m.routing.clear())
+  m.qmargin                    act_quant: ndarray [positions run since reset], see above
+  m.wtype                      {il: {key: ggml type}} of the per-layer matmul weights (the type
+                                  act_quant acts on); m.output_type for the output head
   Building blocks (module level): rmsnorm, rope_norm, yarn_corr_dims, rope_params, route,
-  moe_forward, softmax, silu, sigmoid.
+  moe_forward, softmax, silu, sigmoid, quantize_q8_0.
 
 CLI
   /usr/bin/python3 tests/ref/deepseek2_ref.py MODEL --tokens 1,2,3 [--decode N] [--out logits.npy]
-        [--routing routing.json] [--incremental]
+        [--routing routing.json] [--incremental] [--act-quant]
   writes float32 logits [len+N, n_vocab]: rows 0..len-1 are the prompt positions; generated token
   g_j = argmax(row len-1+j) (j = 0..N-1) is fed back and row len+j holds its logits. Prints
   "prompt argmax: ..." and "greedy: g_0,...,g_{N-1}". --routing writes JSON
   {"model","prompt","generated","n_layer","n_dense","routing": [{"layer","pos","token","experts",
   "weights"}, ...]} with one record per MoE layer per fed position (experts in top-k order).
   --incremental feeds the prompt one token at a time (default: one batched pass).
+  --act-quant turns on the activation quantization described above (Model(act_quant=True)).
 """
 
 import json
@@ -86,6 +115,43 @@ def rmsnorm(x, w, eps):
     x = np.asarray(x)
     ms = np.mean(x * x, axis=-1, keepdims=True)
     return x / np.sqrt(ms + eps) * w
+
+
+Q_TYPES = (2, 8)         # ggml Q4_0, Q8_0: weights whose matmuls take Q8_0-quantized activations
+
+
+def quantize_q8_0(x, margin=False, flip=()):
+    """Quantize-dequantize the last axis of x (a multiple of 32) as ggml's quantize_row_q8_0:
+    x is cast to float32; per block of 32: amax = max|x| (f32), d = amax/127 (f32),
+    id = 1/d or 0 (f32), q = roundf(x*id) (f32 product, ties away from zero), scale fp16(d).
+    Returns q * float(fp16(d)) as float64, same shape as x. With margin=True returns
+    (that, m) where m (same shape) is each value's distance from a rounding boundary relative
+    to its block's amax: | |x*id| - (floor(|x*id|) + 0.5) | / 127 (inf in all-zero blocks): a
+    change of x_i, or of amax, by about m * amax flips q_i by one. flip: flat indices (into x)
+    whose q is rounded the other way (|q| one up if it was rounded down, else one down)."""
+    x = np.asarray(x)
+    shp = x.shape
+    if shp[-1] % 32:
+        raise ValueError("quantize_q8_0: row length %d is not a multiple of 32" % shp[-1])
+    xf = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 32)
+    amax = np.max(np.abs(xf), axis=1)                             # float32
+    d = amax / np.float32(127.0)                                  # float32
+    inv = np.zeros_like(d)
+    np.divide(np.float32(1.0), d, out=inv, where=d != 0)          # float32
+    v = (xf * inv[:, None]).astype(np.float64)                    # float32 product, exact widen
+    q = np.sign(v) * np.floor(np.abs(v) + 0.5)                    # roundf (exact in float64)
+    if len(flip):
+        qf, vf = q.reshape(-1), v.reshape(-1)
+        for i in flip:
+            a = abs(vf[i])
+            qf[i] = math.copysign(math.floor(a) + (1.0 if a - math.floor(a) < 0.5 else 0.0), vf[i])
+    d16 = d.astype(np.float16).astype(np.float64)                 # round to nearest even
+    deq = (q * d16[:, None]).reshape(shp)
+    if not margin:
+        return deq
+    a = np.abs(v)
+    m = np.where((d != 0)[:, None], np.abs(a - np.floor(a) - 0.5) / 127.0, np.inf)
+    return deq, m.reshape(shp)
 
 
 def silu(x):
@@ -226,16 +292,24 @@ def route(logits, gating_func=1, bias=None, n_group=1, n_group_used=0, k=2, norm
     return top, w, p
 
 
-def moe_forward(h, gate_inp, get_expert, probs_b, cfg, shared=None):
+def moe_forward(h, gate_inp, get_expert, probs_b, cfg, shared=None, aq=None):
     """MoE block for tokens h (T, d). gate_inp (E, d); get_expert(e) -> (gate (F, d), up (F, d),
     down (d, F)); cfg keys: gating_func, n_group, n_group_used, n_expert_used, w_norm, w_scale.
     shared: optional (gate, up, down) of the merged shared-expert FFN (added ungated).
+    aq: optional aq(x, which, rows) -> the activation that matmul sees, which in "gate_exps",
+    "up_exps", "down_exps", "sh_gate", "sh_up", "sh_down" (the router always takes h); rows:
+    the token index (into h) of each row of x.
     Returns (out (T, d), [(experts, weights)] per token)."""
+    if aq is None:
+        def aq(x, which, rows):
+            return x
     T = h.shape[0]
+    all_t = np.arange(T)
     logits = h @ gate_inp.T                                       # (T, E)
     sel = [route(logits[t], cfg["gating_func"], probs_b, cfg["n_group"], cfg["n_group_used"],
                  cfg["n_expert_used"], cfg["w_norm"], cfg["w_scale"])[:2] for t in range(T)]
     out = np.zeros_like(h)
+    hg, hu = aq(h, "gate_exps", all_t), aq(h, "up_exps", all_t)
     by_e = {}                     # group tokens by expert: one weight fetch per expert used
     for t, (e, w) in enumerate(sel):
         for j in range(len(e)):
@@ -244,12 +318,12 @@ def moe_forward(h, gate_inp, get_expert, probs_b, cfg, shared=None):
         gate, up, down = get_expert(e)
         ts = np.array([t for t, _ in by_e[e]])
         ws = np.array([w for _, w in by_e[e]])
-        x = h[ts]
-        y = (silu(x @ gate.T) * (x @ up.T)) @ down.T
+        y = aq(silu(hg[ts] @ gate.T) * (hu[ts] @ up.T), "down_exps", ts) @ down.T
         np.add.at(out, ts, y * ws[:, None])
     if shared is not None:
         sg, su, sd = shared
-        out = out + (silu(h @ sg.T) * (h @ su.T)) @ sd.T
+        hid = silu(aq(h, "sh_gate", all_t) @ sg.T) * (aq(h, "sh_up", all_t) @ su.T)
+        out = out + aq(hid, "sh_down", all_t) @ sd.T
     return out, sel
 
 
@@ -257,8 +331,12 @@ def moe_forward(h, gate_inp, get_expert, probs_b, cfg, shared=None):
 # model
 
 class Model:
-    def __init__(self, path, dtype=np.float64, expert_cache_mb=1024):
+    QTIE_RECORD = 1e-6
+
+    def __init__(self, path, dtype=np.float64, expert_cache_mb=1024, act_quant=False):
         self.path = path
+        self.act_quant = bool(act_quant)
+        self.qflip = set()
         self.r = GGUFReader(path)
         self.dtype = dtype
         r = self.r
@@ -309,52 +387,101 @@ class Model:
         # ---- weights (dense ones cached as float64) ----
         self._dense = {}
         L = []
+        self.wtype = {}
         for il in range(c["n_layer"]):
             p = "blk.%d." % il
             lw = {}
+            wt = self.wtype[il] = {}
+
+            def ty(key, name):
+                wt[key] = r.info(name).type
             lw["attn_norm"] = self._w(p + "attn_norm.weight")
             if p + "attn_q_a.weight" in r:
                 lw["q_a"] = self._w(p + "attn_q_a.weight")
                 lw["q_a_norm"] = self._w(p + "attn_q_a_norm.weight")
                 lw["q_b"] = self._w(p + "attn_q_b.weight")
+                ty("q_a", p + "attn_q_a.weight")
+                ty("q_b", p + "attn_q_b.weight")
             else:
                 lw["q"] = self._w(p + "attn_q.weight")
+                ty("q", p + "attn_q.weight")
             lw["kv_a"] = self._w(p + "attn_kv_a_mqa.weight")
+            ty("kv_a", p + "attn_kv_a_mqa.weight")
             lw["kv_a_norm"] = self._w(p + "attn_kv_a_norm.weight")
             nope, vh, kvl = c["nope"], c["v_head"], c["kv_lora"]
             if p + "attn_k_b.weight" in r:
                 lw["k_b"] = self._w(p + "attn_k_b.weight")          # (H, kvl, nope)
                 lw["v_b"] = self._w(p + "attn_v_b.weight")          # (H, vh, kvl)
+                ty("k_b", p + "attn_k_b.weight")
+                ty("v_b", p + "attn_v_b.weight")
             else:
+                wt["k_b"] = wt["v_b"] = 0    # moetax splits attn_kv_b into F32 k_b / v_b
                 kvb = self._w(p + "attn_kv_b.weight").reshape(H, nope + vh, kvl)
                 lw["k_b"] = np.ascontiguousarray(kvb[:, :nope, :].transpose(0, 2, 1))
                 lw["v_b"] = np.ascontiguousarray(kvb[:, nope:, :])
             assert lw["k_b"].shape == (H, kvl, nope), lw["k_b"].shape
             assert lw["v_b"].shape == (H, vh, kvl), lw["v_b"].shape
             lw["o"] = self._w(p + "attn_output.weight")
+            ty("o", p + "attn_output.weight")
             lw["ffn_norm"] = self._w(p + "ffn_norm.weight")
             if il < c["n_dense"]:
                 lw["gate"] = self._w(p + "ffn_gate.weight")
                 lw["up"] = self._w(p + "ffn_up.weight")
                 lw["down"] = self._w(p + "ffn_down.weight")
+                for key in ("gate", "up", "down"):
+                    ty(key, p + "ffn_%s.weight" % key)
             else:
                 lw["gate_inp"] = self._w(p + "ffn_gate_inp.weight")
                 lw["probs_b"] = self._w(p + "exp_probs_b.bias") if p + "exp_probs_b.bias" in r else None
                 lw["fused"] = p + "ffn_gate_up_exps.weight" in r
                 lw["exps"] = p
+                if lw["fused"]:
+                    ty("gate_exps", p + "ffn_gate_up_exps.weight")
+                    wt["up_exps"] = wt["gate_exps"]
+                else:
+                    ty("gate_exps", p + "ffn_gate_exps.weight")
+                    ty("up_exps", p + "ffn_up_exps.weight")
+                ty("down_exps", p + "ffn_down_exps.weight")
                 if p + "ffn_gate_shexp.weight" in r:
                     lw["sh_gate"] = self._w(p + "ffn_gate_shexp.weight")
                     lw["sh_up"] = self._w(p + "ffn_up_shexp.weight")
                     lw["sh_down"] = self._w(p + "ffn_down_shexp.weight")
+                    for key in ("gate", "up", "down"):
+                        ty("sh_" + key, p + "ffn_%s_shexp.weight" % key)
             L.append(lw)
         self.layers = L
         self.output_norm = self._w("output_norm.weight")
-        self.output = self._w("output.weight" if "output.weight" in r else "token_embd.weight")
+        out_name = "output.weight" if "output.weight" in r else "token_embd.weight"
+        self.output = self._w(out_name)
+        self.output_type = r.info(out_name).type
         self._ecache = {}
         self._ecache_bytes = 0
         self._ecache_max = int(expert_cache_mb) << 20
         self.routing = []
         self.reset()
+
+    # ---- activation quantization ----
+    def _aq(self, x, wtype, rows=None):
+        """The activation a matmul with a weight of ggml type wtype sees. x: (T, ...) rows of
+        the tokens being run (rows: their indices among them, default all); folds the rounding
+        margins into self.qmargin."""
+        if self.act_quant and wtype in Q_TYPES:
+            hit = self._qmemo.get(id(x))          # one input, several matmuls: quantized once,
+            if hit is not None and hit[0] is x:   # as moetax does (and one key for a flip)
+                return hit[1]
+            call = self._qcall
+            self._qcall += 1
+            flip = [i for c, i in self.qflip if c == call]
+            deq, mg = quantize_q8_0(x, margin=True, flip=flip)
+            pos = self._positions if rows is None else self._positions[rows]
+            mg = mg.reshape(mg.shape[0], -1)
+            for i in np.flatnonzero(mg < self.QTIE_RECORD):
+                self.qties.append((float(mg.flat[i]), int(pos[i // mg.shape[1]]), (call, int(i))))
+            np.minimum.at(self.qmargin, pos, mg.min(axis=1))
+            deq = deq.astype(self.dtype)
+            self._qmemo[id(x)] = (x, deq)
+            return deq
+        return x
 
     # ---- weight access ----
     def _w(self, name):
@@ -395,6 +522,9 @@ class Model:
         self.cache = [np.zeros((0, c["kv_lora"] + c["n_rot"]), dtype=self.dtype)
                       for _ in range(c["n_layer"])]
         self.routing = []
+        self.qmargin = np.zeros(0)
+        self.qties = []
+        self._qcall = 0
 
     # ---- layers ----
     def _attention(self, il, h, positions):
@@ -404,14 +534,16 @@ class Model:
         H, nope, rot, kvl, vh = c["n_head"], c["nope"], c["n_rot"], c["kv_lora"], c["v_head"]
         eps = c["eps"]
         T = h.shape[0]
+        wt = self.wtype[il]
+        aq = self._aq
         if "q" in lw:
-            q = h @ lw["q"].T
+            q = aq(h, wt["q"]) @ lw["q"].T
         else:
-            qa = rmsnorm(h @ lw["q_a"].T, lw["q_a_norm"], eps)
-            q = qa @ lw["q_b"].T
+            qa = rmsnorm(aq(h, wt["q_a"]) @ lw["q_a"].T, lw["q_a_norm"], eps)
+            q = aq(qa, wt["q_b"]) @ lw["q_b"].T
         q = q.reshape(T, H, nope + rot)
         q_nope, q_pe = q[:, :, :nope], q[:, :, nope:]
-        ckv = h @ lw["kv_a"].T                                   # (T, kvl + rot)
+        ckv = aq(h, wt["kv_a"]) @ lw["kv_a"].T                                   # (T, kvl + rot)
         kv, k_pe = ckv[:, :kvl], ckv[:, kvl:]
         rp = c["rope"]
         rargs = dict(n_dims=rot, freq_base=rp["freq_base"], freq_scale=rp["freq_scale"],
@@ -423,7 +555,7 @@ class Model:
         self.cache[il] = np.concatenate([self.cache[il], np.concatenate([kv, k_pe], axis=1)], axis=0)
         K = self.cache[il]                                        # (P, kvl + rot)
         P = K.shape[0]
-        q_abs = np.einsum("hcn,thn->thc", lw["k_b"], q_nope)      # (T, H, kvl)
+        q_abs = np.einsum("hcn,thn->thc", lw["k_b"], aq(q_nope, wt["k_b"]))      # (T, H, kvl)
         Q = np.concatenate([q_abs, q_pe], axis=2)                 # (T, H, kvl + rot)
         scores = np.einsum("thc,pc->thp", Q, K) * c["kq_scale"]   # (T, H, P)
         pos_k = np.arange(P)
@@ -431,18 +563,21 @@ class Model:
         scores = np.where(mask[:, None, :], -np.inf, scores)
         pr = softmax(scores, axis=-1)
         o = np.einsum("thp,pc->thc", pr, K[:, :kvl])              # (T, H, kvl)
-        out = np.einsum("hvc,thc->thv", lw["v_b"], o).reshape(T, H * vh)
-        return out @ lw["o"].T
+        out = np.einsum("hvc,thc->thv", lw["v_b"], aq(o, wt["v_b"])).reshape(T, H * vh)
+        return aq(out, wt["o"]) @ lw["o"].T
 
-    def _dense_ffn(self, lw, h):
-        return (silu(h @ lw["gate"].T) * (h @ lw["up"].T)) @ lw["down"].T
+    def _dense_ffn(self, il, h):
+        lw, wt, aq = self.layers[il], self.wtype[il], self._aq
+        hid = silu(aq(h, wt["gate"]) @ lw["gate"].T) * (aq(h, wt["up"]) @ lw["up"].T)
+        return aq(hid, wt["down"]) @ lw["down"].T
 
     def _moe(self, il, h, positions, tokens):
         c = self.cfg
         lw = self.layers[il]
         shared = (lw["sh_gate"], lw["sh_up"], lw["sh_down"]) if "sh_gate" in lw else None
+        wt = self.wtype[il]
         out, sel = moe_forward(h, lw["gate_inp"], lambda e: self.expert(il, e), lw["probs_b"], c,
-                               shared)
+                               shared, aq=lambda x, which, rows: self._aq(x, wt[which], rows))
         for t, (e, w) in enumerate(sel):
             self.routing.append({"layer": il, "pos": int(positions[t]),
                                  "token": None if tokens is None else int(tokens[t]),
@@ -453,6 +588,10 @@ class Model:
         c = self.cfg
         T = len(tokens)
         positions = np.arange(self.pos, self.pos + T)
+        self._positions = positions
+        self._qmemo = {}
+        if self.qmargin.shape[0] < self.pos + T:
+            self.qmargin = np.concatenate([self.qmargin, np.full(self.pos + T - self.qmargin.shape[0], np.inf)])
         x = self.embed(tokens)
         for il in range(c["n_layer"]):
             lw = self.layers[il]
@@ -460,12 +599,13 @@ class Model:
             x = x + self._attention(il, h, positions)
             h2 = rmsnorm(x, lw["ffn_norm"], c["eps"])
             if il < c["n_dense"]:
-                x = x + self._dense_ffn(lw, h2)
+                x = x + self._dense_ffn(il, h2)
             else:
                 x = x + self._moe(il, h2, positions, tokens)
         self.pos += T
+        self._qmemo = {}
         xn = rmsnorm(x, self.output_norm, c["eps"])
-        return xn @ self.output.T
+        return self._aq(xn, self.output_type) @ self.output.T
 
     # ---- public API ----
     def forward(self, tokens):
@@ -506,13 +646,15 @@ def main(argv=None):
     ap.add_argument("--out", help="write float32 logits [len+decode, n_vocab] (.npy)")
     ap.add_argument("--routing", help="write chosen experts per layer per position (JSON)")
     ap.add_argument("--incremental", action="store_true", help="feed the prompt one token at a time")
+    ap.add_argument("--act-quant", action="store_true",
+                    help="quantize matmul inputs to Q8_0 blocks for Q8_0/Q4_0 weights, as moetax/ggml do")
     ap.add_argument("--print-config", action="store_true")
     a = ap.parse_args(argv)
     toks = [int(t) for t in a.tokens.replace(" ", "").split(",") if t != ""]
     if not toks:
         ap.error("--tokens is empty")
     t0 = time.time()
-    m = Model(a.model)
+    m = Model(a.model, act_quant=a.act_quant)
     if a.print_config:
         print(json.dumps(m.cfg, indent=1, default=str))
     gen, logits = m.generate(toks, a.decode, incremental=a.incremental)

@@ -439,6 +439,75 @@ def test_blocks():
         close(out[0], want, 1e-14, "moe output")
         close(sel[0][1], [w0, w2], 1e-15, "weights")
 
+    @check("act quant: quantize_q8_0 on hand-computed blocks")
+    def _aq_hand():
+        # block A: amax 127 -> d = 1, id = 1, fp16(1) = 1: q = roundf(x), ties away from zero
+        a = np.zeros(32)
+        a[:10] = [127.0, 2.5, -2.5, 0.5, -0.5, 1.5, 3.49, -126.5, 0.49, 6.5]
+        qa = np.zeros(32)
+        qa[:10] = [127, 3, -3, 1, -1, 2, 3, -127, 0, 7]     # np.round would give 2, -2, 0, -0, .., -126, .., 6
+        # block B: all zero -> d = 0, id = 0: all q = 0 (no NaN)
+        # block C: amax 0.9 (f32 0.89999998) -> d = 0.9f/127 = 0.0070866141 = 2^-8 * 1.8141732,
+        # mantissa 0.8141732 * 1024 = 833.713 -> fp16 rounds to 834 (truncation: 833):
+        # d16 = 2^-8 * (1 + 834/1024) = 0.00708770751953125; id = 1/d = 141.11111 (f32);
+        # 0.9 * id = 127.0, 0.45 * id = 63.5 -> 64, -0.3 * id = -42.33 -> -42, 0.1 * id = 14.11 -> 14
+        c = np.zeros(32)
+        c[[0, 5, 17, 31]] = [0.9, 0.45, -0.3, 0.1]
+        qc = np.zeros(32)
+        qc[[0, 5, 17, 31]] = [127, 64, -42, 14]
+        x = np.stack([np.concatenate([a, np.zeros(32), c]), np.concatenate([c, a, np.zeros(32)])])
+        got, mg = R.quantize_q8_0(x, margin=True)
+        eq(got.shape, (2, 96), "shape")
+        eq(got.dtype, np.dtype(np.float64), "dtype")
+        d16 = 0.00708770751953125
+        want = np.stack([np.concatenate([qa, np.zeros(32), qc * d16]),
+                         np.concatenate([qc * d16, qa, np.zeros(32)])])
+        close(got, want, 0, "dequantized")
+        if not np.all(np.isfinite(got)):
+            raise AssertionError("non-finite output")
+        close(mg[0, :4], [0.5 / 127, 0, 0, 0], 0, "margins: 127.0 is 0.5 from a tie, 2.5 / 0.5 are ties")
+        if not np.all(np.isinf(mg[0, 32:64])):
+            raise AssertionError("zero block margin should be inf")
+        close(mg[0, 64 + 5], 0.0, 0, "63.5 is a tie")
+        close(R.quantize_q8_0(a[None, :])[0], qa, 0, "1-D block row")
+        fl = qa.copy()
+        fl[[1, 2, 6, 8]] = [2, -2, 4, 1]          # 2.5 -> 2, -2.5 -> -2, 3.49 -> 4, 0.49 -> 1
+        close(R.quantize_q8_0(a, flip=[1, 2, 6, 8]), fl, 0, "flip: round the other way")
+        try:
+            R.quantize_q8_0(np.ones(48))
+            raise AssertionError("row of 48 accepted")
+        except ValueError:
+            pass
+
+    @check("act quant: quantize_q8_0 == scalar ggml quantize_row_q8_0 (random, ties)")
+    def _aq_scalar():
+        def f32(v):
+            return struct.unpack("<f", struct.pack("<f", v))[0]
+
+        def f16(v):
+            return struct.unpack("<e", struct.pack("<e", v))[0]   # round to nearest even
+
+        def roundf(v):
+            return math.copysign(math.floor(abs(v) + 0.5), v)
+
+        def scalar(xb):
+            xb = [f32(float(v)) for v in xb]
+            amax = max(abs(v) for v in xb)
+            d = f32(amax / 127.0)            # f32 / f32 rounded once: exact in double, then f32
+            idv = f32(1.0 / d) if d != 0 else 0.0
+            return [roundf(f32(v * idv)) * f16(d) for v in xb]
+        rng = np.random.default_rng(3)
+        rows = [rng.standard_normal(32) * s_ for s_ in (1e-3, 0.7, 3.0, 1e3)]
+        # exact ties: amax 127 (d = 1) and 127/8 (d = 1/8, id = 8): x*id = k + 0.5
+        t = np.arange(32) - 15.5
+        t[0] = 127.0
+        rows += [t, -t / 8, t * 0.1, t * 3.3]
+        rows.append(rng.standard_normal(32) * 1e-6)           # d16 subnormal in fp16
+        x = np.array(rows)
+        got = R.quantize_q8_0(x)
+        want = np.array([scalar(r) for r in rows])
+        close(got, want, 0, "vs scalar")
+
     _rope()
     _yarn()
     _rp()
@@ -446,6 +515,8 @@ def test_blocks():
     _route_bias()
     _route_group()
     _moe_hand()
+    _aq_hand()
+    _aq_scalar()
 
 
 # ============================================================================================
@@ -627,9 +698,35 @@ def test_forward(tmp):
         rt = json.load(open(rj))
         eq(len(rt["routing"]), 9 * 2, "routing records")
 
+    @check("forward: act_quant (no-op without Q weights; batching; CLI --act-quant)")
+    def _act_quant():
+        # v2 tiny has only f32/f16/bf16 weights: act_quant changes nothing
+        close(R.Model(paths["v2"], act_quant=True).forward(toks), R.Model(paths["v2"]).forward(toks), 0, "v2")
+        m = R.Model(paths["v3"], act_quant=True)                  # q8_0 / q4_0 matmuls
+        eq(m.wtype[1]["q_a"], G.TYPE_Q8_0, "v3 q_a type")
+        eq(m.wtype[1]["o"], G.TYPE_Q4_0, "v3 attn_output type")
+        eq(m.wtype[1]["q_b"], G.TYPE_F16, "v3 q_b type")
+        L = m.forward(toks)
+        eq(m.qmargin.shape, (len(toks),), "qmargin")
+        if not (np.all(np.isfinite(L)) and np.all(m.qmargin >= 0) and np.all(np.isfinite(m.qmargin))):
+            raise AssertionError("non-finite logits or margins")
+        F = R.Model(paths["v3"]).forward(toks)
+        if not 0 < float(np.abs(L - F).max()) < float(np.abs(F).max()):
+            raise AssertionError("act_quant difference %g not in (0, max|F|)" % float(np.abs(L - F).max()))
+        m.reset()
+        inc = np.array([m.step(t) for t in toks])
+        close(inc, L, 1e-9, "incremental vs full")
+        out = os.path.join(tmp, "logits_aq.npy")
+        subprocess.run([sys.executable, os.path.join(HERE, "deepseek2_ref.py"), paths["v3"],
+                        "--tokens", ",".join(map(str, toks[:4])), "--decode", "3", "--act-quant",
+                        "--out", out], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, L2 = R.Model(paths["v3"], act_quant=True).generate(toks[:4], 3)
+        close(np.load(out), L2.astype(np.float32), 0, "CLI --act-quant logits")
+
     _variants()
     _routing()
     _cli()
+    _act_quant()
 
 
 def test_moetax(tmp, exe):
