@@ -1,10 +1,249 @@
-/* bench_model.c - model prefill/decode benchmark (issue 4: not implemented yet). */
+/* bench_model.c - `moetax bench -m FILE`: prefill (ppN) and decode (tgN) speed as
+ * llama-bench reports them, plus TPOT percentiles, active bytes per token, the
+ * achieved weight-streaming GB/s and its ratio to the read bandwidth measured
+ * by the same run (moetax bench mem's probe).
+ *
+ * The ledger is always on. Its own overhead is measured in the same run: the
+ * decode repetitions alternate ledger on / off, and the medians are compared.
+ * With --twin DENSE.gguf the dense twin runs the same tests in the same session
+ * and the MoE-minus-dense time per decoded token is printed beside the
+ * ledger's tax per token. */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "bench.h"
+#include "cli.h"
+#include "ledger_cli.h"
+#include "moetax/membw.h"
+#include "moetax/model.h"
+#include "moetax/pool.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: moetax bench -m FILE [-p 64,512] [-n 32,128] [-t 1,2] [-r REPS] [--json] [--no-mem]\n"
+               "                    [--twin DENSE.gguf] [--ledger FILE] [--trace FILE] [--metrics]\n\n"
+               "  -p LIST        prompt lengths for prefill tests ppN (default 64; 0 = none)\n"
+               "  -n LIST        generation lengths for decode tests tgN (default 32; 0 = none)\n"
+               "  -t LIST        thread counts (default: online CPUs)\n"
+               "  -r N           repetitions, the median is reported (default 5)\n"
+               "  --json         one JSON object per test: test, threads, tokens_per_s, tpot_p50_ms, tpot_p99_ms,\n"
+               "                 active_bytes_per_token, gbps, read_gbps, roofline_ratio, us_per_layer, tax_share,\n"
+               "                 ledger_overhead\n"
+               "  --no-mem       skip the read-bandwidth probe (no roofline ratio)\n"
+               "  --twin FILE    also run the dense twin (moetax gen --dense-twin-of) and compare\n"
+               "%s"
+               "Weights are touched once before timing (page faults are not part of a step). Decode\n"
+               "repetitions alternate ledger on and off; ledger_overhead = t(on) / t(off) - 1 (medians).\n",
+            cli_ledger_help());
+}
+
+static int cmp_f64(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double pct(double *v, int n, double p) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_f64);
+    return v[(int)(p * (n - 1) + 0.5)];
+}
+
+/* touch every page of every tensor so timings do not include first-touch faults */
+static void prefault(const struct moetax_model *m) {
+    volatile uint8_t sink = 0;
+    const struct moetax_gguf *g = m->gguf;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const uint8_t *p = g->tensors[i].data;
+        for (uint64_t o = 0; o < g->tensors[i].nbytes; o += 4096) sink ^= p[o];
+    }
+    (void)sink;
+}
+
+struct opts {
+    int64_t pp[16], tg[16];
+    int npp, ntg;
+    int64_t reps;
+    bool json, mem;
+    struct cli_ledger_opts lo;
+};
+
+struct result {
+    double tps, p50, p99, us_layer, tax_share, overhead, tax_us; /* decode: ledger tax per token (us) */
+};
+
+/* Run every test of one model at one thread count; results[kind][i]. */
+static moetax_status bench_model(const char *path, struct moetax_pool *pool, double read_gbps, const struct opts *o,
+                                 bool write_outputs, struct result res[2][16]) {
+    struct moetax_model *m;
+    moetax_status st = moetax_model_load(path, &m);
+    if (st) return st;
+    prefault(m);
+    const double active = moetax_model_active_bytes(m);
+    const int threads = moetax_pool_n_threads(pool);
+    int64_t max_tok = 1;
+    for (int i = 0; i < o->npp; i++) if (o->pp[i] > max_tok) max_tok = o->pp[i];
+    for (int i = 0; i < o->ntg; i++) if (o->tg[i] + 1 > max_tok) max_tok = o->tg[i] + 1;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)max_tok);
+    float *logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    double *times = malloc(sizeof(double) * (size_t)(max_tok * o->reps + 1));
+    double *rep_on = malloc(sizeof(double) * (size_t)(o->reps + 1)), *rep_off = malloc(sizeof(double) * (size_t)(o->reps + 1));
+    struct moetax_ctx *c = NULL;
+    struct moetax_ledger *led = NULL;
+    if (!toks || !logits || !times || !rep_on || !rep_off) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+    for (int64_t i = 0; i < max_tok; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)max_tok + 1, .pool = pool};
+    if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
+    if ((st = cli_ledger_new(m, threads, &o->lo, &led))) goto done;
+    moetax_ctx_set_ledger(c, led);
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    for (int kind = 0; kind < 2 && !st; kind++) {
+        int nlist = kind == 0 ? o->npp : o->ntg;
+        for (int li = 0; li < nlist && !st; li++) {
+            int64_t n = kind == 0 ? o->pp[li] : o->tg[li];
+            int nt = 0, non = 0, noff = 0;
+            double ph0[MOETAX_PHASE_COUNT], ph1[MOETAX_PHASE_COUNT];
+            int64_t tok0, tok1;
+            moetax_ledger_totals(led, false, ph0, NULL, &tok0, NULL);
+            for (int64_t r = -1; r < 2 * o->reps && !st; r++) { /* r = -1: warm-up; even r: ledger on, odd: off */
+                bool on = r < 0 || r % 2 == 0 || kind == 0;
+                if (kind == 0 && r >= o->reps) break;
+                moetax_ledger_enable(led, on);
+                moetax_ctx_reset(c);
+                double t0 = cli_now();
+                if (kind == 0) {
+                    st = moetax_ctx_eval(c, toks, n, logits, false);
+                } else {
+                    for (int64_t j = 0; j < n && !st; j++) {
+                        double a = cli_now();
+                        st = moetax_ctx_eval(c, toks + j, 1, logits, false);
+                        if (r >= 0 && on) times[nt++] = cli_now() - a;
+                    }
+                }
+                double dt = cli_now() - t0;
+                if (r >= 0) { if (on) rep_on[non++] = (double)n / dt; else rep_off[noff++] = (double)n / dt; }
+                if (r < 0) { /* drop the warm-up from the ledger totals */
+                    moetax_ledger_totals(led, false, ph0, NULL, &tok0, NULL);
+                }
+            }
+            moetax_ledger_enable(led, true);
+            if (st) break;
+            moetax_ledger_totals(led, false, ph1, NULL, &tok1, NULL);
+            double dph[MOETAX_PHASE_COUNT], tax = 0;
+            for (int p = 0; p < MOETAX_PHASE_COUNT; p++) {
+                dph[p] = ph1[p] - ph0[p];
+                if (moetax_phase_is_tax((enum moetax_phase)p)) tax += dph[p];
+            }
+            struct result *rr = &res[kind][li];
+            rr->tps = pct(rep_on, non, 0.5);
+            double tps_off = noff ? pct(rep_off, noff, 0.5) : 0;
+            rr->overhead = tps_off > 0 ? tps_off / rr->tps - 1 : 0;
+            rr->p50 = kind ? 1e3 * pct(times, nt, 0.5) : 0;
+            rr->p99 = kind ? 1e3 * pct(times, nt, 0.99) : 0;
+            rr->tax_share = moetax_ledger_tax_share(dph);
+            rr->tax_us = tok1 > tok0 ? 1e6 * tax / (double)(tok1 - tok0) : 0;
+            double gbps = kind ? active * rr->tps / 1e9 : 0;
+            double ratio = kind && read_gbps > 0 ? gbps / read_gbps : 0;
+            rr->us_layer = 1e6 / rr->tps / m->hp.n_layer;
+            char test[32];
+            snprintf(test, sizeof test, "%s%lld", kind ? "tg" : "pp", (long long)n);
+            if (o->json)
+                printf("{\"model\": \"%s\", \"test\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.3f, "
+                       "\"tpot_p50_ms\": %.4f, \"tpot_p99_ms\": %.4f, \"active_bytes_per_token\": %.0f, "
+                       "\"gbps\": %.3f, \"read_gbps\": %.3f, \"roofline_ratio\": %.4f, \"us_per_layer\": %.2f, "
+                       "\"tax_share\": %.4f, \"tax_us_per_token\": %.2f, \"ledger_overhead\": %.4f, \"reps\": %lld}\n",
+                       base, test, threads, rr->tps, rr->p50, rr->p99, active, gbps, read_gbps, ratio, rr->us_layer,
+                       rr->tax_share, rr->tax_us, kind ? rr->overhead : 0.0, (long long)o->reps);
+            else if (kind)
+                printf("| %s | %d | %s | %.2f | %.3f | %.3f | %.2f | %.2f | %.1f%% | %.1f | %.1f%% | %+.1f%% |\n", base,
+                       threads, test, rr->tps, rr->p50, rr->p99, gbps, read_gbps, 100 * ratio, rr->us_layer,
+                       100 * rr->tax_share, 100 * rr->overhead);
+            else
+                printf("| %s | %d | %s | %.2f | | | | %.2f | | %.1f | %.1f%% | |\n", base, threads, test, rr->tps,
+                       read_gbps, rr->us_layer, 100 * rr->tax_share);
+            fflush(stdout);
+        }
+    }
+    if (!st && !o->json) {
+        fprintf(stderr, "%s, %d threads:\n", base, threads);
+        cli_ledger_summary(stderr, led, o->ntg > 0);
+    }
+    if (!st && write_outputs) st = cli_ledger_outputs(led, m, path, &o->lo);
+done:
+    moetax_ctx_free(c);
+    moetax_ledger_free(led);
+    free(toks); free(logits); free(times); free(rep_on); free(rep_off);
+    moetax_model_free(m);
+    return st;
+}
 
 int bench_model_main(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "moetax bench: model benchmarks need the forward pass, which is not built yet;\n"
-                    "available now: 'moetax bench mem' and 'moetax bench kernels'\n");
-    return 2;
+    const char *model = NULL, *twin = NULL;
+    struct opts o = {.pp = {64}, .tg = {32}, .npp = 1, .ntg = 1, .reps = 5, .mem = true};
+    int64_t th[16] = {0};
+    int nth = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        bool err = false;
+        if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+        else if (cli_opt(argc, argv, &i, "-m", "--model", &model, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--twin", &twin, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, "-p", "--n-prompt", &v, &err)) {
+            if (err || (o.npp = cli_parse_int_list(v, o.pp, 16)) < 0) return cli_usage_error("bench", "-p: expected a list like 64,512");
+        } else if (cli_opt(argc, argv, &i, "-n", "--n-gen", &v, &err)) {
+            if (err || (o.ntg = cli_parse_int_list(v, o.tg, 16)) < 0) return cli_usage_error("bench", "-n: expected a list like 32,128");
+        } else if (cli_opt(argc, argv, &i, "-t", "--threads", &v, &err)) {
+            if (err || (nth = cli_parse_int_list(v, th, 16)) <= 0) return cli_usage_error("bench", "-t: expected a list like 1,2");
+        } else if (cli_opt(argc, argv, &i, "-r", "--repetitions", &v, &err)) {
+            if (err || !cli_parse_i64(v, &o.reps) || o.reps < 1 || o.reps > 1000) return cli_usage_error("bench", "-r: 1..1000");
+        } else if (!strcmp(argv[i], "--json")) o.json = true;
+        else if (!strcmp(argv[i], "--no-mem")) o.mem = false;
+        else if (cli_ledger_opt(argc, argv, &i, &o.lo, &err)) { if (err) return 2; }
+        else return cli_usage_error("bench", "unknown option '%s'", argv[i]);
+    }
+    if (!model) return cli_usage_error("bench", "no model given (-m FILE); for the machine alone see 'moetax bench mem'");
+    /* a 0 in a list means "none of this kind" */
+    int k = 0;
+    for (int i = 0; i < o.npp; i++) { if (o.pp[i] < 0) return cli_usage_error("bench", "-p values must be >= 0"); if (o.pp[i]) o.pp[k++] = o.pp[i]; }
+    o.npp = k;
+    k = 0;
+    for (int i = 0; i < o.ntg; i++) { if (o.tg[i] < 0) return cli_usage_error("bench", "-n values must be >= 0"); if (o.tg[i]) o.tg[k++] = o.tg[i]; }
+    o.ntg = k;
+    for (int i = 0; i < nth; i++) if (th[i] < 1 || th[i] > 512) return cli_usage_error("bench", "-t values must be in 1..512");
+    if (nth == 0) { th[0] = 0; nth = 1; }
+    if (!o.json)
+        printf("| model | threads | test | t/s | TPOT p50 ms | TPOT p99 ms | GB/s | read GB/s | roofline | us/layer | tax | ledger cost |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    moetax_status st = MOETAX_OK;
+    for (int ti = 0; ti < nth && !st; ti++) {
+        struct moetax_pool *pool;
+        struct moetax_pool_params pp = {.n_threads = (int)th[ti]};
+        if ((st = moetax_pool_init(&pp, &pool))) break;
+        double read_gbps = 0;
+        if (o.mem) st = moetax_membw_read(pool, (size_t)512 << 20, 5, &read_gbps);
+        struct result moe[2][16] = {{{0}}}, dense[2][16] = {{{0}}};
+        if (!st) st = bench_model(model, pool, read_gbps, &o, ti == nth - 1, moe);
+        if (!st && twin) {
+            struct opts ot = o;
+            ot.lo = (struct cli_ledger_opts){0};
+            st = bench_model(twin, pool, read_gbps, &ot, false, dense);
+            for (int i = 0; !st && i < o.ntg; i++) {
+                double t_moe = 1e6 / moe[1][i].tps, t_dense = 1e6 / dense[1][i].tps;
+                double diff = t_moe - t_dense, tax = moe[1][i].tax_us;
+                if (o.json)
+                    printf("{\"test\": \"twin_tg%lld\", \"threads\": %d, \"moe_us_per_token\": %.2f, \"dense_us_per_token\": %.2f, "
+                           "\"moe_minus_dense_us\": %.2f, \"ledger_tax_us\": %.2f, \"dense_tax_us\": %.2f}\n",
+                           (long long)o.tg[i], moetax_pool_n_threads(pool), t_moe, t_dense, diff, tax, dense[1][i].tax_us);
+                else
+                    printf("\ndense twin, tg%lld, %d threads: MoE %.1f us/token, dense %.1f us/token: MoE - dense = %.1f us;"
+                           " ledger tax of the MoE run %.1f us/token (of the dense run %.1f us)\n"
+                           "  (MoE - dense also holds the MoE's less efficient expert arithmetic: many small matrices;\n"
+                           "   the ledger books that to 'expert', not to tax)\n",
+                           (long long)o.tg[i], moetax_pool_n_threads(pool), t_moe, t_dense, diff, tax, dense[1][i].tax_us);
+            }
+        }
+        moetax_pool_free(pool);
+    }
+    if (st) return cli_fail("bench", st);
+    return 0;
 }

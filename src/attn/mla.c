@@ -89,23 +89,37 @@ void fw_attention(struct worker *w, int il) {
     }
     fw_phase_end(w);
 
-    /* 4: attention per (token, head), then out_h = W_vb[h] o_h */
+    /* 4: attention per (token, group of heads): the shared compressed KV rows are
+     * read once for all heads of the group (scores = one matmul over the cache
+     * with the group's queries as the batch), then o_h = sum_j p_hj kv_j with
+     * kv_j reused across the group, then out_h = W_vb[h] o_h */
     fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-    float *sc = s->f;                 /* [n_ctx] scores */
-    float *o = s->f + c->n_ctx;       /* [kvl] */
     const float *kvc = c->kv + (int64_t)il * c->n_ctx * kvr;
-    for (int64_t it; (it = fw_chunk(w, n * H, 1)) >= 0;) {
-        int64_t t = it / H, h = it % H;
+    const int64_t G = w->nth > 1 ? (H < 2 * w->nth ? H : 2 * w->nth) : 1; /* head groups per token */
+    const int64_t np_max = c->pos0 + n;
+    float *sc = s->f;                 /* [heads of a group][np_max] scores */
+    float *o = s->f + H * np_max;     /* [heads of a group][kvl] */
+    for (int64_t it; (it = fw_chunk(w, n * G, 1)) >= 0;) {
+        int64_t t = it / G, g = it % G;
+        int64_t h0 = H * g / G, h1 = H * (g + 1) / G, nh = h1 - h0;
         int64_t np = c->pos0 + t + 1;
-        const float *Q = c->qabs + (t * H + h) * kvr;
-        for (int64_t j = 0; j < np; j++) sc[j] = K->dot(Q, kvc + j * kvr, kvr) * hp->kq_scale;
-        K->softmax(sc, np);
-        memset(o, 0, sizeof(float) * (size_t)kvl);
-        for (int64_t j = 0; j < np; j++) K->axpy(o, sc[j], kvc + j * kvr, kvl);
-        struct act a = {.x = o, .ncols = kvl, .n = 1, .q8 = s->q, .q4 = s->q, .cap_q8 = s->nq, .cap_q4 = s->nq};
-        if (l->wv_b.type == MOETAX_TYPE_Q8_0 || l->wv_b.type == MOETAX_TYPE_Q4_0)
-            K->quantize_act(l->wv_b.type, o, kvl, kvl, 1, s->q);
-        fw_matmul(c, &l->wv_b, h, 0, vh, &a, 0, 1, c->attv + t * H * vh + h * vh, vh);
+        const float *Q = c->qabs + (t * H + h0) * kvr;
+        K->matmul(MOETAX_TYPE_F32, kvc, sizeof(float) * (size_t)kvr, 0, np, kvr, Q, nh, sc, np_max);
+        for (int64_t hh = 0; hh < nh; hh++) {
+            K->scale(sc + hh * np_max, hp->kq_scale, np);
+            K->softmax(sc + hh * np_max, np);
+        }
+        memset(o, 0, sizeof(float) * (size_t)(nh * kvl));
+        for (int64_t j = 0; j < np; j++)
+            for (int64_t hh = 0; hh < nh; hh++) K->axpy(o + hh * kvl, sc[hh * np_max + j], kvc + j * kvr, kvl);
+        for (int64_t hh = 0; hh < nh; hh++) {
+            int64_t h = h0 + hh;
+            float *oh = o + hh * kvl;
+            struct act a = {.x = oh, .ncols = kvl, .n = 1, .q8 = s->q, .q4 = s->q, .cap_q8 = s->nq, .cap_q4 = s->nq};
+            if (l->wv_b.type == MOETAX_TYPE_Q8_0 || l->wv_b.type == MOETAX_TYPE_Q4_0)
+                K->quantize_act(l->wv_b.type, oh, kvl, kvl, 1, s->q);
+            fw_matmul(c, &l->wv_b, h, 0, vh, &a, 0, 1, c->attv + t * H * vh + h * vh, vh);
+        }
     }
     fw_phase_end(w);
 

@@ -95,7 +95,19 @@ static moetax_status load_hparams(struct moetax_model *m) {
     hp->n_layer = key_i(&k, "block_count", 0, true);
     hp->n_head = key_i(&k, "attention.head_count", 0, true);
     hp->n_layer_dense_lead = key_i(&k, "leading_dense_block_count", 0, false);
-    hp->n_ff = key_i(&k, "feed_forward_length", 0, hp->n_layer_dense_lead > 0);
+    char ffkey[160];
+    snprintf(ffkey, sizeof ffkey, "%s.feed_forward_length", hp->arch);
+    const struct moetax_gguf_kv *ffkv = moetax_gguf_find_kv(g, ffkey);
+    if (ffkv && ffkv->type == MOETAX_GGUF_TYPE_ARRAY) {
+        /* per-layer widths (llama.cpp accepts a scalar or an array) */
+        int64_t v = 0;
+        if (ffkv->arr_n != (uint64_t)hp->n_layer || !moetax_gguf_arr_i64(ffkv, 0, &v))
+            return moetax_error(MOETAX_ERR_FORMAT, "%s: %s must be a scalar or an integer array of block_count (%d) values",
+                                g->path, ffkey, hp->n_layer);
+        hp->n_ff = (int32_t)v;
+    } else {
+        hp->n_ff = key_i(&k, "feed_forward_length", 0, hp->n_layer_dense_lead > 0);
+    }
     hp->q_lora_rank = key_i(&k, "attention.q_lora_rank", 0, false);
     hp->kv_lora_rank = key_i(&k, "attention.kv_lora_rank", 0, true);
     hp->n_embd_head_qk_rope = key_i(&k, "rope.dimension_count", 0, true);
@@ -304,9 +316,14 @@ static moetax_status bind_layer(struct moetax_model *m, int il) {
     TRY(bind_vec(m, &l->ffn_norm, NAME("ffn_norm.weight"), true, d));
     l->is_moe = il >= hp->n_layer_dense_lead;
     if (!l->is_moe) {
-        TRY(bind(m, &l->ffn_gate, NAME("ffn_gate.weight"), true, 2, d, hp->n_ff, 1));
-        TRY(bind(m, &l->ffn_up, NAME("ffn_up.weight"), true, 2, d, hp->n_ff, 1));
-        TRY(bind(m, &l->ffn_down, NAME("ffn_down.weight"), true, 2, hp->n_ff, d, 1));
+        int64_t ff = hp->n_ff;
+        snprintf(n, sizeof n, "%s.feed_forward_length", hp->arch);
+        const struct moetax_gguf_kv *ffkv = moetax_gguf_find_kv(m->gguf, n);
+        if (ffkv && ffkv->type == MOETAX_GGUF_TYPE_ARRAY && (!moetax_gguf_arr_i64(ffkv, (uint64_t)il, &ff) || ff < 1))
+            return moetax_error(MOETAX_ERR_FORMAT, "%s: %s[%d] is not a positive integer", m->gguf->path, n, il);
+        TRY(bind(m, &l->ffn_gate, NAME("ffn_gate.weight"), true, 2, d, ff, 1));
+        TRY(bind(m, &l->ffn_up, NAME("ffn_up.weight"), true, 2, d, ff, 1));
+        TRY(bind(m, &l->ffn_down, NAME("ffn_down.weight"), true, 2, ff, d, 1));
         return MOETAX_OK;
     }
     TRY(bind(m, &l->gate_inp, NAME("ffn_gate_inp.weight"), true, 2, d, E, 1));

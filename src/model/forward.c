@@ -251,7 +251,8 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     const int64_t rope = hp->n_embd_head_qk_rope, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
     const int64_t ql = hp->q_lora_rank, k = hp->n_expert ? hp->n_expert_used : 1, E = hp->n_expert;
     const int64_t F = hp->n_ff_exp, Fs = (int64_t)hp->n_expert_shared * hp->n_ff_exp;
-    const int64_t ffmax = max64(max64(hp->n_ff, Fs), 1);
+    int64_t ffmax = max64(max64(hp->n_ff, Fs), 1);
+    for (int il = 0; il < hp->n_layer; il++) ffmax = max64(ffmax, m->layers[il].ffn_gate.ne[1]);
     const int64_t incols = max64(max64(d, ql), H * vh);
     c->kv_row = kvl + rope;
     size_t kvn = (size_t)hp->n_layer * (size_t)c->n_ctx * (size_t)c->kv_row;
@@ -296,7 +297,7 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     if (!st) st = act_alloc(c, &c->a_eh, max64(F, 1), U * k, false);
     for (int i = 0; !st && i < c->n_threads; i++) {
         struct scratch *s = &c->scr[i];
-        s->nf = (size_t)max64(max64(c->n_ctx + kvl, 2 * E + 2), max64(U * k, U) * 32 + nope);
+        s->nf = (size_t)max64(max64(H * (c->n_ctx + kvl), 2 * E + 2), max64(U * k, U) * 32 + nope);
         s->nq = moetax_act_size(MOETAX_TYPE_Q4_0, up32(max64(nope, kvl)), 1) + 64;
         s->f = calloc(s->nf, sizeof(float));
         s->q = aligned_alloc(64, (s->nq + 63) / 64 * 64);

@@ -322,10 +322,22 @@ static moetax_status write_metadata(const struct moetax_gen_params *p, struct mo
     TRY(moetax_gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)p->n_ctx));
     TRY(moetax_gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)p->n_embd));
     TRY(moetax_gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)p->n_layer));
-    TRY(moetax_gguf_writer_set_u32(w, KEY("feed_forward_length"),
-                                   (uint32_t)(p->dense_twin && p->n_layer_dense_lead == 0
-                                                  ? (p->n_expert_used + p->n_expert_shared) * p->n_ff_exp
-                                                  : p->n_ff)));
+    if (p->dense_twin && p->n_layer_dense_lead > 0 && p->n_ff != (p->n_expert_used + p->n_expert_shared) * p->n_ff_exp) {
+        /* a twin keeps the leading dense layers' width: per-layer widths as an array
+         * (llama.cpp reads feed_forward_length as a scalar or a per-layer array) */
+        uint32_t *ff = malloc(sizeof(uint32_t) * (size_t)p->n_layer);
+        if (!ff) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto out; }
+        for (int i = 0; i < p->n_layer; i++)
+            ff[i] = (uint32_t)(i < p->n_layer_dense_lead ? p->n_ff : (p->n_expert_used + p->n_expert_shared) * p->n_ff_exp);
+        st = moetax_gguf_writer_set_arr(w, KEY("feed_forward_length"), MOETAX_GGUF_TYPE_UINT32, ff, (uint64_t)p->n_layer);
+        free(ff);
+        if (st) goto out;
+    } else {
+        TRY(moetax_gguf_writer_set_u32(w, KEY("feed_forward_length"),
+                                       (uint32_t)(p->dense_twin && p->n_layer_dense_lead == 0
+                                                      ? (p->n_expert_used + p->n_expert_shared) * p->n_ff_exp
+                                                      : p->n_ff)));
+    }
     TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)H));
     if (p->kv_b_merged) {
         TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)H));
