@@ -1,0 +1,310 @@
+/*
+ * sampler.c - penalties -> top-k -> top-p -> min-p -> temperature -> draw;
+ * see moetax/sampler.h.
+ *
+ * Candidates are (logit, id) pairs. Ordering everywhere is "better" = larger
+ * logit, then lower id, so every selection is deterministic.
+ */
+#include "moetax/sampler.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_LAST_N (1 << 20)
+
+struct tok {
+    float logit;
+    float w; /* exp(logit - max_logit), or with temperature for the draw */
+    int32_t id;
+};
+
+struct moetax_sampler {
+    struct moetax_sampler_params p;
+    int32_t n_vocab;
+    struct tok *cur; /* [n_vocab] working candidates */
+    struct tok *sel; /* [n_vocab] selection output */
+    uint8_t *seen;   /* [n_vocab] distinct-token marks for the penalty */
+    int32_t *hist;   /* [repeat_last_n] ring of accepted tokens */
+    int32_t hist_n, hist_pos;
+    uint64_t rng[4];
+};
+
+/* ---- PRNG: xoshiro256**, seeded by splitmix64 ---------------------------------- */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+}
+
+static double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; } /* [0, 1) */
+
+/* ---- params ------------------------------------------------------------------------ */
+
+struct moetax_sampler_params moetax_sampler_default_params(void) {
+    struct moetax_sampler_params p = {
+        .temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f,
+        .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = 0,
+    };
+    return p;
+}
+
+static moetax_status validate(const struct moetax_sampler_params *p, int32_t n_vocab) {
+    if (n_vocab <= 0) return moetax_error(MOETAX_ERR_ARG, "sampler: n_vocab %d must be positive", (int)n_vocab);
+    if (!isfinite(p->temp)) return moetax_error(MOETAX_ERR_ARG, "sampler: temp %g must be a finite number (<= 0: greedy)", (double)p->temp);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return moetax_error(MOETAX_ERR_ARG, "sampler: top_p %g must be in (0, 1] (1: off)", (double)p->top_p);
+    if (isnan(p->min_p) || p->min_p > 1.0f)
+        return moetax_error(MOETAX_ERR_ARG, "sampler: min_p %g must be <= 1 (<= 0: off)", (double)p->min_p);
+    if (!(isfinite(p->repeat_penalty) && p->repeat_penalty > 0.0f))
+        return moetax_error(MOETAX_ERR_ARG, "sampler: repeat_penalty %g must be a finite number > 0 (1: off)",
+                            (double)p->repeat_penalty);
+    if (p->repeat_last_n < 0 || p->repeat_last_n > MAX_LAST_N)
+        return moetax_error(MOETAX_ERR_ARG, "sampler: repeat_last_n %d must be in [0, %d] (0: off)",
+                            (int)p->repeat_last_n, MAX_LAST_N);
+    return MOETAX_OK;
+}
+
+moetax_status moetax_sampler_init(const struct moetax_sampler_params *p, int32_t n_vocab,
+                                  struct moetax_sampler **out) {
+    *out = NULL;
+    if (!p) return moetax_error(MOETAX_ERR_ARG, "sampler: params is NULL");
+    moetax_status st = validate(p, n_vocab);
+    if (st) return st;
+    struct moetax_sampler *s = calloc(1, sizeof *s);
+    if (!s) return moetax_error(MOETAX_ERR_NOMEM, "sampler: out of memory");
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->cur = malloc((size_t)n_vocab * sizeof *s->cur);
+    s->sel = malloc((size_t)n_vocab * sizeof *s->sel);
+    s->seen = calloc((size_t)n_vocab, 1);
+    s->hist = malloc((size_t)(p->repeat_last_n > 0 ? p->repeat_last_n : 1) * sizeof *s->hist);
+    if (!s->cur || !s->sel || !s->seen || !s->hist) {
+        moetax_sampler_free(s);
+        return moetax_error(MOETAX_ERR_NOMEM, "sampler: out of memory for %d tokens", (int)n_vocab);
+    }
+    moetax_sampler_reset(s);
+    *out = s;
+    return MOETAX_OK;
+}
+
+void moetax_sampler_free(struct moetax_sampler *s) {
+    if (!s) return;
+    free(s->cur);
+    free(s->sel);
+    free(s->seen);
+    free(s->hist);
+    free(s);
+}
+
+void moetax_sampler_reset(struct moetax_sampler *s) {
+    s->hist_n = s->hist_pos = 0;
+    uint64_t x = s->p.seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+}
+
+void moetax_sampler_accept(struct moetax_sampler *s, int32_t tok) {
+    if (tok < 0 || tok >= s->n_vocab || s->p.repeat_last_n <= 0) return;
+    s->hist[s->hist_pos] = tok;
+    s->hist_pos = (s->hist_pos + 1) % s->p.repeat_last_n;
+    if (s->hist_n < s->p.repeat_last_n) s->hist_n++;
+}
+
+/* ---- selection ----------------------------------------------------------------------- */
+
+static inline bool better(const struct tok *a, const struct tok *b) {
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+static int cmp_desc(const void *x, const void *y) {
+    const struct tok *a = x, *b = y;
+    return better(a, b) ? -1 : better(b, a) ? 1 : 0;
+}
+
+/* The k best of src[0..n) into dst[0..k), sorted best first. A min-heap of
+ * the k best so far (root = worst kept). */
+static void select_top(const struct tok *src, size_t n, struct tok *dst, size_t k) {
+    for (size_t i = 0; i < k; i++) {
+        struct tok x = src[i];
+        size_t j = i;
+        while (j > 0 && better(&dst[(j - 1) / 2], &x)) {
+            dst[j] = dst[(j - 1) / 2];
+            j = (j - 1) / 2;
+        }
+        dst[j] = x;
+    }
+    for (size_t i = k; i < n; i++) {
+        if (!better(&src[i], &dst[0])) continue;
+        struct tok x = src[i];
+        size_t j = 0;
+        for (;;) {
+            size_t c = 2 * j + 1;
+            if (c >= k) break;
+            if (c + 1 < k && better(&dst[c], &dst[c + 1])) c++;
+            if (!better(&x, &dst[c])) break;
+            dst[j] = dst[c];
+            j = c;
+        }
+        dst[j] = x;
+    }
+    qsort(dst, k, sizeof *dst, cmp_desc);
+}
+
+/* Move the best of three positions to the end of [lo, hi) as the pivot, split
+ * [lo, hi - 1) into better | worse, put the pivot between them. Returns its
+ * position m; *mass = sum of w over [lo, m). */
+static size_t partition(struct tok *c, size_t lo, size_t hi, double *mass) {
+    size_t a = lo, b = lo + (hi - lo) / 2, z = hi - 1, med;
+    if (better(&c[a], &c[b])) med = better(&c[b], &c[z]) ? b : (better(&c[a], &c[z]) ? z : a);
+    else med = better(&c[a], &c[z]) ? a : (better(&c[b], &c[z]) ? z : b);
+    struct tok t = c[med];
+    c[med] = c[z];
+    c[z] = t;
+    const struct tok pv = c[z];
+    size_t i = lo;
+    double m = 0.0;
+    for (size_t j = lo; j < z; j++) {
+        if (better(&c[j], &pv)) {
+            m += c[j].w;
+            t = c[i];
+            c[i] = c[j];
+            c[j] = t;
+            i++;
+        }
+    }
+    c[z] = c[i];
+    c[i] = pv;
+    *mass = m;
+    return i;
+}
+
+/* Smallest k such that the k best of c[0..n) have w summing to >= target;
+ * leaves those k in c[0..k) (in no particular order). Quickselect: expected
+ * O(n), no full sort. */
+static size_t nucleus(struct tok *c, size_t n, double target) {
+    size_t lo = 0, hi = n;
+    double acc = 0.0; /* mass of c[0..lo), all better than c[lo..) */
+    while (hi - lo > 32) {
+        double up;
+        size_t m = partition(c, lo, hi, &up);
+        if (acc + up >= target) {
+            hi = m;
+        } else if (acc + up + c[m].w >= target) {
+            return m + 1;
+        } else {
+            acc += up + c[m].w;
+            lo = m + 1;
+        }
+    }
+    qsort(c + lo, hi - lo, sizeof *c, cmp_desc);
+    for (size_t i = lo; i < hi; i++) {
+        acc += c[i].w;
+        if (acc >= target) return i + 1;
+    }
+    return hi; /* rounding: everything that is left */
+}
+
+int32_t moetax_sampler_sample(struct moetax_sampler *s, const float *logits) {
+    const struct moetax_sampler_params *p = &s->p;
+    size_t n = (size_t)s->n_vocab;
+    bool penalize = p->repeat_penalty != 1.0f && s->hist_n > 0;
+    size_t best = 0;
+    float max_logit = -INFINITY; /* NaN never compares greater: it never wins */
+    if (p->temp <= 0.0f && !penalize) {
+        for (size_t i = 0; i < n; i++)
+            if (logits[i] > max_logit) { max_logit = logits[i]; best = i; }
+        return (int32_t)best;
+    }
+    struct tok *cur = s->cur;
+    for (size_t i = 0; i < n; i++) {
+        float l = logits[i];
+        cur[i].logit = l == l ? l : -INFINITY;
+        cur[i].id = (int32_t)i;
+        if (l > max_logit) { max_logit = l; best = i; }
+    }
+
+    /* 1. repetition penalty, once per distinct token */
+    if (penalize) {
+        for (int32_t i = 0; i < s->hist_n; i++) {
+            int32_t t = s->hist[i];
+            if (s->seen[t]) continue;
+            s->seen[t] = 1;
+            if (cur[t].logit <= 0.0f) cur[t].logit *= p->repeat_penalty;
+            else cur[t].logit /= p->repeat_penalty;
+        }
+        for (int32_t i = 0; i < s->hist_n; i++) s->seen[s->hist[i]] = 0;
+        best = 0;
+        max_logit = cur[0].logit;
+        for (size_t i = 1; i < n; i++)
+            if (cur[i].logit > max_logit) { max_logit = cur[i].logit; best = i; }
+    }
+    if (p->temp <= 0.0f || !isfinite(max_logit)) return (int32_t)best;
+
+    bool sorted = false;
+    /* 2. top-k */
+    if (p->top_k > 0 && (size_t)p->top_k < n) {
+        select_top(cur, n, s->sel, (size_t)p->top_k);
+        n = (size_t)p->top_k;
+        cur = s->sel;
+        s->sel = s->cur;
+        s->cur = cur;
+        sorted = true;
+    }
+
+    /* 3. top-p over the softmax (before temperature) of the remaining candidates */
+    if (p->top_p < 1.0f && n > 1) {
+        double z = 0.0;
+        for (size_t i = 0; i < n; i++) z += cur[i].w = expf(cur[i].logit - max_logit);
+        double target = (double)p->top_p * z;
+        if (sorted) {
+            double cum = 0.0;
+            size_t keep = n;
+            for (size_t i = 0; i < n; i++) {
+                cum += cur[i].w;
+                if (cum >= target) { keep = i + 1; break; }
+            }
+            n = keep;
+        } else {
+            n = nucleus(cur, n, target);
+        }
+    }
+
+    /* 4. min-p relative to the largest logit (always still a candidate) */
+    if (p->min_p > 0.0f) {
+        float thr = max_logit + logf(p->min_p);
+        size_t o = 0;
+        for (size_t i = 0; i < n; i++)
+            if (cur[i].logit >= thr) cur[o++] = cur[i];
+        n = o;
+    }
+
+    /* 5. temperature and 6. draw */
+    float inv_t = 1.0f / p->temp;
+    double z = 0.0;
+    for (size_t i = 0; i < n; i++) z += cur[i].w = expf((cur[i].logit - max_logit) * inv_t);
+    double u = rng_uniform(s->rng) * z, cum = 0.0;
+    size_t last = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (cur[i].w <= 0.0f) continue;
+        last = i;
+        cum += cur[i].w;
+        if (u < cum) return cur[i].id;
+    }
+    return cur[last].id; /* u rounded up to z */
+}

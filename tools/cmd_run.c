@@ -1,0 +1,221 @@
+/* cmd_run.c - `moetax run`: generate text, streaming tokens as they come, then
+ * prefill/decode speed, time to first token and time per output token. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "moetax/gen.h"
+#include "moetax/model.h"
+#include "moetax/sampler.h"
+#include "moetax/tokenizer.h"
+#include "ledger_cli.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: moetax run [-m FILE] -p TEXT [-n N] [-t THREADS] [options]\n\n"
+            "Generates text from a prompt, streaming tokens as they are produced, and ends with prefill\n"
+            "and decode speed, time to first token and time per output token (on stderr).\n"
+            "Without -m it uses the default model ($MOETAX_MODEL or models/default.gguf), generating it\n"
+            "(the 'small' preset, q8_0) on first use.\n\n"
+            "  -m, --model FILE     GGUF model\n"
+            "  -p, --prompt TEXT    prompt (default: \"The\")\n"
+            "  -f, --file FILE      read the prompt from a file\n"
+            "  -n, --n-predict N    tokens to generate (default 64)\n"
+            "  -t, --threads N      threads (default: online CPUs)\n"
+            "  -c, --ctx N          context size / KV cache positions (default: min(model, 4096))\n"
+            "  --temp X             temperature (default 0.8; 0 = greedy)\n"
+            "  --top-k N            (default 40; 0 = off)\n"
+            "  --top-p X            (default 0.95; 1 = off)\n"
+            "  --min-p X            (default 0.05; 0 = off)\n"
+            "  --repeat-penalty X   (default 1.0 = off)   --repeat-last-n N (default 64)\n"
+            "  -s, --seed N         sampling seed (default 42)\n"
+            "  --ignore-eos         keep generating past the end-of-sequence token\n"
+            "  --no-display-prompt  do not echo the prompt\n"
+            "  --json               print the final statistics as one JSON object on stdout\n"
+            "%s", cli_ledger_help());
+}
+
+static void on_progress(void *user, uint64_t done, uint64_t total) {
+    (void)total;
+    cli_progress_update(user, done);
+}
+
+static moetax_status ensure_default_model(const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) == 0) return MOETAX_OK;
+    struct moetax_gen_params p;
+    moetax_gen_preset("small", &p);
+    p.wtype = MOETAX_TYPE_Q8_0;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) { *slash = 0; mkdir(dir, 0755); }
+    fprintf(stderr, "moetax run: no model at %s: generating the default model (random weights, 'small' preset, q8_0)\n", path);
+    cli_progress bar;
+    uint64_t n_params, n_bytes;
+    moetax_gen_size(&p, &n_params, &n_bytes);
+    cli_progress_init(&bar, "generating", n_bytes);
+    moetax_status st = moetax_gen_write(&p, path, on_progress, &bar);
+    cli_progress_done(&bar);
+    return st;
+}
+
+static int cmp_f64(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int cmd_run(int argc, char **argv) {
+    const char *model = NULL, *prompt = NULL, *pfile = NULL;
+    int64_t n_predict = 64, n_threads = 0, n_ctx = 0;
+    bool ignore_eos = false, echo = true, json = false;
+    struct moetax_sampler_params sp = moetax_sampler_default_params();
+    struct cli_ledger_opts lo = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        bool err = false;
+        int64_t iv;
+        double fv;
+        if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+        else if (cli_opt(argc, argv, &i, "-m", "--model", &model, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, "-p", "--prompt", &prompt, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, "-f", "--file", &pfile, &err)) { if (err) return 2; }
+#define INT_OPT(s, l, var, lo, hi) else if (cli_opt(argc, argv, &i, s, l, &v, &err)) { \
+        if (err || !cli_parse_i64(v, &iv) || iv < (lo) || iv > (hi)) \
+            return cli_usage_error("run", "%s: expected an integer in %lld..%lld", l, (long long)(lo), (long long)(hi)); \
+        var = iv; }
+#define F_OPT(l, var, lo, hi) else if (cli_opt(argc, argv, &i, NULL, l, &v, &err)) { \
+        if (err || !cli_parse_f64(v, &fv) || fv < (lo) || fv > (hi)) \
+            return cli_usage_error("run", "%s: expected a number in %g..%g", l, (double)(lo), (double)(hi)); \
+        var = (float)fv; }
+        INT_OPT("-n", "--n-predict", n_predict, 0, 1 << 24)
+        INT_OPT("-t", "--threads", n_threads, 1, 512)
+        INT_OPT("-c", "--ctx", n_ctx, 1, 1 << 24)
+        INT_OPT(NULL, "--top-k", sp.top_k, 0, 1 << 30)
+        INT_OPT(NULL, "--repeat-last-n", sp.repeat_last_n, 0, 1 << 20)
+        INT_OPT("-s", "--seed", sp.seed, 0, INT64_MAX)
+        F_OPT("--temp", sp.temp, 0, 100)
+        F_OPT("--top-p", sp.top_p, 0, 1)
+        F_OPT("--min-p", sp.min_p, 0, 1)
+        F_OPT("--repeat-penalty", sp.repeat_penalty, 0, 100)
+        else if (cli_ledger_opt(argc, argv, &i, &lo, &err)) { if (err) return 2; }
+        else if (!strcmp(argv[i], "--ignore-eos")) ignore_eos = true;
+        else if (!strcmp(argv[i], "--no-display-prompt")) echo = false;
+        else if (!strcmp(argv[i], "--json")) json = true;
+        else return cli_usage_error("run", "unknown option '%s'", argv[i]);
+#undef INT_OPT
+#undef F_OPT
+    }
+    char *text = NULL;
+    if (pfile) {
+        FILE *f = fopen(pfile, "rb");
+        if (!f) return cli_usage_error("run", "cannot read the prompt file '%s'", pfile);
+        fseek(f, 0, SEEK_END);
+        long sz = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        text = malloc((size_t)sz + 1);
+        if (!text || fread(text, 1, (size_t)sz, f) != (size_t)sz) { fclose(f); free(text); return cli_usage_error("run", "cannot read '%s'", pfile); }
+        text[sz] = 0;
+        fclose(f);
+        prompt = text;
+    }
+    if (!prompt) prompt = "The";
+    moetax_status st = MOETAX_OK;
+    if (!model) {
+        model = cli_default_model_path();
+        if ((st = ensure_default_model(model))) { free(text); return cli_fail("run", st); }
+    }
+    struct moetax_model *m = NULL;
+    struct moetax_tokenizer *tok = NULL;
+    struct moetax_sampler *smp = NULL;
+    struct moetax_ctx *c = NULL;
+    struct moetax_ledger *led = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    double *tpot = NULL;
+    if ((st = moetax_model_load(model, &m))) goto done;
+    if ((st = moetax_tokenizer_load(m->gguf, &tok))) goto done;
+    if (moetax_tokenizer_n_vocab(tok) != m->hp.n_vocab) {
+        st = moetax_error(MOETAX_ERR_FORMAT, "%s: the vocabulary has %d tokens but token_embd has %d rows", model,
+                          moetax_tokenizer_n_vocab(tok), m->hp.n_vocab);
+        goto done;
+    }
+    if ((st = moetax_sampler_init(&sp, m->hp.n_vocab, &smp))) goto done;
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)n_ctx, .n_threads = (int32_t)n_threads};
+    if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
+    if ((st = cli_ledger_new(m, moetax_ctx_n_threads(c), &lo, &led))) goto done;
+    moetax_ctx_set_ledger(c, led);
+    int64_t cap = (int64_t)strlen(prompt) + 8, n_prompt = 0;
+    ids = malloc(sizeof(int32_t) * (size_t)(cap + n_predict + 1));
+    logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    tpot = malloc(sizeof(double) * (size_t)(n_predict + 1));
+    if (!ids || !logits || !tpot) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+    if ((st = moetax_tokenizer_encode(tok, prompt, strlen(prompt), moetax_tokenizer_add_bos(tok), ids, cap, &n_prompt)))
+        goto done;
+    if (n_prompt == 0) { st = moetax_error(MOETAX_ERR_ARG, "the prompt is empty"); goto done; }
+    if (n_prompt + n_predict > moetax_ctx_n_ctx(c)) {
+        st = moetax_error(MOETAX_ERR_LIMIT, "prompt (%lld tokens) + -n %lld exceeds the context of %lld positions; use -c",
+                          (long long)n_prompt, (long long)n_predict, (long long)moetax_ctx_n_ctx(c));
+        goto done;
+    }
+    if (echo) { fputs(prompt, stdout); fflush(stdout); }
+    for (int64_t i = 0; i < n_prompt; i++) moetax_sampler_accept(smp, ids[i]);
+    double t0 = cli_now();
+    if ((st = moetax_ctx_eval(c, ids, n_prompt, logits, false))) goto done;
+    double t_prefill = cli_now() - t0, t_first = 0, t_last = cli_now();
+    int64_t n_gen = 0;
+    char piece[256];
+    while (n_gen < n_predict) {
+        double ts = cli_now();
+        int32_t t = moetax_sampler_sample(smp, logits);
+        double now = cli_now();
+        moetax_ledger_add(led, MOETAX_PHASE_SAMPLE, -1, now - ts);
+        if (n_gen == 0) t_first = now - t0;
+        else tpot[n_gen - 1] = now - t_last;
+        t_last = now;
+        n_gen++;
+        if (!ignore_eos && moetax_tokenizer_is_eog(tok, t)) break;
+        moetax_sampler_accept(smp, t);
+        int nb = moetax_tokenizer_token_to_bytes(tok, t, piece, sizeof piece);
+        if (nb > 0) { fwrite(piece, 1, (size_t)nb, stdout); fflush(stdout); }
+        if (n_gen == n_predict) break;
+        if ((st = moetax_ctx_eval(c, &t, 1, logits, false))) goto done;
+    }
+    double t_decode = t_last - t0 - t_first;
+    fputc('\n', stdout);
+    int64_t n_tp = n_gen > 1 ? n_gen - 1 : 0;
+    qsort(tpot, (size_t)n_tp, sizeof(double), cmp_f64);
+    double p50 = n_tp ? tpot[n_tp / 2] : 0;
+    double dec_tps = n_tp && t_decode > 0 ? (double)n_tp / t_decode : 0;
+    if (json) {
+        printf("{\"prompt_tokens\": %lld, \"generated_tokens\": %lld, \"prefill_tokens_per_s\": %.3f, "
+               "\"decode_tokens_per_s\": %.3f, \"ttft_ms\": %.3f, \"tpot_ms_mean\": %.3f, \"tpot_ms_p50\": %.3f, "
+               "\"threads\": %d}\n",
+               (long long)n_prompt, (long long)n_gen, (double)n_prompt / t_prefill, dec_tps, 1e3 * t_first,
+               n_tp ? 1e3 * t_decode / (double)n_tp : 0, 1e3 * p50, moetax_ctx_n_threads(c));
+    }
+    fprintf(stderr, "\nmoetax run: %s, %d threads\n", model, moetax_ctx_n_threads(c));
+    fprintf(stderr, "  prefill: %lld tokens in %.1f ms = %.1f tok/s\n", (long long)n_prompt, 1e3 * t_prefill,
+            (double)n_prompt / t_prefill);
+    fprintf(stderr, "  decode:  %lld tokens in %.1f ms = %.2f tok/s\n", (long long)n_tp, 1e3 * t_decode, dec_tps);
+    fprintf(stderr, "  time to first token %.1f ms, time per output token %.2f ms (median %.2f ms)\n", 1e3 * t_first,
+            n_tp ? 1e3 * t_decode / (double)n_tp : 0, 1e3 * p50);
+    cli_ledger_summary(stderr, led, n_tp > 0);
+    st = cli_ledger_outputs(led, m, model, &lo);
+done:
+    moetax_ctx_set_ledger(c, NULL);
+    moetax_ledger_free(led);
+    moetax_ctx_free(c);
+    moetax_sampler_free(smp);
+    moetax_tokenizer_free(tok);
+    moetax_model_free(m);
+    free(ids);
+    free(logits);
+    free(tpot);
+    free(text);
+    if (st) return cli_fail("run", st);
+    return 0;
+}
