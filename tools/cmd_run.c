@@ -206,7 +206,7 @@ int cmd_run(int argc, char **argv) {
     cli_ledger_summary(stderr, led, n_tp > 0);
     st = cli_ledger_outputs(led, m, model, &lo);
 done:
-    moetax_ctx_set_ledger(c, NULL);
+    if (c) moetax_ctx_set_ledger(c, NULL);
     moetax_ledger_free(led);
     moetax_ctx_free(c);
     moetax_sampler_free(smp);

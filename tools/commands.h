@@ -7,8 +7,10 @@
 #define MOETAX_COMMANDS(X) \
     X(gen, "write a random-weight (or dense-twin) model in llama.cpp's GGUF layout") \
     X(inspect, "show a GGUF file: metadata, tensors, totals, active bytes per token") \
+    X(run, "generate text from a prompt, streaming, with prefill/decode speed") \
     X(eval, "evaluate token ids and write the logits (for comparing against a reference)") \
     X(quantize, "convert a GGUF model's weights to another type (f16, bf16, q8_0, q4_0)") \
+    X(report, "the bill of a run: tax share, phases, layers, workers, routing, from a ledger or trace (--html)") \
     X(bench, "benchmarks: mem (read bandwidth), kernels, and model prefill/decode")
 
 #define X(name, help) int cmd_##name(int argc, char **argv);

@@ -116,17 +116,28 @@ static void futex_wake_all(_Atomic uint32_t *word) {
 #endif
 }
 
-/* Wait until *word != old: spin for spin_ns, then sleep. Returns with acquire. */
+#define POOL_YIELD_EVERY_NS 20000u /* while spinning, sched_yield every 20 us */
+
+/* Wait until *word != old: spin for spin_ns (yielding every 20 us), then sleep. Returns with acquire. */
 static void wait_change(const struct moetax_pool *p, _Atomic uint32_t *word, uint32_t old,
                         _Atomic int *sleepers) {
     if (atomic_load_explicit(word, memory_order_acquire) != old) return;
     if (p->spin_ns > 0) {
-        uint64_t t0 = moetax_pool_now_ns();
+        uint64_t t0 = moetax_pool_now_ns(), next_yield = POOL_YIELD_EVERY_NS;
         for (unsigned i = 1;; i++) {
             if (p->yield_spin) sched_yield();
             else POOL_CPU_RELAX();
             if (atomic_load_explicit(word, memory_order_acquire) != old) return;
-            if ((i & 31) == 0 && moetax_pool_now_ns() - t0 > p->spin_ns) break;
+            if ((i & 31) == 0) {
+                uint64_t el = moetax_pool_now_ns() - t0;
+                if (el > p->spin_ns) break;
+                /* on a machine shared with other work, the thread we wait for may be queued
+                 * behind us on this CPU: give it the CPU now and then (~1 us when nobody waits) */
+                if (el > next_yield) {
+                    sched_yield();
+                    next_yield = el + POOL_YIELD_EVERY_NS;
+                }
+            }
         }
     }
     atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);

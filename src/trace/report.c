@@ -514,6 +514,8 @@ static moetax_status parse_routing(struct moetax_report *r, const char *name, co
     R->overlap = mean_over_layers(R, offsetof(struct moetax_report_routing_layer, overlap));
     R->precision = mean_over_layers(R, offsetof(struct moetax_report_routing_layer, precision));
     R->recall = mean_over_layers(R, offsetof(struct moetax_report_routing_layer, recall));
+    double m = (double)T * k / E;
+    R->load_cv_chance = m > 0 ? sqrt((1 - (double)k / E) / m) : NAN;
     r->routing = R;
     R = NULL;
 done:

@@ -438,10 +438,12 @@ moetax_status moetax_report_write_html(const struct moetax_report *r, FILE *f) {
         fputs("</table>\n<ul class=\"verdict\">\n", f);
         double chance = (double)R->k / R->n_expert, uq = (double)((R->n_expert + 3) / 4) / R->n_expert;
         if (!isnan(R->top_quarter_share))
-            fprintf(f, "<li>Caching: the busiest quarter of the experts takes %.0f%% of routings (uniform %.0f%%): %s.</li>\n",
-                    100 * R->top_quarter_share, 100 * uq,
-                    R->top_quarter_share > 1.5 * uq ? "load is skewed, a frequency-aware cache pays off"
-                                                    : "load is near uniform, a cache pays only if most experts fit");
+            fprintf(f, "<li>Caching: the busiest quarter of the experts takes %.0f%% of routings (uniform %.0f%%; load CV "
+                       "%.2f, sampling noise alone %.2f): %s.</li>\n",
+                    100 * R->top_quarter_share, 100 * uq, R->load_cv, R->load_cv_chance,
+                    !(R->load_cv > 1.5 * R->load_cv_chance) ? "the skew is within sampling noise, record more tokens"
+                    : R->top_quarter_share > 1.5 * uq       ? "load is skewed, a frequency-aware cache pays off"
+                                                            : "load is near uniform, a cache pays only if most experts fit");
         if (!isnan(R->overlap))
             fprintf(f, "<li>Reuse: adjacent tokens share %.0f%% of their experts (chance %.0f%%): %s.</li>\n",
                     100 * R->overlap, 100 * chance,

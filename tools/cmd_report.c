@@ -1,0 +1,355 @@
+/* cmd_report.c - `moetax report FILE`: the bill of a run, from its ledger (or
+ * Chrome trace): steps and speed, tax share and efficiency, time by phase, by
+ * layer and by worker, and the routing statistics that say whether caching
+ * and prefetching experts can pay off. Text, --json, or an --html page. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "moetax/report.h"
+
+#define P MOETAX_PHASE_COUNT
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: moetax report FILE [--json] [--html OUT.html] [--decode-only]\n\n"
+               "Reads a ledger (moetax run/bench --ledger FILE) or a Chrome trace (--trace FILE) and shows\n"
+               "where the time went: steps, tokens and time per token (all / prefill / decode), the tax share\n"
+               "(route+dispatch+load+comm+wait+combine of all phases) and efficiency, seconds and us per token\n"
+               "by phase, a layer x phase table, per-worker busy and wait, and, when the run recorded routing\n"
+               "(--routing-stats), expert load, batch imbalance, adjacent-token overlap and cross-layer\n"
+               "prediction precision/recall, each with a one-line verdict on caching and prefetching.\n\n"
+               "  --json          one JSON object instead of text\n"
+               "  --html OUT      also write a self-contained HTML page (charts as inline SVG)\n"
+               "  --decode-only   phase, layer and worker breakdowns over decode steps only\n");
+}
+
+static const char *pname(int p) { return moetax_phase_name((enum moetax_phase)p); }
+
+static double per_tok_us(double s, int64_t tokens) { return tokens > 0 ? 1e6 * s / (double)tokens : 0; }
+
+static void vec_stats(const double *v, int n, double *mean, double *max) {
+    double s = 0, m = 0;
+    for (int i = 0; i < n; i++) { s += v[i]; if (v[i] > m) m = v[i]; }
+    *mean = n ? s / n : 0;
+    *max = m;
+}
+
+/* ---- text ------------------------------------------------------------------------- */
+
+static void step_line(FILE *f, const char *label, const struct moetax_report_agg *a) {
+    if (!a->steps) { fprintf(f, "  %-8s %7d\n", label, 0); return; }
+    fprintf(f, "  %-8s %7lld %8lld %11.2f %10.3f %10.1f\n", label, (long long)a->steps, (long long)a->tokens,
+            1e3 * a->wall_s, a->tokens ? 1e3 * a->wall_s / (double)a->tokens : 0,
+            a->wall_s > 0 ? (double)a->tokens / a->wall_s : 0);
+}
+
+static void print_routing(FILE *f, const struct moetax_report *r) {
+    const struct moetax_report_routing *R = r->routing;
+    if (!R) {
+        fprintf(f, "\nrouting: not recorded (run with --routing-stats%s)\n",
+                r->source == MOETAX_REPORT_SOURCE_TRACE ? " and report the ledger" : "");
+        return;
+    }
+    int quarter = (R->n_expert + 3) / 4;
+    double chance = (double)R->k / R->n_expert, uni_q = (double)quarter / R->n_expert;
+    fprintf(f, "\nrouting (%lld tokens, %d experts, top-%d, %d MoE layers)\n", (long long)R->tokens, R->n_expert,
+            R->k, R->n_layers);
+    fprintf(f, "  layer  tokens  load min/mean/max      cv  top-1/4  hottest (tokens)          batch max/mean"
+               "  overlap  pred prec / rec\n");
+    for (int i = 0; i < R->n_layers; i++) {
+        const struct moetax_report_routing_layer *L = &R->layers[i];
+        char hot[64] = "", mm[40], bi[16] = "-", ov[16] = "-", pr[32] = "-";
+        int o = 0;
+        for (int h = 0; h < MOETAX_REPORT_N_HOT; h++)
+            if (L->hot[h] >= 0)
+                o += snprintf(hot + o, sizeof hot - (size_t)o, "%se%d (%lld)", h ? " " : "", L->hot[h],
+                              (long long)L->hot_n[h]);
+        snprintf(mm, sizeof mm, "%.0f / %.2f / %.0f", L->load_min, L->load_mean, L->load_max);
+        if (!isnan(L->batch_imbalance)) snprintf(bi, sizeof bi, "%.2f", L->batch_imbalance);
+        if (!isnan(L->overlap)) snprintf(ov, sizeof ov, "%.1f%%", 100 * L->overlap);
+        if (!isnan(L->precision)) snprintf(pr, sizeof pr, "%.1f%% / %.1f%%", 100 * L->precision, 100 * L->recall);
+        fprintf(f, "  %5d %7lld  %-20s %6.2f %7.1f%%  %-25s %14s %8s  %s\n", L->layer, (long long)L->tokens, mm,
+                L->load_cv, 100 * L->top_quarter_share, hot, bi, ov, pr);
+    }
+    char bi[16] = "-", ov[16] = "-", pr[32] = "-";
+    if (!isnan(R->batch_imbalance)) snprintf(bi, sizeof bi, "%.2f", R->batch_imbalance);
+    if (!isnan(R->overlap)) snprintf(ov, sizeof ov, "%.1f%%", 100 * R->overlap);
+    if (!isnan(R->precision)) snprintf(pr, sizeof pr, "%.1f%% / %.1f%%", 100 * R->precision, 100 * R->recall);
+    fprintf(f, "  %5s %7s  %-20s %6.2f %7.1f%%  %-25s %14s %8s  %s\n", "mean", "", "", R->load_cv,
+            100 * R->top_quarter_share, "", bi, ov, pr);
+
+    /* verdicts, one line each */
+    if (!isnan(R->top_quarter_share)) {
+        bool skew = R->top_quarter_share > 1.5 * uni_q, noise = !(R->load_cv > 1.5 * R->load_cv_chance);
+        fprintf(f, "  caching:  the busiest %d of %d experts take %.0f%% of routings (uniform: %.0f%%; load CV %.2f, "
+                   "sampling noise alone %.2f): %s\n", quarter, R->n_expert, 100 * R->top_quarter_share, 100 * uni_q,
+                R->load_cv, R->load_cv_chance,
+                noise  ? "the skew is within sampling noise, record more tokens before sizing a cache"
+                : skew ? "load is skewed, a frequency-aware cache of hot experts pays off"
+                       : "load is near uniform, a cache pays only if most experts fit in it");
+    }
+    if (!isnan(R->overlap))
+        fprintf(f, "  reuse:    adjacent tokens share %.0f%% of their experts (chance: %.0f%%): %s\n", 100 * R->overlap,
+                100 * chance,
+                R->overlap > chance + 0.15 ? "keeping the previous token's experts resident pays off"
+                : R->overlap > chance     ? "recent-token caching helps a little"
+                                          : "no temporal locality, caching recent experts does not pay");
+    if (!isnan(R->precision)) {
+        double base = isnan(R->overlap) ? chance : R->overlap;
+        if (base < chance) base = chance;
+        fprintf(f, "  prefetch: next-layer prediction hits %.0f%% (precision %.0f%%, recall %.0f%%; previous-token cache %s%.0f%%, "
+                   "chance %.0f%%): %s\n",
+                100 * R->precision, 100 * R->precision, 100 * R->recall, isnan(R->overlap) ? "n/a, " : "",
+                isnan(R->overlap) ? 0 : 100 * R->overlap, 100 * chance,
+                R->precision > base + 0.1 ? "prefetching from the prediction pays off"
+                : R->precision > base     ? "prefetching helps a little over reuse"
+                                          : "prediction is no better than reuse; do not prefetch from it");
+    } else {
+        fprintf(f, "  prefetch: no predicted sets recorded (cross-layer prediction not measured)\n");
+    }
+    if (!isnan(R->batch_imbalance))
+        fprintf(f, "  batches:  the busiest expert of a batch gets %.2fx the mean load: %s\n", R->batch_imbalance,
+                R->batch_imbalance > 2 ? "hot experts dominate a batch; split their rows across threads or replicate them"
+                                       : "expert work within a batch is balanced enough");
+    else fprintf(f, "  batches:  no step with two or more tokens recorded (batch imbalance not measured)\n");
+}
+
+static void print_text(FILE *f, const struct moetax_report *r) {
+    const struct moetax_report_agg *a = moetax_report_sel(r);
+    const char *scope = r->decode_only ? "decode steps" : "all steps";
+    fprintf(f, "moetax report: %s (%s", r->path, r->source == MOETAX_REPORT_SOURCE_LEDGER ? "ledger" : "Chrome trace");
+    if (r->model[0]) fprintf(f, ", model %s", r->model);
+    fprintf(f, ", %d workers, %d layers", r->n_workers, r->n_layer);
+    if (r->n_expert) fprintf(f, ", %d experts, %d used", r->n_expert, r->n_expert_used);
+    fprintf(f, ")\n");
+    if (r->source == MOETAX_REPORT_SOURCE_TRACE)
+        fprintf(f, "  (rebuilt from trace spans: steps with more than one token count as prefill; sampling is not in a "
+                   "trace%s)\n", r->dropped_spans ? "" : "");
+    if (r->dropped_spans)
+        fprintf(f, "  warning: the trace ring dropped %lld spans; the oldest steps are incomplete\n",
+                (long long)r->dropped_spans);
+    if (r->dropped_steps)
+        fprintf(f, "  note: %lld step records are not in the file (totals still cover them)\n",
+                (long long)r->dropped_steps);
+
+    fprintf(f, "\nsteps       steps   tokens   wall (ms)   ms/token   tokens/s\n");
+    step_line(f, "all", &r->all);
+    step_line(f, "prefill", &r->prefill);
+    step_line(f, "decode", &r->decode);
+
+    double total = moetax_report_phase_total(a), share = moetax_report_tax_share(a);
+    fprintf(f, "\ntax share %.1f%% (route+dispatch+load+comm+wait+combine / all phases), efficiency %.1f  [%s]\n",
+            100 * share, 100 * (1 - share), scope);
+    if (a->wall_s > 0)
+        fprintf(f, "the phases account for %.1f%% of wall time%s\n", 100 * total / a->wall_s,
+                r->span_ns > 0 ? "" : "");
+    if (r->span_ns > 0) fprintf(f, "ledger overhead: %.1f ns per span\n", r->span_ns);
+
+    fprintf(f, "\nphases (%s)     seconds   us/token   share\n", scope);
+    for (int p = 0; p < P; p++) {
+        if (a->phase_s[p] == 0 && p != MOETAX_PHASE_WAIT) continue;
+        fprintf(f, "  %-9s %-4s %11.6f %10.1f %6.1f%%\n", pname(p), p < MOETAX_PHASE_N_TAX ? "tax" : "", a->phase_s[p],
+                per_tok_us(a->phase_s[p], a->tokens), total > 0 ? 100 * a->phase_s[p] / total : 0);
+    }
+    fprintf(f, "  %-14s %11.6f %10.1f %6.1f%%\n", "total", total, per_tok_us(total, a->tokens), total > 0 ? 100.0 : 0);
+
+    /* layer x phase table over the phases that occur */
+    bool col[P];
+    for (int p = 0; p < P; p++) col[p] = a->phase_s[p] > 0;
+    fprintf(f, "\nlayers (us per token, %s; * = MoE layer)\n  layer  ", scope);
+    for (int p = 0; p < P; p++)
+        if (col[p]) fprintf(f, "%9s", pname(p));
+    fprintf(f, "%10s %6s\n", "total", "tax%");
+    for (int l = -1; l < r->n_layer; l++) {
+        const double *row = l < 0 ? a->other_phase_s : a->layer_phase_s + (size_t)l * P;
+        double t = 0, tx = 0;
+        for (int p = 0; p < P; p++) { t += row[p]; if (p < MOETAX_PHASE_N_TAX) tx += row[p]; }
+        if (l < 0) fprintf(f, "  %-6s ", "out");
+        else fprintf(f, "  %5d%c ", l, r->moe_layer[l] ? '*' : ' ');
+        for (int p = 0; p < P; p++)
+            if (col[p]) fprintf(f, "%9.1f", per_tok_us(row[p], a->tokens));
+        fprintf(f, "%10.1f %5.1f%%\n", per_tok_us(t, a->tokens), t > 0 ? 100 * tx / t : 0);
+    }
+
+    fprintf(f, "\nworkers (%s)   busy (ms)   wait (ms)   wait share\n", scope);
+    for (int w = 0; w < r->n_workers; w++) {
+        double b = a->worker_busy_s[w], wt = a->worker_wait_s[w];
+        fprintf(f, "  %-13d %11.3f %11.3f %11.1f%%\n", w, 1e3 * b, 1e3 * wt, b + wt > 0 ? 100 * wt / (b + wt) : 0);
+    }
+    double bm, bx, wm, wx;
+    vec_stats(a->worker_busy_s, r->n_workers, &bm, &bx);
+    vec_stats(a->worker_wait_s, r->n_workers, &wm, &wx);
+    fprintf(f, "  imbalance: busy max/mean %.2f, wait max/mean %.2f\n", bm > 0 ? bx / bm : 0, wm > 0 ? wx / wm : 0);
+
+    print_routing(f, r);
+}
+
+/* ---- JSON ------------------------------------------------------------------------- */
+
+static json_t *jnum(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static json_t *phase_map(const double *s, double scale) {
+    json_t *o = json_object();
+    for (int p = 0; p < P; p++) json_object_set_new(o, pname(p), jnum(s[p] * scale));
+    return o;
+}
+
+static json_t *agg_json(const struct moetax_report_agg *a) {
+    json_t *o = json_object();
+    json_object_set_new(o, "steps", json_integer(a->steps));
+    json_object_set_new(o, "tokens", json_integer(a->tokens));
+    json_object_set_new(o, "wall_s", jnum(a->wall_s));
+    json_object_set_new(o, "s_per_token", a->tokens ? jnum(a->wall_s / (double)a->tokens) : json_null());
+    json_object_set_new(o, "tokens_per_s", a->wall_s > 0 ? jnum((double)a->tokens / a->wall_s) : json_null());
+    json_object_set_new(o, "tax_share", jnum(moetax_report_tax_share(a)));
+    return o;
+}
+
+static json_t *routing_json(const struct moetax_report_routing *R) {
+    if (!R) return json_null();
+    json_t *o = json_object(), *layers = json_array();
+    json_object_set_new(o, "tokens", json_integer(R->tokens));
+    json_object_set_new(o, "n_expert", json_integer(R->n_expert));
+    json_object_set_new(o, "k", json_integer(R->k));
+    json_object_set_new(o, "chance_overlap", jnum((double)R->k / R->n_expert));
+    json_object_set_new(o, "load_cv", jnum(R->load_cv));
+    json_object_set_new(o, "load_cv_chance", jnum(R->load_cv_chance));
+    json_object_set_new(o, "top_quarter_share", jnum(R->top_quarter_share));
+    json_object_set_new(o, "batch_imbalance", jnum(R->batch_imbalance));
+    json_object_set_new(o, "overlap", jnum(R->overlap));
+    json_object_set_new(o, "precision", jnum(R->precision));
+    json_object_set_new(o, "recall", jnum(R->recall));
+    for (int i = 0; i < R->n_layers; i++) {
+        const struct moetax_report_routing_layer *L = &R->layers[i];
+        json_t *l = json_object(), *load = json_array(), *hot = json_array();
+        for (int e = 0; e < R->n_expert; e++) json_array_append_new(load, json_integer(L->load[e]));
+        for (int h = 0; h < MOETAX_REPORT_N_HOT; h++)
+            if (L->hot[h] >= 0) {
+                json_t *x = json_object();
+                json_object_set_new(x, "expert", json_integer(L->hot[h]));
+                json_object_set_new(x, "tokens", json_integer(L->hot_n[h]));
+                json_array_append_new(hot, x);
+            }
+        json_object_set_new(l, "layer", json_integer(L->layer));
+        json_object_set_new(l, "tokens", json_integer(L->tokens));
+        json_object_set_new(l, "load", load);
+        json_object_set_new(l, "load_min", jnum(L->load_min));
+        json_object_set_new(l, "load_mean", jnum(L->load_mean));
+        json_object_set_new(l, "load_max", jnum(L->load_max));
+        json_object_set_new(l, "load_cv", jnum(L->load_cv));
+        json_object_set_new(l, "top_quarter_share", jnum(L->top_quarter_share));
+        json_object_set_new(l, "hottest", hot);
+        json_object_set_new(l, "batches", json_integer(L->n_batches));
+        json_object_set_new(l, "batch_imbalance", jnum(L->batch_imbalance));
+        json_object_set_new(l, "overlap", jnum(L->overlap));
+        json_object_set_new(l, "predicted_tokens", json_integer(L->n_pred));
+        json_object_set_new(l, "precision", jnum(L->precision));
+        json_object_set_new(l, "recall", jnum(L->recall));
+        json_array_append_new(layers, l);
+    }
+    json_object_set_new(o, "layers", layers);
+    return o;
+}
+
+static int print_json(FILE *f, const struct moetax_report *r) {
+    const struct moetax_report_agg *a = moetax_report_sel(r);
+    double tok = a->tokens > 0 ? 1e6 / (double)a->tokens : 0;
+    json_t *o = json_object();
+    json_object_set_new(o, "file", json_string(r->path));
+    json_object_set_new(o, "source", json_string(r->source == MOETAX_REPORT_SOURCE_LEDGER ? "ledger" : "trace"));
+    json_object_set_new(o, "model", json_string(r->model));
+    json_object_set_new(o, "n_workers", json_integer(r->n_workers));
+    json_object_set_new(o, "n_layer", json_integer(r->n_layer));
+    json_object_set_new(o, "n_expert", json_integer(r->n_expert));
+    json_object_set_new(o, "n_expert_used", json_integer(r->n_expert_used));
+    json_object_set_new(o, "scope", json_string(r->decode_only ? "decode" : "all"));
+    json_object_set_new(o, "tax_share", jnum(moetax_report_tax_share(a)));
+    json_object_set_new(o, "efficiency", jnum(moetax_report_efficiency(a)));
+    json_object_set_new(o, "phase_total_s", jnum(moetax_report_phase_total(a)));
+    json_object_set_new(o, "phase_s", phase_map(a->phase_s, 1));
+    json_object_set_new(o, "per_token_us", phase_map(a->phase_s, tok));
+    json_t *steps = json_object();
+    json_object_set_new(steps, "all", agg_json(&r->all));
+    json_object_set_new(steps, "prefill", agg_json(&r->prefill));
+    json_object_set_new(steps, "decode", agg_json(&r->decode));
+    json_object_set_new(o, "steps", steps);
+    json_t *layers = json_array();
+    for (int l = 0; l < r->n_layer; l++) {
+        json_t *x = json_object();
+        json_object_set_new(x, "layer", json_integer(l));
+        json_object_set_new(x, "moe", json_boolean(r->moe_layer[l]));
+        json_object_set_new(x, "phase_s", phase_map(a->layer_phase_s + (size_t)l * P, 1));
+        json_object_set_new(x, "per_token_us", phase_map(a->layer_phase_s + (size_t)l * P, tok));
+        json_array_append_new(layers, x);
+    }
+    json_object_set_new(o, "layers", layers);
+    json_t *other = json_object();
+    json_object_set_new(other, "phase_s", phase_map(a->other_phase_s, 1));
+    json_object_set_new(other, "per_token_us", phase_map(a->other_phase_s, tok));
+    json_object_set_new(o, "outside_layers", other);
+    json_t *workers = json_array();
+    for (int w = 0; w < r->n_workers; w++) {
+        json_t *x = json_object();
+        json_object_set_new(x, "worker", json_integer(w));
+        json_object_set_new(x, "busy_s", jnum(a->worker_busy_s[w]));
+        json_object_set_new(x, "wait_s", jnum(a->worker_wait_s[w]));
+        json_array_append_new(workers, x);
+    }
+    json_object_set_new(o, "workers", workers);
+    double bm, bx, wm, wx;
+    vec_stats(a->worker_busy_s, r->n_workers, &bm, &bx);
+    vec_stats(a->worker_wait_s, r->n_workers, &wm, &wx);
+    json_object_set_new(o, "busy_imbalance", bm > 0 ? jnum(bx / bm) : json_null());
+    json_object_set_new(o, "wait_imbalance", wm > 0 ? jnum(wx / wm) : json_null());
+    json_object_set_new(o, "dropped_steps", json_integer(r->dropped_steps));
+    json_object_set_new(o, "dropped_spans", json_integer(r->dropped_spans));
+    json_object_set_new(o, "routing", routing_json(r->routing));
+    int rc = json_dumpf(o, f, JSON_INDENT(1) | JSON_REAL_PRECISION(10));
+    fputc('\n', f);
+    json_decref(o);
+    return rc;
+}
+
+int cmd_report(int argc, char **argv) {
+    const char *path = NULL, *html = NULL;
+    bool json = false, err = false;
+    struct moetax_report_params p = {0};
+    for (int i = 1; i < argc; i++) {
+        if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+        else if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--decode-only")) p.decode_only = true;
+        else if (cli_opt(argc, argv, &i, NULL, "--html", &html, &err)) { if (err) return 2; }
+        else if (argv[i][0] == '-' && argv[i][1]) return cli_usage_error("report", "unknown option '%s'", argv[i]);
+        else if (!path) path = argv[i];
+        else return cli_usage_error("report", "only one file, please ('%s' and '%s')", path, argv[i]);
+    }
+    if (!path) return cli_usage_error("report", "no file given (a ledger from --ledger or a trace from --trace)");
+    struct moetax_report *r;
+    moetax_status st = moetax_report_load(path, &p, &r);
+    if (st) return cli_fail("report", st);
+    if (html) {
+        FILE *f = fopen(html, "w");
+        if (!f) {
+            moetax_report_free(r);
+            st = moetax_error(MOETAX_ERR_IO, "%s: cannot write the page: %s", html, strerror(errno));
+            return cli_fail("report", st);
+        }
+        st = moetax_report_write_html(r, f);
+        if (ferror(f) | fclose(f) && !st) st = moetax_error(MOETAX_ERR_IO, "%s: write failed", html);
+        if (st) { moetax_report_free(r); return cli_fail("report", st); }
+    }
+    int rc = 0;
+    if (json) rc = print_json(stdout, r) ? 1 : 0;
+    else {
+        print_text(stdout, r);
+        if (html) printf("\nHTML report written to %s\n", html);
+    }
+    moetax_report_free(r);
+    return rc;
+}
