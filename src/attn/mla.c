@@ -31,10 +31,9 @@ void fw_attention(struct worker *w, int il) {
     fw_phase_begin(w, MOETAX_PHASE_NORM, il);
     fw_split(w, n, 1, &r0, &r1);
     for (int64_t t = r0; t < r1; t++) K->rmsnorm(c->xn + t * d, c->x + t * d, l->attn_norm, d, hp->rms_eps);
-    c->a_in.x = c->xn;
-    c->a_in.ncols = d;
-    c->a_in.n = n;
-    fw_act_prep(c, &c->a_in, r0, r1);
+    struct act ai = fw_act_view(&c->a_in, c->xn, d, n);
+    fw_act_publish(w, &c->a_in, &ai);
+    fw_act_prep(c, &ai, r0, r1);
     fw_phase_end(w);
 
     /* 2: q (or q_a) and kv_a projections, rows of both split together */
@@ -51,9 +50,9 @@ void fw_attention(struct worker *w, int il) {
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
         fw_split(w, n, 1, &r0, &r1);
         for (int64_t t = r0; t < r1; t++) K->rmsnorm(c->qa + t * ql, c->qa + t * ql, l->q_a_norm, ql, hp->rms_eps);
-        c->a_in.x = c->qa;
-        c->a_in.ncols = ql;
-        fw_act_prep(c, &c->a_in, r0, r1);
+        struct act aq = fw_act_view(&c->a_in, c->qa, ql, n);
+        fw_act_publish(w, &c->a_in, &aq);
+        fw_act_prep(c, &aq, r0, r1);
         fw_phase_end(w);
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
         fw_split(w, qrow, 8, &r0, &r1);
@@ -126,10 +125,9 @@ void fw_attention(struct worker *w, int il) {
     /* 5: prepare the concatenated head outputs */
     fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     fw_split(w, n, 1, &r0, &r1);
-    c->a_in.x = c->attv;
-    c->a_in.ncols = H * vh;
-    c->a_in.n = n;
-    fw_act_prep(c, &c->a_in, r0, r1);
+    struct act av = fw_act_view(&c->a_in, c->attv, H * vh, n);
+    fw_act_publish(w, &c->a_in, &av);
+    fw_act_prep(c, &av, r0, r1);
     fw_phase_end(w);
 
     /* 6: x += W_o attv; each worker owns a row range of the output */

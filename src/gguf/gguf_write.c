@@ -98,6 +98,7 @@ void moetax_gguf_writer_free(struct moetax_gguf_writer *w) {
 }
 
 static moetax_status kv_put(struct moetax_gguf_writer *w, const void *p, size_t n) {
+    if (n == 0) return MOETAX_OK;
     if (w->kv_len + n > w->kv_cap) {
         size_t cap = w->kv_cap ? w->kv_cap : 4096;
         while (cap < w->kv_len + n) cap *= 2;

@@ -4,6 +4,9 @@
 
 #include <math.h>
 #include <pthread.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,15 +71,28 @@ static const struct moetax_kernels *g_best;
 static bool g_has_avx2;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
+/* cpuid: AVX2 (leaf 7 ebx bit 5), FMA and F16C (leaf 1 ecx bits 12, 29), and the OS saving YMM
+ * state (OSXSAVE, XCR0 bits 1-2). Read directly: compilers differ in the feature names they accept. */
+static bool cpu_has_avx2_fma_f16c(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    bool fma = c & (1u << 12), osxsave = c & (1u << 27), avx = c & (1u << 28), f16c = c & (1u << 29);
+    if (!(fma && osxsave && avx && f16c)) return false;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 6u) != 6u) return false;
+    if (__get_cpuid_max(0, NULL) < 7) return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    return b & (1u << 5);
+#else
+    return false;
+#endif
+}
+
 static void select_once(void) {
     moetax_k_tables_init();
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    g_has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                 __builtin_cpu_supports("f16c");
-#else
-    g_has_avx2 = false;
-#endif
+    g_has_avx2 = cpu_has_avx2_fma_f16c();
     const char *force = getenv("MOETAX_FORCE_REF");
     const bool use_ref = force && force[0] && strcmp(force, "0") != 0;
     g_best = (g_has_avx2 && !use_ref) ? &k_avx2 : &k_ref;

@@ -76,6 +76,18 @@ void fw_split(const struct worker *w, int64_t n, int64_t align, int64_t *r0, int
 
 /* ---- activations and matmul ---------------------------------------------------- */
 
+struct act fw_act_view(const struct act *slot, const float *x, int64_t ncols, int64_t n) {
+    return (struct act){.x = x, .ncols = ncols, .n = n, .q8 = slot->q8, .q4 = slot->q4, .cap_q8 = slot->cap_q8,
+                        .cap_q4 = slot->cap_q4};
+}
+
+void fw_act_publish(const struct worker *w, struct act *slot, const struct act *view) {
+    if (w->ith != 0) return;
+    if (slot->x != view->x) slot->x = view->x; /* unchanged fields are not rewritten: others may read them */
+    slot->ncols = view->ncols;
+    slot->n = view->n;
+}
+
 void fw_act_prep(const struct moetax_ctx *c, struct act *a, int64_t t0, int64_t t1) {
     if (t1 <= t0) return;
     const struct moetax_model *m = c->m;
@@ -124,11 +136,10 @@ static void dense_ffn(struct worker *w, const struct moetax_layer *l, int il) {
     for (int64_t t = 0; t < n; t++) c->K->silu_mul(c->hid + t * ff + r0, c->hid + t * ff + r0, c->tmp + t * ff + r0, r1 - r0);
     fw_phase_end(w);
     fw_phase_begin(w, MOETAX_PHASE_DENSE, il);
-    c->a_hid.x = c->hid;
-    c->a_hid.ncols = ff;
-    c->a_hid.n = n;
+    struct act ah = fw_act_view(&c->a_hid, c->hid, ff, n);
+    fw_act_publish(w, &c->a_hid, &ah);
     fw_split(w, n, 1, &r0, &r1);
-    fw_act_prep(c, &c->a_hid, r0, r1);
+    fw_act_prep(c, &ah, r0, r1);
     fw_phase_end(w);
     fw_phase_begin(w, MOETAX_PHASE_DENSE, il);
     fw_split(w, d, 8, &r0, &r1);
@@ -148,10 +159,9 @@ static void norm_prep(struct worker *w, const float *weight, int64_t t_first, en
     r0 += t_first;
     r1 += t_first;
     for (int64_t t = r0; t < r1; t++) c->K->rmsnorm(c->xn + t * d, c->x + t * d, weight, d, c->m->hp.rms_eps);
-    c->a_in.x = c->xn;
-    c->a_in.ncols = d;
-    c->a_in.n = c->n;
-    fw_act_prep(c, &c->a_in, r0, r1);
+    struct act ai = fw_act_view(&c->a_in, c->xn, d, c->n);
+    fw_act_publish(w, &c->a_in, &ai);
+    fw_act_prep(c, &ai, r0, r1);
     fw_phase_end(w);
 }
 

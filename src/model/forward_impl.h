@@ -112,6 +112,12 @@ int64_t fw_chunk(struct worker *w, int64_t n, int64_t step);
 /* Static split [*r0, *r1) of n items for this worker, aligned to `align`. */
 void fw_split(const struct worker *w, int64_t n, int64_t align, int64_t *r0, int64_t *r1);
 
+/* A view of an activation slot's buffers describing the matrix x [n, ncols].
+ * The slot's buffers never change after init, so every worker can take a view
+ * while worker 0 publishes the descriptor with fw_act_publish (the barrier at
+ * the end of the phase makes it visible to the next phases). */
+struct act fw_act_view(const struct act *slot, const float *x, int64_t ncols, int64_t n);
+void fw_act_publish(const struct worker *w, struct act *slot, const struct act *view);
 /* Prepare rows [t0, t1) of an activation (x set, ncols, n). */
 void fw_act_prep(const struct moetax_ctx *c, struct act *a, int64_t t0, int64_t t1);
 /* The xq pointer for a weight type. */

@@ -163,9 +163,8 @@ void fw_moe(struct worker *w, int il) {
 
     /* 2: worker 0 routes and plans; the others prepare the shared hidden */
     fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
-    c->a_hid.x = c->hid;
-    c->a_hid.ncols = Fs;
-    c->a_hid.n = n;
+    struct act ah = fw_act_view(&c->a_hid, c->hid, Fs, n);
+    fw_act_publish(w, &c->a_hid, &ah);
     if (w->ith == 0) {
         route_tokens(c, s, il);
         if (moetax_ledger_routing_on(c->ledger)) {
@@ -179,11 +178,11 @@ void fw_moe(struct worker *w, int il) {
     }
     if (Fs) {
         fw_mark(w, MOETAX_PHASE_SHARED);
-        if (w->nth == 1) fw_act_prep(c, &c->a_hid, 0, n);
+        if (w->nth == 1) fw_act_prep(c, &ah, 0, n);
         else if (w->ith > 0) {
             struct worker sub = {.c = c, .ith = w->ith - 1, .nth = w->nth - 1};
             fw_split(&sub, n, 1, &r0, &r1);
-            fw_act_prep(c, &c->a_hid, r0, r1);
+            fw_act_prep(c, &ah, r0, r1);
         }
     }
     fw_phase_end(w);
@@ -192,10 +191,10 @@ void fw_moe(struct worker *w, int il) {
     const struct act *ain = &c->a_in;
     if (n > 1) {
         fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
-        c->a_exp.ncols = d;
-        c->a_exp.n = n * k;
-        fw_split(w, c->a_exp.n, 1, &r0, &r1);
-        for (int64_t i = r0; i < r1; i++) copy_prepared_row(c, &c->a_in, pl->slot_token[i], &c->a_exp, i);
+        struct act ae = fw_act_view(&c->a_exp, c->a_exp.x, d, n * k);
+        fw_act_publish(w, &c->a_exp, &ae);
+        fw_split(w, n * k, 1, &r0, &r1);
+        for (int64_t i = r0; i < r1; i++) copy_prepared_row(c, &c->a_in, pl->slot_token[i], &ae, i);
         fw_phase_end(w);
         ain = &c->a_exp;
     }
@@ -217,11 +216,10 @@ void fw_moe(struct worker *w, int il) {
 
     /* 5: prepare (quantize) the expert hidden rows */
     fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
-    c->a_eh.x = c->eh;
-    c->a_eh.ncols = F;
-    c->a_eh.n = n * k;
-    fw_split(w, c->a_eh.n, 1, &r0, &r1);
-    fw_act_prep(c, &c->a_eh, r0, r1);
+    struct act aeh = fw_act_view(&c->a_eh, c->eh, F, n * k);
+    fw_act_publish(w, &c->a_eh, &aeh);
+    fw_split(w, n * k, 1, &r0, &r1);
+    fw_act_prep(c, &aeh, r0, r1);
     fw_phase_end(w);
 
     /* 6: down projections per block of output rows into ydown, then this
