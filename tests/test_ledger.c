@@ -134,7 +134,7 @@ static void delay_injection(void) {
         double base[MOETAX_PHASE_COUNT];
         run_model(m, threads, 0, 0, base);
         for (size_t ti = 0; ti < sizeof targets / sizeof targets[0]; ti++) {
-            const uint64_t delay = 300000; /* 300 us per entry */
+            const uint64_t delay = 500000; /* 500 us per entry */
             double got[MOETAX_PHASE_COUNT];
             run_model(m, threads, targets[ti], delay, got);
             double added = got[targets[ti]] - base[targets[ti]];
@@ -154,7 +154,9 @@ static void delay_injection(void) {
             for (int p = 0; strict && p < MOETAX_PHASE_COUNT; p++) {
                 if (p == (int)targets[ti]) continue;
                 double diff = got[p] - base[p];
-                CHECK_MSG(fabs(diff) < 0.1 * want, "%d threads, delay in %s leaked into %s: %+.0f us (of %.0f)", threads,
+                /* noise allowance: a tenth of the injected time or a fifth of the phase itself
+                 * (sanitizer builds run the phases many times slower) */
+                CHECK_MSG(fabs(diff) < fmax(0.1 * want, 0.2 * base[p]), "%d threads, delay in %s leaked into %s: %+.0f us (of %.0f)", threads,
                           moetax_phase_name(targets[ti]), moetax_phase_name((enum moetax_phase)p), 1e6 * diff, 1e6 * want);
             }
         }
