@@ -9,7 +9,8 @@
  *   out_h = W_vb[h] o_h;  x += W_o [out_0 .. out_H-1]
  *
  * Barriers (phases) per layer: 1 norm+prep, 2 q/kv_a projections, (+2 with
- * q_lora: q_a norm+prep, q_b), 3 rope/cache/q_abs, 4 attention+v_b, 5 prep, 6 W_o.
+ * q_lora: q_a norm+prep, q_b), 3 rope/cache/q_abs, 4 attention (+v_b for one
+ * token; a batch adds 4b: v_b per head over all tokens), 5 prep, 6 W_o.
  */
 #include <math.h>
 #include <string.h>
@@ -60,44 +61,48 @@ void fw_attention(struct worker *w, int il) {
         fw_phase_end(w);
     }
 
-    /* 3: per token: kv norm + rope(k_pe) into the cache; per (token, head): rope(q_pe), q_abs = W_kb[h] q_nope */
+    /* 3: per token: kv norm + rope(k_pe) into the cache; per head, for all tokens of the
+     * micro-batch at once: rope(q_pe) and q_abs = W_kb[h] q_nope (one batched matmul per head,
+     * so each head's W_kb is read once per micro-batch) */
     fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     struct scratch *s = &c->scr[w->ith];
-    float *qn = s->f;                 /* [nope] */
-    for (int64_t it; (it = fw_chunk(w, n * (H + 1), 1)) >= 0;) {
-        int64_t t = it / (H + 1), h = it % (H + 1);
-        int64_t p = c->pos0 + t;
-        const float *cs = c->ropecs + t * rope;
-        if (h == H) {
+    for (int64_t it; (it = fw_chunk(w, n + H, 1)) >= 0;) {
+        if (it < n) {
+            int64_t t = it, p = c->pos0 + t;
             float *dst = c->kv + ((int64_t)il * c->n_ctx + p) * kvr;
             const float *src = c->kva + t * kvr;
             K->rmsnorm(dst, src, l->kv_a_norm, kvl, hp->rms_eps);
             memcpy(dst + kvl, src + kvl, sizeof(float) * (size_t)rope);
-            K->rope_cached(dst + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, cs);
+            K->rope_cached(dst + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, c->ropecs + t * rope);
             continue;
         }
-        const float *qh = c->q + t * qrow + h * (nope + rope);
-        float *Q = c->qabs + (t * H + h) * kvr;
-        memcpy(Q + kvl, qh + nope, sizeof(float) * (size_t)rope);
-        K->rope_cached(Q + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, cs);
-        memcpy(qn, qh, sizeof(float) * (size_t)nope);
-        struct act a = {.x = qn, .ncols = nope, .n = 1, .q8 = s->q, .q4 = s->q, .cap_q8 = s->nq, .cap_q4 = s->nq};
+        int64_t h = it - n;
+        float *qn = s->f; /* [n, nope] gathered q_nope of head h */
+        for (int64_t t = 0; t < n; t++) {
+            const float *qh = c->q + t * qrow + h * (nope + rope);
+            float *Q = c->qabs + (t * H + h) * kvr;
+            memcpy(Q + kvl, qh + nope, sizeof(float) * (size_t)rope);
+            K->rope_cached(Q + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, c->ropecs + t * rope);
+            memcpy(qn + t * nope, qh, sizeof(float) * (size_t)nope);
+        }
+        struct act a = {.x = qn, .ncols = nope, .n = n, .q8 = s->q, .q4 = s->q, .cap_q8 = s->nq, .cap_q4 = s->nq};
         if (l->wk_b.type == MOETAX_TYPE_Q8_0 || l->wk_b.type == MOETAX_TYPE_Q4_0)
-            K->quantize_act(l->wk_b.type, qn, nope, nope, 1, s->q);
-        fw_matmul(c, &l->wk_b, h, 0, kvl, &a, 0, 1, Q, kvl);
+            K->quantize_act(l->wk_b.type, qn, nope, nope, n, s->q);
+        fw_matmul(c, &l->wk_b, h, 0, kvl, &a, 0, n, c->qabs + h * kvr, H * kvr);
     }
     fw_phase_end(w);
 
     /* 4: attention per (token, group of heads): the shared compressed KV rows are
      * read once for all heads of the group (scores = one matmul over the cache
      * with the group's queries as the batch), then o_h = sum_j p_hj kv_j with
-     * kv_j reused across the group, then out_h = W_vb[h] o_h */
+     * kv_j reused across the group. One token: out_h = W_vb[h] o_h right here;
+     * a batch: o goes to c->oatt and phase 4b runs W_vb per head over all tokens. */
     fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     const float *kvc = c->kv + (int64_t)il * c->n_ctx * kvr;
     const int64_t G = w->nth > 1 ? (H < 2 * w->nth ? H : 2 * w->nth) : 1; /* head groups per token */
     const int64_t np_max = c->pos0 + n;
     float *sc = s->f;                 /* [heads of a group][np_max] scores */
-    float *o = s->f + H * np_max;     /* [heads of a group][kvl] */
+    float *o1 = s->f + H * np_max;    /* [heads of a group][kvl] (one token) */
     for (int64_t it; (it = fw_chunk(w, n * G, 1)) >= 0;) {
         int64_t t = it / G, g = it % G;
         int64_t h0 = H * g / G, h1 = H * (g + 1) / G, nh = h1 - h0;
@@ -108,19 +113,35 @@ void fw_attention(struct worker *w, int il) {
             K->scale(sc + hh * np_max, hp->kq_scale, np);
             K->softmax(sc + hh * np_max, np);
         }
+        float *o = n == 1 ? o1 : c->oatt + (t * H + h0) * kvl;
         memset(o, 0, sizeof(float) * (size_t)(nh * kvl));
         for (int64_t j = 0; j < np; j++)
             for (int64_t hh = 0; hh < nh; hh++) K->axpy(o + hh * kvl, sc[hh * np_max + j], kvc + j * kvr, kvl);
+        if (n > 1) continue;
         for (int64_t hh = 0; hh < nh; hh++) {
             int64_t h = h0 + hh;
             float *oh = o + hh * kvl;
             struct act a = {.x = oh, .ncols = kvl, .n = 1, .q8 = s->q, .q4 = s->q, .cap_q8 = s->nq, .cap_q4 = s->nq};
             if (l->wv_b.type == MOETAX_TYPE_Q8_0 || l->wv_b.type == MOETAX_TYPE_Q4_0)
                 K->quantize_act(l->wv_b.type, oh, kvl, kvl, 1, s->q);
-            fw_matmul(c, &l->wv_b, h, 0, vh, &a, 0, 1, c->attv + t * H * vh + h * vh, vh);
+            fw_matmul(c, &l->wv_b, h, 0, vh, &a, 0, 1, c->attv + h * vh, vh);
         }
     }
     fw_phase_end(w);
+
+    /* 4b (batches): out_h = W_vb[h] o_h for all tokens, one batched matmul per head */
+    if (n > 1) {
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+        for (int64_t h; (h = fw_chunk(w, H, 1)) >= 0;) {
+            float *og = s->f; /* [n, kvl] gathered o of head h */
+            for (int64_t t = 0; t < n; t++) memcpy(og + t * kvl, c->oatt + (t * H + h) * kvl, sizeof(float) * (size_t)kvl);
+            struct act a = {.x = og, .ncols = kvl, .n = n, .q8 = s->q, .q4 = s->q, .cap_q8 = s->nq, .cap_q4 = s->nq};
+            if (l->wv_b.type == MOETAX_TYPE_Q8_0 || l->wv_b.type == MOETAX_TYPE_Q4_0)
+                K->quantize_act(l->wv_b.type, og, kvl, kvl, n, s->q);
+            fw_matmul(c, &l->wv_b, h, 0, vh, &a, 0, n, c->attv + h * vh, H * vh);
+        }
+        fw_phase_end(w);
+    }
 
     /* 5: prepare the concatenated head outputs */
     fw_phase_begin(w, MOETAX_PHASE_ATTN, il);

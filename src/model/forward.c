@@ -278,6 +278,7 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     A(c->kva, U * c->kv_row);
     A(c->qabs, U * H * c->kv_row);
     A(c->attv, U * H * vh);
+    A(c->oatt, U * H * kvl);
     A(c->tmp, U * max64(d, ffmax));
     A(c->hid, U * ffmax);
     A(c->router, U * max64(E, 1));
@@ -307,8 +308,9 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     if (!st) st = act_alloc(c, &c->a_eh, max64(F, 1), U * k, false);
     for (int i = 0; !st && i < c->n_threads; i++) {
         struct scratch *s = &c->scr[i];
-        s->nf = (size_t)max64(max64(H * (c->n_ctx + kvl), 2 * E + 2), max64(U * k, U) * 32 + nope);
-        s->nq = moetax_act_size(MOETAX_TYPE_Q4_0, up32(max64(nope, kvl)), 1) + 64;
+        s->nf = (size_t)max64(max64(H * (c->n_ctx + kvl), 2 * E + 2),
+                              max64(max64(U * k, U) * 32 + nope, U * max64(nope, kvl)));
+        s->nq = moetax_act_size(MOETAX_TYPE_Q4_0, up32(max64(nope, kvl)), U) + 64;
         s->f = calloc(s->nf, sizeof(float));
         s->q = aligned_alloc(64, (s->nq + 63) / 64 * 64);
         if (!s->f || !s->q) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
@@ -326,7 +328,7 @@ void moetax_ctx_free(struct moetax_ctx *c) {
     if (!c) return;
     if (c->own_pool) moetax_pool_free(c->pool);
     free(c->kv);
-    free(c->x); free(c->xn); free(c->qa); free(c->q); free(c->kva); free(c->qabs); free(c->attv);
+    free(c->x); free(c->xn); free(c->qa); free(c->q); free(c->kva); free(c->qabs); free(c->attv); free(c->oatt);
     free(c->tmp); free(c->hid); free(c->router); free(c->ropecs); free(c->eh); free(c->eh_g);
     free(c->sel); free(c->selw); free(c->pred); free(c->pred_ok);
     free(c->plan.fill); free(c->ydown); free(c->pred_x); free(c->pred_logits); free(c->pred_p); free(c->pred_q);

@@ -57,6 +57,7 @@ struct moetax_ctx {
     float *kva;            /* [U, kv_lora + rope] */
     float *qabs;           /* [U, H, kv_lora + rope] */
     float *attv;           /* [U, H*v_head] */
+    float *oatt;           /* [U, H, kv_lora] attention outputs before W_vb (batches) */
     float *tmp;            /* [U, max(d, ...)] matmul output before the residual add */
     float *hid;            /* [U, max(n_ff, F*n_shared)] dense / shared hidden */
     float *router;         /* [U, E] router logits */
