@@ -354,7 +354,8 @@ static moetax_status write_metadata(const struct moetax_gen_params *p, struct mo
         TRY(moetax_gguf_writer_set_u32(w, KEY("attention.value_length_mla"), (uint32_t)p->n_embd_head_v));
     }
     TRY(moetax_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), p->rms_eps));
-    if (p->q_lora_rank > 0) TRY(moetax_gguf_writer_set_u32(w, KEY("attention.q_lora_rank"), (uint32_t)p->q_lora_rank));
+    /* llama.cpp requires the key (0 = plain attn_q) unless it recognises a Lite layer count */
+    TRY(moetax_gguf_writer_set_u32(w, KEY("attention.q_lora_rank"), (uint32_t)p->q_lora_rank));
     TRY(moetax_gguf_writer_set_u32(w, KEY("attention.kv_lora_rank"), (uint32_t)p->kv_lora_rank));
     TRY(moetax_gguf_writer_set_f32(w, KEY("rope.freq_base"), p->rope_freq_base));
     TRY(moetax_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)p->n_embd_head_qk_rope));
