@@ -8,7 +8,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "moetax/model.h"
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+/* Fault the whole mapping in now (page tables and, if needed, reads) when it
+ * fits comfortably in RAM, so first-touch faults are paid at load and not in
+ * the first decode steps. Best effort: older kernels lack MADV_POPULATE_READ. */
+static void prefault_mapping(const struct moetax_gguf *g) {
+    if (!g->mapped) return;
+    long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || psz <= 0 || (double)g->size > 0.5 * (double)pages * (double)psz) return;
+    (void)madvise((void *)g->base, g->size, MADV_POPULATE_READ);
+}
 
 struct owned {
     void **ptr;
@@ -371,6 +388,7 @@ moetax_status moetax_model_load(const char *path, struct moetax_model **out) {
         if (!m->layers) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     }
     for (int il = 0; !st && il < m->hp.n_layer; il++) st = bind_layer(m, il);
+    if (!st) prefault_mapping(m->gguf);
     if (st) {
         moetax_model_free(m);
         return st;
