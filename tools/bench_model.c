@@ -70,6 +70,7 @@ struct opts {
 
 struct result {
     double tps, p50, p99, us_layer, tax_share, overhead, tax_us; /* decode: ledger tax per token (us) */
+    double phase_us[MOETAX_PHASE_COUNT];                         /* ledger us per token by phase */
 };
 
 /* Run every test of one model at one thread count; results[kind][i]. */
@@ -142,6 +143,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             rr->p99 = kind ? 1e3 * pct(times, nt, 0.99) : 0;
             rr->tax_share = moetax_ledger_tax_share(dph);
             rr->tax_us = tok1 > tok0 ? 1e6 * tax / (double)(tok1 - tok0) : 0;
+            for (int p = 0; p < MOETAX_PHASE_COUNT; p++) rr->phase_us[p] = tok1 > tok0 ? 1e6 * dph[p] / (double)(tok1 - tok0) : 0;
             double gbps = kind ? active * rr->tps / 1e9 : 0;
             double ratio = kind && read_gbps > 0 ? gbps / read_gbps : 0;
             rr->us_layer = 1e6 / rr->tps / m->hp.n_layer;
@@ -228,18 +230,38 @@ int bench_model_main(int argc, char **argv) {
             ot.lo = (struct cli_ledger_opts){0};
             st = bench_model(twin, pool, read_gbps, &ot, false, dense);
             for (int i = 0; !st && i < o.ntg; i++) {
-                double t_moe = 1e6 / moe[1][i].tps, t_dense = 1e6 / dense[1][i].tps;
-                double diff = t_moe - t_dense, tax = moe[1][i].tax_us;
+                const struct result *a = &moe[1][i], *b = &dense[1][i];
+                double t_moe = 1e6 / a->tps, t_dense = 1e6 / b->tps, diff = t_moe - t_dense;
+                /* decompose MoE - dense with both ledgers: the tax phases, the FFN arithmetic
+                 * (routed + shared experts against the dense FFN), and everything else */
+                double dtax = 0, dffn, dother = 0;
+                for (int p = 0; p < MOETAX_PHASE_N_TAX; p++) dtax += a->phase_us[p] - b->phase_us[p];
+                dffn = a->phase_us[MOETAX_PHASE_EXPERT] + a->phase_us[MOETAX_PHASE_SHARED] + a->phase_us[MOETAX_PHASE_DENSE] -
+                       (b->phase_us[MOETAX_PHASE_EXPERT] + b->phase_us[MOETAX_PHASE_SHARED] + b->phase_us[MOETAX_PHASE_DENSE]);
+                for (int p = MOETAX_PHASE_N_TAX; p < MOETAX_PHASE_COUNT; p++)
+                    if (p != MOETAX_PHASE_EXPERT && p != MOETAX_PHASE_SHARED && p != MOETAX_PHASE_DENSE)
+                        dother += a->phase_us[p] - b->phase_us[p];
+                double ledger_diff = dtax + dffn + dother;
+                /* stated margin: the two measures agree if the ledger's account of the difference is
+                 * within 25% of the measured difference (or 5% of the MoE step, for small differences) */
+                double margin = fmax(0.25 * fabs(diff), 0.05 * t_moe);
+                bool agree = fabs(ledger_diff - diff) <= margin;
                 if (o.json)
                     printf("{\"test\": \"twin_tg%lld\", \"threads\": %d, \"moe_us_per_token\": %.2f, \"dense_us_per_token\": %.2f, "
-                           "\"moe_minus_dense_us\": %.2f, \"ledger_tax_us\": %.2f, \"dense_tax_us\": %.2f}\n",
-                           (long long)o.tg[i], moetax_pool_n_threads(pool), t_moe, t_dense, diff, tax, dense[1][i].tax_us);
-                else
-                    printf("\ndense twin, tg%lld, %d threads: MoE %.1f us/token, dense %.1f us/token: MoE - dense = %.1f us;"
-                           " ledger tax of the MoE run %.1f us/token (of the dense run %.1f us)\n"
-                           "  (MoE - dense also holds the MoE's less efficient expert arithmetic: many small matrices;\n"
-                           "   the ledger books that to 'expert', not to tax)\n",
-                           (long long)o.tg[i], moetax_pool_n_threads(pool), t_moe, t_dense, diff, tax, dense[1][i].tax_us);
+                           "\"moe_minus_dense_us\": %.2f, \"ledger_tax_us\": %.2f, \"dense_tax_us\": %.2f, \"delta_tax_us\": %.2f, "
+                           "\"delta_ffn_us\": %.2f, \"delta_other_us\": %.2f, \"ledger_explains_us\": %.2f, \"agree\": %s}\n",
+                           (long long)o.tg[i], moetax_pool_n_threads(pool), t_moe, t_dense, diff, a->tax_us, b->tax_us, dtax,
+                           dffn, dother, ledger_diff, agree ? "true" : "false");
+                else {
+                    printf("\ndense twin, tg%lld, %d threads: MoE %.1f us/token, dense %.1f us/token: MoE - dense = %.1f us\n",
+                           (long long)o.tg[i], moetax_pool_n_threads(pool), t_moe, t_dense, diff);
+                    printf("  the ledgers: tax %+.1f us (MoE %.1f, dense %.1f), FFN arithmetic %+.1f us (experts vs dense FFN),"
+                           " other %+.1f us: %.1f us explained\n", dtax, a->tax_us, b->tax_us, dffn, dother, ledger_diff);
+                    printf("  %s (margin: 25%% of the difference or 5%% of the MoE step)%s\n",
+                           agree ? "the twin and the ledgers agree" : "the twin and the ledgers DISAGREE",
+                           dffn > 0.25 * fabs(diff) ? "; a large part of MoE - dense is expert arithmetic on many small"
+                                                     " matrices, which the ledger books as work, not tax" : "");
+                }
             }
         }
         moetax_pool_free(pool);
