@@ -12,6 +12,7 @@
 #include "moetax/sampler.h"
 #include "moetax/tokenizer.h"
 #include "ledger_cli.h"
+#include "store_cli.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -35,7 +36,7 @@ static void usage(FILE *f) {
             "  --ignore-eos         keep generating past the end-of-sequence token\n"
             "  --no-display-prompt  do not echo the prompt\n"
             "  --json               print the final statistics as one JSON object on stdout\n"
-            "%s", cli_ledger_help());
+            "%s%s", cli_ledger_help(), cli_store_help());
 }
 
 static void on_progress(void *user, uint64_t done, uint64_t total) {
@@ -74,6 +75,7 @@ int cmd_run(int argc, char **argv) {
     bool ignore_eos = false, echo = true, json = false;
     struct moetax_sampler_params sp = moetax_sampler_default_params();
     struct cli_ledger_opts lo = {0};
+    struct cli_store_opts so = {0};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;
@@ -102,6 +104,7 @@ int cmd_run(int argc, char **argv) {
         F_OPT("--min-p", sp.min_p, 0, 1)
         F_OPT("--repeat-penalty", sp.repeat_penalty, 0, 100)
         else if (cli_ledger_opt(argc, argv, &i, &lo, &err)) { if (err) return 2; }
+        else if (cli_store_opt(argc, argv, &i, &so, &err)) { if (err) return 2; }
         else if (!strcmp(argv[i], "--ignore-eos")) ignore_eos = true;
         else if (!strcmp(argv[i], "--no-display-prompt")) echo = false;
         else if (!strcmp(argv[i], "--json")) json = true;
@@ -133,6 +136,7 @@ int cmd_run(int argc, char **argv) {
     struct moetax_sampler *smp = NULL;
     struct moetax_ctx *c = NULL;
     struct moetax_ledger *led = NULL;
+    struct moetax_store *store = NULL;
     int32_t *ids = NULL;
     float *logits = NULL;
     double *tpot = NULL;
@@ -145,6 +149,18 @@ int cmd_run(int argc, char **argv) {
     }
     if ((st = moetax_sampler_init(&sp, m->hp.n_vocab, &smp))) goto done;
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)n_ctx, .n_threads = (int32_t)n_threads};
+    if (so.budgets) {
+        uint64_t budget;
+        if (!cli_store_parse_budget(so.budgets, cli_store_expert_bytes(m), &budget)) {
+            st = moetax_error(MOETAX_ERR_ARG, "--expert-budget: '%s' is not a size (2G, 512M) or a percentage (25%%)", so.budgets);
+            goto done;
+        }
+        int ub = 64;
+        if ((st = cli_store_open(m, &so, budget, &ub, &store))) goto done;
+        cp.store = store;
+        cp.n_ubatch = ub;
+        cp.no_prefetch = so.no_prefetch;
+    }
     if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
     if ((st = cli_ledger_new(m, moetax_ctx_n_threads(c), &lo, &led))) goto done;
     moetax_ctx_set_ledger(c, led);
@@ -204,11 +220,13 @@ int cmd_run(int argc, char **argv) {
     fprintf(stderr, "  time to first token %.1f ms, time per output token %.2f ms (median %.2f ms)\n", 1e3 * t_first,
             n_tp ? 1e3 * t_decode / (double)n_tp : 0, 1e3 * p50);
     cli_ledger_summary(stderr, led, n_tp > 0);
+    if (store) cli_store_summary(stderr, store, n_prompt + n_gen);
     st = cli_ledger_outputs(led, m, model, &lo);
 done:
     if (c) moetax_ctx_set_ledger(c, NULL);
     moetax_ledger_free(led);
     moetax_ctx_free(c);
+    moetax_store_free(store);
     moetax_sampler_free(smp);
     moetax_tokenizer_free(tok);
     moetax_model_free(m);

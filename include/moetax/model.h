@@ -129,6 +129,21 @@ struct moetax_model {
 
 moetax_status moetax_model_load(const char *path, struct moetax_model **out);
 void moetax_model_free(struct moetax_model *m);
+/* Fault tensors into memory now (best effort, when they fit in half the free
+ * RAM): the resident part (routed_experts = false; done by moetax_model_load)
+ * or the routed experts (done by a context without an expert store). */
+void moetax_model_prefault(const struct moetax_model *m, bool routed_experts);
+
+/* Open an expert store over the model's routed experts (every MoE layer's
+ * gate/up/down rows of each expert registered as file ranges) with the given
+ * parameters (path defaults to the model's file). The micro-batch is fitted to
+ * the budget: *n_ubatch_out <= n_ubatch such that every expert one layer can
+ * use for it fits at once; a budget smaller than one token's experts is an
+ * error that names the minimum. */
+struct moetax_store;
+struct moetax_store_params;
+moetax_status moetax_model_store_open(const struct moetax_model *m, const struct moetax_store_params *sp,
+                                      int n_ubatch, struct moetax_store **out, int *n_ubatch_out);
 /* Bytes of weights a decoded token reads (routed experts k/E, one embedding row). */
 double moetax_model_active_bytes(const struct moetax_model *m);
 
@@ -137,6 +152,9 @@ struct moetax_ctx_params {
     int32_t n_ubatch;         /* max tokens per micro-batch; 0: 64 */
     int32_t n_threads;        /* 0: online CPUs (ignored when pool is given) */
     struct moetax_pool *pool; /* optional shared pool (not owned) */
+    struct moetax_store *store; /* optional expert store (not owned; see moetax_model_store_open):
+                                   routed experts are read through it instead of the mapping */
+    bool no_prefetch;           /* with a store: only on-demand reads (no cross-layer prefetch) */
 };
 
 struct moetax_ctx;

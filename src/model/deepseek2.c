@@ -12,19 +12,38 @@
 #include <unistd.h>
 
 #include "moetax/model.h"
+#include "moetax/store.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
 #endif
 
-/* Fault the whole mapping in now (page tables and, if needed, reads) when it
- * fits comfortably in RAM, so first-touch faults are paid at load and not in
- * the first decode steps. Best effort: older kernels lack MADV_POPULATE_READ. */
-static void prefault_mapping(const struct moetax_gguf *g) {
+static bool is_routed_expert_tensor(const struct moetax_gguf_tensor *t) {
+    for (uint64_t i = 0; i + 6 <= t->name.len; i++)
+        if (!memcmp(t->name.data + i, "_exps.", 6)) return true;
+    return false;
+}
+
+/* Fault tensors in now (page tables and, if needed, reads) when they fit
+ * comfortably in RAM, so first-touch faults are paid at load and not in the
+ * first decode steps: the resident part at load, the routed experts when a
+ * context runs without an expert store (with one, they are never mapped in).
+ * Best effort: older kernels lack MADV_POPULATE_READ. */
+void moetax_model_prefault(const struct moetax_model *m, bool routed_experts) {
+    const struct moetax_gguf *g = m->gguf;
     if (!g->mapped) return;
     long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || psz <= 0 || (double)g->size > 0.5 * (double)pages * (double)psz) return;
-    (void)madvise((void *)g->base, g->size, MADV_POPULATE_READ);
+    if (pages <= 0 || psz <= 0) return;
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (is_routed_expert_tensor(&g->tensors[i]) == routed_experts) total += g->tensors[i].nbytes;
+    if ((double)total > 0.5 * (double)pages * (double)psz) return;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const struct moetax_gguf_tensor *t = &g->tensors[i];
+        if (is_routed_expert_tensor(t) != routed_experts || !t->nbytes) continue;
+        uintptr_t a = (uintptr_t)t->data & ~(uintptr_t)(psz - 1);
+        (void)madvise((void *)a, (uintptr_t)t->data + t->nbytes - a, MADV_POPULATE_READ);
+    }
 }
 
 struct owned {
@@ -388,7 +407,7 @@ moetax_status moetax_model_load(const char *path, struct moetax_model **out) {
         if (!m->layers) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     }
     for (int il = 0; !st && il < m->hp.n_layer; il++) st = bind_layer(m, il);
-    if (!st) prefault_mapping(m->gguf);
+    if (!st) moetax_model_prefault(m, false);
     if (st) {
         moetax_model_free(m);
         return st;
@@ -415,4 +434,66 @@ double moetax_model_active_bytes(const struct moetax_model *m) {
         b += sizeof(float) * (double)hp->n_embd * 2; /* norms */
     }
     return b;
+}
+
+/* ---- expert store ---------------------------------------------------------------- */
+
+moetax_status moetax_model_store_open(const struct moetax_model *m, const struct moetax_store_params *sp,
+                                      int n_ubatch, struct moetax_store **out, int *n_ubatch_out) {
+    const struct moetax_hparams *hp = &m->hp;
+    *out = NULL;
+    if (hp->n_expert <= 0) return moetax_error(MOETAX_ERR_ARG, "%s: the model has no routed experts", m->gguf->path);
+    struct moetax_store_params p = *sp;
+    if (!p.path) p.path = m->gguf->path;
+    const int k = hp->n_expert_used;
+    if (n_ubatch < 1) n_ubatch = 64;
+    /* experts pinned at once: every active expert of one layer for a micro-batch */
+    int min_slots = n_ubatch * k < hp->n_expert ? n_ubatch * k : hp->n_expert;
+    p.min_slots = min_slots;
+    struct moetax_store *s = NULL;
+    moetax_status st = moetax_store_init(&p, hp->n_layer, hp->n_expert, &s);
+    for (int il = 0; !st && il < hp->n_layer; il++) {
+        const struct moetax_layer *l = &m->layers[il];
+        if (!l->is_moe) continue;
+        for (int e = 0; !st && e < hp->n_expert; e++) {
+            uint64_t off[3], sz[3];
+            int n = 0;
+            const struct moetax_weight *ws[3] = {&l->gate_exps, &l->up_exps, &l->down_exps};
+            for (int i = 0; i < 3; i++) {
+                if (i == 1 && l->fused_gate_up) continue; /* gate_up: one range of 2F rows */
+                size_t bytes = ws[i]->mat_bytes; /* fused: gate_exps holds the 2F-row matrix */
+                const uint8_t *base = (const uint8_t *)ws[i]->data + (size_t)e * bytes;
+                off[n] = (uint64_t)(base - m->gguf->base);
+                sz[n] = bytes;
+                n++;
+            }
+            st = moetax_store_add_expert(s, il, e, off, sz, n);
+        }
+    }
+    if (!st) {
+        /* fit the micro-batch to the budget: at most n_slots experts pinned at once */
+        uint64_t slot = moetax_store_slot_bytes(s);
+        int64_t n_slots = slot ? (int64_t)(p.budget_bytes / slot) : 0;
+        if (n_slots < k) {
+            st = moetax_error(MOETAX_ERR_ARG,
+                              "expert budget of %.1f MiB holds %lld experts of %.2f MiB, but a token uses %d: "
+                              "give at least %.1f MiB",
+                              (double)p.budget_bytes / (1 << 20), (long long)n_slots, (double)slot / (1 << 20), k,
+                              (double)moetax_store_min_budget(s, k) / (1 << 20));
+        } else if (n_slots < min_slots) {
+            n_ubatch = (int)(n_slots / k);
+            moetax_store_free(s);
+            s = NULL;
+            p.min_slots = n_ubatch * k < hp->n_expert ? n_ubatch * k : hp->n_expert;
+            return moetax_model_store_open(m, &p, n_ubatch, out, n_ubatch_out);
+        }
+    }
+    if (!st) st = moetax_store_commit(s);
+    if (st) {
+        moetax_store_free(s);
+        return st;
+    }
+    *out = s;
+    if (n_ubatch_out) *n_ubatch_out = n_ubatch;
+    return MOETAX_OK;
 }

@@ -118,6 +118,21 @@ void fw_matmul_rel(const struct moetax_ctx *c, const struct moetax_weight *w, in
     c->K->matmul(w->type, wp, w->row_bytes, 0, r1 - r0, w->ne[0], xq, n, y, ldy);
 }
 
+void fw_matmul_at(const struct moetax_ctx *c, const struct moetax_weight *w, const void *mat, int64_t r0, int64_t r1,
+                  const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
+    if (r1 <= r0 || n <= 0) return;
+    const char *wp = (const char *)mat + (size_t)r0 * w->row_bytes;
+    const char *xq = fw_act_for(a, w->type);
+    xq += (size_t)b0 * moetax_act_size(w->type, w->ne[0], 1);
+    c->K->matmul(w->type, wp, w->row_bytes, 0, r1 - r0, w->ne[0], xq, n, y + r0, ldy);
+}
+
+void fw_fail(struct moetax_ctx *c, moetax_status st) {
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&c->err_status, &expected, (int)st))
+        snprintf(c->err_msg, sizeof c->err_msg, "%s", moetax_last_error());
+}
+
 void fw_matmul(const struct moetax_ctx *c, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
                const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
     fw_matmul_rel(c, w, mat, r0, r1, a, b0, n, y + r0, ldy);
@@ -249,6 +264,9 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
         free(c);
         return st;
     }
+    c->store = p ? p->store : NULL;
+    c->prefetch = c->store && !(p && p->no_prefetch);
+    if (!c->store) moetax_model_prefault(m, true);
     if (p && p->pool) c->pool = p->pool;
     else {
         struct moetax_pool_params pp = {.n_threads = p ? p->n_threads : 0};
@@ -312,6 +330,10 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
                               max64(max64(U * k, U) * 32 + nope, U * max64(nope, kvl)));
         s->nq = moetax_act_size(MOETAX_TYPE_Q4_0, up32(max64(nope, kvl)), U) + 64;
         s->f = calloc(s->nf, sizeof(float));
+        s->eptr = calloc((size_t)max64(E, 1), sizeof *s->eptr);
+        s->acq = calloc((size_t)max64(E, 1), 1);
+        s->acq_list = calloc((size_t)max64(E, 1), sizeof(int32_t));
+        if (!s->eptr || !s->acq || !s->acq_list) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
         s->q = aligned_alloc(64, (s->nq + 63) / 64 * 64);
         if (!s->f || !s->q) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     }
@@ -338,7 +360,9 @@ void moetax_ctx_free(struct moetax_ctx *c) {
     act_free(&c->a_exp, true);
     act_free(&c->a_eh, false);
     if (c->scr)
-        for (int i = 0; i < c->n_threads; i++) { free(c->scr[i].f); free(c->scr[i].q); }
+        for (int i = 0; i < c->n_threads; i++) {
+            free(c->scr[i].f); free(c->scr[i].q); free(c->scr[i].eptr); free(c->scr[i].acq); free(c->scr[i].acq_list);
+        }
     free(c->scr);
     free(c);
 }
@@ -379,8 +403,12 @@ moetax_status moetax_ctx_eval(struct moetax_ctx *c, const int32_t *tokens, int64
         moetax_pool_chunk_reset(c->pool, 0, 0);
         moetax_pool_chunk_reset(c->pool, 1, 0);
         moetax_ledger_step_begin(c->ledger, nb, c->pos, n > 1);
+        atomic_store(&c->err_status, 0);
         moetax_pool_run(c->pool, step_worker, c);
         moetax_ledger_step_end(c->ledger);
+        int err = atomic_load(&c->err_status);
+        if (err) /* the step's results are not valid: the position does not advance */
+            return moetax_error((moetax_status)err, "%s", c->err_msg);
         c->pos += nb;
         c->sel_n = nb;
     }

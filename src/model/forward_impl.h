@@ -3,6 +3,7 @@
 #ifndef MOETAX_FORWARD_IMPL_H
 #define MOETAX_FORWARD_IMPL_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "moetax/kernels.h"
@@ -33,6 +34,11 @@ struct plan {
 
 /* per-thread scratch */
 struct scratch {
+    /* experts this worker holds from the expert store during one MoE block */
+    const void *(*eptr)[3];  /* [E] gate, up, down matrix of expert e (valid if acq[e]) */
+    uint8_t *acq;            /* [E] */
+    int32_t *acq_list;       /* [E] */
+    int n_acq;
     float *f;              /* floats: scores [n_ctx], vectors */
     size_t nf;
     void *q;               /* prepared activations for per-head matmuls */
@@ -80,6 +86,10 @@ struct moetax_ctx {
     float *logits;
     bool all_logits;
     struct moetax_ledger *ledger; /* optional, not owned */
+    struct moetax_store *store;   /* optional, not owned */
+    bool prefetch;                /* with a store: prefetch the next layer's predicted experts */
+    _Atomic int err_status;       /* first error raised inside a step (e.g. an expert read) */
+    char err_msg[512];
     enum moetax_phase delay_phase; /* test hook (moetax_ctx_test_delay) */
     uint64_t delay_ns;
     float *ydown;          /* [U*k, d] expert down outputs */
@@ -126,6 +136,11 @@ const void *fw_act_for(const struct act *a, enum moetax_type t);
 /* y[b * ldy + r] for r in [r0, r1) of matrix `mat` of w, rows b < n of a. */
 void fw_matmul(const struct moetax_ctx *c, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
                const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy);
+/* Same with the matrix given by its address (e.g. an expert held by the store). */
+void fw_matmul_at(const struct moetax_ctx *c, const struct moetax_weight *w, const void *mat, int64_t r0, int64_t r1,
+                  const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy);
+/* Record the first error of a step (the message of the calling thread). */
+void fw_fail(struct moetax_ctx *c, moetax_status st);
 /* Same, writing y[b * ldy + (r - r0)]. */
 void fw_matmul_rel(const struct moetax_ctx *c, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
                    const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy);

@@ -23,6 +23,61 @@
 #include <string.h>
 
 #include "model/forward_impl.h"
+#include "moetax/store.h"
+
+/* The gate, up and down matrices of expert e for this worker: from the mapping,
+ * or acquired from the expert store (blocking only this worker, booked to
+ * `load`) and held until release_experts at the end of the block. false on a
+ * read error (recorded with fw_fail). */
+static bool expert_ptrs(struct worker *w, int il, int32_t e, const void **gate, const void **up, const void **down) {
+    struct moetax_ctx *c = w->c;
+    const struct moetax_layer *l = &c->m->layers[il];
+    if (!c->store) {
+        /* fused gate_up: gate_exps and up_exps share the fused tensor's 2F-row stride, up
+         * starting F rows in (see deepseek2.c), so one formula serves both layouts */
+        *gate = (const char *)l->gate_exps.data + (size_t)e * l->gate_exps.mat_bytes;
+        *up = (const char *)l->up_exps.data + (size_t)e * l->up_exps.mat_bytes;
+        *down = (const char *)l->down_exps.data + (size_t)e * l->down_exps.mat_bytes;
+        return true;
+    }
+    struct scratch *s = &c->scr[w->ith];
+    if (!s->acq[e]) {
+        enum moetax_phase prev = w->lph;
+        fw_mark(w, MOETAX_PHASE_LOAD);
+        const void *ptrs[4];
+        moetax_status st = moetax_store_acquire(c->store, il, e, ptrs, NULL);
+        fw_mark(w, prev);
+        if (st) {
+            fw_fail(c, st);
+            return false;
+        }
+        if (l->fused_gate_up) {
+            s->eptr[e][0] = ptrs[0];
+            s->eptr[e][1] = (const char *)ptrs[0] + (size_t)c->m->hp.n_ff_exp * l->gate_exps.row_bytes;
+            s->eptr[e][2] = ptrs[1];
+        } else {
+            s->eptr[e][0] = ptrs[0];
+            s->eptr[e][1] = ptrs[1];
+            s->eptr[e][2] = ptrs[2];
+        }
+        s->acq[e] = 1;
+        s->acq_list[s->n_acq++] = e;
+    }
+    *gate = s->eptr[e][0];
+    *up = s->eptr[e][1];
+    *down = s->eptr[e][2];
+    return true;
+}
+
+static void release_experts(struct worker *w, int il) {
+    struct moetax_ctx *c = w->c;
+    struct scratch *s = &c->scr[w->ith];
+    for (int i = 0; i < s->n_acq; i++) {
+        moetax_store_release(c->store, il, s->acq_list[i]);
+        s->acq[s->acq_list[i]] = 0;
+    }
+    s->n_acq = 0;
+}
 
 /* Route token logits [E] -> k experts and weights (GGUF-MOE.md "The MoE block"). */
 static void route_token(const struct moetax_kernels *K, const struct moetax_hparams *hp, const float *bias,
@@ -167,14 +222,32 @@ void fw_moe(struct worker *w, int il) {
     fw_act_publish(w, &c->a_hid, &ah);
     if (w->ith == 0) {
         route_tokens(c, s, il);
-        if (moetax_ledger_routing_on(c->ledger)) {
+        bool routing_rec = moetax_ledger_routing_on(c->ledger);
+        if (routing_rec)
             moetax_ledger_routing(c->ledger, il, n, c->sel + (int64_t)il * c->n_ubatch * k,
                                   c->selw + (int64_t)il * c->n_ubatch * k,
                                   c->pred_ok[il] ? c->pred + (int64_t)il * c->n_ubatch * k : NULL);
-            predict_next(c, il);
-        }
+        if (routing_rec || (c->store && c->prefetch)) predict_next(c, il);
         fw_mark(w, MOETAX_PHASE_DISPATCH);
         plan(c, il);
+        if (c->store) {
+            /* demand reads for this layer's experts now (other items proceed while they load),
+             * then the experts the next layer's router predicts from this residual */
+            fw_mark(w, MOETAX_PHASE_LOAD);
+            moetax_store_prefetch(c->store, il, pl->active, pl->n_active, false);
+            if (c->prefetch && il + 1 < hp->n_layer && c->pred_ok[il + 1]) {
+                int32_t *uniq = c->plan.fill; /* scratch [E] */
+                int nu = 0;
+                for (int64_t i = 0; i < n * k; i++) {
+                    int32_t e = c->pred[((int64_t)(il + 1) * c->n_ubatch) * k + i];
+                    bool seen = false;
+                    for (int j = 0; j < nu && !seen; j++) seen = uniq[j] == e;
+                    if (!seen && nu < E) uniq[nu++] = e;
+                }
+                moetax_store_prefetch(c->store, il + 1, uniq, nu, true);
+            }
+            fw_mark(w, MOETAX_PHASE_DISPATCH);
+        }
     }
     if (Fs) {
         fw_mark(w, MOETAX_PHASE_SHARED);
@@ -208,8 +281,10 @@ void fw_moe(struct worker *w, int il) {
         int64_t f0 = (it % nbf) * bf, f1 = f0 + bf < F ? f0 + bf : F;
         int64_t b0 = n > 1 ? pl->offset[e] : 0, cnt = pl->count[e];
         float *g = c->eh_g + (int64_t)pl->offset[e] * F, *u = c->eh + (int64_t)pl->offset[e] * F;
-        fw_matmul(c, &l->gate_exps, e, f0, f1, ain, b0, cnt, g, F);
-        fw_matmul(c, &l->up_exps, e, f0, f1, ain, b0, cnt, u, F);
+        const void *wg, *wu, *wd;
+        if (!expert_ptrs(w, il, e, &wg, &wu, &wd)) continue;
+        fw_matmul_at(c, &l->gate_exps, wg, f0, f1, ain, b0, cnt, g, F);
+        fw_matmul_at(c, &l->up_exps, wu, f0, f1, ain, b0, cnt, u, F);
         for (int64_t i = 0; i < cnt; i++) K->silu_mul(u + i * F + f0, g + i * F + f0, u + i * F + f0, f1 - f0);
     }
     fw_phase_end(w);
@@ -233,7 +308,9 @@ void fw_moe(struct worker *w, int il) {
         int64_t d0 = it * bd, d1 = d0 + bd < d ? d0 + bd : d;
         for (int32_t ai = 0; ai < pl->n_active; ai++) {
             int32_t e = pl->active[ai];
-            fw_matmul(c, &l->down_exps, e, d0, d1, &c->a_eh, pl->offset[e], pl->count[e], yd + pl->offset[e] * d, d);
+            const void *wg, *wu, *wd;
+            if (!expert_ptrs(w, il, e, &wg, &wu, &wd)) continue;
+            fw_matmul_at(c, &l->down_exps, wd, d0, d1, &c->a_eh, pl->offset[e], pl->count[e], yd + pl->offset[e] * d, d);
         }
         if (nmine < 512) mine[nmine++] = (int32_t)it;
         else { /* more blocks than the local list holds: combine this one now */
@@ -257,5 +334,6 @@ void fw_moe(struct worker *w, int il) {
             for (int64_t t = 0; t < n; t++) K->axpy(c->x + t * d + d0, 1.0f, y + t * bd, d1 - d0);
         }
     }
+    if (c->store) release_experts(w, il);
     fw_phase_end(w);
 }

@@ -1,0 +1,101 @@
+#include "store_cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool *err) {
+    const char *v = NULL;
+    if (cli_opt(argc, argv, i, NULL, "--expert-budget", &o->budgets, err)) return true;
+    if (cli_opt(argc, argv, i, NULL, "--policy", &v, err)) {
+        if (!*err && !moetax_store_policy_parse(v, &o->policy)) {
+            fprintf(stderr, "moetax: --policy must be lru, lfu or lfru, not '%s'\n", v);
+            *err = true;
+        }
+        return true;
+    }
+    if (cli_opt(argc, argv, i, NULL, "--io-threads", &v, err)) {
+        int64_t n;
+        if (!*err && (!cli_parse_i64(v, &n) || n < 1 || n > 64)) {
+            fprintf(stderr, "moetax: --io-threads must be in 1..64\n");
+            *err = true;
+        }
+        if (!*err) o->io_threads = (int)n;
+        return true;
+    }
+    if (!strcmp(argv[*i], "--no-prefetch")) { o->no_prefetch = true; return true; }
+    if (!strcmp(argv[*i], "--buffered-io")) { o->buffered = true; return true; }
+    return false;
+}
+
+const char *cli_store_help(void) {
+    return "  --expert-budget B    keep routed experts in an expert store of B bytes of RAM (e.g. 2G, 512M,\n"
+           "                       or 25% of the experts' total); the rest is read from the file on demand\n"
+           "                       (O_DIRECT) and prefetched from the next layer's router prediction\n"
+           "  --policy P           eviction: lru, lfu or lfru (frequency-weighted LRU; default lru)\n"
+           "  --no-prefetch        only on-demand reads\n"
+           "  --buffered-io        read through the page cache instead of O_DIRECT\n"
+           "  --io-threads N       I/O workers (default 2)\n";
+}
+
+uint64_t cli_store_expert_bytes(const struct moetax_model *m) {
+    uint64_t b = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct moetax_layer *l = &m->layers[il];
+        if (!l->is_moe) continue;
+        b += ((uint64_t)l->gate_exps.mat_bytes * (l->fused_gate_up ? 1 : 2) + l->down_exps.mat_bytes) *
+             (uint64_t)m->hp.n_expert;
+    }
+    return b;
+}
+
+bool cli_store_parse_budget(const char *s, uint64_t expert_bytes, uint64_t *out) {
+    size_t n = strlen(s);
+    if (n > 1 && s[n - 1] == '%') {
+        char buf[32];
+        double pct;
+        if (n >= sizeof buf) return false;
+        memcpy(buf, s, n - 1);
+        buf[n - 1] = 0;
+        if (!cli_parse_f64(buf, &pct) || pct <= 0 || pct > 1000) return false;
+        *out = (uint64_t)((double)expert_bytes * pct / 100.0);
+        return true;
+    }
+    return cli_parse_size(s, out) && *out > 0;
+}
+
+moetax_status cli_store_open(const struct moetax_model *m, const struct cli_store_opts *o, uint64_t budget,
+                             int *n_ubatch, struct moetax_store **out) {
+    struct moetax_store_params p = {.budget_bytes = budget, .policy = o->policy, .buffered_io = o->buffered,
+                                    .n_io_threads = o->io_threads};
+    return moetax_model_store_open(m, &p, *n_ubatch, out, n_ubatch);
+}
+
+void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens) {
+    struct moetax_store_stats st;
+    moetax_store_get_stats(s, &st);
+    double hit = st.acquires ? (double)st.hits / (double)st.acquires : 0;
+    double prec = st.predicted_issued ? (double)st.predicted_used / (double)st.predicted_issued : 0;
+    fprintf(f, "  expert store: %d slots of %.2f MiB, %s; hit rate %.1f%% (%llu of %llu acquires waited)\n", st.n_slots,
+            (double)st.slot_bytes / (1 << 20),
+            st.direct_io_active ? "O_DIRECT" : st.direct_io_fallback ? "buffered (O_DIRECT refused)" : "buffered",
+            100 * hit, (unsigned long long)st.misses, (unsigned long long)st.acquires);
+    fprintf(f, "  reads: %.1f MiB in %llu requests (%.2f MiB per token), %.2f GB/s while reading, stalls %.2f ms per token\n",
+            (double)st.bytes_read / (1 << 20), (unsigned long long)st.reads,
+            tokens ? (double)st.bytes_read / (1 << 20) / (double)tokens : 0, st.read_gbps,
+            tokens ? 1e-6 * (double)st.stall_ns / (double)tokens : 0);
+    fprintf(f, "  prefetch: %llu predicted reads, precision %.1f%%; %llu wasted, %llu dropped, %llu late\n",
+            (unsigned long long)st.predicted_issued, 100 * prec, (unsigned long long)st.prefetch_wasted,
+            (unsigned long long)st.prefetch_dropped, (unsigned long long)st.prefetch_late);
+}
+
+uint64_t cli_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    unsigned long size = 0, rss = 0;
+    int n = fscanf(f, "%lu %lu", &size, &rss);
+    fclose(f);
+    return n == 2 ? (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE) : 0;
+}

@@ -1,0 +1,35 @@
+/* store_cli.h - the expert store in the CLI: --expert-budget, --policy,
+ * --no-prefetch, --buffered-io, and the statistics printed after run/bench. */
+#ifndef MOETAX_TOOLS_STORE_CLI_H
+#define MOETAX_TOOLS_STORE_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "moetax/model.h"
+#include "moetax/store.h"
+
+struct cli_store_opts {
+    const char *budgets;   /* --expert-budget: "2G", "50%", or a list "100%,50%" (bench) */
+    enum moetax_store_policy policy;
+    bool no_prefetch;
+    bool buffered;
+    int io_threads;
+};
+
+bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool *err);
+const char *cli_store_help(void);
+/* Total bytes of the routed experts of a model. */
+uint64_t cli_store_expert_bytes(const struct moetax_model *m);
+/* Parse one budget ("2G", "512M", "50%") against the experts' total; false if invalid. */
+bool cli_store_parse_budget(const char *s, uint64_t expert_bytes, uint64_t *out);
+/* Open the store for a budget; *n_ubatch is fitted to it. */
+moetax_status cli_store_open(const struct moetax_model *m, const struct cli_store_opts *o, uint64_t budget,
+                             int *n_ubatch, struct moetax_store **out);
+/* One-paragraph summary (hit rate, prefetch precision/recall, bytes, GB/s, stalls). */
+void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens);
+/* Resident set size of this process now, in bytes (from /proc/self/statm). */
+uint64_t cli_rss_bytes(void);
+
+#endif
