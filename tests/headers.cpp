@@ -10,5 +10,6 @@
 #include "moetax/tokenizer.h"
 #include "moetax/sampler.h"
 #include "moetax/report.h"
+#include "moetax/store.h"
 
 int main() { return moetax_status_name(MOETAX_OK)[0] == 'M' ? 0 : 1; }

@@ -6,6 +6,7 @@
  * clear error naming the expert and the file, not wrong output. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -38,7 +39,7 @@ static float *run(struct moetax_model *m, struct moetax_store *store, int thread
 
 /* a VFS whose reads fail from the n-th on (a failed prefetch alone is retried by
  * the acquire, so the fault must persist to surface) */
-struct fault { int fail_at, reads; };
+struct fault { _Atomic int fail_at, reads; };
 static int f_open(void *u, const char *path, bool direct, int *fd) {
     (void)u;
     *fd = open(path, O_RDONLY | (direct ? O_DIRECT : 0));
@@ -47,7 +48,7 @@ static int f_open(void *u, const char *path, bool direct, int *fd) {
 }
 static ssize_t f_pread(void *u, int fd, void *buf, size_t n, uint64_t off) {
     struct fault *f = u;
-    if (++f->reads >= f->fail_at) return -EIO;
+    if (atomic_fetch_add(&f->reads, 1) + 1 >= atomic_load(&f->fail_at)) return -EIO;
     ssize_t r = pread(fd, buf, n, (off_t)off);
     return r < 0 ? -errno : r;
 }
@@ -121,7 +122,9 @@ int main(int argc, char **argv) {
         CHECK_MSG(strstr(moetax_last_error(), "at least"), "message: %s", moetax_last_error());
         /* a read fault: clear error naming the expert and the file, and the next step retries */
         for (int fail_at = 1; fail_at <= 3; fail_at++) {
-            struct fault fl = {.fail_at = fail_at};
+            struct fault fl;
+            atomic_init(&fl.fail_at, fail_at);
+            atomic_init(&fl.reads, 0);
             struct moetax_store_vfs vfs = {f_open, f_pread, f_sig, f_close, &fl};
             struct moetax_store_params fp = {.budget_bytes = (uint64_t)1 << 30, .vfs = &vfs, .buffered_io = true};
             ub = 64;
@@ -131,7 +134,7 @@ int main(int argc, char **argv) {
             const char *e = moetax_last_error();
             CHECK_MSG(strstr(e, "store_model.gguf") && strstr(e, "expert") && strstr(e, "layer"), "message: %s", e);
             free(got);
-            fl.fail_at = 1 << 30; /* the device recovers: the failed experts are read again */
+            atomic_store(&fl.fail_at, 1 << 30); /* the device recovers: the failed experts are read again */
             got = run(m, s, 2, ub, true, &st);
             CHECK_MSG(got != NULL && !memcmp(got, ref, sizeof(float) * (size_t)(V * N_TOK)), "after a fault: %s",
                       got ? "logits differ" : moetax_last_error());

@@ -16,6 +16,7 @@
 #include "bench.h"
 #include "cli.h"
 #include "ledger_cli.h"
+#include "store_cli.h"
 #include "moetax/membw.h"
 #include "moetax/model.h"
 #include "moetax/pool.h"
@@ -32,10 +33,12 @@ static void usage(FILE *f) {
                "                 ledger_overhead\n"
                "  --no-mem       skip the read-bandwidth probe (no roofline ratio)\n"
                "  --twin FILE    also run the dense twin (moetax gen --dense-twin-of) and compare\n"
-               "%s"
-               "Weights are touched once before timing (page faults are not part of a step). Decode\n"
+               "  --expert-budget LIST  also run decode with the routed experts behind an expert store of\n"
+               "                 each budget (e.g. 100%%,50%%,25%%,10%% of the experts, or sizes like 512M)\n"
+               "%s%s"
+               "Weights are faulted in before timing (page faults are not part of a step). Decode\n"
                "repetitions alternate ledger on and off; ledger_overhead = t(on) / t(off) - 1 (medians).\n",
-            cli_ledger_help());
+            cli_ledger_help(), cli_store_help());
 }
 
 static int cmp_f64(const void *a, const void *b) {
@@ -49,28 +52,22 @@ static double pct(double *v, int n, double p) {
     return v[(int)(p * (n - 1) + 0.5)];
 }
 
-/* touch every page of every tensor so timings do not include first-touch faults */
-static void prefault(const struct moetax_model *m) {
-    volatile uint8_t sink = 0;
-    const struct moetax_gguf *g = m->gguf;
-    for (uint64_t i = 0; i < g->n_tensors; i++) {
-        const uint8_t *p = g->tensors[i].data;
-        for (uint64_t o = 0; o < g->tensors[i].nbytes; o += 4096) sink ^= p[o];
-    }
-    (void)sink;
-}
-
 struct opts {
     int64_t pp[16], tg[16];
     int npp, ntg;
     int64_t reps;
     bool json, mem;
     struct cli_ledger_opts lo;
+    struct cli_store_opts so;
+    const char *budget;  /* this run's expert budget (one item of so.budgets), NULL: mapped */
 };
 
 struct result {
     double tps, p50, p99, us_layer, tax_share, overhead, tax_us; /* decode: ledger tax per token (us) */
     double phase_us[MOETAX_PHASE_COUNT];                         /* ledger us per token by phase */
+    /* with an expert store (decode tests) */
+    double hit_rate, belady, precision, recall, read_mib_per_token, store_gbps, rss_mib, budget_mib;
+    bool has_store;
 };
 
 /* Run every test of one model at one thread count; results[kind][i]. */
@@ -79,7 +76,8 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     struct moetax_model *m;
     moetax_status st = moetax_model_load(path, &m);
     if (st) return st;
-    prefault(m);
+    /* page faults are paid at load (resident part) and at context creation (routed experts,
+     * unless they are behind the expert store), not inside the timed steps */
     const double active = moetax_model_active_bytes(m);
     const int threads = moetax_pool_n_threads(pool);
     int64_t max_tok = 1;
@@ -94,6 +92,19 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     if (!toks || !logits || !times || !rep_on || !rep_off) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
     for (int64_t i = 0; i < max_tok; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)max_tok + 1, .pool = pool};
+    struct moetax_store *store = NULL;
+    uint64_t budget = 0;
+    if (o->budget) {
+        if (!cli_store_parse_budget(o->budget, cli_store_expert_bytes(m), &budget)) {
+            st = moetax_error(MOETAX_ERR_ARG, "--expert-budget: '%s' is not a size (2G, 512M) or a percentage (25%%)", o->budget);
+            goto done;
+        }
+        int ub = 64;
+        if ((st = cli_store_open(m, &o->so, budget, &ub, &store))) goto done;
+        cp.store = store;
+        cp.n_ubatch = ub;
+        cp.no_prefetch = o->so.no_prefetch;
+    }
     if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
     if ((st = cli_ledger_new(m, threads, &o->lo, &led))) goto done;
     moetax_ctx_set_ledger(c, led);
@@ -105,6 +116,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             int nt = 0, non = 0, noff = 0;
             double ph0[MOETAX_PHASE_COUNT], ph1[MOETAX_PHASE_COUNT];
             int64_t tok0, tok1;
+            struct moetax_store_stats ss0 = {0}, ss1 = {0};
             moetax_ledger_totals(led, false, ph0, NULL, &tok0, NULL);
             for (int64_t r = -1; r < 2 * o->reps && !st; r++) { /* r = -1: warm-up; even r: ledger on, odd: off */
                 bool on = r < 0 || r % 2 == 0 || kind == 0;
@@ -123,8 +135,9 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 }
                 double dt = cli_now() - t0;
                 if (r >= 0) { if (on) rep_on[non++] = (double)n / dt; else rep_off[noff++] = (double)n / dt; }
-                if (r < 0) { /* drop the warm-up from the ledger totals */
+                if (r < 0) { /* drop the warm-up from the ledger totals and the store's counts */
                     moetax_ledger_totals(led, false, ph0, NULL, &tok0, NULL);
+                    if (store) moetax_store_get_stats(store, &ss0);
                 }
             }
             moetax_ledger_enable(led, true);
@@ -136,6 +149,35 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 if (moetax_phase_is_tax((enum moetax_phase)p)) tax += dph[p];
             }
             struct result *rr = &res[kind][li];
+            if (store) {
+                moetax_store_get_stats(store, &ss1);
+                uint64_t acq = ss1.acquires - ss0.acquires, hits = ss1.hits - ss0.hits;
+                uint64_t pi = ss1.predicted_issued - ss0.predicted_issued, pu = ss1.predicted_used - ss0.predicted_used;
+                uint64_t loads = ss1.loads - ss0.loads;
+                rr->has_store = true;
+                rr->hit_rate = acq ? (double)hits / (double)acq : 0;
+                rr->precision = pi ? (double)pu / (double)pi : 0;
+                /* recall: of the experts that had to be read, the share a prediction had fetched */
+                uint64_t demand = loads > pi ? loads - pi : 0;
+                rr->recall = pu + demand ? (double)pu / (double)(pu + demand) : 0;
+                int64_t ntr = n * 2 * o->reps; /* every measured repetition, ledger on or off */
+                rr->read_mib_per_token = (double)(ss1.bytes_read - ss0.bytes_read) / (1 << 20) / (double)ntr;
+                uint64_t busy = ss1.io_busy_ns - ss0.io_busy_ns;
+                rr->store_gbps = busy ? (double)(ss1.bytes_read - ss0.bytes_read) / (double)busy : 0;
+                rr->budget_mib = (double)budget / (1 << 20);
+                /* Belady's optimal hit rate over the same acquires (the store's trace), same slot count */
+                int64_t ntrace = moetax_store_trace(store, NULL, NULL, 0);
+                int32_t *tl = malloc(sizeof(int32_t) * (size_t)(ntrace + 1)), *te = malloc(sizeof(int32_t) * (size_t)(ntrace + 1));
+                if (tl && te) {
+                    ntrace = moetax_store_trace(store, tl, te, ntrace);
+                    int64_t first = (int64_t)ss0.acquires < ntrace ? (int64_t)ss0.acquires : 0;
+                    rr->belady = moetax_store_belady_hit_rate(tl + first, te + first, ntrace - first, moetax_store_n_slots(store));
+                }
+                free(tl);
+                free(te);
+            }
+            rr->rss_mib = (double)cli_rss_bytes() / (1 << 20);
+            (void)tok1;
             rr->tps = pct(rep_on, non, 0.5);
             double tps_off = noff ? pct(rep_off, noff, 0.5) : 0;
             rr->overhead = tps_off > 0 ? tps_off / rr->tps - 1 : 0;
@@ -149,7 +191,22 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             rr->us_layer = 1e6 / rr->tps / m->hp.n_layer;
             char test[32];
             snprintf(test, sizeof test, "%s%lld", kind ? "tg" : "pp", (long long)n);
-            if (o->json)
+            if (o->json && rr->has_store && kind)
+                printf("{\"model\": \"%s\", \"test\": \"%s\", \"threads\": %d, \"expert_budget_mib\": %.1f, \"policy\": \"%s\", "
+                       "\"prefetch\": %s, \"tokens_per_s\": %.3f, \"hit_rate\": %.4f, \"belady_hit_rate\": %.4f, "
+                       "\"prefetch_precision\": %.4f, \"prefetch_recall\": %.4f, \"read_mib_per_token\": %.3f, "
+                       "\"store_read_gbps\": %.3f, \"tax_share\": %.4f, \"load_us_per_token\": %.1f, \"rss_mib\": %.1f}\n",
+                       base, test, threads, rr->budget_mib, moetax_store_policy_name(o->so.policy),
+                       o->so.no_prefetch ? "false" : "true", rr->tps, rr->hit_rate, rr->belady, rr->precision, rr->recall,
+                       rr->read_mib_per_token, rr->store_gbps, rr->tax_share, rr->phase_us[MOETAX_PHASE_LOAD], rr->rss_mib);
+            else if (rr->has_store && kind)
+                printf("| %s | %d | %s | budget %.0f MiB (%s, %s) | %.2f t/s | hit %.1f%% (Belady %.1f%%) | prefetch P %.0f%% R %.0f%% |"
+                       " %.2f MiB read/token at %.2f GB/s | tax %.1f%% | RSS %.0f MiB |\n",
+                       base, threads, test, rr->budget_mib, moetax_store_policy_name(o->so.policy),
+                       o->so.no_prefetch ? "no prefetch" : "prefetch", rr->tps, 100 * rr->hit_rate, 100 * rr->belady,
+                       100 * rr->precision, 100 * rr->recall, rr->read_mib_per_token, rr->store_gbps, 100 * rr->tax_share,
+                       rr->rss_mib);
+            else if (o->json)
                 printf("{\"model\": \"%s\", \"test\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.3f, "
                        "\"tpot_p50_ms\": %.4f, \"tpot_p99_ms\": %.4f, \"active_bytes_per_token\": %.0f, "
                        "\"gbps\": %.3f, \"read_gbps\": %.3f, \"roofline_ratio\": %.4f, \"us_per_layer\": %.2f, "
@@ -167,12 +224,14 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
         }
     }
     if (!st && !o->json) {
-        fprintf(stderr, "%s, %d threads:\n", base, threads);
+        fprintf(stderr, "%s, %d threads%s%s:\n", base, threads, o->budget ? ", expert budget " : "", o->budget ? o->budget : "");
         cli_ledger_summary(stderr, led, o->ntg > 0);
+        if (store) cli_store_summary(stderr, store, 0);
     }
     if (!st && write_outputs) st = cli_ledger_outputs(led, m, path, &o->lo);
 done:
     moetax_ctx_free(c);
+    moetax_store_free(store);
     moetax_ledger_free(led);
     free(toks); free(logits); free(times); free(rep_on); free(rep_off);
     moetax_model_free(m);
@@ -201,6 +260,7 @@ int bench_model_main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--json")) o.json = true;
         else if (!strcmp(argv[i], "--no-mem")) o.mem = false;
         else if (cli_ledger_opt(argc, argv, &i, &o.lo, &err)) { if (err) return 2; }
+        else if (cli_store_opt(argc, argv, &i, &o.so, &err)) { if (err) return 2; }
         else return cli_usage_error("bench", "unknown option '%s'", argv[i]);
     }
     if (!model) return cli_usage_error("bench", "no model given (-m FILE); for the machine alone see 'moetax bench mem'");
@@ -224,7 +284,23 @@ int bench_model_main(int argc, char **argv) {
         double read_gbps = 0;
         if (o.mem) st = moetax_membw_read(pool, (size_t)512 << 20, 5, &read_gbps);
         struct result moe[2][16] = {{{0}}}, dense[2][16] = {{{0}}};
-        if (!st) st = bench_model(model, pool, read_gbps, &o, ti == nth - 1, moe);
+        if (!st) st = bench_model(model, pool, read_gbps, &o, ti == nth - 1 && !o.so.budgets, moe);
+        /* the same tests with routed experts behind the expert store, one run per budget */
+        if (!st && o.so.budgets) {
+            char list[256];
+            snprintf(list, sizeof list, "%s", o.so.budgets);
+            int nb = 0;
+            for (char *tok = strtok(list, ","); tok && !st; tok = strtok(NULL, ",")) {
+                struct opts ob = o;
+                ob.budget = tok;
+                ob.npp = 0; /* decode only: the store's figures are per decoded token */
+                struct result br[2][16] = {{{0}}};
+                st = bench_model(model, pool, read_gbps, &ob, false, br);
+                for (int i = 0; !st && i < o.ntg && !o.json; i++)
+                    printf("|   | vs mapped: %.2fx the decode time per token |\n", moe[1][i].tps / (br[1][i].tps > 0 ? br[1][i].tps : 1));
+                nb++;
+            }
+        }
         if (!st && twin) {
             struct opts ot = o;
             ot.lo = (struct cli_ledger_opts){0};

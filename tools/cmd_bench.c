@@ -8,6 +8,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax bench mem [options]       read bandwidth of this machine (the roofline)\n"
                "       moetax bench kernels [options]   kernel GB/s and ratio to the roofline\n"
+               "       moetax bench io [options]        O_DIRECT read GB/s per request size and queue depth\n"
                "       moetax bench -m FILE [options]   model prefill/decode (like llama-bench)\n"
                "each mode takes --help\n");
 }
@@ -20,5 +21,6 @@ int cmd_bench(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "mem")) return bench_mem_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "kernels")) return bench_kernels_main(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "io")) return bench_io_main(argc - 1, argv + 1);
     return bench_model_main(argc, argv);
 }

@@ -11,7 +11,7 @@
     X(eval, "evaluate token ids and write the logits (for comparing against a reference)") \
     X(quantize, "convert a GGUF model's weights to another type (f16, bf16, q8_0, q4_0)") \
     X(report, "the bill of a run: tax share, phases, layers, workers, routing, from a ledger or trace (--html)") \
-    X(bench, "benchmarks: mem (read bandwidth), kernels, and model prefill/decode")
+    X(bench, "benchmarks: mem (read bandwidth), kernels, io (O_DIRECT reads), and model prefill/decode")
 
 #define X(name, help) int cmd_##name(int argc, char **argv);
 MOETAX_COMMANDS(X)

@@ -1,0 +1,224 @@
+/*
+ * moetax/store.h - the expert store: routed experts held in a RAM budget of
+ * slots, read from the GGUF file on demand and ahead of need by its own I/O
+ * workers, with honest accounting (hits, stalls, bytes, achieved GB/s).
+ *
+ * DESIGN
+ *   Keys and slots. An expert is the key (layer, e) -> layer * n_expert + e (a
+ *   direct table, no hashing). Each expert is registered as 1..4 byte ranges
+ *   of the file (gate, up, down rows of that expert; one range for a fused
+ *   gate_up). Ranges are widened to the enclosing 4096-aligned span (GGUF
+ *   aligns tensors to 32 only; O_DIRECT needs 4096 for offset, length and
+ *   buffer); spans of one expert that touch or overlap are merged, so each
+ *   contiguous part of the file costs exactly one pread. The spans of an
+ *   expert are packed one after the other in its slot:
+ *       slot = [span 0 | span 1 | span 2]      each span a multiple of 4096
+ *       range i is at slot + span_pos[i] + (offset_i - span_off[i])
+ *   slot_bytes = the largest expert's sum of spans (a multiple of 4096, at most
+ *   the expert's bytes + 8 KiB per range). n_slots = budget / slot_bytes,
+ *   capped at the number of registered experts. The slots are one
+ *   posix_memalign(4096) block allocated once at moetax_store_commit; the
+ *   store never allocates on the acquire path (only the optional access trace
+ *   grows). Resident memory = n_slots * slot_bytes <= budget, plus the
+ *   overhead: ~0.5 KiB per slot (mostly room for an error message), ~200 B
+ *   per expert key, 8 B per traced acquire (trace_cap, default 1M acquires =
+ *   8 MiB, grown on demand), and the I/O threads' stacks (touched: a few KiB).
+ *   For 64 experts x 26 layers that is under 0.5 MiB besides the trace.
+ *
+ *   Slot states: EMPTY -> LOADING -> READY | ERROR. A LOADING slot belongs to
+ *   the I/O worker that reads it (no one else touches its bytes); completion
+ *   is explicit: the worker sets READY or ERROR under the store mutex and
+ *   broadcasts a condvar that waiters sleep on.
+ *
+ *   I/O workers (n_io_threads, default 2, never the compute pool; like Redis
+ *   bio.c) take jobs from one queue of slots: a demand load (an acquire that
+ *   missed) goes to the head, a prefetch to the tail; an acquire that finds
+ *   its expert queued by a prefetch moves it to the head. A worker reads each
+ *   span with one pread (looping only on a partial read), then checks that
+ *   the file's size and mtime still match those seen at commit.
+ *
+ *   Reads go through struct moetax_store_vfs (SQLite's VFS): tests inject
+ *   errors, short reads, latency and a changed file signature.
+ *
+ *   Eviction picks among READY (or ERROR) slots with no pin, by policy, with
+ *   `now` a logical clock that ticks once per acquire:
+ *     LRU   smallest last_use (tick of the last acquire, or of the prefetch
+ *           that loaded it).
+ *     LFU   smallest freq[key]; freq counts acquires of the key since init
+ *           (kept for every key, resident or not: "perfect" LFU, cheap since
+ *           keys are few) and all counts are halved every lfu_aging acquires
+ *           (default 8 * number of keys). Ties: LRU.
+ *     LFRU  frequency-weighted recency (the CRF of Lee et al., "LRFU", 1999):
+ *             crf[key] <- 1 + crf[key] * 2^(-(now - last[key]) / H) on acquire
+ *           and the victim is the smallest crf * 2^(-(now - last) / H), i.e.
+ *           each past use counts with weight 1/2 per H acquires of age.
+ *           H = lfru_halflife (default 4 * n_layer * min_slots, about four
+ *           tokens of decode when min_slots = experts used per token).
+ *           H -> 0 is LRU, H -> infinity is LFU without aging. Ties: LRU.
+ *   An ERROR or EMPTY slot is always taken first. A slot loaded by a prefetch
+ *   and not yet acquired is evicted only when no other candidate exists (so a
+ *   batch of prefetches does not evict itself); evicting it counts as
+ *   prefetch_wasted.
+ *
+ *   Pins: acquire pins the slot before it waits (so a demand-loaded expert
+ *   cannot be evicted between READY and the waiter waking up) and the pin
+ *   lasts until release. If no slot is evictable, a prefetch is dropped
+ *   (counted) and an acquire waits for a release.
+ *
+ * INVARIANTS
+ *   - REQUIREMENT (no deadlock): n_slots >= the number of distinct experts
+ *     pinned at once by all threads together, counting the ones being
+ *     acquired. The caller states it as params.min_slots; commit refuses a
+ *     budget that gives fewer slots (MOETAX_ERR_ARG, with the figures).
+ *   - acquire returns MOETAX_OK only with every registered range
+ *     byte-identical to the file as it was at commit. A failed read, a short
+ *     read or a changed size/mtime gives MOETAX_ERR_IO with a message naming
+ *     the layer, the expert, the file and the offset; the slot goes to ERROR
+ *     (never READY) and the next acquire of that expert retries the read.
+ *   - A pinned or LOADING slot is never evicted or reused.
+ *   - hits + misses == acquires; a miss is an acquire that had to wait.
+ *   - Thread-safe: acquire/release/prefetch/stats from any threads; one
+ *     mutex guards the tables (a hit is O(1) under it; eviction is O(n_slots),
+ *     paid only on a miss, next to a read of megabytes).
+ */
+#ifndef MOETAX_STORE_H
+#define MOETAX_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "moetax/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOETAX_STORE_MAX_RANGES 4
+#define MOETAX_STORE_ALIGN 4096
+
+enum moetax_store_policy {
+    MOETAX_STORE_LRU = 0,
+    MOETAX_STORE_LFU = 1,
+    MOETAX_STORE_LFRU = 2, /* frequency-weighted LRU (CRF, see above) */
+};
+
+const char *moetax_store_policy_name(enum moetax_store_policy p);
+/* "lru", "lfu", "lfru" -> policy; false if unknown. */
+bool moetax_store_policy_parse(const char *s, enum moetax_store_policy *out);
+
+/* File access, replaceable for tests. Functions return 0 or a positive errno;
+ * pread returns the bytes read (0 at end of file) or -errno. */
+struct moetax_store_vfs {
+    int (*open)(void *user, const char *path, bool direct, int *fd_out);
+    ssize_t (*pread)(void *user, int fd, void *buf, size_t n, uint64_t off);
+    int (*fstat_sig)(void *user, int fd, uint64_t *size, uint64_t *mtime_ns); /* file changed underneath? */
+    void (*close)(void *user, int fd);
+    void *user;
+};
+
+/* The POSIX one: open(2) with O_DIRECT when asked, pread(2), fstat(2), close(2). */
+const struct moetax_store_vfs *moetax_store_vfs_default(void);
+
+struct moetax_store_params {
+    const char *path;         /* the model file (copied) */
+    uint64_t budget_bytes;    /* RAM for expert slots */
+    enum moetax_store_policy policy;
+    bool buffered_io;         /* false (default): O_DIRECT, falling back to buffered reads with
+                                 stats.direct_io_fallback set if the filesystem refuses it */
+    int n_io_threads;         /* I/O workers; 0: 2 */
+    int min_slots;            /* experts pinned at once by all threads (see INVARIANTS); 0: 1 */
+    int64_t lfu_aging;        /* LFU: halve all counts every this many acquires; 0: 8 * keys */
+    double lfru_halflife;     /* LFRU: H in acquires; 0: 4 * n_layer * min_slots */
+    int64_t trace_cap;        /* acquires recorded for Belady; 0: 1<<20; <0: none */
+    int io_timeout_ms;        /* acquire gives MOETAX_ERR_IO after waiting this long; 0: wait forever */
+    const struct moetax_store_vfs *vfs; /* NULL: moetax_store_vfs_default() */
+};
+
+struct moetax_store;
+
+/* Open the file (O_DIRECT unless buffered_io) and record its size and mtime.
+ * No slots yet: register the experts, then commit. */
+moetax_status moetax_store_init(const struct moetax_store_params *p, int n_layer, int n_expert,
+                                struct moetax_store **out);
+/* Joins the I/O workers (queued prefetches are dropped) and frees everything.
+ * No acquire may be in progress. NULL is a no-op. */
+void moetax_store_free(struct moetax_store *s);
+
+/* Register expert (layer, e): n_ranges (1..4) byte ranges of the file, in the
+ * order acquire returns them. Every range must lie inside the file. Only
+ * before commit. */
+moetax_status moetax_store_add_expert(struct moetax_store *s, int layer, int e, const uint64_t *offsets,
+                                      const uint64_t *sizes, int n_ranges);
+
+/* Fix slot_bytes, allocate the slots and start the I/O workers. MOETAX_ERR_ARG
+ * if nothing is registered, or the budget gives fewer than max(1, min_slots)
+ * slots (the message gives the budget, slot size and the minimum budget). */
+moetax_status moetax_store_commit(struct moetax_store *s);
+
+/* Bytes one slot takes for the experts registered so far (a multiple of 4096),
+ * and the smallest budget commit would accept for min_slots slots. */
+uint64_t moetax_store_slot_bytes(const struct moetax_store *s);
+uint64_t moetax_store_min_budget(const struct moetax_store *s, int min_slots);
+int moetax_store_n_slots(const struct moetax_store *s); /* 0 before commit */
+
+/* Non-blocking: queue reads for the experts of `layer` that are neither
+ * resident nor in flight. `predicted` marks prefetches from a prediction (for
+ * precision/recall) as opposed to known demand. Unregistered experts are
+ * skipped; with no evictable slot the prefetch is dropped (counted). */
+void moetax_store_prefetch(struct moetax_store *s, int layer, const int32_t *experts, int n, bool predicted);
+
+/* Block until (layer, e) is resident and pin it until release. ptrs[i] gets
+ * the address of registered range i in RAM (valid while pinned). *waited_ns
+ * (optional) gets the ns this call waited: the caller books it to the ledger
+ * phase `load`. Errors (nothing is pinned, ptrs untouched): MOETAX_ERR_IO
+ * (see INVARIANTS; also a wait longer than io_timeout_ms when set: the read
+ * goes on and a later acquire gets it), MOETAX_ERR_ARG (not committed, or not
+ * registered). */
+moetax_status moetax_store_acquire(struct moetax_store *s, int layer, int e, const void **ptrs,
+                                   uint64_t *waited_ns);
+/* Unpin; one release per successful acquire. */
+void moetax_store_release(struct moetax_store *s, int layer, int e);
+
+struct moetax_store_stats {
+    uint64_t acquires, hits, misses;   /* misses: acquires that had to wait */
+    uint64_t errors;                   /* acquires that returned MOETAX_ERR_IO */
+    uint64_t prefetch_issued;          /* reads queued by moetax_store_prefetch */
+    uint64_t prefetch_used;            /* a prefetched expert acquired before eviction */
+    uint64_t prefetch_late;            /* ... but still in flight: the acquire waited */
+    uint64_t prefetch_wasted;          /* a prefetched expert evicted before any acquire */
+    uint64_t prefetch_dropped;         /* prefetch refused: no evictable slot */
+    uint64_t predicted_issued, predicted_used; /* the same for predicted prefetches */
+    uint64_t bytes_read, reads;        /* preads issued by the I/O workers (bytes incl. alignment) */
+    uint64_t loads;                    /* experts read (one or more reads each) */
+    uint64_t evictions;                /* READY experts dropped to make room */
+    uint64_t stall_ns;                 /* sum of the ns acquires waited */
+    uint64_t read_ns;                  /* sum of per-pread latencies */
+    uint64_t read_ns_max;              /* slowest pread */
+    uint64_t io_busy_ns;               /* wall time at least one worker was loading */
+    double read_gbps;                  /* bytes_read / io_busy_ns (1e9 B/s) */
+    bool direct_io_active;             /* reads go through O_DIRECT */
+    bool direct_io_fallback;           /* O_DIRECT was asked for but refused: buffered reads */
+    int n_slots;
+    uint64_t slot_bytes;
+    int resident;                      /* READY slots now */
+};
+void moetax_store_get_stats(const struct moetax_store *s, struct moetax_store_stats *out);
+
+/* Copy up to cap entries of the access trace ((layer, expert) of every
+ * acquire since init, oldest first, up to trace_cap); returns the number
+ * recorded (which may exceed cap). Either array may be NULL to ask for n. */
+int64_t moetax_store_trace(const struct moetax_store *s, int32_t *layer, int32_t *expert, int64_t cap);
+
+/* Offline optimal (Belady's MIN) hit rate of a cache of n_slots experts over
+ * an access sequence, treating (layer, e) as one key: on a miss with the
+ * cache full, evict the key whose next use is farthest (the missing expert
+ * must be admitted: it is computed with). Returns hits / n, 0 for n == 0,
+ * -1 on invalid input (negative ids, n_slots < 1) or out of memory. */
+double moetax_store_belady_hit_rate(const int32_t *layer, const int32_t *expert, int64_t n, int64_t n_slots);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,680 @@
+/* store.c - the expert store: slots, the residency table, cache policies and
+ * acquire / release / prefetch. See include/moetax/store.h for the design. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "store/store_impl.h"
+
+enum { SLOT_EMPTY = 0, SLOT_LOADING, SLOT_READY, SLOT_ERROR };
+
+#define STORE_ERR_LEN 400
+
+struct span {
+    uint64_t off, len; /* 4096-aligned file span read with one pread */
+    uint64_t need;     /* bytes of it that must be read (to the last range end) */
+    uint64_t pos;      /* where it lands in the slot */
+};
+
+struct expert {
+    bool registered;
+    uint8_t n_ranges, n_spans;
+    uint64_t rpos[MOETAX_STORE_MAX_RANGES]; /* range i at slot + rpos[i] */
+    struct span span[MOETAX_STORE_MAX_RANGES];
+    uint64_t bytes;   /* sum of span lengths */
+    int32_t slot;     /* -1: not in a slot */
+    uint32_t freq;    /* LFU: acquires, halved every lfu_aging acquires */
+    double crf;       /* LFRU: combined recency-frequency at tick `last` */
+    uint64_t last;    /* tick of the last acquire */
+};
+
+struct slot {
+    uint8_t *buf;      /* slot_bytes, 4096-aligned */
+    int32_t key;       /* -1: none */
+    uint8_t state;
+    bool pf, pf_pred;  /* loaded by a (predicted) prefetch and not acquired since */
+    int32_t pins;
+    uint64_t last_use; /* tick of the last acquire or of the prefetch that loaded it */
+    uint64_t seq;      /* load generation */
+    char err[STORE_ERR_LEN];
+};
+
+struct moetax_store {
+    char *path;
+    struct moetax_store_params p;
+    const struct moetax_store_vfs *vfs;
+    int fd;
+    bool direct, direct_fallback;
+    uint64_t file_size, file_mtime;
+
+    int n_layer, n_expert, n_keys, n_registered;
+    struct expert *ex; /* [n_keys], immutable spans after commit */
+
+    bool committed;
+    uint64_t slot_bytes;
+    int n_slots;
+    uint8_t *mem;
+    struct slot *slots;
+    struct store_io *io;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* any slot completed or unpinned (CLOCK_MONOTONIC) */
+    uint64_t now;      /* logical clock: one tick per acquire */
+    int64_t lfu_aging;
+    double lfru_h;
+    int io_active;
+    uint64_t io_busy_start;
+    struct moetax_store_stats st;
+
+    int32_t *trace; /* pairs (layer, expert) */
+    int64_t trace_n, trace_alloc, trace_max;
+};
+
+const char *moetax_store_policy_name(enum moetax_store_policy p) {
+    switch (p) {
+    case MOETAX_STORE_LRU: return "lru";
+    case MOETAX_STORE_LFU: return "lfu";
+    case MOETAX_STORE_LFRU: return "lfru";
+    }
+    return "?";
+}
+
+bool moetax_store_policy_parse(const char *s, enum moetax_store_policy *out) {
+    if (!s) return false;
+    if (!strcmp(s, "lru")) *out = MOETAX_STORE_LRU;
+    else if (!strcmp(s, "lfu")) *out = MOETAX_STORE_LFU;
+    else if (!strcmp(s, "lfru")) *out = MOETAX_STORE_LFRU;
+    else return false;
+    return true;
+}
+
+/* ---- init / free -------------------------------------------------------------- */
+
+static moetax_status open_file(struct moetax_store *s) {
+    const struct moetax_store_vfs *v = s->vfs;
+    int fd = -1, rc;
+    if (!s->p.buffered_io) {
+        rc = v->open(v->user, s->path, true, &fd);
+        if (rc == 0) {
+            /* Some filesystems accept O_DIRECT at open and refuse the reads: probe one block. */
+            void *probe = NULL;
+            if (posix_memalign(&probe, MOETAX_STORE_ALIGN, MOETAX_STORE_ALIGN) != 0)
+                return moetax_error(MOETAX_ERR_NOMEM, "expert store: out of memory");
+            uint64_t ns;
+            int calls;
+            int64_t r = store_io_read(v, fd, probe, MOETAX_STORE_ALIGN, 1, 0, &ns, &calls);
+            free(probe);
+            if (r == -EINVAL) {
+                v->close(v->user, fd);
+                fd = -1;
+            } else {
+                s->fd = fd;
+                s->direct = true;
+                return MOETAX_OK;
+            }
+        } else if (rc != EINVAL && rc != EOPNOTSUPP) {
+            return moetax_error(MOETAX_ERR_IO, "expert store: %s: cannot open: %s", s->path, strerror(rc));
+        }
+        s->direct_fallback = true; /* the filesystem refuses O_DIRECT: buffered reads */
+    }
+    rc = v->open(v->user, s->path, false, &fd);
+    if (rc != 0) return moetax_error(MOETAX_ERR_IO, "expert store: %s: cannot open: %s", s->path, strerror(rc));
+    s->fd = fd;
+    return MOETAX_OK;
+}
+
+moetax_status moetax_store_init(const struct moetax_store_params *p, int n_layer, int n_expert,
+                                struct moetax_store **out) {
+    *out = NULL;
+    if (!p || !p->path) return moetax_error(MOETAX_ERR_ARG, "expert store: no file path");
+    if (n_layer < 1 || n_expert < 1 || (int64_t)n_layer * n_expert > (1 << 24))
+        return moetax_error(MOETAX_ERR_ARG, "expert store: bad shape %d layers x %d experts", n_layer, n_expert);
+    if (p->policy != MOETAX_STORE_LRU && p->policy != MOETAX_STORE_LFU && p->policy != MOETAX_STORE_LFRU)
+        return moetax_error(MOETAX_ERR_ARG, "expert store: unknown policy %d", (int)p->policy);
+    if (p->n_io_threads < 0 || p->n_io_threads > 64)
+        return moetax_error(MOETAX_ERR_ARG, "expert store: n_io_threads %d out of range 0..64", p->n_io_threads);
+    if (p->min_slots < 0) return moetax_error(MOETAX_ERR_ARG, "expert store: min_slots %d < 0", p->min_slots);
+    if (p->lfu_aging < 0 || p->lfru_halflife < 0 || !(p->lfru_halflife == p->lfru_halflife))
+        return moetax_error(MOETAX_ERR_ARG, "expert store: negative lfu_aging or lfru_halflife");
+
+    struct moetax_store *s = calloc(1, sizeof *s);
+    if (!s) return moetax_error(MOETAX_ERR_NOMEM, "expert store: out of memory");
+    s->p = *p;
+    s->fd = -1;
+    s->vfs = p->vfs ? p->vfs : moetax_store_vfs_default();
+    s->p.vfs = s->vfs;
+    if (s->p.n_io_threads == 0) s->p.n_io_threads = 2;
+    if (s->p.min_slots == 0) s->p.min_slots = 1;
+    s->n_layer = n_layer;
+    s->n_expert = n_expert;
+    s->n_keys = n_layer * n_expert;
+    s->lfu_aging = p->lfu_aging ? p->lfu_aging : 8 * (int64_t)s->n_keys;
+    s->lfru_h = p->lfru_halflife > 0 ? p->lfru_halflife : 4.0 * n_layer * s->p.min_slots;
+    s->trace_max = p->trace_cap == 0 ? (int64_t)1 << 20 : (p->trace_cap < 0 ? 0 : p->trace_cap);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    s->path = strdup(p->path);
+    s->ex = calloc((size_t)s->n_keys, sizeof *s->ex);
+    if (!s->path || !s->ex) {
+        moetax_store_free(s);
+        return moetax_error(MOETAX_ERR_NOMEM, "expert store: out of memory");
+    }
+    s->p.path = s->path;
+    for (int k = 0; k < s->n_keys; k++) s->ex[k].slot = -1;
+
+    moetax_status st = open_file(s);
+    if (st == MOETAX_OK) {
+        int rc = s->vfs->fstat_sig(s->vfs->user, s->fd, &s->file_size, &s->file_mtime);
+        if (rc != 0) st = moetax_error(MOETAX_ERR_IO, "expert store: %s: cannot stat: %s", s->path, strerror(rc));
+    }
+    if (st != MOETAX_OK) {
+        moetax_store_free(s);
+        return st;
+    }
+    *out = s;
+    return MOETAX_OK;
+}
+
+void moetax_store_free(struct moetax_store *s) {
+    if (!s) return;
+    store_io_stop(s->io); /* joins: no worker touches the slots after this */
+    if (s->fd >= 0) s->vfs->close(s->vfs->user, s->fd);
+    free(s->mem);
+    free(s->slots);
+    free(s->ex);
+    free(s->trace);
+    free(s->path);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* ---- registration --------------------------------------------------------------- */
+
+#define ALIGN_DOWN(x) ((x) & ~(uint64_t)(MOETAX_STORE_ALIGN - 1))
+#define ALIGN_UP(x) ALIGN_DOWN((x) + MOETAX_STORE_ALIGN - 1)
+
+moetax_status moetax_store_add_expert(struct moetax_store *s, int layer, int e, const uint64_t *offsets,
+                                      const uint64_t *sizes, int n_ranges) {
+    if (s->committed) return moetax_error(MOETAX_ERR_ARG, "expert store: add_expert after commit");
+    if (layer < 0 || layer >= s->n_layer || e < 0 || e >= s->n_expert)
+        return moetax_error(MOETAX_ERR_ARG, "expert store: expert (layer %d, %d) outside %d x %d", layer, e,
+                            s->n_layer, s->n_expert);
+    if (n_ranges < 1 || n_ranges > MOETAX_STORE_MAX_RANGES)
+        return moetax_error(MOETAX_ERR_ARG, "expert store: layer %d expert %d: %d ranges (1..%d)", layer, e,
+                            n_ranges, MOETAX_STORE_MAX_RANGES);
+    for (int i = 0; i < n_ranges; i++) {
+        if (sizes[i] == 0 || offsets[i] > s->file_size || sizes[i] > s->file_size - offsets[i])
+            return moetax_error(MOETAX_ERR_ARG,
+                                "expert store: layer %d expert %d: range %d [%llu, +%llu) outside %s (%llu bytes)",
+                                layer, e, i, (unsigned long long)offsets[i], (unsigned long long)sizes[i],
+                                s->path, (unsigned long long)s->file_size);
+    }
+    struct expert *x = &s->ex[layer * s->n_expert + e];
+    if (!x->registered) s->n_registered++;
+    memset(x, 0, sizeof *x);
+    x->registered = true;
+    x->slot = -1;
+    x->n_ranges = (uint8_t)n_ranges;
+
+    /* Ranges by file offset; merge the aligned spans that touch or overlap. */
+    int ord[MOETAX_STORE_MAX_RANGES];
+    for (int i = 0; i < n_ranges; i++) ord[i] = i;
+    for (int i = 1; i < n_ranges; i++)
+        for (int j = i; j > 0 && offsets[ord[j]] < offsets[ord[j - 1]]; j--) {
+            int t = ord[j];
+            ord[j] = ord[j - 1];
+            ord[j - 1] = t;
+        }
+    int span_of[MOETAX_STORE_MAX_RANGES];
+    int ns = 0;
+    uint64_t end_max = 0;
+    for (int k = 0; k < n_ranges; k++) {
+        int i = ord[k];
+        uint64_t a = ALIGN_DOWN(offsets[i]), b = ALIGN_UP(offsets[i] + sizes[i]);
+        if (ns > 0 && a <= x->span[ns - 1].off + x->span[ns - 1].len) {
+            struct span *sp = &x->span[ns - 1];
+            if (b > sp->off + sp->len) sp->len = b - sp->off;
+        } else {
+            x->span[ns].off = a;
+            x->span[ns].len = b - a;
+            ns++;
+            end_max = 0;
+        }
+        if (offsets[i] + sizes[i] > end_max) end_max = offsets[i] + sizes[i];
+        x->span[ns - 1].need = end_max - x->span[ns - 1].off;
+        span_of[i] = ns - 1;
+    }
+    x->n_spans = (uint8_t)ns;
+    uint64_t pos = 0;
+    for (int k = 0; k < ns; k++) {
+        x->span[k].pos = pos;
+        pos += x->span[k].len;
+    }
+    x->bytes = pos;
+    for (int i = 0; i < n_ranges; i++) {
+        const struct span *sp = &x->span[span_of[i]];
+        x->rpos[i] = sp->pos + (offsets[i] - sp->off);
+    }
+    return MOETAX_OK;
+}
+
+uint64_t moetax_store_slot_bytes(const struct moetax_store *s) {
+    if (s->committed) return s->slot_bytes;
+    uint64_t m = 0;
+    for (int k = 0; k < s->n_keys; k++)
+        if (s->ex[k].registered && s->ex[k].bytes > m) m = s->ex[k].bytes;
+    return m;
+}
+
+uint64_t moetax_store_min_budget(const struct moetax_store *s, int min_slots) {
+    return moetax_store_slot_bytes(s) * (uint64_t)(min_slots < 1 ? 1 : min_slots);
+}
+
+int moetax_store_n_slots(const struct moetax_store *s) { return s->committed ? s->n_slots : 0; }
+
+static void io_job(void *ctx, int job);
+
+moetax_status moetax_store_commit(struct moetax_store *s) {
+    if (s->committed) return moetax_error(MOETAX_ERR_ARG, "expert store: committed twice");
+    if (s->n_registered == 0) return moetax_error(MOETAX_ERR_ARG, "expert store: no experts registered");
+    uint64_t sb = moetax_store_slot_bytes(s);
+    uint64_t fit = s->p.budget_bytes / sb;
+    int need = s->p.min_slots < s->n_registered ? s->p.min_slots : s->n_registered;
+    if (fit < (uint64_t)need)
+        return moetax_error(MOETAX_ERR_ARG,
+                            "expert store: budget of %llu bytes (%.1f MiB) holds %llu expert slot%s of %llu bytes "
+                            "(the largest expert, as 4096-aligned spans) but %d %s pinned at once: "
+                            "the budget must be at least %llu bytes (%.1f MiB)",
+                            (unsigned long long)s->p.budget_bytes, s->p.budget_bytes / 1048576.0,
+                            (unsigned long long)fit, fit == 1 ? "" : "s", (unsigned long long)sb, need,
+                            need == 1 ? "expert is" : "experts are", (unsigned long long)(sb * (uint64_t)need),
+                            (double)(sb * (uint64_t)need) / 1048576.0);
+    int n_slots = fit > (uint64_t)s->n_registered ? s->n_registered : (int)fit;
+    void *mem = NULL;
+    if (posix_memalign(&mem, MOETAX_STORE_ALIGN, (size_t)sb * (size_t)n_slots) != 0)
+        return moetax_error(MOETAX_ERR_NOMEM, "expert store: cannot allocate %d slots of %llu bytes", n_slots,
+                            (unsigned long long)sb);
+    s->slots = calloc((size_t)n_slots, sizeof *s->slots);
+    if (!s->slots) {
+        free(mem);
+        return moetax_error(MOETAX_ERR_NOMEM, "expert store: out of memory");
+    }
+    s->mem = mem;
+    s->slot_bytes = sb;
+    s->n_slots = n_slots;
+    for (int i = 0; i < n_slots; i++) {
+        s->slots[i].buf = s->mem + (size_t)i * sb;
+        s->slots[i].key = -1;
+    }
+    moetax_status st = store_io_start(s->p.n_io_threads, n_slots, io_job, s, &s->io);
+    if (st != MOETAX_OK) {
+        free(s->slots);
+        free(s->mem);
+        s->slots = NULL;
+        s->mem = NULL;
+        return st;
+    }
+    s->committed = true;
+    return MOETAX_OK;
+}
+
+/* ---- I/O job: read one expert into its slot ------------------------------------ */
+
+static void io_job(void *ctx, int job) {
+    struct moetax_store *s = ctx;
+    struct slot *sl = &s->slots[job];
+    pthread_mutex_lock(&s->mu);
+    int key = sl->key; /* fixed while LOADING */
+    MOETAX_ASSERT(sl->state == SLOT_LOADING && key >= 0);
+    if (s->io_active++ == 0) s->io_busy_start = store_now_ns();
+    pthread_mutex_unlock(&s->mu);
+
+    const struct expert *x = &s->ex[key];
+    int layer = key / s->n_expert, e = key % s->n_expert;
+    char err[STORE_ERR_LEN];
+    bool ok = true;
+    uint64_t bytes = 0, reads = 0, rns = 0, rmax = 0;
+    for (int k = 0; k < x->n_spans && ok; k++) {
+        const struct span *sp = &x->span[k];
+        uint64_t ns;
+        int calls;
+        int64_t r = store_io_read(s->vfs, s->fd, sl->buf + sp->pos, sp->len, sp->need, sp->off, &ns, &calls);
+        reads += (uint64_t)calls;
+        rns += ns;
+        if (ns > rmax) rmax = ns;
+        if (r > 0) bytes += (uint64_t)r;
+        if (r < 0) {
+            snprintf(err, sizeof err, "expert store: layer %d expert %d: %s: offset %llu (%llu bytes): read failed: %s",
+                     layer, e, s->path, (unsigned long long)sp->off, (unsigned long long)sp->len,
+                     strerror((int)-r));
+            ok = false;
+        } else if ((uint64_t)r < sp->need) {
+            snprintf(err, sizeof err,
+                     "expert store: layer %d expert %d: %s: offset %llu: short read (%llu of %llu bytes)", layer, e,
+                     s->path, (unsigned long long)sp->off, (unsigned long long)r, (unsigned long long)sp->need);
+            ok = false;
+        }
+    }
+    if (ok) { /* the bytes are the file as it was at init only if it has not changed since */
+        uint64_t size = 0, mtime = 0;
+        int rc = s->vfs->fstat_sig(s->vfs->user, s->fd, &size, &mtime);
+        if (rc != 0) {
+            snprintf(err, sizeof err, "expert store: layer %d expert %d: %s: offset %llu: cannot stat: %s", layer, e,
+                     s->path, (unsigned long long)x->span[0].off, strerror(rc));
+            ok = false;
+        } else if (size != s->file_size || mtime != s->file_mtime) {
+            snprintf(err, sizeof err,
+                     "expert store: layer %d expert %d: %s: offset %llu: file changed since it was opened "
+                     "(size %llu -> %llu bytes, mtime %llu -> %llu ns)",
+                     layer, e, s->path, (unsigned long long)x->span[0].off, (unsigned long long)s->file_size,
+                     (unsigned long long)size, (unsigned long long)s->file_mtime, (unsigned long long)mtime);
+            ok = false;
+        }
+    }
+
+    pthread_mutex_lock(&s->mu);
+    s->st.bytes_read += bytes;
+    s->st.reads += reads;
+    s->st.read_ns += rns;
+    if (rmax > s->st.read_ns_max) s->st.read_ns_max = rmax;
+    s->st.loads++;
+    if (--s->io_active == 0) s->st.io_busy_ns += store_now_ns() - s->io_busy_start;
+    if (ok) {
+        sl->state = SLOT_READY;
+    } else {
+        sl->state = SLOT_ERROR;
+        memcpy(sl->err, err, sizeof err);
+    }
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- policies --------------------------------------------------------------------- */
+
+static void policy_touch(struct moetax_store *s, struct expert *x) {
+    uint64_t now = s->now;
+    x->freq++;
+    if (s->p.policy == MOETAX_STORE_LFU && now % (uint64_t)s->lfu_aging == 0)
+        for (int k = 0; k < s->n_keys; k++) s->ex[k].freq >>= 1;
+    x->crf = 1.0 + x->crf * exp2(-(double)(now - x->last) / s->lfru_h);
+    x->last = now;
+}
+
+/* Lower evicts first: (tier, primary, last_use) compared in order. */
+struct victim_key {
+    int tier;
+    double primary;
+    uint64_t last_use;
+};
+
+static struct victim_key victim_key(const struct moetax_store *s, const struct slot *sl) {
+    const struct expert *x = &s->ex[sl->key];
+    struct victim_key v = {.tier = sl->pf ? 1 : 0, .last_use = sl->last_use};
+    switch (s->p.policy) {
+    case MOETAX_STORE_LRU: v.primary = (double)sl->last_use; break;
+    case MOETAX_STORE_LFU: v.primary = (double)x->freq; break;
+    case MOETAX_STORE_LFRU:
+        v.primary = x->crf > 0 ? log2(x->crf) - (double)(s->now - x->last) / s->lfru_h : -INFINITY;
+        break;
+    }
+    return v;
+}
+
+static bool victim_less(struct victim_key a, struct victim_key b) {
+    if (a.tier != b.tier) return a.tier < b.tier;
+    if (a.primary != b.primary) return a.primary < b.primary;
+    return a.last_use < b.last_use;
+}
+
+/* A slot to load into: EMPTY or unpinned ERROR first, else the policy's victim
+ * among READY unpinned slots (evicted here). -1 if every slot is pinned or loading. */
+static int take_slot(struct moetax_store *s) {
+    int best = -1;
+    struct victim_key bk = {0, 0, 0};
+    for (int i = 0; i < s->n_slots; i++) {
+        struct slot *sl = &s->slots[i];
+        if (sl->pins > 0 || sl->state == SLOT_LOADING) continue;
+        if (sl->state == SLOT_EMPTY || sl->state == SLOT_ERROR) {
+            best = i;
+            break;
+        }
+        struct victim_key k = victim_key(s, sl);
+        if (best < 0 || victim_less(k, bk)) {
+            best = i;
+            bk = k;
+        }
+    }
+    if (best < 0) return -1;
+    struct slot *sl = &s->slots[best];
+    if (sl->key >= 0) {
+        if (sl->state == SLOT_READY) {
+            s->st.evictions++;
+            if (sl->pf) s->st.prefetch_wasted++;
+        }
+        s->ex[sl->key].slot = -1;
+    }
+    sl->key = -1;
+    sl->state = SLOT_EMPTY;
+    sl->pf = sl->pf_pred = false;
+    return best;
+}
+
+/* Mark slot i LOADING for key and queue it (demand: head of the queue). */
+static void start_load(struct moetax_store *s, int i, int key, bool demand) {
+    struct slot *sl = &s->slots[i];
+    sl->key = key;
+    sl->state = SLOT_LOADING;
+    sl->seq++;
+    sl->last_use = s->now;
+    s->ex[key].slot = i;
+    store_io_push(s->io, i, demand);
+}
+
+/* ---- acquire / release / prefetch -------------------------------------------------- */
+
+static void trace_add(struct moetax_store *s, int layer, int e) {
+    if (s->trace_n >= s->trace_max) return;
+    if (s->trace_n == s->trace_alloc) {
+        int64_t n = s->trace_alloc ? s->trace_alloc * 2 : 4096;
+        if (n > s->trace_max) n = s->trace_max;
+        int32_t *t = realloc(s->trace, sizeof(int32_t) * 2 * (size_t)n);
+        if (!t) return; /* the trace is best effort */
+        s->trace = t;
+        s->trace_alloc = n;
+    }
+    s->trace[2 * s->trace_n] = layer;
+    s->trace[2 * s->trace_n + 1] = e;
+    s->trace_n++;
+}
+
+static void ptrs_of(const struct moetax_store *s, const struct expert *x, const struct slot *sl, const void **ptrs) {
+    (void)s;
+    if (!ptrs) return;
+    for (int i = 0; i < x->n_ranges; i++) ptrs[i] = sl->buf + x->rpos[i];
+}
+
+moetax_status moetax_store_acquire(struct moetax_store *s, int layer, int e, const void **ptrs,
+                                   uint64_t *waited_ns) {
+    if (waited_ns) *waited_ns = 0;
+    if (layer < 0 || layer >= s->n_layer || e < 0 || e >= s->n_expert)
+        return moetax_error(MOETAX_ERR_ARG, "expert store: expert (layer %d, %d) outside %d x %d", layer, e,
+                            s->n_layer, s->n_expert);
+    int key = layer * s->n_expert + e;
+    struct expert *x = &s->ex[key];
+    if (!s->committed) return moetax_error(MOETAX_ERR_ARG, "expert store: acquire before commit");
+    if (!x->registered)
+        return moetax_error(MOETAX_ERR_ARG, "expert store: layer %d expert %d is not registered", layer, e);
+
+    pthread_mutex_lock(&s->mu);
+    s->now++;
+    s->st.acquires++;
+    trace_add(s, layer, e);
+    policy_touch(s, x);
+
+    int mine = -1;        /* slot this call has pinned */
+    uint64_t my_seq = 0;  /* load generation it waits for */
+    uint64_t t_wait = 0;  /* first wait */
+    bool timed_out = false;
+    struct timespec deadline = {0, 0};
+    if (s->p.io_timeout_ms > 0) {
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        uint64_t ns = (uint64_t)deadline.tv_nsec + (uint64_t)s->p.io_timeout_ms * 1000000ull;
+        deadline.tv_sec += (time_t)(ns / 1000000000ull);
+        deadline.tv_nsec = (long)(ns % 1000000000ull);
+    }
+    moetax_status st = MOETAX_OK;
+    for (;;) {
+        int i = x->slot;
+        MOETAX_ASSERT(mine < 0 || i == mine); /* a pinned slot keeps its key */
+        if (i >= 0) {
+            struct slot *sl = &s->slots[i];
+            if (mine < 0) {
+                sl->pins++;
+                mine = i;
+                my_seq = sl->seq;
+            }
+            if (sl->state == SLOT_READY) break;
+            if (sl->state == SLOT_ERROR) {
+                if (sl->seq == my_seq && t_wait != 0) { /* the load this call waited for failed */
+                    st = moetax_error(MOETAX_ERR_IO, "%s", sl->err);
+                    break;
+                }
+                /* an earlier failure (another acquire's or a prefetch's): retry the read */
+                sl->pf = sl->pf_pred = false;
+                start_load(s, i, key, true);
+                my_seq = sl->seq;
+            } else if (sl->state == SLOT_LOADING) {
+                store_io_promote(s->io, i);
+            }
+        } else {
+            i = take_slot(s);
+            if (i >= 0) {
+                start_load(s, i, key, true);
+                s->slots[i].pins = 1;
+                mine = i;
+                my_seq = s->slots[i].seq;
+            }
+            /* else: every slot is pinned or loading; wait for a release */
+        }
+        if (timed_out) {
+            uint64_t off = x->span[0].off;
+            st = moetax_error(MOETAX_ERR_IO,
+                              "expert store: layer %d expert %d: %s: offset %llu: %s after %d ms (io_timeout_ms)",
+                              layer, e, s->path, (unsigned long long)off,
+                              mine >= 0 ? "read not complete" : "no free slot (all pinned or loading)",
+                              s->p.io_timeout_ms);
+            break;
+        }
+        if (t_wait == 0) t_wait = store_now_ns();
+        if (s->p.io_timeout_ms > 0) {
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &deadline) == ETIMEDOUT) timed_out = true;
+        } else {
+            pthread_cond_wait(&s->cv, &s->mu);
+        }
+    }
+    uint64_t waited = t_wait ? store_now_ns() - t_wait : 0;
+    if (t_wait) {
+        s->st.misses++;
+        s->st.stall_ns += waited;
+    } else {
+        s->st.hits++;
+    }
+    if (st == MOETAX_OK) {
+        struct slot *sl = &s->slots[mine];
+        if (sl->pf) {
+            s->st.prefetch_used++;
+            if (sl->pf_pred) s->st.predicted_used++;
+            if (t_wait) s->st.prefetch_late++;
+            sl->pf = sl->pf_pred = false;
+        }
+        sl->last_use = s->now;
+        ptrs_of(s, x, sl, ptrs);
+    } else {
+        s->st.errors++;
+        if (mine >= 0 && --s->slots[mine].pins == 0) pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (waited_ns) *waited_ns = waited;
+    return st;
+}
+
+void moetax_store_release(struct moetax_store *s, int layer, int e) {
+    if (layer < 0 || layer >= s->n_layer || e < 0 || e >= s->n_expert) return;
+    pthread_mutex_lock(&s->mu);
+    int i = s->ex[layer * s->n_expert + e].slot;
+    MOETAX_ASSERT(i >= 0 && s->slots[i].pins > 0); /* release without acquire: a bug in the caller */
+    if (--s->slots[i].pins == 0) pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void moetax_store_prefetch(struct moetax_store *s, int layer, const int32_t *experts, int n, bool predicted) {
+    if (!s->committed || layer < 0 || layer >= s->n_layer) return;
+    pthread_mutex_lock(&s->mu);
+    for (int k = 0; k < n; k++) {
+        int e = experts[k];
+        if (e < 0 || e >= s->n_expert) continue;
+        int key = layer * s->n_expert + e;
+        struct expert *x = &s->ex[key];
+        if (!x->registered) continue;
+        int i = x->slot;
+        if (i >= 0) {
+            struct slot *sl = &s->slots[i];
+            if (sl->state != SLOT_ERROR || sl->pins > 0) continue; /* resident or in flight */
+        } else {
+            i = take_slot(s);
+            if (i < 0) {
+                s->st.prefetch_dropped++;
+                continue;
+            }
+        }
+        s->slots[i].pf = true;
+        s->slots[i].pf_pred = predicted;
+        start_load(s, i, key, false);
+        s->st.prefetch_issued++;
+        if (predicted) s->st.predicted_issued++;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- stats and trace ------------------------------------------------------------------ */
+
+void moetax_store_get_stats(const struct moetax_store *cs, struct moetax_store_stats *out) {
+    struct moetax_store *s = (struct moetax_store *)cs; /* the mutex is not part of the value */
+    pthread_mutex_lock(&s->mu);
+    *out = s->st;
+    uint64_t busy = s->st.io_busy_ns;
+    if (s->io_active > 0) busy += store_now_ns() - s->io_busy_start;
+    out->io_busy_ns = busy;
+    out->read_gbps = busy ? (double)s->st.bytes_read / (double)busy : 0.0;
+    out->direct_io_active = s->direct;
+    out->direct_io_fallback = s->direct_fallback;
+    out->n_slots = s->committed ? s->n_slots : 0;
+    out->slot_bytes = moetax_store_slot_bytes(s);
+    int r = 0;
+    for (int i = 0; i < out->n_slots; i++) r += s->slots[i].state == SLOT_READY;
+    out->resident = r;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int64_t moetax_store_trace(const struct moetax_store *cs, int32_t *layer, int32_t *expert, int64_t cap) {
+    struct moetax_store *s = (struct moetax_store *)cs;
+    pthread_mutex_lock(&s->mu);
+    int64_t n = s->trace_n;
+    if (layer && expert)
+        for (int64_t i = 0; i < n && i < cap; i++) {
+            layer[i] = s->trace[2 * i];
+            expert[i] = s->trace[2 * i + 1];
+        }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}

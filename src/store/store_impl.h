@@ -1,0 +1,38 @@
+/* store_impl.h - internals shared by the expert store's files: the I/O
+ * workers' job queue (io.c) and the aligned read helper. Not a public header. */
+#ifndef MOETAX_STORE_IMPL_H
+#define MOETAX_STORE_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "moetax/status.h"
+#include "moetax/store.h"
+
+/* Background I/O workers (Redis bio.c): dedicated pthreads that run
+ * fn(ctx, job) for jobs taken from one queue. Jobs are small integers in
+ * [0, n_jobs) (the store's slot indices); a job is in the queue at most once.
+ * fn runs without any queue lock held; completion is the caller's business
+ * (the store marks the slot READY/ERROR and broadcasts its own condvar). */
+typedef void (*store_io_fn)(void *ctx, int job);
+struct store_io;
+
+moetax_status store_io_start(int n_threads, int n_jobs, store_io_fn fn, void *ctx, struct store_io **out);
+/* Wake and join the workers; a job being run completes, queued jobs are dropped. */
+void store_io_stop(struct store_io *io);
+/* Queue job at the head (demand) or the tail (prefetch). No-op if queued. */
+void store_io_push(struct store_io *io, int job, bool front);
+/* Move a queued job to the head; no-op if it is not queued (running or done). */
+void store_io_promote(struct store_io *io, int job);
+
+/* Read up to len bytes at off into buf with as few vfs->pread calls as the
+ * file allows (one, unless the read is partial), retrying EINTR; a partial
+ * read that already covers `need` bytes (the span runs past end of file) ends
+ * it. Returns the bytes read (short only at end of file or on a short read)
+ * or -errno. *ns gets the wall time, *calls the number of pread calls. */
+int64_t store_io_read(const struct moetax_store_vfs *vfs, int fd, void *buf, uint64_t len, uint64_t need,
+                      uint64_t off, uint64_t *ns, int *calls);
+
+uint64_t store_now_ns(void); /* CLOCK_MONOTONIC */
+
+#endif

@@ -1,0 +1,620 @@
+// ctest-labels: unit;threads
+/* test_store.c - the expert store: byte-exact experts from a synthetic file
+ * (32-aligned, not 4096-aligned ranges; the last expert ends at end of file)
+ * under every policy and budgets from "all fit" down to the minimum, from two
+ * threads; hand-computed hit/miss/eviction counts for LRU, LFU and LFRU at its
+ * limits; Belady against hand-computed and brute-force values; prefetch
+ * accounting; faults injected through the VFS; budget checks. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "moetax/store.h"
+#include "testutil.h"
+
+#define NL 3
+#define NE 8
+#define GM 32000u /* gate/up rows of one expert: a multiple of 32, not of 4096 */
+#define DM 35200u /* down rows of one expert */
+
+struct reg {
+    int n;
+    uint64_t off[4], size[4];
+};
+static struct reg g_reg[NL][NE];
+static uint8_t *g_file;
+static size_t g_size;
+static char g_path[1024];
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+static uint64_t tensor_at(uint64_t *pos, uint64_t bytes) {
+    uint64_t off = (*pos + 31) & ~(uint64_t)31;
+    *pos = off + bytes + 32; /* a gap, like padding between GGUF tensors */
+    return off;
+}
+
+/* Layers 0, 1: separate gate, up, down tensors {d, F, E} (three ranges per
+ * expert). Layer 2: fused gate_up {d, 2F, E} registered as two adjacent ranges
+ * (one merged span) + down, and its down tensor ends the file. */
+static void make_file(void) {
+    uint64_t pos = 96;
+    for (int l = 0; l < NL; l++) {
+        if (l < 2) {
+            uint64_t g = tensor_at(&pos, NE * GM), u = tensor_at(&pos, NE * GM), d = tensor_at(&pos, NE * DM);
+            for (int e = 0; e < NE; e++)
+                g_reg[l][e] = (struct reg){3, {g + e * GM, u + e * GM, d + e * DM}, {GM, GM, DM}};
+        } else {
+            uint64_t gu = tensor_at(&pos, NE * 2 * GM), d = tensor_at(&pos, NE * DM);
+            for (int e = 0; e < NE; e++)
+                g_reg[l][e] =
+                    (struct reg){3, {gu + e * 2 * GM, gu + e * 2 * GM + GM, d + e * DM}, {GM, GM, DM}};
+            pos = d + NE * DM; /* end of file right after the last expert */
+        }
+    }
+    g_size = (size_t)pos;
+    CHECK(g_size % 4096 != 0);
+    g_file = malloc(g_size);
+    tu_rng r = {0x5eed5eedull};
+    for (size_t i = 0; i < g_size; i++) g_file[i] = (uint8_t)(tu_rand_u64(&r) >> 56);
+    snprintf(g_path, sizeof g_path, "%s", tu_path("store_test.bin"));
+    FILE *f = fopen(g_path, "wb");
+    CHECK(f != NULL);
+    if (!f) exit(1);
+    CHECK(fwrite(g_file, 1, g_size, f) == g_size);
+    fclose(f);
+}
+
+static bool same_bytes(int l, int e, const void **ptrs) {
+    const struct reg *r = &g_reg[l][e];
+    for (int i = 0; i < r->n; i++)
+        if (!ptrs[i] || memcmp(ptrs[i], g_file + r->off[i], r->size[i]) != 0) return false;
+    return true;
+}
+
+static moetax_status open_store(struct moetax_store_params p, struct moetax_store **out) {
+    p.path = g_path;
+    moetax_status st = moetax_store_init(&p, NL, NE, out);
+    if (st != MOETAX_OK) return st;
+    for (int l = 0; l < NL; l++)
+        for (int e = 0; e < NE; e++) {
+            st = moetax_store_add_expert(*out, l, e, g_reg[l][e].off, g_reg[l][e].size, g_reg[l][e].n);
+            if (st != MOETAX_OK) return st;
+        }
+    return moetax_store_commit(*out);
+}
+
+/* Slot size of this layout (also checks the alignment rule). */
+static uint64_t slot_bytes(void) {
+    struct moetax_store *s = NULL;
+    struct moetax_store_params p = {.path = g_path, .budget_bytes = 1ull << 40};
+    CHECK_EQ_INT(moetax_store_init(&p, NL, NE, &s), MOETAX_OK);
+    for (int l = 0; l < NL; l++)
+        for (int e = 0; e < NE; e++)
+            moetax_store_add_expert(s, l, e, g_reg[l][e].off, g_reg[l][e].size, g_reg[l][e].n);
+    uint64_t sb = moetax_store_slot_bytes(s);
+    CHECK(sb % 4096 == 0);
+    CHECK(sb >= 2 * GM + DM && sb <= 2 * GM + DM + 3 * 8192);
+    moetax_store_free(s);
+    return sb;
+}
+
+/* ---- budgets ---------------------------------------------------------------- */
+
+static void test_budget(uint64_t sb) {
+    struct moetax_store *s = NULL;
+    moetax_status st = open_store((struct moetax_store_params){.budget_bytes = sb - 1}, &s);
+    CHECK_EQ_INT(st, MOETAX_ERR_ARG);
+    CHECK_MSG(strstr(moetax_last_error(), "budget") && strstr(moetax_last_error(), "at least"), "%s",
+              moetax_last_error());
+    moetax_store_free(s);
+    s = NULL;
+    st = open_store((struct moetax_store_params){.budget_bytes = 3 * sb + 4095, .min_slots = 4}, &s);
+    CHECK_EQ_INT(st, MOETAX_ERR_ARG);
+    CHECK_MSG(strstr(moetax_last_error(), "4 experts are pinned at once"), "%s", moetax_last_error());
+    moetax_store_free(s);
+    s = NULL;
+    st = open_store((struct moetax_store_params){.budget_bytes = 4 * sb, .min_slots = 4}, &s);
+    CHECK_EQ_INT(st, MOETAX_OK);
+    CHECK_EQ_INT(moetax_store_n_slots(s), 4);
+    moetax_store_free(s);
+    s = NULL;
+    /* One slot (the minimum for one expert at a time): every switch is an eviction. */
+    st = open_store((struct moetax_store_params){.budget_bytes = sb, .policy = MOETAX_STORE_LFRU}, &s);
+    CHECK_EQ_INT(st, MOETAX_OK);
+    tu_rng r = {7};
+    for (int i = 0; i < 60 && s; i++) {
+        int l = (int)(tu_rand_u64(&r) % NL), e = (int)(tu_rand_u64(&r) % NE);
+        const void *pp[4] = {0};
+        CHECK_EQ_INT(moetax_store_acquire(s, l, e, pp, NULL), MOETAX_OK);
+        CHECK(same_bytes(l, e, pp));
+        moetax_store_release(s, l, e);
+    }
+    moetax_store_free(s);
+    s = NULL;
+    st = open_store((struct moetax_store_params){.budget_bytes = 1000 * sb}, &s); /* capped at the experts */
+    CHECK_EQ_INT(moetax_store_n_slots(s), NL * NE);
+    const void *ptrs[4];
+    CHECK_EQ_INT(moetax_store_acquire(s, 0, NE, ptrs, NULL), MOETAX_ERR_ARG);
+    moetax_store_free(s);
+
+    /* A range outside the file is refused at registration. */
+    struct moetax_store_params p = {.path = g_path, .budget_bytes = sb};
+    CHECK_EQ_INT(moetax_store_init(&p, NL, NE, &s), MOETAX_OK);
+    uint64_t off = g_size - 10, size = 11;
+    CHECK_EQ_INT(moetax_store_add_expert(s, 0, 0, &off, &size, 1), MOETAX_ERR_ARG);
+    CHECK_EQ_INT(moetax_store_commit(s), MOETAX_ERR_ARG); /* nothing registered */
+    moetax_store_free(s);
+    p.path = tu_path("no-such-file.gguf");
+    CHECK_EQ_INT(moetax_store_init(&p, NL, NE, &s), MOETAX_ERR_IO);
+    CHECK(strstr(moetax_last_error(), "no-such-file.gguf") != NULL);
+}
+
+/* ---- byte-exact under every policy and budget, 1 and 2 threads ------------------ */
+
+struct worker {
+    struct moetax_store *s;
+    uint64_t seed;
+    int iters;
+    int bad, errors;
+};
+
+static void *worker_main(void *arg) {
+    struct worker *w = arg;
+    tu_rng r = {w->seed};
+    for (int it = 0; it < w->iters; it++) {
+        int l = (int)(tu_rand_u64(&r) % NL);
+        int e1 = (int)(tu_rand_u64(&r) % NE), e2 = (int)(tu_rand_u64(&r) % NE);
+        if (e2 == e1) e2 = (e1 + 1) % NE;
+        if (tu_rand_u64(&r) % 3 == 0) {
+            int32_t pf[2] = {(int32_t)(tu_rand_u64(&r) % NE), (int32_t)(tu_rand_u64(&r) % NE)};
+            moetax_store_prefetch(w->s, (l + 1) % NL, pf, 2, true);
+        }
+        const void *p1[4] = {0}, *p2[4] = {0};
+        uint64_t waited = 0;
+        if (moetax_store_acquire(w->s, l, e1, p1, &waited) != MOETAX_OK) { w->errors++; continue; }
+        if (moetax_store_acquire(w->s, l, e2, p2, NULL) != MOETAX_OK) {
+            w->errors++;
+            moetax_store_release(w->s, l, e1);
+            continue;
+        }
+        if (!same_bytes(l, e1, p1) || !same_bytes(l, e2, p2)) w->bad++;
+        moetax_store_release(w->s, l, e2);
+        moetax_store_release(w->s, l, e1);
+    }
+    return NULL;
+}
+
+static void test_bytes(uint64_t sb, int iters) {
+    const enum moetax_store_policy pols[3] = {MOETAX_STORE_LRU, MOETAX_STORE_LFU, MOETAX_STORE_LFRU};
+    const int slots[3] = {NL * NE, NL * NE / 2, 4};
+    for (int pi = 0; pi < 3; pi++)
+        for (int bi = 0; bi < 3; bi++)
+            for (int nt = 1; nt <= 2; nt++) {
+                bool buffered = (pi == 2 && bi == 1);
+                struct moetax_store *s = NULL;
+                struct moetax_store_params p = {.budget_bytes = slots[bi] * sb + 100, .policy = pols[pi],
+                                                .min_slots = 4, .buffered_io = buffered,
+                                                .n_io_threads = bi + 1};
+                CHECK_EQ_INT(open_store(p, &s), MOETAX_OK);
+                if (!s) return;
+                CHECK_EQ_INT(moetax_store_n_slots(s), slots[bi]);
+                struct worker w[2];
+                pthread_t th[2];
+                for (int t = 0; t < nt; t++) {
+                    w[t] = (struct worker){s, 1234u + 77u * (uint64_t)t + (uint64_t)(pi * 10 + bi), iters, 0, 0};
+                    pthread_create(&th[t], NULL, worker_main, &w[t]);
+                }
+                for (int t = 0; t < nt; t++) {
+                    pthread_join(th[t], NULL);
+                    CHECK_MSG(w[t].bad == 0 && w[t].errors == 0, "%s slots %d threads %d: %d wrong, %d errors (%s)",
+                              moetax_store_policy_name(pols[pi]), slots[bi], nt, w[t].bad, w[t].errors,
+                              moetax_last_error());
+                }
+                struct moetax_store_stats st;
+                moetax_store_get_stats(s, &st);
+                CHECK_EQ_INT(st.acquires, (uint64_t)(2 * iters * nt));
+                CHECK_EQ_INT(st.hits + st.misses, st.acquires);
+                CHECK(st.resident <= st.n_slots);
+                CHECK(st.bytes_read >= st.loads * (2 * GM));
+                CHECK(st.direct_io_active == !buffered);
+                CHECK(!st.direct_io_fallback);
+                CHECK(st.prefetch_used <= st.prefetch_issued);
+                if (bi == 0) CHECK(st.evictions == 0);
+                else CHECK(st.evictions > 0);
+                CHECK_EQ_INT(moetax_store_trace(s, NULL, NULL, 0), (int64_t)st.acquires);
+                moetax_store_free(s);
+            }
+}
+
+/* ---- scripted sequences ---------------------------------------------------------- */
+
+static void run_script(enum moetax_store_policy pol, double halflife, int exp_hits, int exp_misses, int exp_ev,
+                       uint64_t sb) {
+    /* A B A C B A C C on layer 0, 2 slots, one at a time (see the hand computation below). */
+    const int seq[8] = {0, 1, 0, 2, 1, 0, 2, 2};
+    struct moetax_store *s = NULL;
+    struct moetax_store_params p = {.budget_bytes = 2 * sb, .policy = pol, .lfru_halflife = halflife};
+    CHECK_EQ_INT(open_store(p, &s), MOETAX_OK);
+    if (!s) return;
+    for (int i = 0; i < 8; i++) {
+        const void *ptrs[4] = {0};
+        CHECK_EQ_INT(moetax_store_acquire(s, 0, seq[i], ptrs, NULL), MOETAX_OK);
+        CHECK(same_bytes(0, seq[i], ptrs));
+        moetax_store_release(s, 0, seq[i]);
+    }
+    struct moetax_store_stats st;
+    moetax_store_get_stats(s, &st);
+    CHECK_MSG(st.hits == (uint64_t)exp_hits && st.misses == (uint64_t)exp_misses && st.evictions == (uint64_t)exp_ev,
+              "%s H=%g: hits %llu misses %llu evictions %llu, expected %d %d %d", moetax_store_policy_name(pol),
+              halflife, (unsigned long long)st.hits, (unsigned long long)st.misses,
+              (unsigned long long)st.evictions, exp_hits, exp_misses, exp_ev);
+    CHECK_EQ_INT(st.loads, exp_misses);
+    CHECK_EQ_INT(st.reads, 3 * exp_misses); /* gate, up, down: one pread each */
+    int32_t tl[8], te[8];
+    CHECK_EQ_INT(moetax_store_trace(s, tl, te, 8), 8);
+    for (int i = 0; i < 8; i++) CHECK(tl[i] == 0 && te[i] == seq[i]);
+    /* MIN on this trace with 2 slots: A m, B m, A h, C m (evict A: next use 6 > B's 5), B h,
+     * A m (evict B: never used again), C h, C h = 4 hits. */
+    CHECK(moetax_store_belady_hit_rate(tl, te, 8, 2) == 4.0 / 8.0);
+    moetax_store_free(s);
+}
+
+static void test_scripted(uint64_t sb) {
+    /* LRU: A m, B m, A h, C m (evict B), B m (evict A), A m (evict C), C m (evict B), C h */
+    run_script(MOETAX_STORE_LRU, 0, 2, 6, 4, sb);
+    /* LFU (counts kept for all keys): A m(1), B m(1), A h(2), C m(1; evict B:1 < A:2), B m(2; evict C:1),
+     * A h(3), C m(2; evict B:2 < A:3), C h */
+    run_script(MOETAX_STORE_LFU, 0, 3, 5, 3, sb);
+    /* LFRU at its limits: a tiny half-life is LRU, a huge one is LFU. */
+    run_script(MOETAX_STORE_LFRU, 1e-3, 2, 6, 4, sb);
+    run_script(MOETAX_STORE_LFRU, 1e12, 3, 5, 3, sb);
+
+    /* Fused gate_up (layer 2): the two adjacent ranges are one read. */
+    struct moetax_store *s = NULL;
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 2 * sb}, &s), MOETAX_OK);
+    const void *ptrs[4] = {0};
+    CHECK_EQ_INT(moetax_store_acquire(s, 2, NE - 1, ptrs, NULL), MOETAX_OK); /* ends at end of file */
+    CHECK(same_bytes(2, NE - 1, ptrs));
+    CHECK((const uint8_t *)ptrs[1] == (const uint8_t *)ptrs[0] + GM);
+    moetax_store_release(s, 2, NE - 1);
+    struct moetax_store_stats st;
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.reads, 2);
+    CHECK(st.read_gbps > 0 && st.read_ns > 0 && st.io_busy_ns > 0);
+    moetax_store_free(s);
+}
+
+/* ---- Belady ------------------------------------------------------------------------ */
+
+static int brute_hits(const int *seq, int n, int i, int *cache, int nc, int cap) {
+    if (i == n) return 0;
+    for (int j = 0; j < nc; j++)
+        if (cache[j] == seq[i]) return 1 + brute_hits(seq, n, i + 1, cache, nc, cap);
+    if (nc < cap) {
+        cache[nc] = seq[i];
+        return brute_hits(seq, n, i + 1, cache, nc + 1, cap);
+    }
+    int best = 0;
+    for (int j = 0; j < nc; j++) {
+        int old = cache[j];
+        cache[j] = seq[i];
+        int h = brute_hits(seq, n, i + 1, cache, nc, cap);
+        if (h > best) best = h;
+        cache[j] = old;
+    }
+    return best;
+}
+
+static void test_belady(void) {
+    /* Silberschatz's reference string: OPT with 3 frames has 9 faults in 20. */
+    const int32_t ref[20] = {7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1};
+    int32_t zero[20] = {0};
+    CHECK(moetax_store_belady_hit_rate(zero, ref, 20, 3) == 11.0 / 20.0);
+    /* keys are (layer, e): the same e in two layers are two keys */
+    const int32_t l2[6] = {0, 1, 0, 1, 0, 1}, e2[6] = {5, 5, 5, 5, 5, 5};
+    CHECK(moetax_store_belady_hit_rate(l2, e2, 6, 2) == 4.0 / 6.0);
+    CHECK(moetax_store_belady_hit_rate(l2, e2, 6, 1) == 0.0);
+    /* cyclic 1 2 3 1 2 3 with 2 slots: 2 hits */
+    const int32_t cyc[6] = {1, 2, 3, 1, 2, 3};
+    CHECK(moetax_store_belady_hit_rate(zero, cyc, 6, 2) == 2.0 / 6.0);
+    CHECK(moetax_store_belady_hit_rate(zero, cyc, 0, 2) == 0.0);
+    CHECK(moetax_store_belady_hit_rate(zero, cyc, 6, 0) == -1.0);
+    const int32_t neg[1] = {-1};
+    CHECK(moetax_store_belady_hit_rate(neg, cyc, 1, 2) == -1.0);
+    /* random short sequences against exhaustive search */
+    tu_rng r = {99};
+    for (int t = 0; t < 60; t++) {
+        int n = 4 + (int)(tu_rand_u64(&r) % 9), cap = 1 + (int)(tu_rand_u64(&r) % 3);
+        int keys = 2 + (int)(tu_rand_u64(&r) % 4);
+        int seq[12];
+        int32_t ll[12], ee[12];
+        for (int i = 0; i < n; i++) {
+            seq[i] = (int)(tu_rand_u64(&r) % (uint64_t)keys);
+            ll[i] = seq[i] / 2;
+            ee[i] = seq[i] % 2;
+        }
+        int cache[4];
+        int h = brute_hits(seq, n, 0, cache, 0, cap);
+        double got = moetax_store_belady_hit_rate(ll, ee, n, cap);
+        CHECK_MSG(got == (double)h / n, "n %d cap %d: belady %g, exhaustive %d hits", n, cap, got, h);
+    }
+}
+
+/* ---- prefetch ------------------------------------------------------------------------ */
+
+static void wait_loads(struct moetax_store *s, uint64_t n) {
+    struct moetax_store_stats st;
+    for (int i = 0; i < 5000; i++) {
+        moetax_store_get_stats(s, &st);
+        if (st.loads >= n) return;
+        sleep_ms(1);
+    }
+    CHECK_MSG(0, "prefetch did not complete");
+}
+
+/* Fault-injecting VFS over the default one (SQLite's test_vfs.c). */
+struct fault {
+    _Atomic int mode; /* 0 none, 1 error, 2 short read, 3 latency, 4 changed signature */
+    _Atomic uint64_t lo, hi; /* read faults only for offsets in [lo, hi) */
+    _Atomic int delay_ms;
+    _Atomic int refuse_direct;
+    _Atomic int preads;
+};
+enum { F_NONE, F_ERROR, F_SHORT, F_LATENCY, F_SIG };
+
+static int f_open(void *u, const char *path, bool direct, int *fd) {
+    struct fault *f = u;
+    if (direct && atomic_load(&f->refuse_direct)) return EINVAL;
+    const struct moetax_store_vfs *d = moetax_store_vfs_default();
+    return d->open(d->user, path, direct, fd);
+}
+static ssize_t f_pread(void *u, int fd, void *buf, size_t n, uint64_t off) {
+    struct fault *f = u;
+    const struct moetax_store_vfs *d = moetax_store_vfs_default();
+    atomic_fetch_add(&f->preads, 1);
+    uint64_t lo = atomic_load(&f->lo);
+    bool hit = off >= lo && off < atomic_load(&f->hi);
+    int mode = hit ? atomic_load(&f->mode) : F_NONE;
+    if (atomic_load(&f->mode) == F_SHORT && off > lo && off < lo + (1u << 20)) return 0; /* "end of file" */
+    if (mode == F_ERROR) return -EIO;
+    if (mode == F_LATENCY) sleep_ms(atomic_load(&f->delay_ms));
+    if (mode == F_SHORT) {
+        ssize_t r = d->pread(d->user, fd, buf, n / 2, off);
+        if (r > 0) memset(buf, 0, (size_t)r); /* and garbage: it must never be served */
+        return r;
+    }
+    return d->pread(d->user, fd, buf, n, off);
+}
+static int f_sig(void *u, int fd, uint64_t *size, uint64_t *mtime) {
+    struct fault *f = u;
+    const struct moetax_store_vfs *d = moetax_store_vfs_default();
+    int rc = d->fstat_sig(d->user, fd, size, mtime);
+    if (atomic_load(&f->mode) == F_SIG) *mtime += 1;
+    return rc;
+}
+static void f_close(void *u, int fd) {
+    (void)u;
+    moetax_store_vfs_default()->close(NULL, fd);
+}
+
+static void test_prefetch(uint64_t sb) {
+    struct moetax_store *s = NULL;
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 2 * sb}, &s), MOETAX_OK);
+    if (!s) return;
+    const int32_t pf[2] = {3, 4};
+    moetax_store_prefetch(s, 1, pf, 2, true);
+    moetax_store_prefetch(s, 1, pf, 2, true); /* already in flight or resident: nothing */
+    wait_loads(s, 2);
+    const void *ptrs[4] = {0};
+    uint64_t waited = 1;
+    CHECK_EQ_INT(moetax_store_acquire(s, 1, 3, ptrs, &waited), MOETAX_OK);
+    CHECK(same_bytes(1, 3, ptrs));
+    CHECK_EQ_INT(waited, 0);
+    struct moetax_store_stats st;
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.prefetch_issued, 2);
+    CHECK_EQ_INT(st.predicted_issued, 2);
+    CHECK_EQ_INT(st.hits, 1);
+    CHECK_EQ_INT(st.misses, 0);
+    CHECK_EQ_INT(st.prefetch_used, 1);
+    CHECK_EQ_INT(st.predicted_used, 1);
+    /* Holding expert 3 pinned, a demand for 0 must evict the unused prefetch of 4: wasted. */
+    CHECK_EQ_INT(moetax_store_acquire(s, 1, 0, ptrs, &waited), MOETAX_OK);
+    CHECK(same_bytes(1, 0, ptrs));
+    CHECK(waited > 0);
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.prefetch_wasted, 1);
+    CHECK_EQ_INT(st.evictions, 1);
+    /* Both slots pinned: a prefetch is dropped, not waited for. */
+    const int32_t pf5 = 5;
+    moetax_store_prefetch(s, 1, &pf5, 1, false);
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.prefetch_dropped, 1);
+    moetax_store_release(s, 1, 0);
+    moetax_store_release(s, 1, 3);
+    /* A demand (not predicted) prefetch of an evictable expert is issued; the
+     * unused prefetch survives a demand load that can evict something else. */
+    moetax_store_prefetch(s, 1, &pf5, 1, false);
+    wait_loads(s, 4);
+    CHECK_EQ_INT(moetax_store_acquire(s, 1, 6, ptrs, NULL), MOETAX_OK); /* evicts 0 or 3, not 5 */
+    moetax_store_release(s, 1, 6);
+    CHECK_EQ_INT(moetax_store_acquire(s, 1, 5, ptrs, &waited), MOETAX_OK);
+    CHECK(same_bytes(1, 5, ptrs));
+    CHECK_EQ_INT(waited, 0);
+    moetax_store_release(s, 1, 5);
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.prefetch_issued, 3);
+    CHECK_EQ_INT(st.predicted_issued, 2);
+    CHECK_EQ_INT(st.prefetch_used, 2);
+    CHECK_EQ_INT(st.predicted_used, 1);
+    moetax_store_free(s);
+
+    /* A late prefetch: still in flight when acquired (reads slowed down). */
+    struct fault f = {0};
+    atomic_store(&f.mode, F_LATENCY);
+    atomic_store(&f.hi, UINT64_MAX);
+    atomic_store(&f.delay_ms, 30);
+    struct moetax_store_vfs vfs = {f_open, f_pread, f_sig, f_close, &f};
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 2 * sb, .vfs = &vfs}, &s), MOETAX_OK);
+    moetax_store_prefetch(s, 0, pf, 1, true);
+    CHECK_EQ_INT(moetax_store_acquire(s, 0, 3, ptrs, &waited), MOETAX_OK);
+    CHECK(same_bytes(0, 3, ptrs));
+    CHECK(waited > 0);
+    moetax_store_release(s, 0, 3);
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.misses, 1);
+    CHECK_EQ_INT(st.prefetch_used, 1);
+    CHECK_EQ_INT(st.prefetch_late, 1);
+    CHECK(st.stall_ns >= waited);
+    CHECK(st.read_ns_max >= 30000000ull);
+    moetax_store_free(s);
+}
+
+/* ---- faults ---------------------------------------------------------------------------- */
+
+static bool has(const char *s, const char *sub) { return strstr(s, sub) != NULL; }
+
+/* Acquire (l, e) expecting MOETAX_ERR_IO with the layer, expert, file, offset and `what`. */
+static void expect_io_error(struct moetax_store *s, int l, int e, uint64_t off, const char *what) {
+    const void *ptrs[4] = {0};
+    moetax_status st = moetax_store_acquire(s, l, e, ptrs, NULL);
+    CHECK_EQ_INT(st, MOETAX_ERR_IO);
+    const char *m = moetax_last_error();
+    char lay[32], exp[32], offs[48];
+    snprintf(lay, sizeof lay, "layer %d", l);
+    snprintf(exp, sizeof exp, "expert %d", e);
+    snprintf(offs, sizeof offs, "offset %llu", (unsigned long long)off);
+    CHECK_MSG(has(m, lay) && has(m, exp) && has(m, g_path) && has(m, offs) && has(m, what),
+              "message '%s' lacks %s / %s / %s / %s / %s", m, lay, exp, g_path, offs, what);
+    CHECK(ptrs[0] == NULL);
+}
+
+static void expect_ok(struct moetax_store *s, int l, int e) {
+    const void *ptrs[4] = {0};
+    CHECK_EQ_INT(moetax_store_acquire(s, l, e, ptrs, NULL), MOETAX_OK);
+    CHECK(same_bytes(l, e, ptrs));
+    moetax_store_release(s, l, e);
+}
+
+static void test_faults(uint64_t sb) {
+    struct fault f = {0};
+    struct moetax_store_vfs vfs = {f_open, f_pread, f_sig, f_close, &f};
+    struct moetax_store *s = NULL;
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 3 * sb, .vfs = &vfs}, &s), MOETAX_OK);
+    if (!s) return;
+    /* Faults on the `up` span of layer 1 expert 3. */
+    uint64_t up = g_reg[1][3].off[1], span = up & ~4095ull;
+    atomic_store(&f.lo, span);
+    atomic_store(&f.hi, span + 1);
+
+    atomic_store(&f.mode, F_ERROR);
+    expect_io_error(s, 1, 3, span, "Input/output error");
+    expect_io_error(s, 1, 3, span, "read failed"); /* retried, fails again */
+    expect_ok(s, 1, 2); /* other experts are unaffected */
+    atomic_store(&f.mode, F_NONE);
+    expect_ok(s, 1, 3); /* the retry succeeds */
+
+    span = g_reg[1][6].off[1] & ~4095ull;
+    atomic_store(&f.lo, span);
+    atomic_store(&f.hi, span + 1);
+    atomic_store(&f.mode, F_SHORT); /* half the bytes, zeroed, then "end of file": never served */
+    expect_io_error(s, 1, 6, span, "short read");
+    atomic_store(&f.mode, F_NONE);
+    expect_ok(s, 1, 6);
+
+    /* A failed prefetch leaves the slot in ERROR; the acquire retries it. */
+    atomic_store(&f.lo, g_reg[0][5].off[0] & ~4095ull);
+    atomic_store(&f.hi, (g_reg[0][5].off[0] & ~4095ull) + 1);
+    atomic_store(&f.mode, F_ERROR);
+    const int32_t e5 = 5;
+    struct moetax_store_stats st0;
+    moetax_store_get_stats(s, &st0);
+    moetax_store_prefetch(s, 0, &e5, 1, true);
+    wait_loads(s, st0.loads + 1);
+    expect_io_error(s, 0, 5, g_reg[0][5].off[0] & ~4095ull, "read failed"); /* retried: fails again */
+    moetax_store_get_stats(s, &st0);
+    moetax_store_prefetch(s, 0, &e5, 1, true);
+    wait_loads(s, st0.loads + 1);
+    atomic_store(&f.mode, F_NONE);
+    expect_ok(s, 0, 5); /* the stale error is retried, now successfully */
+
+    /* Latency alone is not an error; with io_timeout_ms it is. */
+    atomic_store(&f.lo, 0);
+    atomic_store(&f.hi, UINT64_MAX);
+    atomic_store(&f.delay_ms, 40);
+    atomic_store(&f.mode, F_LATENCY);
+    const void *ptrs[4] = {0};
+    uint64_t waited = 0;
+    CHECK_EQ_INT(moetax_store_acquire(s, 2, 0, ptrs, &waited), MOETAX_OK);
+    CHECK(same_bytes(2, 0, ptrs));
+    CHECK(waited >= 40000000ull);
+    moetax_store_release(s, 2, 0);
+
+    /* The file changes underneath (as seen by the VFS). */
+    atomic_store(&f.mode, F_SIG);
+    expect_io_error(s, 2, 1, g_reg[2][1].off[0] & ~4095ull, "file changed");
+    atomic_store(&f.mode, F_NONE);
+    expect_ok(s, 2, 1);
+    struct moetax_store_stats st;
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.errors, 5);
+    CHECK_EQ_INT(st.hits + st.misses, st.acquires);
+    moetax_store_free(s);
+    s = NULL;
+
+    /* Timeout: the acquire gives up, the read completes later and is served then. */
+    atomic_store(&f.delay_ms, 150);
+    atomic_store(&f.mode, F_LATENCY);
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 2 * sb, .vfs = &vfs, .io_timeout_ms = 20},
+                            &s), MOETAX_OK);
+    expect_io_error(s, 1, 1, g_reg[1][1].off[0] & ~4095ull, "not complete after 20 ms");
+    atomic_store(&f.mode, F_NONE);
+    wait_loads(s, 1);
+    expect_ok(s, 1, 1);
+    moetax_store_free(s);
+    s = NULL;
+
+    /* O_DIRECT refused by the "filesystem": buffered reads, flagged. */
+    atomic_store(&f.refuse_direct, 1);
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 2 * sb, .vfs = &vfs}, &s), MOETAX_OK);
+    expect_ok(s, 0, 0);
+    moetax_store_get_stats(s, &st);
+    CHECK(!st.direct_io_active && st.direct_io_fallback);
+    moetax_store_free(s);
+    s = NULL;
+
+    /* A real change of the file's mtime, with the default VFS. */
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 2 * sb}, &s), MOETAX_OK);
+    expect_ok(s, 0, 1);
+    struct timespec ts[2] = {{1000000000, 0}, {1000000000, 0}};
+    CHECK(utimensat(AT_FDCWD, g_path, ts, 0) == 0);
+    expect_io_error(s, 0, 2, g_reg[0][2].off[0] & ~4095ull, "file changed");
+    expect_ok(s, 0, 1); /* read before the change: still resident */
+    moetax_store_free(s);
+}
+
+int main(int argc, char **argv) {
+    tu_init(argc, argv);
+    make_file();
+    uint64_t sb = slot_bytes();
+    test_budget(sb);
+    test_scripted(sb);
+    test_belady();
+    test_prefetch(sb);
+    test_faults(sb);
+    test_bytes(sb, 300);
+    unlink(g_path);
+    free(g_file);
+    return tu_finish("test_store");
+}
