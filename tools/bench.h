@@ -5,6 +5,12 @@
 int bench_mem_main(int argc, char **argv);     /* bench_mem.c: read bandwidth, barrier round trip */
 int bench_kernels_main(int argc, char **argv); /* bench_kernels.c: kernel GB/s vs roofline */
 int bench_model_main(int argc, char **argv);
-int bench_io_main(int argc, char **argv);      /* bench_io.c: read GB/s per request size and queue depth */   /* bench_model.c: prefill/decode like llama-bench */
+int bench_io_main(int argc, char **argv);      /* bench_io.c: read GB/s per request size and queue depth */
+/* Random (or sequential) read GB/s of a file with `qd` reader threads of `req`-byte requests
+ * for about `seconds`, O_DIRECT unless buffered; -1 on failure. The reference the expert
+ * store's read bandwidth is compared with. */
+#include <stdbool.h>
+#include <stdint.h>
+double bench_io_measure(const char *file, uint64_t req, int qd, bool random, bool buffered, double seconds);   /* bench_model.c: prefill/decode like llama-bench */
 
 #endif

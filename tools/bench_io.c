@@ -106,6 +106,42 @@ static void *reader(void *arg) {
     return NULL;
 }
 
+double bench_io_measure(const char *file, uint64_t req, int qd, bool random, bool buffered, double seconds) {
+    int fd = open(file, O_RDONLY | O_CLOEXEC | (buffered ? 0 : O_DIRECT));
+    if (fd < 0 && !buffered) fd = open(file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || req == 0 || (uint64_t)sb.st_size < req || qd < 1 || qd > 64) {
+        close(fd);
+        return -1;
+    }
+    req = (req + BENCH_IO_ALIGN - 1) / BENCH_IO_ALIGN * BENCH_IO_ALIGN;
+    if ((uint64_t)sb.st_size < req) { close(fd); return -1; }
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    struct io_case *c = calloc(1, sizeof *c);
+    if (!c) { close(fd); return -1; }
+    c->fd = fd;
+    c->req = req;
+    c->n_blocks = (uint64_t)sb.st_size / req;
+    c->random = random;
+    pthread_t th[64];
+    struct io_thread ta[64];
+    double t0 = now_s();
+    c->deadline = t0 + seconds;
+    int started = 0;
+    for (int t = 0; t < qd; t++) {
+        ta[t] = (struct io_thread){c, t};
+        if (pthread_create(&th[t], NULL, reader, &ta[t]) != 0) break;
+        started++;
+    }
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    double dt = now_s() - t0;
+    double gbps = atomic_load(&c->failed) || started < qd || dt <= 0 ? -1 : (double)atomic_load(&c->bytes) / dt / 1e9;
+    free(c);
+    close(fd);
+    return gbps;
+}
+
 /* Write size bytes of non-repeating data; returns 0 or errno. */
 static int write_file(int fd, uint64_t size) {
     const size_t chunk = 8u << 20;

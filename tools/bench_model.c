@@ -67,6 +67,7 @@ struct result {
     double phase_us[MOETAX_PHASE_COUNT];                         /* ledger us per token by phase */
     /* with an expert store (decode tests) */
     double hit_rate, belady, precision, recall, read_mib_per_token, store_gbps, rss_mib, budget_mib;
+    uint64_t req_bytes; /* mean bytes per read request of the store */
     bool has_store;
 };
 
@@ -165,6 +166,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 uint64_t busy = ss1.io_busy_ns - ss0.io_busy_ns;
                 rr->store_gbps = busy ? (double)(ss1.bytes_read - ss0.bytes_read) / (double)busy : 0;
                 rr->budget_mib = (double)budget / (1 << 20);
+                rr->req_bytes = ss1.reads > ss0.reads ? (ss1.bytes_read - ss0.bytes_read) / (ss1.reads - ss0.reads) : 0;
                 /* Belady's optimal hit rate over the same acquires (the store's trace), same slot count */
                 int64_t ntrace = moetax_store_trace(store, NULL, NULL, 0);
                 int32_t *tl = malloc(sizeof(int32_t) * (size_t)(ntrace + 1)), *te = malloc(sizeof(int32_t) * (size_t)(ntrace + 1));
@@ -287,6 +289,7 @@ int bench_model_main(int argc, char **argv) {
         if (!st) st = bench_model(model, pool, read_gbps, &o, ti == nth - 1 && !o.so.budgets, moe);
         /* the same tests with routed experts behind the expert store, one run per budget */
         if (!st && o.so.budgets) {
+            double io_ref = 0;
             char list[256];
             snprintf(list, sizeof list, "%s", o.so.budgets);
             int nb = 0;
@@ -296,8 +299,33 @@ int bench_model_main(int argc, char **argv) {
                 ob.npp = 0; /* decode only: the store's figures are per decoded token */
                 struct result br[2][16] = {{{0}}};
                 st = bench_model(model, pool, read_gbps, &ob, false, br);
-                for (int i = 0; !st && i < o.ntg && !o.json; i++)
-                    printf("|   | vs mapped: %.2fx the decode time per token |\n", moe[1][i].tps / (br[1][i].tps > 0 ? br[1][i].tps : 1));
+                if (st) break;
+                if (io_ref == 0) {
+                    /* the device's random read bandwidth for the store's request size (one span of an
+                     * expert) and queue depth (its I/O threads), measured in the same run */
+                    io_ref = bench_io_measure(model, br[1][0].req_bytes ? br[1][0].req_bytes : (1u << 18),
+                                              o.so.io_threads ? o.so.io_threads : 2, true, o.so.buffered, 2.0);
+                }
+                for (int i = 0; i < o.ntg; i++) {
+                    const struct result *b = &br[1][i];
+                    double t_res = 1e6 / moe[1][i].tps, t_b = 1e6 / b->tps;
+                    double t_io = io_ref > 0 ? b->read_mib_per_token * (1 << 20) / (io_ref * 1e9) * 1e6 : 0;
+                    double ideal = t_res > t_io ? t_res : t_io;
+                    if (o.json)
+                        printf("{\"test\": \"store_tg%lld\", \"expert_budget\": \"%s\", \"threads\": %d, \"us_per_token\": %.1f, "
+                               "\"mapped_us_per_token\": %.1f, \"io_ref_gbps\": %.3f, \"store_read_gbps\": %.3f, "
+                               "\"io_ratio\": %.3f, \"ideal_us_per_token\": %.1f, \"vs_ideal\": %.3f, \"hit_rate\": %.4f, "
+                               "\"belady_hit_rate\": %.4f}\n",
+                               (long long)o.tg[i], tok, moetax_pool_n_threads(pool), t_b, t_res, io_ref, b->store_gbps,
+                               io_ref > 0 ? b->store_gbps / io_ref : 0, ideal, t_b / ideal, b->hit_rate, b->belady);
+                    else
+                        printf("|   | %.0f us/token (mapped %.0f); reads at %.2f GB/s = %.0f%% of the device's %.2f GB/s "
+                               "(random %.0f KiB, qd %d); ideal max(mapped, read time) %.0f us: %.2fx of ideal; "
+                               "hit rate %.0f%% = %.0f%% of Belady |\n",
+                               t_b, t_res, b->store_gbps, io_ref > 0 ? 100 * b->store_gbps / io_ref : 0, io_ref,
+                               (double)(b->req_bytes ? b->req_bytes : (1u << 18)) / 1024, o.so.io_threads ? o.so.io_threads : 2,
+                               ideal, t_b / ideal, 100 * b->hit_rate, b->belady > 0 ? 100 * b->hit_rate / b->belady : 0);
+                }
                 nb++;
             }
         }
