@@ -230,7 +230,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
         cli_ledger_summary(stderr, led, o->ntg > 0);
         if (store) cli_store_summary(stderr, store, 0);
     }
-    if (!st && write_outputs) st = cli_ledger_outputs(led, m, path, &o->lo);
+    if (!st && write_outputs) st = cli_ledger_outputs(led, m, path, &o->lo, store, 0);
 done:
     moetax_ctx_free(c);
     moetax_store_free(store);

@@ -49,6 +49,22 @@ static void step_line(FILE *f, const char *label, const struct moetax_report_agg
             a->wall_s > 0 ? (double)a->tokens / a->wall_s : 0);
 }
 
+static void print_store(FILE *f, const struct moetax_report *r) {
+    const struct moetax_report_store *s = r->store;
+    if (!s) return;
+    double tok = s->tokens > 0 ? (double)s->tokens : 0;
+    fprintf(f, "\nexpert store: %d slots of %.2f MiB (budget %.1f MiB), %s\n", s->n_slots, s->slot_bytes / 1048576.0,
+            s->budget_bytes / 1048576.0, s->direct_io ? "O_DIRECT" : "buffered reads");
+    fprintf(f, "  hit rate %.1f%% (%.0f of %.0f acquires did not wait); %.0f experts read\n",
+            s->acquires > 0 ? 100 * s->hits / s->acquires : 0, s->hits, s->acquires, s->loads);
+    fprintf(f, "  read %.1f MiB in %.0f requests at %.2f GB/s%s", s->bytes_read / 1048576.0, s->reads, s->read_gbps,
+            tok > 0 ? "" : "\n");
+    if (tok > 0) fprintf(f, ": %.2f MiB and %.2f ms of stalls per token\n", s->bytes_read / 1048576.0 / tok, 1e3 * s->stall_s / tok);
+    fprintf(f, "  prefetch: %.0f predicted reads, precision %.1f%%; %.0f wasted, %.0f dropped\n", s->predicted_issued,
+            s->predicted_issued > 0 ? 100 * s->predicted_used / s->predicted_issued : 0, s->prefetch_wasted,
+            s->prefetch_dropped);
+}
+
 static void print_routing(FILE *f, const struct moetax_report *r) {
     const struct moetax_report_routing *R = r->routing;
     if (!R) {
@@ -188,6 +204,7 @@ static void print_text(FILE *f, const struct moetax_report *r) {
     fprintf(f, "  imbalance: busy max/mean %.2f, wait max/mean %.2f\n", bm > 0 ? bx / bm : 0, wm > 0 ? wx / wm : 0);
 
     print_routing(f, r);
+    print_store(f, r);
 }
 
 /* ---- JSON ------------------------------------------------------------------------- */
@@ -310,6 +327,21 @@ static int print_json(FILE *f, const struct moetax_report *r) {
     json_object_set_new(o, "dropped_steps", json_integer(r->dropped_steps));
     json_object_set_new(o, "dropped_spans", json_integer(r->dropped_spans));
     json_object_set_new(o, "routing", routing_json(r->routing));
+    if (r->store) {
+        const struct moetax_report_store *s = r->store;
+        json_t *so = json_object();
+        json_object_set_new(so, "n_slots", json_integer(s->n_slots));
+        json_object_set_new(so, "budget_bytes", jnum(s->budget_bytes));
+        json_object_set_new(so, "hit_rate", jnum(s->acquires > 0 ? s->hits / s->acquires : 0));
+        json_object_set_new(so, "bytes_read", jnum(s->bytes_read));
+        json_object_set_new(so, "read_gbps", jnum(s->read_gbps));
+        json_object_set_new(so, "stall_s", jnum(s->stall_s));
+        json_object_set_new(so, "prefetch_precision", jnum(s->predicted_issued > 0 ? s->predicted_used / s->predicted_issued : 0));
+        json_object_set_new(so, "direct_io", json_boolean(s->direct_io));
+        json_object_set_new(o, "store", so);
+    } else {
+        json_object_set_new(o, "store", json_null());
+    }
     int rc = json_dumpf(o, f, JSON_INDENT(1) | JSON_REAL_PRECISION(10));
     fputc('\n', f);
     json_decref(o);

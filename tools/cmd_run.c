@@ -221,7 +221,7 @@ int cmd_run(int argc, char **argv) {
             n_tp ? 1e3 * t_decode / (double)n_tp : 0, 1e3 * p50);
     cli_ledger_summary(stderr, led, n_tp > 0);
     if (store) cli_store_summary(stderr, store, n_prompt + n_gen);
-    st = cli_ledger_outputs(led, m, model, &lo);
+    st = cli_ledger_outputs(led, m, model, &lo, store, n_prompt + n_gen);
 done:
     if (c) moetax_ctx_set_ledger(c, NULL);
     moetax_ledger_free(led);

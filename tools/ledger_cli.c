@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "moetax/store.h"
 
 bool cli_ledger_opt(int argc, char **argv, int *i, struct cli_ledger_opts *o, bool *err) {
     if (cli_opt(argc, argv, i, NULL, "--ledger", &o->json_path, err)) return true;
@@ -52,13 +53,30 @@ void cli_ledger_summary(FILE *f, const struct moetax_ledger *l, bool decode_only
 }
 
 moetax_status cli_ledger_outputs(const struct moetax_ledger *l, const struct moetax_model *m, const char *model_path,
-                                 const struct cli_ledger_opts *o) {
+                                 const struct cli_ledger_opts *o, const struct moetax_store *store, int64_t tokens) {
     moetax_status st = MOETAX_OK;
     if (o->json_path) {
         int moe[1024], n = 0;
         for (int i = 0; i < m->hp.n_layer && n < 1024; i++) if (m->layers[i].is_moe) moe[n++] = i;
+        char sj[1024] = "";
+        if (store) {
+            struct moetax_store_stats ss;
+            moetax_store_get_stats(store, &ss);
+            snprintf(sj, sizeof sj,
+                     "{\"n_slots\": %d, \"slot_bytes\": %llu, \"budget_bytes\": %llu, \"direct_io\": %s, \"acquires\": %llu, "
+                     "\"hits\": %llu, \"loads\": %llu, \"bytes_read\": %llu, \"reads\": %llu, \"read_gbps\": %.4f, "
+                     "\"stall_s\": %.6f, \"predicted_issued\": %llu, \"predicted_used\": %llu, \"prefetch_wasted\": %llu, "
+                     "\"prefetch_dropped\": %llu, \"tokens\": %lld}",
+                     ss.n_slots, (unsigned long long)ss.slot_bytes, (unsigned long long)ss.slot_bytes * (unsigned long long)ss.n_slots,
+                     ss.direct_io_active ? "true" : "false", (unsigned long long)ss.acquires, (unsigned long long)ss.hits,
+                     (unsigned long long)ss.loads, (unsigned long long)ss.bytes_read, (unsigned long long)ss.reads,
+                     ss.read_gbps, 1e-9 * (double)ss.stall_ns, (unsigned long long)ss.predicted_issued,
+                     (unsigned long long)ss.predicted_used, (unsigned long long)ss.prefetch_wasted,
+                     (unsigned long long)ss.prefetch_dropped, (long long)tokens);
+        }
         struct moetax_ledger_meta meta = {.model = model_path, .n_expert = m->hp.n_expert,
-                                          .n_expert_used = m->hp.n_expert_used, .moe_layers = moe, .n_moe_layers = n};
+                                          .n_expert_used = m->hp.n_expert_used, .moe_layers = moe, .n_moe_layers = n,
+                                          .store_json = store ? sj : NULL};
         if ((st = moetax_ledger_write_json(l, &meta, o->json_path))) return st;
         fprintf(stderr, "  ledger written to %s (moetax report %s)\n", o->json_path, o->json_path);
     }

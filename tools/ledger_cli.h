@@ -25,7 +25,8 @@ moetax_status cli_ledger_new(const struct moetax_model *m, int threads, const st
 /* Per-token phase table of the decode steps (or all steps) and the tax share. */
 void cli_ledger_summary(FILE *f, const struct moetax_ledger *l, bool decode_only);
 /* Write what the options ask for. */
+struct moetax_store;
 moetax_status cli_ledger_outputs(const struct moetax_ledger *l, const struct moetax_model *m, const char *model_path,
-                                 const struct cli_ledger_opts *o);
+                                 const struct cli_ledger_opts *o, const struct moetax_store *store, int64_t tokens);
 
 #endif

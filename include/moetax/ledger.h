@@ -41,6 +41,9 @@
  *    "routing": {"tokens": int, "layers": [{"layer": int, "step": [int per token],
  *                "experts": [[k ids] per token], "weights": [[k] per token],
  *                "predicted": [[k ids] per token] or null}]},
+ *    "store": {...} (optional: budget_bytes, n_slots, slot_bytes, policy, direct_io, acquires, hits,
+ *              loads, bytes_read, reads, read_gbps, stall_s, predicted_issued, predicted_used,
+ *              prefetch_wasted, prefetch_dropped, tokens),
  *    "dropped_steps": int}
  */
 #ifndef MOETAX_LEDGER_H
@@ -125,6 +128,7 @@ struct moetax_ledger_meta {
     int n_expert, n_expert_used;
     const int *moe_layers;
     int n_moe_layers;
+    const char *store_json; /* optional: a JSON object written as "store" (expert store statistics) */
 };
 moetax_status moetax_ledger_write_json(const struct moetax_ledger *l, const struct moetax_ledger_meta *meta,
                                        const char *path);

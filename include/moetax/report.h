@@ -125,6 +125,15 @@ struct moetax_report_routing {
     double load_cv_chance;
 };
 
+/* Expert store statistics of the run (ledger "store" section). */
+struct moetax_report_store {
+    int n_slots;
+    double slot_bytes, budget_bytes, bytes_read, read_gbps, stall_s;
+    double acquires, hits, loads, reads, predicted_issued, predicted_used, prefetch_wasted, prefetch_dropped;
+    int64_t tokens;
+    bool direct_io;
+};
+
 struct moetax_report {
     enum moetax_report_source source;
     char path[512];
@@ -138,6 +147,7 @@ struct moetax_report {
     int64_t dropped_spans;               /* trace: spans lost from the ring */
     struct moetax_report_timeline timeline;
     struct moetax_report_routing *routing; /* NULL when the file has none */
+    struct moetax_report_store *store;     /* NULL when the run had no expert store */
 };
 
 struct moetax_report_params {

@@ -396,6 +396,197 @@ static void matmul_q(int ti, enum moetax_type t, const uint8_t *w, size_t row_by
     }
 }
 
+/* ---- batched Q8_0 / Q4_0 (n_batch >= QB_MIN): weight rows in lanes ----
+ *
+ * With several batch rows the kernel above is bound by the per-(row, batch
+ * row, block) work on ports 0/1 (sign, pmaddubsw, pmaddwd, cvt, mul, fma).
+ * Here 4 weight rows share every register instead: per block, the 4 x 32
+ * quants (Q4_0 nibbles unpacked to q - 8) are transposed into 8 vectors
+ * wt[k] = [row0 q[4k..4k+4), row1 .., row2 .., row3 ..] widened to int16, and
+ * each batch row's block is widened to int16 once per call; then
+ *   iacc = sum_k pmaddwd(wt[k], broadcast(x[4k..4k+4)))
+ * holds lanes [r0 r0 r1 r1 r2 r2 r3 r3] (exact int32 block sums, split in two
+ * halves), and one cvt + mul + fma per (4 rows, batch row, block) applies
+ * d_w * d_x. pmaddwd + paddd spread over three ports, and the weight
+ * transpose is paid once per 4 rows and block for all batch rows.
+ *
+ * Columns are cut into chunks of kb blocks (the widened activations of a
+ * chunk stay in L1); partial sums of a chunk are added into y. Every row's
+ * arithmetic is the same whichever rows share its tile (missing rows of the
+ * last tile duplicate a valid row and are not stored), so results do not
+ * depend on the row split. */
+#define QB_JG 64          /* batch rows per group (activation scratch) */
+#define QB_XS_BYTES 24576 /* widened activations per chunk */
+#define QB_KBMAX 64       /* blocks per chunk at most */
+#ifndef QB_MIN
+#define QB_MIN 2
+#endif
+
+struct qb_scratch {
+    _Alignas(32) int16_t xs[QB_XS_BYTES / 2]; /* [j / 4][bb][j % 4][32] */
+    float dx[QB_XS_BYTES / 64];               /* [j / 4][bb][j % 4] */
+    _Alignas(32) int16_t wt[QB_KBMAX * 8 * 16];              /* [bb][k][16] */
+    _Alignas(32) float sd[QB_KBMAX * 8];                     /* [bb][8] */
+};
+
+/* Natural-order int8 quants of one Q8_0 / Q4_0 weight block (q - 8 for Q4_0). */
+ALWAYS_INLINE __m256i qb_wblock(enum moetax_type t, const uint8_t *blk) {
+    if (t == MOETAX_TYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 2));
+    const __m256i r = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+    return _mm256_sub_epi8(_mm256_and_si256(r, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
+}
+
+/* Transpose blocks [b0, b0 + kn) of 4 rows (pointers wr[4]) into wt / sd. */
+ALWAYS_INLINE void qb_transpose(enum moetax_type t, const uint8_t *const wr[4], int64_t b0, int64_t kn,
+                                int16_t *wt, float *sd) {
+    const size_t bs = t == MOETAX_TYPE_Q8_0 ? sizeof(moetax_block_q8_0) : sizeof(moetax_block_q4_0);
+    for (int64_t bb = 0; bb < kn; bb++) {
+        const size_t off = (size_t)(b0 + bb) * bs;
+        const __m256i r0 = qb_wblock(t, wr[0] + off), r1 = qb_wblock(t, wr[1] + off);
+        const __m256i r2 = qb_wblock(t, wr[2] + off), r3 = qb_wblock(t, wr[3] + off);
+        const __m256i t0 = _mm256_unpacklo_epi32(r0, r1), t1 = _mm256_unpackhi_epi32(r0, r1);
+        const __m256i t2 = _mm256_unpacklo_epi32(r2, r3), t3 = _mm256_unpackhi_epi32(r2, r3);
+        const __m256i u[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                              _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+        __m256i *o = (__m256i *)(wt + bb * 128);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            _mm256_store_si256(o + k, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(u[k])));
+            _mm256_store_si256(o + k + 4, _mm256_cvtepi8_epi16(_mm256_extracti128_si256(u[k], 1)));
+        }
+        uint16_t h[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) memcpy(&h[i], wr[i] + off, 2);
+        const __m128 d = _mm_setr_ps(moetax_k_fp16_table[h[0]], moetax_k_fp16_table[h[1]],
+                                     moetax_k_fp16_table[h[2]], moetax_k_fp16_table[h[3]]);
+        _mm_store_ps(sd + bb * 8, _mm_unpacklo_ps(d, d));
+        _mm_store_ps(sd + bb * 8 + 4, _mm_unpackhi_ps(d, d));
+    }
+}
+
+/* Widen blocks [b0, b0 + kn) of batch rows [j0, j0 + jn) into xs / dx, in
+ * tiles of 4 batch rows interleaved by block: slot ((j / 4) * kn + bb) * 4 + j % 4. */
+static void qb_widen(enum moetax_type t, const uint8_t *act, size_t act_row, int64_t nb, int64_t j0, int64_t jn,
+                     int64_t b0, int64_t kn, int16_t *xs, float *dx) {
+    for (int64_t j = 0; j < jn; j++) {
+        const uint8_t *a = act + (size_t)(j0 + j) * act_row;
+        for (int64_t bb = 0; bb < kn; bb++) {
+            const int64_t b = b0 + bb;
+            __m128i lo, hi;
+            float d;
+            if (t == MOETAX_TYPE_Q8_0) {
+                lo = _mm_loadu_si128((const __m128i *)(a + b * 32));
+                hi = _mm_loadu_si128((const __m128i *)(a + b * 32 + 16));
+                memcpy(&d, a + moetax_k_act_d_off(t, nb) + b * 4, 4);
+            } else {
+                const uint8_t *pair = a + (size_t)(b / 2) * MOETAX_K_Q4_PAIR_BYTES + 16 * (b % 2);
+                lo = _mm_loadu_si128((const __m128i *)pair);
+                hi = _mm_loadu_si128((const __m128i *)(pair + 32));
+                memcpy(&d, pair + 96, 4);
+            }
+            const int64_t slot = ((j / 4) * kn + bb) * 4 + j % 4;
+            __m256i *o = (__m256i *)(xs + slot * 32);
+            _mm256_store_si256(o, _mm256_cvtepi8_epi16(lo));
+            _mm256_store_si256(o + 1, _mm256_cvtepi8_epi16(hi));
+            dx[slot] = d;
+        }
+    }
+}
+
+/* 4 rows (wt / sd) x JB batch rows over kn blocks; xs / dx hold the tile's
+ * batch rows interleaved by block ([bb][4][32], [bb][4]). Returns per batch
+ * row [r0 r1 r2 r3] (lane pairs summed). */
+ALWAYS_INLINE void qb_tile(const int JB, const int16_t *wt, const float *sd, const int16_t *xs, const float *dx,
+                           int64_t kn, __m128 out[4]) {
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < JB; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t bb = 0; bb < kn; bb++, wt += 128, xs += 128, dx += 4, sd += 8) {
+        const __m256i *w = (const __m256i *)wt;
+        __m256i ia[4];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const __m256i wv = _mm256_load_si256(w + k);
+#pragma GCC unroll 4
+            for (int j = 0; j < JB; j++) {
+                int64_t q;
+                memcpy(&q, xs + j * 32 + 4 * k, 8);
+                const __m256i p = _mm256_madd_epi16(wv, _mm256_set1_epi64x(q));
+                ia[j] = k == 0 ? p : _mm256_add_epi32(ia[j], p);
+                __asm__("" : "+x"(ia[j])); /* keep the chain: no reassociation into a tree of temporaries */
+            }
+        }
+        const __m256 s = _mm256_load_ps(sd);
+#pragma GCC unroll 4
+        for (int j = 0; j < JB; j++)
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[j]), _mm256_mul_ps(s, _mm256_broadcast_ss(dx + j)), acc[j]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < JB; j++) {
+        const __m256 h = _mm256_hadd_ps(acc[j], acc[j]); /* [r0 r1 r0 r1 | r2 r3 r2 r3] */
+        out[j] = _mm_castpd_ps(_mm_unpacklo_pd(_mm_castps_pd(_mm256_castps256_ps128(h)),
+                                               _mm_castps_pd(_mm256_extractf128_ps(h, 1))));
+    }
+}
+
+static void qb_tile_1(const int16_t *wt, const float *sd, const int16_t *xs, const float *dx, int64_t kn, __m128 *o) {
+    qb_tile(1, wt, sd, xs, dx, kn, o);
+}
+static void qb_tile_2(const int16_t *wt, const float *sd, const int16_t *xs, const float *dx, int64_t kn, __m128 *o) {
+    qb_tile(2, wt, sd, xs, dx, kn, o);
+}
+static void qb_tile_3(const int16_t *wt, const float *sd, const int16_t *xs, const float *dx, int64_t kn, __m128 *o) {
+    qb_tile(3, wt, sd, xs, dx, kn, o);
+}
+static void qb_tile_4(const int16_t *wt, const float *sd, const int16_t *xs, const float *dx, int64_t kn, __m128 *o) {
+    qb_tile(4, wt, sd, xs, dx, kn, o);
+}
+typedef void (*qb_tile_fn)(const int16_t *, const float *, const int16_t *, const float *, int64_t, __m128 *);
+static const qb_tile_fn k_qb_tiles[4] = {qb_tile_1, qb_tile_2, qb_tile_3, qb_tile_4};
+
+ALWAYS_INLINE void qb_matmul(enum moetax_type t, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1,
+                             int64_t ncols, const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
+    struct qb_scratch sc;
+    const int64_t nb = ncols / 32;
+    const size_t act_row = moetax_k_act_row_bytes(t, ncols);
+    for (int64_t j0 = 0; j0 < n_batch; j0 += QB_JG) {
+        const int64_t jn = n_batch - j0 < QB_JG ? n_batch - j0 : QB_JG;
+        int64_t kb = QB_XS_BYTES / (((jn + 3) / 4 * 4) * 64);
+        kb = kb > QB_KBMAX ? QB_KBMAX : kb;
+        for (int64_t b0 = 0; b0 < nb; b0 += kb) {
+            const int64_t kn = nb - b0 < kb ? nb - b0 : kb;
+            qb_widen(t, act, act_row, nb, j0, jn, b0, kn, sc.xs, sc.dx);
+            for (int64_t r = row0; r < row1; r += 4) {
+                const int nr = row1 - r < 4 ? (int)(row1 - r) : 4;
+                const uint8_t *wr[4];
+                for (int i = 0; i < 4; i++) wr[i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * row_bytes;
+                qb_transpose(t, wr, b0, kn, sc.wt, sc.sd);
+                for (int64_t j = 0; j < jn; j += 4) {
+                    const int jb = jn - j < 4 ? (int)(jn - j) : 4;
+                    __m128 o[4];
+                    k_qb_tiles[jb - 1](sc.wt, sc.sd, sc.xs + j * kn * 32, sc.dx + j * kn, kn, o);
+                    for (int jj = 0; jj < jb; jj++) {
+                        float v[4];
+                        _mm_storeu_ps(v, o[jj]);
+                        float *yo = y + (j0 + j + jj) * ldy + r;
+                        for (int i = 0; i < nr; i++) yo[i] = b0 == 0 ? v[i] : yo[i] + v[i];
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void qb_matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                         const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
+    qb_matmul(MOETAX_TYPE_Q8_0, w, row_bytes, row0, row1, ncols, act, n_batch, y, ldy);
+}
+static void qb_matmul_q4(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                         const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
+    qb_matmul(MOETAX_TYPE_Q4_0, w, row_bytes, row0, row1, ncols, act, n_batch, y, ldy);
+}
+
 void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                           int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
@@ -403,8 +594,14 @@ void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_byte
     case MOETAX_TYPE_F32: matmul_f(0, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
     case MOETAX_TYPE_F16: matmul_f(1, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
     case MOETAX_TYPE_BF16: matmul_f(2, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
-    case MOETAX_TYPE_Q8_0: matmul_q(0, wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
-    case MOETAX_TYPE_Q4_0: matmul_q(1, wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
+    case MOETAX_TYPE_Q8_0:
+        if (n_batch >= QB_MIN) qb_matmul_q8(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        else matmul_q(0, wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        break;
+    case MOETAX_TYPE_Q4_0:
+        if (n_batch >= QB_MIN) qb_matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        else matmul_q(1, wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        break;
     default: break;
     }
 }

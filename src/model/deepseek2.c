@@ -476,8 +476,8 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
         int64_t n_slots = slot ? (int64_t)(p.budget_bytes / slot) : 0;
         if (n_slots < k) {
             st = moetax_error(MOETAX_ERR_ARG,
-                              "expert budget of %.1f MiB holds %lld experts of %.2f MiB, but a token uses %d: "
-                              "give at least %.1f MiB",
+                              "expert budget of %.3f MiB holds %lld experts of %.3f MiB each, but a token uses %d: "
+                              "give at least %.3f MiB",
                               (double)p.budget_bytes / (1 << 20), (long long)n_slots, (double)slot / (1 << 20), k,
                               (double)moetax_store_min_budget(s, k) / (1 << 20));
         } else if (n_slots < min_slots) {

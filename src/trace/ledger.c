@@ -429,6 +429,7 @@ moetax_status moetax_ledger_write_json(const struct moetax_ledger *l, const stru
         }
         fputs("]}", f);
     }
+    if (meta && meta->store_json) fprintf(f, ",\n \"store\": %s", meta->store_json);
     fprintf(f, ",\n \"dropped_steps\": %lld}\n", (long long)first);
     if (ferror(f) | fclose(f)) return moetax_error(MOETAX_ERR_IO, "%s: write failed", path);
     return MOETAX_OK;

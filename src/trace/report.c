@@ -132,6 +132,7 @@ double moetax_report_efficiency(const struct moetax_report_agg *a) { return 100.
 
 void moetax_report_free(struct moetax_report *r) {
     if (!r) return;
+    free(r->store);
     agg_free(&r->all);
     agg_free(&r->prefill);
     agg_free(&r->decode);
@@ -238,6 +239,39 @@ static moetax_status get_agg(const struct ledger_ctx *c, const char *where, cons
     if ((st = key_sec(c->name, where, o, "wall_s", &a->wall_s))) return st;
     if ((st = get_rows(c, where, o, a->layer_phase_s, a->other_phase_s, a->worker_busy_s, a->worker_wait_s))) return st;
     agg_sum_phases(a, c->n_layer);
+    return MOETAX_OK;
+}
+
+/* The optional "store" section: numbers >= 0 (absent keys count as 0). */
+static moetax_status parse_store(struct moetax_report *r, const char *name, const json_t *o) {
+    if (!o || json_is_null(o)) return MOETAX_OK;
+    if (!json_is_object(o)) return moetax_error(MOETAX_ERR_FORMAT, "%s: store: expected an object", name);
+    struct moetax_report_store *s = calloc(1, sizeof *s);
+    if (!s) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    r->store = s;
+    struct { const char *key; double *v; } nums[] = {
+        {"slot_bytes", &s->slot_bytes}, {"budget_bytes", &s->budget_bytes}, {"bytes_read", &s->bytes_read},
+        {"read_gbps", &s->read_gbps}, {"stall_s", &s->stall_s}, {"acquires", &s->acquires}, {"hits", &s->hits},
+        {"loads", &s->loads}, {"reads", &s->reads}, {"predicted_issued", &s->predicted_issued},
+        {"predicted_used", &s->predicted_used}, {"prefetch_wasted", &s->prefetch_wasted},
+        {"prefetch_dropped", &s->prefetch_dropped},
+    };
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        const json_t *v = json_object_get(o, nums[i].key);
+        if (!v) continue;
+        if (!json_is_number(v) || json_number_value(v) < 0)
+            return moetax_error(MOETAX_ERR_FORMAT, "%s: store.%s: expected a number >= 0", name, nums[i].key);
+        *nums[i].v = json_number_value(v);
+    }
+    const json_t *v = json_object_get(o, "n_slots");
+    if (v && (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX))
+        return moetax_error(MOETAX_ERR_FORMAT, "%s: store.n_slots: expected an integer >= 0", name);
+    s->n_slots = v ? (int)json_integer_value(v) : 0;
+    v = json_object_get(o, "tokens");
+    if (v && (!json_is_integer(v) || json_integer_value(v) < 0))
+        return moetax_error(MOETAX_ERR_FORMAT, "%s: store.tokens: expected an integer >= 0", name);
+    s->tokens = v ? (int64_t)json_integer_value(v) : 0;
+    s->direct_io = json_is_true(json_object_get(o, "direct_io"));
     return MOETAX_OK;
 }
 
@@ -593,6 +627,7 @@ static moetax_status parse_ledger(struct moetax_report *r, const char *name, con
     if ((st = get_agg(&c, "totals.decode", json_object_get(tot, "decode"), &r->decode))) return st;
     if ((st = get_agg(&c, "totals.prefill", json_object_get(tot, "prefill"), &r->prefill))) return st;
     if ((st = parse_steps(r, &c, json_object_get(root, "steps")))) return st;
+    if ((st = parse_store(r, name, json_object_get(root, "store")))) return st;
     return parse_routing(r, name, json_object_get(root, "routing"));
 }
 
