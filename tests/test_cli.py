@@ -94,6 +94,34 @@ def main():
     r = run([mt, "bench", "-m", model, "-r", "0"])
     check(r.returncode == 2, "bench -r 0 is refused")
 
+    # the dense twin: same active parameters per token, compared in one session
+    twin = os.path.join(work, "cli_twin.gguf")
+    r = run([mt, "gen", "--dense-twin-of", model, "-o", twin])
+    check(r.returncode == 0, f"gen --dense-twin-of: {r.stderr}")
+    mi = json.loads(run([mt, "inspect", model, "--json", "--no-tensors"]).stdout)
+    ti = json.loads(run([mt, "inspect", twin, "--json", "--no-tensors"]).stdout)
+    # the MoE model's only extra active weights are its routers (E x d per MoE layer)
+    check(ti["expert_count"] == 0 and abs(ti["active_params_per_token"] - mi["active_params_per_token"]) <=
+          0.02 * mi["active_params_per_token"], f"twin active params {ti['active_params_per_token']} vs {mi['active_params_per_token']}")
+    r = run([mt, "bench", "-m", model, "--twin", twin, "-p", "0", "-n", "8", "-r", "2", "--json", "--no-mem"])
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    tw = [x for x in rows if x["test"].startswith("twin_")]
+    check(r.returncode == 0 and len(tw) == 1, f"bench --twin: {r.stderr}")
+    for k in ("moe_us_per_token", "dense_us_per_token", "moe_minus_dense_us", "ledger_tax_us", "agree"):
+        check(tw and k in tw[0], f"twin row has {k}")
+
+    # the expert store: a budget row per budget, and a budget too small is refused with the minimum
+    r = run([mt, "bench", "-m", model, "-p", "0", "-n", "8", "-r", "1", "--json", "--no-mem",
+             "--expert-budget", "100%,60%", "--buffered-io"])
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    sb = [x for x in rows if "expert_budget_mib" in x]
+    check(r.returncode == 0 and len(sb) == 2, f"bench --expert-budget: {r.stderr}")
+    for x in sb:
+        for k in ("hit_rate", "belady_hit_rate", "prefetch_precision", "read_mib_per_token", "rss_mib"):
+            check(k in x, f"store row has {k}")
+    r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "1K"])
+    check(r.returncode == 1 and "give at least" in r.stderr, f"tiny budget: {r.stderr}")
+
     # quantize f32 -> q4_0, then it runs
     f32 = os.path.join(work, "cli_f32.gguf")
     q4 = os.path.join(work, "cli_q4.gguf")
