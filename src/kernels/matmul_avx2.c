@@ -19,7 +19,11 @@
  *         and high nibbles (unsigned 0..15) against the activations prepared
  *         in the matching arrangement, minus the prepared s = 8 * sum(x) for
  *         the -8 offset; one pmaddwd / cvt / fma serves both blocks.
- * d_w (F16) is read through the shared 64 Ki-entry fp16 -> fp32 table. */
+ * d_w (F16) is read through the shared 64 Ki-entry fp16 -> fp32 table.
+ *
+ * Q8_0 with QB_MIN or more batch rows (prefill) takes another path, with
+ * weight rows in the lanes of int16 pmaddwd (see "batched Q8_0" below),
+ * with bit-identical results. */
 #include "kernels_impl.h"
 
 #include <immintrin.h>
@@ -250,45 +254,67 @@ static void matmul_f(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, i
 /* Q8_0 / Q4_0 weights x Q8 activations                                     */
 /* ------------------------------------------------------------------------ */
 
+/* Q8_0 rows compute, in every path (this one, qb_matmul_q8 below, any n_batch,
+ * any row split), the same canonical sum: the exact int32 block sum S_b, then
+ * one sequential chain per output acc = fma((float)S_b, d_w[b] * d_x[b], acc)
+ * over the blocks in order, from 0. So prefill and step-by-step decode give
+ * bit-identical logits (a rounding difference would otherwise cascade through
+ * the next activation quantization and the expert choice). Here each row's 8
+ * partial lanes are summed in int32 per block: 4 rows' sums by a pmaddwd
+ * tree + phaddd, then one 4-lane cvt / mul / fma per batch row. */
+ALWAYS_INLINE __m128i hsum4_epi32(__m256i t0, __m256i t1, __m256i t2, __m256i t3) {
+    const __m256i a = _mm256_hadd_epi32(t0, t1), b = _mm256_hadd_epi32(t2, t3);
+    const __m256i c = _mm256_hadd_epi32(a, b); /* [t0 t1 t2 t3 (lanes 0-3) | t0 t1 t2 t3 (lanes 4-7)] */
+    return _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+}
+
+ALWAYS_INLINE __m128i hsum1_epi32(__m256i t) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
 ALWAYS_INLINE void tile_q8(const int RB, const int BB, const uint8_t *w, size_t rb, const uint8_t *act,
                            size_t act_row, int64_t nb, float *y, int64_t ldy) {
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4][4];
+    __m128 acc[4]; /* per batch row: rows in lanes (RB == 4) or lane 0 (RB == 1) */
 #pragma GCC unroll 4
-    for (int r = 0; r < RB; r++)
-#pragma GCC unroll 4
-        for (int j = 0; j < BB; j++) acc[r][j] = _mm256_setzero_ps();
+    for (int j = 0; j < BB; j++) acc[j] = _mm_setzero_ps();
 
     for (int64_t b = 0; b < nb; b++) {
         __m256i xv[4];
-        __m256 dx[4];
 #pragma GCC unroll 4
-        for (int j = 0; j < BB; j++) {
-            xv[j] = _mm256_loadu_si256((const __m256i *)(act + j * act_row + b * 32));
-            dx[j] = _mm256_broadcast_ss((const float *)(act + j * act_row + d_off) + b);
-        }
+        for (int j = 0; j < BB; j++) xv[j] = _mm256_loadu_si256((const __m256i *)(act + j * act_row + b * 32));
         if (QPF > 0) prefetch_tile(w, rb, RB, (size_t)b * sizeof(moetax_block_q8_0));
+        __m256i wv[4], aw[4];
+        float dwf[4];
 #pragma GCC unroll 4
         for (int r = 0; r < RB; r++) {
             const uint8_t *blk = w + r * rb + b * sizeof(moetax_block_q8_0);
             uint16_t dh;
             memcpy(&dh, blk, 2);
-            const __m256 dw = _mm256_broadcast_ss(&moetax_k_fp16_table[dh]);
-            const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 2));
-            const __m256i aw = _mm256_sign_epi8(wv, wv);
+            dwf[r] = moetax_k_fp16_table[dh];
+            wv[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            aw[r] = _mm256_sign_epi8(wv[r], wv[r]);
+        }
+        const __m128 dw = RB == 4 ? _mm_setr_ps(dwf[0], dwf[1], dwf[2], dwf[3]) : _mm_set_ss(dwf[0]);
 #pragma GCC unroll 4
-            for (int j = 0; j < BB; j++) {
-                const __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[j], wv));
-                const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-                acc[r][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, dx[j]), acc[r][j]);
-            }
+        for (int j = 0; j < BB; j++) {
+            __m256i t[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < RB; r++)
+                t[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv[j], wv[r])), ones);
+            const __m128i sum = RB == 4 ? hsum4_epi32(t[0], t[1], t[2], t[3]) : hsum1_epi32(t[0]);
+            const __m128 dx = _mm_broadcast_ss((const float *)(act + j * act_row + d_off) + b);
+            acc[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(sum), _mm_mul_ps(dw, dx), acc[j]);
         }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < RB; r++)
-#pragma GCC unroll 4
-        for (int j = 0; j < BB; j++) y[j * ldy + r] = hsum_ps(acc[r][j]);
+    for (int j = 0; j < BB; j++) {
+        if (RB == 4) _mm_storeu_ps(y + j * ldy, acc[j]);
+        else _mm_store_ss(y + j * ldy, acc[j]);
+    }
 }
 
 /* Q4_0, two blocks (a pair) per step: the 2 x 16 nibble bytes go in one
@@ -396,123 +422,133 @@ static void matmul_q(int ti, enum moetax_type t, const uint8_t *w, size_t row_by
     }
 }
 
-/* ---- batched Q8_0 / Q4_0 (n_batch >= QB_MIN): weight rows in lanes ----
+/* ---- batched Q8_0 (n_batch >= QB_MIN): weight rows in lanes ----
  *
- * With several batch rows the kernel above is bound by the per-(row, batch
- * row, block) work on ports 0/1 (sign, pmaddubsw, pmaddwd, cvt, mul, fma).
- * Here 4 weight rows share every register instead: per block, the 4 x 32
- * quants (Q4_0 nibbles unpacked to q - 8) are transposed into 8 vectors
- * wt[k] = [row0 q[4k..4k+4), row1 .., row2 .., row3 ..] widened to int16, and
- * each batch row's block is widened to int16 once per call; then
- *   iacc = sum_k pmaddwd(wt[k], broadcast(x[4k..4k+4)))
- * holds lanes [r0 r0 r1 r1 r2 r2 r3 r3] (exact int32 block sums, split in two
- * halves), and one cvt + mul + fma per (4 rows, batch row, block) applies
- * d_w * d_x. pmaddwd + paddd spread over three ports, and the weight
- * transpose is paid once per 4 rows and block for all batch rows.
+ * With several batch rows tile_q8 is bound by its per-(row, batch row, block)
+ * work, nearly all of it on ports 0/1 (psignb, pmaddubsw, pmaddwd, the int32
+ * reduction, cvt, mul, fma). Here 8 weight rows share every register instead.
+ * Per block, the 8 x 32 quants are transposed into 16 vectors
+ *   wt[k] = [row0 q[2k] q[2k+1], row1 q[2k] q[2k+1], .., row7 ..] (int16)
+ * and each batch row's quants are widened to int16 once per call (xs); then
+ *   S = sum_k pmaddwd(wt[k], broadcast(xs[2k], xs[2k+1]))
+ * holds the 8 rows' exact int32 block sums, one per lane, and one cvt + mul
+ * + fma per (8 rows, batch row, block) applies d_w * d_x: the canonical chain
+ * of tile_q8, so results are bit-identical to it. 34 ops per 8 (row, batch
+ * row, block) triples instead of ~60, and pmaddwd + paddd spread over three
+ * ports. The transpose is paid once per 8 rows and block for all the batch
+ * rows (hence QB_MIN).
  *
- * Columns are cut into chunks of kb blocks (the widened activations of a
- * chunk stay in L1); partial sums of a chunk are added into y. Every row's
- * arithmetic is the same whichever rows share its tile (missing rows of the
- * last tile duplicate a valid row and are not stored), so results do not
- * depend on the row split. */
-#define QB_JG 64          /* batch rows per group (activation scratch) */
-#define QB_XS_BYTES 24576 /* widened activations per chunk */
-#define QB_KBMAX 64       /* blocks per chunk at most */
+ * Rows go in panels of QB_ROWS, each panel's columns in chunks of kb blocks
+ * whose widened activations (xs) stay cached; y holds each row's running sum
+ * between chunks (the chain continues exactly from it) and the panel's y
+ * stays cached. The next 8 rows' weights are prefetched during the first
+ * batch tile, spread over its blocks. Missing rows of a panel's last tile
+ * duplicate a valid row and are neither loaded from nor stored to y.
+ * Scratch: ~52 KiB of stack. */
+#define QB_JG 64          /* batch rows per group */
+#define QB_XS_BYTES 32768 /* widened activations per chunk (ceil4(batch rows) x kb x 64 bytes) */
+#define QB_KBMAX 32       /* blocks per chunk at most */
+#define QB_ROWS 64        /* weight rows per panel (a multiple of 8) */
 #ifndef QB_MIN
-#define QB_MIN 2
+#define QB_MIN 4 /* with fewer batch rows tile_q8 is as fast or faster */
+#endif
+#ifndef QB_PF_HINT
+#define QB_PF_HINT _MM_HINT_T0
 #endif
 
 struct qb_scratch {
-    _Alignas(32) int16_t xs[QB_XS_BYTES / 2]; /* [j / 4][bb][j % 4][32] */
-    float dx[QB_XS_BYTES / 64];               /* [j / 4][bb][j % 4] */
-    _Alignas(32) int16_t wt[QB_KBMAX * 8 * 16];              /* [bb][k][16] */
-    _Alignas(32) float sd[QB_KBMAX * 8];                     /* [bb][8] */
+    _Alignas(32) int16_t xs[QB_XS_BYTES / 2];    /* [j / 4][bb][j % 4][32] */
+    float dx[QB_XS_BYTES / 64];                  /* [j / 4][bb][j % 4] */
+    _Alignas(32) int16_t wt[QB_KBMAX * 16 * 16]; /* [bb][k][16] */
+    _Alignas(32) float sd[QB_KBMAX * 8];         /* [bb][row] */
 };
 
-/* Natural-order int8 quants of one Q8_0 / Q4_0 weight block (q - 8 for Q4_0). */
-ALWAYS_INLINE __m256i qb_wblock(enum moetax_type t, const uint8_t *blk) {
-    if (t == MOETAX_TYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(blk + 2));
-    const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 2));
-    const __m256i r = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
-    return _mm256_sub_epi8(_mm256_and_si256(r, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
-}
-
-/* Transpose blocks [b0, b0 + kn) of 4 rows (pointers wr[4]) into wt / sd. */
-ALWAYS_INLINE void qb_transpose(enum moetax_type t, const uint8_t *const wr[4], int64_t b0, int64_t kn,
-                                int16_t *wt, float *sd) {
-    const size_t bs = t == MOETAX_TYPE_Q8_0 ? sizeof(moetax_block_q8_0) : sizeof(moetax_block_q4_0);
+/* Transpose blocks [b0, b0 + kn) of 8 rows (pointers wr[8]) into wt, their
+ * scales into sd. Per 128-bit lane (quants 0..15, 16..31) an 8 x 8 transpose
+ * of 16-bit pairs, then widening. */
+static void qb_transpose(const uint8_t *const wr[8], int64_t b0, int64_t kn, int16_t *wt, float *sd) {
     for (int64_t bb = 0; bb < kn; bb++) {
-        const size_t off = (size_t)(b0 + bb) * bs;
-        const __m256i r0 = qb_wblock(t, wr[0] + off), r1 = qb_wblock(t, wr[1] + off);
-        const __m256i r2 = qb_wblock(t, wr[2] + off), r3 = qb_wblock(t, wr[3] + off);
-        const __m256i t0 = _mm256_unpacklo_epi32(r0, r1), t1 = _mm256_unpackhi_epi32(r0, r1);
-        const __m256i t2 = _mm256_unpacklo_epi32(r2, r3), t3 = _mm256_unpackhi_epi32(r2, r3);
-        const __m256i u[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
-                              _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
-        __m256i *o = (__m256i *)(wt + bb * 128);
+        const size_t off = (size_t)(b0 + bb) * sizeof(moetax_block_q8_0);
+        __m256i r[8], a[8], b[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_si256((const __m256i *)(wr[i] + off + 2));
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            _mm256_store_si256(o + k, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(u[k])));
-            _mm256_store_si256(o + k + 4, _mm256_cvtepi8_epi16(_mm256_extracti128_si256(u[k], 1)));
+        for (int i = 0; i < 4; i++) {
+            a[2 * i] = _mm256_unpacklo_epi16(r[2 * i], r[2 * i + 1]);     /* pairs 0-3 of rows 2i, 2i+1 */
+            a[2 * i + 1] = _mm256_unpackhi_epi16(r[2 * i], r[2 * i + 1]); /* pairs 4-7 */
         }
-        uint16_t h[4];
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) { /* rows 0-3, rows 4-7 */
+            b[4 * h + 0] = _mm256_unpacklo_epi32(a[4 * h + 0], a[4 * h + 2]); /* pairs 0, 1 of 4 rows */
+            b[4 * h + 1] = _mm256_unpackhi_epi32(a[4 * h + 0], a[4 * h + 2]); /* pairs 2, 3 */
+            b[4 * h + 2] = _mm256_unpacklo_epi32(a[4 * h + 1], a[4 * h + 3]); /* pairs 4, 5 */
+            b[4 * h + 3] = _mm256_unpackhi_epi32(a[4 * h + 1], a[4 * h + 3]); /* pairs 6, 7 */
+        }
+        __m256i *o = (__m256i *)(wt + bb * 256);
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) memcpy(&h[i], wr[i] + off, 2);
-        const __m128 d = _mm_setr_ps(moetax_k_fp16_table[h[0]], moetax_k_fp16_table[h[1]],
-                                     moetax_k_fp16_table[h[2]], moetax_k_fp16_table[h[3]]);
-        _mm_store_ps(sd + bb * 8, _mm_unpacklo_ps(d, d));
-        _mm_store_ps(sd + bb * 8 + 4, _mm_unpackhi_ps(d, d));
+        for (int i = 0; i < 4; i++) {
+            const __m256i c0 = _mm256_unpacklo_epi64(b[i], b[4 + i]); /* pair 2i of 8 rows (| pair 2i + 8) */
+            const __m256i c1 = _mm256_unpackhi_epi64(b[i], b[4 + i]); /* pair 2i + 1 */
+            _mm256_store_si256(o + 2 * i, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c0)));
+            _mm256_store_si256(o + 2 * i + 8, _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c0, 1)));
+            _mm256_store_si256(o + 2 * i + 1, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c1)));
+            _mm256_store_si256(o + 2 * i + 9, _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c1, 1)));
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            uint16_t h;
+            memcpy(&h, wr[i] + off, 2);
+            sd[bb * 8 + i] = moetax_k_fp16_table[h];
+        }
     }
 }
 
 /* Widen blocks [b0, b0 + kn) of batch rows [j0, j0 + jn) into xs / dx, in
  * tiles of 4 batch rows interleaved by block: slot ((j / 4) * kn + bb) * 4 + j % 4. */
-static void qb_widen(enum moetax_type t, const uint8_t *act, size_t act_row, int64_t nb, int64_t j0, int64_t jn,
-                     int64_t b0, int64_t kn, int16_t *xs, float *dx) {
+static void qb_widen(const uint8_t *act, size_t act_row, int64_t nb, int64_t j0, int64_t jn, int64_t b0, int64_t kn,
+                     int16_t *xs, float *dx) {
+    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
     for (int64_t j = 0; j < jn; j++) {
         const uint8_t *a = act + (size_t)(j0 + j) * act_row;
         for (int64_t bb = 0; bb < kn; bb++) {
-            const int64_t b = b0 + bb;
-            __m128i lo, hi;
-            float d;
-            if (t == MOETAX_TYPE_Q8_0) {
-                lo = _mm_loadu_si128((const __m128i *)(a + b * 32));
-                hi = _mm_loadu_si128((const __m128i *)(a + b * 32 + 16));
-                memcpy(&d, a + moetax_k_act_d_off(t, nb) + b * 4, 4);
-            } else {
-                const uint8_t *pair = a + (size_t)(b / 2) * MOETAX_K_Q4_PAIR_BYTES + 16 * (b % 2);
-                lo = _mm_loadu_si128((const __m128i *)pair);
-                hi = _mm_loadu_si128((const __m128i *)(pair + 32));
-                memcpy(&d, pair + 96, 4);
-            }
-            const int64_t slot = ((j / 4) * kn + bb) * 4 + j % 4;
+            const int64_t b = b0 + bb, slot = ((j / 4) * kn + bb) * 4 + j % 4;
             __m256i *o = (__m256i *)(xs + slot * 32);
-            _mm256_store_si256(o, _mm256_cvtepi8_epi16(lo));
-            _mm256_store_si256(o + 1, _mm256_cvtepi8_epi16(hi));
-            dx[slot] = d;
+            _mm256_store_si256(o, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(a + b * 32))));
+            _mm256_store_si256(o + 1, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(a + b * 32 + 16))));
+            memcpy(&dx[slot], a + d_off + b * 4, 4);
         }
     }
 }
 
-/* 4 rows (wt / sd) x JB batch rows over kn blocks; xs / dx hold the tile's
- * batch rows interleaved by block ([bb][4][32], [bb][4]). Returns per batch
- * row [r0 r1 r2 r3] (lane pairs summed). */
+/* 8 rows (wt / sd) x JB batch rows over kn blocks; xs / dx hold the tile's
+ * batch rows interleaved by block ([bb][4][32], [bb][4]). y: the rows'
+ * outputs (nr valid) of the first batch row; the chain starts from 0 (first
+ * chunk) or continues from y. pf: the next tile's weights to prefetch, or NULL. */
 ALWAYS_INLINE void qb_tile(const int JB, const int16_t *wt, const float *sd, const int16_t *xs, const float *dx,
-                           int64_t kn, __m128 out[4]) {
+                           int64_t kn, const uint8_t *pf, size_t row_bytes, float *y, int64_t ldy, int nr,
+                           bool first) {
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     __m256 acc[4];
 #pragma GCC unroll 4
-    for (int j = 0; j < JB; j++) acc[j] = _mm256_setzero_ps();
-    for (int64_t bb = 0; bb < kn; bb++, wt += 128, xs += 128, dx += 4, sd += 8) {
+    for (int j = 0; j < JB; j++)
+        acc[j] = first ? _mm256_setzero_ps()
+                       : nr == 8 ? _mm256_loadu_ps(y + j * ldy) : _mm256_maskload_ps(y + j * ldy, mask);
+    for (int64_t bb = 0; bb < kn; bb++, wt += 256, xs += 128, dx += 4, sd += 8) {
+        if (pf) {
+            const char *p = (const char *)pf + bb * sizeof(moetax_block_q8_0);
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) _mm_prefetch(p + i * row_bytes, QB_PF_HINT);
+        }
         const __m256i *w = (const __m256i *)wt;
         __m256i ia[4];
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++) {
             const __m256i wv = _mm256_load_si256(w + k);
 #pragma GCC unroll 4
             for (int j = 0; j < JB; j++) {
-                int64_t q;
-                memcpy(&q, xs + j * 32 + 4 * k, 8);
-                const __m256i p = _mm256_madd_epi16(wv, _mm256_set1_epi64x(q));
+                int32_t q;
+                memcpy(&q, xs + j * 32 + 2 * k, 4);
+                const __m256i p = _mm256_madd_epi16(wv, _mm256_set1_epi32(q));
                 ia[j] = k == 0 ? p : _mm256_add_epi32(ia[j], p);
                 __asm__("" : "+x"(ia[j])); /* keep the chain: no reassociation into a tree of temporaries */
             }
@@ -524,67 +560,59 @@ ALWAYS_INLINE void qb_tile(const int JB, const int16_t *wt, const float *sd, con
     }
 #pragma GCC unroll 4
     for (int j = 0; j < JB; j++) {
-        const __m256 h = _mm256_hadd_ps(acc[j], acc[j]); /* [r0 r1 r0 r1 | r2 r3 r2 r3] */
-        out[j] = _mm_castpd_ps(_mm_unpacklo_pd(_mm_castps_pd(_mm256_castps256_ps128(h)),
-                                               _mm_castps_pd(_mm256_extractf128_ps(h, 1))));
+        if (nr == 8) _mm256_storeu_ps(y + j * ldy, acc[j]);
+        else _mm256_maskstore_ps(y + j * ldy, mask, acc[j]);
     }
 }
 
-static void qb_tile_1(const int16_t *wt, const float *sd, const int16_t *xs, const float *dx, int64_t kn, __m128 *o) {
-    qb_tile(1, wt, sd, xs, dx, kn, o);
-}
-static void qb_tile_2(const int16_t *wt, const float *sd, const int16_t *xs, const float *dx, int64_t kn, __m128 *o) {
-    qb_tile(2, wt, sd, xs, dx, kn, o);
-}
-static void qb_tile_3(const int16_t *wt, const float *sd, const int16_t *xs, const float *dx, int64_t kn, __m128 *o) {
-    qb_tile(3, wt, sd, xs, dx, kn, o);
-}
-static void qb_tile_4(const int16_t *wt, const float *sd, const int16_t *xs, const float *dx, int64_t kn, __m128 *o) {
-    qb_tile(4, wt, sd, xs, dx, kn, o);
-}
-typedef void (*qb_tile_fn)(const int16_t *, const float *, const int16_t *, const float *, int64_t, __m128 *);
+#define QB_TILE(JB)                                                                                             \
+    static void qb_tile_##JB(const int16_t *wt, const float *sd, const int16_t *xs, const float *dx, int64_t kn,  \
+                             const uint8_t *pf, size_t row_bytes, float *y, int64_t ldy, int nr, bool first) {  \
+        qb_tile(JB, wt, sd, xs, dx, kn, pf, row_bytes, y, ldy, nr, first);                                   \
+    }
+QB_TILE(1)
+QB_TILE(2)
+QB_TILE(3)
+QB_TILE(4)
+typedef void (*qb_tile_fn)(const int16_t *, const float *, const int16_t *, const float *, int64_t, const uint8_t *,
+                           size_t, float *, int64_t, int, bool);
 static const qb_tile_fn k_qb_tiles[4] = {qb_tile_1, qb_tile_2, qb_tile_3, qb_tile_4};
 
-ALWAYS_INLINE void qb_matmul(enum moetax_type t, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1,
-                             int64_t ncols, const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
+static void qb_matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                         const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
     struct qb_scratch sc;
     const int64_t nb = ncols / 32;
-    const size_t act_row = moetax_k_act_row_bytes(t, ncols);
+    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q8_0, ncols);
+    const size_t bs = sizeof(moetax_block_q8_0);
     for (int64_t j0 = 0; j0 < n_batch; j0 += QB_JG) {
         const int64_t jn = n_batch - j0 < QB_JG ? n_batch - j0 : QB_JG;
         int64_t kb = QB_XS_BYTES / (((jn + 3) / 4 * 4) * 64);
         kb = kb > QB_KBMAX ? QB_KBMAX : kb;
-        for (int64_t b0 = 0; b0 < nb; b0 += kb) {
-            const int64_t kn = nb - b0 < kb ? nb - b0 : kb;
-            qb_widen(t, act, act_row, nb, j0, jn, b0, kn, sc.xs, sc.dx);
-            for (int64_t r = row0; r < row1; r += 4) {
-                const int nr = row1 - r < 4 ? (int)(row1 - r) : 4;
-                const uint8_t *wr[4];
-                for (int i = 0; i < 4; i++) wr[i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * row_bytes;
-                qb_transpose(t, wr, b0, kn, sc.wt, sc.sd);
-                for (int64_t j = 0; j < jn; j += 4) {
-                    const int jb = jn - j < 4 ? (int)(jn - j) : 4;
-                    __m128 o[4];
-                    k_qb_tiles[jb - 1](sc.wt, sc.sd, sc.xs + j * kn * 32, sc.dx + j * kn, kn, o);
-                    for (int jj = 0; jj < jb; jj++) {
-                        float v[4];
-                        _mm_storeu_ps(v, o[jj]);
-                        float *yo = y + (j0 + j + jj) * ldy + r;
-                        for (int i = 0; i < nr; i++) yo[i] = b0 == 0 ? v[i] : yo[i] + v[i];
+        for (int64_t p0 = row0; p0 < row1; p0 += QB_ROWS) {
+            const int64_t p1 = row1 - p0 < QB_ROWS ? row1 : p0 + QB_ROWS;
+            for (int64_t b0 = 0; b0 < nb; b0 += kb) {
+                const int64_t kn = nb - b0 < kb ? nb - b0 : kb;
+                qb_widen(act, act_row, nb, j0, jn, b0, kn, sc.xs, sc.dx);
+                for (int64_t r = p0; r < p1; r += 8) {
+                    const int nr = p1 - r < 8 ? (int)(p1 - r) : 8;
+                    const uint8_t *wr[8];
+                    for (int i = 0; i < 8; i++) wr[i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * row_bytes;
+                    /* next tile's weights: the next 8 rows of this chunk, else the
+                     * panel's first rows in the next chunk, else the next panel */
+                    const uint8_t *pf = NULL;
+                    if (r + 8 < p1) pf = w + (size_t)(r + 8) * row_bytes + (size_t)b0 * bs;
+                    else if (b0 + kn < nb) pf = w + (size_t)p0 * row_bytes + (size_t)(b0 + kn) * bs;
+                    else if (p1 < row1) pf = w + (size_t)p1 * row_bytes;
+                    qb_transpose(wr, b0, kn, sc.wt, sc.sd);
+                    for (int64_t j = 0; j < jn; j += 4) {
+                        const int jb = jn - j < 4 ? (int)(jn - j) : 4;
+                        k_qb_tiles[jb - 1](sc.wt, sc.sd, sc.xs + j * kn * 32, sc.dx + j * kn, kn,
+                                           j == 0 ? pf : NULL, row_bytes, y + (j0 + j) * ldy + r, ldy, nr, b0 == 0);
                     }
                 }
             }
         }
     }
-}
-
-static void qb_matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
-                         const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
-    qb_matmul(MOETAX_TYPE_Q8_0, w, row_bytes, row0, row1, ncols, act, n_batch, y, ldy);
-}
-static void qb_matmul_q4(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
-                         const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
-    qb_matmul(MOETAX_TYPE_Q4_0, w, row_bytes, row0, row1, ncols, act, n_batch, y, ldy);
 }
 
 void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
@@ -598,10 +626,7 @@ void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_byte
         if (n_batch >= QB_MIN) qb_matmul_q8(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
         else matmul_q(0, wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
         break;
-    case MOETAX_TYPE_Q4_0:
-        if (n_batch >= QB_MIN) qb_matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
-        else matmul_q(1, wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
-        break;
+    case MOETAX_TYPE_Q4_0: matmul_q(1, wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
     default: break;
     }
 }
