@@ -327,7 +327,7 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     for (int i = 0; !st && i < c->n_threads; i++) {
         struct scratch *s = &c->scr[i];
         s->nf = (size_t)max64(max64(H * (c->n_ctx + kvl), 2 * E + 2),
-                              max64(max64(U * k, U) * 32 + nope, U * max64(nope, kvl)));
+                              max64(max64(U * k, U) * 64 + nope, U * max64(nope, kvl)));
         s->nq = moetax_act_size(MOETAX_TYPE_Q4_0, up32(max64(nope, kvl)), U) + 64;
         s->f = calloc(s->nf, sizeof(float));
         s->eptr = calloc((size_t)max64(E, 1), sizeof *s->eptr);

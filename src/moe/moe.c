@@ -274,7 +274,7 @@ void fw_moe(struct worker *w, int il) {
 
     /* 4: gate/up per (expert, block of F rows) */
     fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
-    const int64_t bf = F >= 64 ? 32 : F;
+    const int64_t bf = F >= 128 ? 64 : F;
     const int64_t nbf = (F + bf - 1) / bf;
     for (int64_t it; (it = fw_chunk(w, pl->n_active * nbf, 1)) >= 0;) {
         int32_t e = pl->active[it / nbf];
@@ -300,7 +300,7 @@ void fw_moe(struct worker *w, int il) {
     /* 6: down projections per block of output rows into ydown, then this
      * worker's blocks are combined into the residual, then the shared expert */
     fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
-    const int64_t bd = 32, nbd = (d + bd - 1) / bd;
+    const int64_t bd = 64, nbd = (d + bd - 1) / bd;
     int32_t mine[512];
     int nmine = 0;
     float *yd = c->ydown; /* [n*k, d] */
