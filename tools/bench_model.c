@@ -156,7 +156,11 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 uint64_t pi = ss1.predicted_issued - ss0.predicted_issued, pu = ss1.predicted_used - ss0.predicted_used;
                 uint64_t loads = ss1.loads - ss0.loads;
                 rr->has_store = true;
-                rr->hit_rate = acq ? (double)hits / (double)acq : 0;
+                /* hit rate and Belady's optimum over every acquire since the store opened (both from a
+                 * cold cache, so they compare like with like) */
+                rr->hit_rate = ss1.acquires ? (double)ss1.hits / (double)ss1.acquires : 0;
+                (void)acq;
+                (void)hits;
                 rr->precision = pi ? (double)pu / (double)pi : 0;
                 /* recall: of the experts that had to be read, the share a prediction had fetched */
                 uint64_t demand = loads > pi ? loads - pi : 0;
@@ -172,8 +176,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 int32_t *tl = malloc(sizeof(int32_t) * (size_t)(ntrace + 1)), *te = malloc(sizeof(int32_t) * (size_t)(ntrace + 1));
                 if (tl && te) {
                     ntrace = moetax_store_trace(store, tl, te, ntrace);
-                    int64_t first = (int64_t)ss0.acquires < ntrace ? (int64_t)ss0.acquires : 0;
-                    rr->belady = moetax_store_belady_hit_rate(tl + first, te + first, ntrace - first, moetax_store_n_slots(store));
+                    rr->belady = moetax_store_belady_hit_rate(tl, te, ntrace, moetax_store_n_slots(store));
                 }
                 free(tl);
                 free(te);
@@ -304,7 +307,7 @@ int bench_model_main(int argc, char **argv) {
                     /* the device's random read bandwidth for the store's request size (one span of an
                      * expert) and queue depth (its I/O threads), measured in the same run */
                     io_ref = bench_io_measure(model, br[1][0].req_bytes ? br[1][0].req_bytes : (1u << 18),
-                                              o.so.io_threads ? o.so.io_threads : 2, true, o.so.buffered, 2.0);
+                                              o.so.io_threads ? o.so.io_threads : 4, true, o.so.buffered, 2.0);
                 }
                 for (int i = 0; i < o.ntg; i++) {
                     const struct result *b = &br[1][i];
@@ -323,7 +326,7 @@ int bench_model_main(int argc, char **argv) {
                                "(random %.0f KiB, qd %d); ideal max(mapped, read time) %.0f us: %.2fx of ideal; "
                                "hit rate %.0f%% = %.0f%% of Belady |\n",
                                t_b, t_res, b->store_gbps, io_ref > 0 ? 100 * b->store_gbps / io_ref : 0, io_ref,
-                               (double)(b->req_bytes ? b->req_bytes : (1u << 18)) / 1024, o.so.io_threads ? o.so.io_threads : 2,
+                               (double)(b->req_bytes ? b->req_bytes : (1u << 18)) / 1024, o.so.io_threads ? o.so.io_threads : 4,
                                ideal, t_b / ideal, 100 * b->hit_rate, b->belady > 0 ? 100 * b->hit_rate / b->belady : 0);
                 }
                 nb++;

@@ -37,7 +37,7 @@ const char *cli_store_help(void) {
            "  --policy P           eviction: lru, lfu or lfru (frequency-weighted LRU; default lru)\n"
            "  --no-prefetch        only on-demand reads\n"
            "  --buffered-io        read through the page cache instead of O_DIRECT\n"
-           "  --io-threads N       I/O workers (default 2)\n";
+           "  --io-threads N       I/O workers, i.e. reads in flight (default 4)\n";
 }
 
 uint64_t cli_store_expert_bytes(const struct moetax_model *m) {

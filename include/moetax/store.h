@@ -30,7 +30,7 @@
  *   is explicit: the worker sets READY or ERROR under the store mutex and
  *   broadcasts a condvar that waiters sleep on.
  *
- *   I/O workers (n_io_threads, default 2, never the compute pool; like Redis
+ *   I/O workers (n_io_threads, default 4, never the compute pool; like Redis
  *   bio.c) take jobs from one queue of slots: a demand load (an acquire that
  *   missed) goes to the head, a prefetch to the tail; an acquire that finds
  *   its expert queued by a prefetch moves it to the head. A worker reads each
@@ -127,7 +127,7 @@ struct moetax_store_params {
     enum moetax_store_policy policy;
     bool buffered_io;         /* false (default): O_DIRECT, falling back to buffered reads with
                                  stats.direct_io_fallback set if the filesystem refuses it */
-    int n_io_threads;         /* I/O workers; 0: 2 */
+    int n_io_threads;         /* I/O workers (requests in flight); 0: 4 */
     int min_slots;            /* experts pinned at once by all threads (see INVARIANTS); 0: 1 */
     int64_t lfu_aging;        /* LFU: halve all counts every this many acquires; 0: 8 * keys */
     double lfru_halflife;     /* LFRU: H in acquires; 0: 4 * n_layer * min_slots */
