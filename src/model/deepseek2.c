@@ -187,6 +187,8 @@ static moetax_status load_hparams(struct moetax_model *m) {
         NEED(hp->gating_func == 1 || hp->gating_func == 2, "%s: expert_gating_func %d (expected 1 softmax or 2 sigmoid)",
              g->path, hp->gating_func);
         if (hp->n_expert_group > 1) {
+            NEED(hp->n_expert_group <= 256, "%s: expert_group_count %d is more than moetax supports (256)", g->path,
+                 hp->n_expert_group);
             NEED(hp->n_expert % hp->n_expert_group == 0 && hp->n_expert / hp->n_expert_group >= 2,
                  "%s: expert_group_count %d must divide expert_count %d into groups of >= 2", g->path,
                  hp->n_expert_group, hp->n_expert);
