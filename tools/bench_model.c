@@ -90,10 +90,10 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     double *rep_on = malloc(sizeof(double) * (size_t)(o->reps + 1)), *rep_off = malloc(sizeof(double) * (size_t)(o->reps + 1));
     struct moetax_ctx *c = NULL;
     struct moetax_ledger *led = NULL;
+    struct moetax_store *store = NULL;
     if (!toks || !logits || !times || !rep_on || !rep_off) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
     for (int64_t i = 0; i < max_tok; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)max_tok + 1, .pool = pool};
-    struct moetax_store *store = NULL;
     uint64_t budget = 0;
     if (o->budget) {
         if (!cli_store_parse_budget(o->budget, cli_store_expert_bytes(m), &budget)) {
