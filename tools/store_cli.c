@@ -35,7 +35,8 @@ const char *cli_store_help(void) {
            "                       or 25% of the experts' total); the rest is read from the file on demand\n"
            "                       (O_DIRECT) and prefetched from the next layer's router prediction\n"
            "  --policy P           eviction: lru, lfu or lfru (frequency-weighted LRU; default lru)\n"
-           "  --no-prefetch        only on-demand reads\n"
+           "  --no-prefetch        read each expert only when a work item needs it (no early reads of the\n"
+           "                       layer's experts, no prediction for the next layer)\n"
            "  --buffered-io        read through the page cache instead of O_DIRECT\n"
            "  --io-threads N       I/O workers, i.e. reads in flight (default 4)\n";
 }

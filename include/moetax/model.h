@@ -154,7 +154,8 @@ struct moetax_ctx_params {
     struct moetax_pool *pool; /* optional shared pool (not owned) */
     struct moetax_store *store; /* optional expert store (not owned; see moetax_model_store_open):
                                    routed experts are read through it instead of the mapping */
-    bool no_prefetch;           /* with a store: only on-demand reads (no cross-layer prefetch) */
+    bool no_prefetch;           /* with a store: read each expert only when a work item needs it (no early
+                                   reads of a routed layer's experts, no cross-layer prediction) */
 };
 
 struct moetax_ctx;

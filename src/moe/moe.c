@@ -230,12 +230,13 @@ void fw_moe(struct worker *w, int il) {
         if (routing_rec || (c->store && c->prefetch)) predict_next(c, il);
         fw_mark(w, MOETAX_PHASE_DISPATCH);
         plan(c, il);
-        if (c->store) {
-            /* demand reads for this layer's experts now (other items proceed while they load),
-             * then the experts the next layer's router predicts from this residual */
+        if (c->store && c->prefetch) {
+            /* reads for all of this layer's experts now, in parallel (other items proceed while
+             * they load), then the experts the next layer's router predicts from this residual.
+             * Without prefetch each expert is read only when a work item needs it. */
             fw_mark(w, MOETAX_PHASE_LOAD);
             moetax_store_prefetch(c->store, il, pl->active, pl->n_active, false);
-            if (c->prefetch && il + 1 < hp->n_layer && c->pred_ok[il + 1]) {
+            if (il + 1 < hp->n_layer && c->pred_ok[il + 1]) {
                 int32_t *uniq = c->plan.fill; /* scratch [E] */
                 int nu = 0;
                 for (int64_t i = 0; i < n * k; i++) {
