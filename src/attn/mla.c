@@ -42,9 +42,10 @@ void fw_attention(struct worker *w, int il) {
     const struct moetax_weight *wq = ql ? &l->wq_a : &l->wq;
     float *qout = ql ? c->qa : c->q;
     const int64_t nq = wq->ne[1], nkv = l->wkv_a.ne[1];
-    fw_split(w, nq + nkv, 8, &r0, &r1);
-    if (r0 < nq) fw_matmul(c, wq, 0, r0, r1 < nq ? r1 : nq, &c->a_in, 0, n, qout, nq);
-    if (r1 > nq) fw_matmul(c, &l->wkv_a, 0, (r0 > nq ? r0 : nq) - nq, r1 - nq, &c->a_in, 0, n, c->kva, nkv);
+    while (fw_rows(w, nq + nkv, 64, &r0, &r1)) {
+        if (r0 < nq) fw_matmul(c, wq, 0, r0, r1 < nq ? r1 : nq, &c->a_in, 0, n, qout, nq);
+        if (r1 > nq) fw_matmul(c, &l->wkv_a, 0, (r0 > nq ? r0 : nq) - nq, r1 - nq, &c->a_in, 0, n, c->kva, nkv);
+    }
     fw_phase_end(w);
 
     if (ql) {
@@ -56,8 +57,7 @@ void fw_attention(struct worker *w, int il) {
         fw_act_prep(c, &aq, r0, r1);
         fw_phase_end(w);
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-        fw_split(w, qrow, 8, &r0, &r1);
-        fw_matmul(c, &l->wq_b, 0, r0, r1, &c->a_in, 0, n, c->q, qrow);
+        while (fw_rows(w, qrow, 64, &r0, &r1)) fw_matmul(c, &l->wq_b, 0, r0, r1, &c->a_in, 0, n, c->q, qrow);
         fw_phase_end(w);
     }
 
@@ -151,11 +151,12 @@ void fw_attention(struct worker *w, int il) {
     fw_act_prep(c, &av, r0, r1);
     fw_phase_end(w);
 
-    /* 6: x += W_o attv; each worker owns a row range of the output */
+    /* 6: x += W_o attv; each block of output rows belongs to one worker */
     fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-    fw_split(w, d, 8, &r0, &r1);
-    fw_matmul(c, &l->wo, 0, r0, r1, &c->a_in, 0, n, c->tmp, d);
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t r = r0; r < r1; r++) c->x[t * d + r] += c->tmp[t * d + r];
+    while (fw_rows(w, d, 64, &r0, &r1)) {
+        fw_matmul(c, &l->wo, 0, r0, r1, &c->a_in, 0, n, c->tmp, d);
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t r = r0; r < r1; r++) c->x[t * d + r] += c->tmp[t * d + r];
+    }
     fw_phase_end(w);
 }

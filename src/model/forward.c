@@ -67,6 +67,14 @@ int64_t fw_chunk(struct worker *w, int64_t n, int64_t step) {
     return i < n ? i : -1;
 }
 
+bool fw_rows(struct worker *w, int64_t n, int64_t block, int64_t *r0, int64_t *r1) {
+    int64_t b = fw_chunk(w, (n + block - 1) / block, 1);
+    if (b < 0) return false;
+    *r0 = b * block;
+    *r1 = *r0 + block < n ? *r0 + block : n;
+    return true;
+}
+
 void fw_split(const struct worker *w, int64_t n, int64_t align, int64_t *r0, int64_t *r1) {
     int64_t blocks = (n + align - 1) / align;
     int64_t b0 = blocks * w->ith / w->nth, b1 = blocks * (w->ith + 1) / w->nth;
@@ -145,10 +153,12 @@ static void dense_ffn(struct worker *w, const struct moetax_layer *l, int il) {
     const int64_t n = c->n, d = c->m->hp.n_embd, ff = l->ffn_gate.ne[1];
     int64_t r0, r1;
     fw_phase_begin(w, MOETAX_PHASE_DENSE, il);
-    fw_split(w, ff, 8, &r0, &r1);
-    fw_matmul(c, &l->ffn_gate, 0, r0, r1, &c->a_in, 0, n, c->hid, ff);
-    fw_matmul(c, &l->ffn_up, 0, r0, r1, &c->a_in, 0, n, c->tmp, ff);
-    for (int64_t t = 0; t < n; t++) c->K->silu_mul(c->hid + t * ff + r0, c->hid + t * ff + r0, c->tmp + t * ff + r0, r1 - r0);
+    while (fw_rows(w, ff, 64, &r0, &r1)) {
+        fw_matmul(c, &l->ffn_gate, 0, r0, r1, &c->a_in, 0, n, c->hid, ff);
+        fw_matmul(c, &l->ffn_up, 0, r0, r1, &c->a_in, 0, n, c->tmp, ff);
+        for (int64_t t = 0; t < n; t++)
+            c->K->silu_mul(c->hid + t * ff + r0, c->hid + t * ff + r0, c->tmp + t * ff + r0, r1 - r0);
+    }
     fw_phase_end(w);
     fw_phase_begin(w, MOETAX_PHASE_DENSE, il);
     struct act ah = fw_act_view(&c->a_hid, c->hid, ff, n);
@@ -157,10 +167,11 @@ static void dense_ffn(struct worker *w, const struct moetax_layer *l, int il) {
     fw_act_prep(c, &ah, r0, r1);
     fw_phase_end(w);
     fw_phase_begin(w, MOETAX_PHASE_DENSE, il);
-    fw_split(w, d, 8, &r0, &r1);
-    fw_matmul(c, &l->ffn_down, 0, r0, r1, &c->a_hid, 0, n, c->tmp, d);
-    for (int64_t t = 0; t < n; t++)
-        for (int64_t r = r0; r < r1; r++) c->x[t * d + r] += c->tmp[t * d + r];
+    while (fw_rows(w, d, 64, &r0, &r1)) {
+        fw_matmul(c, &l->ffn_down, 0, r0, r1, &c->a_hid, 0, n, c->tmp, d);
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t r = r0; r < r1; r++) c->x[t * d + r] += c->tmp[t * d + r];
+    }
     fw_phase_end(w);
 }
 
@@ -218,8 +229,8 @@ static void step_worker(void *ctx, int ith, int nth) {
     int64_t t_first = c->all_logits ? 0 : n - 1;
     norm_prep(&w, m->output_norm, t_first, MOETAX_PHASE_HEAD, -1);
     fw_phase_begin(&w, MOETAX_PHASE_HEAD, -1);
-    fw_split(&w, hp->n_vocab, 8, &r0, &r1);
-    fw_matmul(c, &m->output, 0, r0, r1, &c->a_in, t_first, n - t_first, c->logits, hp->n_vocab);
+    while (fw_rows(&w, hp->n_vocab, 256, &r0, &r1))
+        fw_matmul(c, &m->output, 0, r0, r1, &c->a_in, t_first, n - t_first, c->logits, hp->n_vocab);
     fw_phase_end(&w);
 }
 

@@ -120,6 +120,10 @@ void fw_mark(struct worker *w, enum moetax_phase ph);
 void fw_phase_end(struct worker *w);
 /* Next dynamic chunk of the current phase, or -1 when n items are done. */
 int64_t fw_chunk(struct worker *w, int64_t n, int64_t step);
+/* Dynamic split of n rows into blocks of `block`: the next block [*r0, *r1) of
+ * the current phase for this worker, false when all are taken. Balances
+ * workers that run at different speeds (a shared machine, a late wake-up). */
+bool fw_rows(struct worker *w, int64_t n, int64_t block, int64_t *r0, int64_t *r1);
 /* Static split [*r0, *r1) of n items for this worker, aligned to `align`. */
 void fw_split(const struct worker *w, int64_t n, int64_t align, int64_t *r0, int64_t *r1);
 

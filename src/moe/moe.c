@@ -205,14 +205,19 @@ void fw_moe(struct worker *w, int il) {
 
     /* 1: router + shared gate/up */
     fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
-    fw_split(w, E + Fs, 8, &r0, &r1);
-    if (r0 < E) fw_matmul(c, &l->gate_inp, 0, r0, r1 < E ? r1 : E, &c->a_in, 0, n, c->router, E);
-    if (r1 > E) {
-        fw_mark(w, MOETAX_PHASE_SHARED);
-        int64_t a = (r0 > E ? r0 : E) - E, b = r1 - E;
-        fw_matmul(c, &l->gate_sh, 0, a, b, &c->a_in, 0, n, c->hid, Fs);
-        fw_matmul(c, &l->up_sh, 0, a, b, &c->a_in, 0, n, c->tmp, Fs);
-        for (int64_t t = 0; t < n; t++) K->silu_mul(c->hid + t * Fs + a, c->hid + t * Fs + a, c->tmp + t * Fs + a, b - a);
+    while (fw_rows(w, E + Fs, 64, &r0, &r1)) {
+        if (r0 < E) {
+            fw_mark(w, MOETAX_PHASE_ROUTE);
+            fw_matmul(c, &l->gate_inp, 0, r0, r1 < E ? r1 : E, &c->a_in, 0, n, c->router, E);
+        }
+        if (r1 > E) {
+            fw_mark(w, MOETAX_PHASE_SHARED);
+            int64_t a = (r0 > E ? r0 : E) - E, b = r1 - E;
+            fw_matmul(c, &l->gate_sh, 0, a, b, &c->a_in, 0, n, c->hid, Fs);
+            fw_matmul(c, &l->up_sh, 0, a, b, &c->a_in, 0, n, c->tmp, Fs);
+            for (int64_t t = 0; t < n; t++)
+                K->silu_mul(c->hid + t * Fs + a, c->hid + t * Fs + a, c->tmp + t * Fs + a, b - a);
+        }
     }
     fw_phase_end(w);
 
