@@ -89,11 +89,11 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     float *logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
     double *times = malloc(sizeof(double) * (size_t)(max_tok * o->reps + 1));
     double *times_off = malloc(sizeof(double) * (size_t)(max_tok * o->reps + 1));
-    double *rep_on = malloc(sizeof(double) * (size_t)(o->reps + 1)), *rep_off = malloc(sizeof(double) * (size_t)(o->reps + 1));
+    double *rep_on = malloc(sizeof(double) * (size_t)(o->reps + 1));
     struct moetax_ctx *c = NULL;
     struct moetax_ledger *led = NULL;
     struct moetax_store *store = NULL;
-    if (!toks || !logits || !times || !times_off || !rep_on || !rep_off) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+    if (!toks || !logits || !times || !times_off || !rep_on) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
     for (int64_t i = 0; i < max_tok; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)max_tok + 1, .pool = pool};
     uint64_t budget = 0;
@@ -116,7 +116,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
         int nlist = kind == 0 ? o->npp : o->ntg;
         for (int li = 0; li < nlist && !st; li++) {
             int64_t n = kind == 0 ? o->pp[li] : o->tg[li];
-            int nt = 0, non = 0, noff = 0;
+            int nt = 0, non = 0;
             double ph0[MOETAX_PHASE_COUNT], ph1[MOETAX_PHASE_COUNT];
             int64_t tok0, tok1;
             struct moetax_store_stats ss0 = {0}, ss1 = {0};
@@ -162,15 +162,12 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             struct result *rr = &res[kind][li];
             if (store) {
                 moetax_store_get_stats(store, &ss1);
-                uint64_t acq = ss1.acquires - ss0.acquires, hits = ss1.hits - ss0.hits;
                 uint64_t pi = ss1.predicted_issued - ss0.predicted_issued, pu = ss1.predicted_used - ss0.predicted_used;
                 uint64_t loads = ss1.loads - ss0.loads;
                 rr->has_store = true;
                 /* hit rate and Belady's optimum over every acquire since the store opened (both from a
                  * cold cache, so they compare like with like) */
                 rr->hit_rate = ss1.acquires ? (double)ss1.hits / (double)ss1.acquires : 0;
-                (void)acq;
-                (void)hits;
                 rr->precision = pi ? (double)pu / (double)pi : 0;
                 /* recall: of the experts that had to be read, the share a prediction had fetched */
                 uint64_t demand = loads > pi ? loads - pi : 0;
@@ -192,12 +189,9 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 free(te);
             }
             rr->rss_mib = (double)cli_rss_bytes() / (1 << 20);
-            (void)tok1;
             rr->tps = pct(rep_on, non, 0.5);
             double med_on = nt ? pct(times, nt, 0.5) : 0, med_off = ntoff ? pct(times_off, ntoff, 0.5) : 0;
             rr->overhead = med_off > 0 ? med_on / med_off - 1 : 0;
-            (void)noff;
-            (void)rep_off;
             rr->p50 = kind ? 1e3 * med_on : 0;
             rr->p99 = kind ? 1e3 * pct(times, nt, 0.99) : 0;
             rr->tax_share = moetax_ledger_tax_share(dph);
@@ -250,7 +244,7 @@ done:
     moetax_ctx_free(c);
     moetax_store_free(store);
     moetax_ledger_free(led);
-    free(toks); free(logits); free(times); free(times_off); free(rep_on); free(rep_off);
+    free(toks); free(logits); free(times); free(times_off); free(rep_on);
     moetax_model_free(m);
     return st;
 }
