@@ -170,12 +170,7 @@ int bench_kernels_main(int argc, char **argv) {
             return 0;
         } else if (cli_opt(argc, argv, &i, "-t", "--threads", &v, &err)) {
             if (err) return 2;
-            n_t = cli_parse_int_list(v, threads, BK_MAX_T);
-            if (n_t <= 0) return cli_usage_error(cmd, "bad thread list '%s'", v);
-            for (int k = 0; k < n_t; k++)
-                if (threads[k] < 1 || threads[k] > MOETAX_POOL_MAX_THREADS)
-                    return cli_usage_error(cmd, "thread count %lld out of range 1..%d", (long long)threads[k],
-                                           MOETAX_POOL_MAX_THREADS);
+            if ((n_t = cli_parse_threads(cmd, v, threads, BK_MAX_T)) < 0) return 2;
         } else if (cli_opt(argc, argv, &i, NULL, "--types", &v, &err)) {
             if (err) return 2;
             char tmp[256];

@@ -265,7 +265,7 @@ int bench_model_main(int argc, char **argv) {
         } else if (cli_opt(argc, argv, &i, "-n", "--n-gen", &v, &err)) {
             if (err || (o.ntg = cli_parse_int_list(v, o.tg, 16)) < 0) return cli_usage_error("bench", "-n: expected a list like 32,128");
         } else if (cli_opt(argc, argv, &i, "-t", "--threads", &v, &err)) {
-            if (err || (nth = cli_parse_int_list(v, th, 16)) <= 0) return cli_usage_error("bench", "-t: expected a list like 1,2");
+            if (err || (nth = cli_parse_threads("bench", v, th, 16)) < 0) return 2;
         } else if (cli_opt(argc, argv, &i, "-r", "--repetitions", &v, &err)) {
             if (err || !cli_parse_i64(v, &o.reps) || o.reps < 1 || o.reps > 1000) return cli_usage_error("bench", "-r: 1..1000");
         } else if (!strcmp(argv[i], "--json")) o.json = true;
@@ -282,7 +282,6 @@ int bench_model_main(int argc, char **argv) {
     k = 0;
     for (int i = 0; i < o.ntg; i++) { if (o.tg[i] < 0) return cli_usage_error("bench", "-n values must be >= 0"); if (o.tg[i]) o.tg[k++] = o.tg[i]; }
     o.ntg = k;
-    for (int i = 0; i < nth; i++) if (th[i] < 1 || th[i] > 512) return cli_usage_error("bench", "-t values must be in 1..512");
     if (nth == 0) { th[0] = 0; nth = 1; }
     if (!o.json)
         printf("| model | threads | test | t/s | TPOT p50 ms | TPOT p99 ms | GB/s | read GB/s | roofline | us/layer | tax | ledger cost |\n"

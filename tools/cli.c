@@ -1,4 +1,5 @@
 #include "cli.h"
+#include "moetax/pool.h"
 
 #include <errno.h>
 #include <math.h>
@@ -103,6 +104,20 @@ int cli_parse_int_list(const char *s, int64_t *out, int max) {
         p += len;
         if (*p == ',') p++;
     }
+    return n;
+}
+
+int cli_parse_threads(const char *cmd, const char *s, int64_t *out, int max) {
+    int n = cli_parse_int_list(s, out, max);
+    if (n <= 0) {
+        cli_usage_error(cmd, "bad thread list '%s' (expected e.g. 1,2)", s);
+        return -1;
+    }
+    for (int k = 0; k < n; k++)
+        if (out[k] < 1 || out[k] > MOETAX_POOL_MAX_THREADS) {
+            cli_usage_error(cmd, "thread count %lld out of range 1..%d", (long long)out[k], MOETAX_POOL_MAX_THREADS);
+            return -1;
+        }
     return n;
 }
 

@@ -24,6 +24,9 @@ bool cli_parse_f64(const char *s, double *out);
 bool cli_parse_size(const char *s, uint64_t *out);
 /* "1,2,4" -> up to max ints; returns count or -1 */
 int cli_parse_int_list(const char *s, int64_t *out, int max);
+/* A -t list of thread counts, each in 1..MOETAX_POOL_MAX_THREADS; returns the
+ * count, or prints a usage error for `cmd` and returns -1. */
+int cli_parse_threads(const char *cmd, const char *s, int64_t *out, int max);
 
 /* Progress bar on stderr when it is a terminal (or forced with MOETAX_PROGRESS=1). */
 typedef struct cli_progress {

@@ -7,7 +7,9 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "gguf/gguf_impl.h" /* moetax_gguf_hash: FNV-1a 64 */
 #include "moetax/gguf.h"
+#include "moetax/model.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax inspect FILE [--json] [--checksums] [--no-tensors] [--all-metadata]\n\n"
@@ -91,12 +93,6 @@ static void print_array(FILE *f, const struct moetax_gguf_kv *kv, bool json, boo
     fputc(']', f);
 }
 
-static uint64_t fnv1a64(const uint8_t *p, uint64_t n) {
-    uint64_t h = 14695981039346656037ull;
-    for (uint64_t i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ull; }
-    return h;
-}
-
 /* sum and sum of squares of the dequantized values; false if the type is not computable */
 static bool value_sums(const struct moetax_gguf_tensor *t, double *sum, double *sumsq) {
     if (!moetax_type_supported(t->type)) return false;
@@ -113,14 +109,6 @@ static bool value_sums(const struct moetax_gguf_tensor *t, double *sum, double *
     *sum = s;
     *sumsq = q;
     return true;
-}
-
-static bool is_routed_expert(const struct moetax_gguf_tensor *t) {
-    char name[256];
-    size_t n = t->name.len < sizeof name - 1 ? t->name.len : sizeof name - 1;
-    memcpy(name, t->name.data, n);
-    name[n] = 0;
-    return strstr(name, "_exps.") != NULL;
 }
 
 static bool is_embd(const struct moetax_gguf_tensor *t) {
@@ -165,7 +153,7 @@ int cmd_inspect(int argc, char **argv) {
         n_bytes += t->nbytes;
         by_type_bytes[t->type] += t->nbytes;
         by_type_n[t->type]++;
-        if (is_routed_expert(t)) {
+        if (moetax_tensor_is_routed_expert(t)) {
             expert_bytes += t->nbytes;
             active += (double)t->nbytes * frac;
             n_params_active += (uint64_t)((double)nel * frac);
@@ -202,7 +190,7 @@ int cmd_inspect(int argc, char **argv) {
             fprintf(f, "], \"offset\": %llu, \"nbytes\": %llu", (unsigned long long)t->offset, (unsigned long long)t->nbytes);
             if (sums) {
                 double s, q;
-                fprintf(f, ", \"fnv1a64\": \"%016llx\"", (unsigned long long)fnv1a64(t->data, t->nbytes));
+                fprintf(f, ", \"fnv1a64\": \"%016llx\"", (unsigned long long)moetax_gguf_hash(t->data, t->nbytes));
                 if (value_sums(t, &s, &q)) fprintf(f, ", \"sum\": %.17g, \"sumsq\": %.17g", s, q);
             }
             fputc('}', f);
@@ -241,7 +229,7 @@ int cmd_inspect(int argc, char **argv) {
                     moetax_type_name(t->type), shape, (unsigned long long)t->nbytes);
             if (sums) {
                 double s, q;
-                fprintf(f, "  %016llx", (unsigned long long)fnv1a64(t->data, t->nbytes));
+                fprintf(f, "  %016llx", (unsigned long long)moetax_gguf_hash(t->data, t->nbytes));
                 if (value_sums(t, &s, &q)) fprintf(f, "  %.6g", s);
             }
             fputc('\n', f);

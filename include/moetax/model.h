@@ -129,6 +129,9 @@ struct moetax_model {
 
 moetax_status moetax_model_load(const char *path, struct moetax_model **out);
 void moetax_model_free(struct moetax_model *m);
+/* True for a routed-expert tensor (name contains "_exps.": ffn_{gate,up,down,gate_up}_exps). */
+bool moetax_tensor_is_routed_expert(const struct moetax_gguf_tensor *t);
+
 /* Fault tensors into memory now (best effort, when they fit in half the free
  * RAM): the resident part (routed_experts = false; done by moetax_model_load)
  * or the routed experts (done by a context without an expert store). */

@@ -9,15 +9,8 @@
 #include <string.h>
 
 #include "moetax/types.h"
+#include "simd_avx2.h"
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
-
-ALWAYS_INLINE float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 ALWAYS_INLINE float hmax_ps(__m256 v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -18,7 +18,7 @@
 #define MADV_POPULATE_READ 22
 #endif
 
-static bool is_routed_expert_tensor(const struct moetax_gguf_tensor *t) {
+bool moetax_tensor_is_routed_expert(const struct moetax_gguf_tensor *t) {
     for (uint64_t i = 0; i + 6 <= t->name.len; i++)
         if (!memcmp(t->name.data + i, "_exps.", 6)) return true;
     return false;
@@ -36,11 +36,11 @@ void moetax_model_prefault(const struct moetax_model *m, bool routed_experts) {
     if (pages <= 0 || psz <= 0) return;
     uint64_t total = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++)
-        if (is_routed_expert_tensor(&g->tensors[i]) == routed_experts) total += g->tensors[i].nbytes;
+        if (moetax_tensor_is_routed_expert(&g->tensors[i]) == routed_experts) total += g->tensors[i].nbytes;
     if ((double)total > 0.5 * (double)pages * (double)psz) return;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const struct moetax_gguf_tensor *t = &g->tensors[i];
-        if (is_routed_expert_tensor(t) != routed_experts || !t->nbytes) continue;
+        if (moetax_tensor_is_routed_expert(t) != routed_experts || !t->nbytes) continue;
         uintptr_t a = (uintptr_t)t->data & ~(uintptr_t)(psz - 1);
         (void)madvise((void *)a, (uintptr_t)t->data + t->nbytes - a, MADV_POPULATE_READ);
     }
