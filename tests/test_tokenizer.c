@@ -262,7 +262,7 @@ static const struct enc_case k_cases[] = {
     {"!! ", {"!!", " ", NULL}},
     {"?!", {"?!", NULL}},
     {"hello!!!world", {"hello", "!!!", "world", NULL}},
-    /* every byte >= 0x80 counts as a letter (documented approximation) */
+    /* non-ASCII letters join a letter run; a non-ASCII letter then a digit split */
     {"caf\xc3\xa9", {"caf\xc3\xa9", NULL}},
     {"\xc3\xa9" "1", {"\xc3\xa9", "1", NULL}},
     /* a merge that would build a control token is ignored */

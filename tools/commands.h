@@ -9,6 +9,8 @@
     X(inspect, "show a GGUF file: metadata, tensors, totals, active bytes per token") \
     X(run, "generate text from a prompt, streaming, with prefill/decode speed") \
     X(eval, "evaluate token ids and write the logits (for comparing against a reference)") \
+    X(perplexity, "perplexity over a text file or a folder of files (sliding window, like llama-perplexity)") \
+    X(tokenize, "encode text with a GGUF file's tokenizer and print the token ids or pieces") \
     X(quantize, "convert a GGUF model's weights to another type (f16, bf16, q8_0, q4_0)") \
     X(report, "the bill of a run: tax share, phases, layers, workers, routing, from a ledger or trace (--html)") \
     X(bench, "benchmarks: mem (read bandwidth), kernels, io (O_DIRECT reads), and model prefill/decode")

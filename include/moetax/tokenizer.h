@@ -16,14 +16,23 @@
  *   encode = pre-tokenize, then BPE within each pre-token:
  *     1. Pre-tokenization follows GPT-2's regex
  *          's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
- *        hand-written in C. It is exact for ASCII text. APPROXIMATION: every
- *        byte >= 0x80 counts as a letter (\p{L}), whatever code point it belongs
- *        to, and bytes that are not valid UTF-8 too. So non-ASCII digits,
- *        punctuation, emoji and whitespace (U+00A0, U+3000) join letter runs,
- *        where a Unicode-aware regex would split them. Only the GPT-2 rules are
- *        implemented: tokenizer.ggml.pre is read for the add_bos default only,
- *        and other pre-tokenizers (llama3, qwen2, deepseek-llm, deepseek-v3, ...)
- *        are approximated by the GPT-2 rules.
+ *        hand-written in C over code points. For valid UTF-8 it splits exactly
+ *        as Python's `regex` module does (findall; the first alternative that
+ *        matches wins, runs are greedy, ` ?` is one U+0020 SPACE, `\s+(?!\S)`
+ *        gives back the last white-space code point when a non-space follows,
+ *        the contractions are ASCII lower case only). \p{L}, \p{N} and \s are
+ *        the regex module's own tables (src/runtime/unicode_classes.h, generated
+ *        from the module by tools/train/gen_unicode_tables.py; the Unicode
+ *        version is named there); everything else, combining marks \p{M}
+ *        included, is "other". Checked against tools/train/bpe.py by
+ *        tests/test_tokenizer_gpt2.py. Bytes that are not valid UTF-8 (no
+ *        Python text holds them): a byte that does not start a valid sequence
+ *        (shortest form, not a surrogate, at most U+10FFFF) is one code point of
+ *        class "other" on its own, which is also how the regex splits Python's
+ *        errors="surrogateescape" decoding of such bytes.
+ *        Only the GPT-2 rules are implemented: tokenizer.ggml.pre is read for
+ *        the add_bos default only, and other pre-tokenizers (llama3, qwen2,
+ *        deepseek-llm, deepseek-v3, ...) are approximated by the GPT-2 rules.
  *     2. Each pre-token starts as one byte token per byte and the adjacent pair
  *        with the lowest merge rank is merged until no pair has a merge (ties:
  *        the leftmost pair). A hash map from (left id, right id) to (rank,

@@ -8,6 +8,8 @@
  */
 #include "moetax/tokenizer.h"
 
+#include "unicode_classes.h" /* generated: \p{L}, \p{N}, \s as the Python regex module has them */
+
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,8 +22,8 @@
 #define KEY_MERGES "tokenizer.ggml.merges"
 #define KEY_ADD_BOS "tokenizer.ggml.add_bos_token"
 
-/* pre-tokenizer byte classes */
-enum { CLS_L = 0, CLS_N = 1, CLS_S = 2, CLS_O = 3 };
+/* pre-tokenizer code point classes: \p{L}, \p{N}, \s, and everything else */
+enum { CLS_L = MOETAX_UNI_L, CLS_N = MOETAX_UNI_N, CLS_S = MOETAX_UNI_S, CLS_O = MOETAX_UNI_O };
 
 /* Short pre-tokens use a plain scan; longer ones a heap. */
 #define BPE_SCAN_MAX 48
@@ -43,7 +45,6 @@ struct moetax_tokenizer {
     size_t *dec_off;  /* [n_vocab + 1] decoded bytes of token i: dec[dec_off[i] .. dec_off[i+1]) */
     char *dec;
     int32_t byte_tok[256];
-    uint8_t cls[256];
     struct merge_slot *merges;
     uint64_t merge_mask; /* capacity - 1 (power of two) */
 };
@@ -391,12 +392,6 @@ moetax_status moetax_tokenizer_load(const struct moetax_gguf *g, struct moetax_t
     struct moetax_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return moetax_error(MOETAX_ERR_NOMEM, "out of memory for the tokenizer");
     t->bos = t->eos = t->eot = t->eom = -1;
-    for (int c = 0; c < 256; c++) {
-        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80) t->cls[c] = CLS_L;
-        else if (c >= '0' && c <= '9') t->cls[c] = CLS_N;
-        else if (c == ' ' || (c >= '\t' && c <= '\r')) t->cls[c] = CLS_S;
-        else t->cls[c] = CLS_O;
-    }
     moetax_status st = load_gpt2(t, g);
     if (st) {
         moetax_tokenizer_free(t);
@@ -571,28 +566,78 @@ static bool bpe_word(const struct moetax_tokenizer *t, struct bpe_scratch *w, co
     return true;
 }
 
-/* End of the pre-token that starts at s[i] (GPT-2's regex, see the header). */
-static size_t pretoken_end(const uint8_t cls[256], const unsigned char *s, size_t len, size_t i) {
-    unsigned char c = s[i];
+/* ---- pre-tokenization ------------------------------------------------------------ */
+
+static bool in_ranges(const struct moetax_uni_range *r, size_t n, uint32_t cp) {
+    if (cp < r[0].first || cp > r[n - 1].last) return false;
+    size_t lo = 0, hi = n; /* the range holding cp, if any, is in [lo, hi) */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (r[mid].first <= cp) lo = mid;
+        else hi = mid;
+    }
+    return cp <= r[lo].last;
+}
+
+static int cp_class(uint32_t cp) {
+    if (cp < 0x80) return moetax_uni_ascii[cp];
+    if (in_ranges(moetax_uni_L, MOETAX_UNI_L_COUNT, cp)) return CLS_L;
+    if (in_ranges(moetax_uni_N, MOETAX_UNI_N_COUNT, cp)) return CLS_N;
+    if (in_ranges(moetax_uni_S, MOETAX_UNI_S_COUNT, cp)) return CLS_S;
+    return CLS_O;
+}
+
+/* Class of the code point at s[i] (i < len) and its length in bytes. A byte
+ * that does not start a valid UTF-8 sequence is one code point of class O. */
+static inline int class_at(const unsigned char *s, size_t len, size_t i, size_t *n) {
+    if (s[i] < 0x80) {
+        *n = 1;
+        return moetax_uni_ascii[s[i]];
+    }
+    int cp, l = utf8_next(s + i, len - i, &cp);
+    if (l == 0) {
+        *n = 1;
+        return CLS_O;
+    }
+    *n = (size_t)l;
+    return cp_class((uint32_t)cp);
+}
+
+/* End of the pre-token that starts at s[i]: GPT-2's regex
+ *   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ * over code points, as the regex module matches it: the first alternative that
+ * matches at i wins, and runs are greedy. */
+static size_t pretoken_end(const unsigned char *s, size_t len, size_t i) {
     /* 's|'t|'re|'ve|'m|'ll|'d (lower case only, as in GPT-2) */
-    if (c == '\'' && i + 1 < len) {
+    if (s[i] == '\'' && i + 1 < len) {
         unsigned char c1 = s[i + 1], c2 = i + 2 < len ? s[i + 2] : 0;
         if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return i + 2;
         if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return i + 3;
     }
-    /* ' ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+': only a plain space may lead */
-    size_t k = (c == ' ' && i + 1 < len && cls[s[i + 1]] != CLS_S) ? i + 1 : i;
-    int ck = cls[s[k]];
-    size_t j = k + 1;
-    if (ck != CLS_S) {
-        while (j < len && cls[s[j]] == ck) j++;
+    size_t n, j;
+    int c = class_at(s, len, i, &n);
+    j = i + n;
+    /* ' ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+': exactly one U+0020 may lead a run */
+    if (s[i] == ' ' && j < len) {
+        int c1 = class_at(s, len, j, &n);
+        if (c1 != CLS_S) {
+            c = c1;
+            j += n;
+        }
+    }
+    if (c != CLS_S) {
+        while (j < len && class_at(s, len, j, &n) == c) j += n;
         return j;
     }
-    /* '\s+(?!\S)' backs off one character when a non-space follows, so the last
-     * space can lead the next word; a single space before a non-space is '\s+' */
-    while (j < len && cls[s[j]] == CLS_S) j++;
-    if (j < len && j - i >= 2) j--;
-    return j;
+    /* '\s+(?!\S)' backs off one code point when a non-space follows, so that
+     * the last space can lead the next word; a single space code point before
+     * a non-space is '\s+' */
+    size_t last = i; /* start of the last code point of the run */
+    while (j < len && class_at(s, len, j, &n) == CLS_S) {
+        last = j;
+        j += n;
+    }
+    return j < len && last > i ? last : j;
 }
 
 moetax_status moetax_tokenizer_encode(const struct moetax_tokenizer *t, const char *text, size_t len,
@@ -609,7 +654,7 @@ moetax_status moetax_tokenizer_encode(const struct moetax_tokenizer *t, const ch
     const unsigned char *s = (const unsigned char *)text;
     bool ok = true;
     for (size_t i = 0, j; i < len && ok; i = j) {
-        j = pretoken_end(t->cls, s, len, i);
+        j = pretoken_end(s, len, i);
         /* symbol indices are int32: a pre-token over 1 GiB is merged in pieces */
         for (size_t k = i; k < j && ok; k += BPE_WORD_MAX)
             ok = bpe_word(t, &w, s + k, j - k < BPE_WORD_MAX ? j - k : BPE_WORD_MAX, &e);
