@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages moetax needs, only those that are missing.
 # A no-op (no apt call at all) when everything is present.
-# Usage: scripts/deps.sh [build|test]   (test adds what the test suite needs)
+# Usage: scripts/deps.sh [build|test|train]
+#   test adds what the test suite needs; train what tools/train/ needs to retrain the default model
 set -euo pipefail
 mode=${1:-build}
 pkgs=(gcc g++ make cmake pkg-config libjansson-dev)
 if [ "$mode" = test ]; then
   # numpy for the independent reference (tests/ref), clang + compiler-rt for libFuzzer,
   # chromium to render the report's HTML page headless
-  pkgs+=(python3 python3-numpy clang libclang-rt-14-dev chromium)
+  # torch + regex: the trained default model's PyTorch reference and its tokenizer's trainer
+  pkgs+=(python3 python3-numpy python3-torch python3-regex clang libclang-rt-14-dev chromium)
+fi
+if [ "$mode" = train ]; then
+  # OpenBLAS: without it Debian's torch multiplies with the reference BLAS
+  pkgs+=(python3 python3-numpy python3-torch python3-regex libopenblas0-pthread)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,299 @@
+/* cmd_perplexity.c - `moetax perplexity`: perplexity of a model over a text
+ * file or a folder of files (in the style of llama-perplexity).
+ *
+ * Each file is one document: [BOS] + its tokens (BOS when the tokenizer adds
+ * one, as at the start of a prompt). Every token after the first is scored,
+ * once, by a sliding window: windows of --ctx tokens start every --stride
+ * tokens; each window is evaluated from an empty KV cache and scores the
+ * tokens that no earlier window scored, so every scored token but those near
+ * a document's start sees at least ctx - stride tokens of context. The result
+ * is exp(mean negative log-likelihood) over all scored tokens of all files,
+ * with the standard error of the mean NLL carried to the perplexity
+ * (ppl * stderr), as llama-perplexity prints it. */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "moetax/model.h"
+#include "moetax/tokenizer.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: moetax perplexity [-m FILE] -f TEXT|DIR [-c N] [--stride N] [-t N] [--max-files N]\n"
+               "                         [--per-file] [--json]\n\n"
+               "Perplexity of the model over a text file, or over every regular file of a folder (sorted by\n"
+               "name; hidden files skipped), each file a document that starts with BOS. Tokens are scored by a\n"
+               "sliding window: windows of -c tokens (default: the model's context length, at most 512) every\n"
+               "--stride tokens (default c/2), each from an empty cache, each token scored once.\n"
+               "  --per-file   print each file's token count and perplexity\n"
+               "  --json       print the result as one JSON object on stdout\n"
+               "A progress bar goes to stderr when it is a terminal (MOETAX_PROGRESS=1 forces it).\n");
+}
+
+struct acc {
+    double sum, sum2; /* of the token NLLs */
+    int64_t n;        /* tokens scored */
+    int64_t evald;    /* tokens evaluated (windows overlap) */
+};
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The files to score: path itself, or the regular files in it. */
+static moetax_status list_inputs(const char *path, char ***out, int *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    struct stat sb;
+    if (stat(path, &sb)) return moetax_error(MOETAX_ERR_IO, "%s: %s", path, strerror(errno));
+    char **v = NULL;
+    int n = 0, cap = 0;
+    if (!S_ISDIR(sb.st_mode)) {
+        v = malloc(sizeof *v);
+        if (!v || !(v[0] = strdup(path))) { free(v); return moetax_error(MOETAX_ERR_NOMEM, "out of memory"); }
+        *out = v;
+        *n_out = 1;
+        return MOETAX_OK;
+    }
+    DIR *d = opendir(path);
+    if (!d) return moetax_error(MOETAX_ERR_IO, "%s: cannot open the folder: %s", path, strerror(errno));
+    struct dirent *e;
+    moetax_status st = MOETAX_OK;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        size_t l = strlen(path) + strlen(e->d_name) + 2;
+        char *p = malloc(l);
+        if (!p) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
+        snprintf(p, l, "%s/%s", path, e->d_name);
+        if (stat(p, &sb) || !S_ISREG(sb.st_mode)) { free(p); continue; }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            char **nv = realloc(v, sizeof *v * (size_t)cap);
+            if (!nv) { free(p); st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
+            v = nv;
+        }
+        v[n++] = p;
+    }
+    closedir(d);
+    if (!st && n == 0) st = moetax_error(MOETAX_ERR_ARG, "%s: the folder holds no regular files", path);
+    if (st) {
+        for (int i = 0; i < n; i++) free(v[i]);
+        free(v);
+        return st;
+    }
+    qsort(v, (size_t)n, sizeof *v, cmp_str);
+    *out = v;
+    *n_out = n;
+    return MOETAX_OK;
+}
+
+static moetax_status read_file(const char *path, char **text, size_t *len) {
+    *text = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return moetax_error(MOETAX_ERR_IO, "%s: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *b = malloc(cap);
+    for (;;) {
+        if (!b) { fclose(f); return moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", path); }
+        n += fread(b + n, 1, cap - n, f);
+        if (n < cap) break;
+        char *nb = realloc(b, cap * 2);
+        if (!nb) { free(b); b = NULL; continue; }
+        b = nb;
+        cap *= 2;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) { free(b); return moetax_error(MOETAX_ERR_IO, "%s: read error", path); }
+    *text = b;
+    *len = n;
+    return MOETAX_OK;
+}
+
+/* -log softmax(row)[target], in double */
+static double token_nll(const float *row, int64_t V, int32_t target) {
+    float mx = row[0];
+    for (int64_t v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+    double s = 0;
+    for (int64_t v = 0; v < V; v++) s += exp((double)row[v] - (double)mx);
+    return log(s) + (double)mx - (double)row[target];
+}
+
+/* Score one document's tokens with the sliding window. */
+static moetax_status score_doc(struct moetax_ctx *c, const int32_t *ids, int64_t n, int64_t ctx, int64_t stride,
+                               int64_t V, float *logits, struct acc *a, cli_progress *pr, uint64_t *done) {
+    int64_t scored_to = 1; /* next token index to score */
+    for (int64_t begin = 0; scored_to < n; begin += stride) {
+        int64_t end = begin + ctx < n ? begin + ctx : n;
+        moetax_ctx_reset(c);
+        moetax_status st = moetax_ctx_eval(c, ids + begin, end - begin, logits, true);
+        if (st) return st;
+        a->evald += end - begin;
+        for (int64_t j = scored_to; j < end; j++) {
+            double l = token_nll(logits + (size_t)(j - 1 - begin) * (size_t)V, V, ids[j]);
+            a->sum += l;
+            a->sum2 += l * l;
+            a->n++;
+        }
+        *done += (uint64_t)(end - scored_to);
+        scored_to = end;
+        cli_progress_update(pr, *done);
+    }
+    return MOETAX_OK;
+}
+
+static void put_json_str(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') printf("\\%c", ch);
+        else if (ch < 0x20) printf("\\u%04x", ch);
+        else putchar(ch);
+    }
+    putchar('"');
+}
+
+int cmd_perplexity(int argc, char **argv) {
+    const char *model = NULL, *input = NULL;
+    int64_t n_threads = 0, ctx = 0, stride = 0, max_files = 0;
+    bool per_file = false, json = false;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        bool err = false;
+        if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+        else if (cli_opt(argc, argv, &i, "-m", "--model", &model, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, "-f", "--file", &input, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, "-c", "--ctx", &v, &err)) {
+            if (err || !cli_parse_i64(v, &ctx) || ctx < 2 || ctx > 1 << 20) return cli_usage_error("perplexity", "-c needs a window of 2..1048576 tokens");
+        } else if (cli_opt(argc, argv, &i, NULL, "--stride", &v, &err)) {
+            if (err || !cli_parse_i64(v, &stride) || stride < 1) return cli_usage_error("perplexity", "--stride needs a count >= 1");
+        } else if (cli_opt(argc, argv, &i, NULL, "--max-files", &v, &err)) {
+            if (err || !cli_parse_i64(v, &max_files) || max_files < 1) return cli_usage_error("perplexity", "--max-files needs a count >= 1");
+        } else if (cli_opt(argc, argv, &i, "-t", "--threads", &v, &err)) {
+            if (err || !cli_parse_i64(v, &n_threads) || n_threads < 1 || n_threads > 512)
+                return cli_usage_error("perplexity", "-t needs a thread count in 1..512");
+        } else if (!strcmp(argv[i], "--per-file")) per_file = true;
+        else if (!strcmp(argv[i], "--json")) json = true;
+        else return cli_usage_error("perplexity", "unknown option '%s'", argv[i]);
+    }
+    if (!input) return cli_usage_error("perplexity", "no text given (-f FILE or -f DIR)");
+    if (!model) model = cli_default_model_path();
+
+    char **files = NULL;
+    int n_files = 0;
+    moetax_status st = list_inputs(input, &files, &n_files);
+    if (st) return cli_fail("perplexity", st);
+    if (max_files && n_files > max_files) {
+        for (int i = (int)max_files; i < n_files; i++) free(files[i]);
+        n_files = (int)max_files;
+    }
+    struct moetax_model *m = NULL;
+    struct moetax_tokenizer *tok = NULL;
+    struct moetax_ctx *c = NULL;
+    int32_t **docs = calloc((size_t)n_files, sizeof *docs);
+    int64_t *doc_n = calloc((size_t)n_files, sizeof *doc_n);
+    float *logits = NULL;
+    struct acc total = {0};
+    int n_empty = 0;
+    double t0 = cli_now();
+    if (!docs || !doc_n) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+    if ((st = moetax_model_load(model, &m))) goto done;
+    if ((st = moetax_tokenizer_load(m->gguf, &tok))) goto done;
+    if (moetax_tokenizer_n_vocab(tok) != m->hp.n_vocab) {
+        st = moetax_error(MOETAX_ERR_FORMAT, "%s: the vocabulary has %d tokens but token_embd has %d rows", model,
+                          moetax_tokenizer_n_vocab(tok), m->hp.n_vocab);
+        goto done;
+    }
+    if (!ctx) ctx = m->hp.n_ctx_train > 0 && m->hp.n_ctx_train < 512 ? m->hp.n_ctx_train : 512;
+    if (ctx > m->hp.n_ctx_train && m->hp.n_ctx_train > 0)
+        fprintf(stderr, "moetax perplexity: warning: -c %lld is longer than the %d tokens the model was trained on\n",
+                (long long)ctx, (int)m->hp.n_ctx_train);
+    if (!stride) stride = ctx / 2 > 0 ? ctx / 2 : 1;
+    if (stride > ctx - 1) {
+        st = moetax_error(MOETAX_ERR_ARG, "--stride %lld must be below -c %lld (a window scores at most c - 1 new tokens)",
+                          (long long)stride, (long long)ctx);
+        goto done;
+    }
+    /* tokenize everything first: the progress bar counts tokens */
+    uint64_t to_score = 0;
+    bool bos = moetax_tokenizer_add_bos(tok) && moetax_tokenizer_bos(tok) >= 0;
+    for (int f = 0; f < n_files; f++) {
+        char *text;
+        size_t len;
+        if ((st = read_file(files[f], &text, &len))) goto done;
+        int64_t cap = (int64_t)len + 2, n = 0;
+        docs[f] = malloc(sizeof(int32_t) * (size_t)cap);
+        if (!docs[f]) { free(text); st = moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", files[f]); goto done; }
+        st = moetax_tokenizer_encode(tok, text, len, bos, docs[f], cap, &n);
+        free(text);
+        if (st) goto done;
+        doc_n[f] = n;
+        if (n < 2) n_empty++;
+        else to_score += (uint64_t)(n - 1);
+    }
+    if (to_score == 0) { st = moetax_error(MOETAX_ERR_ARG, "%s: no file has two or more tokens to score", input); goto done; }
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads};
+    if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
+    logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab * (size_t)ctx);
+    if (!logits) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory for %lld x %d logits", (long long)ctx, (int)m->hp.n_vocab); goto done; }
+    if (!json)
+        printf("perplexity: %s over %d file%s (%llu tokens to score), window %lld, stride %lld, %d threads\n", model,
+               n_files, n_files == 1 ? "" : "s", (unsigned long long)to_score, (long long)ctx, (long long)stride,
+               moetax_ctx_n_threads(c));
+    cli_progress pr;
+    cli_progress_init(&pr, "perplexity", to_score);
+    uint64_t done = 0;
+    for (int f = 0; f < n_files; f++) {
+        if (doc_n[f] < 2) continue;
+        struct acc a = {0};
+        if ((st = score_doc(c, docs[f], doc_n[f], ctx, stride, m->hp.n_vocab, logits, &a, &pr, &done))) goto done;
+        total.sum += a.sum;
+        total.sum2 += a.sum2;
+        total.n += a.n;
+        total.evald += a.evald;
+        if (per_file && !json) {
+            if (pr.enabled) fprintf(stderr, "\r\033[K");
+            printf("  %-60s %7lld tokens  ppl %9.4f\n", files[f], (long long)a.n, exp(a.sum / (double)a.n));
+        }
+    }
+    cli_progress_done(&pr);
+    {
+        double secs = cli_now() - t0;
+        double mean = total.sum / (double)total.n;
+        double var = total.sum2 / (double)total.n - mean * mean;
+        double se = total.n > 1 && var > 0 ? sqrt(var / (double)(total.n - 1)) : 0;
+        double ppl = exp(mean);
+        if (json) {
+            printf("{\"model\":");
+            put_json_str(model);
+            printf(",\"input\":");
+            put_json_str(input);
+            printf(",\"files\":%d,\"files_skipped\":%d,\"tokens\":%lld,\"ctx\":%lld,\"stride\":%lld,\"threads\":%d,"
+                   "\"nll\":%.6f,\"nll_stderr\":%.6f,\"ppl\":%.6f,\"ppl_stderr\":%.6f,\"seconds\":%.3f}\n",
+                   n_files - n_empty, n_empty, (long long)total.n, (long long)ctx, (long long)stride,
+                   moetax_ctx_n_threads(c), mean, se, ppl, ppl * se, secs);
+        } else {
+            if (n_empty) printf("skipped %d file%s with fewer than two tokens\n", n_empty, n_empty == 1 ? "" : "s");
+            printf("scored %lld tokens in %.1f s (%.0f tokens evaluated/s)\n", (long long)total.n, secs,
+                   (double)total.evald / (secs > 0 ? secs : 1));
+            printf("Final estimate: PPL = %.4f +/- %.4f\n", ppl, ppl * se);
+        }
+    }
+done:
+    if (docs)
+        for (int f = 0; f < n_files; f++) free(docs[f]);
+    free(docs);
+    free(doc_n);
+    for (int f = 0; f < n_files; f++) free(files[f]);
+    free(files);
+    free(logits);
+    moetax_ctx_free(c);
+    moetax_tokenizer_free(tok);
+    moetax_model_free(m);
+    if (st) return cli_fail("perplexity", st);
+    return 0;
+}
