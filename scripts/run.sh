@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# The main job: install what is missing, build, generate the default model if it
-# is missing, and run it. Arguments are passed to `moetax run` (e.g. -p "text" -n 32).
+# The main job: install what is missing, build, and run the default model (a small
+# DeepSeek-style MoE trained on Python source, committed under models/; see
+# models/README.md). Arguments are passed to `moetax run` (e.g. -p "text" -n 32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh build
 scripts/build.sh
-model=${MOETAX_MODEL:-models/default.gguf}
+model=${MOETAX_MODEL:-models/pycode-20m-q8_0.gguf}
 if [ ! -f "$model" ]; then
-  echo "moetax: generating the default model ($model: the 'small' preset, q8_0)" >&2
-  ./build/moetax gen --preset small --type q8_0 -o "$model"
+  echo "moetax: the model $model is missing (the default one is committed: git checkout -- models/)" >&2
+  exit 1
 fi
-if ./build/moetax run --help >/dev/null 2>&1; then
-  exec ./build/moetax run -m "$model" "$@"
+if [ $# -eq 0 ]; then
+  set -- -p $'import os\n\n\ndef main(' -n 64 --temp 0
 fi
-# the forward pass is not built yet: show the model
-exec ./build/moetax inspect "$model" --no-tensors
+exec ./build/moetax run -m "$model" "$@"

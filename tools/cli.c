@@ -1,4 +1,5 @@
 #include "cli.h"
+#include "moetax/model.h"
 #include "moetax/pool.h"
 
 #include <errno.h>
@@ -160,5 +161,40 @@ void cli_progress_done(cli_progress *p) {
 
 const char *cli_default_model_path(void) {
     const char *e = getenv("MOETAX_MODEL");
-    return e && *e ? e : "models/default.gguf";
+    if (e && *e) return e;
+    static const char rel[] = "models/" CLI_DEFAULT_MODEL;
+    if (access(rel, R_OK) == 0) return rel;
+    /* not run from the checkout: the repository the executable was built in
+     * (build/moetax -> ../models/) */
+    static char beside[4096];
+    ssize_t n = readlink("/proc/self/exe", beside, sizeof beside - 1);
+    if (n > 0) {
+        beside[n] = 0;
+        for (int up = 0; up < 2; up++) {
+            char *slash = strrchr(beside, '/');
+            if (!slash) break;
+            *slash = 0;
+        }
+        size_t l = strlen(beside);
+        if (l + sizeof rel + 1 < sizeof beside) {
+            beside[l] = '/';
+            memcpy(beside + l + 1, rel, sizeof rel);
+            if (access(beside, R_OK) == 0) return beside;
+        }
+    }
+    return rel;
+}
+
+moetax_status cli_set_experts_used(struct moetax_model *m, int64_t k) {
+    const struct moetax_hparams *hp = &m->hp;
+    if (hp->n_expert <= 0) return moetax_error(MOETAX_ERR_ARG, "--experts-used: the model has no routed experts");
+    int64_t max = hp->n_expert;
+    if (hp->n_expert_group > 1) max = (int64_t)hp->n_expert_group_used * (hp->n_expert / hp->n_expert_group);
+    if (max > 256) max = 256;
+    if (k < 1 || k > max)
+        return moetax_error(MOETAX_ERR_ARG, "--experts-used %lld: must be in 1..%lld (%d experts%s; the file says %d)",
+                            (long long)k, (long long)max, hp->n_expert,
+                            hp->n_expert_group > 1 ? " in the groups a token may use" : "", hp->n_expert_used);
+    m->hp.n_expert_used = (int32_t)k;
+    return MOETAX_OK;
 }

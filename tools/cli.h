@@ -41,7 +41,16 @@ void cli_progress_done(cli_progress *p);
 
 double cli_now(void); /* monotonic seconds */
 
-/* Default paths */
-const char *cli_default_model_path(void); /* $MOETAX_MODEL or models/default.gguf */
+/* Run-time top-k: route each token to k experts instead of the file's expert_used_count
+ * (before a context is made; checked against expert_count and the group limit). */
+struct moetax_model;
+moetax_status cli_set_experts_used(struct moetax_model *m, int64_t k);
+
+/* The default model: a small DeepSeek-style MoE trained on Python source (tools/train/,
+ * models/README.md), committed in the repository. */
+#define CLI_DEFAULT_MODEL "pycode-20m-q8_0.gguf"
+/* $MOETAX_MODEL, else models/CLI_DEFAULT_MODEL under the current folder, else under the
+ * checkout the executable sits in (<repo>/build/moetax) */
+const char *cli_default_model_path(void);
 
 #endif

@@ -25,11 +25,12 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax perplexity [-m FILE] -f TEXT|DIR [-c N] [--stride N] [-t N] [--max-files N]\n"
-               "                         [--per-file] [--json]\n\n"
+               "                         [--experts-used K] [--per-file] [--json]\n\n"
                "Perplexity of the model over a text file, or over every regular file of a folder (sorted by\n"
                "name; hidden files skipped), each file a document that starts with BOS. Tokens are scored by a\n"
                "sliding window: windows of -c tokens (default: the model's context length, at most 512) every\n"
                "--stride tokens (default c/2), each from an empty cache, each token scored once.\n"
+               "  --experts-used K  route each token to K experts instead of the file's count (run-time top-k)\n"
                "  --per-file   print each file's token count and perplexity\n"
                "  --json       print the result as one JSON object on stdout\n"
                "A progress bar goes to stderr when it is a terminal (MOETAX_PROGRESS=1 forces it).\n");
@@ -159,7 +160,7 @@ static void put_json_str(const char *s) {
 
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *input = NULL;
-    int64_t n_threads = 0, ctx = 0, stride = 0, max_files = 0;
+    int64_t n_threads = 0, ctx = 0, stride = 0, max_files = 0, k_used = 0;
     bool per_file = false, json = false;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -176,6 +177,8 @@ int cmd_perplexity(int argc, char **argv) {
         } else if (cli_opt(argc, argv, &i, "-t", "--threads", &v, &err)) {
             if (err || !cli_parse_i64(v, &n_threads) || n_threads < 1 || n_threads > 512)
                 return cli_usage_error("perplexity", "-t needs a thread count in 1..512");
+        } else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
+            if (err || !cli_parse_i64(v, &k_used) || k_used < 1) return cli_usage_error("perplexity", "--experts-used needs a count >= 1");
         } else if (!strcmp(argv[i], "--per-file")) per_file = true;
         else if (!strcmp(argv[i], "--json")) json = true;
         else return cli_usage_error("perplexity", "unknown option '%s'", argv[i]);
@@ -208,6 +211,7 @@ int cmd_perplexity(int argc, char **argv) {
                           moetax_tokenizer_n_vocab(tok), m->hp.n_vocab);
         goto done;
     }
+    if (k_used && (st = cli_set_experts_used(m, k_used))) goto done;
     if (!ctx) ctx = m->hp.n_ctx_train > 0 && m->hp.n_ctx_train < 512 ? m->hp.n_ctx_train : 512;
     if (ctx > m->hp.n_ctx_train && m->hp.n_ctx_train > 0)
         fprintf(stderr, "moetax perplexity: warning: -c %lld is longer than the %d tokens the model was trained on\n",
@@ -241,9 +245,9 @@ int cmd_perplexity(int argc, char **argv) {
     logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab * (size_t)ctx);
     if (!logits) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory for %lld x %d logits", (long long)ctx, (int)m->hp.n_vocab); goto done; }
     if (!json)
-        printf("perplexity: %s over %d file%s (%llu tokens to score), window %lld, stride %lld, %d threads\n", model,
-               n_files, n_files == 1 ? "" : "s", (unsigned long long)to_score, (long long)ctx, (long long)stride,
-               moetax_ctx_n_threads(c));
+        printf("perplexity: %s over %d file%s (%llu tokens to score), window %lld, stride %lld, %d threads, %d experts per token\n",
+               model, n_files, n_files == 1 ? "" : "s", (unsigned long long)to_score, (long long)ctx, (long long)stride,
+               moetax_ctx_n_threads(c), m->hp.n_expert_used);
     cli_progress pr;
     cli_progress_init(&pr, "perplexity", to_score);
     uint64_t done = 0;
@@ -273,9 +277,9 @@ int cmd_perplexity(int argc, char **argv) {
             printf(",\"input\":");
             put_json_str(input);
             printf(",\"files\":%d,\"files_skipped\":%d,\"tokens\":%lld,\"ctx\":%lld,\"stride\":%lld,\"threads\":%d,"
-                   "\"nll\":%.6f,\"nll_stderr\":%.6f,\"ppl\":%.6f,\"ppl_stderr\":%.6f,\"seconds\":%.3f}\n",
+                   "\"experts_used\":%d,\"nll\":%.6f,\"nll_stderr\":%.6f,\"ppl\":%.6f,\"ppl_stderr\":%.6f,\"seconds\":%.3f}\n",
                    n_files - n_empty, n_empty, (long long)total.n, (long long)ctx, (long long)stride,
-                   moetax_ctx_n_threads(c), mean, se, ppl, ppl * se, secs);
+                   moetax_ctx_n_threads(c), m->hp.n_expert_used, mean, se, ppl, ppl * se, secs);
         } else {
             if (n_empty) printf("skipped %d file%s with fewer than two tokens\n", n_empty, n_empty == 1 ? "" : "s");
             printf("scored %lld tokens in %.1f s (%.0f tokens evaluated/s)\n", (long long)total.n, secs,

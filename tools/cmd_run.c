@@ -7,7 +7,6 @@
 
 #include "cli.h"
 #include "commands.h"
-#include "moetax/gen.h"
 #include "moetax/model.h"
 #include "moetax/sampler.h"
 #include "moetax/tokenizer.h"
@@ -19,10 +18,10 @@ static void usage(FILE *f) {
             "usage: moetax run [-m FILE] -p TEXT [-n N] [-t THREADS] [options]\n\n"
             "Generates text from a prompt, streaming tokens as they are produced, and ends with prefill\n"
             "and decode speed, time to first token and time per output token (on stderr).\n"
-            "Without -m it uses the default model ($MOETAX_MODEL or models/default.gguf), generating it\n"
-            "(the 'small' preset, q8_0) on first use.\n\n"
+            "Without -m it uses the default model ($MOETAX_MODEL or models/" CLI_DEFAULT_MODEL ", a small\n"
+            "DeepSeek-style MoE trained on Python source: see models/README.md).\n\n"
             "  -m, --model FILE     GGUF model\n"
-            "  -p, --prompt TEXT    prompt (default: \"The\")\n"
+            "  -p, --prompt TEXT    prompt (default: \"def main(\")\n"
             "  -f, --file FILE      read the prompt from a file\n"
             "  -n, --n-predict N    tokens to generate (default 64)\n"
             "  -t, --threads N      threads (default: online CPUs)\n"
@@ -34,34 +33,20 @@ static void usage(FILE *f) {
             "  --repeat-penalty X   (default 1.0 = off)   --repeat-last-n N (default 64)\n"
             "  -s, --seed N         sampling seed (default 42)\n"
             "  --ignore-eos         keep generating past the end-of-sequence token\n"
+            "  --experts-used K     route each token to K experts instead of the file's count (run-time top-k)\n"
             "  --no-display-prompt  do not echo the prompt\n"
             "  --json               print the final statistics as one JSON object on stdout\n"
             "%s%s", cli_ledger_help(), cli_store_help());
 }
 
-static void on_progress(void *user, uint64_t done, uint64_t total) {
-    (void)total;
-    cli_progress_update(user, done);
-}
-
-static moetax_status ensure_default_model(const char *path) {
+/* The default model is part of the repository; say so if it is gone. */
+static moetax_status check_default_model(const char *path) {
     struct stat sb;
     if (stat(path, &sb) == 0) return MOETAX_OK;
-    struct moetax_gen_params p;
-    moetax_gen_preset("small", &p);
-    p.wtype = MOETAX_TYPE_Q8_0;
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash) { *slash = 0; mkdir(dir, 0755); }
-    fprintf(stderr, "moetax run: no model at %s: generating the default model (random weights, 'small' preset, q8_0)\n", path);
-    cli_progress bar;
-    uint64_t n_params, n_bytes;
-    moetax_gen_size(&p, &n_params, &n_bytes);
-    cli_progress_init(&bar, "generating", n_bytes);
-    moetax_status st = moetax_gen_write(&p, path, on_progress, &bar);
-    cli_progress_done(&bar);
-    return st;
+    return moetax_error(MOETAX_ERR_IO,
+                        "the default model %s is missing: it is committed in the repository (git checkout -- "
+                        "models/%s), or pass -m FILE (`moetax gen --preset small -o FILE` writes a random one)",
+                        path, CLI_DEFAULT_MODEL);
 }
 
 static int cmp_f64(const void *a, const void *b) {
@@ -71,7 +56,7 @@ static int cmp_f64(const void *a, const void *b) {
 
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *pfile = NULL;
-    int64_t n_predict = 64, n_threads = 0, n_ctx = 0;
+    int64_t n_predict = 64, n_threads = 0, n_ctx = 0, k_used = 0;
     bool ignore_eos = false, echo = true, json = false;
     struct moetax_sampler_params sp = moetax_sampler_default_params();
     struct cli_ledger_opts lo = {0};
@@ -106,6 +91,9 @@ int cmd_run(int argc, char **argv) {
         else if (cli_ledger_opt(argc, argv, &i, &lo, &err)) { if (err) return 2; }
         else if (cli_store_opt(argc, argv, &i, &so, &err)) { if (err) return 2; }
         else if (!strcmp(argv[i], "--ignore-eos")) ignore_eos = true;
+        else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
+            if (err || !cli_parse_i64(v, &k_used) || k_used < 1) return cli_usage_error("run", "--experts-used needs a count >= 1");
+        }
         else if (!strcmp(argv[i], "--no-display-prompt")) echo = false;
         else if (!strcmp(argv[i], "--json")) json = true;
         else return cli_usage_error("run", "unknown option '%s'", argv[i]);
@@ -125,11 +113,11 @@ int cmd_run(int argc, char **argv) {
         fclose(f);
         prompt = text;
     }
-    if (!prompt) prompt = "The";
+    if (!prompt) prompt = "def main(";
     moetax_status st = MOETAX_OK;
     if (!model) {
         model = cli_default_model_path();
-        if ((st = ensure_default_model(model))) { free(text); return cli_fail("run", st); }
+        if ((st = check_default_model(model))) { free(text); return cli_fail("run", st); }
     }
     struct moetax_model *m = NULL;
     struct moetax_tokenizer *tok = NULL;
@@ -141,6 +129,7 @@ int cmd_run(int argc, char **argv) {
     float *logits = NULL;
     double *tpot = NULL;
     if ((st = moetax_model_load(model, &m))) goto done;
+    if (k_used && (st = cli_set_experts_used(m, k_used))) goto done;
     if ((st = moetax_tokenizer_load(m->gguf, &tok))) goto done;
     if (moetax_tokenizer_n_vocab(tok) != m->hp.n_vocab) {
         st = moetax_error(MOETAX_ERR_FORMAT, "%s: the vocabulary has %d tokens but token_embd has %d rows", model,

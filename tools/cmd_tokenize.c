@@ -13,7 +13,7 @@
 #include "moetax/tokenizer.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: moetax tokenize -m FILE (-p TEXT | -f TEXTFILE) [--ids | --pieces] [--no-bos]\n\n"
+    fprintf(f, "usage: moetax tokenize [-m FILE] (-p TEXT | -f TEXTFILE) [--ids | --pieces] [--no-bos]\n\n"
                "Encodes text with the tokenizer of a GGUF file (tokenizer.ggml.* metadata; no weights are\n"
                "loaded) and prints the tokens.\n\n"
                "  -m, --model FILE   the GGUF file\n"
@@ -102,7 +102,7 @@ int cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-bos")) no_bos = true;
         else return cli_usage_error("tokenize", "unknown option '%s'", argv[i]);
     }
-    if (!model) return cli_usage_error("tokenize", "no model given (-m FILE)");
+    if (!model) model = cli_default_model_path();
     if (!prompt && !pfile) return cli_usage_error("tokenize", "no text given (-p TEXT or -f FILE)");
     if (prompt && pfile) return cli_usage_error("tokenize", "-p and -f both given; use one");
     if (ids_opt && pieces) return cli_usage_error("tokenize", "--ids and --pieces both given; use one");
