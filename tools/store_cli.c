@@ -83,10 +83,12 @@ void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens) {
             (double)st.slot_bytes / (1 << 20),
             st.direct_io_active ? "O_DIRECT" : st.direct_io_fallback ? "buffered (O_DIRECT refused)" : "buffered",
             100 * hit, (unsigned long long)st.misses, (unsigned long long)st.acquires);
-    fprintf(f, "  reads: %.1f MiB in %llu requests (%.2f MiB per token), %.2f GB/s while reading, stalls %.2f ms per token\n",
-            (double)st.bytes_read / (1 << 20), (unsigned long long)st.reads,
-            tokens ? (double)st.bytes_read / (1 << 20) / (double)tokens : 0, st.read_gbps,
-            tokens ? 1e-6 * (double)st.stall_ns / (double)tokens : 0);
+    fprintf(f, "  reads: %.1f MiB in %llu requests, %.2f GB/s while reading", (double)st.bytes_read / (1 << 20),
+            (unsigned long long)st.reads, st.read_gbps);
+    if (tokens > 0) /* per token only when the caller knows how many tokens the store served */
+        fprintf(f, "; %.2f MiB read and %.2f ms stalled per token", (double)st.bytes_read / (1 << 20) / (double)tokens,
+                1e-6 * (double)st.stall_ns / (double)tokens);
+    fprintf(f, "\n");
     fprintf(f, "  prefetch: %llu predicted reads, precision %.1f%%; %llu wasted, %llu dropped, %llu late\n",
             (unsigned long long)st.predicted_issued, 100 * prec, (unsigned long long)st.prefetch_wasted,
             (unsigned long long)st.prefetch_dropped, (unsigned long long)st.prefetch_late);

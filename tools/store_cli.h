@@ -27,7 +27,8 @@ bool cli_store_parse_budget(const char *s, uint64_t expert_bytes, uint64_t *out)
 /* Open the store for a budget; *n_ubatch is fitted to it. */
 moetax_status cli_store_open(const struct moetax_model *m, const struct cli_store_opts *o, uint64_t budget,
                              int *n_ubatch, struct moetax_store **out);
-/* One-paragraph summary (hit rate, prefetch precision/recall, bytes, GB/s, stalls). */
+/* One-paragraph summary (hit rate, prefetch precision, bytes, GB/s; with tokens > 0 also MiB read and
+ * stall ms per token). */
 void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens);
 /* Resident set size of this process now, in bytes (from /proc/self/statm). */
 uint64_t cli_rss_bytes(void);
