@@ -105,10 +105,13 @@ static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, in
               (long long)rows, (long long)ncols, (long long)n_batch, bad);
 
     if (avx) {
+        /* the AVX2 kernels read weights in their own layout (Q4_0: repacked), the reference as stored */
+        void *wa = malloc(rb * (size_t)(rows > 0 ? rows : 1));
+        moetax_kernels_repack(avx, t, wa, w, rows, ncols);
         avx->quantize_act(t, x, ldx, ncols, n_batch, xq_avx);
         CHECK_MSG(asz == 0 || memcmp(xq_ref, xq_avx, asz) == 0, "quantize_act %s ncols=%lld differs",
                   moetax_type_name(t), (long long)ncols);
-        avx->matmul(t, w, rb, 0, rows, ncols, xq_ref, n_batch, y_avx, ldy);
+        avx->matmul(t, wa, rb, 0, rows, ncols, xq_ref, n_batch, y_avx, ldy);
         const double tol = 2e-6;
         bad = 0;
         for (int64_t b = 0; b < n_batch; b++) {
@@ -132,7 +135,7 @@ static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, in
         /* a sub-range of rows touches only those rows, and matches the full call */
         if (rows >= 3) {
             for (int64_t i = 0; i < ldy * n_batch; i++) y_avx[i] = -777.0f;
-            avx->matmul(t, w, rb, 1, rows - 1, ncols, xq_ref, n_batch, y_avx, ldy);
+            avx->matmul(t, wa, rb, 1, rows - 1, ncols, xq_ref, n_batch, y_avx, ldy);
             int diff = 0;
             for (int64_t b = 0; b < n_batch; b++)
                 for (int64_t r = 0; r < ldy; r++) {
@@ -142,6 +145,7 @@ static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, in
                 }
             CHECK_MSG(diff == 0, "avx2 row range %s: %d bad", moetax_type_name(t), diff);
         }
+        free(wa);
     }
     free(w), free(x), free(xq_ref), free(xq_avx), free(y_ref), free(y_avx), free(wf), free(xf);
 }
@@ -165,10 +169,87 @@ static void test_matmul(void) {
         test_matmul_case(t, 37, q ? 4096 : 4099, 1);
         test_matmul_case(t, 6, q ? 2048 : 2047, 65);
     }
+    /* Q4_0 (repacked for AVX2 in groups of 8 blocks, the last nb % 8 plain): every nb % 8, one or
+     * several groups, rows not a multiple of 4, batches 1..64 */
+    {
+        static const int64_t nbs[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 23, 24, 31, 40};
+        static const int64_t q4_rows[] = {1, 2, 3, 4, 5, 7, 9};
+        static const int64_t q4_batches[] = {1, 2, 3, 4, 5, 8, 17, 64};
+        for (size_t ni = 0; ni < sizeof nbs / sizeof nbs[0]; ni++)
+            for (size_t ri = 0; ri < sizeof q4_rows / sizeof q4_rows[0]; ri++)
+                for (size_t bi = 0; bi < sizeof q4_batches / sizeof q4_batches[0]; bi++)
+                    test_matmul_case(MOETAX_TYPE_Q4_0, q4_rows[ri], 32 * nbs[ni], q4_batches[bi]);
+    }
     CHECK(moetax_act_size(MOETAX_TYPE_Q8_0, 33, 1) == 0);
     CHECK(moetax_act_size(MOETAX_TYPE_Q4_0, 48, 1) == 0);
     CHECK(moetax_act_size(MOETAX_TYPE_Q4_K, 256, 1) == 0);
     CHECK(moetax_act_size(MOETAX_TYPE_F16, 7, 3) == 7 * 3 * sizeof(float));
+}
+
+/* The inverse of the AVX2 table's Q4_0 repack, written from the layout in kernels.h
+ * (groups of 8 blocks: F16 d of blocks 0 2 4 6 1 3 5 7, then 8 x 16 nibble bytes;
+ * the last nb % 8 blocks plain). */
+static void unrepack_q4x8(const uint8_t *src, uint8_t *dst, int64_t nb) {
+    static const int slot_of_block[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const uint8_t *g = src + b * 18;
+        for (int i = 0; i < 8; i++) {
+            memcpy(dst + (b + i) * 18, g + 2 * slot_of_block[i], 2);
+            memcpy(dst + (b + i) * 18 + 2, g + 16 + 16 * i, 16);
+        }
+    }
+    memcpy(dst + b * 18, src + b * 18, (size_t)(nb - b) * 18);
+}
+
+static int cmp_u8(const void *a, const void *b) { return (int)*(const uint8_t *)a - (int)*(const uint8_t *)b; }
+
+/* Repacking is a per-row permutation of the bytes that round-trips, in place or
+ * not; tables that do not repack copy; the reference table reads the stored layout. */
+static void test_repack(void) {
+    const struct moetax_kernels *ref = moetax_kernels_ref(), *avx = moetax_kernels_avx2();
+    CHECK(!ref->weights_repacked(MOETAX_TYPE_Q4_0) && !ref->weights_repacked(MOETAX_TYPE_Q8_0));
+    for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
+        const enum moetax_type t = k_types[ti];
+        const int64_t rows = 3, ncols = 64 * 9; /* 18 blocks */
+        size_t rb;
+        uint8_t *w = rand_matrix(t, rows, ncols, &rb), *a = malloc(rb * rows), *b = malloc(rb * rows);
+        moetax_kernels_repack(ref, t, a, w, rows, ncols);
+        CHECK(memcmp(a, w, rb * rows) == 0);
+        if (avx) {
+            CHECK(avx->weights_repacked(t) == (t == MOETAX_TYPE_Q4_0));
+            moetax_kernels_repack(avx, t, a, w, rows, ncols);
+            if (t != MOETAX_TYPE_Q4_0) CHECK(memcmp(a, w, rb * rows) == 0);
+            memcpy(b, w, rb * rows);
+            moetax_kernels_repack(avx, t, b, b, rows, ncols); /* in place gives the same bytes */
+            CHECK(memcmp(a, b, rb * rows) == 0);
+        }
+        free(w), free(a), free(b);
+    }
+    if (!avx) return;
+    for (int64_t nb = 1; nb <= 41; nb++) {
+        const int64_t rows = 2, ncols = 32 * nb;
+        size_t rb;
+        uint8_t *w = rand_matrix(MOETAX_TYPE_Q4_0, rows, ncols, &rb);
+        CHECK(rb == (size_t)nb * 18);
+        uint8_t *a = malloc(rb * rows), *back = malloc(rb), *s1 = malloc(rb), *s2 = malloc(rb);
+        moetax_kernels_repack(avx, MOETAX_TYPE_Q4_0, a, w, rows, ncols);
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *row = w + r * rb, *rep = a + r * rb;
+            unrepack_q4x8(rep, back, nb);
+            CHECK_MSG(memcmp(back, row, rb) == 0, "q4_0 repack nb=%lld row %lld does not round-trip", (long long)nb,
+                      (long long)r);
+            memcpy(s1, row, rb), memcpy(s2, rep, rb);
+            qsort(s1, rb, 1, cmp_u8), qsort(s2, rb, 1, cmp_u8);
+            CHECK_MSG(memcmp(s1, s2, rb) == 0, "q4_0 repack nb=%lld: not a permutation of the row's bytes",
+                      (long long)nb);
+            /* the last nb % 8 blocks are untouched; a full group is not (random scales differ) */
+            const size_t tail = (size_t)(nb % 8) * 18;
+            CHECK(memcmp(rep + rb - tail, row + rb - tail, tail) == 0);
+            if (nb >= 8) CHECK(memcmp(rep, row, 144) != 0);
+        }
+        free(w), free(a), free(back), free(s1), free(s2);
+    }
 }
 
 /* Quantized matmul stays close to the exact F32 product (quantization error). */
@@ -181,6 +262,7 @@ static void test_matmul_vs_f32(void) {
         const size_t rb = moetax_row_size(t, ncols);
         uint8_t *w = malloc(rb * rows);
         for (int64_t r = 0; r < rows; r++) moetax_from_float(t, wf + r * ncols, w + r * rb, ncols);
+        moetax_kernels_repack(k, t, w, w, rows, ncols); /* in place: the layout k reads */
         void *xq = malloc(moetax_act_size(t, ncols, 1));
         float y[16];
         k->quantize_act(t, x, ncols, ncols, 1, xq);
@@ -504,6 +586,7 @@ static void test_dispatch(void) {
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     test_dispatch();
+    test_repack();
     test_matmul();
     test_matmul_vs_f32();
     test_vec_ops();

@@ -179,6 +179,54 @@ static void shape_mismatch(const char *src, const char *dst) {
               "message: %s", e);
 }
 
+/* A tied output matrix (no output.weight: logits from token_embd, which is also read by rows for
+ * the embedding) gives the same bits as the same file with output.weight = token_embd's bytes: with
+ * kernels that read the type repacked, the output gets a repacked copy while the embedding rows are
+ * still read as stored. */
+static void tied_output(const char *src, const char *tied, const char *untied) {
+    struct moetax_gguf *g;
+    if (moetax_gguf_open(src, &g) != MOETAX_OK) { CHECK(0); return; }
+    const struct moetax_gguf_tensor *te = moetax_gguf_find_tensor(g, "token_embd.weight");
+    const struct moetax_gguf_tensor *to = moetax_gguf_find_tensor(g, "output.weight");
+    CHECK(te && to && te->type == to->type && te->nbytes == to->nbytes);
+    for (int variant = 0; te && to && variant < 2; variant++) {
+        struct moetax_gguf_writer *w;
+        CHECK(moetax_gguf_writer_init(variant ? untied : tied, &w) == MOETAX_OK);
+        for (uint64_t i = 0; i < g->n_kv; i++) CHECK(moetax_gguf_writer_copy_kv(w, g, &g->kv[i]) == MOETAX_OK);
+        for (uint64_t i = 0; i < g->n_tensors; i++) {
+            if (&g->tensors[i] == to && !variant) continue;
+            char name[128];
+            snprintf(name, sizeof name, "%.*s", (int)g->tensors[i].name.len, g->tensors[i].name.data);
+            CHECK(moetax_gguf_writer_add_tensor(w, name, g->tensors[i].type, g->tensors[i].n_dims, g->tensors[i].ne) ==
+                  MOETAX_OK);
+        }
+        for (uint64_t i = 0; i < g->n_tensors; i++) {
+            if (&g->tensors[i] == to && !variant) continue;
+            const struct moetax_gguf_tensor *t = &g->tensors[i] == to ? te : &g->tensors[i];
+            CHECK(moetax_gguf_writer_write(w, t->data, t->nbytes) == MOETAX_OK);
+        }
+        CHECK(moetax_gguf_writer_finish(w) == MOETAX_OK);
+        moetax_gguf_writer_free(w);
+    }
+    moetax_gguf_close(g);
+    struct moetax_model *mt = NULL, *mu = NULL;
+    CHECK_MSG(moetax_model_load(tied, &mt) == MOETAX_OK, "%s", moetax_last_error());
+    CHECK_MSG(moetax_model_load(untied, &mu) == MOETAX_OK, "%s", moetax_last_error());
+    if (mt && mu) {
+        CHECK(mt->output.file_data == mt->tok_embd.file_data && mu->output.file_data != mu->tok_embd.file_data);
+        int32_t toks[12];
+        for (int i = 0; i < 12; i++) toks[i] = (int32_t)((i * 53 + 5) % mt->hp.n_vocab);
+        float *a = run(mt, 2, 64, toks, 12, false), *b = run(mu, 2, 64, toks, 12, false);
+        float *c = run(mt, 1, 64, toks, 12, true), *d = run(mu, 1, 64, toks, 12, true);
+        const size_t bytes = sizeof(float) * (size_t)(mt->hp.n_vocab * 12);
+        CHECK_MSG(a && b && !memcmp(a, b, bytes), "tied output: prefill logits differ from the untied copy");
+        CHECK_MSG(c && d && !memcmp(c, d, bytes), "tied output: decode logits differ from the untied copy");
+        free(a); free(b); free(c); free(d);
+    }
+    moetax_model_free(mt);
+    moetax_model_free(mu);
+}
+
 static int gen(const char *args, const char *out) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s gen %s -o %s >/dev/null 2>&1", tu_moetax_bin, args, out);
@@ -201,6 +249,22 @@ int main(int argc, char **argv) {
         const char *p = tu_path("model_tiny_v3_t.gguf");
         CHECK_EQ_INT(gen(args, p), 0);
         consistency(p, 2e-5f);
+    }
+    /* wide enough for Q4_0 rows of whole groups of 8 blocks plus a remainder (the AVX2 kernels read
+     * Q4_0 repacked in groups of 8): d 288 (9 blocks), expert F 320 (10), dense ff 544 (17), kv_lora 256 (8) */
+    const char *wide = "--preset tiny-v3 --embd 288 --expert-ff 320 --ff 544 --kv-lora 256 --seed 11";
+    for (int i = 2; i < 4; i++) {
+        char args[256];
+        snprintf(args, sizeof args, "%s --type %s", wide, types[i]);
+        const char *pw = tu_path("model_wide_t.gguf");
+        CHECK_EQ_INT(gen(args, pw), 0);
+        consistency(pw, 2e-5f);
+        if (i == 3) {
+            char wsrc[512], wt[512];
+            snprintf(wsrc, sizeof wsrc, "%s", pw);
+            snprintf(wt, sizeof wt, "%s", tu_path("model_wide_tied.gguf"));
+            tied_output(wsrc, wt, tu_path("model_wide_untied.gguf"));
+        }
     }
     const char *p = tu_path("model_variants.gguf");
     CHECK_EQ_INT(gen("--preset tiny-v3 --fused-gate-up --kv-b-merged --type q8_0", p), 0);

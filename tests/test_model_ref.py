@@ -138,6 +138,13 @@ def main():
     for name, args in variants:
         for wtype in ("f32", "f16", "bf16", "q8_0", "q4_0"):
             compare(moetax, work, name, args, wtype, prompt)
+    # rows of whole groups of 8 Q4_0 blocks plus a remainder (the AVX2 kernels read Q4_0 repacked in
+    # groups of 8, the rest of a row as stored): d 288 (9 blocks), expert F 320 (10), dense ff 544 (17),
+    # kv_lora 256 (8); plain and fused gate_up / merged kv_b
+    groups = ["--preset", "tiny-v3", "--embd", "288", "--expert-ff", "320", "--ff", "544", "--kv-lora", "256"]
+    for name, args in [("v3-groups", groups + ["--seed", "11"]),
+                       ("v3-groups-layout", groups + ["--fused-gate-up", "--kv-b-merged", "--seed", "12"])]:
+        compare(moetax, work, name, args, "q4_0", prompt)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

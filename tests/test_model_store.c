@@ -62,11 +62,16 @@ int main(int argc, char **argv) {
     tu_init(argc, argv);
     char path[512];
     snprintf(path, sizeof path, "%s", tu_path("store_model.gguf"));
-    const char *types[] = {"q8_0", "f32"};
-    for (int ti = 0; ti < 2; ti++) {
+    /* q4_0: the kernels may read it repacked (kernels.h: groups of 8 blocks, so rows of 9 and 10
+     * blocks here): the store repacks each expert it reads, the mapped run reads a private repacked
+     * copy, and both must give the same bits (plain and fused gate_up) */
+    const char *types[] = {"q8_0", "f32", "q4_0", "q4_0"};
+    const char *extra[] = {"--expert-ff 64", "--expert-ff 64", "--embd 288 --expert-ff 320",
+                           "--embd 288 --expert-ff 320 --fused-gate-up"};
+    for (int ti = 0; ti < 4; ti++) {
         char cmd[1024];
-        snprintf(cmd, sizeof cmd, "%s gen --preset tiny-v3 --type %s --experts 16 --expert-ff 64 -o %s >/dev/null 2>&1",
-                 tu_moetax_bin, types[ti], path);
+        snprintf(cmd, sizeof cmd, "%s gen --preset tiny-v3 --type %s --experts 16 %s -o %s >/dev/null 2>&1",
+                 tu_moetax_bin, types[ti], extra[ti], path);
         CHECK_EQ_INT(tu_run(cmd, NULL), 0);
         struct moetax_model *m;
         if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); continue; }

@@ -10,7 +10,10 @@
  *   group8   the same 256x1024 experts, 8 per pool run (each worker does its
  *            share of all 8 back to back)
  *   batch    the matrix (a slice of it sized to ~2 GFLOP) x 8 and x 64 vectors
- * Times are medians of --reps timed runs after one warm-up. */
+ * Times are medians of --reps timed runs after one warm-up. Weights are in the
+ * layout the engine hands to matmul: types the table reads repacked (Q4_0 with
+ * avx2, kernels.h) are repacked once, before timing; bytes are counted as
+ * stored (the repacked layout has the same size). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,8 +38,9 @@ static void usage(FILE *f) {
             "usage: moetax bench kernels [options]\n"
             "Matrix x vector GB/s (weights as stored, 1e9 B/s) and its ratio to the read bandwidth\n"
             "measured in the same run, on a large matrix and on expert-sized matrices; GFLOP/s for\n"
-            "batches of 8 and 64 rows. Medians of repeats. MOETAX_FORCE_REF=1 benchmarks the\n"
-            "scalar reference kernels.\n"
+            "batches of 8 and 64 rows. Medians of repeats. Weights are laid out as the engine hands\n"
+            "them to matmul (the avx2 kernels' Q4_0 repacked once, before timing; same bytes).\n"
+            "MOETAX_FORCE_REF=1 benchmarks the scalar reference kernels.\n"
             "\n"
             "options:\n"
             "  -t, --threads LIST   thread counts, e.g. 1,2 (default: 1..%ld, the online CPUs)\n"
@@ -146,6 +150,21 @@ static void fill_weights(enum moetax_type t, uint8_t *buf, size_t bytes) {
         memcpy(buf + off, rows + r * rb, bytes - off < rb ? bytes - off : rb);
     free(rows);
     free(x);
+}
+
+/* Put the buffer in the layout k's matmul reads for rows of `cols` columns, as
+ * the model does at load (moetax_kernels_repack, in place); *laid_cols is the
+ * column count it is laid out for now (0: as filled). Q4_0x8 rows whose block
+ * count is a multiple of 8 are whole groups of 144 bytes, so such a buffer
+ * serves every such column count without being laid out again. */
+static void layout_weights(const struct moetax_kernels *k, enum moetax_type t, uint8_t *buf, size_t bytes,
+                           int64_t cols, int64_t *laid_cols) {
+    if (!k->weights_repacked(t) || *laid_cols == cols) return;
+    if (t == MOETAX_TYPE_Q4_0 && *laid_cols && (cols / 32) % 8 == 0 && (*laid_cols / 32) % 8 == 0) return;
+    if (*laid_cols) fill_weights(t, buf, bytes); /* back to the stored layout */
+    const size_t rb = moetax_row_size(t, cols);
+    moetax_kernels_repack(k, t, buf, buf, (int64_t)(bytes / rb), cols);
+    *laid_cols = cols;
 }
 
 enum { CASE_MATRIX = 1, CASE_EXPERT = 2, CASE_GROUP8 = 4, CASE_BATCH = 8 };
@@ -260,6 +279,7 @@ int bench_kernels_main(int argc, char **argv) {
     for (int ti = 0; ti < n_types && rc == 0; ti++) {
         const enum moetax_type t = types[ti];
         fill_weights(t, buf, bytes);
+        int64_t laid_cols = 0; /* the buffer's layout (see layout_weights) */
         for (int tk = 0; tk < n_t && rc == 0; tk++) {
             cli_progress_update(&prog, (uint64_t)(ti * n_t + tk));
             struct moetax_pool *pool = NULL;
@@ -284,6 +304,7 @@ int bench_kernels_main(int argc, char **argv) {
                 base.cols = cols;
                 base.row_bytes = moetax_row_size(t, cols);
                 base.rows = (int64_t)(bytes / base.row_bytes);
+                layout_weights(k, t, buf, bytes, cols, &laid_cols);
                 k->quantize_act(t, x, cols, cols, 1, xq);
                 const double s = time_pass(pool, base, 1, (int)reps);
                 report(&out, t, nth, "matrix", base.rows, cols, 1, 1, (double)base.rows * (double)base.row_bytes, s,
@@ -297,6 +318,7 @@ int bench_kernels_main(int argc, char **argv) {
                 e.row_bytes = moetax_row_size(t, e.cols);
                 e.mat_stride = e.row_bytes * (size_t)e.rows;
                 const int64_t n_exp = (int64_t)(bytes / e.mat_stride);
+                if (cases & (CASE_EXPERT | CASE_GROUP8)) layout_weights(k, t, buf, bytes, e.cols, &laid_cols);
                 k->quantize_act(t, x, e.cols, e.cols, 1, xq);
                 if (cases & CASE_EXPERT) {
                     const double s = time_pass(pool, e, n_exp, (int)reps);
@@ -323,6 +345,7 @@ int bench_kernels_main(int argc, char **argv) {
                     int64_t rows = (int64_t)(2e9 / (2.0 * (double)cols * (double)c.n_batch)); /* ~2 GFLOP */
                     rows = rows > max_rows ? max_rows : rows < 4 ? 4 : rows;
                     c.rows = rows;
+                    layout_weights(k, t, buf, bytes, cols, &laid_cols);
                     k->quantize_act(t, x, cols, cols, c.n_batch, xq);
                     const int r = reps < 3 ? (int)reps : 3;
                     const double s = time_pass(pool, c, 1, r);

@@ -10,8 +10,9 @@
  *   (any non-empty value but "0") forces the reference table. Callers fetch the
  *   table once and call through it; there is no per-call dispatch.
  *
- *   Matmul is the decode hot spot and is memory-bound: it streams weights in
- *   their stored (GGUF / ggml) layout, zero-copy from mmap, with no repacking:
+ *   Matmul is the decode hot spot and is memory-bound: it streams weights
+ *   row-major, in their stored (GGUF / ggml) layout, zero-copy from mmap,
+ *   except the types a table reads in a repacked layout (WEIGHT LAYOUTS):
  *     W: [rows, ncols] row-major, row r starts at w + r * row_bytes, with
  *        row_bytes = moetax_row_size(wtype, ncols) (or larger, for padded rows).
  *        ggml's ne0 = ncols (input dim), ne1 = rows (output dim).
@@ -39,6 +40,29 @@
  *       register holds two blocks; s turns unsigned nibbles into q - 8.
  *   quantize_act of every table produces identical bytes.
  *
+ * WEIGHT LAYOUTS (per table and weight type; files on disk stay GGUF)
+ *   A table may read a weight type in an in-memory layout of its own:
+ *   weights_repacked(t) is then true, and such weights must be converted once,
+ *   whole rows at a time, with moetax_kernels_repack before matmul sees them
+ *   (the model does it at load, the expert store after reading an expert). A
+ *   repacked row has the same size as the stored one and is a permutation of
+ *   its bytes; row r still starts at w + r * row_bytes, so row ranges, per-head
+ *   matrices and row slices of a fused tensor address it as before. Rows read
+ *   any other way (moetax_to_float, e.g. the token embedding) must stay as
+ *   stored.
+ *     ref:  every type as stored.
+ *     avx2: Q4_0 in "Q4_0x8": a row of nb blocks is nb / 8 groups of 8 blocks,
+ *           144 bytes each (the size of 8 block_q4_0),
+ *             uint16 d[8]       F16 scales of blocks 0 2 4 6 1 3 5 7 of the group
+ *             uint8  qs[8][16]  the nibbles of blocks 0..7, in order, each
+ *                               16 bytes as in block_q4_0
+ *           then the row's last nb % 8 blocks as plain block_q4_0 (18 bytes).
+ *           So the nibbles of a pair of blocks (2p, 2p+1) are one 32-byte load
+ *           (block 2p in the low 128-bit lane, as in the prepared activations),
+ *           and one 16-byte load + cvtph of d gives [d0 d2 d4 d6 | d1 d3 d5 d7]:
+ *           the order in which the group's 4 pairs' sums come out of an
+ *           in-lane horizontal reduction (phaddw), one lane per block.
+ *
  * INVARIANTS
  *   - Q8_0 / Q4_0: ncols must be a multiple of 32 (moetax_act_size returns 0
  *     otherwise and matmul must not be called). F32/F16/BF16: any ncols >= 1.
@@ -56,6 +80,7 @@
 #ifndef MOETAX_KERNELS_H
 #define MOETAX_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -121,9 +146,13 @@ struct moetax_kernels {
      * (moetax_act_size(wtype, ncols, n_batch) bytes). */
     void (*quantize_act)(enum moetax_type wtype, const float *x, int64_t ldx, int64_t ncols, int64_t n_batch,
                          void *xq);
-    /* y[b * ldy + r] = dot(W[r, :], x[b, :]) for r in [row0, row1), b < n_batch. */
+    /* y[b * ldy + r] = dot(W[r, :], x[b, :]) for r in [row0, row1), b < n_batch.
+     * W in this table's layout for wtype (see weights_repacked). */
     void (*matmul)(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                    int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
+    /* True if matmul reads weights of type t in a repacked layout (WEIGHT
+     * LAYOUTS): convert them with moetax_kernels_repack first. */
+    bool (*weights_repacked)(enum moetax_type t);
 
     /* ---- vector ops (F32) ---- */
 
@@ -167,6 +196,15 @@ const struct moetax_kernels *moetax_kernels_get(void);
 const struct moetax_kernels *moetax_kernels_ref(void);
 /* The AVX2/FMA/F16C table, or NULL if this CPU lacks any of them. */
 const struct moetax_kernels *moetax_kernels_avx2(void);
+
+/* Convert n_rows rows of ncols values of type t, back to back in the stored
+ * (GGUF) layout at src (row_bytes = moetax_row_size(t, ncols) each), into the
+ * layout k's matmul reads, at dst (the same number of bytes). dst == src
+ * converts in place; otherwise the two must not overlap. When k does not
+ * repack t this is a copy (nothing at all in place). Thread-safe; rows may be
+ * converted in any order and by several threads (disjoint rows). */
+void moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_type t, void *dst, const void *src,
+                           int64_t n_rows, int64_t ncols);
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,14 @@
  *
  * DESIGN
  *   moetax_model_load maps the file (moetax_gguf_open) and binds every tensor
- *   in place: resident weights are not copied. Each tensor's shape is checked
+ *   in place: resident weights are not copied, except those of a type the
+ *   kernel table reads in a repacked layout (Q4_0 with the avx2 table, see
+ *   moetax/kernels.h): they are copied once into a private buffer in that
+ *   layout (the same number of bytes; the mapped pages are released), the
+ *   routed experts only when a context runs without an expert store (the store
+ *   repacks each expert it reads instead). The token embedding is read by rows
+ *   with moetax_to_float and stays as stored (a tied output matrix gets its
+ *   own repacked copy). Each tensor's shape is checked
  *   against the shape the metadata implies; a mismatch names the tensor and
  *   both shapes. Small vectors (norms, biases) are converted to owned F32
  *   copies; the older merged attn_kv_b is split once into attn_k_b / attn_v_b
@@ -83,7 +90,9 @@ struct moetax_hparams {
 
 /* A weight: 2-D {ncols, nrows} or 3-D {ncols, nrows, n_mat} in ggml order. */
 struct moetax_weight {
-    const void *data;       /* NULL if absent */
+    const void *data;       /* NULL if absent; in the layout the kernels read (see DESIGN) */
+    const void *file_data;  /* the same bytes as stored in the mapped file (GGUF layout), or NULL
+                               if the weight is not a file tensor (e.g. the split attn_kv_b) */
     enum moetax_type type;
     int64_t ne[3];
     size_t row_bytes;       /* bytes of one row of ne[0] values */
@@ -134,15 +143,23 @@ bool moetax_tensor_is_routed_expert(const struct moetax_gguf_tensor *t);
 
 /* Fault tensors into memory now (best effort, when they fit in half the free
  * RAM): the resident part (routed_experts = false; done by moetax_model_load)
- * or the routed experts (done by a context without an expert store). */
+ * or the routed experts. Tensors read through a repacked copy are skipped. */
 void moetax_model_prefault(const struct moetax_model *m, bool routed_experts);
+/* Make the routed experts ready to be read through the mapping, as a context
+ * without an expert store does (moetax_ctx_init calls it): the ones the
+ * kernels read repacked are copied once into a private repacked buffer (as
+ * many bytes as they take in the file; done at most once per model,
+ * thread-safe), the others are prefaulted. MOETAX_ERR_NOMEM if the copy does
+ * not fit: run with an expert store then. */
+moetax_status moetax_model_prepare_experts(const struct moetax_model *m);
 
 /* Open an expert store over the model's routed experts (every MoE layer's
  * gate/up/down rows of each expert registered as file ranges) with the given
- * parameters (path defaults to the model's file). The micro-batch is fitted to
- * the budget: *n_ubatch_out <= n_ubatch such that every expert one layer can
- * use for it fits at once; a budget smaller than one token's experts is an
- * error that names the minimum. */
+ * parameters (path defaults to the model's file; when the kernels read a
+ * routed expert type repacked, on_load is set to repack each expert read).
+ * The micro-batch is fitted to the budget: *n_ubatch_out <= n_ubatch such that
+ * every expert one layer can use for it fits at once; a budget smaller than
+ * one token's experts is an error that names the minimum. */
 struct moetax_store;
 struct moetax_store_params;
 moetax_status moetax_model_store_open(const struct moetax_model *m, const struct moetax_store_params *sp,

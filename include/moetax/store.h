@@ -71,7 +71,8 @@
  *     acquired. The caller states it as params.min_slots; commit refuses a
  *     budget that gives fewer slots (MOETAX_ERR_ARG, with the figures).
  *   - acquire returns MOETAX_OK only with every registered range
- *     byte-identical to the file as it was at commit. A failed read, a short
+ *     byte-identical to the file as it was at commit (then passed through
+ *     params.on_load, if set, once per read). A failed read, a short
  *     read or a changed size/mtime gives MOETAX_ERR_IO with a message naming
  *     the layer, the expert, the file and the offset; the slot goes to ERROR
  *     (never READY) and the next acquire of that expert retries the read.
@@ -134,6 +135,12 @@ struct moetax_store_params {
     int64_t trace_cap;        /* acquires recorded for Belady; 0: 1<<20; <0: none */
     int io_timeout_ms;        /* acquire gives MOETAX_ERR_IO after waiting this long; 0: wait forever */
     const struct moetax_store_vfs *vfs; /* NULL: moetax_store_vfs_default() */
+    /* Optional: run by the I/O worker on an expert's ranges once they are read and checked, before
+     * the expert becomes resident: ptrs[i] is range i in the slot (to transform in place, e.g. into
+     * the layout the kernels read: moetax_kernels_repack), sizes[i] its bytes. The ranges of an
+     * expert must not overlap then. Must not fail; runs without the store's lock. NULL: none. */
+    void (*on_load)(void *user, int layer, int e, void *const *ptrs, const uint64_t *sizes, int n_ranges);
+    void *on_load_user;
 };
 
 struct moetax_store;

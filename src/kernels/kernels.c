@@ -25,10 +25,56 @@ static void tables_init_once(void) {
 static pthread_once_t g_tables_once = PTHREAD_ONCE_INIT;
 void moetax_k_tables_init(void) { pthread_once(&g_tables_once, tables_init_once); }
 
+/* ---- weight layouts ---- */
+
+static bool repacked_none(enum moetax_type t) {
+    (void)t;
+    return false;
+}
+
+static bool repacked_avx2(enum moetax_type t) { return t == MOETAX_TYPE_Q4_0; }
+
+void moetax_k_repack_row_q4x8(void *dst, const void *src, int64_t nb) {
+    enum { G = MOETAX_K_Q4X8_BLOCKS, GB = MOETAX_K_Q4X8_GROUP_BYTES };
+    const size_t bs = sizeof(moetax_block_q4_0);
+    _Static_assert(GB == G * sizeof(moetax_block_q4_0), "a group has the size of its blocks");
+    _Static_assert(MOETAX_K_Q4X8_QS_OFF + G * 16 == GB, "group = scales + nibbles");
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    const int64_t ng = nb / G;
+    for (int64_t g = 0; g < ng; g++) {
+        uint8_t tmp[GB]; /* the group's source bytes (dst may be src) */
+        memcpy(tmp, s + (size_t)g * GB, GB);
+        uint8_t *o = d + (size_t)g * GB;
+        for (int i = 0; i < G; i++) {
+            const uint8_t *blk = tmp + (size_t)i * bs;
+            memcpy(o + 2 * moetax_k_q4x8_d_slot(i), blk, 2);
+            memcpy(o + MOETAX_K_Q4X8_QS_OFF + 16 * i, blk + 2, 16);
+        }
+    }
+    /* the last nb % 8 blocks stay as they are */
+    const size_t done = (size_t)ng * GB, tail = (size_t)(nb - ng * G) * bs;
+    if (d != s && tail) memmove(d + done, s + done, tail);
+}
+
+void moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_type t, void *dst, const void *src,
+                           int64_t n_rows, int64_t ncols) {
+    const size_t rb = moetax_row_size(t, ncols);
+    if (n_rows <= 0 || rb == 0) return;
+    /* the only repacked layout so far: Q4_0x8 (avx2) */
+    if (t != MOETAX_TYPE_Q4_0 || !k->weights_repacked || !k->weights_repacked(t)) {
+        if (dst != src) memmove(dst, src, rb * (size_t)n_rows);
+        return;
+    }
+    for (int64_t r = 0; r < n_rows; r++)
+        moetax_k_repack_row_q4x8((uint8_t *)dst + (size_t)r * rb, (const uint8_t *)src + (size_t)r * rb, ncols / 32);
+}
+
 static const struct moetax_kernels k_ref = {
     .name = "ref",
     .quantize_act = moetax_k_quantize_act_ref,
     .matmul = moetax_k_matmul_ref,
+    .weights_repacked = repacked_none,
     .rmsnorm = moetax_k_rmsnorm_ref,
     .softmax = moetax_k_softmax_ref,
     .sigmoid = moetax_k_sigmoid_ref,
@@ -50,6 +96,7 @@ static const struct moetax_kernels k_avx2 = {
     .name = "avx2",
     .quantize_act = moetax_k_quantize_act_avx2,
     .matmul = moetax_k_matmul_avx2,
+    .weights_repacked = repacked_avx2,
     .rmsnorm = moetax_k_rmsnorm_avx2,
     .softmax = moetax_k_softmax_avx2,
     .sigmoid = moetax_k_sigmoid_avx2,

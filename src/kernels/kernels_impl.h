@@ -29,6 +29,16 @@ static inline size_t moetax_k_act_row_bytes(enum moetax_type t, int64_t ncols) {
 /* Q8_0 row: qs[nb][32] at 0, then float d[nb]. */
 static inline size_t moetax_k_act_d_off(enum moetax_type t, int64_t nb) { (void)t; return (size_t)nb * 32; }
 
+/* ---- repacked weight layouts (see kernels.h, WEIGHT LAYOUTS) ---- */
+/* Q4_0x8 (avx2): groups of 8 blocks: uint16 d[8] (blocks 0 2 4 6 1 3 5 7), then qs[8][16]. */
+#define MOETAX_K_Q4X8_BLOCKS 8
+#define MOETAX_K_Q4X8_GROUP_BYTES 144 /* 16 + 8 * 16 == 8 * sizeof(moetax_block_q4_0) */
+#define MOETAX_K_Q4X8_QS_OFF 16
+/* Group position of the scale of block i (0..7) of a group: 0 2 4 6 1 3 5 7 -> 0..7. */
+static inline int moetax_k_q4x8_d_slot(int i) { return (i & 1) * 4 + (i >> 1); }
+/* One row of nb blocks, standard -> Q4_0x8; dst == src allowed, else no overlap. */
+void moetax_k_repack_row_q4x8(void *dst, const void *src, int64_t nb);
+
 /* Shared tables (kernels.c): fp16 -> fp32 for every bit pattern. */
 extern float moetax_k_fp16_table[1 << 16];
 void moetax_k_tables_init(void);

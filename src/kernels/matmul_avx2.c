@@ -15,11 +15,14 @@
  * pairs), pmaddwd (-> i32), then converted to float and accumulated with the
  * block scale d_w * d_x:
  *   Q8_0: |w| x sign(x, w) (ggml's trick), one block per step.
- *   Q4_0: two blocks per step: the 2 x 16 nibble bytes in one register, low
- *         and high nibbles (unsigned 0..15) against the activations prepared
- *         in the matching arrangement, minus the prepared s = 8 * sum(x) for
- *         the -8 offset; one pmaddwd / cvt / fma serves both blocks.
- * d_w (F16) is read through the shared 64 Ki-entry fp16 -> fp32 table.
+ *   Q4_0: repacked at load (Q4_0x8, kernels.h) so that a pair of blocks'
+ *         2 x 16 nibble bytes are one 32-byte load and 8 blocks' scales one
+ *         16-byte load + cvtph. Low and high nibbles (unsigned 0..15) against
+ *         the activations prepared in the matching arrangement; the 8 block
+ *         sums of a group are reduced together (phaddw, pmaddwd), minus the
+ *         prepared s = 8 * sum(x) for the -8 offset, and scaled by one cvt /
+ *         fma per row and group.
+ * Other d_w (F16) are read through the shared 64 Ki-entry fp16 -> fp32 table.
  *
  * Q8_0 with QB_MIN or more batch rows (prefill) takes another path, with
  * weight rows in the lanes of int16 pmaddwd (see "batched Q8_0" below),
@@ -310,26 +313,135 @@ ALWAYS_INLINE void tile_q8(const int RB, const int BB, const uint8_t *w, size_t 
     }
 }
 
-/* Q4_0, two blocks (a pair) per step: the 2 x 16 nibble bytes go in one
- * register (block 2p low lane, 2p+1 high lane); low nibbles and high nibbles
- * each meet the activations prepared in the same arrangement (see kernels.h),
- * so one pmaddwd / cvt / fma serves both blocks. `full` is false for the last,
- * unpaired block of an odd nb (its high lane is zero). */
-ALWAYS_INLINE void q4_pair_step(const int RB, const int BB, const uint8_t *w, size_t rb, const uint8_t *act,
-                                size_t act_row, int64_t p, bool full, __m256 acc[4][4]) {
+/* Q4_0 weights are read in the Q4_0x8 layout (kernels.h, WEIGHT LAYOUTS):
+ * groups of 8 blocks [d of blocks 0 2 4 6 1 3 5 7 | 8 x 16 nibble bytes], then
+ * the row's last nb % 8 blocks as plain block_q4_0. Two blocks (a pair) at a
+ * time: the pair's 2 x 16 nibble bytes in one register (block 2p low lane,
+ * 2p+1 high lane); low nibbles and high nibbles (unsigned 0..15) each meet the
+ * activations prepared in the same arrangement (pmaddubsw), and the prepared
+ * s = 8 * sum(x) removes the -8 offset. A group's 4 pairs are reduced together
+ * to its 8 exact block sums (q4x8_group_step), the plain pairs at the end of a
+ * row one at a time (q4_mac).
+ *
+ * q4_mac: one weight row's plain pair (nibbles v, scales dw = [d_2p x4 |
+ * d_2p+1 x4]) against BB batch rows (their prepared pair at ap, stride
+ * act_row); one pmaddwd / cvt / fma serves both blocks. */
+ALWAYS_INLINE void q4_mac(const int BB, __m256i v, __m256 dw, const __m256i xlo[4], const __m256i xhi[4],
+                          const uint8_t *ap, size_t act_row, __m256 acc[4]) {
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const uint8_t *ap = act + (size_t)p * 128;
-    __m256i xlo[4], xhi[4];
+    const __m256i lo = _mm256_and_si256(v, m4);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+#pragma GCC unroll 4
+    for (int j = 0; j < BB; j++) {
+        const __m256i sj = _mm256_loadu_si256((const __m256i *)(ap + j * act_row + 64));
+        __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[j]), _mm256_maddubs_epi16(hi, xhi[j]));
+        p16 = _mm256_sub_epi16(p16, sj);
+        const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+        const __m256 dx = _mm256_loadu_ps((const float *)(ap + j * act_row + 96));
+        acc[j] = _mm256_fmadd_ps(pf, _mm256_mul_ps(dw, dx), acc[j]);
+    }
+}
+
+ALWAYS_INLINE void q4_load_x(const int BB, const uint8_t *ap, size_t act_row, __m256i xlo[4], __m256i xhi[4]) {
 #pragma GCC unroll 4
     for (int j = 0; j < BB; j++) {
         xlo[j] = _mm256_loadu_si256((const __m256i *)(ap + j * act_row));
         xhi[j] = _mm256_loadu_si256((const __m256i *)(ap + j * act_row + 32));
     }
-    if (QPF > 0) prefetch_tile(w, rb, RB, (size_t)p * 2 * sizeof(moetax_block_q4_0));
+}
+
+/* The activation scales of group g's 8 blocks in the order of its weight
+ * scales, [dx0 dx2 dx4 dx6 | dx1 dx3 dx5 dx7]: lane p of each half from pair
+ * p's [dx_2p x4 | dx_2p+1 x4]. */
+ALWAYS_INLINE __m256 q4x8_group_dx(const uint8_t *ap0) {
+    const float *d = (const float *)(ap0 + 96);
+    const size_t ps = MOETAX_K_Q4_PAIR_BYTES / sizeof(float);
+    __m256 v = _mm256_blend_ps(_mm256_loadu_ps(d), _mm256_loadu_ps(d + ps), 0x22);
+    v = _mm256_blend_ps(v, _mm256_loadu_ps(d + 2 * ps), 0x44);
+    return _mm256_blend_ps(v, _mm256_loadu_ps(d + 3 * ps), 0x88);
+}
+
+/* The 4 pairs' int16 partial sums of a group (per pair: 8 lanes per block,
+ * block 2p low half, 2p+1 high half) -> the 8 block sums, int32, in the
+ * group's scale order [b0 b2 b4 b6 | b1 b3 b5 b7]: two levels of phaddw (per
+ * half: pairs 0/1 and 2/3 side by side, then 2 lanes per block), then pmaddwd.
+ * No int16 overflow: a lane sums at most 16 products q x with 0 <= q <= 15,
+ * |x| <= 127 (|lane| <= 30480); for the offsets s, |lane| <= 4 x 4064. */
+ALWAYS_INLINE __m256i q4x8_reduce(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(p0, p1), _mm256_hadd_epi16(p2, p3));
+    return _mm256_madd_epi16(h, _mm256_set1_epi16(1));
+}
+
+/* Group g (blocks 8g..8g+7, activation pairs 4g..4g+3) of RB rows, one row at
+ * a time: per pair one 32-byte load of nibbles and the unsigned nibble dots
+ * (int16); then the 8 exact block sums at once (q4x8_reduce) minus the
+ * activations' 8 * sum(x) per block (reduced once per group and batch row),
+ * and one cvt + fma per row with the 8 scales (one 16-byte load + cvtph,
+ * times the activations' scales in the same order). */
+ALWAYS_INLINE void q4x8_group_step(const int RB, const int BB, const uint8_t *w, size_t rb, const uint8_t *act,
+                                   size_t act_row, int64_t g, __m256 acc[4][4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const size_t goff = (size_t)g * MOETAX_K_Q4X8_GROUP_BYTES;
+    const uint8_t *ap0 = act + (size_t)(4 * g) * MOETAX_K_Q4_PAIR_BYTES;
+    const size_t ps = MOETAX_K_Q4_PAIR_BYTES;
+    if (QPF > 0) { /* 144 bytes a group: 3 prefetches 48 apart touch every line */
+        const size_t off = goff + QPF;
+        const char *base = (const char *)w + off + (off >= rb ? (size_t)(RB - 1) * rb : 0);
+#pragma GCC unroll 4
+        for (int r = 0; r < RB; r++) {
+            _mm_prefetch(base + r * rb, QPF_HINT);
+            _mm_prefetch(base + r * rb + 48, QPF_HINT);
+            _mm_prefetch(base + r * rb + 96, QPF_HINT);
+        }
+    }
+    __m256i off8[4];
+    __m256 dxg[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < BB; j++) {
+        const uint8_t *a = ap0 + j * act_row;
+#define S_(p) _mm256_loadu_si256((const __m256i *)(a + (p) * ps + 64))
+        off8[j] = q4x8_reduce(S_(0), S_(1), S_(2), S_(3));
+#undef S_
+        dxg[j] = q4x8_group_dx(a);
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < RB; r++) {
-        const uint8_t *b0 = w + r * rb + (size_t)p * 2 * sizeof(moetax_block_q4_0);
+        const uint8_t *wr = w + r * rb + goff;
+        const __m256 dg = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wr));
+        __m256i pp[4][4]; /* [j][pair] */
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(wr + MOETAX_K_Q4X8_QS_OFF + p * 32));
+            const __m256i lo = _mm256_and_si256(v, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+#pragma GCC unroll 4
+            for (int j = 0; j < BB; j++) {
+                const uint8_t *a = ap0 + j * act_row + p * ps;
+                pp[j][p] = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)a)),
+                                            _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(a + 32))));
+            }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < BB; j++) {
+            const __m256i sb = _mm256_sub_epi32(q4x8_reduce(pp[j][0], pp[j][1], pp[j][2], pp[j][3]), off8[j]);
+            acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sb), _mm256_mul_ps(dg, dxg[j]), acc[r][j]);
+        }
+    }
+}
+
+/* A pair of plain block_q4_0 at byte boff of each row (the row's last nb % 8
+ * blocks), activation pair ip. `full` is false for the last, unpaired block
+ * of an odd nb (its high lane is zero). */
+ALWAYS_INLINE void q4_plain_pair_step(const int RB, const int BB, const uint8_t *w, size_t rb, const uint8_t *act,
+                                      size_t act_row, size_t boff, int64_t ip, bool full, __m256 acc[4][4]) {
+    const uint8_t *ap = act + (size_t)ip * MOETAX_K_Q4_PAIR_BYTES;
+    __m256i xlo[4], xhi[4];
+    q4_load_x(BB, ap, act_row, xlo, xhi);
+    if (QPF > 0) prefetch_tile(w, rb, RB, boff);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; r++) {
+        const uint8_t *b0 = w + r * rb + boff;
         uint16_t d0, d1;
         memcpy(&d0, b0, 2);
         __m256i v;
@@ -344,17 +456,7 @@ ALWAYS_INLINE void q4_pair_step(const int RB, const int BB, const uint8_t *w, si
             v = _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_loadu_si128((const __m128i *)(b0 + 2)), 0);
             dw = _mm256_broadcast_ss(&moetax_k_fp16_table[d0]);
         }
-        const __m256i lo = _mm256_and_si256(v, m4);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-#pragma GCC unroll 4
-        for (int j = 0; j < BB; j++) {
-            const __m256i sj = _mm256_loadu_si256((const __m256i *)(ap + j * act_row + 64));
-            const __m256 dx = _mm256_loadu_ps((const float *)(ap + j * act_row + 96));
-            __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[j]), _mm256_maddubs_epi16(hi, xhi[j]));
-            p16 = _mm256_sub_epi16(p16, sj);
-            const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-            acc[r][j] = _mm256_fmadd_ps(pf, _mm256_mul_ps(dw, dx), acc[r][j]);
-        }
+        q4_mac(BB, v, dw, xlo, xhi, ap, act_row, acc[r]);
     }
 }
 
@@ -365,9 +467,17 @@ ALWAYS_INLINE void tile_q4(const int RB, const int BB, const uint8_t *w, size_t 
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 4
         for (int j = 0; j < BB; j++) acc[r][j] = _mm256_setzero_ps();
-    const int64_t np = nb / 2;
-    for (int64_t p = 0; p < np; p++) q4_pair_step(RB, BB, w, rb, act, act_row, p, true, acc);
-    if (nb & 1) q4_pair_step(RB, BB, w, rb, act, act_row, np, false, acc);
+    const int64_t ng = nb / MOETAX_K_Q4X8_BLOCKS;
+    for (int64_t g = 0; g < ng; g++) q4x8_group_step(RB, BB, w, rb, act, act_row, g, acc);
+    /* the last nb % 8 blocks, plain */
+    const int64_t nt = nb - ng * MOETAX_K_Q4X8_BLOCKS, ip0 = ng * (MOETAX_K_Q4X8_BLOCKS / 2);
+    const size_t toff = (size_t)ng * MOETAX_K_Q4X8_GROUP_BYTES;
+    for (int64_t q = 0; q < nt / 2; q++)
+        q4_plain_pair_step(RB, BB, w, rb, act, act_row, toff + (size_t)q * 2 * sizeof(moetax_block_q4_0), ip0 + q,
+                           true, acc);
+    if (nt & 1)
+        q4_plain_pair_step(RB, BB, w, rb, act, act_row, toff + (size_t)(nt - 1) * sizeof(moetax_block_q4_0),
+                           ip0 + nt / 2, false, acc);
 #pragma GCC unroll 4
     for (int r = 0; r < RB; r++)
 #pragma GCC unroll 4

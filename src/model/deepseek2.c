@@ -4,6 +4,7 @@
  * tensor checked against the shape the metadata implies, weights used in place.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "moetax/kernels.h"
 #include "moetax/model.h"
 #include "moetax/store.h"
 
@@ -24,10 +26,24 @@ bool moetax_tensor_is_routed_expert(const struct moetax_gguf_tensor *t) {
     return false;
 }
 
+/* Weights of a type the kernel table reads repacked (kernels.h, WEIGHT
+ * LAYOUTS) are matmul'ed from a private copy in that layout, never from the
+ * mapping; the token embedding (read by rows with moetax_to_float) is the
+ * exception and stays mapped. */
+static bool kernels_repack(enum moetax_type t) {
+    const struct moetax_kernels *K = moetax_kernels_get();
+    return K->weights_repacked && K->weights_repacked(t);
+}
+
+static bool tensor_read_repacked(const struct moetax_gguf_tensor *t) {
+    return kernels_repack(t->type) && !(t->name.len == 17 && !memcmp(t->name.data, "token_embd.weight", 17));
+}
+
 /* Fault tensors in now (page tables and, if needed, reads) when they fit
  * comfortably in RAM, so first-touch faults are paid at load and not in the
  * first decode steps: the resident part at load, the routed experts when a
  * context runs without an expert store (with one, they are never mapped in).
+ * Tensors read through a repacked copy are skipped (the copy reads them once).
  * Best effort: older kernels lack MADV_POPULATE_READ. */
 void moetax_model_prefault(const struct moetax_model *m, bool routed_experts) {
     const struct moetax_gguf *g = m->gguf;
@@ -36,11 +52,12 @@ void moetax_model_prefault(const struct moetax_model *m, bool routed_experts) {
     if (pages <= 0 || psz <= 0) return;
     uint64_t total = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++)
-        if (moetax_tensor_is_routed_expert(&g->tensors[i]) == routed_experts) total += g->tensors[i].nbytes;
+        if (moetax_tensor_is_routed_expert(&g->tensors[i]) == routed_experts && !tensor_read_repacked(&g->tensors[i]))
+            total += g->tensors[i].nbytes;
     if ((double)total > 0.5 * (double)pages * (double)psz) return;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const struct moetax_gguf_tensor *t = &g->tensors[i];
-        if (moetax_tensor_is_routed_expert(t) != routed_experts || !t->nbytes) continue;
+        if (moetax_tensor_is_routed_expert(t) != routed_experts || !t->nbytes || tensor_read_repacked(t)) continue;
         uintptr_t a = (uintptr_t)t->data & ~(uintptr_t)(psz - 1);
         (void)madvise((void *)a, (uintptr_t)t->data + t->nbytes - a, MADV_POPULATE_READ);
     }
@@ -49,6 +66,13 @@ void moetax_model_prefault(const struct moetax_model *m, bool routed_experts) {
 struct owned {
     void **ptr;
     size_t n, cap;
+    /* repacked copies (kernels.h, WEIGHT LAYOUTS): resident weights (at load)
+     * and routed experts (moetax_model_prepare_experts), each one anonymous
+     * mapping; munmap'ed by moetax_model_free */
+    void *rep_res, *rep_exp;
+    size_t rep_res_bytes, rep_exp_bytes;
+    pthread_mutex_t mu; /* guards the one-time expert preparation */
+    bool experts_prepared;
 };
 
 static void *own(struct moetax_model *m, size_t bytes) {
@@ -65,12 +89,146 @@ static void *own(struct moetax_model *m, size_t bytes) {
     return p;
 }
 
+/* ---- repacked copies ------------------------------------------------------------ */
+
+/* Extra memory: each repacked weight takes as many bytes as in the file, in an
+ * anonymous mapping (huge pages advised), so the resident Q4_0 weights (and,
+ * without an expert store, the routed Q4_0 experts) count once more in RSS;
+ * the file pages they came from are released right after the copy (page cache
+ * only, reclaimable), so the process does not hold both. */
+static void *map_anon(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+/* Drop the pages of the (read-only, private) file mapping that lie wholly in
+ * [p, p + n): they are read from a copy from now on, and would come back from
+ * the file if touched again. */
+static void release_mapped(const struct moetax_model *m, const void *p, size_t n) {
+    if (!m->gguf->mapped) return;
+    long psz = sysconf(_SC_PAGESIZE);
+    if (psz <= 0) return;
+    uintptr_t a = ((uintptr_t)p + (uintptr_t)psz - 1) & ~(uintptr_t)(psz - 1);
+    uintptr_t b = ((uintptr_t)p + n) & ~(uintptr_t)(psz - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+static size_t weight_bytes(const struct moetax_weight *w) {
+    return w->mat_bytes * (size_t)(w->ne[2] > 1 ? w->ne[2] : 1);
+}
+
+static bool weight_repacked(const struct moetax_weight *w) {
+    return w->data && w->file_data && kernels_repack(w->type);
+}
+
+/* Copy ws[0..n) (file tensors the kernels read repacked) into one anonymous
+ * mapping, repacked, each 64-byte aligned, and point their data at it. */
+static moetax_status repack_weights(const struct moetax_model *m, struct moetax_weight *const *ws, int n,
+                                    void **buf_out, size_t *bytes_out, const char *what) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (weight_bytes(ws[i]) + 63) / 64 * 64;
+    if (!total) return MOETAX_OK;
+    uint8_t *buf = map_anon(total);
+    if (!buf)
+        return moetax_error(MOETAX_ERR_NOMEM, "%s: cannot allocate %.1f MiB for the %s in the kernels' layout%s",
+                            m->gguf->path, (double)total / 1048576.0, what,
+                            strcmp(what, "routed experts") ? "" : " (an expert store needs less: --expert-budget)");
+    const struct moetax_kernels *K = moetax_kernels_get();
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        struct moetax_weight *w = ws[i];
+        const size_t nb = weight_bytes(w);
+        moetax_kernels_repack(K, w->type, buf + off, w->file_data, (int64_t)(nb / w->row_bytes), w->ne[0]);
+        w->data = buf + off;
+        if (w->file_data != m->tok_embd.file_data) release_mapped(m, w->file_data, nb); /* still read by rows */
+        off += (nb + 63) / 64 * 64;
+    }
+    *buf_out = buf;
+    *bytes_out = total;
+    return MOETAX_OK;
+}
+
+/* At load: every resident weight the kernels read repacked (a tied output
+ * matrix too: token_embd itself stays as stored). */
+static moetax_status repack_resident(struct moetax_model *m) {
+    struct owned *o = m->owned;
+    const int per_layer = 14;
+    struct moetax_weight **ws = malloc(sizeof *ws * (size_t)(1 + per_layer * m->hp.n_layer));
+    if (!ws) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    int n = 0;
+    if (weight_repacked(&m->output)) ws[n++] = &m->output;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        struct moetax_layer *l = &m->layers[il];
+        struct moetax_weight *lw[] = {&l->wq, &l->wq_a, &l->wq_b, &l->wkv_a, &l->wk_b, &l->wv_b, &l->wo,
+                                      &l->ffn_gate, &l->ffn_up, &l->ffn_down, &l->gate_inp, &l->gate_sh,
+                                      &l->up_sh, &l->down_sh};
+        _Static_assert(sizeof lw / sizeof lw[0] == 14, "per_layer");
+        for (int i = 0; i < per_layer; i++)
+            if (weight_repacked(lw[i])) ws[n++] = lw[i];
+    }
+    moetax_status st = repack_weights(m, ws, n, &o->rep_res, &o->rep_res_bytes, "resident weights");
+    free(ws);
+    return st;
+}
+
+moetax_status moetax_model_prepare_experts(const struct moetax_model *m) {
+    struct owned *o = m->owned;
+    moetax_status st = MOETAX_OK;
+    pthread_mutex_lock(&o->mu);
+    if (!o->experts_prepared) {
+        struct moetax_weight **ws = malloc(sizeof *ws * (size_t)(3 * m->hp.n_layer + 1));
+        int n = 0;
+        if (!ws) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        for (int il = 0; !st && il < m->hp.n_layer; il++) {
+            struct moetax_layer *l = &m->layers[il];
+            if (!l->is_moe) continue;
+            if (weight_repacked(&l->gate_exps)) ws[n++] = &l->gate_exps; /* fused: the whole gate_up tensor */
+            if (!l->fused_gate_up && weight_repacked(&l->up_exps)) ws[n++] = &l->up_exps;
+            if (weight_repacked(&l->down_exps)) ws[n++] = &l->down_exps;
+        }
+        if (!st) st = repack_weights(m, ws, n, &o->rep_exp, &o->rep_exp_bytes, "routed experts");
+        for (int il = 0; !st && il < m->hp.n_layer; il++) {
+            struct moetax_layer *l = &m->layers[il];
+            if (l->is_moe && l->fused_gate_up) /* up = rows F..2F-1 of each fused matrix, wherever it now is */
+                l->up_exps.data = (const char *)l->gate_exps.data + (size_t)m->hp.n_ff_exp * l->gate_exps.row_bytes;
+        }
+        free(ws);
+        if (!st) o->experts_prepared = true;
+    }
+    pthread_mutex_unlock(&o->mu);
+    if (!st) moetax_model_prefault(m, true); /* the experts read from the mapping */
+    return st;
+}
+
+/* Expert store hook: each expert read into a slot is repacked in place (its
+ * ranges are whole rows of gate [, up], down, in that order). */
+static void store_repack(void *user, int layer, int e, void *const *ptrs, const uint64_t *sizes, int n_ranges) {
+    (void)e;
+    const struct moetax_model *m = user;
+    const struct moetax_layer *l = &m->layers[layer];
+    const struct moetax_weight *ws[3] = {&l->gate_exps, &l->up_exps, &l->down_exps};
+    const struct moetax_kernels *K = moetax_kernels_get();
+    for (int i = 0, k = 0; i < 3 && k < n_ranges; i++) {
+        if (i == 1 && l->fused_gate_up) continue;
+        const struct moetax_weight *w = ws[i];
+        moetax_kernels_repack(K, w->type, ptrs[k], ptrs[k], (int64_t)(sizes[k] / w->row_bytes), w->ne[0]);
+        k++;
+    }
+}
+
 void moetax_model_free(struct moetax_model *m) {
     if (!m) return;
     struct owned *o = m->owned;
     if (o) {
         for (size_t i = 0; i < o->n; i++) free(o->ptr[i]);
         free(o->ptr);
+        if (o->rep_res) munmap(o->rep_res, o->rep_res_bytes);
+        if (o->rep_exp) munmap(o->rep_exp, o->rep_exp_bytes);
+        pthread_mutex_destroy(&o->mu);
         free(o);
     }
     free(m->layers);
@@ -267,6 +425,7 @@ static moetax_status bind(struct moetax_model *m, struct moetax_weight *w, const
         return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s; moetax computes with f32, f16, bf16, q8_0 and q4_0",
                             m->gguf->path, name, moetax_type_name(t->type));
     w->data = t->data;
+    w->file_data = t->data;
     w->type = t->type;
     w->ne[0] = t->ne[0];
     w->ne[1] = t->ne[1];
@@ -372,6 +531,7 @@ static moetax_status bind_layer(struct moetax_model *m, int il) {
         /* up = rows F..2F-1 of each expert's fused matrix */
         l->up_exps = l->gate_exps;
         l->up_exps.data = (const char *)l->gate_exps.data + (size_t)F * l->gate_exps.row_bytes;
+        l->up_exps.file_data = l->up_exps.data;
     } else {
         TRY(bind(m, &l->gate_exps, NAME("ffn_gate_exps.weight"), true, 3, d, F, E));
         TRY(bind(m, &l->up_exps, NAME("ffn_up_exps.weight"), true, 3, d, F, E));
@@ -392,6 +552,7 @@ moetax_status moetax_model_load(const char *path, struct moetax_model **out) {
     struct moetax_model *m = calloc(1, sizeof *m);
     if (!m) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     m->owned = calloc(1, sizeof(struct owned));
+    if (m->owned) pthread_mutex_init(&((struct owned *)m->owned)->mu, NULL);
     moetax_status st = m->owned ? moetax_gguf_open(path, &m->gguf) : moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     if (!st) st = load_hparams(m);
     if (!st) {
@@ -409,6 +570,7 @@ moetax_status moetax_model_load(const char *path, struct moetax_model **out) {
         if (!m->layers) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     }
     for (int il = 0; !st && il < m->hp.n_layer; il++) st = bind_layer(m, il);
+    if (!st) st = repack_resident(m);
     if (!st) moetax_model_prefault(m, false);
     if (st) {
         moetax_model_free(m);
@@ -447,6 +609,14 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
     if (hp->n_expert <= 0) return moetax_error(MOETAX_ERR_ARG, "%s: the model has no routed experts", m->gguf->path);
     struct moetax_store_params p = *sp;
     if (!p.path) p.path = m->gguf->path;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct moetax_layer *l = &m->layers[il];
+        if (l->is_moe && (weight_repacked(&l->gate_exps) || weight_repacked(&l->up_exps) || weight_repacked(&l->down_exps))) {
+            p.on_load = store_repack; /* slots hold the experts in the kernels' layout */
+            p.on_load_user = (void *)m;
+            break;
+        }
+    }
     const int k = hp->n_expert_used;
     if (n_ubatch < 1) n_ubatch = 64;
     /* experts pinned at once: every active expert of one layer for a micro-batch */
@@ -464,7 +634,7 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
             for (int i = 0; i < 3; i++) {
                 if (i == 1 && l->fused_gate_up) continue; /* gate_up: one range of 2F rows */
                 size_t bytes = ws[i]->mat_bytes; /* fused: gate_exps holds the 2F-row matrix */
-                const uint8_t *base = (const uint8_t *)ws[i]->data + (size_t)e * bytes;
+                const uint8_t *base = (const uint8_t *)ws[i]->file_data + (size_t)e * bytes;
                 off[n] = (uint64_t)(base - m->gguf->base);
                 sz[n] = bytes;
                 n++;

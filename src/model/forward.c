@@ -277,7 +277,12 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     }
     c->store = p ? p->store : NULL;
     c->prefetch = c->store && !(p && p->no_prefetch);
-    if (!c->store) moetax_model_prefault(m, true);
+    /* without a store the experts are read where the model holds them: repacked once if the
+     * kernels read their type repacked, else the mapping (prefaulted) */
+    if (!c->store && (st = moetax_model_prepare_experts(m))) {
+        free(c);
+        return st;
+    }
     if (p && p->pool) c->pool = p->pool;
     else {
         struct moetax_pool_params pp = {.n_threads = p ? p->n_threads : 0};

@@ -24,6 +24,7 @@ struct expert {
     bool registered;
     uint8_t n_ranges, n_spans;
     uint64_t rpos[MOETAX_STORE_MAX_RANGES]; /* range i at slot + rpos[i] */
+    uint64_t rsize[MOETAX_STORE_MAX_RANGES]; /* its bytes */
     struct span span[MOETAX_STORE_MAX_RANGES];
     uint64_t bytes;   /* sum of span lengths */
     int32_t slot;     /* -1: not in a slot */
@@ -264,6 +265,7 @@ moetax_status moetax_store_add_expert(struct moetax_store *s, int layer, int e, 
     for (int i = 0; i < n_ranges; i++) {
         const struct span *sp = &x->span[span_of[i]];
         x->rpos[i] = sp->pos + (offsets[i] - sp->off);
+        x->rsize[i] = sizes[i];
     }
     return MOETAX_OK;
 }
@@ -380,6 +382,11 @@ static void io_job(void *ctx, int job) {
                      (unsigned long long)size, (unsigned long long)s->file_mtime, (unsigned long long)mtime);
             ok = false;
         }
+    }
+    if (ok && s->p.on_load) { /* e.g. repack into the kernels' layout, while the slot is still ours */
+        void *ptrs[MOETAX_STORE_MAX_RANGES];
+        for (int i = 0; i < x->n_ranges; i++) ptrs[i] = sl->buf + x->rpos[i];
+        s->p.on_load(s->p.on_load_user, layer, e, ptrs, x->rsize, x->n_ranges);
     }
 
     pthread_mutex_lock(&s->mu);
