@@ -11,16 +11,8 @@ import os
 import subprocess
 import sys
 
-passed = failed = 0
-
-
-def check(cond, msg):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", msg)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
 
 
 def run(args, **kw):
@@ -136,8 +128,7 @@ def main():
     check(run([mt, "eval", "-m", q4, "--tokens", "1,2"]).returncode == 0, "quantized model runs")
     r = run([mt, "quantize", f32, q4, "q9"])
     check(r.returncode == 2, "quantize to an unknown type")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -18,16 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "ref"))
 import gguf_np  # noqa: E402
 
-passed = failed = 0
-
-
-def check(cond, msg):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", msg)
+from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
 
 
 def close(a, b, rel):
@@ -92,8 +83,7 @@ def main():
         subprocess.run(["/usr/bin/python3", os.path.join(HERE, "ref", "make_tiny_gguf.py"), path, "--variant", "v3"],
                        check=True, capture_output=True)
     compare(moetax, path)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -11,16 +11,8 @@ import shutil
 import subprocess
 import sys
 
-passed = failed = 0
-
-
-def check(cond, msg):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", msg)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
 
 
 PROGRAM = r'''
@@ -51,8 +43,7 @@ def main():
     libdirs = [d for d in ("lib", "lib64", "lib/x86_64-linux-gnu") if os.path.exists(os.path.join(prefix, d, "pkgconfig", "moetax.pc"))]
     check(len(libdirs) == 1, f"moetax.pc installed ({libdirs})")
     if not libdirs:
-        print(f"{passed} passed, {failed} failed")
-        return 1
+        return summary()
     env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(prefix, libdirs[0], "pkgconfig"))
     flags = subprocess.run(["pkg-config", "--cflags", "--libs", "moetax"], capture_output=True, text=True, env=env)
     check(flags.returncode == 0 and "-lmoetax" in flags.stdout and prefix in flags.stdout, f"pkg-config: {flags.stdout} {flags.stderr}")
@@ -73,8 +64,7 @@ def main():
     check(r.returncode == 0, f"build against the static library: {r.stderr}")
     r = subprocess.run([exe + "_static", model], capture_output=True, text=True)
     check(r.returncode == 0 and "layers 3" in r.stdout, f"static: {r.stdout} {r.stderr}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -47,16 +47,7 @@ QUANT = ("q8_0", "q4_0")
 MAX_FLIPS = 4         # near-tie roundings the quantized comparison may flip (see above)
 TRIES = 12            # candidate flips tried per step
 LOOSE = 1.0           # sanity bound for the float-activation comparison
-passed = failed = 0
-
-
-def check(cond, msg):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", msg)
+from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
 
 
 def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8):
@@ -145,8 +136,7 @@ def main():
     for name, args in [("v3-groups", groups + ["--seed", "11"]),
                        ("v3-groups-layout", groups + ["--fused-gate-up", "--kv-b-merged", "--seed", "12"])]:
         compare(moetax, work, name, args, "q4_0", prompt)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

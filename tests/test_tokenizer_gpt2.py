@@ -38,17 +38,7 @@ import corpus  # noqa: E402
 import gguf_np as G  # noqa: E402
 from make_tiny_gguf import write_gguf  # noqa: E402
 
-passed = failed = 0
-
-
-def check(cond, msg):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", msg)
-    return cond
+from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
 
 
 def run(args, **kw):
@@ -312,8 +302,7 @@ def main():
             check(r.returncode == 0 and parse_ids(r.stdout), f"tokenize {args}: rc {r.returncode}, {err!r}")
             continue
         check(r.returncode == rc and want in err and "moetax" in err, f"tokenize {args}: rc {r.returncode}, {err!r}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

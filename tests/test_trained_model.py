@@ -44,16 +44,7 @@ MODEL = os.environ.get("MOETAX_TRAINED_MODEL") or os.path.join(ROOT, "models", "
 PREFIXES = ["def __init__(self", "for i in range(", "import os\nimport sys\n\n\ndef main(", "class Foo:\n    def "]
 N_SNIPPETS, SNIPPET = 4, 96
 TOL_F32, TOL_Q8_MEDIAN, TOL_Q8_MAX, ARGMAX_Q8 = 1e-4, 0.03, 0.5, 0.95
-passed = failed = 0
-
-
-def check(cond, msg):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", msg, flush=True)
+from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
 
 
 def sh(args, **kw):
@@ -193,8 +184,7 @@ def main():
         check(r.returncode == 0 and r.stdout.startswith("def main("),
               "`moetax run` without -m runs the default model (rc %d, %r)" % (r.returncode, r.stdout[:60]))
 
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":
