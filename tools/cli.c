@@ -198,3 +198,33 @@ moetax_status cli_set_experts_used(struct moetax_model *m, int64_t k) {
     m->hp.n_expert_used = (int32_t)k;
     return MOETAX_OK;
 }
+
+moetax_status cli_read_file(const char *path, char **text, size_t *len) {
+    *text = NULL;
+    *len = 0;
+    bool std_in = !strcmp(path, "-");
+    FILE *f = std_in ? stdin : fopen(path, "rb");
+    if (!f) return moetax_error(MOETAX_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    moetax_status st = MOETAX_OK;
+    for (;;) {
+        if (!buf) { st = moetax_error(MOETAX_ERR_NOMEM, "'%s': out of memory", path); break; }
+        if (n + 1 >= cap) { /* room for the NUL */
+            char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+            if (!nb) { free(buf); buf = NULL; continue; }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - 1 - n, f);
+        n += r;
+        if (r == 0) break;
+    }
+    if (!st && ferror(f)) st = moetax_error(MOETAX_ERR_IO, "cannot read '%s': read error", path);
+    if (!std_in) fclose(f);
+    if (st) { free(buf); return st; }
+    buf[n] = 0;
+    *text = buf;
+    *len = n;
+    return MOETAX_OK;
+}

@@ -41,6 +41,11 @@ void cli_progress_done(cli_progress *p);
 
 double cli_now(void); /* monotonic seconds */
 
+/* The whole file at path ("-": standard input) in a malloc'd buffer with a
+ * NUL after its *len bytes (the bytes may hold NULs too). MOETAX_ERR_IO names
+ * the file and the system's reason; MOETAX_ERR_NOMEM. */
+moetax_status cli_read_file(const char *path, char **text, size_t *len);
+
 /* Run-time top-k: route each token to k experts instead of the file's expert_used_count
  * (before a context is made; checked against expert_count and the group limit). */
 struct moetax_model;

@@ -91,30 +91,6 @@ static moetax_status list_inputs(const char *path, char ***out, int *n_out) {
     return MOETAX_OK;
 }
 
-static moetax_status read_file(const char *path, char **text, size_t *len) {
-    *text = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return moetax_error(MOETAX_ERR_IO, "%s: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *b = malloc(cap);
-    for (;;) {
-        if (!b) { fclose(f); return moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", path); }
-        n += fread(b + n, 1, cap - n, f);
-        if (n < cap) break;
-        char *nb = realloc(b, cap * 2);
-        if (!nb) { free(b); b = NULL; continue; }
-        b = nb;
-        cap *= 2;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) { free(b); return moetax_error(MOETAX_ERR_IO, "%s: read error", path); }
-    *text = b;
-    *len = n;
-    return MOETAX_OK;
-}
-
 /* -log softmax(row)[target], in double */
 static double token_nll(const float *row, int64_t V, int32_t target) {
     float mx = row[0];
@@ -228,7 +204,7 @@ int cmd_perplexity(int argc, char **argv) {
     for (int f = 0; f < n_files; f++) {
         char *text;
         size_t len;
-        if ((st = read_file(files[f], &text, &len))) goto done;
+        if ((st = cli_read_file(files[f], &text, &len))) goto done;
         int64_t cap = (int64_t)len + 2, n = 0;
         docs[f] = malloc(sizeof(int32_t) * (size_t)cap);
         if (!docs[f]) { free(text); st = moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", files[f]); goto done; }

@@ -102,15 +102,9 @@ int cmd_run(int argc, char **argv) {
     }
     char *text = NULL;
     if (pfile) {
-        FILE *f = fopen(pfile, "rb");
-        if (!f) return cli_usage_error("run", "cannot read the prompt file '%s'", pfile);
-        fseek(f, 0, SEEK_END);
-        long sz = ftell(f);
-        fseek(f, 0, SEEK_SET);
-        text = malloc((size_t)sz + 1);
-        if (!text || fread(text, 1, (size_t)sz, f) != (size_t)sz) { fclose(f); free(text); return cli_usage_error("run", "cannot read '%s'", pfile); }
-        text[sz] = 0;
-        fclose(f);
+        size_t len;
+        moetax_status rst = cli_read_file(pfile, &text, &len);
+        if (rst) return cli_usage_error("run", "the prompt file: %s", moetax_last_error());
         prompt = text;
     }
     if (!prompt) prompt = "def main(";

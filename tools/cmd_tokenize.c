@@ -28,28 +28,6 @@ static void usage(FILE *f) {
                "  --no-bos           do not put BOS in front (default: the file's add_bos setting)\n");
 }
 
-/* All of f into a malloc'd buffer; false with errno set on a read error. */
-static bool read_all(FILE *f, char **out, size_t *n_out) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) return false;
-    for (;;) {
-        if (n == cap) {
-            char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
-            if (!nb) { free(buf); errno = ENOMEM; return false; }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (ferror(f)) { free(buf); return false; }
-    *out = buf;
-    *n_out = n;
-    return true;
-}
-
 /* Length of the valid UTF-8 sequence at s[0..n) of at least 2 bytes, or 0
  * (also 0 for the C1 controls U+0080..U+009F, which are escaped). */
 static int utf8_len(const unsigned char *s, size_t n) {
@@ -111,13 +89,7 @@ int cmd_tokenize(int argc, char **argv) {
     size_t len = 0;
     moetax_status st = MOETAX_OK;
     if (pfile) {
-        bool std_in = !strcmp(pfile, "-");
-        FILE *f = std_in ? stdin : fopen(pfile, "rb");
-        bool ok = f && read_all(f, &text, &len);
-        int e = errno;
-        if (f && !std_in) fclose(f);
-        if (!ok)
-            return cli_fail("tokenize", moetax_error(MOETAX_ERR_IO, "cannot read the text file '%s': %s", pfile, strerror(e)));
+        if ((st = cli_read_file(pfile, &text, &len))) return cli_fail("tokenize", st);
     } else {
         len = strlen(prompt);
         text = malloc(len + 1);

@@ -123,7 +123,7 @@ def export(ckpt_path, tok_path, out_path, name="moetax-pycode-20m"):
 def load_gguf_into(path):
     """A Model built from a GGUF file's metadata, with its weights dequantized to float32."""
     r = G.GGUFReader(path)
-    kv = r.kv if hasattr(r, "kv") else r.metadata
+    kv = r.metadata
 
     def k(s):
         return kv[A + s]
@@ -140,7 +140,7 @@ def load_gguf_into(path):
     model = Model(c)
     with torch.no_grad():
         for name, t in tensor_map(model):
-            arr = r.tensor(name) if hasattr(r, "tensor") else r.get(name)
+            arr = r.tensor(name)
             src = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).reshape(t.shape)
             if name.startswith("blk.") and (name.endswith("attn_k_b.weight") or name.endswith("attn_v_b.weight")):
                 il = int(name.split(".")[1])
