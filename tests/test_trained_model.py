@@ -119,11 +119,7 @@ def main():
     # 2. exact weights: F32 copy of the Q8_0 weights
     tm = export.load_gguf_into(MODEL)
     f32 = os.path.join(work, "trained-f32.gguf")
-    with torch.no_grad():
-        tensors = [(n, G.TYPE_F32, t.detach().contiguous().numpy().astype(np.float32))
-                   for n, t in export.tensor_map(tm)]
-    export.write_gguf(f32, export.metadata(tm.c, tok, "f32 of " + os.path.basename(MODEL), tm.c["ctx"]),
-                      tensors, alignment=32)
+    export.write_f32(tm, tok, f32, "f32 of " + os.path.basename(MODEL), tm.c["ctx"])
     ref = export.load_gguf_into(f32).double().eval()
     ref8 = tm.double().eval()
     docs = [[eot] + tok.encode(text) for _, text in held]

@@ -113,11 +113,15 @@ def export(ckpt_path, tok_path, out_path, name="moetax-pycode-20m"):
     tok = bpe.Tokenizer.load(tok_path)
     if tok.n_vocab != c["vocab"]:
         raise SystemExit("export: tokenizer has %d tokens, the model %d" % (tok.n_vocab, c["vocab"]))
-    ctx = int(st.get("seq", 256))
+    write_f32(model, tok, out_path, name, int(st.get("seq", 256)))
+    return model
+
+
+def write_f32(model, tok, out_path, name, ctx):
+    """Write model (any Model) and its tokenizer as an F32 GGUF file."""
     with torch.no_grad():
         tensors = [(n, G.TYPE_F32, t.detach().contiguous().numpy().astype(np.float32)) for n, t in tensor_map(model)]
-    write_gguf(out_path, metadata(c, tok, name, ctx), tensors, alignment=32)
-    return model
+    write_gguf(out_path, metadata(model.c, tok, name, ctx), tensors, alignment=32)
 
 
 def load_gguf_into(path):
