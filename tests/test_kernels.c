@@ -41,21 +41,23 @@ static void act_to_float(enum moetax_type t, const void *xq, int64_t ncols, floa
         memcpy(out, a, (size_t)ncols * sizeof(float));
         return;
     }
+    /* Q8_0 and Q4_0: qs[nb][32], float d[nb] (Q4_0: then int32 s[nb], checked here) */
     const int64_t nb = ncols / 32;
     for (int64_t i = 0; i < nb; i++) {
         float d;
         int8_t q[32];
-        if (t == MOETAX_TYPE_Q8_0) {
-            memcpy(q, a + i * 32, 32);
-            memcpy(&d, a + nb * 32 + i * 4, 4);
-        } else {
-            const uint8_t *pair = a + (i / 2) * 128;
-            const int h = (int)(i % 2);
-            memcpy(q, pair + 16 * h, 16);
-            memcpy(q + 16, pair + 32 + 16 * h, 16);
-            memcpy(&d, pair + 96 + 16 * h, 4);
+        memcpy(q, a + i * 32, 32);
+        memcpy(&d, a + nb * 32 + i * 4, 4);
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) {
+            out[i * 32 + j] = (float)q[j] * d;
+            sum += q[j];
         }
-        for (int j = 0; j < 32; j++) out[i * 32 + j] = (float)q[j] * d;
+        if (t == MOETAX_TYPE_Q4_0) {
+            int32_t s;
+            memcpy(&s, a + nb * 36 + i * 4, 4);
+            CHECK_MSG(s == 8 * sum, "q4_0 activations: block %lld: s %d, 8 * sum %d", (long long)i, s, 8 * sum);
+        }
     }
 }
 
@@ -132,18 +134,26 @@ static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, in
         CHECK_MSG(bad == 0, "avx2 matmul %s rows=%lld ncols=%lld batch=%lld: %d bad", moetax_type_name(t),
                   (long long)rows, (long long)ncols, (long long)n_batch, bad);
 
-        /* a sub-range of rows touches only those rows, and matches the full call */
-        if (rows >= 3) {
-            for (int64_t i = 0; i < ldy * n_batch; i++) y_avx[i] = -777.0f;
-            avx->matmul(t, wa, rb, 1, rows - 1, ncols, xq_ref, n_batch, y_avx, ldy);
+        /* a sub-range of rows touches only those rows and gives the full call's values
+         * (bit-identical); types with row groups split at group boundaries (ROW RANGES) */
+        const int64_t g = t == MOETAX_TYPE_Q4_0 ? MOETAX_KERNELS_ROW_GROUP : 1;
+        const int64_t ranges[2][2] = {{g, g == 1 ? rows - 1 : rows}, {0, g == 1 ? rows - 1 : g}};
+        for (int ri = 0; ri < 2; ri++) {
+            const int64_t r0 = ranges[ri][0], r1 = ranges[ri][1];
+            if (!(r0 < r1 && r1 <= rows && (r1 < rows || g == 1 || ri == 0))) continue;
+            float *y_sub = malloc(sizeof(float) * (size_t)(ldy * n_batch + 1));
+            for (int64_t i = 0; i < ldy * n_batch; i++) y_sub[i] = -777.0f;
+            avx->matmul(t, wa, rb, r0, r1, ncols, xq_ref, n_batch, y_sub, ldy);
             int diff = 0;
             for (int64_t b = 0; b < n_batch; b++)
                 for (int64_t r = 0; r < ldy; r++) {
-                    const float v = y_avx[b * ldy + r];
-                    if (r >= 1 && r < rows - 1) diff += fabsf(v - y_ref[b * ldy + r]) > 1e-3f * (1 + fabsf(v));
+                    const float v = y_sub[b * ldy + r];
+                    if (r >= r0 && r < r1) diff += v != y_avx[b * ldy + r];
                     else diff += v != -777.0f;
                 }
-            CHECK_MSG(diff == 0, "avx2 row range %s: %d bad", moetax_type_name(t), diff);
+            CHECK_MSG(diff == 0, "avx2 row range [%lld, %lld) of %lld %s: %d bad", (long long)r0, (long long)r1,
+                      (long long)rows, moetax_type_name(t), diff);
+            free(y_sub);
         }
         free(wa);
     }
@@ -169,11 +179,11 @@ static void test_matmul(void) {
         test_matmul_case(t, 37, q ? 4096 : 4099, 1);
         test_matmul_case(t, 6, q ? 2048 : 2047, 65);
     }
-    /* Q4_0 (repacked for AVX2 in groups of 8 blocks, the last nb % 8 plain): every nb % 8, one or
-     * several groups, rows not a multiple of 4, batches 1..64 */
+    /* Q4_0 (repacked for AVX2 in groups of 8 rows, the last rows % 8 plain): one to several
+     * groups with and without a tail, any block count, batches 1..64 (tiles of 1..4) */
     {
-        static const int64_t nbs[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 23, 24, 31, 40};
-        static const int64_t q4_rows[] = {1, 2, 3, 4, 5, 7, 9};
+        static const int64_t nbs[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 24, 31, 40};
+        static const int64_t q4_rows[] = {1, 7, 8, 9, 15, 16, 17, 24, 31};
         static const int64_t q4_batches[] = {1, 2, 3, 4, 5, 8, 17, 64};
         for (size_t ni = 0; ni < sizeof nbs / sizeof nbs[0]; ni++)
             for (size_t ri = 0; ri < sizeof q4_rows / sizeof q4_rows[0]; ri++)
@@ -186,20 +196,22 @@ static void test_matmul(void) {
     CHECK(moetax_act_size(MOETAX_TYPE_F16, 7, 3) == 7 * 3 * sizeof(float));
 }
 
-/* The inverse of the AVX2 table's Q4_0 repack, written from the layout in kernels.h
- * (groups of 8 blocks: F16 d of blocks 0 2 4 6 1 3 5 7, then 8 x 16 nibble bytes;
- * the last nb % 8 blocks plain). */
-static void unrepack_q4x8(const uint8_t *src, uint8_t *dst, int64_t nb) {
-    static const int slot_of_block[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-    int64_t b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        const uint8_t *g = src + b * 18;
-        for (int i = 0; i < 8; i++) {
-            memcpy(dst + (b + i) * 18, g + 2 * slot_of_block[i], 2);
-            memcpy(dst + (b + i) * 18 + 2, g + 16 + 16 * i, 16);
+/* The inverse of the AVX2 table's Q4_0 repack of one unit of rows, written from
+ * the layout in kernels.h (groups of 8 rows: per block, F16 d of rows 0..7, then
+ * 4 chunks x 8 rows x 4 nibble bytes; the last rows % 8 rows plain). */
+static void unrepack_q4r8(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t nb) {
+    const size_t rb = (size_t)nb * 18;
+    int64_t r0 = 0;
+    for (; r0 + 8 <= rows; r0 += 8)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = src + (size_t)r0 * rb + (size_t)b * 144;
+            for (int r = 0; r < 8; r++) {
+                uint8_t *o = dst + (size_t)(r0 + r) * rb + (size_t)b * 18;
+                memcpy(o, blk + 2 * r, 2);
+                for (int c = 0; c < 4; c++) memcpy(o + 2 + 4 * c, blk + 16 + 32 * c + 4 * r, 4);
+            }
         }
-    }
-    memcpy(dst + b * 18, src + b * 18, (size_t)(nb - b) * 18);
+    memcpy(dst + (size_t)r0 * rb, src + (size_t)r0 * rb, (size_t)(rows - r0) * rb);
 }
 
 static int cmp_u8(const void *a, const void *b) { return (int)*(const uint8_t *)a - (int)*(const uint8_t *)b; }
@@ -227,28 +239,44 @@ static void test_repack(void) {
         free(w), free(a), free(b);
     }
     if (!avx) return;
-    for (int64_t nb = 1; nb <= 41; nb++) {
-        const int64_t rows = 2, ncols = 32 * nb;
+    static const int64_t unit_rows[] = {1, 7, 8, 9, 16, 23};
+    for (int64_t nb = 1; nb <= 41; nb += 4)
+        for (size_t ui = 0; ui < sizeof unit_rows / sizeof unit_rows[0]; ui++) {
+            const int64_t rows = unit_rows[ui], ncols = 32 * nb;
+            size_t rb;
+            uint8_t *w = rand_matrix(MOETAX_TYPE_Q4_0, rows, ncols, &rb);
+            CHECK(rb == (size_t)nb * 18);
+            const size_t n = rb * (size_t)rows;
+            uint8_t *a = malloc(n), *back = malloc(n), *s1 = malloc(n), *s2 = malloc(n);
+            CHECK(moetax_kernels_repack(avx, MOETAX_TYPE_Q4_0, a, w, rows, ncols) == MOETAX_OK);
+            unrepack_q4r8(a, back, rows, nb);
+            CHECK_MSG(memcmp(back, w, n) == 0, "q4_0 repack rows=%lld nb=%lld does not round-trip", (long long)rows,
+                      (long long)nb);
+            memcpy(s1, w, n), memcpy(s2, a, n);
+            qsort(s1, n, 1, cmp_u8), qsort(s2, n, 1, cmp_u8);
+            CHECK_MSG(memcmp(s1, s2, n) == 0, "q4_0 repack rows=%lld nb=%lld: not a permutation", (long long)rows,
+                      (long long)nb);
+            /* the last rows % 8 rows are untouched; a full group is not (random scales differ) */
+            const size_t tail = (size_t)(rows % 8) * rb;
+            CHECK(memcmp(a + n - tail, w + n - tail, tail) == 0);
+            if (rows >= 8) CHECK(memcmp(a, w, 16) != 0);
+            memcpy(back, w, n); /* in place: the same bytes */
+            CHECK(moetax_kernels_repack(avx, MOETAX_TYPE_Q4_0, back, back, rows, ncols) == MOETAX_OK);
+            CHECK(memcmp(back, a, n) == 0);
+            free(w), free(a), free(back), free(s1), free(s2);
+        }
+    /* rows wider than the stack room go through the heap, in place too */
+    {
+        const int64_t rows = 9, ncols = 32 * (MOETAX_KERNELS_REPACK_STACK / (8 * 18) + 3);
         size_t rb;
         uint8_t *w = rand_matrix(MOETAX_TYPE_Q4_0, rows, ncols, &rb);
-        CHECK(rb == (size_t)nb * 18);
-        uint8_t *a = malloc(rb * rows), *back = malloc(rb), *s1 = malloc(rb), *s2 = malloc(rb);
-        moetax_kernels_repack(avx, MOETAX_TYPE_Q4_0, a, w, rows, ncols);
-        for (int64_t r = 0; r < rows; r++) {
-            const uint8_t *row = w + r * rb, *rep = a + r * rb;
-            unrepack_q4x8(rep, back, nb);
-            CHECK_MSG(memcmp(back, row, rb) == 0, "q4_0 repack nb=%lld row %lld does not round-trip", (long long)nb,
-                      (long long)r);
-            memcpy(s1, row, rb), memcpy(s2, rep, rb);
-            qsort(s1, rb, 1, cmp_u8), qsort(s2, rb, 1, cmp_u8);
-            CHECK_MSG(memcmp(s1, s2, rb) == 0, "q4_0 repack nb=%lld: not a permutation of the row's bytes",
-                      (long long)nb);
-            /* the last nb % 8 blocks are untouched; a full group is not (random scales differ) */
-            const size_t tail = (size_t)(nb % 8) * 18;
-            CHECK(memcmp(rep + rb - tail, row + rb - tail, tail) == 0);
-            if (nb >= 8) CHECK(memcmp(rep, row, 144) != 0);
-        }
-        free(w), free(a), free(back), free(s1), free(s2);
+        const size_t n = rb * (size_t)rows;
+        uint8_t *a = malloc(n), *b = malloc(n);
+        CHECK(moetax_kernels_repack(avx, MOETAX_TYPE_Q4_0, a, w, rows, ncols) == MOETAX_OK);
+        memcpy(b, w, n);
+        CHECK(moetax_kernels_repack(avx, MOETAX_TYPE_Q4_0, b, b, rows, ncols) == MOETAX_OK);
+        CHECK(memcmp(a, b, n) == 0);
+        free(w), free(a), free(b);
     }
 }
 

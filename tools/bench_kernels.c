@@ -72,14 +72,15 @@ struct mm_ctx {
     float *y; /* [n_mats][n_batch][rows] */
 };
 
-static int64_t split4(int64_t rows, int ith, int nth) {
+/* Thread ith's first row: splits at multiples of the kernels' row group (kernels.h, ROW RANGES). */
+static int64_t split_rows(int64_t rows, int ith, int nth) {
     if (ith >= nth) return rows;
-    return (rows * ith / nth) / 4 * 4;
+    return (rows * ith / nth) / MOETAX_KERNELS_ROW_GROUP * MOETAX_KERNELS_ROW_GROUP;
 }
 
 static void mm_fn(void *p, int ith, int nth) {
     const struct mm_ctx *c = p;
-    const int64_t r0 = split4(c->rows, ith, nth), r1 = split4(c->rows, ith + 1, nth);
+    const int64_t r0 = split_rows(c->rows, ith, nth), r1 = split_rows(c->rows, ith + 1, nth);
     for (int m = 0; m < c->n_mats; m++)
         c->k->matmul(c->t, c->w + (size_t)m * c->mat_stride, c->row_bytes, r0, r1, c->cols, c->xq, c->n_batch,
                      c->y + (size_t)m * (size_t)(c->n_batch * c->rows), c->rows);
@@ -153,18 +154,17 @@ static void fill_weights(enum moetax_type t, uint8_t *buf, size_t bytes) {
 }
 
 /* Put the buffer in the layout k's matmul reads for rows of `cols` columns, as
- * the model does at load (moetax_kernels_repack, in place); *laid_cols is the
- * column count it is laid out for now (0: as filled). Q4_0x8 rows whose block
- * count is a multiple of 8 are whole groups of 144 bytes, so such a buffer
- * serves every such column count without being laid out again. */
-static void layout_weights(const struct moetax_kernels *k, enum moetax_type t, uint8_t *buf, size_t bytes,
-                           int64_t cols, int64_t *laid_cols) {
-    if (!k->weights_repacked(t) || *laid_cols == cols) return;
-    if (t == MOETAX_TYPE_Q4_0 && *laid_cols && (cols / 32) % 8 == 0 && (*laid_cols / 32) % 8 == 0) return;
+ * the model does at load (moetax_kernels_repack, in place; one unit: the
+ * matrices in it are whole row groups); *laid_cols is the column count it is
+ * laid out for now (0: as filled). */
+static moetax_status layout_weights(const struct moetax_kernels *k, enum moetax_type t, uint8_t *buf, size_t bytes,
+                                    int64_t cols, int64_t *laid_cols) {
+    if (!k->weights_repacked(t) || *laid_cols == cols) return MOETAX_OK;
     if (*laid_cols) fill_weights(t, buf, bytes); /* back to the stored layout */
     const size_t rb = moetax_row_size(t, cols);
-    moetax_kernels_repack(k, t, buf, buf, (int64_t)(bytes / rb), cols);
-    *laid_cols = cols;
+    moetax_status st = moetax_kernels_repack(k, t, buf, buf, (int64_t)(bytes / rb), cols);
+    *laid_cols = st ? 0 : cols;
+    return st;
 }
 
 enum { CASE_MATRIX = 1, CASE_EXPERT = 2, CASE_GROUP8 = 4, CASE_BATCH = 8 };
@@ -304,7 +304,7 @@ int bench_kernels_main(int argc, char **argv) {
                 base.cols = cols;
                 base.row_bytes = moetax_row_size(t, cols);
                 base.rows = (int64_t)(bytes / base.row_bytes);
-                layout_weights(k, t, buf, bytes, cols, &laid_cols);
+                if ((st = layout_weights(k, t, buf, bytes, cols, &laid_cols))) goto case_fail;
                 k->quantize_act(t, x, cols, cols, 1, xq);
                 const double s = time_pass(pool, base, 1, (int)reps);
                 report(&out, t, nth, "matrix", base.rows, cols, 1, 1, (double)base.rows * (double)base.row_bytes, s,
@@ -318,7 +318,8 @@ int bench_kernels_main(int argc, char **argv) {
                 e.row_bytes = moetax_row_size(t, e.cols);
                 e.mat_stride = e.row_bytes * (size_t)e.rows;
                 const int64_t n_exp = (int64_t)(bytes / e.mat_stride);
-                if (cases & (CASE_EXPERT | CASE_GROUP8)) layout_weights(k, t, buf, bytes, e.cols, &laid_cols);
+                if ((cases & (CASE_EXPERT | CASE_GROUP8)) && (st = layout_weights(k, t, buf, bytes, e.cols, &laid_cols)))
+                    goto case_fail;
                 k->quantize_act(t, x, e.cols, e.cols, 1, xq);
                 if (cases & CASE_EXPERT) {
                     const double s = time_pass(pool, e, n_exp, (int)reps);
@@ -343,9 +344,9 @@ int bench_kernels_main(int argc, char **argv) {
                     c.n_batch = batches[bi];
                     const int64_t max_rows = (int64_t)(bytes / c.row_bytes);
                     int64_t rows = (int64_t)(2e9 / (2.0 * (double)cols * (double)c.n_batch)); /* ~2 GFLOP */
-                    rows = rows > max_rows ? max_rows : rows < 4 ? 4 : rows;
+                    rows = rows > max_rows ? max_rows : rows < 8 ? 8 : rows / 8 * 8; /* whole row groups */
                     c.rows = rows;
-                    layout_weights(k, t, buf, bytes, cols, &laid_cols);
+                    if ((st = layout_weights(k, t, buf, bytes, cols, &laid_cols))) goto case_fail;
                     k->quantize_act(t, x, cols, cols, c.n_batch, xq);
                     const int r = reps < 3 ? (int)reps : 3;
                     const double s = time_pass(pool, c, 1, r);
@@ -357,6 +358,11 @@ int bench_kernels_main(int argc, char **argv) {
                 printf("%-5s %3d  %-7s %45.2f GB/s read bandwidth (membw, same pool)\n", moetax_type_name(t), nth,
                        "membw", membw);
             moetax_pool_free(pool);
+            continue;
+        case_fail:
+            moetax_pool_free(pool);
+            rc = cli_fail(cmd, st);
+            break;
         }
     }
     cli_progress_done(&prog);

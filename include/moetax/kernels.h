@@ -29,40 +29,42 @@
  *     Q8_0 weights (nb = ncols / 32): int8 qs[nb][32]; float d[nb]
  *       ggml's Q8_0 quantization of x (d rounded to F16 as in a block_q8_0,
  *       stored widened to float).
- *     Q4_0 weights: the same quants, arranged by pairs of blocks (2p, 2p+1),
- *       (nb + 1) / 2 pairs of 128 bytes:
- *         int8  lo[32]  = qs[2p][0..16),  qs[2p+1][0..16)
- *         int8  hi[32]  = qs[2p][16..32), qs[2p+1][16..32)
- *         int16 s[16]:  s[8h + i] = 8 * (lo[16h+2i] + lo[16h+2i+1] + hi[16h+2i] + hi[16h+2i+1])
- *         float d[8]    = d[2p] x 4, d[2p+1] x 4
- *       (a missing block 2p+1 of an odd nb is all zero). This matches the
- *       nibble layout of block_q4_0 (byte j = values j and j+16), so one
- *       register holds two blocks; s turns unsigned nibbles into q - 8.
+ *     Q4_0 weights: the Q8_0 row, then int32 s[nb] with s[i] = 8 * sum of
+ *       block i's 32 quants: int8 qs[nb][32]; float d[nb]; int32 s[nb]. The
+ *       unsigned nibbles q (0..15) of a weight block give sum((q - 8) x) =
+ *       sum(q x) - s, so the kernels never subtract the offset per weight.
  *   quantize_act of every table produces identical bytes.
  *
  * WEIGHT LAYOUTS (per table and weight type; files on disk stay GGUF)
  *   A table may read a weight type in an in-memory layout of its own:
- *   weights_repacked(t) is then true, and such weights must be converted once,
- *   whole rows at a time, with moetax_kernels_repack before matmul sees them
- *   (the model does it at load, the expert store after reading an expert). A
- *   repacked row has the same size as the stored one and is a permutation of
- *   its bytes; row r still starts at w + r * row_bytes, so row ranges, per-head
- *   matrices and row slices of a fused tensor address it as before. Rows read
- *   any other way (moetax_to_float, e.g. the token embedding) must stay as
- *   stored.
+ *   weights_repacked(t) is then true, and such weights must be converted once
+ *   with moetax_kernels_repack before matmul sees them (the model does it at
+ *   load, the expert store after reading an expert). The unit of a repack is
+ *   one matrix of n_rows rows (a 3-D tensor is n matrices; the gate and up
+ *   halves of a fused gate_up matrix are two). Repacking keeps the unit's
+ *   size and is a permutation of its bytes; row groups (below) never cross
+ *   units, so row r of a unit still starts in its own group of rows at
+ *   w + (r - r % 8) * row_bytes. Rows read any other way (moetax_to_float,
+ *   e.g. the token embedding) must stay as stored.
  *     ref:  every type as stored.
- *     avx2: Q4_0 in "Q4_0x8": a row of nb blocks is nb / 8 groups of 8 blocks,
- *           144 bytes each (the size of 8 block_q4_0),
- *             uint16 d[8]       F16 scales of blocks 0 2 4 6 1 3 5 7 of the group
- *             uint8  qs[8][16]  the nibbles of blocks 0..7, in order, each
- *                               16 bytes as in block_q4_0
- *           then the row's last nb % 8 blocks as plain block_q4_0 (18 bytes).
- *           So the nibbles of a pair of blocks (2p, 2p+1) are one 32-byte load
- *           (block 2p in the low 128-bit lane, as in the prepared activations),
- *           and one 16-byte load + cvtph of d gives [d0 d2 d4 d6 | d1 d3 d5 d7]:
- *           the order in which the group's 4 pairs' sums come out of an
- *           in-lane horizontal reduction (phaddw), one lane per block.
- *
+ *     avx2: Q4_0 in "Q4_0x8r", eight rows interleaved: rows 8i..8i+7 of a
+ *           unit (the same 8 * row_bytes bytes) hold, for each block b in
+ *           order, 144 bytes (the size of 8 block_q4_0):
+ *             uint16 d[8]           F16 scales of block b of rows 0..7
+ *             uint8  qs[4][8][4]    chunk c, row r: nibble bytes 4c..4c+3 of
+ *                                   block b of row r (as in block_q4_0)
+ *           and the unit's last n_rows % 8 rows stay plain block_q4_0 rows.
+ *           So one 32-byte load holds 4 bytes of each of 8 rows: integer
+ *           dot products land in one 32-bit lane per row, the 8 scales are
+ *           one 16-byte load + cvtph, and the weights of 8 rows are one
+ *           sequential stream (no horizontal sums, one prefetch stream).
+ *   ROW RANGES. A call's rows [row0, row1) are relative to w: for a type
+ *   with row groups (avx2 Q4_0: MOETAX_KERNELS_ROW_GROUP rows), w must be
+ *   at a multiple of 8 rows into its unit, row0 a multiple of 8, and row1 a
+ *   multiple of 8 or the unit's last row (so a call ending inside a group
+ *   ends at the unit's plain tail). Splitting rows into blocks of 64 from
+ *   the unit's start, the last block ending at n_rows, satisfies this.
+
  * INVARIANTS
  *   - Q8_0 / Q4_0: ncols must be a multiple of 32 (moetax_act_size returns 0
  *     otherwise and matmul must not be called). F32/F16/BF16: any ncols >= 1.
@@ -84,6 +86,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "moetax/status.h"
 #include "moetax/types.h"
 
 #ifdef __cplusplus
@@ -136,6 +139,10 @@ void moetax_rope_cache(const struct moetax_rope_params *p, int64_t pos, float *c
 /* Bytes of prepared activations for n_batch rows of ncols (see the layout
  * above); 0 if wtype is not computable or ncols is not a multiple of its block. */
 size_t moetax_act_size(enum moetax_type wtype, int64_t ncols, int64_t n_batch);
+
+/* Rows of a row group in any table's layout (WEIGHT LAYOUTS, ROW RANGES):
+ * callers that split a matrix's rows split at multiples of this. */
+#define MOETAX_KERNELS_ROW_GROUP 8
 
 struct moetax_kernels {
     const char *name; /* "ref", "avx2" */
@@ -197,14 +204,18 @@ const struct moetax_kernels *moetax_kernels_ref(void);
 /* The AVX2/FMA/F16C table, or NULL if this CPU lacks any of them. */
 const struct moetax_kernels *moetax_kernels_avx2(void);
 
-/* Convert n_rows rows of ncols values of type t, back to back in the stored
- * (GGUF) layout at src (row_bytes = moetax_row_size(t, ncols) each), into the
- * layout k's matmul reads, at dst (the same number of bytes). dst == src
- * converts in place; otherwise the two must not overlap. When k does not
- * repack t this is a copy (nothing at all in place). Thread-safe; rows may be
- * converted in any order and by several threads (disjoint rows). */
-void moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_type t, void *dst, const void *src,
-                           int64_t n_rows, int64_t ncols);
+/* Convert one unit (WEIGHT LAYOUTS) of n_rows rows of ncols values of type
+ * t, back to back in the stored (GGUF) layout at src (row_bytes =
+ * moetax_row_size(t, ncols) each), into the layout k's matmul reads, at dst
+ * (the same number of bytes). dst == src converts in place; otherwise the
+ * two must not overlap. When k does not repack t this is a copy (nothing at
+ * all in place). Thread-safe; disjoint units may be converted by several
+ * threads. In place needs room for one row group (8 rows): on the stack up
+ * to MOETAX_KERNELS_REPACK_STACK bytes, else from the heap, and only then
+ * can it fail (MOETAX_ERR_NOMEM, dst untouched). */
+#define MOETAX_KERNELS_REPACK_STACK (256 * 1024)
+moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_type t, void *dst, const void *src,
+                                    int64_t n_rows, int64_t ncols);
 
 #ifdef __cplusplus
 }

@@ -42,9 +42,12 @@ void fw_attention(struct worker *w, int il) {
     const struct moetax_weight *wq = ql ? &l->wq_a : &l->wq;
     float *qout = ql ? c->qa : c->q;
     const int64_t nq = wq->ne[1], nkv = l->wkv_a.ne[1];
-    while (fw_rows(w, nq + nkv, 64, &r0, &r1)) {
+    /* blocks of 64 rows from each matrix's first row (kernels.h, ROW RANGES): kv_a's
+     * rows are numbered from nq rounded up to 64 */
+    const int64_t nq64 = (nq + 63) / 64 * 64;
+    while (fw_rows(w, nq64 + nkv, 64, &r0, &r1)) {
         if (r0 < nq) fw_matmul(c, wq, 0, r0, r1 < nq ? r1 : nq, &c->a_in, 0, n, qout, nq);
-        if (r1 > nq) fw_matmul(c, &l->wkv_a, 0, (r0 > nq ? r0 : nq) - nq, r1 - nq, &c->a_in, 0, n, c->kva, nkv);
+        else if (r0 >= nq64) fw_matmul(c, &l->wkv_a, 0, r0 - nq64, r1 - nq64, &c->a_in, 0, n, c->kva, nkv);
     }
     fw_phase_end(w);
 

@@ -34,40 +34,56 @@ static bool repacked_none(enum moetax_type t) {
 
 static bool repacked_avx2(enum moetax_type t) { return t == MOETAX_TYPE_Q4_0; }
 
-void moetax_k_repack_row_q4x8(void *dst, const void *src, int64_t nb) {
-    enum { G = MOETAX_K_Q4X8_BLOCKS, GB = MOETAX_K_Q4X8_GROUP_BYTES };
-    const size_t bs = sizeof(moetax_block_q4_0);
-    _Static_assert(GB == G * sizeof(moetax_block_q4_0), "a group has the size of its blocks");
-    _Static_assert(MOETAX_K_Q4X8_QS_OFF + G * 16 == GB, "group = scales + nibbles");
-    uint8_t *d = dst;
+void moetax_k_repack_group_q4r8(void *dst, const void *src, int64_t nb) {
+    enum { R = MOETAX_K_Q4R8_ROWS, BB = MOETAX_K_Q4R8_BLOCK_BYTES };
+    _Static_assert(BB == R * sizeof(moetax_block_q4_0), "a group block has the size of its 8 blocks");
+    _Static_assert(MOETAX_K_Q4R8_QS_OFF + 4 * R * 4 == BB, "scales + 4 chunks of 8 rows x 4 bytes");
+    const size_t rb = (size_t)nb * sizeof(moetax_block_q4_0);
     const uint8_t *s = src;
-    const int64_t ng = nb / G;
-    for (int64_t g = 0; g < ng; g++) {
-        uint8_t tmp[GB]; /* the group's source bytes (dst may be src) */
-        memcpy(tmp, s + (size_t)g * GB, GB);
-        uint8_t *o = d + (size_t)g * GB;
-        for (int i = 0; i < G; i++) {
-            const uint8_t *blk = tmp + (size_t)i * bs;
-            memcpy(o + 2 * moetax_k_q4x8_d_slot(i), blk, 2);
-            memcpy(o + MOETAX_K_Q4X8_QS_OFF + 16 * i, blk + 2, 16);
+    uint8_t *d = dst;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = d + (size_t)b * BB;
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * sizeof(moetax_block_q4_0);
+            memcpy(o + 2 * r, blk, 2);
+            for (int c = 0; c < 4; c++) memcpy(o + MOETAX_K_Q4R8_QS_OFF + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
         }
     }
-    /* the last nb % 8 blocks stay as they are */
-    const size_t done = (size_t)ng * GB, tail = (size_t)(nb - ng * G) * bs;
-    if (d != s && tail) memmove(d + done, s + done, tail);
 }
 
-void moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_type t, void *dst, const void *src,
-                           int64_t n_rows, int64_t ncols) {
+moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_type t, void *dst, const void *src,
+                                    int64_t n_rows, int64_t ncols) {
     const size_t rb = moetax_row_size(t, ncols);
-    if (n_rows <= 0 || rb == 0) return;
-    /* the only repacked layout so far: Q4_0x8 (avx2) */
+    if (n_rows <= 0 || rb == 0) return MOETAX_OK;
+    /* the only repacked layout so far: Q4_0x8r (avx2) */
     if (t != MOETAX_TYPE_Q4_0 || !k->weights_repacked || !k->weights_repacked(t)) {
         if (dst != src) memmove(dst, src, rb * (size_t)n_rows);
-        return;
+        return MOETAX_OK;
     }
-    for (int64_t r = 0; r < n_rows; r++)
-        moetax_k_repack_row_q4x8((uint8_t *)dst + (size_t)r * rb, (const uint8_t *)src + (size_t)r * rb, ncols / 32);
+    enum { R = MOETAX_K_Q4R8_ROWS };
+    const int64_t ng = n_rows / R;
+    const size_t gb = (size_t)R * rb;
+    if (ng > 0 && dst == src) { /* in place: each group's source bytes go through a copy */
+        _Alignas(64) uint8_t stack[MOETAX_KERNELS_REPACK_STACK];
+        uint8_t *tmp = gb <= sizeof stack ? stack : malloc(gb);
+        if (!tmp)
+            return moetax_error(MOETAX_ERR_NOMEM, "repack: cannot allocate %zu bytes for a group of %d rows of %lld columns",
+                                gb, R, (long long)ncols);
+        for (int64_t g = 0; g < ng; g++) {
+            uint8_t *p = (uint8_t *)dst + (size_t)g * gb;
+            memcpy(tmp, p, gb);
+            moetax_k_repack_group_q4r8(p, tmp, ncols / 32);
+        }
+        if (tmp != stack) free(tmp);
+    } else {
+        for (int64_t g = 0; g < ng; g++)
+            moetax_k_repack_group_q4r8((uint8_t *)dst + (size_t)g * gb, (const uint8_t *)src + (size_t)g * gb,
+                                       ncols / 32);
+    }
+    /* the last n_rows % 8 rows stay as they are */
+    const size_t done = (size_t)ng * gb, tail = (size_t)(n_rows - ng * R) * rb;
+    if (dst != src && tail) memmove((uint8_t *)dst + done, (const uint8_t *)src + done, tail);
+    return MOETAX_OK;
 }
 
 static const struct moetax_kernels k_ref = {

@@ -11,8 +11,6 @@
 #include "moetax/kernels.h"
 
 /* ---- prepared-activation layout (see kernels.h) ---- */
-/* Q4_0 pair of blocks: int8 lo[32], int8 hi[32], int16 s[16], float d[8]. */
-#define MOETAX_K_Q4_PAIR_BYTES 128
 static inline int moetax_k_act_is_q(enum moetax_type t) {
     return t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0;
 }
@@ -22,22 +20,22 @@ static inline size_t moetax_k_act_row_bytes(enum moetax_type t, int64_t ncols) {
     switch (t) {
     case MOETAX_TYPE_F32: case MOETAX_TYPE_F16: case MOETAX_TYPE_BF16: return (size_t)ncols * sizeof(float);
     case MOETAX_TYPE_Q8_0: return nb * (32 + sizeof(float));
-    case MOETAX_TYPE_Q4_0: return (nb + 1) / 2 * MOETAX_K_Q4_PAIR_BYTES;
+    case MOETAX_TYPE_Q4_0: return nb * (32 + sizeof(float) + sizeof(int32_t));
     default: return 0;
     }
 }
-/* Q8_0 row: qs[nb][32] at 0, then float d[nb]. */
+/* Q8_0 / Q4_0 row: qs[nb][32] at 0, then float d[nb]; Q4_0 then int32 s[nb]. */
 static inline size_t moetax_k_act_d_off(enum moetax_type t, int64_t nb) { (void)t; return (size_t)nb * 32; }
+static inline size_t moetax_k_act_s_off(int64_t nb) { return (size_t)nb * (32 + sizeof(float)); }
 
 /* ---- repacked weight layouts (see kernels.h, WEIGHT LAYOUTS) ---- */
-/* Q4_0x8 (avx2): groups of 8 blocks: uint16 d[8] (blocks 0 2 4 6 1 3 5 7), then qs[8][16]. */
-#define MOETAX_K_Q4X8_BLOCKS 8
-#define MOETAX_K_Q4X8_GROUP_BYTES 144 /* 16 + 8 * 16 == 8 * sizeof(moetax_block_q4_0) */
-#define MOETAX_K_Q4X8_QS_OFF 16
-/* Group position of the scale of block i (0..7) of a group: 0 2 4 6 1 3 5 7 -> 0..7. */
-static inline int moetax_k_q4x8_d_slot(int i) { return (i & 1) * 4 + (i >> 1); }
-/* One row of nb blocks, standard -> Q4_0x8; dst == src allowed, else no overlap. */
-void moetax_k_repack_row_q4x8(void *dst, const void *src, int64_t nb);
+/* Q4_0x8r (avx2): per group of 8 rows and block, uint16 d[8] then qs[4][8][4]. */
+#define MOETAX_K_Q4R8_ROWS 8
+#define MOETAX_K_Q4R8_BLOCK_BYTES 144 /* 16 + 4 * 8 * 4 == 8 * sizeof(moetax_block_q4_0) */
+#define MOETAX_K_Q4R8_QS_OFF 16
+/* One group of 8 rows of nb blocks (row stride rb = 18 nb), standard ->
+ * Q4_0x8r, from src to dst (no overlap). */
+void moetax_k_repack_group_q4r8(void *dst, const void *src, int64_t nb);
 
 /* Shared tables (kernels.c): fp16 -> fp32 for every bit pattern. */
 extern float moetax_k_fp16_table[1 << 16];

@@ -15,13 +15,13 @@
  * pairs), pmaddwd (-> i32), then converted to float and accumulated with the
  * block scale d_w * d_x:
  *   Q8_0: |w| x sign(x, w) (ggml's trick), one block per step.
- *   Q4_0: repacked at load (Q4_0x8, kernels.h) so that a pair of blocks'
- *         2 x 16 nibble bytes are one 32-byte load and 8 blocks' scales one
- *         16-byte load + cvtph. Low and high nibbles (unsigned 0..15) against
- *         the activations prepared in the matching arrangement; the 8 block
- *         sums of a group are reduced together (phaddw, pmaddwd), minus the
- *         prepared s = 8 * sum(x) for the -8 offset, and scaled by one cvt /
- *         fma per row and group.
+ *   Q4_0: repacked at load (Q4_0x8r, kernels.h): 8 rows interleaved, so
+ *         each 32-bit lane of a nibble vector belongs to one row and meets a
+ *         broadcast 4-byte group of the activation quants (pmaddubsw of the
+ *         unsigned nibbles); 4 such vectors (a block of 8 rows) sum in int16,
+ *         one pmaddwd gives the 8 rows' block sums, minus the prepared
+ *         s = 8 * sum(x) for the -8 offset, and one cvt / fma per block
+ *         applies the 8 rows' scales (one cvtph) times d_x.
  * Other d_w (F16) are read through the shared 64 Ki-entry fp16 -> fp32 table.
  *
  * Q8_0 with QB_MIN or more batch rows (prefill) takes another path, with
@@ -29,6 +29,7 @@
  * with bit-identical results. */
 #include "kernels_impl.h"
 
+#include <assert.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -81,21 +82,19 @@ static void quantize_row_q8(const float *x, int64_t nb, uint8_t *out) {
         _mm256_storeu_si256((__m256i *)(out + i * 32), quantize_block(x + i * 32, &d[i]));
 }
 
-/* Q4_0 pair layout (kernels.h): lo, hi, s, d per pair of blocks. */
-static void quantize_row_q4pairs(const float *x, int64_t nb, uint8_t *out) {
-    const __m256i eight = _mm256_set1_epi8(8);
-    for (int64_t p = 0; p < (nb + 1) / 2; p++) {
-        float d0, d1 = 0.0f;
-        const __m256i q0 = quantize_block(x + p * 64, &d0);
-        const __m256i q1 = 2 * p + 1 < nb ? quantize_block(x + p * 64 + 32, &d1) : _mm256_setzero_si256();
-        const __m256i lo = _mm256_permute2x128_si256(q0, q1, 0x20);
-        const __m256i hi = _mm256_permute2x128_si256(q0, q1, 0x31);
-        uint8_t *o = out + p * 128;
-        _mm256_storeu_si256((__m256i *)o, lo);
-        _mm256_storeu_si256((__m256i *)(o + 32), hi);
-        _mm256_storeu_si256((__m256i *)(o + 64),
-                            _mm256_add_epi16(_mm256_maddubs_epi16(eight, lo), _mm256_maddubs_epi16(eight, hi)));
-        _mm256_storeu_ps((float *)(o + 96), _mm256_blend_ps(_mm256_set1_ps(d0), _mm256_set1_ps(d1), 0xf0));
+/* Q4_0 rows (kernels.h): the Q8_0 row, then s[i] = 8 * sum of block i's quants. */
+static void quantize_row_q4(const float *x, int64_t nb, uint8_t *out) {
+    quantize_row_q8(x, nb, out);
+    int32_t *s = (int32_t *)(out + moetax_k_act_s_off(nb));
+    const __m256i one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
+    for (int64_t i = 0; i < nb; i++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(out + i * 32));
+        /* maddubs(1, q): adjacent quants summed in int16, then pmaddwd: in int32 */
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(one8, q), one16);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+        s[i] = 8 * _mm_cvtsi128_si32(t);
     }
 }
 
@@ -106,7 +105,7 @@ void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t 
         const float *xr = x + b * ldx;
         uint8_t *out = (uint8_t *)xq + (size_t)b * row_bytes;
         if (wtype == MOETAX_TYPE_Q8_0) quantize_row_q8(xr, ncols / 32, out);
-        else if (wtype == MOETAX_TYPE_Q4_0) quantize_row_q4pairs(xr, ncols / 32, out);
+        else if (wtype == MOETAX_TYPE_Q4_0) quantize_row_q4(xr, ncols / 32, out);
         else memcpy(out, xr, (size_t)ncols * sizeof(float));
     }
 }
@@ -313,212 +312,143 @@ ALWAYS_INLINE void tile_q8(const int RB, const int BB, const uint8_t *w, size_t 
     }
 }
 
-/* Q4_0 weights are read in the Q4_0x8 layout (kernels.h, WEIGHT LAYOUTS):
- * groups of 8 blocks [d of blocks 0 2 4 6 1 3 5 7 | 8 x 16 nibble bytes], then
- * the row's last nb % 8 blocks as plain block_q4_0. Two blocks (a pair) at a
- * time: the pair's 2 x 16 nibble bytes in one register (block 2p low lane,
- * 2p+1 high lane); low nibbles and high nibbles (unsigned 0..15) each meet the
- * activations prepared in the same arrangement (pmaddubsw), and the prepared
- * s = 8 * sum(x) removes the -8 offset. A group's 4 pairs are reduced together
- * to its 8 exact block sums (q4x8_group_step), the plain pairs at the end of a
- * row one at a time (q4_mac).
+/* Q4_0 weights in the Q4_0x8r layout (kernels.h, WEIGHT LAYOUTS): a group of 8
+ * rows is one stream of 144-byte blocks [d of rows 0..7 | 4 chunks x 8 rows x 4
+ * nibble bytes]. Chunk c of a block holds nibble bytes 4c..4c+3 of each row, i.e.
+ * (low nibbles) values 4c..4c+3 and (high nibbles) 16+4c..16+4c+3: against the
+ * activation quants at those positions, broadcast to every lane, pmaddubsw gives
+ * per lane (row) two int16 partial sums. Four chunks' low and high products sum
+ * in int16 without overflow (a lane adds 16 products q x, 0 <= q <= 15,
+ * |x| <= 127: |lane| <= 30480), pmaddwd gives the 8 rows' exact block sums in
+ * int32, minus s = 8 * sum(x) of the block; then the canonical chain of every
+ * Q4_0 path here: acc = fma((float)S_b, d_w[b] * d_x[b], acc) over the blocks
+ * in order, from 0, so every batch size and row split gives bit-identical
+ * results (prefill == step-by-step decode, as for Q8_0).
  *
- * q4_mac: one weight row's plain pair (nibbles v, scales dw = [d_2p x4 |
- * d_2p+1 x4]) against BB batch rows (their prepared pair at ap, stride
- * act_row); one pmaddwd / cvt / fma serves both blocks. */
-ALWAYS_INLINE void q4_mac(const int BB, __m256i v, __m256 dw, const __m256i xlo[4], const __m256i xhi[4],
-                          const uint8_t *ap, size_t act_row, __m256 acc[4]) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i lo = _mm256_and_si256(v, m4);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+ * q4r8_group: the 8 rows of the group at g against BB (1..4) batch rows; the
+ * weights of a block are decoded once for all BB. */
+ALWAYS_INLINE void q4r8_group(const int BB, const uint8_t *g, int64_t nb, const uint8_t *act, size_t act_row,
+                              float *y, int64_t ldy) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
+    __m256 acc[4];
 #pragma GCC unroll 4
-    for (int j = 0; j < BB; j++) {
-        const __m256i sj = _mm256_loadu_si256((const __m256i *)(ap + j * act_row + 64));
-        __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[j]), _mm256_maddubs_epi16(hi, xhi[j]));
-        p16 = _mm256_sub_epi16(p16, sj);
-        const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-        const __m256 dx = _mm256_loadu_ps((const float *)(ap + j * act_row + 96));
-        acc[j] = _mm256_fmadd_ps(pf, _mm256_mul_ps(dw, dx), acc[j]);
-    }
-}
-
-ALWAYS_INLINE void q4_load_x(const int BB, const uint8_t *ap, size_t act_row, __m256i xlo[4], __m256i xhi[4]) {
-#pragma GCC unroll 4
-    for (int j = 0; j < BB; j++) {
-        xlo[j] = _mm256_loadu_si256((const __m256i *)(ap + j * act_row));
-        xhi[j] = _mm256_loadu_si256((const __m256i *)(ap + j * act_row + 32));
-    }
-}
-
-/* The activation scales of group g's 8 blocks in the order of its weight
- * scales, [dx0 dx2 dx4 dx6 | dx1 dx3 dx5 dx7]: lane p of each half from pair
- * p's [dx_2p x4 | dx_2p+1 x4]. */
-ALWAYS_INLINE __m256 q4x8_group_dx(const uint8_t *ap0) {
-    const float *d = (const float *)(ap0 + 96);
-    const size_t ps = MOETAX_K_Q4_PAIR_BYTES / sizeof(float);
-    __m256 v = _mm256_blend_ps(_mm256_loadu_ps(d), _mm256_loadu_ps(d + ps), 0x22);
-    v = _mm256_blend_ps(v, _mm256_loadu_ps(d + 2 * ps), 0x44);
-    return _mm256_blend_ps(v, _mm256_loadu_ps(d + 3 * ps), 0x88);
-}
-
-/* The 4 pairs' int16 partial sums of a group (per pair: 8 lanes per block,
- * block 2p low half, 2p+1 high half) -> the 8 block sums, int32, in the
- * group's scale order [b0 b2 b4 b6 | b1 b3 b5 b7]: two levels of phaddw (per
- * half: pairs 0/1 and 2/3 side by side, then 2 lanes per block), then pmaddwd.
- * No int16 overflow: a lane sums at most 16 products q x with 0 <= q <= 15,
- * |x| <= 127 (|lane| <= 30480); for the offsets s, |lane| <= 4 x 4064. */
-ALWAYS_INLINE __m256i q4x8_reduce(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
-    const __m256i h = _mm256_hadd_epi16(_mm256_hadd_epi16(p0, p1), _mm256_hadd_epi16(p2, p3));
-    return _mm256_madd_epi16(h, _mm256_set1_epi16(1));
-}
-
-/* Group g (blocks 8g..8g+7, activation pairs 4g..4g+3) of RB rows, one row at
- * a time: per pair one 32-byte load of nibbles and the unsigned nibble dots
- * (int16); then the 8 exact block sums at once (q4x8_reduce) minus the
- * activations' 8 * sum(x) per block (reduced once per group and batch row),
- * and one cvt + fma per row with the 8 scales (one 16-byte load + cvtph,
- * times the activations' scales in the same order). */
-ALWAYS_INLINE void q4x8_group_step(const int RB, const int BB, const uint8_t *w, size_t rb, const uint8_t *act,
-                                   size_t act_row, int64_t g, __m256 acc[4][4]) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const size_t goff = (size_t)g * MOETAX_K_Q4X8_GROUP_BYTES;
-    const uint8_t *ap0 = act + (size_t)(4 * g) * MOETAX_K_Q4_PAIR_BYTES;
-    const size_t ps = MOETAX_K_Q4_PAIR_BYTES;
-    if (QPF > 0) { /* 144 bytes a group: 3 prefetches 48 apart touch every line */
-        const size_t off = goff + QPF;
-        const char *base = (const char *)w + off + (off >= rb ? (size_t)(RB - 1) * rb : 0);
-#pragma GCC unroll 4
-        for (int r = 0; r < RB; r++) {
-            _mm_prefetch(base + r * rb, QPF_HINT);
-            _mm_prefetch(base + r * rb + 48, QPF_HINT);
-            _mm_prefetch(base + r * rb + 96, QPF_HINT);
+    for (int j = 0; j < BB; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = g + (size_t)b * MOETAX_K_Q4R8_BLOCK_BYTES;
+        if (QPF > 0) { /* 144 bytes a block: 3 prefetches 48 apart touch every line */
+            _mm_prefetch((const char *)blk + QPF, QPF_HINT);
+            _mm_prefetch((const char *)blk + QPF + 48, QPF_HINT);
+            _mm_prefetch((const char *)blk + QPF + 96, QPF_HINT);
         }
-    }
-    __m256i off8[4];
-    __m256 dxg[4];
+        __m256i s16[4];
 #pragma GCC unroll 4
-    for (int j = 0; j < BB; j++) {
-        const uint8_t *a = ap0 + j * act_row;
-#define S_(p) _mm256_loadu_si256((const __m256i *)(a + (p) * ps + 64))
-        off8[j] = q4x8_reduce(S_(0), S_(1), S_(2), S_(3));
-#undef S_
-        dxg[j] = q4x8_group_dx(a);
-    }
+        for (int j = 0; j < BB; j++) s16[j] = _mm256_setzero_si256();
 #pragma GCC unroll 4
-    for (int r = 0; r < RB; r++) {
-        const uint8_t *wr = w + r * rb + goff;
-        const __m256 dg = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wr));
-        __m256i pp[4][4]; /* [j][pair] */
-#pragma GCC unroll 4
-        for (int p = 0; p < 4; p++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(wr + MOETAX_K_Q4X8_QS_OFF + p * 32));
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4R8_QS_OFF + 32 * c));
             const __m256i lo = _mm256_and_si256(v, m4);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
 #pragma GCC unroll 4
             for (int j = 0; j < BB; j++) {
-                const uint8_t *a = ap0 + j * act_row + p * ps;
-                pp[j][p] = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)a)),
-                                            _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(a + 32))));
+                const uint8_t *xq = act + j * act_row + (size_t)b * 32;
+                int32_t xl, xh;
+                memcpy(&xl, xq + 4 * c, 4);
+                memcpy(&xh, xq + 16 + 4 * c, 4);
+                s16[j] = _mm256_add_epi16(s16[j], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)),
+                                                                   _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh))));
             }
         }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
 #pragma GCC unroll 4
         for (int j = 0; j < BB; j++) {
-            const __m256i sb = _mm256_sub_epi32(q4x8_reduce(pp[j][0], pp[j][1], pp[j][2], pp[j][3]), off8[j]);
-            acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sb), _mm256_mul_ps(dg, dxg[j]), acc[r][j]);
+            const uint8_t *aj = act + j * act_row;
+            int32_t sx;
+            memcpy(&sx, aj + s_off + (size_t)b * 4, 4);
+            const __m256i sb = _mm256_sub_epi32(_mm256_madd_epi16(s16[j], ones), _mm256_set1_epi32(sx));
+            const __m256 dd = _mm256_mul_ps(dw, _mm256_broadcast_ss((const float *)(aj + d_off) + b));
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sb), dd, acc[j]);
         }
     }
+#pragma GCC unroll 4
+    for (int j = 0; j < BB; j++) _mm256_storeu_ps(y + j * ldy, acc[j]);
 }
 
-/* A pair of plain block_q4_0 at byte boff of each row (the row's last nb % 8
- * blocks), activation pair ip. `full` is false for the last, unpaired block
- * of an odd nb (its high lane is zero). */
-ALWAYS_INLINE void q4_plain_pair_step(const int RB, const int BB, const uint8_t *w, size_t rb, const uint8_t *act,
-                                      size_t act_row, size_t boff, int64_t ip, bool full, __m256 acc[4][4]) {
-    const uint8_t *ap = act + (size_t)ip * MOETAX_K_Q4_PAIR_BYTES;
-    __m256i xlo[4], xhi[4];
-    q4_load_x(BB, ap, act_row, xlo, xhi);
-    if (QPF > 0) prefetch_tile(w, rb, RB, boff);
-#pragma GCC unroll 4
-    for (int r = 0; r < RB; r++) {
-        const uint8_t *b0 = w + r * rb + boff;
-        uint16_t d0, d1;
-        memcpy(&d0, b0, 2);
-        __m256i v;
-        __m256 dw;
-        if (full) {
-            memcpy(&d1, b0 + sizeof(moetax_block_q4_0), 2);
-            v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 2))),
-                                        _mm_loadu_si128((const __m128i *)(b0 + sizeof(moetax_block_q4_0) + 2)), 1);
-            dw = _mm256_blend_ps(_mm256_broadcast_ss(&moetax_k_fp16_table[d0]),
-                                 _mm256_broadcast_ss(&moetax_k_fp16_table[d1]), 0xf0);
-        } else {
-            v = _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_loadu_si128((const __m128i *)(b0 + 2)), 0);
-            dw = _mm256_broadcast_ss(&moetax_k_fp16_table[d0]);
+#define Q4R8_GROUP(BB)                                                                                        \
+    static void q4r8_group_##BB(const uint8_t *g, int64_t nb, const uint8_t *act, size_t act_row, float *y, \
+                                int64_t ldy) {                                                                \
+        q4r8_group(BB, g, nb, act, act_row, y, ldy);                                                          \
+    }
+Q4R8_GROUP(1) Q4R8_GROUP(2) Q4R8_GROUP(3) Q4R8_GROUP(4)
+static void (*const k_q4r8[4])(const uint8_t *, int64_t, const uint8_t *, size_t, float *, int64_t) = {
+    q4r8_group_1, q4r8_group_2, q4r8_group_3, q4r8_group_4};
+
+/* One plain block_q4_0 row (a unit's last n_rows % 8 rows) against one batch
+ * row, in the same canonical chain: the 16 nibble bytes of a block expand to
+ * [low nibbles | high nibbles] = values 0..31 in order, one pmaddubsw against
+ * the block's 32 quants. */
+static float q4_plain_row(const uint8_t *w, int64_t nb, const uint8_t *a) {
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const float *dx = (const float *)(a + moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb));
+    const int32_t *sx = (const int32_t *)(a + moetax_k_act_s_off(nb));
+    __m128 acc = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * sizeof(moetax_block_q4_0);
+        uint16_t dh;
+        memcpy(&dh, blk, 2);
+        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 2));
+        const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(a + b * 32))),
+                                            ones);
+        const int32_t sb = _mm_cvtsi128_si32(hsum1_epi32(p)) - sx[b];
+        acc = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), sb),
+                           _mm_set_ss(moetax_k_fp16_table[dh] * dx[b]), acc);
+    }
+    return _mm_cvtss_f32(acc);
+}
+
+/* Rows [row0, row1) (ROW RANGES in kernels.h: row0 a multiple of 8; a partial
+ * last group is the unit's plain tail). */
+static void matmul_q4(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                      const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
+    enum { R = MOETAX_K_Q4R8_ROWS };
+    const int64_t nb = ncols / 32;
+    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q4_0, ncols);
+    int64_t r = row0;
+    for (; r + R <= row1; r += R)
+        for (int64_t j = 0; j < n_batch; j += 4) {
+            const int bb = n_batch - j < 4 ? (int)(n_batch - j) : 4;
+            k_q4r8[bb - 1](w + (size_t)r * row_bytes, nb, act + (size_t)j * act_row, act_row, y + j * ldy + r, ldy);
         }
-        q4_mac(BB, v, dw, xlo, xhi, ap, act_row, acc[r]);
+    for (; r < row1; r++)
+        for (int64_t j = 0; j < n_batch; j++)
+            y[j * ldy + r] = q4_plain_row(w + (size_t)r * row_bytes, nb, act + (size_t)j * act_row);
+}
+
+#define TILE_Q8(RB, BB)                                                                                   \
+    static void tile_q8_0_##RB##x##BB(const uint8_t *w, size_t rb, const uint8_t *act, size_t act_row,     \
+                                      int64_t nb, float *y, int64_t ldy) {                                 \
+        tile_q8(RB, BB, w, rb, act, act_row, nb, y, ldy);                                                  \
     }
-}
-
-ALWAYS_INLINE void tile_q4(const int RB, const int BB, const uint8_t *w, size_t rb, const uint8_t *act,
-                           size_t act_row, int64_t nb, float *y, int64_t ldy) {
-    __m256 acc[4][4];
-#pragma GCC unroll 4
-    for (int r = 0; r < RB; r++)
-#pragma GCC unroll 4
-        for (int j = 0; j < BB; j++) acc[r][j] = _mm256_setzero_ps();
-    const int64_t ng = nb / MOETAX_K_Q4X8_BLOCKS;
-    for (int64_t g = 0; g < ng; g++) q4x8_group_step(RB, BB, w, rb, act, act_row, g, acc);
-    /* the last nb % 8 blocks, plain */
-    const int64_t nt = nb - ng * MOETAX_K_Q4X8_BLOCKS, ip0 = ng * (MOETAX_K_Q4X8_BLOCKS / 2);
-    const size_t toff = (size_t)ng * MOETAX_K_Q4X8_GROUP_BYTES;
-    for (int64_t q = 0; q < nt / 2; q++)
-        q4_plain_pair_step(RB, BB, w, rb, act, act_row, toff + (size_t)q * 2 * sizeof(moetax_block_q4_0), ip0 + q,
-                           true, acc);
-    if (nt & 1)
-        q4_plain_pair_step(RB, BB, w, rb, act, act_row, toff + (size_t)(nt - 1) * sizeof(moetax_block_q4_0),
-                           ip0 + nt / 2, false, acc);
-#pragma GCC unroll 4
-    for (int r = 0; r < RB; r++)
-#pragma GCC unroll 4
-        for (int j = 0; j < BB; j++) y[j * ldy + r] = hsum_ps(acc[r][j]);
-}
-
-ALWAYS_INLINE void tile_q(enum moetax_type t, const int RB, const int BB, const uint8_t *w, size_t rb,
-                          const uint8_t *act, size_t act_row, int64_t nb, float *y, int64_t ldy) {
-    if (t == MOETAX_TYPE_Q8_0) tile_q8(RB, BB, w, rb, act, act_row, nb, y, ldy);
-    else tile_q4(RB, BB, w, rb, act, act_row, nb, y, ldy);
-}
-
-#define TILE_Q(T, RB, BB, tag)                                                                            \
-    static void tile_##tag##_##RB##x##BB(const uint8_t *w, size_t rb, const uint8_t *act, size_t act_row, \
-                                         int64_t nb, float *y, int64_t ldy) {                            \
-        tile_q(T, RB, BB, w, rb, act, act_row, nb, y, ldy);                                              \
-    }
-#define TILES_Q(T, tag)                                                                                    \
-    TILE_Q(T, 4, 1, tag) TILE_Q(T, 4, 2, tag) TILE_Q(T, 1, 1, tag) TILE_Q(T, 1, 2, tag)
-TILES_Q(MOETAX_TYPE_Q8_0, q8_0)
-TILES_Q(MOETAX_TYPE_Q4_0, q4_0)
+TILE_Q8(4, 1) TILE_Q8(4, 2) TILE_Q8(1, 1) TILE_Q8(1, 2)
 
 typedef void (*tile_q_fn)(const uint8_t *w, size_t rb, const uint8_t *act, size_t act_row, int64_t nb, float *y,
                           int64_t ldy);
-static const tile_q_fn k_tiles_q[2][2][2] = {
-    {{tile_q8_0_1x1, tile_q8_0_1x2}, {tile_q8_0_4x1, tile_q8_0_4x2}},
-    {{tile_q4_0_1x1, tile_q4_0_1x2}, {tile_q4_0_4x1, tile_q4_0_4x2}},
-};
+static const tile_q_fn k_tiles_q8[2][2] = {{tile_q8_0_1x1, tile_q8_0_1x2}, {tile_q8_0_4x1, tile_q8_0_4x2}};
 
-static void matmul_q(int ti, enum moetax_type t, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1,
-                     int64_t ncols, const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
+static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                      const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
     enum { BBMAX = 2 };
     const int64_t nb = ncols / 32;
-    const size_t act_row = moetax_k_act_row_bytes(t, ncols);
+    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q8_0, ncols);
     for (int64_t r = row0; r < row1; ) {
         const int rb4 = row1 - r >= 4;
         for (int64_t j = 0; j < n_batch; ) {
             const int64_t left = n_batch - j;
             const int bb = left >= BBMAX ? BBMAX : (int)left;
-            k_tiles_q[ti][rb4][bb - 1](w + (size_t)r * row_bytes, row_bytes, act + (size_t)j * act_row, act_row,
-                                       nb, y + j * ldy + r, ldy);
+            k_tiles_q8[rb4][bb - 1](w + (size_t)r * row_bytes, row_bytes, act + (size_t)j * act_row, act_row, nb,
+                                    y + j * ldy + r, ldy);
             j += bb;
         }
         r += rb4 ? 4 : 1;
@@ -727,9 +657,12 @@ void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_byte
     case MOETAX_TYPE_BF16: matmul_f(2, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
     case MOETAX_TYPE_Q8_0:
         if (n_batch >= QB_MIN) qb_matmul_q8(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
-        else matmul_q(0, wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        else matmul_q8(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
         break;
-    case MOETAX_TYPE_Q4_0: matmul_q(1, wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
+    case MOETAX_TYPE_Q4_0:
+        assert(row0 % MOETAX_K_Q4R8_ROWS == 0); /* ROW RANGES, kernels.h */
+        matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        break;
     default: break;
     }
 }

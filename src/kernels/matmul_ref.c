@@ -18,20 +18,6 @@ static void quantize_block_q8(const float *x, int8_t *qs, float *d_out) {
     *d_out = moetax_fp16_to_fp32(moetax_fp32_to_fp16(d));
 }
 
-/* Q4_0 pair layout (kernels.h): lo[32], hi[32], s[16], d[8] per pair of blocks. */
-static void put_q4_block(uint8_t *pair, int h, const int8_t *q, float d) {
-    int8_t *lo = (int8_t *)pair, *hi = (int8_t *)pair + 32;
-    int16_t *s = (int16_t *)(pair + 64);
-    float *dd = (float *)(pair + 96);
-    for (int j = 0; j < 16; j++) {
-        lo[16 * h + j] = q[j];
-        hi[16 * h + j] = q[16 + j];
-    }
-    for (int i = 0; i < 8; i++)
-        s[8 * h + i] = (int16_t)(8 * (q[2 * i] + q[2 * i + 1] + q[16 + 2 * i] + q[16 + 2 * i + 1]));
-    for (int i = 0; i < 4; i++) dd[4 * h + i] = d;
-}
-
 void moetax_k_quantize_act_ref(enum moetax_type wtype, const float *x, int64_t ldx, int64_t ncols,
                                int64_t n_batch, void *xq) {
     const size_t row_bytes = moetax_k_act_row_bytes(wtype, ncols);
@@ -39,16 +25,16 @@ void moetax_k_quantize_act_ref(enum moetax_type wtype, const float *x, int64_t l
     for (int64_t b = 0; b < n_batch; b++) {
         const float *xr = x + b * ldx;
         uint8_t *out = (uint8_t *)xq + (size_t)b * row_bytes;
-        if (wtype == MOETAX_TYPE_Q8_0) {
+        if (wtype == MOETAX_TYPE_Q8_0 || wtype == MOETAX_TYPE_Q4_0) {
             float *d = (float *)(out + moetax_k_act_d_off(wtype, nb));
             for (int64_t i = 0; i < nb; i++) quantize_block_q8(xr + i * 32, (int8_t *)out + i * 32, &d[i]);
-        } else if (wtype == MOETAX_TYPE_Q4_0) {
-            memset(out, 0, row_bytes); /* the missing half of an odd last pair */
-            for (int64_t i = 0; i < nb; i++) {
-                int8_t q[32];
-                float d;
-                quantize_block_q8(xr + i * 32, q, &d);
-                put_q4_block(out + (size_t)(i / 2) * MOETAX_K_Q4_PAIR_BYTES, (int)(i % 2), q, d);
+            if (wtype == MOETAX_TYPE_Q4_0) { /* s = 8 * sum of each block's quants (kernels.h) */
+                int32_t *s = (int32_t *)(out + moetax_k_act_s_off(nb));
+                for (int64_t i = 0; i < nb; i++) {
+                    int32_t sum = 0;
+                    for (int j = 0; j < 32; j++) sum += ((const int8_t *)out)[i * 32 + j];
+                    s[i] = 8 * sum;
+                }
             }
         } else {
             memcpy(out, xr, (size_t)ncols * sizeof(float));
@@ -85,20 +71,17 @@ static double dot_q8(const moetax_block_q8_0 *w, const int8_t *qs, const float *
     return acc;
 }
 
-static double dot_q4(const moetax_block_q4_0 *w, const uint8_t *act, int64_t nb) {
+/* Q4_0 x Q8_0: (q - 8) per nibble, as stored (byte j = values j and j + 16);
+ * the activations' s is not used here (kernels.h). */
+static double dot_q4(const moetax_block_q4_0 *w, const int8_t *qs, const float *d, int64_t nb) {
     double acc = 0.0;
     for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *pair = act + (size_t)(i / 2) * MOETAX_K_Q4_PAIR_BYTES;
-        const int h = (int)(i % 2);
-        const int8_t *lo = (const int8_t *)pair + 16 * h, *hi = (const int8_t *)pair + 32 + 16 * h;
-        float d;
-        memcpy(&d, pair + 96 + 16 * h, sizeof d);
         int32_t isum = 0;
         for (int j = 0; j < 16; j++) {
-            isum += ((int32_t)(w[i].qs[j] & 0x0f) - 8) * (int32_t)lo[j];
-            isum += ((int32_t)(w[i].qs[j] >> 4) - 8) * (int32_t)hi[j];
+            isum += ((int32_t)(w[i].qs[j] & 0x0f) - 8) * (int32_t)qs[i * 32 + j];
+            isum += ((int32_t)(w[i].qs[j] >> 4) - 8) * (int32_t)qs[i * 32 + 16 + j];
         }
-        acc += (double)(moetax_fp16_to_fp32(w[i].d) * d) * (double)isum;
+        acc += (double)(moetax_fp16_to_fp32(w[i].d) * d[i]) * (double)isum;
     }
     return acc;
 }
@@ -120,7 +103,7 @@ void moetax_k_matmul_ref(enum moetax_type wtype, const void *w, size_t row_bytes
                 v = dot_q8(wr, (const int8_t *)a, (const float *)(a + moetax_k_act_d_off(wtype, nb)), nb);
                 break;
             case MOETAX_TYPE_Q4_0:
-                v = dot_q4(wr, a, nb);
+                v = dot_q4(wr, (const int8_t *)a, (const float *)(a + moetax_k_act_d_off(wtype, nb)), nb);
                 break;
             default: break;
             }

@@ -125,6 +125,27 @@ static bool weight_repacked(const struct moetax_weight *w) {
     return w->data && w->file_data && kernels_repack(w->type);
 }
 
+/* Rows of one repack unit of w (kernels.h, WEIGHT LAYOUTS): a matrix, or
+ * half of a fused gate_up matrix (its gate rows, then its up rows). */
+static int64_t repack_unit_rows(const struct moetax_model *m, const struct moetax_weight *w) {
+    for (int il = 0; il < m->hp.n_layer; il++)
+        if (m->layers[il].fused_gate_up && w == &m->layers[il].gate_exps) return m->hp.n_ff_exp;
+    return w->ne[1];
+}
+
+/* Repack rows rows of w (a whole number of units) from src to dst (may be src). */
+static moetax_status repack_units(const struct moetax_model *m, const struct moetax_weight *w, void *dst,
+                                  const void *src, int64_t rows) {
+    const struct moetax_kernels *K = moetax_kernels_get();
+    const int64_t unit = repack_unit_rows(m, w);
+    moetax_status st = MOETAX_OK;
+    for (int64_t r = 0; !st && r < rows; r += unit)
+        st = moetax_kernels_repack(K, w->type, (uint8_t *)dst + (size_t)r * w->row_bytes,
+                                   (const uint8_t *)src + (size_t)r * w->row_bytes, rows - r < unit ? rows - r : unit,
+                                   w->ne[0]);
+    return st;
+}
+
 /* Copy ws[0..n) (file tensors the kernels read repacked) into one anonymous
  * mapping, repacked, each 64-byte aligned, and point their data at it. */
 static moetax_status repack_weights(const struct moetax_model *m, struct moetax_weight *const *ws, int n,
@@ -137,12 +158,11 @@ static moetax_status repack_weights(const struct moetax_model *m, struct moetax_
         return moetax_error(MOETAX_ERR_NOMEM, "%s: cannot allocate %.1f MiB for the %s in the kernels' layout%s",
                             m->gguf->path, (double)total / 1048576.0, what,
                             strcmp(what, "routed experts") ? "" : " (an expert store needs less: --expert-budget)");
-    const struct moetax_kernels *K = moetax_kernels_get();
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         struct moetax_weight *w = ws[i];
         const size_t nb = weight_bytes(w);
-        moetax_kernels_repack(K, w->type, buf + off, w->file_data, (int64_t)(nb / w->row_bytes), w->ne[0]);
+        (void)repack_units(m, w, buf + off, w->file_data, (int64_t)(nb / w->row_bytes)); /* not in place: cannot fail */
         w->data = buf + off;
         if (w->file_data != m->tok_embd.file_data) release_mapped(m, w->file_data, nb); /* still read by rows */
         off += (nb + 63) / 64 * 64;
@@ -211,11 +231,11 @@ static void store_repack(void *user, int layer, int e, void *const *ptrs, const 
     const struct moetax_model *m = user;
     const struct moetax_layer *l = &m->layers[layer];
     const struct moetax_weight *ws[3] = {&l->gate_exps, &l->up_exps, &l->down_exps};
-    const struct moetax_kernels *K = moetax_kernels_get();
     for (int i = 0, k = 0; i < 3 && k < n_ranges; i++) {
         if (i == 1 && l->fused_gate_up) continue;
         const struct moetax_weight *w = ws[i];
-        moetax_kernels_repack(K, w->type, ptrs[k], ptrs[k], (int64_t)(sizes[k] / w->row_bytes), w->ne[0]);
+        /* in place; cannot fail: moetax_model_store_open checked that a row group fits the stack */
+        (void)repack_units(m, w, ptrs[k], ptrs[k], (int64_t)(sizes[k] / w->row_bytes));
         k++;
     }
 }
@@ -612,6 +632,13 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
     for (int il = 0; il < hp->n_layer; il++) {
         const struct moetax_layer *l = &m->layers[il];
         if (l->is_moe && (weight_repacked(&l->gate_exps) || weight_repacked(&l->up_exps) || weight_repacked(&l->down_exps))) {
+            const size_t wide = l->gate_exps.row_bytes > l->down_exps.row_bytes ? l->gate_exps.row_bytes
+                                                                                  : l->down_exps.row_bytes;
+            if ((size_t)MOETAX_KERNELS_ROW_GROUP * wide > MOETAX_KERNELS_REPACK_STACK)
+                return moetax_error(MOETAX_ERR_ARG,
+                                    "%s: expert rows of %zu bytes are too wide for the expert store's in-place "
+                                    "repack (at most %d bytes); run without --expert-budget",
+                                    m->gguf->path, wide, MOETAX_KERNELS_REPACK_STACK / MOETAX_KERNELS_ROW_GROUP);
             p.on_load = store_repack; /* slots hold the experts in the kernels' layout */
             p.on_load_user = (void *)m;
             break;

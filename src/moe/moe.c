@@ -205,14 +205,16 @@ void fw_moe(struct worker *w, int il) {
 
     /* 1: router + shared gate/up */
     fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
-    while (fw_rows(w, E + Fs, 64, &r0, &r1)) {
+    /* blocks of 64 rows from each matrix's first row (kernels.h, ROW RANGES): the
+     * shared expert's rows are numbered from E rounded up to 64 */
+    const int64_t E64 = (E + 63) / 64 * 64;
+    while (fw_rows(w, E64 + Fs, 64, &r0, &r1)) {
         if (r0 < E) {
             fw_mark(w, MOETAX_PHASE_ROUTE);
             fw_matmul(c, &l->gate_inp, 0, r0, r1 < E ? r1 : E, &c->a_in, 0, n, c->router, E);
-        }
-        if (r1 > E) {
+        } else if (r0 >= E64) {
             fw_mark(w, MOETAX_PHASE_SHARED);
-            int64_t a = (r0 > E ? r0 : E) - E, b = r1 - E;
+            int64_t a = r0 - E64, b = r1 - E64;
             fw_matmul(c, &l->gate_sh, 0, a, b, &c->a_in, 0, n, c->hid, Fs);
             fw_matmul(c, &l->up_sh, 0, a, b, &c->a_in, 0, n, c->tmp, Fs);
             for (int64_t t = 0; t < n; t++)
