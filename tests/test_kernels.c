@@ -484,6 +484,56 @@ static void check_topk(const struct moetax_kernels *k, const float *x, int64_t n
     }
 }
 
+/* wsum: every table bit-identical to the chain of axpys it replaces in attention
+ * (o = 0; o += p_j v_j for j in order), and close to the double-precision sum;
+ * head counts and widths not multiples of the tiles, zero rows, strided p/v/out. */
+static void test_wsum(void) {
+    const struct moetax_kernels *tabs[2] = {moetax_kernels_ref(), moetax_kernels_avx2()};
+    static const int64_t nhs[] = {1, 3, 4, 5, 8, 16};
+    static const int64_t nps[] = {0, 1, 2, 7, 64, 129};
+    static const int64_t ns[] = {1, 7, 8, 15, 16, 17, 40, 256};
+    int bad = 0;
+    for (size_t a = 0; a < sizeof nhs / sizeof nhs[0]; a++)
+        for (size_t b = 0; b < sizeof nps / sizeof nps[0]; b++)
+            for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+                const int64_t nh = nhs[a], np = nps[b], n = ns[c];
+                const int64_t ld_p = np + 3, ld_v = n + 5, ld_out = n + 2;
+                float *p = rand_vec(nh * ld_p, 0.3f), *v = rand_vec((np > 0 ? np : 1) * ld_v, 1.0f);
+                float *want = malloc(sizeof(float) * (size_t)(nh * ld_out));
+                float *got = malloc(sizeof(float) * (size_t)(nh * ld_out));
+                for (int64_t h = 0; h < nh; h++) {
+                    float *o = want + h * ld_out;
+                    memset(o, 0, sizeof(float) * (size_t)n);
+                    for (int64_t j = 0; j < np; j++)
+                        for (int64_t k = 0; k < n; k++) o[k] = fmaf(p[h * ld_p + j], v[j * ld_v + k], o[k]);
+                    for (int64_t k = 0; k < n; k++) { /* and the chain is close to the exact sum */
+                        double e = 0, mag = 0;
+                        for (int64_t j = 0; j < np; j++) {
+                            e += (double)p[h * ld_p + j] * v[j * ld_v + k];
+                            mag += fabs((double)p[h * ld_p + j] * v[j * ld_v + k]);
+                        }
+                        if (fabs(o[k] - e) > 1e-6 * (mag + 1e-30) * (double)(np + 1)) bad++;
+                    }
+                }
+                for (int ti = 0; ti < 2; ti++) {
+                    if (!tabs[ti]) continue;
+                    for (int64_t i = 0; i < nh * ld_out; i++) got[i] = -777.0f;
+                    tabs[ti]->wsum(got, ld_out, p, ld_p, nh, v, ld_v, np, n);
+                    for (int64_t h = 0; h < nh; h++)
+                        for (int64_t k = 0; k < ld_out; k++) {
+                            const float g = got[h * ld_out + k];
+                            const bool ok = k < n ? memcmp(&g, &want[h * ld_out + k], sizeof g) == 0 : g == -777.0f;
+                            if (!ok && bad++ < 5)
+                                fprintf(stderr, "wsum %s nh=%lld np=%lld n=%lld h=%lld c=%lld: %.9g vs %.9g\n",
+                                        tabs[ti]->name, (long long)nh, (long long)np, (long long)n, (long long)h,
+                                        (long long)k, g, want[h * ld_out + k]);
+                        }
+                }
+                free(p), free(v), free(want), free(got);
+            }
+    CHECK_MSG(bad == 0, "wsum: %d bad", bad);
+}
+
 static void test_topk(void) {
     const struct moetax_kernels *tabs[2] = {moetax_kernels_ref(), moetax_kernels_avx2()};
     for (int ti = 0; ti < 2; ti++) {
@@ -619,6 +669,7 @@ int main(int argc, char **argv) {
     test_matmul_vs_f32();
     test_vec_ops();
     test_scatter_add();
+    test_wsum();
     test_topk();
     test_rope();
     return tu_finish("test_kernels");

@@ -117,9 +117,7 @@ void fw_attention(struct worker *w, int il) {
             K->softmax(sc + hh * np_max, np);
         }
         float *o = n == 1 ? o1 : c->oatt + (t * H + h0) * kvl;
-        memset(o, 0, sizeof(float) * (size_t)(nh * kvl));
-        for (int64_t j = 0; j < np; j++)
-            for (int64_t hh = 0; hh < nh; hh++) K->axpy(o + hh * kvl, sc[hh * np_max + j], kvc + j * kvr, kvl);
+        K->wsum(o, kvl, sc, np_max, nh, kvc, kvr, np, kvl);
         if (n > 1) continue;
         for (int64_t hh = 0; hh < nh; hh++) {
             int64_t h = h0 + hh;

@@ -106,6 +106,16 @@ void moetax_k_axpy_ref(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+void moetax_k_wsum_ref(float *out, int64_t ld_out, const float *p, int64_t ld_p, int64_t nh, const float *v,
+                       int64_t ld_v, int64_t np, int64_t n) {
+    for (int64_t h = 0; h < nh; h++)
+        for (int64_t c = 0; c < n; c++) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < np; j++) acc = fmaf(p[h * ld_p + j], v[j * ld_v + c], acc);
+            out[h * ld_out + c] = acc;
+        }
+}
+
 void moetax_k_scale_ref(float *x, float a, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= a;
 }
