@@ -250,8 +250,10 @@ int main(int argc, char **argv) {
         CHECK_EQ_INT(gen(args, p), 0);
         consistency(p, 2e-5f);
     }
-    /* wide enough for Q4_0 rows of whole groups of 8 blocks plus a remainder (the AVX2 kernels read
-     * Q4_0 repacked in groups of 8): d 288 (9 blocks), expert F 320 (10), dense ff 544 (17), kv_lora 256 (8) */
+    /* wide Q4_0 (the AVX2 kernels read it with 8 rows interleaved): d 288 (9 blocks), expert F 320
+     * (10), dense ff 544 (17), kv_lora 256 (8); then row counts that leave a plain tail of rows % 8
+     * (kv_a 36 rows, v_b 20 per head, output 517; q 100 rows and 6 experts before kv_a and the
+     * shared expert in their joint row splits) */
     const char *wide = "--preset tiny-v3 --embd 288 --expert-ff 320 --ff 544 --kv-lora 256 --seed 11";
     for (int i = 2; i < 4; i++) {
         char args[256];
@@ -265,6 +267,13 @@ int main(int argc, char **argv) {
             snprintf(wt, sizeof wt, "%s", tu_path("model_wide_tied.gguf"));
             tied_output(wsrc, wt, tu_path("model_wide_untied.gguf"));
         }
+    }
+    {
+        const char *po = tu_path("model_odd_rows.gguf");
+        CHECK_EQ_INT(gen("--preset tiny-v3 --q-lora 0 --rope-dim 4 --vocab 517 --heads 5 --v-head 20 --experts 6 --groups 2 "
+                         "--groups-used 1 --shared 3 --seed 13 --type q4_0",
+                         po), 0);
+        consistency(po, 2e-5f);
     }
     const char *p = tu_path("model_variants.gguf");
     CHECK_EQ_INT(gen("--preset tiny-v3 --fused-gate-up --kv-b-merged --type q8_0", p), 0);

@@ -129,12 +129,17 @@ def main():
     for name, args in variants:
         for wtype in ("f32", "f16", "bf16", "q8_0", "q4_0"):
             compare(moetax, work, name, args, wtype, prompt)
-    # rows of whole groups of 8 Q4_0 blocks plus a remainder (the AVX2 kernels read Q4_0 repacked in
-    # groups of 8, the rest of a row as stored): d 288 (9 blocks), expert F 320 (10), dense ff 544 (17),
-    # kv_lora 256 (8); plain and fused gate_up / merged kv_b
+    # wide Q4_0 (the AVX2 kernels read it with 8 rows interleaved, a matrix's last rows % 8 rows as
+    # stored): d 288 (9 blocks), expert F 320 (10), dense ff 544 (17), kv_lora 256 (8); plain and fused
+    # gate_up / merged kv_b; and matrices whose row counts leave a plain tail: kv_a 36 rows (rope 4),
+    # each head's v_b 20 rows, the output head 517 rows, q 100 rows and 6 routers before the matrices
+    # split with them (kv_a, the shared expert)
     groups = ["--preset", "tiny-v3", "--embd", "288", "--expert-ff", "320", "--ff", "544", "--kv-lora", "256"]
+    odd = ["--preset", "tiny-v3", "--q-lora", "0", "--rope-dim", "4", "--vocab", "517", "--heads", "5", "--v-head", "20",
+           "--experts", "6", "--groups", "2", "--groups-used", "1", "--shared", "3"]
     for name, args in [("v3-groups", groups + ["--seed", "11"]),
-                       ("v3-groups-layout", groups + ["--fused-gate-up", "--kv-b-merged", "--seed", "12"])]:
+                       ("v3-groups-layout", groups + ["--fused-gate-up", "--kv-b-merged", "--seed", "12"]),
+                       ("v3-odd-rows", odd + ["--seed", "13"])]:
         compare(moetax, work, name, args, "q4_0", prompt)
     return summary()
 
