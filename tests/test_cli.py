@@ -32,6 +32,14 @@ def main():
     for mode in ("mem", "kernels"):
         h = run([mt, "bench", mode, "--help"])
         check(h.returncode == 0 and "usage" in h.stdout, f"moetax bench {mode} --help")
+    # bench kernels --json: one object per case with the documented fields (a small, quick run)
+    r = run([mt, "bench", "kernels", "--size-mib", "8", "-r", "1", "-t", "1", "--types", "q4_0,f32",
+             "--cases", "matrix,batch", "--json"])
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    check(r.returncode == 0 and len(rows) == 6, f"bench kernels --json: rc {r.returncode}, {len(rows)} objects")
+    for o in rows:
+        ok = all(k in o for k in ("type", "threads", "rows", "cols", "batch", "gbps", "roofline_ratio", "paired_ratio"))
+        check(ok and o["gbps"] > 0 and o["paired_ratio"] > 0, f"bench kernels object {o}")
     r = run([mt, "frobnicate"])
     check(r.returncode == 2 and "unknown command" in r.stderr, "unknown command")
 

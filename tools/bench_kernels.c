@@ -10,7 +10,12 @@
  *   group8   the same 256x1024 experts, 8 per pool run (each worker does its
  *            share of all 8 back to back)
  *   batch    the matrix (a slice of it sized to ~2 GFLOP) x 8 and x 64 vectors
- * Times are medians of --reps timed runs after one warm-up. Weights are in the
+ * Times are medians of --reps timed runs after one warm-up. Each timed run is
+ * paired with a plain streaming read (moetax_membw_sum, every worker its share)
+ * of the same bytes of the same buffer just before it: `paired` is the median
+ * of the per-pair ratios of the two, the kernel's share of what the memory
+ * gave at that moment, which drifts much less than the ratio to a membw
+ * figure taken once per case on a shared machine. Weights are in the
  * layout the engine hands to matmul: types the table reads repacked (Q4_0 with
  * avx2, kernels.h) are repacked once, before timing; bytes are counted as
  * stored (the repacked layout has the same size). */
@@ -52,7 +57,11 @@ static void usage(FILE *f) {
             "      --pin            pin worker i to CPU i\n"
             "      --json           one JSON object per line and case:\n"
             "                         {\"test\":\"kernel\",\"kernel\",\"type\",\"threads\",\"case\",\"rows\",\"cols\",\n"
-            "                          \"batch\",\"mats\",\"bytes\",\"ms\",\"gbps\",\"membw_gbps\",\"roofline_ratio\",\"gflops\"}\n"
+            "                          \"batch\",\"mats\",\"bytes\",\"ms\",\"gbps\",\"membw_gbps\",\"roofline_ratio\",\n"
+            "                          \"paired_ratio\",\"gflops\"}\n"
+            "                       roofline_ratio = gbps / membw_gbps (membw: 'bench mem' in the same run);\n"
+            "                       paired_ratio = median over runs of the kernel's GB/s / a plain read's\n"
+            "                       GB/s of the same bytes right before it (robust to a drifting machine)\n"
             "  -h, --help           this text\n",
             n > 0 ? n : 1);
 }
@@ -91,23 +100,56 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Median seconds of one "pass": n_runs pool runs, each over n_mats matrices
- * starting mat_stride * n_mats apart. One warm-up pass first. */
-static double time_pass(struct moetax_pool *pool, struct mm_ctx base, int64_t n_runs, int reps) {
-    double *t = malloc(sizeof(double) * (size_t)reps);
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* A plain streaming read of [buf, buf + bytes), each worker its 4 KiB-aligned share. */
+struct rd_ctx {
+    const uint8_t *buf;
+    size_t bytes;
+    uint64_t sink[64];
+};
+
+static void rd_fn(void *p, int ith, int nth) {
+    struct rd_ctx *c = p;
+    const size_t per = (c->bytes / (size_t)nth + 4095) & ~(size_t)4095;
+    const size_t a = (size_t)ith * per < c->bytes ? (size_t)ith * per : c->bytes;
+    const size_t b = a + per < c->bytes ? a + per : c->bytes;
+    if (b > a) c->sink[ith & 63] = moetax_membw_sum(c->buf + a, b - a);
+}
+
+struct pass_times {
+    double secs;   /* median kernel pass */
+    double paired; /* median over passes of (read time / kernel time) for the same bytes */
+};
+
+/* n_runs pool runs, each over n_mats matrices starting mat_stride * n_mats
+ * apart, reading `bytes` bytes of weights from base.w: one warm-up pass, then
+ * reps timed passes, each right after a timed plain read of the same bytes. */
+static struct pass_times time_pass(struct moetax_pool *pool, struct mm_ctx base, int64_t n_runs, int reps,
+                                   size_t bytes) {
+    double *t = malloc(sizeof(double) * (size_t)reps), *r = malloc(sizeof(double) * (size_t)reps);
+    struct rd_ctx rd = {.buf = base.w, .bytes = bytes};
     for (int rep = -1; rep < reps; rep++) {
-        const double t0 = cli_now();
+        double t0 = cli_now();
+        moetax_pool_run(pool, rd_fn, &rd);
+        const double tr = cli_now() - t0;
+        t0 = cli_now();
         for (int64_t i = 0; i < n_runs; i++) {
             struct mm_ctx c = base;
             c.w = base.w + (size_t)i * (size_t)base.n_mats * base.mat_stride;
             moetax_pool_run(pool, mm_fn, &c);
         }
-        if (rep >= 0) t[rep] = cli_now() - t0;
+        if (rep >= 0) {
+            t[rep] = cli_now() - t0;
+            r[rep] = tr / t[rep];
+        }
     }
-    qsort(t, (size_t)reps, sizeof(double), cmp_double);
-    const double med = reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
-    free(t);
-    return med;
+    struct pass_times pt = {.secs = median(t, reps), .paired = median(r, reps)};
+    free(t), free(r);
+    return pt;
 }
 
 struct bk_out {
@@ -116,17 +158,20 @@ struct bk_out {
 };
 
 static void report(const struct bk_out *o, enum moetax_type t, int threads, const char *cs, int64_t rows,
-                   int64_t cols, int64_t batch, int mats, double bytes, double secs, double membw, double flops) {
-    const double gbps = bytes / secs / 1e9, gflops = flops / secs / 1e9;
+                   int64_t cols, int64_t batch, int mats, double bytes, struct pass_times pt, double membw,
+                   double flops) {
+    const double secs = pt.secs, gbps = bytes / secs / 1e9, gflops = flops / secs / 1e9;
     if (o->json) {
         printf("{\"test\":\"kernel\",\"kernel\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"case\":\"%s\","
                "\"rows\":%lld,\"cols\":%lld,\"batch\":%lld,\"mats\":%d,\"bytes\":%.0f,\"ms\":%.4f,"
-               "\"gbps\":%.3f,\"membw_gbps\":%.3f,\"roofline_ratio\":%.4f,\"gflops\":%.3f}\n",
+               "\"gbps\":%.3f,\"membw_gbps\":%.3f,\"roofline_ratio\":%.4f,\"paired_ratio\":%.4f,"
+               "\"gflops\":%.3f}\n",
                o->kernel, moetax_type_name(t), threads, cs, (long long)rows, (long long)cols, (long long)batch, mats,
-               bytes, secs * 1e3, gbps, membw, gbps / membw, gflops);
+               bytes, secs * 1e3, gbps, membw, gbps / membw, pt.paired, gflops);
     } else {
-        printf("%-5s %3d  %-7s %7lld x %-5lld %5lld %5d %10.3f %8.2f %6.3f %9.2f\n", moetax_type_name(t), threads, cs,
-               (long long)rows, (long long)cols, (long long)batch, mats, secs * 1e3, gbps, gbps / membw, gflops);
+        printf("%-5s %3d  %-7s %7lld x %-5lld %5lld %5d %10.3f %8.2f %6.3f %6.3f %9.2f\n", moetax_type_name(t),
+               threads, cs, (long long)rows, (long long)cols, (long long)batch, mats, secs * 1e3, gbps, gbps / membw,
+               pt.paired, gflops);
     }
     fflush(stdout);
 }
@@ -268,10 +313,11 @@ int bench_kernels_main(int argc, char **argv) {
     }
 
     if (!out.json) {
-        printf("kernels '%s', %lld MiB buffer, median of %lld runs; ratio = GB/s / read bandwidth of the same pool\n",
+        printf("kernels '%s', %lld MiB buffer, median of %lld runs; ratio = GB/s / read bandwidth of the same pool;\n"
+               "paired = median of GB/s / a plain read of the same bytes just before each run\n",
                k->name, (long long)size_mib, (long long)reps);
-        printf("%-5s %3s  %-7s %15s %5s %5s %10s %8s %6s %9s\n", "type", "thr", "case", "rows x cols", "batch",
-               "mats", "ms", "GB/s", "ratio", "GFLOP/s");
+        printf("%-5s %3s  %-7s %15s %5s %5s %10s %8s %6s %6s %9s\n", "type", "thr", "case", "rows x cols", "batch",
+               "mats", "ms", "GB/s", "ratio", "paired", "GFLOP/s");
     }
     cli_progress prog;
     cli_progress_init(&prog, "bench kernels", (uint64_t)(n_types * n_t));
@@ -306,9 +352,10 @@ int bench_kernels_main(int argc, char **argv) {
                 base.rows = (int64_t)(bytes / base.row_bytes);
                 if ((st = layout_weights(k, t, buf, bytes, cols, &laid_cols))) goto case_fail;
                 k->quantize_act(t, x, cols, cols, 1, xq);
-                const double s = time_pass(pool, base, 1, (int)reps);
-                report(&out, t, nth, "matrix", base.rows, cols, 1, 1, (double)base.rows * (double)base.row_bytes, s,
-                       membw, 2.0 * (double)base.rows * (double)cols);
+                const size_t mb = (size_t)base.rows * base.row_bytes;
+                const struct pass_times s = time_pass(pool, base, 1, (int)reps, mb);
+                report(&out, t, nth, "matrix", base.rows, cols, 1, 1, (double)mb, s, membw,
+                       2.0 * (double)base.rows * (double)cols);
             }
             static const int64_t shapes[2][2] = {{256, 1024}, {1024, 256}};
             for (int sh = 0; sh < 2; sh++) {
@@ -322,14 +369,15 @@ int bench_kernels_main(int argc, char **argv) {
                     goto case_fail;
                 k->quantize_act(t, x, e.cols, e.cols, 1, xq);
                 if (cases & CASE_EXPERT) {
-                    const double s = time_pass(pool, e, n_exp, (int)reps);
+                    const struct pass_times s = time_pass(pool, e, n_exp, (int)reps, (size_t)n_exp * e.mat_stride);
                     report(&out, t, nth, "expert", e.rows, e.cols, 1, (int)n_exp, (double)n_exp * (double)e.mat_stride,
                            s, membw, 2.0 * (double)n_exp * (double)e.rows * (double)e.cols);
                 }
                 if ((cases & CASE_GROUP8) && sh == 0) {
                     e.n_mats = 8;
                     const int64_t n_runs = n_exp / 8;
-                    const double s = time_pass(pool, e, n_runs, (int)reps);
+                    const struct pass_times s =
+                        time_pass(pool, e, n_runs, (int)reps, (size_t)n_runs * 8 * e.mat_stride);
                     report(&out, t, nth, "group8", e.rows, e.cols, 1, (int)(n_runs * 8),
                            (double)n_runs * 8.0 * (double)e.mat_stride, s, membw,
                            2.0 * (double)n_runs * 8.0 * (double)e.rows * (double)e.cols);
@@ -349,7 +397,7 @@ int bench_kernels_main(int argc, char **argv) {
                     if ((st = layout_weights(k, t, buf, bytes, cols, &laid_cols))) goto case_fail;
                     k->quantize_act(t, x, cols, cols, c.n_batch, xq);
                     const int r = reps < 3 ? (int)reps : 3;
-                    const double s = time_pass(pool, c, 1, r);
+                    const struct pass_times s = time_pass(pool, c, 1, r, (size_t)rows * c.row_bytes);
                     report(&out, t, nth, "batch", rows, cols, c.n_batch, 1, (double)rows * (double)c.row_bytes, s,
                            membw, 2.0 * (double)rows * (double)cols * (double)c.n_batch);
                 }
