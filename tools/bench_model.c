@@ -29,8 +29,11 @@ static void usage(FILE *f) {
                "  -t LIST        thread counts (default: online CPUs)\n"
                "  -r N           repetitions, the median is reported (default 5)\n"
                "  --json         one JSON object per test: test, threads, tokens_per_s, tpot_p50_ms, tpot_p99_ms,\n"
-               "                 active_bytes_per_token, gbps, read_gbps, roofline_ratio, us_per_layer, tax_share,\n"
-               "                 ledger_overhead\n"
+               "                 active_bytes_per_token, gbps, read_gbps, roofline_ratio, paired_ratio, us_per_layer,\n"
+               "                 tax_share, ledger_overhead\n"
+               "                 roofline_ratio = gbps / read_gbps (read bandwidth measured once per thread count);\n"
+               "                 paired_ratio = median over repetitions of gbps / a read pass just before each one\n"
+               "                 (robust to a machine whose bandwidth drifts; decode, without --expert-budget)\n"
                "  --no-mem       skip the read-bandwidth probe (no roofline ratio)\n"
                "  --twin FILE    also run the dense twin (moetax gen --dense-twin-of) and compare\n"
                "  --expert-budget LIST  also run decode with the routed experts behind an expert store of\n"
@@ -65,6 +68,7 @@ struct opts {
 
 struct result {
     double tps, p50, p99, us_layer, tax_share, overhead, tax_us; /* decode: ledger tax per token (us) */
+    double paired; /* decode: median over repetitions of (GB/s / a read-bandwidth pass just before it) */
     double phase_us[MOETAX_PHASE_COUNT];                         /* ledger us per token by phase */
     /* with an expert store (decode tests) */
     double hit_rate, belady, precision, recall, read_mib_per_token, store_gbps, rss_mib, budget_mib;
@@ -90,10 +94,17 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     double *times = malloc(sizeof(double) * (size_t)(max_tok * o->reps + 1));
     double *times_off = malloc(sizeof(double) * (size_t)(max_tok * o->reps + 1));
     double *rep_on = malloc(sizeof(double) * (size_t)(o->reps + 1));
+    double *rep_pair = malloc(sizeof(double) * (size_t)(o->reps + 1));
     struct moetax_ctx *c = NULL;
     struct moetax_ledger *led = NULL;
     struct moetax_store *store = NULL;
-    if (!toks || !logits || !times || !times_off || !rep_on) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+    struct moetax_membw_probe *probe = NULL; /* paired roofline (mapped runs only: it would count in a store run's RSS) */
+    if (!toks || !logits || !times || !times_off || !rep_on || !rep_pair) {
+        st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (read_gbps > 0 && !o->budget && o->ntg > 0 && (st = moetax_membw_probe_new(pool, (size_t)512 << 20, &probe)))
+        goto done;
     for (int64_t i = 0; i < max_tok; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)max_tok + 1, .pool = pool};
     uint64_t budget = 0;
@@ -116,7 +127,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
         int nlist = kind == 0 ? o->npp : o->ntg;
         for (int li = 0; li < nlist && !st; li++) {
             int64_t n = kind == 0 ? o->pp[li] : o->tg[li];
-            int nt = 0, non = 0;
+            int nt = 0, non = 0, npair = 0;
             double ph0[MOETAX_PHASE_COUNT], ph1[MOETAX_PHASE_COUNT];
             int64_t tok0, tok1;
             struct moetax_store_stats ss0 = {0}, ss1 = {0};
@@ -126,6 +137,8 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
              * positions); its overhead is the ratio of the two sets' median token times. */
             int ntoff = 0;
             for (int64_t r = -1; r < o->reps && !st; r++) {
+                double bw = 0;
+                if (probe && kind == 1 && r >= 0) moetax_membw_probe_pass(probe, &bw);
                 moetax_ledger_enable(led, true);
                 moetax_ctx_reset(c);
                 double t0 = cli_now();
@@ -146,6 +159,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 }
                 double dt = cli_now() - t0;
                 if (r >= 0) rep_on[non++] = (double)n / dt;
+                if (bw > 0) rep_pair[npair++] = active * (double)n / dt / 1e9 / bw;
                 if (r < 0) { /* drop the warm-up from the ledger totals and the store's counts */
                     moetax_ledger_totals(led, false, ph0, NULL, &tok0, NULL);
                     if (store) moetax_store_get_stats(store, &ss0);
@@ -190,6 +204,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             }
             rr->rss_mib = (double)cli_rss_bytes() / (1 << 20);
             rr->tps = pct(rep_on, non, 0.5);
+            rr->paired = npair ? pct(rep_pair, npair, 0.5) : 0;
             double med_on = nt ? pct(times, nt, 0.5) : 0, med_off = ntoff ? pct(times_off, ntoff, 0.5) : 0;
             rr->overhead = med_off > 0 ? med_on / med_off - 1 : 0;
             rr->p50 = kind ? 1e3 * med_on : 0;
@@ -220,16 +235,17 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             else if (o->json)
                 printf("{\"model\": \"%s\", \"test\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.3f, "
                        "\"tpot_p50_ms\": %.4f, \"tpot_p99_ms\": %.4f, \"active_bytes_per_token\": %.0f, "
-                       "\"gbps\": %.3f, \"read_gbps\": %.3f, \"roofline_ratio\": %.4f, \"us_per_layer\": %.2f, "
-                       "\"tax_share\": %.4f, \"tax_us_per_token\": %.2f, \"ledger_overhead\": %.4f, \"reps\": %lld}\n",
-                       base, test, threads, rr->tps, rr->p50, rr->p99, active, gbps, read_gbps, ratio, rr->us_layer,
-                       rr->tax_share, rr->tax_us, kind ? rr->overhead : 0.0, (long long)o->reps);
+                       "\"gbps\": %.3f, \"read_gbps\": %.3f, \"roofline_ratio\": %.4f, \"paired_ratio\": %.4f, "
+                       "\"us_per_layer\": %.2f, \"tax_share\": %.4f, \"tax_us_per_token\": %.2f, \"ledger_overhead\": %.4f, "
+                       "\"reps\": %lld}\n",
+                       base, test, threads, rr->tps, rr->p50, rr->p99, active, gbps, read_gbps, ratio, rr->paired,
+                       rr->us_layer, rr->tax_share, rr->tax_us, kind ? rr->overhead : 0.0, (long long)o->reps);
             else if (kind)
-                printf("| %s | %d | %s | %.2f | %.3f | %.3f | %.2f | %.2f | %.1f%% | %.1f | %.1f%% | %+.1f%% |\n", base,
-                       threads, test, rr->tps, rr->p50, rr->p99, gbps, read_gbps, 100 * ratio, rr->us_layer,
-                       100 * rr->tax_share, 100 * rr->overhead);
+                printf("| %s | %d | %s | %.2f | %.3f | %.3f | %.2f | %.2f | %.1f%% | %.1f%% | %.1f | %.1f%% | %+.1f%% |\n",
+                       base, threads, test, rr->tps, rr->p50, rr->p99, gbps, read_gbps, 100 * ratio, 100 * rr->paired,
+                       rr->us_layer, 100 * rr->tax_share, 100 * rr->overhead);
             else
-                printf("| %s | %d | %s | %.2f | | | | %.2f | | %.1f | %.1f%% | |\n", base, threads, test, rr->tps,
+                printf("| %s | %d | %s | %.2f | | | | %.2f | | | %.1f | %.1f%% | |\n", base, threads, test, rr->tps,
                        read_gbps, rr->us_layer, 100 * rr->tax_share);
             fflush(stdout);
         }
@@ -244,7 +260,8 @@ done:
     moetax_ctx_free(c);
     moetax_store_free(store);
     moetax_ledger_free(led);
-    free(toks); free(logits); free(times); free(times_off); free(rep_on);
+    free(toks); free(logits); free(times); free(times_off); free(rep_on); free(rep_pair);
+    moetax_membw_probe_free(probe);
     moetax_model_free(m);
     return st;
 }
@@ -284,8 +301,8 @@ int bench_model_main(int argc, char **argv) {
     o.ntg = k;
     if (nth == 0) { th[0] = 0; nth = 1; }
     if (!o.json)
-        printf("| model | threads | test | t/s | TPOT p50 ms | TPOT p99 ms | GB/s | read GB/s | roofline | us/layer | tax | ledger cost |\n"
-               "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        printf("| model | threads | test | t/s | TPOT p50 ms | TPOT p99 ms | GB/s | read GB/s | roofline | paired | us/layer | tax | ledger cost |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     moetax_status st = MOETAX_OK;
     for (int ti = 0; ti < nth && !st; ti++) {
         struct moetax_pool *pool;

@@ -49,6 +49,15 @@ moetax_status moetax_membw_read(struct moetax_pool *pool, size_t bytes, int reps
 moetax_status moetax_membw_read_ex(struct moetax_pool *pool, size_t bytes, int reps,
                                    struct moetax_membw_result *out);
 
+/* A reusable probe: one buffer of bytes (allocated and first touched once),
+ * then one timed pass with all of the pool's workers per call. For pairing a
+ * bandwidth reading with each repetition of another measurement on a machine
+ * whose bandwidth drifts. The pool must outlive the probe. */
+struct moetax_membw_probe;
+moetax_status moetax_membw_probe_new(struct moetax_pool *pool, size_t bytes, struct moetax_membw_probe **out);
+moetax_status moetax_membw_probe_pass(struct moetax_membw_probe *p, double *gbps);
+void moetax_membw_probe_free(struct moetax_membw_probe *p);
+
 /* The streaming read kernel on its own (fastest available, and the scalar reference). */
 uint64_t moetax_membw_sum(const void *buf, size_t bytes);
 uint64_t moetax_membw_sum_ref(const void *buf, size_t bytes);

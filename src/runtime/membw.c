@@ -74,6 +74,7 @@ struct membw_ctx {
     uint8_t *buf;
     size_t bytes, share; /* share: per worker, 4 KiB aligned; the last takes the rest */
     int passes;          /* warm-up + reps */
+    bool touch;          /* write the buffer first (the first run over a new buffer) */
     uint64_t *t0, *t1;   /* [passes], written by worker 0 */
     uint64_t *sink;      /* [nth * 8]: one cache line per worker */
 };
@@ -91,7 +92,7 @@ static void membw_fn(void *vctx, int ith, int nth) {
     size_t n;
     membw_range(c, ith, nth, &p, &n);
     /* First touch by the reader: pages exist (not the zero page), on its node. */
-    memset(p, 0x5a + ith, n);
+    if (c->touch) memset(p, 0x5a + ith, n);
     uint64_t acc = 0;
     for (int r = 0; r < c->passes; r++) {
         moetax_pool_barrier(c->pool, ith);
@@ -141,7 +142,7 @@ moetax_status moetax_membw_read_ex(struct moetax_pool *pool, size_t bytes, int r
 
     struct membw_ctx c = {
         .pool = pool, .buf = buf, .bytes = bytes, .passes = passes, .t0 = t0, .t1 = t1, .sink = sink,
-        .share = bytes / (size_t)nth / MEMBW_PAGE * MEMBW_PAGE,
+        .share = bytes / (size_t)nth / MEMBW_PAGE * MEMBW_PAGE, .touch = true,
     };
     moetax_pool_run(pool, membw_fn, &c);
 
@@ -180,4 +181,63 @@ moetax_status moetax_membw_read(struct moetax_pool *pool, size_t bytes, int reps
     moetax_status st = moetax_membw_read_ex(pool, bytes, reps, &r);
     if (st == MOETAX_OK) *gbps_median = r.gbps_median;
     return st;
+}
+
+/* ---- a reusable probe: one buffer, one timed pass per call -------------------------- */
+
+struct moetax_membw_probe {
+    struct moetax_pool *pool;
+    void *map;
+    size_t map_len;
+    struct membw_ctx c;
+    uint64_t t0[1], t1[1];
+    uint64_t *sink;
+};
+
+moetax_status moetax_membw_probe_new(struct moetax_pool *pool, size_t bytes, struct moetax_membw_probe **out) {
+    *out = NULL;
+    if (!pool || bytes < MEMBW_PAGE)
+        return moetax_error(MOETAX_ERR_ARG, "moetax_membw_probe_new: need a pool and bytes >= %u (got %zu)", MEMBW_PAGE,
+                            bytes);
+    struct moetax_membw_probe *p = calloc(1, sizeof *p);
+    const int nth = moetax_pool_n_threads(pool);
+    if (p) p->sink = calloc((size_t)nth * 8, sizeof *p->sink);
+    if (!p || !p->sink) {
+        if (p) free(p);
+        return moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_probe_new: out of memory");
+    }
+    p->map_len = bytes + MEMBW_HUGE;
+    p->map = mmap(NULL, p->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p->map == MAP_FAILED) {
+        free(p->sink), free(p);
+        return moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_probe_new: mmap of %zu bytes: %s", bytes + MEMBW_HUGE,
+                            strerror(errno));
+    }
+    uint8_t *buf = (uint8_t *)(((uintptr_t)p->map + MEMBW_HUGE - 1) & ~(uintptr_t)(MEMBW_HUGE - 1));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(buf, (bytes + MEMBW_HUGE - 1) & ~(size_t)(MEMBW_HUGE - 1), MADV_HUGEPAGE);
+#endif
+    p->pool = pool;
+    p->c = (struct membw_ctx){.pool = pool, .buf = buf, .bytes = bytes, .passes = 1, .t0 = p->t0, .t1 = p->t1,
+                              .sink = p->sink, .share = bytes / (size_t)nth / MEMBW_PAGE * MEMBW_PAGE, .touch = true};
+    moetax_pool_run(pool, membw_fn, &p->c); /* first touch, and an untimed warm-up pass */
+    p->c.touch = false;
+    *out = p;
+    return MOETAX_OK;
+}
+
+moetax_status moetax_membw_probe_pass(struct moetax_membw_probe *p, double *gbps) {
+    moetax_pool_run(p->pool, membw_fn, &p->c);
+    const uint64_t dt = p->t1[0] > p->t0[0] ? p->t1[0] - p->t0[0] : 1;
+    volatile uint64_t consume = p->sink[0]; /* the sums are used */
+    (void)consume;
+    *gbps = (double)p->c.bytes / (double)dt;
+    return MOETAX_OK;
+}
+
+void moetax_membw_probe_free(struct moetax_membw_probe *p) {
+    if (!p) return;
+    munmap(p->map, p->map_len);
+    free(p->sink);
+    free(p);
 }
