@@ -346,6 +346,19 @@ static void test_membw(void) {
         CHECK(r.gbps_min <= r.gbps_median && r.gbps_median <= r.gbps_max && r.threads == n && r.reps == 2);
         CHECK_EQ_INT(moetax_membw_read(pool, 100, 3, &g), MOETAX_ERR_ARG);
         CHECK_EQ_INT(moetax_membw_read(pool, 1u << 20, 0, &g), MOETAX_ERR_ARG);
+        /* the reusable probe: passes over one buffer, an odd size, and bad arguments refused */
+        struct moetax_membw_probe *pr = NULL;
+        CHECK_EQ_INT(moetax_membw_probe_new(pool, 5 * 4096 + 3, &pr), MOETAX_OK);
+        for (int i = 0; pr && i < 3; i++) {
+            double gp = -1;
+            CHECK_EQ_INT(moetax_membw_probe_pass(pr, &gp), MOETAX_OK);
+            CHECK(gp > 0 && isfinite(gp));
+        }
+        moetax_membw_probe_free(pr);
+        moetax_membw_probe_free(NULL);
+        pr = (struct moetax_membw_probe *)&g;
+        CHECK_EQ_INT(moetax_membw_probe_new(pool, 100, &pr), MOETAX_ERR_ARG);
+        CHECK(pr == NULL);
         moetax_pool_free(pool);
     }
 }
