@@ -62,9 +62,9 @@ int main(int argc, char **argv) {
     tu_init(argc, argv);
     char path[512];
     snprintf(path, sizeof path, "%s", tu_path("store_model.gguf"));
-    /* q4_0: the kernels may read it repacked (kernels.h: groups of 8 blocks, so rows of 9 and 10
-     * blocks here): the store repacks each expert it reads, the mapped run reads a private repacked
-     * copy, and both must give the same bits (plain and fused gate_up) */
+    /* q4_0: the kernels may read it repacked (kernels.h: 8 rows interleaved; a fused gate_up's
+     * halves repacked apart): the store repacks each expert it reads, the mapped run reads a private
+     * repacked copy, and both must give the same bits (plain and fused gate_up) */
     const char *types[] = {"q8_0", "f32", "q4_0", "q4_0"};
     const char *extra[] = {"--expert-ff 64", "--expert-ff 64", "--embd 288 --expert-ff 320",
                            "--embd 288 --expert-ff 320 --fused-gate-up"};
@@ -80,9 +80,10 @@ int main(int argc, char **argv) {
         float *ref = run(m, NULL, 1, 64, false, &st);
         CHECK_MSG(ref != NULL, "resident run: %s", moetax_last_error());
         const double fracs[] = {1.0, 0.5, 0.25, 0.0};
-        const enum moetax_store_policy pols[] = {MOETAX_STORE_LRU, MOETAX_STORE_LFU, MOETAX_STORE_LFRU};
+        const enum moetax_store_policy pols[] = {MOETAX_STORE_LRU, MOETAX_STORE_LFU, MOETAX_STORE_LFRU,
+                                                 MOETAX_STORE_NEXT_USE};
         for (size_t fi = 0; ref && fi < sizeof fracs / sizeof fracs[0]; fi++) {
-            for (size_t pi = 0; pi < 3; pi++) {
+            for (size_t pi = 0; pi < sizeof pols / sizeof pols[0]; pi++) {
                 for (int threads = 1; threads <= 2; threads++) {
                     for (int pf = 0; pf < 2; pf++) {
                         struct moetax_store_params sp = {.policy = pols[pi], .budget_bytes = 1};

@@ -3,7 +3,8 @@
  * (32-aligned, not 4096-aligned ranges; the last expert ends at end of file)
  * under every policy and budgets from "all fit" down to the minimum, from two
  * threads; hand-computed hit/miss/eviction counts for LRU, LFU and LFRU at its
- * limits; Belady against hand-computed and brute-force values; prefetch
+ * limits; NEXT-USE's victims (layer cycle against frequency, frequency against
+ * recency, prefetch hints and stale prefetches) hand-computed; Belady against hand-computed and brute-force values; prefetch
  * accounting; faults injected through the VFS; budget checks. */
 #include <errno.h>
 #include <fcntl.h>
@@ -196,9 +197,10 @@ static void *worker_main(void *arg) {
 }
 
 static void test_bytes(uint64_t sb, int iters) {
-    const enum moetax_store_policy pols[3] = {MOETAX_STORE_LRU, MOETAX_STORE_LFU, MOETAX_STORE_LFRU};
+    const enum moetax_store_policy pols[4] = {MOETAX_STORE_LRU, MOETAX_STORE_LFU, MOETAX_STORE_LFRU,
+                                              MOETAX_STORE_NEXT_USE};
     const int slots[3] = {NL * NE, NL * NE / 2, 4};
-    for (int pi = 0; pi < 3; pi++)
+    for (int pi = 0; pi < 4; pi++)
         for (int bi = 0; bi < 3; bi++)
             for (int nt = 1; nt <= 2; nt++) {
                 bool buffered = (pi == 2 && bi == 1);
@@ -295,6 +297,133 @@ static void test_scripted(uint64_t sb) {
     moetax_store_free(s);
 }
 
+/* ---- NEXT-USE ---------------------------------------------------------------------- */
+
+static void wait_loads(struct moetax_store *s, uint64_t n) {
+    struct moetax_store_stats st;
+    for (int i = 0; i < 5000; i++) {
+        moetax_store_get_stats(s, &st);
+        if (st.loads >= n) return;
+        sleep_ms(1);
+    }
+    CHECK_MSG(0, "prefetch did not complete");
+}
+
+
+/* A script of store calls: 'a' acquire and release (l, e), 'h' acquire and hold, 'r' release
+ * everything held, 'p' a predicted prefetch of (l, e), 'w' wait until l experts have been
+ * read in all. */
+struct op {
+    char kind;
+    int l, e;
+};
+
+/* Run ops under pol with n_slots slots; out gets 'h' or 'm' per acquire (a hit or a miss). */
+static void run_ops(enum moetax_store_policy pol, int n_slots, const struct op *ops, int n, char *out, uint64_t sb,
+                    struct moetax_store_stats *st_out) {
+    struct moetax_store *s = NULL;
+    struct moetax_store_params p = {.budget_bytes = (uint64_t)n_slots * sb, .policy = pol, .min_slots = 2};
+    out[0] = 0;
+    CHECK_EQ_INT(open_store(p, &s), MOETAX_OK);
+    if (!s) return;
+    int held[8][2], nh = 0, no = 0;
+    for (int i = 0; i < n; i++) {
+        const struct op *o = &ops[i];
+        if (o->kind == 'a' || o->kind == 'h') {
+            struct moetax_store_stats a, b;
+            const void *ptrs[4] = {0};
+            moetax_store_get_stats(s, &a);
+            CHECK_EQ_INT(moetax_store_acquire(s, o->l, o->e, ptrs, NULL), MOETAX_OK);
+            CHECK(same_bytes(o->l, o->e, ptrs));
+            moetax_store_get_stats(s, &b);
+            out[no++] = b.hits > a.hits ? 'h' : 'm';
+            if (o->kind == 'a') moetax_store_release(s, o->l, o->e);
+            else if (nh < 8) {
+                held[nh][0] = o->l;
+                held[nh++][1] = o->e;
+            }
+        } else if (o->kind == 'r') {
+            while (nh > 0) {
+                nh--;
+                moetax_store_release(s, held[nh][0], held[nh][1]);
+            }
+        } else if (o->kind == 'p') {
+            const int32_t e = o->e;
+            moetax_store_prefetch(s, o->l, &e, 1, true);
+        } else if (o->kind == 'w') {
+            wait_loads(s, (uint64_t)o->l);
+        }
+    }
+    out[no] = 0;
+    if (st_out) moetax_store_get_stats(s, st_out);
+    moetax_store_free(s);
+}
+
+#define CHECK_STR(got, want) CHECK_MSG(strcmp(got, want) == 0, "got %s, expected %s", got, want)
+#define A(l, e) {'a', l, e}
+#define H(l, e) {'h', l, e}
+#define TOKEN(e0, e1, e2) A(0, e0), A(1, e1), A(2, e2) /* one pass over each of the 3 layers */
+
+static void test_next_use(uint64_t sb) {
+    CHECK_STR(moetax_store_policy_name(MOETAX_STORE_NEXT_USE), "next-use");
+    enum moetax_store_policy pol = MOETAX_STORE_LRU;
+    CHECK(moetax_store_policy_parse("next-use", &pol) && pol == MOETAX_STORE_NEXT_USE);
+    CHECK(!moetax_store_policy_parse("nextuse", &pol));
+    char got[64], other[64];
+
+    /* The layer cycle against a small lead in frequency (3 slots, layers 0 1 2 = one
+     * cycle of 3 steps; X = (0,0), Y = (1,0), Z = (2,0), U = (1,1), V = (0,1)). With
+     * p = (uses + 1/2) / (passes + 1) and E = d + 3 (1/p - 1):
+     *   token 2, U misses at layer 1: X E 2 + 3 * 0.2 = 2.6, Y (p 1.5/3, d 3) 6, Z 2: Y goes.
+     *   token 3, Y misses: X 2.43, U (p 1.5/4, d 3) 8, Z 1.6: U goes.
+     *   token 5, V misses at layer 0: X (4 uses of 5 passes, p 0.75, d 3) 4,
+     *     Y (3 of 4, p 0.7, d 1) 2.29, Z (p 0.9, d 2) 2.33: X goes although it is used
+     *     more often than Y, since layer 0 comes round last; Y and Z then hit.
+     * LFU evicts Y there (3 uses against 4), which misses right after. */
+    const struct op cyc[] = {TOKEN(0, 0, 0), TOKEN(0, 1, 0), TOKEN(0, 0, 0), TOKEN(0, 0, 0), TOKEN(1, 0, 0),
+                             A(0, 0)};
+    const int ncyc = (int)(sizeof cyc / sizeof cyc[0]);
+    run_ops(MOETAX_STORE_NEXT_USE, 3, cyc, ncyc, got, sb, NULL);
+    CHECK_STR(got, "mmmhmhhmhhhhmhhm");
+    run_ops(MOETAX_STORE_LFU, 3, cyc, ncyc, other, sb, NULL);
+    CHECK_STR(other, "mmmhmhhmhhhhmmhh"); /* the test tells the policies apart */
+
+    /* Frequency against recency (4 slots; W = (1,2)): token 4, W misses at layer 1:
+     *   X (p 0.9, d 2) 2.33, Y (2 uses of 4, p 0.5, d 3) 6, U (1 of 4, p 0.3, d 3) 10,
+     *   Z (p 0.875, d 1) 1.43: U goes, not Y, which LRU would drop (used longest ago)
+     *   and then miss in token 5. */
+    const struct op freq[] = {TOKEN(0, 0, 0), TOKEN(0, 0, 0), TOKEN(0, 1, 0), TOKEN(0, 2, 0), TOKEN(0, 0, 0)};
+    const int nfreq = (int)(sizeof freq / sizeof freq[0]);
+    run_ops(MOETAX_STORE_NEXT_USE, 4, freq, nfreq, got, sb, NULL);
+    CHECK_STR(got, "mmmhhhhmhhmhhhh");
+    run_ops(MOETAX_STORE_LRU, 4, freq, nfreq, other, sb, NULL);
+    CHECK_STR(other, "mmmhhhhmhhmhhmh");
+
+    /* Prefetch hints (3 slots).
+     *   After 2 tokens a prefetch names X (resident: no read) for layer 0's next pass.
+     *   Token 3: V misses at layer 0 with X announced for this very pass (E 0): Y (E 1.6)
+     *     and Z (2.6) are the candidates, Z goes; X then hits in the same pass. Once the
+     *     pass is over the hint is spent: Z misses at layer 2 and evicts V (p 0.375, E 6).
+     *   A prefetch of W = (2,1) for layer 2's next pass evicts Z (d 3, E 3.43) and reads W.
+     *   Token 4: Z misses at layer 2 while W, prefetched for this pass, is kept: Y goes
+     *     (E 2.33 against X's 1.33).
+     *   Token 5: the pass went by without W: no longer protected, never used (p 0.1,
+     *     E 28), it is the victim when Y misses (a wasted prefetch); Z hits.
+     * LRU evicts X for V in token 3, so X misses. */
+    const struct op hint[] = {TOKEN(0, 0, 0), TOKEN(0, 0, 0), {'p', 0, 0}, H(0, 1), H(0, 0), {'r', 0, 0},
+                              A(1, 0), A(2, 0), {'p', 2, 1}, {'w', 6, 0}, TOKEN(0, 0, 0), TOKEN(0, 0, 0)};
+    const int nhint = (int)(sizeof hint / sizeof hint[0]);
+    struct moetax_store_stats st;
+    run_ops(MOETAX_STORE_NEXT_USE, 3, hint, nhint, got, sb, &st);
+    CHECK_STR(got, "mmmhhhmhhmhhmhmh");
+    CHECK_EQ_INT(st.prefetch_issued, 1); /* the hint for resident X reads nothing */
+    CHECK_EQ_INT(st.prefetch_wasted, 1);
+    CHECK_EQ_INT(st.prefetch_used, 0);
+    CHECK_EQ_INT(st.evictions, 5); /* Z, V, Z, Y, W */
+    run_ops(MOETAX_STORE_LRU, 3, hint, nhint, other, sb, NULL);
+    CHECK(strncmp(other, "mmmhhhmm", 8) == 0);
+}
+
 /* ---- Belady ------------------------------------------------------------------------ */
 
 static int brute_hits(const int *seq, int n, int i, int *cache, int nc, int cap) {
@@ -352,16 +481,6 @@ static void test_belady(void) {
 }
 
 /* ---- prefetch ------------------------------------------------------------------------ */
-
-static void wait_loads(struct moetax_store *s, uint64_t n) {
-    struct moetax_store_stats st;
-    for (int i = 0; i < 5000; i++) {
-        moetax_store_get_stats(s, &st);
-        if (st.loads >= n) return;
-        sleep_ms(1);
-    }
-    CHECK_MSG(0, "prefetch did not complete");
-}
 
 /* Fault-injecting VFS over the default one (SQLite's test_vfs.c). */
 struct fault {
@@ -610,6 +729,7 @@ int main(int argc, char **argv) {
     uint64_t sb = slot_bytes();
     test_budget(sb);
     test_scripted(sb);
+    test_next_use(sb);
     test_belady();
     test_prefetch(sb);
     test_faults(sb);

@@ -222,13 +222,13 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                        "\"prefetch\": %s, \"tokens_per_s\": %.3f, \"hit_rate\": %.4f, \"belady_hit_rate\": %.4f, "
                        "\"prefetch_precision\": %.4f, \"prefetch_recall\": %.4f, \"read_mib_per_token\": %.3f, "
                        "\"store_read_gbps\": %.3f, \"tax_share\": %.4f, \"load_us_per_token\": %.1f, \"rss_mib\": %.1f}\n",
-                       base, test, threads, rr->budget_mib, moetax_store_policy_name(o->so.policy),
+                       base, test, threads, rr->budget_mib, moetax_store_policy_name(cli_store_policy(&o->so)),
                        o->so.no_prefetch ? "false" : "true", rr->tps, rr->hit_rate, rr->belady, rr->precision, rr->recall,
                        rr->read_mib_per_token, rr->store_gbps, rr->tax_share, rr->phase_us[MOETAX_PHASE_LOAD], rr->rss_mib);
             else if (rr->has_store && kind)
                 printf("| %s | %d | %s | budget %.0f MiB (%s, %s) | %.2f t/s | hit %.1f%% (Belady %.1f%%) | prefetch P %.0f%% R %.0f%% |"
                        " %.2f MiB read/token at %.2f GB/s | tax %.1f%% | RSS %.0f MiB |\n",
-                       base, threads, test, rr->budget_mib, moetax_store_policy_name(o->so.policy),
+                       base, threads, test, rr->budget_mib, moetax_store_policy_name(cli_store_policy(&o->so)),
                        o->so.no_prefetch ? "no prefetch" : "prefetch", rr->tps, 100 * rr->hit_rate, 100 * rr->belady,
                        100 * rr->precision, 100 * rr->recall, rr->read_mib_per_token, rr->store_gbps, 100 * rr->tax_share,
                        rr->rss_mib);

@@ -10,8 +10,9 @@ bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool
     const char *v = NULL;
     if (cli_opt(argc, argv, i, NULL, "--expert-budget", &o->budgets, err)) return true;
     if (cli_opt(argc, argv, i, NULL, "--policy", &v, err)) {
+        o->policy_set = true;
         if (!*err && !moetax_store_policy_parse(v, &o->policy)) {
-            fprintf(stderr, "moetax: --policy must be lru, lfu or lfru, not '%s'\n", v);
+            fprintf(stderr, "moetax: --policy must be lru, lfu, lfru or next-use, not '%s'\n", v);
             *err = true;
         }
         return true;
@@ -30,11 +31,16 @@ bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool
     return false;
 }
 
+enum moetax_store_policy cli_store_policy(const struct cli_store_opts *o) {
+    return o->policy_set ? o->policy : MOETAX_STORE_NEXT_USE;
+}
+
 const char *cli_store_help(void) {
     return "  --expert-budget B    keep routed experts in an expert store of B bytes of RAM (e.g. 2G, 512M,\n"
            "                       or 25% of the experts' total); the rest is read from the file on demand\n"
            "                       (O_DIRECT) and prefetched from the next layer's router prediction\n"
-           "  --policy P           eviction: lru, lfu or lfru (frequency-weighted LRU; default lru)\n"
+           "  --policy P           eviction: lru, lfu, lfru (frequency-weighted LRU) or next-use (expected\n"
+           "                       next use from the layer cycle, the frequency and the prefetches; the default)\n"
            "  --no-prefetch        read each expert only when a work item needs it (no early reads of the\n"
            "                       layer's experts, no prediction for the next layer)\n"
            "  --buffered-io        read through the page cache instead of O_DIRECT\n"
@@ -69,7 +75,7 @@ bool cli_store_parse_budget(const char *s, uint64_t expert_bytes, uint64_t *out)
 
 moetax_status cli_store_open(const struct moetax_model *m, const struct cli_store_opts *o, uint64_t budget,
                              int *n_ubatch, struct moetax_store **out) {
-    struct moetax_store_params p = {.budget_bytes = budget, .policy = o->policy, .buffered_io = o->buffered,
+    struct moetax_store_params p = {.budget_bytes = budget, .policy = cli_store_policy(o), .buffered_io = o->buffered,
                                     .n_io_threads = o->io_threads};
     return moetax_model_store_open(m, &p, *n_ubatch, out, n_ubatch);
 }

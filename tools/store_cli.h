@@ -12,7 +12,8 @@
 
 struct cli_store_opts {
     const char *budgets;   /* --expert-budget: "2G", "50%", or a list "100%,50%" (bench) */
-    enum moetax_store_policy policy;
+    enum moetax_store_policy policy; /* --policy, when policy_set; else cli_store_policy's default */
+    bool policy_set;
     bool no_prefetch;
     bool buffered;
     int io_threads;
@@ -20,6 +21,9 @@ struct cli_store_opts {
 
 bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool *err);
 const char *cli_store_help(void);
+/* The eviction policy: --policy, or the default (next-use: the best hit rate in every deterministic
+ * case measured, issue 6's notes). */
+enum moetax_store_policy cli_store_policy(const struct cli_store_opts *o);
 /* Total bytes of the routed experts of a model. */
 uint64_t cli_store_expert_bytes(const struct moetax_model *m);
 /* Parse one budget ("2G", "512M", "50%") against the experts' total; false if invalid. */

@@ -55,10 +55,34 @@
  *           H = lfru_halflife (default 4 * n_layer * min_slots, about four
  *           tokens of decode when min_slots = experts used per token).
  *           H -> 0 is LRU, H -> infinity is LFU without aging. Ties: LRU.
+ *     NEXT-USE  an online stand-in for Belady's MIN: the victim is the expert
+ *           whose next acquire is expected farthest away, in layer steps.
+ *           Acquires come round the layers in a fixed cycle: a pass of layer
+ *           L begins at an acquire of L while no expert of L is held (the
+ *           engine holds a layer's experts from its first acquire to the end
+ *           of the layer; prefill's batch is one pass). The layers with
+ *           registered experts, in order, are the cycle of n_cycle steps. For
+ *           an expert of layer L, d = steps from the last acquired layer to L
+ *           (1..n_cycle; n_cycle for the layer just computed) and
+ *           p = (uses + 1/2) / (passes + 1), uses = passes of L that acquired
+ *           it (once per pass, however many workers acquire it); uses and
+ *           passes are halved every lfu_aging acquires (default for this
+ *           policy 32 * number of keys). It is next needed when L comes round
+ *           (d steps) with probability p, else a whole cycle later, so
+ *             E[next use] = d + n_cycle * (1/p - 1),
+ *           largest first. An expert named by a prefetch (known demand or a
+ *           prediction; resident or loaded by it) counts as certain, E = d
+ *           (0 while that pass is under way), until the pass of its layer
+ *           that the prefetch was for has ended.
+ *           Ties: LRU. Under independent routing the best any online policy
+ *           can do is keep the most frequent experts (LFU); the cycle
+ *           distance and the prefetches' hints are what it adds.
  *   An ERROR or EMPTY slot is always taken first. A slot loaded by a prefetch
  *   and not yet acquired is evicted only when no other candidate exists (so a
  *   batch of prefetches does not evict itself); evicting it counts as
- *   prefetch_wasted.
+ *   prefetch_wasted. Under NEXT-USE that protection ends with the pass the
+ *   prefetch was for: a prediction its layer did not use is then an ordinary
+ *   candidate (under the others it lasts until the expert is acquired).
  *
  *   Pins: acquire pins the slot before it waits (so a demand-loaded expert
  *   cannot be evicted between READY and the waiter waking up) and the pin
@@ -103,10 +127,11 @@ enum moetax_store_policy {
     MOETAX_STORE_LRU = 0,
     MOETAX_STORE_LFU = 1,
     MOETAX_STORE_LFRU = 2, /* frequency-weighted LRU (CRF, see above) */
+    MOETAX_STORE_NEXT_USE = 3, /* expected next use from layer cycle and frequency (see above) */
 };
 
 const char *moetax_store_policy_name(enum moetax_store_policy p);
-/* "lru", "lfu", "lfru" -> policy; false if unknown. */
+/* "lru", "lfu", "lfru", "next-use" -> policy; false if unknown. */
 bool moetax_store_policy_parse(const char *s, enum moetax_store_policy *out);
 
 /* File access, replaceable for tests. Functions return 0 or a positive errno;
@@ -130,7 +155,8 @@ struct moetax_store_params {
                                  stats.direct_io_fallback set if the filesystem refuses it */
     int n_io_threads;         /* I/O workers (requests in flight); 0: 4 */
     int min_slots;            /* experts pinned at once by all threads (see INVARIANTS); 0: 1 */
-    int64_t lfu_aging;        /* LFU: halve all counts every this many acquires; 0: 8 * keys */
+    int64_t lfu_aging;        /* LFU, NEXT-USE: halve all counts every this many acquires; 0: 8 * keys
+                                 (NEXT-USE: 32 * keys) */
     double lfru_halflife;     /* LFRU: H in acquires; 0: 4 * n_layer * min_slots */
     int64_t trace_cap;        /* acquires recorded for Belady; 0: 1<<20; <0: none */
     int io_timeout_ms;        /* acquire gives MOETAX_ERR_IO after waiting this long; 0: wait forever */
