@@ -222,6 +222,23 @@ static const tile_f_fn k_tiles_f[3][2][3] = {
     {{tile_bf16_1x1, tile_bf16_1x2, tile_bf16_1x3}, {tile_bf16_4x1, tile_bf16_4x2, tile_bf16_4x3}},
 };
 
+/* Decode (one batch row): 4 rows at a time share each activation load but read
+ * 4 interleaved streams; rows of a few KiB are too short for the hardware
+ * prefetcher to train on 4 streams before they end, while 4 rows together are
+ * not yet one contiguous run, so there one row at a time (one sequential
+ * stream) reads faster. Bounds in bytes per row, measured with `bench kernels
+ * --cases matrix --cols N` (AMD Zen 3, 2 threads; see QROW_* for Q8_0). */
+#ifndef FROW_MIN
+#define FROW_MIN 1024
+#endif
+#ifndef FROW_MAX
+#define FROW_MAX 4096
+#endif
+static bool f_one_row(int ti, int64_t ncols) {
+    const int64_t bytes = ncols * (ti == 0 ? 4 : 2);
+    return bytes >= FROW_MIN && bytes < FROW_MAX;
+}
+
 /* With more batch rows than one tile holds, the columns are cut into chunks
  * whose RB weight rows stay in L1 (16 KiB) while every batch tile passes over
  * them, so weights come from memory once per call, not once per batch tile. */
@@ -229,8 +246,9 @@ static void matmul_f(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, i
                      const float *x, int64_t n_batch, float *y, int64_t ldy) {
     enum { BBMAX = 3 };
     const int64_t kc = n_batch > BBMAX ? (ti == 0 ? 1024 : 2048) : ncols;
+    const bool one_row = n_batch == 1 && f_one_row(ti, ncols);
     for (int64_t r = row0; r < row1;) {
-        const int rb4 = row1 - r >= 4;
+        const int rb4 = !one_row && row1 - r >= 4;
         for (int64_t k0 = 0; k0 < ncols; k0 += kc) {
             const int64_t k1 = ncols - k0 > kc ? k0 + kc : ncols;
             for (int64_t j = 0; j < n_batch;) {
@@ -437,13 +455,22 @@ typedef void (*tile_q_fn)(const uint8_t *w, size_t rb, const uint8_t *act, size_
                           int64_t ldy);
 static const tile_q_fn k_tiles_q8[2][2] = {{tile_q8_0_1x1, tile_q8_0_1x2}, {tile_q8_0_4x1, tile_q8_0_4x2}};
 
+#ifndef QROW_MIN
+#define QROW_MIN 512
+#endif
+#ifndef QROW_MAX
+#define QROW_MAX 2176 /* 2048 columns of Q8_0 */
+#endif
 static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                       const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
     enum { BBMAX = 2 };
     const int64_t nb = ncols / 32;
     const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q8_0, ncols);
+    /* decode: one row at a time for rows of QROW_MIN..QROW_MAX bytes (see f_one_row) */
+    const size_t rbytes = (size_t)nb * sizeof(moetax_block_q8_0);
+    const bool one_row = n_batch == 1 && rbytes >= QROW_MIN && rbytes < QROW_MAX;
     for (int64_t r = row0; r < row1; ) {
-        const int rb4 = row1 - r >= 4;
+        const int rb4 = !one_row && row1 - r >= 4;
         for (int64_t j = 0; j < n_batch; ) {
             const int64_t left = n_batch - j;
             const int bb = left >= BBMAX ? BBMAX : (int)left;
