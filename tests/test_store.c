@@ -598,6 +598,29 @@ static void test_prefetch(uint64_t sb) {
     CHECK(st.stall_ns >= waited);
     CHECK(st.read_ns_max >= 30000000ull);
     moetax_store_free(s);
+
+    /* Predictions use only idle I/O: with the one reader busy on known demand, a predicted
+     * prefetch is dropped; once the reads are done, the same prediction is issued. */
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 3 * sb, .vfs = &vfs, .n_io_threads = 1},
+                            &s),
+                 MOETAX_OK);
+    const int32_t known = 1, guess = 2;
+    moetax_store_prefetch(s, 0, &known, 1, false);
+    moetax_store_prefetch(s, 1, &guess, 1, true);
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.prefetch_issued, 1);
+    CHECK_EQ_INT(st.predicted_issued, 0);
+    CHECK_EQ_INT(st.prefetch_dropped, 1);
+    wait_loads(s, 1);
+    moetax_store_prefetch(s, 1, &guess, 1, true);
+    wait_loads(s, 2);
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.predicted_issued, 1);
+    CHECK_EQ_INT(moetax_store_acquire(s, 1, 2, ptrs, &waited), MOETAX_OK);
+    CHECK(same_bytes(1, 2, ptrs));
+    CHECK_EQ_INT(waited, 0);
+    moetax_store_release(s, 1, 2);
+    moetax_store_free(s);
 }
 
 /* ---- faults ---------------------------------------------------------------------------- */

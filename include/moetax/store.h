@@ -221,7 +221,8 @@ struct moetax_store_stats {
     uint64_t prefetch_used;            /* a prefetched expert acquired before eviction */
     uint64_t prefetch_late;            /* ... but still in flight: the acquire waited */
     uint64_t prefetch_wasted;          /* a prefetched expert evicted before any acquire */
-    uint64_t prefetch_dropped;         /* prefetch refused: no evictable slot */
+    uint64_t prefetch_dropped;         /* prefetch refused: no evictable slot, or a prediction while
+                                          every I/O worker had a load queued or in flight */
     uint64_t predicted_issued, predicted_used; /* the same for predicted prefetches */
     uint64_t bytes_read, reads;        /* preads issued by the I/O workers (bytes incl. alignment) */
     uint64_t loads;                    /* experts read (one or more reads each) */

@@ -80,6 +80,7 @@ struct moetax_store {
     int32_t *lrank;     /* [n_layer] position among the layers with registered experts; -1: none */
     int n_cycle;        /* layers with registered experts */
     int io_active;
+    int pending;       /* loads queued or in flight */
     uint64_t io_busy_start;
     struct moetax_store_stats st;
 
@@ -430,6 +431,7 @@ static void io_job(void *ctx, int job) {
     s->st.read_ns += rns;
     if (rmax > s->st.read_ns_max) s->st.read_ns_max = rmax;
     s->st.loads++;
+    s->pending--;
     if (--s->io_active == 0) s->st.io_busy_ns += store_now_ns() - s->io_busy_start;
     if (ok) {
         sl->state = SLOT_READY;
@@ -571,6 +573,7 @@ static void start_load(struct moetax_store *s, int i, int key, bool demand) {
     sl->seq++;
     sl->last_use = s->now;
     s->ex[key].slot = i;
+    s->pending++;
     store_io_push(s->io, i, demand);
 }
 
@@ -722,8 +725,15 @@ void moetax_store_prefetch(struct moetax_store *s, int layer, const int32_t *exp
         int key = layer * s->n_expert + e;
         struct expert *x = &s->ex[key];
         if (!x->registered) continue;
-        x->hint = pass_ahead(s, layer); /* needed soon: next-use keeps it until that pass ends */
         int i = x->slot;
+        /* a prediction only uses I/O the known demand leaves idle: with every reader busy it
+         * would queue behind needed reads and, when wrong, cost the disk time it was meant to
+         * save and evict an expert that may be reused (random routing: ~40% are wrong) */
+        if (predicted && i < 0 && s->pending >= s->p.n_io_threads) {
+            s->st.prefetch_dropped++;
+            continue;
+        }
+        x->hint = pass_ahead(s, layer); /* needed soon: next-use keeps it until that pass ends */
         if (i >= 0) {
             struct slot *sl = &s->slots[i];
             if (sl->state != SLOT_ERROR || sl->pins > 0) continue; /* resident or in flight */
