@@ -227,6 +227,44 @@ static void tied_output(const char *src, const char *tied, const char *untied) {
     moetax_model_free(mu);
 }
 
+/* Run-time top-k (ctx param n_expert_used): a file that says k = 2, run with 3, gives the
+ * same bits as the same weights in a file that says 3 (gen's weights do not depend on k);
+ * the routing has 3 distinct experts per token; a k beyond the group limit is refused. */
+static void experts_used(const char *k2, const char *k3) {
+    struct moetax_model *m2 = NULL, *m3 = NULL;
+    CHECK_EQ_INT(moetax_model_load(k2, &m2), MOETAX_OK);
+    CHECK_EQ_INT(moetax_model_load(k3, &m3), MOETAX_OK);
+    if (!m2 || !m3) goto out;
+    CHECK_EQ_INT(m2->hp.n_expert_used, 2);
+    const int32_t toks[7] = {5, 77, 123, 9, 400, 31, 2};
+    const int64_t V = m2->hp.n_vocab;
+    struct moetax_ctx *c2 = NULL, *c3 = NULL;
+    struct moetax_ctx_params p2 = {.n_ctx = 32, .n_threads = 2, .n_expert_used = 3}, p3 = {.n_ctx = 32, .n_threads = 2};
+    CHECK_EQ_INT(moetax_ctx_init(m2, &p2, &c2), MOETAX_OK);
+    CHECK_EQ_INT(moetax_ctx_init(m3, &p3, &c3), MOETAX_OK);
+    if (c2 && c3) {
+        CHECK_EQ_INT(moetax_ctx_n_expert_used(c2), 3);
+        float *a = malloc(sizeof(float) * (size_t)(7 * V)), *b = malloc(sizeof(float) * (size_t)(7 * V));
+        CHECK_EQ_INT(moetax_ctx_eval(c2, toks, 7, a, true), MOETAX_OK);
+        CHECK_EQ_INT(moetax_ctx_eval(c3, toks, 7, b, true), MOETAX_OK);
+        CHECK_MSG(memcmp(a, b, sizeof(float) * (size_t)(7 * V)) == 0, "k = 3 at run time differs from a k = 3 file");
+        for (int il = 0; il < m2->hp.n_layer; il++) {
+            int64_t nt = 0;
+            const int32_t *sel = moetax_ctx_routing(c2, il, NULL, &nt);
+            for (int64_t t = 0; sel && t < nt; t++)
+                CHECK(sel[t * 3] != sel[t * 3 + 1] && sel[t * 3] != sel[t * 3 + 2] && sel[t * 3 + 1] != sel[t * 3 + 2]);
+        }
+        free(a), free(b);
+    }
+    moetax_ctx_free(c2), moetax_ctx_free(c3);
+    struct moetax_ctx *bad = NULL;
+    struct moetax_ctx_params pb = {.n_ctx = 32, .n_threads = 1, .n_expert_used = m2->hp.n_expert + 1};
+    CHECK_EQ_INT(moetax_ctx_init(m2, &pb, &bad), MOETAX_ERR_ARG);
+    CHECK(bad == NULL && strstr(moetax_last_error(), "experts used"));
+out:
+    moetax_model_free(m2), moetax_model_free(m3);
+}
+
 static int gen(const char *args, const char *out) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s gen %s -o %s >/dev/null 2>&1", tu_moetax_bin, args, out);
@@ -278,6 +316,14 @@ int main(int argc, char **argv) {
     const char *p = tu_path("model_variants.gguf");
     CHECK_EQ_INT(gen("--preset tiny-v3 --fused-gate-up --kv-b-merged --type q8_0", p), 0);
     consistency(p, 2e-5f);
+    {
+        char k2[512], k3[512];
+        snprintf(k2, sizeof k2, "%s", tu_path("model_k2.gguf"));
+        snprintf(k3, sizeof k3, "%s", tu_path("model_k3.gguf"));
+        CHECK_EQ_INT(gen("--preset tiny-v3 --experts-used 2", k2), 0);
+        CHECK_EQ_INT(gen("--preset tiny-v3 --experts-used 3", k3), 0);
+        experts_used(k2, k3);
+    }
     routing_invariants(v2, false);
     routing_invariants(v3, true);
     golden(v3);

@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
                         struct moetax_store *probe = NULL;
                         int ub = 64;
                         sp.budget_bytes = (uint64_t)1 << 40;
-                        CHECK(moetax_model_store_open(m, &sp, ub, &probe, &ub) == MOETAX_OK);
+                        CHECK(moetax_model_store_open(m, &sp, ub, 0, &probe, &ub) == MOETAX_OK);
                         uint64_t slot = probe ? moetax_store_slot_bytes(probe) : 1;
                         moetax_store_free(probe);
                         uint64_t all = slot * (uint64_t)m->hp.n_expert * 2; /* 2 MoE layers */
@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
                                                         : slot * (uint64_t)m->hp.n_expert_used;
                         struct moetax_store *s = NULL;
                         ub = 64;
-                        st = moetax_model_store_open(m, &sp, ub, &s, &ub);
+                        st = moetax_model_store_open(m, &sp, ub, 0, &s, &ub);
                         CHECK_MSG(st == MOETAX_OK, "store %.0f%%: %s", 100 * fracs[fi], moetax_last_error());
                         if (st) continue;
                         /* the reference: the mapped run with the same micro-batch (a budget too small for a
@@ -129,7 +129,7 @@ int main(int argc, char **argv) {
         struct moetax_store_params small = {.budget_bytes = 4096};
         struct moetax_store *s = NULL;
         int ub = 64;
-        CHECK(moetax_model_store_open(m, &small, ub, &s, &ub) == MOETAX_ERR_ARG);
+        CHECK(moetax_model_store_open(m, &small, ub, 0, &s, &ub) == MOETAX_ERR_ARG);
         CHECK_MSG(strstr(moetax_last_error(), "at least"), "message: %s", moetax_last_error());
         /* a read fault: clear error naming the expert and the file, and the next step retries */
         for (int fail_at = 1; fail_at <= 3; fail_at++) {
@@ -139,7 +139,7 @@ int main(int argc, char **argv) {
             struct moetax_store_vfs vfs = {f_open, f_pread, f_sig, f_close, &fl};
             struct moetax_store_params fp = {.budget_bytes = (uint64_t)1 << 30, .vfs = &vfs, .buffered_io = true};
             ub = 64;
-            CHECK(moetax_model_store_open(m, &fp, ub, &s, &ub) == MOETAX_OK);
+            CHECK(moetax_model_store_open(m, &fp, ub, 0, &s, &ub) == MOETAX_OK);
             float *got = run(m, s, 2, ub, true, &st);
             CHECK_MSG(got == NULL && st == MOETAX_ERR_IO, "fault at read %d: status %s", fail_at, moetax_status_name(st));
             const char *e = moetax_last_error();

@@ -185,20 +185,6 @@ const char *cli_default_model_path(void) {
     return rel;
 }
 
-moetax_status cli_set_experts_used(struct moetax_model *m, int64_t k) {
-    const struct moetax_hparams *hp = &m->hp;
-    if (hp->n_expert <= 0) return moetax_error(MOETAX_ERR_ARG, "--experts-used: the model has no routed experts");
-    int64_t max = hp->n_expert;
-    if (hp->n_expert_group > 1) max = (int64_t)hp->n_expert_group_used * (hp->n_expert / hp->n_expert_group);
-    if (max > 256) max = 256;
-    if (k < 1 || k > max)
-        return moetax_error(MOETAX_ERR_ARG, "--experts-used %lld: must be in 1..%lld (%d experts%s; the file says %d)",
-                            (long long)k, (long long)max, hp->n_expert,
-                            hp->n_expert_group > 1 ? " in the groups a token may use" : "", hp->n_expert_used);
-    m->hp.n_expert_used = (int32_t)k;
-    return MOETAX_OK;
-}
-
 moetax_status cli_read_file(const char *path, char **text, size_t *len) {
     *text = NULL;
     *len = 0;

@@ -46,11 +46,6 @@ double cli_now(void); /* monotonic seconds */
  * the file and the system's reason; MOETAX_ERR_NOMEM. */
 moetax_status cli_read_file(const char *path, char **text, size_t *len);
 
-/* Run-time top-k: route each token to k experts instead of the file's expert_used_count
- * (before a context is made; checked against expert_count and the group limit). */
-struct moetax_model;
-moetax_status cli_set_experts_used(struct moetax_model *m, int64_t k);
-
 /* The default model: a small DeepSeek-style MoE trained on Python source (tools/train/,
  * models/README.md), committed in the repository. */
 #define CLI_DEFAULT_MODEL "pycode-20m-q8_0.gguf"

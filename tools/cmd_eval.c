@@ -80,7 +80,8 @@ int cmd_eval(int argc, char **argv) {
             if (!sel) continue;
             for (int64_t t = 0; t < nt; t++) {
                 printf("layer %d token %lld:", il, (long long)t);
-                for (int j = 0; j < m->hp.n_expert_used; j++) printf(" %d(%.4f)", sel[t * m->hp.n_expert_used + j], w[t * m->hp.n_expert_used + j]);
+                const int k = moetax_ctx_n_expert_used(c);
+                for (int j = 0; j < k; j++) printf(" %d(%.4f)", sel[t * k + j], w[t * k + j]);
                 printf("\n");
             }
         }

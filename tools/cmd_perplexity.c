@@ -187,7 +187,8 @@ int cmd_perplexity(int argc, char **argv) {
                           moetax_tokenizer_n_vocab(tok), m->hp.n_vocab);
         goto done;
     }
-    if (k_used && (st = cli_set_experts_used(m, k_used))) goto done;
+    const int k_ctx = (int)(k_used > 100000 ? 100000 : k_used); /* run-time top-k, a context parameter */
+    if ((st = moetax_model_check_experts_used(m, k_ctx))) goto done;
     if (!ctx) ctx = m->hp.n_ctx_train > 0 && m->hp.n_ctx_train < 512 ? m->hp.n_ctx_train : 512;
     if (ctx > m->hp.n_ctx_train && m->hp.n_ctx_train > 0)
         fprintf(stderr, "moetax perplexity: warning: -c %lld is longer than the %d tokens the model was trained on\n",
@@ -216,14 +217,14 @@ int cmd_perplexity(int argc, char **argv) {
         else to_score += (uint64_t)(n - 1);
     }
     if (to_score == 0) { st = moetax_error(MOETAX_ERR_ARG, "%s: no file has two or more tokens to score", input); goto done; }
-    struct moetax_ctx_params cp = {.n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads};
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx};
     if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
     logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab * (size_t)ctx);
     if (!logits) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory for %lld x %d logits", (long long)ctx, (int)m->hp.n_vocab); goto done; }
     if (!json)
         printf("perplexity: %s over %d file%s (%llu tokens to score), window %lld, stride %lld, %d threads, %d experts per token\n",
                model, n_files, n_files == 1 ? "" : "s", (unsigned long long)to_score, (long long)ctx, (long long)stride,
-               moetax_ctx_n_threads(c), m->hp.n_expert_used);
+               moetax_ctx_n_threads(c), moetax_ctx_n_expert_used(c));
     cli_progress pr;
     cli_progress_init(&pr, "perplexity", to_score);
     uint64_t done = 0;
@@ -255,7 +256,7 @@ int cmd_perplexity(int argc, char **argv) {
             printf(",\"files\":%d,\"files_skipped\":%d,\"tokens\":%lld,\"ctx\":%lld,\"stride\":%lld,\"threads\":%d,"
                    "\"experts_used\":%d,\"nll\":%.6f,\"nll_stderr\":%.6f,\"ppl\":%.6f,\"ppl_stderr\":%.6f,\"seconds\":%.3f}\n",
                    n_files - n_empty, n_empty, (long long)total.n, (long long)ctx, (long long)stride,
-                   moetax_ctx_n_threads(c), m->hp.n_expert_used, mean, se, ppl, ppl * se, secs);
+                   moetax_ctx_n_threads(c), moetax_ctx_n_expert_used(c), mean, se, ppl, ppl * se, secs);
         } else {
             if (n_empty) printf("skipped %d file%s with fewer than two tokens\n", n_empty, n_empty == 1 ? "" : "s");
             printf("scored %lld tokens in %.1f s (%.0f tokens evaluated/s)\n", (long long)total.n, secs,

@@ -123,7 +123,10 @@ int cmd_run(int argc, char **argv) {
     float *logits = NULL;
     double *tpot = NULL;
     if ((st = moetax_model_load(model, &m))) goto done;
-    if (k_used && (st = cli_set_experts_used(m, k_used))) goto done;
+    /* run-time top-k: a context parameter (the store and the ledger are sized for it too) */
+    const int k_ctx = (int)(k_used > 100000 ? 100000 : k_used);
+    so.n_expert_used = lo.n_expert_used = k_ctx;
+    if ((st = moetax_model_check_experts_used(m, k_ctx))) goto done;
     if ((st = moetax_tokenizer_load(m->gguf, &tok))) goto done;
     if (moetax_tokenizer_n_vocab(tok) != m->hp.n_vocab) {
         st = moetax_error(MOETAX_ERR_FORMAT, "%s: the vocabulary has %d tokens but token_embd has %d rows", model,
@@ -131,7 +134,7 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
     if ((st = moetax_sampler_init(&sp, m->hp.n_vocab, &smp))) goto done;
-    struct moetax_ctx_params cp = {.n_ctx = (int32_t)n_ctx, .n_threads = (int32_t)n_threads};
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)n_ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx};
     if (so.budgets) {
         uint64_t budget;
         if (!cli_store_parse_budget(so.budgets, cli_store_expert_bytes(m), &budget)) {

@@ -29,7 +29,7 @@ moetax_status cli_ledger_new(const struct moetax_model *m, int threads, const st
         .window = 4096,
         .trace_cap = o && o->trace_path ? (int64_t)1 << 20 : 0,
         .routing_window = o && (o->routing || o->json_path) ? 4096 : 0,
-        .n_expert_used = m->hp.n_expert_used,
+        .n_expert_used = o && o->n_expert_used ? o->n_expert_used : m->hp.n_expert_used,
     };
     if (!(o && o->routing)) p.routing_window = 0;
     return moetax_ledger_init(&p, out);
@@ -75,7 +75,7 @@ moetax_status cli_ledger_outputs(const struct moetax_ledger *l, const struct moe
                      (unsigned long long)ss.prefetch_dropped, (long long)tokens);
         }
         struct moetax_ledger_meta meta = {.model = model_path, .n_expert = m->hp.n_expert,
-                                          .n_expert_used = m->hp.n_expert_used, .moe_layers = moe, .n_moe_layers = n,
+                                          .n_expert_used = o->n_expert_used ? o->n_expert_used : m->hp.n_expert_used, .moe_layers = moe, .n_moe_layers = n,
                                           .store_json = store ? sj : NULL};
         if ((st = moetax_ledger_write_json(l, &meta, o->json_path))) return st;
         fprintf(stderr, "  ledger written to %s (moetax report %s)\n", o->json_path, o->json_path);

@@ -14,6 +14,7 @@ struct cli_ledger_opts {
     const char *trace_path;  /* --trace FILE */
     bool metrics;            /* --metrics: Prometheus text on stdout */
     bool routing;            /* --routing-stats: keep routing records (adds a router pass per layer) */
+    int n_expert_used;       /* the context's top-k (--experts-used); 0: the model's */
 };
 
 /* Parse one ledger option at argv[*i]; true if consumed (*err on a missing value). */

@@ -77,7 +77,7 @@ moetax_status cli_store_open(const struct moetax_model *m, const struct cli_stor
                              int *n_ubatch, struct moetax_store **out) {
     struct moetax_store_params p = {.budget_bytes = budget, .policy = cli_store_policy(o), .buffered_io = o->buffered,
                                     .n_io_threads = o->io_threads};
-    return moetax_model_store_open(m, &p, *n_ubatch, out, n_ubatch);
+    return moetax_model_store_open(m, &p, *n_ubatch, o->n_expert_used, out, n_ubatch);
 }
 
 void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens) {

@@ -14,6 +14,7 @@ struct cli_store_opts {
     const char *budgets;   /* --expert-budget: "2G", "50%", or a list "100%,50%" (bench) */
     enum moetax_store_policy policy; /* --policy, when policy_set; else cli_store_policy's default */
     bool policy_set;
+    int n_expert_used;     /* the context's top-k (--experts-used); 0: the model's */
     bool no_prefetch;
     bool buffered;
     int io_threads;

@@ -163,7 +163,13 @@ moetax_status moetax_model_prepare_experts(const struct moetax_model *m);
 struct moetax_store;
 struct moetax_store_params;
 moetax_status moetax_model_store_open(const struct moetax_model *m, const struct moetax_store_params *sp,
-                                      int n_ubatch, struct moetax_store **out, int *n_ubatch_out);
+                                      int n_ubatch, int n_expert_used, struct moetax_store **out,
+                                      int *n_ubatch_out);
+/* Check a run-time top-k for this model: 1..n_expert, and no more than the
+ * experts of the groups a token may use (group-limited routing). 0 means the
+ * model's expert_used_count and is always valid. MOETAX_ERR_ARG names the
+ * range otherwise. */
+moetax_status moetax_model_check_experts_used(const struct moetax_model *m, int n_expert_used);
 /* Bytes of weights a decoded token reads (routed experts k/E, one embedding row). */
 double moetax_model_active_bytes(const struct moetax_model *m);
 
@@ -176,6 +182,9 @@ struct moetax_ctx_params {
                                    routed experts are read through it instead of the mapping */
     bool no_prefetch;           /* with a store: read each expert only when a work item needs it (no early
                                    reads of a routed layer's experts, no cross-layer prediction) */
+    int32_t n_expert_used;      /* routed experts per token (run-time top-k): 0 = the model's
+                                   expert_used_count; see moetax_model_check_experts_used. With a
+                                   store, open it for the same count (moetax_model_store_open) */
 };
 
 struct moetax_ctx;
@@ -188,6 +197,8 @@ void moetax_ctx_reset(struct moetax_ctx *c);
 int64_t moetax_ctx_pos(const struct moetax_ctx *c);
 int64_t moetax_ctx_n_ctx(const struct moetax_ctx *c);
 int moetax_ctx_n_threads(const struct moetax_ctx *c);
+/* Routed experts per token of this context (its top-k). */
+int moetax_ctx_n_expert_used(const struct moetax_ctx *c);
 /* Record every step in a ledger (NULL: none). The ledger must have at least as
  * many workers as the context has threads, and outlive its use. */
 struct moetax_ledger;
@@ -204,7 +215,8 @@ size_t moetax_ctx_kv_bytes(const struct moetax_ctx *c);
 moetax_status moetax_ctx_eval(struct moetax_ctx *c, const int32_t *tokens, int64_t n, float *logits, bool all_logits);
 
 /* Routing of the last evaluated micro-batch, for tests and the ledger:
- * experts[layer][t * k + j] and weights likewise; NULL for dense layers. */
+ * experts[layer][t * k + j] and weights likewise (k = moetax_ctx_n_expert_used);
+ * NULL for dense layers. */
 const int32_t *moetax_ctx_routing(const struct moetax_ctx *c, int layer, const float **weights, int64_t *n_tokens);
 
 #ifdef __cplusplus

@@ -622,11 +622,29 @@ double moetax_model_active_bytes(const struct moetax_model *m) {
 
 /* ---- expert store ---------------------------------------------------------------- */
 
+moetax_status moetax_model_check_experts_used(const struct moetax_model *m, int k) {
+    const struct moetax_hparams *hp = &m->hp;
+    if (k == 0) return MOETAX_OK;
+    if (hp->n_expert <= 0)
+        return moetax_error(MOETAX_ERR_ARG, "experts used %d: %s has no routed experts", k, m->gguf->path);
+    int64_t max = hp->n_expert;
+    if (hp->n_expert_group > 1) max = (int64_t)hp->n_expert_group_used * (hp->n_expert / hp->n_expert_group);
+    if (max > 256) max = 256;
+    if (k < 1 || k > max)
+        return moetax_error(MOETAX_ERR_ARG, "experts used %d: must be in 1..%lld (%d experts%s; the file says %d)", k,
+                            (long long)max, hp->n_expert,
+                            hp->n_expert_group > 1 ? " in the groups a token may use" : "", hp->n_expert_used);
+    return MOETAX_OK;
+}
+
 moetax_status moetax_model_store_open(const struct moetax_model *m, const struct moetax_store_params *sp,
-                                      int n_ubatch, struct moetax_store **out, int *n_ubatch_out) {
+                                      int n_ubatch, int n_expert_used, struct moetax_store **out,
+                                      int *n_ubatch_out) {
     const struct moetax_hparams *hp = &m->hp;
     *out = NULL;
     if (hp->n_expert <= 0) return moetax_error(MOETAX_ERR_ARG, "%s: the model has no routed experts", m->gguf->path);
+    moetax_status cst = moetax_model_check_experts_used(m, n_expert_used);
+    if (cst) return cst;
     struct moetax_store_params p = *sp;
     if (!p.path) p.path = m->gguf->path;
     for (int il = 0; il < hp->n_layer; il++) {
@@ -644,7 +662,7 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
             break;
         }
     }
-    const int k = hp->n_expert_used;
+    const int k = n_expert_used ? n_expert_used : hp->n_expert_used;
     if (n_ubatch < 1) n_ubatch = 64;
     /* experts pinned at once: every active expert of one layer for a micro-batch */
     int min_slots = n_ubatch * k < hp->n_expert ? n_ubatch * k : hp->n_expert;
@@ -684,7 +702,7 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
             moetax_store_free(s);
             s = NULL;
             p.min_slots = n_ubatch * k < hp->n_expert ? n_ubatch * k : hp->n_expert;
-            return moetax_model_store_open(m, &p, n_ubatch, out, n_ubatch_out);
+            return moetax_model_store_open(m, &p, n_ubatch, n_expert_used, out, n_ubatch_out);
         }
     }
     if (!st) st = moetax_store_commit(s);

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "model/forward_impl.h"
+#include "moetax/store.h"
 
 /* ---- phases ------------------------------------------------------------------- */
 
@@ -277,6 +278,25 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     }
     c->store = p ? p->store : NULL;
     c->prefetch = c->store && !(p && p->no_prefetch);
+    const int32_t k_req = p ? p->n_expert_used : 0;
+    if ((st = moetax_model_check_experts_used(m, k_req))) {
+        free(c);
+        return st;
+    }
+    c->n_expert_used = k_req ? k_req : hp->n_expert_used;
+    if (c->store && hp->n_expert > 0) { /* every expert one layer uses for a micro-batch is pinned at once */
+        const int64_t need = c->n_ubatch * c->n_expert_used < hp->n_expert ? c->n_ubatch * c->n_expert_used
+                                                                             : hp->n_expert;
+        if (moetax_store_n_slots(c->store) < need) {
+            st = moetax_error(MOETAX_ERR_ARG,
+                              "the expert store holds %d experts, but a micro-batch of %lld tokens with %d experts "
+                              "each pins up to %lld: open it with this n_ubatch and n_expert_used",
+                              moetax_store_n_slots(c->store), (long long)c->n_ubatch, c->n_expert_used,
+                              (long long)need);
+            free(c);
+            return st;
+        }
+    }
     /* without a store the experts are read where the model holds them: repacked once if the
      * kernels read their type repacked, else the mapping (prefaulted) */
     if (!c->store && (st = moetax_model_prepare_experts(m))) {
@@ -293,7 +313,7 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     c->n_threads = moetax_pool_n_threads(c->pool);
     const int64_t U = c->n_ubatch, d = hp->n_embd, H = hp->n_head, nope = hp->n_embd_head_qk_nope;
     const int64_t rope = hp->n_embd_head_qk_rope, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
-    const int64_t ql = hp->q_lora_rank, k = hp->n_expert ? hp->n_expert_used : 1, E = hp->n_expert;
+    const int64_t ql = hp->q_lora_rank, k = hp->n_expert ? c->n_expert_used : 1, E = hp->n_expert;
     const int64_t F = hp->n_ff_exp, Fs = (int64_t)hp->n_expert_shared * hp->n_ff_exp;
     int64_t ffmax = max64(max64(hp->n_ff, Fs), 1);
     for (int il = 0; il < hp->n_layer; il++) ffmax = max64(ffmax, m->layers[il].ffn_gate.ne[1]);
@@ -387,6 +407,7 @@ void moetax_ctx_reset(struct moetax_ctx *c) { c->pos = 0; }
 int64_t moetax_ctx_pos(const struct moetax_ctx *c) { return c->pos; }
 int64_t moetax_ctx_n_ctx(const struct moetax_ctx *c) { return c->n_ctx; }
 int moetax_ctx_n_threads(const struct moetax_ctx *c) { return c->n_threads; }
+int moetax_ctx_n_expert_used(const struct moetax_ctx *c) { return c->n_expert_used; }
 void moetax_ctx_set_ledger(struct moetax_ctx *c, struct moetax_ledger *l) { c->ledger = l; }
 void moetax_ctx_test_delay(struct moetax_ctx *c, int ph, uint64_t ns) {
     c->delay_phase = (enum moetax_phase)ph;
@@ -434,7 +455,7 @@ moetax_status moetax_ctx_eval(struct moetax_ctx *c, const int32_t *tokens, int64
 const int32_t *moetax_ctx_routing(const struct moetax_ctx *c, int layer, const float **weights, int64_t *n_tokens) {
     const struct moetax_hparams *hp = &c->m->hp;
     if (layer < 0 || layer >= hp->n_layer || !c->m->layers[layer].is_moe) return NULL;
-    int64_t off = (int64_t)layer * c->n_ubatch * hp->n_expert_used;
+    int64_t off = (int64_t)layer * c->n_ubatch * c->n_expert_used;
     if (weights) *weights = c->selw + off;
     if (n_tokens) *n_tokens = c->sel_n;
     return c->sel + off;

@@ -52,6 +52,7 @@ struct moetax_ctx {
     bool own_pool;
     int n_threads;
     int64_t n_ctx, n_ubatch, pos;
+    int32_t n_expert_used; /* k: routed experts per token (ctx param, default the model's) */
     int64_t kv_row;        /* kv_lora + rope */
     float *kv;             /* [n_layer][n_ctx][kv_row] */
 

@@ -80,9 +80,9 @@ static void release_experts(struct worker *w, int il) {
 }
 
 /* Route token logits [E] -> k experts and weights (GGUF-MOE.md "The MoE block"). */
-static void route_token(const struct moetax_kernels *K, const struct moetax_hparams *hp, const float *bias,
+static void route_token(const struct moetax_kernels *K, const struct moetax_hparams *hp, int64_t k, const float *bias,
                         const float *logits, float *p, float *s, int32_t *idx, float *wout) {
-    const int64_t E = hp->n_expert, k = hp->n_expert_used;
+    const int64_t E = hp->n_expert;
     memcpy(p, logits, sizeof(float) * (size_t)E);
     if (hp->gating_func == 2) K->sigmoid(p, E);
     else K->softmax(p, E);
@@ -123,18 +123,18 @@ static void route_token(const struct moetax_kernels *K, const struct moetax_hpar
 static void route_tokens(struct moetax_ctx *c, struct scratch *s, int il) {
     const struct moetax_hparams *hp = &c->m->hp;
     const struct moetax_layer *l = &c->m->layers[il];
-    const int64_t E = hp->n_expert, k = hp->n_expert_used, n = c->n;
+    const int64_t E = hp->n_expert, k = c->n_expert_used, n = c->n;
     int32_t *sel = c->sel + (int64_t)il * c->n_ubatch * k;
     float *selw = c->selw + (int64_t)il * c->n_ubatch * k;
     float *p = s->f, *sc = s->f + E;
     for (int64_t t = 0; t < n; t++)
-        route_token(c->K, hp, l->exp_probs_b, c->router + t * E, p, sc, sel + t * k, selw + t * k);
+        route_token(c->K, hp, k, l->exp_probs_b, c->router + t * E, p, sc, sel + t * k, selw + t * k);
 }
 
 /* The dispatch plan: slots grouped by expert (ascending), tokens in order. */
 static void plan(struct moetax_ctx *c, int il) {
     const struct moetax_hparams *hp = &c->m->hp;
-    const int64_t E = hp->n_expert, k = hp->n_expert_used, n = c->n;
+    const int64_t E = hp->n_expert, k = c->n_expert_used, n = c->n;
     const int32_t *sel = c->sel + (int64_t)il * c->n_ubatch * k;
     const float *selw = c->selw + (int64_t)il * c->n_ubatch * k;
     struct plan *pl = &c->plan;
@@ -178,7 +178,7 @@ static void predict_next(struct moetax_ctx *c, int il) {
     const struct moetax_hparams *hp = &c->m->hp;
     if (il + 1 >= hp->n_layer || !c->m->layers[il + 1].is_moe) return;
     const struct moetax_layer *nl = &c->m->layers[il + 1];
-    const int64_t d = hp->n_embd, E = hp->n_expert, k = hp->n_expert_used;
+    const int64_t d = hp->n_embd, E = hp->n_expert, k = c->n_expert_used;
     for (int64_t t = 0; t < c->n; t++) {
         c->K->rmsnorm(c->pred_x, c->x + t * d, nl->ffn_norm, d, hp->rms_eps);
         struct act a = {.x = c->pred_x, .ncols = d, .n = 1, .q8 = c->pred_q, .q4 = c->pred_q};
@@ -186,7 +186,7 @@ static void predict_next(struct moetax_ctx *c, int il) {
             c->K->quantize_act(nl->gate_inp.type, c->pred_x, d, d, 1, c->pred_q);
         fw_matmul(c, &nl->gate_inp, 0, 0, E, &a, 0, 1, c->pred_logits, E);
         float wdummy[256];
-        route_token(c->K, hp, nl->exp_probs_b, c->pred_logits, c->pred_p, c->pred_p + E,
+        route_token(c->K, hp, k, nl->exp_probs_b, c->pred_logits, c->pred_p, c->pred_p + E,
                     c->pred + ((int64_t)(il + 1) * c->n_ubatch + t) * k, wdummy);
     }
     c->pred_ok[il + 1] = true;
@@ -197,7 +197,7 @@ void fw_moe(struct worker *w, int il) {
     const struct moetax_hparams *hp = &c->m->hp;
     const struct moetax_layer *l = &c->m->layers[il];
     const struct moetax_kernels *K = c->K;
-    const int64_t n = c->n, d = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp, k = hp->n_expert_used;
+    const int64_t n = c->n, d = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp, k = c->n_expert_used;
     const int64_t Fs = l->gate_sh.data ? l->gate_sh.ne[1] : 0;
     struct scratch *s = &c->scr[w->ith];
     struct plan *pl = &c->plan;
