@@ -93,6 +93,15 @@ def main():
         check(x["tokens_per_s"] > 0 and x["active_bytes_per_token"] > 0, f"bench values {x}")
     r = run([mt, "bench", "-m", model, "-r", "0"])
     check(r.returncode == 2, "bench -r 0 is refused")
+    # run-time top-k: more experts per token, more active bytes; beyond the group limit refused
+    r = run([mt, "bench", "-m", model, "-p", "0", "-n", "4", "-r", "1", "-t", "1", "--json", "--no-mem",
+             "--experts-used", "3"])
+    k3 = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    base = [x for x in rows if x["test"] == "tg8"]
+    check(r.returncode == 0 and len(k3) == 1 and base and k3[0]["active_bytes_per_token"] > base[0]["active_bytes_per_token"],
+          f"bench --experts-used 3: {r.stderr} {k3}")
+    r = run([mt, "bench", "-m", model, "-p", "0", "-n", "4", "-r", "1", "--no-mem", "--experts-used", "99"])
+    check(r.returncode != 0 and "experts used 99" in r.stderr, f"bench --experts-used 99 refused: {r.stderr}")
 
     # the dense twin: same active parameters per token, compared in one session
     twin = os.path.join(work, "cli_twin.gguf")

@@ -35,6 +35,8 @@ static void usage(FILE *f) {
                "                 paired_ratio = median over repetitions of gbps / a read pass just before each one\n"
                "                 (robust to a machine whose bandwidth drifts; decode, without --expert-budget)\n"
                "  --no-mem       skip the read-bandwidth probe (no roofline ratio)\n"
+               "  --experts-used K  route each token to K experts instead of the file's count (run-time\n"
+               "                 top-k; active bytes count K; see 'moetax perplexity --experts-used' for quality)\n"
                "  --twin FILE    also run the dense twin (moetax gen --dense-twin-of) and compare\n"
                "  --expert-budget LIST  also run decode with the routed experts behind an expert store of\n"
                "                 each budget (e.g. 100%%,50%%,25%%,10%% of the experts, or sizes like 512M)\n"
@@ -64,6 +66,7 @@ struct opts {
     struct cli_ledger_opts lo;
     struct cli_store_opts so;
     const char *budget;  /* this run's expert budget (one item of so.budgets), NULL: mapped */
+    int experts_used;    /* --experts-used: run-time top-k (0: the model's) */
 };
 
 struct result {
@@ -84,7 +87,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     if (st) return st;
     /* page faults are paid at load (resident part) and at context creation (routed experts,
      * unless they are behind the expert store), not inside the timed steps */
-    const double active = moetax_model_active_bytes(m);
+    const double active = moetax_model_active_bytes_k(m, o->experts_used);
     const int threads = moetax_pool_n_threads(pool);
     int64_t max_tok = 1;
     for (int i = 0; i < o->npp; i++) if (o->pp[i] > max_tok) max_tok = o->pp[i];
@@ -106,7 +109,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     if (read_gbps > 0 && !o->budget && o->ntg > 0 && (st = moetax_membw_probe_new(pool, (size_t)512 << 20, &probe)))
         goto done;
     for (int64_t i = 0; i < max_tok; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
-    struct moetax_ctx_params cp = {.n_ctx = (int32_t)max_tok + 1, .pool = pool};
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)max_tok + 1, .pool = pool, .n_expert_used = o->experts_used};
     uint64_t budget = 0;
     if (o->budget) {
         if (!cli_store_parse_budget(o->budget, cli_store_expert_bytes(m), &budget)) {
@@ -287,6 +290,12 @@ int bench_model_main(int argc, char **argv) {
             if (err || !cli_parse_i64(v, &o.reps) || o.reps < 1 || o.reps > 1000) return cli_usage_error("bench", "-r: 1..1000");
         } else if (!strcmp(argv[i], "--json")) o.json = true;
         else if (!strcmp(argv[i], "--no-mem")) o.mem = false;
+        else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
+            int64_t kk = 0;
+            if (err || !cli_parse_i64(v, &kk) || kk < 1 || kk > 256)
+                return cli_usage_error("bench", "--experts-used needs a count in 1..256");
+            o.experts_used = o.so.n_expert_used = o.lo.n_expert_used = (int)kk;
+        }
         else if (cli_ledger_opt(argc, argv, &i, &o.lo, &err)) { if (err) return 2; }
         else if (cli_store_opt(argc, argv, &i, &o.so, &err)) { if (err) return 2; }
         else return cli_usage_error("bench", "unknown option '%s'", argv[i]);
@@ -357,6 +366,7 @@ int bench_model_main(int argc, char **argv) {
         if (!st && twin) {
             struct opts ot = o;
             ot.lo = (struct cli_ledger_opts){0};
+            ot.experts_used = 0; /* the dense twin has no routed experts (its FFN matches the file's k) */
             st = bench_model(twin, pool, read_gbps, &ot, false, dense);
             for (int i = 0; !st && i < o.ntg; i++) {
                 const struct result *a = &moe[1][i], *b = &dense[1][i];

@@ -172,6 +172,8 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
 moetax_status moetax_model_check_experts_used(const struct moetax_model *m, int n_expert_used);
 /* Bytes of weights a decoded token reads (routed experts k/E, one embedding row). */
 double moetax_model_active_bytes(const struct moetax_model *m);
+/* The same with n_expert_used routed experts per token (0: the model's). */
+double moetax_model_active_bytes_k(const struct moetax_model *m, int n_expert_used);
 
 struct moetax_ctx_params {
     int32_t n_ctx;            /* KV cache positions; 0: min(n_ctx_train, 4096) */

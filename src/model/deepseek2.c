@@ -600,9 +600,12 @@ moetax_status moetax_model_load(const char *path, struct moetax_model **out) {
     return MOETAX_OK;
 }
 
-double moetax_model_active_bytes(const struct moetax_model *m) {
+double moetax_model_active_bytes(const struct moetax_model *m) { return moetax_model_active_bytes_k(m, 0); }
+
+double moetax_model_active_bytes_k(const struct moetax_model *m, int n_expert_used) {
     const struct moetax_hparams *hp = &m->hp;
-    double frac = hp->n_expert ? (double)hp->n_expert_used / hp->n_expert : 0;
+    const int k = n_expert_used > 0 ? n_expert_used : hp->n_expert_used;
+    double frac = hp->n_expert ? (double)k / hp->n_expert : 0;
     double b = (double)m->tok_embd.row_bytes + (double)m->output.mat_bytes;
     for (int il = 0; il < hp->n_layer; il++) {
         const struct moetax_layer *l = &m->layers[il];
