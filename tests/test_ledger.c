@@ -131,13 +131,8 @@ static void delay_injection(void) {
     for (int i = 0; i < m->hp.n_layer; i++) n_moe += m->layers[i].is_moe;
     const enum moetax_phase targets[] = {MOETAX_PHASE_COMBINE, MOETAX_PHASE_ROUTE, MOETAX_PHASE_ATTN};
     for (int threads = 1; threads <= 2; threads++) {
-        double base[MOETAX_PHASE_COUNT];
-        run_model(m, threads, 0, 0, base);
         for (size_t ti = 0; ti < sizeof targets / sizeof targets[0]; ti++) {
             const uint64_t delay = 500000; /* 500 us per entry */
-            double got[MOETAX_PHASE_COUNT];
-            run_model(m, threads, targets[ti], delay, got);
-            double added = got[targets[ti]] - base[targets[ti]];
             /* every worker enters combine once per MoE layer; route twice per MoE layer (router, then
              * routing); attention 5 times per layer (phases 2-6), 7 with q_lora */
             double entries = targets[ti] == MOETAX_PHASE_COMBINE ? n_moe
@@ -147,18 +142,33 @@ static void delay_injection(void) {
             /* with 2 threads on a shared 2-core machine (ctest -j2, other tests) a worker can be
              * descheduled mid-phase; that time is honestly booked where it falls, so the strict
              * "there and nowhere else" bounds are checked with one thread, and with two only that
-             * the delay shows up in its phase */
+             * the delay shows up in its phase. A timing comparison on a shared machine can meet a
+             * burst of noise: up to 3 attempts (a fresh baseline each); a real leak fails them all. */
             bool strict = threads == 1;
-            CHECK_MSG(added > 0.8 * want && (!strict || added < 1.5 * want), "%d threads, delay in %s: +%.0f us, want +%.0f us",
-                      threads, moetax_phase_name(targets[ti]), 1e6 * added, 1e6 * want);
-            for (int p = 0; strict && p < MOETAX_PHASE_COUNT; p++) {
-                if (p == (int)targets[ti]) continue;
-                double diff = got[p] - base[p];
-                /* noise allowance: a tenth of the injected time or a fifth of the phase itself
-                 * (sanitizer builds run the phases many times slower) */
-                CHECK_MSG(fabs(diff) < fmax(0.1 * want, 0.2 * base[p]), "%d threads, delay in %s leaked into %s: %+.0f us (of %.0f)", threads,
-                          moetax_phase_name(targets[ti]), moetax_phase_name((enum moetax_phase)p), 1e6 * diff, 1e6 * want);
+            char msg[256] = "";
+            for (int attempt = 0; attempt < 3; attempt++) {
+                double base[MOETAX_PHASE_COUNT], got[MOETAX_PHASE_COUNT];
+                run_model(m, threads, 0, 0, base);
+                run_model(m, threads, targets[ti], delay, got);
+                double added = got[targets[ti]] - base[targets[ti]];
+                msg[0] = 0;
+                if (!(added > 0.8 * want && (!strict || added < 1.5 * want)))
+                    snprintf(msg, sizeof msg, "%d threads, delay in %s: +%.0f us, want +%.0f us", threads,
+                             moetax_phase_name(targets[ti]), 1e6 * added, 1e6 * want);
+                for (int p = 0; strict && !msg[0] && p < MOETAX_PHASE_COUNT; p++) {
+                    if (p == (int)targets[ti]) continue;
+                    double diff = got[p] - base[p];
+                    /* noise allowance: a tenth of the injected time or a fifth of the phase itself
+                     * (sanitizer builds run the phases many times slower) */
+                    if (!(fabs(diff) < fmax(0.1 * want, 0.2 * base[p])))
+                        snprintf(msg, sizeof msg, "%d threads, delay in %s leaked into %s: %+.0f us (of %.0f)",
+                                 threads, moetax_phase_name(targets[ti]), moetax_phase_name((enum moetax_phase)p),
+                                 1e6 * diff, 1e6 * want);
+                }
+                if (!msg[0]) break;
+                fprintf(stderr, "test_ledger: attempt %d: %s\n", attempt + 1, msg);
             }
+            CHECK_MSG(!msg[0], "%s", msg);
         }
     }
     moetax_model_free(m);
