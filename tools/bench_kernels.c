@@ -105,21 +105,6 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* A plain streaming read of [buf, buf + bytes), each worker its 4 KiB-aligned share. */
-struct rd_ctx {
-    const uint8_t *buf;
-    size_t bytes;
-    uint64_t sink[64];
-};
-
-static void rd_fn(void *p, int ith, int nth) {
-    struct rd_ctx *c = p;
-    const size_t per = (c->bytes / (size_t)nth + 4095) & ~(size_t)4095;
-    const size_t a = (size_t)ith * per < c->bytes ? (size_t)ith * per : c->bytes;
-    const size_t b = a + per < c->bytes ? a + per : c->bytes;
-    if (b > a) c->sink[ith & 63] = moetax_membw_sum(c->buf + a, b - a);
-}
-
 struct pass_times {
     double secs;   /* median kernel pass */
     double paired; /* median over passes of (read time / kernel time) for the same bytes */
@@ -131,12 +116,11 @@ struct pass_times {
 static struct pass_times time_pass(struct moetax_pool *pool, struct mm_ctx base, int64_t n_runs, int reps,
                                    size_t bytes) {
     double *t = malloc(sizeof(double) * (size_t)reps), *r = malloc(sizeof(double) * (size_t)reps);
-    struct rd_ctx rd = {.buf = base.w, .bytes = bytes};
     for (int rep = -1; rep < reps; rep++) {
-        double t0 = cli_now();
-        moetax_pool_run(pool, rd_fn, &rd);
-        const double tr = cli_now() - t0;
-        t0 = cli_now();
+        double gbps = 0;
+        moetax_membw_pass(pool, base.w, bytes, &gbps); /* the same bytes, plainly streamed */
+        const double tr = (double)bytes / (gbps * 1e9);
+        const double t0 = cli_now();
         for (int64_t i = 0; i < n_runs; i++) {
             struct mm_ctx c = base;
             c.w = base.w + (size_t)i * (size_t)base.n_mats * base.mat_stride;

@@ -49,6 +49,11 @@ moetax_status moetax_membw_read(struct moetax_pool *pool, size_t bytes, int reps
 moetax_status moetax_membw_read_ex(struct moetax_pool *pool, size_t bytes, int reps,
                                    struct moetax_membw_result *out);
 
+/* One timed pass with all of the pool's workers over a caller's buffer
+ * (each worker its 4 KiB-aligned share; no warm-up, the buffer as it is):
+ * e.g. the bytes another kernel is about to read, for a paired comparison. */
+moetax_status moetax_membw_pass(struct moetax_pool *pool, const void *buf, size_t bytes, double *gbps);
+
 /* A reusable probe: one buffer of bytes (allocated and first touched once),
  * then one timed pass with all of the pool's workers per call. For pairing a
  * bandwidth reading with each repetition of another measurement on a machine

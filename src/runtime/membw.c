@@ -73,9 +73,8 @@ struct membw_ctx {
     struct moetax_pool *pool;
     uint8_t *buf;
     size_t bytes, share; /* share: per worker, 4 KiB aligned; the last takes the rest */
-    int passes;          /* warm-up + reps */
     bool touch;          /* write the buffer first (the first run over a new buffer) */
-    uint64_t *t0, *t1;   /* [passes], written by worker 0 */
+    uint64_t t0, t1;     /* the pass's start and end, written by worker 0 */
     uint64_t *sink;      /* [nth * 8]: one cache line per worker */
 };
 
@@ -93,14 +92,11 @@ static void membw_fn(void *vctx, int ith, int nth) {
     membw_range(c, ith, nth, &p, &n);
     /* First touch by the reader: pages exist (not the zero page), on its node. */
     if (c->touch) memset(p, 0x5a + ith, n);
-    uint64_t acc = 0;
-    for (int r = 0; r < c->passes; r++) {
-        moetax_pool_barrier(c->pool, ith);
-        if (ith == 0) c->t0[r] = moetax_pool_now_ns();
-        acc += moetax_membw_sum(p, n);
-        moetax_pool_barrier(c->pool, ith);
-        if (ith == 0) c->t1[r] = moetax_pool_now_ns();
-    }
+    moetax_pool_barrier(c->pool, ith);
+    if (ith == 0) c->t0 = moetax_pool_now_ns();
+    const uint64_t acc = moetax_membw_sum(p, n);
+    moetax_pool_barrier(c->pool, ith);
+    if (ith == 0) c->t1 = moetax_pool_now_ns();
     c->sink[(size_t)ith * 8] = acc;
 }
 
@@ -109,6 +105,85 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* One pass of all workers over c (timed between barriers) and the sums consumed. */
+static void run_pass(struct membw_ctx *c) {
+    moetax_pool_run(c->pool, membw_fn, c);
+    uint64_t check = 0;
+    for (int i = 0; i < moetax_pool_n_threads(c->pool); i++) check += c->sink[(size_t)i * 8];
+    volatile uint64_t consume = check; /* the sums are used */
+    (void)consume;
+}
+
+moetax_status moetax_membw_pass(struct moetax_pool *pool, const void *buf, size_t bytes, double *gbps) {
+    if (!pool || !buf || !bytes || !gbps)
+        return moetax_error(MOETAX_ERR_ARG, "moetax_membw_pass: pool, buf, bytes > 0 and gbps are required");
+    const int nth = moetax_pool_n_threads(pool);
+    uint64_t *sink = calloc((size_t)nth * 8, sizeof *sink);
+    if (!sink) return moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_pass: out of memory");
+    struct membw_ctx c = {.pool = pool, .buf = (uint8_t *)buf, .bytes = bytes, .sink = sink,
+                          .share = bytes / (size_t)nth / MEMBW_PAGE * MEMBW_PAGE, .touch = false};
+    run_pass(&c);
+    free(sink);
+    *gbps = (double)bytes / (double)(c.t1 > c.t0 ? c.t1 - c.t0 : 1); /* bytes per ns == GB/s */
+    return MOETAX_OK;
+}
+
+/* ---- a reusable probe: one buffer of its own, written once ---------------------------- */
+
+struct moetax_membw_probe {
+    struct moetax_pool *pool;
+    void *map;
+    size_t map_len, bytes;
+    uint8_t *buf;
+};
+
+moetax_status moetax_membw_probe_new(struct moetax_pool *pool, size_t bytes, struct moetax_membw_probe **out) {
+    *out = NULL;
+    if (!pool || bytes < MEMBW_PAGE)
+        return moetax_error(MOETAX_ERR_ARG, "moetax_membw_probe_new: need a pool and bytes >= %u (got %zu)", MEMBW_PAGE,
+                            bytes);
+    const int nth = moetax_pool_n_threads(pool);
+    struct moetax_membw_probe *p = calloc(1, sizeof *p);
+    uint64_t *sink = calloc((size_t)nth * 8, sizeof *sink);
+    if (!p || !sink) {
+        free(p), free(sink);
+        return moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_probe_new: out of memory");
+    }
+    /* Reserve 2 MiB extra so the buffer can start on a huge-page boundary. */
+    p->map_len = bytes + MEMBW_HUGE;
+    p->map = mmap(NULL, p->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p->map == MAP_FAILED) {
+        free(p), free(sink);
+        return moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_probe_new: mmap of %zu bytes: %s", bytes + MEMBW_HUGE,
+                            strerror(errno));
+    }
+    p->buf = (uint8_t *)(((uintptr_t)p->map + MEMBW_HUGE - 1) & ~(uintptr_t)(MEMBW_HUGE - 1));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p->buf, (bytes + MEMBW_HUGE - 1) & ~(size_t)(MEMBW_HUGE - 1), MADV_HUGEPAGE);
+#endif
+    p->pool = pool;
+    p->bytes = bytes;
+    /* first touch by the workers that read it, and an untimed warm-up pass */
+    struct membw_ctx c = {.pool = pool, .buf = p->buf, .bytes = bytes, .sink = sink,
+                          .share = bytes / (size_t)nth / MEMBW_PAGE * MEMBW_PAGE, .touch = true};
+    run_pass(&c);
+    free(sink);
+    *out = p;
+    return MOETAX_OK;
+}
+
+moetax_status moetax_membw_probe_pass(struct moetax_membw_probe *p, double *gbps) {
+    return moetax_membw_pass(p->pool, p->buf, p->bytes, gbps);
+}
+
+void moetax_membw_probe_free(struct moetax_membw_probe *p) {
+    if (!p) return;
+    munmap(p->map, p->map_len);
+    free(p);
+}
+
+/* ---- the measurement: a probe, reps passes, the median ------------------------------- */
+
 moetax_status moetax_membw_read_ex(struct moetax_pool *pool, size_t bytes, int reps,
                                    struct moetax_membw_result *out) {
     if (!pool || !out) return moetax_error(MOETAX_ERR_ARG, "moetax_membw_read: pool and out are required");
@@ -116,62 +191,25 @@ moetax_status moetax_membw_read_ex(struct moetax_pool *pool, size_t bytes, int r
         return moetax_error(MOETAX_ERR_ARG, "moetax_membw_read: need bytes >= %u and reps >= 1 (got %zu, %d)",
                             MEMBW_PAGE, bytes, reps);
     memset(out, 0, sizeof *out);
-    int nth = moetax_pool_n_threads(pool);
-
-    /* Reserve 2 MiB extra so the buffer can start on a huge-page boundary. */
-    size_t map_len = bytes + MEMBW_HUGE;
-    void *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (map == MAP_FAILED)
-        return moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_read: mmap of %zu bytes: %s", map_len,
-                            strerror(errno));
-    uint8_t *buf = (uint8_t *)(((uintptr_t)map + MEMBW_HUGE - 1) & ~(uintptr_t)(MEMBW_HUGE - 1));
-#ifdef MADV_HUGEPAGE
-    (void)madvise(buf, (bytes + MEMBW_HUGE - 1) & ~(size_t)(MEMBW_HUGE - 1), MADV_HUGEPAGE);
-#endif
-
-    int passes = reps + 1;
-    uint64_t *t0 = calloc((size_t)passes, sizeof *t0);
-    uint64_t *t1 = calloc((size_t)passes, sizeof *t1);
-    uint64_t *sink = calloc((size_t)nth * 8, sizeof *sink);
     double *g = calloc((size_t)reps, sizeof *g);
-    moetax_status st = MOETAX_OK;
-    if (!t0 || !t1 || !sink || !g) {
-        st = moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_read: out of memory");
-        goto done;
+    if (!g) return moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_read: out of memory");
+    struct moetax_membw_probe *p = NULL;
+    moetax_status st = moetax_membw_probe_new(pool, bytes, &p);
+    for (int r = 0; !st && r < reps; r++) st = moetax_membw_probe_pass(p, &g[r]);
+    moetax_membw_probe_free(p);
+    if (!st) {
+        qsort(g, (size_t)reps, sizeof *g, cmp_double);
+        out->gbps_median = reps % 2 ? g[reps / 2] : 0.5 * (g[reps / 2 - 1] + g[reps / 2]);
+        out->gbps_min = g[0];
+        out->gbps_max = g[reps - 1];
+        out->bytes = bytes;
+        out->threads = moetax_pool_n_threads(pool);
+        out->reps = reps;
+        out->kernel = moetax_membw_kernel_name();
+        if (!isfinite(out->gbps_median) || out->gbps_median <= 0)
+            st = moetax_error(MOETAX_ERR_INTERNAL, "moetax_membw_read: bad measurement %g GB/s", out->gbps_median);
     }
-
-    struct membw_ctx c = {
-        .pool = pool, .buf = buf, .bytes = bytes, .passes = passes, .t0 = t0, .t1 = t1, .sink = sink,
-        .share = bytes / (size_t)nth / MEMBW_PAGE * MEMBW_PAGE, .touch = true,
-    };
-    moetax_pool_run(pool, membw_fn, &c);
-
-    uint64_t check = 0;
-    for (int i = 0; i < nth; i++) check += sink[(size_t)i * 8];
-    volatile uint64_t consume = check; /* the sums are used */
-    (void)consume;
-
-    for (int r = 0; r < reps; r++) {
-        uint64_t dt = t1[r + 1] > t0[r + 1] ? t1[r + 1] - t0[r + 1] : 1;
-        g[r] = (double)bytes / (double)dt; /* bytes per ns == GB/s */
-    }
-    qsort(g, (size_t)reps, sizeof *g, cmp_double);
-    out->gbps_median = reps % 2 ? g[reps / 2] : 0.5 * (g[reps / 2 - 1] + g[reps / 2]);
-    out->gbps_min = g[0];
-    out->gbps_max = g[reps - 1];
-    out->bytes = bytes;
-    out->threads = nth;
-    out->reps = reps;
-    out->kernel = moetax_membw_kernel_name();
-    if (!isfinite(out->gbps_median) || out->gbps_median <= 0)
-        st = moetax_error(MOETAX_ERR_INTERNAL, "moetax_membw_read: bad measurement %g GB/s", out->gbps_median);
-
-done:
-    free(t0);
-    free(t1);
-    free(sink);
     free(g);
-    munmap(map, map_len);
     return st;
 }
 
@@ -181,63 +219,4 @@ moetax_status moetax_membw_read(struct moetax_pool *pool, size_t bytes, int reps
     moetax_status st = moetax_membw_read_ex(pool, bytes, reps, &r);
     if (st == MOETAX_OK) *gbps_median = r.gbps_median;
     return st;
-}
-
-/* ---- a reusable probe: one buffer, one timed pass per call -------------------------- */
-
-struct moetax_membw_probe {
-    struct moetax_pool *pool;
-    void *map;
-    size_t map_len;
-    struct membw_ctx c;
-    uint64_t t0[1], t1[1];
-    uint64_t *sink;
-};
-
-moetax_status moetax_membw_probe_new(struct moetax_pool *pool, size_t bytes, struct moetax_membw_probe **out) {
-    *out = NULL;
-    if (!pool || bytes < MEMBW_PAGE)
-        return moetax_error(MOETAX_ERR_ARG, "moetax_membw_probe_new: need a pool and bytes >= %u (got %zu)", MEMBW_PAGE,
-                            bytes);
-    struct moetax_membw_probe *p = calloc(1, sizeof *p);
-    const int nth = moetax_pool_n_threads(pool);
-    if (p) p->sink = calloc((size_t)nth * 8, sizeof *p->sink);
-    if (!p || !p->sink) {
-        if (p) free(p);
-        return moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_probe_new: out of memory");
-    }
-    p->map_len = bytes + MEMBW_HUGE;
-    p->map = mmap(NULL, p->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p->map == MAP_FAILED) {
-        free(p->sink), free(p);
-        return moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_probe_new: mmap of %zu bytes: %s", bytes + MEMBW_HUGE,
-                            strerror(errno));
-    }
-    uint8_t *buf = (uint8_t *)(((uintptr_t)p->map + MEMBW_HUGE - 1) & ~(uintptr_t)(MEMBW_HUGE - 1));
-#ifdef MADV_HUGEPAGE
-    (void)madvise(buf, (bytes + MEMBW_HUGE - 1) & ~(size_t)(MEMBW_HUGE - 1), MADV_HUGEPAGE);
-#endif
-    p->pool = pool;
-    p->c = (struct membw_ctx){.pool = pool, .buf = buf, .bytes = bytes, .passes = 1, .t0 = p->t0, .t1 = p->t1,
-                              .sink = p->sink, .share = bytes / (size_t)nth / MEMBW_PAGE * MEMBW_PAGE, .touch = true};
-    moetax_pool_run(pool, membw_fn, &p->c); /* first touch, and an untimed warm-up pass */
-    p->c.touch = false;
-    *out = p;
-    return MOETAX_OK;
-}
-
-moetax_status moetax_membw_probe_pass(struct moetax_membw_probe *p, double *gbps) {
-    moetax_pool_run(p->pool, membw_fn, &p->c);
-    const uint64_t dt = p->t1[0] > p->t0[0] ? p->t1[0] - p->t0[0] : 1;
-    volatile uint64_t consume = p->sink[0]; /* the sums are used */
-    (void)consume;
-    *gbps = (double)p->c.bytes / (double)dt;
-    return MOETAX_OK;
-}
-
-void moetax_membw_probe_free(struct moetax_membw_probe *p) {
-    if (!p) return;
-    munmap(p->map, p->map_len);
-    free(p->sink);
-    free(p);
 }
