@@ -125,19 +125,12 @@ static bool weight_repacked(const struct moetax_weight *w) {
     return w->data && w->file_data && kernels_repack(w->type);
 }
 
-/* Rows of one repack unit of w (kernels.h, WEIGHT LAYOUTS): a matrix, or
- * half of a fused gate_up matrix (its gate rows, then its up rows). */
-static int64_t repack_unit_rows(const struct moetax_model *m, const struct moetax_weight *w) {
-    for (int il = 0; il < m->hp.n_layer; il++)
-        if (m->layers[il].fused_gate_up && w == &m->layers[il].gate_exps) return m->hp.n_ff_exp;
-    return w->ne[1];
-}
-
-/* Repack rows rows of w (a whole number of units) from src to dst (may be src). */
-static moetax_status repack_units(const struct moetax_model *m, const struct moetax_weight *w, void *dst,
-                                  const void *src, int64_t rows) {
+/* Repack rows rows of w from src to dst (may be src), in units of `unit` rows
+ * (kernels.h, WEIGHT LAYOUTS): a matrix, w->ne[1] rows, or half of a fused
+ * gate_up matrix, n_ff_exp rows (its gate rows, then its up rows). */
+static moetax_status repack_units(const struct moetax_weight *w, int64_t unit, void *dst, const void *src,
+                                  int64_t rows) {
     const struct moetax_kernels *K = moetax_kernels_get();
-    const int64_t unit = repack_unit_rows(m, w);
     moetax_status st = MOETAX_OK;
     for (int64_t r = 0; !st && r < rows; r += unit)
         st = moetax_kernels_repack(K, w->type, (uint8_t *)dst + (size_t)r * w->row_bytes,
@@ -147,9 +140,10 @@ static moetax_status repack_units(const struct moetax_model *m, const struct moe
 }
 
 /* Copy ws[0..n) (file tensors the kernels read repacked) into one anonymous
- * mapping, repacked, each 64-byte aligned, and point their data at it. */
-static moetax_status repack_weights(const struct moetax_model *m, struct moetax_weight *const *ws, int n,
-                                    void **buf_out, size_t *bytes_out, const char *what) {
+ * mapping, repacked in units of units[i] rows (units NULL: each matrix, ne[1]
+ * rows), each 64-byte aligned, and point their data at it. */
+static moetax_status repack_weights(const struct moetax_model *m, struct moetax_weight *const *ws,
+                                    const int64_t *units, int n, void **buf_out, size_t *bytes_out, const char *what) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += (weight_bytes(ws[i]) + 63) / 64 * 64;
     if (!total) return MOETAX_OK;
@@ -162,7 +156,8 @@ static moetax_status repack_weights(const struct moetax_model *m, struct moetax_
     for (int i = 0; i < n; i++) {
         struct moetax_weight *w = ws[i];
         const size_t nb = weight_bytes(w);
-        (void)repack_units(m, w, buf + off, w->file_data, (int64_t)(nb / w->row_bytes)); /* not in place: cannot fail */
+        /* not in place: cannot fail */
+        (void)repack_units(w, units ? units[i] : w->ne[1], buf + off, w->file_data, (int64_t)(nb / w->row_bytes));
         w->data = buf + off;
         if (w->file_data != m->tok_embd.file_data) release_mapped(m, w->file_data, nb); /* still read by rows */
         off += (nb + 63) / 64 * 64;
@@ -190,7 +185,7 @@ static moetax_status repack_resident(struct moetax_model *m) {
         for (int i = 0; i < per_layer; i++)
             if (weight_repacked(lw[i])) ws[n++] = lw[i];
     }
-    moetax_status st = repack_weights(m, ws, n, &o->rep_res, &o->rep_res_bytes, "resident weights");
+    moetax_status st = repack_weights(m, ws, NULL, n, &o->rep_res, &o->rep_res_bytes, "resident weights");
     free(ws);
     return st;
 }
@@ -201,22 +196,27 @@ moetax_status moetax_model_prepare_experts(const struct moetax_model *m) {
     pthread_mutex_lock(&o->mu);
     if (!o->experts_prepared) {
         struct moetax_weight **ws = malloc(sizeof *ws * (size_t)(3 * m->hp.n_layer + 1));
+        int64_t *units = malloc(sizeof *units * (size_t)(3 * m->hp.n_layer + 1));
         int n = 0;
-        if (!ws) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        if (!ws || !units) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
         for (int il = 0; !st && il < m->hp.n_layer; il++) {
             struct moetax_layer *l = &m->layers[il];
             if (!l->is_moe) continue;
-            if (weight_repacked(&l->gate_exps)) ws[n++] = &l->gate_exps; /* fused: the whole gate_up tensor */
-            if (!l->fused_gate_up && weight_repacked(&l->up_exps)) ws[n++] = &l->up_exps;
-            if (weight_repacked(&l->down_exps)) ws[n++] = &l->down_exps;
+            if (weight_repacked(&l->gate_exps)) { /* fused: the whole gate_up tensor, its halves apart */
+                units[n] = l->fused_gate_up ? m->hp.n_ff_exp : l->gate_exps.ne[1];
+                ws[n++] = &l->gate_exps;
+            }
+            if (!l->fused_gate_up && weight_repacked(&l->up_exps)) units[n] = l->up_exps.ne[1], ws[n++] = &l->up_exps;
+            if (weight_repacked(&l->down_exps)) units[n] = l->down_exps.ne[1], ws[n++] = &l->down_exps;
         }
-        if (!st) st = repack_weights(m, ws, n, &o->rep_exp, &o->rep_exp_bytes, "routed experts");
+        if (!st) st = repack_weights(m, ws, units, n, &o->rep_exp, &o->rep_exp_bytes, "routed experts");
         for (int il = 0; !st && il < m->hp.n_layer; il++) {
             struct moetax_layer *l = &m->layers[il];
             if (l->is_moe && l->fused_gate_up) /* up = rows F..2F-1 of each fused matrix, wherever it now is */
                 l->up_exps.data = (const char *)l->gate_exps.data + (size_t)m->hp.n_ff_exp * l->gate_exps.row_bytes;
         }
         free(ws);
+        free(units);
         if (!st) o->experts_prepared = true;
     }
     pthread_mutex_unlock(&o->mu);
@@ -235,7 +235,8 @@ static void store_repack(void *user, int layer, int e, void *const *ptrs, const 
         if (i == 1 && l->fused_gate_up) continue;
         const struct moetax_weight *w = ws[i];
         /* in place; cannot fail: moetax_model_store_open checked that a row group fits the stack */
-        (void)repack_units(m, w, ptrs[k], ptrs[k], (int64_t)(sizes[k] / w->row_bytes));
+        const int64_t unit = i == 0 && l->fused_gate_up ? m->hp.n_ff_exp : w->ne[1];
+        (void)repack_units(w, unit, ptrs[k], ptrs[k], (int64_t)(sizes[k] / w->row_bytes));
         k++;
     }
 }
