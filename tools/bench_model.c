@@ -291,10 +291,9 @@ int bench_model_main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--json")) o.json = true;
         else if (!strcmp(argv[i], "--no-mem")) o.mem = false;
         else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
-            int64_t kk = 0;
-            if (err || !cli_parse_i64(v, &kk) || kk < 1 || kk > 256)
+            if (err || !cli_parse_experts_used(v, &o.experts_used))
                 return cli_usage_error("bench", "--experts-used needs a count in 1..256");
-            o.experts_used = o.so.n_expert_used = o.lo.n_expert_used = (int)kk;
+            o.so.n_expert_used = o.lo.n_expert_used = o.experts_used;
         }
         else if (cli_ledger_opt(argc, argv, &i, &o.lo, &err)) { if (err) return 2; }
         else if (cli_store_opt(argc, argv, &i, &o.so, &err)) { if (err) return 2; }

@@ -57,6 +57,13 @@ bool cli_parse_i64(const char *s, int64_t *out) {
     return true;
 }
 
+bool cli_parse_experts_used(const char *s, int *out) {
+    int64_t k = 0;
+    if (!cli_parse_i64(s, &k) || k < 1 || k > 256) return false;
+    *out = (int)k;
+    return true;
+}
+
 bool cli_parse_f64(const char *s, double *out) {
     if (!s || !*s) return false;
     char *end;

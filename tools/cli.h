@@ -19,6 +19,8 @@ bool cli_opt(int argc, char **argv, int *i, const char *s, const char *l, const 
 bool cli_flag(char **argv, int i, const char *s, const char *l);
 
 bool cli_parse_i64(const char *s, int64_t *out);
+/* --experts-used K: a count in 1..256 (the model checks its own limit later); false otherwise. */
+bool cli_parse_experts_used(const char *s, int *out);
 bool cli_parse_f64(const char *s, double *out);
 /* "1024", "64K", "2.5G", "512MiB" -> bytes */
 bool cli_parse_size(const char *s, uint64_t *out);

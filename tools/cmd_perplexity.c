@@ -136,7 +136,8 @@ static void put_json_str(const char *s) {
 
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *input = NULL;
-    int64_t n_threads = 0, ctx = 0, stride = 0, max_files = 0, k_used = 0;
+    int64_t n_threads = 0, ctx = 0, stride = 0, max_files = 0;
+    int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool per_file = false, json = false;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -154,7 +155,8 @@ int cmd_perplexity(int argc, char **argv) {
             if (err || !cli_parse_i64(v, &n_threads) || n_threads < 1 || n_threads > 512)
                 return cli_usage_error("perplexity", "-t needs a thread count in 1..512");
         } else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
-            if (err || !cli_parse_i64(v, &k_used) || k_used < 1) return cli_usage_error("perplexity", "--experts-used needs a count >= 1");
+            if (err || !cli_parse_experts_used(v, &k_ctx))
+                return cli_usage_error("perplexity", "--experts-used needs a count in 1..256");
         } else if (!strcmp(argv[i], "--per-file")) per_file = true;
         else if (!strcmp(argv[i], "--json")) json = true;
         else return cli_usage_error("perplexity", "unknown option '%s'", argv[i]);
@@ -187,7 +189,6 @@ int cmd_perplexity(int argc, char **argv) {
                           moetax_tokenizer_n_vocab(tok), m->hp.n_vocab);
         goto done;
     }
-    const int k_ctx = (int)(k_used > 100000 ? 100000 : k_used); /* run-time top-k, a context parameter */
     if ((st = moetax_model_check_experts_used(m, k_ctx))) goto done;
     if (!ctx) ctx = m->hp.n_ctx_train > 0 && m->hp.n_ctx_train < 512 ? m->hp.n_ctx_train : 512;
     if (ctx > m->hp.n_ctx_train && m->hp.n_ctx_train > 0)

@@ -56,7 +56,8 @@ static int cmp_f64(const void *a, const void *b) {
 
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *pfile = NULL;
-    int64_t n_predict = 64, n_threads = 0, n_ctx = 0, k_used = 0;
+    int64_t n_predict = 64, n_threads = 0, n_ctx = 0;
+    int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool ignore_eos = false, echo = true, json = false;
     struct moetax_sampler_params sp = moetax_sampler_default_params();
     struct cli_ledger_opts lo = {0};
@@ -92,7 +93,7 @@ int cmd_run(int argc, char **argv) {
         else if (cli_store_opt(argc, argv, &i, &so, &err)) { if (err) return 2; }
         else if (!strcmp(argv[i], "--ignore-eos")) ignore_eos = true;
         else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
-            if (err || !cli_parse_i64(v, &k_used) || k_used < 1) return cli_usage_error("run", "--experts-used needs a count >= 1");
+            if (err || !cli_parse_experts_used(v, &k_ctx)) return cli_usage_error("run", "--experts-used needs a count in 1..256");
         }
         else if (!strcmp(argv[i], "--no-display-prompt")) echo = false;
         else if (!strcmp(argv[i], "--json")) json = true;
@@ -123,8 +124,7 @@ int cmd_run(int argc, char **argv) {
     float *logits = NULL;
     double *tpot = NULL;
     if ((st = moetax_model_load(model, &m))) goto done;
-    /* run-time top-k: a context parameter (the store and the ledger are sized for it too) */
-    const int k_ctx = (int)(k_used > 100000 ? 100000 : k_used);
+    /* the store and the ledger are sized for the context's top-k too */
     so.n_expert_used = lo.n_expert_used = k_ctx;
     if ((st = moetax_model_check_experts_used(m, k_ctx))) goto done;
     if ((st = moetax_tokenizer_load(m->gguf, &tok))) goto done;
