@@ -107,7 +107,7 @@ static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, in
               (long long)rows, (long long)ncols, (long long)n_batch, bad);
 
     if (avx) {
-        /* the AVX2 kernels read weights in their own layout (Q4_0: repacked), the reference as stored */
+        /* the AVX2 kernels read weights in their own layout (Q4_0, Q8_0: repacked), the reference as stored */
         void *wa = malloc(rb * (size_t)(rows > 0 ? rows : 1));
         moetax_kernels_repack(avx, t, wa, w, rows, ncols);
         avx->quantize_act(t, x, ldx, ncols, n_batch, xq_avx);
@@ -136,7 +136,7 @@ static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, in
 
         /* a sub-range of rows touches only those rows and gives the full call's values
          * (bit-identical); types with row groups split at group boundaries (ROW RANGES) */
-        const int64_t g = t == MOETAX_TYPE_Q4_0 ? MOETAX_KERNELS_ROW_GROUP : 1;
+        const int64_t g = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 ? MOETAX_KERNELS_ROW_GROUP : 1;
         const int64_t ranges[2][2] = {{g, g == 1 ? rows - 1 : rows}, {0, g == 1 ? rows - 1 : g}};
         for (int ri = 0; ri < 2; ri++) {
             const int64_t r0 = ranges[ri][0], r1 = ranges[ri][1];
@@ -177,20 +177,23 @@ static void test_matmul(void) {
                     test_matmul_case(t, rows_list[ri], cols[ci], batches[bi]);
                 }
         test_matmul_case(t, 37, q ? 4096 : 4099, 1);
-        test_matmul_case(t, 13, q ? 640 : 700, 1); /* decode rows of 0.5-4 KiB: one row at a time (avx2) */
+        test_matmul_case(t, 13, q ? 640 : 700, 1); /* decode rows of 1-4 KiB: F32/F16/BF16 one row at a time (avx2) */
         test_matmul_case(t, 13, q ? 640 : 700, 2);
         test_matmul_case(t, 6, q ? 2048 : 2047, 65);
     }
-    /* Q4_0 (repacked for AVX2 in groups of 8 rows, the last rows % 8 plain): one to several
-     * groups with and without a tail, any block count, batches 1..64 (tiles of 1..4) */
+    /* Q4_0 and Q8_0 (repacked for AVX2 in groups of 8 and 4 rows, the last rows % 8 or % 4
+     * plain): one to several groups with and without a tail, any block count, batches 1..64
+     * (Q4_0: tiles of 1..4; Q8_0: tiles of 1..2 below QB_MIN, the batched path above) */
     {
         static const int64_t nbs[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 24, 31, 40};
-        static const int64_t q4_rows[] = {1, 7, 8, 9, 15, 16, 17, 24, 31};
-        static const int64_t q4_batches[] = {1, 2, 3, 4, 5, 8, 17, 64};
-        for (size_t ni = 0; ni < sizeof nbs / sizeof nbs[0]; ni++)
-            for (size_t ri = 0; ri < sizeof q4_rows / sizeof q4_rows[0]; ri++)
-                for (size_t bi = 0; bi < sizeof q4_batches / sizeof q4_batches[0]; bi++)
-                    test_matmul_case(MOETAX_TYPE_Q4_0, q4_rows[ri], 32 * nbs[ni], q4_batches[bi]);
+        static const int64_t g_rows[] = {1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 22, 24, 31};
+        static const int64_t g_batches[] = {1, 2, 3, 4, 5, 8, 17, 64};
+        for (int q8 = 0; q8 < 2; q8++)
+            for (size_t ni = 0; ni < sizeof nbs / sizeof nbs[0]; ni++)
+                for (size_t ri = 0; ri < sizeof g_rows / sizeof g_rows[0]; ri++)
+                    for (size_t bi = 0; bi < sizeof g_batches / sizeof g_batches[0]; bi++)
+                        test_matmul_case(q8 ? MOETAX_TYPE_Q8_0 : MOETAX_TYPE_Q4_0, g_rows[ri], 32 * nbs[ni],
+                                         g_batches[bi]);
     }
     CHECK(moetax_act_size(MOETAX_TYPE_Q8_0, 33, 1) == 0);
     CHECK(moetax_act_size(MOETAX_TYPE_Q4_0, 48, 1) == 0);
@@ -216,6 +219,23 @@ static void unrepack_q4r8(const uint8_t *src, uint8_t *dst, int64_t rows, int64_
     memcpy(dst + (size_t)r0 * rb, src + (size_t)r0 * rb, (size_t)(rows - r0) * rb);
 }
 
+/* The inverse of the AVX2 table's Q8_0 repack (groups of 4 rows: per block, F16 d of
+ * rows 0..3, then the 4 rows' 32 quants; the last rows % 4 rows plain). */
+static void unrepack_q8r4(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t nb) {
+    const size_t rb = (size_t)nb * 34;
+    int64_t r0 = 0;
+    for (; r0 + 4 <= rows; r0 += 4)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = src + (size_t)r0 * rb + (size_t)b * 136;
+            for (int r = 0; r < 4; r++) {
+                uint8_t *o = dst + (size_t)(r0 + r) * rb + (size_t)b * 34;
+                memcpy(o, blk + 2 * r, 2);
+                memcpy(o + 2, blk + 8 + 32 * r, 32);
+            }
+        }
+    memcpy(dst + (size_t)r0 * rb, src + (size_t)r0 * rb, (size_t)(rows - r0) * rb);
+}
+
 static int cmp_u8(const void *a, const void *b) { return (int)*(const uint8_t *)a - (int)*(const uint8_t *)b; }
 
 /* Repacking is a per-row permutation of the bytes that round-trips, in place or
@@ -231,9 +251,10 @@ static void test_repack(void) {
         moetax_kernels_repack(ref, t, a, w, rows, ncols);
         CHECK(memcmp(a, w, rb * rows) == 0);
         if (avx) {
-            CHECK(avx->weights_repacked(t) == (t == MOETAX_TYPE_Q4_0));
+            const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0;
+            CHECK(avx->weights_repacked(t) == rp);
             moetax_kernels_repack(avx, t, a, w, rows, ncols);
-            if (t != MOETAX_TYPE_Q4_0) CHECK(memcmp(a, w, rb * rows) == 0);
+            if (!rp) CHECK(memcmp(a, w, rb * rows) == 0);
             memcpy(b, w, rb * rows);
             moetax_kernels_repack(avx, t, b, b, rows, ncols); /* in place gives the same bytes */
             CHECK(memcmp(a, b, rb * rows) == 0);
@@ -241,45 +262,83 @@ static void test_repack(void) {
         free(w), free(a), free(b);
     }
     if (!avx) return;
-    static const int64_t unit_rows[] = {1, 7, 8, 9, 16, 23};
-    for (int64_t nb = 1; nb <= 41; nb += 4)
-        for (size_t ui = 0; ui < sizeof unit_rows / sizeof unit_rows[0]; ui++) {
-            const int64_t rows = unit_rows[ui], ncols = 32 * nb;
-            size_t rb;
-            uint8_t *w = rand_matrix(MOETAX_TYPE_Q4_0, rows, ncols, &rb);
-            CHECK(rb == (size_t)nb * 18);
-            const size_t n = rb * (size_t)rows;
-            uint8_t *a = malloc(n), *back = malloc(n), *s1 = malloc(n), *s2 = malloc(n);
-            CHECK(moetax_kernels_repack(avx, MOETAX_TYPE_Q4_0, a, w, rows, ncols) == MOETAX_OK);
-            unrepack_q4r8(a, back, rows, nb);
-            CHECK_MSG(memcmp(back, w, n) == 0, "q4_0 repack rows=%lld nb=%lld does not round-trip", (long long)rows,
-                      (long long)nb);
-            memcpy(s1, w, n), memcpy(s2, a, n);
-            qsort(s1, n, 1, cmp_u8), qsort(s2, n, 1, cmp_u8);
-            CHECK_MSG(memcmp(s1, s2, n) == 0, "q4_0 repack rows=%lld nb=%lld: not a permutation", (long long)rows,
-                      (long long)nb);
-            /* the last rows % 8 rows are untouched; a full group is not (random scales differ) */
-            const size_t tail = (size_t)(rows % 8) * rb;
-            CHECK(memcmp(a + n - tail, w + n - tail, tail) == 0);
-            if (rows >= 8) CHECK(memcmp(a, w, 16) != 0);
-            memcpy(back, w, n); /* in place: the same bytes */
-            CHECK(moetax_kernels_repack(avx, MOETAX_TYPE_Q4_0, back, back, rows, ncols) == MOETAX_OK);
-            CHECK(memcmp(back, a, n) == 0);
-            free(w), free(a), free(back), free(s1), free(s2);
-        }
+    static const int64_t unit_rows[] = {1, 3, 4, 5, 7, 8, 9, 16, 23};
+    for (int q8 = 0; q8 < 2; q8++)
+        for (int64_t nb = 1; nb <= 41; nb += 4)
+            for (size_t ui = 0; ui < sizeof unit_rows / sizeof unit_rows[0]; ui++) {
+                const enum moetax_type t = q8 ? MOETAX_TYPE_Q8_0 : MOETAX_TYPE_Q4_0;
+                const int64_t rows = unit_rows[ui], ncols = 32 * nb, R = q8 ? 4 : 8;
+                size_t rb;
+                uint8_t *w = rand_matrix(t, rows, ncols, &rb);
+                CHECK(rb == (size_t)nb * (q8 ? 34 : 18));
+                const size_t n = rb * (size_t)rows;
+                uint8_t *a = malloc(n), *back = malloc(n), *s1 = malloc(n), *s2 = malloc(n);
+                CHECK(moetax_kernels_repack(avx, t, a, w, rows, ncols) == MOETAX_OK);
+                if (q8) unrepack_q8r4(a, back, rows, nb);
+                else unrepack_q4r8(a, back, rows, nb);
+                CHECK_MSG(memcmp(back, w, n) == 0, "%s repack rows=%lld nb=%lld does not round-trip",
+                          moetax_type_name(t), (long long)rows, (long long)nb);
+                memcpy(s1, w, n), memcpy(s2, a, n);
+                qsort(s1, n, 1, cmp_u8), qsort(s2, n, 1, cmp_u8);
+                CHECK_MSG(memcmp(s1, s2, n) == 0, "%s repack rows=%lld nb=%lld: not a permutation",
+                          moetax_type_name(t), (long long)rows, (long long)nb);
+                /* the last rows % R rows are untouched; a full group is not (random scales differ) */
+                const size_t tail = (size_t)(rows % R) * rb;
+                CHECK(memcmp(a + n - tail, w + n - tail, tail) == 0);
+                if (rows >= R) CHECK(memcmp(a, w, 2 * (size_t)R) != 0);
+                memcpy(back, w, n); /* in place: the same bytes */
+                CHECK(moetax_kernels_repack(avx, t, back, back, rows, ncols) == MOETAX_OK);
+                CHECK(memcmp(back, a, n) == 0);
+                free(w), free(a), free(back), free(s1), free(s2);
+            }
     /* rows wider than the stack room go through the heap, in place too */
-    {
-        const int64_t rows = 9, ncols = 32 * (MOETAX_KERNELS_REPACK_STACK / (8 * 18) + 3);
+    for (int q8 = 0; q8 < 2; q8++) {
+        const enum moetax_type t = q8 ? MOETAX_TYPE_Q8_0 : MOETAX_TYPE_Q4_0;
+        const int64_t rows = 9, ncols = 32 * (MOETAX_KERNELS_REPACK_STACK / (q8 ? 4 * 34 : 8 * 18) + 3);
         size_t rb;
-        uint8_t *w = rand_matrix(MOETAX_TYPE_Q4_0, rows, ncols, &rb);
+        uint8_t *w = rand_matrix(t, rows, ncols, &rb);
         const size_t n = rb * (size_t)rows;
         uint8_t *a = malloc(n), *b = malloc(n);
-        CHECK(moetax_kernels_repack(avx, MOETAX_TYPE_Q4_0, a, w, rows, ncols) == MOETAX_OK);
+        CHECK(moetax_kernels_repack(avx, t, a, w, rows, ncols) == MOETAX_OK);
         memcpy(b, w, n);
-        CHECK(moetax_kernels_repack(avx, MOETAX_TYPE_Q4_0, b, b, rows, ncols) == MOETAX_OK);
+        CHECK(moetax_kernels_repack(avx, t, b, b, rows, ncols) == MOETAX_OK);
         CHECK(memcmp(a, b, n) == 0);
         free(w), free(a), free(b);
     }
+}
+
+/* Each batch row's result does not depend on the batch it came in (the canonical
+ * per-row chain of the quantized paths): a batch of 1, 2 (tiles), 8 and 64 (Q8_0's
+ * batched path) gives the bits of each row computed alone, so prefill equals
+ * step-by-step decode. Rows with repacked groups and a plain tail. */
+static void test_matmul_batch_invariance(void) {
+    const struct moetax_kernels *k = moetax_kernels_get();
+    static const enum moetax_type ts[] = {MOETAX_TYPE_Q8_0, MOETAX_TYPE_Q4_0};
+    for (size_t ti = 0; ti < 2; ti++)
+        for (int64_t rows = 13; rows <= 22; rows += 9) {
+            const enum moetax_type t = ts[ti];
+            const int64_t ncols = 32 * 11, nbmax = 64;
+            size_t rb;
+            uint8_t *w = rand_matrix(t, rows, ncols, &rb);
+            k->weights_repacked(t) ? (void)moetax_kernels_repack(k, t, w, w, rows, ncols) : (void)0;
+            float *x = rand_vec(ncols * nbmax, 1.0f), *y1 = malloc(sizeof(float) * (size_t)rows),
+                  *yb = malloc(sizeof(float) * (size_t)(rows * nbmax));
+            const size_t ar = moetax_act_size(t, ncols, 1);
+            uint8_t *xq = malloc(ar * nbmax);
+            k->quantize_act(t, x, ncols, ncols, nbmax, xq);
+            static const int64_t bs[] = {2, 3, 8, 64};
+            for (size_t bi = 0; bi < 4; bi++) {
+                k->matmul(t, w, rb, 0, rows, ncols, xq, bs[bi], yb, rows);
+                int diff = 0;
+                for (int64_t b = 0; b < bs[bi]; b++) {
+                    k->matmul(t, w, rb, 0, rows, ncols, xq + (size_t)b * ar, 1, y1, rows);
+                    for (int64_t r = 0; r < rows; r++) diff += memcmp(&y1[r], &yb[b * rows + r], sizeof(float)) != 0;
+                }
+                CHECK_MSG(diff == 0, "%s rows=%lld batch %lld: %d results differ from the rows alone",
+                          moetax_type_name(t), (long long)rows, (long long)bs[bi], diff);
+            }
+            free(w), free(x), free(y1), free(yb), free(xq);
+        }
 }
 
 /* Quantized matmul stays close to the exact F32 product (quantization error). */
@@ -668,6 +727,7 @@ int main(int argc, char **argv) {
     test_dispatch();
     test_repack();
     test_matmul();
+    test_matmul_batch_invariance();
     test_matmul_vs_f32();
     test_vec_ops();
     test_scatter_add();

@@ -58,8 +58,17 @@
  *           dot products land in one 32-bit lane per row, the 8 scales are
  *           one 16-byte load + cvtph, and the weights of 8 rows are one
  *           sequential stream (no horizontal sums, one prefetch stream).
+ *           Q8_0 in "Q8_0x4r", four rows side by side: rows 4i..4i+3 of a
+ *           unit hold, for each block b in order, 136 bytes (the size of 4
+ *           block_q8_0):
+ *             uint16 d[4]           F16 scales of block b of rows 0..3
+ *             int8   qs[4][32]      the quants of block b of rows 0..3
+ *           and the unit's last n_rows % 4 rows stay plain block_q8_0. A
+ *           decode tile of 4 rows thus reads one stream, not 4 (rows of
+ *           0.5-2 KiB are too short for the prefetcher to follow 4 streams).
  *   ROW RANGES. A call's rows [row0, row1) are relative to w: for a type
- *   with row groups (avx2 Q4_0: MOETAX_KERNELS_ROW_GROUP rows), w must be
+ *   with row groups (avx2 Q4_0: 8 rows, Q8_0: 4; MOETAX_KERNELS_ROW_GROUP
+ *   is a multiple of both), w must be
  *   at a multiple of 8 rows into its unit, row0 a multiple of 8, and row1 a
  *   multiple of 8 or the unit's last row (so a call ending inside a group
  *   ends at the unit's plain tail). Splitting rows into blocks of 64 from

@@ -32,7 +32,7 @@ static bool repacked_none(enum moetax_type t) {
     return false;
 }
 
-static bool repacked_avx2(enum moetax_type t) { return t == MOETAX_TYPE_Q4_0; }
+static bool repacked_avx2(enum moetax_type t) { return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0; }
 
 void moetax_k_repack_group_q4r8(void *dst, const void *src, int64_t nb) {
     enum { R = MOETAX_K_Q4R8_ROWS, BB = MOETAX_K_Q4R8_BLOCK_BYTES };
@@ -51,16 +51,35 @@ void moetax_k_repack_group_q4r8(void *dst, const void *src, int64_t nb) {
     }
 }
 
+void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb) {
+    enum { R = MOETAX_K_Q8R4_ROWS, BB = MOETAX_K_Q8R4_BLOCK_BYTES };
+    _Static_assert(BB == R * sizeof(moetax_block_q8_0), "a group block has the size of its 4 blocks");
+    _Static_assert(MOETAX_K_Q8R4_QS_OFF + R * 32 == BB, "scales + 4 rows x 32 quants");
+    const size_t rb = (size_t)nb * sizeof(moetax_block_q8_0);
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = d + (size_t)b * BB;
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * sizeof(moetax_block_q8_0);
+            memcpy(o + 2 * r, blk, 2);
+            memcpy(o + MOETAX_K_Q8R4_QS_OFF + 32 * r, blk + 2, 32);
+        }
+    }
+}
+
 moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_type t, void *dst, const void *src,
                                     int64_t n_rows, int64_t ncols) {
     const size_t rb = moetax_row_size(t, ncols);
     if (n_rows <= 0 || rb == 0) return MOETAX_OK;
-    /* the only repacked layout so far: Q4_0x8r (avx2) */
-    if (t != MOETAX_TYPE_Q4_0 || !k->weights_repacked || !k->weights_repacked(t)) {
+    /* the repacked layouts (avx2): Q4_0x8r and Q8_0x4r, groups of R rows */
+    if ((t != MOETAX_TYPE_Q4_0 && t != MOETAX_TYPE_Q8_0) || !k->weights_repacked || !k->weights_repacked(t)) {
         if (dst != src) memmove(dst, src, rb * (size_t)n_rows);
         return MOETAX_OK;
     }
-    enum { R = MOETAX_K_Q4R8_ROWS };
+    const int R = t == MOETAX_TYPE_Q4_0 ? MOETAX_K_Q4R8_ROWS : MOETAX_K_Q8R4_ROWS;
+    void (*group)(void *, const void *, int64_t) = t == MOETAX_TYPE_Q4_0 ? moetax_k_repack_group_q4r8
+                                                                         : moetax_k_repack_group_q8r4;
     const int64_t ng = n_rows / R;
     const size_t gb = (size_t)R * rb;
     if (ng > 0 && dst == src) { /* in place: each group's source bytes go through a copy */
@@ -72,15 +91,14 @@ moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_
         for (int64_t g = 0; g < ng; g++) {
             uint8_t *p = (uint8_t *)dst + (size_t)g * gb;
             memcpy(tmp, p, gb);
-            moetax_k_repack_group_q4r8(p, tmp, ncols / 32);
+            group(p, tmp, ncols / 32);
         }
         if (tmp != stack) free(tmp);
     } else {
         for (int64_t g = 0; g < ng; g++)
-            moetax_k_repack_group_q4r8((uint8_t *)dst + (size_t)g * gb, (const uint8_t *)src + (size_t)g * gb,
-                                       ncols / 32);
+            group((uint8_t *)dst + (size_t)g * gb, (const uint8_t *)src + (size_t)g * gb, ncols / 32);
     }
-    /* the last n_rows % 8 rows stay as they are */
+    /* the last n_rows % R rows stay as they are */
     const size_t done = (size_t)ng * gb, tail = (size_t)(n_rows - ng * R) * rb;
     if (dst != src && tail) memmove((uint8_t *)dst + done, (const uint8_t *)src + done, tail);
     return MOETAX_OK;

@@ -36,6 +36,13 @@ static inline size_t moetax_k_act_s_off(int64_t nb) { return (size_t)nb * (32 + 
 /* One group of 8 rows of nb blocks (row stride rb = 18 nb), standard ->
  * Q4_0x8r, from src to dst (no overlap). */
 void moetax_k_repack_group_q4r8(void *dst, const void *src, int64_t nb);
+/* Q8_0x4r (avx2): per group of 4 rows and block, uint16 d[4] then qs[4][32]. */
+#define MOETAX_K_Q8R4_ROWS 4
+#define MOETAX_K_Q8R4_BLOCK_BYTES 136 /* 8 + 4 * 32 == 4 * sizeof(moetax_block_q8_0) */
+#define MOETAX_K_Q8R4_QS_OFF 8
+/* One group of 4 rows of nb blocks (row stride rb = 34 nb), standard ->
+ * Q8_0x4r, from src to dst (no overlap). */
+void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb);
 
 /* Shared tables (kernels.c): fp16 -> fp32 for every bit pattern. */
 extern float moetax_k_fp16_table[1 << 16];

@@ -5,7 +5,7 @@
  * Shape of every kernel: a tile of RB weight rows x BB batch rows is computed
  * in registers (RB*BB accumulators), so each weight vector loaded from memory
  * is used BB times and each activation vector RB times. Decode (n_batch == 1)
- * runs 4 rows at a time: four interleaved streams through the weights, each
+ * runs 4 rows at a time: for F32/F16/BF16 four interleaved streams through the weights, each
  * software-prefetched QPF bytes ahead (short rows defeat the hardware
  * prefetcher), with the activation loads shared. F32/F16/BF16 with more batch
  * rows than one tile cut the columns into L1-sized chunks so the weights come
@@ -14,7 +14,10 @@
  * Q8_0 / Q4_0 weights are multiplied in int8 with pmaddubsw (u8 x s8 -> i16
  * pairs), pmaddwd (-> i32), then converted to float and accumulated with the
  * block scale d_w * d_x:
- *   Q8_0: |w| x sign(x, w) (ggml's trick), one block per step.
+ *   Q8_0: |w| x sign(x, w) (ggml's trick), one block per step; repacked at
+ *         load (Q8_0x4r, kernels.h): 4 rows' blocks side by side, so a
+ *         4-row tile reads one sequential stream and its 4 scales with one
+ *         cvtph.
  *   Q4_0: repacked at load (Q4_0x8r, kernels.h): 8 rows interleaved, so
  *         each 32-bit lane of a nibble vector belongs to one row and meets a
  *         broadcast 4-byte group of the activation quants (pmaddubsw of the
@@ -227,7 +230,8 @@ static const tile_f_fn k_tiles_f[3][2][3] = {
  * prefetcher to train on 4 streams before they end, while 4 rows together are
  * not yet one contiguous run, so there one row at a time (one sequential
  * stream) reads faster. Bounds in bytes per row, measured with `bench kernels
- * --cases matrix --cols N` (AMD Zen 3, 2 threads; see QROW_* for Q8_0). */
+ * --cases matrix --cols N` (AMD Zen 3, 2 threads). Q8_0 and Q4_0 need no such
+ * switch: their repacked groups of rows are one stream already. */
 #ifndef FROW_MIN
 #define FROW_MIN 1024
 #endif
@@ -287,6 +291,14 @@ ALWAYS_INLINE __m128i hsum1_epi32(__m256i t) {
     return _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
 }
 
+/* Plain Q8_0 rows (a unit's last n_rows % 4 rows), one at a time, against BB
+ * batch rows; and a Q8_0x4r group of 4 rows (kernels.h, WEIGHT LAYOUTS) against
+ * BB batch rows: per block the 4 rows' scales are one 8-byte load + cvtph and
+ * the 4 rows' quants the next 128 bytes, so the group is one sequential stream.
+ * Both keep the canonical chain of every Q8_0 path: per row and batch row,
+ * acc = fma((float)S_b, d_w[b] * d_x[b], acc) over the blocks in order, from 0,
+ * with S_b the exact int32 block sum (so batch sizes, row splits and the
+ * batched path below give bit-identical results). */
 ALWAYS_INLINE void tile_q8(const int RB, const int BB, const uint8_t *w, size_t rb, const uint8_t *act,
                            size_t act_row, int64_t nb, float *y, int64_t ldy) {
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
@@ -299,19 +311,31 @@ ALWAYS_INLINE void tile_q8(const int RB, const int BB, const uint8_t *w, size_t 
         __m256i xv[4];
 #pragma GCC unroll 4
         for (int j = 0; j < BB; j++) xv[j] = _mm256_loadu_si256((const __m256i *)(act + j * act_row + b * 32));
-        if (QPF > 0) prefetch_tile(w, rb, RB, (size_t)b * sizeof(moetax_block_q8_0));
         __m256i wv[4], aw[4];
-        float dwf[4];
+        __m128 dw;
+        if (RB == 4) { /* x4r: w is the group, rb unused */
+            const uint8_t *blk = w + (size_t)b * MOETAX_K_Q8R4_BLOCK_BYTES;
+            if (QPF > 0) { /* 136 bytes a block: 3 prefetches 48 apart touch every line */
+                _mm_prefetch((const char *)blk + QPF, QPF_HINT);
+                _mm_prefetch((const char *)blk + QPF + 48, QPF_HINT);
+                _mm_prefetch((const char *)blk + QPF + 96, QPF_HINT);
+            }
+            dw = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk));
 #pragma GCC unroll 4
-        for (int r = 0; r < RB; r++) {
-            const uint8_t *blk = w + r * rb + b * sizeof(moetax_block_q8_0);
+            for (int r = 0; r < 4; r++) {
+                wv[r] = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q8R4_QS_OFF + 32 * r));
+                aw[r] = _mm256_sign_epi8(wv[r], wv[r]);
+            }
+        } else {
+            const uint8_t *blk = w + (size_t)b * sizeof(moetax_block_q8_0);
+            if (QPF > 0) _mm_prefetch((const char *)blk + QPF, QPF_HINT);
             uint16_t dh;
             memcpy(&dh, blk, 2);
-            dwf[r] = moetax_k_fp16_table[dh];
-            wv[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
-            aw[r] = _mm256_sign_epi8(wv[r], wv[r]);
+            dw = _mm_set_ss(moetax_k_fp16_table[dh]);
+            wv[0] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            aw[0] = _mm256_sign_epi8(wv[0], wv[0]);
         }
-        const __m128 dw = RB == 4 ? _mm_setr_ps(dwf[0], dwf[1], dwf[2], dwf[3]) : _mm_set_ss(dwf[0]);
+        (void)rb;
 #pragma GCC unroll 4
         for (int j = 0; j < BB; j++) {
             __m256i t[4];
@@ -455,30 +479,23 @@ typedef void (*tile_q_fn)(const uint8_t *w, size_t rb, const uint8_t *act, size_
                           int64_t ldy);
 static const tile_q_fn k_tiles_q8[2][2] = {{tile_q8_0_1x1, tile_q8_0_1x2}, {tile_q8_0_4x1, tile_q8_0_4x2}};
 
-#ifndef QROW_MIN
-#define QROW_MIN 512
-#endif
-#ifndef QROW_MAX
-#define QROW_MAX 2176 /* 2048 columns of Q8_0 */
-#endif
+/* Rows [row0, row1) (ROW RANGES in kernels.h: row0 a multiple of 8; rows past
+ * the last multiple of 4 below row1 are the unit's plain tail). */
 static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                       const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
-    enum { BBMAX = 2 };
+    enum { BBMAX = 2, R = MOETAX_K_Q8R4_ROWS };
     const int64_t nb = ncols / 32;
     const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q8_0, ncols);
-    /* decode: one row at a time for rows of QROW_MIN..QROW_MAX bytes (see f_one_row) */
-    const size_t rbytes = (size_t)nb * sizeof(moetax_block_q8_0);
-    const bool one_row = n_batch == 1 && rbytes >= QROW_MIN && rbytes < QROW_MAX;
-    for (int64_t r = row0; r < row1; ) {
-        const int rb4 = !one_row && row1 - r >= 4;
-        for (int64_t j = 0; j < n_batch; ) {
+    for (int64_t r = row0; r < row1;) {
+        const int rb4 = row1 - r >= R;
+        for (int64_t j = 0; j < n_batch;) {
             const int64_t left = n_batch - j;
             const int bb = left >= BBMAX ? BBMAX : (int)left;
             k_tiles_q8[rb4][bb - 1](w + (size_t)r * row_bytes, row_bytes, act + (size_t)j * act_row, act_row, nb,
                                     y + j * ldy + r, ldy);
             j += bb;
         }
-        r += rb4 ? 4 : 1;
+        r += rb4 ? R : 1;
     }
 }
 
@@ -523,15 +540,42 @@ struct qb_scratch {
     _Alignas(32) float sd[QB_KBMAX * 8];         /* [bb][row] */
 };
 
-/* Transpose blocks [b0, b0 + kn) of 8 rows (pointers wr[8]) into wt, their
- * scales into sd. Per 128-bit lane (quants 0..15, 16..31) an 8 x 8 transpose
- * of 16-bit pairs, then widening. */
-static void qb_transpose(const uint8_t *const wr[8], int64_t b0, int64_t kn, int16_t *wt, float *sd) {
+/* Where row i of an 8-row tile keeps block b: quants at q[i] + b * st[i], the
+ * F16 scale at d[i] + b * st[i] (Q8_0x4r rows and a unit's plain tail rows
+ * differ in both). */
+struct qb_rows {
+    const uint8_t *q[8], *d[8];
+    size_t st[8];
+};
+
+/* The tile of rows r..r+7 (nr valid; missing rows repeat the last valid one)
+ * of a call whose rows before gend are Q8_0x4r groups, the rest plain. */
+static void qb_rows_at(struct qb_rows *o, const uint8_t *w, size_t row_bytes, int64_t r, int nr, int64_t gend) {
+    enum { R = MOETAX_K_Q8R4_ROWS };
+    for (int i = 0; i < 8; i++) {
+        const int64_t ri = r + (i < nr ? i : nr - 1);
+        if (ri < gend) {
+            const uint8_t *g = w + (size_t)(ri - ri % R) * row_bytes;
+            o->q[i] = g + MOETAX_K_Q8R4_QS_OFF + 32 * (ri % R);
+            o->d[i] = g + 2 * (ri % R);
+            o->st[i] = MOETAX_K_Q8R4_BLOCK_BYTES;
+        } else {
+            o->d[i] = w + (size_t)ri * row_bytes;
+            o->q[i] = o->d[i] + 2;
+            o->st[i] = sizeof(moetax_block_q8_0);
+        }
+    }
+}
+
+/* Transpose blocks [b0, b0 + kn) of 8 rows into wt, their scales into sd. Per
+ * 128-bit lane (quants 0..15, 16..31) an 8 x 8 transpose of 16-bit pairs, then
+ * widening. */
+static void qb_transpose(const struct qb_rows *wr, int64_t b0, int64_t kn, int16_t *wt, float *sd) {
     for (int64_t bb = 0; bb < kn; bb++) {
-        const size_t off = (size_t)(b0 + bb) * sizeof(moetax_block_q8_0);
-        __m256i r[8], a[8], b[8];
+        const size_t b = (size_t)(b0 + bb);
+        __m256i r[8], a[8], c[8];
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_si256((const __m256i *)(wr[i] + off + 2));
+        for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_si256((const __m256i *)(wr->q[i] + b * wr->st[i]));
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
             a[2 * i] = _mm256_unpacklo_epi16(r[2 * i], r[2 * i + 1]);     /* pairs 0-3 of rows 2i, 2i+1 */
@@ -539,16 +583,16 @@ static void qb_transpose(const uint8_t *const wr[8], int64_t b0, int64_t kn, int
         }
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) { /* rows 0-3, rows 4-7 */
-            b[4 * h + 0] = _mm256_unpacklo_epi32(a[4 * h + 0], a[4 * h + 2]); /* pairs 0, 1 of 4 rows */
-            b[4 * h + 1] = _mm256_unpackhi_epi32(a[4 * h + 0], a[4 * h + 2]); /* pairs 2, 3 */
-            b[4 * h + 2] = _mm256_unpacklo_epi32(a[4 * h + 1], a[4 * h + 3]); /* pairs 4, 5 */
-            b[4 * h + 3] = _mm256_unpackhi_epi32(a[4 * h + 1], a[4 * h + 3]); /* pairs 6, 7 */
+            c[4 * h + 0] = _mm256_unpacklo_epi32(a[4 * h + 0], a[4 * h + 2]); /* pairs 0, 1 of 4 rows */
+            c[4 * h + 1] = _mm256_unpackhi_epi32(a[4 * h + 0], a[4 * h + 2]); /* pairs 2, 3 */
+            c[4 * h + 2] = _mm256_unpacklo_epi32(a[4 * h + 1], a[4 * h + 3]); /* pairs 4, 5 */
+            c[4 * h + 3] = _mm256_unpackhi_epi32(a[4 * h + 1], a[4 * h + 3]); /* pairs 6, 7 */
         }
         __m256i *o = (__m256i *)(wt + bb * 256);
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) {
-            const __m256i c0 = _mm256_unpacklo_epi64(b[i], b[4 + i]); /* pair 2i of 8 rows (| pair 2i + 8) */
-            const __m256i c1 = _mm256_unpackhi_epi64(b[i], b[4 + i]); /* pair 2i + 1 */
+            const __m256i c0 = _mm256_unpacklo_epi64(c[i], c[4 + i]); /* pair 2i of 8 rows (| pair 2i + 8) */
+            const __m256i c1 = _mm256_unpackhi_epi64(c[i], c[4 + i]); /* pair 2i + 1 */
             _mm256_store_si256(o + 2 * i, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c0)));
             _mm256_store_si256(o + 2 * i + 8, _mm256_cvtepi8_epi16(_mm256_extracti128_si256(c0, 1)));
             _mm256_store_si256(o + 2 * i + 1, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(c1)));
@@ -557,7 +601,7 @@ static void qb_transpose(const uint8_t *const wr[8], int64_t b0, int64_t kn, int
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) {
             uint16_t h;
-            memcpy(&h, wr[i] + off, 2);
+            memcpy(&h, wr->d[i] + b * wr->st[i], 2);
             sd[bb * 8 + i] = moetax_k_fp16_table[h];
         }
     }
@@ -585,7 +629,7 @@ static void qb_widen(const uint8_t *act, size_t act_row, int64_t nb, int64_t j0,
  * outputs (nr valid) of the first batch row; the chain starts from 0 (first
  * chunk) or continues from y. pf: the next tile's weights to prefetch, or NULL. */
 ALWAYS_INLINE void qb_tile(const int JB, const int16_t *wt, const float *sd, const int16_t *xs, const float *dx,
-                           int64_t kn, const uint8_t *pf, size_t row_bytes, float *y, int64_t ldy, int nr,
+                           int64_t kn, const struct qb_rows *pf, int64_t pb0, float *y, int64_t ldy, int nr,
                            bool first) {
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     __m256 acc[4];
@@ -594,11 +638,9 @@ ALWAYS_INLINE void qb_tile(const int JB, const int16_t *wt, const float *sd, con
         acc[j] = first ? _mm256_setzero_ps()
                        : nr == 8 ? _mm256_loadu_ps(y + j * ldy) : _mm256_maskload_ps(y + j * ldy, mask);
     for (int64_t bb = 0; bb < kn; bb++, wt += 256, xs += 128, dx += 4, sd += 8) {
-        if (pf) {
-            const char *p = (const char *)pf + bb * sizeof(moetax_block_q8_0);
+        if (pf) /* block pb0 + bb of the next tile's rows (a x4r block: 4 rows' quants 32 apart) */
 #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) _mm_prefetch(p + i * row_bytes, QB_PF_HINT);
-        }
+            for (int i = 0; i < 8; i++) _mm_prefetch((const char *)pf->q[i] + (size_t)(pb0 + bb) * pf->st[i], QB_PF_HINT);
         const __m256i *w = (const __m256i *)wt;
         __m256i ia[4];
 #pragma GCC unroll 16
@@ -627,23 +669,22 @@ ALWAYS_INLINE void qb_tile(const int JB, const int16_t *wt, const float *sd, con
 
 #define QB_TILE(JB)                                                                                             \
     static void qb_tile_##JB(const int16_t *wt, const float *sd, const int16_t *xs, const float *dx, int64_t kn,  \
-                             const uint8_t *pf, size_t row_bytes, float *y, int64_t ldy, int nr, bool first) {  \
-        qb_tile(JB, wt, sd, xs, dx, kn, pf, row_bytes, y, ldy, nr, first);                                   \
+                             const struct qb_rows *pf, int64_t pb0, float *y, int64_t ldy, int nr, bool first) { \
+        qb_tile(JB, wt, sd, xs, dx, kn, pf, pb0, y, ldy, nr, first);                                         \
     }
 QB_TILE(1)
 QB_TILE(2)
 QB_TILE(3)
 QB_TILE(4)
-typedef void (*qb_tile_fn)(const int16_t *, const float *, const int16_t *, const float *, int64_t, const uint8_t *,
-                           size_t, float *, int64_t, int, bool);
+typedef void (*qb_tile_fn)(const int16_t *, const float *, const int16_t *, const float *, int64_t,
+                           const struct qb_rows *, int64_t, float *, int64_t, int, bool);
 static const qb_tile_fn k_qb_tiles[4] = {qb_tile_1, qb_tile_2, qb_tile_3, qb_tile_4};
 
 static void qb_matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                          const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
     struct qb_scratch sc;
-    const int64_t nb = ncols / 32;
+    const int64_t nb = ncols / 32, gend = row1 - row1 % MOETAX_K_Q8R4_ROWS;
     const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q8_0, ncols);
-    const size_t bs = sizeof(moetax_block_q8_0);
     for (int64_t j0 = 0; j0 < n_batch; j0 += QB_JG) {
         const int64_t jn = n_batch - j0 < QB_JG ? n_batch - j0 : QB_JG;
         int64_t kb = QB_XS_BYTES / (((jn + 3) / 4 * 4) * 64);
@@ -655,19 +696,21 @@ static void qb_matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64
                 qb_widen(act, act_row, nb, j0, jn, b0, kn, sc.xs, sc.dx);
                 for (int64_t r = p0; r < p1; r += 8) {
                     const int nr = p1 - r < 8 ? (int)(p1 - r) : 8;
-                    const uint8_t *wr[8];
-                    for (int i = 0; i < 8; i++) wr[i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * row_bytes;
+                    struct qb_rows wr, pfr;
+                    qb_rows_at(&wr, w, row_bytes, r, nr, gend);
                     /* next tile's weights: the next 8 rows of this chunk, else the
                      * panel's first rows in the next chunk, else the next panel */
-                    const uint8_t *pf = NULL;
-                    if (r + 8 < p1) pf = w + (size_t)(r + 8) * row_bytes + (size_t)b0 * bs;
-                    else if (b0 + kn < nb) pf = w + (size_t)p0 * row_bytes + (size_t)(b0 + kn) * bs;
-                    else if (p1 < row1) pf = w + (size_t)p1 * row_bytes;
-                    qb_transpose(wr, b0, kn, sc.wt, sc.sd);
+                    const struct qb_rows *pf = &pfr;
+                    int64_t pb0 = b0;
+                    if (r + 8 < p1) qb_rows_at(&pfr, w, row_bytes, r + 8, p1 - r - 8 < 8 ? (int)(p1 - r - 8) : 8, gend);
+                    else if (b0 + kn < nb) qb_rows_at(&pfr, w, row_bytes, p0, p1 - p0 < 8 ? (int)(p1 - p0) : 8, gend), pb0 = b0 + kn;
+                    else if (p1 < row1) qb_rows_at(&pfr, w, row_bytes, p1, row1 - p1 < 8 ? (int)(row1 - p1) : 8, gend), pb0 = 0;
+                    else pf = NULL;
+                    qb_transpose(&wr, b0, kn, sc.wt, sc.sd);
                     for (int64_t j = 0; j < jn; j += 4) {
                         const int jb = jn - j < 4 ? (int)(jn - j) : 4;
-                        k_qb_tiles[jb - 1](sc.wt, sc.sd, sc.xs + j * kn * 32, sc.dx + j * kn, kn,
-                                           j == 0 ? pf : NULL, row_bytes, y + (j0 + j) * ldy + r, ldy, nr, b0 == 0);
+                        k_qb_tiles[jb - 1](sc.wt, sc.sd, sc.xs + j * kn * 32, sc.dx + j * kn, kn, j == 0 ? pf : NULL,
+                                           pb0, y + (j0 + j) * ldy + r, ldy, nr, b0 == 0);
                     }
                 }
             }
@@ -683,6 +726,7 @@ void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_byte
     case MOETAX_TYPE_F16: matmul_f(1, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
     case MOETAX_TYPE_BF16: matmul_f(2, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
     case MOETAX_TYPE_Q8_0:
+        assert(row0 % MOETAX_K_Q8R4_ROWS == 0); /* ROW RANGES, kernels.h */
         if (n_batch >= QB_MIN) qb_matmul_q8(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
         else matmul_q8(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
         break;

@@ -92,8 +92,8 @@ static void *own(struct moetax_model *m, size_t bytes) {
 /* ---- repacked copies ------------------------------------------------------------ */
 
 /* Extra memory: each repacked weight takes as many bytes as in the file, in an
- * anonymous mapping (huge pages advised), so the resident Q4_0 weights (and,
- * without an expert store, the routed Q4_0 experts) count once more in RSS;
+ * anonymous mapping (huge pages advised), so the resident Q4_0/Q8_0 weights (and,
+ * without an expert store, the routed experts of those types) count once more in RSS;
  * the file pages they came from are released right after the copy (page cache
  * only, reclaimable), so the process does not hold both. */
 static void *map_anon(size_t bytes) {
