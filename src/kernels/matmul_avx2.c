@@ -230,10 +230,12 @@ static const tile_f_fn k_tiles_f[3][2][3] = {
  * prefetcher to train on 4 streams before they end, while 4 rows together are
  * not yet one contiguous run, so there one row at a time (one sequential
  * stream) reads faster. Bounds in bytes per row, measured with `bench kernels
- * --cases matrix --cols N` (AMD Zen 3, 2 threads). Q8_0 and Q4_0 need no such
+ * --cases matrix --cols N` (AMD Zen 3, 2 threads); the lower one with `--cases
+ * expert`: F16 1024 x 256 (512-byte rows) read at 9-10 GB/s 4 rows at a time
+ * and 12.5-15 GB/s one at a time, alternating builds. Q8_0 and Q4_0 need no such
  * switch: their repacked groups of rows are one stream already. */
 #ifndef FROW_MIN
-#define FROW_MIN 1024
+#define FROW_MIN 512
 #endif
 #ifndef FROW_MAX
 #define FROW_MAX 4096
