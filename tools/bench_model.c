@@ -333,9 +333,10 @@ int bench_model_main(int argc, char **argv) {
                 struct result br[2][16] = {{{0}}};
                 st = bench_model(model, pool, read_gbps, &ob, false, br);
                 if (st) break;
-                if (io_ref == 0) {
+                {
                     /* the device's random read bandwidth for the store's request size (one span of an
-                     * expert) and queue depth (its I/O threads), measured in the same run */
+                     * expert) and queue depth (its I/O threads), measured right after each budget's run:
+                     * a virtual disk's bandwidth drifts, so each budget is judged against its own reading */
                     io_ref = bench_io_measure(model, br[1][0].req_bytes ? br[1][0].req_bytes : (1u << 18),
                                               o.so.io_threads ? o.so.io_threads : 4, true, o.so.buffered, 2.0);
                 }
