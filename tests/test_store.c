@@ -621,6 +621,42 @@ static void test_prefetch(uint64_t sb) {
     CHECK_EQ_INT(waited, 0);
     moetax_store_release(s, 1, 2);
     moetax_store_free(s);
+
+    /* Nor while reads kept the disk busy most of the last cycle over the layers: a cycle
+     * of misses (each read 20 ms, back to back) drops a prediction; after a cycle of hits
+     * with the disk idle, the same prediction is issued. */
+    atomic_store(&f.delay_ms, 20);
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 6 * sb, .vfs = &vfs}, &s), MOETAX_OK);
+    const int32_t guess5 = 5;
+    for (int l = 0; l < NL; l++) {
+        CHECK_EQ_INT(moetax_store_acquire(s, l, 0, ptrs, NULL), MOETAX_OK);
+        moetax_store_release(s, l, 0);
+    }
+    CHECK_EQ_INT(moetax_store_acquire(s, 0, 1, ptrs, NULL), MOETAX_OK); /* a new cycle: the last was all reads */
+    moetax_store_release(s, 0, 1);
+    moetax_store_get_stats(s, &st);
+    const uint64_t dropped0 = st.prefetch_dropped;
+    moetax_store_prefetch(s, 1, &guess5, 1, true);
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.predicted_issued, 0);
+    CHECK_EQ_INT(st.prefetch_dropped, dropped0 + 1);
+    for (int l = 1; l < NL; l++) { /* hits */
+        CHECK_EQ_INT(moetax_store_acquire(s, l, 0, ptrs, &waited), MOETAX_OK);
+        CHECK_EQ_INT(waited, 0);
+        moetax_store_release(s, l, 0);
+    }
+    sleep_ms(150);
+    CHECK_EQ_INT(moetax_store_acquire(s, 0, 0, ptrs, NULL), MOETAX_OK); /* a new cycle: 20 ms of reads in 150+ */
+    moetax_store_release(s, 0, 0);
+    moetax_store_prefetch(s, 1, &guess5, 1, true);
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.predicted_issued, 1);
+    wait_loads(s, st.loads + 1);
+    CHECK_EQ_INT(moetax_store_acquire(s, 1, 5, ptrs, &waited), MOETAX_OK);
+    CHECK(same_bytes(1, 5, ptrs));
+    CHECK_EQ_INT(waited, 0);
+    moetax_store_release(s, 1, 5);
+    moetax_store_free(s);
 }
 
 /* ---- faults ---------------------------------------------------------------------------- */

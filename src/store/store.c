@@ -82,6 +82,10 @@ struct moetax_store {
     int io_active;
     int pending;       /* loads queued or in flight */
     uint64_t io_busy_start;
+    /* I/O busy share of the last cycle over the layers (from one pass of the first layer
+     * with experts to the next; a decoded token): < 0 until one cycle has been seen */
+    uint64_t cyc_t0, cyc_busy0;
+    double cyc_util;
     struct moetax_store_stats st;
 
     int32_t *trace; /* pairs (layer, expert) */
@@ -187,6 +191,7 @@ moetax_status moetax_store_init(const struct moetax_store_params *p, int n_layer
     s->path = strdup(p->path);
     s->ex = calloc((size_t)s->n_keys, sizeof *s->ex);
     s->cur_layer = -1;
+    s->cyc_util = -1.0;
     s->lheld = calloc((size_t)n_layer, sizeof *s->lheld);
     s->passes = calloc((size_t)n_layer, sizeof *s->passes);
     s->pass_w = calloc((size_t)n_layer, sizeof *s->pass_w);
@@ -447,11 +452,25 @@ static void io_job(void *ctx, int job) {
 
 /* An acquire of `layer` begins (under the lock): count passes, then update the policies'
  * figures of x. */
+/* Time with at least one read in flight, up to t (under the lock). */
+static uint64_t io_busy_until(const struct moetax_store *s, uint64_t t) {
+    return s->st.io_busy_ns + (s->io_active > 0 && t > s->io_busy_start ? t - s->io_busy_start : 0);
+}
+
+/* A pass over the cycle's first layer begins: the I/O busy share of the cycle that ends. */
+static void cycle_mark(struct moetax_store *s) {
+    uint64_t t = store_now_ns(), busy = io_busy_until(s, t);
+    if (s->cyc_t0 && t > s->cyc_t0) s->cyc_util = (double)(busy - s->cyc_busy0) / (double)(t - s->cyc_t0);
+    s->cyc_t0 = t;
+    s->cyc_busy0 = busy;
+}
+
 static void policy_touch(struct moetax_store *s, int layer, struct expert *x) {
     uint64_t now = s->now;
     if (s->lheld[layer]++ == 0) { /* none of its experts held: a new pass over the layer */
         s->passes[layer]++;
         s->pass_w[layer] += 1.0;
+        if (s->lrank[layer] == 0) cycle_mark(s);
     }
     s->cur_layer = layer;
     x->freq++;
@@ -728,8 +747,11 @@ void moetax_store_prefetch(struct moetax_store *s, int layer, const int32_t *exp
         int i = x->slot;
         /* a prediction only uses I/O the known demand leaves idle: with every reader busy it
          * would queue behind needed reads and, when wrong, cost the disk time it was meant to
-         * save and evict an expert that may be reused (random routing: ~40% are wrong) */
-        if (predicted && i < 0 && s->pending >= s->p.n_io_threads) {
+         * save and evict an expert that may be reused (random routing: ~40% are wrong). Nor
+         * while the disk was busy most of the last cycle (a token): then reads, not compute,
+         * bound the step, and a read of a guess delays the reads of what is needed. */
+        if (predicted && i < 0 &&
+            (s->pending >= s->p.n_io_threads || s->cyc_util > MOETAX_STORE_PREDICT_MAX_IO_BUSY)) {
             s->st.prefetch_dropped++;
             continue;
         }
