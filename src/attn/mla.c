@@ -10,7 +10,10 @@
  *
  * Barriers (phases) per layer: 1 norm+prep, 2 q/kv_a projections, (+2 with
  * q_lora: q_a norm+prep, q_b), 3 rope/cache/q_abs, 4 attention (+v_b for one
- * token; a batch adds 4b: v_b per head over all tokens), 5 prep, 6 W_o.
+ * token; a batch adds 4b: v_b per head over all tokens), 5 prep, 6 W_o. One
+ * token (decode) has no phases 1 and 5, nor the q_a norm+prep phase: every
+ * worker normalises / prepares the one row itself at the start of the next
+ * phase (fw_own_row), so 4 barriers (5 with q_lora).
  */
 #include <math.h>
 #include <string.h>
@@ -28,17 +31,24 @@ void fw_attention(struct worker *w, int il) {
     const int64_t ql = hp->q_lora_rank, qrow = H * (nope + rope), kvr = c->kv_row;
     int64_t r0, r1;
 
-    /* 1: attn_norm, prepare */
-    fw_phase_begin(w, MOETAX_PHASE_NORM, il);
-    fw_split(w, n, 1, &r0, &r1);
-    for (int64_t t = r0; t < r1; t++) K->rmsnorm(c->xn + t * d, c->x + t * d, l->attn_norm, d, hp->rms_eps);
-    struct act ai = fw_act_view(&c->a_in, c->xn, d, n);
-    fw_act_publish(w, &c->a_in, &ai);
-    fw_act_prep(c, &ai, r0, r1);
-    fw_phase_end(w);
+    /* 1: attn_norm, prepare (one token: each worker itself, in phase 2; see fw_own_row) */
+    const struct act *ain = &c->a_in;
+    if (n > 1) {
+        fw_phase_begin(w, MOETAX_PHASE_NORM, il);
+        fw_split(w, n, 1, &r0, &r1);
+        for (int64_t t = r0; t < r1; t++) K->rmsnorm(c->xn + t * d, c->x + t * d, l->attn_norm, d, hp->rms_eps);
+        struct act ai = fw_act_view(&c->a_in, c->xn, d, n);
+        fw_act_publish(w, &c->a_in, &ai);
+        fw_act_prep(c, &ai, r0, r1);
+        fw_phase_end(w);
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+    } else {
+        fw_phase_begin(w, MOETAX_PHASE_NORM, il);
+        ain = fw_own_row(w, c->x, d, l->attn_norm);
+        fw_mark(w, MOETAX_PHASE_ATTN);
+    }
 
     /* 2: q (or q_a) and kv_a projections, rows of both split together */
-    fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     const struct moetax_weight *wq = ql ? &l->wq_a : &l->wq;
     float *qout = ql ? c->qa : c->q;
     const int64_t nq = wq->ne[1], nkv = l->wkv_a.ne[1];
@@ -46,21 +56,27 @@ void fw_attention(struct worker *w, int il) {
      * rows are numbered from nq rounded up to 64 */
     const int64_t nq64 = (nq + 63) / 64 * 64;
     while (fw_rows(w, nq64 + nkv, 64, &r0, &r1)) {
-        if (r0 < nq) fw_matmul(c, wq, 0, r0, r1 < nq ? r1 : nq, &c->a_in, 0, n, qout, nq);
-        else if (r0 >= nq64) fw_matmul(c, &l->wkv_a, 0, r0 - nq64, r1 - nq64, &c->a_in, 0, n, c->kva, nkv);
+        if (r0 < nq) fw_matmul(c, wq, 0, r0, r1 < nq ? r1 : nq, ain, 0, n, qout, nq);
+        else if (r0 >= nq64) fw_matmul(c, &l->wkv_a, 0, r0 - nq64, r1 - nq64, ain, 0, n, c->kva, nkv);
     }
     fw_phase_end(w);
 
     if (ql) {
-        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-        fw_split(w, n, 1, &r0, &r1);
-        for (int64_t t = r0; t < r1; t++) K->rmsnorm(c->qa + t * ql, c->qa + t * ql, l->q_a_norm, ql, hp->rms_eps);
-        struct act aq = fw_act_view(&c->a_in, c->qa, ql, n);
-        fw_act_publish(w, &c->a_in, &aq);
-        fw_act_prep(c, &aq, r0, r1);
-        fw_phase_end(w);
-        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-        while (fw_rows(w, qrow, 64, &r0, &r1)) fw_matmul(c, &l->wq_b, 0, r0, r1, &c->a_in, 0, n, c->q, qrow);
+        const struct act *aqp = &c->a_in;
+        if (n > 1) {
+            fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+            fw_split(w, n, 1, &r0, &r1);
+            for (int64_t t = r0; t < r1; t++) K->rmsnorm(c->qa + t * ql, c->qa + t * ql, l->q_a_norm, ql, hp->rms_eps);
+            struct act aq = fw_act_view(&c->a_in, c->qa, ql, n);
+            fw_act_publish(w, &c->a_in, &aq);
+            fw_act_prep(c, &aq, r0, r1);
+            fw_phase_end(w);
+            fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+        } else { /* one token: q_a norm + prepare by each worker itself */
+            fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+            aqp = fw_own_row(w, c->qa, ql, l->q_a_norm);
+        }
+        while (fw_rows(w, qrow, 64, &r0, &r1)) fw_matmul(c, &l->wq_b, 0, r0, r1, aqp, 0, n, c->q, qrow);
         fw_phase_end(w);
     }
 
@@ -144,18 +160,24 @@ void fw_attention(struct worker *w, int il) {
         fw_phase_end(w);
     }
 
-    /* 5: prepare the concatenated head outputs */
-    fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-    fw_split(w, n, 1, &r0, &r1);
-    struct act av = fw_act_view(&c->a_in, c->attv, H * vh, n);
-    fw_act_publish(w, &c->a_in, &av);
-    fw_act_prep(c, &av, r0, r1);
-    fw_phase_end(w);
+    /* 5: prepare the concatenated head outputs (one token: each worker itself, in phase 6) */
+    const struct act *aov = &c->a_in;
+    if (n > 1) {
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+        fw_split(w, n, 1, &r0, &r1);
+        struct act av = fw_act_view(&c->a_in, c->attv, H * vh, n);
+        fw_act_publish(w, &c->a_in, &av);
+        fw_act_prep(c, &av, r0, r1);
+        fw_phase_end(w);
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+    } else {
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+        aov = fw_own_row(w, c->attv, H * vh, NULL);
+    }
 
     /* 6: x += W_o attv; each block of output rows belongs to one worker */
-    fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     while (fw_rows(w, d, 64, &r0, &r1)) {
-        fw_matmul(c, &l->wo, 0, r0, r1, &c->a_in, 0, n, c->tmp, d);
+        fw_matmul(c, &l->wo, 0, r0, r1, aov, 0, n, c->tmp, d);
         for (int64_t t = 0; t < n; t++)
             for (int64_t r = r0; r < r1; r++) c->x[t * d + r] += c->tmp[t * d + r];
     }

@@ -112,6 +112,30 @@ void fw_act_prep(const struct moetax_ctx *c, struct act *a, int64_t t0, int64_t 
     }
 }
 
+const struct act *fw_own_row(struct worker *w, const float *x, int64_t ncols, const float *norm_w) {
+    struct moetax_ctx *c = w->c;
+    struct scratch *s = &c->scr[w->ith];
+    if (norm_w) {
+        c->K->rmsnorm(s->own_x, x, norm_w, ncols, c->m->hp.rms_eps);
+        x = s->own_x;
+    }
+    s->own_in.x = x;
+    s->own_in.ncols = ncols;
+    s->own_in.n = 1;
+    fw_act_prep(c, &s->own_in, 0, 1);
+    return &s->own_in;
+}
+
+const struct act *fw_own_eh(struct worker *w, int64_t k) {
+    struct moetax_ctx *c = w->c;
+    struct scratch *s = &c->scr[w->ith];
+    s->own_eh.x = c->eh;
+    s->own_eh.ncols = c->m->hp.n_ff_exp;
+    s->own_eh.n = k;
+    fw_act_prep(c, &s->own_eh, 0, k);
+    return &s->own_eh;
+}
+
 const void *fw_act_for(const struct act *a, enum moetax_type t) {
     if (t == MOETAX_TYPE_Q8_0) return a->q8;
     if (t == MOETAX_TYPE_Q4_0) return a->q4;
@@ -153,10 +177,13 @@ static void dense_ffn(struct worker *w, const struct moetax_layer *l, int il) {
     struct moetax_ctx *c = w->c;
     const int64_t n = c->n, d = c->m->hp.n_embd, ff = l->ffn_gate.ne[1];
     int64_t r0, r1;
-    fw_phase_begin(w, MOETAX_PHASE_DENSE, il);
+    /* decode: each worker normalises and prepares the row itself (see fw_own_row) */
+    fw_phase_begin(w, n == 1 ? MOETAX_PHASE_NORM : MOETAX_PHASE_DENSE, il);
+    const struct act *ain = n == 1 ? fw_own_row(w, c->x, d, l->ffn_norm) : &c->a_in;
+    fw_mark(w, MOETAX_PHASE_DENSE);
     while (fw_rows(w, ff, 64, &r0, &r1)) {
-        fw_matmul(c, &l->ffn_gate, 0, r0, r1, &c->a_in, 0, n, c->hid, ff);
-        fw_matmul(c, &l->ffn_up, 0, r0, r1, &c->a_in, 0, n, c->tmp, ff);
+        fw_matmul(c, &l->ffn_gate, 0, r0, r1, ain, 0, n, c->hid, ff);
+        fw_matmul(c, &l->ffn_up, 0, r0, r1, ain, 0, n, c->tmp, ff);
         for (int64_t t = 0; t < n; t++)
             c->K->silu_mul(c->hid + t * ff + r0, c->hid + t * ff + r0, c->tmp + t * ff + r0, r1 - r0);
     }
@@ -220,7 +247,7 @@ static void step_worker(void *ctx, int ith, int nth) {
     for (int il = 0; il < hp->n_layer; il++) {
         const struct moetax_layer *l = &m->layers[il];
         fw_attention(&w, il);
-        norm_prep(&w, l->ffn_norm, 0, MOETAX_PHASE_NORM, il);
+        if (n > 1) norm_prep(&w, l->ffn_norm, 0, MOETAX_PHASE_NORM, il); /* decode: in the FFN's first phase */
         if (l->is_moe) fw_moe(&w, il);
         else dense_ffn(&w, l, il);
     }
@@ -228,10 +255,18 @@ static void step_worker(void *ctx, int ith, int nth) {
     if (!c->logits) return;
     /* head: final norm of the rows that need logits, then the output matrix */
     int64_t t_first = c->all_logits ? 0 : n - 1;
-    norm_prep(&w, m->output_norm, t_first, MOETAX_PHASE_HEAD, -1);
-    fw_phase_begin(&w, MOETAX_PHASE_HEAD, -1);
+    const struct act *ah = &c->a_in;
+    int64_t b0 = t_first;
+    if (n - t_first > 1) {
+        norm_prep(&w, m->output_norm, t_first, MOETAX_PHASE_HEAD, -1);
+        fw_phase_begin(&w, MOETAX_PHASE_HEAD, -1);
+    } else { /* one row: each worker normalises and prepares it itself (see fw_own_row) */
+        fw_phase_begin(&w, MOETAX_PHASE_HEAD, -1);
+        ah = fw_own_row(&w, c->x + t_first * d, d, m->output_norm);
+        b0 = 0;
+    }
     while (fw_rows(&w, hp->n_vocab, 256, &r0, &r1))
-        fw_matmul(c, &m->output, 0, r0, r1, &c->a_in, t_first, n - t_first, c->logits, hp->n_vocab);
+        fw_matmul(c, &m->output, 0, r0, r1, ah, b0, n - t_first, c->logits, hp->n_vocab);
     fw_phase_end(&w);
 }
 
@@ -372,6 +407,9 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
         if (!s->eptr || !s->acq || !s->acq_list) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
         s->q = aligned_alloc(64, (s->nq + 63) / 64 * 64);
         if (!s->f || !s->q) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        if (!st) st = act_alloc(c, &s->own_in, incols, 1, false);
+        if (!st) st = act_alloc(c, &s->own_eh, max64(F, 1), k, false);
+        if (!st && !(s->own_x = calloc((size_t)incols, sizeof(float)))) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     }
 #undef A
     if (st) {
@@ -398,6 +436,9 @@ void moetax_ctx_free(struct moetax_ctx *c) {
     if (c->scr)
         for (int i = 0; i < c->n_threads; i++) {
             free(c->scr[i].f); free(c->scr[i].q); free(c->scr[i].eptr); free(c->scr[i].acq); free(c->scr[i].acq_list);
+            act_free(&c->scr[i].own_in, false);
+            act_free(&c->scr[i].own_eh, false);
+            free(c->scr[i].own_x);
         }
     free(c->scr);
     free(c);

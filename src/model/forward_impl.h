@@ -43,6 +43,10 @@ struct scratch {
     size_t nf;
     void *q;               /* prepared activations for per-head matmuls */
     size_t nq;
+    /* decode (one token): this worker's own prepared input row (width d / q_lora / H*v,
+     * normalised into own_x) and expert hidden rows (k rows of n_ff_exp, of c->eh) */
+    struct act own_in, own_eh;
+    float *own_x;
 };
 
 struct moetax_ctx {
@@ -134,6 +138,14 @@ void fw_split(const struct worker *w, int64_t n, int64_t align, int64_t *r0, int
  * the end of the phase makes it visible to the next phases). */
 struct act fw_act_view(const struct act *slot, const float *x, int64_t ncols, int64_t n);
 void fw_act_publish(const struct worker *w, struct act *slot, const struct act *view);
+/* Decode (one token): the one row x [ncols] (normalised with norm_w first,
+ * unless NULL) prepared in this worker's own slot, for the matmuls of the
+ * phase in progress. Every worker does this same small work, instead of one
+ * of them doing it in a phase of its own that ends with a barrier: a barrier
+ * less each time, same bits. Valid until this worker's next call. */
+const struct act *fw_own_row(struct worker *w, const float *x, int64_t ncols, const float *norm_w);
+/* Same for the k expert hidden rows of c->eh (n_ff_exp wide, one token). */
+const struct act *fw_own_eh(struct worker *w, int64_t k);
 /* Prepare rows [t0, t1) of an activation (x set, ncols, n). */
 void fw_act_prep(const struct moetax_ctx *c, struct act *a, int64_t t0, int64_t t1);
 /* The xq pointer for a weight type. */

@@ -17,7 +17,10 @@
  *      residual rows of the expert's tokens, then the shared expert's. Blocks
  *      are disjoint, so the combine needs no atomics and no extra pass, and the
  *      summation order (experts ascending, then shared) is fixed.
- * So 5 barriers per MoE layer for one token (6 for a batch); no barrier per expert.
+ * So 6 barriers per MoE layer for a batch (plus the ffn norm's phase before it) and 4
+ * for one token, where each worker normalises and prepares the token's row in phase 1
+ * and the expert hidden rows in phase 6 itself (fw_own_row, fw_own_eh) instead of
+ * phases of their own; no barrier per expert.
  */
 #include <math.h>
 #include <string.h>
@@ -203,20 +206,26 @@ void fw_moe(struct worker *w, int il) {
     struct plan *pl = &c->plan;
     int64_t r0, r1;
 
-    /* 1: router + shared gate/up */
-    fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
+    /* 1: router + shared gate/up (one token: each worker first normalises and prepares the
+     * row itself, see fw_own_row; the caller skipped the ffn norm's phase) */
+    const struct act *ain = &c->a_in;
+    if (n == 1) {
+        fw_phase_begin(w, MOETAX_PHASE_NORM, il);
+        ain = fw_own_row(w, c->x, d, l->ffn_norm);
+        fw_mark(w, MOETAX_PHASE_ROUTE);
+    } else fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
     /* blocks of 64 rows from each matrix's first row (kernels.h, ROW RANGES): the
      * shared expert's rows are numbered from E rounded up to 64 */
     const int64_t E64 = (E + 63) / 64 * 64;
     while (fw_rows(w, E64 + Fs, 64, &r0, &r1)) {
         if (r0 < E) {
             fw_mark(w, MOETAX_PHASE_ROUTE);
-            fw_matmul(c, &l->gate_inp, 0, r0, r1 < E ? r1 : E, &c->a_in, 0, n, c->router, E);
+            fw_matmul(c, &l->gate_inp, 0, r0, r1 < E ? r1 : E, ain, 0, n, c->router, E);
         } else if (r0 >= E64) {
             fw_mark(w, MOETAX_PHASE_SHARED);
             int64_t a = r0 - E64, b = r1 - E64;
-            fw_matmul(c, &l->gate_sh, 0, a, b, &c->a_in, 0, n, c->hid, Fs);
-            fw_matmul(c, &l->up_sh, 0, a, b, &c->a_in, 0, n, c->tmp, Fs);
+            fw_matmul(c, &l->gate_sh, 0, a, b, ain, 0, n, c->hid, Fs);
+            fw_matmul(c, &l->up_sh, 0, a, b, ain, 0, n, c->tmp, Fs);
             for (int64_t t = 0; t < n; t++)
                 K->silu_mul(c->hid + t * Fs + a, c->hid + t * Fs + a, c->tmp + t * Fs + a, b - a);
         }
@@ -269,7 +278,6 @@ void fw_moe(struct worker *w, int il) {
     fw_phase_end(w);
 
     /* 3: gather each slot's input row (batches only) */
-    const struct act *ain = &c->a_in;
     if (n > 1) {
         fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
         struct act ae = fw_act_view(&c->a_exp, c->a_exp.x, d, n * k);
@@ -297,17 +305,25 @@ void fw_moe(struct worker *w, int il) {
     }
     fw_phase_end(w);
 
-    /* 5: prepare (quantize) the expert hidden rows */
-    fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
-    struct act aeh = fw_act_view(&c->a_eh, c->eh, F, n * k);
-    fw_act_publish(w, &c->a_eh, &aeh);
-    fw_split(w, n * k, 1, &r0, &r1);
-    fw_act_prep(c, &aeh, r0, r1);
-    fw_phase_end(w);
+    /* 5: prepare (quantize) the expert hidden rows (one token: each worker all k rows
+     * itself, in phase 6) */
+    const struct act *aeh = &c->a_eh;
+    if (n > 1) {
+        fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
+        struct act v = fw_act_view(&c->a_eh, c->eh, F, n * k);
+        fw_act_publish(w, &c->a_eh, &v);
+        fw_split(w, n * k, 1, &r0, &r1);
+        fw_act_prep(c, &v, r0, r1);
+        fw_phase_end(w);
+        fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
+    } else {
+        fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
+        aeh = fw_own_eh(w, k);
+        fw_mark(w, MOETAX_PHASE_EXPERT);
+    }
 
     /* 6: down projections per block of output rows into ydown, then this
      * worker's blocks are combined into the residual, then the shared expert */
-    fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
     const int64_t bd = 64, nbd = (d + bd - 1) / bd;
     int32_t mine[512];
     int nmine = 0;
@@ -318,7 +334,7 @@ void fw_moe(struct worker *w, int il) {
             int32_t e = pl->active[ai];
             const void *wg, *wu, *wd;
             if (!expert_ptrs(w, il, e, &wg, &wu, &wd)) continue;
-            fw_matmul_at(c, &l->down_exps, wd, d0, d1, &c->a_eh, pl->offset[e], pl->count[e], yd + pl->offset[e] * d, d);
+            fw_matmul_at(c, &l->down_exps, wd, d0, d1, aeh, pl->offset[e], pl->count[e], yd + pl->offset[e] * d, d);
         }
         if (nmine < 512) mine[nmine++] = (int32_t)it;
         else { /* more blocks than the local list holds: combine this one now */
