@@ -407,9 +407,18 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
         if (!s->eptr || !s->acq || !s->acq_list) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
         s->q = aligned_alloc(64, (s->nq + 63) / 64 * 64);
         if (!s->f || !s->q) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
-        if (!st) st = act_alloc(c, &s->own_in, incols, 1, false);
+        if (!st) st = act_alloc(c, &s->own_in, max64(incols, ffmax), 1, false);
         if (!st) st = act_alloc(c, &s->own_eh, max64(F, 1), k, false);
-        if (!st && !(s->own_x = calloc((size_t)incols, sizeof(float)))) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        if (!st && !(s->own_x = calloc((size_t)max64(incols, ffmax), sizeof(float))))
+            st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        A(s->sel, k);
+        A(s->selw, k);
+        A(s->plan.active, max64(E, 1));
+        A(s->plan.count, max64(E, 1));
+        A(s->plan.offset, max64(E, 1));
+        A(s->plan.fill, max64(E, 1));
+        A(s->plan.slot_token, k);
+        A(s->plan.slot_w, k);
     }
 #undef A
     if (st) {
@@ -439,6 +448,9 @@ void moetax_ctx_free(struct moetax_ctx *c) {
             act_free(&c->scr[i].own_in, false);
             act_free(&c->scr[i].own_eh, false);
             free(c->scr[i].own_x);
+            struct scratch *s = &c->scr[i];
+            free(s->sel); free(s->selw); free(s->plan.active); free(s->plan.count); free(s->plan.offset);
+            free(s->plan.fill); free(s->plan.slot_token); free(s->plan.slot_w);
         }
     free(c->scr);
     free(c);

@@ -43,10 +43,15 @@ struct scratch {
     size_t nf;
     void *q;               /* prepared activations for per-head matmuls */
     size_t nq;
-    /* decode (one token): this worker's own prepared input row (width d / q_lora / H*v,
-     * normalised into own_x) and expert hidden rows (k rows of n_ff_exp, of c->eh) */
+    /* decode (one token): this worker's own prepared input row (width d / q_lora / H*v /
+     * the shared experts' hidden, normalised into own_x) and expert hidden rows (k rows
+     * of n_ff_exp, of c->eh) */
     struct act own_in, own_eh;
     float *own_x;
+    /* decode: this worker's routing of the token (k) and dispatch plan */
+    int32_t *sel;
+    float *selw;
+    struct plan plan;
 };
 
 struct moetax_ctx {

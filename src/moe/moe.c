@@ -123,24 +123,20 @@ static void route_token(const struct moetax_kernels *K, const struct moetax_hpar
         for (int64_t j = 0; j < k; j++) wout[j] *= hp->expert_weights_scale;
 }
 
-static void route_tokens(struct moetax_ctx *c, struct scratch *s, int il) {
+/* Route the micro-batch's tokens into sel/selw [n, k] (scratch: s->f). */
+static void route_tokens(struct moetax_ctx *c, struct scratch *s, int il, int32_t *sel, float *selw) {
     const struct moetax_hparams *hp = &c->m->hp;
     const struct moetax_layer *l = &c->m->layers[il];
     const int64_t E = hp->n_expert, k = c->n_expert_used, n = c->n;
-    int32_t *sel = c->sel + (int64_t)il * c->n_ubatch * k;
-    float *selw = c->selw + (int64_t)il * c->n_ubatch * k;
     float *p = s->f, *sc = s->f + E;
     for (int64_t t = 0; t < n; t++)
         route_token(c->K, hp, k, l->exp_probs_b, c->router + t * E, p, sc, sel + t * k, selw + t * k);
 }
 
-/* The dispatch plan: slots grouped by expert (ascending), tokens in order. */
-static void plan(struct moetax_ctx *c, int il) {
+/* The dispatch plan of sel/selw [n, k]: slots grouped by expert (ascending), tokens in order. */
+static void plan(const struct moetax_ctx *c, const int32_t *sel, const float *selw, struct plan *pl) {
     const struct moetax_hparams *hp = &c->m->hp;
     const int64_t E = hp->n_expert, k = c->n_expert_used, n = c->n;
-    const int32_t *sel = c->sel + (int64_t)il * c->n_ubatch * k;
-    const float *selw = c->selw + (int64_t)il * c->n_ubatch * k;
-    struct plan *pl = &c->plan;
     memset(pl->count, 0, sizeof(int32_t) * (size_t)E);
     for (int64_t i = 0; i < n * k; i++) pl->count[sel[i]]++;
     pl->n_active = 0;
@@ -150,7 +146,7 @@ static void plan(struct moetax_ctx *c, int il) {
         if (pl->count[e]) pl->active[pl->n_active++] = e;
         off += pl->count[e];
     }
-    int32_t *fill = c->plan.fill; /* next free slot per expert */
+    int32_t *fill = pl->fill; /* next free slot per expert */
     memcpy(fill, pl->offset, sizeof(int32_t) * (size_t)E);
     for (int64_t t = 0; t < n; t++)
         for (int64_t j = 0; j < k; j++) {
@@ -195,6 +191,43 @@ static void predict_next(struct moetax_ctx *c, int il) {
     c->pred_ok[il + 1] = true;
 }
 
+/* Worker 0, once the layer's tokens are routed (c->sel / selw) and planned (pl): the
+ * routing record, the next layer's prediction, and the expert store's reads for this
+ * layer's experts and the predicted ones. */
+static void after_routing(struct worker *w, int il, bool make_plan) {
+    struct moetax_ctx *c = w->c;
+    const struct moetax_hparams *hp = &c->m->hp;
+    const int64_t E = hp->n_expert, k = c->n_expert_used, n = c->n;
+    const int64_t slots = (int64_t)il * c->n_ubatch * k;
+    bool routing_rec = moetax_ledger_routing_on(c->ledger);
+    if (routing_rec)
+        moetax_ledger_routing(c->ledger, il, n, c->sel + slots, c->selw + slots,
+                              c->pred_ok[il] ? c->pred + slots : NULL);
+    if (routing_rec || (c->store && c->prefetch)) predict_next(c, il);
+    fw_mark(w, MOETAX_PHASE_DISPATCH);
+    const struct plan *pl = make_plan ? &c->plan : &c->scr[w->ith].plan;
+    if (make_plan) plan(c, c->sel + slots, c->selw + slots, &c->plan);
+    if (c->store && c->prefetch) {
+        /* reads for all of this layer's experts now, in parallel (other items proceed while
+         * they load), then the experts the next layer's router predicts from this residual.
+         * Without prefetch each expert is read only when a work item needs it. */
+        fw_mark(w, MOETAX_PHASE_LOAD);
+        moetax_store_prefetch(c->store, il, pl->active, pl->n_active, false);
+        if (il + 1 < hp->n_layer && c->pred_ok[il + 1]) {
+            int32_t *uniq = c->scr[w->ith].plan.fill; /* scratch [E]: this worker's plan is made */
+            int nu = 0;
+            for (int64_t i = 0; i < n * k; i++) {
+                int32_t e = c->pred[((int64_t)(il + 1) * c->n_ubatch) * k + i];
+                bool seen = false;
+                for (int j = 0; j < nu && !seen; j++) seen = uniq[j] == e;
+                if (!seen && nu < E) uniq[nu++] = e;
+            }
+            moetax_store_prefetch(c->store, il + 1, uniq, nu, true);
+        }
+        fw_mark(w, MOETAX_PHASE_DISPATCH);
+    }
+}
+
 void fw_moe(struct worker *w, int il) {
     struct moetax_ctx *c = w->c;
     const struct moetax_hparams *hp = &c->m->hp;
@@ -232,50 +265,42 @@ void fw_moe(struct worker *w, int il) {
     }
     fw_phase_end(w);
 
-    /* 2: worker 0 routes and plans; the others prepare the shared hidden */
-    fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
-    struct act ah = fw_act_view(&c->a_hid, c->hid, Fs, n);
-    fw_act_publish(w, &c->a_hid, &ah);
-    if (w->ith == 0) {
-        route_tokens(c, s, il);
-        bool routing_rec = moetax_ledger_routing_on(c->ledger);
-        if (routing_rec)
-            moetax_ledger_routing(c->ledger, il, n, c->sel + (int64_t)il * c->n_ubatch * k,
-                                  c->selw + (int64_t)il * c->n_ubatch * k,
-                                  c->pred_ok[il] ? c->pred + (int64_t)il * c->n_ubatch * k : NULL);
-        if (routing_rec || (c->store && c->prefetch)) predict_next(c, il);
-        fw_mark(w, MOETAX_PHASE_DISPATCH);
-        plan(c, il);
-        if (c->store && c->prefetch) {
-            /* reads for all of this layer's experts now, in parallel (other items proceed while
-             * they load), then the experts the next layer's router predicts from this residual.
-             * Without prefetch each expert is read only when a work item needs it. */
-            fw_mark(w, MOETAX_PHASE_LOAD);
-            moetax_store_prefetch(c->store, il, pl->active, pl->n_active, false);
-            if (il + 1 < hp->n_layer && c->pred_ok[il + 1]) {
-                int32_t *uniq = c->plan.fill; /* scratch [E] */
-                int nu = 0;
-                for (int64_t i = 0; i < n * k; i++) {
-                    int32_t e = c->pred[((int64_t)(il + 1) * c->n_ubatch) * k + i];
-                    bool seen = false;
-                    for (int j = 0; j < nu && !seen; j++) seen = uniq[j] == e;
-                    if (!seen && nu < E) uniq[nu++] = e;
-                }
-                moetax_store_prefetch(c->store, il + 1, uniq, nu, true);
+    /* 2: routing and the dispatch plan. A batch: worker 0 routes every token and plans while
+     * the others prepare the shared hidden, then a barrier. One token: every worker routes it
+     * and plans into its own copy (the same bits everywhere) and goes on to phase 4 without a
+     * barrier; the shared hidden is prepared by each worker in phase 6 (fw_own_row). Worker 0
+     * also records the routing, predicts the next layer and issues the store's reads. */
+    const int64_t slots = (int64_t)il * c->n_ubatch * k; /* this layer's rows of c->sel / selw */
+    if (n > 1) {
+        fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
+        struct act ah = fw_act_view(&c->a_hid, c->hid, Fs, n);
+        fw_act_publish(w, &c->a_hid, &ah);
+        if (w->ith == 0) {
+            route_tokens(c, s, il, c->sel + slots, c->selw + slots);
+            after_routing(w, il, true);
+        }
+        if (Fs) {
+            fw_mark(w, MOETAX_PHASE_SHARED);
+            if (w->nth == 1) fw_act_prep(c, &ah, 0, n);
+            else if (w->ith > 0) {
+                struct worker sub = {.c = c, .ith = w->ith - 1, .nth = w->nth - 1};
+                fw_split(&sub, n, 1, &r0, &r1);
+                fw_act_prep(c, &ah, r0, r1);
             }
-            fw_mark(w, MOETAX_PHASE_DISPATCH);
         }
-    }
-    if (Fs) {
-        fw_mark(w, MOETAX_PHASE_SHARED);
-        if (w->nth == 1) fw_act_prep(c, &ah, 0, n);
-        else if (w->ith > 0) {
-            struct worker sub = {.c = c, .ith = w->ith - 1, .nth = w->nth - 1};
-            fw_split(&sub, n, 1, &r0, &r1);
-            fw_act_prep(c, &ah, r0, r1);
+        fw_phase_end(w);
+    } else {
+        fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
+        route_tokens(c, s, il, s->sel, s->selw);
+        if (w->ith == 0) {
+            memcpy(c->sel + slots, s->sel, sizeof(int32_t) * (size_t)k);
+            memcpy(c->selw + slots, s->selw, sizeof(float) * (size_t)k);
         }
+        pl = &s->plan;
+        fw_mark(w, MOETAX_PHASE_DISPATCH);
+        plan(c, s->sel, s->selw, pl);
+        if (w->ith == 0) after_routing(w, il, false);
     }
-    fw_phase_end(w);
 
     /* 3: gather each slot's input row (batches only) */
     if (n > 1) {
@@ -288,8 +313,9 @@ void fw_moe(struct worker *w, int il) {
         ain = &c->a_exp;
     }
 
-    /* 4: gate/up per (expert, block of F rows) */
-    fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
+    /* 4: gate/up per (expert, block of F rows) (one token: the phase began with routing) */
+    if (n > 1) fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
+    else fw_mark(w, MOETAX_PHASE_EXPERT);
     const int64_t bf = F >= 128 ? 64 : F;
     const int64_t nbf = (F + bf - 1) / bf;
     for (int64_t it; (it = fw_chunk(w, pl->n_active * nbf, 1)) >= 0;) {
@@ -351,10 +377,11 @@ void fw_moe(struct worker *w, int il) {
     }
     if (Fs) {
         fw_mark(w, MOETAX_PHASE_SHARED);
+        const struct act *ahid = n == 1 && nmine > 0 ? fw_own_row(w, c->hid, Fs, NULL) : &c->a_hid;
         float *y = s->f;
         for (int i = 0; i < nmine; i++) {
             int64_t d0 = (int64_t)mine[i] * bd, d1 = d0 + bd < d ? d0 + bd : d;
-            fw_matmul_rel(c, &l->down_sh, 0, d0, d1, &c->a_hid, 0, n, y, bd);
+            fw_matmul_rel(c, &l->down_sh, 0, d0, d1, ahid, 0, n, y, bd);
             for (int64_t t = 0; t < n; t++) K->axpy(c->x + t * d + d0, 1.0f, y + t * bd, d1 - d0);
         }
     }
