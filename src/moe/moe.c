@@ -17,10 +17,13 @@
  *      residual rows of the expert's tokens, then the shared expert's. Blocks
  *      are disjoint, so the combine needs no atomics and no extra pass, and the
  *      summation order (experts ascending, then shared) is fixed.
- * So 6 barriers per MoE layer for a batch (plus the ffn norm's phase before it) and 4
- * for one token, where each worker normalises and prepares the token's row in phase 1
- * and the expert hidden rows in phase 6 itself (fw_own_row, fw_own_eh) instead of
- * phases of their own; no barrier per expert.
+ * So 6 barriers per MoE layer for a batch (plus the ffn norm's phase before it).
+ * One token (decode) needs 3: each worker normalises and prepares the token's row
+ * at the start of phase 1 (fw_own_row), routes it and plans into its own copy at
+ * the start of phase 4 (phase 2 goes), and prepares the expert hidden rows and the
+ * shared hidden row at the start of phase 6 (phase 5 goes): the same small work
+ * on every worker instead of a phase and a barrier each, with the same bits. No
+ * barrier per expert.
  */
 #include <math.h>
 #include <string.h>
