@@ -134,11 +134,11 @@ static void delay_injection(void) {
         for (size_t ti = 0; ti < sizeof targets / sizeof targets[0]; ti++) {
             const uint64_t delay = 500000; /* 500 us per entry */
             /* every worker enters combine once per MoE layer; route twice per MoE layer (router, then
-             * routing); attention (decoding one token) 4 times per layer (phases 2, 3, 4, 6), 5 with
+             * routing); attention (decoding one token) 3 times per layer (phases 2, 4, 6), 4 with
              * q_lora */
             double entries = targets[ti] == MOETAX_PHASE_COMBINE ? n_moe
                            : targets[ti] == MOETAX_PHASE_ROUTE ? 2.0 * n_moe
-                           : (m->hp.q_lora_rank ? 5.0 : 4.0) * m->hp.n_layer;
+                           : (m->hp.q_lora_rank ? 4.0 : 3.0) * m->hp.n_layer;
             double want = entries * delay * 1e-9;
             /* with 2 threads on a shared 2-core machine (ctest -j2, other tests) a worker can be
              * descheduled mid-phase; that time is honestly booked where it falls, so the strict

@@ -13,12 +13,47 @@
  * token; a batch adds 4b: v_b per head over all tokens), 5 prep, 6 W_o. One
  * token (decode) has no phases 1 and 5, nor the q_a norm+prep phase: every
  * worker normalises / prepares the one row itself at the start of the next
- * phase (fw_own_row), so 4 barriers (5 with q_lora).
+ * phase (fw_own_row); nor phase 3: phase 2's kv_a item also writes the cache
+ * row, and each attention item makes its own heads' q_abs. So 3 barriers (4
+ * with q_lora).
  */
 #include <math.h>
 #include <string.h>
 
 #include "model/forward_impl.h"
+
+/* Token t's cache row of layer il: [rmsnorm(kv) ; rope(k_pe)] from c->kva. */
+static void cache_row(struct moetax_ctx *c, int il, int64_t t) {
+    const struct moetax_hparams *hp = &c->m->hp;
+    const struct moetax_layer *l = &c->m->layers[il];
+    const int64_t kvl = hp->kv_lora_rank, rope = hp->n_embd_head_qk_rope, kvr = c->kv_row;
+    float *dst = c->kv + ((int64_t)il * c->n_ctx + c->pos0 + t) * kvr;
+    const float *src = c->kva + t * kvr;
+    c->K->rmsnorm(dst, src, l->kv_a_norm, kvl, hp->rms_eps);
+    memcpy(dst + kvl, src + kvl, sizeof(float) * (size_t)rope);
+    c->K->rope_cached(dst + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, c->ropecs + t * rope);
+}
+
+/* Head h, every token of the micro-batch: Q_h = [W_kb[h] q_nope ; rope(q_pe)] into c->qabs
+ * (one batched matmul, so W_kb[h] is read once per micro-batch; scratch s->f, s->q). */
+static void q_abs_head(struct moetax_ctx *c, struct scratch *s, int il, int64_t h) {
+    const struct moetax_hparams *hp = &c->m->hp;
+    const struct moetax_layer *l = &c->m->layers[il];
+    const int64_t n = c->n, H = hp->n_head, nope = hp->n_embd_head_qk_nope, rope = hp->n_embd_head_qk_rope;
+    const int64_t kvl = hp->kv_lora_rank, qrow = H * (nope + rope), kvr = c->kv_row;
+    float *qn = s->f; /* [n, nope] gathered q_nope of head h */
+    for (int64_t t = 0; t < n; t++) {
+        const float *qh = c->q + t * qrow + h * (nope + rope);
+        float *Q = c->qabs + (t * H + h) * kvr;
+        memcpy(Q + kvl, qh + nope, sizeof(float) * (size_t)rope);
+        c->K->rope_cached(Q + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, c->ropecs + t * rope);
+        memcpy(qn + t * nope, qh, sizeof(float) * (size_t)nope);
+    }
+    struct act a = {.x = qn, .ncols = nope, .n = n, .q8 = s->q, .q4 = s->q, .cap_q8 = s->nq, .cap_q4 = s->nq};
+    if (l->wk_b.type == MOETAX_TYPE_Q8_0 || l->wk_b.type == MOETAX_TYPE_Q4_0)
+        c->K->quantize_act(l->wk_b.type, qn, nope, nope, n, s->q);
+    fw_matmul(c, &l->wk_b, h, 0, kvl, &a, 0, n, c->qabs + h * kvr, H * kvr);
+}
 
 void fw_attention(struct worker *w, int il) {
     struct moetax_ctx *c = w->c;
@@ -55,9 +90,25 @@ void fw_attention(struct worker *w, int il) {
     /* blocks of 64 rows from each matrix's first row (kernels.h, ROW RANGES): kv_a's
      * rows are numbered from nq rounded up to 64 */
     const int64_t nq64 = (nq + 63) / 64 * 64;
-    while (fw_rows(w, nq64 + nkv, 64, &r0, &r1)) {
-        if (r0 < nq) fw_matmul(c, wq, 0, r0, r1 < nq ? r1 : nq, ain, 0, n, qout, nq);
-        else if (r0 >= nq64) fw_matmul(c, &l->wkv_a, 0, r0 - nq64, r1 - nq64, ain, 0, n, c->kva, nkv);
+    if (n > 1) {
+        while (fw_rows(w, nq64 + nkv, 64, &r0, &r1)) {
+            if (r0 < nq) fw_matmul(c, wq, 0, r0, r1 < nq ? r1 : nq, ain, 0, n, qout, nq);
+            else if (r0 >= nq64) fw_matmul(c, &l->wkv_a, 0, r0 - nq64, r1 - nq64, ain, 0, n, c->kva, nkv);
+        }
+    } else {
+        /* one token: item 0 is all of kv_a and then the token's cache row (so phase 3 needs
+         * no item for it and can run into phase 4 without a barrier); then q's blocks */
+        const int64_t nqb = (nq + 63) / 64;
+        for (int64_t it; (it = fw_chunk(w, 1 + nqb, 1)) >= 0;) {
+            if (it == 0) {
+                fw_matmul(c, &l->wkv_a, 0, 0, nkv, ain, 0, 1, c->kva, nkv);
+                cache_row(c, il, 0);
+            } else {
+                r0 = (it - 1) * 64;
+                r1 = r0 + 64 < nq ? r0 + 64 : nq;
+                fw_matmul(c, wq, 0, r0, r1, ain, 0, 1, qout, nq);
+            }
+        }
     }
     fw_phase_end(w);
 
@@ -82,34 +133,17 @@ void fw_attention(struct worker *w, int il) {
 
     /* 3: per token: kv norm + rope(k_pe) into the cache; per head, for all tokens of the
      * micro-batch at once: rope(q_pe) and q_abs = W_kb[h] q_nope (one batched matmul per head,
-     * so each head's W_kb is read once per micro-batch) */
-    fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+     * so each head's W_kb is read once per micro-batch). One token: the cache row was written
+     * in phase 2, and each item of phase 4 makes its own heads' q_abs first (no barrier). */
     struct scratch *s = &c->scr[w->ith];
-    for (int64_t it; (it = fw_chunk(w, n + H, 1)) >= 0;) {
-        if (it < n) {
-            int64_t t = it, p = c->pos0 + t;
-            float *dst = c->kv + ((int64_t)il * c->n_ctx + p) * kvr;
-            const float *src = c->kva + t * kvr;
-            K->rmsnorm(dst, src, l->kv_a_norm, kvl, hp->rms_eps);
-            memcpy(dst + kvl, src + kvl, sizeof(float) * (size_t)rope);
-            K->rope_cached(dst + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, c->ropecs + t * rope);
-            continue;
+    if (n > 1) {
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+        for (int64_t it; (it = fw_chunk(w, n + H, 1)) >= 0;) {
+            if (it < n) cache_row(c, il, it);
+            else q_abs_head(c, s, il, it - n);
         }
-        int64_t h = it - n;
-        float *qn = s->f; /* [n, nope] gathered q_nope of head h */
-        for (int64_t t = 0; t < n; t++) {
-            const float *qh = c->q + t * qrow + h * (nope + rope);
-            float *Q = c->qabs + (t * H + h) * kvr;
-            memcpy(Q + kvl, qh + nope, sizeof(float) * (size_t)rope);
-            K->rope_cached(Q + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, c->ropecs + t * rope);
-            memcpy(qn + t * nope, qh, sizeof(float) * (size_t)nope);
-        }
-        struct act a = {.x = qn, .ncols = nope, .n = n, .q8 = s->q, .q4 = s->q, .cap_q8 = s->nq, .cap_q4 = s->nq};
-        if (l->wk_b.type == MOETAX_TYPE_Q8_0 || l->wk_b.type == MOETAX_TYPE_Q4_0)
-            K->quantize_act(l->wk_b.type, qn, nope, nope, n, s->q);
-        fw_matmul(c, &l->wk_b, h, 0, kvl, &a, 0, n, c->qabs + h * kvr, H * kvr);
+        fw_phase_end(w);
     }
-    fw_phase_end(w);
 
     /* 4: attention per (token, group of heads): the shared compressed KV rows are
      * read once for all heads of the group (scores = one matmul over the cache
@@ -126,6 +160,8 @@ void fw_attention(struct worker *w, int il) {
         int64_t t = it / G, g = it % G;
         int64_t h0 = H * g / G, h1 = H * (g + 1) / G, nh = h1 - h0;
         int64_t np = c->pos0 + t + 1;
+        if (n == 1)
+            for (int64_t h = h0; h < h1; h++) q_abs_head(c, s, il, h);
         const float *Q = c->qabs + (t * H + h0) * kvr;
         K->matmul(MOETAX_TYPE_F32, kvc, sizeof(float) * (size_t)kvr, 0, np, kvr, Q, nh, sc, np_max);
         for (int64_t hh = 0; hh < nh; hh++) {
