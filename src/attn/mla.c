@@ -66,22 +66,8 @@ void fw_attention(struct worker *w, int il) {
     const int64_t ql = hp->q_lora_rank, qrow = H * (nope + rope), kvr = c->kv_row;
     int64_t r0, r1;
 
-    /* 1: attn_norm, prepare (one token: each worker itself, in phase 2; see fw_own_row) */
-    const struct act *ain = &c->a_in;
-    if (n > 1) {
-        fw_phase_begin(w, MOETAX_PHASE_NORM, il);
-        fw_split(w, n, 1, &r0, &r1);
-        for (int64_t t = r0; t < r1; t++) K->rmsnorm(c->xn + t * d, c->x + t * d, l->attn_norm, d, hp->rms_eps);
-        struct act ai = fw_act_view(&c->a_in, c->xn, d, n);
-        fw_act_publish(w, &c->a_in, &ai);
-        fw_act_prep(c, &ai, r0, r1);
-        fw_phase_end(w);
-        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-    } else {
-        fw_phase_begin(w, MOETAX_PHASE_NORM, il);
-        ain = fw_own_row(w, c->x, d, l->attn_norm);
-        fw_mark(w, MOETAX_PHASE_ATTN);
-    }
+    /* 1: attn_norm, prepare (one token: each worker itself, in phase 2; see fw_norm_input) */
+    const struct act *ain = fw_norm_input(w, MOETAX_PHASE_NORM, MOETAX_PHASE_ATTN, il, c->xn, c->x, l->attn_norm, d);
 
     /* 2: q (or q_a) and kv_a projections, rows of both split together */
     const struct moetax_weight *wq = ql ? &l->wq_a : &l->wq;
@@ -112,21 +98,9 @@ void fw_attention(struct worker *w, int il) {
     }
     fw_phase_end(w);
 
-    if (ql) {
-        const struct act *aqp = &c->a_in;
-        if (n > 1) {
-            fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-            fw_split(w, n, 1, &r0, &r1);
-            for (int64_t t = r0; t < r1; t++) K->rmsnorm(c->qa + t * ql, c->qa + t * ql, l->q_a_norm, ql, hp->rms_eps);
-            struct act aq = fw_act_view(&c->a_in, c->qa, ql, n);
-            fw_act_publish(w, &c->a_in, &aq);
-            fw_act_prep(c, &aq, r0, r1);
-            fw_phase_end(w);
-            fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-        } else { /* one token: q_a norm + prepare by each worker itself */
-            fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-            aqp = fw_own_row(w, c->qa, ql, l->q_a_norm);
-        }
+    if (ql) { /* q_a norm + prepare (one token: by each worker itself), then q_b */
+        const struct act *aqp =
+            fw_norm_input(w, MOETAX_PHASE_ATTN, MOETAX_PHASE_ATTN, il, c->qa, c->qa, l->q_a_norm, ql);
         while (fw_rows(w, qrow, 64, &r0, &r1)) fw_matmul(c, &l->wq_b, 0, r0, r1, aqp, 0, n, c->q, qrow);
         fw_phase_end(w);
     }

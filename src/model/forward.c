@@ -126,6 +126,26 @@ const struct act *fw_own_row(struct worker *w, const float *x, int64_t ncols, co
     return &s->own_in;
 }
 
+const struct act *fw_norm_input(struct worker *w, enum moetax_phase ph, enum moetax_phase next, int layer, float *dst,
+                                const float *src, const float *weight, int64_t ncols) {
+    struct moetax_ctx *c = w->c;
+    fw_phase_begin(w, ph, layer);
+    if (c->n == 1) {
+        const struct act *a = fw_own_row(w, src, ncols, weight);
+        fw_mark(w, next);
+        return a;
+    }
+    int64_t r0, r1;
+    fw_split(w, c->n, 1, &r0, &r1);
+    for (int64_t t = r0; t < r1; t++) c->K->rmsnorm(dst + t * ncols, src + t * ncols, weight, ncols, c->m->hp.rms_eps);
+    struct act v = fw_act_view(&c->a_in, dst, ncols, c->n);
+    fw_act_publish(w, &c->a_in, &v);
+    fw_act_prep(c, &v, r0, r1);
+    fw_phase_end(w);
+    fw_phase_begin(w, next, layer);
+    return &c->a_in;
+}
+
 const struct act *fw_own_eh(struct worker *w, int64_t k) {
     struct moetax_ctx *c = w->c;
     struct scratch *s = &c->scr[w->ith];

@@ -149,6 +149,14 @@ void fw_act_publish(const struct worker *w, struct act *slot, const struct act *
  * of them doing it in a phase of its own that ends with a barrier: a barrier
  * less each time, same bits. Valid until this worker's next call. */
 const struct act *fw_own_row(struct worker *w, const float *x, int64_t ncols, const float *norm_w);
+/* Begin a phase that reads rows [0, n) of src [n, ncols] normalised with
+ * weight and prepared: a batch normalises them into dst (may be src) and
+ * prepares them in c->a_in in a phase of its own (ledger phase ph, split
+ * across workers, ending with a barrier), then begins the phase `next`; one
+ * token begins a phase as ph, makes the row in this worker's own slot
+ * (fw_own_row) and goes on as `next`, without a barrier. Returns the act. */
+const struct act *fw_norm_input(struct worker *w, enum moetax_phase ph, enum moetax_phase next, int layer, float *dst,
+                                const float *src, const float *weight, int64_t ncols);
 /* Same for the k expert hidden rows of c->eh (n_ff_exp wide, one token). */
 const struct act *fw_own_eh(struct worker *w, int64_t k);
 /* Prepare rows [t0, t1) of an activation (x set, ncols, n). */
