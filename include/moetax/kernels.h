@@ -43,8 +43,9 @@
  *   one matrix of n_rows rows (a 3-D tensor is n matrices; the gate and up
  *   halves of a fused gate_up matrix are two). Repacking keeps the unit's
  *   size and is a permutation of its bytes; row groups (below) never cross
- *   units, so row r of a unit still starts in its own group of rows at
- *   w + (r - r % 8) * row_bytes. Rows read any other way (moetax_to_float,
+ *   units, so row r of a unit stays within the bytes of its group of G rows
+ *   from w + (r - r % G) * row_bytes (G: 8 for Q4_0, 4 for Q8_0; below).
+ *   Rows read any other way (moetax_to_float,
  *   e.g. the token embedding) must stay as stored.
  *     ref:  every type as stored.
  *     avx2: Q4_0 in "Q4_0x8r", eight rows interleaved: rows 8i..8i+7 of a
@@ -67,12 +68,12 @@
  *           decode tile of 4 rows thus reads one stream, not 4 (rows of
  *           0.5-2 KiB are too short for the prefetcher to follow 4 streams).
  *   ROW RANGES. A call's rows [row0, row1) are relative to w: for a type
- *   with row groups (avx2 Q4_0: 8 rows, Q8_0: 4; MOETAX_KERNELS_ROW_GROUP
- *   is a multiple of both), w must be
- *   at a multiple of 8 rows into its unit, row0 a multiple of 8, and row1 a
- *   multiple of 8 or the unit's last row (so a call ending inside a group
- *   ends at the unit's plain tail). Splitting rows into blocks of 64 from
- *   the unit's start, the last block ending at n_rows, satisfies this.
+ *   with row groups (avx2 Q4_0: 8 rows, Q8_0: 4), w must be at a multiple
+ *   of MOETAX_KERNELS_ROW_GROUP (8, a multiple of both) rows into its unit,
+ *   row0 a multiple of 8, and row1 a multiple of 8 or the unit's last row
+ *   (so a call ending inside a group ends at the unit's plain tail).
+ *   Splitting rows into blocks of 64 from the unit's start, the last block
+ *   ending at n_rows, satisfies this.
 
  * INVARIANTS
  *   - Q8_0 / Q4_0: ncols must be a multiple of 32 (moetax_act_size returns 0
