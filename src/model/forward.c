@@ -404,6 +404,7 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     A(c->scr, c->n_threads);
     A(c->pred, (int64_t)hp->n_layer * U * k);
     A(c->pred_ok, hp->n_layer);
+    A(c->hist_n, hp->n_layer);
     A(c->plan.fill, max64(E, 1));
     A(c->ydown, U * k * d);
     A(c->pred_x, d);
@@ -455,7 +456,7 @@ void moetax_ctx_free(struct moetax_ctx *c) {
     free(c->kv);
     free(c->x); free(c->xn); free(c->qa); free(c->q); free(c->kva); free(c->qabs); free(c->attv); free(c->oatt);
     free(c->tmp); free(c->hid); free(c->router); free(c->ropecs); free(c->eh); free(c->eh_g);
-    free(c->sel); free(c->selw); free(c->pred); free(c->pred_ok);
+    free(c->sel); free(c->selw); free(c->pred); free(c->pred_ok); free(c->hist_n);
     free(c->plan.fill); free(c->ydown); free(c->pred_x); free(c->pred_logits); free(c->pred_p); free(c->pred_q);
     free(c->plan.active); free(c->plan.count); free(c->plan.offset); free(c->plan.slot_token); free(c->plan.slot_w);
     act_free(&c->a_in, false);

@@ -107,6 +107,8 @@ struct moetax_ctx {
     void *pred_q;          /* prepared pred_x */
     int32_t *pred;         /* [n_layer][U*k] experts predicted for a layer from the previous layer's residual */
     bool *pred_ok;         /* [n_layer] */
+    int64_t *hist_n;       /* [n_layer] tokens whose routing c->sel holds (the last micro-batch
+                            * that reached the layer; 0: none yet): recent-token history */
 };
 
 /* Per-worker view of a step: phase counter for the chunk counters, and the

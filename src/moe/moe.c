@@ -217,14 +217,26 @@ static void after_routing(struct worker *w, int il, bool make_plan) {
         fw_mark(w, MOETAX_PHASE_LOAD);
         moetax_store_prefetch(c->store, il, pl->active, pl->n_active, false);
         if (il + 1 < hp->n_layer && c->pred_ok[il + 1]) {
+            /* the cross-layer prediction, ranked by recent-token history: first the predicted
+             * experts that layer il + 1 also chose for the last micro-batch (c->sel still holds
+             * that routing: this step has not reached il + 1), then the other predicted ones,
+             * each in the router's order. The store reads from the front while I/O is idle.
+             * Experts the history alone names are not read: on random routing only k / E of
+             * them are used again, and each read of one would evict a cached expert. */
             int32_t *uniq = c->scr[w->ith].plan.fill; /* scratch [E]: this worker's plan is made */
+            const int32_t *pred = c->pred + (int64_t)(il + 1) * c->n_ubatch * k;
+            const int32_t *hist = c->sel + (int64_t)(il + 1) * c->n_ubatch * k;
+            const int64_t nhist = c->hist_n[il + 1] * k;
             int nu = 0;
-            for (int64_t i = 0; i < n * k; i++) {
-                int32_t e = c->pred[((int64_t)(il + 1) * c->n_ubatch) * k + i];
-                bool seen = false;
-                for (int j = 0; j < nu && !seen; j++) seen = uniq[j] == e;
-                if (!seen && nu < E) uniq[nu++] = e;
-            }
+            for (int pass = 0; pass < 2; pass++)
+                for (int64_t i = 0; i < n * k; i++) {
+                    int32_t e = pred[i];
+                    bool recent = false, seen = false;
+                    for (int64_t j = 0; j < nhist && !recent; j++) recent = hist[j] == e;
+                    if (recent != (pass == 0)) continue;
+                    for (int j = 0; j < nu && !seen; j++) seen = uniq[j] == e;
+                    if (!seen && nu < E) uniq[nu++] = e;
+                }
             moetax_store_prefetch(c->store, il + 1, uniq, nu, true);
         }
         fw_mark(w, MOETAX_PHASE_DISPATCH);
@@ -280,6 +292,7 @@ void fw_moe(struct worker *w, int il) {
         fw_act_publish(w, &c->a_hid, &ah);
         if (w->ith == 0) {
             route_tokens(c, s, il, c->sel + slots, c->selw + slots);
+            c->hist_n[il] = n;
             after_routing(w, il, true);
         }
         if (Fs) {
@@ -298,6 +311,7 @@ void fw_moe(struct worker *w, int il) {
         if (w->ith == 0) {
             memcpy(c->sel + slots, s->sel, sizeof(int32_t) * (size_t)k);
             memcpy(c->selw + slots, s->selw, sizeof(float) * (size_t)k);
+            c->hist_n[il] = 1;
         }
         pl = &s->plan;
         fw_mark(w, MOETAX_PHASE_DISPATCH);
