@@ -59,15 +59,20 @@ static void consistency(const char *path, float tol_rel) {
     float *b = run(m, 2, 64, toks, n, false);   /* one batch, 2 threads */
     float *s = run(m, 2, 64, toks, n, true);    /* decode step by step */
     float *u = run(m, 2, 7, toks, n, false);    /* micro-batches of 7 */
-    if (a && b && s && u) {
+    /* decode with 4 workers: a worker's share of the q/kv_a phase is then smaller than kv_a,
+     * and decode keeps the rope/cache/q_abs phase instead of fusing it (mla.c) */
+    float *s4 = run(m, 4, 64, toks, n, true);
+    if (a && b && s && u && s4) {
         float mag = max_abs(a, V * n);
         CHECK_MSG(mag > 0.1f && isfinite(mag), "%s: logits magnitude %g", path, mag);
         float d1 = max_diff(a, b, V * n), d2 = max_diff(a, s, V * n), d3 = max_diff(a, u, V * n);
         CHECK_MSG(d1 <= tol_rel * mag, "%s: 1 vs 2 threads differ by %g (max |logit| %g)", path, d1, mag);
         CHECK_MSG(d2 <= tol_rel * mag, "%s: step-by-step vs prefill differ by %g (max |logit| %g)", path, d2, mag);
         CHECK_MSG(d3 <= tol_rel * mag, "%s: ubatch 7 vs 64 differ by %g (max |logit| %g)", path, d3, mag);
+        float d4 = max_diff(s, s4, V * n);
+        CHECK_MSG(d4 <= tol_rel * mag, "%s: decode with 4 vs 2 threads differ by %g (max |logit| %g)", path, d4, mag);
     }
-    free(a); free(b); free(s); free(u);
+    free(a); free(b); free(s); free(u); free(s4);
     moetax_model_free(m);
 }
 

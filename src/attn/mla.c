@@ -13,9 +13,10 @@
  * token; a batch adds 4b: v_b per head over all tokens), 5 prep, 6 W_o. One
  * token (decode) has no phases 1 and 5, nor the q_a norm+prep phase: every
  * worker normalises / prepares the one row itself at the start of the next
- * phase (fw_own_row); nor phase 3: phase 2's kv_a item also writes the cache
- * row, and each attention item makes its own heads' q_abs. So 3 barriers (4
- * with q_lora).
+ * phase (fw_own_row); nor phase 3 when kv_a is no bigger than a worker's
+ * share of phase 2 (2 workers on DeepSeek shapes; not 16): phase 2's kv_a
+ * item also writes the cache row, and each attention item makes its own
+ * heads' q_abs. So 3 barriers (4 with q_lora, +1 without that fusion).
  */
 #include <math.h>
 #include <string.h>
@@ -76,14 +77,18 @@ void fw_attention(struct worker *w, int il) {
     /* blocks of 64 rows from each matrix's first row (kernels.h, ROW RANGES): kv_a's
      * rows are numbered from nq rounded up to 64 */
     const int64_t nq64 = (nq + 63) / 64 * 64;
-    if (n > 1) {
+    /* One token, and kv_a no bigger than a worker's share of the phase's bytes: kv_a is one
+     * work item that also writes the token's cache row, so phase 3 can go (see below).
+     * With many workers (or a kv_a larger than q) that item would hold the phase up. */
+    const bool fuse = n == 1 && l->wkv_a.mat_bytes * (size_t)w->nth <= l->wkv_a.mat_bytes + wq->mat_bytes;
+    if (!fuse) {
         while (fw_rows(w, nq64 + nkv, 64, &r0, &r1)) {
             if (r0 < nq) fw_matmul(c, wq, 0, r0, r1 < nq ? r1 : nq, ain, 0, n, qout, nq);
             else if (r0 >= nq64) fw_matmul(c, &l->wkv_a, 0, r0 - nq64, r1 - nq64, ain, 0, n, c->kva, nkv);
         }
     } else {
-        /* one token: item 0 is all of kv_a and then the token's cache row (so phase 3 needs
-         * no item for it and can run into phase 4 without a barrier); then q's blocks */
+        /* item 0 is all of kv_a and then the token's cache row (so phase 3 needs no item
+         * for it and can run into phase 4 without a barrier); then q's blocks */
         const int64_t nqb = (nq + 63) / 64;
         for (int64_t it; (it = fw_chunk(w, 1 + nqb, 1)) >= 0;) {
             if (it == 0) {
@@ -107,10 +112,11 @@ void fw_attention(struct worker *w, int il) {
 
     /* 3: per token: kv norm + rope(k_pe) into the cache; per head, for all tokens of the
      * micro-batch at once: rope(q_pe) and q_abs = W_kb[h] q_nope (one batched matmul per head,
-     * so each head's W_kb is read once per micro-batch). One token: the cache row was written
-     * in phase 2, and each item of phase 4 makes its own heads' q_abs first (no barrier). */
+     * so each head's W_kb is read once per micro-batch). Fused (one token, see phase 2): the
+     * cache row was written in phase 2, and each item of phase 4 makes its own heads' q_abs
+     * first (no barrier). */
     struct scratch *s = &c->scr[w->ith];
-    if (n > 1) {
+    if (!fuse) {
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
         for (int64_t it; (it = fw_chunk(w, n + H, 1)) >= 0;) {
             if (it < n) cache_row(c, il, it);
@@ -134,7 +140,7 @@ void fw_attention(struct worker *w, int il) {
         int64_t t = it / G, g = it % G;
         int64_t h0 = H * g / G, h1 = H * (g + 1) / G, nh = h1 - h0;
         int64_t np = c->pos0 + t + 1;
-        if (n == 1)
+        if (fuse)
             for (int64_t h = h0; h < h1; h++) q_abs_head(c, s, il, h);
         const float *Q = c->qabs + (t * H + h0) * kvr;
         K->matmul(MOETAX_TYPE_F32, kvc, sizeof(float) * (size_t)kvr, 0, np, kvr, Q, nh, sc, np_max);
