@@ -342,8 +342,8 @@ ALWAYS_INLINE __m128i hsum1_epi32(__m256i t) {
  * acc = fma((float)S_b, d_w[b] * d_x[b], acc) over the blocks in order, from 0,
  * with S_b the exact int32 block sum (so batch sizes, row splits and the
  * batched path below give bit-identical results). */
-ALWAYS_INLINE void tile_q8(const int RB, const int BB, const uint8_t *w, size_t rb, const uint8_t *act,
-                           size_t act_row, int64_t nb, float *y, int64_t ldy) {
+ALWAYS_INLINE void tile_q8(const int RB, const int BB, const uint8_t *w, const uint8_t *act, size_t act_row,
+                           int64_t nb, float *y, int64_t ldy) {
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
     const __m256i ones = _mm256_set1_epi16(1);
     __m128 acc[4]; /* per batch row: rows in lanes (RB == 4) or lane 0 (RB == 1) */
@@ -356,7 +356,7 @@ ALWAYS_INLINE void tile_q8(const int RB, const int BB, const uint8_t *w, size_t 
         for (int j = 0; j < BB; j++) xv[j] = _mm256_loadu_si256((const __m256i *)(act + j * act_row + b * 32));
         __m256i wv[4], aw[4];
         __m128 dw;
-        if (RB == 4) { /* x4r: w is the group, rb unused */
+        if (RB == 4) { /* x4r: w is the group */
             const uint8_t *blk = w + (size_t)b * MOETAX_K_Q8R4_BLOCK_BYTES;
             if (QPF > 0) { /* 136 bytes a block: 3 prefetches 48 apart touch every line */
                 _mm_prefetch((const char *)blk + QPF, QPF_HINT);
@@ -378,7 +378,6 @@ ALWAYS_INLINE void tile_q8(const int RB, const int BB, const uint8_t *w, size_t 
             wv[0] = _mm256_loadu_si256((const __m256i *)(blk + 2));
             aw[0] = _mm256_sign_epi8(wv[0], wv[0]);
         }
-        (void)rb;
 #pragma GCC unroll 4
         for (int j = 0; j < BB; j++) {
             __m256i t[4];
@@ -512,14 +511,13 @@ static void matmul_q4(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
 }
 
 #define TILE_Q8(RB, BB)                                                                                   \
-    static void tile_q8_0_##RB##x##BB(const uint8_t *w, size_t rb, const uint8_t *act, size_t act_row,     \
-                                      int64_t nb, float *y, int64_t ldy) {                                 \
-        tile_q8(RB, BB, w, rb, act, act_row, nb, y, ldy);                                                  \
+    static void tile_q8_0_##RB##x##BB(const uint8_t *w, const uint8_t *act, size_t act_row, int64_t nb,   \
+                                      float *y, int64_t ldy) {                                             \
+        tile_q8(RB, BB, w, act, act_row, nb, y, ldy);                                                      \
     }
 TILE_Q8(4, 1) TILE_Q8(4, 2) TILE_Q8(1, 1) TILE_Q8(1, 2)
 
-typedef void (*tile_q_fn)(const uint8_t *w, size_t rb, const uint8_t *act, size_t act_row, int64_t nb, float *y,
-                          int64_t ldy);
+typedef void (*tile_q_fn)(const uint8_t *w, const uint8_t *act, size_t act_row, int64_t nb, float *y, int64_t ldy);
 static const tile_q_fn k_tiles_q8[2][2] = {{tile_q8_0_1x1, tile_q8_0_1x2}, {tile_q8_0_4x1, tile_q8_0_4x2}};
 
 /* Rows [row0, row1) (ROW RANGES in kernels.h: row0 a multiple of 8; rows past
@@ -534,8 +532,8 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
         for (int64_t j = 0; j < n_batch;) {
             const int64_t left = n_batch - j;
             const int bb = left >= BBMAX ? BBMAX : (int)left;
-            k_tiles_q8[rb4][bb - 1](w + (size_t)r * row_bytes, row_bytes, act + (size_t)j * act_row, act_row, nb,
-                                    y + j * ldy + r, ldy);
+            k_tiles_q8[rb4][bb - 1](w + (size_t)r * row_bytes, act + (size_t)j * act_row, act_row, nb, y + j * ldy + r,
+                                    ldy);
             j += bb;
         }
         r += rb4 ? R : 1;

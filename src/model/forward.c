@@ -126,24 +126,33 @@ const struct act *fw_own_row(struct worker *w, const float *x, int64_t ncols, co
     return &s->own_in;
 }
 
-const struct act *fw_norm_input(struct worker *w, enum moetax_phase ph, enum moetax_phase next, int layer, float *dst,
-                                const float *src, const float *weight, int64_t ncols) {
+/* This worker's share of rows [t_first, n) of src [n, ncols]: normalised with weight into
+ * dst (may be src) and prepared in the shared slot c->a_in, which describes all n rows. */
+static void norm_rows(struct worker *w, float *dst, const float *src, const float *weight, int64_t ncols,
+                      int64_t t_first) {
     struct moetax_ctx *c = w->c;
-    fw_phase_begin(w, ph, layer);
-    if (c->n == 1) {
-        const struct act *a = fw_own_row(w, src, ncols, weight);
-        fw_mark(w, next);
-        return a;
-    }
     int64_t r0, r1;
-    fw_split(w, c->n, 1, &r0, &r1);
+    fw_split(w, c->n - t_first, 1, &r0, &r1);
+    r0 += t_first;
+    r1 += t_first;
     for (int64_t t = r0; t < r1; t++) c->K->rmsnorm(dst + t * ncols, src + t * ncols, weight, ncols, c->m->hp.rms_eps);
     struct act v = fw_act_view(&c->a_in, dst, ncols, c->n);
     fw_act_publish(w, &c->a_in, &v);
     fw_act_prep(c, &v, r0, r1);
+}
+
+const struct act *fw_norm_input(struct worker *w, enum moetax_phase ph, enum moetax_phase next, int layer, float *dst,
+                                const float *src, const float *weight, int64_t ncols) {
+    fw_phase_begin(w, ph, layer);
+    if (w->c->n == 1) {
+        const struct act *a = fw_own_row(w, src, ncols, weight);
+        fw_mark(w, next);
+        return a;
+    }
+    norm_rows(w, dst, src, weight, ncols, 0);
     fw_phase_end(w);
     fw_phase_begin(w, next, layer);
-    return &c->a_in;
+    return &w->c->a_in;
 }
 
 const struct act *fw_own_eh(struct worker *w, int64_t k) {
@@ -226,16 +235,8 @@ static void dense_ffn(struct worker *w, const struct moetax_layer *l, int il) {
 /* normalise rows of x with `weight` into xn and prepare them in a_in */
 static void norm_prep(struct worker *w, const float *weight, int64_t t_first, enum moetax_phase ph, int layer) {
     struct moetax_ctx *c = w->c;
-    const int64_t d = c->m->hp.n_embd;
-    int64_t r0, r1;
     fw_phase_begin(w, ph, layer);
-    fw_split(w, c->n - t_first, 1, &r0, &r1);
-    r0 += t_first;
-    r1 += t_first;
-    for (int64_t t = r0; t < r1; t++) c->K->rmsnorm(c->xn + t * d, c->x + t * d, weight, d, c->m->hp.rms_eps);
-    struct act ai = fw_act_view(&c->a_in, c->xn, d, c->n);
-    fw_act_publish(w, &c->a_in, &ai);
-    fw_act_prep(c, &ai, r0, r1);
+    norm_rows(w, c->xn, c->x, weight, c->m->hp.n_embd, t_first);
     fw_phase_end(w);
 }
 

@@ -194,22 +194,23 @@ static void predict_next(struct moetax_ctx *c, int il) {
     c->pred_ok[il + 1] = true;
 }
 
-/* Worker 0, once the layer's tokens are routed (c->sel / selw) and planned (pl): the
- * routing record, the next layer's prediction, and the expert store's reads for this
- * layer's experts and the predicted ones. */
-static void after_routing(struct worker *w, int il, bool make_plan) {
+/* Worker 0, once the layer's tokens are routed (c->sel / selw): the routing record and
+ * the next layer's prediction (for the record and the store). */
+static void record_and_predict(struct moetax_ctx *c, int il) {
+    const int64_t slots = (int64_t)il * c->n_ubatch * c->n_expert_used;
+    bool routing_rec = moetax_ledger_routing_on(c->ledger);
+    if (routing_rec)
+        moetax_ledger_routing(c->ledger, il, c->n, c->sel + slots, c->selw + slots,
+                              c->pred_ok[il] ? c->pred + slots : NULL);
+    if (routing_rec || (c->store && c->prefetch)) predict_next(c, il);
+}
+
+/* Worker 0, once the layer is planned (pl): the expert store's reads for this layer's
+ * experts and the predicted ones of the next layer. */
+static void issue_reads(struct worker *w, int il, const struct plan *pl) {
     struct moetax_ctx *c = w->c;
     const struct moetax_hparams *hp = &c->m->hp;
     const int64_t E = hp->n_expert, k = c->n_expert_used, n = c->n;
-    const int64_t slots = (int64_t)il * c->n_ubatch * k;
-    bool routing_rec = moetax_ledger_routing_on(c->ledger);
-    if (routing_rec)
-        moetax_ledger_routing(c->ledger, il, n, c->sel + slots, c->selw + slots,
-                              c->pred_ok[il] ? c->pred + slots : NULL);
-    if (routing_rec || (c->store && c->prefetch)) predict_next(c, il);
-    fw_mark(w, MOETAX_PHASE_DISPATCH);
-    const struct plan *pl = make_plan ? &c->plan : &c->scr[w->ith].plan;
-    if (make_plan) plan(c, c->sel + slots, c->selw + slots, &c->plan);
     if (c->store && c->prefetch) {
         /* reads for all of this layer's experts now, in parallel (other items proceed while
          * they load), then the experts the next layer's router predicts from this residual.
@@ -293,7 +294,10 @@ void fw_moe(struct worker *w, int il) {
         if (w->ith == 0) {
             route_tokens(c, s, il, c->sel + slots, c->selw + slots);
             c->hist_n[il] = n;
-            after_routing(w, il, true);
+            record_and_predict(c, il);
+            fw_mark(w, MOETAX_PHASE_DISPATCH);
+            plan(c, c->sel + slots, c->selw + slots, pl);
+            issue_reads(w, il, pl);
         }
         if (Fs) {
             fw_mark(w, MOETAX_PHASE_SHARED);
@@ -316,7 +320,10 @@ void fw_moe(struct worker *w, int il) {
         pl = &s->plan;
         fw_mark(w, MOETAX_PHASE_DISPATCH);
         plan(c, s->sel, s->selw, pl);
-        if (w->ith == 0) after_routing(w, il, false);
+        if (w->ith == 0) {
+            record_and_predict(c, il);
+            issue_reads(w, il, pl);
+        }
     }
 
     /* 3: gather each slot's input row (batches only) */
