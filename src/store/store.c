@@ -781,8 +781,7 @@ void moetax_store_get_stats(const struct moetax_store *cs, struct moetax_store_s
     struct moetax_store *s = (struct moetax_store *)cs; /* the mutex is not part of the value */
     pthread_mutex_lock(&s->mu);
     *out = s->st;
-    uint64_t busy = s->st.io_busy_ns;
-    if (s->io_active > 0) busy += store_now_ns() - s->io_busy_start;
+    uint64_t busy = io_busy_until(s, store_now_ns());
     out->io_busy_ns = busy;
     out->read_gbps = busy ? (double)s->st.bytes_read / (double)busy : 0.0;
     out->direct_io_active = s->direct;
