@@ -130,6 +130,22 @@ def main():
             check(k in x, f"store row has {k}")
     r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "1K"])
     check(r.returncode == 1 and "give at least" in r.stderr, f"tiny budget: {r.stderr}")
+    # a budget run's trace: its own file per budget, the store's reads on I/O worker tracks
+    # (pid 1), its statistics in otherData; the report reads it (and skips the I/O tracks)
+    tr = os.path.join(work, "cli_store_trace.json")
+    r = run([mt, "bench", "-m", model, "-p", "0", "-n", "8", "-r", "1", "--no-mem", "--expert-budget", "40%",
+             "--buffered-io", "--io-threads", "2", "--trace", tr])
+    trb = os.path.join(work, "cli_store_trace.budget-40pct.json")
+    check(r.returncode == 0 and os.path.exists(tr) and os.path.exists(trb), f"bench --expert-budget --trace: {r.stderr}")
+    if os.path.exists(trb):
+        d = json.load(open(trb))
+        reads = [e for e in d["traceEvents"] if e.get("pid") == 1 and e["ph"] == "X"]
+        check(reads and all(e["name"] in ("demand read", "known read", "predicted read") and e["cat"] == "io"
+                            and e["tid"] in (0, 1) and e["args"]["bytes"] > 0 for e in reads), f"I/O spans: {reads[:3]}")
+        st = d["otherData"].get("store", {})
+        check(st.get("loads", 0) >= len(reads) > 0, f"store stats in the trace: {st}")
+        r = run([mt, "report", trb])
+        check(r.returncode == 0 and "2 workers" in r.stdout, f"report of a store trace: {r.stdout[:300]} {r.stderr}")
 
     # quantize f32 -> q4_0, then it runs
     f32 = os.path.join(work, "cli_f32.gguf")

@@ -10,6 +10,7 @@
 #include "moetax/report.h"
 #include "testutil.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -443,16 +444,53 @@ static void test_ledger_roundtrip(void) {
     struct moetax_ledger_meta meta = {.model = "roundtrip", .n_expert = 8, .n_expert_used = 2};
     const char *lj = tu_path("report_rt_ledger.json"), *tj = tu_path("report_rt_trace.json");
     CHECK(moetax_ledger_write_json(l, &meta, lj) == MOETAX_OK);
-    CHECK(moetax_ledger_write_trace(l, tj) == MOETAX_OK);
+    /* with the expert store's reads as a second process's tracks (which the report skips)
+     * and its statistics in otherData (which it reads) */
+    const char *const tracks[2] = {"I/O worker 0", "I/O worker 1"};
+    struct moetax_trace_span io[2] = {{.t0 = 900000, .t1 = 1500000, .track = 0, .name = "demand read", .cat = "io"},
+                                      {.t0 = 1200000, .t1 = 1700000, .track = 1, .name = "predicted read", .cat = "io"}};
+    snprintf(io[0].args, sizeof io[0].args, "\"layer\": 1, \"expert\": 5, \"bytes\": 4096");
+    snprintf(io[1].args, sizeof io[1].args, "\"layer\": 2, \"expert\": 0, \"bytes\": 8192");
+    struct moetax_trace_extra x = {.process = "expert store reads", .track_names = tracks, .n_tracks = 2, .spans = io,
+                                   .n_spans = 2, .other_json = "{\"n_slots\": 7, \"hits\": 30, \"acquires\": 40}"};
+    CHECK(moetax_ledger_write_trace_ex(l, tj, &x) == MOETAX_OK);
     moetax_ledger_free(l);
+    {
+        json_error_t je;
+        json_t *root = json_load_file(tj, 0, &je);
+        CHECK_MSG(root != NULL, "%s: %s", tj, je.text);
+        size_t n_io = 0, n_names = 0;
+        double t_min = 1e300;
+        const json_t *evs = json_object_get(root, "traceEvents"), *e;
+        size_t i;
+        json_array_foreach(evs, i, e) {
+            double ts = json_number_value(json_object_get(e, "ts"));
+            if (json_object_get(e, "ts") && ts < t_min) t_min = ts;
+            if (json_integer_value(json_object_get(e, "pid")) != 1) continue;
+            const char *ph = json_string_value(json_object_get(e, "ph"));
+            if (!strcmp(ph, "M")) n_names++;
+            else {
+                n_io++;
+                CHECK(json_integer_value(json_object_get(json_object_get(e, "args"), "bytes")) % 4096 == 0);
+                /* the earliest span of all (a read before the first worker span) is at 0 */
+                if (json_integer_value(json_object_get(json_object_get(e, "args"), "expert")) == 5)
+                    CHECK(json_number_value(json_object_get(e, "ts")) == 0.0);
+            }
+        }
+        CHECK_EQ_INT(n_io, 2);
+        CHECK_EQ_INT(n_names, 3); /* process and two threads */
+        CHECK(t_min == 0.0);
+        json_decref(root);
+    }
     struct moetax_report *a = NULL, *b = NULL;
     st = moetax_report_load(lj, NULL, &a);
     CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
     st = moetax_report_load(tj, NULL, &b);
     CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
     if (a && b) {
-        CHECK_EQ_INT(b->n_workers, 3);
+        CHECK_EQ_INT(b->n_workers, 3); /* the I/O tracks are not workers */
         CHECK_EQ_INT(b->n_layer, 4);
+        CHECK(b->store && b->store->n_slots == 7 && b->store->hits == 30 && b->store->acquires == 40);
         CHECK_EQ_INT(a->all.steps, b->all.steps);
         CHECK_EQ_INT(a->all.tokens, b->all.tokens);
         CHECK_EQ_INT(a->prefill.steps, 1);

@@ -782,6 +782,64 @@ static void test_faults(uint64_t sb) {
     moetax_store_free(s);
 }
 
+/* The read log (the trace's I/O tracks): one record per expert load, of the kind that
+ * asked for it, in completion order, the newest read_log_cap kept. */
+static void test_read_log(uint64_t sb) {
+    struct moetax_store *s = NULL;
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 4 * sb, .n_io_threads = 2, .read_log_cap = 3},
+                            &s),
+                 MOETAX_OK);
+    if (!s) return;
+    const int32_t known = 1, guess = 2;
+    moetax_store_prefetch(s, 0, &known, 1, false);
+    wait_loads(s, 1);
+    moetax_store_prefetch(s, 1, &guess, 1, true);
+    wait_loads(s, 2);
+    const void *ptrs[4] = {0};
+    for (int i = 0; i < 2; i++) { /* a miss (a demand read), then a hit (no read) */
+        CHECK_EQ_INT(moetax_store_acquire(s, 2, 3, ptrs, NULL), MOETAX_OK);
+        moetax_store_release(s, 2, 3);
+    }
+    struct moetax_store_read r[4];
+    uint64_t dropped = 9;
+    CHECK_EQ_INT(moetax_store_reads(s, NULL, 0, NULL), 3);
+    CHECK_EQ_INT(moetax_store_reads(s, r, 4, &dropped), 3);
+    CHECK_EQ_INT(dropped, 0);
+    const int want[3][3] = {{0, 1, MOETAX_STORE_READ_KNOWN}, {1, 2, MOETAX_STORE_READ_PREDICTED}, {2, 3, MOETAX_STORE_READ_DEMAND}};
+    struct moetax_store_stats st;
+    moetax_store_get_stats(s, &st);
+    uint64_t bytes = 0;
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(r[i].layer, want[i][0]);
+        CHECK_EQ_INT(r[i].expert, want[i][1]);
+        CHECK_EQ_INT(r[i].kind, want[i][2]);
+        CHECK(r[i].ok);
+        CHECK(r[i].io_thread >= 0 && r[i].io_thread < 2);
+        CHECK(r[i].queued_ns <= r[i].start_ns && r[i].start_ns <= r[i].end_ns);
+        CHECK(r[i].bytes >= g_reg[r[i].layer][r[i].expert].size[0]);
+        if (i) CHECK(r[i - 1].end_ns <= r[i].start_ns); /* each waited for before the next */
+        bytes += r[i].bytes;
+    }
+    CHECK_EQ_INT(bytes, st.bytes_read);
+    CHECK(!strcmp(moetax_store_read_kind_name(MOETAX_STORE_READ_PREDICTED), "predicted"));
+    /* one more read: the oldest record goes */
+    CHECK_EQ_INT(moetax_store_acquire(s, 2, 4, ptrs, NULL), MOETAX_OK);
+    moetax_store_release(s, 2, 4);
+    CHECK_EQ_INT(moetax_store_reads(s, r, 4, &dropped), 3);
+    CHECK_EQ_INT(dropped, 1);
+    CHECK_EQ_INT(r[0].expert, 2);
+    CHECK_EQ_INT(r[2].layer, 2);
+    CHECK_EQ_INT(r[2].expert, 4);
+    moetax_store_free(s);
+    /* off by default */
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 2 * sb}, &s), MOETAX_OK);
+    if (!s) return;
+    CHECK_EQ_INT(moetax_store_acquire(s, 0, 0, ptrs, NULL), MOETAX_OK);
+    moetax_store_release(s, 0, 0);
+    CHECK_EQ_INT(moetax_store_reads(s, r, 4, &dropped), 0);
+    moetax_store_free(s);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     make_file();
@@ -791,6 +849,7 @@ int main(int argc, char **argv) {
     test_next_use(sb);
     test_belady();
     test_prefetch(sb);
+    test_read_log(sb);
     test_faults(sb);
     test_bytes(sb, 300);
     unlink(g_path);

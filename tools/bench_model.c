@@ -8,6 +8,7 @@
  * With --twin DENSE.gguf the dense twin runs the same tests in the same session
  * and the MoE-minus-dense time per decoded token is printed beside the
  * ledger's tax per token. */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +45,8 @@ static void usage(FILE *f) {
                "                 store's read GB/s against the device's random reads of the same size and queue\n"
                "                 depth (moetax bench io, measured right after that budget's run), and time per\n"
                "                 token against the ideal max(mapped time, bytes read / device GB/s); the store\n"
-               "                 options below (--policy, --no-prefetch, --io-threads, ...) apply to every budget\n"
+               "                 options below (--policy, --no-prefetch, --io-threads, ...) apply to every budget;\n"
+               "                 --ledger / --trace FILE also write one file per budget, FILE.budget-50pct.json\n"
                "%s%s"
                "Weights are faulted in before timing (page faults are not part of a step). In decode tests\n"
                "the ledger is on for every other token; ledger_overhead = median token time with it on /\n"
@@ -122,7 +124,9 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             goto done;
         }
         int ub = 64;
-        if ((st = cli_store_open(m, &o->so, budget, &ub, &store))) goto done;
+        struct cli_store_opts so = o->so;
+        if (write_outputs && o->lo.trace_path) so.read_log_cap = (int64_t)1 << 18; /* the trace's I/O tracks */
+        if ((st = cli_store_open(m, &so, budget, &ub, &store))) goto done;
         cp.store = store;
         cp.n_ubatch = ub;
         cp.no_prefetch = o->so.no_prefetch;
@@ -274,6 +278,21 @@ done:
     return st;
 }
 
+/* path with ".budget-B" before its extension, B the budget with '%' spelled "pct" */
+static const char *budget_path(char *buf, size_t cap, const char *path, const char *budget) {
+    char b[64];
+    size_t k = 0;
+    for (const char *c = budget; *c && k + 4 < sizeof b; c++) {
+        if (*c == '%') k += (size_t)snprintf(b + k, sizeof b - k, "pct");
+        else if (isalnum((unsigned char)*c) || *c == '.') b[k++] = *c;
+    }
+    b[k] = 0;
+    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+    if (!dot || (slash && dot < slash)) dot = path + strlen(path);
+    snprintf(buf, cap, "%.*s.budget-%s%s", (int)(dot - path), path, b, dot);
+    return buf;
+}
+
 int bench_model_main(int argc, char **argv) {
     const char *model = NULL, *twin = NULL;
     struct opts o = {.pp = {64}, .tg = {32}, .npp = 1, .ntg = 1, .reps = 5, .mem = true};
@@ -324,7 +343,7 @@ int bench_model_main(int argc, char **argv) {
         double read_gbps = 0;
         if (o.mem) st = moetax_membw_read(pool, (size_t)512 << 20, 5, &read_gbps);
         struct result moe[2][16] = {{{0}}}, dense[2][16] = {{{0}}};
-        if (!st) st = bench_model(model, pool, read_gbps, &o, ti == nth - 1 && !o.so.budgets, moe);
+        if (!st) st = bench_model(model, pool, read_gbps, &o, ti == nth - 1, moe);
         /* the same tests with routed experts behind the expert store, one run per budget */
         if (!st && o.so.budgets) {
             double io_ref = 0;
@@ -336,7 +355,11 @@ int bench_model_main(int argc, char **argv) {
                 ob.budget = tok;
                 ob.npp = 0; /* decode only: the store's figures are per decoded token */
                 struct result br[2][16] = {{{0}}};
-                st = bench_model(model, pool, read_gbps, &ob, false, br);
+                /* --ledger / --trace: each budget's run to its own file, FILE.budget-50pct.json etc. */
+                char lpath[1024], tpath[1024];
+                ob.lo.json_path = o.lo.json_path ? budget_path(lpath, sizeof lpath, o.lo.json_path, tok) : NULL;
+                ob.lo.trace_path = o.lo.trace_path ? budget_path(tpath, sizeof tpath, o.lo.trace_path, tok) : NULL;
+                st = bench_model(model, pool, read_gbps, &ob, ti == nth - 1 && (ob.lo.json_path || ob.lo.trace_path), br);
                 if (st) break;
                 {
                     /* the device's random read bandwidth for the store's request size (one span of an

@@ -76,7 +76,7 @@ bool cli_store_parse_budget(const char *s, uint64_t expert_bytes, uint64_t *out)
 moetax_status cli_store_open(const struct moetax_model *m, const struct cli_store_opts *o, uint64_t budget,
                              int *n_ubatch, struct moetax_store **out) {
     struct moetax_store_params p = {.budget_bytes = budget, .policy = cli_store_policy(o), .buffered_io = o->buffered,
-                                    .n_io_threads = o->io_threads};
+                                    .n_io_threads = o->io_threads, .read_log_cap = o->read_log_cap};
     return moetax_model_store_open(m, &p, *n_ubatch, o->n_expert_used, out, n_ubatch);
 }
 

@@ -18,6 +18,7 @@ struct cli_store_opts {
     bool no_prefetch;
     bool buffered;
     int io_threads;
+    int64_t read_log_cap;  /* reads kept for the trace's I/O tracks (set with --trace); 0: none */
 };
 
 bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool *err);

@@ -133,6 +133,27 @@ struct moetax_ledger_meta {
 moetax_status moetax_ledger_write_json(const struct moetax_ledger *l, const struct moetax_ledger_meta *meta,
                                        const char *path);
 moetax_status moetax_ledger_write_trace(const struct moetax_ledger *l, const char *path);
+/* Tracks beside the workers', e.g. the expert store's reads: spans of a second process
+ * (pid 1, named `process`) on threads named track_names[track]. Times are
+ * CLOCK_MONOTONIC ns like the ledger's; args is written as the members of the span's
+ * "args" object (e.g. "\"layer\": 3, \"expert\": 7"). other_json (optional) is written
+ * into the trace's otherData as "store". */
+struct moetax_trace_span {
+    uint64_t t0, t1;
+    int32_t track;
+    const char *name, *cat;
+    char args[192];
+};
+struct moetax_trace_extra {
+    const char *process;
+    const char *const *track_names;
+    int n_tracks;
+    const struct moetax_trace_span *spans;
+    int64_t n_spans;
+    const char *other_json;
+};
+moetax_status moetax_ledger_write_trace_ex(const struct moetax_ledger *l, const char *path,
+                                           const struct moetax_trace_extra *x);
 /* Prometheus text exposition of the totals. */
 void moetax_ledger_write_prometheus(const struct moetax_ledger *l, FILE *f);
 void moetax_ledger_reset(struct moetax_ledger *l);

@@ -159,6 +159,8 @@ struct moetax_store_params {
                                  (NEXT-USE: 32 * keys) */
     double lfru_halflife;     /* LFRU: H in acquires; 0: 4 * n_layer * min_slots */
     int64_t trace_cap;        /* acquires recorded for Belady; 0: 1<<20; <0: none */
+    int64_t read_log_cap;     /* reads recorded for the timeline (moetax_store_reads), the newest
+                                 kept; 0: none */
     int io_timeout_ms;        /* acquire gives MOETAX_ERR_IO after waiting this long; 0: wait forever */
     const struct moetax_store_vfs *vfs; /* NULL: moetax_store_vfs_default() */
     /* Optional: run by the I/O worker on an expert's ranges once they are read and checked, before
@@ -253,6 +255,27 @@ void moetax_store_get_stats(const struct moetax_store *s, struct moetax_store_st
  * acquire since init, oldest first, up to trace_cap); returns the number
  * recorded (which may exceed cap). Either array may be NULL to ask for n. */
 int64_t moetax_store_trace(const struct moetax_store *s, int32_t *layer, int32_t *expert, int64_t cap);
+
+/* One expert load by an I/O worker (all its spans), for the trace's I/O tracks. */
+enum moetax_store_read_kind {
+    MOETAX_STORE_READ_DEMAND = 0,    /* an acquire missed and waits for it */
+    MOETAX_STORE_READ_KNOWN = 1,     /* prefetch of an expert the routing chose (known demand) */
+    MOETAX_STORE_READ_PREDICTED = 2, /* prefetch of a predicted expert */
+};
+const char *moetax_store_read_kind_name(enum moetax_store_read_kind k); /* "demand", "known", "predicted" */
+struct moetax_store_read {
+    uint64_t queued_ns, start_ns, end_ns; /* CLOCK_MONOTONIC: queued, read begun, resident (or failed) */
+    uint64_t bytes;                       /* read from the file (spans, 4096-aligned) */
+    int32_t layer, expert;
+    int16_t io_thread;                    /* 0 .. n_io_threads - 1 */
+    uint8_t kind;                         /* enum moetax_store_read_kind */
+    bool ok;                              /* false: the load failed (ERROR) */
+};
+/* Copy the kept read records (params.read_log_cap, the newest), oldest first, up to
+ * cap; returns how many are kept (out may be NULL to ask). Records of loads still in
+ * flight are not included. *dropped (optional) gets the older ones not kept. */
+int64_t moetax_store_reads(const struct moetax_store *s, struct moetax_store_read *out, int64_t cap,
+                           uint64_t *dropped);
 
 /* Offline optimal (Belady's MIN) hit rate of a cache of n_slots experts over
  * an access sequence, treating (layer, e) as one key: on a miss with the

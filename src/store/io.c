@@ -103,6 +103,10 @@ struct store_io {
     void *ctx;
     int n_threads;
     pthread_t *threads;
+    struct io_arg {
+        struct store_io *io;
+        int index;
+    } *args; /* [n_threads] */
 };
 
 static void q_unlink(struct store_io *io, int j) {
@@ -128,7 +132,8 @@ static void q_push(struct store_io *io, int j, bool front) {
 }
 
 static void *io_main(void *arg) {
-    struct store_io *io = arg;
+    struct store_io *io = ((struct io_arg *)arg)->io;
+    const int index = ((struct io_arg *)arg)->index;
     pthread_mutex_lock(&io->mu);
     for (;;) {
         while (!io->stop && io->head < 0) pthread_cond_wait(&io->cv, &io->mu);
@@ -136,7 +141,7 @@ static void *io_main(void *arg) {
         int j = io->head;
         q_unlink(io, j);
         pthread_mutex_unlock(&io->mu);
-        io->fn(io->ctx, j);
+        io->fn(io->ctx, j, index);
         pthread_mutex_lock(&io->mu);
     }
     pthread_mutex_unlock(&io->mu);
@@ -149,6 +154,7 @@ static void io_free(struct store_io *io) {
     free(io->prev);
     free(io->queued);
     free(io->threads);
+    free(io->args);
     pthread_cond_destroy(&io->cv);
     pthread_mutex_destroy(&io->mu);
     free(io);
@@ -164,7 +170,8 @@ moetax_status store_io_start(int n_threads, int n_jobs, store_io_fn fn, void *ct
     io->prev = malloc(sizeof(int) * (size_t)n_jobs);
     io->queued = calloc((size_t)n_jobs, sizeof(bool));
     io->threads = calloc((size_t)n_threads, sizeof(pthread_t));
-    if (!io->next || !io->prev || !io->queued || !io->threads) {
+    io->args = calloc((size_t)n_threads, sizeof *io->args);
+    if (!io->next || !io->prev || !io->queued || !io->threads || !io->args) {
         io_free(io);
         return moetax_error(MOETAX_ERR_NOMEM, "expert store: out of memory (I/O queue)");
     }
@@ -173,7 +180,8 @@ moetax_status store_io_start(int n_threads, int n_jobs, store_io_fn fn, void *ct
     io->fn = fn;
     io->ctx = ctx;
     for (int t = 0; t < n_threads; t++) {
-        int rc = pthread_create(&io->threads[t], NULL, io_main, io);
+        io->args[t] = (struct io_arg){io, t};
+        int rc = pthread_create(&io->threads[t], NULL, io_main, &io->args[t]);
         if (rc != 0) {
             io->n_threads = t;
             store_io_stop(io);

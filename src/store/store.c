@@ -41,6 +41,8 @@ struct slot {
     int32_t key;       /* -1: none */
     uint8_t state;
     bool pf, pf_pred;  /* loaded by a (predicted) prefetch and not acquired since */
+    uint8_t kind;      /* of the load in progress or last done (enum moetax_store_read_kind) */
+    uint64_t queued_ns; /* when that load was queued */
     int32_t pins;
     uint64_t last_use; /* tick of the last acquire or of the prefetch that loaded it */
     uint64_t seq;      /* load generation */
@@ -88,9 +90,20 @@ struct moetax_store {
     double cyc_util;
     struct moetax_store_stats st;
 
+    struct moetax_store_read *rlog; /* ring of read_log_cap records; rlog_n written in all */
+    uint64_t rlog_n;
     int32_t *trace; /* pairs (layer, expert) */
     int64_t trace_n, trace_alloc, trace_max;
 };
+
+const char *moetax_store_read_kind_name(enum moetax_store_read_kind k) {
+    switch (k) {
+    case MOETAX_STORE_READ_DEMAND: return "demand";
+    case MOETAX_STORE_READ_KNOWN: return "known";
+    case MOETAX_STORE_READ_PREDICTED: return "predicted";
+    }
+    return "?";
+}
 
 const char *moetax_store_policy_name(enum moetax_store_policy p) {
     switch (p) {
@@ -181,6 +194,7 @@ moetax_status moetax_store_init(const struct moetax_store_params *p, int n_layer
                                                          : 8 * (int64_t)s->n_keys;
     s->lfru_h = p->lfru_halflife > 0 ? p->lfru_halflife : 4.0 * n_layer * s->p.min_slots;
     s->trace_max = p->trace_cap == 0 ? (int64_t)1 << 20 : (p->trace_cap < 0 ? 0 : p->trace_cap);
+    if (p->read_log_cap < 0) s->p.read_log_cap = 0;
     pthread_mutex_init(&s->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -196,7 +210,9 @@ moetax_status moetax_store_init(const struct moetax_store_params *p, int n_layer
     s->passes = calloc((size_t)n_layer, sizeof *s->passes);
     s->pass_w = calloc((size_t)n_layer, sizeof *s->pass_w);
     s->lrank = calloc((size_t)n_layer, sizeof *s->lrank);
-    if (!s->path || !s->ex || !s->lheld || !s->passes || !s->pass_w || !s->lrank) {
+    if (s->p.read_log_cap > 0) s->rlog = calloc((size_t)s->p.read_log_cap, sizeof *s->rlog);
+    if (!s->path || !s->ex || !s->lheld || !s->passes || !s->pass_w || !s->lrank ||
+        (s->p.read_log_cap > 0 && !s->rlog)) {
         moetax_store_free(s);
         return moetax_error(MOETAX_ERR_NOMEM, "expert store: out of memory");
     }
@@ -228,6 +244,7 @@ void moetax_store_free(struct moetax_store *s) {
     free(s->pass_w);
     free(s->lrank);
     free(s->trace);
+    free(s->rlog);
     free(s->path);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
@@ -319,7 +336,7 @@ uint64_t moetax_store_min_budget(const struct moetax_store *s, int min_slots) {
 
 int moetax_store_n_slots(const struct moetax_store *s) { return s->committed ? s->n_slots : 0; }
 
-static void io_job(void *ctx, int job);
+static void io_job(void *ctx, int job, int worker);
 
 moetax_status moetax_store_commit(struct moetax_store *s) {
     if (s->committed) return moetax_error(MOETAX_ERR_ARG, "expert store: committed twice");
@@ -373,13 +390,14 @@ moetax_status moetax_store_commit(struct moetax_store *s) {
 
 /* ---- I/O job: read one expert into its slot ------------------------------------ */
 
-static void io_job(void *ctx, int job) {
+static void io_job(void *ctx, int job, int worker) {
     struct moetax_store *s = ctx;
     struct slot *sl = &s->slots[job];
     pthread_mutex_lock(&s->mu);
     int key = sl->key; /* fixed while LOADING */
     MOETAX_ASSERT(sl->state == SLOT_LOADING && key >= 0);
-    if (s->io_active++ == 0) s->io_busy_start = store_now_ns();
+    const uint64_t t_start = store_now_ns();
+    if (s->io_active++ == 0) s->io_busy_start = t_start;
     pthread_mutex_unlock(&s->mu);
 
     const struct expert *x = &s->ex[key];
@@ -431,6 +449,10 @@ static void io_job(void *ctx, int job) {
     }
 
     pthread_mutex_lock(&s->mu);
+    if (s->rlog) /* kind: a queued prefetch an acquire then waited for still reads as a prefetch */
+        s->rlog[s->rlog_n++ % (uint64_t)s->p.read_log_cap] = (struct moetax_store_read){
+            .queued_ns = sl->queued_ns, .start_ns = t_start, .end_ns = store_now_ns(), .bytes = bytes,
+            .layer = layer, .expert = e, .io_thread = (int16_t)worker, .kind = sl->kind, .ok = ok};
     s->st.bytes_read += bytes;
     s->st.reads += reads;
     s->st.read_ns += rns;
@@ -591,6 +613,8 @@ static void start_load(struct moetax_store *s, int i, int key, bool demand) {
     sl->state = SLOT_LOADING;
     sl->seq++;
     sl->last_use = s->now;
+    sl->kind = demand ? MOETAX_STORE_READ_DEMAND : sl->pf_pred ? MOETAX_STORE_READ_PREDICTED : MOETAX_STORE_READ_KNOWN;
+    sl->queued_ns = store_now_ns();
     s->ex[key].slot = i;
     s->pending++;
     store_io_push(s->io, i, demand);
@@ -805,4 +829,17 @@ int64_t moetax_store_trace(const struct moetax_store *cs, int32_t *layer, int32_
         }
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+int64_t moetax_store_reads(const struct moetax_store *cs, struct moetax_store_read *out, int64_t cap,
+                           uint64_t *dropped) {
+    struct moetax_store *s = (struct moetax_store *)cs;
+    pthread_mutex_lock(&s->mu);
+    const uint64_t keep = s->p.read_log_cap > 0 ? (uint64_t)s->p.read_log_cap : 0;
+    const uint64_t n = s->rlog_n < keep ? s->rlog_n : keep, first = s->rlog_n - n;
+    if (out)
+        for (uint64_t i = 0; i < n && (int64_t)i < cap; i++) out[i] = s->rlog[(first + i) % keep];
+    if (dropped) *dropped = first;
+    pthread_mutex_unlock(&s->mu);
+    return (int64_t)n;
 }

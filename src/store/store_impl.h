@@ -10,11 +10,11 @@
 #include "moetax/store.h"
 
 /* Background I/O workers (Redis bio.c): dedicated pthreads that run
- * fn(ctx, job) for jobs taken from one queue. Jobs are small integers in
+ * fn(ctx, job, worker) (worker: 0..n_threads-1, the thread running it) for jobs taken from one queue. Jobs are small integers in
  * [0, n_jobs) (the store's slot indices); a job is in the queue at most once.
  * fn runs without any queue lock held; completion is the caller's business
  * (the store marks the slot READY/ERROR and broadcasts its own condvar). */
-typedef void (*store_io_fn)(void *ctx, int job);
+typedef void (*store_io_fn)(void *ctx, int job, int worker);
 struct store_io;
 
 moetax_status store_io_start(int n_threads, int n_jobs, store_io_fn fn, void *ctx, struct store_io **out);

@@ -436,6 +436,11 @@ moetax_status moetax_ledger_write_json(const struct moetax_ledger *l, const stru
 }
 
 moetax_status moetax_ledger_write_trace(const struct moetax_ledger *l, const char *path) {
+    return moetax_ledger_write_trace_ex(l, path, NULL);
+}
+
+moetax_status moetax_ledger_write_trace_ex(const struct moetax_ledger *l, const char *path,
+                                           const struct moetax_trace_extra *x) {
     if (!l->spans) return moetax_error(MOETAX_ERR_ARG, "the ledger was created without a trace buffer");
     FILE *f = fopen(path, "w");
     if (!f) return moetax_error(MOETAX_ERR_IO, "%s: cannot write the trace: %s", path, strerror(errno));
@@ -456,8 +461,12 @@ moetax_status moetax_ledger_write_trace(const struct moetax_ledger *l, const cha
             if (s->t0 < tmin) tmin = s->t0;
         }
     }
-    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"producer\": \"moetax\", \"spans\": %lld, \"dropped_spans\": %lld},\n"
-               " \"traceEvents\": [\n", (long long)total, (long long)dropped);
+    const int64_t nx = x && x->spans ? x->n_spans : 0;
+    for (int64_t i = 0; i < nx; i++)
+        if (x->spans[i].t0 < tmin) tmin = x->spans[i].t0;
+    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"producer\": \"moetax\", \"spans\": %lld, \"dropped_spans\": %lld%s%s},\n"
+               " \"traceEvents\": [\n", (long long)total, (long long)dropped, x && x->other_json ? ", \"store\": " : "",
+            x && x->other_json ? x->other_json : "");
     fprintf(f, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": 0, \"args\": {\"name\": \"moetax\"}}");
     for (int w = 0; w < W; w++)
         fprintf(f, ",\n  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": \"worker %d\"}}", w, w);
@@ -472,6 +481,20 @@ moetax_status moetax_ledger_write_trace(const struct moetax_ledger *l, const cha
                     1e-3 * (double)(s->t0 - tmin), 1e-3 * (double)(s->t1 - s->t0), s->worker, s->layer, s->step,
                     s->tokens);
         }
+    }
+    if (x && x->n_tracks > 0) {
+        fprintf(f, ",\n  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 0, \"args\": {\"name\": \"%s\"}}",
+                x->process ? x->process : "tracks");
+        for (int t = 0; t < x->n_tracks; t++)
+            fprintf(f, ",\n  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
+                    t, x->track_names[t]);
+    }
+    for (int64_t i = 0; i < nx; i++) {
+        const struct moetax_trace_span *s = &x->spans[i];
+        fprintf(f, ",\n  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 1, "
+                   "\"tid\": %d, \"args\": {%s}}",
+                s->name, s->cat, 1e-3 * (double)(s->t0 - tmin), 1e-3 * (double)(s->t1 > s->t0 ? s->t1 - s->t0 : 0), s->track,
+                s->args);
     }
     fputs("\n ]}\n", f);
     if (ferror(f) | fclose(f)) return moetax_error(MOETAX_ERR_IO, "%s: write failed", path);

@@ -670,6 +670,8 @@ static moetax_status parse_trace(struct moetax_report *r, const char *name, cons
         if (!json_is_object(e)) { st = fmt_err(name, where, "expected an object"); goto fail; }
         const char *ph = json_string_value(json_object_get(e, "ph"));
         const char *nm = json_string_value(json_object_get(e, "name"));
+        const json_t *pid = json_object_get(e, "pid");
+        if (json_is_integer(pid) && json_integer_value(pid) != 0) continue; /* other tracks: the store's reads */
         snprintf(w, sizeof w, "%s.ph", where);
         if (!ph) { st = fmt_err(name, w, "missing (expected a string such as \"X\")"); goto fail; }
         if (!strcmp(ph, "M")) {
@@ -715,6 +717,7 @@ static moetax_status parse_trace(struct moetax_report *r, const char *name, cons
     if (json_is_object(od) && json_object_get(od, "dropped_spans") &&
         (st = key_int(name, "otherData", od, "dropped_spans", 0, INT64_MAX, &r->dropped_spans)))
         goto fail;
+    if (json_is_object(od) && (st = parse_store(r, name, json_object_get(od, "store")))) goto fail;
     r->n_workers = (int)(max_tid + 1);
     r->n_layer = (int)(max_layer + 1);
     snprintf(r->model, sizeof r->model, "%s", "");
