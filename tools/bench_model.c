@@ -150,6 +150,10 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             int ntoff = 0;
             for (int64_t r = -1; r < o->reps && !st; r++) {
                 double bw = 0;
+                /* each repetition its own tokens: the same ones again would find the expert
+                 * store holding exactly what they route to (the repetition before loaded it) */
+                for (int64_t i = 0; i < max_tok; i++)
+                    toks[i] = (int32_t)((i * 7919 + 13 + (r + 1) * 104729) % m->hp.n_vocab);
                 if (probe && kind == 1 && r >= 0) moetax_membw_probe_pass(probe, &bw);
                 moetax_ledger_enable(led, true);
                 moetax_ctx_reset(c);
