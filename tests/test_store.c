@@ -446,6 +446,21 @@ static int brute_hits(const int *seq, int n, int i, int *cache, int nc, int cap)
 }
 
 static void test_belady(void) {
+    /* expert uses: the first access of each expert per run of one layer */
+    int32_t ul[11] = {0, 0, 0, 0, 1, 1, 1, 0, 0, 2, 2}, ue[11] = {3, 5, 3, 5, 3, 3, 4, 3, 3, 3, 3};
+    CHECK_EQ_INT(moetax_store_trace_uses(ul, ue, 11), 6);
+    const int32_t wl[6] = {0, 0, 1, 1, 0, 2}, we[6] = {3, 5, 3, 4, 3, 3};
+    for (int i = 0; i < 6; i++) CHECK(ul[i] == wl[i] && ue[i] == we[i]);
+    CHECK_EQ_INT(moetax_store_trace_uses(ul, ue, 0), 0);
+    /* the best static cache: keys 0 (x4), 1 (x3), 2 (x1); 1 slot holds key 0: 3 hits of 8;
+     * 2 slots 0 and 1: 5 (Belady with 2 slots gets 4: it has to admit key 2) */
+    const int32_t sl0[8] = {0}, se[8] = {0, 1, 0, 1, 2, 0, 1, 0};
+    CHECK(moetax_store_static_hit_rate(sl0, se, 8, 1) == 3.0 / 8.0);
+    CHECK(moetax_store_static_hit_rate(sl0, se, 8, 2) == 5.0 / 8.0);
+    CHECK(moetax_store_static_hit_rate(sl0, se, 8, 9) == 5.0 / 8.0);
+    CHECK(moetax_store_static_hit_rate(sl0, se, 0, 1) == 0.0);
+    CHECK(moetax_store_static_hit_rate(sl0, se, 8, 0) == -1.0);
+    CHECK(moetax_store_belady_hit_rate(sl0, se, 8, 2) == 4.0 / 8.0);
     /* Silberschatz's reference string: OPT with 3 frames has 9 faults in 20. */
     const int32_t ref[20] = {7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1};
     int32_t zero[20] = {0};

@@ -82,6 +82,8 @@ struct result {
     double phase_us[MOETAX_PHASE_COUNT];                         /* ledger us per token by phase */
     /* with an expert store (decode tests) */
     double hit_rate, belady, precision, recall, read_mib_per_token, store_gbps, rss_mib, budget_mib;
+    double use_hit, belady_use; /* per expert use (one per layer pass): share needing no read; < 0: unknown */
+    double static_use;          /* the best static set of experts on the use trace (see store.h) */
     uint64_t req_bytes; /* mean bytes per read request of the store */
     bool has_store;
 };
@@ -214,6 +216,19 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 if (tl && te) {
                     ntrace = moetax_store_trace(store, tl, te, ntrace);
                     rr->belady = moetax_store_belady_hit_rate(tl, te, ntrace, moetax_store_n_slots(store));
+                    /* per expert use: an expert is acquired once per work item, so most acquires of a
+                     * pass hit whatever the policy; a use needs a read (any load: demand, known or
+                     * predicted, used or not) or not, against Belady on the trace of uses */
+                    int64_t nu = moetax_store_trace_uses(tl, te, ntrace);
+                    rr->use_hit = rr->belady_use = rr->static_use = -1;
+                    if (nu > 0 && (uint64_t)ntrace == ss1.acquires) { /* the whole trace was kept */
+                        rr->use_hit = 1.0 - (double)ss1.loads / (double)nu;
+                        rr->belady_use = moetax_store_belady_hit_rate(tl, te, nu, moetax_store_n_slots(store));
+                        /* the static set leaves room for the experts one layer pins (every worker's k) */
+                        const int64_t k_used = o->experts_used ? o->experts_used : m->hp.n_expert_used;
+                        int64_t held = moetax_store_n_slots(store) - (int64_t)threads * k_used;
+                        rr->static_use = moetax_store_static_hit_rate(tl, te, nu, held > 1 ? held : 1);
+                    }
                 }
                 free(tl);
                 free(te);
@@ -237,15 +252,18 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 printf("{\"model\": \"%s\", \"test\": \"%s\", \"threads\": %d, \"expert_budget_mib\": %.1f, \"policy\": \"%s\", "
                        "\"prefetch\": %s, \"tokens_per_s\": %.3f, \"hit_rate\": %.4f, \"belady_hit_rate\": %.4f, "
                        "\"prefetch_precision\": %.4f, \"prefetch_recall\": %.4f, \"read_mib_per_token\": %.3f, "
-                       "\"store_read_gbps\": %.3f, \"tax_share\": %.4f, \"load_us_per_token\": %.1f, \"rss_mib\": %.1f}\n",
+                       "\"store_read_gbps\": %.3f, \"tax_share\": %.4f, \"load_us_per_token\": %.1f, \"rss_mib\": %.1f, "
+                       "\"use_hit_rate\": %.4f, \"belady_use_hit_rate\": %.4f, \"static_use_hit_rate\": %.4f}\n",
                        base, test, threads, rr->budget_mib, moetax_store_policy_name(cli_store_policy(&o->so)),
                        o->so.no_prefetch ? "false" : "true", rr->tps, rr->hit_rate, rr->belady, rr->precision, rr->recall,
-                       rr->read_mib_per_token, rr->store_gbps, rr->tax_share, rr->phase_us[MOETAX_PHASE_LOAD], rr->rss_mib);
+                       rr->read_mib_per_token, rr->store_gbps, rr->tax_share, rr->phase_us[MOETAX_PHASE_LOAD], rr->rss_mib,
+                       rr->use_hit, rr->belady_use, rr->static_use);
             else if (rr->has_store && kind)
-                printf("| %s | %d | %s | budget %.0f MiB (%s, %s) | %.2f t/s | hit %.1f%% (Belady %.1f%%) | prefetch P %.0f%% R %.0f%% |"
+                printf("| %s | %d | %s | budget %.0f MiB (%s, %s) | %.2f t/s | hit %.1f%% (Belady %.1f%%), per use %.1f%% (Belady %.1f%%, static %.1f%%) | prefetch P %.0f%% R %.0f%% |"
                        " %.2f MiB read/token at %.2f GB/s | tax %.1f%% | RSS %.0f MiB |\n",
                        base, threads, test, rr->budget_mib, moetax_store_policy_name(cli_store_policy(&o->so)),
                        o->so.no_prefetch ? "no prefetch" : "prefetch", rr->tps, 100 * rr->hit_rate, 100 * rr->belady,
+                       100 * rr->use_hit, 100 * rr->belady_use, 100 * rr->static_use,
                        100 * rr->precision, 100 * rr->recall, rr->read_mib_per_token, rr->store_gbps, 100 * rr->tax_share,
                        rr->rss_mib);
             else if (o->json)
@@ -381,16 +399,21 @@ int bench_model_main(int argc, char **argv) {
                         printf("{\"test\": \"store_tg%lld\", \"expert_budget\": \"%s\", \"threads\": %d, \"us_per_token\": %.1f, "
                                "\"mapped_us_per_token\": %.1f, \"io_ref_gbps\": %.3f, \"store_read_gbps\": %.3f, "
                                "\"io_ratio\": %.3f, \"ideal_us_per_token\": %.1f, \"vs_ideal\": %.3f, \"hit_rate\": %.4f, "
-                               "\"belady_hit_rate\": %.4f}\n",
+                               "\"belady_hit_rate\": %.4f, \"use_hit_rate\": %.4f, \"belady_use_hit_rate\": %.4f, "
+                               "\"static_use_hit_rate\": %.4f}\n",
                                (long long)o.tg[i], tok, moetax_pool_n_threads(pool), t_b, t_res, io_ref, b->store_gbps,
-                               io_ref > 0 ? b->store_gbps / io_ref : 0, ideal, t_b / ideal, b->hit_rate, b->belady);
+                               io_ref > 0 ? b->store_gbps / io_ref : 0, ideal, t_b / ideal, b->hit_rate, b->belady,
+                               b->use_hit, b->belady_use, b->static_use);
                     else
                         printf("|   | %.0f us/token (mapped %.0f); reads at %.2f GB/s = %.0f%% of the device's %.2f GB/s "
                                "(random %.0f KiB, qd %d); ideal max(mapped, read time) %.0f us: %.2fx of ideal; "
-                               "hit rate %.0f%% = %.0f%% of Belady |\n",
+                               "hit rate %.0f%% = %.0f%% of Belady; per expert use %.0f%% = %.0f%% of Belady's %.0f%%, %.0f%% of the best static set's %.0f%% |\n",
                                t_b, t_res, b->store_gbps, io_ref > 0 ? 100 * b->store_gbps / io_ref : 0, io_ref,
                                (double)(b->req_bytes ? b->req_bytes : (1u << 18)) / 1024, o.so.io_threads ? o.so.io_threads : 4,
-                               ideal, t_b / ideal, 100 * b->hit_rate, b->belady > 0 ? 100 * b->hit_rate / b->belady : 0);
+                               ideal, t_b / ideal, 100 * b->hit_rate, b->belady > 0 ? 100 * b->hit_rate / b->belady : 0,
+                               100 * b->use_hit, b->belady_use > 0 ? 100 * b->use_hit / b->belady_use : 0,
+                               100 * b->belady_use, b->static_use > 0 ? 100 * b->use_hit / b->static_use : 0,
+                               100 * b->static_use);
                 }
                 nb++;
             }

@@ -277,12 +277,29 @@ struct moetax_store_read {
 int64_t moetax_store_reads(const struct moetax_store *s, struct moetax_store_read *out, int64_t cap,
                            uint64_t *dropped);
 
+/* Compact an access trace in place to expert uses: within each run of consecutive
+ * entries of the same layer (a pass over that layer), only the first access of each
+ * expert is kept (the engine acquires an expert once per work item, several times per
+ * pass). Returns the new length. A cache's hit rate per use is the share of uses that
+ * needed no read; on this trace Belady's is the ceiling for it. */
+int64_t moetax_store_trace_uses(int32_t *layer, int32_t *expert, int64_t n);
+
 /* Offline optimal (Belady's MIN) hit rate of a cache of n_slots experts over
  * an access sequence, treating (layer, e) as one key: on a miss with the
  * cache full, evict the key whose next use is farthest (the missing expert
  * must be admitted: it is computed with). Returns hits / n, 0 for n == 0,
  * -1 on invalid input (negative ids, n_slots < 1) or out of memory. */
 double moetax_store_belady_hit_rate(const int32_t *layer, const int32_t *expert, int64_t n, int64_t n_slots);
+
+/* The best static cache over the same trace: the n_slots keys used most often held
+ * from their first use on (the other keys always miss and are not admitted). Under
+ * independent routing (each token's experts drawn afresh) no online policy does better
+ * in expectation, while Belady's, knowing the future, does; so it says what an eviction
+ * policy can reach on such a trace. The engine has to admit every expert it computes
+ * with: compare a store of S slots with n_slots = S minus the experts a layer pins.
+ * Returns hits / n (a key's first use is a miss), 0 for n == 0, -1 on invalid input or
+ * out of memory. */
+double moetax_store_static_hit_rate(const int32_t *layer, const int32_t *expert, int64_t n, int64_t n_slots);
 
 #ifdef __cplusplus
 }

@@ -123,3 +123,51 @@ out:
     free(cached);
     return rate;
 }
+
+int64_t moetax_store_trace_uses(int32_t *layer, int32_t *expert, int64_t n) {
+    int64_t out = 0, run0 = 0; /* kept entries of the current run: [run0, out) */
+    for (int64_t i = 0; i < n; i++) {
+        if (out > run0 && layer[i] != layer[out - 1]) run0 = out; /* a new pass */
+        bool seen = false;
+        for (int64_t j = run0; j < out && !seen; j++) seen = expert[j] == expert[i];
+        if (seen) continue;
+        layer[out] = layer[i];
+        expert[out] = expert[i];
+        out++;
+    }
+    return out;
+}
+
+static int cnt_desc(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? 1 : (x > y ? -1 : 0);
+}
+
+double moetax_store_static_hit_rate(const int32_t *layer, const int32_t *expert, int64_t n, int64_t n_slots) {
+    if (n < 0 || n_slots < 1) return -1.0;
+    if (n == 0) return 0.0;
+    if (!layer || !expert) return -1.0;
+    struct kv *kv = malloc(sizeof *kv * (size_t)n);
+    int64_t *cnt = malloc(sizeof *cnt * (size_t)n);
+    double rate = -1.0;
+    if (!kv || !cnt) goto out;
+    for (int64_t i = 0; i < n; i++) {
+        if (layer[i] < 0 || expert[i] < 0) goto out;
+        kv[i].key = ((uint64_t)(uint32_t)layer[i] << 32) | (uint32_t)expert[i];
+        kv[i].idx = i;
+    }
+    qsort(kv, (size_t)n, sizeof *kv, kv_cmp);
+    int64_t nk = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (i == 0 || kv[i].key != kv[i - 1].key) cnt[nk++] = 0;
+        cnt[nk - 1]++;
+    }
+    qsort(cnt, (size_t)nk, sizeof *cnt, cnt_desc);
+    int64_t hits = 0;
+    for (int64_t k = 0; k < nk && k < n_slots; k++) hits += cnt[k] - 1;
+    rate = (double)hits / (double)n;
+out:
+    free(kv);
+    free(cnt);
+    return rate;
+}
