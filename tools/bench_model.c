@@ -381,6 +381,7 @@ int bench_model_main(int argc, char **argv) {
                 char lpath[1024], tpath[1024];
                 ob.lo.json_path = o.lo.json_path ? budget_path(lpath, sizeof lpath, o.lo.json_path, tok) : NULL;
                 ob.lo.trace_path = o.lo.trace_path ? budget_path(tpath, sizeof tpath, o.lo.trace_path, tok) : NULL;
+                ob.lo.metrics = false; /* printed once, for the mapped run */
                 st = bench_model(model, pool, read_gbps, &ob, ti == nth - 1 && (ob.lo.json_path || ob.lo.trace_path), br);
                 if (st) break;
                 {

@@ -23,7 +23,10 @@
  *   overhead: ~0.5 KiB per slot (mostly room for an error message), ~200 B
  *   per expert key, 8 B per traced acquire (trace_cap, default 1M acquires =
  *   8 MiB, grown on demand), and the I/O threads' stacks (touched: a few KiB).
- *   For 64 experts x 26 layers that is under 0.5 MiB besides the trace.
+ *   For 64 experts x 26 layers that is under 0.5 MiB besides the trace. The
+ *   optional read log (read_log_cap, for the timeline; the CLI keeps 256 Ki
+ *   reads with --trace) takes sizeof(struct moetax_store_read) = 48 B a read,
+ *   allocated at init.
  *
  *   Slot states: EMPTY -> LOADING -> READY | ERROR. A LOADING slot belongs to
  *   the I/O worker that reads it (no one else touches its bytes); completion
