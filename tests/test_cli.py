@@ -146,6 +146,12 @@ def main():
         check(st.get("loads", 0) >= len(reads) > 0, f"store stats in the trace: {st}")
         r = run([mt, "report", trb])
         check(r.returncode == 0 and "2 workers" in r.stdout, f"report of a store trace: {r.stdout[:300]} {r.stderr}")
+        r = run([mt, "report", trb, "--json"])
+        io = json.loads(r.stdout).get("io") if r.returncode == 0 else None
+        check(io and io["demand_reads"] + io["known_reads"] + io["predicted_reads"] > 0
+              and 0 < io["busy_share"] <= 1 and 0 <= io["stall_share"] <= 1, f"report --json io: {io} {r.stderr}")
+        r = run([mt, "report", tr, "--json"])  # the mapped run's trace: no I/O tracks
+        check(r.returncode == 0 and json.loads(r.stdout).get("io") is None, f"mapped trace has no io: {r.stderr}")
 
     # quantize f32 -> q4_0, then it runs
     f32 = os.path.join(work, "cli_f32.gguf")

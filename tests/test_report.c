@@ -491,6 +491,16 @@ static void test_ledger_roundtrip(void) {
         CHECK_EQ_INT(b->n_workers, 3); /* the I/O tracks are not workers */
         CHECK_EQ_INT(b->n_layer, 4);
         CHECK(b->store && b->store->n_slots == 7 && b->store->hits == 30 && b->store->acquires == 40);
+        /* the two reads on the timeline: 0.6 and 0.5 ms, both running across the first step */
+        CHECK(a->io == NULL && b->io != NULL);
+        if (b->io) {
+            CHECK(b->io->reads[0] == 1 && b->io->reads[1] == 0 && b->io->reads[2] == 1);
+            CHECK(b->io->bytes == 12288);
+            CHECK(fabs(b->io->median_read_ms - 0.55) < 1e-9);
+            CHECK(b->io->wall_s > 0 && fabs(b->io->wall_s - b->all.wall_s) < 1e-12);
+            CHECK(b->io->busy_s > 0 && b->io->busy_s <= b->io->wall_s && b->io->inflight_s >= b->io->busy_s);
+            CHECK(b->io->busy_s <= 0.7e-3 + 1e-12); /* the reads' union is 0.8 ms, the steps begin 0.1 ms in */
+        }
         CHECK_EQ_INT(a->all.steps, b->all.steps);
         CHECK_EQ_INT(a->all.tokens, b->all.tokens);
         CHECK_EQ_INT(a->prefill.steps, 1);

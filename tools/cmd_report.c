@@ -65,6 +65,19 @@ static void print_store(FILE *f, const struct moetax_report *r) {
             s->prefetch_dropped);
 }
 
+/* The store's reads against the workers' steps (a trace with I/O tracks). */
+static void print_io(FILE *f, const struct moetax_report *r) {
+    const struct moetax_report_io *o = r->io;
+    if (!o || o->wall_s <= 0) return;
+    fprintf(f, "\nexpert store reads on the timeline (trace): %lld demand, %lld known (the layer's routing), %lld predicted;"
+               " %.1f MiB, median read %.2f ms\n",
+            (long long)o->reads[0], (long long)o->reads[1], (long long)o->reads[2], o->bytes / 1048576.0, o->median_read_ms);
+    fprintf(f, "  during the steps: a read in flight %.0f%% of the time (%.1f on average then), workers stalled in load %.0f%%;\n"
+               "  the disk idled %.0f%% of the steps: the most that earlier reads (prefetch) could fill\n",
+            100 * o->busy_s / o->wall_s, o->busy_s > 0 ? o->inflight_s / o->busy_s : 0, 100 * o->stall_s / o->wall_s,
+            100 * (1 - o->busy_s / o->wall_s));
+}
+
 static void print_routing(FILE *f, const struct moetax_report *r) {
     const struct moetax_report_routing *R = r->routing;
     if (!R) {
@@ -205,6 +218,7 @@ static void print_text(FILE *f, const struct moetax_report *r) {
 
     print_routing(f, r);
     print_store(f, r);
+    print_io(f, r);
 }
 
 /* ---- JSON ------------------------------------------------------------------------- */
@@ -341,6 +355,21 @@ static int print_json(FILE *f, const struct moetax_report *r) {
         json_object_set_new(o, "store", so);
     } else {
         json_object_set_new(o, "store", json_null());
+    }
+    if (r->io) {
+        const struct moetax_report_io *io = r->io;
+        json_t *jo = json_object();
+        json_object_set_new(jo, "demand_reads", json_integer(io->reads[0]));
+        json_object_set_new(jo, "known_reads", json_integer(io->reads[1]));
+        json_object_set_new(jo, "predicted_reads", json_integer(io->reads[2]));
+        json_object_set_new(jo, "bytes", jnum(io->bytes));
+        json_object_set_new(jo, "median_read_ms", jnum(io->median_read_ms));
+        json_object_set_new(jo, "busy_share", jnum(io->wall_s > 0 ? io->busy_s / io->wall_s : 0));
+        json_object_set_new(jo, "mean_in_flight", jnum(io->busy_s > 0 ? io->inflight_s / io->busy_s : 0));
+        json_object_set_new(jo, "stall_share", jnum(io->wall_s > 0 ? io->stall_s / io->wall_s : 0));
+        json_object_set_new(o, "io", jo);
+    } else {
+        json_object_set_new(o, "io", json_null());
     }
     int rc = json_dumpf(o, f, JSON_INDENT(1) | JSON_REAL_PRECISION(10));
     fputc('\n', f);

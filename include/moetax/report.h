@@ -134,6 +134,18 @@ struct moetax_report_store {
     bool direct_io;
 };
 
+/* The expert store's reads on the timeline (a trace's I/O tracks, "cat": "io"), over the
+ * steps' wall time (reads outside the steps' spans are not counted in busy_s). */
+struct moetax_report_io {
+    int64_t reads[3];    /* demand, known, predicted (by span name) */
+    double bytes;        /* args.bytes summed */
+    double busy_s;       /* time in steps with at least one read in flight */
+    double inflight_s;   /* sum of the reads' time in steps: / busy_s = mean reads in flight when busy */
+    double median_read_ms;
+    double stall_s;      /* the steps' `load` time, averaged over workers */
+    double wall_s;       /* the steps' wall time */
+};
+
 struct moetax_report {
     enum moetax_report_source source;
     char path[512];
@@ -148,6 +160,7 @@ struct moetax_report {
     struct moetax_report_timeline timeline;
     struct moetax_report_routing *routing; /* NULL when the file has none */
     struct moetax_report_store *store;     /* NULL when the run had no expert store */
+    struct moetax_report_io *io;           /* trace only; NULL when it has no I/O tracks */
 };
 
 struct moetax_report_params {

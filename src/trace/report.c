@@ -133,6 +133,7 @@ double moetax_report_efficiency(const struct moetax_report_agg *a) { return 100.
 void moetax_report_free(struct moetax_report *r) {
     if (!r) return;
     free(r->store);
+    free(r->io);
     agg_free(&r->all);
     agg_free(&r->prefill);
     agg_free(&r->decode);
@@ -633,6 +634,62 @@ static moetax_status parse_ledger(struct moetax_report *r, const char *name, con
 
 /* ---- trace -------------------------------------------------------------------------- */
 
+struct iov { /* one read of the store's I/O tracks */
+    double ts, dur, bytes; /* us, us, bytes */
+    int kind;              /* 0 demand, 1 known, 2 predicted */
+};
+
+static int iov_cmp(const void *a, const void *b) {
+    const struct iov *x = a, *y = b;
+    return x->ts < y->ts ? -1 : (x->ts > y->ts);
+}
+
+static int dbl_cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : (x > y);
+}
+
+/* The reads against the steps: busy time (a read in flight) and read time inside each step's
+ * [t0, t1] (us), over steps given as sorted, disjoint windows. */
+static moetax_status io_summary(struct moetax_report *r, struct iov *io, size_t nio, const double *win, size_t nwin) {
+    struct moetax_report_io *o = calloc(1, sizeof *o);
+    double *d = malloc(sizeof *d * (nio + 1));
+    if (!o || !d) {
+        free(o);
+        free(d);
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    }
+    qsort(io, nio, sizeof *io, iov_cmp);
+    for (size_t i = 0; i < nio; i++) {
+        o->reads[io[i].kind]++;
+        o->bytes += io[i].bytes;
+        d[i] = io[i].dur;
+    }
+    qsort(d, nio, sizeof *d, dbl_cmp);
+    o->median_read_ms = nio ? 1e-3 * (nio % 2 ? d[nio / 2] : 0.5 * (d[nio / 2 - 1] + d[nio / 2])) : 0;
+    free(d);
+    size_t j0 = 0; /* reads before window w's start that end before it are done with */
+    for (size_t w = 0; w < nwin; w++) {
+        const double a = win[2 * w], b = win[2 * w + 1];
+        double cur0 = 0, cur1 = -1; /* the busy interval being merged */
+        while (j0 < nio && io[j0].ts + io[j0].dur <= a && io[j0].ts < a) j0++;
+        for (size_t j = j0; j < nio && io[j].ts < b; j++) {
+            double s0 = io[j].ts > a ? io[j].ts : a, s1 = io[j].ts + io[j].dur < b ? io[j].ts + io[j].dur : b;
+            if (s1 <= s0) continue;
+            o->inflight_s += 1e-6 * (s1 - s0);
+            if (s0 > cur1) {
+                if (cur1 > cur0) o->busy_s += 1e-6 * (cur1 - cur0);
+                cur0 = s0;
+                cur1 = s1;
+            } else if (s1 > cur1) cur1 = s1;
+        }
+        if (cur1 > cur0) o->busy_s += 1e-6 * (cur1 - cur0);
+        o->wall_s += 1e-6 * (b - a);
+    }
+    r->io = o;
+    return MOETAX_OK;
+}
+
 struct ev {
     int64_t step, tokens;
     int worker, layer, phase;
@@ -658,9 +715,16 @@ static moetax_status parse_trace(struct moetax_report *r, const char *name, cons
     r->source = MOETAX_REPORT_SOURCE_TRACE;
     const json_t *evs = json_object_get(root, "traceEvents");
     if (!json_is_array(evs)) return fmt_err(name, "traceEvents", "expected an array of events");
-    size_t n = json_array_size(evs), m = 0;
+    size_t n = json_array_size(evs), m = 0, nio = 0;
     struct ev *E = malloc(sizeof *E * (n + 1));
-    if (!E) return moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", name);
+    struct iov *IO = malloc(sizeof *IO * (n + 1));
+    double *win = NULL;
+    size_t nwin = 0;
+    if (!E || !IO) {
+        free(E);
+        free(IO);
+        return moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", name);
+    }
     moetax_status st = MOETAX_OK;
     int64_t max_tid = -1, max_layer = -1;
     for (size_t i = 0; i < n; i++) {
@@ -671,7 +735,20 @@ static moetax_status parse_trace(struct moetax_report *r, const char *name, cons
         const char *ph = json_string_value(json_object_get(e, "ph"));
         const char *nm = json_string_value(json_object_get(e, "name"));
         const json_t *pid = json_object_get(e, "pid");
-        if (json_is_integer(pid) && json_integer_value(pid) != 0) continue; /* other tracks: the store's reads */
+        if (json_is_integer(pid) && json_integer_value(pid) != 0) { /* other tracks: the store's reads */
+            const char *cat = json_string_value(json_object_get(e, "cat"));
+            const json_t *ts = json_object_get(e, "ts"), *dur = json_object_get(e, "dur");
+            if (ph && !strcmp(ph, "X") && cat && !strcmp(cat, "io") && json_is_number(ts) && json_is_number(dur) &&
+                json_number_value(dur) >= 0) {
+                struct iov v = {.ts = json_number_value(ts), .dur = json_number_value(dur), .kind = 0};
+                if (nm && !strncmp(nm, "known", 5)) v.kind = 1;
+                else if (nm && !strncmp(nm, "predicted", 9)) v.kind = 2;
+                const json_t *b = json_object_get(json_object_get(e, "args"), "bytes");
+                v.bytes = json_is_number(b) ? json_number_value(b) : 0;
+                IO[nio++] = v;
+            }
+            continue;
+        }
         snprintf(w, sizeof w, "%s.ph", where);
         if (!ph) { st = fmt_err(name, w, "missing (expected a string such as \"X\")"); goto fail; }
         if (!strcmp(ph, "M")) {
@@ -724,6 +801,8 @@ static moetax_status parse_trace(struct moetax_report *r, const char *name, cons
     if ((st = report_alloc(r))) goto fail;
     const int W = r->n_workers;
     qsort(E, m, sizeof *E, ev_cmp);
+    win = malloc(sizeof *win * 2 * (m + 1)); /* each step's [t0, t1] */
+    if (!win) { st = moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", name); goto fail; }
     double best = -1;
     bool best_decode = false;
     size_t best_i0 = 0, best_i1 = 0;
@@ -739,6 +818,9 @@ static moetax_status parse_trace(struct moetax_report *r, const char *name, cons
         }
         bool prefill = tokens > 1;
         double wall = 1e-6 * (t1 - t0);
+        win[2 * nwin] = t0;
+        win[2 * nwin + 1] = t1;
+        nwin++;
         struct moetax_report_agg *as[2] = {&r->all, prefill ? &r->prefill : &r->decode};
         for (int a = 0; a < 2; a++) {
             as[a]->steps++;
@@ -757,6 +839,10 @@ static moetax_status parse_trace(struct moetax_report *r, const char *name, cons
     agg_sum_phases(&r->all, r->n_layer);
     agg_sum_phases(&r->prefill, r->n_layer);
     agg_sum_phases(&r->decode, r->n_layer);
+    if (nio > 0) {
+        if ((st = io_summary(r, IO, nio, win, nwin))) goto fail;
+        r->io->stall_s = r->all.phase_s[MOETAX_PHASE_LOAD];
+    }
     struct moetax_report_timeline *t = &r->timeline;
     t->spans = malloc(sizeof *t->spans * (best_i1 - best_i0 + 1));
     if (!t->spans) { st = moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", name); goto fail; }
@@ -780,6 +866,8 @@ static moetax_status parse_trace(struct moetax_report *r, const char *name, cons
     }
 fail:
     free(E);
+    free(IO);
+    free(win);
     return st;
 }
 
