@@ -126,8 +126,15 @@ def main():
     sb = [x for x in rows if "expert_budget_mib" in x]
     check(r.returncode == 0 and len(sb) == 2, f"bench --expert-budget: {r.stderr}")
     for x in sb:
-        for k in ("hit_rate", "belady_hit_rate", "prefetch_precision", "read_mib_per_token", "rss_mib"):
+        for k in ("hit_rate", "belady_hit_rate", "prefetch_precision", "read_mib_per_token", "rss_mib",
+                  "use_hit_rate", "belady_use_hit_rate", "static_use_hit_rate"):
             check(k in x, f"store row has {k}")
+        # the run's peak RSS within budget + non-expert weights + KV cache + the stated overhead
+        check(x.get("rss_is_peak") is True and 0 < x.get("rss_mib", 0) <= x.get("rss_bound_mib", 0),
+              f"peak RSS {x.get('rss_mib')} MiB within {x.get('rss_bound_mib')} MiB")
+        # no policy, prefetching or not, reads less than Belady's MIN on the same uses and slots
+        check(0 <= x["use_hit_rate"] <= x["belady_use_hit_rate"] + 1e-9 <= 1 + 1e-9,
+              f"hit rate per use {x['use_hit_rate']} vs Belady's {x['belady_use_hit_rate']}")
     r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "1K"])
     check(r.returncode == 1 and "give at least" in r.stderr, f"tiny budget: {r.stderr}")
     # a budget run's trace: its own file per budget, the store's reads on I/O worker tracks

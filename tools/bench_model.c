@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "bench.h"
 #include "cli.h"
@@ -41,10 +42,13 @@ static void usage(FILE *f) {
                "  --twin FILE    also run the dense twin (moetax gen --dense-twin-of) and compare\n"
                "  --expert-budget LIST  also run decode with the routed experts behind an expert store of\n"
                "                 each budget (e.g. 100%%,50%%,25%%,10%% of the experts, or sizes like 512M); each\n"
-               "                 budget's lines give hit rate against Belady's, prefetch precision/recall, the\n"
+               "                 budget's lines give hit rate against Belady's (per acquire, and per expert use\n"
+               "                 against Belady's and the best static set's), prefetch precision/recall, the\n"
                "                 store's read GB/s against the device's random reads of the same size and queue\n"
-               "                 depth (moetax bench io, measured right after that budget's run), and time per\n"
-               "                 token against the ideal max(mapped time, bytes read / device GB/s); the store\n"
+               "                 depth (moetax bench io, measured right after that budget's run), time per\n"
+               "                 token against the ideal max(mapped time, bytes read / device GB/s), and the\n"
+               "                 run's peak RSS against its bound: slots + non-expert weights + KV cache +\n"
+               "                 64 MiB for the process (code, heap, buffers, the store's tables); the store\n"
                "                 options below (--policy, --no-prefetch, --io-threads, ...) apply to every budget;\n"
                "                 --ledger / --trace FILE also write one file per budget, FILE.budget-50pct.json\n"
                "%s%s"
@@ -83,6 +87,8 @@ struct result {
     /* with an expert store (decode tests) */
     double hit_rate, belady, precision, recall, read_mib_per_token, store_gbps, rss_mib, budget_mib;
     double use_hit, belady_use; /* per expert use (one per layer pass): share needing no read; < 0: unknown */
+    double rss_bound_mib;       /* slots + non-expert weights + KV cache + CLI_RSS_OVERHEAD_BYTES */
+    bool rss_peak;              /* rss_mib is the run's peak (else the RSS at its end) */
     double static_use;          /* the best static set of experts on the use trace (see store.h) */
     uint64_t req_bytes; /* mean bytes per read request of the store */
     bool has_store;
@@ -91,6 +97,8 @@ struct result {
 /* Run every test of one model at one thread count; results[kind][i]. */
 static moetax_status bench_model(const char *path, struct moetax_pool *pool, double read_gbps, const struct opts *o,
                                  bool write_outputs, struct result res[2][16]) {
+    /* with a budget, the peak RSS of this run alone (the mapped run before it is unmapped) */
+    const bool peak_ok = o->budget && cli_peak_rss_reset();
     struct moetax_model *m;
     moetax_status st = moetax_model_load(path, &m);
     if (st) return st;
@@ -233,7 +241,16 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 free(tl);
                 free(te);
             }
-            rr->rss_mib = (double)cli_rss_bytes() / (1 << 20);
+            rr->rss_peak = peak_ok && cli_peak_rss_bytes() > 0;
+            rr->rss_mib = (double)(rr->rss_peak ? cli_peak_rss_bytes() : cli_rss_bytes()) / (1 << 20);
+            if (store) {
+                struct stat fs;
+                struct moetax_store_stats sst;
+                moetax_store_get_stats(store, &sst);
+                uint64_t fbytes = stat(path, &fs) == 0 ? (uint64_t)fs.st_size : 0, eb = cli_store_expert_bytes(m);
+                rr->rss_bound_mib = (double)((uint64_t)sst.n_slots * sst.slot_bytes + (fbytes > eb ? fbytes - eb : 0) +
+                                             moetax_ctx_kv_bytes(c) + CLI_RSS_OVERHEAD_BYTES) / (1 << 20);
+            }
             rr->tps = pct(rep_on, non, 0.5);
             rr->paired = npair ? pct(rep_pair, npair, 0.5) : 0;
             double med_on = nt ? pct(times, nt, 0.5) : 0, med_off = ntoff ? pct(times_off, ntoff, 0.5) : 0;
@@ -252,20 +269,20 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 printf("{\"model\": \"%s\", \"test\": \"%s\", \"threads\": %d, \"expert_budget_mib\": %.1f, \"policy\": \"%s\", "
                        "\"prefetch\": %s, \"tokens_per_s\": %.3f, \"hit_rate\": %.4f, \"belady_hit_rate\": %.4f, "
                        "\"prefetch_precision\": %.4f, \"prefetch_recall\": %.4f, \"read_mib_per_token\": %.3f, "
-                       "\"store_read_gbps\": %.3f, \"tax_share\": %.4f, \"load_us_per_token\": %.1f, \"rss_mib\": %.1f, "
+                       "\"store_read_gbps\": %.3f, \"tax_share\": %.4f, \"load_us_per_token\": %.1f, \"rss_mib\": %.1f, \"rss_bound_mib\": %.1f, \"rss_is_peak\": %s, "
                        "\"use_hit_rate\": %.4f, \"belady_use_hit_rate\": %.4f, \"static_use_hit_rate\": %.4f}\n",
                        base, test, threads, rr->budget_mib, moetax_store_policy_name(cli_store_policy(&o->so)),
                        o->so.no_prefetch ? "false" : "true", rr->tps, rr->hit_rate, rr->belady, rr->precision, rr->recall,
                        rr->read_mib_per_token, rr->store_gbps, rr->tax_share, rr->phase_us[MOETAX_PHASE_LOAD], rr->rss_mib,
-                       rr->use_hit, rr->belady_use, rr->static_use);
+                       rr->rss_bound_mib, rr->rss_peak ? "true" : "false", rr->use_hit, rr->belady_use, rr->static_use);
             else if (rr->has_store && kind)
                 printf("| %s | %d | %s | budget %.0f MiB (%s, %s) | %.2f t/s | hit %.1f%% (Belady %.1f%%), per use %.1f%% (Belady %.1f%%, static %.1f%%) | prefetch P %.0f%% R %.0f%% |"
-                       " %.2f MiB read/token at %.2f GB/s | tax %.1f%% | RSS %.0f MiB |\n",
+                       " %.2f MiB read/token at %.2f GB/s | tax %.1f%% | %s %.0f MiB (bound %.0f) |\n",
                        base, threads, test, rr->budget_mib, moetax_store_policy_name(cli_store_policy(&o->so)),
                        o->so.no_prefetch ? "no prefetch" : "prefetch", rr->tps, 100 * rr->hit_rate, 100 * rr->belady,
                        100 * rr->use_hit, 100 * rr->belady_use, 100 * rr->static_use,
                        100 * rr->precision, 100 * rr->recall, rr->read_mib_per_token, rr->store_gbps, 100 * rr->tax_share,
-                       rr->rss_mib);
+                       rr->rss_peak ? "peak RSS" : "RSS", rr->rss_mib, rr->rss_bound_mib);
             else if (o->json)
                 printf("{\"model\": \"%s\", \"test\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.3f, "
                        "\"tpot_p50_ms\": %.4f, \"tpot_p99_ms\": %.4f, \"active_bytes_per_token\": %.0f, "

@@ -100,6 +100,24 @@ void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens) {
             (unsigned long long)st.prefetch_dropped, (unsigned long long)st.prefetch_late);
 }
 
+bool cli_peak_rss_reset(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return false;
+    bool ok = fputs("5", f) >= 0;
+    return (fclose(f) == 0) && ok;
+}
+
+uint64_t cli_peak_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %lu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
 uint64_t cli_rss_bytes(void) {
     FILE *f = fopen("/proc/self/statm", "r");
     if (!f) return 0;

@@ -36,6 +36,14 @@ moetax_status cli_store_open(const struct moetax_model *m, const struct cli_stor
 /* One-paragraph summary (hit rate, prefetch precision, bytes, GB/s; with tokens > 0 also MiB read and
  * stall ms per token). */
 void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens);
+/* Reset the process's peak RSS (VmHWM) to its RSS now (Linux: "5" into /proc/self/clear_refs);
+ * false if refused (then the peak is since the process began). */
+bool cli_peak_rss_reset(void);
+/* Peak RSS since the last reset, bytes (VmHWM in /proc/self/status); 0 if unknown. */
+uint64_t cli_peak_rss_bytes(void);
+/* Process memory besides the weights, slots and KV cache that the expert store's RSS bound
+ * allows: code, libraries, heap, the context's buffers, the store's tables and access trace. */
+#define CLI_RSS_OVERHEAD_BYTES ((uint64_t)64 << 20)
 /* Resident set size of this process now, in bytes (from /proc/self/statm). */
 uint64_t cli_rss_bytes(void);
 
