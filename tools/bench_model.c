@@ -224,13 +224,16 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 if (tl && te) {
                     ntrace = moetax_store_trace(store, tl, te, ntrace);
                     rr->belady = moetax_store_belady_hit_rate(tl, te, ntrace, moetax_store_n_slots(store));
-                    /* per expert use: an expert is acquired once per work item, so most acquires of a
-                     * pass hit whatever the policy; a use needs a read (any load: demand, known or
-                     * predicted, used or not) or not, against Belady on the trace of uses */
+                    /* per expert use: an expert is acquired once per worker and layer pass, so many
+                     * acquires hit whatever the policy. A use needed a read when its expert was not
+                     * resident: it was read for it (on demand, as the layer's known demand, or by a
+                     * prediction that it then used). Loads of predictions never used serve no use. */
                     int64_t nu = moetax_store_trace_uses(tl, te, ntrace);
                     rr->use_hit = rr->belady_use = rr->static_use = -1;
                     if (nu > 0 && (uint64_t)ntrace == ss1.acquires) { /* the whole trace was kept */
-                        rr->use_hit = 1.0 - (double)ss1.loads / (double)nu;
+                        uint64_t unused = ss1.predicted_issued - ss1.predicted_used;
+                        uint64_t read_for_use = ss1.loads > unused ? ss1.loads - unused : 0;
+                        rr->use_hit = 1.0 - (double)read_for_use / (double)nu;
                         rr->belady_use = moetax_store_belady_hit_rate(tl, te, nu, moetax_store_n_slots(store));
                         /* the static set leaves room for the experts one layer pins (every worker's k) */
                         const int64_t k_used = o->experts_used ? o->experts_used : m->hp.n_expert_used;
