@@ -135,7 +135,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
         }
         int ub = 64;
         struct cli_store_opts so = o->so;
-        if (write_outputs && o->lo.trace_path) so.read_log_cap = (int64_t)1 << 18; /* the trace's I/O tracks */
+        if (write_outputs && o->lo.trace_path) so.read_log_cap = (int64_t)1 << 16; /* the trace's I/O tracks */
         if ((st = cli_store_open(m, &so, budget, &ub, &store))) goto done;
         cp.store = store;
         cp.n_ubatch = ub;
@@ -231,14 +231,16 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                     int64_t nu = moetax_store_trace_uses(tl, te, ntrace);
                     rr->use_hit = rr->belady_use = rr->static_use = -1;
                     if (nu > 0 && (uint64_t)ntrace == ss1.acquires) { /* the whole trace was kept */
-                        uint64_t unused = ss1.predicted_issued - ss1.predicted_used;
+                        /* both counted as reads complete (predictions still in flight are in neither) */
+                        uint64_t unused = ss1.predicted_loaded > ss1.predicted_used ? ss1.predicted_loaded - ss1.predicted_used : 0;
                         uint64_t read_for_use = ss1.loads > unused ? ss1.loads - unused : 0;
                         rr->use_hit = 1.0 - (double)read_for_use / (double)nu;
                         rr->belady_use = moetax_store_belady_hit_rate(tl, te, nu, moetax_store_n_slots(store));
-                        /* the static set leaves room for the experts one layer pins (every worker's k) */
+                        /* the static set leaves room for the experts one decoded token's layer pins
+                         * (its k: every worker acquires the same ones) */
                         const int64_t k_used = o->experts_used ? o->experts_used : m->hp.n_expert_used;
-                        int64_t held = moetax_store_n_slots(store) - (int64_t)threads * k_used;
-                        rr->static_use = moetax_store_static_hit_rate(tl, te, nu, held > 1 ? held : 1);
+                        int64_t held = moetax_store_n_slots(store) - k_used;
+                        if (held >= 1) rr->static_use = moetax_store_static_hit_rate(tl, te, nu, held);
                     }
                 }
                 free(tl);

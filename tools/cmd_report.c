@@ -69,10 +69,10 @@ static void print_store(FILE *f, const struct moetax_report *r) {
 static void print_io(FILE *f, const struct moetax_report *r) {
     const struct moetax_report_io *o = r->io;
     if (!o || o->wall_s <= 0) return;
-    fprintf(f, "\nexpert store reads on the timeline (trace): %lld demand, %lld known (the layer's routing), %lld predicted;"
-               " %.1f MiB, median read %.2f ms\n",
+    fprintf(f, "\nexpert store reads on the timeline (trace, all kept reads): %lld demand, %lld known (the layer's routing),"
+               " %lld predicted; %.1f MiB, median %.2f ms from start to resident\n",
             (long long)o->reads[0], (long long)o->reads[1], (long long)o->reads[2], o->bytes / 1048576.0, o->median_read_ms);
-    fprintf(f, "  during the steps: a read in flight %.0f%% of the time (%.1f on average then), workers stalled in load %.0f%%;\n"
+    fprintf(f, "  during the traced steps: a read in flight %.0f%% of the time (%.1f on average then), workers stalled in load %.0f%%;\n"
                "  the disk idled %.0f%% of the steps: the most that earlier reads (prefetch) could fill\n",
             100 * o->busy_s / o->wall_s, o->busy_s > 0 ? o->inflight_s / o->busy_s : 0, 100 * o->stall_s / o->wall_s,
             100 * (1 - o->busy_s / o->wall_s));

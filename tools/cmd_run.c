@@ -142,7 +142,7 @@ int cmd_run(int argc, char **argv) {
             goto done;
         }
         int ub = 64;
-        if (lo.trace_path) so.read_log_cap = (int64_t)1 << 18; /* the trace's I/O tracks */
+        if (lo.trace_path) so.read_log_cap = (int64_t)1 << 16; /* the trace's I/O tracks */
         if ((st = cli_store_open(m, &so, budget, &ub, &store))) goto done;
         cp.store = store;
         cp.n_ubatch = ub;

@@ -55,9 +55,10 @@ void cli_ledger_summary(FILE *f, const struct moetax_ledger *l, bool decode_only
 }
 
 /* The ledger's trace, with the expert store's reads (if it kept them) as one track per
- * I/O worker: a span per expert load from the start of its read to resident, named by
- * what asked for it (demand: an acquire missed; known: the routing's early reads;
- * predicted), with its layer, expert, bytes, MB/s and the time it waited in the queue. */
+ * I/O worker: a span per expert load from the start of its read to resident (the preads,
+ * the checks and repacking), named by what asked for it (demand: an acquire missed;
+ * known: the routing's early reads; predicted), with its layer, expert, bytes, MB/s of
+ * the preads alone and the time it waited in the queue. */
 static moetax_status write_trace(const struct moetax_ledger *l, const char *path, const struct moetax_store *store,
                                  const char *store_json) {
     int64_t n = store ? moetax_store_reads(store, NULL, 0, NULL) : 0;
@@ -73,14 +74,14 @@ static moetax_status write_trace(const struct moetax_ledger *l, const char *path
         return moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory for the trace's I/O spans", path);
     }
     uint64_t dropped = 0;
-    n = moetax_store_reads(store, r, n, &dropped);
-    struct moetax_store_stats ss;
-    moetax_store_get_stats(store, &ss);
+    /* the I/O workers still run: a read may have completed since the count (copied: at most n) */
+    int64_t kept = moetax_store_reads(store, r, n, &dropped);
+    if (kept < n) n = kept;
     int tracks = 0;
     static const char *const kind_names[3] = {"demand read", "known read", "predicted read"};
     for (int64_t i = 0; i < n; i++) {
         const struct moetax_store_read *q = &r[i];
-        double us = 1e-3 * (double)(q->end_ns - q->start_ns);
+        double us = 1e-3 * (double)q->read_ns; /* the preads alone (the span also has repacking) */
         sp[i] = (struct moetax_trace_span){.t0 = q->start_ns, .t1 = q->end_ns, .track = q->io_thread,
                                            .name = kind_names[q->kind < 3 ? q->kind : 0], .cat = "io"};
         snprintf(sp[i].args, sizeof sp[i].args,

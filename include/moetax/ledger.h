@@ -137,7 +137,8 @@ moetax_status moetax_ledger_write_trace(const struct moetax_ledger *l, const cha
  * (pid 1, named `process`) on threads named track_names[track]. Times are
  * CLOCK_MONOTONIC ns like the ledger's; args is written as the members of the span's
  * "args" object (e.g. "\"layer\": 3, \"expert\": 7"). other_json (optional) is written
- * into the trace's otherData as "store". */
+ * into the trace's otherData as "store". Strings are written as given, unescaped: no
+ * quotes, backslashes or control characters; none may be NULL. */
 struct moetax_trace_span {
     uint64_t t0, t1;
     int32_t track;

@@ -24,7 +24,7 @@
  *   per expert key, 8 B per traced acquire (trace_cap, default 1M acquires =
  *   8 MiB, grown on demand), and the I/O threads' stacks (touched: a few KiB).
  *   For 64 experts x 26 layers that is under 0.5 MiB besides the trace. The
- *   optional read log (read_log_cap, for the timeline; the CLI keeps 256 Ki
+ *   optional read log (read_log_cap, for the timeline; the CLI keeps 64 Ki
  *   reads with --trace) takes sizeof(struct moetax_store_read) = 48 B a read,
  *   allocated at init.
  *
@@ -238,6 +238,7 @@ struct moetax_store_stats {
                                           the disk was busy more than MOETAX_STORE_PREDICT_MAX_IO_BUSY
                                           of the last cycle over the layers */
     uint64_t predicted_issued, predicted_used; /* the same for predicted prefetches */
+    uint64_t predicted_loaded;         /* predicted prefetches whose read has completed */
     uint64_t bytes_read, reads;        /* preads issued by the I/O workers (bytes incl. alignment) */
     uint64_t loads;                    /* experts read (one or more reads each) */
     uint64_t evictions;                /* READY experts dropped to make room */
@@ -268,6 +269,7 @@ enum moetax_store_read_kind {
 const char *moetax_store_read_kind_name(enum moetax_store_read_kind k); /* "demand", "known", "predicted" */
 struct moetax_store_read {
     uint64_t queued_ns, start_ns, end_ns; /* CLOCK_MONOTONIC: queued, read begun, resident (or failed) */
+    uint64_t read_ns;                     /* of that, in pread (checks and on_load are the rest) */
     uint64_t bytes;                       /* read from the file (spans, 4096-aligned) */
     int32_t layer, expert;
     int16_t io_thread;                    /* 0 .. n_io_threads - 1 */
@@ -275,15 +277,17 @@ struct moetax_store_read {
     bool ok;                              /* false: the load failed (ERROR) */
 };
 /* Copy the kept read records (params.read_log_cap, the newest), oldest first, up to
- * cap; returns how many are kept (out may be NULL to ask). Records of loads still in
- * flight are not included. *dropped (optional) gets the older ones not kept. */
+ * cap; returns how many are kept (out may be NULL to ask), which may exceed cap or grow
+ * between calls while the I/O workers run: copied = min(return, cap). Records of loads
+ * still in flight are not included. *dropped (optional) gets the older ones not kept. */
 int64_t moetax_store_reads(const struct moetax_store *s, struct moetax_store_read *out, int64_t cap,
                            uint64_t *dropped);
 
 /* Compact an access trace in place to expert uses: within each run of consecutive
  * entries of the same layer (a pass over that layer), only the first access of each
- * expert is kept (the engine acquires an expert once per work item, several times per
- * pass). Returns the new length. A cache's hit rate per use is the share of uses that
+ * expert is kept (the engine acquires an expert once per worker and pass). Returns the
+ * new length. Passes are told apart by the layer changing: with a single layer of
+ * experts, consecutive passes merge (uses are undercounted). A cache's hit rate per use is the share of uses that
  * needed no read; on this trace Belady's is the ceiling for it. */
 int64_t moetax_store_trace_uses(int32_t *layer, int32_t *expert, int64_t n);
 

@@ -451,13 +451,14 @@ static void io_job(void *ctx, int job, int worker) {
     pthread_mutex_lock(&s->mu);
     if (s->rlog) /* kind: a queued prefetch an acquire then waited for still reads as a prefetch */
         s->rlog[s->rlog_n++ % (uint64_t)s->p.read_log_cap] = (struct moetax_store_read){
-            .queued_ns = sl->queued_ns, .start_ns = t_start, .end_ns = store_now_ns(), .bytes = bytes,
+            .queued_ns = sl->queued_ns, .start_ns = t_start, .end_ns = store_now_ns(), .read_ns = rns, .bytes = bytes,
             .layer = layer, .expert = e, .io_thread = (int16_t)worker, .kind = sl->kind, .ok = ok};
     s->st.bytes_read += bytes;
     s->st.reads += reads;
     s->st.read_ns += rns;
     if (rmax > s->st.read_ns_max) s->st.read_ns_max = rmax;
     s->st.loads++;
+    if (sl->kind == MOETAX_STORE_READ_PREDICTED) s->st.predicted_loaded++;
     s->pending--;
     if (--s->io_active == 0) s->st.io_busy_ns += store_now_ns() - s->io_busy_start;
     if (ok) {
