@@ -91,6 +91,17 @@ def main():
         for k in ("test", "threads", "tokens_per_s", "active_bytes_per_token", "roofline_ratio", "tax_share"):
             check(k in x, f"bench --json has {k}")
         check(x["tokens_per_s"] > 0 and x["active_bytes_per_token"] > 0, f"bench values {x}")
+        check(0 <= x["weights_huge_share"] <= 1 and x["no_mmap"] is False, f"bench weights_huge_share {x}")
+    # --no-mmap: private copies, the same greedy text, the paging reported
+    r = run([mt, "bench", "-m", model, "-p", "0", "-n", "4", "-r", "1", "-t", "2", "--json", "--no-mem", "--no-mmap"])
+    nm = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    check(r.returncode == 0 and len(nm) == 1 and nm[0]["no_mmap"] is True and 0 <= nm[0]["weights_huge_share"] <= 1,
+          f"bench --no-mmap: {r.stderr} {nm}")
+    c = run([mt, "run", "-m", model, "-p", "def main(self):", "-n", "16", "--temp", "0", "--ignore-eos", "-t", "2",
+             "--no-mmap"])
+    check(c.returncode == 0 and c.stdout == a.stdout, f"run --no-mmap gives the same greedy text: {c.stderr}")
+    r = run([mt, "bench", "-m", model, "-p", "0", "-n", "4", "-r", "1", "-t", "1", "--no-mem"])
+    check(r.returncode == 0 and "of them in 2 MiB pages" in r.stderr, f"bench prints the weights' paging: {r.stderr}")
     r = run([mt, "bench", "-m", model, "-r", "0"])
     check(r.returncode == 2, "bench -r 0 is refused")
     # run-time top-k: more experts per token, more active bytes; beyond the group limit refused

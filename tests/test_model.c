@@ -1,7 +1,7 @@
 // ctest-labels: unit;model;threads
 /* test_model.c - the DeepSeek2 forward pass against itself: decode step by step
  * equals prefill of the same tokens, 1 and 2 threads agree, micro-batch sizes
- * agree, a golden greedy sequence, routing invariants, the KV-cache limit, bad
+ * agree, --no-mmap copies agree with the mapping, a golden greedy sequence, routing invariants, the KV-cache limit, bad
  * tokens, and models whose tensors do not match their metadata.
  * (The comparison against the independent NumPy reference is test_model_ref.py.) */
 #include <math.h>
@@ -74,6 +74,34 @@ static void consistency(const char *path, float tol_rel) {
     }
     free(a); free(b); free(s); free(u); free(s4);
     moetax_model_free(m);
+}
+
+/* --no-mmap: every weight read from a private copy gives the very same logits as the mapping;
+ * both report how their weights are paged */
+static void no_mmap_same(const char *path) {
+    struct moetax_model *mm = NULL, *mc = NULL;
+    CHECK_MSG(moetax_model_load(path, &mm) == MOETAX_OK, "%s", moetax_last_error());
+    CHECK_MSG(moetax_model_load_ex(path, &(struct moetax_model_params){.no_mmap = true}, &mc) == MOETAX_OK, "%s",
+              moetax_last_error());
+    if (!mm || !mc) { moetax_model_free(mm); moetax_model_free(mc); return; }
+    int32_t toks[12];
+    for (int i = 0; i < 12; i++) toks[i] = (int32_t)((i * 29 + 5) % mm->hp.n_vocab);
+    const size_t nb = sizeof(float) * (size_t)mm->hp.n_vocab * 12;
+    for (int step = 0; step < 2; step++) {
+        float *a = run(mm, 2, 64, toks, 12, step), *b = run(mc, 2, 64, toks, 12, step);
+        CHECK_MSG(a && b && !memcmp(a, b, nb), "%s: --no-mmap logits differ from the mapped model's (%s)", path,
+                  step ? "decode" : "prefill");
+        free(a); free(b);
+    }
+    for (int i = 0; i < 2; i++) {
+        uint64_t res = 0, huge = 0;
+        moetax_status st = moetax_model_weight_pages(i ? mc : mm, &res, &huge);
+        CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+        CHECK_MSG(res > 0 && huge <= res, "%s: weight pages: %llu resident, %llu huge", path, (unsigned long long)res,
+                  (unsigned long long)huge);
+    }
+    moetax_model_free(mm);
+    moetax_model_free(mc);
 }
 
 static void routing_invariants(const char *path, bool v3) {
@@ -285,6 +313,7 @@ int main(int argc, char **argv) {
     CHECK_EQ_INT(gen("--preset tiny-v3", v3), 0);
     consistency(v2, 2e-5f);
     consistency(v3, 2e-5f);
+    no_mmap_same(v3);
     const char *types[] = {"f16", "bf16", "q8_0", "q4_0"};
     for (int i = 0; i < 4; i++) {
         char args[128];
@@ -292,6 +321,7 @@ int main(int argc, char **argv) {
         const char *p = tu_path("model_tiny_v3_t.gguf");
         CHECK_EQ_INT(gen(args, p), 0);
         consistency(p, 2e-5f);
+        no_mmap_same(p);
     }
     /* wide Q4_0 (the AVX2 kernels read it with 8 rows interleaved): d 288 (9 blocks), expert F 320
      * (10), dense ff 544 (17), kv_lora 256 (8); then row counts that leave a plain tail of rows % 8

@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "moetax/membw.h"
@@ -318,6 +319,30 @@ static void test_errors_and_bench(void) {
 
 /* ---- membw ------------------------------------------------------------------------ */
 
+/* moetax_mem_pages: a mapping's resident bytes and its 2 MiB pages, from /proc/self/smaps */
+static void test_mem_pages(void) {
+    const size_t mib = 1u << 20, len = 8 * mib;
+    for (int huge_ok = 0; huge_ok < 2; huge_ok++) {
+        uint8_t *p = mmap(NULL, len + 2 * mib, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(p != MAP_FAILED);
+        if (p == MAP_FAILED) return;
+        uint8_t *a = (uint8_t *)(((uintptr_t)p + 2 * mib - 1) & ~(uintptr_t)(2 * mib - 1));
+        (void)madvise(a, len, huge_ok ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+        memset(a, 1, len);
+        struct moetax_mem_paging pg;
+        moetax_status st = moetax_mem_pages(a + 12345, &pg);
+        CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+        /* the advice splits the mapping: [a, a+len) is one VMA, unless a neighbour of the same kind merged */
+        CHECK((const uint8_t *)pg.start <= a && pg.bytes >= len && pg.resident >= len && pg.huge <= pg.resident);
+        if (!huge_ok) CHECK_MSG(pg.huge == 0, "no huge pages advised, %llu bytes in them", (unsigned long long)pg.huge);
+        else printf("mem pages: 8 MiB advised huge: %llu of %llu resident bytes in 2 MiB pages\n",
+                    (unsigned long long)pg.huge, (unsigned long long)pg.resident);
+        munmap(p, len + 2 * mib);
+    }
+    struct moetax_mem_paging pg;
+    CHECK_EQ_INT(moetax_mem_pages((const void *)16, &pg), MOETAX_ERR_NOT_FOUND); /* the zero page is never mapped */
+}
+
 static void test_membw(void) {
     /* the kernel against its reference: odd sizes and misaligned starts */
     tu_rng rng = {0x1234567u};
@@ -385,5 +410,6 @@ int main(int argc, char **argv) {
     test_stats();
     test_errors_and_bench();
     test_membw();
+    test_mem_pages();
     return tu_finish("test_pool");
 }

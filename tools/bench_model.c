@@ -24,7 +24,7 @@
 #include "moetax/pool.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: moetax bench -m FILE [-p 64,512] [-n 32,128] [-t 1,2] [-r REPS] [--json] [--no-mem]\n"
+    fprintf(f, "usage: moetax bench -m FILE [-p 64,512] [-n 32,128] [-t 1,2] [-r REPS] [--json] [--no-mem] [--no-mmap]\n"
                "                    [--twin DENSE.gguf] [--ledger FILE] [--trace FILE] [--metrics]\n\n"
                "  -p LIST        prompt lengths for prefill tests ppN (default 64; 0 = none)\n"
                "  -n LIST        generation lengths for decode tests tgN (default 32; 0 = none)\n"
@@ -32,11 +32,14 @@ static void usage(FILE *f) {
                "  -r N           repetitions, the median is reported (default 5)\n"
                "  --json         one JSON object per test: test, threads, tokens_per_s, tpot_p50_ms, tpot_p99_ms,\n"
                "                 active_bytes_per_token, gbps, read_gbps, roofline_ratio, paired_ratio, us_per_layer,\n"
-               "                 tax_share, ledger_overhead\n"
+               "                 tax_share, ledger_overhead, weights_huge_share (the share of the resident weights in\n"
+               "                 2 MiB pages; 4 KiB pages stream slower, and the read probe uses 2 MiB pages)\n"
                "                 roofline_ratio = gbps / read_gbps (read bandwidth measured once per thread count);\n"
                "                 paired_ratio = median over repetitions of gbps / a read pass just before each one\n"
                "                 (robust to a machine whose bandwidth drifts; decode, without --expert-budget)\n"
                "  --no-mem       skip the read-bandwidth probe (no roofline ratio)\n"
+               "  --no-mmap      copy the weights into private memory of 2 MiB pages instead of reading them\n"
+               "                 in place from the file mapping (see weights_huge_share)\n"
                "  --experts-used K  route each token to K experts instead of the file's count (run-time\n"
                "                 top-k; active bytes count K; see 'moetax perplexity --experts-used' for quality)\n"
                "  --twin FILE    also run the dense twin (moetax gen --dense-twin-of) and compare\n"
@@ -78,6 +81,7 @@ struct opts {
     struct cli_store_opts so;
     const char *budget;  /* this run's expert budget (one item of so.budgets), NULL: mapped */
     int experts_used;    /* --experts-used: run-time top-k (0: the model's) */
+    bool no_mmap;        /* --no-mmap: private copies in 2 MiB pages */
 };
 
 struct result {
@@ -100,7 +104,8 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     /* with a budget, the peak RSS of this run alone (the mapped run before it is unmapped) */
     const bool peak_ok = o->budget && cli_peak_rss_reset();
     struct moetax_model *m;
-    moetax_status st = moetax_model_load(path, &m);
+    struct moetax_model_params mp = {.no_mmap = o->no_mmap};
+    moetax_status st = moetax_model_load_ex(path, &mp, &m);
     if (st) return st;
     /* page faults are paid at load (resident part) and at context creation (routed experts,
      * unless they are behind the expert store), not inside the timed steps */
@@ -142,6 +147,9 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
         cp.no_prefetch = o->so.no_prefetch;
     }
     if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
+    /* how the weights are paged once faulted in (< 0: unknown, e.g. no /proc) */
+    uint64_t wres = 0, whuge = 0;
+    const double huge_share = !moetax_model_weight_pages(m, &wres, &whuge) && wres ? (double)whuge / (double)wres : -1;
     if ((st = cli_ledger_new(m, threads, &o->lo, &led))) goto done;
     moetax_ctx_set_ledger(c, led);
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
@@ -293,9 +301,10 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                        "\"tpot_p50_ms\": %.4f, \"tpot_p99_ms\": %.4f, \"active_bytes_per_token\": %.0f, "
                        "\"gbps\": %.3f, \"read_gbps\": %.3f, \"roofline_ratio\": %.4f, \"paired_ratio\": %.4f, "
                        "\"us_per_layer\": %.2f, \"tax_share\": %.4f, \"tax_us_per_token\": %.2f, \"ledger_overhead\": %.4f, "
-                       "\"reps\": %lld}\n",
+                       "\"reps\": %lld, \"weights_huge_share\": %.4f, \"no_mmap\": %s}\n",
                        base, test, threads, rr->tps, rr->p50, rr->p99, active, gbps, read_gbps, ratio, rr->paired,
-                       rr->us_layer, rr->tax_share, rr->tax_us, kind ? rr->overhead : 0.0, (long long)o->reps);
+                       rr->us_layer, rr->tax_share, rr->tax_us, kind ? rr->overhead : 0.0, (long long)o->reps,
+                       huge_share, o->no_mmap ? "true" : "false");
             else if (kind)
                 printf("| %s | %d | %s | %.2f | %.3f | %.3f | %.2f | %.2f | %.1f%% | %.1f%% | %.1f | %.1f%% | %+.1f%% |\n",
                        base, threads, test, rr->tps, rr->p50, rr->p99, gbps, read_gbps, 100 * ratio, 100 * rr->paired,
@@ -310,6 +319,12 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
         fprintf(stderr, "%s, %d threads%s%s:\n", base, threads, o->budget ? ", expert budget " : "", o->budget ? o->budget : "");
         cli_ledger_summary(stderr, led, o->ntg > 0);
         if (store) cli_store_summary(stderr, store, 0);
+        if (huge_share >= 0)
+            fprintf(stderr, "  weights: %.0f MiB resident, %.0f%% of them in 2 MiB pages%s\n", (double)wres / 1048576,
+                    100 * huge_share,
+                    huge_share < 0.9 ? " (the rest in 4 KiB pages, which stream slower: the file's pages sat in the "
+                                       "page cache in small folios; --no-mmap copies the weights into 2 MiB pages)"
+                                     : "");
     }
     if (!st && write_outputs) st = cli_ledger_outputs(led, m, path, &o->lo, store, 0);
 done:
@@ -358,6 +373,7 @@ int bench_model_main(int argc, char **argv) {
             if (err || !cli_parse_i64(v, &o.reps) || o.reps < 1 || o.reps > 1000) return cli_usage_error("bench", "-r: 1..1000");
         } else if (!strcmp(argv[i], "--json")) o.json = true;
         else if (!strcmp(argv[i], "--no-mem")) o.mem = false;
+        else if (!strcmp(argv[i], "--no-mmap")) o.no_mmap = true;
         else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
             if (err || !cli_parse_experts_used(v, &o.experts_used))
                 return cli_usage_error("bench", "--experts-used needs a count in 1..256");

@@ -10,16 +10,18 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax eval -m FILE --tokens 1,2,3 [--decode N] [--out LOGITS.f32] [-t N] [--ubatch N]\n"
-               "                   [--step-by-step] [--routing]\n\n"
+               "                   [--step-by-step] [--routing] [--no-mmap]\n\n"
                "Evaluates the prompt tokens from position 0, then N greedy decode steps, and writes the logits\n"
                "as raw little-endian float32 [tokens + N, n_vocab] (prompt rows, then one row per decoded\n"
                "token). Prints the greedy tokens.\n"
                "  --step-by-step  evaluate the prompt one token at a time (decode path) instead of one batch\n"
-               "  --routing       print the experts chosen for each token of the last micro-batch\n");
+               "  --routing       print the experts chosen for each token of the last micro-batch\n"
+               "  --no-mmap       copy the weights into private memory (2 MiB pages) instead of reading the mapping\n");
 }
 
 int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *toks = NULL;
+    struct moetax_model_params mp = {0};
     int64_t n_decode = 0, n_threads = 0, ubatch = 0;
     bool step = false, routing = false;
     for (int i = 1; i < argc; i++) {
@@ -38,6 +40,7 @@ int cmd_eval(int argc, char **argv) {
             if (err || !cli_parse_i64(v, &ubatch) || ubatch < 1) return cli_usage_error("eval", "--ubatch needs a count >= 1");
         } else if (!strcmp(argv[i], "--step-by-step")) step = true;
         else if (!strcmp(argv[i], "--routing")) routing = true;
+        else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
         else return cli_usage_error("eval", "unknown option '%s'", argv[i]);
     }
     if (!model) return cli_usage_error("eval", "no model given (-m FILE)");
@@ -46,7 +49,7 @@ int cmd_eval(int argc, char **argv) {
     int n = cli_parse_int_list(toks, tk, 4096);
     if (n <= 0) return cli_usage_error("eval", "--tokens: expected a comma-separated list of token ids");
     struct moetax_model *m;
-    moetax_status st = moetax_model_load(model, &m);
+    moetax_status st = moetax_model_load_ex(model, &mp, &m);
     if (st) return cli_fail("eval", st);
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(n + n_decode + 1), .n_threads = (int32_t)n_threads,
                                    .n_ubatch = (int32_t)ubatch};

@@ -25,13 +25,14 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax perplexity [-m FILE] -f TEXT|DIR [-c N] [--stride N] [-t N] [--max-files N]\n"
-               "                         [--experts-used K] [--per-file] [--json]\n\n"
+               "                         [--experts-used K] [--per-file] [--json] [--no-mmap]\n\n"
                "Perplexity of the model over a text file, or over every regular file of a folder (sorted by\n"
                "name; hidden files skipped), each file a document that starts with BOS. Tokens are scored by a\n"
                "sliding window: windows of -c tokens (default: the model's context length, at most 512) every\n"
                "--stride tokens (default c/2), each from an empty cache, each token scored once.\n"
                "  --experts-used K  route each token to K experts instead of the file's count (run-time top-k)\n"
                "  --per-file   print each file's token count and perplexity\n"
+               "  --no-mmap    copy the weights into private memory of 2 MiB pages (see 'moetax bench')\n"
                "  --json       print the result as one JSON object on stdout\n"
                "A progress bar goes to stderr when it is a terminal (MOETAX_PROGRESS=1 forces it).\n");
 }
@@ -137,6 +138,7 @@ static void put_json_str(const char *s) {
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *input = NULL;
     int64_t n_threads = 0, ctx = 0, stride = 0, max_files = 0;
+    struct moetax_model_params mp = {0};
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool per_file = false, json = false;
     for (int i = 1; i < argc; i++) {
@@ -158,6 +160,7 @@ int cmd_perplexity(int argc, char **argv) {
             if (err || !cli_parse_experts_used(v, &k_ctx))
                 return cli_usage_error("perplexity", "--experts-used needs a count in 1..256");
         } else if (!strcmp(argv[i], "--per-file")) per_file = true;
+        else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
         else if (!strcmp(argv[i], "--json")) json = true;
         else return cli_usage_error("perplexity", "unknown option '%s'", argv[i]);
     }
@@ -182,7 +185,7 @@ int cmd_perplexity(int argc, char **argv) {
     int n_empty = 0;
     double t0 = cli_now();
     if (!docs || !doc_n) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
-    if ((st = moetax_model_load(model, &m))) goto done;
+    if ((st = moetax_model_load_ex(model, &mp, &m))) goto done;
     if ((st = moetax_tokenizer_load(m->gguf, &tok))) goto done;
     if (moetax_tokenizer_n_vocab(tok) != m->hp.n_vocab) {
         st = moetax_error(MOETAX_ERR_FORMAT, "%s: the vocabulary has %d tokens but token_embd has %d rows", model,

@@ -34,6 +34,7 @@ static void usage(FILE *f) {
             "  -s, --seed N         sampling seed (default 42)\n"
             "  --ignore-eos         keep generating past the end-of-sequence token\n"
             "  --experts-used K     route each token to K experts instead of the file's count (run-time top-k)\n"
+            "  --no-mmap            copy the weights into private memory of 2 MiB pages (see 'moetax bench')\n"
             "  --no-display-prompt  do not echo the prompt\n"
             "  --json               print the final statistics as one JSON object on stdout\n"
             "%s%s", cli_ledger_help(), cli_store_help());
@@ -57,6 +58,7 @@ static int cmp_f64(const void *a, const void *b) {
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *pfile = NULL;
     int64_t n_predict = 64, n_threads = 0, n_ctx = 0;
+    struct moetax_model_params mp = {0};
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool ignore_eos = false, echo = true, json = false;
     struct moetax_sampler_params sp = moetax_sampler_default_params();
@@ -96,6 +98,7 @@ int cmd_run(int argc, char **argv) {
             if (err || !cli_parse_experts_used(v, &k_ctx)) return cli_usage_error("run", "--experts-used needs a count in 1..256");
         }
         else if (!strcmp(argv[i], "--no-display-prompt")) echo = false;
+        else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
         else if (!strcmp(argv[i], "--json")) json = true;
         else return cli_usage_error("run", "unknown option '%s'", argv[i]);
 #undef INT_OPT
@@ -123,7 +126,7 @@ int cmd_run(int argc, char **argv) {
     int32_t *ids = NULL;
     float *logits = NULL;
     double *tpot = NULL;
-    if ((st = moetax_model_load(model, &m))) goto done;
+    if ((st = moetax_model_load_ex(model, &mp, &m))) goto done;
     /* the store and the ledger are sized for the context's top-k too */
     so.n_expert_used = lo.n_expert_used = k_ctx;
     if ((st = moetax_model_check_experts_used(m, k_ctx))) goto done;

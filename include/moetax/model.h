@@ -11,7 +11,12 @@
  *   routed experts only when a context runs without an expert store (the store
  *   repacks each expert it reads instead). The token embedding is read by rows
  *   with moetax_to_float and stays as stored (a tied output matrix gets its
- *   own repacked copy). Each tensor's shape is checked
+ *   own repacked copy). With no_mmap (moetax_model_load_ex, like llama.cpp's
+ *   --no-mmap) every resident weight is copied, as is, into private memory of
+ *   2 MiB pages, and so are the routed experts when a context runs without an
+ *   expert store: a file whose pages sit in the page cache in small folios
+ *   (a freshly written file, say) is then read as fast as the machine allows;
+ *   moetax_model_weight_pages tells how the weights are paged. Each tensor's shape is checked
  *   against the shape the metadata implies; a mismatch names the tensor and
  *   both shapes. Small vectors (norms, biases) are converted to owned F32
  *   copies; the older merged attn_kv_b is split once into attn_k_b / attn_v_b
@@ -137,6 +142,15 @@ struct moetax_model {
 };
 
 moetax_status moetax_model_load(const char *path, struct moetax_model **out);
+struct moetax_model_params {
+    bool no_mmap; /* copy the weights read by the kernels into private 2 MiB pages (see DESIGN) */
+};
+moetax_status moetax_model_load_ex(const char *path, const struct moetax_model_params *p, struct moetax_model **out);
+/* How the weights the kernels read are paged now: the file mapping and the
+ * private copies (repacked or no_mmap), each mapping whole (moetax_mem_pages).
+ * *resident: their bytes in memory; *huge: of those, in 2 MiB pages. Errors
+ * as moetax_mem_pages. */
+moetax_status moetax_model_weight_pages(const struct moetax_model *m, uint64_t *resident, uint64_t *huge);
 void moetax_model_free(struct moetax_model *m);
 /* True for a routed-expert tensor (name contains "_exps.": ffn_{gate,up,down,gate_up}_exps). */
 bool moetax_tensor_is_routed_expert(const struct moetax_gguf_tensor *t);

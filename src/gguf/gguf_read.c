@@ -452,6 +452,13 @@ moetax_status moetax_gguf_open(const char *path, struct moetax_gguf **out) {
     }
     g->base = m;
     g->mapped = true;
+#ifdef MADV_HUGEPAGE
+    /* Pages read from disk through the mapping come in as 2 MiB folios, mapped
+     * whole: streaming weights through 4 KiB pages decoded 8-12% slower (F16/F32,
+     * Zen 3). Pages already cached in smaller folios stay as they are (see
+     * moetax_mem_pages and --no-mmap). Best effort. */
+    (void)madvise(m, g->size, MADV_HUGEPAGE);
+#endif
     return finish_open(g, out);
 }
 

@@ -10,6 +10,7 @@
 #include "moetax/gguf.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -336,6 +337,11 @@ moetax_status moetax_gguf_writer_finish(struct moetax_gguf_writer *w) {
     }
     if (fflush(w->f) != 0) return werr_io(w, "flush");
     if (fsync(fileno(w->f)) != 0 && errno != EINVAL) return werr_io(w, "fsync");
+    /* Drop the written (now clean) pages from the page cache: the write path caches them
+     * in small folios, and a model mapped from those streams through 4 KiB pages (8-15%
+     * slower decode measured on F16/F32). Read back through the loader's mapping, they
+     * come in as 2 MiB folios. Costs one read from disk at the first load. Best effort. */
+    (void)posix_fadvise(fileno(w->f), 0, 0, POSIX_FADV_DONTNEED);
     if (fclose(w->f) != 0) { w->f = NULL; unlink(w->tmp_path); return werr_io(w, "close"); }
     w->f = NULL;
     if (rename(w->tmp_path, w->path) != 0) {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "moetax/kernels.h"
+#include "moetax/membw.h"
 #include "moetax/model.h"
 #include "moetax/store.h"
 
@@ -35,8 +36,11 @@ static bool kernels_repack(enum moetax_type t) {
     return K->weights_repacked && K->weights_repacked(t);
 }
 
-static bool tensor_read_repacked(const struct moetax_gguf_tensor *t) {
-    return kernels_repack(t->type) && !(t->name.len == 17 && !memcmp(t->name.data, "token_embd.weight", 17));
+static bool model_copies(const struct moetax_model *m);
+
+static bool tensor_read_repacked(const struct moetax_model *m, const struct moetax_gguf_tensor *t) {
+    return (kernels_repack(t->type) || (model_copies(m) && t->n_dims >= 2)) &&
+           !(t->name.len == 17 && !memcmp(t->name.data, "token_embd.weight", 17));
 }
 
 /* Fault tensors in now (page tables and, if needed, reads) when they fit
@@ -52,12 +56,12 @@ void moetax_model_prefault(const struct moetax_model *m, bool routed_experts) {
     if (pages <= 0 || psz <= 0) return;
     uint64_t total = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++)
-        if (moetax_tensor_is_routed_expert(&g->tensors[i]) == routed_experts && !tensor_read_repacked(&g->tensors[i]))
+        if (moetax_tensor_is_routed_expert(&g->tensors[i]) == routed_experts && !tensor_read_repacked(m, &g->tensors[i]))
             total += g->tensors[i].nbytes;
     if ((double)total > 0.5 * (double)pages * (double)psz) return;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const struct moetax_gguf_tensor *t = &g->tensors[i];
-        if (moetax_tensor_is_routed_expert(t) != routed_experts || !t->nbytes || tensor_read_repacked(t)) continue;
+        if (moetax_tensor_is_routed_expert(t) != routed_experts || !t->nbytes || tensor_read_repacked(m, t)) continue;
         uintptr_t a = (uintptr_t)t->data & ~(uintptr_t)(psz - 1);
         (void)madvise((void *)a, (uintptr_t)t->data + t->nbytes - a, MADV_POPULATE_READ);
     }
@@ -69,11 +73,17 @@ struct owned {
     /* repacked copies (kernels.h, WEIGHT LAYOUTS): resident weights (at load)
      * and routed experts (moetax_model_prepare_experts), each one anonymous
      * mapping; munmap'ed by moetax_model_free */
-    void *rep_res, *rep_exp;
-    size_t rep_res_bytes, rep_exp_bytes;
+    struct anon_region {
+        void *start;    /* the copies: 2 MiB aligned */
+        void *map;      /* the mapping, with a PROT_NONE page or more before and after */
+        size_t map_len;
+    } rep_res, rep_exp;
     pthread_mutex_t mu; /* guards the one-time expert preparation */
     bool experts_prepared;
+    bool copy_all; /* no_mmap: every weight the kernels read gets a private copy */
 };
+
+static bool model_copies(const struct moetax_model *m) { return m->owned && ((struct owned *)m->owned)->copy_all; }
 
 static void *own(struct moetax_model *m, size_t bytes) {
     struct owned *o = m->owned;
@@ -96,13 +106,21 @@ static void *own(struct moetax_model *m, size_t bytes) {
  * without an expert store, the routed experts of those types) count once more in RSS;
  * the file pages they came from are released right after the copy (page cache
  * only, reclaimable), so the process does not hold both. */
-static void *map_anon(size_t bytes) {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+static void *map_anon(size_t bytes, struct anon_region *r) {
+    const size_t huge = (size_t)2 << 20, page = 4096, rb = (bytes + page - 1) / page * page;
+    /* inaccessible pages on both sides keep the kernel from merging this mapping with a
+     * neighbour (moetax_model_weight_pages reads it whole); the start is 2 MiB aligned */
+    const size_t len = rb + huge + page;
+    uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
+    uint8_t *start = (uint8_t *)(((uintptr_t)p + page + huge - 1) & ~(uintptr_t)(huge - 1));
+    (void)mprotect(p, (size_t)(start - p), PROT_NONE);
+    (void)mprotect(start + rb, (size_t)(p + len - (start + rb)), PROT_NONE);
 #ifdef MADV_HUGEPAGE
-    (void)madvise(p, bytes, MADV_HUGEPAGE);
+    (void)madvise(start, rb, MADV_HUGEPAGE);
 #endif
-    return p;
+    *r = (struct anon_region){.start = start, .map = p, .map_len = len};
+    return start;
 }
 
 /* Drop the pages of the (read-only, private) file mapping that lie wholly in
@@ -121,8 +139,9 @@ static size_t weight_bytes(const struct moetax_weight *w) {
     return w->mat_bytes * (size_t)(w->ne[2] > 1 ? w->ne[2] : 1);
 }
 
-static bool weight_repacked(const struct moetax_weight *w) {
-    return w->data && w->file_data && kernels_repack(w->type);
+/* read through a private copy: repacked, or copied as is (no_mmap) */
+static bool weight_repacked(const struct moetax_model *m, const struct moetax_weight *w) {
+    return w->data && w->file_data && (kernels_repack(w->type) || model_copies(m));
 }
 
 /* Repack rows rows of w from src to dst (may be src), in units of `unit` rows
@@ -132,6 +151,10 @@ static moetax_status repack_units(const struct moetax_weight *w, int64_t unit, v
                                   int64_t rows) {
     const struct moetax_kernels *K = moetax_kernels_get();
     moetax_status st = MOETAX_OK;
+    if (!kernels_repack(w->type)) { /* a plain copy (no_mmap) */
+        if (dst != src) memcpy(dst, src, (size_t)rows * w->row_bytes);
+        return st;
+    }
     for (int64_t r = 0; !st && r < rows; r += unit)
         st = moetax_kernels_repack(K, w->type, (uint8_t *)dst + (size_t)r * w->row_bytes,
                                    (const uint8_t *)src + (size_t)r * w->row_bytes, rows - r < unit ? rows - r : unit,
@@ -139,15 +162,15 @@ static moetax_status repack_units(const struct moetax_weight *w, int64_t unit, v
     return st;
 }
 
-/* Copy ws[0..n) (file tensors the kernels read repacked) into one anonymous
+/* Copy ws[0..n) (file tensors the kernels read repacked; with no_mmap, all) into one anonymous
  * mapping, repacked in units of units[i] rows (units NULL: each matrix, ne[1]
  * rows), each 64-byte aligned, and point their data at it. */
 static moetax_status repack_weights(const struct moetax_model *m, struct moetax_weight *const *ws,
-                                    const int64_t *units, int n, void **buf_out, size_t *bytes_out, const char *what) {
+                                    const int64_t *units, int n, struct anon_region *out, const char *what) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += (weight_bytes(ws[i]) + 63) / 64 * 64;
     if (!total) return MOETAX_OK;
-    uint8_t *buf = map_anon(total);
+    uint8_t *buf = map_anon(total, out);
     if (!buf)
         return moetax_error(MOETAX_ERR_NOMEM, "%s: cannot allocate %.1f MiB for the %s in the kernels' layout%s",
                             m->gguf->path, (double)total / 1048576.0, what,
@@ -162,8 +185,6 @@ static moetax_status repack_weights(const struct moetax_model *m, struct moetax_
         if (w->file_data != m->tok_embd.file_data) release_mapped(m, w->file_data, nb); /* still read by rows */
         off += (nb + 63) / 64 * 64;
     }
-    *buf_out = buf;
-    *bytes_out = total;
     return MOETAX_OK;
 }
 
@@ -175,7 +196,7 @@ static moetax_status repack_resident(struct moetax_model *m) {
     struct moetax_weight **ws = malloc(sizeof *ws * (size_t)(1 + per_layer * m->hp.n_layer));
     if (!ws) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     int n = 0;
-    if (weight_repacked(&m->output)) ws[n++] = &m->output;
+    if (weight_repacked(m, &m->output)) ws[n++] = &m->output;
     for (int il = 0; il < m->hp.n_layer; il++) {
         struct moetax_layer *l = &m->layers[il];
         struct moetax_weight *lw[] = {&l->wq, &l->wq_a, &l->wq_b, &l->wkv_a, &l->wk_b, &l->wv_b, &l->wo,
@@ -183,9 +204,9 @@ static moetax_status repack_resident(struct moetax_model *m) {
                                       &l->up_sh, &l->down_sh};
         _Static_assert(sizeof lw / sizeof lw[0] == 14, "per_layer");
         for (int i = 0; i < per_layer; i++)
-            if (weight_repacked(lw[i])) ws[n++] = lw[i];
+            if (weight_repacked(m, lw[i])) ws[n++] = lw[i];
     }
-    moetax_status st = repack_weights(m, ws, NULL, n, &o->rep_res, &o->rep_res_bytes, "resident weights");
+    moetax_status st = repack_weights(m, ws, NULL, n, &o->rep_res, "resident weights");
     free(ws);
     return st;
 }
@@ -202,14 +223,14 @@ moetax_status moetax_model_prepare_experts(const struct moetax_model *m) {
         for (int il = 0; !st && il < m->hp.n_layer; il++) {
             struct moetax_layer *l = &m->layers[il];
             if (!l->is_moe) continue;
-            if (weight_repacked(&l->gate_exps)) { /* fused: the whole gate_up tensor, its halves apart */
+            if (weight_repacked(m, &l->gate_exps)) { /* fused: the whole gate_up tensor, its halves apart */
                 units[n] = l->fused_gate_up ? m->hp.n_ff_exp : l->gate_exps.ne[1];
                 ws[n++] = &l->gate_exps;
             }
-            if (!l->fused_gate_up && weight_repacked(&l->up_exps)) units[n] = l->up_exps.ne[1], ws[n++] = &l->up_exps;
-            if (weight_repacked(&l->down_exps)) units[n] = l->down_exps.ne[1], ws[n++] = &l->down_exps;
+            if (!l->fused_gate_up && weight_repacked(m, &l->up_exps)) units[n] = l->up_exps.ne[1], ws[n++] = &l->up_exps;
+            if (weight_repacked(m, &l->down_exps)) units[n] = l->down_exps.ne[1], ws[n++] = &l->down_exps;
         }
-        if (!st) st = repack_weights(m, ws, units, n, &o->rep_exp, &o->rep_exp_bytes, "routed experts");
+        if (!st) st = repack_weights(m, ws, units, n, &o->rep_exp, "routed experts");
         for (int il = 0; !st && il < m->hp.n_layer; il++) {
             struct moetax_layer *l = &m->layers[il];
             if (l->is_moe && l->fused_gate_up) /* up = rows F..2F-1 of each fused matrix, wherever it now is */
@@ -247,8 +268,8 @@ void moetax_model_free(struct moetax_model *m) {
     if (o) {
         for (size_t i = 0; i < o->n; i++) free(o->ptr[i]);
         free(o->ptr);
-        if (o->rep_res) munmap(o->rep_res, o->rep_res_bytes);
-        if (o->rep_exp) munmap(o->rep_exp, o->rep_exp_bytes);
+        if (o->rep_res.map) munmap(o->rep_res.map, o->rep_res.map_len);
+        if (o->rep_exp.map) munmap(o->rep_exp.map, o->rep_exp.map_len);
         pthread_mutex_destroy(&o->mu);
         free(o);
     }
@@ -569,11 +590,18 @@ static moetax_status bind_layer(struct moetax_model *m, int il) {
 }
 
 moetax_status moetax_model_load(const char *path, struct moetax_model **out) {
+    return moetax_model_load_ex(path, NULL, out);
+}
+
+moetax_status moetax_model_load_ex(const char *path, const struct moetax_model_params *p, struct moetax_model **out) {
     *out = NULL;
     struct moetax_model *m = calloc(1, sizeof *m);
     if (!m) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     m->owned = calloc(1, sizeof(struct owned));
-    if (m->owned) pthread_mutex_init(&((struct owned *)m->owned)->mu, NULL);
+    if (m->owned) {
+        pthread_mutex_init(&((struct owned *)m->owned)->mu, NULL);
+        ((struct owned *)m->owned)->copy_all = p && p->no_mmap;
+    }
     moetax_status st = m->owned ? moetax_gguf_open(path, &m->gguf) : moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     if (!st) st = load_hparams(m);
     if (!st) {
@@ -598,6 +626,21 @@ moetax_status moetax_model_load(const char *path, struct moetax_model **out) {
         return st;
     }
     *out = m;
+    return MOETAX_OK;
+}
+
+moetax_status moetax_model_weight_pages(const struct moetax_model *m, uint64_t *resident, uint64_t *huge) {
+    const struct owned *o = m->owned;
+    const void *at[3] = {m->gguf->mapped ? m->gguf->base : NULL, o->rep_res.start, o->rep_exp.start};
+    *resident = *huge = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!at[i]) continue;
+        struct moetax_mem_paging pg;
+        moetax_status st = moetax_mem_pages(at[i], &pg);
+        if (st) return st;
+        *resident += pg.resident;
+        *huge += pg.huge;
+    }
     return MOETAX_OK;
 }
 
@@ -653,7 +696,9 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
     if (!p.path) p.path = m->gguf->path;
     for (int il = 0; il < hp->n_layer; il++) {
         const struct moetax_layer *l = &m->layers[il];
-        if (l->is_moe && (weight_repacked(&l->gate_exps) || weight_repacked(&l->up_exps) || weight_repacked(&l->down_exps))) {
+        /* the store's slots are private memory already: only a repacked layout needs the hook */
+        if (l->is_moe && (kernels_repack(l->gate_exps.type) || kernels_repack(l->up_exps.type) ||
+                          kernels_repack(l->down_exps.type))) {
             const size_t wide = l->gate_exps.row_bytes > l->down_exps.row_bytes ? l->gate_exps.row_bytes
                                                                                   : l->down_exps.row_bytes;
             if ((size_t)MOETAX_KERNELS_ROW_GROUP * wide > MOETAX_KERNELS_REPACK_STACK)

@@ -1,0 +1,44 @@
+/* pages.c - how the memory under an address is paged (4 KiB or 2 MiB); see
+ * moetax_mem_pages in moetax/membw.h. Linux: /proc/self/smaps. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "moetax/membw.h"
+
+moetax_status moetax_mem_pages(const void *addr, struct moetax_mem_paging *out) {
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return moetax_error(MOETAX_ERR_IO, "/proc/self/smaps: %s", strerror(errno));
+    const uintptr_t a = (uintptr_t)addr;
+    char line[512];
+    bool in = false, found = false, line_start = true;
+    while (fgets(line, sizeof line, f)) {
+        const bool whole = line_start; /* the rest of a long line (a path) is skipped */
+        line_start = strchr(line, '\n') != NULL;
+        if (!whole) continue;
+        uintptr_t lo, hi;
+        unsigned long long kb;
+        /* a mapping's header: "lo-hi perms offset dev inode [path]"; its fields follow as "Name:   N kB" */
+        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " ", &lo, &hi) == 2 && strchr(line, ' ') > strchr(line, '-')) {
+            if (found && in) break;
+            in = a >= lo && a < hi;
+            if (in) {
+                found = true;
+                out->start = (const void *)lo;
+                out->bytes = hi - lo;
+            }
+            continue;
+        }
+        if (!in) continue;
+        if (sscanf(line, "Rss: %llu kB", &kb) == 1) out->resident = kb << 10;
+        else if (sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) out->huge += kb << 10;
+        else if (sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1) out->huge += kb << 10;
+        else if (sscanf(line, "ShmemPmdMapped: %llu kB", &kb) == 1) out->huge += kb << 10;
+    }
+    fclose(f);
+    if (!found) return moetax_error(MOETAX_ERR_NOT_FOUND, "/proc/self/smaps: no mapping holds address %p", addr);
+    return MOETAX_OK;
+}
