@@ -177,7 +177,9 @@ static void test_matmul(void) {
                     test_matmul_case(t, rows_list[ri], cols[ci], batches[bi]);
                 }
         test_matmul_case(t, 37, q ? 4096 : 4099, 1);
-        test_matmul_case(t, 13, q ? 640 : 700, 1); /* decode rows of 0.5-4 KiB: F32/F16/BF16 one row at a time (avx2) */
+        /* decode rows of 0.5-8 KiB: F32/F16/BF16 two rows at a time (avx2), an odd count leaves one */
+        test_matmul_case(t, 13, q ? 640 : 700, 1);
+        test_matmul_case(t, 11, q ? 2048 : 2044, 1);
         test_matmul_case(t, 9, q ? 640 : 256, 1);
         test_matmul_case(t, 13, q ? 640 : 700, 2);
         test_matmul_case(t, 6, q ? 2048 : 2047, 65);

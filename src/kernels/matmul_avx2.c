@@ -234,17 +234,23 @@ static const tile_f_fn k_tiles_f[3][2][3] = {
 /* Decode (one batch row): 4 rows at a time share each activation load but read
  * 4 interleaved streams; rows of a few KiB are too short for the hardware
  * prefetcher to train on 4 streams before they end, while 4 rows together are
- * not yet one contiguous run, so there one row at a time (one sequential
- * stream) reads faster. Bounds in bytes per row, measured with `bench kernels
- * --cases matrix --cols N` (AMD Zen 3, 2 threads); the lower one with `--cases
- * expert`: F16 1024 x 256 (512-byte rows) read at 9-10 GB/s 4 rows at a time
- * and 12.5-15 GB/s one at a time, alternating builds. Q8_0 and Q4_0 need no such
- * switch: their repacked groups of rows are one stream already. */
+ * not yet one contiguous run. Between the bounds, rows go two at a time instead:
+ * row i of the range's first half with row i of its second half, so each core
+ * reads two streams that stay contiguous across rows (rows1_f). Bounds in bytes
+ * per row. AMD Zen 3 VM, `small` decode with 2 threads, alternating builds:
+ * two contiguous streams against one row at a time, F16: 89-104 against 80-87
+ * t/s (6 of 6 pairs); F32 (4 KiB rows, before on the 4-row tiles): 53-58
+ * against 37-53 t/s (6 of 6); a stand-alone F16 matvec read 10.5 against 8.6
+ * GB/s on one core. Earlier, on the same machine: F16 1024 x 256 (512-byte
+ * rows) read at 9-10 GB/s 4 rows at a time and 12.5-15 GB/s one at a time.
+ * 16 KiB as the upper bound (the dense FFN's down rows too): no difference
+ * within the noise. Q8_0 and Q4_0 need no such switch: their repacked groups
+ * of rows are one stream already. */
 #ifndef FROW_MIN
 #define FROW_MIN 512
 #endif
 #ifndef FROW_MAX
-#define FROW_MAX 4096
+#define FROW_MAX 8192
 #endif
 static bool f_one_row(int ti, int64_t ncols) {
     const int64_t bytes = ncols * (ti == 0 ? 4 : 2);
@@ -273,8 +279,67 @@ ALWAYS_INLINE float row1_f(enum moetax_type t, const uint8_t *w, const float *x,
     return s;
 }
 
+/* Two rows, a and b, each summed exactly as row1_f sums it (same accumulators,
+ * same order: the same bits), sharing the activation loads. */
+ALWAYS_INLINE void row2_f(enum moetax_type t, const uint8_t *wa, const uint8_t *wb, const float *x, int64_t ncols,
+                          float *ya, float *yb) {
+    const size_t esz = t == MOETAX_TYPE_F32 ? 4 : 2;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    int64_t k = 0;
+    for (; k + 32 <= ncols; k += 32) {
+        _mm_prefetch((const char *)wa + (size_t)k * esz + FPF(esz), QPF_HINT);
+        _mm_prefetch((const char *)wb + (size_t)k * esz + FPF(esz), QPF_HINT);
+        if (esz == 4) {
+            _mm_prefetch((const char *)wa + (size_t)k * esz + FPF(esz) + 64, QPF_HINT);
+            _mm_prefetch((const char *)wb + (size_t)k * esz + FPF(esz) + 64, QPF_HINT);
+        }
+        __m256 xv = _mm256_loadu_ps(x + k);
+        a0 = _mm256_fmadd_ps(load_w8(t, wa, k), xv, a0);
+        b0 = _mm256_fmadd_ps(load_w8(t, wb, k), xv, b0);
+        xv = _mm256_loadu_ps(x + k + 8);
+        a1 = _mm256_fmadd_ps(load_w8(t, wa, k + 8), xv, a1);
+        b1 = _mm256_fmadd_ps(load_w8(t, wb, k + 8), xv, b1);
+        xv = _mm256_loadu_ps(x + k + 16);
+        a2 = _mm256_fmadd_ps(load_w8(t, wa, k + 16), xv, a2);
+        b2 = _mm256_fmadd_ps(load_w8(t, wb, k + 16), xv, b2);
+        xv = _mm256_loadu_ps(x + k + 24);
+        a3 = _mm256_fmadd_ps(load_w8(t, wa, k + 24), xv, a3);
+        b3 = _mm256_fmadd_ps(load_w8(t, wb, k + 24), xv, b3);
+    }
+    for (; k + 8 <= ncols; k += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + k);
+        a0 = _mm256_fmadd_ps(load_w8(t, wa, k), xv, a0);
+        b0 = _mm256_fmadd_ps(load_w8(t, wb, k), xv, b0);
+    }
+    float sa = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    float sb = hsum_ps(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
+    for (; k < ncols; k++) {
+        sa += load_w1(t, wa, k) * x[k];
+        sb += load_w1(t, wb, k) * x[k];
+    }
+    *ya = sa;
+    *yb = sb;
+}
+
+#ifndef ROWS2 /* -DROWS2=0: one row at a time (for A/B runs) */
+#define ROWS2 1
+#endif
+
 static void rows1_f(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                     const float *x, float *y) {
+    if (ROWS2) {
+        /* two streams per core: row i of the range's first half with row i of its second
+         * half, each half one contiguous run */
+        const int64_t h = (row1 - row0) / 2;
+        for (int64_t i = 0; i < h; i++) {
+            const int64_t ra = row0 + i, rb = row0 + h + i;
+            const uint8_t *wa = w + (size_t)ra * row_bytes, *wb = w + (size_t)rb * row_bytes;
+            if (ti == 0) row2_f(MOETAX_TYPE_F32, wa, wb, x, ncols, y + ra, y + rb);
+            else if (ti == 1) row2_f(MOETAX_TYPE_F16, wa, wb, x, ncols, y + ra, y + rb);
+            else row2_f(MOETAX_TYPE_BF16, wa, wb, x, ncols, y + ra, y + rb);
+        }
+        row0 += 2 * h;
+    }
     for (int64_t r = row0; r < row1; r++) {
         const uint8_t *wr = w + (size_t)r * row_bytes;
         y[r] = ti == 0 ? row1_f(MOETAX_TYPE_F32, wr, x, ncols)
