@@ -93,6 +93,26 @@ static void no_mmap_same(const char *path) {
                   step ? "decode" : "prefill");
         free(a); free(b);
     }
+    /* every weight the kernels read (the routed experts too, copied when the first context
+     * started) lies outside the file mapping; token_embd stays there, read by rows */
+    const uint8_t *lo = mc->gguf->base, *hi = lo + mc->gguf->size;
+    int in_map = 0, copied = 0;
+    for (int il = 0; il < mc->hp.n_layer; il++) {
+        const struct moetax_layer *l = &mc->layers[il];
+        const struct moetax_weight *ws[] = {&l->wq, &l->wq_a, &l->wq_b, &l->wkv_a, &l->wk_b, &l->wv_b, &l->wo,
+                                            &l->ffn_gate, &l->ffn_up, &l->ffn_down, &l->gate_inp, &l->gate_sh,
+                                            &l->up_sh, &l->down_sh, &l->gate_exps, &l->up_exps, &l->down_exps};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            const uint8_t *d = ws[i]->data;
+            if (!d) continue;
+            copied++;
+            in_map += d >= lo && d < hi;
+        }
+    }
+    const uint8_t *od = mc->output.data;
+    in_map += od >= lo && od < hi;
+    CHECK_MSG(copied > 0 && in_map == 0, "%s: --no-mmap: %d of %d weights still read from the mapping", path, in_map,
+              copied + 1);
     for (int i = 0; i < 2; i++) {
         uint64_t res = 0, huge = 0;
         moetax_status st = moetax_model_weight_pages(i ? mc : mm, &res, &huge);
@@ -351,6 +371,9 @@ int main(int argc, char **argv) {
     const char *p = tu_path("model_variants.gguf");
     CHECK_EQ_INT(gen("--preset tiny-v3 --fused-gate-up --kv-b-merged --type q8_0", p), 0);
     consistency(p, 2e-5f);
+    no_mmap_same(p);
+    CHECK_EQ_INT(gen("--preset tiny-v3 --fused-gate-up --kv-b-merged --type f16", p), 0);
+    no_mmap_same(p);
     {
         char k2[512], k3[512];
         snprintf(k2, sizeof k2, "%s", tu_path("model_k2.gguf"));

@@ -341,6 +341,29 @@ static void test_mem_pages(void) {
     }
     struct moetax_mem_paging pg;
     CHECK_EQ_INT(moetax_mem_pages((const void *)16, &pg), MOETAX_ERR_NOT_FOUND); /* the zero page is never mapped */
+
+    /* the parser on a known text: a long path (its rest, "dead-beef ...", is not a mapping), fields
+     * that start with hex letters, the next mapping's fields not counted */
+    char text[2048];
+    int n = snprintf(text, sizeof text, "7f0000000000-7f0000400000 r--p 00000000 fd:01 123 /m/");
+    for (int i = 0; i < 600; i++) text[n++] = 'x';
+    n += snprintf(text + n, sizeof text - (size_t)n,
+                  " dead-beef r--p\nSize:               4096 kB\nRss:                4096 kB\n"
+                  "AnonHugePages:         0 kB\nFilePmdMapped:      2048 kB\nVmFlags: rd mr hg\n"
+                  "7f0000400000-7f0000600000 rw-p 00000000 00:00 0\nRss:                 100 kB\n"
+                  "AnonHugePages:      2048 kB\nVmFlags: rd wr\n");
+    FILE *f = fmemopen(text, (size_t)n, "r");
+    CHECK(f != NULL);
+    if (!f) return;
+    CHECK_EQ_INT(moetax_mem_pages_from(f, (const void *)0x7f0000001000, &pg), MOETAX_OK);
+    CHECK(pg.start == (const void *)0x7f0000000000 && pg.bytes == 4u << 20 && pg.resident == 4u << 20 &&
+          pg.huge == 2u << 20);
+    rewind(f);
+    CHECK_EQ_INT(moetax_mem_pages_from(f, (const void *)0x7f00005fffff, &pg), MOETAX_OK);
+    CHECK(pg.resident == 100u << 10 && pg.huge == 2u << 20 && pg.bytes == 2u << 20);
+    rewind(f);
+    CHECK_EQ_INT(moetax_mem_pages_from(f, (const void *)0xdead, &pg), MOETAX_ERR_NOT_FOUND);
+    fclose(f);
 }
 
 static void test_membw(void) {

@@ -322,9 +322,10 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
         if (huge_share >= 0)
             fprintf(stderr, "  weights: %.0f MiB resident, %.0f%% of them in 2 MiB pages%s\n", (double)wres / 1048576,
                     100 * huge_share,
-                    huge_share < 0.9 ? " (the rest in 4 KiB pages, which stream slower: the file's pages sat in the "
-                                       "page cache in small folios; --no-mmap copies the weights into 2 MiB pages)"
-                                     : "");
+                    huge_share >= 0.9 ? ""
+                    : o->no_mmap      ? " (the rest in 4 KiB pages: is transparent huge page support off?)"
+                                      : " (the rest in 4 KiB pages, which stream slower: the file's pages sat in the "
+                                        "page cache in small folios; --no-mmap copies the weights into 2 MiB pages)");
     }
     if (!st && write_outputs) st = cli_ledger_outputs(led, m, path, &o->lo, store, 0);
 done:

@@ -28,6 +28,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "moetax/pool.h"
 #include "moetax/status.h"
@@ -82,6 +83,10 @@ struct moetax_mem_paging {
     uint64_t huge;       /* of those, mapped as 2 MiB pages (AnonHugePages + FilePmdMapped + ShmemPmdMapped) */
 };
 moetax_status moetax_mem_pages(const void *addr, struct moetax_mem_paging *out);
+/* moetax_mem_pages makes the kernel walk the page tables of every mapping up to
+ * the one asked for: not for timed sections. moetax_mem_pages_from parses a
+ * stream in the smaps format instead (tests). */
+moetax_status moetax_mem_pages_from(FILE *smaps, const void *addr, struct moetax_mem_paging *out);
 
 #ifdef __cplusplus
 }

@@ -12,9 +12,10 @@
  *   repacks each expert it reads instead). The token embedding is read by rows
  *   with moetax_to_float and stays as stored (a tied output matrix gets its
  *   own repacked copy). With no_mmap (moetax_model_load_ex, like llama.cpp's
- *   --no-mmap) every resident weight is copied, as is, into private memory of
- *   2 MiB pages, and so are the routed experts when a context runs without an
- *   expert store: a file whose pages sit in the page cache in small folios
+ *   --no-mmap, though the copy is made from the mapping) every resident weight
+ *   the kernels read is copied (repacked types as always, the others as stored)
+ *   into private memory advised into 2 MiB pages, and so are the routed experts
+ *   when a context runs without an expert store: a file whose pages sit in the page cache in small folios
  *   (a freshly written file, say) is then read as fast as the machine allows;
  *   moetax_model_weight_pages tells how the weights are paged. Each tensor's shape is checked
  *   against the shape the metadata implies; a mismatch names the tensor and

@@ -341,7 +341,9 @@ moetax_status moetax_gguf_writer_finish(struct moetax_gguf_writer *w) {
      * in small folios, and a model mapped from those streams through 4 KiB pages (8-15%
      * slower decode measured on F16/F32). Read back through the loader's mapping, they
      * come in as 2 MiB folios. Costs one read from disk at the first load. Best effort. */
+#ifdef POSIX_FADV_DONTNEED
     (void)posix_fadvise(fileno(w->f), 0, 0, POSIX_FADV_DONTNEED);
+#endif
     if (fclose(w->f) != 0) { w->f = NULL; unlink(w->tmp_path); return werr_io(w, "close"); }
     w->f = NULL;
     if (rename(w->tmp_path, w->path) != 0) {

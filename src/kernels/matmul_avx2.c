@@ -5,7 +5,9 @@
  * Shape of every kernel: a tile of RB weight rows x BB batch rows is computed
  * in registers (RB*BB accumulators), so each weight vector loaded from memory
  * is used BB times and each activation vector RB times. Decode (n_batch == 1)
- * runs 4 rows at a time: for F32/F16/BF16 four interleaved streams through the weights, each
+ * reads F32/F16/BF16 rows of 0.5-8 KiB two at a time from the two halves of
+ * the row range (two contiguous streams per core, rows1_f), other rows 4 at a
+ * time; Q8_0 pairs its groups of 4 rows the same way. Weights are
  * software-prefetched QPF bytes ahead (short rows defeat the hardware
  * prefetcher), with the activation loads shared. F32/F16/BF16 with more batch
  * rows than one tile cut the columns into L1-sized chunks so the weights come
@@ -244,7 +246,10 @@ static const tile_f_fn k_tiles_f[3][2][3] = {
  * GB/s on one core. Earlier, on the same machine: F16 1024 x 256 (512-byte
  * rows) read at 9-10 GB/s 4 rows at a time and 12.5-15 GB/s one at a time.
  * 16 KiB as the upper bound (the dense FFN's down rows too): no difference
- * within the noise. Q8_0 and Q4_0 need no such switch: their repacked groups
+ * within the noise. Moving the bound from 4 to 8 KiB changed how rows of 4-8
+ * KiB are summed (4 accumulators instead of a tile's one), so their results
+ * moved by rounding: F32 with 1024-2047 columns, F16/BF16 with 2048-4095
+ * (within the kernels' tolerances; rows below 4 KiB kept their bits). Q8_0 and Q4_0 need no such switch: their repacked groups
  * of rows are one stream already. */
 #ifndef FROW_MIN
 #define FROW_MIN 512

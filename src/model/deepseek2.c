@@ -107,7 +107,8 @@ static void *own(struct moetax_model *m, size_t bytes) {
  * the file pages they came from are released right after the copy (page cache
  * only, reclaimable), so the process does not hold both. */
 static void *map_anon(size_t bytes, struct anon_region *r) {
-    const size_t huge = (size_t)2 << 20, page = 4096, rb = (bytes + page - 1) / page * page;
+    /* whole 2 MiB pages: a partial last one would stay in 4 KiB pages */
+    const size_t huge = (size_t)2 << 20, page = 4096, rb = (bytes + huge - 1) / huge * huge;
     /* inaccessible pages on both sides keep the kernel from merging this mapping with a
      * neighbour (moetax_model_weight_pages reads it whole); the start is 2 MiB aligned */
     const size_t len = rb + huge + page;
@@ -172,8 +173,9 @@ static moetax_status repack_weights(const struct moetax_model *m, struct moetax_
     if (!total) return MOETAX_OK;
     uint8_t *buf = map_anon(total, out);
     if (!buf)
-        return moetax_error(MOETAX_ERR_NOMEM, "%s: cannot allocate %.1f MiB for the %s in the kernels' layout%s",
+        return moetax_error(MOETAX_ERR_NOMEM, "%s: cannot allocate %.1f MiB for the %s %s%s",
                             m->gguf->path, (double)total / 1048576.0, what,
+                            model_copies(m) ? "as private copies (--no-mmap)" : "in the kernels' layout",
                             strcmp(what, "routed experts") ? "" : " (an expert store needs less: --expert-budget)");
     size_t off = 0;
     for (int i = 0; i < n; i++) {
@@ -630,8 +632,12 @@ moetax_status moetax_model_load_ex(const char *path, const struct moetax_model_p
 }
 
 moetax_status moetax_model_weight_pages(const struct moetax_model *m, uint64_t *resident, uint64_t *huge) {
-    const struct owned *o = m->owned;
-    const void *at[3] = {m->gguf->mapped ? m->gguf->base : NULL, o->rep_res.start, o->rep_exp.start};
+    struct owned *o = m->owned;
+    /* with no_mmap the mapping holds only what the kernels never stream (token_embd, read by
+     * rows; the metadata) */
+    pthread_mutex_lock(&o->mu); /* rep_exp is set by moetax_model_prepare_experts */
+    const void *at[3] = {m->gguf->mapped && !o->copy_all ? m->gguf->base : NULL, o->rep_res.start, o->rep_exp.start};
+    pthread_mutex_unlock(&o->mu);
     *resident = *huge = 0;
     for (int i = 0; i < 3; i++) {
         if (!at[i]) continue;

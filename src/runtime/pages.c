@@ -12,6 +12,13 @@ moetax_status moetax_mem_pages(const void *addr, struct moetax_mem_paging *out) 
     memset(out, 0, sizeof *out);
     FILE *f = fopen("/proc/self/smaps", "r");
     if (!f) return moetax_error(MOETAX_ERR_IO, "/proc/self/smaps: %s", strerror(errno));
+    moetax_status st = moetax_mem_pages_from(f, addr, out);
+    fclose(f);
+    return st;
+}
+
+moetax_status moetax_mem_pages_from(FILE *f, const void *addr, struct moetax_mem_paging *out) {
+    memset(out, 0, sizeof *out);
     const uintptr_t a = (uintptr_t)addr;
     char line[512];
     bool in = false, found = false, line_start = true;
@@ -22,7 +29,7 @@ moetax_status moetax_mem_pages(const void *addr, struct moetax_mem_paging *out) 
         uintptr_t lo, hi;
         unsigned long long kb;
         /* a mapping's header: "lo-hi perms offset dev inode [path]"; its fields follow as "Name:   N kB" */
-        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " ", &lo, &hi) == 2 && strchr(line, ' ') > strchr(line, '-')) {
+        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " ", &lo, &hi) == 2) {
             if (found && in) break;
             in = a >= lo && a < hi;
             if (in) {
@@ -38,7 +45,6 @@ moetax_status moetax_mem_pages(const void *addr, struct moetax_mem_paging *out) 
         else if (sscanf(line, "FilePmdMapped: %llu kB", &kb) == 1) out->huge += kb << 10;
         else if (sscanf(line, "ShmemPmdMapped: %llu kB", &kb) == 1) out->huge += kb << 10;
     }
-    fclose(f);
     if (!found) return moetax_error(MOETAX_ERR_NOT_FOUND, "/proc/self/smaps: no mapping holds address %p", addr);
     return MOETAX_OK;
 }
