@@ -88,6 +88,19 @@ moetax_status moetax_mem_pages(const void *addr, struct moetax_mem_paging *out);
  * stream in the smaps format instead (tests). */
 moetax_status moetax_mem_pages_from(FILE *smaps, const void *addr, struct moetax_mem_paging *out);
 
+/* Anonymous memory for data that kernels stream (weight copies, expert slots, the
+ * read probe): bytes rounded up to whole 2 MiB pages, 2 MiB aligned, advised into
+ * 2 MiB pages, between inaccessible pages so that the kernel cannot merge it with
+ * a neighbour (moetax_mem_pages then describes it alone). Zero-filled. Returns
+ * b->ptr, or NULL with errno set; moetax_huge_free releases it (a zeroed b: no-op). */
+struct moetax_huge_buf {
+    uint8_t *ptr;   /* the usable bytes */
+    void *map;      /* the whole mapping */
+    size_t map_len;
+};
+uint8_t *moetax_huge_alloc(size_t bytes, struct moetax_huge_buf *b);
+void moetax_huge_free(struct moetax_huge_buf *b);
+
 #ifdef __cplusplus
 }
 #endif

@@ -73,11 +73,7 @@ struct owned {
     /* repacked copies (kernels.h, WEIGHT LAYOUTS): resident weights (at load)
      * and routed experts (moetax_model_prepare_experts), each one anonymous
      * mapping; munmap'ed by moetax_model_free */
-    struct anon_region {
-        void *start;    /* the copies: 2 MiB aligned */
-        void *map;      /* the mapping, with a PROT_NONE page or more before and after */
-        size_t map_len;
-    } rep_res, rep_exp;
+    struct moetax_huge_buf rep_res, rep_exp;
     pthread_mutex_t mu; /* guards the one-time expert preparation */
     bool experts_prepared;
     bool copy_all; /* no_mmap: every weight the kernels read gets a private copy */
@@ -102,27 +98,10 @@ static void *own(struct moetax_model *m, size_t bytes) {
 /* ---- repacked copies ------------------------------------------------------------ */
 
 /* Extra memory: each repacked weight takes as many bytes as in the file, in an
- * anonymous mapping (huge pages advised), so the resident Q4_0/Q8_0 weights (and,
+ * anonymous mapping (moetax_huge_alloc), so the resident Q4_0/Q8_0 weights (and,
  * without an expert store, the routed experts of those types) count once more in RSS;
  * the file pages they came from are released right after the copy (page cache
  * only, reclaimable), so the process does not hold both. */
-static void *map_anon(size_t bytes, struct anon_region *r) {
-    /* whole 2 MiB pages: a partial last one would stay in 4 KiB pages */
-    const size_t huge = (size_t)2 << 20, page = 4096, rb = (bytes + huge - 1) / huge * huge;
-    /* inaccessible pages on both sides keep the kernel from merging this mapping with a
-     * neighbour (moetax_model_weight_pages reads it whole); the start is 2 MiB aligned */
-    const size_t len = rb + huge + page;
-    uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
-    uint8_t *start = (uint8_t *)(((uintptr_t)p + page + huge - 1) & ~(uintptr_t)(huge - 1));
-    (void)mprotect(p, (size_t)(start - p), PROT_NONE);
-    (void)mprotect(start + rb, (size_t)(p + len - (start + rb)), PROT_NONE);
-#ifdef MADV_HUGEPAGE
-    (void)madvise(start, rb, MADV_HUGEPAGE);
-#endif
-    *r = (struct anon_region){.start = start, .map = p, .map_len = len};
-    return start;
-}
 
 /* Drop the pages of the (read-only, private) file mapping that lie wholly in
  * [p, p + n): they are read from a copy from now on, and would come back from
@@ -167,11 +146,11 @@ static moetax_status repack_units(const struct moetax_weight *w, int64_t unit, v
  * mapping, repacked in units of units[i] rows (units NULL: each matrix, ne[1]
  * rows), each 64-byte aligned, and point their data at it. */
 static moetax_status repack_weights(const struct moetax_model *m, struct moetax_weight *const *ws,
-                                    const int64_t *units, int n, struct anon_region *out, const char *what) {
+                                    const int64_t *units, int n, struct moetax_huge_buf *out, const char *what) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += (weight_bytes(ws[i]) + 63) / 64 * 64;
     if (!total) return MOETAX_OK;
-    uint8_t *buf = map_anon(total, out);
+    uint8_t *buf = moetax_huge_alloc(total, out);
     if (!buf)
         return moetax_error(MOETAX_ERR_NOMEM, "%s: cannot allocate %.1f MiB for the %s %s%s",
                             m->gguf->path, (double)total / 1048576.0, what,
@@ -270,8 +249,8 @@ void moetax_model_free(struct moetax_model *m) {
     if (o) {
         for (size_t i = 0; i < o->n; i++) free(o->ptr[i]);
         free(o->ptr);
-        if (o->rep_res.map) munmap(o->rep_res.map, o->rep_res.map_len);
-        if (o->rep_exp.map) munmap(o->rep_exp.map, o->rep_exp.map_len);
+        moetax_huge_free(&o->rep_res);
+        moetax_huge_free(&o->rep_exp);
         pthread_mutex_destroy(&o->mu);
         free(o);
     }
@@ -636,7 +615,7 @@ moetax_status moetax_model_weight_pages(const struct moetax_model *m, uint64_t *
     /* with no_mmap the mapping holds only what the kernels never stream (token_embd, read by
      * rows; the metadata) */
     pthread_mutex_lock(&o->mu); /* rep_exp is set by moetax_model_prepare_experts */
-    const void *at[3] = {m->gguf->mapped && !o->copy_all ? m->gguf->base : NULL, o->rep_res.start, o->rep_exp.start};
+    const void *at[3] = {m->gguf->mapped && !o->copy_all ? m->gguf->base : NULL, o->rep_res.ptr, o->rep_exp.ptr};
     pthread_mutex_unlock(&o->mu);
     *resident = *huge = 0;
     for (int i = 0; i < 3; i++) {

@@ -6,10 +6,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #define MEMBW_PAGE 4096u
-#define MEMBW_HUGE (2u << 20)
 
 #if defined(__x86_64__) || defined(__i386__)
 #define MEMBW_HAVE_AVX2 1
@@ -132,8 +130,8 @@ moetax_status moetax_membw_pass(struct moetax_pool *pool, const void *buf, size_
 
 struct moetax_membw_probe {
     struct moetax_pool *pool;
-    void *map;
-    size_t map_len, bytes;
+    struct moetax_huge_buf mem;
+    size_t bytes;
     uint8_t *buf;
 };
 
@@ -149,18 +147,13 @@ moetax_status moetax_membw_probe_new(struct moetax_pool *pool, size_t bytes, str
         free(p), free(sink);
         return moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_probe_new: out of memory");
     }
-    /* Reserve 2 MiB extra so the buffer can start on a huge-page boundary. */
-    p->map_len = bytes + MEMBW_HUGE;
-    p->map = mmap(NULL, p->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p->map == MAP_FAILED) {
+    p->buf = moetax_huge_alloc(bytes, &p->mem); /* 2 MiB pages, like the weights' copies */
+    if (!p->buf) {
+        moetax_status st = moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_probe_new: mmap of %zu bytes: %s", bytes,
+                                        strerror(errno));
         free(p), free(sink);
-        return moetax_error(MOETAX_ERR_NOMEM, "moetax_membw_probe_new: mmap of %zu bytes: %s", bytes + MEMBW_HUGE,
-                            strerror(errno));
+        return st;
     }
-    p->buf = (uint8_t *)(((uintptr_t)p->map + MEMBW_HUGE - 1) & ~(uintptr_t)(MEMBW_HUGE - 1));
-#ifdef MADV_HUGEPAGE
-    (void)madvise(p->buf, (bytes + MEMBW_HUGE - 1) & ~(size_t)(MEMBW_HUGE - 1), MADV_HUGEPAGE);
-#endif
     p->pool = pool;
     p->bytes = bytes;
     /* first touch by the workers that read it, and an untimed warm-up pass */
@@ -178,7 +171,7 @@ moetax_status moetax_membw_probe_pass(struct moetax_membw_probe *p, double *gbps
 
 void moetax_membw_probe_free(struct moetax_membw_probe *p) {
     if (!p) return;
-    munmap(p->map, p->map_len);
+    moetax_huge_free(&p->mem);
     free(p);
 }
 

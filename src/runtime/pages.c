@@ -6,7 +6,31 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <sys/mman.h>
+
 #include "moetax/membw.h"
+
+uint8_t *moetax_huge_alloc(size_t bytes, struct moetax_huge_buf *b) {
+    const size_t huge = (size_t)2 << 20, page = 4096;
+    memset(b, 0, sizeof *b);
+    const size_t rb = (bytes + huge - 1) / huge * huge; /* a partial last one would stay in 4 KiB pages */
+    const size_t len = rb + huge + page;                /* room to align, and a page after */
+    uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    uint8_t *start = (uint8_t *)(((uintptr_t)p + page + huge - 1) & ~(uintptr_t)(huge - 1));
+    (void)mprotect(p, (size_t)(start - p), PROT_NONE);
+    (void)mprotect(start + rb, (size_t)(p + len - (start + rb)), PROT_NONE);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(start, rb, MADV_HUGEPAGE);
+#endif
+    *b = (struct moetax_huge_buf){.ptr = start, .map = p, .map_len = len};
+    return start;
+}
+
+void moetax_huge_free(struct moetax_huge_buf *b) {
+    if (b->map) munmap(b->map, b->map_len);
+    memset(b, 0, sizeof *b);
+}
 
 moetax_status moetax_mem_pages(const void *addr, struct moetax_mem_paging *out) {
     memset(out, 0, sizeof *out);

@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
+#include "moetax/membw.h"
 #include "store/store_impl.h"
 
 enum { SLOT_EMPTY = 0, SLOT_LOADING, SLOT_READY, SLOT_ERROR };
@@ -64,7 +64,7 @@ struct moetax_store {
     bool committed;
     uint64_t slot_bytes;
     int n_slots;
-    uint8_t *mem;
+    struct moetax_huge_buf mem; /* the slots (moetax_huge_alloc: the kernels stream experts from them) */
     struct slot *slots;
     struct store_io *io;
 
@@ -237,7 +237,7 @@ void moetax_store_free(struct moetax_store *s) {
     if (!s) return;
     store_io_stop(s->io); /* joins: no worker touches the slots after this */
     if (s->fd >= 0) s->vfs->close(s->vfs->user, s->fd);
-    free(s->mem);
+    moetax_huge_free(&s->mem);
     free(s->slots);
     free(s->ex);
     free(s->lheld);
@@ -355,22 +355,14 @@ moetax_status moetax_store_commit(struct moetax_store *s) {
                             need == 1 ? "expert is" : "experts are", (unsigned long long)(sb * (uint64_t)need),
                             (double)(sb * (uint64_t)need) / 1048576.0);
     int n_slots = fit > (uint64_t)s->n_registered ? s->n_registered : (int)fit;
-    void *mem = NULL;
-    /* 2 MiB aligned and advised into 2 MiB pages: the kernels stream the experts from the
-     * slots, and 4 KiB pages read slower (see moetax_mem_pages) */
-    const size_t huge = (size_t)2 << 20, mem_bytes = (size_t)sb * (size_t)n_slots;
-    if (posix_memalign(&mem, mem_bytes >= huge ? huge : MOETAX_STORE_ALIGN, mem_bytes) != 0)
+    if (!moetax_huge_alloc((size_t)sb * (size_t)n_slots, &s->mem))
         return moetax_error(MOETAX_ERR_NOMEM, "expert store: cannot allocate %d slots of %llu bytes", n_slots,
                             (unsigned long long)sb);
     s->slots = calloc((size_t)n_slots, sizeof *s->slots);
     if (!s->slots) {
-        free(mem);
+        moetax_huge_free(&s->mem);
         return moetax_error(MOETAX_ERR_NOMEM, "expert store: out of memory");
     }
-#ifdef MADV_HUGEPAGE
-    if (mem_bytes >= huge) (void)madvise(mem, mem_bytes / huge * huge, MADV_HUGEPAGE);
-#endif
-    s->mem = mem;
     s->slot_bytes = sb;
     s->n_cycle = 0;
     for (int l = 0; l < s->n_layer; l++) {
@@ -380,15 +372,14 @@ moetax_status moetax_store_commit(struct moetax_store *s) {
     }
     s->n_slots = n_slots;
     for (int i = 0; i < n_slots; i++) {
-        s->slots[i].buf = s->mem + (size_t)i * sb;
+        s->slots[i].buf = s->mem.ptr + (size_t)i * sb;
         s->slots[i].key = -1;
     }
     moetax_status st = store_io_start(s->p.n_io_threads, n_slots, io_job, s, &s->io);
     if (st != MOETAX_OK) {
         free(s->slots);
-        free(s->mem);
+        moetax_huge_free(&s->mem);
         s->slots = NULL;
-        s->mem = NULL;
         return st;
     }
     s->committed = true;
