@@ -31,6 +31,7 @@ typedef enum moetax_status {
     MOETAX_ERR_NOT_FOUND,   /* key or tensor missing */
     MOETAX_ERR_SHAPE,       /* tensor shape does not match the metadata */
     MOETAX_ERR_LIMIT,       /* a configured limit would be exceeded (KV cache, budget) */
+    MOETAX_ERR_NUMERIC,     /* a result is not finite (NaN or inf): a broken model or input */
     MOETAX_ERR_INTERNAL,    /* bug */
 } moetax_status;
 

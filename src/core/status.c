@@ -18,6 +18,7 @@ const char *moetax_status_name(moetax_status st) {
     case MOETAX_ERR_NOT_FOUND: return "MOETAX_ERR_NOT_FOUND";
     case MOETAX_ERR_SHAPE: return "MOETAX_ERR_SHAPE";
     case MOETAX_ERR_LIMIT: return "MOETAX_ERR_LIMIT";
+    case MOETAX_ERR_NUMERIC: return "MOETAX_ERR_NUMERIC";
     case MOETAX_ERR_INTERNAL: return "MOETAX_ERR_INTERNAL";
     }
     return "MOETAX_ERR_UNKNOWN";
