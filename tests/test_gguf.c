@@ -343,6 +343,27 @@ static void expect_format_error(const uint8_t *b, size_t n, const char *what, co
 static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 
+/* moetax_tensor_nbytes: the one checked size helper (issue 21) */
+static void test_nbytes(void) {
+    uint64_t nb = 0;
+    int64_t nel = 0;
+    int64_t ok[2] = {64, 3};
+    CHECK(moetax_tensor_nbytes(MOETAX_TYPE_Q8_0, 2, ok, &nb, &nel) == MOETAX_NBYTES_OK && nb == 2 * 34 * 3 && nel == 192);
+    int64_t big0[1] = {INT64_C(1) << 62};
+    CHECK(moetax_tensor_nbytes(MOETAX_TYPE_F32, 1, big0, &nb, NULL) == MOETAX_NBYTES_OVERFLOW);
+    CHECK(moetax_tensor_nbytes(MOETAX_TYPE_F16, 1, big0, &nb, NULL) == MOETAX_NBYTES_OVERFLOW); /* 2^63 > INT64_MAX */
+    CHECK(moetax_tensor_nbytes(MOETAX_TYPE_Q8_0, 1, big0, &nb, NULL) == MOETAX_NBYTES_OK && nb == (UINT64_C(1) << 57) * 34);
+    int64_t big1[2] = {32, INT64_C(1) << 62};
+    CHECK(moetax_tensor_nbytes(MOETAX_TYPE_F32, 2, big1, &nb, NULL) == MOETAX_NBYTES_OVERFLOW);
+    int64_t odd[1] = {33};
+    CHECK(moetax_tensor_nbytes(MOETAX_TYPE_Q4_0, 1, odd, &nb, NULL) == MOETAX_NBYTES_NOT_BLOCKS);
+    int64_t zero[2] = {32, 0};
+    CHECK(moetax_tensor_nbytes(MOETAX_TYPE_F32, 2, zero, &nb, NULL) == MOETAX_NBYTES_BAD_DIM);
+    CHECK(moetax_tensor_nbytes((enum moetax_type)4, 1, ok, &nb, NULL) == MOETAX_NBYTES_BAD_TYPE);
+    CHECK(moetax_row_size(MOETAX_TYPE_F32, INT64_C(1) << 62) == 0);
+    CHECK(moetax_row_size(MOETAX_TYPE_Q8_0, 64) == 68);
+}
+
 static void test_malformed(void) {
     const char *path = tu_path("gguf_good.gguf");
     write_good(path);
@@ -397,6 +418,10 @@ static void test_malformed(void) {
     MUTATE(put_u64(b + ti1 + 25, 64), "overlapping tensors", "overlap");
     MUTATE(put_u64(b + ti1 + 25, 1ull << 40), "offset past end", "past the end");
     MUTATE(put_u64(b + ti1 + 25, UINT64_MAX - 31), "offset overflow", "past the end");
+    /* issue 21: F32 with ne0 = 2^62 had byte size 2^64 = 0 and passed the bounds checks */
+    MUTATE(put_u64(b + ti1 + 13, 1ull << 62), "F32 ne0 = 2^62", "tensor 'b': byte size overflows");
+    MUTATE(put_u64(b + ti1 + 13, 1ull << 61), "F32 ne0 = 2^61", "tensor 'b': byte size overflows");
+    MUTATE(put_u64(b + ti1 + 13, 1ull << 40), "F32 ne0 = 2^40", "past the end");
     MUTATE(b[ti1 + 8] = 'a', "duplicate tensor name", "twice");
     MUTATE(b[ti1 + 8] = 0x80, "tensor name not UTF-8", "UTF-8");
 #undef MUTATE
@@ -467,6 +492,7 @@ int main(int argc, char **argv) {
     test_conversions();
     test_round_trip();
     test_all_types();
+    test_nbytes();
     test_malformed();
     return tu_finish("test_gguf");
 }

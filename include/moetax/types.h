@@ -89,8 +89,26 @@ const char *moetax_type_name(enum moetax_type t);
 bool moetax_type_from_name(const char *name, enum moetax_type *out);
 /* True for the types moetax computes with: F32, F16, BF16, Q8_0, Q4_0. */
 bool moetax_type_supported(enum moetax_type t);
-/* Bytes of a row of n values; 0 if n is not a multiple of the block size. */
+/* Bytes of a row of n values; 0 if n is not a multiple of the block size or
+ * the size does not fit (moetax_tensor_nbytes with one dimension). */
 size_t moetax_row_size(enum moetax_type t, int64_t n);
+
+/* Why moetax_tensor_nbytes refused a shape. */
+enum moetax_nbytes_err {
+    MOETAX_NBYTES_OK = 0,
+    MOETAX_NBYTES_BAD_TYPE,     /* unknown type id */
+    MOETAX_NBYTES_BAD_DIM,      /* a dimension < 1 */
+    MOETAX_NBYTES_NOT_BLOCKS,   /* ne[0] is not a multiple of the block size */
+    MOETAX_NBYTES_OVERFLOW,     /* the element count or the byte size overflows 63 bits */
+};
+/* The one checked helper for sizes computed from file values: the bytes of a
+ * tensor of type t with dims ne[0..n_dims) (ggml order), every product checked
+ * (the first dimension's too), and the element count, which must also fit.
+ * On success *nbytes (and *nel when not NULL) are set. */
+enum moetax_nbytes_err moetax_tensor_nbytes(enum moetax_type t, int n_dims, const int64_t *ne, uint64_t *nbytes,
+                                            int64_t *nel);
+/* "byte size overflows", ... for messages. */
+const char *moetax_nbytes_err_str(enum moetax_nbytes_err e);
 
 /* Scalar half/bfloat conversions (round to nearest even). */
 float moetax_fp16_to_fp32(uint16_t h);

@@ -77,9 +77,43 @@ bool moetax_type_supported(enum moetax_type t) {
 }
 
 size_t moetax_row_size(enum moetax_type t, int64_t n) {
-    int64_t b = moetax_type_blck_size(t);
-    if (b <= 0 || n < 0 || n % b != 0) return 0;
-    return (size_t)(n / b) * moetax_type_size(t);
+    uint64_t nb;
+    if (n == 0) return 0;
+    if (moetax_tensor_nbytes(t, 1, &n, &nb, NULL) != MOETAX_NBYTES_OK || nb > SIZE_MAX) return 0;
+    return (size_t)nb;
+}
+
+enum moetax_nbytes_err moetax_tensor_nbytes(enum moetax_type t, int n_dims, const int64_t *ne, uint64_t *nbytes,
+                                            int64_t *nel) {
+    if (!moetax_type_valid((uint32_t)t)) return MOETAX_NBYTES_BAD_TYPE;
+    const int64_t blck = k_traits[t].blck;
+    int64_t count = 1;
+    for (int d = 0; d < n_dims; d++) {
+        if (ne[d] < 1) return MOETAX_NBYTES_BAD_DIM;
+        if (__builtin_mul_overflow(count, ne[d], &count)) return MOETAX_NBYTES_OVERFLOW;
+    }
+    if (n_dims > 0 && ne[0] % blck != 0) return MOETAX_NBYTES_NOT_BLOCKS;
+    /* blocks of the first dimension, times the block size, times every other dimension, all checked */
+    uint64_t bytes;
+    if (__builtin_mul_overflow((uint64_t)(n_dims > 0 ? ne[0] / blck : 1), (uint64_t)k_traits[t].size, &bytes))
+        return MOETAX_NBYTES_OVERFLOW;
+    for (int d = 1; d < n_dims; d++)
+        if (__builtin_mul_overflow(bytes, (uint64_t)ne[d], &bytes)) return MOETAX_NBYTES_OVERFLOW;
+    if (bytes > (uint64_t)INT64_MAX) return MOETAX_NBYTES_OVERFLOW;
+    *nbytes = bytes;
+    if (nel) *nel = count;
+    return MOETAX_NBYTES_OK;
+}
+
+const char *moetax_nbytes_err_str(enum moetax_nbytes_err e) {
+    switch (e) {
+    case MOETAX_NBYTES_OK: return "ok";
+    case MOETAX_NBYTES_BAD_TYPE: return "unknown tensor type";
+    case MOETAX_NBYTES_BAD_DIM: return "a dimension is < 1";
+    case MOETAX_NBYTES_NOT_BLOCKS: return "first dimension is not a multiple of the block size";
+    case MOETAX_NBYTES_OVERFLOW: return "byte size overflows";
+    }
+    return "bad size";
 }
 
 static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }

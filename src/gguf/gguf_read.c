@@ -4,7 +4,8 @@
  *
  * Every read goes through struct cursor, whose functions check the remaining
  * bytes before touching memory and report the byte offset and the field on
- * failure. Sizes are multiplied with overflow checks (__builtin_mul_overflow).
+ * failure. Every tensor's size goes through moetax_tensor_nbytes (types.c), the
+ * one overflow-checked helper for sizes computed from file values.
  */
 #include "moetax/gguf.h"
 
@@ -268,13 +269,16 @@ static moetax_status parse_tensor_info(struct cursor *c, struct moetax_gguf_tens
                             (unsigned long long)(c->pos - 4), field, type);
     t->type = (enum moetax_type)type;
     int64_t blck = moetax_type_blck_size(t->type);
-    if (t->ne[0] % blck != 0)
+    uint64_t nbytes = 0;
+    enum moetax_nbytes_err e = moetax_tensor_nbytes(t->type, MOETAX_GGUF_MAX_DIMS, t->ne, &nbytes, NULL);
+    if (e == MOETAX_NBYTES_NOT_BLOCKS)
         return moetax_error(MOETAX_ERR_FORMAT, "%s: %s: first dimension %lld is not a multiple of the %s block size %lld",
                             c->path, field, (long long)t->ne[0], moetax_type_name(t->type), (long long)blck);
-    uint64_t nbytes = (uint64_t)(t->ne[0] / blck) * moetax_type_size(t->type);
-    for (int d = 1; d < MOETAX_GGUF_MAX_DIMS; d++)
-        if (__builtin_mul_overflow(nbytes, (uint64_t)t->ne[d], &nbytes))
-            return moetax_error(MOETAX_ERR_FORMAT, "%s: %s: byte size overflows 64 bits", c->path, field);
+    if (e)
+        return moetax_error(MOETAX_ERR_FORMAT, "%s: byte %llu: %s: %s (%s, %lld x %lld x %lld x %lld)", c->path,
+                            (unsigned long long)t->info_offset, field, moetax_nbytes_err_str(e),
+                            moetax_type_name(t->type), (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                            (long long)t->ne[3]);
     t->nbytes = nbytes;
     if ((st = rd_u64(c, &t->offset, field))) return st;
     return MOETAX_OK;

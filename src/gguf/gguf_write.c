@@ -5,9 +5,11 @@
  * most, e.g. a vocabulary); tensor infos are kept in an array. The header is
  * written on the first data write; tensor data is then streamed in declaration
  * order with zero padding to the alignment after each tensor. Everything goes
- * to "<path>.tmp", renamed over <path> only by a successful finish.
+ * to a temporary file next to <path> (moetax/outfile.h: symbolic links followed,
+ * only regular files replaced), renamed over it only by a successful finish.
  */
 #include "moetax/gguf.h"
+#include "moetax/outfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,7 +31,8 @@ struct wtensor {
 
 struct moetax_gguf_writer {
     char *path;
-    char *tmp_path;
+    const char *tmp_path; /* owned by out */
+    struct moetax_outfile *out;
     FILE *f;
     char *fbuf;
     uint32_t alignment;
@@ -63,18 +66,17 @@ moetax_status moetax_gguf_writer_init(const char *path, struct moetax_gguf_write
     if (!w) return moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", path);
     w->alignment = MOETAX_GGUF_DEFAULT_ALIGNMENT;
     w->path = strdup(path);
-    w->tmp_path = malloc(strlen(path) + 5);
-    if (!w->path || !w->tmp_path) {
+    if (!w->path) {
         moetax_gguf_writer_free(w);
         return moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", path);
     }
-    sprintf(w->tmp_path, "%s.tmp", path);
-    w->f = fopen(w->tmp_path, "wb");
-    if (!w->f) {
-        moetax_status st = moetax_error(MOETAX_ERR_IO, "%s: cannot create: %s", w->tmp_path, strerror(errno));
+    moetax_status st = moetax_outfile_open(path, &w->out);
+    if (st) {
         moetax_gguf_writer_free(w);
         return st;
     }
+    w->f = moetax_outfile_file(w->out);
+    w->tmp_path = moetax_outfile_tmp_path(w->out);
     w->fbuf = malloc(1 << 20);
     if (w->fbuf) setvbuf(w->f, w->fbuf, _IOFBF, 1 << 20);
     *out = w;
@@ -83,10 +85,7 @@ moetax_status moetax_gguf_writer_init(const char *path, struct moetax_gguf_write
 
 void moetax_gguf_writer_free(struct moetax_gguf_writer *w) {
     if (!w) return;
-    if (w->f) {
-        fclose(w->f);
-        if (!w->finished) unlink(w->tmp_path);
-    }
+    moetax_outfile_abort(w->out); /* NULL once committed */
     free(w->fbuf);
     free(w->kv_buf);
     for (size_t i = 0; i < w->n_keys; i++) free(w->keys[i]);
@@ -94,7 +93,6 @@ void moetax_gguf_writer_free(struct moetax_gguf_writer *w) {
     for (size_t i = 0; i < w->n_t; i++) free(w->t[i].name);
     free(w->t);
     free(w->path);
-    free(w->tmp_path);
     free(w);
 }
 
@@ -228,13 +226,11 @@ moetax_status moetax_gguf_writer_add_tensor(struct moetax_gguf_writer *w, const 
         t.ne[d] = ne[d];
     }
     int64_t blck = moetax_type_blck_size(type);
-    if (t.ne[0] % blck)
+    enum moetax_nbytes_err e = moetax_tensor_nbytes(type, MOETAX_GGUF_MAX_DIMS, t.ne, &t.nbytes, NULL);
+    if (e == MOETAX_NBYTES_NOT_BLOCKS)
         return moetax_error(MOETAX_ERR_ARG, "%s: tensor '%s': first dim %lld not a multiple of the %s block size %lld",
                             w->path, name, (long long)t.ne[0], moetax_type_name(type), (long long)blck);
-    t.nbytes = (uint64_t)(t.ne[0] / blck) * moetax_type_size(type);
-    for (int d = 1; d < MOETAX_GGUF_MAX_DIMS; d++)
-        if (__builtin_mul_overflow(t.nbytes, (uint64_t)t.ne[d], &t.nbytes))
-            return moetax_error(MOETAX_ERR_ARG, "%s: tensor '%s': size overflows", w->path, name);
+    if (e) return moetax_error(MOETAX_ERR_ARG, "%s: tensor '%s': %s", w->path, name, moetax_nbytes_err_str(e));
     uint64_t a = w->alignment;
     t.offset = w->data_total;
     w->data_total += (t.nbytes + a - 1) / a * a;
@@ -271,7 +267,12 @@ static moetax_status write_header(struct moetax_gguf_writer *w) {
     uint32_t version = 3;
     uint64_t nt = w->n_t;
     uint64_t pos = 0;
-    moetax_status st = put(w, "GGUF", 4);
+    /* the whole file, checked against the free space before the first byte */
+    uint64_t total = 24 + w->kv_len + w->data_total + w->alignment;
+    for (size_t i = 0; i < w->n_t; i++) total += 8 + strlen(w->t[i].name) + 4 + 8ull * w->t[i].n_dims + 4 + 8;
+    moetax_status st = moetax_outfile_reserve(w->out, total);
+    if (st) { w->failed = true; return st; }
+    st = put(w, "GGUF", 4);
     if (!st) st = put(w, &version, 4);
     if (!st) st = put(w, &nt, 8);
     if (!st) st = put(w, &w->n_kv, 8);
@@ -344,13 +345,13 @@ moetax_status moetax_gguf_writer_finish(struct moetax_gguf_writer *w) {
 #ifdef POSIX_FADV_DONTNEED
     (void)posix_fadvise(fileno(w->f), 0, 0, POSIX_FADV_DONTNEED);
 #endif
-    if (fclose(w->f) != 0) { w->f = NULL; unlink(w->tmp_path); return werr_io(w, "close"); }
+    struct moetax_outfile *o = w->out;
+    w->out = NULL; /* commit frees it, and removes the temporary file on an error */
     w->f = NULL;
-    if (rename(w->tmp_path, w->path) != 0) {
-        moetax_status e = moetax_error(MOETAX_ERR_IO, "%s: rename to %s failed: %s", w->tmp_path, w->path, strerror(errno));
-        unlink(w->tmp_path);
+    w->tmp_path = NULL;
+    if ((st = moetax_outfile_commit(o))) {
         w->failed = true;
-        return e;
+        return st;
     }
     w->finished = true;
     return MOETAX_OK;
