@@ -11,5 +11,6 @@
 #include "moetax/sampler.h"
 #include "moetax/report.h"
 #include "moetax/store.h"
+#include "moetax/outfile.h"
 
 int main() { return moetax_status_name(MOETAX_OK)[0] == 'M' ? 0 : 1; }

@@ -56,7 +56,8 @@ struct moetax_gguf_writer {
 
 static moetax_status werr_io(struct moetax_gguf_writer *w, const char *what) {
     w->failed = true;
-    return moetax_error(MOETAX_ERR_IO, "%s: %s failed: %s", w->tmp_path, what, strerror(errno));
+    return moetax_error(MOETAX_ERR_IO, "%s: %s of %s failed: %s (the temporary file is removed, %s left as it was)",
+                        w->path, what, w->tmp_path, strerror(errno), w->path);
 }
 
 moetax_status moetax_gguf_writer_init(const char *path, struct moetax_gguf_writer **out) {
