@@ -19,6 +19,7 @@
 #include "cli.h"
 #include "ledger_cli.h"
 #include "store_cli.h"
+#include "moetax/gguf.h"
 #include "moetax/membw.h"
 #include "moetax/model.h"
 #include "moetax/pool.h"
@@ -279,15 +280,16 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             char test[32];
             snprintf(test, sizeof test, "%s%lld", kind ? "tg" : "pp", (long long)n);
             if (o->json && rr->has_store && kind)
-                printf("{\"model\": \"%s\", \"test\": \"%s\", \"threads\": %d, \"expert_budget_mib\": %.1f, \"policy\": \"%s\", "
-                       "\"prefetch\": %s, \"tokens_per_s\": %.3f, \"hit_rate\": %.4f, \"belady_hit_rate\": %.4f, "
-                       "\"prefetch_precision\": %.4f, \"prefetch_recall\": %.4f, \"read_mib_per_token\": %.3f, "
-                       "\"store_read_gbps\": %.3f, \"tax_share\": %.4f, \"load_us_per_token\": %.1f, \"rss_mib\": %.1f, \"rss_bound_mib\": %.1f, \"rss_is_peak\": %s, "
-                       "\"use_hit_rate\": %.4f, \"belady_use_hit_rate\": %.4f, \"static_use_hit_rate\": %.4f}\n",
-                       base, test, threads, rr->budget_mib, moetax_store_policy_name(cli_store_policy(&o->so)),
-                       o->so.no_prefetch ? "false" : "true", rr->tps, rr->hit_rate, rr->belady, rr->precision, rr->recall,
-                       rr->read_mib_per_token, rr->store_gbps, rr->tax_share, rr->phase_us[MOETAX_PHASE_LOAD], rr->rss_mib,
-                       rr->rss_bound_mib, rr->rss_peak ? "true" : "false", rr->use_hit, rr->belady_use, rr->static_use);
+                st = cli_json_print(stdout, cli_jobj("osiosbooooooooooobooo",
+                    "model", cli_jstr(base), "test", test, "threads", threads, "expert_budget_mib", cli_jnum(rr->budget_mib),
+                    "policy", moetax_store_policy_name(cli_store_policy(&o->so)), "prefetch", !o->so.no_prefetch,
+                    "tokens_per_s", cli_jnum(rr->tps), "hit_rate", cli_jnum(rr->hit_rate), "belady_hit_rate",
+                    cli_jnum(rr->belady), "prefetch_precision", cli_jnum(rr->precision), "prefetch_recall",
+                    cli_jnum(rr->recall), "read_mib_per_token", cli_jnum(rr->read_mib_per_token), "store_read_gbps",
+                    cli_jnum(rr->store_gbps), "tax_share", cli_jnum(rr->tax_share), "load_us_per_token",
+                    cli_jnum(rr->phase_us[MOETAX_PHASE_LOAD]), "rss_mib", cli_jnum(rr->rss_mib), "rss_bound_mib",
+                    cli_jnum(rr->rss_bound_mib), "rss_is_peak", rr->rss_peak, "use_hit_rate", cli_jnum(rr->use_hit),
+                    "belady_use_hit_rate", cli_jnum(rr->belady_use), "static_use_hit_rate", cli_jnum(rr->static_use)));
             else if (rr->has_store && kind)
                 printf("| %s | %d | %s | budget %.0f MiB (%s, %s) | %.2f t/s | hit %.1f%% (Belady %.1f%%), per use %.1f%% (Belady %.1f%%, static %.1f%%) | prefetch P %.0f%% R %.0f%% |"
                        " %.2f MiB read/token at %.2f GB/s | tax %.1f%% | %s %.0f MiB (bound %.0f) |\n",
@@ -297,14 +299,14 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                        100 * rr->precision, 100 * rr->recall, rr->read_mib_per_token, rr->store_gbps, 100 * rr->tax_share,
                        rr->rss_peak ? "peak RSS" : "RSS", rr->rss_mib, rr->rss_bound_mib);
             else if (o->json)
-                printf("{\"model\": \"%s\", \"test\": \"%s\", \"threads\": %d, \"tokens_per_s\": %.3f, "
-                       "\"tpot_p50_ms\": %.4f, \"tpot_p99_ms\": %.4f, \"active_bytes_per_token\": %.0f, "
-                       "\"gbps\": %.3f, \"read_gbps\": %.3f, \"roofline_ratio\": %.4f, \"paired_ratio\": %.4f, "
-                       "\"us_per_layer\": %.2f, \"tax_share\": %.4f, \"tax_us_per_token\": %.2f, \"ledger_overhead\": %.4f, "
-                       "\"reps\": %lld, \"weights_huge_share\": %.4f, \"no_mmap\": %s}\n",
-                       base, test, threads, rr->tps, rr->p50, rr->p99, active, gbps, read_gbps, ratio, rr->paired,
-                       rr->us_layer, rr->tax_share, rr->tax_us, kind ? rr->overhead : 0.0, (long long)o->reps,
-                       huge_share, o->no_mmap ? "true" : "false");
+                st = cli_json_print(stdout, cli_jobj("osiooooooooooooIob",
+                    "model", cli_jstr(base), "test", test, "threads", threads, "tokens_per_s", cli_jnum(rr->tps),
+                    "tpot_p50_ms", cli_jnum(rr->p50), "tpot_p99_ms", cli_jnum(rr->p99), "active_bytes_per_token",
+                    cli_jnum(active), "gbps", cli_jnum(gbps), "read_gbps", cli_jnum(read_gbps), "roofline_ratio",
+                    cli_jnum(ratio), "paired_ratio", cli_jnum(rr->paired), "us_per_layer", cli_jnum(rr->us_layer),
+                    "tax_share", cli_jnum(rr->tax_share), "tax_us_per_token", cli_jnum(rr->tax_us), "ledger_overhead",
+                    cli_jnum(kind ? rr->overhead : 0.0), "reps", (json_int_t)o->reps, "weights_huge_share",
+                    cli_jnum(huge_share), "no_mmap", o->no_mmap));
             else if (kind)
                 printf("| %s | %d | %s | %.2f | %.3f | %.3f | %.2f | %.2f | %.1f%% | %.1f%% | %.1f | %.1f%% | %+.1f%% |\n",
                        base, threads, test, rr->tps, rr->p50, rr->p99, gbps, read_gbps, 100 * ratio, 100 * rr->paired,
@@ -353,6 +355,47 @@ static const char *budget_path(char *buf, size_t cap, const char *path, const ch
     return buf;
 }
 
+/* Everything that can be checked before the tests run: the budgets, the output paths
+ * (one per budget too), the twin, and test lengths beyond the model's trained context. */
+static moetax_status bench_check_upfront(const char *model, const char *twin, const struct opts *o) {
+    moetax_status st = cli_store_check_budgets(o->so.budgets, true);
+    const char *outs[2] = {o->lo.json_path, o->lo.trace_path};
+    if (!st) st = cli_check_outputs(outs, 2);
+    if (!st && o->so.budgets && (o->lo.json_path || o->lo.trace_path)) {
+        char list[256], lpath[1024], tpath[1024];
+        snprintf(list, sizeof list, "%s", o->so.budgets);
+        for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && !st; tok = strtok_r(NULL, ",", &save)) {
+            const char *bo[2] = {o->lo.json_path ? budget_path(lpath, sizeof lpath, o->lo.json_path, tok) : NULL,
+                                 o->lo.trace_path ? budget_path(tpath, sizeof tpath, o->lo.trace_path, tok) : NULL};
+            st = cli_check_outputs(bo, 2);
+        }
+    }
+    for (int k = 0; k < 2 && !st; k++) {
+        const char *path = k ? twin : model;
+        struct moetax_gguf *g;
+        if (!path) continue;
+        if ((st = moetax_gguf_open(path, &g))) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", moetax_last_error());
+            if (k) st = moetax_error(st, "--twin: %s", msg);
+            break;
+        }
+        char arch[64] = "", key[96];
+        uint32_t n_ctx = 0;
+        moetax_gguf_get_str(g, "general.architecture", arch, sizeof arch);
+        snprintf(key, sizeof key, "%s.context_length", arch);
+        int64_t longest = 0;
+        for (int i = 0; i < o->npp; i++) longest = o->pp[i] > longest ? o->pp[i] : longest;
+        for (int i = 0; i < o->ntg; i++) longest = o->tg[i] + 1 > longest ? o->tg[i] + 1 : longest;
+        if (!k && !moetax_gguf_get_u32(g, key, &n_ctx) && n_ctx > 0 && longest > (int64_t)n_ctx)
+            fprintf(stderr, "moetax bench: warning: a test of %lld positions is longer than the %u the model was "
+                    "trained on: the speed is measured (on a KV cache that large), the outputs mean nothing\n",
+                    (long long)longest, n_ctx);
+        moetax_gguf_close(g);
+    }
+    return st;
+}
+
 int bench_model_main(int argc, char **argv) {
     const char *model = NULL, *twin = NULL;
     struct opts o = {.pp = {64}, .tg = {32}, .npp = 1, .ntg = 1, .reps = 5, .mem = true};
@@ -393,10 +436,11 @@ int bench_model_main(int argc, char **argv) {
     for (int i = 0; i < o.ntg; i++) { if (o.tg[i] < 0) return cli_usage_error("bench", "-n values must be >= 0"); if (o.tg[i]) o.tg[k++] = o.tg[i]; }
     o.ntg = k;
     if (nth == 0) { th[0] = 0; nth = 1; }
+    moetax_status st = bench_check_upfront(model, twin, &o);
+    if (st) return cli_fail("bench", st);
     if (!o.json)
         printf("| model | threads | test | t/s | TPOT p50 ms | TPOT p99 ms | GB/s | read GB/s | roofline | paired | us/layer | tax | ledger cost |\n"
                "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    moetax_status st = MOETAX_OK;
     for (int ti = 0; ti < nth && !st; ti++) {
         struct moetax_pool *pool;
         struct moetax_pool_params pp = {.n_threads = (int)th[ti]};
@@ -430,20 +474,23 @@ int bench_model_main(int argc, char **argv) {
                     io_ref = bench_io_measure(model, br[1][0].req_bytes ? br[1][0].req_bytes : (1u << 18),
                                               o.so.io_threads ? o.so.io_threads : 4, true, o.so.buffered, 2.0);
                 }
-                for (int i = 0; i < o.ntg; i++) {
+                for (int i = 0; !st && i < o.ntg; i++) {
                     const struct result *b = &br[1][i];
                     double t_res = 1e6 / moe[1][i].tps, t_b = 1e6 / b->tps;
                     double t_io = io_ref > 0 ? b->read_mib_per_token * (1 << 20) / (io_ref * 1e9) * 1e6 : 0;
                     double ideal = t_res > t_io ? t_res : t_io;
-                    if (o.json)
-                        printf("{\"test\": \"store_tg%lld\", \"expert_budget\": \"%s\", \"threads\": %d, \"us_per_token\": %.1f, "
-                               "\"mapped_us_per_token\": %.1f, \"io_ref_gbps\": %.3f, \"store_read_gbps\": %.3f, "
-                               "\"io_ratio\": %.3f, \"ideal_us_per_token\": %.1f, \"vs_ideal\": %.3f, \"hit_rate\": %.4f, "
-                               "\"belady_hit_rate\": %.4f, \"use_hit_rate\": %.4f, \"belady_use_hit_rate\": %.4f, "
-                               "\"static_use_hit_rate\": %.4f}\n",
-                               (long long)o.tg[i], tok, moetax_pool_n_threads(pool), t_b, t_res, io_ref, b->store_gbps,
-                               io_ref > 0 ? b->store_gbps / io_ref : 0, ideal, t_b / ideal, b->hit_rate, b->belady,
-                               b->use_hit, b->belady_use, b->static_use);
+                    if (o.json) {
+                        char test[32];
+                        snprintf(test, sizeof test, "store_tg%lld", (long long)o.tg[i]);
+                        st = cli_json_print(stdout, cli_jobj("soioooooooooooo", "test", test,
+                            "expert_budget", cli_jstr(tok), "threads", moetax_pool_n_threads(pool), "us_per_token",
+                            cli_jnum(t_b), "mapped_us_per_token", cli_jnum(t_res), "io_ref_gbps", cli_jnum(io_ref),
+                            "store_read_gbps", cli_jnum(b->store_gbps), "io_ratio",
+                            cli_jnum(io_ref > 0 ? b->store_gbps / io_ref : 0), "ideal_us_per_token", cli_jnum(ideal),
+                            "vs_ideal", cli_jnum(t_b / ideal), "hit_rate", cli_jnum(b->hit_rate), "belady_hit_rate",
+                            cli_jnum(b->belady), "use_hit_rate", cli_jnum(b->use_hit), "belady_use_hit_rate",
+                            cli_jnum(b->belady_use), "static_use_hit_rate", cli_jnum(b->static_use)));
+                    }
                     else
                         printf("|   | %.0f us/token (mapped %.0f); reads at %.2f GB/s = %.0f%% of the device's %.2f GB/s "
                                "(random %.0f KiB, qd %d); ideal max(mapped, read time) %.0f us: %.2fx of ideal; "
@@ -480,12 +527,16 @@ int bench_model_main(int argc, char **argv) {
                  * within 25% of the measured difference (or 5% of the MoE step, for small differences) */
                 double margin = fmax(0.25 * fabs(diff), 0.05 * t_moe);
                 bool agree = fabs(ledger_diff - diff) <= margin;
-                if (o.json)
-                    printf("{\"test\": \"twin_tg%lld\", \"threads\": %d, \"moe_us_per_token\": %.2f, \"dense_us_per_token\": %.2f, "
-                           "\"moe_minus_dense_us\": %.2f, \"ledger_tax_us\": %.2f, \"dense_tax_us\": %.2f, \"delta_tax_us\": %.2f, "
-                           "\"delta_ffn_us\": %.2f, \"delta_other_us\": %.2f, \"ledger_explains_us\": %.2f, \"agree\": %s}\n",
-                           (long long)o.tg[i], moetax_pool_n_threads(pool), t_moe, t_dense, diff, a->tax_us, b->tax_us, dtax,
-                           dffn, dother, ledger_diff, agree ? "true" : "false");
+                if (o.json) {
+                    char test[32];
+                    snprintf(test, sizeof test, "twin_tg%lld", (long long)o.tg[i]);
+                    st = cli_json_print(stdout, cli_jobj("siooooooooob", "test", test, "threads",
+                        moetax_pool_n_threads(pool), "moe_us_per_token", cli_jnum(t_moe), "dense_us_per_token",
+                        cli_jnum(t_dense), "moe_minus_dense_us", cli_jnum(diff), "ledger_tax_us", cli_jnum(a->tax_us),
+                        "dense_tax_us", cli_jnum(b->tax_us), "delta_tax_us", cli_jnum(dtax), "delta_ffn_us",
+                        cli_jnum(dffn), "delta_other_us", cli_jnum(dother), "ledger_explains_us",
+                        cli_jnum(ledger_diff), "agree", agree));
+                }
                 else {
                     printf("\ndense twin, tg%lld, %d threads: MoE %.1f us/token, dense %.1f us/token: MoE - dense = %.1f us\n",
                            (long long)o.tg[i], moetax_pool_n_threads(pool), t_moe, t_dense, diff);

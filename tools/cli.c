@@ -1,5 +1,6 @@
 #include "cli.h"
 #include "moetax/model.h"
+#include "moetax/outfile.h"
 #include "moetax/pool.h"
 
 #include <errno.h>
@@ -8,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -192,12 +194,18 @@ const char *cli_default_model_path(void) {
     return rel;
 }
 
-moetax_status cli_read_file(const char *path, char **text, size_t *len) {
+moetax_status cli_read_file(const char *path, uint64_t max_bytes, char **text, size_t *len) {
     *text = NULL;
     *len = 0;
+    if (!max_bytes) max_bytes = CLI_MAX_INPUT_DEFAULT;
     bool std_in = !strcmp(path, "-");
     FILE *f = std_in ? stdin : fopen(path, "rb");
     if (!f) return moetax_error(MOETAX_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        if (!std_in) fclose(f);
+        return moetax_error(MOETAX_ERR_ARG, "'%s' is a directory, not a file", path);
+    }
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     moetax_status st = MOETAX_OK;
@@ -209,15 +217,96 @@ moetax_status cli_read_file(const char *path, char **text, size_t *len) {
             buf = nb;
             cap *= 2;
         }
-        size_t r = fread(buf + n, 1, cap - 1 - n, f);
+        size_t want = cap - 1 - n;
+        if (want > max_bytes + 1 - n) want = (size_t)(max_bytes + 1 - n); /* one byte past the limit tells */
+        size_t r = fread(buf + n, 1, want, f);
         n += r;
+        if (n > max_bytes) {
+            st = moetax_error(MOETAX_ERR_LIMIT, "'%s': more than %.0f MiB of text (%llu bytes; --max-input-bytes "
+                              "raises the limit)", path, (double)max_bytes / (1 << 20), (unsigned long long)max_bytes);
+            break;
+        }
         if (r == 0) break;
     }
-    if (!st && ferror(f)) st = moetax_error(MOETAX_ERR_IO, "cannot read '%s': read error", path);
+    if (!st && ferror(f)) st = moetax_error(MOETAX_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
     if (!std_in) fclose(f);
     if (st) { free(buf); return st; }
     buf[n] = 0;
     *text = buf;
     *len = n;
+    return MOETAX_OK;
+}
+
+bool cli_max_input_opt(const char *cmd, int argc, char **argv, int *i, uint64_t *max_bytes, bool *err) {
+    const char *v = NULL;
+    if (!cli_opt(argc, argv, i, NULL, "--max-input-bytes", &v, err)) return false;
+    if (*err) return true;
+    uint64_t b;
+    if (!cli_parse_size(v, &b) || b < 1 || b > ((uint64_t)1 << 40)) {
+        cli_usage_error(cmd, "--max-input-bytes: '%s' is not a size from 1 to 1T (e.g. 64K, 512M, 2G)", v);
+        *err = true;
+        return true;
+    }
+    *max_bytes = b;
+    return true;
+}
+
+moetax_status cli_check_outputs(const char *const *paths, int n) {
+    for (int k = 0; k < n; k++) {
+        if (!paths[k]) continue;
+        moetax_status st = moetax_outfile_check(paths[k], 0);
+        if (st) return st;
+    }
+    return MOETAX_OK;
+}
+
+moetax_status cli_check_logits(const float *row, int64_t n, int64_t pos) {
+    for (int64_t v = 0; v < n; v++)
+        if (!isfinite(row[v]))
+            return moetax_error(MOETAX_ERR_NUMERIC, "the logits of position %lld are not finite (token %lld is %s): "
+                                "the model's weights or its input give NaN or infinity", (long long)pos, (long long)v,
+                                isnan(row[v]) ? "NaN" : "infinite");
+    return MOETAX_OK;
+}
+
+json_t *cli_jnum(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+json_t *cli_jstr(const char *s) {
+    json_t *j = s ? json_string(s) : NULL;
+    return j ? j : json_null();
+}
+
+json_t *cli_jobj(const char *fmt, ...) {
+    json_t *o = json_object();
+    va_list ap;
+    va_start(ap, fmt);
+    for (const char *c = fmt; *c; c++) {
+        const char *k = va_arg(ap, const char *);
+        json_t *v;
+        switch (*c) {
+        case 's': v = cli_jstr(va_arg(ap, const char *)); break;
+        case 'i': v = json_integer(va_arg(ap, int)); break;
+        case 'I': v = json_integer((json_int_t)va_arg(ap, int64_t)); break;
+        case 'f': v = cli_jnum(va_arg(ap, double)); break;
+        case 'b': v = json_boolean(va_arg(ap, int)); break;
+        case 'o': v = va_arg(ap, json_t *); break;
+        default: MOETAX_ASSERT(!"cli_jobj: unknown format letter"); v = NULL;
+        }
+        if (!o || !v || json_object_set_new(o, k, v) != 0) { /* set_new drops v on failure */
+            if (!o && v) json_decref(v);
+            json_decref(o);
+            o = NULL;
+        }
+    }
+    va_end(ap);
+    return o;
+}
+
+moetax_status cli_json_print(FILE *f, json_t *o) {
+    if (!o) return moetax_error(MOETAX_ERR_NOMEM, "out of memory for the JSON output");
+    int rc = json_dumpf(o, f, JSON_COMPACT | JSON_REAL_PRECISION(10));
+    json_decref(o);
+    if (rc != 0 || fputc('\n', f) == EOF || fflush(f) != 0)
+        return moetax_error(MOETAX_ERR_IO, "cannot write the JSON output: %s", strerror(errno));
     return MOETAX_OK;
 }

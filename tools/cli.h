@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 #include "moetax/status.h"
 
 /* Print "moetax <cmd>: <last error>" (or msg) to stderr; return 1 (for main). */
@@ -44,9 +46,41 @@ void cli_progress_done(cli_progress *p);
 double cli_now(void); /* monotonic seconds */
 
 /* The whole file at path ("-": standard input) in a malloc'd buffer with a
- * NUL after its *len bytes (the bytes may hold NULs too). MOETAX_ERR_IO names
- * the file and the system's reason; MOETAX_ERR_NOMEM. */
-moetax_status cli_read_file(const char *path, char **text, size_t *len);
+ * NUL after its *len bytes (the bytes may hold NULs too), at most max_bytes of
+ * it (0: CLI_MAX_INPUT_DEFAULT): more is MOETAX_ERR_LIMIT, naming the file and
+ * --max-input-bytes (a device such as /dev/zero never ends). A directory is
+ * MOETAX_ERR_ARG; MOETAX_ERR_IO names the file and the system's reason;
+ * MOETAX_ERR_NOMEM. */
+#define CLI_MAX_INPUT_DEFAULT ((uint64_t)256 << 20)
+moetax_status cli_read_file(const char *path, uint64_t max_bytes, char **text, size_t *len);
+/* --max-input-bytes SIZE (256M, 1G; at least 1): true if argv[*i] is it; a bad
+ * value prints a usage error for cmd and sets *err. */
+bool cli_max_input_opt(const char *cmd, int argc, char **argv, int *i, uint64_t *max_bytes, bool *err);
+#define CLI_MAX_INPUT_HELP \
+    "  --max-input-bytes N  read at most N bytes of text (default 256M; sizes like 64K, 1G): a longer\n" \
+    "                       input (or a device such as /dev/zero) is refused\n"
+
+/* JSON output: every --json goes through Jansson (strings escaped, valid UTF-8).
+ * cli_jnum: a real, or null for NaN/inf (JSON has no such numbers); cli_jstr: a
+ * string, its bytes escaped, or null if they are not valid UTF-8. cli_json_print
+ * writes o as one line and a newline, drops the reference, and returns 0, or
+ * MOETAX_ERR_NOMEM / MOETAX_ERR_IO (o NULL: a failed json_pack). */
+json_t *cli_jnum(double x);
+json_t *cli_jstr(const char *s);
+/* An object from (key, value) pairs, one format letter per pair: s string (NULL or
+ * invalid UTF-8: null), i int, I int64_t, f double (NaN/inf: null), b bool (int), o a
+ * json_t * whose reference it takes. NULL when out of memory. Like json_pack with
+ * NaN/inf and invalid UTF-8 as null instead of a failed pack. */
+json_t *cli_jobj(const char *fmt, ...);
+moetax_status cli_json_print(FILE *f, json_t *o);
+
+/* MOETAX_ERR_NUMERIC if a row of n logits (the one for position pos) holds a NaN or
+ * an infinity: a broken model must not pass as a token or a perplexity. */
+moetax_status cli_check_logits(const float *row, int64_t n, int64_t pos);
+
+/* Check each output path given (NULL entries skipped) can be written, before the work
+ * starts: moetax_outfile_check. */
+moetax_status cli_check_outputs(const char *const *paths, int n);
 
 /* The default model: a small DeepSeek-style MoE trained on Python source (tools/train/,
  * models/README.md), committed in the repository. */

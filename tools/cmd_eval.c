@@ -1,5 +1,6 @@
 /* cmd_eval.c - `moetax eval`: run token ids through a model and write the
  * logits, for comparing against a reference implementation (tests/ref). */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "moetax/model.h"
+#include "moetax/outfile.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax eval -m FILE --tokens 1,2,3 [--decode N] [--out LOGITS.f32] [-t N] [--ubatch N]\n"
@@ -45,11 +47,13 @@ int cmd_eval(int argc, char **argv) {
     }
     if (!model) return cli_usage_error("eval", "no model given (-m FILE)");
     if (!toks) return cli_usage_error("eval", "no tokens given (--tokens 1,2,3)");
+    moetax_status st;
+    if (out && (st = moetax_outfile_check(out, 0))) return cli_usage_error("eval", "%s", moetax_last_error());
     int64_t tk[4096];
     int n = cli_parse_int_list(toks, tk, 4096);
     if (n <= 0) return cli_usage_error("eval", "--tokens: expected a comma-separated list of token ids");
     struct moetax_model *m;
-    moetax_status st = moetax_model_load_ex(model, &mp, &m);
+    st = moetax_model_load_ex(model, &mp, &m);
     if (st) return cli_fail("eval", st);
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(n + n_decode + 1), .n_threads = (int32_t)n_threads,
                                    .n_ubatch = (int32_t)ubatch};
@@ -65,6 +69,8 @@ int cmd_eval(int argc, char **argv) {
     } else {
         st = moetax_ctx_eval(c, ids, n, logits, true);
     }
+    for (int i = 0; !st && i < n; i++) st = cli_check_logits(logits + (size_t)i * V, V, i);
+    if (st) goto done;
     printf("greedy:");
     for (int64_t j = 0; !st && j < n_decode; j++) {
         const float *row = logits + (size_t)(n - 1 + j) * V;
@@ -73,6 +79,7 @@ int cmd_eval(int argc, char **argv) {
         ids[n + j] = best;
         printf(" %d", best);
         st = moetax_ctx_eval(c, ids + n + j, 1, logits + (size_t)(n + j) * V, false);
+        if (!st) st = cli_check_logits(logits + (size_t)(n + j) * V, V, n + j);
     }
     printf("\n");
     if (!st && routing) {
@@ -89,11 +96,15 @@ int cmd_eval(int argc, char **argv) {
             }
         }
     }
-    if (!st && out) {
-        FILE *f = fopen(out, "wb");
-        if (!f || fwrite(logits, sizeof(float) * (size_t)V, (size_t)(n + n_decode), f) != (size_t)(n + n_decode))
-            st = moetax_error(MOETAX_ERR_IO, "%s: cannot write the logits", out);
-        if (f && fclose(f) && !st) st = moetax_error(MOETAX_ERR_IO, "%s: write failed", out);
+    if (!st && out) { /* a temporary file renamed into place: never a truncated file under OUT */
+        struct moetax_outfile *of;
+        if (!(st = moetax_outfile_open(out, &of))) {
+            if (fwrite(logits, sizeof(float) * (size_t)V, (size_t)(n + n_decode), moetax_outfile_file(of)) !=
+                (size_t)(n + n_decode)) {
+                st = moetax_error(MOETAX_ERR_IO, "%s: cannot write the logits: %s", out, strerror(errno));
+                moetax_outfile_abort(of);
+            } else st = moetax_outfile_commit(of);
+        }
     }
 done:
     free(logits);

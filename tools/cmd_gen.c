@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "moetax/gen.h"
 #include "moetax/gguf.h"
+#include "moetax/outfile.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -137,8 +138,10 @@ int cmd_gen(int argc, char **argv) {
         for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !done; k++)
             if (cli_opt(argc, argv, &i, NULL, ints[k].opt, &v, &err)) {
                 if (err) return 2;
-                if (!cli_parse_i64(v, &n) || n < 0 || n > 1 << 30)
-                    return cli_usage_error("gen", "%s: '%s' is not a non-negative integer", ints[k].opt, v);
+                if (!cli_parse_i64(v, &n))
+                    return cli_usage_error("gen", "%s: '%s' is not an integer", ints[k].opt, v);
+                if (n < 0 || n > 1 << 30)
+                    return cli_usage_error("gen", "%s: %s is out of range (0..%d)", ints[k].opt, v, 1 << 30);
                 *ints[k].field = (int)n;
                 done = true;
             }
@@ -194,6 +197,12 @@ int cmd_gen(int argc, char **argv) {
     if (!strncmp(out, "models/", 7)) mkdir("models", 0755); /* an error shows up when the file is created */
     uint64_t n_params, n_bytes;
     moetax_gen_size(&p, &n_params, &n_bytes);
+    /* the output can be written and the weights fit on its file system: before any work */
+    if ((st = moetax_outfile_check(out, n_bytes))) {
+        fprintf(stderr, "moetax gen: %s%s: %.1f M parameters, %.1f MiB of %s weights\n", p.dense_twin ? "dense twin of " : "",
+                preset, (double)n_params / 1e6, (double)n_bytes / (1 << 20), moetax_type_name(p.wtype));
+        return cli_fail("gen", st);
+    }
     fprintf(stderr, "moetax gen: %s%s: %.1f M parameters, %.1f MiB of %s weights -> %s\n", p.dense_twin ? "dense twin of " : "",
             preset, (double)n_params / 1e6, (double)n_bytes / (1 << 20), moetax_type_name(p.wtype), out);
     struct progress_ctx pc = {0};

@@ -23,29 +23,14 @@ static void usage(FILE *f) {
                "  --all-metadata  print long arrays in full (default: first 8 elements)\n");
 }
 
-static void json_str(FILE *f, const char *s, uint64_t n) {
-    fputc('"', f);
-    for (uint64_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c == '\n') fputs("\\n", f);
-        else if (c == '\t') fputs("\\t", f);
-        else if (c < 0x20 || c == 0x7f) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
-}
-
-static void print_scalar(FILE *f, const struct moetax_gguf_kv *kv, bool json) {
+static void print_scalar(FILE *f, const struct moetax_gguf_kv *kv) {
     switch (kv->type) {
     case MOETAX_GGUF_TYPE_STRING:
-        if (json) json_str(f, kv->v.str.data, kv->v.str.len);
-        else fprintf(f, "\"%.*s\"", (int)(kv->v.str.len > 200 ? 200 : kv->v.str.len), kv->v.str.data);
+        fprintf(f, "\"%.*s\"", (int)(kv->v.str.len > 200 ? 200 : kv->v.str.len), kv->v.str.data);
         break;
     case MOETAX_GGUF_TYPE_BOOL: fputs(kv->v.u64 ? "true" : "false", f); break;
     case MOETAX_GGUF_TYPE_FLOAT32: case MOETAX_GGUF_TYPE_FLOAT64:
-        if (isfinite(kv->v.f64)) fprintf(f, "%.9g", kv->v.f64);
-        else fputs(json ? "null" : "nan", f);
+        fprintf(f, "%.9g", kv->v.f64);
         break;
     case MOETAX_GGUF_TYPE_INT8: case MOETAX_GGUF_TYPE_INT16: case MOETAX_GGUF_TYPE_INT32: case MOETAX_GGUF_TYPE_INT64:
         fprintf(f, "%lld", (long long)kv->v.i64);
@@ -54,27 +39,19 @@ static void print_scalar(FILE *f, const struct moetax_gguf_kv *kv, bool json) {
     }
 }
 
-static void print_array(FILE *f, const struct moetax_gguf_kv *kv, bool json, bool all) {
+static void print_array(FILE *f, const struct moetax_gguf_kv *kv, bool all) {
     uint64_t n = kv->arr_n, show = all ? n : (n < 8 ? n : 8);
-    if (json && n > 16 && !all) {
-        fprintf(f, "{\"type\": \"%s\", \"n\": %llu}", moetax_gguf_type_name(kv->arr_type), (unsigned long long)n);
-        return;
-    }
-    if (json) show = n;
-    if (!json) fprintf(f, "[%s x %llu] ", moetax_gguf_type_name(kv->arr_type), (unsigned long long)n);
-    fputc('[', f);
+    fprintf(f, "[%s x %llu] [", moetax_gguf_type_name(kv->arr_type), (unsigned long long)n);
     for (uint64_t i = 0; i < show; i++) {
         if (i) fputs(", ", f);
         if (kv->arr_type == MOETAX_GGUF_TYPE_STRING) {
-            if (json) json_str(f, kv->arr_str[i].data, kv->arr_str[i].len);
-            else fprintf(f, "\"%.*s\"", (int)(kv->arr_str[i].len > 40 ? 40 : kv->arr_str[i].len), kv->arr_str[i].data);
+            fprintf(f, "\"%.*s\"", (int)(kv->arr_str[i].len > 40 ? 40 : kv->arr_str[i].len), kv->arr_str[i].data);
         } else if (kv->arr_type == MOETAX_GGUF_TYPE_ARRAY) {
-            fputs(json ? "null" : "[...]", f);
+            fputs("[...]", f);
         } else if (kv->arr_type == MOETAX_GGUF_TYPE_FLOAT32 || kv->arr_type == MOETAX_GGUF_TYPE_FLOAT64) {
             double d = 0;
             moetax_gguf_arr_f64(kv, i, &d);
-            if (isfinite(d)) fprintf(f, "%.9g", d);
-            else fputs(json ? "null" : "nan", f);
+            fprintf(f, "%.9g", d);
         } else if (kv->arr_type == MOETAX_GGUF_TYPE_BOOL) {
             int64_t v = 0;
             moetax_gguf_arr_i64(kv, i, &v);
@@ -91,6 +68,56 @@ static void print_array(FILE *f, const struct moetax_gguf_kv *kv, bool json, boo
     }
     if (show < n) fputs(", ...", f);
     fputc(']', f);
+}
+
+/* ---- --json: built with Jansson (strings escaped, NaN/inf as null) ---------------- */
+
+static json_t *jstrn(const char *s, uint64_t n) {
+    json_t *j = json_stringn(s, (size_t)n); /* NULL if not valid UTF-8 */
+    return j ? j : json_null();
+}
+
+static json_t *json_scalar(const struct moetax_gguf_kv *kv) {
+    switch (kv->type) {
+    case MOETAX_GGUF_TYPE_STRING: return jstrn(kv->v.str.data, kv->v.str.len);
+    case MOETAX_GGUF_TYPE_BOOL: return json_boolean(kv->v.u64);
+    case MOETAX_GGUF_TYPE_FLOAT32: case MOETAX_GGUF_TYPE_FLOAT64: return cli_jnum(kv->v.f64);
+    case MOETAX_GGUF_TYPE_INT8: case MOETAX_GGUF_TYPE_INT16: case MOETAX_GGUF_TYPE_INT32: case MOETAX_GGUF_TYPE_INT64:
+        return json_integer((json_int_t)kv->v.i64);
+    default: /* unsigned: above INT64_MAX as a real */
+        return kv->v.u64 > (uint64_t)INT64_MAX ? json_real((double)kv->v.u64) : json_integer((json_int_t)kv->v.u64);
+    }
+}
+
+static json_t *json_array_kv(const struct moetax_gguf_kv *kv, bool all) {
+    uint64_t n = kv->arr_n;
+    if (n > 16 && !all)
+        return cli_jobj("sI", "type", moetax_gguf_type_name(kv->arr_type), "n", (int64_t)n);
+    json_t *a = json_array();
+    for (uint64_t i = 0; a && i < n; i++) {
+        json_t *e;
+        if (kv->arr_type == MOETAX_GGUF_TYPE_STRING) e = jstrn(kv->arr_str[i].data, kv->arr_str[i].len);
+        else if (kv->arr_type == MOETAX_GGUF_TYPE_ARRAY) e = json_null();
+        else if (kv->arr_type == MOETAX_GGUF_TYPE_FLOAT32 || kv->arr_type == MOETAX_GGUF_TYPE_FLOAT64) {
+            double d = 0;
+            moetax_gguf_arr_f64(kv, i, &d);
+            e = cli_jnum(d);
+        } else if (kv->arr_type == MOETAX_GGUF_TYPE_BOOL) {
+            int64_t v = 0;
+            moetax_gguf_arr_i64(kv, i, &v);
+            e = json_boolean(v);
+        } else {
+            int64_t v = 0;
+            if (moetax_gguf_arr_i64(kv, i, &v)) e = json_integer((json_int_t)v);
+            else {
+                uint64_t u;
+                memcpy(&u, (const char *)kv->arr_data + i * 8, 8);
+                e = json_real((double)u);
+            }
+        }
+        json_array_append_new(a, e);
+    }
+    return a;
 }
 
 /* sum and sum of squares of the dequantized values; false if the type is not computable */
@@ -168,39 +195,42 @@ int cmd_inspect(int argc, char **argv) {
 
     FILE *f = stdout;
     if (json) {
-        fprintf(f, "{\"file\": ");
-        json_str(f, path, strlen(path));
-        fprintf(f, ", \"version\": %u, \"alignment\": %u, \"data_offset\": %llu, \"file_size\": %llu,\n \"metadata\": {",
-                g->version, g->alignment, (unsigned long long)g->data_offset, (unsigned long long)g->size);
-        for (uint64_t i = 0; i < g->n_kv; i++) {
+        json_t *md = json_object(), *ts = json_array();
+        for (uint64_t i = 0; md && i < g->n_kv; i++) {
             const struct moetax_gguf_kv *kv = &g->kv[i];
-            fputs(i ? ",\n  " : "\n  ", f);
-            json_str(f, kv->key.data, kv->key.len);
-            fputs(": ", f);
-            if (kv->type == MOETAX_GGUF_TYPE_ARRAY) print_array(f, kv, true, all);
-            else print_scalar(f, kv, true);
+            char *k = strndup(kv->key.data, (size_t)kv->key.len);
+            if (k) json_object_set_new(md, k, kv->type == MOETAX_GGUF_TYPE_ARRAY ? json_array_kv(kv, all) : json_scalar(kv));
+            free(k);
         }
-        fprintf(f, "},\n \"tensors\": [");
-        for (uint64_t i = 0; tensors && i < g->n_tensors; i++) {
+        for (uint64_t i = 0; ts && tensors && i < g->n_tensors; i++) {
             const struct moetax_gguf_tensor *t = &g->tensors[i];
-            fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
-            json_str(f, t->name.data, t->name.len);
-            fprintf(f, ", \"type\": \"%s\", \"ne\": [", moetax_type_name(t->type));
-            for (uint32_t d = 0; d < t->n_dims; d++) fprintf(f, "%s%lld", d ? ", " : "", (long long)t->ne[d]);
-            fprintf(f, "], \"offset\": %llu, \"nbytes\": %llu", (unsigned long long)t->offset, (unsigned long long)t->nbytes);
-            if (sums) {
-                double s, q;
-                fprintf(f, ", \"fnv1a64\": \"%016llx\"", (unsigned long long)moetax_gguf_hash(t->data, t->nbytes));
-                if (value_sums(t, &s, &q)) fprintf(f, ", \"sum\": %.17g, \"sumsq\": %.17g", s, q);
+            json_t *ne = json_array();
+            for (uint32_t d = 0; d < t->n_dims; d++) json_array_append_new(ne, json_integer((json_int_t)t->ne[d]));
+            json_t *o = cli_jobj("osoII", "name", jstrn(t->name.data, t->name.len), "type",
+                                  moetax_type_name(t->type), "ne", ne, "offset", (json_int_t)t->offset, "nbytes",
+                                  (json_int_t)t->nbytes);
+            if (o && sums) {
+                double sm, q;
+                char h[17];
+                snprintf(h, sizeof h, "%016llx", (unsigned long long)moetax_gguf_hash(t->data, t->nbytes));
+                json_object_set_new(o, "fnv1a64", json_string(h));
+                if (value_sums(t, &sm, &q)) {
+                    json_object_set_new(o, "sum", cli_jnum(sm));
+                    json_object_set_new(o, "sumsq", cli_jnum(q));
+                }
             }
-            fputc('}', f);
+            json_array_append_new(ts, o);
         }
-        fprintf(f, "],\n \"n_tensors\": %llu, \"n_params\": %llu, \"tensor_bytes\": %llu, \"routed_expert_bytes\": %llu,"
-                   " \"expert_count\": %u, \"expert_used_count\": %u, \"active_params_per_token\": %llu,"
-                   " \"active_bytes_per_token\": %.0f}\n",
-                (unsigned long long)g->n_tensors, (unsigned long long)n_params, (unsigned long long)n_bytes,
-                (unsigned long long)expert_bytes, n_expert, n_used, (unsigned long long)n_params_active, active);
+        json_t *root = cli_jobj("oiiIIooIIIIiiIo",
+                                 "file", cli_jstr(path), "version", (int)g->version, "alignment", (int)g->alignment,
+                                 "data_offset", (json_int_t)g->data_offset, "file_size", (json_int_t)g->size,
+                                 "metadata", md, "tensors", ts, "n_tensors", (json_int_t)g->n_tensors, "n_params",
+                                 (json_int_t)n_params, "tensor_bytes", (json_int_t)n_bytes, "routed_expert_bytes",
+                                 (json_int_t)expert_bytes, "expert_count", (int)n_expert, "expert_used_count",
+                                 (int)n_used, "active_params_per_token", (json_int_t)n_params_active,
+                                 "active_bytes_per_token", cli_jnum(round(active)));
         moetax_gguf_close(g);
+        if ((st = cli_json_print(f, root))) return cli_fail("inspect", st);
         return 0;
     }
 
@@ -212,8 +242,8 @@ int cmd_inspect(int argc, char **argv) {
         const struct moetax_gguf_kv *kv = &g->kv[i];
         fprintf(f, "  %-48.*s %-8s ", (int)(kv->key.len > 200 ? 200 : kv->key.len), kv->key.data,
                 moetax_gguf_type_name(kv->type));
-        if (kv->type == MOETAX_GGUF_TYPE_ARRAY) print_array(f, kv, false, all);
-        else print_scalar(f, kv, false);
+        if (kv->type == MOETAX_GGUF_TYPE_ARRAY) print_array(f, kv, all);
+        else print_scalar(f, kv);
         fputc('\n', f);
     }
     if (tensors) {

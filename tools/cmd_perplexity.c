@@ -34,6 +34,9 @@ static void usage(FILE *f) {
                "  --per-file   print each file's token count and perplexity\n"
                "  --no-mmap    copy the weights into private memory of 2 MiB pages (see 'moetax bench')\n"
                "  --json       print the result as one JSON object on stdout\n"
+               CLI_MAX_INPUT_HELP
+               "               (per file)\n"
+               "A NaN or infinite log-likelihood (a broken model) is an error naming the file and the token.\n"
                "A progress bar goes to stderr when it is a terminal (MOETAX_PROGRESS=1 forces it).\n");
 }
 
@@ -102,8 +105,9 @@ static double token_nll(const float *row, int64_t V, int32_t target) {
 }
 
 /* Score one document's tokens with the sliding window. */
-static moetax_status score_doc(struct moetax_ctx *c, const int32_t *ids, int64_t n, int64_t ctx, int64_t stride,
-                               int64_t V, float *logits, struct acc *a, cli_progress *pr, uint64_t *done) {
+static moetax_status score_doc(const char *file, struct moetax_ctx *c, const int32_t *ids, int64_t n, int64_t ctx,
+                               int64_t stride, int64_t V, float *logits, struct acc *a, cli_progress *pr,
+                               uint64_t *done) {
     int64_t scored_to = 1; /* next token index to score */
     for (int64_t begin = 0; scored_to < n; begin += stride) {
         int64_t end = begin + ctx < n ? begin + ctx : n;
@@ -113,6 +117,11 @@ static moetax_status score_doc(struct moetax_ctx *c, const int32_t *ids, int64_t
         a->evald += end - begin;
         for (int64_t j = scored_to; j < end; j++) {
             double l = token_nll(logits + (size_t)(j - 1 - begin) * (size_t)V, V, ids[j]);
+            if (!isfinite(l))
+                return moetax_error(MOETAX_ERR_NUMERIC,
+                                    "%s: token %lld: the log-likelihood is %s (the logits of the window at token %lld "
+                                    "are not finite): the model's weights or its input give NaN or infinity",
+                                    file, (long long)j, isnan(l) ? "NaN" : "infinite", (long long)begin);
             a->sum += l;
             a->sum2 += l * l;
             a->n++;
@@ -124,23 +133,13 @@ static moetax_status score_doc(struct moetax_ctx *c, const int32_t *ids, int64_t
     return MOETAX_OK;
 }
 
-static void put_json_str(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') printf("\\%c", ch);
-        else if (ch < 0x20) printf("\\u%04x", ch);
-        else putchar(ch);
-    }
-    putchar('"');
-}
-
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *input = NULL;
     int64_t n_threads = 0, ctx = 0, stride = 0, max_files = 0;
     struct moetax_model_params mp = {0};
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool per_file = false, json = false;
+    uint64_t max_input = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;
@@ -162,6 +161,7 @@ int cmd_perplexity(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--per-file")) per_file = true;
         else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
         else if (!strcmp(argv[i], "--json")) json = true;
+        else if (cli_max_input_opt("perplexity", argc, argv, &i, &max_input, &err)) { if (err) return 2; }
         else return cli_usage_error("perplexity", "unknown option '%s'", argv[i]);
     }
     if (!input) return cli_usage_error("perplexity", "no text given (-f FILE or -f DIR)");
@@ -209,7 +209,7 @@ int cmd_perplexity(int argc, char **argv) {
     for (int f = 0; f < n_files; f++) {
         char *text;
         size_t len;
-        if ((st = cli_read_file(files[f], &text, &len))) goto done;
+        if ((st = cli_read_file(files[f], max_input, &text, &len))) goto done;
         int64_t cap = (int64_t)len + 2, n = 0;
         docs[f] = malloc(sizeof(int32_t) * (size_t)cap);
         if (!docs[f]) { free(text); st = moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", files[f]); goto done; }
@@ -235,7 +235,7 @@ int cmd_perplexity(int argc, char **argv) {
     for (int f = 0; f < n_files; f++) {
         if (doc_n[f] < 2) continue;
         struct acc a = {0};
-        if ((st = score_doc(c, docs[f], doc_n[f], ctx, stride, m->hp.n_vocab, logits, &a, &pr, &done))) goto done;
+        if ((st = score_doc(files[f], c, docs[f], doc_n[f], ctx, stride, m->hp.n_vocab, logits, &a, &pr, &done))) goto done;
         total.sum += a.sum;
         total.sum2 += a.sum2;
         total.n += a.n;
@@ -252,15 +252,19 @@ int cmd_perplexity(int argc, char **argv) {
         double var = total.sum2 / (double)total.n - mean * mean;
         double se = total.n > 1 && var > 0 ? sqrt(var / (double)(total.n - 1)) : 0;
         double ppl = exp(mean);
+        if (!isfinite(ppl) || !isfinite(se)) { /* each NLL was finite: their sum overflowed */
+            st = moetax_error(MOETAX_ERR_NUMERIC, "%s: the perplexity is not finite (mean NLL %g over %lld tokens)",
+                              input, mean, (long long)total.n);
+            goto done;
+        }
         if (json) {
-            printf("{\"model\":");
-            put_json_str(model);
-            printf(",\"input\":");
-            put_json_str(input);
-            printf(",\"files\":%d,\"files_skipped\":%d,\"tokens\":%lld,\"ctx\":%lld,\"stride\":%lld,\"threads\":%d,"
-                   "\"experts_used\":%d,\"nll\":%.6f,\"nll_stderr\":%.6f,\"ppl\":%.6f,\"ppl_stderr\":%.6f,\"seconds\":%.3f}\n",
-                   n_files - n_empty, n_empty, (long long)total.n, (long long)ctx, (long long)stride,
-                   moetax_ctx_n_threads(c), moetax_ctx_n_expert_used(c), mean, se, ppl, ppl * se, secs);
+            json_t *o = cli_jobj("ooiiIIIiiooooo", "model",
+                                  cli_jstr(model), "input", cli_jstr(input), "files", n_files - n_empty,
+                                  "files_skipped", n_empty, "tokens", (json_int_t)total.n, "ctx", (json_int_t)ctx,
+                                  "stride", (json_int_t)stride, "threads", moetax_ctx_n_threads(c), "experts_used",
+                                  moetax_ctx_n_expert_used(c), "nll", cli_jnum(mean), "nll_stderr", cli_jnum(se),
+                                  "ppl", cli_jnum(ppl), "ppl_stderr", cli_jnum(ppl * se), "seconds", cli_jnum(secs));
+            if ((st = cli_json_print(stdout, o))) goto done;
         } else {
             if (n_empty) printf("skipped %d file%s with fewer than two tokens\n", n_empty, n_empty == 1 ? "" : "s");
             printf("scored %lld tokens in %.1f s (%.0f tokens evaluated/s)\n", (long long)total.n, secs,

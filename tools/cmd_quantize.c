@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "moetax/gguf.h"
+#include "moetax/outfile.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax quantize IN.gguf OUT.gguf TYPE\n\n"
@@ -37,10 +38,14 @@ int cmd_quantize(int argc, char **argv) {
     enum moetax_type to;
     if (!moetax_type_from_name(pos[2], &to) || !moetax_type_supported(to))
         return cli_usage_error("quantize", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0)", pos[2]);
-    if (!strcmp(pos[0], pos[1])) return cli_usage_error("quantize", "input and output are the same file");
-    struct moetax_gguf *g;
-    moetax_status st = moetax_gguf_open(pos[0], &g);
+    /* the same file by device and inode, not by name (./../dir/IN, a link to IN) */
+    bool same = false;
+    moetax_status st = moetax_same_file(pos[0], pos[1], &same);
     if (st) return cli_fail("quantize", st);
+    if (same) return cli_usage_error("quantize", "input %s and output %s are the same file", pos[0], pos[1]);
+    if ((st = moetax_outfile_check(pos[1], 0))) return cli_fail("quantize", st);
+    struct moetax_gguf *g;
+    if ((st = moetax_gguf_open(pos[0], &g))) return cli_fail("quantize", st);
     struct moetax_gguf_writer *w = NULL;
     float *row = NULL;
     void *out = NULL;

@@ -12,12 +12,13 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "moetax/outfile.h"
 #include "moetax/report.h"
 
 #define P MOETAX_PHASE_COUNT
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: moetax report FILE [--json] [--html OUT.html] [--decode-only]\n\n"
+    fprintf(f, "usage: moetax report FILE [--json] [--html OUT.html] [--decode-only] [--max-input-bytes N]\n\n"
                "Reads a ledger (moetax run/bench --ledger FILE) or a Chrome trace (--trace FILE) and shows\n"
                "where the time went: steps, tokens and time per token (all / prefill / decode), the tax share\n"
                "(route+dispatch+load+comm+wait+combine of all phases) and efficiency, seconds and us per token\n"
@@ -26,7 +27,9 @@ static void usage(FILE *f) {
                "prediction precision/recall, each with a one-line verdict on caching and prefetching.\n\n"
                "  --json          one JSON object instead of text\n"
                "  --html OUT      also write a self-contained HTML page (charts as inline SVG)\n"
-               "  --decode-only   phase, layer and worker breakdowns over decode steps only\n");
+               "  --decode-only   phase, layer and worker breakdowns over decode steps only\n"
+               "  --max-input-bytes N  read at most N bytes of FILE (default 1G; sizes like 512M, 4G): a longer\n"
+               "                  file (or a device such as /dev/zero) is refused\n");
 }
 
 static const char *pname(int p) { return moetax_phase_name((enum moetax_phase)p); }
@@ -381,28 +384,38 @@ int cmd_report(int argc, char **argv) {
     const char *path = NULL, *html = NULL;
     bool json = false, err = false;
     struct moetax_report_params p = {0};
+    uint64_t max_input = (uint64_t)1 << 30; /* a trace of a million spans is ~150 MB */
     for (int i = 1; i < argc; i++) {
         if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (!strcmp(argv[i], "--decode-only")) p.decode_only = true;
         else if (cli_opt(argc, argv, &i, NULL, "--html", &html, &err)) { if (err) return 2; }
+        else if (cli_max_input_opt("report", argc, argv, &i, &max_input, &err)) { if (err) return 2; }
         else if (argv[i][0] == '-' && argv[i][1]) return cli_usage_error("report", "unknown option '%s'", argv[i]);
         else if (!path) path = argv[i];
         else return cli_usage_error("report", "only one file, please ('%s' and '%s')", path, argv[i]);
     }
     if (!path) return cli_usage_error("report", "no file given (a ledger from --ledger or a trace from --trace)");
+    moetax_status st;
+    if (html && (st = moetax_outfile_check(html, 0))) return cli_usage_error("report", "%s", moetax_last_error());
+    /* read here, with a limit (the library's loader reads any length) */
+    char *text;
+    size_t len;
+    if ((st = cli_read_file(path, max_input, &text, &len))) return cli_fail("report", st);
+    if (len == 0) {
+        free(text);
+        return cli_fail("report", moetax_error(MOETAX_ERR_FORMAT, "%s: the file is empty", path));
+    }
     struct moetax_report *r;
-    moetax_status st = moetax_report_load(path, &p, &r);
+    st = moetax_report_parse(text, len, path, &p, &r);
+    free(text);
     if (st) return cli_fail("report", st);
-    if (html) {
-        FILE *f = fopen(html, "w");
-        if (!f) {
-            moetax_report_free(r);
-            st = moetax_error(MOETAX_ERR_IO, "%s: cannot write the page: %s", html, strerror(errno));
-            return cli_fail("report", st);
+    if (html) { /* a temporary file renamed into place */
+        struct moetax_outfile *of;
+        if (!(st = moetax_outfile_open(html, &of))) {
+            if ((st = moetax_report_write_html(r, moetax_outfile_file(of)))) moetax_outfile_abort(of);
+            else st = moetax_outfile_commit(of);
         }
-        st = moetax_report_write_html(r, f);
-        if (ferror(f) | fclose(f) && !st) st = moetax_error(MOETAX_ERR_IO, "%s: write failed", html);
         if (st) { moetax_report_free(r); return cli_fail("report", st); }
     }
     int rc = 0;

@@ -36,7 +36,9 @@ static void usage(FILE *f) {
             "  --experts-used K     route each token to K experts instead of the file's count (run-time top-k)\n"
             "  --no-mmap            copy the weights into private memory of 2 MiB pages (see 'moetax bench')\n"
             "  --no-display-prompt  do not echo the prompt\n"
-            "  --json               print the final statistics as one JSON object on stdout\n"
+            "  --json               print the final statistics as one JSON object on stdout (the only thing on\n"
+            "                       stdout: the prompt and the text go to stderr)\n"
+            CLI_MAX_INPUT_HELP
             "%s%s", cli_ledger_help(), cli_store_help());
 }
 
@@ -64,6 +66,7 @@ int cmd_run(int argc, char **argv) {
     struct moetax_sampler_params sp = moetax_sampler_default_params();
     struct cli_ledger_opts lo = {0};
     struct cli_store_opts so = {0};
+    uint64_t max_input = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;
@@ -100,19 +103,27 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-display-prompt")) echo = false;
         else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
         else if (!strcmp(argv[i], "--json")) json = true;
+        else if (cli_max_input_opt("run", argc, argv, &i, &max_input, &err)) { if (err) return 2; }
         else return cli_usage_error("run", "unknown option '%s'", argv[i]);
 #undef INT_OPT
 #undef F_OPT
     }
+    /* every option and output path is checked before the work starts */
+    moetax_status st = cli_store_check_budgets(so.budgets, false);
+    const char *outputs[] = {lo.json_path, lo.trace_path};
+    if (!st) st = cli_check_outputs(outputs, 2);
+    if (!st && json && lo.metrics)
+        st = moetax_error(MOETAX_ERR_ARG, "--json and --metrics both print on stdout: use one");
+    if (st) return cli_usage_error("run", "%s", moetax_last_error());
+    FILE *txt = json ? stderr : stdout; /* --json: stdout holds the JSON alone */
     char *text = NULL;
     if (pfile) {
         size_t len;
-        moetax_status rst = cli_read_file(pfile, &text, &len);
+        moetax_status rst = cli_read_file(pfile, max_input, &text, &len);
         if (rst) return cli_usage_error("run", "the prompt file: %s", moetax_last_error());
         prompt = text;
     }
     if (!prompt) prompt = "def main(";
-    moetax_status st = MOETAX_OK;
     if (!model) {
         model = cli_default_model_path();
         if ((st = check_default_model(model))) { free(text); return cli_fail("run", st); }
@@ -167,10 +178,11 @@ int cmd_run(int argc, char **argv) {
                           (long long)n_prompt, (long long)n_predict, (long long)moetax_ctx_n_ctx(c));
         goto done;
     }
-    if (echo) { fputs(prompt, stdout); fflush(stdout); }
+    if (echo) { fputs(prompt, txt); fflush(txt); }
     for (int64_t i = 0; i < n_prompt; i++) moetax_sampler_accept(smp, ids[i]);
     double t0 = cli_now();
     if ((st = moetax_ctx_eval(c, ids, n_prompt, logits, false))) goto done;
+    if ((st = cli_check_logits(logits, m->hp.n_vocab, n_prompt - 1))) goto done;
     double t_prefill = cli_now() - t0, t_first = 0, t_last = cli_now();
     int64_t n_gen = 0;
     char piece[256];
@@ -186,22 +198,25 @@ int cmd_run(int argc, char **argv) {
         if (!ignore_eos && moetax_tokenizer_is_eog(tok, t)) break;
         moetax_sampler_accept(smp, t);
         int nb = moetax_tokenizer_token_to_bytes(tok, t, piece, sizeof piece);
-        if (nb > 0) { fwrite(piece, 1, (size_t)nb, stdout); fflush(stdout); }
+        if (nb > 0) { fwrite(piece, 1, (size_t)nb, txt); fflush(txt); }
         if (n_gen == n_predict) break;
         if ((st = moetax_ctx_eval(c, &t, 1, logits, false))) goto done;
+        if ((st = cli_check_logits(logits, m->hp.n_vocab, n_prompt + n_gen - 1))) goto done;
     }
     double t_decode = t_last - t0 - t_first;
-    fputc('\n', stdout);
+    fputc('\n', txt);
     int64_t n_tp = n_gen > 1 ? n_gen - 1 : 0;
     qsort(tpot, (size_t)n_tp, sizeof(double), cmp_f64);
     double p50 = n_tp ? tpot[n_tp / 2] : 0;
     double dec_tps = n_tp && t_decode > 0 ? (double)n_tp / t_decode : 0;
     if (json) {
-        printf("{\"prompt_tokens\": %lld, \"generated_tokens\": %lld, \"prefill_tokens_per_s\": %.3f, "
-               "\"decode_tokens_per_s\": %.3f, \"ttft_ms\": %.3f, \"tpot_ms_mean\": %.3f, \"tpot_ms_p50\": %.3f, "
-               "\"threads\": %d}\n",
-               (long long)n_prompt, (long long)n_gen, (double)n_prompt / t_prefill, dec_tps, 1e3 * t_first,
-               n_tp ? 1e3 * t_decode / (double)n_tp : 0, 1e3 * p50, moetax_ctx_n_threads(c));
+        json_t *o = cli_jobj("IIoooooi", "prompt_tokens", (json_int_t)n_prompt,
+                              "generated_tokens", (json_int_t)n_gen, "prefill_tokens_per_s",
+                              cli_jnum((double)n_prompt / t_prefill), "decode_tokens_per_s", cli_jnum(dec_tps),
+                              "ttft_ms", cli_jnum(1e3 * t_first), "tpot_ms_mean",
+                              cli_jnum(n_tp ? 1e3 * t_decode / (double)n_tp : 0), "tpot_ms_p50", cli_jnum(1e3 * p50),
+                              "threads", moetax_ctx_n_threads(c));
+        if ((st = cli_json_print(stdout, o))) goto done;
     }
     fprintf(stderr, "\nmoetax run: %s, %d threads\n", model, moetax_ctx_n_threads(c));
     fprintf(stderr, "  prefill: %lld tokens in %.1f ms = %.1f tok/s\n", (long long)n_prompt, 1e3 * t_prefill,

@@ -25,7 +25,8 @@ static void usage(FILE *f) {
                "                     (C0, DEL, C1) and for bytes that are not valid UTF-8 in the piece; BOS\n"
                "                     (a control token) is an empty line.\n"
                "                     Unescaping and concatenating the lines gives the text back.\n"
-               "  --no-bos           do not put BOS in front (default: the file's add_bos setting)\n");
+               "  --no-bos           do not put BOS in front (default: the file's add_bos setting)\n"
+               CLI_MAX_INPUT_HELP);
 }
 
 /* Length of the valid UTF-8 sequence at s[0..n) of at least 2 bytes, or 0
@@ -69,6 +70,7 @@ static void print_piece(FILE *f, const unsigned char *s, size_t n) {
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *pfile = NULL;
     bool pieces = false, ids_opt = false, no_bos = false;
+    uint64_t max_input = 0;
     for (int i = 1; i < argc; i++) {
         bool err = false;
         if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
@@ -78,6 +80,7 @@ int cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(argv[i], "--ids")) ids_opt = true;
         else if (!strcmp(argv[i], "--pieces")) pieces = true;
         else if (!strcmp(argv[i], "--no-bos")) no_bos = true;
+        else if (cli_max_input_opt("tokenize", argc, argv, &i, &max_input, &err)) { if (err) return 2; }
         else return cli_usage_error("tokenize", "unknown option '%s'", argv[i]);
     }
     if (!model) model = cli_default_model_path();
@@ -89,7 +92,7 @@ int cmd_tokenize(int argc, char **argv) {
     size_t len = 0;
     moetax_status st = MOETAX_OK;
     if (pfile) {
-        if ((st = cli_read_file(pfile, &text, &len))) return cli_fail("tokenize", st);
+        if ((st = cli_read_file(pfile, max_input, &text, &len))) return cli_fail("tokenize", st);
     } else {
         len = strlen(prompt);
         text = malloc(len + 1);

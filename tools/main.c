@@ -1,8 +1,10 @@
 /* main.c - `moetax <subcommand>`: dispatch from the table in commands.h. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "commands.h"
+#include "moetax/outfile.h"
 
 struct command {
     const char *name;
@@ -24,7 +26,22 @@ static void usage(FILE *f) {
         fprintf(f, "  %-10s %s\n", k_commands[i].name, k_commands[i].help);
 }
 
+/* SIGINT/SIGTERM: remove the temporary files of outputs not yet complete, then die
+ * of the signal as before (the targets keep their old content). */
+static void on_signal(int sig) {
+    moetax_outfile_cleanup_signal();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 int main(int argc, char **argv) {
+    static const int sigs[] = {SIGINT, SIGTERM};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction sa = {0}, old;
+        sa.sa_handler = on_signal;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) sigaction(sigs[i], &sa, NULL);
+    }
     if (argc < 2) { usage(stderr); return 2; }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);

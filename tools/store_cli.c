@@ -58,6 +58,46 @@ uint64_t cli_store_expert_bytes(const struct moetax_model *m) {
     return b;
 }
 
+#define CLI_BUDGET_MAX_PCT 1000.0
+
+static moetax_status check_budget(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0) return moetax_error(MOETAX_ERR_ARG, "--expert-budget: an empty budget");
+    if (s[n - 1] == '%') {
+        char buf[32];
+        double pct;
+        if (n >= sizeof buf || (memcpy(buf, s, n - 1), buf[n - 1] = 0, !cli_parse_f64(buf, &pct)))
+            return moetax_error(MOETAX_ERR_ARG, "--expert-budget: '%s' is not a percentage (e.g. 25%%)", s);
+        if (pct <= 0 || pct > CLI_BUDGET_MAX_PCT)
+            return moetax_error(MOETAX_ERR_ARG,
+                                "--expert-budget: %s is out of range: a share of the routed experts' bytes above 0%% "
+                                "and at most %.0f%% (100%% holds every expert)", s, CLI_BUDGET_MAX_PCT);
+        return MOETAX_OK;
+    }
+    uint64_t b;
+    if (!cli_parse_size(s, &b))
+        return moetax_error(MOETAX_ERR_ARG, "--expert-budget: '%s' is not a size (2G, 512M) or a percentage (25%%)", s);
+    if (b == 0) return moetax_error(MOETAX_ERR_ARG, "--expert-budget: %s is zero bytes", s);
+    return MOETAX_OK;
+}
+
+moetax_status cli_store_check_budgets(const char *budgets, bool list) {
+    if (!budgets) return MOETAX_OK;
+    if (!list && strchr(budgets, ','))
+        return moetax_error(MOETAX_ERR_ARG, "--expert-budget: one budget, not a list ('%s'; bench takes a list)", budgets);
+    char item[64];
+    for (const char *p = budgets;;) {
+        size_t len = strcspn(p, ",");
+        if (len >= sizeof item) return moetax_error(MOETAX_ERR_ARG, "--expert-budget: '%.*s' is too long", (int)len, p);
+        memcpy(item, p, len);
+        item[len] = 0;
+        moetax_status st = check_budget(item);
+        if (st) return st;
+        if (!p[len]) return MOETAX_OK;
+        p += len + 1;
+    }
+}
+
 bool cli_store_parse_budget(const char *s, uint64_t expert_bytes, uint64_t *out) {
     size_t n = strlen(s);
     if (n > 1 && s[n - 1] == '%') {
@@ -66,7 +106,7 @@ bool cli_store_parse_budget(const char *s, uint64_t expert_bytes, uint64_t *out)
         if (n >= sizeof buf) return false;
         memcpy(buf, s, n - 1);
         buf[n - 1] = 0;
-        if (!cli_parse_f64(buf, &pct) || pct <= 0 || pct > 1000) return false;
+        if (!cli_parse_f64(buf, &pct) || pct <= 0 || pct > CLI_BUDGET_MAX_PCT) return false;
         *out = (uint64_t)((double)expert_bytes * pct / 100.0);
         return true;
     }

@@ -28,6 +28,9 @@ const char *cli_store_help(void);
 enum moetax_store_policy cli_store_policy(const struct cli_store_opts *o);
 /* Total bytes of the routed experts of a model. */
 uint64_t cli_store_expert_bytes(const struct moetax_model *m);
+/* Check the syntax and range of --expert-budget before any work: one budget, or a
+ * comma-separated list when list is true. MOETAX_ERR_ARG names the item and why. */
+moetax_status cli_store_check_budgets(const char *budgets, bool list);
 /* Parse one budget ("2G", "512M", "50%") against the experts' total; false if invalid. */
 bool cli_store_parse_budget(const char *s, uint64_t expert_bytes, uint64_t *out);
 /* Open the store for a budget; *n_ubatch is fitted to it. */

@@ -3,6 +3,7 @@
  * records (see include/moetax/ledger.h for the design and the file format).
  */
 #include "moetax/ledger.h"
+#include "moetax/outfile.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -29,6 +30,7 @@ struct span {
 
 struct step_rec {
     int64_t step, tokens, pos;
+    int64_t batch;  /* sequences decoded together */
     bool prefill;
     double wall_s;
     double *phase;  /* [(n_layer + 1) * P]: row 0 = layer -1 */
@@ -51,7 +53,7 @@ struct moetax_ledger {
     uint64_t **acc;          /* [W][n_rows] ns */
     uint64_t *span_count;    /* [W * 8]: spans written by worker w at [w * 8] (a cache line each) */
     uint64_t t_step;
-    int64_t cur_tokens, cur_pos;
+    int64_t cur_tokens, cur_pos, cur_batch;
     bool cur_prefill;
     int64_t n_steps;
     /* window of step records */
@@ -187,6 +189,7 @@ void moetax_ledger_step_begin(struct moetax_ledger *l, int64_t tokens, int64_t p
     l->cur_tokens = tokens;
     l->cur_pos = pos;
     l->cur_prefill = prefill;
+    l->cur_batch = 1;
     l->r_base = l->r_tokens;
     l->t_step = moetax_ledger_now();
 }
@@ -199,6 +202,10 @@ static void agg_add(struct agg *a, const struct step_rec *r, int64_t rows, int W
     for (int w = 0; w < W; w++) { a->busy[w] += r->busy[w]; a->wait[w] += r->wait[w]; }
 }
 
+void moetax_ledger_step_batch(struct moetax_ledger *l, int64_t n_seq) {
+    if (l) l->cur_batch = n_seq;
+}
+
 void moetax_ledger_step_end(struct moetax_ledger *l) {
     if (!l || !l->enabled) return;
     const int W = l->p.n_workers;
@@ -207,6 +214,7 @@ void moetax_ledger_step_end(struct moetax_ledger *l) {
     r->tokens = l->cur_tokens;
     r->pos = l->cur_pos;
     r->prefill = l->cur_prefill;
+    r->batch = l->cur_batch;
     r->wall_s = 1e-9 * (double)(moetax_ledger_now() - l->t_step);
     memset(r->phase, 0, sizeof(double) * (size_t)l->n_rows);
     for (int w = 0; w < W; w++) {
@@ -358,8 +366,11 @@ static void json_str(FILE *f, const char *s) {
 
 moetax_status moetax_ledger_write_json(const struct moetax_ledger *l, const struct moetax_ledger_meta *meta,
                                        const char *path) {
-    FILE *f = fopen(path, "w");
-    if (!f) return moetax_error(MOETAX_ERR_IO, "%s: cannot write the ledger: %s", path, strerror(errno));
+    /* a temporary file renamed into place: a full disk never leaves a truncated ledger */
+    struct moetax_outfile *out;
+    moetax_status ost = moetax_outfile_open(path, &out);
+    if (ost) return ost;
+    FILE *f = moetax_outfile_file(out);
     const int L = l->p.n_layer;
     fputs("{\"moetax_ledger\": 1, \"model\": ", f);
     json_str(f, meta && meta->model ? meta->model : "");
@@ -374,9 +385,10 @@ moetax_status moetax_ledger_write_json(const struct moetax_ledger *l, const stru
     int64_t first = l->win_n > l->p.window ? l->win_n - l->p.window : 0;
     for (int64_t i = first; i < l->win_n; i++) {
         const struct step_rec *r = &l->win[i % l->p.window];
-        fprintf(f, "%s\n  {\"step\": %lld, \"kind\": \"%s\", \"tokens\": %lld, \"pos\": %lld, \"wall_s\": %.9g, \"phase_s\": ",
+        fprintf(f, "%s\n  {\"step\": %lld, \"kind\": \"%s\", \"tokens\": %lld, \"pos\": %lld, \"batch\": %lld, "
+                "\"wall_s\": %.9g, \"phase_s\": ",
                 i > first ? "," : "", (long long)r->step, r->prefill ? "prefill" : "decode", (long long)r->tokens,
-                (long long)r->pos, r->wall_s);
+                (long long)r->pos, (long long)r->batch, r->wall_s);
         json_phase_map(f, r->phase, L);
         fputs(", ", f);
         json_rows(f, r->phase, L);
@@ -431,8 +443,7 @@ moetax_status moetax_ledger_write_json(const struct moetax_ledger *l, const stru
     }
     if (meta && meta->store_json) fprintf(f, ",\n \"store\": %s", meta->store_json);
     fprintf(f, ",\n \"dropped_steps\": %lld}\n", (long long)first);
-    if (ferror(f) | fclose(f)) return moetax_error(MOETAX_ERR_IO, "%s: write failed", path);
-    return MOETAX_OK;
+    return moetax_outfile_commit(out);
 }
 
 moetax_status moetax_ledger_write_trace(const struct moetax_ledger *l, const char *path) {
@@ -442,8 +453,10 @@ moetax_status moetax_ledger_write_trace(const struct moetax_ledger *l, const cha
 moetax_status moetax_ledger_write_trace_ex(const struct moetax_ledger *l, const char *path,
                                            const struct moetax_trace_extra *x) {
     if (!l->spans) return moetax_error(MOETAX_ERR_ARG, "the ledger was created without a trace buffer");
-    FILE *f = fopen(path, "w");
-    if (!f) return moetax_error(MOETAX_ERR_IO, "%s: cannot write the trace: %s", path, strerror(errno));
+    struct moetax_outfile *out;
+    moetax_status ost = moetax_outfile_open(path, &out);
+    if (ost) return ost;
+    FILE *f = moetax_outfile_file(out);
     const int W = l->p.n_workers;
     int64_t cap = l->p.trace_cap - l->p.trace_cap % W;
     uint64_t tmin = UINT64_MAX;
@@ -497,8 +510,7 @@ moetax_status moetax_ledger_write_trace_ex(const struct moetax_ledger *l, const 
                 s->args);
     }
     fputs("\n ]}\n", f);
-    if (ferror(f) | fclose(f)) return moetax_error(MOETAX_ERR_IO, "%s: write failed", path);
-    return MOETAX_OK;
+    return moetax_outfile_commit(out);
 }
 
 void moetax_ledger_write_prometheus(const struct moetax_ledger *l, FILE *f) {
