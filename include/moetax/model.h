@@ -94,6 +94,13 @@ struct moetax_hparams {
     float kq_scale;              /* mscale^2 / sqrt(nope + rope) */
 };
 
+/* The one set of rules for the float hyper-parameters (src/model/hparams.c),
+ * applied by the loader to what it derived from a file and by `moetax gen` to
+ * what it writes: eps, rope base/scale/YaRN factors, attention scale and (with
+ * experts) expert_weights_scale must be finite and in range. MOETAX_ERR_FORMAT
+ * names `where` (a path), the metadata key, the value and the range. */
+moetax_status moetax_hparams_check(const struct moetax_hparams *hp, const char *where);
+
 /* A weight: 2-D {ncols, nrows} or 3-D {ncols, nrows, n_mat} in ggml order. */
 struct moetax_weight {
     const void *data;       /* NULL if absent; in the layout the kernels read (see DESIGN) */

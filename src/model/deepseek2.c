@@ -349,8 +349,8 @@ static moetax_status load_hparams(struct moetax_model *m) {
     hp->n_expert_group = key_i(&k, "expert_group_count", 0, false);
     hp->n_expert_group_used = key_i(&k, "expert_group_used_count", 0, false);
     hp->gating_func = key_i(&k, "expert_gating_func", 1, false);
-    hp->expert_weights_scale = key_f(&k, "expert_weights_scale", 0.0f);
-    hp->rms_eps = key_f(&k, "attention.layer_norm_rms_epsilon", -1.0f);
+    hp->expert_weights_scale = key_f(&k, "expert_weights_scale", 1.0f); /* absent: none (x 1) */
+    hp->rms_eps = key_f(&k, "attention.layer_norm_rms_epsilon", NAN); /* NAN: absent (a NaN value is an error) */
     char key[160];
     snprintf(key, sizeof key, "%s.expert_weights_norm", hp->arch);
     bool b = false;
@@ -358,7 +358,7 @@ static moetax_status load_hparams(struct moetax_model *m) {
     hp->expert_weights_norm = b;
     if (k.st) return k.st;
 #define NEED(cond, ...) do { if (!(cond)) return moetax_error(MOETAX_ERR_FORMAT, __VA_ARGS__); } while (0)
-    NEED(hp->rms_eps > 0, "%s: %s.attention.layer_norm_rms_epsilon is missing or not positive", g->path, hp->arch);
+    NEED(!isnan(hp->rms_eps), "%s: %s.attention.layer_norm_rms_epsilon is missing", g->path, hp->arch);
     NEED(hp->n_embd > 0 && hp->n_layer > 0 && hp->n_head > 0 && hp->kv_lora_rank > 0,
          "%s: embedding_length, block_count, head_count and kv_lora_rank must be positive", g->path);
     NEED(hp->n_embd_head_qk_rope > 0 && hp->n_embd_head_qk_rope % 2 == 0 && hp->n_embd_head_qk_rope <= 1024,
@@ -393,7 +393,8 @@ static moetax_status load_hparams(struct moetax_model *m) {
     hp->rope_freq_base = key_f(&k, "rope.freq_base", 10000.0f);
     char stype[32] = "";
     snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch);
-    moetax_gguf_get_str(g, key, stype, sizeof stype);
+    /* only when present, and never over an earlier error: the first error's message wins */
+    if (!k.st && moetax_gguf_find_kv(g, key) && (st = moetax_gguf_get_str(g, key, stype, sizeof stype))) k.st = st;
     float factor = key_f(&k, "rope.scaling.factor", 0.0f);
     if (factor == 0.0f) factor = key_f(&k, "rope.scale_linear", 0.0f);
     float fs = factor == 0.0f ? 1.0f : 1.0f / factor;
@@ -418,7 +419,8 @@ static moetax_status load_hparams(struct moetax_model *m) {
     hp->rope_n_ctx_orig = key_i(&k, "rope.scaling.original_context_length", 0, false);
     if (hp->rope_n_ctx_orig <= 0) hp->rope_n_ctx_orig = hp->n_ctx_train;
     hp->kq_scale = (float)(mscale * mscale / sqrt((double)(hp->n_embd_head_qk_nope + hp->n_embd_head_qk_rope)));
-    return k.st;
+    if (k.st) return k.st;
+    return moetax_hparams_check(hp, g->path);
 }
 
 /* ---- tensors ------------------------------------------------------------------- */

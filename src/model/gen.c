@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "moetax/gguf.h"
+#include "moetax/model.h"
 
 moetax_status moetax_gen_preset(const char *preset, struct moetax_gen_params *p) {
     /* defaults shared by all presets: DeepSeek-V2-Lite-like routing */
@@ -135,10 +136,27 @@ moetax_status moetax_gen_validate(const struct moetax_gen_params *p) {
         }
     }
     NEED(p->gating_func == 1 || p->gating_func == 2, "--gating must be softmax (1) or sigmoid (2)");
-    NEED(p->rope_yarn_factor == 0 || (p->rope_yarn_factor >= 1 && p->rope_yarn_orig_ctx >= 1),
-         "--yarn-factor must be 0 (off) or >= 1 with --yarn-orig-ctx >= 1");
-    NEED(isfinite(p->rms_eps) && p->rms_eps > 0, "--eps must be > 0");
-    NEED(isfinite(p->rope_freq_base) && p->rope_freq_base > 0, "--rope-base must be > 0");
+    NEED(p->rope_yarn_factor == 0 || p->rope_yarn_orig_ctx >= 1, "--yarn-factor needs --yarn-orig-ctx >= 1");
+    NEED(isfinite(p->rope_yarn_log_mul) && p->rope_yarn_log_mul >= 0, "--yarn-log-mul must be >= 0");
+    /* the float values the file will hold, checked by the loader's own rules (moetax_hparams_check) */
+    struct moetax_hparams hp = {
+        .arch = "deepseek2",
+        .n_expert = has_moe ? p->n_expert : 0,
+        .expert_weights_scale = p->expert_weights_scale,
+        .rms_eps = p->rms_eps,
+        .rope_freq_base = p->rope_freq_base,
+        .rope_freq_scale = p->rope_yarn_factor != 0 ? 1.0f / p->rope_yarn_factor : 1.0f,
+        .rope_ext_factor = p->rope_yarn_factor != 0 ? 1.0f : 0.0f,
+        .rope_attn_factor = 1.0f, /* derived by the loader */
+        .rope_beta_fast = 32.0f,
+        .rope_beta_slow = 1.0f,
+        .kq_scale = 1.0f,         /* derived by the loader */
+    };
+    if (moetax_hparams_check(&hp, "gen")) { /* an option's fault here, not a file's */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", moetax_last_error());
+        return moetax_error(MOETAX_ERR_ARG, "%s (options --eps, --rope-base, --yarn-factor, --scale)", msg);
+    }
     NEED(moetax_type_supported(p->wtype), "weight type %s is not one of f32, f16, bf16, q8_0, q4_0",
          moetax_type_name(p->wtype));
 #undef NEED
