@@ -553,7 +553,9 @@ static void check_topk(const struct moetax_kernels *k, const float *x, int64_t n
 
 /* wsum: every table bit-identical to the chain of axpys it replaces in attention
  * (o = 0; o += p_j v_j for j in order), and close to the double-precision sum;
- * head counts and widths not multiples of the tiles, zero rows, strided p/v/out. */
+ * head counts and widths not multiples of the tiles, zero rows, strided p/v/out;
+ * and the same chain when the rows come in two calls, the second with acc (the
+ * KV cache's blocks), split at every kind of point (0, inside a tile chunk, np). */
 static void test_wsum(void) {
     const struct moetax_kernels *tabs[2] = {moetax_kernels_ref(), moetax_kernels_avx2()};
     static const int64_t nhs[] = {1, 3, 4, 5, 8, 16};
@@ -584,17 +586,21 @@ static void test_wsum(void) {
                 }
                 for (int ti = 0; ti < 2; ti++) {
                     if (!tabs[ti]) continue;
-                    for (int64_t i = 0; i < nh * ld_out; i++) got[i] = -777.0f;
-                    tabs[ti]->wsum(got, ld_out, p, ld_p, nh, v, ld_v, np, n);
-                    for (int64_t h = 0; h < nh; h++)
-                        for (int64_t k = 0; k < ld_out; k++) {
-                            const float g = got[h * ld_out + k];
-                            const bool ok = k < n ? memcmp(&g, &want[h * ld_out + k], sizeof g) == 0 : g == -777.0f;
-                            if (!ok && bad++ < 5)
-                                fprintf(stderr, "wsum %s nh=%lld np=%lld n=%lld h=%lld c=%lld: %.9g vs %.9g\n",
-                                        tabs[ti]->name, (long long)nh, (long long)np, (long long)n, (long long)h,
-                                        (long long)k, g, want[h * ld_out + k]);
-                        }
+                    for (int split = 0; split < 4; split++) {
+                        const int64_t cut = split == 0 ? np : split == 1 ? 0 : split == 2 ? np / 3 : (np > 0 ? np - 1 : 0);
+                        for (int64_t i = 0; i < nh * ld_out; i++) got[i] = -777.0f;
+                        tabs[ti]->wsum(got, ld_out, p, ld_p, nh, v, ld_v, cut, n, false);
+                        if (split) tabs[ti]->wsum(got, ld_out, p + cut, ld_p, nh, v + cut * ld_v, ld_v, np - cut, n, true);
+                        for (int64_t h = 0; h < nh; h++)
+                            for (int64_t k = 0; k < ld_out; k++) {
+                                const float g = got[h * ld_out + k];
+                                const bool ok = k < n ? memcmp(&g, &want[h * ld_out + k], sizeof g) == 0 : g == -777.0f;
+                                if (!ok && bad++ < 5)
+                                    fprintf(stderr, "wsum %s nh=%lld np=%lld n=%lld h=%lld c=%lld: %.9g vs %.9g\n",
+                                            tabs[ti]->name, (long long)nh, (long long)np, (long long)n, (long long)h,
+                                            (long long)k, g, want[h * ld_out + k]);
+                            }
+                    }
                 }
                 free(p), free(v), free(want), free(got);
             }

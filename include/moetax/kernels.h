@@ -198,11 +198,12 @@ struct moetax_kernels {
     void (*axpy)(float *y, float a, const float *x, int64_t n);
     /* Weighted sums of rows (attention's probabilities times values): for h < nh
      * and c < n, out[h * ld_out + c] = sum over j < np of p[h * ld_p + j] *
-     * v[j * ld_v + c], accumulated in float from 0 with one fused multiply-add
-     * per j in order (every table: bit-identical results). out must not alias
-     * p or v. */
+     * v[j * ld_v + c], accumulated in float from 0 (acc false) or from out's
+     * values (acc true: a sum over rows held in several blocks, e.g. the KV
+     * cache's, continues one chain) with one fused multiply-add per j in order
+     * (every table: bit-identical results). out must not alias p or v. */
     void (*wsum)(float *out, int64_t ld_out, const float *p, int64_t ld_p, int64_t nh, const float *v,
-                 int64_t ld_v, int64_t np, int64_t n);
+                 int64_t ld_v, int64_t np, int64_t n, bool acc);
     /* x *= a */
     void (*scale)(float *x, float a, int64_t n);
 

@@ -106,6 +106,8 @@ void moetax_ledger_span(struct moetax_ledger *l, int w, enum moetax_phase ph, in
 /* Step boundaries, called outside the pool run by the step owner. */
 void moetax_ledger_step_begin(struct moetax_ledger *l, int64_t tokens, int64_t pos, bool prefill);
 void moetax_ledger_step_end(struct moetax_ledger *l);
+/* The step begun last decodes n_seq sequences together (its batch size; 1 if never said). */
+void moetax_ledger_step_batch(struct moetax_ledger *l, int64_t n_seq);
 /* Add time outside the pool run (e.g. sampling) to the last step. */
 void moetax_ledger_add(struct moetax_ledger *l, enum moetax_phase ph, int layer, double seconds);
 

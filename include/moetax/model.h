@@ -23,11 +23,16 @@
  *   copies; the older merged attn_kv_b is split once into attn_k_b / attn_v_b
  *   (F32) so there is one attention path.
  *
- *   A context evaluates a batch of tokens at its current position (prefill),
- *   or one token (decode), with one moetax_pool_run per micro-batch: all
- *   workers walk the same sequence of phases, split by (ith, nth) or atomic
- *   chunk counters, separated by barriers only where the data dependencies
- *   demand one (counted per layer in src/model/forward.c).
+ *   A context holds many sequences in one KV cache (moetax/kvcache.h: n_ctx
+ *   cells in all, in blocks) and evaluates a batch (struct moetax_batch) of
+ *   tokens of any of them, each at its sequence's next position: prompt
+ *   chunks and single decode tokens mixed. It runs with one moetax_pool_run
+ *   per micro-batch: all workers walk the same sequence of phases, split by
+ *   (ith, nth) or atomic chunk counters, separated by barriers only where the
+ *   data dependencies demand one (counted per layer in src/model/forward.c).
+ *   Attention runs per token over its own sequence's cache; the MoE block
+ *   routes all tokens of the micro-batch at once and reads each expert once.
+ *   moetax_ctx_eval is the one-sequence form (sequence 0).
  *
  *   MLA attention runs in the absorbed form: only [kv_norm ; k_pe] (kv_lora +
  *   rope values) is cached per token and layer. The MoE block routes all tokens
@@ -37,10 +42,16 @@
  *   done in place, into the residual, without a separate pass or atomics.
  *
  * INVARIANTS
- *   - A context's position never exceeds n_ctx; moetax_ctx_eval returns
- *     MOETAX_ERR_LIMIT (and evaluates nothing) if the tokens would not fit.
+ *   - The cells in use never exceed n_ctx; a batch whose tokens would not fit
+ *     returns MOETAX_ERR_LIMIT and evaluates nothing (the sequences in the
+ *     cache are untouched).
  *   - Results do not depend on the number of threads beyond float summation
  *     order inside kernels (each output element is computed by one worker).
+ *   - A token's logits do not depend on the other sequences of its batch:
+ *     attention reads only its own sequence, and every other stage computes
+ *     each token's row the same way whatever rows share the matmul (the
+ *     kernels are batch-invariant for Q8_0/Q4_0 weights; see test_batch.c
+ *     for the types where the batch path and the one-token path differ).
  *   - The model must outlive its contexts.
  */
 #ifndef MOETAX_MODEL_H
@@ -198,7 +209,10 @@ double moetax_model_active_bytes(const struct moetax_model *m);
 double moetax_model_active_bytes_k(const struct moetax_model *m, int n_expert_used);
 
 struct moetax_ctx_params {
-    int32_t n_ctx;            /* KV cache positions; 0: min(n_ctx_train, 4096) */
+    int32_t n_ctx;            /* KV cache cells, all sequences together (rounded up to whole
+                                 blocks); 0: min(n_ctx_train, 4096) */
+    int32_t n_seq_max;        /* sequence ids 0 .. n_seq_max-1; 0: MOETAX_KV_SEQ_MAX_DEFAULT */
+    int32_t kv_block;         /* KV cache cells per block; 0: MOETAX_KV_BLOCK_DEFAULT */
     int32_t n_ubatch;         /* max tokens per micro-batch; 0: 64 */
     int32_t n_threads;        /* 0: online CPUs (ignored when pool is given) */
     struct moetax_pool *pool; /* optional shared pool (not owned) */
@@ -212,14 +226,36 @@ struct moetax_ctx_params {
 };
 
 struct moetax_ctx;
+struct moetax_kvcache;
+
+/* A batch: n_tokens entries of {token, position, sequence id, wants logits}. */
+struct moetax_batch {
+    int32_t n_tokens, capacity;
+    int32_t *token;  /* [capacity] */
+    int32_t *pos;    /* [capacity] position in its sequence: the sequence's next one */
+    int32_t *seq;    /* [capacity] sequence id */
+    bool *logits;    /* [capacity] keep this token's logits (moetax_ctx_logits_ith) */
+};
+moetax_status moetax_batch_init(struct moetax_batch *b, int32_t capacity);
+void moetax_batch_free(struct moetax_batch *b);
+void moetax_batch_clear(struct moetax_batch *b);
+/* MOETAX_ERR_LIMIT when the batch is full. */
+moetax_status moetax_batch_add(struct moetax_batch *b, int32_t token, int32_t pos, int32_t seq, bool logits);
 
 moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_ctx_params *p,
                               struct moetax_ctx **out);
 void moetax_ctx_free(struct moetax_ctx *c);
-/* Forget the sequence (position back to 0). */
+/* Forget every sequence. */
 void moetax_ctx_reset(struct moetax_ctx *c);
+/* Next position of sequence 0 (moetax_ctx_eval's), or of sequence seq. */
 int64_t moetax_ctx_pos(const struct moetax_ctx *c);
+int64_t moetax_ctx_seq_pos(const struct moetax_ctx *c, int32_t seq);
+/* KV cache cells in all. */
 int64_t moetax_ctx_n_ctx(const struct moetax_ctx *c);
+int64_t moetax_ctx_n_ubatch(const struct moetax_ctx *c);
+/* The context's KV cache, for its memory operations (remove, copy, keep a
+ * sequence; free cells): moetax/kvcache.h. Not while a decode runs. */
+struct moetax_kvcache *moetax_ctx_kv(struct moetax_ctx *c);
 int moetax_ctx_n_threads(const struct moetax_ctx *c);
 /* Routed experts per token of this context (its top-k). */
 int moetax_ctx_n_expert_used(const struct moetax_ctx *c);
@@ -233,7 +269,16 @@ void moetax_ctx_test_delay(struct moetax_ctx *c, int phase, uint64_t ns);
 /* Bytes of the KV cache. */
 size_t moetax_ctx_kv_bytes(const struct moetax_ctx *c);
 
-/* Evaluate n tokens at the current position (split into micro-batches of at
+/* Evaluate a batch (split into micro-batches of at most n_ubatch tokens).
+ * Token ids, sequence ids and positions are checked first, and the cells of
+ * the whole batch are reserved before any work. A step with one token per
+ * sequence is booked as decode in the ledger, with the number of sequences as
+ * its batch size. MOETAX_ERR_NUMERIC when a token's logits are not finite. */
+moetax_status moetax_ctx_decode(struct moetax_ctx *c, const struct moetax_batch *b);
+/* Logits [n_vocab] of entry i of the last decoded batch, NULL unless it asked for them. */
+const float *moetax_ctx_logits_ith(const struct moetax_ctx *c, int32_t i);
+
+/* One sequence (0): evaluate n tokens at its next position (split into micro-batches of at
  * most n_ubatch). logits: NULL, or [n, n_vocab] when all_logits, else [n_vocab]
  * for the last token. Token ids are checked against n_vocab. */
 moetax_status moetax_ctx_eval(struct moetax_ctx *c, const int32_t *tokens, int64_t n, float *logits, bool all_logits);

@@ -17,62 +17,80 @@
  * share of phase 2 (2 workers on DeepSeek shapes; not 16): phase 2's kv_a
  * item also writes the cache row, and each attention item makes its own
  * heads' q_abs. So 3 barriers (4 with q_lora, +1 without that fusion).
+ *
+ * The cache is paged (moetax/kvcache.h): token t of sequence s at position p
+ * writes its row into s's block for p and attends over s's positions 0..p,
+ * block by block: the scores of each block's rows are one matmul, and the
+ * weighted sum continues one chain over the blocks (wsum with acc), so the
+ * result does not depend on where the blocks lie nor on the other sequences
+ * of the micro-batch.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "model/forward_impl.h"
+#include "attn/mla.h"
 
-/* Token t's cache row of layer il: [rmsnorm(kv) ; rope(k_pe)] from c->kva. */
-static void cache_row(struct moetax_ctx *c, int il, int64_t t) {
-    const struct moetax_hparams *hp = &c->m->hp;
-    const struct moetax_layer *l = &c->m->layers[il];
-    const int64_t kvl = hp->kv_lora_rank, rope = hp->n_embd_head_qk_rope, kvr = c->kv_row;
-    float *dst = c->kv + ((int64_t)il * c->n_ctx + c->pos0 + t) * kvr;
-    const float *src = c->kva + t * kvr;
-    c->K->rmsnorm(dst, src, l->kv_a_norm, kvl, hp->rms_eps);
+/* Token t's cache row of layer il: [rmsnorm(kv) ; rope(k_pe)] from a->kva. */
+static void cache_row(const struct fw_step *s, struct mla *a, int il, int64_t t) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t kvl = hp->kv_lora_rank, rope = hp->n_embd_head_qk_rope, kvr = a->kv_row;
+    float *dst = moetax_kvcache_row(a->kv, il, s->seq[t], s->pos[t]);
+    const float *src = a->kva + t * kvr;
+    s->K->rmsnorm(dst, src, l->kv_a_norm, kvl, hp->rms_eps);
     memcpy(dst + kvl, src + kvl, sizeof(float) * (size_t)rope);
-    c->K->rope_cached(dst + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, c->ropecs + t * rope);
+    s->K->rope_cached(dst + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, a->ropecs + t * rope);
 }
 
-/* Head h, every token of the micro-batch: Q_h = [W_kb[h] q_nope ; rope(q_pe)] into c->qabs
- * (one batched matmul, so W_kb[h] is read once per micro-batch; scratch s->f, s->q). */
-static void q_abs_head(struct moetax_ctx *c, struct scratch *s, int il, int64_t h) {
-    const struct moetax_hparams *hp = &c->m->hp;
-    const struct moetax_layer *l = &c->m->layers[il];
-    const int64_t n = c->n, H = hp->n_head, nope = hp->n_embd_head_qk_nope, rope = hp->n_embd_head_qk_rope;
-    const int64_t kvl = hp->kv_lora_rank, qrow = H * (nope + rope), kvr = c->kv_row;
-    float *qn = s->f; /* [n, nope] gathered q_nope of head h */
+/* Head h, every token of the micro-batch: Q_h = [W_kb[h] q_nope ; rope(q_pe)] into a->qabs
+ * (one batched matmul, so W_kb[h] is read once per micro-batch; scratch wk->f, wk->q). */
+static void q_abs_head(const struct fw_step *s, struct mla *a, struct mla_worker *wk, int il, int64_t h) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t n = s->n, H = hp->n_head, nope = hp->n_embd_head_qk_nope, rope = hp->n_embd_head_qk_rope;
+    const int64_t kvl = hp->kv_lora_rank, qrow = H * (nope + rope), kvr = a->kv_row;
+    float *qn = wk->f; /* [n, nope] gathered q_nope of head h */
     for (int64_t t = 0; t < n; t++) {
-        const float *qh = c->q + t * qrow + h * (nope + rope);
-        float *Q = c->qabs + (t * H + h) * kvr;
+        const float *qh = a->q + t * qrow + h * (nope + rope);
+        float *Q = a->qabs + (t * H + h) * kvr;
         memcpy(Q + kvl, qh + nope, sizeof(float) * (size_t)rope);
-        c->K->rope_cached(Q + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, c->ropecs + t * rope);
+        s->K->rope_cached(Q + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, a->ropecs + t * rope);
         memcpy(qn + t * nope, qh, sizeof(float) * (size_t)nope);
     }
-    struct act a = {.x = qn, .ncols = nope, .n = n, .q8 = s->q, .q4 = s->q, .cap_q8 = s->nq, .cap_q4 = s->nq};
+    struct act x = {.x = qn, .ncols = nope, .n = n, .q8 = wk->q, .q4 = wk->q, .cap_q8 = wk->nq, .cap_q4 = wk->nq};
     if (l->wk_b.type == MOETAX_TYPE_Q8_0 || l->wk_b.type == MOETAX_TYPE_Q4_0)
-        c->K->quantize_act(l->wk_b.type, qn, nope, nope, n, s->q);
-    fw_matmul(c, &l->wk_b, h, 0, kvl, &a, 0, n, c->qabs + h * kvr, H * kvr);
+        s->K->quantize_act(l->wk_b.type, qn, nope, nope, n, wk->q);
+    fw_matmul(s, &l->wk_b, h, 0, kvl, &x, 0, n, a->qabs + h * kvr, H * kvr);
 }
 
-void fw_attention(struct worker *w, int il) {
-    struct moetax_ctx *c = w->c;
-    const struct moetax_model *m = c->m;
+void mla_rope_token(struct mla *a, const struct fw_step *s, int64_t t) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_rope_params rp = {
+        .n_dims = (int)hp->n_embd_head_qk_rope, .mode = MOETAX_ROPE_MODE_NORM, .n_ctx_orig = hp->rope_n_ctx_orig,
+        .freq_base = hp->rope_freq_base, .freq_scale = hp->rope_freq_scale, .ext_factor = hp->rope_ext_factor,
+        .attn_factor = hp->rope_attn_factor, .beta_fast = hp->rope_beta_fast, .beta_slow = hp->rope_beta_slow,
+    };
+    moetax_rope_cache(&rp, s->pos[t], a->ropecs + t * hp->n_embd_head_qk_rope);
+}
+
+void mla_attention(struct worker *w, struct mla *a, int il) {
+    struct fw_step *s = w->s;
+    const struct moetax_model *m = s->m;
     const struct moetax_hparams *hp = &m->hp;
     const struct moetax_layer *l = &m->layers[il];
-    const struct moetax_kernels *K = c->K;
-    const int64_t n = c->n, d = hp->n_embd, H = hp->n_head, nope = hp->n_embd_head_qk_nope;
+    const struct moetax_kernels *K = s->K;
+    const int64_t n = s->n, d = hp->n_embd, H = hp->n_head, nope = hp->n_embd_head_qk_nope;
     const int64_t rope = hp->n_embd_head_qk_rope, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
-    const int64_t ql = hp->q_lora_rank, qrow = H * (nope + rope), kvr = c->kv_row;
+    const int64_t ql = hp->q_lora_rank, qrow = H * (nope + rope), kvr = a->kv_row;
     int64_t r0, r1;
 
     /* 1: attn_norm, prepare (one token: each worker itself, in phase 2; see fw_norm_input) */
-    const struct act *ain = fw_norm_input(w, MOETAX_PHASE_NORM, MOETAX_PHASE_ATTN, il, c->xn, c->x, l->attn_norm, d);
+    const struct act *ain = fw_norm_input(w, MOETAX_PHASE_NORM, MOETAX_PHASE_ATTN, il, s->xn, s->x, l->attn_norm, d);
 
     /* 2: q (or q_a) and kv_a projections, rows of both split together */
     const struct moetax_weight *wq = ql ? &l->wq_a : &l->wq;
-    float *qout = ql ? c->qa : c->q;
+    float *qout = ql ? a->qa : a->q;
     const int64_t nq = wq->ne[1], nkv = l->wkv_a.ne[1];
     /* blocks of 64 rows from each matrix's first row (kernels.h, ROW RANGES): kv_a's
      * rows are numbered from nq rounded up to 64 */
@@ -83,8 +101,8 @@ void fw_attention(struct worker *w, int il) {
     const bool fuse = n == 1 && l->wkv_a.mat_bytes * (size_t)w->nth <= l->wkv_a.mat_bytes + wq->mat_bytes;
     if (!fuse) {
         while (fw_rows(w, nq64 + nkv, 64, &r0, &r1)) {
-            if (r0 < nq) fw_matmul(c, wq, 0, r0, r1 < nq ? r1 : nq, ain, 0, n, qout, nq);
-            else if (r0 >= nq64) fw_matmul(c, &l->wkv_a, 0, r0 - nq64, r1 - nq64, ain, 0, n, c->kva, nkv);
+            if (r0 < nq) fw_matmul(s, wq, 0, r0, r1 < nq ? r1 : nq, ain, 0, n, qout, nq);
+            else if (r0 >= nq64) fw_matmul(s, &l->wkv_a, 0, r0 - nq64, r1 - nq64, ain, 0, n, a->kva, nkv);
         }
     } else {
         /* item 0 is all of kv_a and then the token's cache row (so phase 3 needs no item
@@ -92,12 +110,12 @@ void fw_attention(struct worker *w, int il) {
         const int64_t nqb = (nq + 63) / 64;
         for (int64_t it; (it = fw_chunk(w, 1 + nqb, 1)) >= 0;) {
             if (it == 0) {
-                fw_matmul(c, &l->wkv_a, 0, 0, nkv, ain, 0, 1, c->kva, nkv);
-                cache_row(c, il, 0);
+                fw_matmul(s, &l->wkv_a, 0, 0, nkv, ain, 0, 1, a->kva, nkv);
+                cache_row(s, a, il, 0);
             } else {
                 r0 = (it - 1) * 64;
                 r1 = r0 + 64 < nq ? r0 + 64 : nq;
-                fw_matmul(c, wq, 0, r0, r1, ain, 0, 1, qout, nq);
+                fw_matmul(s, wq, 0, r0, r1, ain, 0, 1, qout, nq);
             }
         }
     }
@@ -105,8 +123,8 @@ void fw_attention(struct worker *w, int il) {
 
     if (ql) { /* q_a norm + prepare (one token: by each worker itself), then q_b */
         const struct act *aqp =
-            fw_norm_input(w, MOETAX_PHASE_ATTN, MOETAX_PHASE_ATTN, il, c->qa, c->qa, l->q_a_norm, ql);
-        while (fw_rows(w, qrow, 64, &r0, &r1)) fw_matmul(c, &l->wq_b, 0, r0, r1, aqp, 0, n, c->q, qrow);
+            fw_norm_input(w, MOETAX_PHASE_ATTN, MOETAX_PHASE_ATTN, il, a->qa, a->qa, l->q_a_norm, ql);
+        while (fw_rows(w, qrow, 64, &r0, &r1)) fw_matmul(s, &l->wq_b, 0, r0, r1, aqp, 0, n, a->q, qrow);
         fw_phase_end(w);
     }
 
@@ -115,49 +133,60 @@ void fw_attention(struct worker *w, int il) {
      * so each head's W_kb is read once per micro-batch). Fused (one token, see phase 2): the
      * cache row was written in phase 2, and each item of phase 4 makes its own heads' q_abs
      * first (no barrier). */
-    struct scratch *s = &c->scr[w->ith];
+    struct mla_worker *wk = &a->wk[w->ith];
     if (!fuse) {
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
         for (int64_t it; (it = fw_chunk(w, n + H, 1)) >= 0;) {
-            if (it < n) cache_row(c, il, it);
-            else q_abs_head(c, s, il, it - n);
+            if (it < n) cache_row(s, a, il, it);
+            else q_abs_head(s, a, wk, il, it - n);
         }
         fw_phase_end(w);
     }
 
     /* 4: attention per (token, group of heads): the shared compressed KV rows are
-     * read once for all heads of the group (scores = one matmul over the cache
+     * read once for all heads of the group (scores = one matmul per cache block
      * with the group's queries as the batch), then o_h = sum_j p_hj kv_j with
      * kv_j reused across the group. One token: out_h = W_vb[h] o_h right here;
-     * a batch: o goes to c->oatt and phase 4b runs W_vb per head over all tokens. */
+     * a batch: o goes to a->oatt and phase 4b runs W_vb per head over all tokens. */
     fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-    const float *kvc = c->kv + (int64_t)il * c->n_ctx * kvr;
     const int64_t G = w->nth > 1 ? (H < 2 * w->nth ? H : 2 * w->nth) : 1; /* head groups per token */
-    const int64_t np_max = c->pos0 + n;
-    float *sc = s->f;                 /* [heads of a group][np_max] scores */
-    float *o1 = s->f + H * np_max;    /* [heads of a group][kvl] (one token) */
+    const int64_t bs = moetax_kvcache_block_size(a->kv);
+    int64_t np_max = 0;
+    for (int64_t t = 0; t < n; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
+    float *sc = wk->f;                 /* [heads of a group][np_max] scores */
+    float *o1 = wk->f + H * np_max;    /* [heads of a group][kvl] (one token) */
     for (int64_t it; (it = fw_chunk(w, n * G, 1)) >= 0;) {
         int64_t t = it / G, g = it % G;
         int64_t h0 = H * g / G, h1 = H * (g + 1) / G, nh = h1 - h0;
-        int64_t np = c->pos0 + t + 1;
+        int64_t np = s->pos[t] + 1;
+        int32_t nblk;
+        const int32_t *blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk);
         if (fuse)
-            for (int64_t h = h0; h < h1; h++) q_abs_head(c, s, il, h);
-        const float *Q = c->qabs + (t * H + h0) * kvr;
-        K->matmul(MOETAX_TYPE_F32, kvc, sizeof(float) * (size_t)kvr, 0, np, kvr, Q, nh, sc, np_max);
+            for (int64_t h = h0; h < h1; h++) q_abs_head(s, a, wk, il, h);
+        const float *Q = a->qabs + (t * H + h0) * kvr;
+        for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
+            const int64_t nr = np - j0 < bs ? np - j0 : bs;
+            K->matmul(MOETAX_TYPE_F32, moetax_kvcache_block_rows(a->kv, il, blk[b]), sizeof(float) * (size_t)kvr, 0,
+                      nr, kvr, Q, nh, sc + j0, np_max);
+        }
         for (int64_t hh = 0; hh < nh; hh++) {
             K->scale(sc + hh * np_max, hp->kq_scale, np);
             K->softmax(sc + hh * np_max, np);
         }
-        float *o = n == 1 ? o1 : c->oatt + (t * H + h0) * kvl;
-        K->wsum(o, kvl, sc, np_max, nh, kvc, kvr, np, kvl);
+        float *o = n == 1 ? o1 : a->oatt + (t * H + h0) * kvl;
+        for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
+            const int64_t nr = np - j0 < bs ? np - j0 : bs;
+            K->wsum(o, kvl, sc + j0, np_max, nh, moetax_kvcache_block_rows(a->kv, il, blk[b]), kvr, nr, kvl, j0 > 0);
+        }
+        (void)nblk;
         if (n > 1) continue;
         for (int64_t hh = 0; hh < nh; hh++) {
             int64_t h = h0 + hh;
             float *oh = o + hh * kvl;
-            struct act a = {.x = oh, .ncols = kvl, .n = 1, .q8 = s->q, .q4 = s->q, .cap_q8 = s->nq, .cap_q4 = s->nq};
+            struct act x = {.x = oh, .ncols = kvl, .n = 1, .q8 = wk->q, .q4 = wk->q, .cap_q8 = wk->nq, .cap_q4 = wk->nq};
             if (l->wv_b.type == MOETAX_TYPE_Q8_0 || l->wv_b.type == MOETAX_TYPE_Q4_0)
-                K->quantize_act(l->wv_b.type, oh, kvl, kvl, 1, s->q);
-            fw_matmul(c, &l->wv_b, h, 0, vh, &a, 0, 1, c->attv + h * vh, vh);
+                K->quantize_act(l->wv_b.type, oh, kvl, kvl, 1, wk->q);
+            fw_matmul(s, &l->wv_b, h, 0, vh, &x, 0, 1, a->attv + h * vh, vh);
         }
     }
     fw_phase_end(w);
@@ -166,36 +195,86 @@ void fw_attention(struct worker *w, int il) {
     if (n > 1) {
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
         for (int64_t h; (h = fw_chunk(w, H, 1)) >= 0;) {
-            float *og = s->f; /* [n, kvl] gathered o of head h */
-            for (int64_t t = 0; t < n; t++) memcpy(og + t * kvl, c->oatt + (t * H + h) * kvl, sizeof(float) * (size_t)kvl);
-            struct act a = {.x = og, .ncols = kvl, .n = n, .q8 = s->q, .q4 = s->q, .cap_q8 = s->nq, .cap_q4 = s->nq};
+            float *og = wk->f; /* [n, kvl] gathered o of head h */
+            for (int64_t t = 0; t < n; t++) memcpy(og + t * kvl, a->oatt + (t * H + h) * kvl, sizeof(float) * (size_t)kvl);
+            struct act x = {.x = og, .ncols = kvl, .n = n, .q8 = wk->q, .q4 = wk->q, .cap_q8 = wk->nq, .cap_q4 = wk->nq};
             if (l->wv_b.type == MOETAX_TYPE_Q8_0 || l->wv_b.type == MOETAX_TYPE_Q4_0)
-                K->quantize_act(l->wv_b.type, og, kvl, kvl, n, s->q);
-            fw_matmul(c, &l->wv_b, h, 0, vh, &a, 0, n, c->attv + h * vh, H * vh);
+                K->quantize_act(l->wv_b.type, og, kvl, kvl, n, wk->q);
+            fw_matmul(s, &l->wv_b, h, 0, vh, &x, 0, n, a->attv + h * vh, H * vh);
         }
         fw_phase_end(w);
     }
 
     /* 5: prepare the concatenated head outputs (one token: each worker itself, in phase 6) */
-    const struct act *aov = &c->a_in;
+    const struct act *aov = &s->a_in;
     if (n > 1) {
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
         fw_split(w, n, 1, &r0, &r1);
-        struct act av = fw_act_view(&c->a_in, c->attv, H * vh, n);
-        fw_act_publish(w, &c->a_in, &av);
-        fw_act_prep(c, &av, r0, r1);
+        struct act av = fw_act_view(&s->a_in, a->attv, H * vh, n);
+        fw_act_publish(w, &s->a_in, &av);
+        fw_act_prep(s, &av, r0, r1);
         fw_phase_end(w);
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     } else {
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-        aov = fw_own_row(w, c->attv, H * vh, NULL);
+        aov = fw_own_row(w, a->attv, H * vh, NULL);
     }
 
     /* 6: x += W_o attv; each block of output rows belongs to one worker */
     while (fw_rows(w, d, 64, &r0, &r1)) {
-        fw_matmul(c, &l->wo, 0, r0, r1, aov, 0, n, c->tmp, d);
+        fw_matmul(s, &l->wo, 0, r0, r1, aov, 0, n, a->out, d);
         for (int64_t t = 0; t < n; t++)
-            for (int64_t r = r0; r < r1; r++) c->x[t * d + r] += c->tmp[t * d + r];
+            for (int64_t r = r0; r < r1; r++) s->x[t * d + r] += a->out[t * d + r];
     }
     fw_phase_end(w);
+}
+
+/* ---- buffers ------------------------------------------------------------------------ */
+
+static int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
+
+moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvcache *kv) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const int64_t U = s->n_ubatch, d = hp->n_embd, H = hp->n_head, nope = hp->n_embd_head_qk_nope;
+    const int64_t rope = hp->n_embd_head_qk_rope, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
+    const int64_t ql = hp->q_lora_rank, cells = moetax_kvcache_n_cells(kv);
+    memset(a, 0, sizeof *a);
+    a->kv = kv;
+    a->kv_row = kvl + rope;
+    a->n_threads = s->n_threads;
+    a->qa = calloc((size_t)(U * max64(ql, 1)), sizeof(float));
+    a->q = calloc((size_t)(U * H * (nope + rope)), sizeof(float));
+    a->kva = calloc((size_t)(U * a->kv_row), sizeof(float));
+    a->qabs = calloc((size_t)(U * H * a->kv_row), sizeof(float));
+    a->attv = calloc((size_t)(U * H * vh), sizeof(float));
+    a->oatt = calloc((size_t)(U * H * kvl), sizeof(float));
+    a->out = calloc((size_t)(U * d), sizeof(float));
+    a->ropecs = calloc((size_t)(U * max64(rope, 1)), sizeof(float));
+    a->wk = calloc((size_t)a->n_threads, sizeof *a->wk);
+    bool ok = a->qa && a->q && a->kva && a->qabs && a->attv && a->oatt && a->out && a->ropecs && a->wk;
+    for (int i = 0; ok && i < a->n_threads; i++) {
+        struct mla_worker *wk = &a->wk[i];
+        wk->nf = (size_t)max64(H * (cells + kvl), U * max64(nope, kvl));
+        wk->nq = moetax_act_size(MOETAX_TYPE_Q4_0, (max64(nope, kvl) + 31) / 32 * 32, U) + 64;
+        wk->f = calloc(wk->nf, sizeof(float));
+        wk->q = aligned_alloc(64, (wk->nq + 63) / 64 * 64);
+        ok = wk->f && wk->q;
+    }
+    if (!ok) {
+        mla_free(a);
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory for attention buffers");
+    }
+    return MOETAX_OK;
+}
+
+void mla_free(struct mla *a) {
+    free(a->qa); free(a->q); free(a->kva); free(a->qabs); free(a->attv); free(a->oatt); free(a->out);
+    free(a->ropecs);
+    if (a->wk)
+        for (int i = 0; i < a->n_threads; i++) {
+            free(a->wk[i].f);
+            free(a->wk[i].q);
+        }
+    free(a->wk);
+    memset(a, 0, sizeof *a);
 }

@@ -142,16 +142,16 @@ void moetax_k_axpy_avx2(float *y, float a, const float *x, int64_t n) {
  * 4 broadcasts). Columns left over go by 8, then one at a time (fmaf: the
  * same chain per element). The rows of v go in chunks of WSUM_J that stay in
  * L2 while every (heads, columns) tile passes over them; a tile continues its
- * chain from out (j0 > 0), so chunking does not change a bit. */
+ * chain from out (cont: j0 > 0, or the caller's acc), so chunking does not change a bit. */
 enum { WSUM_J = 128 };
 ALWAYS_INLINE void wsum_tile(const int HB, const int VB, float *out, int64_t ld_out, const float *p, int64_t ld_p,
-                             const float *v, int64_t ld_v, int64_t j0, int64_t j1) {
+                             const float *v, int64_t ld_v, int64_t j0, int64_t j1, bool cont) {
     __m256 acc[4][2];
 #pragma GCC unroll 4
     for (int h = 0; h < HB; h++)
 #pragma GCC unroll 2
         for (int k = 0; k < VB; k++)
-            acc[h][k] = j0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + h * ld_out + 8 * k);
+            acc[h][k] = cont ? _mm256_loadu_ps(out + h * ld_out + 8 * k) : _mm256_setzero_ps();
     for (int64_t j = j0; j < j1; j++) {
         __m256 vv[2];
 #pragma GCC unroll 2
@@ -171,31 +171,33 @@ ALWAYS_INLINE void wsum_tile(const int HB, const int VB, float *out, int64_t ld_
 
 #define WSUM_TILE(HB, VB)                                                                                      \
     static void wsum_tile_##HB##x##VB(float *out, int64_t ld_out, const float *p, int64_t ld_p, const float *v, \
-                                      int64_t ld_v, int64_t j0, int64_t j1) {                                  \
-        wsum_tile(HB, VB, out, ld_out, p, ld_p, v, ld_v, j0, j1);                                              \
+                                      int64_t ld_v, int64_t j0, int64_t j1, bool cont) {                       \
+        wsum_tile(HB, VB, out, ld_out, p, ld_p, v, ld_v, j0, j1, cont);                                        \
     }
 WSUM_TILE(1, 1) WSUM_TILE(2, 1) WSUM_TILE(3, 1) WSUM_TILE(4, 1)
 WSUM_TILE(1, 2) WSUM_TILE(2, 2) WSUM_TILE(3, 2) WSUM_TILE(4, 2)
-typedef void (*wsum_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t, int64_t, int64_t);
+typedef void (*wsum_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t, int64_t, int64_t, bool);
 static const wsum_fn k_wsum[2][4] = {{wsum_tile_1x1, wsum_tile_2x1, wsum_tile_3x1, wsum_tile_4x1},
                                      {wsum_tile_1x2, wsum_tile_2x2, wsum_tile_3x2, wsum_tile_4x2}};
 
 void moetax_k_wsum_avx2(float *out, int64_t ld_out, const float *p, int64_t ld_p, int64_t nh, const float *v,
-                        int64_t ld_v, int64_t np, int64_t n) {
+                        int64_t ld_v, int64_t np, int64_t n, bool acc) {
     const int64_t n16 = n / 16 * 16, n8 = n / 8 * 8;
+    if (acc && np == 0) return;
     for (int64_t j0 = 0; j0 < np || j0 == 0; j0 += WSUM_J) {
+        const bool cont = acc || j0 > 0;
         const int64_t j1 = np - j0 < WSUM_J ? np : j0 + WSUM_J;
         for (int64_t h0 = 0; h0 < nh; h0 += 4) {
             const int hb = nh - h0 < 4 ? (int)(nh - h0) : 4;
             const float *ph = p + h0 * ld_p;
             float *oh = out + h0 * ld_out;
-            for (int64_t c = 0; c < n16; c += 16) k_wsum[1][hb - 1](oh + c, ld_out, ph, ld_p, v + c, ld_v, j0, j1);
-            for (int64_t c = n16; c < n8; c += 8) k_wsum[0][hb - 1](oh + c, ld_out, ph, ld_p, v + c, ld_v, j0, j1);
+            for (int64_t c = 0; c < n16; c += 16) k_wsum[1][hb - 1](oh + c, ld_out, ph, ld_p, v + c, ld_v, j0, j1, cont);
+            for (int64_t c = n16; c < n8; c += 8) k_wsum[0][hb - 1](oh + c, ld_out, ph, ld_p, v + c, ld_v, j0, j1, cont);
             for (int64_t c = n8; c < n; c++)
                 for (int h = 0; h < hb; h++) {
-                    float acc = j0 == 0 ? 0.0f : oh[h * ld_out + c];
-                    for (int64_t j = j0; j < j1; j++) acc = fmaf(ph[h * ld_p + j], v[j * ld_v + c], acc);
-                    oh[h * ld_out + c] = acc;
+                    float s = cont ? oh[h * ld_out + c] : 0.0f;
+                    for (int64_t j = j0; j < j1; j++) s = fmaf(ph[h * ld_p + j], v[j * ld_v + c], s);
+                    oh[h * ld_out + c] = s;
                 }
         }
     }

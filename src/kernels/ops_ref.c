@@ -107,12 +107,12 @@ void moetax_k_axpy_ref(float *y, float a, const float *x, int64_t n) {
 }
 
 void moetax_k_wsum_ref(float *out, int64_t ld_out, const float *p, int64_t ld_p, int64_t nh, const float *v,
-                       int64_t ld_v, int64_t np, int64_t n) {
+                       int64_t ld_v, int64_t np, int64_t n, bool acc) {
     for (int64_t h = 0; h < nh; h++)
         for (int64_t c = 0; c < n; c++) {
-            float acc = 0.0f;
-            for (int64_t j = 0; j < np; j++) acc = fmaf(p[h * ld_p + j], v[j * ld_v + c], acc);
-            out[h * ld_out + c] = acc;
+            float s = acc ? out[h * ld_out + c] : 0.0f;
+            for (int64_t j = 0; j < np; j++) s = fmaf(p[h * ld_p + j], v[j * ld_v + c], s);
+            out[h * ld_out + c] = s;
         }
 }
 

@@ -1,8 +1,8 @@
 /*
  * moe.c - the fused MoE block for a whole micro-batch.
  *
- * Input: the ffn-normed tokens c->xn, prepared in c->a_in. Output: added into
- * the residual c->x. Phases (each ends with a barrier):
+ * Input: the ffn-normed tokens c->xn, prepared in s->a_in. Output: added into
+ * the residual s->x. Phases (each ends with a barrier):
  *   1. router logits [n, E] and the shared experts' gate/up (silu-gated) [n, Fs],
  *      rows of both split across workers.
  *   2. worker 0 routes every token (softmax or sigmoid, selection bias, group
@@ -26,19 +26,20 @@
  * barrier per expert.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "model/forward_impl.h"
+#include "moe/moe.h"
 #include "moetax/store.h"
 
 /* The gate, up and down matrices of expert e for this worker: from the mapping,
  * or acquired from the expert store (blocking only this worker, booked to
  * `load`) and held until release_experts at the end of the block. false on a
  * read error (recorded with fw_fail). */
-static bool expert_ptrs(struct worker *w, int il, int32_t e, const void **gate, const void **up, const void **down) {
-    struct moetax_ctx *c = w->c;
-    const struct moetax_layer *l = &c->m->layers[il];
-    if (!c->store) {
+static bool expert_ptrs(struct worker *w, struct moe *b, int il, int32_t e, const void **gate, const void **up, const void **down) {
+    struct fw_step *s = w->s;
+    const struct moetax_layer *l = &s->m->layers[il];
+    if (!b->store) {
         /* fused gate_up: gate_exps and up_exps share the fused tensor's 2F-row stride, up
          * starting F rows in (see deepseek2.c), so one formula serves both layouts */
         *gate = (const char *)l->gate_exps.data + (size_t)e * l->gate_exps.mat_bytes;
@@ -46,43 +47,52 @@ static bool expert_ptrs(struct worker *w, int il, int32_t e, const void **gate, 
         *down = (const char *)l->down_exps.data + (size_t)e * l->down_exps.mat_bytes;
         return true;
     }
-    struct scratch *s = &c->scr[w->ith];
-    if (!s->acq[e]) {
+    struct moe_worker *wk = &b->wk[w->ith];
+    if (!wk->acq[e]) {
         enum moetax_phase prev = w->lph;
         fw_mark(w, MOETAX_PHASE_LOAD);
         const void *ptrs[4];
-        moetax_status st = moetax_store_acquire(c->store, il, e, ptrs, NULL);
+        moetax_status st = moetax_store_acquire(b->store, il, e, ptrs, NULL);
         fw_mark(w, prev);
         if (st) {
-            fw_fail(c, st);
+            fw_fail(w->s, st);
             return false;
         }
         if (l->fused_gate_up) {
-            s->eptr[e][0] = ptrs[0];
-            s->eptr[e][1] = (const char *)ptrs[0] + (size_t)c->m->hp.n_ff_exp * l->gate_exps.row_bytes;
-            s->eptr[e][2] = ptrs[1];
+            wk->eptr[e][0] = ptrs[0];
+            wk->eptr[e][1] = (const char *)ptrs[0] + (size_t)s->m->hp.n_ff_exp * l->gate_exps.row_bytes;
+            wk->eptr[e][2] = ptrs[1];
         } else {
-            s->eptr[e][0] = ptrs[0];
-            s->eptr[e][1] = ptrs[1];
-            s->eptr[e][2] = ptrs[2];
+            wk->eptr[e][0] = ptrs[0];
+            wk->eptr[e][1] = ptrs[1];
+            wk->eptr[e][2] = ptrs[2];
         }
-        s->acq[e] = 1;
-        s->acq_list[s->n_acq++] = e;
+        wk->acq[e] = 1;
+        wk->acq_list[wk->n_acq++] = e;
     }
-    *gate = s->eptr[e][0];
-    *up = s->eptr[e][1];
-    *down = s->eptr[e][2];
+    *gate = wk->eptr[e][0];
+    *up = wk->eptr[e][1];
+    *down = wk->eptr[e][2];
     return true;
 }
 
-static void release_experts(struct worker *w, int il) {
-    struct moetax_ctx *c = w->c;
-    struct scratch *s = &c->scr[w->ith];
-    for (int i = 0; i < s->n_acq; i++) {
-        moetax_store_release(c->store, il, s->acq_list[i]);
-        s->acq[s->acq_list[i]] = 0;
+static void release_experts(struct worker *w, struct moe *b, int il) {
+    struct moe_worker *wk = &b->wk[w->ith];
+    for (int i = 0; i < wk->n_acq; i++) {
+        moetax_store_release(b->store, il, wk->acq_list[i]);
+        wk->acq[wk->acq_list[i]] = 0;
     }
-    s->n_acq = 0;
+    wk->n_acq = 0;
+}
+
+/* One token: the k expert hidden rows of b->eh prepared in this worker's own slot. */
+static const struct act *own_eh(struct worker *w, struct moe *b, int64_t k) {
+    struct moe_worker *wk = &b->wk[w->ith];
+    wk->own_eh.x = b->eh;
+    wk->own_eh.ncols = w->s->m->hp.n_ff_exp;
+    wk->own_eh.n = k;
+    fw_act_prep(w->s, &wk->own_eh, 0, k);
+    return &wk->own_eh;
 }
 
 /* Route token logits [E] -> k experts and weights (GGUF-MOE.md "The MoE block"). */
@@ -126,20 +136,21 @@ static void route_token(const struct moetax_kernels *K, const struct moetax_hpar
         for (int64_t j = 0; j < k; j++) wout[j] *= hp->expert_weights_scale;
 }
 
-/* Route the micro-batch's tokens into sel/selw [n, k] (scratch: s->f). */
-static void route_tokens(struct moetax_ctx *c, struct scratch *s, int il, int32_t *sel, float *selw) {
-    const struct moetax_hparams *hp = &c->m->hp;
-    const struct moetax_layer *l = &c->m->layers[il];
-    const int64_t E = hp->n_expert, k = c->n_expert_used, n = c->n;
-    float *p = s->f, *sc = s->f + E;
+/* Route the micro-batch's tokens into sel/selw [n, k] (scratch: wk->f). */
+static void route_tokens(const struct fw_step *s, const struct moe *b, struct moe_worker *wk, int il, int32_t *sel,
+                         float *selw) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t E = hp->n_expert, k = b->k, n = s->n;
+    float *p = wk->f, *sc = wk->f + E;
     for (int64_t t = 0; t < n; t++)
-        route_token(c->K, hp, k, l->exp_probs_b, c->router + t * E, p, sc, sel + t * k, selw + t * k);
+        route_token(s->K, hp, k, l->exp_probs_b, b->router + t * E, p, sc, sel + t * k, selw + t * k);
 }
 
 /* The dispatch plan of sel/selw [n, k]: slots grouped by expert (ascending), tokens in order. */
-static void plan(const struct moetax_ctx *c, const int32_t *sel, const float *selw, struct plan *pl) {
-    const struct moetax_hparams *hp = &c->m->hp;
-    const int64_t E = hp->n_expert, k = c->n_expert_used, n = c->n;
+static void plan(const struct fw_step *s, const struct moe *b, const int32_t *sel, const float *selw, struct plan *pl) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const int64_t E = hp->n_expert, k = b->k, n = s->n;
     memset(pl->count, 0, sizeof(int32_t) * (size_t)E);
     for (int64_t i = 0; i < n * k; i++) pl->count[sel[i]]++;
     pl->n_active = 0;
@@ -160,15 +171,15 @@ static void plan(const struct moetax_ctx *c, const int32_t *sel, const float *se
 }
 
 /* copy prepared row `src_row` of a into row `dst_row` of b (same ncols) */
-static void copy_prepared_row(const struct moetax_ctx *c, const struct act *a, int64_t src_row, struct act *b,
+static void copy_prepared_row(const struct fw_step *s, const struct act *a, int64_t src_row, struct act *b,
                               int64_t dst_row) {
     const int64_t nc = a->ncols;
     memcpy((float *)b->x + dst_row * nc, a->x + src_row * nc, sizeof(float) * (size_t)nc);
-    if (c->m->has_q8_0) {
+    if (s->m->has_q8_0) {
         size_t rb = moetax_act_size(MOETAX_TYPE_Q8_0, nc, 1);
         memcpy((char *)b->q8 + (size_t)dst_row * rb, (const char *)a->q8 + (size_t)src_row * rb, rb);
     }
-    if (c->m->has_q4_0) {
+    if (s->m->has_q4_0) {
         size_t rb = moetax_act_size(MOETAX_TYPE_Q4_0, nc, 1);
         memcpy((char *)b->q4 + (size_t)dst_row * rb, (const char *)a->q4 + (size_t)src_row * rb, rb);
     }
@@ -176,58 +187,58 @@ static void copy_prepared_row(const struct moetax_ctx *c, const struct act *a, i
 
 /* Experts layer il+1 would pick when its router is applied to the current
  * residual (what a cross-layer prefetcher would predict); for the report. */
-static void predict_next(struct moetax_ctx *c, int il) {
-    const struct moetax_hparams *hp = &c->m->hp;
-    if (il + 1 >= hp->n_layer || !c->m->layers[il + 1].is_moe) return;
-    const struct moetax_layer *nl = &c->m->layers[il + 1];
-    const int64_t d = hp->n_embd, E = hp->n_expert, k = c->n_expert_used;
-    for (int64_t t = 0; t < c->n; t++) {
-        c->K->rmsnorm(c->pred_x, c->x + t * d, nl->ffn_norm, d, hp->rms_eps);
-        struct act a = {.x = c->pred_x, .ncols = d, .n = 1, .q8 = c->pred_q, .q4 = c->pred_q};
+static void predict_next(const struct fw_step *s, struct moe *b, int il) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    if (il + 1 >= hp->n_layer || !s->m->layers[il + 1].is_moe) return;
+    const struct moetax_layer *nl = &s->m->layers[il + 1];
+    const int64_t d = hp->n_embd, E = hp->n_expert, k = b->k;
+    for (int64_t t = 0; t < s->n; t++) {
+        s->K->rmsnorm(b->pred_x, s->x + t * d, nl->ffn_norm, d, hp->rms_eps);
+        struct act a = {.x = b->pred_x, .ncols = d, .n = 1, .q8 = b->pred_q, .q4 = b->pred_q};
         if (nl->gate_inp.type == MOETAX_TYPE_Q8_0 || nl->gate_inp.type == MOETAX_TYPE_Q4_0)
-            c->K->quantize_act(nl->gate_inp.type, c->pred_x, d, d, 1, c->pred_q);
-        fw_matmul(c, &nl->gate_inp, 0, 0, E, &a, 0, 1, c->pred_logits, E);
+            s->K->quantize_act(nl->gate_inp.type, b->pred_x, d, d, 1, b->pred_q);
+        fw_matmul(s, &nl->gate_inp, 0, 0, E, &a, 0, 1, b->pred_logits, E);
         float wdummy[256];
-        route_token(c->K, hp, k, nl->exp_probs_b, c->pred_logits, c->pred_p, c->pred_p + E,
-                    c->pred + ((int64_t)(il + 1) * c->n_ubatch + t) * k, wdummy);
+        route_token(s->K, hp, k, nl->exp_probs_b, b->pred_logits, b->pred_p, b->pred_p + E,
+                    b->pred + ((int64_t)(il + 1) * s->n_ubatch + t) * k, wdummy);
     }
-    c->pred_ok[il + 1] = true;
+    b->pred_ok[il + 1] = true;
 }
 
-/* Worker 0, once the layer's tokens are routed (c->sel / selw): the routing record and
+/* Worker 0, once the layer's tokens are routed (b->sel / selw): the routing record and
  * the next layer's prediction (for the record and the store). */
-static void record_and_predict(struct moetax_ctx *c, int il) {
-    const int64_t slots = (int64_t)il * c->n_ubatch * c->n_expert_used;
-    bool routing_rec = moetax_ledger_routing_on(c->ledger);
+static void record_and_predict(const struct fw_step *s, struct moe *b, int il) {
+    const int64_t slots = (int64_t)il * s->n_ubatch * b->k;
+    bool routing_rec = moetax_ledger_routing_on(s->ledger);
     if (routing_rec)
-        moetax_ledger_routing(c->ledger, il, c->n, c->sel + slots, c->selw + slots,
-                              c->pred_ok[il] ? c->pred + slots : NULL);
-    if (routing_rec || (c->store && c->prefetch)) predict_next(c, il);
+        moetax_ledger_routing(s->ledger, il, s->n, b->sel + slots, b->selw + slots,
+                              b->pred_ok[il] ? b->pred + slots : NULL);
+    if (routing_rec || (b->store && b->prefetch)) predict_next(s, b, il);
 }
 
 /* Worker 0, once the layer is planned (pl): the expert store's reads for this layer's
  * experts and the predicted ones of the next layer. */
-static void issue_reads(struct worker *w, int il, const struct plan *pl) {
-    struct moetax_ctx *c = w->c;
-    const struct moetax_hparams *hp = &c->m->hp;
-    const int64_t E = hp->n_expert, k = c->n_expert_used, n = c->n;
-    if (c->store && c->prefetch) {
+static void issue_reads(struct worker *w, struct moe *b, int il, const struct plan *pl) {
+    struct fw_step *s = w->s;
+    const struct moetax_hparams *hp = &s->m->hp;
+    const int64_t E = hp->n_expert, k = b->k, n = s->n;
+    if (b->store && b->prefetch) {
         /* reads for all of this layer's experts now, in parallel (other items proceed while
          * they load), then the experts the next layer's router predicts from this residual.
          * Without prefetch each expert is read only when a work item needs it. */
         fw_mark(w, MOETAX_PHASE_LOAD);
-        moetax_store_prefetch(c->store, il, pl->active, pl->n_active, false);
-        if (il + 1 < hp->n_layer && c->pred_ok[il + 1]) {
+        moetax_store_prefetch(b->store, il, pl->active, pl->n_active, false);
+        if (il + 1 < hp->n_layer && b->pred_ok[il + 1]) {
             /* the cross-layer prediction, ranked by recent-token history: first the predicted
-             * experts that layer il + 1 also chose for the last micro-batch (c->sel still holds
+             * experts that layer il + 1 also chose for the last micro-batch (b->sel still holds
              * that routing: this step has not reached il + 1), then the other predicted ones,
              * each in the router's order. The store reads from the front while I/O is idle.
              * Experts the history alone names are not read: on random routing only k / E of
              * them are used again, and each read of one would evict a cached expert. */
-            int32_t *uniq = c->scr[w->ith].plan.fill; /* scratch [E]: this worker's plan is made */
-            const int32_t *pred = c->pred + (int64_t)(il + 1) * c->n_ubatch * k;
-            const int32_t *hist = c->sel + (int64_t)(il + 1) * c->n_ubatch * k;
-            const int64_t nhist = c->hist_n[il + 1] * k;
+            int32_t *uniq = b->wk[w->ith].plan.fill; /* scratch [E]: this worker's plan is made */
+            const int32_t *pred = b->pred + (int64_t)(il + 1) * s->n_ubatch * k;
+            const int32_t *hist = b->sel + (int64_t)(il + 1) * s->n_ubatch * k;
+            const int64_t nhist = b->hist_n[il + 1] * k;
             int nu = 0;
             for (int pass = 0; pass < 2; pass++)
                 for (int64_t i = 0; i < n * k; i++) {
@@ -238,29 +249,29 @@ static void issue_reads(struct worker *w, int il, const struct plan *pl) {
                     for (int j = 0; j < nu && !seen; j++) seen = uniq[j] == e;
                     if (!seen && nu < E) uniq[nu++] = e;
                 }
-            moetax_store_prefetch(c->store, il + 1, uniq, nu, true);
+            moetax_store_prefetch(b->store, il + 1, uniq, nu, true);
         }
         fw_mark(w, MOETAX_PHASE_DISPATCH);
     }
 }
 
-void fw_moe(struct worker *w, int il) {
-    struct moetax_ctx *c = w->c;
-    const struct moetax_hparams *hp = &c->m->hp;
-    const struct moetax_layer *l = &c->m->layers[il];
-    const struct moetax_kernels *K = c->K;
-    const int64_t n = c->n, d = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp, k = c->n_expert_used;
+void moe_block(struct worker *w, struct moe *b, int il) {
+    struct fw_step *s = w->s;
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const struct moetax_kernels *K = s->K;
+    const int64_t n = s->n, d = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp, k = b->k;
     const int64_t Fs = l->gate_sh.data ? l->gate_sh.ne[1] : 0;
-    struct scratch *s = &c->scr[w->ith];
-    struct plan *pl = &c->plan;
+    struct moe_worker *wk = &b->wk[w->ith];
+    struct plan *pl = &b->plan;
     int64_t r0, r1;
 
     /* 1: router + shared gate/up (one token: each worker first normalises and prepares the
      * row itself, see fw_own_row; the caller skipped the ffn norm's phase) */
-    const struct act *ain = &c->a_in;
+    const struct act *ain = &s->a_in;
     if (n == 1) {
         fw_phase_begin(w, MOETAX_PHASE_NORM, il);
-        ain = fw_own_row(w, c->x, d, l->ffn_norm);
+        ain = fw_own_row(w, s->x, d, l->ffn_norm);
         fw_mark(w, MOETAX_PHASE_ROUTE);
     } else fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
     /* blocks of 64 rows from each matrix's first row (kernels.h, ROW RANGES): the
@@ -269,14 +280,14 @@ void fw_moe(struct worker *w, int il) {
     while (fw_rows(w, E64 + Fs, 64, &r0, &r1)) {
         if (r0 < E) {
             fw_mark(w, MOETAX_PHASE_ROUTE);
-            fw_matmul(c, &l->gate_inp, 0, r0, r1 < E ? r1 : E, ain, 0, n, c->router, E);
+            fw_matmul(s, &l->gate_inp, 0, r0, r1 < E ? r1 : E, ain, 0, n, b->router, E);
         } else if (r0 >= E64) {
             fw_mark(w, MOETAX_PHASE_SHARED);
-            int64_t a = r0 - E64, b = r1 - E64;
-            fw_matmul(c, &l->gate_sh, 0, a, b, ain, 0, n, c->hid, Fs);
-            fw_matmul(c, &l->up_sh, 0, a, b, ain, 0, n, c->tmp, Fs);
+            int64_t ra = r0 - E64, rb = r1 - E64;
+            fw_matmul(s, &l->gate_sh, 0, ra, rb, ain, 0, n, b->sh_hid, Fs);
+            fw_matmul(s, &l->up_sh, 0, ra, rb, ain, 0, n, b->sh_tmp, Fs);
             for (int64_t t = 0; t < n; t++)
-                K->silu_mul(c->hid + t * Fs + a, c->hid + t * Fs + a, c->tmp + t * Fs + a, b - a);
+                K->silu_mul(b->sh_hid + t * Fs + ra, b->sh_hid + t * Fs + ra, b->sh_tmp + t * Fs + ra, rb - ra);
         }
     }
     fw_phase_end(w);
@@ -286,55 +297,55 @@ void fw_moe(struct worker *w, int il) {
      * and plans into its own copy (the same bits everywhere) and goes on to phase 4 without a
      * barrier; the shared hidden is prepared by each worker in phase 6 (fw_own_row). Worker 0
      * also records the routing, predicts the next layer and issues the store's reads. */
-    const int64_t slots = (int64_t)il * c->n_ubatch * k; /* this layer's rows of c->sel / selw */
+    const int64_t slots = (int64_t)il * s->n_ubatch * k; /* this layer's rows of b->sel / selw */
     if (n > 1) {
         fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
-        struct act ah = fw_act_view(&c->a_hid, c->hid, Fs, n);
-        fw_act_publish(w, &c->a_hid, &ah);
+        struct act ah = fw_act_view(&b->a_sh, b->sh_hid, Fs, n);
+        fw_act_publish(w, &b->a_sh, &ah);
         if (w->ith == 0) {
-            route_tokens(c, s, il, c->sel + slots, c->selw + slots);
-            c->hist_n[il] = n;
-            record_and_predict(c, il);
+            route_tokens(s, b, wk, il, b->sel + slots, b->selw + slots);
+            b->hist_n[il] = n;
+            record_and_predict(s, b, il);
             fw_mark(w, MOETAX_PHASE_DISPATCH);
-            plan(c, c->sel + slots, c->selw + slots, pl);
-            issue_reads(w, il, pl);
+            plan(s, b, b->sel + slots, b->selw + slots, pl);
+            issue_reads(w, b, il, pl);
         }
         if (Fs) {
             fw_mark(w, MOETAX_PHASE_SHARED);
-            if (w->nth == 1) fw_act_prep(c, &ah, 0, n);
+            if (w->nth == 1) fw_act_prep(s, &ah, 0, n);
             else if (w->ith > 0) {
-                struct worker sub = {.c = c, .ith = w->ith - 1, .nth = w->nth - 1};
+                struct worker sub = {.s = s, .ith = w->ith - 1, .nth = w->nth - 1};
                 fw_split(&sub, n, 1, &r0, &r1);
-                fw_act_prep(c, &ah, r0, r1);
+                fw_act_prep(s, &ah, r0, r1);
             }
         }
         fw_phase_end(w);
     } else {
         fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
-        route_tokens(c, s, il, s->sel, s->selw);
+        route_tokens(s, b, wk, il, wk->sel, wk->selw);
         if (w->ith == 0) {
-            memcpy(c->sel + slots, s->sel, sizeof(int32_t) * (size_t)k);
-            memcpy(c->selw + slots, s->selw, sizeof(float) * (size_t)k);
-            c->hist_n[il] = 1;
+            memcpy(b->sel + slots, wk->sel, sizeof(int32_t) * (size_t)k);
+            memcpy(b->selw + slots, wk->selw, sizeof(float) * (size_t)k);
+            b->hist_n[il] = 1;
         }
-        pl = &s->plan;
+        pl = &wk->plan;
         fw_mark(w, MOETAX_PHASE_DISPATCH);
-        plan(c, s->sel, s->selw, pl);
+        plan(s, b, wk->sel, wk->selw, pl);
         if (w->ith == 0) {
-            record_and_predict(c, il);
-            issue_reads(w, il, pl);
+            record_and_predict(s, b, il);
+            issue_reads(w, b, il, pl);
         }
     }
 
     /* 3: gather each slot's input row (batches only) */
     if (n > 1) {
         fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
-        struct act ae = fw_act_view(&c->a_exp, c->a_exp.x, d, n * k);
-        fw_act_publish(w, &c->a_exp, &ae);
+        struct act ae = fw_act_view(&b->a_exp, b->a_exp.x, d, n * k);
+        fw_act_publish(w, &b->a_exp, &ae);
         fw_split(w, n * k, 1, &r0, &r1);
-        for (int64_t i = r0; i < r1; i++) copy_prepared_row(c, &c->a_in, pl->slot_token[i], &ae, i);
+        for (int64_t i = r0; i < r1; i++) copy_prepared_row(s, &s->a_in, pl->slot_token[i], &ae, i);
         fw_phase_end(w);
-        ain = &c->a_exp;
+        ain = &b->a_exp;
     }
 
     /* 4: gate/up per (expert, block of F rows) (one token: the phase began with routing) */
@@ -346,29 +357,29 @@ void fw_moe(struct worker *w, int il) {
         int32_t e = pl->active[it / nbf];
         int64_t f0 = (it % nbf) * bf, f1 = f0 + bf < F ? f0 + bf : F;
         int64_t b0 = n > 1 ? pl->offset[e] : 0, cnt = pl->count[e];
-        float *g = c->eh_g + (int64_t)pl->offset[e] * F, *u = c->eh + (int64_t)pl->offset[e] * F;
+        float *g = b->eh_g + (int64_t)pl->offset[e] * F, *u = b->eh + (int64_t)pl->offset[e] * F;
         const void *wg, *wu, *wd;
-        if (!expert_ptrs(w, il, e, &wg, &wu, &wd)) continue;
-        fw_matmul_at(c, &l->gate_exps, wg, f0, f1, ain, b0, cnt, g, F);
-        fw_matmul_at(c, &l->up_exps, wu, f0, f1, ain, b0, cnt, u, F);
+        if (!expert_ptrs(w, b, il, e, &wg, &wu, &wd)) continue;
+        fw_matmul_at(s, &l->gate_exps, wg, f0, f1, ain, b0, cnt, g, F);
+        fw_matmul_at(s, &l->up_exps, wu, f0, f1, ain, b0, cnt, u, F);
         for (int64_t i = 0; i < cnt; i++) K->silu_mul(u + i * F + f0, g + i * F + f0, u + i * F + f0, f1 - f0);
     }
     fw_phase_end(w);
 
     /* 5: prepare (quantize) the expert hidden rows (one token: each worker all k rows
      * itself, in phase 6) */
-    const struct act *aeh = &c->a_eh;
+    const struct act *aeh = &b->a_eh;
     if (n > 1) {
         fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
-        struct act v = fw_act_view(&c->a_eh, c->eh, F, n * k);
-        fw_act_publish(w, &c->a_eh, &v);
+        struct act v = fw_act_view(&b->a_eh, b->eh, F, n * k);
+        fw_act_publish(w, &b->a_eh, &v);
         fw_split(w, n * k, 1, &r0, &r1);
-        fw_act_prep(c, &v, r0, r1);
+        fw_act_prep(s, &v, r0, r1);
         fw_phase_end(w);
         fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
     } else {
         fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
-        aeh = fw_own_eh(w, k);
+        aeh = own_eh(w, b, k);
         fw_mark(w, MOETAX_PHASE_EXPERT);
     }
 
@@ -377,19 +388,19 @@ void fw_moe(struct worker *w, int il) {
     const int64_t bd = 64, nbd = (d + bd - 1) / bd;
     int32_t mine[512];
     int nmine = 0;
-    float *yd = c->ydown; /* [n*k, d] */
+    float *yd = b->ydown; /* [n*k, d] */
     for (int64_t it; (it = fw_chunk(w, nbd, 1)) >= 0;) {
         int64_t d0 = it * bd, d1 = d0 + bd < d ? d0 + bd : d;
         for (int32_t ai = 0; ai < pl->n_active; ai++) {
             int32_t e = pl->active[ai];
             const void *wg, *wu, *wd;
-            if (!expert_ptrs(w, il, e, &wg, &wu, &wd)) continue;
-            fw_matmul_at(c, &l->down_exps, wd, d0, d1, aeh, pl->offset[e], pl->count[e], yd + pl->offset[e] * d, d);
+            if (!expert_ptrs(w, b, il, e, &wg, &wu, &wd)) continue;
+            fw_matmul_at(s, &l->down_exps, wd, d0, d1, aeh, pl->offset[e], pl->count[e], yd + pl->offset[e] * d, d);
         }
         if (nmine < 512) mine[nmine++] = (int32_t)it;
         else { /* more blocks than the local list holds: combine this one now */
             fw_mark(w, MOETAX_PHASE_COMBINE);
-            K->scatter_add(c->x + d0, d, yd + d0, d, pl->slot_token, pl->slot_w, n * k, d1 - d0);
+            K->scatter_add(s->x + d0, d, yd + d0, d, pl->slot_token, pl->slot_w, n * k, d1 - d0);
             fw_mark(w, MOETAX_PHASE_EXPERT);
         }
     }
@@ -397,18 +408,112 @@ void fw_moe(struct worker *w, int il) {
     for (int i = 0; i < nmine; i++) {
         int64_t d0 = (int64_t)mine[i] * bd, d1 = d0 + bd < d ? d0 + bd : d;
         /* slots are grouped by expert in ascending order: a fixed summation order */
-        K->scatter_add(c->x + d0, d, yd + d0, d, pl->slot_token, pl->slot_w, n * k, d1 - d0);
+        K->scatter_add(s->x + d0, d, yd + d0, d, pl->slot_token, pl->slot_w, n * k, d1 - d0);
     }
     if (Fs) {
         fw_mark(w, MOETAX_PHASE_SHARED);
-        const struct act *ahid = n == 1 && nmine > 0 ? fw_own_row(w, c->hid, Fs, NULL) : &c->a_hid;
-        float *y = s->f;
+        const struct act *ahid = n == 1 && nmine > 0 ? fw_own_row(w, b->sh_hid, Fs, NULL) : &b->a_sh;
+        float *y = wk->f;
         for (int i = 0; i < nmine; i++) {
             int64_t d0 = (int64_t)mine[i] * bd, d1 = d0 + bd < d ? d0 + bd : d;
-            fw_matmul_rel(c, &l->down_sh, 0, d0, d1, ahid, 0, n, y, bd);
-            for (int64_t t = 0; t < n; t++) K->axpy(c->x + t * d + d0, 1.0f, y + t * bd, d1 - d0);
+            fw_matmul_rel(s, &l->down_sh, 0, d0, d1, ahid, 0, n, y, bd);
+            for (int64_t t = 0; t < n; t++) K->axpy(s->x + t * d + d0, 1.0f, y + t * bd, d1 - d0);
         }
     }
-    if (c->store) release_experts(w, il);
+    if (b->store) release_experts(w, b, il);
     fw_phase_end(w);
+}
+
+/* ---- buffers ------------------------------------------------------------------------ */
+
+static int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
+
+void moe_step_begin(struct moe *b, const struct fw_step *s) {
+    memset(b->pred_ok, 0, sizeof(bool) * (size_t)s->m->hp.n_layer);
+}
+
+static bool plan_alloc(struct plan *pl, int64_t E, int64_t slots) {
+    pl->active = calloc((size_t)E, sizeof(int32_t));
+    pl->count = calloc((size_t)E, sizeof(int32_t));
+    pl->offset = calloc((size_t)E, sizeof(int32_t));
+    pl->fill = calloc((size_t)E, sizeof(int32_t));
+    pl->slot_token = calloc((size_t)slots, sizeof(int32_t));
+    pl->slot_w = calloc((size_t)slots, sizeof(float));
+    return pl->active && pl->count && pl->offset && pl->fill && pl->slot_token && pl->slot_w;
+}
+
+static void plan_free(struct plan *pl) {
+    free(pl->active); free(pl->count); free(pl->offset); free(pl->fill); free(pl->slot_token); free(pl->slot_w);
+}
+
+moetax_status moe_init(struct moe *b, const struct fw_step *s, int32_t k, struct moetax_store *store, bool prefetch) {
+    const struct moetax_model *m = s->m;
+    const struct moetax_hparams *hp = &m->hp;
+    memset(b, 0, sizeof *b);
+    b->k = k;
+    b->store = store;
+    b->prefetch = prefetch;
+    b->n_threads = s->n_threads;
+    const int64_t U = s->n_ubatch, d = hp->n_embd, E = max64(hp->n_expert, 1), F = max64(hp->n_ff_exp, 1);
+    int64_t Fs = 1;
+    for (int il = 0; il < hp->n_layer; il++) Fs = max64(Fs, m->layers[il].gate_sh.data ? m->layers[il].gate_sh.ne[1] : 0);
+    const int64_t L = hp->n_layer;
+    moetax_status st = MOETAX_OK;
+#define A(ptr, count) do { size_t cnt_ = (size_t)(count); \
+    if (!st && !((ptr) = calloc(cnt_ ? cnt_ : 1, sizeof *(ptr)))) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); } while (0)
+    A(b->router, U * E);
+    A(b->sh_hid, U * Fs);
+    A(b->sh_tmp, U * Fs);
+    A(b->eh, U * k * F);
+    A(b->eh_g, U * k * F);
+    A(b->ydown, U * k * d);
+    A(b->sel, L * U * k);
+    A(b->selw, L * U * k);
+    A(b->pred, L * U * k);
+    A(b->pred_ok, L);
+    A(b->hist_n, L);
+    A(b->pred_x, d);
+    A(b->pred_logits, E);
+    A(b->pred_p, 2 * E);
+    A(b->wk, s->n_threads);
+    if (!st && !plan_alloc(&b->plan, E, U * k)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    if (!st && !(b->pred_q = aligned_alloc(64, (moetax_act_size(MOETAX_TYPE_Q4_0, (d + 31) / 32 * 32, 1) + 63) / 64 * 64)))
+        st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    if (!st) st = fw_act_alloc(m, &b->a_sh, Fs, U, false);
+    if (!st) st = fw_act_alloc(m, &b->a_exp, d, U * k, true);
+    if (!st) st = fw_act_alloc(m, &b->a_eh, F, U * k, false);
+    for (int i = 0; !st && i < s->n_threads; i++) {
+        struct moe_worker *wk = &b->wk[i];
+        wk->nf = (size_t)max64(2 * E + 2, U * 64);
+        A(wk->f, wk->nf);
+        A(wk->eptr, E);
+        A(wk->acq, E);
+        A(wk->acq_list, E);
+        A(wk->sel, k);
+        A(wk->selw, k);
+        if (!st && !plan_alloc(&wk->plan, E, k)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        if (!st) st = fw_act_alloc(m, &wk->own_eh, F, k, false);
+    }
+#undef A
+    if (st) moe_free(b);
+    return st;
+}
+
+void moe_free(struct moe *b) {
+    free(b->router); free(b->sh_hid); free(b->sh_tmp); free(b->eh); free(b->eh_g); free(b->ydown);
+    free(b->sel); free(b->selw); free(b->pred); free(b->pred_ok); free(b->hist_n);
+    free(b->pred_x); free(b->pred_logits); free(b->pred_p); free(b->pred_q);
+    plan_free(&b->plan);
+    fw_act_free(&b->a_sh, false);
+    fw_act_free(&b->a_exp, true);
+    fw_act_free(&b->a_eh, false);
+    if (b->wk)
+        for (int i = 0; i < b->n_threads; i++) {
+            struct moe_worker *wk = &b->wk[i];
+            free(wk->f); free(wk->eptr); free(wk->acq); free(wk->acq_list); free(wk->sel); free(wk->selw);
+            plan_free(&wk->plan);
+            fw_act_free(&wk->own_eh, false);
+        }
+    free(b->wk);
+    memset(b, 0, sizeof *b);
 }

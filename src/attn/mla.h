@@ -1,0 +1,45 @@
+/* mla.h - DeepSeek2 Multi-head Latent Attention over the paged KV cache: the
+ * attention stage's own buffers and its entry points (see mla.c). Internal. */
+#ifndef MOETAX_MLA_H
+#define MOETAX_MLA_H
+
+#include "model/step.h"
+#include "moetax/kvcache.h"
+
+/* per-worker scratch of attention */
+struct mla_worker {
+    float *f;  /* [nf] gathered q_nope / scores of a head group / gathered o of a head */
+    size_t nf;
+    void *q;   /* [nq] prepared rows for the per-head matmuls */
+    size_t nq;
+};
+
+struct mla {
+    struct moetax_kvcache *kv; /* not owned; a cell's row per layer is kv_row floats */
+    int64_t kv_row;            /* kv_lora + rope */
+    /* micro-batch buffers (U = n_ubatch) */
+    float *qa;             /* [U, q_lora] */
+    float *q;              /* [U, H*(nope+rope)] */
+    float *kva;            /* [U, kv_lora + rope] */
+    float *qabs;           /* [U, H, kv_lora + rope] */
+    float *attv;           /* [U, H*v_head] */
+    float *oatt;           /* [U, H, kv_lora] attention outputs before W_vb (batches) */
+    float *out;            /* [U, d] W_o output before the residual add */
+    float *ropecs;         /* [U, rope] cos/sin of each token's position (once per micro-batch) */
+    struct mla_worker *wk; /* [n_threads] */
+    int n_threads;
+};
+
+/* Buffers for micro-batches of s->n_ubatch tokens over a cache of up to
+ * n_cells positions per sequence. */
+moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvcache *kv);
+void mla_free(struct mla *a);
+/* Token t's rope cos/sin for its position s->pos[t] (any worker, own tokens). */
+void mla_rope_token(struct mla *a, const struct fw_step *s, int64_t t);
+/* Layer il: from the residual s->x (attn_norm'd into s->xn, prepared in s->a_in)
+ * to x += W_o attention(x); each token attends over its own sequence's cached
+ * positions 0 .. pos (its own row written first); uses phases, ends with a
+ * barrier. The tokens' cells must be reserved (moetax_kvcache_reserve). */
+void mla_attention(struct worker *w, struct mla *a, int il);
+
+#endif

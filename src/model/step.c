@@ -1,0 +1,236 @@
+/*
+ * step.c - the phases of a step and the helpers every stage uses (see step.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/step.h"
+
+/* ---- phases ------------------------------------------------------------------- */
+
+/* test hook: spin for delay_ns whenever a worker enters the delayed phase */
+static void test_delay(const struct fw_step *s, enum moetax_phase ph) {
+    if (s->delay_ns && ph == s->delay_phase) {
+        uint64_t t = moetax_ledger_now();
+        while (moetax_ledger_now() - t < s->delay_ns) {
+        }
+    }
+}
+
+void fw_phase_begin(struct worker *w, enum moetax_phase ph, int layer) {
+    w->phase++;
+    if (w->ith == 0) moetax_pool_chunk_reset(w->s->pool, (w->phase + 1) % MOETAX_POOL_N_CHUNK_COUNTERS, 0);
+    w->lph = ph;
+    w->layer = layer;
+    if (w->ledger) w->t0 = moetax_ledger_now();
+    test_delay(w->s, ph);
+}
+
+void fw_mark(struct worker *w, enum moetax_phase ph) {
+    if (ph == w->lph) return;
+    if (w->ledger) {
+        uint64_t t = moetax_ledger_now();
+        moetax_ledger_span(w->ledger, w->ith, w->lph, w->layer, w->t0, t);
+        w->t0 = t;
+    }
+    w->lph = ph;
+    test_delay(w->s, ph);
+}
+
+void fw_phase_end(struct worker *w) {
+    if (!w->ledger) {
+        moetax_pool_barrier(w->s->pool, w->ith);
+        return;
+    }
+    uint64_t t = moetax_ledger_now();
+    moetax_ledger_span(w->ledger, w->ith, w->lph, w->layer, w->t0, t);
+    moetax_pool_barrier(w->s->pool, w->ith);
+    uint64_t t2 = moetax_ledger_now();
+    moetax_ledger_span(w->ledger, w->ith, MOETAX_PHASE_WAIT, w->layer, t, t2);
+}
+
+int64_t fw_chunk(struct worker *w, int64_t n, int64_t step) {
+    int64_t i = moetax_pool_chunk_next(w->s->pool, w->phase % MOETAX_POOL_N_CHUNK_COUNTERS, step);
+    return i < n ? i : -1;
+}
+
+bool fw_rows(struct worker *w, int64_t n, int64_t block, int64_t *r0, int64_t *r1) {
+    int64_t b = fw_chunk(w, (n + block - 1) / block, 1);
+    if (b < 0) return false;
+    *r0 = b * block;
+    *r1 = *r0 + block < n ? *r0 + block : n;
+    return true;
+}
+
+void fw_split(const struct worker *w, int64_t n, int64_t align, int64_t *r0, int64_t *r1) {
+    int64_t blocks = (n + align - 1) / align;
+    int64_t b0 = blocks * w->ith / w->nth, b1 = blocks * (w->ith + 1) / w->nth;
+    *r0 = b0 * align < n ? b0 * align : n;
+    *r1 = b1 * align < n ? b1 * align : n;
+}
+
+/* ---- activations and matmul ---------------------------------------------------- */
+
+static int64_t up32(int64_t a) { return (a + 31) / 32 * 32; }
+
+moetax_status fw_act_alloc(const struct moetax_model *m, struct act *a, int64_t ncols, int64_t rows, bool own_x) {
+    size_t b8 = moetax_act_size(MOETAX_TYPE_Q8_0, up32(ncols), rows);
+    size_t b4 = moetax_act_size(MOETAX_TYPE_Q4_0, up32(ncols), rows);
+    a->q8 = m->has_q8_0 ? aligned_alloc(64, (b8 + 63) / 64 * 64) : NULL;
+    a->q4 = m->has_q4_0 ? aligned_alloc(64, (b4 + 63) / 64 * 64) : NULL;
+    a->cap_q8 = b8;
+    a->cap_q4 = b4;
+    if (own_x) a->x = calloc((size_t)(ncols * rows), sizeof(float));
+    if ((m->has_q8_0 && !a->q8) || (m->has_q4_0 && !a->q4) || (own_x && !a->x))
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory for activations");
+    return MOETAX_OK;
+}
+
+void fw_act_free(struct act *a, bool own_x) {
+    free(a->q8);
+    free(a->q4);
+    if (own_x) free((void *)a->x);
+    a->q8 = a->q4 = NULL;
+    if (own_x) a->x = NULL;
+}
+
+struct act fw_act_view(const struct act *slot, const float *x, int64_t ncols, int64_t n) {
+    return (struct act){.x = x, .ncols = ncols, .n = n, .q8 = slot->q8, .q4 = slot->q4, .cap_q8 = slot->cap_q8,
+                        .cap_q4 = slot->cap_q4};
+}
+
+void fw_act_publish(const struct worker *w, struct act *slot, const struct act *view) {
+    if (w->ith != 0) return;
+    if (slot->x != view->x) slot->x = view->x; /* unchanged fields are not rewritten: others may read them */
+    slot->ncols = view->ncols;
+    slot->n = view->n;
+}
+
+void fw_act_prep(const struct fw_step *s, struct act *a, int64_t t0, int64_t t1) {
+    if (t1 <= t0) return;
+    const struct moetax_model *m = s->m;
+    if (m->has_q8_0 && a->ncols % 32 == 0) {
+        size_t rb = moetax_act_size(MOETAX_TYPE_Q8_0, a->ncols, 1);
+        s->K->quantize_act(MOETAX_TYPE_Q8_0, a->x + t0 * a->ncols, a->ncols, a->ncols, t1 - t0,
+                           (char *)a->q8 + (size_t)t0 * rb);
+    }
+    if (m->has_q4_0 && a->ncols % 32 == 0) {
+        size_t rb = moetax_act_size(MOETAX_TYPE_Q4_0, a->ncols, 1);
+        s->K->quantize_act(MOETAX_TYPE_Q4_0, a->x + t0 * a->ncols, a->ncols, a->ncols, t1 - t0,
+                           (char *)a->q4 + (size_t)t0 * rb);
+    }
+}
+
+const struct act *fw_own_row(struct worker *w, const float *x, int64_t ncols, const float *norm_w) {
+    struct fw_step *s = w->s;
+    struct fw_own *o = &s->own[w->ith];
+    if (norm_w) {
+        s->K->rmsnorm(o->x, x, norm_w, ncols, s->m->hp.rms_eps);
+        x = o->x;
+    }
+    o->in.x = x;
+    o->in.ncols = ncols;
+    o->in.n = 1;
+    fw_act_prep(s, &o->in, 0, 1);
+    return &o->in;
+}
+
+void fw_norm_rows(struct worker *w, float *dst, const float *src, const float *weight, int64_t ncols,
+                  int64_t t_first) {
+    struct fw_step *s = w->s;
+    int64_t r0, r1;
+    fw_split(w, s->n - t_first, 1, &r0, &r1);
+    r0 += t_first;
+    r1 += t_first;
+    for (int64_t t = r0; t < r1; t++) s->K->rmsnorm(dst + t * ncols, src + t * ncols, weight, ncols, s->m->hp.rms_eps);
+    struct act v = fw_act_view(&s->a_in, dst, ncols, s->n);
+    fw_act_publish(w, &s->a_in, &v);
+    fw_act_prep(s, &v, r0, r1);
+}
+
+const struct act *fw_norm_input(struct worker *w, enum moetax_phase ph, enum moetax_phase next, int layer, float *dst,
+                                const float *src, const float *weight, int64_t ncols) {
+    fw_phase_begin(w, ph, layer);
+    if (w->s->n == 1) {
+        const struct act *a = fw_own_row(w, src, ncols, weight);
+        fw_mark(w, next);
+        return a;
+    }
+    fw_norm_rows(w, dst, src, weight, ncols, 0);
+    fw_phase_end(w);
+    fw_phase_begin(w, next, layer);
+    return &w->s->a_in;
+}
+
+const void *fw_act_for(const struct act *a, enum moetax_type t) {
+    if (t == MOETAX_TYPE_Q8_0) return a->q8;
+    if (t == MOETAX_TYPE_Q4_0) return a->q4;
+    return a->x;
+}
+
+void fw_matmul_rel(const struct fw_step *s, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
+                   const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
+    if (r1 <= r0 || n <= 0) return;
+    const char *wp = (const char *)w->data + (size_t)mat * w->mat_bytes + (size_t)r0 * w->row_bytes;
+    const char *xq = fw_act_for(a, w->type);
+    xq += (size_t)b0 * moetax_act_size(w->type, w->ne[0], 1);
+    s->K->matmul(w->type, wp, w->row_bytes, 0, r1 - r0, w->ne[0], xq, n, y, ldy);
+}
+
+void fw_matmul_at(const struct fw_step *s, const struct moetax_weight *w, const void *mat, int64_t r0, int64_t r1,
+                  const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
+    if (r1 <= r0 || n <= 0) return;
+    const char *wp = (const char *)mat + (size_t)r0 * w->row_bytes;
+    const char *xq = fw_act_for(a, w->type);
+    xq += (size_t)b0 * moetax_act_size(w->type, w->ne[0], 1);
+    s->K->matmul(w->type, wp, w->row_bytes, 0, r1 - r0, w->ne[0], xq, n, y + r0, ldy);
+}
+
+void fw_matmul(const struct fw_step *s, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
+               const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
+    fw_matmul_rel(s, w, mat, r0, r1, a, b0, n, y + r0, ldy);
+}
+
+void fw_fail(struct fw_step *s, moetax_status st) {
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&s->err_status, &expected, (int)st))
+        snprintf(s->err_msg, sizeof s->err_msg, "%s", moetax_last_error());
+}
+
+/* ---- the step's shared buffers ---------------------------------------------------- */
+
+moetax_status fw_step_init(struct fw_step *s, const struct moetax_model *m, struct moetax_pool *pool, int64_t U,
+                           int64_t incols, int64_t max_cols) {
+    const struct moetax_hparams *hp = &m->hp;
+    s->m = m;
+    s->K = moetax_kernels_get();
+    s->pool = pool;
+    s->n_threads = moetax_pool_n_threads(pool);
+    s->n_ubatch = U;
+    s->max_cols = max_cols;
+    const int64_t d = hp->n_embd, xnc = d > hp->q_lora_rank ? d : hp->q_lora_rank;
+    s->x = calloc((size_t)(U * d), sizeof(float));
+    s->xn = calloc((size_t)(U * xnc), sizeof(float));
+    s->own = calloc((size_t)s->n_threads, sizeof *s->own);
+    if (!s->x || !s->xn || !s->own) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    moetax_status st = fw_act_alloc(m, &s->a_in, incols, U, false);
+    for (int i = 0; !st && i < s->n_threads; i++) {
+        st = fw_act_alloc(m, &s->own[i].in, max_cols, 1, false);
+        if (!st && !(s->own[i].x = calloc((size_t)max_cols, sizeof(float))))
+            st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    }
+    return st;
+}
+
+void fw_step_free(struct fw_step *s) {
+    free(s->x);
+    free(s->xn);
+    fw_act_free(&s->a_in, false);
+    if (s->own)
+        for (int i = 0; i < s->n_threads; i++) {
+            fw_act_free(&s->own[i].in, false);
+            free(s->own[i].x);
+        }
+    free(s->own);
+}

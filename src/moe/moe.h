@@ -1,0 +1,73 @@
+/* moe.h - the fused MoE block: its own buffers (routing, dispatch plan, expert
+ * activations, the store's acquisitions, the cross-layer prediction) and its
+ * entry point (see moe.c). Internal. */
+#ifndef MOETAX_MOE_H
+#define MOETAX_MOE_H
+
+#include "model/step.h"
+
+struct moetax_store;
+
+/* The dispatch plan of one MoE layer for the micro-batch. */
+struct plan {
+    int32_t n_active;      /* experts with at least one row */
+    int32_t *active;       /* [E] expert ids, ascending */
+    int32_t *count;        /* [E] rows per expert */
+    int32_t *offset;       /* [E] first slot of each expert */
+    int32_t *slot_token;   /* [U*k] token of each slot, grouped by expert */
+    float *slot_w;         /* [U*k] routing weight of each slot */
+    int32_t *fill;         /* [E] scratch */
+};
+
+/* per-worker state of the MoE block */
+struct moe_worker {
+    /* experts this worker holds from the expert store during one MoE block */
+    const void *(*eptr)[3];  /* [E] gate, up, down matrix of expert e (valid if acq[e]) */
+    uint8_t *acq;            /* [E] */
+    int32_t *acq_list;       /* [E] */
+    int n_acq;
+    float *f;                /* [nf] routing scratch (2E), shared-expert down rows (U * 64) */
+    size_t nf;
+    /* decode (one token): this worker's routing of the token (k), its dispatch plan and
+     * its own prepared expert hidden rows (k rows of n_ff_exp, of eh) */
+    int32_t *sel;
+    float *selw;
+    struct plan plan;
+    struct act own_eh;
+};
+
+struct moe {
+    int32_t k;                  /* routed experts per token */
+    struct moetax_store *store; /* optional, not owned */
+    bool prefetch;              /* with a store: prefetch the next layer's predicted experts */
+    float *router;              /* [U, E] router logits */
+    float *sh_hid, *sh_tmp;     /* [U, Fs] shared experts' hidden, up (scratch) */
+    float *eh;                  /* [U*k, F] expert hidden */
+    float *eh_g;                /* [U*k, F] expert gate (scratch) */
+    float *ydown;               /* [U*k, d] expert down outputs */
+    struct act a_sh;            /* slot for the shared hidden */
+    struct act a_exp;           /* slot for expert inputs (gathered) */
+    struct act a_eh;            /* slot for expert hidden */
+    struct plan plan;
+    int32_t *sel;               /* [n_layer][U*k] routing of the last micro-batch */
+    float *selw;                /* [n_layer][U*k] */
+    float *pred_x, *pred_logits, *pred_p; /* [d], [E], [2E] prediction scratch (worker 0) */
+    void *pred_q;               /* prepared pred_x */
+    int32_t *pred;              /* [n_layer][U*k] experts predicted for a layer from the previous layer's residual */
+    bool *pred_ok;              /* [n_layer] */
+    int64_t *hist_n;            /* [n_layer] tokens whose routing sel holds (the last micro-batch
+                                 * that reached the layer; 0: none yet): recent-token history */
+    struct moe_worker *wk;      /* [n_threads] */
+    int n_threads;
+};
+
+moetax_status moe_init(struct moe *b, const struct fw_step *s, int32_t k, struct moetax_store *store, bool prefetch);
+void moe_free(struct moe *b);
+/* Worker 0 at the start of a step: no layer has a prediction yet. */
+void moe_step_begin(struct moe *b, const struct fw_step *s);
+/* Layer il: reads the residual s->x (one token: normalises it itself) or the
+ * ffn-normed s->xn prepared in s->a_in (a batch), adds the block's output
+ * into s->x; phases as in moe.c, ends with a barrier. */
+void moe_block(struct worker *w, struct moe *b, int il);
+
+#endif
