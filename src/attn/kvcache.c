@@ -22,6 +22,7 @@ struct moetax_kvcache {
     int64_t n_free;
     struct kv_seq *seqs;   /* [n_seq] */
     int64_t *scratch_len;  /* [n_seq] reserve's running lengths */
+    int32_t *scratch_w;    /* [n_blocks] reserve's writers per shared block (zero outside reserve) */
 };
 
 moetax_status moetax_kvcache_init(int32_t n_layer, int64_t row, const struct moetax_kvcache_params *p,
@@ -52,7 +53,8 @@ moetax_status moetax_kvcache_init(int32_t n_layer, int64_t row, const struct moe
     kv->free_list = malloc(sizeof(int32_t) * (size_t)nblk);
     kv->seqs = calloc((size_t)ns, sizeof *kv->seqs);
     kv->scratch_len = calloc((size_t)ns, sizeof(int64_t));
-    bool ok = kv->data && kv->ref && kv->free_list && kv->seqs && kv->scratch_len;
+    kv->scratch_w = calloc((size_t)nblk, sizeof(int32_t));
+    bool ok = kv->data && kv->ref && kv->free_list && kv->seqs && kv->scratch_len && kv->scratch_w;
     for (int32_t s = 0; ok && s < ns; s++) ok = (kv->seqs[s].table = malloc(sizeof(int32_t) * (size_t)nblk)) != NULL;
     if (!ok) {
         moetax_kvcache_free(kv);
@@ -73,6 +75,7 @@ void moetax_kvcache_free(struct moetax_kvcache *kv) {
     free(kv->ref);
     free(kv->free_list);
     free(kv->scratch_len);
+    free(kv->scratch_w);
     free(kv);
 }
 
@@ -178,14 +181,22 @@ moetax_status moetax_kvcache_reserve(struct moetax_kvcache *kv, const int32_t *s
                                 (long long)i, pos[i], seq[i], (long long)len[seq[i]]);
         len[seq[i]]++;
     }
-    /* blocks needed: new ones past each table's end, and a copy of a shared last block
-     * that the batch writes into */
+    /* blocks needed: new ones past each table's end, and copies of shared last blocks that
+     * the batch writes into: of w writers into a block r tables share, min(w, r - 1) copy
+     * it (when all r write, the last one keeps it) */
     int64_t need = 0;
     for (int32_t s = 0; s < kv->n_seq; s++) {
         const struct kv_seq *q = &kv->seqs[s];
         if (len[s] == q->len) continue;
         need += (len[s] + kv->bs - 1) / kv->bs - q->nb;
-        if (q->len % kv->bs && kv->ref[q->table[q->nb - 1]] > 1) need++;
+        if (q->len % kv->bs) {
+            const int32_t b = q->table[q->nb - 1];
+            if (kv->ref[b] > 1 && kv->scratch_w[b]++ < kv->ref[b] - 1) need++;
+        }
+    }
+    for (int32_t s = 0; s < kv->n_seq; s++) {
+        const struct kv_seq *q = &kv->seqs[s];
+        if (len[s] != q->len && q->len % kv->bs) kv->scratch_w[q->table[q->nb - 1]] = 0;
     }
     if (need > kv->n_free) {
         int64_t tokens = 0;

@@ -1,0 +1,359 @@
+// ctest-labels: unit;model;threads
+/* test_batch.c - many sequences in one context: the paged KV cache's memory
+ * operations, and batched decoding against each sequence run alone.
+ *
+ * Exactness: with Q8_0/Q4_0 weights every kernel is batch-invariant (a row's
+ * result does not depend on the other rows of its matmul, test_kernels), so a
+ * sequence decoded in a batch gets the very bits it gets alone. With F32
+ * weights the one-row matmul path (decode of one token) sums in another order
+ * than the tiles of several rows, so a sequence's logits in a batch differ
+ * from its logits alone by float rounding only: checked within 2e-5 of the
+ * largest logit, like prefill against step-by-step decode in test_model. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moetax/kvcache.h"
+#include "moetax/ledger.h"
+#include "moetax/model.h"
+#include "testutil.h"
+
+enum { NSEQ_MAX = 8, HIST_MAX = 96 };
+
+static int gen(const char *args, const char *out) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s gen %s -o %s >/dev/null 2>&1", tu_moetax_bin, args, out);
+    return tu_run(cmd, NULL);
+}
+
+static struct moetax_ctx *ctx(struct moetax_model *m, int n_ctx, int ubatch, int threads) {
+    struct moetax_ctx_params p = {.n_ctx = n_ctx, .n_threads = threads, .n_ubatch = ubatch, .n_seq_max = NSEQ_MAX};
+    struct moetax_ctx *c = NULL;
+    moetax_status st = moetax_ctx_init(m, &p, &c);
+    CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+    return c;
+}
+
+/* Logits of the last token of hist[0..n) run alone from position 0 (prefill of the first
+ * n-1 tokens, then the last one as a decode step, as a sequence decoded token by token
+ * ends). NULL on error. */
+static float *alone(struct moetax_model *m, const int32_t *hist, int n) {
+    struct moetax_ctx *c = ctx(m, 128, 64, 2);
+    if (!c) return NULL;
+    const int64_t V = m->hp.n_vocab;
+    float *l = malloc(sizeof(float) * (size_t)V);
+    moetax_status st = n > 1 ? moetax_ctx_eval(c, hist, n - 1, NULL, false) : MOETAX_OK;
+    if (!st) st = moetax_ctx_eval(c, hist + n - 1, 1, l, false);
+    CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+    moetax_ctx_free(c);
+    if (st) { free(l); return NULL; }
+    return l;
+}
+
+static bool same(const float *a, const float *b, int64_t n, float tol_rel) {
+    float mag = 0, diff = 0;
+    for (int64_t i = 0; i < n; i++) {
+        mag = fmaxf(mag, fabsf(a[i]));
+        diff = fmaxf(diff, fabsf(a[i] - b[i]));
+    }
+    if (tol_rel == 0) return memcmp(a, b, sizeof(float) * (size_t)n) == 0;
+    return diff <= tol_rel * mag;
+}
+
+/* ---- the KV cache object alone -------------------------------------------------------- */
+
+static void kvcache_ops(void) {
+    struct moetax_kvcache *kv;
+    struct moetax_kvcache_params p = {.n_cells = 100, .block_size = 16, .n_seq_max = 4};
+    CHECK(moetax_kvcache_init(2, 8, &p, &kv) == MOETAX_OK);
+    if (!kv) return;
+    CHECK_EQ_INT(moetax_kvcache_n_cells(kv), 112); /* 7 blocks */
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 112);
+    int32_t seq[40], pos[40];
+    for (int i = 0; i < 40; i++) seq[i] = 0, pos[i] = i;
+    CHECK(moetax_kvcache_reserve(kv, seq, pos, 40) == MOETAX_OK);
+    moetax_kvcache_commit(kv, seq, pos, 40);
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 0), 40);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 112 - 48);
+    for (int il = 0; il < 2; il++)
+        for (int i = 0; i < 40; i++) moetax_kvcache_row(kv, il, 0, i)[0] = (float)(il * 1000 + i);
+    /* a gap, a wrong position, a bad id: refused, nothing changes */
+    int32_t s1 = 0, p1 = 41;
+    CHECK(moetax_kvcache_reserve(kv, &s1, &p1, 1) == MOETAX_ERR_ARG);
+    s1 = 9, p1 = 0;
+    CHECK(moetax_kvcache_reserve(kv, &s1, &p1, 1) == MOETAX_ERR_ARG);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 64);
+    /* a prefix shared in the middle of block 2: no new blocks, 2 shared */
+    CHECK(moetax_kvcache_seq_cp(kv, 0, 1, 0, 37) == MOETAX_OK);
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 1), 37);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 64);
+    CHECK_EQ_INT(moetax_kvcache_n_shared_blocks(kv), 3);
+    /* sequence 1 writes position 37: its third block is copied (rows 32..36), sequence 0's stays */
+    s1 = 1, p1 = 37;
+    CHECK(moetax_kvcache_reserve(kv, &s1, &p1, 1) == MOETAX_OK);
+    moetax_kvcache_row(kv, 1, 1, 37)[0] = -1.0f;
+    moetax_kvcache_commit(kv, &s1, &p1, 1);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 48);
+    CHECK_EQ_INT(moetax_kvcache_n_shared_blocks(kv), 2);
+    CHECK(moetax_kvcache_row(kv, 1, 1, 36)[0] == 1036.0f); /* copied */
+    CHECK(moetax_kvcache_row(kv, 1, 0, 37)[0] == 1037.0f); /* the source's own row untouched */
+    CHECK(moetax_kvcache_row(kv, 0, 1, 5)[0] == 5.0f);     /* shared */
+    /* the middle of a sequence cannot go; its tail can */
+    CHECK(moetax_kvcache_seq_rm(kv, 0, 10, 20) == MOETAX_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 0), 40);
+    CHECK(moetax_kvcache_seq_rm(kv, 0, 20, -1) == MOETAX_OK);
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 0), 20);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 64); /* its third block freed; block 2 still held by 1 */
+    /* full: 4 blocks free, 5 needed: nothing changes */
+    int32_t sf[70], pf[70];
+    for (int i = 0; i < 70; i++) sf[i] = 2, pf[i] = i;
+    CHECK(moetax_kvcache_reserve(kv, sf, pf, 70) == MOETAX_ERR_LIMIT);
+    CHECK(strstr(moetax_last_error(), "KV cache full") != NULL);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 64);
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 2), 0);
+    moetax_kvcache_seq_keep(kv, 1);
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 0), 0);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 112 - 48);
+    CHECK_EQ_INT(moetax_kvcache_n_shared_blocks(kv), 0);
+    CHECK(moetax_kvcache_seq_rm(kv, -1, 0, -1) == MOETAX_OK);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 112);
+    moetax_kvcache_free(kv);
+}
+
+/* ---- batches against each sequence alone ---------------------------------------------- */
+
+/* B sequences with prompts of different lengths, prefilled together in one interleaved
+ * batch, then decoded together one token each, with micro-batches of `ubatch` tokens: every
+ * logits row equals the sequence run alone. Also a mixed batch (one sequence's prompt
+ * chunk with the others' decode tokens), and the ledger books the steps as decode with
+ * batch size B. */
+static void batch_vs_alone(const char *path, float tol, int ubatch) {
+    struct moetax_model *m;
+    if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    const int B = 4, steps = 5, V = m->hp.n_vocab;
+    const int plen[4] = {5, 1, 9, 3};
+    int32_t hist[4][HIST_MAX];
+    int n[4] = {0};
+    for (int s = 0; s < B; s++)
+        for (int i = 0; i < plen[s] + steps + 4; i++) hist[s][i] = (int32_t)((s * 131 + i * 37 + 7) % V);
+    struct moetax_ctx *c = ctx(m, 256, ubatch, 2);
+    struct moetax_ledger *led = NULL;
+    struct moetax_ledger_params lp = {.n_workers = 2, .n_layer = m->hp.n_layer};
+    CHECK(moetax_ledger_init(&lp, &led) == MOETAX_OK);
+    struct moetax_batch b;
+    CHECK(moetax_batch_init(&b, 64) == MOETAX_OK);
+    if (!c || !led) goto out;
+    /* prompts interleaved: token i of every sequence that has one, logits for each last one */
+    for (int i = 0; i < 9; i++)
+        for (int s = 0; s < B; s++)
+            if (i < plen[s]) CHECK(moetax_batch_add(&b, hist[s][i], i, s, i == plen[s] - 1) == MOETAX_OK);
+    CHECK_MSG(moetax_ctx_decode(c, &b) == MOETAX_OK, "%s", moetax_last_error());
+    for (int s = 0; s < B; s++) n[s] = plen[s];
+    for (int i = 0; i < b.n_tokens; i++) {
+        const float *l = moetax_ctx_logits_ith(c, i);
+        CHECK(!l == !b.logits[i]);
+        if (!l) continue;
+        const int s = b.seq[i];
+        float *ref = alone(m, hist[s], n[s]);
+        CHECK_MSG(ref && same(l, ref, V, tol), "%s ubatch %d: prompt of sequence %d differs from it alone", path,
+                  ubatch, s);
+        free(ref);
+    }
+    /* decode steps, one token per sequence, booked as decode with batch B */
+    moetax_ctx_set_ledger(c, led);
+    for (int st = 0; st < steps; st++) {
+        moetax_batch_clear(&b);
+        for (int s = B - 1; s >= 0; s--) CHECK(moetax_batch_add(&b, hist[s][n[s]], n[s], s, true) == MOETAX_OK);
+        CHECK_MSG(moetax_ctx_decode(c, &b) == MOETAX_OK, "%s", moetax_last_error());
+        for (int i = 0; i < b.n_tokens; i++) {
+            const int s = b.seq[i];
+            float *ref = alone(m, hist[s], n[s] + 1);
+            CHECK_MSG(ref && same(moetax_ctx_logits_ith(c, i), ref, V, tol),
+                      "%s ubatch %d: step %d of sequence %d differs from it alone", path, ubatch, st, s);
+            free(ref);
+        }
+        for (int s = 0; s < B; s++) n[s]++;
+    }
+    moetax_ctx_set_ledger(c, NULL);
+    if (ubatch >= B) {
+        double ph[MOETAX_PHASE_COUNT], wall;
+        int64_t tokens, nsteps;
+        moetax_ledger_totals(led, true, ph, &wall, &tokens, &nsteps);
+        CHECK_EQ_INT(nsteps, steps);
+        CHECK_EQ_INT(tokens, steps * B);
+    }
+    /* a mixed batch: three more prompt tokens of sequence 1 and one decode token of the others */
+    moetax_batch_clear(&b);
+    for (int j = 0; j < 3; j++) CHECK(moetax_batch_add(&b, hist[1][n[1] + j], n[1] + j, 1, j == 2) == MOETAX_OK);
+    for (int s = 0; s < B; s++)
+        if (s != 1) CHECK(moetax_batch_add(&b, hist[s][n[s]], n[s], s, true) == MOETAX_OK);
+    CHECK_MSG(moetax_ctx_decode(c, &b) == MOETAX_OK, "%s", moetax_last_error());
+    n[1] += 2;
+    for (int i = 0; i < b.n_tokens; i++) {
+        if (!b.logits[i]) { CHECK(moetax_ctx_logits_ith(c, i) == NULL); continue; }
+        const int s = b.seq[i];
+        float *ref = alone(m, hist[s], n[s] + 1);
+        CHECK_MSG(ref && same(moetax_ctx_logits_ith(c, i), ref, V, tol),
+                  "%s ubatch %d: mixed batch, sequence %d differs from it alone", path, ubatch, s);
+        free(ref);
+    }
+out:
+    moetax_batch_free(&b);
+    moetax_ledger_free(led);
+    moetax_ctx_free(c);
+    moetax_model_free(m);
+}
+
+/* Random schedules: sequences join with prompts, decode in random subsets, leave, are cut
+ * back (seq_rm of a tail) and go on, or start as a copy of another's prefix (shared
+ * blocks, copy on write); after every step each sequence's last logits equal its whole
+ * history run alone (the reference schedule: one sequence, from position 0). */
+static void random_schedules(const char *path, float tol, uint64_t seed) {
+    struct moetax_model *m;
+    if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    const int V = m->hp.n_vocab;
+    tu_rng r = {seed};
+    struct moetax_ctx *c = ctx(m, 512, 16, 2);
+    struct moetax_batch b;
+    CHECK(moetax_batch_init(&b, 256) == MOETAX_OK);
+    int32_t hist[NSEQ_MAX][HIST_MAX];
+    int n[NSEQ_MAX] = {0}, bad = 0, checked = 0, shared_seen = 0;
+    for (int round = 0; c && round < 14; round++) {
+        int op = (int)(tu_rand_u64(&r) % 6);
+        int s = (int)(tu_rand_u64(&r) % NSEQ_MAX), o = (int)(tu_rand_u64(&r) % NSEQ_MAX);
+        struct moetax_kvcache *kv = moetax_ctx_kv(c);
+        if (op == 4 && n[s] > 2) { /* cut back */
+            int keep = 1 + (int)(tu_rand_u64(&r) % (uint64_t)(n[s] - 1));
+            CHECK(moetax_kvcache_seq_rm(kv, s, keep, -1) == MOETAX_OK);
+            n[s] = keep;
+            continue;
+        }
+        if (op == 5 && n[o] > 1 && s != o) { /* s starts as a prefix of o */
+            int keep = 1 + (int)(tu_rand_u64(&r) % (uint64_t)n[o]);
+            CHECK(moetax_kvcache_seq_cp(kv, o, s, 0, keep) == MOETAX_OK);
+            memcpy(hist[s], hist[o], sizeof(int32_t) * (size_t)keep);
+            n[s] = keep;
+            shared_seen += moetax_kvcache_n_shared_blocks(kv) > 0;
+            continue;
+        }
+        if (op == 3 && n[s] > 0 && round % 3 == 0) { /* leave */
+            CHECK(moetax_kvcache_seq_rm(kv, s, 0, -1) == MOETAX_OK);
+            n[s] = 0;
+            continue;
+        }
+        /* a step: every sequence joins (prompt of 1-12) or goes on by 1-2 tokens with probability 3/4 */
+        moetax_batch_clear(&b);
+        int grew[NSEQ_MAX] = {0};
+        for (int q = 0; q < NSEQ_MAX; q++) {
+            if (tu_rand_u64(&r) % 4 == 0) continue;
+            int add = n[q] == 0 ? 1 + (int)(tu_rand_u64(&r) % 12) : 1 + (int)(tu_rand_u64(&r) % 2);
+            if (n[q] + add > 60) continue;
+            for (int j = 0; j < add; j++) {
+                hist[q][n[q] + j] = (int32_t)(tu_rand_u64(&r) % (uint64_t)V);
+                CHECK(moetax_batch_add(&b, hist[q][n[q] + j], n[q] + j, q, j == add - 1) == MOETAX_OK);
+            }
+            grew[q] = add;
+        }
+        if (!b.n_tokens) continue;
+        moetax_status st = moetax_ctx_decode(c, &b);
+        CHECK_MSG(st == MOETAX_OK, "round %d: %s", round, moetax_last_error());
+        if (st) break;
+        for (int i = 0; i < b.n_tokens; i++) {
+            if (!b.logits[i]) continue;
+            const int q = b.seq[i];
+            float *ref = alone(m, hist[q], n[q] + grew[q]);
+            checked++;
+            if (!ref || !same(moetax_ctx_logits_ith(c, i), ref, V, tol)) bad++;
+            free(ref);
+        }
+        for (int q = 0; q < NSEQ_MAX; q++) n[q] += grew[q];
+        for (int q = 0; q < NSEQ_MAX; q++) CHECK_EQ_INT(moetax_ctx_seq_pos(c, q), n[q]);
+    }
+    CHECK_MSG(bad == 0 && checked > 20, "%s seed %llu: %d of %d sequences' logits differ from them alone", path,
+              (unsigned long long)seed, bad, checked);
+    (void)shared_seen;
+    moetax_batch_free(&b);
+    moetax_ctx_free(c);
+    moetax_model_free(m);
+}
+
+/* A prompt shared by copy (seq_cp) is stored once; each copy then decodes its own tokens
+ * and gets what it gets alone. A full cache is an error that leaves the sequences as they
+ * were: they go on as if it had not happened. */
+static void prefix_and_full(const char *path, float tol) {
+    struct moetax_model *m;
+    if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    const int V = m->hp.n_vocab;
+    struct moetax_ctx *c = ctx(m, 128, 64, 2); /* 4 blocks of 32 */
+    struct moetax_batch b;
+    CHECK(moetax_batch_init(&b, 128) == MOETAX_OK);
+    int32_t hist[3][64];
+    for (int i = 0; i < 64; i++) hist[0][i] = (int32_t)((i * 53 + 3) % V);
+    if (!c) goto out;
+    struct moetax_kvcache *kv = moetax_ctx_kv(c);
+    CHECK(moetax_ctx_eval(c, hist[0], 40, NULL, false) == MOETAX_OK); /* 2 blocks */
+    CHECK(moetax_kvcache_seq_cp(kv, 0, 1, 0, -1) == MOETAX_OK);
+    CHECK(moetax_kvcache_seq_cp(kv, 0, 2, 0, 35) == MOETAX_OK);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 128 - 64);
+    memcpy(hist[1], hist[0], sizeof hist[0]);
+    memcpy(hist[2], hist[0], sizeof hist[0]);
+    hist[1][40] = 7, hist[2][35] = 11;
+    int n[3] = {40, 40, 35};
+    moetax_batch_clear(&b);
+    for (int s = 0; s < 3; s++) CHECK(moetax_batch_add(&b, hist[s][n[s]], n[s], s, true) == MOETAX_OK);
+    CHECK_MSG(moetax_ctx_decode(c, &b) == MOETAX_OK, "%s", moetax_last_error());
+    /* each wrote into the shared second block: two copies, the third keeps the original */
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 0);
+    for (int s = 0; s < 3; s++) {
+        float *ref = alone(m, hist[s], n[s] + 1);
+        CHECK_MSG(ref && same(moetax_ctx_logits_ith(c, s), ref, V, tol), "%s: prefix copy %d differs from alone",
+                  path, s);
+        free(ref);
+        n[s]++;
+    }
+    /* full: a fourth sequence cannot start; the others are untouched and go on */
+    moetax_batch_clear(&b);
+    CHECK(moetax_batch_add(&b, 5, 0, 3, true) == MOETAX_OK);
+    CHECK(moetax_ctx_decode(c, &b) == MOETAX_ERR_LIMIT);
+    CHECK(strstr(moetax_last_error(), "KV cache full") != NULL);
+    for (int s = 0; s < 3; s++) CHECK_EQ_INT(moetax_ctx_seq_pos(c, s), n[s]);
+    CHECK_EQ_INT(moetax_ctx_seq_pos(c, 3), 0);
+    /* a position that is not the next one: refused, nothing changes */
+    moetax_batch_clear(&b);
+    CHECK(moetax_batch_add(&b, 5, n[0] + 1, 0, true) == MOETAX_OK);
+    CHECK(moetax_ctx_decode(c, &b) == MOETAX_ERR_ARG);
+    moetax_batch_clear(&b);
+    for (int s = 0; s < 3; s++) CHECK(moetax_batch_add(&b, hist[s][n[s]], n[s], s, true) == MOETAX_OK);
+    CHECK_MSG(moetax_ctx_decode(c, &b) == MOETAX_OK, "%s", moetax_last_error());
+    for (int s = 0; s < 3; s++) {
+        float *ref = alone(m, hist[s], n[s] + 1);
+        CHECK_MSG(ref && same(moetax_ctx_logits_ith(c, s), ref, V, tol), "%s: sequence %d after the full cache", path,
+                  s);
+        free(ref);
+    }
+out:
+    moetax_batch_free(&b);
+    moetax_ctx_free(c);
+    moetax_model_free(m);
+}
+
+int main(int argc, char **argv) {
+    tu_init(argc, argv);
+    kvcache_ops();
+    char q8[512], q4[512], f32[512];
+    snprintf(q8, sizeof q8, "%s", tu_path("batch_tiny_v3_q8_0.gguf"));
+    snprintf(q4, sizeof q4, "%s", tu_path("batch_tiny_q4_0.gguf"));
+    snprintf(f32, sizeof f32, "%s", tu_path("batch_tiny_f32.gguf"));
+    CHECK_EQ_INT(gen("--preset tiny-v3 --type q8_0", q8), 0);
+    CHECK_EQ_INT(gen("--preset tiny --type q4_0", q4), 0);
+    CHECK_EQ_INT(gen("--preset tiny", f32), 0);
+    batch_vs_alone(q8, 0, 64);
+    batch_vs_alone(q8, 0, 3);
+    batch_vs_alone(q4, 0, 64);
+    batch_vs_alone(f32, 2e-5f, 64);
+    random_schedules(q8, 0, 1);
+    random_schedules(q8, 0, 2);
+    random_schedules(f32, 2e-5f, 3);
+    prefix_and_full(q8, 0);
+    return tu_finish("test_batch");
+}
