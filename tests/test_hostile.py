@@ -236,7 +236,7 @@ def main():
     # gen applies the same rules (moetax_hparams_check) to what it would write
     for opt, val, needle in (("--scale", "0", "expert_weights_scale"), ("--rope-base", "1e-30", "rope.freq_base"),
                              ("--eps", "1e10", "layer_norm_rms_epsilon"), ("--yarn-factor", "-2", "rope.scaling.factor")):
-        r = run([mt, "gen", "--preset", "tiny", opt, val, "-o", os.path.join(work, "gen_refused.gguf")])
+        r = run([mt, "gen", "--preset", "tiny-v3", opt, val, "-o", os.path.join(work, "gen_refused.gguf")])
         sane(r, f"gen {opt} {val}")
         check(r.returncode != 0 and needle in r.stderr, f"gen {opt} {val}: rc {r.returncode}: {r.stderr.strip()}")
     # the first error wins: a NaN freq_base is not reported as a missing rope.scaling.type

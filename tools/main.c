@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "moetax/gguf.h"
 #include "moetax/outfile.h"
 
 struct command {
@@ -42,6 +43,7 @@ int main(int argc, char **argv) {
         sigemptyset(&sa.sa_mask);
         if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) sigaction(sigs[i], &sa, NULL);
     }
+    (void)moetax_gguf_sigbus_install(); /* a model file cut while mapped: a message naming file and tensor */
     if (argc < 2) { usage(stderr); return 2; }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);

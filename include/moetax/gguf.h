@@ -123,6 +123,18 @@ moetax_status moetax_gguf_open(const char *path, struct moetax_gguf **out);
 moetax_status moetax_gguf_open_memory(const void *buf, size_t size, struct moetax_gguf **out);
 void moetax_gguf_close(struct moetax_gguf *g);
 
+/* SIGBUS on a mapped file (src/gguf/gguf_sigbus.c). A file truncated while it is
+ * mapped makes reads past its new end raise SIGBUS. Every open file's mapping is
+ * registered; after moetax_gguf_sigbus_install (process-wide, idempotent; the
+ * library never installs it by itself, the CLI does at start), a SIGBUS in a
+ * registered mapping writes one line to stderr naming the file, the tensor and
+ * the byte offset, and ends the process with _exit(MOETAX_GGUF_SIGBUS_EXIT):
+ * the one thing a signal handler can do there (the read cannot be resumed).
+ * An embedder that must survive such a file should copy it instead of mapping
+ * it. Any other SIGBUS goes to the previous handler or the default action. */
+#define MOETAX_GGUF_SIGBUS_EXIT 75
+moetax_status moetax_gguf_sigbus_install(void);
+
 /* Lookups; NULL if absent. Keys compared as byte strings. */
 const struct moetax_gguf_kv *moetax_gguf_find_kv(const struct moetax_gguf *g, const char *key);
 const struct moetax_gguf_tensor *moetax_gguf_find_tensor(const struct moetax_gguf *g, const char *name);

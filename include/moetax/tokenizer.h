@@ -32,7 +32,9 @@
  *        errors="surrogateescape" decoding of such bytes.
  *        Only the GPT-2 rules are implemented: tokenizer.ggml.pre is read for
  *        the add_bos default only, and other pre-tokenizers (llama3, qwen2,
- *        deepseek-llm, deepseek-v3, ...) are approximated by the GPT-2 rules.
+ *        deepseek-llm, deepseek-v3, ...) are approximated by the GPT-2 rules;
+ *        moetax_tokenizer_load warns on stderr (once per process) naming such a
+ *        value (any but "default", "gpt2", "gpt-2").
  *     2. Each pre-token starts as one byte token per byte and the adjacent pair
  *        with the lowest merge rank is merged until no pair has a merge (ties:
  *        the leftmost pair). A hash map from (left id, right id) to (rank,

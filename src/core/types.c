@@ -234,18 +234,38 @@ bool moetax_from_float(enum moetax_type t, const float *x, void *y, int64_t n) {
     }
 }
 
+static inline uint16_t load_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* x may be at any address (a tensor of a file with general.alignment 1): every
+ * element and block header is read with memcpy, never through a typed pointer. */
 bool moetax_to_float(enum moetax_type t, const void *x, float *y, int64_t n) {
     if (moetax_row_size(t, n) == 0 && n != 0) return false;
+    const uint8_t *p = x;
     switch (t) {
     case MOETAX_TYPE_F32: memmove(y, x, (size_t)n * 4); return true;
     case MOETAX_TYPE_F16:
-        for (int64_t i = 0; i < n; i++) y[i] = moetax_fp16_to_fp32(((const uint16_t *)x)[i]);
+        for (int64_t i = 0; i < n; i++) y[i] = moetax_fp16_to_fp32(load_u16(p + 2 * i));
         return true;
     case MOETAX_TYPE_BF16:
-        for (int64_t i = 0; i < n; i++) y[i] = moetax_bf16_to_fp32(((const uint16_t *)x)[i]);
+        for (int64_t i = 0; i < n; i++) y[i] = moetax_bf16_to_fp32(load_u16(p + 2 * i));
         return true;
-    case MOETAX_TYPE_Q8_0: moetax_dequantize_row_q8_0_ref(x, y, n); return true;
-    case MOETAX_TYPE_Q4_0: moetax_dequantize_row_q4_0_ref(x, y, n); return true;
+    case MOETAX_TYPE_Q8_0:
+        for (int64_t b = 0; b < n / MOETAX_QK8_0; b++, p += sizeof(moetax_block_q8_0)) {
+            const float d = moetax_fp16_to_fp32(load_u16(p + offsetof(moetax_block_q8_0, d)));
+            const int8_t *q = (const int8_t *)(p + offsetof(moetax_block_q8_0, qs));
+            for (int j = 0; j < MOETAX_QK8_0; j++) y[b * MOETAX_QK8_0 + j] = (float)q[j] * d;
+        }
+        return true;
+    case MOETAX_TYPE_Q4_0:
+        for (int64_t b = 0; b < n / MOETAX_QK4_0; b++, p += sizeof(moetax_block_q4_0)) {
+            const float d = moetax_fp16_to_fp32(load_u16(p + offsetof(moetax_block_q4_0, d)));
+            const uint8_t *q = p + offsetof(moetax_block_q4_0, qs);
+            for (int j = 0; j < MOETAX_QK4_0 / 2; j++) {
+                y[b * MOETAX_QK4_0 + j] = (float)((q[j] & 0x0f) - 8) * d;
+                y[b * MOETAX_QK4_0 + j + MOETAX_QK4_0 / 2] = (float)((q[j] >> 4) - 8) * d;
+            }
+        }
+        return true;
     default: return false;
     }
 }

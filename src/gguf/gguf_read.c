@@ -429,7 +429,9 @@ moetax_status moetax_gguf_open(const char *path, struct moetax_gguf **out) {
     g->fd = -1;
     g->path = strdup(path);
     if (!g->path) { free(g); return moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", path); }
-    g->fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* non-blocking: opening a FIFO (or a device) must not wait for a writer before
+     * the regular-file check below; cleared again for the file's reads */
+    g->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (g->fd < 0) {
         moetax_status st = moetax_error(MOETAX_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         moetax_gguf_close(g);
@@ -437,10 +439,15 @@ moetax_status moetax_gguf_open(const char *path, struct moetax_gguf **out) {
     }
     struct stat sb;
     if (fstat(g->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        moetax_status st = moetax_error(MOETAX_ERR_IO, "%s: not a regular file", path);
+        moetax_status st = moetax_error(MOETAX_ERR_IO, "%s: not a regular file (%s): a GGUF model must be a file", path,
+                                        S_ISDIR(sb.st_mode) ? "a directory" : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                                        : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device"
+                                        : S_ISSOCK(sb.st_mode) ? "a socket" : "not a file");
         moetax_gguf_close(g);
         return st;
     }
+    int fl = fcntl(g->fd, F_GETFL);
+    if (fl != -1) (void)fcntl(g->fd, F_SETFL, fl & ~O_NONBLOCK);
     g->size = (uint64_t)sb.st_size;
     if (g->size == 0) {
         moetax_status st = moetax_error(MOETAX_ERR_FORMAT, "%s: the file is empty (expected a GGUF header)", path);
@@ -456,6 +463,7 @@ moetax_status moetax_gguf_open(const char *path, struct moetax_gguf **out) {
     }
     g->base = m;
     g->mapped = true;
+    moetax_gguf_sigbus_register(g); /* parsing reads the mapping too */
 #ifdef MADV_HUGEPAGE
     /* Where the filesystem caches files in large folios (ext4 and xfs on recent
      * kernels), pages read from disk through this mapping come in as 2 MiB folios,
@@ -490,7 +498,10 @@ void moetax_gguf_close(struct moetax_gguf *g) {
     free(g->tensors);
     struct name_index *ix = g->index;
     if (ix) { free(ix->kv_slot); free(ix->t_slot); free(ix); }
-    if (g->mapped) munmap((void *)g->base, g->size);
+    if (g->mapped) {
+        moetax_gguf_sigbus_unregister(g);
+        munmap((void *)g->base, g->size);
+    }
     if (g->fd >= 0) close(g->fd);
     free(g->path);
     free(g);

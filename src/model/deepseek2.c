@@ -168,8 +168,8 @@ static moetax_status repack_weights(const struct moetax_model *m, struct moetax_
     for (int i = 0; i < n; i++) {
         struct moetax_weight *w = ws[i];
         const size_t nb = weight_bytes(w);
-        /* not in place: cannot fail */
-        (void)repack_units(w, units ? units[i] : w->ne[1], buf + off, w->file_data, (int64_t)(nb / w->row_bytes));
+        /* not in place: cannot fail; from w->data: the mapping, or an aligned copy of it (bind) */
+        (void)repack_units(w, units ? units[i] : w->ne[1], buf + off, w->data, (int64_t)(nb / w->row_bytes));
         w->data = buf + off;
         if (w->file_data != m->tok_embd.file_data) release_mapped(m, w->file_data, nb); /* still read by rows */
         off += (nb + 63) / 64 * 64;
@@ -431,7 +431,23 @@ static void fmt_shape(char *buf, size_t cap, int n, const int64_t *ne) {
     snprintf(buf + o, cap - (size_t)o, "}");
 }
 
-/* Bind tensor `name` with the expected shape; absent + !required leaves w->data NULL. */
+/* The alignment the kernels and converters read a type's elements (blocks) with. */
+static size_t type_align(enum moetax_type t) {
+    switch (t) {
+    case MOETAX_TYPE_F32: return _Alignof(float);
+    case MOETAX_TYPE_Q8_0: return _Alignof(moetax_block_q8_0);
+    case MOETAX_TYPE_Q4_0: return _Alignof(moetax_block_q4_0);
+    default: return _Alignof(uint16_t); /* F16, BF16 */
+    }
+}
+
+static bool tensor_aligned(const struct moetax_gguf_tensor *t) {
+    return (uintptr_t)t->data % type_align(t->type) == 0;
+}
+
+/* Bind tensor `name` with the expected shape; absent + !required leaves w->data NULL.
+ * w->file_data points into the mapping; w->data too, unless the tensor lies at an
+ * offset its type cannot be read from (then an aligned private copy). */
 static moetax_status bind(struct moetax_model *m, struct moetax_weight *w, const char *name, bool required, int n_dims,
                           int64_t ne0, int64_t ne1, int64_t ne2) {
     memset(w, 0, sizeof *w);
@@ -459,6 +475,16 @@ static moetax_status bind(struct moetax_model *m, struct moetax_weight *w, const
                             m->gguf->path, name, moetax_type_name(t->type));
     w->data = t->data;
     w->file_data = t->data;
+    if (!tensor_aligned(t)) {
+        /* valid GGUF (general.alignment 1, odd offsets), but the kernels and converters read
+         * elements and blocks through typed pointers: they read an aligned private copy */
+        void *copy = own(m, (size_t)t->nbytes);
+        if (!copy)
+            return moetax_error(MOETAX_ERR_NOMEM, "%s: tensor '%s': no memory for an aligned copy of %llu bytes",
+                                m->gguf->path, name, (unsigned long long)t->nbytes);
+        memcpy(copy, t->data, (size_t)t->nbytes);
+        w->data = copy;
+    }
     w->type = t->type;
     w->ne[0] = t->ne[0];
     w->ne[1] = t->ne[1];
@@ -564,7 +590,7 @@ static moetax_status bind_layer(struct moetax_model *m, int il) {
         /* up = rows F..2F-1 of each expert's fused matrix */
         l->up_exps = l->gate_exps;
         l->up_exps.data = (const char *)l->gate_exps.data + (size_t)F * l->gate_exps.row_bytes;
-        l->up_exps.file_data = l->up_exps.data;
+        l->up_exps.file_data = (const char *)l->gate_exps.file_data + (size_t)F * l->gate_exps.row_bytes;
     } else {
         TRY(bind(m, &l->gate_exps, NAME("ffn_gate_exps.weight"), true, 3, d, F, E));
         TRY(bind(m, &l->up_exps, NAME("ffn_up_exps.weight"), true, 3, d, F, E));
@@ -577,6 +603,22 @@ static moetax_status bind_layer(struct moetax_model *m, int il) {
     }
 #undef NAME
 #undef TRY
+    return MOETAX_OK;
+}
+
+/* Before anything is allocated per layer: block_count must be plausible against
+ * the tensors the file has (a layer has at least 7), and its last layer present. */
+static moetax_status check_layer_count(const struct moetax_model *m) {
+    const struct moetax_gguf *g = m->gguf;
+    const int32_t n = m->hp.n_layer;
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.attn_norm.weight", n - 1);
+    if ((uint64_t)n > g->n_tensors / 7)
+        return moetax_error(MOETAX_ERR_FORMAT, "%s: %s.block_count = %d but the file has %llu tensors (a layer needs at least 7)",
+                            g->path, m->hp.arch, n, (unsigned long long)g->n_tensors);
+    if (!moetax_gguf_find_tensor(g, name))
+        return moetax_error(MOETAX_ERR_NOT_FOUND, "%s: %s.block_count = %d but tensor '%s' is missing", g->path,
+                            m->hp.arch, n, name);
     return MOETAX_OK;
 }
 
@@ -605,6 +647,7 @@ moetax_status moetax_model_load_ex(const char *path, const struct moetax_model_p
     if (!st) st = bind_vec(m, &m->output_norm, "output_norm.weight", true, m->hp.n_embd);
     if (!st) st = bind(m, &m->output, "output.weight", false, 2, m->hp.n_embd, m->hp.n_vocab, 1);
     if (!st && !m->output.data) m->output = m->tok_embd;
+    if (!st) st = check_layer_count(m);
     if (!st) {
         m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
         if (!m->layers) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
@@ -689,6 +732,17 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
     if (cst) return cst;
     struct moetax_store_params p = *sp;
     if (!p.path) p.path = m->gguf->path;
+    for (uint64_t i = 0; i < m->gguf->n_tensors; i++) {
+        const struct moetax_gguf_tensor *t = &m->gguf->tensors[i];
+        /* the store reads an expert's rows to their file offset modulo 4096 in a slot */
+        if (moetax_tensor_is_routed_expert(t) && !tensor_aligned(t))
+            return moetax_error(MOETAX_ERR_UNSUPPORTED,
+                                "%s: tensor '%.*s' lies at file offset %llu, not a multiple of %zu (general.alignment "
+                                "%u): the expert store cannot read it; run without --expert-budget",
+                                m->gguf->path, (int)t->name.len, t->name.data,
+                                (unsigned long long)(m->gguf->data_offset + t->offset), type_align(t->type),
+                                m->gguf->alignment);
+    }
     for (int il = 0; il < hp->n_layer; il++) {
         const struct moetax_layer *l = &m->layers[il];
         /* the store's slots are private memory already: only a repacked layout needs the hook */

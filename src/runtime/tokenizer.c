@@ -11,6 +11,7 @@
 #include "unicode_classes.h" /* generated: \p{L}, \p{N}, \s as the Python regex module has them */
 
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -372,6 +373,28 @@ static moetax_status load_gpt2(struct moetax_tokenizer *t, const struct moetax_g
     return st;
 }
 
+/* Only GPT-2's pre-tokenizer rules are implemented: any other tokenizer.ggml.pre
+ * (llama3, qwen2, deepseek-llm, ...) is warned about on stderr, once per process,
+ * naming the value; the file still loads (its tokens may then differ from the
+ * model's own tokenizer's). */
+static void warn_pre(const struct moetax_gguf *g) {
+    static atomic_flag warned = ATOMIC_FLAG_INIT;
+    static const char *const gpt2_like[] = {"default", "gpt2", "gpt-2"};
+    const struct moetax_gguf_kv *pk = moetax_gguf_find_kv(g, KEY_PRE);
+    if (!pk) return;
+    if (pk->type == MOETAX_GGUF_TYPE_STRING)
+        for (size_t i = 0; i < sizeof gpt2_like / sizeof gpt2_like[0]; i++)
+            if (pk->v.str.len == strlen(gpt2_like[i]) && !memcmp(pk->v.str.data, gpt2_like[i], pk->v.str.len)) return;
+    if (atomic_flag_test_and_set(&warned)) return;
+    if (pk->type == MOETAX_GGUF_TYPE_STRING)
+        fprintf(stderr, "moetax: warning: %s: %s = \"%.*s\" is not implemented; moetax pre-tokenizes with GPT-2's "
+                        "rules, so its tokens may differ from the model's tokenizer\n",
+                g->path, KEY_PRE, SHOWN(pk->v.str.len), pk->v.str.data);
+    else
+        fprintf(stderr, "moetax: warning: %s: %s is a %s, not a string; moetax pre-tokenizes with GPT-2's rules\n",
+                g->path, KEY_PRE, moetax_gguf_type_name(pk->type));
+}
+
 moetax_status moetax_tokenizer_load(const struct moetax_gguf *g, struct moetax_tokenizer **out) {
     *out = NULL;
     const struct moetax_gguf_kv *mk = moetax_gguf_find_kv(g, KEY_MODEL);
@@ -389,6 +412,7 @@ moetax_status moetax_tokenizer_load(const struct moetax_gguf *g, struct moetax_t
                             "%s: %s = \"%.*s\"%s is not supported; moetax supports only \"gpt2\" (byte-level BPE)",
                             g->path, KEY_MODEL, SHOWN(model->len), model->data, what);
     }
+    warn_pre(g);
     struct moetax_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return moetax_error(MOETAX_ERR_NOMEM, "out of memory for the tokenizer");
     t->bos = t->eos = t->eot = t->eom = -1;
