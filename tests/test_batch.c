@@ -337,6 +337,82 @@ out:
     moetax_model_free(m);
 }
 
+/* The capacity factor: infinite (or large) is the same as off, bit for bit; at C = 1 each
+ * expert takes at most ceil(n k / E) assignments per layer, every assignment is counted
+ * (kept + dropped = n k per layer pass; rerouted ones are kept), a token's weights still
+ * sum to its total when some of its experts were dropped, and rerouting drops fewer. */
+static void capacity(const char *path) {
+    struct moetax_model *m;
+    if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    const int n = 16, V = m->hp.n_vocab, k = m->hp.n_expert_used, E = m->hp.n_expert, L = m->hp.n_layer;
+    int32_t toks[16];
+    for (int i = 0; i < n; i++) toks[i] = (int32_t)((i * 71 + 5) % V);
+    float *ref = malloc(sizeof(float) * (size_t)(n * V)), *got = malloc(sizeof(float) * (size_t)(n * V));
+    float wsum_off[64][16];
+    int64_t dropped[2] = {0};
+    const float cfs[] = {0, INFINITY, 100.0f, 1.0f, 1.0f};
+    for (int ci = 0; ci < 5; ci++) {
+        struct moetax_ctx_params p = {.n_ctx = 64, .n_threads = 2, .capacity_factor = cfs[ci],
+                                      .overflow = ci == 4 ? MOETAX_OVERFLOW_REROUTE : MOETAX_OVERFLOW_DROP};
+        struct moetax_ctx *c;
+        if (moetax_ctx_init(m, &p, &c) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); break; }
+        struct moetax_ledger *led = NULL;
+        struct moetax_ledger_params lp = {.n_workers = 2, .n_layer = L};
+        CHECK(moetax_ledger_init(&lp, &led) == MOETAX_OK);
+        moetax_ctx_set_ledger(c, led);
+        CHECK(moetax_ctx_eval(c, toks, n, ci ? got : ref, true) == MOETAX_OK);
+        struct moetax_ledger_moe_stats ms;
+        moetax_ledger_moe_totals(led, false, &ms);
+        const int moe_layers = L - m->hp.n_layer_dense_lead;
+        CHECK_EQ_INT(ms.moe_layers, moe_layers);
+        CHECK_EQ_INT(ms.assignments + ms.dropped, (int64_t)moe_layers * n * k); /* nothing lost from the counts */
+        if (ci > 0 && ci < 3) {
+            CHECK_MSG(!memcmp(ref, got, sizeof(float) * (size_t)(n * V)), "capacity factor %g differs from off", cfs[ci]);
+            CHECK_EQ_INT(ms.dropped + ms.rerouted, 0);
+        }
+        const int cap = (n * k + E - 1) / E;
+        for (int il = 0; il < L; il++) {
+            const float *w;
+            int64_t nt;
+            const int32_t *sel = moetax_ctx_routing(c, il, &w, &nt);
+            if (!sel) continue;
+            int cnt[256] = {0}, drops = 0;
+            for (int t = 0; t < n; t++) {
+                float sum = 0;
+                int kept = 0;
+                for (int j = 0; j < k; j++) {
+                    if (sel[t * k + j] < 0) { drops++; CHECK(w[t * k + j] == 0); continue; }
+                    cnt[sel[t * k + j]]++;
+                    sum += w[t * k + j];
+                    kept++;
+                }
+                if (ci == 0) wsum_off[il][t] = sum;
+                else if (kept) CHECK_MSG(fabsf(sum - wsum_off[il][t]) <= 1e-5f * wsum_off[il][t],
+                                         "C %g layer %d token %d: weights sum %g, %g without the factor", cfs[ci], il, t,
+                                         sum, wsum_off[il][t]);
+            }
+            if (ci >= 3)
+                for (int e = 0; e < E; e++) CHECK_MSG(cnt[e] <= cap, "layer %d expert %d: %d > cap %d", il, e, cnt[e], cap);
+            if (ci == 3) dropped[0] += drops;
+            if (ci == 4) dropped[1] += drops;
+        }
+        if (ci == 3) CHECK_MSG(ms.dropped > 0 && ms.dropped == dropped[0], "C = 1: %lld dropped (routing shows %lld)",
+                               (long long)ms.dropped, (long long)dropped[0]);
+        if (ci == 4) {
+            CHECK_MSG(ms.rerouted > 0, "reroute moved nothing");
+            CHECK(ms.dropped == dropped[1] && ms.dropped < dropped[0]);
+        }
+        moetax_ctx_free(c);
+        moetax_ledger_free(led);
+    }
+    struct moetax_ctx_params bad = {.n_ctx = 64, .capacity_factor = -1};
+    struct moetax_ctx *c = NULL;
+    CHECK(moetax_ctx_init(m, &bad, &c) == MOETAX_ERR_ARG);
+    free(ref);
+    free(got);
+    moetax_model_free(m);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     kvcache_ops();
@@ -355,5 +431,6 @@ int main(int argc, char **argv) {
     random_schedules(q8, 0, 2);
     random_schedules(f32, 2e-5f, 3);
     prefix_and_full(q8, 0);
+    capacity(q8);
     return tu_finish("test_batch");
 }

@@ -108,6 +108,24 @@ void moetax_ledger_step_begin(struct moetax_ledger *l, int64_t tokens, int64_t p
 void moetax_ledger_step_end(struct moetax_ledger *l);
 /* The step begun last decodes n_seq sequences together (its batch size; 1 if never said). */
 void moetax_ledger_step_batch(struct moetax_ledger *l, int64_t n_seq);
+
+/* The batch tax of MoE layers: per layer pass, the distinct experts read, the
+ * token-expert assignments, their imbalance and the assignments a capacity
+ * factor dropped or moved. Sums over layer passes (divide by moe_layers for a
+ * mean per layer; imbalance_sum / moe_layers is the mean imbalance). */
+struct moetax_ledger_moe_stats {
+    int64_t moe_layers;   /* MoE layer passes */
+    int64_t experts;      /* distinct experts read, summed over layer passes */
+    int64_t assignments;  /* token-expert assignments computed (after dropping) */
+    int64_t dropped;      /* assignments a capacity factor dropped */
+    int64_t rerouted;     /* assignments a capacity factor moved to another expert */
+    double expert_bytes;  /* bytes of the experts read */
+    double imbalance_sum; /* sum of (most assignments on one expert / mean per used expert) */
+};
+/* Worker 0, once layer `layer` of the current step is planned. */
+void moetax_ledger_moe(struct moetax_ledger *l, int layer, int64_t experts, int64_t max_count, int64_t assignments,
+                       double expert_bytes, int64_t dropped, int64_t rerouted);
+void moetax_ledger_moe_totals(const struct moetax_ledger *l, bool decode_only, struct moetax_ledger_moe_stats *out);
 /* Add time outside the pool run (e.g. sampling) to the last step. */
 void moetax_ledger_add(struct moetax_ledger *l, enum moetax_phase ph, int layer, double seconds);
 

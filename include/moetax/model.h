@@ -165,6 +165,10 @@ struct moetax_model_params {
     bool no_mmap; /* copy the weights read by the kernels into private 2 MiB pages (see DESIGN) */
 };
 moetax_status moetax_model_load_ex(const char *path, const struct moetax_model_params *p, struct moetax_model **out);
+/* The same from a GGUF image in memory (not copied; must outlive the model; any
+ * alignment): hyper-parameters, tensor binding and all, for tests and fuzzing. */
+moetax_status moetax_model_load_memory(const void *buf, size_t size, const struct moetax_model_params *p,
+                                       struct moetax_model **out);
 /* How the weights the kernels read are paged now: the file mapping and the
  * private copies (repacked or no_mmap), each mapping whole (moetax_mem_pages).
  * *resident: their bytes in memory; *huge: of those, in 2 MiB pages. Errors
@@ -208,6 +212,8 @@ double moetax_model_active_bytes(const struct moetax_model *m);
 /* The same with n_expert_used routed experts per token (0: the model's). */
 double moetax_model_active_bytes_k(const struct moetax_model *m, int n_expert_used);
 
+enum moetax_overflow { MOETAX_OVERFLOW_DROP = 0, MOETAX_OVERFLOW_REROUTE = 1 };
+
 struct moetax_ctx_params {
     int32_t n_ctx;            /* KV cache cells, all sequences together (rounded up to whole
                                  blocks); 0: min(n_ctx_train, 4096) */
@@ -220,6 +226,12 @@ struct moetax_ctx_params {
                                    routed experts are read through it instead of the mapping */
     bool no_prefetch;           /* with a store: read each expert only when a work item needs it (no early
                                    reads of a routed layer's experts, no cross-layer prediction) */
+    float capacity_factor;      /* the batch lever (off: 0 or inf): each expert takes at most
+                                   ceil(C x tokens x k / E) assignments of a micro-batch, those of the
+                                   highest routing weights; the others go as `overflow` says. The ledger
+                                   counts them (moetax_ledger_moe_stats) */
+    enum moetax_overflow overflow; /* DROP: the token's remaining weights scaled back to its total;
+                                      REROUTE: to its best other expert with room (else dropped) */
     int32_t n_expert_used;      /* routed experts per token (run-time top-k): 0 = the model's
                                    expert_used_count; see moetax_model_check_experts_used. With a
                                    store, open it for the same count (moetax_model_store_open) */
@@ -285,7 +297,8 @@ moetax_status moetax_ctx_eval(struct moetax_ctx *c, const int32_t *tokens, int64
 
 /* Routing of the last evaluated micro-batch, for tests and the ledger:
  * experts[layer][t * k + j] and weights likewise (k = moetax_ctx_n_expert_used);
- * NULL for dense layers. */
+ * NULL for dense layers. With a capacity factor: after it, an expert of -1
+ * (weight 0) for a dropped assignment. */
 const int32_t *moetax_ctx_routing(const struct moetax_ctx *c, int layer, const float **weights, int64_t *n_tokens);
 
 #ifdef __cplusplus

@@ -190,6 +190,12 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
         return st;
     }
     c->n_expert_used = k_req ? k_req : hp->n_expert_used;
+    if (p && (isnan(p->capacity_factor) || p->capacity_factor < 0)) {
+        st = moetax_error(MOETAX_ERR_ARG, "capacity factor %g: expected a number > 0 (or 0 / inf: off)",
+                          (double)p->capacity_factor);
+        free(c);
+        return st;
+    }
     if (store && hp->n_expert > 0) { /* every expert one layer uses for a micro-batch is pinned at once */
         const int64_t need = c->n_ubatch * c->n_expert_used < hp->n_expert ? c->n_ubatch * c->n_expert_used
                                                                              : hp->n_expert;
@@ -235,7 +241,10 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     st = moetax_kvcache_init(hp->n_layer, hp->kv_lora_rank + hp->n_embd_head_qk_rope, &kp, &c->kv);
     if (!st) st = fw_step_init(&c->step, m, c->pool, U, incols, max64(incols, ffmax));
     if (!st) st = mla_init(&c->attn, &c->step, c->kv);
-    if (!st) st = moe_init(&c->moe, &c->step, (int32_t)k, store, store && !(p && p->no_prefetch));
+    struct moe_params mp = {.k = (int32_t)k, .store = store, .prefetch = store && !(p && p->no_prefetch),
+                            .capacity_factor = p ? p->capacity_factor : 0,
+                            .reroute = p && p->overflow == MOETAX_OVERFLOW_REROUTE};
+    if (!st) st = moe_init(&c->moe, &c->step, &mp);
     if (!st) {
         c->dense.hid = calloc((size_t)(U * ffdense), sizeof(float));
         c->dense.tmp = calloc((size_t)(U * max64(d, ffdense)), sizeof(float));

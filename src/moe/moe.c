@@ -95,9 +95,10 @@ static const struct act *own_eh(struct worker *w, struct moe *b, int64_t k) {
     return &wk->own_eh;
 }
 
-/* Route token logits [E] -> k experts and weights (GGUF-MOE.md "The MoE block"). */
-static void route_token(const struct moetax_kernels *K, const struct moetax_hparams *hp, int64_t k, const float *bias,
-                        const float *logits, float *p, float *s, int32_t *idx, float *wout) {
+/* A token's routing probabilities p [E] and selection scores s [E] (bias added, experts
+ * of the groups it may not use at -inf). */
+static void token_scores(const struct moetax_kernels *K, const struct moetax_hparams *hp, const float *bias,
+                         const float *logits, float *p, float *s) {
     const int64_t E = hp->n_expert;
     memcpy(p, logits, sizeof(float) * (size_t)E);
     if (hp->gating_func == 2) K->sigmoid(p, E);
@@ -122,6 +123,13 @@ static void route_token(const struct moetax_kernels *K, const struct moetax_hpar
             if (!keep[g])
                 for (int64_t e = g * per; e < (g + 1) * per; e++) s[e] = -INFINITY;
     }
+}
+
+/* Route token logits [E] -> k experts and weights (GGUF-MOE.md "The MoE block"). */
+static void route_token(const struct moetax_kernels *K, const struct moetax_hparams *hp, int64_t k, const float *bias,
+                        const float *logits, float *p, float *s, int32_t *idx, float *wout) {
+    const int64_t E = hp->n_expert;
+    token_scores(K, hp, bias, logits, p, s);
     K->topk(s, E, k, idx, NULL);
     float sum = 0;
     for (int64_t j = 0; j < k; j++) {
@@ -147,12 +155,91 @@ static void route_tokens(const struct fw_step *s, const struct moe *b, struct mo
         route_token(s->K, hp, k, l->exp_probs_b, b->router + t * E, p, sc, sel + t * k, selw + t * k);
 }
 
-/* The dispatch plan of sel/selw [n, k]: slots grouped by expert (ascending), tokens in order. */
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The capacity factor (worker 0, a batch): each expert takes at most ceil(C n k / E)
+ * assignments of the micro-batch, those of the highest routing weights. The others are
+ * moved to the token's best other expert with room (reroute: weight scaled by the
+ * probability ratio) or dropped (sel -1; the token's remaining weights scaled back to its
+ * total). Counts into *dropped and *rerouted. */
+static void apply_capacity(const struct fw_step *s, struct moe *b, int il, int32_t *sel, float *selw,
+                           int64_t *dropped, int64_t *rerouted) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t E = hp->n_expert, k = b->k, n = s->n, nk = n * k;
+    const double capd = ceil((double)b->capacity_factor * (double)nk / (double)E);
+    const int32_t cap = capd < 1 ? 1 : capd > (double)nk ? (int32_t)nk : (int32_t)capd;
+    int32_t *count = b->cap_count;
+    uint64_t *order = b->cap_order;
+    memset(count, 0, sizeof(int32_t) * (size_t)E);
+    for (int64_t i = 0; i < nk; i++) { /* weights are >= 0: their bits order like the values */
+        uint32_t bits;
+        memcpy(&bits, &selw[i], sizeof bits);
+        order[i] = ((uint64_t)~bits << 32) | (uint64_t)i; /* ascending: highest weight first, then slot */
+    }
+    qsort(order, (size_t)nk, sizeof *order, cmp_u64);
+    int64_t n_over = 0;
+    for (int64_t j = 0; j < nk; j++) {
+        const int64_t i = (int64_t)(order[j] & 0xffffffffu);
+        if (count[sel[i]] < cap) count[sel[i]]++;
+        else order[n_over++] = (uint64_t)i; /* overflowing, still by weight */
+    }
+    if (!n_over) return;
+    float *tot = b->cap_tot; /* each touched token's weight total before */
+    for (int64_t j = 0; j < n_over; j++) {
+        const int64_t t = (int64_t)order[j] / k;
+        float sum = 0;
+        for (int64_t q = 0; q < k; q++) sum += selw[t * k + q] > 0 && sel[t * k + q] >= 0 ? selw[t * k + q] : 0;
+        if (tot[t] < 0) tot[t] = sum;
+    }
+    float *p = b->cap_p, *sc = b->cap_p + E;
+    for (int64_t j = 0; j < n_over; j++) {
+        const int64_t i = (int64_t)order[j], t = i / k;
+        const int32_t e = sel[i];
+        int32_t best = -1;
+        if (b->reroute) {
+            token_scores(s->K, hp, l->exp_probs_b, b->router + t * E, p, sc);
+            for (int32_t c = 0; c < E; c++) {
+                if (count[c] >= cap || sc[c] == -INFINITY) continue;
+                bool mine = false;
+                for (int64_t q = 0; q < k && !mine; q++) mine = sel[t * k + q] == c;
+                if (!mine && (best < 0 || sc[c] > sc[best])) best = c;
+            }
+        }
+        if (best >= 0) {
+            selw[i] = p[e] > 0 ? selw[i] * (p[best] / p[e]) : selw[i];
+            sel[i] = best;
+            count[best]++;
+            (*rerouted)++;
+        } else {
+            sel[i] = -1;
+            selw[i] = 0;
+            (*dropped)++;
+        }
+    }
+    for (int64_t j = 0; j < n_over; j++) { /* renormalise each touched token once, back to its total */
+        const int64_t t = (int64_t)order[j] / k;
+        if (tot[t] < 0) continue;
+        float sum = 0;
+        for (int64_t q = 0; q < k; q++) sum += sel[t * k + q] >= 0 ? selw[t * k + q] : 0;
+        if (sum > 0)
+            for (int64_t q = 0; q < k; q++) selw[t * k + q] *= tot[t] / sum;
+        tot[t] = -1;
+    }
+}
+
+/* The dispatch plan of sel/selw [n, k]: slots grouped by expert (ascending), tokens in
+ * order; assignments with expert -1 (dropped) get no slot. */
 static void plan(const struct fw_step *s, const struct moe *b, const int32_t *sel, const float *selw, struct plan *pl) {
     const struct moetax_hparams *hp = &s->m->hp;
     const int64_t E = hp->n_expert, k = b->k, n = s->n;
     memset(pl->count, 0, sizeof(int32_t) * (size_t)E);
-    for (int64_t i = 0; i < n * k; i++) pl->count[sel[i]]++;
+    pl->n_slots = 0;
+    for (int64_t i = 0; i < n * k; i++)
+        if (sel[i] >= 0) pl->count[sel[i]]++, pl->n_slots++;
     pl->n_active = 0;
     int32_t off = 0;
     for (int32_t e = 0; e < E; e++) {
@@ -164,10 +251,23 @@ static void plan(const struct fw_step *s, const struct moe *b, const int32_t *se
     memcpy(fill, pl->offset, sizeof(int32_t) * (size_t)E);
     for (int64_t t = 0; t < n; t++)
         for (int64_t j = 0; j < k; j++) {
-            int32_t e = sel[t * k + j], slot = fill[e]++;
+            int32_t e = sel[t * k + j];
+            if (e < 0) continue;
+            int32_t slot = fill[e]++;
             pl->slot_token[slot] = (int32_t)t;
             pl->slot_w[slot] = selw[t * k + j];
         }
+}
+
+/* Worker 0: the layer's batch figures for the ledger (distinct experts, bytes, imbalance). */
+static void record_plan(const struct fw_step *s, int il, const struct plan *pl, int64_t dropped, int64_t rerouted) {
+    if (!moetax_ledger_enabled(s->ledger)) return;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t F = s->m->hp.n_ff_exp;
+    const double eb = (double)(l->gate_exps.row_bytes + l->up_exps.row_bytes) * (double)F + (double)l->down_exps.mat_bytes;
+    int32_t mx = 0;
+    for (int32_t a = 0; a < pl->n_active; a++) mx = pl->count[pl->active[a]] > mx ? pl->count[pl->active[a]] : mx;
+    moetax_ledger_moe(s->ledger, il, pl->n_active, mx, pl->n_slots, eb * pl->n_active, dropped, rerouted);
 }
 
 /* copy prepared row `src_row` of a into row `dst_row` of b (same ncols) */
@@ -307,7 +407,11 @@ void moe_block(struct worker *w, struct moe *b, int il) {
             b->hist_n[il] = n;
             record_and_predict(s, b, il);
             fw_mark(w, MOETAX_PHASE_DISPATCH);
+            int64_t dropped = 0, rerouted = 0;
+            if (b->capacity_factor > 0 && isfinite(b->capacity_factor))
+                apply_capacity(s, b, il, b->sel + slots, b->selw + slots, &dropped, &rerouted);
             plan(s, b, b->sel + slots, b->selw + slots, pl);
+            record_plan(s, il, pl, dropped, rerouted);
             issue_reads(w, b, il, pl);
         }
         if (Fs) {
@@ -333,6 +437,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         plan(s, b, wk->sel, wk->selw, pl);
         if (w->ith == 0) {
             record_and_predict(s, b, il);
+            record_plan(s, il, pl, 0, 0); /* one token: at most one assignment per expert, nothing to cap */
             issue_reads(w, b, il, pl);
         }
     }
@@ -340,9 +445,9 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     /* 3: gather each slot's input row (batches only) */
     if (n > 1) {
         fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
-        struct act ae = fw_act_view(&b->a_exp, b->a_exp.x, d, n * k);
+        struct act ae = fw_act_view(&b->a_exp, b->a_exp.x, d, pl->n_slots);
         fw_act_publish(w, &b->a_exp, &ae);
-        fw_split(w, n * k, 1, &r0, &r1);
+        fw_split(w, pl->n_slots, 1, &r0, &r1);
         for (int64_t i = r0; i < r1; i++) copy_prepared_row(s, &s->a_in, pl->slot_token[i], &ae, i);
         fw_phase_end(w);
         ain = &b->a_exp;
@@ -371,9 +476,9 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     const struct act *aeh = &b->a_eh;
     if (n > 1) {
         fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
-        struct act v = fw_act_view(&b->a_eh, b->eh, F, n * k);
+        struct act v = fw_act_view(&b->a_eh, b->eh, F, pl->n_slots);
         fw_act_publish(w, &b->a_eh, &v);
-        fw_split(w, n * k, 1, &r0, &r1);
+        fw_split(w, pl->n_slots, 1, &r0, &r1);
         fw_act_prep(s, &v, r0, r1);
         fw_phase_end(w);
         fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
@@ -400,7 +505,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         if (nmine < 512) mine[nmine++] = (int32_t)it;
         else { /* more blocks than the local list holds: combine this one now */
             fw_mark(w, MOETAX_PHASE_COMBINE);
-            K->scatter_add(s->x + d0, d, yd + d0, d, pl->slot_token, pl->slot_w, n * k, d1 - d0);
+            K->scatter_add(s->x + d0, d, yd + d0, d, pl->slot_token, pl->slot_w, pl->n_slots, d1 - d0);
             fw_mark(w, MOETAX_PHASE_EXPERT);
         }
     }
@@ -408,7 +513,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     for (int i = 0; i < nmine; i++) {
         int64_t d0 = (int64_t)mine[i] * bd, d1 = d0 + bd < d ? d0 + bd : d;
         /* slots are grouped by expert in ascending order: a fixed summation order */
-        K->scatter_add(s->x + d0, d, yd + d0, d, pl->slot_token, pl->slot_w, n * k, d1 - d0);
+        K->scatter_add(s->x + d0, d, yd + d0, d, pl->slot_token, pl->slot_w, pl->n_slots, d1 - d0);
     }
     if (Fs) {
         fw_mark(w, MOETAX_PHASE_SHARED);
@@ -446,13 +551,16 @@ static void plan_free(struct plan *pl) {
     free(pl->active); free(pl->count); free(pl->offset); free(pl->fill); free(pl->slot_token); free(pl->slot_w);
 }
 
-moetax_status moe_init(struct moe *b, const struct fw_step *s, int32_t k, struct moetax_store *store, bool prefetch) {
+moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_params *p) {
     const struct moetax_model *m = s->m;
     const struct moetax_hparams *hp = &m->hp;
     memset(b, 0, sizeof *b);
-    b->k = k;
-    b->store = store;
-    b->prefetch = prefetch;
+    const int64_t k = p->k;
+    b->k = p->k;
+    b->store = p->store;
+    b->prefetch = p->prefetch;
+    b->capacity_factor = p->capacity_factor;
+    b->reroute = p->reroute;
     b->n_threads = s->n_threads;
     const int64_t U = s->n_ubatch, d = hp->n_embd, E = max64(hp->n_expert, 1), F = max64(hp->n_ff_exp, 1);
     int64_t Fs = 1;
@@ -476,6 +584,11 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, int32_t k, struct
     A(b->pred_logits, E);
     A(b->pred_p, 2 * E);
     A(b->wk, s->n_threads);
+    A(b->cap_count, E);
+    A(b->cap_order, U * k);
+    A(b->cap_tot, U);
+    A(b->cap_p, 2 * E);
+    for (int64_t t = 0; !st && t < U; t++) b->cap_tot[t] = -1;
     if (!st && !plan_alloc(&b->plan, E, U * k)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     if (!st && !(b->pred_q = aligned_alloc(64, (moetax_act_size(MOETAX_TYPE_Q4_0, (d + 31) / 32 * 32, 1) + 63) / 64 * 64)))
         st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
@@ -503,6 +616,7 @@ void moe_free(struct moe *b) {
     free(b->router); free(b->sh_hid); free(b->sh_tmp); free(b->eh); free(b->eh_g); free(b->ydown);
     free(b->sel); free(b->selw); free(b->pred); free(b->pred_ok); free(b->hist_n);
     free(b->pred_x); free(b->pred_logits); free(b->pred_p); free(b->pred_q);
+    free(b->cap_count); free(b->cap_order); free(b->cap_tot); free(b->cap_p);
     plan_free(&b->plan);
     fw_act_free(&b->a_sh, false);
     fw_act_free(&b->a_exp, true);

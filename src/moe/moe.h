@@ -11,6 +11,7 @@ struct moetax_store;
 /* The dispatch plan of one MoE layer for the micro-batch. */
 struct plan {
     int32_t n_active;      /* experts with at least one row */
+    int32_t n_slots;       /* assignments planned (n * k less those a capacity factor dropped) */
     int32_t *active;       /* [E] expert ids, ascending */
     int32_t *count;        /* [E] rows per expert */
     int32_t *offset;       /* [E] first slot of each expert */
@@ -57,11 +58,25 @@ struct moe {
     bool *pred_ok;              /* [n_layer] */
     int64_t *hist_n;            /* [n_layer] tokens whose routing sel holds (the last micro-batch
                                  * that reached the layer; 0: none yet): recent-token history */
+    /* capacity factor (off when capacity_factor <= 0 or infinite): see apply_capacity */
+    float capacity_factor;
+    bool reroute;               /* overflow moved to the next-best expert with room, else dropped */
+    int32_t *cap_count;         /* [E] */
+    uint64_t *cap_order;        /* [U*k] */
+    float *cap_tot;             /* [U] (-1: untouched) */
+    float *cap_p;               /* [2E] */
     struct moe_worker *wk;      /* [n_threads] */
     int n_threads;
 };
 
-moetax_status moe_init(struct moe *b, const struct fw_step *s, int32_t k, struct moetax_store *store, bool prefetch);
+struct moe_params {
+    int32_t k;                  /* routed experts per token */
+    struct moetax_store *store; /* optional */
+    bool prefetch;
+    float capacity_factor;      /* <= 0 or inf: off */
+    bool reroute;
+};
+moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_params *p);
 void moe_free(struct moe *b);
 /* Worker 0 at the start of a step: no layer has a prediction yet. */
 void moe_step_begin(struct moe *b, const struct fw_step *s);

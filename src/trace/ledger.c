@@ -31,6 +31,7 @@ struct span {
 struct step_rec {
     int64_t step, tokens, pos;
     int64_t batch;  /* sequences decoded together */
+    struct moetax_ledger_moe_stats moe;
     bool prefill;
     double wall_s;
     double *phase;  /* [(n_layer + 1) * P]: row 0 = layer -1 */
@@ -39,6 +40,7 @@ struct step_rec {
 };
 
 struct agg {
+    struct moetax_ledger_moe_stats moe;
     int64_t steps, tokens;
     double wall_s;
     double *phase;  /* [(n_layer + 1) * P] */
@@ -54,6 +56,7 @@ struct moetax_ledger {
     uint64_t *span_count;    /* [W * 8]: spans written by worker w at [w * 8] (a cache line each) */
     uint64_t t_step;
     int64_t cur_tokens, cur_pos, cur_batch;
+    struct moetax_ledger_moe_stats cur_moe;
     bool cur_prefill;
     int64_t n_steps;
     /* window of step records */
@@ -190,11 +193,23 @@ void moetax_ledger_step_begin(struct moetax_ledger *l, int64_t tokens, int64_t p
     l->cur_pos = pos;
     l->cur_prefill = prefill;
     l->cur_batch = 1;
+    memset(&l->cur_moe, 0, sizeof l->cur_moe);
     l->r_base = l->r_tokens;
     l->t_step = moetax_ledger_now();
 }
 
+static void moe_add(struct moetax_ledger_moe_stats *a, const struct moetax_ledger_moe_stats *b) {
+    a->moe_layers += b->moe_layers;
+    a->experts += b->experts;
+    a->assignments += b->assignments;
+    a->dropped += b->dropped;
+    a->rerouted += b->rerouted;
+    a->expert_bytes += b->expert_bytes;
+    a->imbalance_sum += b->imbalance_sum;
+}
+
 static void agg_add(struct agg *a, const struct step_rec *r, int64_t rows, int W) {
+    moe_add(&a->moe, &r->moe);
     a->steps++;
     a->tokens += r->tokens;
     a->wall_s += r->wall_s;
@@ -206,6 +221,24 @@ void moetax_ledger_step_batch(struct moetax_ledger *l, int64_t n_seq) {
     if (l) l->cur_batch = n_seq;
 }
 
+void moetax_ledger_moe(struct moetax_ledger *l, int layer, int64_t experts, int64_t max_count, int64_t assignments,
+                       double expert_bytes, int64_t dropped, int64_t rerouted) {
+    if (!l || !l->enabled || layer < 0 || layer >= l->p.n_layer) return;
+    struct moetax_ledger_moe_stats *m = &l->cur_moe;
+    m->moe_layers++;
+    m->experts += experts;
+    m->assignments += assignments;
+    m->dropped += dropped;
+    m->rerouted += rerouted;
+    m->expert_bytes += expert_bytes;
+    /* most loaded expert / mean assignments per used expert: 1 when every used expert has as many */
+    m->imbalance_sum += experts > 0 && assignments > 0 ? (double)max_count * (double)experts / (double)assignments : 1.0;
+}
+
+void moetax_ledger_moe_totals(const struct moetax_ledger *l, bool decode_only, struct moetax_ledger_moe_stats *out) {
+    *out = (decode_only ? &l->dec : &l->all)->moe;
+}
+
 void moetax_ledger_step_end(struct moetax_ledger *l) {
     if (!l || !l->enabled) return;
     const int W = l->p.n_workers;
@@ -215,6 +248,7 @@ void moetax_ledger_step_end(struct moetax_ledger *l) {
     r->pos = l->cur_pos;
     r->prefill = l->cur_prefill;
     r->batch = l->cur_batch;
+    r->moe = l->cur_moe;
     r->wall_s = 1e-9 * (double)(moetax_ledger_now() - l->t_step);
     memset(r->phase, 0, sizeof(double) * (size_t)l->n_rows);
     for (int w = 0; w < W; w++) {
@@ -298,6 +332,7 @@ void moetax_ledger_reset(struct moetax_ledger *l) {
     for (int k = 0; k < 3; k++) {
         as[k]->steps = as[k]->tokens = 0;
         as[k]->wall_s = 0;
+        memset(&as[k]->moe, 0, sizeof as[k]->moe);
         memset(as[k]->phase, 0, sizeof(double) * (size_t)l->n_rows);
         memset(as[k]->busy, 0, sizeof(double) * (size_t)W);
         memset(as[k]->wait, 0, sizeof(double) * (size_t)W);
@@ -340,6 +375,14 @@ static void json_vec(FILE *f, const char *name, const double *v, int n) {
     fputc(']', f);
 }
 
+/* , "moe": {...}: a step's (or a sum of steps') MoE batch figures */
+static void json_moe(FILE *f, const struct moetax_ledger_moe_stats *m) {
+    fprintf(f, ", \"moe\": {\"layers\": %lld, \"experts\": %lld, \"assignments\": %lld, \"expert_bytes\": %.17g, "
+            "\"imbalance_sum\": %.9g, \"dropped\": %lld, \"rerouted\": %lld}",
+            (long long)m->moe_layers, (long long)m->experts, (long long)m->assignments, m->expert_bytes,
+            m->imbalance_sum, (long long)m->dropped, (long long)m->rerouted);
+}
+
 static void json_agg(FILE *f, const struct moetax_ledger *l, const struct agg *a) {
     fprintf(f, "{\"steps\": %lld, \"tokens\": %lld, \"wall_s\": %.9g, \"phase_s\": ", (long long)a->steps,
             (long long)a->tokens, a->wall_s);
@@ -350,6 +393,7 @@ static void json_agg(FILE *f, const struct moetax_ledger *l, const struct agg *a
     json_vec(f, "worker_busy_s", a->busy, l->p.n_workers);
     fputs(", ", f);
     json_vec(f, "worker_wait_s", a->wait, l->p.n_workers);
+    if (a->moe.moe_layers) json_moe(f, &a->moe);
     fputc('}', f);
 }
 
@@ -396,6 +440,7 @@ moetax_status moetax_ledger_write_json(const struct moetax_ledger *l, const stru
         json_vec(f, "worker_busy_s", r->busy, l->p.n_workers);
         fputs(", ", f);
         json_vec(f, "worker_wait_s", r->wait, l->p.n_workers);
+        if (r->moe.moe_layers) json_moe(f, &r->moe);
         fputc('}', f);
     }
     fputs("],\n \"totals\": ", f);
