@@ -13,4 +13,20 @@ int bench_io_main(int argc, char **argv);      /* bench_io.c: read GB/s per requ
 #include <stdint.h>
 double bench_io_measure(const char *file, uint64_t req, int qd, bool random, bool buffered, double seconds);   /* bench_model.c: prefill/decode like llama-bench */
 
+
+/* bench_batch.c: B sequences decoding together (--batch LIST) */
+#include "moetax/model.h"
+struct moetax_pool;
+struct bench_batch_opts {
+    int64_t batch[16];
+    int n_batch;
+    int64_t n_prompt, n_gen, reps;
+    bool json, no_mmap;
+    int experts_used;
+    float capacity_factor;
+    enum moetax_overflow overflow;
+};
+moetax_status bench_batch_run(const char *path, struct moetax_pool *pool, double read_gbps,
+                              const struct bench_batch_opts *o);
+
 #endif

@@ -20,6 +20,7 @@
 #include "ledger_cli.h"
 #include "store_cli.h"
 #include "moetax/gguf.h"
+#include "moetax/kvcache.h"
 #include "moetax/membw.h"
 #include "moetax/model.h"
 #include "moetax/pool.h"
@@ -44,6 +45,14 @@ static void usage(FILE *f) {
                "  --experts-used K  route each token to K experts instead of the file's count (run-time\n"
                "                 top-k; active bytes count K; see 'moetax perplexity --experts-used' for quality)\n"
                "  --twin FILE    also run the dense twin (moetax gen --dense-twin-of) and compare\n"
+               "  --batch LIST   instead of ppN/tgN: B sequences decode together for each B (e.g. 1,2,4,8,16),\n"
+               "                 each with its own prompt of -p tokens (prefilled first, together), then -n steps\n"
+               "                 of one token per sequence, like llama-batched-bench; per B: aggregate t/s, TPOT\n"
+               "                 p50/p99 per sequence, distinct experts read per step, expert bytes per token,\n"
+               "                 load imbalance, wait and tax share, and the step's bandwidth ratio (the bytes it\n"
+               "                 read over the read bandwidth measured just before each repetition)\n"
+               "  --capacity-factor C  with --batch: each expert takes at most ceil(C x tokens x k / E)\n"
+               "                 assignments per step (off by default); --overflow drop|reroute (default drop)\n"
                "  --expert-budget LIST  also run decode with the routed experts behind an expert store of\n"
                "                 each budget (e.g. 100%%,50%%,25%%,10%% of the experts, or sizes like 512M); each\n"
                "                 budget's lines give hit rate against Belady's (per acquire, and per expert use\n"
@@ -359,6 +368,8 @@ static const char *budget_path(char *buf, size_t cap, const char *path, const ch
  * (one per budget too), the twin, and test lengths beyond the model's trained context. */
 static moetax_status bench_check_upfront(const char *model, const char *twin, const struct opts *o) {
     moetax_status st = cli_store_check_budgets(o->so.budgets, true);
+    if (!st && o->json && o->lo.metrics)
+        st = moetax_error(MOETAX_ERR_ARG, "--json and --metrics both print on stdout: use one");
     const char *outs[2] = {o->lo.json_path, o->lo.trace_path};
     if (!st) st = cli_check_outputs(outs, 2);
     if (!st && o->so.budgets && (o->lo.json_path || o->lo.trace_path)) {
@@ -401,6 +412,7 @@ int bench_model_main(int argc, char **argv) {
     struct opts o = {.pp = {64}, .tg = {32}, .npp = 1, .ntg = 1, .reps = 5, .mem = true};
     int64_t th[16] = {0};
     int nth = 0;
+    struct bench_batch_opts bo = {.overflow = MOETAX_OVERFLOW_DROP};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;
@@ -423,10 +435,51 @@ int bench_model_main(int argc, char **argv) {
                 return cli_usage_error("bench", "--experts-used needs a count in 1..256");
             o.so.n_expert_used = o.lo.n_expert_used = o.experts_used;
         }
+        else if (cli_opt(argc, argv, &i, NULL, "--batch", &v, &err)) {
+            if (err || (bo.n_batch = cli_parse_int_list(v, bo.batch, 16)) <= 0)
+                return cli_usage_error("bench", "--batch: expected a list like 1,2,4,8,16");
+            for (int j = 0; j < bo.n_batch; j++)
+                if (bo.batch[j] < 1 || bo.batch[j] > MOETAX_KV_SEQ_MAX_DEFAULT * 16)
+                    return cli_usage_error("bench", "--batch: %lld sequences: expected 1..%d", (long long)bo.batch[j],
+                                           MOETAX_KV_SEQ_MAX_DEFAULT * 16);
+        } else if (cli_opt(argc, argv, &i, NULL, "--capacity-factor", &v, &err)) {
+            char *end = NULL;
+            double cf = err ? -1 : strtod(v, &end);
+            if (err || !end || *end || !(cf > 0)) return cli_usage_error("bench", "--capacity-factor: expected a number > 0 (inf: off)");
+            bo.capacity_factor = (float)cf;
+        } else if (cli_opt(argc, argv, &i, NULL, "--overflow", &v, &err)) {
+            if (err || (strcmp(v, "drop") && strcmp(v, "reroute")))
+                return cli_usage_error("bench", "--overflow: expected drop or reroute");
+            bo.overflow = strcmp(v, "drop") ? MOETAX_OVERFLOW_REROUTE : MOETAX_OVERFLOW_DROP;
+        }
         else if (cli_ledger_opt(argc, argv, &i, &o.lo, &err)) { if (err) return 2; }
         else if (cli_store_opt(argc, argv, &i, &o.so, &err)) { if (err) return 2; }
         else return cli_usage_error("bench", "unknown option '%s'", argv[i]);
     }
+    if (bo.n_batch) { /* B sequences together: its own table */
+        if (!model) return cli_usage_error("bench", "no model given (-m FILE)");
+        if (twin || o.so.budgets || o.lo.json_path || o.lo.trace_path || o.lo.metrics)
+            return cli_usage_error("bench", "--batch does not combine with --twin, --expert-budget, --ledger, --trace "
+                                            "or --metrics yet");
+        bo.n_prompt = o.npp > 0 ? o.pp[0] : 0;
+        bo.n_gen = o.ntg > 0 && o.tg[0] > 0 ? o.tg[0] : 32;
+        bo.reps = o.reps;
+        bo.json = o.json;
+        bo.no_mmap = o.no_mmap;
+        bo.experts_used = o.experts_used;
+        moetax_status st = MOETAX_OK;
+        for (int ti = 0; ti < (nth ? nth : 1) && !st; ti++) {
+            struct moetax_pool *pool;
+            struct moetax_pool_params pp = {.n_threads = nth ? (int)th[ti] : 0};
+            if ((st = moetax_pool_init(&pp, &pool))) break;
+            double read_gbps = 0;
+            if (o.mem) st = moetax_membw_read(pool, (size_t)512 << 20, 5, &read_gbps);
+            if (!st) st = bench_batch_run(model, pool, o.mem ? read_gbps : 0, &bo);
+            moetax_pool_free(pool);
+        }
+        return st ? cli_fail("bench", st) : 0;
+    }
+    if (bo.capacity_factor > 0) return cli_usage_error("bench", "--capacity-factor applies to --batch runs");
     if (!model) return cli_usage_error("bench", "no model given (-m FILE); for the machine alone see 'moetax bench mem'");
     /* a 0 in a list means "none of this kind" */
     int k = 0;
