@@ -12,6 +12,7 @@
 #include "moetax/tokenizer.h"
 #include "ledger_cli.h"
 #include "store_cli.h"
+#include "run_parallel.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -22,7 +23,10 @@ static void usage(FILE *f) {
             "DeepSeek-style MoE trained on Python source: see models/README.md).\n\n"
             "  -m, --model FILE     GGUF model\n"
             "  -p, --prompt TEXT    prompt (default: \"def main(\")\n"
-            "  -f, --file FILE      read the prompt from a file\n"
+            "  -f, --file FILE      read the prompt from a file (with --parallel: one prompt per line)\n"
+            "  --parallel N         decode the prompts of -f N at a time in one context (continuous batching:\n"
+            "                       a sequence that ends frees its slot for the next prompt); each completion is\n"
+            "                       printed when it ends, then the aggregate speed and the batch's ledger\n"
             "  -n, --n-predict N    tokens to generate (default 64)\n"
             "  -t, --threads N      threads (default: online CPUs)\n"
             "  -c, --ctx N          context size / KV cache positions (default: min(model, 4096))\n"
@@ -59,7 +63,7 @@ static int cmp_f64(const void *a, const void *b) {
 
 int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *pfile = NULL;
-    int64_t n_predict = 64, n_threads = 0, n_ctx = 0;
+    int64_t n_predict = 64, n_threads = 0, n_ctx = 0, parallel = 0;
     struct moetax_model_params mp = {0};
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool ignore_eos = false, echo = true, json = false;
@@ -87,6 +91,7 @@ int cmd_run(int argc, char **argv) {
         INT_OPT("-n", "--n-predict", n_predict, 0, 1 << 24)
         INT_OPT("-t", "--threads", n_threads, 1, 512)
         INT_OPT("-c", "--ctx", n_ctx, 1, 1 << 24)
+        INT_OPT(NULL, "--parallel", parallel, 1, 4096)
         INT_OPT(NULL, "--top-k", sp.top_k, 0, 1 << 30)
         INT_OPT(NULL, "--repeat-last-n", sp.repeat_last_n, 0, 1 << 20)
         INT_OPT("-s", "--seed", sp.seed, 0, INT64_MAX)
@@ -127,6 +132,18 @@ int cmd_run(int argc, char **argv) {
     if (!model) {
         model = cli_default_model_path();
         if ((st = check_default_model(model))) { free(text); return cli_fail("run", st); }
+    }
+    if (parallel) {
+        if (!pfile) { free(text); return cli_usage_error("run", "--parallel needs -f FILE with one prompt per line"); }
+        if (so.budgets) { free(text); return cli_usage_error("run", "--parallel does not combine with --expert-budget yet"); }
+        struct run_parallel_opts po = {.model = model, .prompts_path = pfile, .parallel = (int)parallel,
+                                       .n_predict = n_predict, .n_threads = n_threads, .n_ctx = n_ctx,
+                                       .experts_used = k_ctx, .no_mmap = mp.no_mmap, .ignore_eos = ignore_eos,
+                                       .echo = echo, .json = json, .sampler = sp, .lo = &lo};
+        lo.n_expert_used = k_ctx;
+        st = run_parallel(&po, text);
+        free(text);
+        return st ? cli_fail("run", st) : 0;
     }
     struct moetax_model *m = NULL;
     struct moetax_tokenizer *tok = NULL;
