@@ -444,7 +444,8 @@ int bench_model_main(int argc, char **argv) {
                                            MOETAX_KV_SEQ_MAX_DEFAULT * 16);
         } else if (cli_opt(argc, argv, &i, NULL, "--capacity-factor", &v, &err)) {
             char *end = NULL;
-            double cf = err ? -1 : strtod(v, &end);
+            double cf = err ? -1 : !strcmp(v, "inf") ? INFINITY : strtod(v, &end);
+            if (cf == INFINITY) end = (char *)"";
             if (err || !end || *end || !(cf > 0)) return cli_usage_error("bench", "--capacity-factor: expected a number > 0 (inf: off)");
             bo.capacity_factor = (float)cf;
         } else if (cli_opt(argc, argv, &i, NULL, "--overflow", &v, &err)) {

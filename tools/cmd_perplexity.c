@@ -20,17 +20,25 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "moetax/ledger.h"
 #include "moetax/model.h"
 #include "moetax/tokenizer.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax perplexity [-m FILE] -f TEXT|DIR [-c N] [--stride N] [-t N] [--max-files N]\n"
-               "                         [--experts-used K] [--per-file] [--json] [--no-mmap]\n\n"
+               "                         [--experts-used K] [--capacity-factor C [--overflow drop|reroute]]\n"
+               "                         [--ubatch N] [--per-file] [--json] [--no-mmap]\n\n"
                "Perplexity of the model over a text file, or over every regular file of a folder (sorted by\n"
                "name; hidden files skipped), each file a document that starts with BOS. Tokens are scored by a\n"
                "sliding window: windows of -c tokens (default: the model's context length, at most 512) every\n"
                "--stride tokens (default c/2), each from an empty cache, each token scored once.\n"
                "  --experts-used K  route each token to K experts instead of the file's count (run-time top-k)\n"
+               "  --capacity-factor C  each expert takes at most ceil(C x tokens x k / E) assignments of a\n"
+               "               micro-batch (--ubatch tokens, default 64), the highest routing weights first; the\n"
+               "               rest are dropped (--overflow drop, the default) or moved to the token's next-best\n"
+               "               expert with room (--overflow reroute); the share of assignments dropped and moved\n"
+               "               is printed. With --ubatch B it measures the quality cost of capping a step of B tokens\n"
+               "  --ubatch N   tokens per micro-batch (default 64)\n"
                "  --per-file   print each file's token count and perplexity\n"
                "  --no-mmap    copy the weights into private memory of 2 MiB pages (see 'moetax bench')\n"
                "  --json       print the result as one JSON object on stdout\n"
@@ -139,6 +147,10 @@ int cmd_perplexity(int argc, char **argv) {
     struct moetax_model_params mp = {0};
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool per_file = false, json = false;
+    double capf = 0;
+    int64_t ubatch = 0;
+    enum moetax_overflow overflow = MOETAX_OVERFLOW_DROP;
+    struct moetax_ledger *led = NULL;
     uint64_t max_input = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -158,6 +170,17 @@ int cmd_perplexity(int argc, char **argv) {
         } else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
             if (err || !cli_parse_experts_used(v, &k_ctx))
                 return cli_usage_error("perplexity", "--experts-used needs a count in 1..256");
+        } else if (cli_opt(argc, argv, &i, NULL, "--capacity-factor", &v, &err)) {
+            if (!err && !strcmp(v, "inf")) capf = INFINITY;
+            else if (err || !cli_parse_f64(v, &capf) || !(capf > 0))
+                return cli_usage_error("perplexity", "--capacity-factor needs a number > 0 (inf: off)");
+        } else if (cli_opt(argc, argv, &i, NULL, "--overflow", &v, &err)) {
+            if (err || (strcmp(v, "drop") && strcmp(v, "reroute")))
+                return cli_usage_error("perplexity", "--overflow: expected drop or reroute");
+            overflow = strcmp(v, "drop") ? MOETAX_OVERFLOW_REROUTE : MOETAX_OVERFLOW_DROP;
+        } else if (cli_opt(argc, argv, &i, NULL, "--ubatch", &v, &err)) {
+            if (err || !cli_parse_i64(v, &ubatch) || ubatch < 1 || ubatch > 4096)
+                return cli_usage_error("perplexity", "--ubatch needs a count in 1..4096");
         } else if (!strcmp(argv[i], "--per-file")) per_file = true;
         else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
         else if (!strcmp(argv[i], "--json")) json = true;
@@ -221,8 +244,14 @@ int cmd_perplexity(int argc, char **argv) {
         else to_score += (uint64_t)(n - 1);
     }
     if (to_score == 0) { st = moetax_error(MOETAX_ERR_ARG, "%s: no file has two or more tokens to score", input); goto done; }
-    struct moetax_ctx_params cp = {.n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx};
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx,
+                                   .capacity_factor = (float)capf, .overflow = overflow, .n_ubatch = (int32_t)ubatch};
     if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
+    if (capf > 0) { /* the ledger counts what the capacity factor dropped and moved */
+        struct moetax_ledger_params lp = {.n_workers = moetax_ctx_n_threads(c), .n_layer = m->hp.n_layer};
+        if ((st = moetax_ledger_init(&lp, &led))) goto done;
+        moetax_ctx_set_ledger(c, led);
+    }
     logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab * (size_t)ctx);
     if (!logits) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory for %lld x %d logits", (long long)ctx, (int)m->hp.n_vocab); goto done; }
     if (!json)
@@ -257,8 +286,14 @@ int cmd_perplexity(int argc, char **argv) {
                               input, mean, (long long)total.n);
             goto done;
         }
+        struct moetax_ledger_moe_stats ms = {0};
+        if (led) moetax_ledger_moe_totals(led, false, &ms);
+        const double n_asg = (double)(ms.assignments + ms.dropped);
+        const double drop_share = n_asg > 0 ? (double)ms.dropped / n_asg : 0, move_share = n_asg > 0 ? (double)ms.rerouted / n_asg : 0;
         if (json) {
-            json_t *o = cli_jobj("ooiiIIIiiooooo", "model",
+            json_t *o = cli_jobj("ooooooiiIIIiiooooo", "capacity_factor", capf > 0 && isfinite(capf) ? cli_jnum(capf) : json_null(),
+                                  "overflow", cli_jstr(overflow == MOETAX_OVERFLOW_REROUTE ? "reroute" : "drop"),
+                                  "dropped_share", cli_jnum(drop_share), "rerouted_share", cli_jnum(move_share), "model",
                                   cli_jstr(model), "input", cli_jstr(input), "files", n_files - n_empty,
                                   "files_skipped", n_empty, "tokens", (json_int_t)total.n, "ctx", (json_int_t)ctx,
                                   "stride", (json_int_t)stride, "threads", moetax_ctx_n_threads(c), "experts_used",
@@ -270,6 +305,10 @@ int cmd_perplexity(int argc, char **argv) {
             printf("scored %lld tokens in %.1f s (%.0f tokens evaluated/s)\n", (long long)total.n, secs,
                    (double)total.evald / (secs > 0 ? secs : 1));
             printf("Final estimate: PPL = %.4f +/- %.4f\n", ppl, ppl * se);
+            if (led)
+                printf("capacity factor %g (%s, micro-batches of %lld tokens): %.2f%% of the assignments dropped, "
+                       "%.2f%% rerouted\n", capf, overflow == MOETAX_OVERFLOW_REROUTE ? "reroute" : "drop",
+                       (long long)moetax_ctx_n_ubatch(c), 100 * drop_share, 100 * move_share);
         }
     }
 done:
@@ -281,6 +320,7 @@ done:
     free(files);
     free(logits);
     moetax_ctx_free(c);
+    moetax_ledger_free(led);
     moetax_tokenizer_free(tok);
     moetax_model_free(m);
     if (st) return cli_fail("perplexity", st);

@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+# ctest-labels: unit;model
+"""test_batch_cli.py - many sequences from the command line: run --parallel gives
+each prompt the greedy completion it gets alone (continuous batching with fewer
+slots than prompts), bench --batch rows (the batch tax fields and their bounds),
+the capacity factor in bench and perplexity, and clear errors for bad options.
+
+usage: test_batch_cli.py MOETAX_BIN WORKDIR
+"""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_MODEL = os.path.join(ROOT, "models", "pycode-20m-q8_0.gguf")
+
+
+def run(args, **kw):
+    return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=600, **kw)
+
+
+def completions(out):
+    """'--- [i] ...' blocks of run --parallel: {i: text}"""
+    res = {}
+    for block in out.split("--- [")[1:]:
+        head, _, text = block.partition("\n")
+        res[int(head.split("]")[0])] = text.rstrip("\n")
+    return res
+
+
+def main():
+    mt, work = sys.argv[1], sys.argv[2]
+    os.makedirs(work, exist_ok=True)
+
+    # run --parallel: 5 prompts, 2 slots, greedy: each completion is the one run alone gives
+    prompts = ["def main(", "class Foo(object):", "import os", "for i in range(", "def __init__(self"]
+    pf = os.path.join(work, "batch_prompts.txt")
+    with open(pf, "w") as f:
+        f.write("\n".join(prompts[:3]) + "\n\n" + "\n".join(prompts[3:]) + "\r\n")  # an empty line, a CRLF
+    r = run([mt, "run", "-m", DEFAULT_MODEL, "--parallel", "2", "-f", pf, "-n", "20", "--temp", "0", "-t", "2"])
+    check(r.returncode == 0, f"run --parallel: rc {r.returncode}: {r.stderr[-400:]}")
+    got = completions(r.stdout)
+    check(sorted(got) == list(range(5)), f"run --parallel: completions {sorted(got)}")
+    check("up to 2 sequences at once" in r.stderr, "run --parallel: statistics on stderr")
+    for i, p in enumerate(prompts):
+        one = run([mt, "run", "-m", DEFAULT_MODEL, "-p", p, "-n", "20", "--temp", "0", "-t", "2"])
+        check(one.returncode == 0 and got.get(i) == one.stdout.rstrip("\n"),
+              f"run --parallel: prompt {i} {p!r} differs from it alone: {got.get(i)!r} vs {one.stdout!r}")
+    r = run([mt, "run", "-m", DEFAULT_MODEL, "--parallel", "3", "-f", pf, "-n", "8", "--json"])
+    lines = [x for x in r.stdout.splitlines() if x.strip()]
+    check(r.returncode == 0 and len(lines) == 1, f"run --parallel --json: stdout is one JSON line ({len(lines)})")
+    if lines:
+        o = json.loads(lines[0])
+        check(o["prompts"] == 5 and o["parallel"] == 3 and o["generated_tokens"] == 40, f"run --parallel --json: {o}")
+
+    # bench --batch on a tiny model: the rows and their bounds
+    tiny = os.path.join(work, "batch_cli_tiny.gguf")
+    r = run([mt, "gen", "--preset", "tiny-v3", "--type", "q8_0", "-o", tiny])
+    check(r.returncode == 0, f"gen: {r.stderr}")
+    E, k = 8, 2
+    r = run([mt, "bench", "-m", tiny, "--batch", "1,4,8", "-p", "6", "-n", "6", "-r", "2", "-t", "2", "--json",
+             "--no-mem"])
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    check(r.returncode == 0 and [o.get("batch") for o in rows] == [1, 4, 8], f"bench --batch: rc {r.returncode}, "
+          f"{r.stderr[-300:]}, batches {[o.get('batch') for o in rows]}")
+    for o in rows:
+        for key in ("tokens_per_s", "tpot_p50_ms", "tpot_p99_ms", "unique_experts_per_step", "expert_bytes_per_token",
+                    "imbalance", "tax_share", "wait_share"):
+            check(isinstance(o.get(key), (int, float)), f"bench --batch B={o.get('batch')}: {key} = {o.get(key)}")
+        u = o["unique_experts_per_layer"]
+        check(min(k * o["batch"], E) >= u >= k - 1e-9, f"B={o['batch']}: {u} distinct experts per layer")
+        check(o["imbalance"] >= 1 - 1e-9, f"B={o['batch']}: imbalance {o['imbalance']}")
+        check(o["dropped"] == 0 and o["rerouted"] == 0, f"B={o['batch']}: nothing dropped without a capacity factor")
+    if len(rows) == 3:
+        check(abs(rows[0]["unique_experts_per_layer"] - k) < 1e-9, "B=1 reads exactly k experts per layer")
+        check(rows[2]["expert_bytes_per_token"] < rows[0]["expert_bytes_per_token"],
+              "a batch of 8 reads fewer expert bytes per token than one sequence")
+    r = run([mt, "bench", "-m", tiny, "--batch", "8", "-p", "4", "-n", "6", "-r", "1", "--json", "--no-mem",
+             "--capacity-factor", "1"])
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    check(r.returncode == 0 and len(rows) == 1 and rows[0]["dropped"] > 0 and rows[0]["capacity_factor_on"],
+          f"bench --batch 8 --capacity-factor 1 drops assignments: {rows}")
+
+    # perplexity with a capacity factor: inf is off, 1.0 drops and says so
+    txt = os.path.join(work, "batch_cli_text.txt")
+    with open(txt, "w") as f:
+        f.write("def f(x):\n    return x + 1\n" * 20)
+    ppl = {}
+    for cf in (None, "inf", "1"):
+        args = [mt, "perplexity", "-m", DEFAULT_MODEL, "-f", txt, "--json", "-c", "128"]
+        if cf:
+            args += ["--capacity-factor", cf, "--ubatch", "16"]
+        r = run(args)
+        check(r.returncode == 0, f"perplexity --capacity-factor {cf}: {r.stderr[-300:]}")
+        if r.returncode == 0:
+            ppl[cf] = json.loads(r.stdout)
+    if len(ppl) == 3:
+        check(ppl["inf"]["ppl"] == ppl[None]["ppl"] and ppl["inf"]["dropped_share"] == 0,
+              f"capacity factor inf = off: {ppl['inf']['ppl']} vs {ppl[None]['ppl']}")
+        check(ppl["1"]["dropped_share"] > 0, f"capacity factor 1 drops: {ppl['1']}")
+
+    # bad options: clear errors, exit 2
+    for args, want in ((["run", "--parallel", "2", "-p", "x"], "--parallel needs -f"),
+                       (["bench", "-m", tiny, "--batch", "0"], "--batch"),
+                       (["bench", "-m", tiny, "--batch", "2", "--capacity-factor", "-1"], "--capacity-factor"),
+                       (["bench", "-m", tiny, "--capacity-factor", "1"], "--capacity-factor applies to --batch"),
+                       (["perplexity", "-f", txt, "--overflow", "sideways"], "--overflow")):
+        r = run([mt] + args)
+        check(r.returncode == 2 and want in r.stderr, f"{' '.join(args)}: rc {r.returncode}, {r.stderr.strip()}")
+    return summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
