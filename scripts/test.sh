@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build, run CTest (Release),
 # the unit tests again under AddressSanitizer+UndefinedBehaviorSanitizer and the
-# threaded ones under ThreadSanitizer, and the GGUF fuzzer briefly.
+# threaded ones under ThreadSanitizer, and the GGUF and model-loader fuzzers briefly.
 # MOETAX_SLOW=1 also runs the tests labelled 'slow'.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,22 +28,16 @@ stage "ctest unit (asan+ubsan)" ctest --test-dir build-asan --output-on-failure 
 stage "build (tsan)" build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETAX_SANITIZE=thread
 stage "ctest threads (tsan)" ctest --test-dir build-tsan --output-on-failure -L threads
 
-fuzz() {
+fuzz() { # the GGUF reader and the model loader (hyper-parameters, tensors, tokenizer), the time split between them
   build build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DMOETAX_FUZZ=ON \
       -DMOETAX_SANITIZE=fuzzer-no-link,address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo || return 1
-  local corpus=build-fuzz/corpus
-  mkdir -p "$corpus"
-  for preset in tiny tiny-v3; do
-    for t in f32 q8_0 q4_0; do
-      ./build/moetax gen --preset $preset --type $t --vocab 260 --layers 2 --embd 32 --ff 32 --expert-ff 32 \
-          -o "$corpus/$preset-$t.gguf" 2>/dev/null || return 1
-    done
-  done
-  ./build-fuzz/tests/fuzz_gguf -max_total_time="${MOETAX_FUZZ_SECONDS:-60}" -max_len=65536 -rss_limit_mb=2048 \
-      -print_final_stats=1 "$corpus" 2>&1 | tail -5
-  test "${PIPESTATUS[0]}" -eq 0
+  local half=$(( ${MOETAX_FUZZ_SECONDS:-60} / 2 ))
+  tests/fuzz_run.sh build-fuzz/tests/fuzz_gguf ./build/moetax build-fuzz/corpus "$half" 65536 || return 1
+  tests/fuzz_run.sh build-fuzz/tests/fuzz_model ./build/moetax build-fuzz/corpus-model "$half" 131072 || return 1
+  [ "${MOETAX_SLOW:-0}" = 1 ] || return 0
+  ctest --test-dir build-fuzz --output-on-failure -L slow -R '^fuzz_'
 }
-stage "fuzz gguf reader" fuzz
+stage "fuzz gguf reader and model loader" fuzz
 
 echo
 [ $failed -eq 0 ] || echo "failed stages: ${failed_names[*]}"

@@ -626,7 +626,9 @@ moetax_status moetax_model_load(const char *path, struct moetax_model **out) {
     return moetax_model_load_ex(path, NULL, out);
 }
 
-moetax_status moetax_model_load_ex(const char *path, const struct moetax_model_params *p, struct moetax_model **out) {
+/* Open the file (path) or parse the buffer (buf, size: moetax_model_load_memory), then bind. */
+static moetax_status load(const char *path, const void *buf, size_t size, const struct moetax_model_params *p,
+                          struct moetax_model **out) {
     *out = NULL;
     struct moetax_model *m = calloc(1, sizeof *m);
     if (!m) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
@@ -635,7 +637,10 @@ moetax_status moetax_model_load_ex(const char *path, const struct moetax_model_p
         pthread_mutex_init(&((struct owned *)m->owned)->mu, NULL);
         ((struct owned *)m->owned)->copy_all = p && p->no_mmap;
     }
-    moetax_status st = m->owned ? moetax_gguf_open(path, &m->gguf) : moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    moetax_status st = !m->owned ? moetax_error(MOETAX_ERR_NOMEM, "out of memory")
+                       : path    ? moetax_gguf_open(path, &m->gguf)
+                                 : moetax_gguf_open_memory(buf, size, &m->gguf);
+    if (!st) path = m->gguf->path;
     if (!st) st = load_hparams(m);
     if (!st) {
         const struct moetax_gguf_tensor *te = moetax_gguf_find_tensor(m->gguf, "token_embd.weight");
@@ -661,6 +666,19 @@ moetax_status moetax_model_load_ex(const char *path, const struct moetax_model_p
     }
     *out = m;
     return MOETAX_OK;
+}
+
+moetax_status moetax_model_load_ex(const char *path, const struct moetax_model_params *p, struct moetax_model **out) {
+    if (!path) {
+        *out = NULL;
+        return moetax_error(MOETAX_ERR_ARG, "no model file given");
+    }
+    return load(path, NULL, 0, p, out);
+}
+
+moetax_status moetax_model_load_memory(const void *buf, size_t size, const struct moetax_model_params *p,
+                                       struct moetax_model **out) {
+    return load(NULL, buf, size, p, out);
 }
 
 moetax_status moetax_model_weight_pages(const struct moetax_model *m, uint64_t *resident, uint64_t *huge) {
