@@ -179,8 +179,10 @@ def expect_refused(mt, path, needle, what, load_only=True):
             check(needle in r.stderr, f"{w}: message does not name '{needle}': {r.stderr.strip()[-400:]}")
 
 
-def eval_logits(mt, path, out):
-    r = run([mt, "eval", "-m", path, "--tokens", "1,2,3,4", "-t", "1", "-o", out])
+def eval_logits(mt, path, out, ref_kernels=False):
+    env = dict(os.environ, MOETAX_FORCE_REF="1") if ref_kernels else None
+    r = subprocess.run([mt, "eval", "-m", path, "--tokens", "1,2,3,4", "-t", "1", "-o", out], capture_output=True,
+                       text=True, errors="replace", timeout=300, env=env)
     sane(r, f"eval {path}")
     check(r.returncode == 0, f"eval {os.path.basename(path)}: rc {r.returncode}: {r.stderr.strip()[-600:]}")
     return open(out, "rb").read() if r.returncode == 0 and os.path.exists(out) else None
@@ -272,6 +274,10 @@ def main():
         check(g.get("general.alignment") == 1, "align1 file written with alignment 1")
         got = eval_logits(mt, p, os.path.join(work, "align1.f32"))
         check(ref is not None and got == ref, f"alignment 1, odd offsets ({key}): logits differ from the original")
+        # the scalar reference kernels too (MOETAX_FORCE_REF=1), which read blocks through typed pointers
+        ref_r = eval_logits(mt, base[key], os.path.join(work, "ref_r.f32"), ref_kernels=True)
+        got_r = eval_logits(mt, p, os.path.join(work, "align1_r.f32"), ref_kernels=True)
+        check(ref_r is not None and got_r == ref_r, f"alignment 1 ({key}), reference kernels: logits differ")
         for name, args in commands(mt, p).items():
             r = run(args)
             sane(r, f"align1 {key}: {name}")
