@@ -420,6 +420,59 @@ static void test_trace(void) {
 
 /* ---- the real ledger: JSON and trace give the same report --------------------------- */
 
+/* The batch tax: steps written by the ledger with batch sizes and MoE figures come back
+ * from the report grouped by batch size (decode steps only), with exact sums. */
+static void test_batches(void) {
+    struct moetax_ledger_params lp = {.n_workers = 2, .n_layer = 3, .window = 64};
+    struct moetax_ledger *l = NULL;
+    CHECK(moetax_ledger_init(&lp, &l) == MOETAX_OK);
+    if (!l) return;
+    const int bs[5] = {4, 1, 4, 2, 4}; /* plus a prefill step of 8 tokens, not counted */
+    for (int step = 0; step < 6; step++) {
+        const int B = step < 5 ? bs[step] : 1;
+        moetax_ledger_step_begin(l, step < 5 ? B : 8, 10 + step, step == 5);
+        moetax_ledger_step_batch(l, B);
+        uint64_t t = 1000;
+        for (int w = 0; w < 2; w++) {
+            moetax_ledger_span(l, w, MOETAX_PHASE_EXPERT, 1, t, t + 3000);
+            moetax_ledger_span(l, w, MOETAX_PHASE_WAIT, 1, t + 3000, t + 4000);
+        }
+        for (int layer = 1; layer < 3; layer++) /* layer 0 dense */
+            moetax_ledger_moe(l, layer, 2 * B, B, 2 * B + 1, 1000.0 * B, step == 4 ? 1 : 0, 0);
+        moetax_ledger_step_end(l);
+    }
+    struct moetax_ledger_meta meta = {.model = "batches", .n_expert = 8, .n_expert_used = 2};
+    const char *lj = tu_path("report_batches.json");
+    CHECK(moetax_ledger_write_json(l, &meta, lj) == MOETAX_OK);
+    struct moetax_ledger_moe_stats ms;
+    moetax_ledger_moe_totals(l, true, &ms);
+    CHECK_EQ_INT(ms.moe_layers, 10);
+    CHECK_EQ_INT(ms.dropped, 2);
+    moetax_ledger_free(l);
+    struct moetax_report *r = NULL;
+    CHECK(moetax_report_load(lj, NULL, &r) == MOETAX_OK);
+    if (!r) return;
+    CHECK_EQ_INT(r->n_batches, 3);
+    if (r->n_batches == 3) {
+        const struct moetax_report_batch *b1 = &r->batches[0], *b2 = &r->batches[1], *b4 = &r->batches[2];
+        CHECK_EQ_INT(b1->batch, 1);
+        CHECK_EQ_INT(b2->batch, 2);
+        CHECK_EQ_INT(b4->batch, 4);
+        CHECK_EQ_INT(b4->steps, 3);
+        CHECK_EQ_INT(b4->tokens, 12);
+        CHECK_EQ_INT(b4->moe_layers, 6);
+        CHECK_EQ_INT(b4->experts, 6 * 8);
+        CHECK_EQ_INT(b4->assignments, 6 * 9);
+        CHECK_EQ_INT(b4->dropped, 2);
+        CHECK_NEAR(b4->expert_bytes, 6 * 4000.0);
+        CHECK_NEAR(b4->imbalance_sum, 6 * (4.0 * 8 / 9));
+        CHECK_NEAR(b4->wait_s / b4->phase_s, 0.25);
+        CHECK_EQ_INT(b1->steps, 1); /* the prefill step is not a batch-1 decode step */
+        CHECK_NEAR(b1->imbalance_sum, 2 * (1.0 * 2 / 3));
+    }
+    moetax_report_free(r);
+}
+
 static void test_ledger_roundtrip(void) {
     struct moetax_ledger_params lp = {.n_workers = 3, .n_layer = 4, .window = 64, .trace_cap = 100000,
                                       .routing_window = 0, .n_expert_used = 2};
@@ -562,6 +615,7 @@ int main(int argc, char **argv) {
     test_malformed_ledger();
     test_trace();
     test_ledger_roundtrip();
+    test_batches();
     test_html();
     return tu_finish("test_report");
 }

@@ -14,6 +14,7 @@
 
 #include "bench.h"
 #include "cli.h"
+#include "ledger_cli.h"
 #include "store_cli.h"
 #include "moetax/kvcache.h"
 #include "moetax/ledger.h"
@@ -140,6 +141,10 @@ static moetax_status one_batch(const struct moetax_model *m, const char *base, s
                (long long)(assigned + dropped), 100.0 * (double)dropped / (double)(assigned + dropped ? assigned + dropped : 1),
                (long long)rerouted);
     fflush(stdout);
+    if (!st && !o->json) {
+        fprintf(stderr, "%s, %d threads, batch %d:\n", base, threads, B);
+        cli_ledger_summary(stderr, led, true);
+    }
 done:
     moetax_batch_free(&b);
     moetax_ctx_free(c);

@@ -81,6 +81,29 @@ static void print_io(FILE *f, const struct moetax_report *r) {
             100 * (1 - o->busy_s / o->wall_s));
 }
 
+/* The batch tax against batch size: decode steps by the number of sequences decoded together. */
+static void print_batches(FILE *f, const struct moetax_report *r) {
+    bool any = false;
+    for (int i = 0; i < r->n_batches; i++) any |= r->batches[i].batch > 1; /* one sequence: no batch axis to show */
+    if (!any) return;
+    fprintf(f, "\nbatch (decode steps by sequences decoded together)\n"
+               "  %5s %6s %10s %9s %12s %14s %9s %6s %6s %9s\n", "B", "steps", "tokens/s", "step ms", "experts/layer",
+            "expert MiB/tok", "imbalance", "wait", "tax", "dropped");
+    for (int i = 0; i < r->n_batches; i++) {
+        const struct moetax_report_batch *b = &r->batches[i];
+        const double L = b->moe_layers > 0 ? (double)b->moe_layers : NAN;
+        const double n_asg = (double)(b->assignments + b->dropped);
+        fprintf(f, "  %5lld %6lld %10.1f %9.3f %12.1f %14.2f %9.2f %5.1f%% %5.1f%% %8.2f%%\n", (long long)b->batch,
+                (long long)b->steps, b->wall_s > 0 ? (double)b->tokens / b->wall_s : 0,
+                b->steps ? 1e3 * b->wall_s / (double)b->steps : 0, (double)b->experts / L,
+                b->tokens ? b->expert_bytes / 1048576.0 / (double)b->tokens : 0, b->imbalance_sum / L,
+                b->phase_s > 0 ? 100 * b->wait_s / b->phase_s : 0, b->phase_s > 0 ? 100 * b->tax_s / b->phase_s : 0,
+                n_asg > 0 ? 100 * (double)b->dropped / n_asg : 0);
+    }
+    fprintf(f, "  imbalance: most assignments on one expert / mean per used expert, per MoE layer pass; a step\n"
+               "  waits for its most loaded expert, and more sequences touch more distinct experts\n");
+}
+
 static void print_routing(FILE *f, const struct moetax_report *r) {
     const struct moetax_report_routing *R = r->routing;
     if (!R) {
@@ -220,6 +243,7 @@ static void print_text(FILE *f, const struct moetax_report *r) {
     fprintf(f, "  imbalance: busy max/mean %.2f, wait max/mean %.2f\n", bm > 0 ? bx / bm : 0, wm > 0 ? wx / wm : 0);
 
     print_routing(f, r);
+    print_batches(f, r);
     print_store(f, r);
     print_io(f, r);
 }
@@ -344,6 +368,27 @@ static int print_json(FILE *f, const struct moetax_report *r) {
     json_object_set_new(o, "dropped_steps", json_integer(r->dropped_steps));
     json_object_set_new(o, "dropped_spans", json_integer(r->dropped_spans));
     json_object_set_new(o, "routing", routing_json(r->routing));
+    json_t *bj = json_array();
+    for (int i = 0; i < r->n_batches; i++) {
+        const struct moetax_report_batch *b = &r->batches[i];
+        const double L = (double)b->moe_layers, n_asg = (double)(b->assignments + b->dropped);
+        json_t *x = json_object();
+        json_object_set_new(x, "batch", json_integer(b->batch));
+        json_object_set_new(x, "steps", json_integer(b->steps));
+        json_object_set_new(x, "tokens", json_integer(b->tokens));
+        json_object_set_new(x, "tokens_per_s", b->wall_s > 0 ? jnum((double)b->tokens / b->wall_s) : json_null());
+        json_object_set_new(x, "step_s", b->steps ? jnum(b->wall_s / (double)b->steps) : json_null());
+        json_object_set_new(x, "experts_per_layer", L > 0 ? jnum((double)b->experts / L) : json_null());
+        json_object_set_new(x, "expert_bytes_per_token", b->tokens ? jnum(b->expert_bytes / (double)b->tokens) : json_null());
+        json_object_set_new(x, "imbalance", L > 0 ? jnum(b->imbalance_sum / L) : json_null());
+        json_object_set_new(x, "wait_share", b->phase_s > 0 ? jnum(b->wait_s / b->phase_s) : json_null());
+        json_object_set_new(x, "tax_share", b->phase_s > 0 ? jnum(b->tax_s / b->phase_s) : json_null());
+        json_object_set_new(x, "dropped", json_integer(b->dropped));
+        json_object_set_new(x, "rerouted", json_integer(b->rerouted));
+        json_object_set_new(x, "dropped_share", n_asg > 0 ? jnum((double)b->dropped / n_asg) : json_null());
+        json_array_append_new(bj, x);
+    }
+    json_object_set_new(o, "batches", bj);
     if (r->store) {
         const struct moetax_report_store *s = r->store;
         json_t *so = json_object();

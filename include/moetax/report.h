@@ -146,6 +146,19 @@ struct moetax_report_io {
     double wall_s;       /* the steps' wall time */
 };
 
+/* Decode steps of one batch size (sequences decoded together; a ledger's
+ * steps[].batch, 1 when absent): the batch tax against batch size. */
+struct moetax_report_batch {
+    int64_t batch;
+    int64_t steps, tokens;
+    double wall_s, phase_s, wait_s, tax_s; /* wall time; phases (averaged over workers); of them wait, tax */
+    /* MoE layer passes (steps[].moe): distinct experts read, assignments, dropped and rerouted
+     * by a capacity factor, expert bytes read, and the sum of their imbalance (most
+     * assignments on one expert / mean per used expert) */
+    int64_t moe_layers, experts, assignments, dropped, rerouted;
+    double expert_bytes, imbalance_sum;
+};
+
 struct moetax_report {
     enum moetax_report_source source;
     char path[512];
@@ -161,6 +174,8 @@ struct moetax_report {
     struct moetax_report_routing *routing; /* NULL when the file has none */
     struct moetax_report_store *store;     /* NULL when the run had no expert store */
     struct moetax_report_io *io;           /* trace only; NULL when it has no I/O tracks */
+    struct moetax_report_batch *batches;   /* [n_batches] decode steps by batch size, ascending (ledger) */
+    int n_batches;
 };
 
 struct moetax_report_params {

@@ -378,7 +378,7 @@ static void json_vec(FILE *f, const char *name, const double *v, int n) {
 /* , "moe": {...}: a step's (or a sum of steps') MoE batch figures */
 static void json_moe(FILE *f, const struct moetax_ledger_moe_stats *m) {
     fprintf(f, ", \"moe\": {\"layers\": %lld, \"experts\": %lld, \"assignments\": %lld, \"expert_bytes\": %.17g, "
-            "\"imbalance_sum\": %.9g, \"dropped\": %lld, \"rerouted\": %lld}",
+            "\"imbalance_sum\": %.17g, \"dropped\": %lld, \"rerouted\": %lld}",
             (long long)m->moe_layers, (long long)m->experts, (long long)m->assignments, m->expert_bytes,
             m->imbalance_sum, (long long)m->dropped, (long long)m->rerouted);
 }

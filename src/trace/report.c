@@ -134,6 +134,7 @@ void moetax_report_free(struct moetax_report *r) {
     if (!r) return;
     free(r->store);
     free(r->io);
+    free(r->batches);
     agg_free(&r->all);
     agg_free(&r->prefill);
     agg_free(&r->decode);
@@ -276,6 +277,55 @@ static moetax_status parse_store(struct moetax_report *r, const char *name, cons
     return MOETAX_OK;
 }
 
+/* A decode step into its batch size's row (steps[].batch, 1 when absent; steps[].moe optional). */
+static moetax_status add_batch_step(struct moetax_report *r, const char *name, const char *where, const json_t *s,
+                                    int64_t tokens, double wall, const double *lrow, const double *other) {
+    int64_t batch = 1;
+    moetax_status st;
+    if (json_object_get(s, "batch") && (st = key_int(name, where, s, "batch", 1, 1 << 20, &batch))) return st;
+    int i = 0;
+    while (i < r->n_batches && r->batches[i].batch < batch) i++;
+    if (i == r->n_batches || r->batches[i].batch != batch) {
+        struct moetax_report_batch *nb = realloc(r->batches, sizeof *nb * (size_t)(r->n_batches + 1));
+        if (!nb) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        r->batches = nb;
+        memmove(nb + i + 1, nb + i, sizeof *nb * (size_t)(r->n_batches - i));
+        memset(&nb[i], 0, sizeof nb[i]);
+        nb[i].batch = batch;
+        r->n_batches++;
+    }
+    struct moetax_report_batch *b = &r->batches[i];
+    b->steps++;
+    b->tokens += tokens;
+    b->wall_s += wall;
+    for (int l = -1; l < r->n_layer; l++)
+        for (int p = 0; p < MOETAX_PHASE_COUNT; p++) {
+            const double v = l < 0 ? other[p] : lrow[(size_t)l * MOETAX_PHASE_COUNT + p];
+            b->phase_s += v;
+            if (p == MOETAX_PHASE_WAIT) b->wait_s += v;
+            if (moetax_phase_is_tax((enum moetax_phase)p)) b->tax_s += v;
+        }
+    const json_t *mo = json_object_get(s, "moe");
+    if (!mo) return MOETAX_OK;
+    char w[96];
+    snprintf(w, sizeof w, "%s.moe", where);
+    if (!json_is_object(mo)) return fmt_err(name, w, "expected an object");
+    int64_t v[5];
+    const char *keys[5] = {"layers", "experts", "assignments", "dropped", "rerouted"};
+    for (int k = 0; k < 5; k++)
+        if ((st = key_int(name, w, mo, keys[k], 0, INT64_MAX, &v[k]))) return st;
+    double eb, imb;
+    if ((st = key_sec(name, w, mo, "expert_bytes", &eb)) || (st = key_sec(name, w, mo, "imbalance_sum", &imb))) return st;
+    b->moe_layers += v[0];
+    b->experts += v[1];
+    b->assignments += v[2];
+    b->dropped += v[3];
+    b->rerouted += v[4];
+    b->expert_bytes += eb;
+    b->imbalance_sum += imb;
+    return MOETAX_OK;
+}
+
 static moetax_status parse_steps(struct moetax_report *r, const struct ledger_ctx *c, const json_t *steps) {
     if (!json_is_array(steps)) return fmt_err(c->name, "steps", steps ? "expected an array" : "missing");
     size_t rows = (size_t)r->n_layer * P + 1;
@@ -307,6 +357,7 @@ static moetax_status parse_steps(struct moetax_report *r, const struct ledger_ct
         memset(busy, 0, sizeof(double) * (size_t)r->n_workers);
         memset(wait, 0, sizeof(double) * (size_t)r->n_workers);
         if ((st = get_rows(c, where, s, lrow, other, busy, wait))) break;
+        if (decode && (st = add_batch_step(r, c->name, where, s, tokens, wall, lrow, other))) break;
         /* timeline: the slowest decode step; the slowest step if there is no decode step */
         if ((decode && (!best_decode || wall > best)) || (!decode && !best_decode && wall > best)) {
             best = wall;

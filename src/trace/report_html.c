@@ -301,6 +301,59 @@ static void chart_workers(FILE *f, const struct moetax_report *r, const struct m
 
 /* ---- page ------------------------------------------------------------------------- */
 
+/* The batch tax against batch size: a table and, per batch size, bars of tokens/s and of the
+ * distinct experts read per MoE layer and step. */
+static void batch_section(FILE *f, const struct moetax_report *r) {
+    bool any = false;
+    double max_tps = 0, max_exp = 0;
+    for (int i = 0; i < r->n_batches; i++) {
+        const struct moetax_report_batch *b = &r->batches[i];
+        any |= b->batch > 1; /* one sequence: no batch axis to show */
+        if (b->wall_s > 0) max_tps = fmax(max_tps, (double)b->tokens / b->wall_s);
+        if (b->moe_layers > 0) max_exp = fmax(max_exp, (double)b->experts / (double)b->moe_layers);
+    }
+    if (!any) return;
+    fputs("<h2>Batch</h2>\n<p class=\"note\">Decode steps by the number of sequences decoded together. A step reads "
+          "each expert once for all its tokens, but waits for its most loaded expert (imbalance: most assignments on "
+          "one expert / mean per used expert), and more sequences touch more distinct experts.</p>\n"
+          "<table><tr><th>B</th><th>steps</th><th>tokens/s</th><th>step ms</th><th>experts per layer</th>"
+          "<th>expert MiB/token</th><th>imbalance</th><th>wait</th><th>tax</th><th>dropped</th></tr>\n", f);
+    for (int i = 0; i < r->n_batches; i++) {
+        const struct moetax_report_batch *b = &r->batches[i];
+        const double L = b->moe_layers > 0 ? (double)b->moe_layers : NAN, n_asg = (double)(b->assignments + b->dropped);
+        fprintf(f, "<tr><td>%lld</td><td>%lld</td><td>%.1f</td><td>%.3f</td><td>%.1f</td><td>%.2f</td><td>%.2f</td>"
+                   "<td>%.1f%%</td><td>%.1f%%</td><td>%.2f%%</td></tr>\n",
+                (long long)b->batch, (long long)b->steps, b->wall_s > 0 ? (double)b->tokens / b->wall_s : 0,
+                b->steps ? 1e3 * b->wall_s / (double)b->steps : 0, (double)b->experts / L,
+                b->tokens ? b->expert_bytes / 1048576.0 / (double)b->tokens : 0, b->imbalance_sum / L,
+                b->phase_s > 0 ? 100 * b->wait_s / b->phase_s : 0, b->phase_s > 0 ? 100 * b->tax_s / b->phase_s : 0,
+                n_asg > 0 ? 100 * (double)b->dropped / n_asg : 0);
+    }
+    fputs("</table>\n", f);
+    const double W = 1100, left = 90, cw = (W - left - 40) / 2 - 20, rowh = 22, top = 30;
+    const double H = top + r->n_batches * rowh + 50;
+    svg_open(f, W, H, "Tokens per second and distinct experts per layer, by batch size");
+    fprintf(f, "<text x=\"%.1f\" y=\"18\" class=\"tick\">tokens/s (all sequences)</text>\n", left);
+    fprintf(f, "<text x=\"%.1f\" y=\"18\" class=\"tick\">distinct experts read per MoE layer and step</text>\n",
+            left + cw + 40);
+    for (int i = 0; i < r->n_batches; i++) {
+        const struct moetax_report_batch *b = &r->batches[i];
+        const double y = top + i * rowh, tps = b->wall_s > 0 ? (double)b->tokens / b->wall_s : 0;
+        const double ex = b->moe_layers > 0 ? (double)b->experts / (double)b->moe_layers : 0;
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" class=\"tick\" text-anchor=\"end\">B = %lld</text>\n", left - 6,
+                y + rowh * 0.7, (long long)b->batch);
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"><title>B = %lld: %.1f "
+                   "tokens/s</title></rect>\n", left, y + 1, max_tps > 0 ? cw * tps / max_tps : 0, rowh - 2,
+                k_color[MOETAX_PHASE_EXPERT], (long long)b->batch, tps);
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"><title>B = %lld: %.1f "
+                   "experts per layer</title></rect>\n", left + cw + 40, y + 1, max_exp > 0 ? cw * ex / max_exp : 0,
+                rowh - 2, k_color[MOETAX_PHASE_DISPATCH], (long long)b->batch, ex);
+    }
+    x_axis(f, left, top + r->n_batches * rowh + 4, cw, max_tps > 0 ? max_tps : 1, "tokens/s");
+    x_axis(f, left + cw + 40, top + r->n_batches * rowh + 4, cw, max_exp > 0 ? max_exp : 1, "experts");
+    fputs("</svg>\n", f);
+}
+
 static void card(FILE *f, const char *label, const char *value, const char *note) {
     fputs("<div class=\"card\"><div class=\"lab\">", f);
     esc(f, label);
@@ -471,6 +524,7 @@ moetax_status moetax_report_write_html(const struct moetax_report *r, FILE *f) {
 
     fprintf(f, "<h2>Per-worker wait</h2>\n<p class=\"note\">Busy and wait time of each worker over %s.</p>\n", scope);
     chart_workers(f, r, a);
+    batch_section(f, r);
     if (r->store) {
         const struct moetax_report_store *st = r->store;
         double tok = st->tokens > 0 ? (double)st->tokens : 0;
