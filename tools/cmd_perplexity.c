@@ -121,7 +121,11 @@ static moetax_status score_doc(const char *file, struct moetax_ctx *c, const int
         int64_t end = begin + ctx < n ? begin + ctx : n;
         moetax_ctx_reset(c);
         moetax_status st = moetax_ctx_eval(c, ids + begin, end - begin, logits, true);
-        if (st) return st;
+        if (st) { /* name the file and the window (the message is copied: it is the buffer written) */
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", moetax_last_error());
+            return moetax_error(st, "%s: the window at token %lld: %s", file, (long long)begin, msg);
+        }
         a->evald += end - begin;
         for (int64_t j = scored_to; j < end; j++) {
             double l = token_nll(logits + (size_t)(j - 1 - begin) * (size_t)V, V, ids[j]);
