@@ -9,6 +9,8 @@ usage: test_batch_cli.py MOETAX_BIN WORKDIR
 """
 import json
 import os
+import shutil
+import struct
 import subprocess
 import sys
 
@@ -102,6 +104,25 @@ def main():
         check(ppl["inf"]["ppl"] == ppl[None]["ppl"] and ppl["inf"]["dropped_share"] == 0,
               f"capacity factor inf = off: {ppl['inf']['ppl']} vs {ppl[None]['ppl']}")
         check(ppl["1"]["dropped_share"] > 0, f"capacity factor 1 drops: {ppl['1']}")
+
+    # a NaN inside the model: the logits check names the token; --check-finite names the layer
+    f32 = os.path.join(work, "batch_cli_tiny_f32.gguf")
+    check(run([mt, "gen", "--preset", "tiny", "-o", f32]).returncode == 0, "gen tiny f32")
+    nan = os.path.join(work, "batch_cli_nan.gguf")
+    shutil.copy(f32, nan)
+    d = json.loads(run([mt, "inspect", nan, "--json"]).stdout)
+    t = [x for x in d["tensors"] if x["name"] == "blk.1.attn_output.weight"][0]
+    with open(nan, "r+b") as f:
+        f.seek(d["data_offset"] + t["offset"] + 8)
+        f.write(struct.pack("<f", float("nan")))
+    r = run([mt, "eval", "-m", nan, "--tokens", "1,2,3", "--decode", "1"])
+    check(r.returncode == 1 and "not finite" in r.stderr and "position" in r.stderr, f"eval on a NaN weight: {r.stderr}")
+    for extra in ([], ["--step-by-step"]):
+        r = run([mt, "eval", "-m", nan, "--tokens", "1,2,3", "--decode", "1", "--check-finite"] + extra)
+        check(r.returncode == 1 and "layer 1: the hidden state" in r.stderr,
+              f"eval --check-finite {extra} names the layer: {r.stderr}")
+    r = run([mt, "eval", "-m", f32, "--tokens", "1,2,3", "--decode", "1", "--check-finite"])
+    check(r.returncode == 0, f"eval --check-finite on a sound model: {r.stderr}")
 
     # bad options: clear errors, exit 2
     for args, want in ((["run", "--parallel", "2", "-p", "x"], "--parallel needs -f"),

@@ -41,6 +41,7 @@ static void usage(FILE *f) {
                "  --ubatch N   tokens per micro-batch (default 64)\n"
                "  --per-file   print each file's token count and perplexity\n"
                "  --no-mmap    copy the weights into private memory of 2 MiB pages (see 'moetax bench')\n"
+               "  --check-finite  check every hidden state after each layer (a NaN or inf names the layer)\n"
                "  --json       print the result as one JSON object on stdout\n"
                CLI_MAX_INPUT_HELP
                "               (per file)\n"
@@ -149,6 +150,7 @@ int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *input = NULL;
     int64_t n_threads = 0, ctx = 0, stride = 0, max_files = 0;
     struct moetax_model_params mp = {0};
+    bool check_finite = false; /* --check-finite */
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool per_file = false, json = false;
     double capf = 0;
@@ -187,6 +189,7 @@ int cmd_perplexity(int argc, char **argv) {
                 return cli_usage_error("perplexity", "--ubatch needs a count in 1..4096");
         } else if (!strcmp(argv[i], "--per-file")) per_file = true;
         else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
+        else if (!strcmp(argv[i], "--check-finite")) check_finite = true;
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (cli_max_input_opt("perplexity", argc, argv, &i, &max_input, &err)) { if (err) return 2; }
         else return cli_usage_error("perplexity", "unknown option '%s'", argv[i]);
@@ -248,7 +251,7 @@ int cmd_perplexity(int argc, char **argv) {
         else to_score += (uint64_t)(n - 1);
     }
     if (to_score == 0) { st = moetax_error(MOETAX_ERR_ARG, "%s: no file has two or more tokens to score", input); goto done; }
-    struct moetax_ctx_params cp = {.n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx,
+    struct moetax_ctx_params cp = {.check_finite = check_finite, .n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx,
                                    .capacity_factor = (float)capf, .overflow = overflow, .n_ubatch = (int32_t)ubatch};
     if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
     if (capf > 0) { /* the ledger counts what the capacity factor dropped and moved */

@@ -29,7 +29,8 @@ static void usage(FILE *f) {
             "                       printed when it ends, then the aggregate speed and the batch's ledger\n"
             "  -n, --n-predict N    tokens to generate (default 64)\n"
             "  -t, --threads N      threads (default: online CPUs)\n"
-            "  -c, --ctx N          context size / KV cache positions (default: min(model, 4096))\n"
+            "  -c, --ctx N          KV cache cells, all sequences together, in blocks of 32 (default: min(model,\n"
+            "                       4096); with --parallel: every slot's longest prompt + -n)\n"
             "  --temp X             temperature (default 0.8; 0 = greedy)\n"
             "  --top-k N            (default 40; 0 = off)\n"
             "  --top-p X            (default 0.95; 1 = off)\n"
@@ -39,6 +40,8 @@ static void usage(FILE *f) {
             "  --ignore-eos         keep generating past the end-of-sequence token\n"
             "  --experts-used K     route each token to K experts instead of the file's count (run-time top-k)\n"
             "  --no-mmap            copy the weights into private memory of 2 MiB pages (see 'moetax bench')\n"
+            "  --check-finite       check every hidden state after each layer: a NaN or inf is an error naming\n"
+            "                       the layer (the logits are always checked)\n"
             "  --no-display-prompt  do not echo the prompt\n"
             "  --json               print the final statistics as one JSON object on stdout (the only thing on\n"
             "                       stdout: the prompt and the text go to stderr)\n"
@@ -65,6 +68,7 @@ int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *pfile = NULL;
     int64_t n_predict = 64, n_threads = 0, n_ctx = 0, parallel = 0;
     struct moetax_model_params mp = {0};
+    bool check_finite = false; /* --check-finite */
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool ignore_eos = false, echo = true, json = false;
     struct moetax_sampler_params sp = moetax_sampler_default_params();
@@ -107,6 +111,7 @@ int cmd_run(int argc, char **argv) {
         }
         else if (!strcmp(argv[i], "--no-display-prompt")) echo = false;
         else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
+        else if (!strcmp(argv[i], "--check-finite")) check_finite = true;
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (cli_max_input_opt("run", argc, argv, &i, &max_input, &err)) { if (err) return 2; }
         else return cli_usage_error("run", "unknown option '%s'", argv[i]);
@@ -165,7 +170,7 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
     if ((st = moetax_sampler_init(&sp, m->hp.n_vocab, &smp))) goto done;
-    struct moetax_ctx_params cp = {.n_ctx = (int32_t)n_ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx};
+    struct moetax_ctx_params cp = {.check_finite = check_finite, .n_ctx = (int32_t)n_ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx};
     if (so.budgets) {
         uint64_t budget;
         if (!cli_store_parse_budget(so.budgets, cli_store_expert_bytes(m), &budget)) {

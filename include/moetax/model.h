@@ -232,6 +232,9 @@ struct moetax_ctx_params {
                                    counts them (moetax_ledger_moe_stats) */
     enum moetax_overflow overflow; /* DROP: the token's remaining weights scaled back to its total;
                                       REROUTE: to its best other expert with room (else dropped) */
+    bool check_finite;          /* check every token's hidden state after the embedding and each layer:
+                                   the first NaN / inf is MOETAX_ERR_NUMERIC naming the layer (logits
+                                   are always checked) */
     int32_t n_expert_used;      /* routed experts per token (run-time top-k): 0 = the model's
                                    expert_used_count; see moetax_model_check_experts_used. With a
                                    store, open it for the same count (moetax_model_store_open) */

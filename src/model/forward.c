@@ -50,6 +50,7 @@ struct moetax_ctx {
     struct moe moe;
     struct dense dense;
     int64_t sel_n;         /* tokens routed in the last micro-batch */
+    bool check_finite;     /* check the residual after the embedding and every layer */
 
     /* the micro-batch's outputs: token out_tok[o] gives logits row o of logits */
     int32_t *out_tok;      /* [U] */
@@ -115,6 +116,29 @@ static void head_rows(struct worker *w, const struct moetax_ctx *c) {
     fw_phase_end(w);
 }
 
+/* --check-finite: this worker's rows of the residual after layer il (-1: the embedding).
+ * Run right after a barrier, before the next phase writes x (attention's first phases
+ * only read it), so every worker may read all of x; the first non-finite value is the
+ * step's error. */
+static void check_rows(struct worker *w, int il) {
+    struct fw_step *s = w->s;
+    const int64_t d = s->m->hp.n_embd;
+    int64_t r0, r1;
+    fw_split(w, s->n, 1, &r0, &r1);
+    for (int64_t t = r0; t < r1; t++)
+        for (int64_t j = 0; j < d; j++)
+            if (!isfinite(s->x[t * d + j])) {
+                char where[64];
+                if (il < 0) snprintf(where, sizeof where, "the token embedding");
+                else snprintf(where, sizeof where, "layer %d", il);
+                fw_fail(s, moetax_error(MOETAX_ERR_NUMERIC,
+                                        "%s: the hidden state of token %lld (sequence %d, position %d) is not finite "
+                                        "(element %lld is %g)", where, (long long)t, s->seq[t], s->pos[t], (long long)j,
+                                        (double)s->x[t * d + j]));
+                return;
+            }
+}
+
 static void step_worker(void *arg, int ith, int nth) {
     struct moetax_ctx *c = arg;
     struct fw_step *s = &c->step;
@@ -135,6 +159,7 @@ static void step_worker(void *arg, int ith, int nth) {
         mla_rope_token(&c->attn, s, t);
     }
     fw_phase_end(&w);
+    if (c->check_finite) check_rows(&w, -1);
 
     for (int il = 0; il < hp->n_layer; il++) {
         const struct moetax_layer *l = &m->layers[il];
@@ -146,6 +171,7 @@ static void step_worker(void *arg, int ith, int nth) {
         }
         if (l->is_moe) moe_block(&w, &c->moe, il);
         else dense_ffn(&w, &c->dense, l, il);
+        if (c->check_finite) check_rows(&w, il);
     }
 
     if (!c->logits || c->n_out == 0) return;
@@ -190,6 +216,7 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
         return st;
     }
     c->n_expert_used = k_req ? k_req : hp->n_expert_used;
+    c->check_finite = p && p->check_finite;
     if (p && (isnan(p->capacity_factor) || p->capacity_factor < 0)) {
         st = moetax_error(MOETAX_ERR_ARG, "capacity factor %g: expected a number > 0 (or 0 / inf: off)",
                           (double)p->capacity_factor);
