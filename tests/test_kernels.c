@@ -1,6 +1,7 @@
 // ctest-labels: unit
-/* test_kernels.c - every AVX2 kernel against its scalar reference, and the
- * references against naive double-precision formulas. */
+/* test_kernels.c - every SIMD table (avx2, avx512: each the machine supports)
+ * against the scalar reference, the avx512 table's Q8_0/Q4_0 bits against the
+ * avx2 table's, and the references against naive double-precision formulas. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,10 @@
 #include "testutil.h"
 
 static tu_rng g_rng = {0x9e3779b97f4a7c15ull};
+
+/* The SIMD table the table-parametrised tests check against the reference (main
+ * runs them once per table this machine supports), or NULL. */
+static const struct moetax_kernels *g_simd;
 
 static float *rand_vec(int64_t n, float scale) {
     float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
@@ -64,7 +69,7 @@ static void act_to_float(enum moetax_type t, const void *xq, int64_t ncols, floa
 /* Reference matmul vs naive dequantize + double dot; AVX2 vs reference. */
 static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, int64_t n_batch) {
     const struct moetax_kernels *ref = moetax_kernels_ref();
-    const struct moetax_kernels *avx = moetax_kernels_avx2();
+    const struct moetax_kernels *avx = g_simd;
     size_t rb;
     void *w = rand_matrix(t, rows, ncols, &rb);
     const int64_t ldx = ncols + 3;
@@ -124,14 +129,14 @@ static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, in
                 for (int64_t k = 0; k < ncols; k++) mag += fabs((double)wf[k] * xf[k]);
                 const double err = fabs((double)y_avx[b * ldy + r] - y_ref[b * ldy + r]);
                 if (!(err <= tol * mag + 1e-30) && bad++ < 5)
-                    fprintf(stderr, "avx2 %s r=%lld b=%lld ncols=%lld: %g vs ref %g (mag %g)\n",
+                    fprintf(stderr, "%s %s r=%lld b=%lld ncols=%lld: %g vs ref %g (mag %g)\n", avx->name,
                             moetax_type_name(t), (long long)r, (long long)b, (long long)ncols, y_avx[b * ldy + r],
                             y_ref[b * ldy + r], mag);
             }
             for (int64_t r = rows; r < ldy; r++)
                 if (y_avx[b * ldy + r] != -777.0f) bad++;
         }
-        CHECK_MSG(bad == 0, "avx2 matmul %s rows=%lld ncols=%lld batch=%lld: %d bad", moetax_type_name(t),
+        CHECK_MSG(bad == 0, "%s matmul %s rows=%lld ncols=%lld batch=%lld: %d bad", avx->name, moetax_type_name(t),
                   (long long)rows, (long long)ncols, (long long)n_batch, bad);
 
         /* a sub-range of rows touches only those rows and gives the full call's values
@@ -151,7 +156,7 @@ static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, in
                     if (r >= r0 && r < r1) diff += v != y_avx[b * ldy + r];
                     else diff += v != -777.0f;
                 }
-            CHECK_MSG(diff == 0, "avx2 row range [%lld, %lld) of %lld %s: %d bad", (long long)r0, (long long)r1,
+            CHECK_MSG(diff == 0, "%s row range [%lld, %lld) of %lld %s: %d bad", avx->name, (long long)r0, (long long)r1,
                       (long long)rows, moetax_type_name(t), diff);
             free(y_sub);
         }
@@ -239,12 +244,29 @@ static void unrepack_q8r4(const uint8_t *src, uint8_t *dst, int64_t rows, int64_
     memcpy(dst + (size_t)r0 * rb, src + (size_t)r0 * rb, (size_t)(rows - r0) * rb);
 }
 
+/* The inverse of the AVX-512 table's Q8_0 repack (groups of 8 rows: per block, F16 d of
+ * rows 0..7, then 8 chunks x 8 rows x 4 quants; the last rows % 8 rows plain). */
+static void unrepack_q8r8(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t nb) {
+    const size_t rb = (size_t)nb * 34;
+    int64_t r0 = 0;
+    for (; r0 + 8 <= rows; r0 += 8)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = src + (size_t)r0 * rb + (size_t)b * 272;
+            for (int r = 0; r < 8; r++) {
+                uint8_t *o = dst + (size_t)(r0 + r) * rb + (size_t)b * 34;
+                memcpy(o, blk + 2 * r, 2);
+                for (int c = 0; c < 8; c++) memcpy(o + 2 + 4 * c, blk + 16 + 32 * c + 4 * r, 4);
+            }
+        }
+    memcpy(dst + (size_t)r0 * rb, src + (size_t)r0 * rb, (size_t)(rows - r0) * rb);
+}
+
 static int cmp_u8(const void *a, const void *b) { return (int)*(const uint8_t *)a - (int)*(const uint8_t *)b; }
 
 /* Repacking is a per-row permutation of the bytes that round-trips, in place or
  * not; tables that do not repack copy; the reference table reads the stored layout. */
 static void test_repack(void) {
-    const struct moetax_kernels *ref = moetax_kernels_ref(), *avx = moetax_kernels_avx2();
+    const struct moetax_kernels *ref = moetax_kernels_ref(), *avx = g_simd;
     CHECK(!ref->weights_repacked(MOETAX_TYPE_Q4_0) && !ref->weights_repacked(MOETAX_TYPE_Q8_0));
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
         const enum moetax_type t = k_types[ti];
@@ -265,19 +287,21 @@ static void test_repack(void) {
         free(w), free(a), free(b);
     }
     if (!avx) return;
+    const bool q8x8 = strcmp(avx->name, "avx512") == 0; /* Q8_0x8r, else Q8_0x4r */
     static const int64_t unit_rows[] = {1, 3, 4, 5, 7, 8, 9, 16, 23};
     for (int q8 = 0; q8 < 2; q8++)
         for (int64_t nb = 1; nb <= 41; nb += 4)
             for (size_t ui = 0; ui < sizeof unit_rows / sizeof unit_rows[0]; ui++) {
                 const enum moetax_type t = q8 ? MOETAX_TYPE_Q8_0 : MOETAX_TYPE_Q4_0;
-                const int64_t rows = unit_rows[ui], ncols = 32 * nb, R = q8 ? 4 : 8;
+                const int64_t rows = unit_rows[ui], ncols = 32 * nb, R = q8 && !q8x8 ? 4 : 8;
                 size_t rb;
                 uint8_t *w = rand_matrix(t, rows, ncols, &rb);
                 CHECK(rb == (size_t)nb * (q8 ? 34 : 18));
                 const size_t n = rb * (size_t)rows;
                 uint8_t *a = malloc(n), *back = malloc(n), *s1 = malloc(n), *s2 = malloc(n);
                 CHECK(moetax_kernels_repack(avx, t, a, w, rows, ncols) == MOETAX_OK);
-                if (q8) unrepack_q8r4(a, back, rows, nb);
+                if (q8 && q8x8) unrepack_q8r8(a, back, rows, nb);
+                else if (q8) unrepack_q8r4(a, back, rows, nb);
                 else unrepack_q4r8(a, back, rows, nb);
                 CHECK_MSG(memcmp(back, w, n) == 0, "%s repack rows=%lld nb=%lld does not round-trip",
                           moetax_type_name(t), (long long)rows, (long long)nb);
@@ -297,7 +321,7 @@ static void test_repack(void) {
     /* rows wider than the stack room go through the heap, in place too */
     for (int q8 = 0; q8 < 2; q8++) {
         const enum moetax_type t = q8 ? MOETAX_TYPE_Q8_0 : MOETAX_TYPE_Q4_0;
-        const int64_t rows = 9, ncols = 32 * (MOETAX_KERNELS_REPACK_STACK / (q8 ? 4 * 34 : 8 * 18) + 3);
+        const int64_t rows = 9, ncols = 32 * (MOETAX_KERNELS_REPACK_STACK / (q8 && !q8x8 ? 4 * 34 : 8 * (q8 ? 34 : 18)) + 3);
         size_t rb;
         uint8_t *w = rand_matrix(t, rows, ncols, &rb);
         const size_t n = rb * (size_t)rows;
@@ -314,13 +338,12 @@ static void test_repack(void) {
  * per-row chain of the quantized paths): a batch of 1, 2 (tiles), 8 and 64 (Q8_0's
  * batched path) gives the bits of each row computed alone, so prefill equals
  * step-by-step decode. Rows with repacked groups and a plain tail. */
-static void test_matmul_batch_invariance(void) {
-    const struct moetax_kernels *k = moetax_kernels_get();
+static void test_matmul_batch_invariance(const struct moetax_kernels *k) {
     static const enum moetax_type ts[] = {MOETAX_TYPE_Q8_0, MOETAX_TYPE_Q4_0};
-    /* row counts with a plain tail after one group (13), two groups (22), five (43) */
-    static const int64_t nrows[] = {13, 22, 43};
+    /* row counts with a plain tail after one group (13), two groups (22), five (43), a panel and more (75) */
+    static const int64_t nrows[] = {13, 22, 43, 75};
     for (size_t ti = 0; ti < 2; ti++)
-        for (size_t ri = 0; ri < 3; ri++) {
+        for (size_t ri = 0; ri < 4; ri++) {
             const int64_t rows = nrows[ri];
             const enum moetax_type t = ts[ti];
             const int64_t ncols = 32 * 11, nbmax = 64;
@@ -332,15 +355,15 @@ static void test_matmul_batch_invariance(void) {
             const size_t ar = moetax_act_size(t, ncols, 1);
             uint8_t *xq = malloc(ar * nbmax);
             k->quantize_act(t, x, ncols, ncols, nbmax, xq);
-            static const int64_t bs[] = {2, 3, 8, 64};
-            for (size_t bi = 0; bi < 4; bi++) {
+            static const int64_t bs[] = {2, 3, 5, 8, 9, 16, 64};
+            for (size_t bi = 0; bi < 7; bi++) {
                 k->matmul(t, w, rb, 0, rows, ncols, xq, bs[bi], yb, rows);
                 int diff = 0;
                 for (int64_t b = 0; b < bs[bi]; b++) {
                     k->matmul(t, w, rb, 0, rows, ncols, xq + (size_t)b * ar, 1, y1, rows);
                     for (int64_t r = 0; r < rows; r++) diff += memcmp(&y1[r], &yb[b * rows + r], sizeof(float)) != 0;
                 }
-                CHECK_MSG(diff == 0, "%s rows=%lld batch %lld: %d results differ from the rows alone",
+                CHECK_MSG(diff == 0, "%s %s rows=%lld batch %lld: %d results differ from the rows alone", k->name,
                           moetax_type_name(t), (long long)rows, (long long)bs[bi], diff);
             }
             free(w), free(x), free(y1), free(yb), free(xq);
@@ -348,8 +371,7 @@ static void test_matmul_batch_invariance(void) {
 }
 
 /* Quantized matmul stays close to the exact F32 product (quantization error). */
-static void test_matmul_vs_f32(void) {
-    const struct moetax_kernels *k = moetax_kernels_get();
+static void test_matmul_vs_f32(const struct moetax_kernels *k) {
     const int64_t rows = 16, ncols = 512;
     float *wf = rand_vec(rows * ncols, 1.0f), *x = rand_vec(ncols, 1.0f);
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
@@ -385,7 +407,7 @@ static double max_rel(const float *a, const float *b, int64_t n, double floor_) 
 }
 
 static void test_vec_ops(void) {
-    const struct moetax_kernels *ref = moetax_kernels_ref(), *avx = moetax_kernels_avx2();
+    const struct moetax_kernels *ref = moetax_kernels_ref(), *avx = g_simd;
     static const int64_t sizes[] = {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 100, 1023, 4096};
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         const int64_t n = sizes[si];
@@ -513,7 +535,7 @@ static void test_vec_ops(void) {
 }
 
 static void test_scatter_add(void) {
-    const struct moetax_kernels *ref = moetax_kernels_ref(), *avx = moetax_kernels_avx2();
+    const struct moetax_kernels *ref = moetax_kernels_ref(), *avx = g_simd;
     const int64_t n = 37, n_rows = 6, ld_src = 40, ld_dst = 41, n_dst = 4;
     float *src = rand_vec(n_rows * ld_src, 1.0f), *d1 = rand_vec(n_dst * ld_dst, 1.0f);
     float *d2 = malloc(sizeof(float) * (size_t)(n_dst * ld_dst)), *d0 = malloc(sizeof(float) * (size_t)(n_dst * ld_dst));
@@ -557,7 +579,7 @@ static void check_topk(const struct moetax_kernels *k, const float *x, int64_t n
  * and the same chain when the rows come in two calls, the second with acc (the
  * KV cache's blocks), split at every kind of point (0, inside a tile chunk, np). */
 static void test_wsum(void) {
-    const struct moetax_kernels *tabs[2] = {moetax_kernels_ref(), moetax_kernels_avx2()};
+    const struct moetax_kernels *tabs[3] = {moetax_kernels_ref(), moetax_kernels_avx2(), moetax_kernels_avx512()};
     static const int64_t nhs[] = {1, 3, 4, 5, 8, 16};
     static const int64_t nps[] = {0, 1, 2, 7, 64, 129};
     static const int64_t ns[] = {1, 7, 8, 15, 16, 17, 40, 256};
@@ -584,7 +606,7 @@ static void test_wsum(void) {
                         if (fabs(o[k] - e) > 1e-6 * (mag + 1e-30) * (double)(np + 1)) bad++;
                     }
                 }
-                for (int ti = 0; ti < 2; ti++) {
+                for (int ti = 0; ti < 3; ti++) {
                     if (!tabs[ti]) continue;
                     for (int split = 0; split < 4; split++) {
                         const int64_t cut = split == 0 ? np : split == 1 ? 0 : split == 2 ? np / 3 : (np > 0 ? np - 1 : 0);
@@ -608,8 +630,8 @@ static void test_wsum(void) {
 }
 
 static void test_topk(void) {
-    const struct moetax_kernels *tabs[2] = {moetax_kernels_ref(), moetax_kernels_avx2()};
-    for (int ti = 0; ti < 2; ti++) {
+    const struct moetax_kernels *tabs[3] = {moetax_kernels_ref(), moetax_kernels_avx2(), moetax_kernels_avx512()};
+    for (int ti = 0; ti < 3; ti++) {
         const struct moetax_kernels *k = tabs[ti];
         if (!k) continue;
         const float a[8] = {1, 3, 3, 2, 3, -1, 2, 0};
@@ -723,26 +745,92 @@ static void test_rope(void) {
     CHECK(dims[0] == 10.0f && dims[1] == 23.0f);
 }
 
+/* The avx512 table's Q8_0 / Q4_0 results are bit-identical to the avx2 table's (the same exact
+ * block sums and float chain, kernels.h): decode, small batches 2-16 (tiles of up to 8 and
+ * their remainders), prefill-sized batches (panels, column chunks past 512 blocks), plain tails,
+ * row sub-ranges. Each table reads its own repacked layout. */
+static void test_matmul_avx512_vs_avx2(void) {
+    const struct moetax_kernels *a2 = moetax_kernels_avx2(), *a5 = moetax_kernels_avx512();
+    if (!a2 || !a5) return;
+    static const int64_t rows_l[] = {8, 13, 16, 24, 64, 75, 136};
+    static const int64_t cols_l[] = {32, 96, 256, 1024, 32 * 515};
+    static const int64_t bs_l[] = {1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33};
+    for (int q8 = 0; q8 < 2; q8++) {
+        const enum moetax_type t = q8 ? MOETAX_TYPE_Q8_0 : MOETAX_TYPE_Q4_0;
+        for (size_t ri = 0; ri < sizeof rows_l / sizeof rows_l[0]; ri++)
+            for (size_t ci = 0; ci < sizeof cols_l / sizeof cols_l[0]; ci++) {
+                const int64_t rows = rows_l[ri], ncols = cols_l[ci];
+                if (ncols > 4096 && rows > 24) continue; /* keep it quick */
+                size_t rb;
+                uint8_t *w = rand_matrix(t, rows, ncols, &rb), *w2 = malloc(rb * rows), *w5 = malloc(rb * rows);
+                CHECK(moetax_kernels_repack(a2, t, w2, w, rows, ncols) == MOETAX_OK);
+                CHECK(moetax_kernels_repack(a5, t, w5, w, rows, ncols) == MOETAX_OK);
+                const int64_t bmax = 33, ldy = rows + 3;
+                float *x = rand_vec(ncols * bmax, 1.0f);
+                const size_t ar = moetax_act_size(t, ncols, 1);
+                uint8_t *xq = malloc(ar * bmax);
+                a2->quantize_act(t, x, ncols, ncols, bmax, xq);
+                float *y2 = malloc(sizeof(float) * (size_t)(ldy * bmax)), *y5 = malloc(sizeof(float) * (size_t)(ldy * bmax));
+                for (size_t bi = 0; bi < sizeof bs_l / sizeof bs_l[0]; bi++) {
+                    const int64_t n = bs_l[bi];
+                    if (ncols > 4096 && n > 9) continue;
+                    for (int sub = 0; sub < 2; sub++) { /* the whole range; rows [8, end) */
+                        const int64_t r0 = sub ? 8 : 0;
+                        if (r0 >= rows) continue;
+                        for (int64_t i = 0; i < ldy * n; i++) y2[i] = y5[i] = -777.0f;
+                        a2->matmul(t, w2, rb, r0, rows, ncols, xq, n, y2, ldy);
+                        a5->matmul(t, w5, rb, r0, rows, ncols, xq, n, y5, ldy);
+                        CHECK_MSG(memcmp(y2, y5, sizeof(float) * (size_t)(ldy * n)) == 0,
+                                  "avx512 vs avx2 %s rows [%lld, %lld) ncols=%lld batch=%lld: not bit-identical",
+                                  moetax_type_name(t), (long long)r0, (long long)rows, (long long)ncols, (long long)n);
+                    }
+                }
+                free(w), free(w2), free(w5), free(x), free(xq), free(y2), free(y5);
+            }
+    }
+}
+
 static void test_dispatch(void) {
     const struct moetax_kernels *k = moetax_kernels_get();
     CHECK(k != NULL && moetax_kernels_ref() != NULL);
     CHECK(strcmp(moetax_kernels_ref()->name, "ref") == 0);
-    const char *force = getenv("MOETAX_FORCE_REF");
+    if (moetax_kernels_avx512()) CHECK(moetax_kernels_avx2() && strcmp(moetax_kernels_avx512()->name, "avx512") == 0);
+    const char *force = getenv("MOETAX_FORCE_REF"), *want = getenv("MOETAX_KERNELS");
+    const struct moetax_kernels *best = moetax_kernels_avx512() ? moetax_kernels_avx512()
+                                        : moetax_kernels_avx2() ? moetax_kernels_avx2()
+                                                                : moetax_kernels_ref();
     if (force && force[0] && strcmp(force, "0") != 0) CHECK(k == moetax_kernels_ref());
-    else if (moetax_kernels_avx2()) CHECK(k == moetax_kernels_avx2() && strcmp(k->name, "avx2") == 0);
-    if (!moetax_kernels_avx2()) printf("test_kernels: CPU lacks avx2/fma/f16c: AVX2 comparisons skipped\n");
-    else printf("test_kernels: using table '%s'\n", k->name);
+    else if (want && strcmp(want, "ref") == 0) CHECK(k == moetax_kernels_ref());
+    else if (want && strcmp(want, "avx2") == 0 && moetax_kernels_avx2()) CHECK(k == moetax_kernels_avx2());
+    else if (want && strcmp(want, "avx512") == 0 && moetax_kernels_avx512()) CHECK(k == moetax_kernels_avx512());
+    else CHECK(k == best); /* no choice, or one this CPU cannot run: the best table */
+    if (!moetax_kernels_avx2()) printf("test_kernels: CPU lacks avx2/fma/f16c: AVX2 and AVX-512 comparisons skipped\n");
+    else if (!moetax_kernels_avx512())
+        printf("test_kernels: CPU (or OS) lacks AVX-512 F/BW/VL/DQ + VNNI: AVX-512 comparisons skipped\n");
+    printf("test_kernels: moetax_kernels_get() is '%s'\n", k->name);
 }
 
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     test_dispatch();
-    test_repack();
-    test_matmul();
-    test_matmul_batch_invariance();
-    test_matmul_vs_f32();
-    test_vec_ops();
-    test_scatter_add();
+    const struct moetax_kernels *simd[2] = {moetax_kernels_avx2(), moetax_kernels_avx512()};
+    for (int i = 0; i < 2; i++) {
+        if (!(g_simd = simd[i])) continue;
+        printf("test_kernels: table '%s' against the reference\n", g_simd->name);
+        test_repack();
+        test_matmul();
+        test_vec_ops();
+        test_scatter_add();
+    }
+    g_simd = NULL;
+    test_repack(); /* the reference alone */
+    const struct moetax_kernels *all[3] = {moetax_kernels_ref(), simd[0], simd[1]};
+    for (int i = 0; i < 3; i++)
+        if (all[i]) {
+            test_matmul_batch_invariance(all[i]);
+            test_matmul_vs_f32(all[i]);
+        }
+    test_matmul_avx512_vs_avx2();
     test_wsum();
     test_topk();
     test_rope();

@@ -4,11 +4,17 @@
  *
  * DESIGN
  *   Every kernel exists as a plain-C scalar reference (src/kernels/ *_ref.c) and,
- *   where it pays, as an AVX2/FMA/F16C variant (*_avx2.c, compiled with its own
- *   flags). A `struct moetax_kernels` table of function pointers is chosen once,
- *   from cpuid, by moetax_kernels_get(); MOETAX_FORCE_REF=1 in the environment
- *   (any non-empty value but "0") forces the reference table. Callers fetch the
- *   table once and call through it; there is no per-call dispatch.
+ *   where it pays, as an AVX2/FMA/F16C variant (*_avx2.c) and an AVX-512 one
+ *   (*_avx512.c: F/BW/VL/DQ + VNNI, for the Q8_0 and Q4_0 matmul; its other
+ *   entries are the avx2 table's), each compiled with its own flags. A `struct
+ *   moetax_kernels` table of function pointers is chosen once, from cpuid and
+ *   the OS's saved-state bits (XCR0), by moetax_kernels_get(): avx512, else
+ *   avx2, else ref. MOETAX_FORCE_REF=1 in the environment (any non-empty value
+ *   but "0") forces the reference table; otherwise MOETAX_KERNELS=ref|avx2|avx512
+ *   names one; a table the CPU cannot run, or an unknown name, prints a warning
+ *   on stderr and the best table is used (a library call must not fail on an
+ *   environment variable). Callers fetch the table once and call through it;
+ *   there is no per-call dispatch.
  *
  *   Matmul is the decode hot spot and is memory-bound: it streams weights
  *   row-major, in their stored (GGUF / ggml) layout, zero-copy from mmap,
@@ -67,8 +73,19 @@
  *           and the unit's last n_rows % 4 rows stay plain block_q8_0. A
  *           decode tile of 4 rows thus reads one stream, not 4 (rows of
  *           0.5-2 KiB are too short for the prefetcher to follow 4 streams).
+ *     avx512: Q4_0 in avx2's Q4_0x8r. Q8_0 in "Q8_0x8r", eight rows
+ *           interleaved as Q4_0x8r is: rows 8i..8i+7 of a unit hold, for each
+ *           block b in order, 272 bytes (the size of 8 block_q8_0):
+ *             uint16 d[8]           F16 scales of block b of rows 0..7
+ *             int8   qs[8][8][4]    chunk c, row r: quants 4c..4c+3 of
+ *                                   block b of row r
+ *           and the unit's last n_rows % 8 rows stay plain block_q8_0. One
+ *           32-byte load holds 4 quants of each of 8 rows, so VNNI's vpdpbusd
+ *           against 4 activation quants broadcast to every lane adds into one
+ *           32-bit lane per row (no horizontal sums). Weights repacked for
+ *           one table must not be given to another (Q8_0 layouts differ).
  *   ROW RANGES. A call's rows [row0, row1) are relative to w: for a type
- *   with row groups (avx2 Q4_0: 8 rows, Q8_0: 4), w must be at a multiple
+ *   with row groups (Q4_0: 8 rows; Q8_0: avx2 4, avx512 8), w must be at a multiple
  *   of MOETAX_KERNELS_ROW_GROUP (8, a multiple of both) rows into its unit,
  *   row0 a multiple of 8, and row1 a multiple of 8 or the unit's last row
  *   (so a call ending inside a group ends at the unit's plain tail).
@@ -84,6 +101,11 @@
  *     rows are split across threads (each y element is computed by one call).
  *   - Integer block sums are exact; float accumulation order differs between
  *     tables, so ref and avx2 agree to a relative error of ~1e-6 of sum|w*x|.
+ *   - avx512 against avx2: Q8_0 and Q4_0 results are bit-identical (the same
+ *     exact block sums, then the same float chain per output: acc =
+ *     fma((float)S_b, d_w[b] * d_x[b], acc) over the blocks in order, from 0),
+ *     for every batch size and row split. F32/F16/BF16 matmul and every other
+ *     entry are the avx2 table's own functions (the same bits).
  *   - Vector ops take F32, n >= 0, and allow out == in where stated.
  *   - topk is deterministic: the k largest values in descending order, ties to
  *     the lower index; NaN ranks below -inf.
@@ -155,7 +177,7 @@ size_t moetax_act_size(enum moetax_type wtype, int64_t ncols, int64_t n_batch);
 #define MOETAX_KERNELS_ROW_GROUP 8
 
 struct moetax_kernels {
-    const char *name; /* "ref", "avx2" */
+    const char *name; /* "ref", "avx2", "avx512" */
 
     /* ---- matrix x vector(s) ---- */
 
@@ -214,13 +236,18 @@ struct moetax_kernels {
     void (*fp32_to_bf16)(const float *x, uint16_t *y, int64_t n);
 };
 
-/* The table for this CPU (avx2 if avx2+fma+f16c, unless MOETAX_FORCE_REF is
- * set), chosen on the first call; thread-safe. Never NULL. */
+/* The table for this CPU (avx512 if AVX-512 F/BW/VL/DQ + VNNI with their state
+ * saved by the OS, else avx2 if avx2+fma+f16c, else ref; MOETAX_FORCE_REF and
+ * MOETAX_KERNELS as in DESIGN above), chosen on the first call; thread-safe.
+ * Never NULL. */
 const struct moetax_kernels *moetax_kernels_get(void);
 /* The scalar reference table. */
 const struct moetax_kernels *moetax_kernels_ref(void);
 /* The AVX2/FMA/F16C table, or NULL if this CPU lacks any of them. */
 const struct moetax_kernels *moetax_kernels_avx2(void);
+/* The AVX-512 (F/BW/VL/DQ, VNNI) table, or NULL if this CPU or the OS's saved
+ * state (XCR0 opmask / ZMM bits 5-7) does not allow it. */
+const struct moetax_kernels *moetax_kernels_avx512(void);
 
 /* Convert one unit (WEIGHT LAYOUTS) of n_rows rows of ncols values of type
  * t, back to back in the stored (GGUF) layout at src (row_bytes =

@@ -7,6 +7,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,18 +69,39 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb) {
     }
 }
 
+void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb) {
+    enum { R = MOETAX_K_Q8R8_ROWS, BB = MOETAX_K_Q8R8_BLOCK_BYTES };
+    _Static_assert(BB == R * sizeof(moetax_block_q8_0), "a group block has the size of its 8 blocks");
+    _Static_assert(MOETAX_K_Q8R8_QS_OFF + 8 * R * 4 == BB, "scales + 8 chunks of 8 rows x 4 quants");
+    const size_t rb = (size_t)nb * sizeof(moetax_block_q8_0);
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = d + (size_t)b * BB;
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * sizeof(moetax_block_q8_0);
+            memcpy(o + 2 * r, blk, 2);
+            for (int c = 0; c < 8; c++) memcpy(o + MOETAX_K_Q8R8_QS_OFF + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
+        }
+    }
+}
+
+static const struct moetax_kernels k_avx512;
+
 moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_type t, void *dst, const void *src,
                                     int64_t n_rows, int64_t ncols) {
     const size_t rb = moetax_row_size(t, ncols);
     if (n_rows <= 0 || rb == 0) return MOETAX_OK;
-    /* the repacked layouts (avx2): Q4_0x8r and Q8_0x4r, groups of R rows */
+    /* the repacked layouts: Q4_0x8r (avx2, avx512), Q8_0x4r (avx2), Q8_0x8r (avx512), groups of R rows */
     if ((t != MOETAX_TYPE_Q4_0 && t != MOETAX_TYPE_Q8_0) || !k->weights_repacked || !k->weights_repacked(t)) {
         if (dst != src) memmove(dst, src, rb * (size_t)n_rows);
         return MOETAX_OK;
     }
-    const int R = t == MOETAX_TYPE_Q4_0 ? MOETAX_K_Q4R8_ROWS : MOETAX_K_Q8R4_ROWS;
+    const bool q8x8 = t == MOETAX_TYPE_Q8_0 && k == &k_avx512;
+    const int R = t == MOETAX_TYPE_Q4_0 ? MOETAX_K_Q4R8_ROWS : q8x8 ? MOETAX_K_Q8R8_ROWS : MOETAX_K_Q8R4_ROWS;
     void (*group)(void *, const void *, int64_t) = t == MOETAX_TYPE_Q4_0 ? moetax_k_repack_group_q4r8
-                                                                         : moetax_k_repack_group_q8r4;
+                                                   : q8x8               ? moetax_k_repack_group_q8r8
+                                                                        : moetax_k_repack_group_q8r4;
     const int64_t ng = n_rows / R;
     const size_t gb = (size_t)R * rb;
     if (ng > 0 && dst == src) { /* in place: each group's source bytes go through a copy */
@@ -150,8 +172,32 @@ static const struct moetax_kernels k_avx2 = {
     .fp32_to_bf16 = moetax_k_fp32_to_bf16_avx2,
 };
 
+/* The avx2 table with Q8_0 / Q4_0 matmul on AVX-512 VNNI (matmul_avx512.c); the rest is avx2's. */
+static const struct moetax_kernels k_avx512 = {
+    .name = "avx512",
+    .quantize_act = moetax_k_quantize_act_avx2,
+    .matmul = moetax_k_matmul_avx512,
+    .weights_repacked = repacked_avx2, /* Q4_0 (Q4_0x8r) and Q8_0 (Q8_0x8r) */
+    .rmsnorm = moetax_k_rmsnorm_avx2,
+    .softmax = moetax_k_softmax_avx2,
+    .sigmoid = moetax_k_sigmoid_avx2,
+    .topk = moetax_k_topk_ref,
+    .silu_mul = moetax_k_silu_mul_avx2,
+    .rope = moetax_k_rope_ref,
+    .rope_cached = moetax_k_rope_cached_ref,
+    .scatter_add = moetax_k_scatter_add_avx2,
+    .dot = moetax_k_dot_avx2,
+    .axpy = moetax_k_axpy_avx2,
+    .wsum = moetax_k_wsum_avx2,
+    .scale = moetax_k_scale_avx2,
+    .fp16_to_fp32 = moetax_k_fp16_to_fp32_avx2,
+    .fp32_to_fp16 = moetax_k_fp32_to_fp16_avx2,
+    .bf16_to_fp32 = moetax_k_bf16_to_fp32_avx2,
+    .fp32_to_bf16 = moetax_k_fp32_to_bf16_avx2,
+};
+
 static const struct moetax_kernels *g_best;
-static bool g_has_avx2;
+static bool g_has_avx2, g_has_avx512;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 /* cpuid: AVX2 (leaf 7 ebx bit 5), FMA and F16C (leaf 1 ecx bits 12, 29), and the OS saving YMM
@@ -173,12 +219,45 @@ static bool cpu_has_avx2_fma_f16c(void) {
 #endif
 }
 
+/* AVX-512 F, DQ, BW, VL (leaf 7 ebx bits 16, 17, 30, 31) and VNNI (leaf 7 ecx bit 11), and the OS
+ * saving the opmask and all ZMM state (XCR0 bits 5-7) besides YMM (bits 1-2). */
+static bool cpu_has_avx512_vnni(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (!cpu_has_avx2_fma_f16c()) return false;
+    unsigned a, b, c, d, xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 0xe6u) != 0xe6u) return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    const unsigned need_b = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);
+    return (b & need_b) == need_b && (c & (1u << 11));
+#else
+    return false;
+#endif
+}
+
+/* MOETAX_FORCE_REF (non-empty, not "0") forces ref; else MOETAX_KERNELS=ref|avx2|avx512 names a
+ * table; one this CPU cannot run, or an unknown name, is a warning on stderr and the best table. */
 static void select_once(void) {
     moetax_k_tables_init();
     g_has_avx2 = cpu_has_avx2_fma_f16c();
+    g_has_avx512 = g_has_avx2 && cpu_has_avx512_vnni();
+    g_best = g_has_avx512 ? &k_avx512 : g_has_avx2 ? &k_avx2 : &k_ref;
     const char *force = getenv("MOETAX_FORCE_REF");
-    const bool use_ref = force && force[0] && strcmp(force, "0") != 0;
-    g_best = (g_has_avx2 && !use_ref) ? &k_avx2 : &k_ref;
+    if (force && force[0] && strcmp(force, "0") != 0) {
+        g_best = &k_ref;
+        return;
+    }
+    const char *want = getenv("MOETAX_KERNELS");
+    if (!want || !want[0]) return;
+    if (strcmp(want, "ref") == 0) g_best = &k_ref;
+    else if (strcmp(want, "avx2") == 0 && g_has_avx2) g_best = &k_avx2;
+    else if (strcmp(want, "avx512") == 0 && g_has_avx512) g_best = &k_avx512;
+    else if (strcmp(want, "avx2") == 0 || strcmp(want, "avx512") == 0)
+        fprintf(stderr, "moetax: MOETAX_KERNELS=%s: this CPU (or OS) does not support it; using %s\n", want,
+                g_best->name);
+    else
+        fprintf(stderr, "moetax: MOETAX_KERNELS=%s: unknown table (ref, avx2, avx512); using %s\n", want,
+                g_best->name);
 }
 
 const struct moetax_kernels *moetax_kernels_get(void) {
@@ -194,6 +273,11 @@ const struct moetax_kernels *moetax_kernels_ref(void) {
 const struct moetax_kernels *moetax_kernels_avx2(void) {
     pthread_once(&g_once, select_once);
     return g_has_avx2 ? &k_avx2 : NULL;
+}
+
+const struct moetax_kernels *moetax_kernels_avx512(void) {
+    pthread_once(&g_once, select_once);
+    return g_has_avx512 ? &k_avx512 : NULL;
 }
 
 size_t moetax_act_size(enum moetax_type wtype, int64_t ncols, int64_t n_batch) {

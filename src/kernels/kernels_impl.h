@@ -1,6 +1,6 @@
 /* kernels_impl.h - declarations shared by the kernel files (not public).
  *
- * Each *_ref.c / *_avx2.c file exports plain functions named
+ * Each *_ref.c / *_avx2.c / *_avx512.c file exports plain functions named
  * moetax_k_<op>_<isa>; kernels.c assembles them into the tables. */
 #ifndef MOETAX_KERNELS_IMPL_H
 #define MOETAX_KERNELS_IMPL_H
@@ -43,6 +43,14 @@ void moetax_k_repack_group_q4r8(void *dst, const void *src, int64_t nb);
 /* One group of 4 rows of nb blocks (row stride rb = 34 nb), standard ->
  * Q8_0x4r, from src to dst (no overlap). */
 void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb);
+/* Q8_0x8r (avx512): per group of 8 rows and block, uint16 d[8] then qs[8][8][4]
+ * (chunk c, row r: quants 4c..4c+3 of the block of row r). */
+#define MOETAX_K_Q8R8_ROWS 8
+#define MOETAX_K_Q8R8_BLOCK_BYTES 272 /* 16 + 8 * 8 * 4 == 8 * sizeof(moetax_block_q8_0) */
+#define MOETAX_K_Q8R8_QS_OFF 16
+/* One group of 8 rows of nb blocks (row stride rb = 34 nb), standard ->
+ * Q8_0x8r, from src to dst (no overlap). */
+void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb);
 
 /* Shared tables (kernels.c): fp16 -> fp32 for every bit pattern. */
 extern float moetax_k_fp16_table[1 << 16];
@@ -57,6 +65,9 @@ void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t 
                                 int64_t n_batch, void *xq);
 void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                           int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
+/* Q8_0 (Q8_0x8r) and Q4_0 (Q4_0x8r) with VNNI; other types: moetax_k_matmul_avx2. */
+void moetax_k_matmul_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                            int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
 
 /* ---- vector ops ---- */
 void moetax_k_rmsnorm_ref(float *out, const float *x, const float *w, int64_t n, float eps);

@@ -1,0 +1,393 @@
+/* matmul_avx512.c - AVX-512 (F/BW/VL/DQ) + VNNI matrix x vector(s) for Q8_0 and
+ * Q4_0 weights. Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq
+ * -mavx512vnni (and the AVX2 flags); only reached through the avx512 table when
+ * cpuid and XCR0 say the CPU and the OS allow all of them. F32/F16/BF16 weights
+ * and the activation preparation are the AVX2 table's (same bytes, same bits).
+ *
+ * Both types read weights with 8 rows interleaved (kernels.h, WEIGHT LAYOUTS:
+ * Q4_0x8r as the avx2 table, Q8_0x8r of this table's own), so that each 32-bit
+ * lane of a 256-bit vector belongs to one row and holds 4 consecutive quants of
+ * it. One vpdpbusd (u8 x s8 -> s32, 4 products per lane, added to the lane)
+ * against the activation's matching 4 quants, broadcast to every lane from
+ * memory (embedded {1to8}), adds 4 products of each of the 8 rows: 8 vpdpbusd
+ * give the 8 rows' exact int32 block sums, with no horizontal sums. vpdpbusd
+ * takes one unsigned operand:
+ *   Q4_0: the nibbles q (0..15) are unsigned already; sum((q - 8) x) =
+ *         sum(q x) - s with the prepared s = 8 * sum(x), which seeds the lane.
+ *   Q8_0: the weights w are made unsigned, w + 128 = w ^ 0x80 (once per block
+ *         for all batch rows); sum(w x) = sum((w + 128) x) - 128 * sum(x), the
+ *         second term computed once per call for each batch row and block.
+ * The float steps are the avx2 table's canonical chain: per row and batch row,
+ * acc = fma((float)S_b, d_w[b] * d_x[b], acc) over the blocks in order, from 0
+ * (continued from y across column chunks). So every result is bit-identical to
+ * the avx2 table's (and independent of the batch and of the row split).
+ *
+ * 256-bit vectors, not 512: with 8-row groups (MOETAX_KERNELS_ROW_GROUP) a
+ * 512-bit vector would hold two chunks of one group, which need two different
+ * activation broadcasts. On cores that split 512-bit ops into two 256-bit ones
+ * (Zen 4) or issue 256-bit vpdpbusd on two ports (Intel) nothing is lost.
+ *
+ * Tiles: one 8-row group x JB (1..8) batch rows; a block's 8 weight vectors are
+ * decoded once for all JB. With JB <= 4 each (row, batch row) sums its block in
+ * two int32 chains (chunks 0-3 and 4-7, added at the end: the same exact sum)
+ * so the vpdpbusd latency (4-5 cycles) does not bound a tile. Decode (one batch
+ * row) pairs group i of the range's first half with group i of its second half
+ * (two sequential streams per core, as the avx2 Q8_0 path). */
+#include "kernels_impl.h"
+
+#include <assert.h>
+#include <immintrin.h>
+#include <string.h>
+
+#include "moetax/types.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* Bytes ahead in each group's stream (as the avx2 table's QPF). */
+#ifndef QPF512
+#define QPF512 1024
+#endif
+
+/* Blocks per column chunk: bounds the per-call scratch of Q8_0 corrections. */
+#define KC_MAX 512
+/* Batch rows per tile at most. */
+#define JB_MAX 8
+/* Weight rows per panel for batches: the panel's weights stay in L2 while every
+ * batch tile passes over them. */
+#define PANEL_ROWS 64
+
+/* Prefetch the block of n bytes at blk, QPF512 bytes ahead: one line per 64 bytes
+ * (with the next block's, every line is touched). */
+ALWAYS_INLINE void prefetch_blk(const uint8_t *blk, int n) {
+    if (QPF512 > 0)
+#pragma GCC unroll 5
+        for (int o = 0; o < n; o += 64) _mm_prefetch((const char *)blk + QPF512 + o, _MM_HINT_T0);
+}
+
+/* Sum of the 8 int32 lanes. */
+ALWAYS_INLINE int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+ALWAYS_INLINE __m256i bcast32(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Q8_0 x8r                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* corr[j * kn + bb] = -128 * sum of the 32 quants of block b0 + bb of batch row j. */
+static void q8_corrections(const uint8_t *act, size_t act_row, int64_t jn, int64_t b0, int64_t kn, int32_t *corr) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int64_t j = 0; j < jn; j++) {
+        const uint8_t *a = act + (size_t)j * act_row;
+        for (int64_t bb = 0; bb < kn; bb++) {
+            /* sad against 0 of x + 128 (unsigned): 4 sums of 8 bytes */
+            const __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(a + (size_t)(b0 + bb) * 32)), flip);
+            const __m256i s = _mm256_sad_epu8(v, _mm256_setzero_si256());
+            __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            t = _mm_add_epi64(t, _mm_unpackhi_epi64(t, t));
+            const int32_t sum = _mm_cvtsi128_si32(t) - 32 * 128;
+            corr[j * kn + bb] = -128 * sum;
+        }
+    }
+}
+
+/* G groups (1 or 2: g[0], g[1]) of 8 rows x JB batch rows over blocks [b0, b0 + kn);
+ * y[gi][j * ldy + 0..7]; first: the chain starts from 0, else continues from y. */
+ALWAYS_INLINE void q8r8_tile(const int G, const int JB, const uint8_t *const *g, const uint8_t *act, size_t act_row,
+                             int64_t nb, const int32_t *corr, int64_t b0, int64_t kn, float *const *y, int64_t ldy,
+                             bool first) {
+    enum { NC = 2 }; /* chains per (group, batch row) when JB <= 4 */
+    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    __m256 acc[2][JB_MAX];
+#pragma GCC unroll 2
+    for (int gi = 0; gi < G; gi++)
+#pragma GCC unroll 8
+        for (int j = 0; j < JB; j++) acc[gi][j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y[gi] + j * ldy);
+    for (int64_t bb = 0; bb < kn; bb++) {
+        const int64_t b = b0 + bb;
+#pragma GCC unroll 2
+        for (int gi = 0; gi < G; gi++) {
+            const uint8_t *blk = g[gi] + (size_t)b * MOETAX_K_Q8R8_BLOCK_BYTES;
+            prefetch_blk(blk, MOETAX_K_Q8R8_BLOCK_BYTES);
+            __m256i wv[8];
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++)
+                wv[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q8R8_QS_OFF + 32 * c)), flip);
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            if (JB <= 4) {
+                __m256i ia[JB_MAX][NC];
+#pragma GCC unroll 8
+                for (int j = 0; j < JB; j++) {
+                    ia[j][0] = _mm256_set1_epi32(corr[j * kn + bb]);
+                    ia[j][1] = _mm256_setzero_si256();
+                }
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++)
+#pragma GCC unroll 8
+                    for (int j = 0; j < JB; j++) {
+                        const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
+                        ia[j][0] = _mm256_dpbusd_epi32(ia[j][0], wv[c], bcast32(xq + 4 * c));
+                        ia[j][1] = _mm256_dpbusd_epi32(ia[j][1], wv[c + 4], bcast32(xq + 4 * c + 16));
+                    }
+#pragma GCC unroll 8
+                for (int j = 0; j < JB; j++) {
+                    const __m256i s = _mm256_add_epi32(ia[j][0], ia[j][1]);
+                    const __m256 dx = _mm256_broadcast_ss((const float *)(act + (size_t)j * act_row + d_off) + b);
+                    acc[gi][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc[gi][j]);
+                }
+            } else {
+                __m256i ia[JB_MAX];
+#pragma GCC unroll 8
+                for (int j = 0; j < JB; j++) ia[j] = _mm256_set1_epi32(corr[j * kn + bb]);
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++)
+#pragma GCC unroll 8
+                    for (int j = 0; j < JB; j++)
+                        ia[j] = _mm256_dpbusd_epi32(ia[j], wv[c], bcast32(act + (size_t)j * act_row + (size_t)b * 32 + 4 * c));
+#pragma GCC unroll 8
+                for (int j = 0; j < JB; j++) {
+                    const __m256 dx = _mm256_broadcast_ss((const float *)(act + (size_t)j * act_row + d_off) + b);
+                    acc[gi][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[j]), _mm256_mul_ps(dw, dx), acc[gi][j]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int gi = 0; gi < G; gi++)
+#pragma GCC unroll 8
+        for (int j = 0; j < JB; j++) _mm256_storeu_ps(y[gi] + j * ldy, acc[gi][j]);
+}
+
+typedef void (*q8r8_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, const int32_t *corr,
+                        int64_t b0, int64_t kn, float *const *y, int64_t ldy, bool first);
+#define Q8R8_TILE(G, JB)                                                                                          \
+    static void q8r8_tile_##G##x##JB(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,    \
+                                     const int32_t *corr, int64_t b0, int64_t kn, float *const *y, int64_t ldy, \
+                                     bool first) {                                                               \
+        q8r8_tile(G, JB, g, act, act_row, nb, corr, b0, kn, y, ldy, first);                                     \
+    }
+Q8R8_TILE(2, 1)
+Q8R8_TILE(1, 1) Q8R8_TILE(1, 2) Q8R8_TILE(1, 3) Q8R8_TILE(1, 4)
+Q8R8_TILE(1, 5) Q8R8_TILE(1, 6) Q8R8_TILE(1, 7) Q8R8_TILE(1, 8)
+static const q8r8_fn k_q8r8[JB_MAX] = {q8r8_tile_1x1, q8r8_tile_1x2, q8r8_tile_1x3, q8r8_tile_1x4,
+                                       q8r8_tile_1x5, q8r8_tile_1x6, q8r8_tile_1x7, q8r8_tile_1x8};
+
+/* One plain block_q8_0 row (a unit's last n_rows % 8 rows) against one batch row
+ * over blocks [b0, b0 + kn), in the canonical chain (the avx2 table's bits). */
+static float q8_plain_row(const uint8_t *w, int64_t nb, const uint8_t *a, const int32_t *corr, int64_t b0, int64_t kn,
+                          float init) {
+    const float *dx = (const float *)(a + moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb));
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    __m128 acc = _mm_set_ss(init);
+    for (int64_t bb = 0; bb < kn; bb++) {
+        const int64_t b = b0 + bb;
+        const uint8_t *blk = w + (size_t)b * sizeof(moetax_block_q8_0);
+        uint16_t dh;
+        memcpy(&dh, blk, 2);
+        const __m256i wv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), flip);
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, _mm256_loadu_si256((const __m256i *)(a + b * 32)));
+        const int32_t s = hsum_epi32(p) + corr[bb];
+        acc = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), s), _mm_mul_ss(_mm_set_ss(moetax_k_fp16_table[dh]),
+                                                                          _mm_set_ss(dx[b])), acc);
+    }
+    return _mm_cvtss_f32(acc);
+}
+
+static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                      const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
+    enum { R = MOETAX_K_Q8R8_ROWS };
+    const int64_t nb = ncols / 32, gend = row1 - (row1 - row0) % R;
+    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q8_0, ncols);
+    int32_t corr[JB_MAX * KC_MAX];
+    const int64_t pr = n_batch == 1 ? row1 - row0 : PANEL_ROWS; /* decode: the whole range (pairs) */
+    for (int64_t p0 = row0; p0 < row1; p0 += pr) {
+        const int64_t p1 = row1 - p0 <= pr ? row1 : p0 + pr, pg = p1 < gend ? p1 : gend;
+        for (int64_t b0 = 0; b0 < nb; b0 += KC_MAX) {
+            const int64_t kn = nb - b0 < KC_MAX ? nb - b0 : KC_MAX;
+            for (int64_t j0 = 0; j0 < n_batch; j0 += JB_MAX) {
+                const int jb = n_batch - j0 < JB_MAX ? (int)(n_batch - j0) : JB_MAX;
+                const uint8_t *aj = act + (size_t)j0 * act_row;
+                q8_corrections(aj, act_row, jb, b0, kn, corr);
+                int64_t r = p0;
+                if (jb == 1) { /* group i of the first half with group i of the second half */
+                    const int64_t h = (pg - p0) / R / 2;
+                    for (int64_t i = 0; i < h; i++) {
+                        const int64_t ra = p0 + i * R, rb = p0 + (h + i) * R;
+                        const uint8_t *g[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
+                        float *yy[2] = {y + j0 * ldy + ra, y + j0 * ldy + rb};
+                        q8r8_tile_2x1(g, aj, act_row, nb, corr, b0, kn, yy, ldy, b0 == 0);
+                    }
+                    r += 2 * h * R;
+                }
+                for (; r < pg; r += R) {
+                    const uint8_t *g[1] = {w + (size_t)r * row_bytes};
+                    float *yy[1] = {y + j0 * ldy + r};
+                    k_q8r8[jb - 1](g, aj, act_row, nb, corr, b0, kn, yy, ldy, b0 == 0);
+                }
+                for (r = pg; r < p1; r++)
+                    for (int j = 0; j < jb; j++) {
+                        float *yo = y + (j0 + j) * ldy + r;
+                        *yo = q8_plain_row(w + (size_t)r * row_bytes, nb, aj + (size_t)j * act_row, corr + j * kn, b0,
+                                           kn, b0 == 0 ? 0.0f : *yo);
+                    }
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Q4_0 x8r                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* One group of 8 rows (Q4_0x8r) x JB batch rows over blocks [b0, b0 + kn). */
+ALWAYS_INLINE void q4r8_tile(const int JB, const uint8_t *g, const uint8_t *act, size_t act_row, int64_t nb,
+                             int64_t b0, int64_t kn, float *y, int64_t ldy, bool first) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
+    __m256 acc[JB_MAX];
+#pragma GCC unroll 8
+    for (int j = 0; j < JB; j++) acc[j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy);
+    for (int64_t bb = 0; bb < kn; bb++) {
+        const int64_t b = b0 + bb;
+        const uint8_t *blk = g + (size_t)b * MOETAX_K_Q4R8_BLOCK_BYTES;
+        prefetch_blk(blk, MOETAX_K_Q4R8_BLOCK_BYTES);
+        __m256i lo[4], hi[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4R8_QS_OFF + 32 * c));
+            lo[c] = _mm256_and_si256(v, m4);
+            hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        if (JB <= 4) {
+            __m256i ia[JB_MAX][2];
+#pragma GCC unroll 8
+            for (int j = 0; j < JB; j++) {
+                int32_t sx;
+                memcpy(&sx, act + (size_t)j * act_row + s_off + (size_t)b * 4, 4);
+                ia[j][0] = _mm256_set1_epi32(-sx);
+                ia[j][1] = _mm256_setzero_si256();
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+#pragma GCC unroll 8
+                for (int j = 0; j < JB; j++) {
+                    const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
+                    ia[j][0] = _mm256_dpbusd_epi32(ia[j][0], lo[c], bcast32(xq + 4 * c));
+                    ia[j][1] = _mm256_dpbusd_epi32(ia[j][1], hi[c], bcast32(xq + 16 + 4 * c));
+                }
+#pragma GCC unroll 8
+            for (int j = 0; j < JB; j++) {
+                const __m256i s = _mm256_add_epi32(ia[j][0], ia[j][1]);
+                const __m256 dx = _mm256_broadcast_ss((const float *)(act + (size_t)j * act_row + d_off) + b);
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc[j]);
+            }
+        } else {
+            __m256i ia[JB_MAX];
+#pragma GCC unroll 8
+            for (int j = 0; j < JB; j++) {
+                int32_t sx;
+                memcpy(&sx, act + (size_t)j * act_row + s_off + (size_t)b * 4, 4);
+                ia[j] = _mm256_set1_epi32(-sx);
+            }
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+#pragma GCC unroll 8
+                for (int j = 0; j < JB; j++) {
+                    const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
+                    ia[j] = _mm256_dpbusd_epi32(ia[j], lo[c], bcast32(xq + 4 * c));
+                    ia[j] = _mm256_dpbusd_epi32(ia[j], hi[c], bcast32(xq + 16 + 4 * c));
+                }
+#pragma GCC unroll 8
+            for (int j = 0; j < JB; j++) {
+                const __m256 dx = _mm256_broadcast_ss((const float *)(act + (size_t)j * act_row + d_off) + b);
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[j]), _mm256_mul_ps(dw, dx), acc[j]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < JB; j++) _mm256_storeu_ps(y + j * ldy, acc[j]);
+}
+
+typedef void (*q4r8_fn)(const uint8_t *g, const uint8_t *act, size_t act_row, int64_t nb, int64_t b0, int64_t kn,
+                        float *y, int64_t ldy, bool first);
+#define Q4R8_TILE(JB)                                                                                            \
+    static void q4r8_tile_##JB(const uint8_t *g, const uint8_t *act, size_t act_row, int64_t nb, int64_t b0,    \
+                               int64_t kn, float *y, int64_t ldy, bool first) {                                 \
+        q4r8_tile(JB, g, act, act_row, nb, b0, kn, y, ldy, first);                                              \
+    }
+Q4R8_TILE(1) Q4R8_TILE(2) Q4R8_TILE(3) Q4R8_TILE(4) Q4R8_TILE(5) Q4R8_TILE(6) Q4R8_TILE(7) Q4R8_TILE(8)
+static const q4r8_fn k_q4r8[JB_MAX] = {q4r8_tile_1, q4r8_tile_2, q4r8_tile_3, q4r8_tile_4,
+                                       q4r8_tile_5, q4r8_tile_6, q4r8_tile_7, q4r8_tile_8};
+
+/* One plain block_q4_0 row against one batch row, the canonical chain. */
+static float q4_plain_row(const uint8_t *w, int64_t nb, const uint8_t *a, int64_t b0, int64_t kn, float init) {
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const float *dx = (const float *)(a + moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb));
+    const int32_t *sx = (const int32_t *)(a + moetax_k_act_s_off(nb));
+    __m128 acc = _mm_set_ss(init);
+    for (int64_t b = b0; b < b0 + kn; b++) {
+        const uint8_t *blk = w + (size_t)b * sizeof(moetax_block_q4_0);
+        uint16_t dh;
+        memcpy(&dh, blk, 2);
+        const __m128i v = _mm_loadu_si128((const __m128i *)(blk + 2));
+        const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, _mm256_loadu_si256((const __m256i *)(a + b * 32)));
+        const int32_t s = hsum_epi32(p) - sx[b];
+        acc = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), s), _mm_mul_ss(_mm_set_ss(moetax_k_fp16_table[dh]),
+                                                                          _mm_set_ss(dx[b])), acc);
+    }
+    return _mm_cvtss_f32(acc);
+}
+
+static void matmul_q4(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                      const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
+    enum { R = MOETAX_K_Q4R8_ROWS };
+    const int64_t nb = ncols / 32, gend = row1 - (row1 - row0) % R;
+    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q4_0, ncols);
+    const int64_t pr = n_batch <= JB_MAX ? row1 - row0 : PANEL_ROWS;
+    const int64_t kc = n_batch <= JB_MAX ? nb : KC_MAX;
+    for (int64_t p0 = row0; p0 < row1; p0 += pr) {
+        const int64_t p1 = row1 - p0 <= pr ? row1 : p0 + pr, pg = p1 < gend ? p1 : gend;
+        for (int64_t b0 = 0; b0 < nb; b0 += kc) {
+            const int64_t kn = nb - b0 < kc ? nb - b0 : kc;
+            for (int64_t j0 = 0; j0 < n_batch; j0 += JB_MAX) {
+                const int jb = n_batch - j0 < JB_MAX ? (int)(n_batch - j0) : JB_MAX;
+                const uint8_t *aj = act + (size_t)j0 * act_row;
+                for (int64_t r = p0; r < pg; r += R)
+                    k_q4r8[jb - 1](w + (size_t)r * row_bytes, aj, act_row, nb, b0, kn, y + j0 * ldy + r, ldy, b0 == 0);
+                for (int64_t r = pg; r < p1; r++)
+                    for (int j = 0; j < jb; j++) {
+                        float *yo = y + (j0 + j) * ldy + r;
+                        *yo = q4_plain_row(w + (size_t)r * row_bytes, nb, aj + (size_t)j * act_row, b0, kn,
+                                           b0 == 0 ? 0.0f : *yo);
+                    }
+            }
+        }
+    }
+}
+
+void moetax_k_matmul_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                            int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
+    if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
+    switch (wtype) {
+    case MOETAX_TYPE_Q8_0:
+        assert(row0 % MOETAX_K_Q8R8_ROWS == 0); /* ROW RANGES, kernels.h */
+        matmul_q8(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        break;
+    case MOETAX_TYPE_Q4_0:
+        assert(row0 % MOETAX_K_Q4R8_ROWS == 0); /* ROW RANGES, kernels.h */
+        matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        break;
+    default: moetax_k_matmul_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
+    }
+}
