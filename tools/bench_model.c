@@ -20,6 +20,7 @@
 #include "ledger_cli.h"
 #include "store_cli.h"
 #include "moetax/gguf.h"
+#include "moetax/kernels.h"
 #include "moetax/kvcache.h"
 #include "moetax/membw.h"
 #include "moetax/model.h"
@@ -492,6 +493,7 @@ int bench_model_main(int argc, char **argv) {
     if (nth == 0) { th[0] = 0; nth = 1; }
     moetax_status st = bench_check_upfront(model, twin, &o);
     if (st) return cli_fail("bench", st);
+    if (!o.json) printf("kernels: %s (MOETAX_KERNELS=ref|avx2|avx512 chooses)\n", moetax_kernels_get()->name);
     if (!o.json)
         printf("| model | threads | test | t/s | TPOT p50 ms | TPOT p99 ms | GB/s | read GB/s | roofline | paired | us/layer | tax | ledger cost |\n"
                "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
