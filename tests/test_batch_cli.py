@@ -105,6 +105,21 @@ def main():
               f"capacity factor inf = off: {ppl['inf']['ppl']} vs {ppl[None]['ppl']}")
         check(ppl["1"]["dropped_share"] > 0, f"capacity factor 1 drops: {ppl['1']}")
 
+    # perplexity --parallel: windows scored as sequences of one batch give the same perplexity
+    txt2 = os.path.join(work, "batch_cli_text2.txt")
+    with open(txt2, "w") as f:
+        f.write("".join("def g%d(a, b):\n    return a * %d + b\n" % (i, i) for i in range(60)))
+    pp = {}
+    for par in (None, "3"):
+        args = [mt, "perplexity", "-m", DEFAULT_MODEL, "-f", txt2, "--json", "-c", "96", "--stride", "40"]
+        r = run(args + (["--parallel", par] if par else []))
+        check(r.returncode == 0, f"perplexity --parallel {par}: {r.stderr[-300:]}")
+        if r.returncode == 0:
+            pp[par] = json.loads(r.stdout)
+    if len(pp) == 2:
+        check(pp["3"]["tokens"] == pp[None]["tokens"] and abs(pp["3"]["ppl"] - pp[None]["ppl"]) <= 1e-9 * pp[None]["ppl"],
+              f"perplexity --parallel 3 = one window at a time: {pp['3']['ppl']} vs {pp[None]['ppl']}")
+
     # a NaN inside the model: the logits check names the token; --check-finite names the layer
     f32 = os.path.join(work, "batch_cli_tiny_f32.gguf")
     check(run([mt, "gen", "--preset", "tiny", "-o", f32]).returncode == 0, "gen tiny f32")

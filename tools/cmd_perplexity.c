@@ -20,6 +20,7 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "moetax/kvcache.h"
 #include "moetax/ledger.h"
 #include "moetax/model.h"
 #include "moetax/tokenizer.h"
@@ -27,7 +28,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax perplexity [-m FILE] -f TEXT|DIR [-c N] [--stride N] [-t N] [--max-files N]\n"
                "                         [--experts-used K] [--capacity-factor C [--overflow drop|reroute]]\n"
-               "                         [--ubatch N] [--per-file] [--json] [--no-mmap]\n\n"
+               "                         [--ubatch N] [--parallel B] [--per-file] [--json] [--no-mmap]\n\n"
                "Perplexity of the model over a text file, or over every regular file of a folder (sorted by\n"
                "name; hidden files skipped), each file a document that starts with BOS. Tokens are scored by a\n"
                "sliding window: windows of -c tokens (default: the model's context length, at most 512) every\n"
@@ -38,7 +39,11 @@ static void usage(FILE *f) {
                "               rest are dropped (--overflow drop, the default) or moved to the token's next-best\n"
                "               expert with room (--overflow reroute); the share of assignments dropped and moved\n"
                "               is printed. With --ubatch B it measures the quality cost of capping a step of B tokens\n"
-               "  --ubatch N   tokens per micro-batch (default 64)\n"
+               "  --ubatch N   tokens per micro-batch (default 64; with --parallel B: B)\n"
+               "  --parallel B  score B windows at once as B sequences of one batch, interleaved token by token,\n"
+               "               so that each micro-batch holds one token of each window: the routing of B sequences\n"
+               "               decoding together (what a capacity factor caps in batched decoding); the same\n"
+               "               perplexity as one window at a time without a capacity factor\n"
                "  --per-file   print each file's token count and perplexity\n"
                "  --no-mmap    copy the weights into private memory of 2 MiB pages (see 'moetax bench')\n"
                "  --check-finite  check every hidden state after each layer (a NaN or inf names the layer)\n"
@@ -146,6 +151,73 @@ static moetax_status score_doc(const char *file, struct moetax_ctx *c, const int
     return MOETAX_OK;
 }
 
+/* --parallel B: the windows of every document scored B at a time, as B sequences of one
+ * batch, interleaved token by token, so that each micro-batch of B tokens holds one token of
+ * each window: the routing a step of B sequences decoding together sees (a capacity
+ * factor then caps what it caps in batched decoding). Same tokens and windows as
+ * score_doc, so the same perplexity without a capacity factor. */
+struct window { int f; int64_t begin, end, from; };
+
+static moetax_status score_parallel(char **files, int32_t **docs, const int64_t *doc_n, int n_files, struct moetax_ctx *c,
+                                    int64_t ctx, int64_t stride, int B, int64_t V, struct acc *per, cli_progress *pr,
+                                    uint64_t *done) {
+    int64_t nw = 0, cap = 64;
+    struct window *w = malloc(sizeof *w * (size_t)cap);
+    struct moetax_batch b = {0};
+    moetax_status st = w ? moetax_batch_init(&b, (int32_t)(B * ctx)) : moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    for (int f = 0; !st && f < n_files; f++) {
+        if (doc_n[f] < 2) continue;
+        for (int64_t begin = 0, scored_to = 1; scored_to < doc_n[f]; begin += stride) {
+            if (nw == cap) {
+                struct window *nwp = realloc(w, sizeof *w * (size_t)(cap *= 2));
+                if (!nwp) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
+                w = nwp;
+            }
+            const int64_t end = begin + ctx < doc_n[f] ? begin + ctx : doc_n[f];
+            w[nw++] = (struct window){.f = f, .begin = begin, .end = end, .from = scored_to};
+            scored_to = end;
+        }
+    }
+    for (int64_t g = 0; !st && g < nw; g += B) {
+        const int64_t ng = nw - g < B ? nw - g : B;
+        moetax_ctx_reset(c);
+        moetax_batch_clear(&b);
+        for (int64_t i = 0; i < ctx; i++)
+            for (int64_t q = 0; q < ng && !st; q++) {
+                const struct window *x = &w[g + q];
+                if (x->begin + i < x->end)
+                    st = moetax_batch_add(&b, docs[x->f][x->begin + i], (int32_t)i, (int32_t)q,
+                                          x->begin + i + 1 >= x->from && x->begin + i + 1 < x->end);
+            }
+        if (!st && (st = moetax_ctx_decode(c, &b))) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", moetax_last_error());
+            st = moetax_error(st, "%s: the windows from token %lld: %s", files[w[g].f], (long long)w[g].begin, msg);
+        }
+        for (int32_t e = 0; !st && e < b.n_tokens; e++) {
+            if (!b.logits[e]) continue;
+            const struct window *x = &w[g + b.seq[e]];
+            const int64_t j = x->begin + b.pos[e] + 1; /* the token these logits predict */
+            const double l = token_nll(moetax_ctx_logits_ith(c, e), V, docs[x->f][j]);
+            if (!isfinite(l)) {
+                st = moetax_error(MOETAX_ERR_NUMERIC, "%s: token %lld: the log-likelihood is %s", files[x->f], (long long)j,
+                                  isnan(l) ? "NaN" : "infinite");
+                break;
+            }
+            struct acc *a = &per[x->f];
+            a->sum += l;
+            a->sum2 += l * l;
+            a->n++;
+            (*done)++;
+        }
+        for (int64_t q = 0; q < ng; q++) per[w[g + q].f].evald += w[g + q].end - w[g + q].begin;
+        cli_progress_update(pr, *done);
+    }
+    moetax_batch_free(&b);
+    free(w);
+    return st;
+}
+
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *input = NULL;
     int64_t n_threads = 0, ctx = 0, stride = 0, max_files = 0;
@@ -154,7 +226,8 @@ int cmd_perplexity(int argc, char **argv) {
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool per_file = false, json = false;
     double capf = 0;
-    int64_t ubatch = 0;
+    int64_t ubatch = 0, parallel = 0;
+    struct acc *per = NULL;
     enum moetax_overflow overflow = MOETAX_OVERFLOW_DROP;
     struct moetax_ledger *led = NULL;
     uint64_t max_input = 0;
@@ -184,6 +257,9 @@ int cmd_perplexity(int argc, char **argv) {
             if (err || (strcmp(v, "drop") && strcmp(v, "reroute")))
                 return cli_usage_error("perplexity", "--overflow: expected drop or reroute");
             overflow = strcmp(v, "drop") ? MOETAX_OVERFLOW_REROUTE : MOETAX_OVERFLOW_DROP;
+        } else if (cli_opt(argc, argv, &i, NULL, "--parallel", &v, &err)) {
+            if (err || !cli_parse_i64(v, &parallel) || parallel < 1 || parallel > 256)
+                return cli_usage_error("perplexity", "--parallel needs a count of windows in 1..256");
         } else if (cli_opt(argc, argv, &i, NULL, "--ubatch", &v, &err)) {
             if (err || !cli_parse_i64(v, &ubatch) || ubatch < 1 || ubatch > 4096)
                 return cli_usage_error("perplexity", "--ubatch needs a count in 1..4096");
@@ -251,8 +327,15 @@ int cmd_perplexity(int argc, char **argv) {
         else to_score += (uint64_t)(n - 1);
     }
     if (to_score == 0) { st = moetax_error(MOETAX_ERR_ARG, "%s: no file has two or more tokens to score", input); goto done; }
-    struct moetax_ctx_params cp = {.check_finite = check_finite, .n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx,
-                                   .capacity_factor = (float)capf, .overflow = overflow, .n_ubatch = (int32_t)ubatch};
+    const int64_t bs = MOETAX_KV_BLOCK_DEFAULT;
+    struct moetax_ctx_params cp = {.check_finite = check_finite, .n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads,
+                                   .n_expert_used = k_ctx, .capacity_factor = (float)capf, .overflow = overflow,
+                                   .n_ubatch = (int32_t)ubatch};
+    if (parallel) { /* B windows at once, one token of each per micro-batch unless --ubatch says */
+        cp.n_ctx = (int32_t)(parallel * ((ctx + bs - 1) / bs * bs));
+        cp.n_seq_max = (int32_t)parallel;
+        if (!ubatch) cp.n_ubatch = (int32_t)parallel;
+    }
     if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
     if (capf > 0) { /* the ledger counts what the capacity factor dropped and moved */
         struct moetax_ledger_params lp = {.n_workers = moetax_ctx_n_threads(c), .n_layer = m->hp.n_layer};
@@ -268,10 +351,16 @@ int cmd_perplexity(int argc, char **argv) {
     cli_progress pr;
     cli_progress_init(&pr, "perplexity", to_score);
     uint64_t done = 0;
+    if (!(per = calloc((size_t)n_files, sizeof *per))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+    if (parallel &&
+        (st = score_parallel(files, docs, doc_n, n_files, c, ctx, stride, (int)parallel, m->hp.n_vocab, per, &pr, &done)))
+        goto done;
     for (int f = 0; f < n_files; f++) {
         if (doc_n[f] < 2) continue;
-        struct acc a = {0};
-        if ((st = score_doc(files[f], c, docs[f], doc_n[f], ctx, stride, m->hp.n_vocab, logits, &a, &pr, &done))) goto done;
+        struct acc a = per[f];
+        if (!parallel &&
+            (st = score_doc(files[f], c, docs[f], doc_n[f], ctx, stride, m->hp.n_vocab, logits, &a, &pr, &done)))
+            goto done;
         total.sum += a.sum;
         total.sum2 += a.sum2;
         total.n += a.n;
@@ -328,6 +417,7 @@ done:
     free(logits);
     moetax_ctx_free(c);
     moetax_ledger_free(led);
+    free(per);
     moetax_tokenizer_free(tok);
     moetax_model_free(m);
     if (st) return cli_fail("perplexity", st);
