@@ -22,17 +22,6 @@
 #include "moetax/model.h"
 #include "moetax/pool.h"
 
-static int cmp_f64(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double pctl(double *v, int n, double p) {
-    if (n <= 0) return 0;
-    qsort(v, (size_t)n, sizeof *v, cmp_f64);
-    return v[(int)(p * (n - 1) + 0.5)];
-}
-
 /* One B: reps repetitions (after a warm-up) of prefill + n_gen decode steps. */
 static moetax_status one_batch(const struct moetax_model *m, const char *base, struct moetax_pool *pool,
                                struct moetax_membw_probe *probe, double read_gbps, const struct bench_batch_opts *o,
@@ -120,8 +109,8 @@ static moetax_status one_batch(const struct moetax_model *m, const char *base, s
     const double wait_share = total > 0 ? dph[MOETAX_PHASE_WAIT] / total : 0;
     const int64_t dropped = ms1.dropped - ms0.dropped, rerouted = ms1.rerouted - ms0.rerouted;
     const int64_t assigned = ms1.assignments - ms0.assignments;
-    const double tps = pctl(rep_tps, nrep, 0.5), p50 = 1e3 * pctl(step_t, nt, 0.5), p99 = 1e3 * pctl(step_t, nt, 0.99);
-    const double paired = npair ? pctl(rep_pair, npair, 0.5) : 0;
+    const double tps = cli_percentile(rep_tps, nrep, 0.5), p50 = 1e3 * cli_percentile(step_t, nt, 0.5), p99 = 1e3 * cli_percentile(step_t, nt, 0.99);
+    const double paired = npair ? cli_percentile(rep_pair, npair, 0.5) : 0;
     const double tax = moetax_ledger_tax_share(dph);
     if (o->json)
         st = cli_json_print(stdout, cli_jobj("ssiiIIffffffffffIIfb", "model", base, "test", "batch", "threads", threads,

@@ -72,16 +72,6 @@ static void usage(FILE *f) {
             cli_ledger_help(), cli_store_help());
 }
 
-static int cmp_f64(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double pct(double *v, int n, double p) {
-    if (n <= 0) return 0;
-    qsort(v, (size_t)n, sizeof *v, cmp_f64);
-    return v[(int)(p * (n - 1) + 0.5)];
-}
 
 struct opts {
     int64_t pp[16], tg[16];
@@ -275,12 +265,12 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 rr->rss_bound_mib = (double)((uint64_t)sst.n_slots * sst.slot_bytes + (fbytes > eb ? fbytes - eb : 0) +
                                              moetax_ctx_kv_bytes(c) + CLI_RSS_OVERHEAD_BYTES) / (1 << 20);
             }
-            rr->tps = pct(rep_on, non, 0.5);
-            rr->paired = npair ? pct(rep_pair, npair, 0.5) : 0;
-            double med_on = nt ? pct(times, nt, 0.5) : 0, med_off = ntoff ? pct(times_off, ntoff, 0.5) : 0;
+            rr->tps = cli_percentile(rep_on, non, 0.5);
+            rr->paired = npair ? cli_percentile(rep_pair, npair, 0.5) : 0;
+            double med_on = nt ? cli_percentile(times, nt, 0.5) : 0, med_off = ntoff ? cli_percentile(times_off, ntoff, 0.5) : 0;
             rr->overhead = med_off > 0 ? med_on / med_off - 1 : 0;
             rr->p50 = kind ? 1e3 * med_on : 0;
-            rr->p99 = kind ? 1e3 * pct(times, nt, 0.99) : 0;
+            rr->p99 = kind ? 1e3 * cli_percentile(times, nt, 0.99) : 0;
             rr->tax_share = moetax_ledger_tax_share(dph);
             rr->tax_us = tok1 > tok0 ? 1e6 * tax / (double)(tok1 - tok0) : 0;
             for (int p = 0; p < MOETAX_PHASE_COUNT; p++) rr->phase_us[p] = tok1 > tok0 ? 1e6 * dph[p] / (double)(tok1 - tok0) : 0;

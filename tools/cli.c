@@ -310,3 +310,14 @@ moetax_status cli_json_print(FILE *f, json_t *o) {
         return moetax_error(MOETAX_ERR_IO, "cannot write the JSON output: %s", strerror(errno));
     return MOETAX_OK;
 }
+
+static int cmp_f64(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double cli_percentile(double *v, int n, double p) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_f64);
+    return v[(int)(p * (n - 1) + 0.5)];
+}

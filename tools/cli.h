@@ -44,6 +44,8 @@ void cli_progress_update(cli_progress *p, uint64_t done);
 void cli_progress_done(cli_progress *p);
 
 double cli_now(void); /* monotonic seconds */
+/* The p-quantile (0..1, nearest rank) of v[0..n), sorting v in place; 0 when n <= 0. */
+double cli_percentile(double *v, int n, double p);
 
 /* The whole file at path ("-": standard input) in a malloc'd buffer with a
  * NUL after its *len bytes (the bytes may hold NULs too), at most max_bytes of
