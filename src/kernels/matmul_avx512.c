@@ -50,6 +50,9 @@
 
 /* Blocks per column chunk: bounds the per-call scratch of Q8_0 corrections. */
 #define KC_MAX 512
+#ifndef Q8_NC2_MAX /* Q8_0 tiles of up to this many batch rows sum each block in two chains */
+#define Q8_NC2_MAX 8
+#endif
 /* Batch rows per tile at most. */
 #define JB_MAX 8
 /* Weight rows per panel for batches: the panel's weights stay in L2 while every
@@ -123,7 +126,7 @@ ALWAYS_INLINE void q8r8_tile(const int G, const int JB, const uint8_t *const *g,
             for (int c = 0; c < 8; c++)
                 wv[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q8R8_QS_OFF + 32 * c)), flip);
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-            if (JB <= 4) {
+            if (JB <= Q8_NC2_MAX) {
                 __m256i ia[JB_MAX][NC];
 #pragma GCC unroll 8
                 for (int j = 0; j < JB; j++) {
