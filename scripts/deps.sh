@@ -5,14 +5,14 @@
 #   test adds what the test suite needs; train what tools/train/ needs to retrain the default model
 set -euo pipefail
 mode=${1:-build}
-pkgs=(gcc g++ make cmake pkg-config libjansson-dev)
+pkgs=(gcc g++ make cmake pkg-config libjansson-dev libmicrohttpd-dev)  # libmicrohttpd: moetax serve
 if [ "$mode" = test ]; then
   # numpy for the independent reference (tests/ref), clang + compiler-rt for libFuzzer,
-  # chromium to render the report's HTML page headless
+  # chromium to render the report's HTML page headless; curl and wrk: clients of moetax serve's tests
   # torch + regex: the trained default model's PyTorch reference and its tokenizer's trainer;
   # OpenBLAS: without it Debian's torch multiplies with the reference BLAS, and the
   # trained model's float64 reference pass takes ~2 minutes instead of ~10 seconds
-  pkgs+=(python3 python3-numpy python3-torch python3-regex libopenblas0-pthread clang libclang-rt-14-dev chromium)
+  pkgs+=(python3 python3-numpy python3-torch python3-regex libopenblas0-pthread clang libclang-rt-14-dev chromium curl wrk)
 fi
 if [ "$mode" = train ]; then
   # OpenBLAS: without it Debian's torch multiplies with the reference BLAS

@@ -13,6 +13,7 @@
     X(tokenize, "encode text with a GGUF file's tokenizer and print the token ids or pieces") \
     X(quantize, "convert a GGUF model's weights to another type (f16, bf16, q8_0, q4_0)") \
     X(report, "the bill of a run: tax share, phases, layers, workers, routing, from a ledger or trace (--html)") \
+    X(serve, "an OpenAI-compatible HTTP server with continuous batching and live tax metrics (/metrics)") \
     X(bench, "benchmarks: mem (read bandwidth), kernels, io (O_DIRECT reads), and model prefill/decode")
 
 #define X(name, help) int cmd_##name(int argc, char **argv);

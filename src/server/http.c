@@ -1,0 +1,494 @@
+/* http.c - libmicrohttpd glue: routes, limits, auth, streaming (see http.h). */
+#include "server/http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <stdarg.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "server/api.h"
+#include "server/metrics.h"
+
+struct srv_http {
+    struct srv_http_params p;
+    struct MHD_Daemon *d;
+    int port;
+    int64_t created;
+    atomic_ullong next_id;
+};
+
+/* Per connection (con_cls): the body as it arrives. */
+struct conn {
+    char *body;
+    size_t len, cap;
+    int route;
+    bool too_big;
+    bool responded; /* a response is queued: ignore the rest of the body */
+};
+
+enum route { R_NONE = 0, R_HEALTH, R_MODELS, R_METRICS, R_COMPLETIONS, R_CHAT };
+
+static int route_of(const char *url, const char *method, int *status) {
+    static const struct { const char *url, *method; int r; } table[] = {
+        {"/health", "GET", R_HEALTH},         {"/v1/health", "GET", R_HEALTH},
+        {"/v1/models", "GET", R_MODELS},      {"/models", "GET", R_MODELS},
+        {"/metrics", "GET", R_METRICS},       {"/v1/completions", "POST", R_COMPLETIONS},
+        {"/completions", "POST", R_COMPLETIONS}, {"/v1/chat/completions", "POST", R_CHAT},
+        {"/chat/completions", "POST", R_CHAT},
+    };
+    bool known = false;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        if (strcmp(url, table[i].url) != 0) continue;
+        known = true;
+        if (strcmp(method, table[i].method) == 0 || (strcmp(method, "HEAD") == 0 && strcmp(table[i].method, "GET") == 0))
+            return table[i].r;
+    }
+    *status = known ? 405 : 404;
+    return R_NONE;
+}
+
+static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *ctype, char *text, size_t len) {
+    if (!text) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}";
+        struct MHD_Response *r = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "application/json");
+        enum MHD_Result ok = MHD_queue_response(c, 500, r);
+        MHD_destroy_response(r);
+        return ok;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(text); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (status == 405) MHD_add_response_header(r, "Allow", "GET, POST");
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, int status, char *json) {
+    return send_text(c, status, "application/json", json, json ? strlen(json) : 0);
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, int status, const char *msg) {
+    return send_json(c, status, srv_api_error_json(msg, srv_api_error_type(status), status));
+}
+
+/* The peer closed its end (or the socket failed). */
+static bool client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    struct pollfd pf = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&pf, 1, 0) <= 0) return false;
+    if (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+    if (pf.revents & POLLIN) {
+        char b;
+        const ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    }
+    return false;
+}
+
+static bool auth_ok(const struct srv_http *h, struct MHD_Connection *c) {
+    if (!h->p.api_key) return true;
+    const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!a || strncasecmp(a, "Bearer ", 7) != 0) return false;
+    a += 7;
+    const size_t n = strlen(a), k = strlen(h->p.api_key);
+    unsigned char diff = n != k;
+    for (size_t i = 0; i < n && i < k; i++) diff |= (unsigned char)(a[i] ^ h->p.api_key[i]); /* constant time */
+    return diff == 0;
+}
+
+/* ---- generation ------------------------------------------------------- */
+
+struct stream {
+    struct srv_http *h;
+    struct MHD_Connection *c;
+    struct srv_req *r;
+    bool chat, include_usage, done;
+    char id[48];
+    size_t sent;         /* bytes of r->text sent */
+    char *out;           /* pending SSE bytes */
+    size_t out_len, out_off;
+};
+
+static void resp_init(const struct srv_http *h, const struct srv_req *r, bool chat, const char *id,
+                      struct srv_api_resp *a) {
+    memset(a, 0, sizeof *a);
+    a->chat = chat;
+    a->id = id;
+    a->model = h->p.model_name;
+    a->created = h->created;
+    a->prompt_tokens = r->n_prompt;
+    a->completion_tokens = r->n_gen;
+    a->cached_tokens = r->n_reused;
+}
+
+static bool out_add(struct stream *s, const char *json) {
+    if (!json) return false;
+    const size_t n = strlen(json);
+    char *o = realloc(s->out, s->out_len + n + 8);
+    if (!o) return false;
+    s->out = o;
+    memcpy(s->out + s->out_len, "data: ", 6);
+    memcpy(s->out + s->out_len + 6, json, n);
+    memcpy(s->out + s->out_len + 6 + n, "\n\n", 2);
+    s->out_len += n + 8;
+    return true;
+}
+
+/* Fill s->out with what the request has for the client; false when there is nothing (yet). */
+static bool stream_fill(struct stream *s) {
+    struct srv_req *r = s->r;
+    struct srv_api_resp a;
+    pthread_mutex_lock(&r->mu);
+    resp_init(s->h, r, s->chat, s->id, &a);
+    const enum srv_finish fin = r->finish;
+    bool any = false;
+    if (r->len > s->sent) {
+        a.text = r->text + s->sent;
+        a.text_len = r->len - s->sent;
+        char *j = srv_api_chunk_json(&a, false, false);
+        any = out_add(s, j);
+        free(j);
+        s->sent = r->len;
+    }
+    if (fin != SRV_FINISH_NONE && !any) {
+        if (fin == SRV_FINISH_STOP || fin == SRV_FINISH_LENGTH) {
+            a.text = "";
+            a.text_len = 0;
+            a.finish_reason = srv_finish_name(fin);
+            char *j = srv_api_chunk_json(&a, false, false);
+            out_add(s, j);
+            free(j);
+            if (s->include_usage) {
+                j = srv_api_chunk_json(&a, false, true);
+                out_add(s, j);
+                free(j);
+            }
+        } else {
+            char *j = srv_api_error_json(r->err[0] ? r->err : "the request ended", "server_error", 500);
+            out_add(s, j);
+            free(j);
+        }
+        const char done[] = "data: [DONE]\n\n";
+        char *o = realloc(s->out, s->out_len + sizeof done);
+        if (o) {
+            s->out = o;
+            memcpy(s->out + s->out_len, done, sizeof done - 1);
+            s->out_len += sizeof done - 1;
+        }
+        s->done = true;
+        any = true;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return any;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    struct stream *s = cls;
+    (void)pos;
+    for (;;) {
+        if (s->out_off < s->out_len) {
+            size_t n = s->out_len - s->out_off;
+            if (n > max) n = max;
+            memcpy(buf, s->out + s->out_off, n);
+            s->out_off += n;
+            if (s->out_off == s->out_len) s->out_off = s->out_len = 0;
+            return (ssize_t)n;
+        }
+        if (s->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (stream_fill(s)) continue;
+        if (client_gone(s->c)) {
+            srv_req_cancel(s->r);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        pthread_mutex_lock(&s->r->mu);
+        srv_req_wait_locked(s->r, s->sent, 50);
+        pthread_mutex_unlock(&s->r->mu);
+    }
+}
+
+static void stream_free(void *cls) {
+    struct stream *s = cls;
+    srv_req_cancel(s->r); /* a no-op when it has finished */
+    srv_req_unref(s->r);
+    free(s->out);
+    free(s);
+}
+
+static int64_t now_unix(void) { return (int64_t)time(NULL); }
+
+static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection *c, struct conn *cs, bool chat) {
+    char err[512];
+    struct srv_api_req q;
+    if (chat && h->p.tmpl == SRV_CHAT_UNKNOWN)
+        return send_error(c, 400, "this model has no chat template moetax knows (tokenizer.chat_template is missing or "
+                                  "not recognised): use /v1/completions with a plain prompt instead");
+    if (srv_api_parse(cs->body ? cs->body : "", cs->len, chat, &q, err, sizeof err)) return send_error(c, 400, err);
+    char *text = q.prompt;
+    size_t text_len = q.prompt_len;
+    char *rendered = NULL;
+    if (chat) {
+        if (!(rendered = srv_chat_render(h->p.tmpl, q.msgs, q.n_msgs, true, &text_len))) {
+            srv_api_req_free(&q);
+            return send_error(c, 500, "out of memory");
+        }
+        text = rendered;
+    }
+    /* tokenize here, in the connection's thread */
+    const bool bos = moetax_tokenizer_add_bos(h->p.tok);
+    int64_t n_ids = 0;
+    moetax_tokenizer_encode(h->p.tok, text, text_len, bos, NULL, 0, &n_ids);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n_ids > 0 ? n_ids : 1));
+    moetax_status st = ids ? moetax_tokenizer_encode(h->p.tok, text, text_len, bos, ids, n_ids, &n_ids) : MOETAX_ERR_NOMEM;
+    free(rendered);
+    if (st) { free(ids); srv_api_req_free(&q); return send_error(c, 500, "cannot tokenize the prompt"); }
+    if (n_ids == 0) { free(ids); srv_api_req_free(&q); return send_error(c, 400, "the prompt is empty"); }
+    struct srv_req *r = srv_req_new(ids, n_ids);
+    free(ids);
+    if (!r) { srv_api_req_free(&q); return send_error(c, 500, "out of memory"); }
+    const int64_t room = srv_sched_max_seq(h->p.sched) - n_ids;
+    r->max_tokens = q.max_tokens > 0 ? q.max_tokens : (room < h->p.default_max_tokens ? room : h->p.default_max_tokens);
+    r->sp = q.sp;
+    if (!q.has_seed) r->sp.seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + atomic_fetch_add(&h->next_id, 1);
+    for (int i = 0; i < q.n_stop; i++) { r->stop[i] = q.stop[i]; q.stop[i] = NULL; }
+    r->n_stop = q.n_stop;
+    q.n_stop = 0;
+    const bool stream = q.stream, include_usage = q.include_usage;
+    srv_api_req_free(&q);
+    if (r->max_tokens < 1) {
+        snprintf(err, sizeof err, "the prompt (%lld tokens) leaves no room in the %lld positions a request may use",
+                 (long long)n_ids, (long long)srv_sched_max_seq(h->p.sched));
+        srv_req_unref(r);
+        return send_error(c, 400, err);
+    }
+    st = srv_sched_submit(h->p.sched, r);
+    if (st) {
+        snprintf(err, sizeof err, "%s", moetax_last_error());
+        srv_req_unref(r);
+        return send_error(c, st == MOETAX_ERR_LIMIT ? 503 : 400, err);
+    }
+    char id[48];
+    snprintf(id, sizeof id, "%s-%llu", chat ? "chatcmpl" : "cmpl", (unsigned long long)atomic_fetch_add(&h->next_id, 1));
+    if (stream) {
+        struct stream *s = calloc(1, sizeof *s);
+        if (!s) { srv_req_cancel(r); srv_req_unref(r); return send_error(c, 500, "out of memory"); }
+        *s = (struct stream){.h = h, .c = c, .r = r, .chat = chat, .include_usage = include_usage};
+        snprintf(s->id, sizeof s->id, "%s", id);
+        if (chat) { /* OpenAI's first chunk: the role */
+            struct srv_api_resp a;
+            pthread_mutex_lock(&r->mu);
+            resp_init(h, r, true, s->id, &a);
+            pthread_mutex_unlock(&r->mu);
+            a.text = "";
+            char *j = srv_api_chunk_json(&a, true, false);
+            out_add(s, j);
+            free(j);
+        }
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s, stream_free);
+        if (!resp) { stream_free(s); return MHD_NO; }
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        enum MHD_Result ok = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        return ok;
+    }
+    /* wait for the end, watching the client */
+    pthread_mutex_lock(&r->mu);
+    while (r->finish == SRV_FINISH_NONE) {
+        srv_req_wait_locked(r, SIZE_MAX, 50);
+        if (r->finish != SRV_FINISH_NONE) break;
+        pthread_mutex_unlock(&r->mu);
+        const bool gone = client_gone(c);
+        pthread_mutex_lock(&r->mu);
+        if (gone) {
+            pthread_mutex_unlock(&r->mu);
+            srv_req_cancel(r);
+            srv_req_unref(r);
+            return MHD_NO; /* closes the connection */
+        }
+    }
+    enum MHD_Result ok;
+    if (r->finish == SRV_FINISH_STOP || r->finish == SRV_FINISH_LENGTH) {
+        struct srv_api_resp a;
+        resp_init(h, r, chat, id, &a);
+        a.text = r->text;
+        a.text_len = r->len;
+        a.finish_reason = srv_finish_name(r->finish);
+        char *j = srv_api_response_json(&a);
+        pthread_mutex_unlock(&r->mu);
+        ok = send_json(c, 200, j);
+    } else {
+        snprintf(err, sizeof err, "%s", r->err[0] ? r->err : "the request ended");
+        const bool cancelled = r->finish == SRV_FINISH_CANCELLED;
+        pthread_mutex_unlock(&r->mu);
+        ok = send_error(c, cancelled ? 503 : 500, err);
+    }
+    srv_req_unref(r);
+    return ok;
+}
+
+/* ---- routes ----------------------------------------------------------- */
+
+static enum MHD_Result handle_models(struct srv_http *h, struct MHD_Connection *c) {
+    json_t *o = json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:{s:I,s:i,s:s}}]}", "object", "list", "data", "id", h->p.model_name,
+                          "object", "model", "created", (json_int_t)h->created, "owned_by", "moetax", "meta", "n_ctx",
+                          (json_int_t)srv_sched_max_seq(h->p.sched), "n_parallel", srv_sched_n_parallel(h->p.sched),
+                          "chat_template", srv_chat_name(h->p.tmpl));
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return send_json(c, 200, s);
+}
+
+static enum MHD_Result handle_metrics(struct srv_http *h, struct MHD_Connection *c) {
+    struct srv_metrics m;
+    srv_sched_metrics(h->p.sched, &m);
+    size_t n = 0;
+    char *t = srv_metrics_text(&m, &n);
+    return send_text(c, 200, "text/plain; version=0.0.4", t, n);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    struct srv_http *h = cls;
+    (void)version;
+    struct conn *cs = *con_cls;
+    if (!cs) { /* headers only: decide what can be decided now */
+        int status = 0;
+        const int route = route_of(url, method, &status);
+        if (!(cs = calloc(1, sizeof *cs))) return MHD_NO;
+        *con_cls = cs;
+        cs->route = route;
+        cs->responded = true; /* unless it goes on below */
+        if (route == R_NONE) return send_error(c, status, status == 404 ? "no such endpoint" : "method not allowed");
+        if (route != R_HEALTH && !auth_ok(h, c))
+            return send_error(c, 401, "a valid API key is required: send \"Authorization: Bearer KEY\"");
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > h->p.max_body) {
+            cs->too_big = true;
+            char msg[160];
+            snprintf(msg, sizeof msg, "the body is larger than the server's limit of %zu bytes (--max-body)", h->p.max_body);
+            return send_error(c, 413, msg);
+        }
+        cs->responded = false;
+        return MHD_YES;
+    }
+    if (cs->responded) { *upload_size = 0; return MHD_YES; }
+    if (*upload_size) {
+        if (!cs->too_big) {
+            if (cs->len + *upload_size > h->p.max_body) {
+                cs->too_big = true;
+                free(cs->body);
+                cs->body = NULL;
+                cs->len = cs->cap = 0;
+            } else {
+                if (cs->len + *upload_size + 1 > cs->cap) {
+                    size_t cap = (cs->len + *upload_size + 1) * 2;
+                    if (cap > h->p.max_body + 1) cap = h->p.max_body + 1;
+                    char *b = realloc(cs->body, cap);
+                    if (!b) return MHD_NO;
+                    cs->body = b;
+                    cs->cap = cap;
+                }
+                memcpy(cs->body + cs->len, upload, *upload_size);
+                cs->len += *upload_size;
+                cs->body[cs->len] = 0;
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (cs->too_big) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the body is larger than the server's limit of %zu bytes (--max-body)", h->p.max_body);
+        cs->responded = true;
+        return send_error(c, 413, msg);
+    }
+    cs->responded = true;
+    switch (cs->route) {
+    case R_HEALTH: return send_json(c, 200, strdup("{\"status\":\"ok\"}"));
+    case R_MODELS: return handle_models(h, c);
+    case R_METRICS: return handle_metrics(h, c);
+    case R_COMPLETIONS: return handle_generate(h, c, cs, false);
+    case R_CHAT: return handle_generate(h, c, cs, true);
+    default: return send_error(c, 404, "no such endpoint");
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls; (void)c; (void)toe;
+    struct conn *cs = *con_cls;
+    if (!cs) return;
+    free(cs->body);
+    free(cs);
+    *con_cls = NULL;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    if (getenv("MOETAX_SERVE_DEBUG")) vfprintf(stderr, fmt, ap);
+}
+
+moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **out) {
+    *out = NULL;
+    struct srv_http *h = calloc(1, sizeof *h);
+    if (!h) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    h->p = *p;
+    h->created = now_unix();
+    atomic_init(&h->next_id, 1);
+    struct sockaddr_storage ss = {0};
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC |
+                     MHD_USE_ERROR_LOG;
+    struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
+    if (inet_pton(AF_INET, p->host, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons((uint16_t)p->port);
+    } else if (inet_pton(AF_INET6, p->host, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons((uint16_t)p->port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        free(h);
+        return moetax_error(MOETAX_ERR_ARG, "--host %s: not a numeric IPv4 or IPv6 address", p->host);
+    }
+    h->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
+                            (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_conn,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_THREAD_STACK_SIZE,
+                            (size_t)(512 << 10), MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_END);
+    if (!h->d) {
+        free(h);
+        return moetax_error(MOETAX_ERR_IO, "cannot listen on %s port %d: %s", p->host, p->port, strerror(errno));
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = di ? di->port : p->port;
+    *out = h;
+    return MOETAX_OK;
+}
+
+int srv_http_port(const struct srv_http *h) { return h->port; }
+
+void srv_http_quiesce(struct srv_http *h) {
+    const MHD_socket fd = MHD_quiesce_daemon(h->d);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+}
+
+void srv_http_stop(struct srv_http *h) {
+    if (!h) return;
+    MHD_stop_daemon(h->d);
+    free(h);
+}

@@ -1,0 +1,58 @@
+/*
+ * server/http.h - the HTTP side of `moetax serve` (libmicrohttpd).
+ *
+ * DESIGN
+ *   libmicrohttpd runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION,
+ *   at most max_conn connections, small stacks). These threads never touch the
+ *   context: a generation request is tokenized there, handed to the scheduler
+ *   (server/sched.h), and its text read from the request's own mutex +
+ *   condition variable.
+ *
+ *   Streaming uses a content-reader callback (MHD_create_response_from_callback,
+ *   chunked transfer) that blocks on the request's condition variable, rather
+ *   than suspend/resume: with a thread per connection, blocking there costs one
+ *   sleeping thread, needs no wake-up path from the scheduler into MHD, and the
+ *   order of events per connection stays in one function. While it waits (and
+ *   while a non-streaming request waits for its end) the thread polls its
+ *   socket every 50 ms: a peer that closed (POLLRDHUP/POLLHUP, or a zero-byte
+ *   peek) cancels the request, so its cells are freed at the next step, also
+ *   during a long prefill when no bytes are being written.
+ *
+ *   Limits: bodies over max_body bytes are 413 (at once when Content-Length
+ *   says so, else when the body passes the limit; the rest is discarded);
+ *   every request but GET /health needs "Authorization: Bearer KEY" when a key
+ *   is set (401 otherwise); a full queue is 503 with Retry-After.
+ */
+#ifndef MOETAX_SERVER_HTTP_H
+#define MOETAX_SERVER_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moetax/status.h"
+#include "moetax/tokenizer.h"
+#include "server/chat_template.h"
+#include "server/sched.h"
+
+struct srv_http_params {
+    const char *host;          /* numeric IPv4 or IPv6 address */
+    int port;                  /* 0: any free port (srv_http_port says which) */
+    const char *api_key;       /* NULL: none */
+    size_t max_body;           /* bytes */
+    int max_conn;              /* connections at once */
+    const char *model_name;    /* the id /v1/models lists */
+    struct srv_sched *sched;
+    const struct moetax_tokenizer *tok;
+    enum srv_chat_tmpl tmpl;   /* SRV_CHAT_UNKNOWN: /v1/chat/completions is a 400 */
+    int64_t default_max_tokens;
+};
+
+struct srv_http;
+moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **out);
+int srv_http_port(const struct srv_http *h);
+/* Stop accepting connections (the ones open go on). */
+void srv_http_quiesce(struct srv_http *h);
+/* Close every connection and join their threads; frees h. */
+void srv_http_stop(struct srv_http *h);
+
+#endif

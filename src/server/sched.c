@@ -1,0 +1,676 @@
+/* sched.c - the server's scheduler thread: admission, chunked prefill,
+ * continuous batching, stop strings, prefix reuse (see sched.h). */
+#include "server/sched.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "moetax/kvcache.h"
+
+const double srv_hist_bounds[SRV_HIST_N] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                            0.1,   0.25,   0.5,   1.0,  2.5,   10.0};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void hist_add(struct srv_hist *h, double x) {
+    int i = 0;
+    while (i < SRV_HIST_N && x > srv_hist_bounds[i]) i++;
+    h->counts[i]++;
+    h->sum += x;
+    h->n++;
+}
+
+const char *srv_finish_name(enum srv_finish f) {
+    switch (f) {
+    case SRV_FINISH_STOP: return "stop";
+    case SRV_FINISH_LENGTH: return "length";
+    case SRV_FINISH_CANCELLED: return "cancelled";
+    case SRV_FINISH_ERROR: return "error";
+    default: return NULL;
+    }
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+struct srv_req *srv_req_new(const int32_t *prompt, int64_t n_prompt) {
+    struct srv_req *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->prompt = malloc(sizeof(int32_t) * (size_t)(n_prompt > 0 ? n_prompt : 1));
+    if (!r->prompt) { free(r); return NULL; }
+    if (n_prompt > 0) memcpy(r->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    r->n_prompt = n_prompt;
+    r->sp = moetax_sampler_default_params();
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&r->cancel, false);
+    atomic_init(&r->refs, 1);
+    return r;
+}
+
+void srv_req_unref(struct srv_req *r) {
+    if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->prompt);
+    free(r->text);
+    free(r->gen);
+    free(r);
+}
+
+void srv_req_cancel(struct srv_req *r) { atomic_store(&r->cancel, true); }
+
+void srv_req_wait_locked(struct srv_req *r, size_t have, int timeout_ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    while (r->len <= have && r->finish == SRV_FINISH_NONE)
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == ETIMEDOUT) break;
+}
+
+/* Append n bytes to a growing buffer. */
+static bool buf_append(char **buf, size_t *len, size_t *cap, const char *p, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t c = (*len + n + 1) * 2;
+        if (c < 256) c = 256;
+        char *b = realloc(*buf, c);
+        if (!b) return false;
+        *buf = b;
+        *cap = c;
+    }
+    memcpy(*buf + *len, p, n);
+    *len += n;
+    (*buf)[*len] = 0;
+    return true;
+}
+
+/* Publish gen[len, upto) and, when fin != NONE, finish the request. */
+static void req_publish(struct srv_req *r, size_t upto, enum srv_finish fin, const char *err) {
+    pthread_mutex_lock(&r->mu);
+    if (upto > r->len && !buf_append(&r->text, &r->len, &r->cap, r->gen + r->len, upto - r->len)) {
+        fin = SRV_FINISH_ERROR;
+        err = "out of memory";
+    }
+    if (fin != SRV_FINISH_NONE && r->finish == SRV_FINISH_NONE) {
+        r->finish = fin;
+        r->t_end = now_s();
+        if (err) snprintf(r->err, sizeof r->err, "%s", err);
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Bytes at the end of s[0..n) that start an incomplete UTF-8 character. */
+static size_t utf8_incomplete_tail(const char *s, size_t n) {
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        const unsigned char c = (unsigned char)s[n - k];
+        if ((c & 0xC0) == 0x80) continue; /* continuation: look further back */
+        const size_t want = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return want > k ? k : 0;
+    }
+    return 0;
+}
+
+/* After text was appended to r->gen: find a stop string (cut there and say
+ * so), else how much is safe to publish. */
+static size_t stop_scan(struct srv_req *r, bool *stopped) {
+    size_t maxlen = 0;
+    for (int i = 0; i < r->n_stop; i++) maxlen = strlen(r->stop[i]) > maxlen ? strlen(r->stop[i]) : maxlen;
+    *stopped = false;
+    if (r->n_stop) {
+        /* a stop string can only begin after what was published */
+        const size_t from = r->len;
+        size_t best = SIZE_MAX;
+        for (int i = 0; i < r->n_stop; i++) {
+            const char *p = memmem(r->gen + from, r->gen_len - from, r->stop[i], strlen(r->stop[i]));
+            if (p && (size_t)(p - r->gen) < best) best = (size_t)(p - r->gen);
+        }
+        if (best != SIZE_MAX) {
+            r->gen_len = best;
+            r->gen[best] = 0;
+            *stopped = true;
+            return best;
+        }
+    }
+    /* hold back the longest suffix that is a proper prefix of a stop string */
+    size_t hold = 0;
+    for (int i = 0; i < r->n_stop; i++) {
+        const size_t sl = strlen(r->stop[i]);
+        for (size_t k = sl - 1; k > hold; k--)
+            if (k <= r->gen_len && memcmp(r->gen + r->gen_len - k, r->stop[i], k) == 0) { hold = k; break; }
+    }
+    size_t safe = r->gen_len - hold;
+    safe -= utf8_incomplete_tail(r->gen, safe);
+    (void)maxlen;
+    return safe > r->len ? safe : r->len;
+}
+
+/* ---- the scheduler ----------------------------------------------------- */
+
+enum slot_state { SLOT_FREE = 0, SLOT_IDLE, SLOT_ACTIVE };
+
+struct slot {
+    enum slot_state state;
+    struct srv_req *r;
+    int32_t *toks;          /* [max_seq] tokens fed into its sequence, in position order */
+    int64_t n_toks;         /* tokens known (prompt + generated); the cache holds the first seq_len */
+    int64_t n_past;         /* prompt tokens already in the cache */
+    int64_t want_blocks;    /* reserved at admission */
+    int32_t next;           /* token to feed next (decoding) */
+    bool decoding;          /* prompt done */
+    struct moetax_sampler *smp;
+    double t_idle;          /* when it became idle (LRU) */
+    double t_last_tok;
+    uint64_t admit_order;
+};
+
+struct srv_sched {
+    struct srv_sched_params p;
+    struct moetax_ctx *ctx;
+    struct moetax_kvcache *kv;
+    struct moetax_ledger *led;
+    struct slot *slots;
+    int64_t max_seq, blocks_all, bs;
+    struct moetax_batch batch;
+    uint64_t admit_counter;
+
+    pthread_mutex_t mu;     /* queue, stopping */
+    pthread_cond_t cv;
+    struct srv_req *q_head, *q_tail;
+    int q_len;
+    bool stopping, stopped, started;
+    pthread_t thread;
+
+    pthread_mutex_t mmu;    /* metrics */
+    struct srv_metrics m;
+};
+
+int64_t srv_sched_max_seq(const struct srv_sched *s) { return s->max_seq; }
+int srv_sched_n_parallel(const struct srv_sched *s) { return s->p.n_parallel; }
+int64_t srv_sched_n_ctx(const struct srv_sched *s) { return moetax_ctx_n_ctx(s->ctx); }
+
+static int64_t blocks_for(const struct srv_sched *s, int64_t n) { return (n + s->bs - 1) / s->bs; }
+
+moetax_status srv_sched_submit(struct srv_sched *s, struct srv_req *r) {
+    if (r->n_prompt < 1) return moetax_error(MOETAX_ERR_ARG, "the prompt is empty");
+    if (r->max_tokens < 1) return moetax_error(MOETAX_ERR_ARG, "max_tokens must be at least 1");
+    if (r->n_prompt + r->max_tokens > s->max_seq)
+        return moetax_error(MOETAX_ERR_ARG,
+                            "the prompt (%lld tokens) + max_tokens (%lld) exceed the %lld positions a request "
+                            "may use (the model's context or the server's -c)",
+                            (long long)r->n_prompt, (long long)r->max_tokens, (long long)s->max_seq);
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        return moetax_error(MOETAX_ERR_ARG, "the server is shutting down");
+    }
+    if (s->q_len >= s->p.max_queue) {
+        pthread_mutex_unlock(&s->mu);
+        return moetax_error(MOETAX_ERR_LIMIT, "every slot is busy and the queue is full (%d)", s->p.max_queue);
+    }
+    atomic_fetch_add(&r->refs, 1);
+    r->t_queued = now_s();
+    r->next = NULL;
+    if (s->q_tail) s->q_tail->next = r;
+    else s->q_head = r;
+    s->q_tail = r;
+    s->q_len++;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return MOETAX_OK;
+}
+
+/* Give up a slot's request; its cells stay for reuse (idle) or go. */
+static void slot_release(struct srv_sched *s, int i, bool keep_cells) {
+    struct slot *sl = &s->slots[i];
+    if (sl->r) srv_req_unref(sl->r);
+    sl->r = NULL;
+    if (keep_cells && !s->p.no_prefix_reuse && moetax_kvcache_seq_len(s->kv, i) > 0) {
+        sl->state = SLOT_IDLE;
+        sl->n_toks = moetax_kvcache_seq_len(s->kv, i); /* what the cache holds */
+        sl->t_idle = now_s();
+    } else {
+        moetax_kvcache_seq_rm(s->kv, i, 0, -1);
+        sl->state = SLOT_FREE;
+        sl->n_toks = 0;
+    }
+}
+
+static void slot_evict(struct srv_sched *s, int i) {
+    moetax_kvcache_seq_rm(s->kv, i, 0, -1);
+    s->slots[i].state = SLOT_FREE;
+    s->slots[i].n_toks = 0;
+}
+
+/* Blocks the running requests may still add to the cache. */
+static int64_t blocks_needed_active(const struct srv_sched *s, int64_t *reserved) {
+    int64_t need = 0, res = 0;
+    for (int i = 0; i < s->p.n_parallel; i++) {
+        const struct slot *sl = &s->slots[i];
+        if (sl->state != SLOT_ACTIVE) continue;
+        const int64_t cur = blocks_for(s, moetax_kvcache_seq_len(s->kv, i));
+        need += sl->want_blocks > cur ? sl->want_blocks - cur : 0;
+        res += sl->want_blocks;
+    }
+    if (reserved) *reserved = res;
+    return need;
+}
+
+static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
+    int64_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+/* Try to start the queue's head; false if it must wait. */
+static bool admit_one(struct srv_sched *s, struct srv_req *r) {
+    const int N = s->p.n_parallel;
+    const int64_t want = blocks_for(s, r->n_prompt + r->max_tokens) + 1;
+    int64_t reserved;
+    blocks_needed_active(s, &reserved);
+    if (reserved + want > s->blocks_all) return false;
+    /* the slot holding the longest prefix of the prompt (at most n_prompt - 1 tokens: the last one is
+     * evaluated for its logits) */
+    int src = -1;
+    int64_t best = 0;
+    if (!s->p.no_prefix_reuse)
+        for (int i = 0; i < N; i++) {
+            const struct slot *sl = &s->slots[i];
+            if (sl->state == SLOT_FREE) continue;
+            const int64_t held = moetax_kvcache_seq_len(s->kv, i);
+            int64_t L = common_prefix(sl->toks, held, r->prompt, r->n_prompt - 1);
+            if (L > best) { best = L; src = i; }
+        }
+    /* the destination: a free slot, else the source if it is idle, else the oldest idle slot */
+    int dst = -1;
+    for (int i = 0; i < N && dst < 0; i++)
+        if (s->slots[i].state == SLOT_FREE) dst = i;
+    if (dst < 0 && src >= 0 && s->slots[src].state == SLOT_IDLE) dst = src;
+    if (dst < 0)
+        for (int i = 0; i < N; i++)
+            if (s->slots[i].state == SLOT_IDLE && (dst < 0 || s->slots[i].t_idle < s->slots[dst].t_idle)) dst = i;
+    if (dst < 0) return false; /* every slot runs */
+    if (dst != src && s->slots[dst].state == SLOT_IDLE) slot_evict(s, dst);
+    int64_t reused = 0;
+    if (src >= 0 && best > 0) {
+        moetax_status st = dst == src ? moetax_kvcache_seq_rm(s->kv, dst, best, -1)
+                                      : moetax_kvcache_seq_cp(s->kv, src, dst, 0, best);
+        if (st == MOETAX_OK) reused = best;
+        else moetax_kvcache_seq_rm(s->kv, dst, 0, -1);
+    }
+    /* room for what the running ones and this one may still take: evict idle slots, oldest first */
+    const int64_t need = blocks_needed_active(s, NULL) + want - blocks_for(s, reused);
+    while (moetax_kvcache_n_free(s->kv) / s->bs < need) {
+        int v = -1;
+        for (int i = 0; i < N; i++)
+            if (i != dst && s->slots[i].state == SLOT_IDLE && (v < 0 || s->slots[i].t_idle < s->slots[v].t_idle)) v = i;
+        if (v < 0) break; /* cannot happen while reserved + want <= blocks_all (see sched.h) */
+        slot_evict(s, v);
+    }
+    struct slot *sl = &s->slots[dst];
+    sl->state = SLOT_ACTIVE;
+    sl->r = r;
+    memcpy(sl->toks, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+    sl->n_toks = r->n_prompt;
+    sl->n_past = reused;
+    sl->want_blocks = want;
+    sl->decoding = false;
+    sl->admit_order = s->admit_counter++;
+    moetax_sampler_free(sl->smp);
+    sl->smp = NULL;
+    const double t = now_s();
+    if (moetax_sampler_init(&r->sp, s->p.model->hp.n_vocab, &sl->smp) != MOETAX_OK) {
+        req_publish(r, 0, SRV_FINISH_ERROR, moetax_last_error());
+        sl->r = NULL; /* the queue's reference is dropped by admit() */
+        slot_release(s, dst, false);
+        return true;
+    }
+    for (int64_t i = 0; i < r->n_prompt; i++) moetax_sampler_accept(sl->smp, r->prompt[i]);
+    pthread_mutex_lock(&r->mu);
+    r->t_admitted = t;
+    r->n_reused = reused;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&s->mmu);
+    s->m.prompt_tokens_reused += reused;
+    pthread_mutex_unlock(&s->mmu);
+    return true;
+}
+
+/* Queue -> slots, under s->mu. */
+static void admit(struct srv_sched *s) {
+    while (s->q_head) {
+        struct srv_req *r = s->q_head;
+        if (atomic_load(&r->cancel)) {
+            req_publish(r, 0, SRV_FINISH_CANCELLED, "the client went away");
+        } else if (!admit_one(s, r)) {
+            break;
+        }
+        s->q_head = r->next;
+        if (!s->q_head) s->q_tail = NULL;
+        s->q_len--;
+        if (r->finish != SRV_FINISH_NONE) srv_req_unref(r); /* not admitted: drop the queue's reference */
+    }
+}
+
+static void account_finish(struct srv_sched *s, struct srv_req *r) {
+    pthread_mutex_lock(&s->mmu);
+    s->m.requests_total++;
+    if (r->finish == SRV_FINISH_CANCELLED) s->m.requests_cancelled++;
+    if (r->t_first > 0) {
+        s->m.prompt_seconds_total += r->t_first - r->t_admitted;
+        s->m.tokens_predicted_seconds_total += r->t_end - r->t_first;
+    }
+    pthread_mutex_unlock(&s->mmu);
+}
+
+/* Take one sampled token for slot i. */
+static void slot_token(struct srv_sched *s, int i, int32_t t, double tnow) {
+    struct slot *sl = &s->slots[i];
+    struct srv_req *r = sl->r;
+    const bool eog = moetax_tokenizer_is_eog(s->p.tok, t);
+    bool first = false;
+    pthread_mutex_lock(&r->mu);
+    r->n_gen++;
+    if (r->t_first == 0) { r->t_first = tnow; first = true; }
+    const int64_t n_gen = r->n_gen;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&s->mmu);
+    s->m.tokens_predicted_total++;
+    if (first) hist_add(&s->m.ttft, tnow - r->t_queued);
+    else hist_add(&s->m.tpot, tnow - sl->t_last_tok);
+    pthread_mutex_unlock(&s->mmu);
+    sl->t_last_tok = tnow;
+    enum srv_finish fin = SRV_FINISH_NONE;
+    size_t upto = r->len;
+    if (eog) {
+        fin = SRV_FINISH_STOP;
+        upto = r->gen_len;
+    } else {
+        char piece[256];
+        const int nb = moetax_tokenizer_token_to_bytes(s->p.tok, t, piece, sizeof piece);
+        if (nb > 0 && !buf_append(&r->gen, &r->gen_len, &r->gen_cap, piece, (size_t)nb)) {
+            req_publish(r, r->len, SRV_FINISH_ERROR, "out of memory");
+            account_finish(s, r);
+            slot_release(s, i, false);
+            return;
+        }
+        moetax_sampler_accept(sl->smp, t);
+        bool stopped;
+        upto = stop_scan(r, &stopped);
+        if (stopped) fin = SRV_FINISH_STOP;
+        else if (n_gen >= r->max_tokens) { fin = SRV_FINISH_LENGTH; upto = r->gen_len; }
+    }
+    req_publish(r, upto, fin, NULL);
+    if (fin != SRV_FINISH_NONE) {
+        account_finish(s, r);
+        slot_release(s, i, true);
+        return;
+    }
+    sl->toks[sl->n_toks++] = t;
+    sl->next = t;
+}
+
+static void fail_all(struct srv_sched *s, enum srv_finish fin, const char *msg) {
+    for (int i = 0; i < s->p.n_parallel; i++)
+        if (s->slots[i].state == SLOT_ACTIVE) {
+            req_publish(s->slots[i].r, s->slots[i].r->len, fin, msg);
+            account_finish(s, s->slots[i].r);
+            slot_release(s, i, false);
+        }
+}
+
+static void update_metrics(struct srv_sched *s, int seqs, int64_t tokens, bool decode_step) {
+    struct srv_metrics *m = &s->m;
+    int active = 0;
+    int64_t cached = 0, active_cells = 0;
+    for (int i = 0; i < s->p.n_parallel; i++) {
+        active += s->slots[i].state == SLOT_ACTIVE;
+        if (s->slots[i].state == SLOT_ACTIVE) active_cells += moetax_kvcache_seq_len(s->kv, i);
+        if (s->slots[i].state == SLOT_IDLE) cached += blocks_for(s, moetax_kvcache_seq_len(s->kv, i)) * s->bs;
+    }
+    double ph[MOETAX_PHASE_COUNT], wall;
+    int64_t tok, steps;
+    moetax_ledger_totals(s->led, false, ph, &wall, &tok, &steps);
+    double dph[MOETAX_PHASE_COUNT], dwall;
+    int64_t dtok, dsteps;
+    moetax_ledger_totals(s->led, true, dph, &dwall, &dtok, &dsteps);
+    struct moetax_ledger_moe_stats ms;
+    moetax_ledger_moe_totals(s->led, true, &ms);
+    pthread_mutex_lock(&s->mu);
+    const int deferred = s->q_len;
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&s->mmu);
+    if (seqs > 0) {
+        m->steps++;
+        m->decode_steps += decode_step;
+        m->last_batch_seqs = seqs;
+        m->last_batch_tokens = tokens;
+    }
+    m->requests_processing = active;
+    m->requests_deferred = deferred;
+    m->kv_cells = moetax_kvcache_n_cells(s->kv);
+    m->kv_cells_used = m->kv_cells - moetax_kvcache_n_free(s->kv);
+    m->kv_cells_cached = cached;
+    m->kv_cells_active = active_cells;
+    memcpy(m->phase_s, ph, sizeof ph);
+    m->wall_s = wall;
+    m->tax_share = moetax_ledger_tax_share(ph);
+    m->decode_tokens = dtok;
+    m->moe_layer_passes = ms.moe_layers;
+    m->moe_experts = ms.experts;
+    m->moe_dropped = ms.dropped;
+    pthread_mutex_unlock(&s->mmu);
+}
+
+/* One step: the batch of every running sequence; false when there was nothing to do. */
+static bool step(struct srv_sched *s) {
+    const int N = s->p.n_parallel;
+    struct moetax_batch *b = &s->batch;
+    moetax_batch_clear(b);
+    /* clients gone: their cells go at once */
+    for (int i = 0; i < N; i++) {
+        struct slot *sl = &s->slots[i];
+        if (sl->state == SLOT_ACTIVE && atomic_load(&sl->r->cancel)) {
+            req_publish(sl->r, sl->r->len, SRV_FINISH_CANCELLED, "the client went away");
+            account_finish(s, sl->r);
+            slot_release(s, i, false);
+        }
+    }
+    int seqs = 0, n_decode = 0;
+    int64_t prompt_tokens = 0;
+    for (int i = 0; i < N; i++) {
+        struct slot *sl = &s->slots[i];
+        if (sl->state != SLOT_ACTIVE || !sl->decoding) continue;
+        moetax_batch_add(b, sl->next, (int32_t)(sl->n_toks - 1), i, true);
+        seqs++;
+        n_decode++;
+    }
+    /* prompt chunks, in admission order, at most prefill_chunk tokens in all */
+    int64_t budget = s->p.prefill_chunk;
+    while (budget > 0) {
+        int pick = -1;
+        for (int i = 0; i < N; i++) {
+            const struct slot *sl = &s->slots[i];
+            if (sl->state == SLOT_ACTIVE && !sl->decoding && sl->n_past < sl->n_toks &&
+                (moetax_kvcache_seq_len(s->kv, i) == sl->n_past) &&
+                (pick < 0 || sl->admit_order < s->slots[pick].admit_order))
+                pick = i;
+        }
+        if (pick < 0) break;
+        struct slot *sl = &s->slots[pick];
+        int64_t n = sl->n_toks - sl->n_past;
+        if (n > budget) n = budget;
+        for (int64_t j = 0; j < n; j++) {
+            const int64_t pos = sl->n_past + j;
+            moetax_batch_add(b, sl->toks[pos], (int32_t)pos, pick, pos == sl->n_toks - 1);
+        }
+        sl->n_past += n; /* in the cache once the decode succeeds; a failed step fails the request */
+        budget -= n;
+        prompt_tokens += n;
+        seqs++;
+        if (sl->n_past < sl->n_toks) break; /* the budget is spent */
+    }
+    if (b->n_tokens == 0) return false;
+    moetax_status st = moetax_ctx_decode(s->ctx, b);
+    if (st == MOETAX_ERR_LIMIT) {
+        /* should not happen (admission reserves); free the idle cells and try once more */
+        for (int i = 0; i < N; i++)
+            if (s->slots[i].state == SLOT_IDLE) slot_evict(s, i);
+        st = moetax_ctx_decode(s->ctx, b);
+    }
+    if (st != MOETAX_OK) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "decode failed: %s", moetax_last_error());
+        fprintf(stderr, "moetax serve: %s\n", msg);
+        fail_all(s, SRV_FINISH_ERROR, msg);
+        update_metrics(s, 0, 0, false);
+        return true;
+    }
+    pthread_mutex_lock(&s->mmu);
+    s->m.prompt_tokens_total += prompt_tokens;
+    pthread_mutex_unlock(&s->mmu);
+    const double tnow = now_s();
+    for (int k = 0; k < b->n_tokens; k++) {
+        if (!b->logits[k]) continue;
+        const int i = b->seq[k];
+        struct slot *sl = &s->slots[i];
+        if (sl->state != SLOT_ACTIVE) continue;
+        sl->decoding = true;
+        const double ts = now_s();
+        const int32_t t = moetax_sampler_sample(sl->smp, moetax_ctx_logits_ith(s->ctx, k));
+        moetax_ledger_add(s->led, MOETAX_PHASE_SAMPLE, -1, now_s() - ts);
+        slot_token(s, i, t, tnow);
+    }
+    update_metrics(s, seqs, b->n_tokens, prompt_tokens == 0);
+    return true;
+}
+
+static void *sched_main(void *arg) {
+    struct srv_sched *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        for (;;) {
+            if (s->stopping) break;
+            admit(s);
+            bool busy = false;
+            for (int i = 0; i < s->p.n_parallel; i++) busy |= s->slots[i].state == SLOT_ACTIVE;
+            if (busy) break;
+            pthread_cond_wait(&s->cv, &s->mu);
+        }
+        const bool stop = s->stopping;
+        pthread_mutex_unlock(&s->mu);
+        if (stop) break;
+        step(s);
+    }
+    /* shutting down: every request ends, cancelled */
+    fail_all(s, SRV_FINISH_CANCELLED, "the server is shutting down");
+    pthread_mutex_lock(&s->mu);
+    while (s->q_head) {
+        struct srv_req *r = s->q_head;
+        s->q_head = r->next;
+        req_publish(r, 0, SRV_FINISH_CANCELLED, "the server is shutting down");
+        srv_req_unref(r);
+    }
+    s->q_tail = NULL;
+    s->q_len = 0;
+    pthread_mutex_unlock(&s->mu);
+    update_metrics(s, 0, 0, false);
+    return NULL;
+}
+
+moetax_status srv_sched_start(const struct srv_sched_params *p, struct srv_sched **out) {
+    *out = NULL;
+    struct srv_sched *s = calloc(1, sizeof *s);
+    if (!s) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    s->p = *p;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_mutex_init(&s->mmu, NULL);
+    const int N = p->n_parallel;
+    int ub = N + p->prefill_chunk;
+    ub = ub < 64 ? 64 : ub > 512 ? 512 : ub; /* a step in one micro-batch */
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)p->n_ctx, .n_seq_max = N, .n_threads = p->n_threads,
+                                   .n_expert_used = p->n_expert_used, .n_ubatch = ub};
+    moetax_status st;
+    if ((st = moetax_ctx_init(p->model, &cp, &s->ctx))) goto fail;
+    s->kv = moetax_ctx_kv(s->ctx);
+    s->bs = moetax_kvcache_block_size(s->kv);
+    s->blocks_all = moetax_kvcache_n_cells(s->kv) / s->bs;
+    s->max_seq = moetax_kvcache_n_cells(s->kv);
+    if (p->model->hp.n_ctx_train > 0 && p->model->hp.n_ctx_train < s->max_seq) s->max_seq = p->model->hp.n_ctx_train;
+    /* one request must fit the reservation rule alone */
+    while (s->max_seq > 1 && blocks_for(s, s->max_seq) + 1 > s->blocks_all) s->max_seq -= s->bs;
+    if (s->max_seq < 2) { st = moetax_error(MOETAX_ERR_ARG, "-c %lld cells are too few for one request", (long long)p->n_ctx); goto fail; }
+    struct moetax_ledger_params lp = {.n_workers = moetax_ctx_n_threads(s->ctx), .n_layer = p->model->hp.n_layer,
+                                      .window = 256};
+    if ((st = moetax_ledger_init(&lp, &s->led))) goto fail;
+    moetax_ctx_set_ledger(s->ctx, s->led);
+    if ((st = moetax_batch_init(&s->batch, N + p->prefill_chunk))) goto fail;
+    if (!(s->slots = calloc((size_t)N, sizeof *s->slots))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto fail; }
+    for (int i = 0; i < N; i++)
+        if (!(s->slots[i].toks = malloc(sizeof(int32_t) * (size_t)(s->max_seq + 1)))) {
+            st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+    update_metrics(s, 0, 0, false);
+    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+        st = moetax_error(MOETAX_ERR_INTERNAL, "cannot start the scheduler thread");
+        goto fail;
+    }
+    s->started = true;
+    *out = s;
+    return MOETAX_OK;
+fail:
+    srv_sched_free(s);
+    return st;
+}
+
+void srv_sched_stop(struct srv_sched *s) {
+    if (!s || !s->started) return;
+    pthread_mutex_lock(&s->mu);
+    const bool was = s->stopping;
+    s->stopping = true;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (!was) pthread_join(s->thread, NULL);
+    s->started = false;
+}
+
+void srv_sched_free(struct srv_sched *s) {
+    if (!s) return;
+    srv_sched_stop(s);
+    if (s->slots)
+        for (int i = 0; i < s->p.n_parallel; i++) {
+            if (s->slots[i].r) srv_req_unref(s->slots[i].r);
+            moetax_sampler_free(s->slots[i].smp);
+            free(s->slots[i].toks);
+        }
+    free(s->slots);
+    moetax_batch_free(&s->batch);
+    if (s->ctx) moetax_ctx_set_ledger(s->ctx, NULL);
+    moetax_ledger_free(s->led);
+    moetax_ctx_free(s->ctx);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mmu);
+    free(s);
+}
+
+void srv_sched_metrics(struct srv_sched *s, struct srv_metrics *out) {
+    pthread_mutex_lock(&s->mmu);
+    *out = s->m;
+    pthread_mutex_unlock(&s->mmu);
+}

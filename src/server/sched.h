@@ -1,0 +1,165 @@
+/*
+ * server/sched.h - the server's scheduler: one thread that owns the context
+ * and runs continuously batched decode steps; requests that HTTP threads hand
+ * to it; per-request text queues the HTTP threads read.
+ *
+ * DESIGN
+ *   The context (KV cache, pool, buffers) is touched by the scheduler thread
+ *   only. An HTTP thread builds a struct srv_req (its prompt tokens, sampling
+ *   parameters, stop strings), submits it and then waits on the request's own
+ *   mutex + condition variable for text: the scheduler appends text there and
+ *   signals after every step, and marks the request finished (stop, length,
+ *   error or cancelled). The request is reference counted (the HTTP side and
+ *   the scheduler each hold one) so either side may go first.
+ *
+ *   Slots: n_parallel sequences (sequence id = slot). Each step
+ *     1. admits queued requests (FIFO) into free slots, when the cache can
+ *        hold everything the running requests and the new one may still take
+ *        (prompt + max_tokens, in blocks, + 1 block for a copy on write): so a
+ *        running request never meets a full cache halfway;
+ *     2. builds one batch: one token of every decoding sequence, then at most
+ *        prefill_chunk prompt tokens of the sequences still prefilling (in
+ *        admission order), so a long prompt does not stall the decoding ones;
+ *     3. decodes it, samples the sequences whose prompt is done, applies the
+ *        stop strings (text that might be the start of a stop string, or of a
+ *        UTF-8 character, is held back until it is not), publishes the text.
+ *   A request whose client went away (srv_req_cancel) is dropped at the next
+ *   step and its cells freed at once (moetax_kvcache_seq_rm).
+ *
+ *   Prefix reuse: a request that finished normally leaves its cells in its
+ *   slot (an idle slot) until the space or the slot is needed (oldest idle
+ *   first). A new prompt that starts with the tokens some slot holds (idle or
+ *   running) shares those cells (moetax_kvcache_seq_cp: blocks shared, copy on
+ *   write) and prefills only the rest (at least its last token, for logits).
+ *
+ * INVARIANTS
+ *   - Sum over running requests of their reserved blocks <= the cache's blocks;
+ *     the free blocks always cover what the running ones may still append.
+ *   - A request's published text only grows; it never holds a stop string nor
+ *     anything after one.
+ */
+#ifndef MOETAX_SERVER_SCHED_H
+#define MOETAX_SERVER_SCHED_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moetax/model.h"
+#include "moetax/sampler.h"
+#include "moetax/status.h"
+#include "moetax/tokenizer.h"
+#include "moetax/ledger.h"
+
+enum srv_finish {
+    SRV_FINISH_NONE = 0,  /* still running or queued */
+    SRV_FINISH_STOP,      /* end of generation token or a stop string */
+    SRV_FINISH_LENGTH,    /* max_tokens */
+    SRV_FINISH_CANCELLED, /* the client went away, or the server shuts down */
+    SRV_FINISH_ERROR,     /* a decode error (the message is in err) */
+};
+const char *srv_finish_name(enum srv_finish f); /* OpenAI's finish_reason: "stop", "length", ... */
+
+enum { SRV_MAX_STOP = 8, SRV_MAX_STOP_LEN = 256 };
+
+struct srv_req {
+    /* set before srv_sched_submit, read-only afterwards */
+    int32_t *prompt;            /* [n_prompt] owned */
+    int64_t n_prompt;
+    int64_t max_tokens;
+    struct moetax_sampler_params sp;
+    char *stop[SRV_MAX_STOP];   /* owned, NUL-terminated, non-empty */
+    int n_stop;
+
+    /* shared: guarded by mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;          /* signalled when text grows or the request finishes */
+    char *text;                 /* published text (may hold invalid UTF-8 only at the very end) */
+    size_t len, cap;
+    int64_t n_gen;              /* tokens generated (counted in usage) */
+    int64_t n_reused;           /* prompt tokens whose cells were shared from another sequence */
+    enum srv_finish finish;
+    char err[256];
+    double t_queued, t_admitted, t_first, t_end; /* monotonic seconds */
+
+    atomic_bool cancel;         /* set by the HTTP side: the client went away */
+    atomic_int refs;
+
+    /* scheduler-owned */
+    char *gen;                  /* all generated text; published up to `len` */
+    size_t gen_len, gen_cap;
+    struct srv_req *next;       /* queue link */
+};
+
+/* A request with refs = 1 (the caller's); the prompt is copied. NULL when out of memory. */
+struct srv_req *srv_req_new(const int32_t *prompt, int64_t n_prompt);
+void srv_req_unref(struct srv_req *r);
+/* The client went away: the scheduler drops the request at its next step. */
+void srv_req_cancel(struct srv_req *r);
+/* Wait (at most timeout_ms) until the published text is longer than `have`
+ * bytes or the request has finished. Call with r->mu held. */
+void srv_req_wait_locked(struct srv_req *r, size_t have, int timeout_ms);
+
+struct srv_sched_params {
+    const struct moetax_model *model;      /* not owned */
+    const struct moetax_tokenizer *tok;    /* not owned */
+    int n_parallel;                        /* slots (sequences decoded together) */
+    int64_t n_ctx;                         /* KV cells in all */
+    int n_threads;                         /* 0: online CPUs */
+    int n_expert_used;                     /* 0: the model's */
+    int max_queue;                         /* requests waiting for a slot before 503 */
+    int prefill_chunk;                     /* prompt tokens per step, all sequences together */
+    bool no_prefix_reuse;                  /* free a finished sequence's cells at once */
+};
+
+struct srv_sched;
+
+/* Create the context and the ledger and start the scheduler thread. */
+moetax_status srv_sched_start(const struct srv_sched_params *p, struct srv_sched **out);
+/* Hand a request to the scheduler (it takes a reference). MOETAX_ERR_LIMIT:
+ * the queue is full (503); MOETAX_ERR_ARG: prompt + max_tokens do not fit a
+ * sequence (srv_sched_max_seq; 400), or the server is shutting down. */
+moetax_status srv_sched_submit(struct srv_sched *s, struct srv_req *r);
+/* Most positions one request may use: min(cells, the model's context_length). */
+int64_t srv_sched_max_seq(const struct srv_sched *s);
+int srv_sched_n_parallel(const struct srv_sched *s);
+int64_t srv_sched_n_ctx(const struct srv_sched *s);
+/* Finish every request (cancelled) and stop the thread; idempotent. */
+void srv_sched_stop(struct srv_sched *s);
+void srv_sched_free(struct srv_sched *s);
+
+/* What /metrics shows: a snapshot the scheduler refreshes after every step. */
+enum { SRV_HIST_N = 12 };
+extern const double srv_hist_bounds[SRV_HIST_N]; /* seconds, the histogram buckets' upper bounds */
+struct srv_hist {
+    int64_t counts[SRV_HIST_N + 1]; /* per bucket (not cumulative); last: +Inf */
+    double sum;
+    int64_t n;
+};
+struct srv_metrics {
+    int64_t prompt_tokens_total;     /* prompt tokens evaluated (not those reused) */
+    int64_t prompt_tokens_reused;    /* prompt tokens whose cells were shared */
+    int64_t tokens_predicted_total;
+    double prompt_seconds_total;     /* per request: admission to first token */
+    double tokens_predicted_seconds_total; /* per request: first token to the end */
+    int64_t requests_total, requests_cancelled;
+    int requests_processing, requests_deferred;
+    int64_t steps, decode_steps;
+    int last_batch_seqs;             /* sequences in the last step */
+    int64_t last_batch_tokens;
+    int64_t kv_cells, kv_cells_used; /* all cells, cells of blocks in use */
+    int64_t kv_cells_active;        /* positions held by running requests */
+    int64_t kv_cells_cached;        /* cells of the blocks idle slots hold for reuse (shared ones counted per slot) */
+    double phase_s[MOETAX_PHASE_COUNT]; /* all steps, averaged over workers */
+    double wall_s;
+    double tax_share;
+    int64_t decode_tokens;           /* tokens of decode steps (batch size sum) */
+    int64_t moe_layer_passes, moe_experts; /* decode steps: distinct experts summed over layer passes */
+    int64_t moe_dropped;
+    struct srv_hist ttft, tpot;
+};
+void srv_sched_metrics(struct srv_sched *s, struct srv_metrics *out);
+
+#endif

@@ -1,0 +1,168 @@
+/* cmd_serve.c - `moetax serve`: an OpenAI-compatible HTTP server with continuous
+ * batching (src/server/: http.c the HTTP side, sched.c the one thread that
+ * decodes, api.c the request/response shapes, chat_template.c the templates).
+ * SIGINT/SIGTERM: stop accepting, cancel the requests in flight (their streams
+ * end with an error event and [DONE]), join every thread, exit 0. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "moetax/kvcache.h"
+#include "moetax/model.h"
+#include "moetax/tokenizer.h"
+
+#ifdef MOETAX_WITH_MHD
+#include "server/chat_template.h"
+#include "server/http.h"
+#include "server/sched.h"
+#endif
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: moetax serve [-m FILE] [--host ADDR] [--port N] [options]\n\n"
+            "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions (models with\n"
+            "a known chat template), GET /v1/models, GET /health, GET /metrics (Prometheus text). Requests are\n"
+            "decoded together, continuously batched: a request joins at the next step, long prompts are\n"
+            "prefilled in chunks, a client that goes away frees its sequence at once.\n\n"
+            "  -m, --model FILE       GGUF model (default: the trained default model)\n"
+            "  --host ADDR            numeric address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
+            "  --port N               TCP port (default 8080; 0: any free port, printed at start)\n"
+            "  --api-key KEY          require \"Authorization: Bearer KEY\" (all but /health); also $MOETAX_API_KEY\n"
+            "  --parallel N           sequences decoded together (default 4)\n"
+            "  -c, --ctx N            KV cache cells, all sequences together (default: N x min(model context, 4096))\n"
+            "  -t, --threads N        threads (default: online CPUs)\n"
+            "  --experts-used K       route each token to K experts (run-time top-k)\n"
+            "  --no-mmap              copy the weights into private memory of 2 MiB pages\n"
+            "  --max-queue N          requests waiting for a slot before 503 + Retry-After (default 64)\n"
+            "  --max-body BYTES       largest request body (default 1M; sizes like 64K); larger is 413\n"
+            "  --max-conn N           connections at once (default 256)\n"
+            "  --prefill-chunk N      prompt tokens per step, all sequences together (default 64)\n"
+            "  --default-max-tokens N max_tokens when a request gives none (default 256; at most what fits)\n"
+            "  --no-prefix-reuse      free a finished request's KV cells at once (default: keep them until the\n"
+            "                         space is needed, for a next prompt that starts with the same tokens)\n"
+            "  --chat-template NAME   use this template (chatml, llama3, deepseek2, deepseek3, mistral-v7, ...)\n"
+            "                         instead of detecting it from tokenizer.chat_template\n"
+            "A request's prompt + max_tokens must fit min(-c, the model's context length) positions (else 400).\n");
+}
+
+#ifndef MOETAX_WITH_MHD
+int cmd_serve(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+    fprintf(stderr, "moetax serve: this moetax was built without libmicrohttpd (Debian: libmicrohttpd-dev; "
+                    "scripts/deps.sh installs it): rebuild to get the server\n");
+    return 1;
+}
+#else
+
+int cmd_serve(int argc, char **argv) {
+    const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("MOETAX_API_KEY"), *tmpl_name = NULL;
+    int64_t port = 8080, parallel = 4, n_ctx = 0, n_threads = 0, max_queue = 64, max_conn = 256, chunk = 64;
+    int64_t default_max = 256;
+    uint64_t max_body = 1 << 20;
+    int k_ctx = 0;
+    bool no_mmap = false, no_reuse = false;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        bool err = false;
+        int64_t iv;
+        if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+        else if (cli_opt(argc, argv, &i, "-m", "--model", &model, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--host", &host, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--api-key", &api_key, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--chat-template", &tmpl_name, &err)) { if (err) return 2; }
+#define INT_OPT(s, l, var, lo, hi) else if (cli_opt(argc, argv, &i, s, l, &v, &err)) { \
+        if (err || !cli_parse_i64(v, &iv) || iv < (lo) || iv > (hi)) \
+            return cli_usage_error("serve", "%s: expected an integer in %lld..%lld", l, (long long)(lo), (long long)(hi)); \
+        var = iv; }
+        INT_OPT(NULL, "--port", port, 0, 65535)
+        INT_OPT(NULL, "--parallel", parallel, 1, 256)
+        INT_OPT("-c", "--ctx", n_ctx, 1, 1 << 24)
+        INT_OPT("-t", "--threads", n_threads, 1, 512)
+        INT_OPT(NULL, "--max-queue", max_queue, 0, 1 << 20)
+        INT_OPT(NULL, "--max-conn", max_conn, 1, 1 << 16)
+        INT_OPT(NULL, "--prefill-chunk", chunk, 1, 4096)
+        INT_OPT(NULL, "--default-max-tokens", default_max, 1, 1 << 24)
+#undef INT_OPT
+        else if (cli_opt(argc, argv, &i, NULL, "--max-body", &v, &err)) {
+            if (err || !cli_parse_size(v, &max_body) || max_body < 16 || max_body > ((uint64_t)1 << 32))
+                return cli_usage_error("serve", "--max-body: expected a size from 16 bytes to 4G (64K, 1M)");
+        }
+        else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
+            if (err || !cli_parse_experts_used(v, &k_ctx)) return cli_usage_error("serve", "--experts-used needs a count in 1..256");
+        }
+        else if (cli_flag(argv, i, NULL, "--no-mmap")) no_mmap = true;
+        else if (cli_flag(argv, i, NULL, "--no-prefix-reuse")) no_reuse = true;
+        else return cli_usage_error("serve", "unknown option '%s' (see --help)", argv[i]);
+    }
+    if (api_key && !*api_key) api_key = NULL;
+    if (!model) model = cli_default_model_path();
+    enum srv_chat_tmpl tmpl = SRV_CHAT_UNKNOWN;
+    if (tmpl_name && (tmpl = srv_chat_detect(tmpl_name)) == SRV_CHAT_UNKNOWN)
+        return cli_usage_error("serve", "--chat-template %s: not a template moetax knows", tmpl_name);
+
+    /* SIGINT/SIGTERM are taken by sigwait below: blocked in every thread started from here on */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct moetax_model *m = NULL;
+    struct moetax_tokenizer *tok = NULL;
+    struct srv_sched *sched = NULL;
+    struct srv_http *http = NULL;
+    moetax_status st;
+    struct moetax_model_params mp = {.no_mmap = no_mmap};
+    if ((st = moetax_model_load_ex(model, &mp, &m))) goto done;
+    if ((st = moetax_model_check_experts_used(m, k_ctx))) goto done;
+    if ((st = moetax_tokenizer_load(m->gguf, &tok))) goto done;
+    if (moetax_tokenizer_n_vocab(tok) != m->hp.n_vocab) {
+        st = moetax_error(MOETAX_ERR_FORMAT, "%s: the vocabulary has %d tokens but token_embd has %d rows", model,
+                          moetax_tokenizer_n_vocab(tok), m->hp.n_vocab);
+        goto done;
+    }
+    const struct moetax_gguf_kv *kv = moetax_gguf_find_kv(m->gguf, "tokenizer.chat_template");
+    char *tmpl_src = NULL;
+    if (!tmpl_name && kv && kv->type == MOETAX_GGUF_TYPE_STRING && (tmpl_src = malloc(kv->v.str.len + 1))) {
+        memcpy(tmpl_src, kv->v.str.data, kv->v.str.len);
+        tmpl_src[kv->v.str.len] = 0;
+        tmpl = srv_chat_detect(tmpl_src);
+        if (tmpl == SRV_CHAT_UNKNOWN)
+            fprintf(stderr, "moetax serve: tokenizer.chat_template is not one moetax knows; /v1/chat/completions "
+                            "is off (--chat-template NAME picks one)\n");
+        free(tmpl_src);
+    }
+    const int64_t per_seq = m->hp.n_ctx_train > 0 && m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
+    struct srv_sched_params sp = {.model = m, .tok = tok, .n_parallel = (int)parallel,
+                                  .n_ctx = n_ctx ? n_ctx : parallel * (per_seq + MOETAX_KV_BLOCK_DEFAULT),
+                                  .n_threads = (int)n_threads, .n_expert_used = k_ctx, .max_queue = (int)max_queue,
+                                  .prefill_chunk = (int)chunk, .no_prefix_reuse = no_reuse};
+    if (sp.n_ctx > INT32_MAX) { st = moetax_error(MOETAX_ERR_ARG, "-c: too many cells"); goto done; }
+    if ((st = srv_sched_start(&sp, &sched))) goto done;
+    const char *base = strrchr(model, '/');
+    struct srv_http_params hp = {.host = host, .port = (int)port, .api_key = api_key, .max_body = (size_t)max_body,
+                                 .max_conn = (int)max_conn, .model_name = base ? base + 1 : model, .sched = sched,
+                                 .tok = tok, .tmpl = tmpl, .default_max_tokens = default_max};
+    if ((st = srv_http_start(&hp, &http))) goto done;
+    fprintf(stderr, "moetax serve: %s, %d slots, %lld KV cells, %lld positions per request, chat template %s\n", model,
+            (int)parallel, (long long)srv_sched_n_ctx(sched), (long long)srv_sched_max_seq(sched), srv_chat_name(tmpl));
+    fprintf(stderr, "moetax serve: listening on http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host,
+            strchr(host, ':') ? "]" : "", srv_http_port(http));
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "moetax serve: %s, stopping\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    srv_http_quiesce(http);
+    srv_sched_stop(sched); /* every request ends: the connections' threads return */
+done:
+    srv_http_stop(http);
+    srv_sched_free(sched);
+    moetax_tokenizer_free(tok);
+    moetax_model_free(m);
+    return st ? cli_fail("serve", st) : 0;
+}
+#endif
