@@ -745,8 +745,8 @@ static void test_rope(void) {
     CHECK(dims[0] == 10.0f && dims[1] == 23.0f);
 }
 
-/* The avx512 table's Q8_0 / Q4_0 results are bit-identical to the avx2 table's (the same exact
- * block sums and float chain, kernels.h): decode, small batches 2-16 (tiles of up to 8 and
+/* The avx512 table's results are bit-identical to the avx2 table's (Q8_0 / Q4_0: the same exact
+ * block sums and float chain; F32 / F16 / BF16: the same per-lane chains, kernels.h): decode, small batches 2-16 (tiles of up to 8 and
  * their remainders), prefill-sized batches (panels, column chunks past 512 blocks), plain tails,
  * row sub-ranges. Each table reads its own repacked layout. */
 static void test_matmul_avx512_vs_avx2(void) {
@@ -755,11 +755,13 @@ static void test_matmul_avx512_vs_avx2(void) {
     static const int64_t rows_l[] = {8, 13, 16, 24, 64, 75, 136};
     static const int64_t cols_l[] = {32, 96, 256, 1024, 32 * 515};
     static const int64_t bs_l[] = {1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33};
-    for (int q8 = 0; q8 < 2; q8++) {
-        const enum moetax_type t = q8 ? MOETAX_TYPE_Q8_0 : MOETAX_TYPE_Q4_0;
+    static const int64_t cols_f[] = {1, 7, 8, 13, 100, 1031, 2047 + 1024}; /* F: tails, one and two chunks */
+    for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
+        const enum moetax_type t = k_types[ti];
+        const bool q = t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0;
         for (size_t ri = 0; ri < sizeof rows_l / sizeof rows_l[0]; ri++)
             for (size_t ci = 0; ci < sizeof cols_l / sizeof cols_l[0]; ci++) {
-                const int64_t rows = rows_l[ri], ncols = cols_l[ci];
+                const int64_t rows = rows_l[ri], ncols = q ? cols_l[ci] : cols_f[ci + (rows & 1) * 2];
                 if (ncols > 4096 && rows > 24) continue; /* keep it quick */
                 size_t rb;
                 uint8_t *w = rand_matrix(t, rows, ncols, &rb), *w2 = malloc(rb * rows), *w5 = malloc(rb * rows);

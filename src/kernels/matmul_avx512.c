@@ -379,6 +379,127 @@ static void matmul_q4(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* F32 / F16 / BF16 with two or more batch rows                             */
+/* ------------------------------------------------------------------------ */
+
+/* Two batch rows share each 512-bit vector: lanes 0-7 hold batch row j's sum,
+ * lanes 8-15 batch row j + 1's, each lane's chain exactly the avx2 tile's (8
+ * columns a step from the chunk's start, fma per step, then its hsum tree and
+ * its scalar tail), so the results are the avx2 table's bits; a weight vector
+ * (8 columns, broadcast to both halves, one cvtph for F16) serves two batch
+ * rows per fma. Column chunks as the avx2 table (kc of 1024 / 2048 columns with
+ * more than 3 batch rows); one batch row (decode) is the avx2 table's own path. */
+
+ALWAYS_INLINE __m512 f_load_w16(enum moetax_type t, const uint8_t *w, int64_t k) {
+    if (t == MOETAX_TYPE_F32) return _mm512_broadcast_f32x8(_mm256_loadu_ps((const float *)w + k));
+    const __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + k)));
+    if (t == MOETAX_TYPE_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+ALWAYS_INLINE float f_load_w1(enum moetax_type t, const uint8_t *w, int64_t k) {
+    if (t == MOETAX_TYPE_F32) return ((const float *)w)[k];
+    uint16_t h;
+    memcpy(&h, w + 2 * k, 2);
+    if (t == MOETAX_TYPE_F16) return moetax_k_fp16_table[h];
+    return moetax_bf16_to_fp32(h);
+}
+
+/* The avx2 table's hsum_ps (simd_avx2.h), the same order. */
+ALWAYS_INLINE float f_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* RB rows (stride rb) x JP pairs of batch rows (2 JP - odd rows; an odd last row is
+ * paired with itself and stored once) over columns [k0, k1). */
+ALWAYS_INLINE void tile_f2(enum moetax_type t, const int RB, const int JP, const uint8_t *w, size_t rb,
+                           const float *x, int64_t ldx, int nj, int64_t k0, int64_t k1, float *y, int64_t ldy,
+                           bool add) {
+    const size_t esz = t == MOETAX_TYPE_F32 ? 4 : 2;
+    const float *xr[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 2 * JP; j++) xr[j] = x + (j < nj ? j : nj - 1) * ldx;
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 4
+        for (int p = 0; p < JP; p++) acc[r][p] = _mm512_setzero_ps();
+    int64_t k = k0;
+    for (; k + 8 <= k1; k += 8) {
+        if (((k - k0) & 15) == 0)
+#pragma GCC unroll 4
+            for (int r = 0; r < RB; r++) _mm_prefetch((const char *)w + r * rb + (size_t)k * esz + 2048, _MM_HINT_T0);
+        __m512 xv[4];
+#pragma GCC unroll 4
+        for (int p = 0; p < JP; p++)
+            xv[p] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(xr[2 * p] + k)),
+                                       _mm256_loadu_ps(xr[2 * p + 1] + k), 1);
+#pragma GCC unroll 4
+        for (int r = 0; r < RB; r++) {
+            const __m512 wv = f_load_w16(t, w + r * rb, k);
+#pragma GCC unroll 4
+            for (int p = 0; p < JP; p++) acc[r][p] = _mm512_fmadd_ps(wv, xv[p], acc[r][p]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 4
+        for (int p = 0; p < JP; p++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * p + h;
+                if (j >= nj) break;
+                float s = f_hsum8(h ? _mm512_extractf32x8_ps(acc[r][p], 1) : _mm512_castps512_ps256(acc[r][p]));
+                for (int64_t kk = k; kk < k1; kk++) s += f_load_w1(t, w + r * rb, kk) * xr[j][kk];
+                y[j * ldy + r] = add ? y[j * ldy + r] + s : s;
+            }
+}
+
+typedef void (*tile_f2_fn)(const uint8_t *w, size_t rb, const float *x, int64_t ldx, int nj, int64_t k0, int64_t k1,
+                           float *y, int64_t ldy, bool add);
+#define TILE_F2(T, RB, JP, tag)                                                                                  \
+    static void tile_f2_##tag##_##RB##x##JP(const uint8_t *w, size_t rb, const float *x, int64_t ldx, int nj,    \
+                                            int64_t k0, int64_t k1, float *y, int64_t ldy, bool add) {           \
+        tile_f2(T, RB, JP, w, rb, x, ldx, nj, k0, k1, y, ldy, add);                                             \
+    }
+#define TILES_F2(T, tag)                                                                                         \
+    TILE_F2(T, 4, 1, tag) TILE_F2(T, 4, 2, tag) TILE_F2(T, 4, 3, tag) TILE_F2(T, 4, 4, tag)                     \
+    TILE_F2(T, 1, 1, tag) TILE_F2(T, 1, 2, tag) TILE_F2(T, 1, 3, tag) TILE_F2(T, 1, 4, tag)
+TILES_F2(MOETAX_TYPE_F32, f32)
+TILES_F2(MOETAX_TYPE_F16, f16)
+TILES_F2(MOETAX_TYPE_BF16, bf16)
+#define TILES_F2_ROW(tag, RB) {tile_f2_##tag##_##RB##x1, tile_f2_##tag##_##RB##x2, tile_f2_##tag##_##RB##x3, tile_f2_##tag##_##RB##x4}
+/* [type][rb == 4][pairs - 1] */
+static const tile_f2_fn k_tiles_f2[3][2][4] = {
+    {TILES_F2_ROW(f32, 1), TILES_F2_ROW(f32, 4)},
+    {TILES_F2_ROW(f16, 1), TILES_F2_ROW(f16, 4)},
+    {TILES_F2_ROW(bf16, 1), TILES_F2_ROW(bf16, 4)},
+};
+
+static void matmul_f2(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                      const float *x, int64_t n_batch, float *y, int64_t ldy) {
+    enum { AVX2_BBMAX = 3, JPMAX = 4 };
+    const int64_t kc = n_batch > AVX2_BBMAX ? (ti == 0 ? 1024 : 2048) : ncols; /* the avx2 table's chunks */
+    for (int64_t r = row0; r < row1;) {
+        const int rb4 = row1 - r >= 4;
+        for (int64_t k0 = 0; k0 < ncols; k0 += kc) {
+            const int64_t k1 = ncols - k0 > kc ? k0 + kc : ncols;
+            for (int64_t j = 0; j < n_batch;) {
+                const int64_t left = n_batch - j;
+                const int nj = left >= 2 * JPMAX ? 2 * JPMAX : (int)left;
+                k_tiles_f2[ti][rb4][(nj + 1) / 2 - 1](w + (size_t)r * row_bytes, row_bytes, x + j * ncols, ncols, nj,
+                                                      k0, k1, y + j * ldy + r, ldy, k0 > 0);
+                j += nj;
+            }
+        }
+        r += rb4 ? 4 : 1;
+    }
+}
+
 void moetax_k_matmul_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                             int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
@@ -390,6 +511,16 @@ void moetax_k_matmul_avx512(enum moetax_type wtype, const void *w, size_t row_by
     case MOETAX_TYPE_Q4_0:
         assert(row0 % MOETAX_K_Q4R8_ROWS == 0); /* ROW RANGES, kernels.h */
         matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        break;
+    case MOETAX_TYPE_F32:
+    case MOETAX_TYPE_F16:
+    case MOETAX_TYPE_BF16:
+        if (n_batch >= 2) {
+            const int ti = wtype == MOETAX_TYPE_F32 ? 0 : wtype == MOETAX_TYPE_F16 ? 1 : 2;
+            matmul_f2(ti, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        } else { /* decode: the avx2 table's */
+            moetax_k_matmul_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        }
         break;
     default: moetax_k_matmul_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
     }
