@@ -158,6 +158,7 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "moetax serve: %s, stopping\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     srv_http_quiesce(http);
     srv_sched_stop(sched); /* every request ends: the connections' threads return */
+    srv_http_drain(http, 2000); /* the streams' endings reach their clients; idle keep-alive ones are cut */
 done:
     srv_http_stop(http);
     srv_sched_free(sched);

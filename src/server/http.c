@@ -487,6 +487,15 @@ void srv_http_quiesce(struct srv_http *h) {
     if (fd != MHD_INVALID_SOCKET) close(fd);
 }
 
+void srv_http_drain(struct srv_http *h, int timeout_ms) {
+    for (int waited = 0; waited < timeout_ms; waited += 10) {
+        const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+        if (!di || di->num_connections == 0) return;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 void srv_http_stop(struct srv_http *h) {
     if (!h) return;
     MHD_stop_daemon(h->d);

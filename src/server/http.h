@@ -52,6 +52,9 @@ moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **
 int srv_http_port(const struct srv_http *h);
 /* Stop accepting connections (the ones open go on). */
 void srv_http_quiesce(struct srv_http *h);
+/* Wait (at most timeout_ms) until every connection has closed: their last
+ * bytes (a stream's ending) go out before srv_http_stop closes them. */
+void srv_http_drain(struct srv_http *h, int timeout_ms);
 /* Close every connection and join their threads; frees h. */
 void srv_http_stop(struct srv_http *h);
 

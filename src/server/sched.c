@@ -523,7 +523,10 @@ static bool step(struct srv_sched *s) {
         seqs++;
         if (sl->n_past < sl->n_toks) break; /* the budget is spent */
     }
-    if (b->n_tokens == 0) return false;
+    if (b->n_tokens == 0) {
+        update_metrics(s, 0, 0, false);
+        return false;
+    }
     moetax_status st = moetax_ctx_decode(s->ctx, b);
     if (st == MOETAX_ERR_LIMIT) {
         /* should not happen (admission reserves); free the idle cells and try once more */

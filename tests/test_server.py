@@ -1,0 +1,519 @@
+#!/usr/bin/env python3
+# ctest-labels: model
+"""test_server.py - `moetax serve` end to end on 127.0.0.1 with the default model.
+
+Usage: test_server.py MOETAX WORKDIR. Standard library + curl only. Every server is
+started on a free port (--port 0, the port read from its log), bound to 127.0.0.1,
+and stopped by the test; every wait is bounded. After each case the KV cells held by
+running requests must return to 0 (GET /metrics). The official OpenAI Node SDK case
+runs only where `node` can import `openai` (tests/server_openai_sdk.mjs; set
+MOETAX_OPENAI_SDK_DIR to a folder holding node_modules/openai); SKIP otherwise.
+"""
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+MOETAX = os.path.abspath(sys.argv[1])
+WORK = os.path.abspath(sys.argv[2])
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = os.path.join(REPO, "models", "pycode-20m-q8_0.gguf")
+SANITIZED = "asan" in MOETAX or "san" in os.path.basename(os.path.dirname(MOETAX))
+FAILS = []
+CHECKS = 0
+
+
+def check(cond, msg):
+    global CHECKS
+    CHECKS += 1
+    if not cond:
+        FAILS.append(msg)
+        print("FAIL:", msg, flush=True)
+    return cond
+
+
+class Server:
+    def __init__(self, *args, name="main"):
+        self.log_path = os.path.join(WORK, f"serve-{name}.log")
+        self.log = open(self.log_path, "w+b")
+        self.p = subprocess.Popen([MOETAX, "serve", "-m", MODEL, "--host", "127.0.0.1", "--port", "0", "-t", "2",
+                                   *args], stdout=self.log, stderr=self.log)
+        deadline = time.time() + 60
+        self.port = None
+        while time.time() < deadline and self.port is None:
+            if self.p.poll() is not None:
+                break
+            with open(self.log_path, "rb") as f:
+                m = re.search(rb"listening on http://127\.0\.0\.1:(\d+)", f.read())
+            if m:
+                self.port = int(m.group(1))
+            else:
+                time.sleep(0.05)
+        if self.port is None:
+            with open(self.log_path, "rb") as f:
+                sys.exit(f"moetax serve did not start: {f.read().decode(errors='replace')}")
+        while time.time() < deadline:  # /health answers
+            try:
+                if self.request("GET", "/health")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.05)
+
+    def conn(self, timeout=60):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, method, path, body=None, headers=None, timeout=60):
+        c = self.conn(timeout)
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, dict(r.getheaders()), data
+
+    def post(self, path, obj, headers=None):
+        st, h, data = self.request("POST", path, obj, headers)
+        try:
+            j = json.loads(data)
+        except ValueError:
+            j = None
+        return st, h, j
+
+    def stream(self, path, obj, headers=None):
+        """POST with stream: true; the events (parsed JSON, or '[DONE]') in order."""
+        c = self.conn()
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        c.request("POST", path, body=json.dumps(obj).encode(), headers=h)
+        r = c.getresponse()
+        events = []
+        if r.status != 200:
+            return r.status, r.getheader("Content-Type"), [json.loads(r.read())]
+        buf = b""
+        while True:
+            chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n\n" in buf:
+                ev, buf = buf.split(b"\n\n", 1)
+                for line in ev.split(b"\n"):
+                    if line.startswith(b"data: "):
+                        d = line[6:].decode()
+                        events.append(d if d == "[DONE]" else json.loads(d))
+        c.close()
+        return r.status, r.getheader("Content-Type"), events
+
+    def metrics(self):
+        st, _, data = self.request("GET", "/metrics")
+        out = {}
+        for line in data.decode().splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+        return out
+
+    def cells_back(self, what):
+        """Running requests' cells back to 0 within a few seconds."""
+        deadline = time.time() + 10
+        m = {}
+        while time.time() < deadline:
+            m = self.metrics()
+            if m["moetax_kv_cells_active"] == 0 and m["llamacpp:requests_processing"] == 0 \
+                    and m["llamacpp:requests_deferred"] == 0 and m["moetax_kv_cells_used"] <= m["moetax_kv_cells_cached"]:
+                return True
+            time.sleep(0.05)
+        return check(False, f"{what}: KV cells not back: active {m.get('moetax_kv_cells_active')}, used "
+                            f"{m.get('moetax_kv_cells_used')}, cached {m.get('moetax_kv_cells_cached')}, processing "
+                            f"{m.get('llamacpp:requests_processing')}")
+
+    def stop(self, timeout=20):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+        try:
+            rc = self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            rc = self.p.wait()
+            check(False, "the server did not stop within %d s of SIGTERM" % timeout)
+        self.log.close()
+        return rc
+
+
+def run_greedy(prompt, n):
+    """`moetax run --temp 0` for the same prompt: the reference text."""
+    r = subprocess.run([MOETAX, "run", "-m", MODEL, "-p", prompt, "-n", str(n), "--temp", "0", "-t", "1",
+                        "--no-display-prompt"], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    out = r.stdout.decode("utf-8", errors="replace")
+    return out[:-1] if out.endswith("\n") else out
+
+
+PROMPTS = ["def __init__(self", "import os\nimport sys\n\ndef main(", "class Queue:\n    def put(self, item",
+           "    for i in range(", "def parse_args(argv", "# Copyright", "    if not isinstance(value, str):\n",
+           "def _read(self, n"]
+N_PRED = 24
+
+
+def stream_text(events, chat=False):
+    parts = []
+    for e in events:
+        if e == "[DONE]" or not e.get("choices"):
+            continue
+        ch = e["choices"][0]
+        parts.append(ch.get("delta", {}).get("content") or "" if chat else ch.get("text") or "")
+    return "".join(parts)
+
+
+def test_basic(s, refs):
+    st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N_PRED, "temperature": 0})
+    check(st == 200 and j["object"] == "text_completion", f"completion: {st} {j}")
+    text = j["choices"][0]["text"]
+    check(text == refs[0], f"greedy completion != moetax run:\n{text!r}\n{refs[0]!r}")
+    u = j["usage"]
+    n_prompt = len(subprocess.run([MOETAX, "tokenize", "-m", MODEL, "-p", PROMPTS[0]], capture_output=True,
+                                  text=True).stdout.strip().split(","))
+    check(u["prompt_tokens"] == n_prompt, f"usage.prompt_tokens {u['prompt_tokens']} != {n_prompt}")
+    fin = j["choices"][0]["finish_reason"]
+    check(fin in ("length", "stop"), f"finish_reason {fin}")
+    if fin == "length":
+        check(u["completion_tokens"] == N_PRED, f"usage.completion_tokens {u['completion_tokens']} != {N_PRED}")
+    check(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"], "usage.total_tokens")
+    # streaming: the same text, chunk by chunk, a finish_reason, usage, then [DONE]
+    st, ctype, ev = s.stream("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N_PRED, "temperature": 0,
+                                                 "stream": True, "stream_options": {"include_usage": True}})
+    check(st == 200 and ctype.startswith("text/event-stream"), f"stream: {st} {ctype}")
+    check(ev and ev[-1] == "[DONE]", "stream ends with [DONE]")
+    check(stream_text(ev) == refs[0], f"streamed text != moetax run:\n{stream_text(ev)!r}")
+    fins = [e["choices"][0]["finish_reason"] for e in ev if e != "[DONE]" and e.get("choices")]
+    check(fins and fins[-1] == fin and all(f is None for f in fins[:-1]), f"stream finish_reasons {fins}")
+    usage = [e["usage"] for e in ev if e != "[DONE]" and "usage" in e]
+    check(usage and usage[-1]["completion_tokens"] == u["completion_tokens"], f"stream usage {usage}")
+    check(len(ev) >= 4, f"stream: {len(ev)} events, want one per token")
+    s.cells_back("basic")
+    # GET endpoints
+    st, _, data = s.request("GET", "/v1/models")
+    j = json.loads(data)
+    check(st == 200 and j["object"] == "list" and j["data"][0]["id"] == os.path.basename(MODEL), f"/v1/models {j}")
+    st, _, data = s.request("GET", "/health")
+    check(st == 200 and json.loads(data)["status"] == "ok", "/health")
+    m = s.metrics()
+    for k in ["llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:prompt_seconds_total",
+              "llamacpp:tokens_predicted_seconds_total", "llamacpp:requests_processing", "llamacpp:requests_deferred",
+              "moetax_tax_share", "moetax_batch_size", "moetax_unique_experts_per_layer_step", "moetax_kv_cells_used",
+              'moetax_phase_seconds_total{phase="wait",tax="true"}', "moetax_ttft_seconds_count"]:
+        check(k in m, f"/metrics lacks {k}")
+    check(m.get("llamacpp:tokens_predicted_total", 0) >= 2 * u["completion_tokens"], "tokens_predicted_total counts")
+
+
+def test_concurrent(s, refs):
+    """8 greedy requests in flight together: each equals its `moetax run`."""
+    out = [None] * len(PROMPTS)
+
+    def one(i):
+        if i % 2:
+            st, _, ev = s.stream("/v1/completions", {"prompt": PROMPTS[i], "max_tokens": N_PRED, "temperature": 0,
+                                                     "stream": True})
+            out[i] = stream_text(ev) if st == 200 else f"status {st}"
+        else:
+            st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[i], "max_tokens": N_PRED, "temperature": 0})
+            out[i] = j["choices"][0]["text"] if st == 200 else f"status {st}"
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    for i, ref in enumerate(refs):
+        check(out[i] == ref, f"concurrent greedy [{i}] != moetax run:\n{out[i]!r}\n{ref!r}")
+    m = s.metrics()
+    check(m["moetax_decode_batch_size_mean"] > 1.0, f"no step decoded several sequences: {m['moetax_decode_batch_size_mean']}")
+    s.cells_back("concurrent")
+    # the same prompt again: its prefix comes from the cache, the text is the same
+    before = s.metrics()["moetax_prompt_tokens_reused_total"]
+    st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[1], "max_tokens": N_PRED, "temperature": 0})
+    check(j["choices"][0]["text"] == refs[1], "greedy with a reused prefix != moetax run")
+    check(s.metrics()["moetax_prompt_tokens_reused_total"] > before, "the prefix was not reused")
+    s.cells_back("prefix reuse")
+
+
+def test_stop(s, refs):
+    ref = refs[0]
+    k = len(ref) // 2
+    stop = ref[k:k + 3]
+    cut = ref[:ref.index(stop)]
+    st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N_PRED, "temperature": 0, "stop": stop})
+    check(st == 200 and j["choices"][0]["text"] == cut and j["choices"][0]["finish_reason"] == "stop",
+          f"stop {stop!r}: {j}")
+    st, _, ev = s.stream("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N_PRED, "temperature": 0,
+                                             "stop": ["zzzq", stop], "stream": True})
+    check(stream_text(ev) == cut, f"streamed stop {stop!r}: {stream_text(ev)!r} != {cut!r}")
+    s.cells_back("stop")
+
+
+def test_errors(s):
+    def status(body, path="/v1/completions", method="POST", headers=None):
+        st, h, data = s.request(method, path, body, headers)
+        try:
+            j = json.loads(data)
+        except ValueError:
+            j = None
+        ok = j is not None and isinstance(j.get("error"), dict) and {"message", "type", "code"} <= set(j["error"])
+        check(ok, f"{path} {body!r:.60}: error body {data[:200]!r}")
+        return st, j
+
+    cases = [(b"{not json", 400), (b'{"prompt": "x"', 400), (b"[]", 400), ({"prompt": 5}, 400),
+             ({"prompt": "x", "max_tokens": "ten"}, 400), ({"prompt": "x", "temperature": "hot"}, 400),
+             ({"prompt": "x", "stream": 1}, 400), ({"prompt": "x", "stop": [1]}, 400), ({"prompt": "x", "n": 2}, 400),
+             ({"prompt": "x", "top_p": 2}, 400), ({"prompt": "x", "max_tokens": 0}, 400), ({"prompt": ["a", "b"]}, 400),
+             ({"prompt": "x", "max_tokens": 1 << 20}, 400), ({}, 400), (b'{"prompt": "\xff\xfe"}', 400),
+             (b'{"prompt": "ok", "prompt": "dup"}', 400)]
+    for body, want in cases:
+        st, j = status(body)
+        check(st == want, f"{body!r:.60}: status {st}, want {want}")
+    st, _, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "unknown_field": [1, 2], "logit_bias": {}})
+    check(st == 200, f"unknown fields are ignored: {st}")
+    st, j = status({"messages": [{"role": "user", "content": "hi"}]}, path="/v1/chat/completions")
+    check(st == 400 and "/v1/completions" in j["error"]["message"], f"chat without a template: {st} {j}")
+    check(status(None, path="/v2/nothing", method="GET")[0] == 404, "unknown path: 404")
+    check(status(None, path="/v1/completions", method="GET")[0] == 405, "GET /v1/completions: 405")
+    check(status(b"{}", path="/health", method="POST")[0] == 405, "POST /health: 405")
+    # bodies over --max-body (64K here): with Content-Length, chunked, and a 100 MB one refused unread
+    st, j = status(json.dumps({"prompt": "x" * 70000}).encode())
+    check(st == 413, f"a 70 KB body: {st}")
+    c = s.conn()
+    c.putrequest("POST", "/v1/completions")
+    c.putheader("Transfer-Encoding", "chunked")
+    c.endheaders()
+    blob = json.dumps({"prompt": "y" * 80000}).encode()
+    try:
+        for i in range(0, len(blob), 8192):
+            part = blob[i:i + 8192]
+            c.send(b"%x\r\n%s\r\n" % (len(part), part))
+        c.send(b"0\r\n\r\n")
+        r = c.getresponse()
+        check(r.status == 413, f"a chunked 80 KB body: {r.status}")
+    except OSError as e:
+        check(False, f"chunked body: {e}")
+    c.close()
+    sk = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+    sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: 104857600\r\n\r\n")
+    t0 = time.time()
+    sent = 0
+    try:
+        zero = b"0" * (1 << 20)
+        while sent < 100 << 20:
+            sk.sendall(zero)
+            sent += len(zero)
+    except OSError:
+        pass
+    resp = b""
+    try:
+        while True:
+            d = sk.recv(65536)
+            if not d:
+                break
+            resp += d
+    except OSError:
+        pass
+    sk.close()
+    check(resp.startswith(b"HTTP/1.1 413"), f"a 100 MB body: {resp[:80]!r} (sent {sent >> 20} MiB in {time.time() - t0:.1f} s)")
+    s.cells_back("errors")
+
+
+def test_disconnect(s):
+    """Clients that go away mid-stream (and before a non-streaming answer): their cells come back."""
+    before = s.metrics()["moetax_requests_cancelled_total"]
+    socks = []
+    body = json.dumps({"prompt": PROMPTS[1], "max_tokens": 200, "temperature": 0, "stream": True}).encode()
+    for _ in range(4):
+        sk = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d"
+                   b"\r\n\r\n%s" % (len(body), body))
+        socks.append(sk)
+    for sk in socks:
+        got = b""
+        while b"data: " not in got:
+            d = sk.recv(4096)
+            if not d:
+                break
+            got += d
+        check(b"data: " in got, "a stream started")
+    for sk in socks:
+        sk.close()
+    nb = json.dumps({"prompt": PROMPTS[2], "max_tokens": 200, "temperature": 0}).encode()
+    sk = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+    sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(nb), nb))
+    time.sleep(0.05)
+    sk.close()
+    s.cells_back("disconnect")
+    cancelled = s.metrics()["moetax_requests_cancelled_total"] - before
+    check(cancelled >= 4, f"{cancelled} requests cancelled, want >= 4 (a finished one may count as done)")
+
+
+def test_curl(s, refs):
+    if not shutil.which("curl"):
+        print("SKIP: curl is not installed")
+        return
+    r = subprocess.run(["curl", "-s", "-f", f"http://127.0.0.1:{s.port}/v1/completions", "-H",
+                        "Content-Type: application/json", "-d",
+                        json.dumps({"prompt": PROMPTS[0], "max_tokens": N_PRED, "temperature": 0})],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0 and json.loads(r.stdout)["choices"][0]["text"] == refs[0], f"curl: {r.returncode} {r.stdout[:200]!r}")
+    r = subprocess.run(["curl", "-sN", f"http://127.0.0.1:{s.port}/v1/completions", "-d",
+                        json.dumps({"prompt": PROMPTS[0], "max_tokens": 4, "stream": True})],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0 and r.stdout.endswith(b"data: [DONE]\n\n"), f"curl stream: {r.stdout[-100:]!r}")
+
+
+def test_second_server():
+    """--api-key, 503 with a full queue, the chat endpoint with --chat-template chatml."""
+    s = Server("--api-key", "sekrit", "--parallel", "1", "--max-queue", "1", "--chat-template", "chatml", name="key")
+    try:
+        check(s.request("GET", "/health")[0] == 200, "/health needs no key")
+        for h in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"}, {"Authorization": "Bearer sekri"}]:
+            st, _, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=h)
+            check(st == 401 and j["error"]["code"] == 401, f"key {h}: {st}")
+        check(s.request("GET", "/v1/models")[0] == 401, "/v1/models without the key: 401")
+        auth = {"Authorization": "Bearer sekrit"}
+        st, _, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=auth)
+        check(st == 200, f"with the key: {st}")
+        # chat: OpenAI's shapes
+        msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": [{"type": "text", "text": "def f("}]}]
+        st, _, j = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperature": 0}, headers=auth)
+        check(st == 200 and j["object"] == "chat.completion" and j["choices"][0]["message"]["role"] == "assistant"
+              and isinstance(j["choices"][0]["message"]["content"], str), f"chat: {st} {j}")
+        st, _, ev = s.stream("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperature": 0, "stream": True},
+                             headers=auth)
+        check(st == 200 and ev[-1] == "[DONE]" and ev[0]["object"] == "chat.completion.chunk"
+              and ev[0]["choices"][0]["delta"].get("role") == "assistant", f"chat stream: {ev[:2]}")
+        check(stream_text(ev, chat=True) == j["choices"][0]["message"]["content"], "chat stream text != chat text")
+        check(s.post("/v1/chat/completions", {"messages": "hi"}, headers=auth)[0] == 400, "messages as a string: 400")
+        # one slot, a queue of one: the third request is 503 with Retry-After
+        long = {"prompt": PROMPTS[1], "max_tokens": 200, "temperature": 0, "stream": True}
+        results = []
+
+        def bg():
+            results.append(s.stream("/v1/completions", long, headers=auth)[0])
+
+        t1 = threading.Thread(target=bg)
+        t1.start()
+        deadline = time.time() + 10
+        while time.time() < deadline and s.metrics_auth(auth)["llamacpp:requests_processing"] < 1:
+            time.sleep(0.01)
+        t2 = threading.Thread(target=bg)
+        t2.start()
+        while time.time() < deadline and s.metrics_auth(auth)["llamacpp:requests_deferred"] < 1:
+            time.sleep(0.01)
+        st, h, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=auth)
+        check(st == 503 and "Retry-After" in h, f"full queue: {st} {h}")
+        t1.join(60)
+        t2.join(60)
+        check(results == [200, 200], f"the running and the queued request: {results}")
+        s.cells_back_auth = True
+    finally:
+        rc = s.stop()
+        check(rc == 0, f"the second server exited {rc}")
+
+
+def metrics_auth(self, headers):
+    st, _, data = self.request("GET", "/metrics", headers=headers)
+    out = {}
+    for line in data.decode().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        k, v = line.rsplit(" ", 1)
+        out[k] = float(v)
+    return out
+
+
+Server.metrics_auth = metrics_auth
+
+
+def test_openai_sdk(s):
+    sdk_dir = os.environ.get("MOETAX_OPENAI_SDK_DIR", "")
+    node = shutil.which("node")
+    script = os.path.join(REPO, "tests", "server_openai_sdk.mjs")
+    env = dict(os.environ)
+    if sdk_dir:
+        env["NODE_PATH"] = os.path.join(sdk_dir, "node_modules")
+    if not node:
+        print("SKIP: the OpenAI Node SDK case (no node)")
+        return
+    probe = subprocess.run([node, script, "--probe"], capture_output=True, text=True, env=env, timeout=60)
+    if probe.returncode != 0:
+        print("SKIP: the OpenAI Node SDK case (npm package 'openai' not found; npm install openai in a folder and "
+              "set MOETAX_OPENAI_SDK_DIR to it)")
+        return
+    r = subprocess.run([node, script, f"http://127.0.0.1:{s.port}/v1"], capture_output=True, text=True, env=env,
+                       timeout=180)
+    print(r.stdout, end="")
+    check(r.returncode == 0, f"OpenAI SDK: rc {r.returncode}\n{r.stdout}\n{r.stderr}")
+    s.cells_back("openai sdk")
+
+
+def test_sigterm(s):
+    """SIGTERM while 8 streams run: every client gets an ending, the server exits 0 in bounded time."""
+    ends = []
+
+    def one(i):
+        try:
+            st, _, ev = s.stream("/v1/completions", {"prompt": PROMPTS[i], "max_tokens": 200, "stream": True,
+                                                     "temperature": 0.8, "seed": i})
+            ends.append("done" if ev and ev[-1] == "[DONE]" else "cut")
+        except (OSError, http.client.HTTPException):
+            ends.append("closed")
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    deadline = time.time() + 10
+    while time.time() < deadline and s.metrics()["llamacpp:requests_processing"] < 1:
+        time.sleep(0.01)
+    t0 = time.time()
+    rc = s.stop(timeout=20)
+    dt = time.time() - t0
+    for t in ts:
+        t.join(30)
+    check(rc == 0, f"exit status after SIGTERM: {rc}")
+    check(dt < 10, f"stopping took {dt:.1f} s")
+    check(len(ends) == 8, f"clients ended: {ends}")
+    print(f"SIGTERM with 8 streams: exit {rc} in {dt:.2f} s; clients: {sorted(ends)}")
+
+
+def main():
+    os.makedirs(WORK, exist_ok=True)
+    t0 = time.time()
+    refs = [run_greedy(p, N_PRED) for p in PROMPTS]
+    s = Server("--parallel", "8", "--max-body", "64K")
+    try:
+        for name, fn in [("basic", lambda: test_basic(s, refs)), ("concurrent", lambda: test_concurrent(s, refs)),
+                         ("stop", lambda: test_stop(s, refs)), ("errors", lambda: test_errors(s)),
+                         ("disconnect", lambda: test_disconnect(s)), ("curl", lambda: test_curl(s, refs)),
+                         ("openai-sdk", lambda: test_openai_sdk(s))]:
+            t = time.time()
+            fn()
+            print(f"  {name}: {time.time() - t:.2f} s", flush=True)
+        test_sigterm(s)
+    finally:
+        if s.p.poll() is None:
+            s.stop()
+    test_second_server()
+    print(f"test_server: {CHECKS} checks, {len(FAILS)} failed, {time.time() - t0:.1f} s")
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
