@@ -400,6 +400,14 @@ def test_second_server():
               and ev[0]["choices"][0]["delta"].get("role") == "assistant", f"chat stream: {ev[:2]}")
         check(stream_text(ev, chat=True) == j["choices"][0]["message"]["content"], "chat stream text != chat text")
         check(s.post("/v1/chat/completions", {"messages": "hi"}, headers=auth)[0] == 400, "messages as a string: 400")
+        # a chat prompt's control tokens are single ids (the model's <|endoftext|>); a completion's are plain text
+        def chat_tokens(content):
+            st, _, j = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": content}], "max_tokens": 1},
+                              headers=auth)
+            return j["usage"]["prompt_tokens"] if st == 200 else -1
+        check(chat_tokens("<|endoftext|>") == chat_tokens("") + 1, "<|endoftext|> in a chat prompt is one token")
+        st, _, j = s.post("/v1/completions", {"prompt": "<|endoftext|>", "max_tokens": 1}, headers=auth)
+        check(st == 200 and j["usage"]["prompt_tokens"] > 2, f"<|endoftext|> in a completion prompt is text: {j}")
         # one slot, a queue of one: the third request is 503 with Retry-After
         long = {"prompt": PROMPTS[1], "max_tokens": 200, "temperature": 0, "stream": True}
         results = []

@@ -116,6 +116,7 @@ int cmd_serve(int argc, char **argv) {
     struct moetax_tokenizer *tok = NULL;
     struct srv_sched *sched = NULL;
     struct srv_http *http = NULL;
+    struct srv_specials *specials = NULL;
     moetax_status st;
     struct moetax_model_params mp = {.no_mmap = no_mmap};
     if ((st = moetax_model_load_ex(model, &mp, &m))) goto done;
@@ -143,11 +144,12 @@ int cmd_serve(int argc, char **argv) {
                                   .n_threads = (int)n_threads, .n_expert_used = k_ctx, .max_queue = (int)max_queue,
                                   .prefill_chunk = (int)chunk, .no_prefix_reuse = no_reuse};
     if (sp.n_ctx > INT32_MAX) { st = moetax_error(MOETAX_ERR_ARG, "-c: too many cells"); goto done; }
+    if ((st = srv_specials_load(m->gguf, &specials))) goto done;
     if ((st = srv_sched_start(&sp, &sched))) goto done;
     const char *base = strrchr(model, '/');
     struct srv_http_params hp = {.host = host, .port = (int)port, .api_key = api_key, .max_body = (size_t)max_body,
                                  .max_conn = (int)max_conn, .model_name = base ? base + 1 : model, .sched = sched,
-                                 .tok = tok, .tmpl = tmpl, .default_max_tokens = default_max};
+                                 .tok = tok, .tmpl = tmpl, .specials = specials, .default_max_tokens = default_max};
     if ((st = srv_http_start(&hp, &http))) goto done;
     fprintf(stderr, "moetax serve: %s, %d slots, %lld KV cells, %lld positions per request, chat template %s\n", model,
             (int)parallel, (long long)srv_sched_n_ctx(sched), (long long)srv_sched_max_seq(sched), srv_chat_name(tmpl));
@@ -162,6 +164,7 @@ int cmd_serve(int argc, char **argv) {
 done:
     srv_http_stop(http);
     srv_sched_free(sched);
+    srv_specials_free(specials);
     moetax_tokenizer_free(tok);
     moetax_model_free(m);
     return st ? cli_fail("serve", st) : 0;

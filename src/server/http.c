@@ -17,6 +17,7 @@
 
 #include "server/api.h"
 #include "server/metrics.h"
+#include "server/special_tokens.h"
 
 struct srv_http {
     struct srv_http_params p;
@@ -248,14 +249,13 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
         }
         text = rendered;
     }
-    /* tokenize here, in the connection's thread */
-    const bool bos = moetax_tokenizer_add_bos(h->p.tok);
+    /* tokenize here, in the connection's thread; a chat prompt's control tokens as single ids */
+    int32_t *ids = NULL;
     int64_t n_ids = 0;
-    moetax_tokenizer_encode(h->p.tok, text, text_len, bos, NULL, 0, &n_ids);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n_ids > 0 ? n_ids : 1));
-    moetax_status st = ids ? moetax_tokenizer_encode(h->p.tok, text, text_len, bos, ids, n_ids, &n_ids) : MOETAX_ERR_NOMEM;
+    moetax_status st = srv_encode_special(h->p.tok, chat ? h->p.specials : NULL, text, text_len,
+                                          moetax_tokenizer_add_bos(h->p.tok), &ids, &n_ids);
     free(rendered);
-    if (st) { free(ids); srv_api_req_free(&q); return send_error(c, 500, "cannot tokenize the prompt"); }
+    if (st) { srv_api_req_free(&q); return send_error(c, 500, "cannot tokenize the prompt"); }
     if (n_ids == 0) { free(ids); srv_api_req_free(&q); return send_error(c, 400, "the prompt is empty"); }
     struct srv_req *r = srv_req_new(ids, n_ids);
     free(ids);

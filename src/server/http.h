@@ -33,6 +33,7 @@
 #include "moetax/tokenizer.h"
 #include "server/chat_template.h"
 #include "server/sched.h"
+#include "server/special_tokens.h"
 
 struct srv_http_params {
     const char *host;          /* numeric IPv4 or IPv6 address */
@@ -44,6 +45,7 @@ struct srv_http_params {
     struct srv_sched *sched;
     const struct moetax_tokenizer *tok;
     enum srv_chat_tmpl tmpl;   /* SRV_CHAT_UNKNOWN: /v1/chat/completions is a 400 */
+    const struct srv_specials *specials; /* control tokens split out of chat prompts (may be NULL) */
     int64_t default_max_tokens;
 };
 
