@@ -16,8 +16,8 @@
  * of the per-pair ratios of the two, the kernel's share of what the memory
  * gave at that moment, which drifts much less than the ratio to a membw
  * figure taken once per case on a shared machine. Weights are in the
- * layout the engine hands to matmul: types the table reads repacked (Q4_0 with
- * avx2, kernels.h) are repacked once, before timing; bytes are counted as
+ * layout the engine hands to matmul: types the table reads repacked (Q4_0 and
+ * Q8_0 with avx2 and avx512, kernels.h) are repacked once, before timing; bytes are counted as
  * stored (the repacked layout has the same size). */
 #include <math.h>
 #include <stdio.h>
@@ -44,8 +44,9 @@ static void usage(FILE *f) {
             "Matrix x vector GB/s (weights as stored, 1e9 B/s) and its ratio to the read bandwidth\n"
             "measured in the same run, on a large matrix and on expert-sized matrices; GFLOP/s for\n"
             "batches of 8 and 64 rows. Medians of repeats. Weights are laid out as the engine hands\n"
-            "them to matmul (the avx2 kernels' Q4_0 repacked once, before timing; same bytes).\n"
-            "MOETAX_FORCE_REF=1 benchmarks the scalar reference kernels.\n"
+            "them to matmul (Q4_0/Q8_0 repacked once for the table, before timing; same bytes).\n"
+            "The table is the CPU's best (printed first); MOETAX_KERNELS=ref|avx2|avx512 chooses\n"
+            "one, MOETAX_FORCE_REF=1 the scalar reference kernels.\n"
             "\n"
             "options:\n"
             "  -t, --threads LIST   thread counts, e.g. 1,2 (default: 1..%ld, the online CPUs)\n"

@@ -5,8 +5,9 @@
  * DESIGN
  *   Every kernel exists as a plain-C scalar reference (src/kernels/ *_ref.c) and,
  *   where it pays, as an AVX2/FMA/F16C variant (*_avx2.c) and an AVX-512 one
- *   (*_avx512.c: F/BW/VL/DQ + VNNI, for the Q8_0 and Q4_0 matmul; its other
- *   entries are the avx2 table's), each compiled with its own flags. A `struct
+ *   (*_avx512.c: F/BW/VL/DQ + VNNI, for the Q8_0 and Q4_0 matmul and the
+ *   F32/F16/BF16 matmul of 2+ batch rows; its other entries are the avx2
+ *   table's), each compiled with its own flags. A `struct
  *   moetax_kernels` table of function pointers is chosen once, from cpuid and
  *   the OS's saved-state bits (XCR0), by moetax_kernels_get(): avx512, else
  *   avx2, else ref. MOETAX_FORCE_REF=1 in the environment (any non-empty value
@@ -104,8 +105,12 @@
  *   - avx512 against avx2: Q8_0 and Q4_0 results are bit-identical (the same
  *     exact block sums, then the same float chain per output: acc =
  *     fma((float)S_b, d_w[b] * d_x[b], acc) over the blocks in order, from 0),
- *     for every batch size and row split. F32/F16/BF16 matmul and every other
- *     entry are the avx2 table's own functions (the same bits).
+ *     for every batch size and row split. F32/F16/BF16 matmul too: decode
+ *     is the avx2 table's function, 2+ batch rows keep its per-output chain
+ *     (8-column fma steps per lane from each column chunk's start, the same
+ *     chunks, hsum tree and scalar tail) with two batch rows per 512-bit
+ *     vector. Every other entry is the avx2 table's own function. BF16 uses
+ *     no AVX512-BF16 instruction (vdpbf16ps rounds differently).
  *   - Vector ops take F32, n >= 0, and allow out == in where stated.
  *   - topk is deterministic: the k largest values in descending order, ties to
  *     the lower index; NaN ranks below -inf.

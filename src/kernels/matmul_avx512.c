@@ -1,10 +1,11 @@
 /* matmul_avx512.c - AVX-512 (F/BW/VL/DQ) + VNNI matrix x vector(s) for Q8_0 and
  * Q4_0 weights. Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq
  * -mavx512vnni (and the AVX2 flags); only reached through the avx512 table when
- * cpuid and XCR0 say the CPU and the OS allow all of them. F32/F16/BF16 weights
- * and the activation preparation are the AVX2 table's (same bytes, same bits).
+ * cpuid and XCR0 say the CPU and the OS allow all of them. The activation
+ * preparation and one-row (decode) F32/F16/BF16 matmul are the AVX2 table's
+ * (same bytes, same bits); F32/F16/BF16 with 2+ batch rows: see below.
  *
- * Both types read weights with 8 rows interleaved (kernels.h, WEIGHT LAYOUTS:
+ * Q8_0 and Q4_0 read weights with 8 rows interleaved (kernels.h, WEIGHT LAYOUTS:
  * Q4_0x8r as the avx2 table, Q8_0x8r of this table's own), so that each 32-bit
  * lane of a 256-bit vector belongs to one row and holds 4 consecutive quants of
  * it. One vpdpbusd (u8 x s8 -> s32, 4 products per lane, added to the lane)
