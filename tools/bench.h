@@ -22,6 +22,7 @@ struct bench_batch_opts {
     int n_batch;
     int64_t n_prompt, n_gen, reps;
     bool json, no_mmap;
+    enum moetax_type kv_type;
     int experts_used;
     float capacity_factor;
     enum moetax_overflow overflow;

@@ -32,6 +32,7 @@ static moetax_status one_batch(const struct moetax_model *m, const char *base, s
     const int64_t bs = MOETAX_KV_BLOCK_DEFAULT, per_seq = (np + ng + 1 + bs - 1) / bs * bs; /* whole blocks */
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(B * per_seq), .pool = pool, .n_seq_max = B,
                                    .n_ubatch = B < 64 ? 64 : B > 512 ? 512 : B, .n_expert_used = o->experts_used,
+                                   .kv_type = o->kv_type,
                                    .capacity_factor = o->capacity_factor, .overflow = o->overflow};
     struct moetax_ctx *c = NULL;
     struct moetax_ledger *led = NULL;

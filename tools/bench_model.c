@@ -41,6 +41,7 @@ static void usage(FILE *f) {
                "                 paired_ratio = median over repetitions of gbps / a read pass just before each one\n"
                "                 (robust to a machine whose bandwidth drifts; decode, without --expert-budget)\n"
                "  --no-mem       skip the read-bandwidth probe (no roofline ratio)\n"
+               CLI_CACHE_TYPE_HELP
                "  --no-mmap      copy the weights into private memory of 2 MiB pages instead of reading them\n"
                "                 in place from the file mapping (see weights_huge_share)\n"
                "  --experts-used K  route each token to K experts instead of the file's count (run-time\n"
@@ -83,6 +84,7 @@ struct opts {
     const char *budget;  /* this run's expert budget (one item of so.budgets), NULL: mapped */
     int experts_used;    /* --experts-used: run-time top-k (0: the model's) */
     bool no_mmap;        /* --no-mmap: private copies in 2 MiB pages */
+    enum moetax_type kv_type; /* --cache-type */
 };
 
 struct result {
@@ -132,7 +134,8 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     if (read_gbps > 0 && !o->budget && o->ntg > 0 && (st = moetax_membw_probe_new(pool, (size_t)512 << 20, &probe)))
         goto done;
     for (int64_t i = 0; i < max_tok; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
-    struct moetax_ctx_params cp = {.n_ctx = (int32_t)max_tok + 1, .pool = pool, .n_expert_used = o->experts_used};
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)max_tok + 1, .pool = pool, .n_expert_used = o->experts_used,
+                                   .kv_type = o->kv_type};
     uint64_t budget = 0;
     if (o->budget) {
         if (!cli_store_parse_budget(o->budget, cli_store_expert_bytes(m), &budget)) {
@@ -421,6 +424,7 @@ int bench_model_main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--json")) o.json = true;
         else if (!strcmp(argv[i], "--no-mem")) o.mem = false;
         else if (!strcmp(argv[i], "--no-mmap")) o.no_mmap = true;
+        else if (cli_cache_type_opt("bench", argc, argv, &i, &o.kv_type, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
             if (err || !cli_parse_experts_used(v, &o.experts_used))
                 return cli_usage_error("bench", "--experts-used needs a count in 1..256");
@@ -458,6 +462,7 @@ int bench_model_main(int argc, char **argv) {
         bo.reps = o.reps;
         bo.json = o.json;
         bo.no_mmap = o.no_mmap;
+        bo.kv_type = o.kv_type;
         bo.experts_used = o.experts_used;
         moetax_status st = MOETAX_OK;
         for (int ti = 0; ti < (nth ? nth : 1) && !st; ti++) {

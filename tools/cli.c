@@ -251,6 +251,19 @@ bool cli_max_input_opt(const char *cmd, int argc, char **argv, int *i, uint64_t 
     return true;
 }
 
+bool cli_cache_type_opt(const char *cmd, int argc, char **argv, int *i, enum moetax_type *type, bool *err) {
+    const char *v = NULL;
+    if (!cli_opt(argc, argv, i, NULL, "--cache-type", &v, err)) return false;
+    if (*err) return true;
+    if (!strcmp(v, "f32")) *type = MOETAX_TYPE_F32;
+    else if (!strcmp(v, "f16")) *type = MOETAX_TYPE_F16;
+    else {
+        cli_usage_error(cmd, "--cache-type: '%s': expected f32 or f16", v);
+        *err = true;
+    }
+    return true;
+}
+
 moetax_status cli_check_outputs(const char *const *paths, int n) {
     for (int k = 0; k < n; k++) {
         if (!paths[k]) continue;

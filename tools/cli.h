@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "moetax/status.h"
+#include "moetax/types.h"
 
 /* Print "moetax <cmd>: <last error>" (or msg) to stderr; return 1 (for main). */
 int cli_fail(const char *cmd, moetax_status st);
@@ -58,6 +59,12 @@ moetax_status cli_read_file(const char *path, uint64_t max_bytes, char **text, s
 /* --max-input-bytes SIZE (256M, 1G; at least 1): true if argv[*i] is it; a bad
  * value prints a usage error for cmd and sets *err. */
 bool cli_max_input_opt(const char *cmd, int argc, char **argv, int *i, uint64_t *max_bytes, bool *err);
+/* --cache-type f32|f16 (KV cache cells): true if argv[*i] is it; a bad value prints a usage
+ * error for cmd and sets *err. */
+bool cli_cache_type_opt(const char *cmd, int argc, char **argv, int *i, enum moetax_type *type, bool *err);
+#define CLI_CACHE_TYPE_HELP \
+    "  --cache-type f32|f16 KV cache cells (default f32; f16 halves the cache, llama.cpp's default; the\n" \
+    "                       logits then differ from an f32 cache's by rounding)\n"
 #define CLI_MAX_INPUT_HELP \
     "  --max-input-bytes N  read at most N bytes of text (default 256M; sizes like 64K, 1G): a longer\n" \
     "                       input (or a device such as /dev/zero) is refused\n"

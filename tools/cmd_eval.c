@@ -19,13 +19,15 @@ static void usage(FILE *f) {
                "  --step-by-step  evaluate the prompt one token at a time (decode path) instead of one batch\n"
                "  --routing       print the experts chosen for each token of the last micro-batch\n"
                "  --no-mmap       copy the weights into private memory (2 MiB pages) instead of reading the mapping\n"
-               "  --check-finite  check every hidden state after each layer (a NaN or inf names the layer)\n");
+               "  --check-finite  check every hidden state after each layer (a NaN or inf names the layer)\n"
+               CLI_CACHE_TYPE_HELP);
 }
 
 int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *toks = NULL;
     struct moetax_model_params mp = {0};
     bool check_finite = false; /* --check-finite */
+    enum moetax_type kv_type = MOETAX_TYPE_F32; /* --cache-type */
     int64_t n_decode = 0, n_threads = 0, ubatch = 0;
     bool step = false, routing = false;
     for (int i = 1; i < argc; i++) {
@@ -46,6 +48,7 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(argv[i], "--routing")) routing = true;
         else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
         else if (!strcmp(argv[i], "--check-finite")) check_finite = true;
+        else if (cli_cache_type_opt("eval", argc, argv, &i, &kv_type, &err)) { if (err) return 2; }
         else return cli_usage_error("eval", "unknown option '%s'", argv[i]);
     }
     if (!model) return cli_usage_error("eval", "no model given (-m FILE)");
@@ -58,7 +61,7 @@ int cmd_eval(int argc, char **argv) {
     struct moetax_model *m;
     st = moetax_model_load_ex(model, &mp, &m);
     if (st) return cli_fail("eval", st);
-    struct moetax_ctx_params cp = {.check_finite = check_finite, .n_ctx = (int32_t)(n + n_decode + 1), .n_threads = (int32_t)n_threads,
+    struct moetax_ctx_params cp = {.check_finite = check_finite, .kv_type = kv_type, .n_ctx = (int32_t)(n + n_decode + 1), .n_threads = (int32_t)n_threads,
                                    .n_ubatch = (int32_t)ubatch};
     struct moetax_ctx *c;
     if ((st = moetax_ctx_init(m, &cp, &c))) { moetax_model_free(m); return cli_fail("eval", st); }

@@ -45,6 +45,7 @@ static void usage(FILE *f) {
             "  --no-display-prompt  do not echo the prompt\n"
             "  --json               print the final statistics as one JSON object on stdout (the only thing on\n"
             "                       stdout: the prompt and the text go to stderr)\n"
+            CLI_CACHE_TYPE_HELP
             CLI_MAX_INPUT_HELP
             "%s%s", cli_ledger_help(), cli_store_help());
 }
@@ -69,6 +70,7 @@ int cmd_run(int argc, char **argv) {
     int64_t n_predict = 64, n_threads = 0, n_ctx = 0, parallel = 0;
     struct moetax_model_params mp = {0};
     bool check_finite = false; /* --check-finite */
+    enum moetax_type kv_type = MOETAX_TYPE_F32; /* --cache-type */
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool ignore_eos = false, echo = true, json = false;
     struct moetax_sampler_params sp = moetax_sampler_default_params();
@@ -112,6 +114,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-display-prompt")) echo = false;
         else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
         else if (!strcmp(argv[i], "--check-finite")) check_finite = true;
+        else if (cli_cache_type_opt("run", argc, argv, &i, &kv_type, &err)) { if (err) return 2; }
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (cli_max_input_opt("run", argc, argv, &i, &max_input, &err)) { if (err) return 2; }
         else return cli_usage_error("run", "unknown option '%s'", argv[i]);
@@ -144,7 +147,7 @@ int cmd_run(int argc, char **argv) {
         struct run_parallel_opts po = {.model = model, .prompts_path = pfile, .parallel = (int)parallel,
                                        .n_predict = n_predict, .n_threads = n_threads, .n_ctx = n_ctx,
                                        .experts_used = k_ctx, .no_mmap = mp.no_mmap, .ignore_eos = ignore_eos,
-                                       .echo = echo, .json = json, .sampler = sp, .lo = &lo};
+                                       .echo = echo, .json = json, .sampler = sp, .lo = &lo, .kv_type = kv_type};
         lo.n_expert_used = k_ctx;
         st = run_parallel(&po, text);
         free(text);
@@ -170,7 +173,7 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
     if ((st = moetax_sampler_init(&sp, m->hp.n_vocab, &smp))) goto done;
-    struct moetax_ctx_params cp = {.check_finite = check_finite, .n_ctx = (int32_t)n_ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx};
+    struct moetax_ctx_params cp = {.check_finite = check_finite, .kv_type = kv_type, .n_ctx = (int32_t)n_ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx};
     if (so.budgets) {
         uint64_t budget;
         if (!cli_store_parse_budget(so.budgets, cli_store_expert_bytes(m), &budget)) {

@@ -18,6 +18,7 @@ struct run_parallel_opts {
     bool no_mmap, ignore_eos, echo, json;
     struct moetax_sampler_params sampler;
     const struct cli_ledger_opts *lo;
+    enum moetax_type kv_type;
 };
 
 /* prompts_text: the file's text, one prompt per line (split in place). */

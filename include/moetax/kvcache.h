@@ -35,7 +35,8 @@
  *   - Every block is free or referenced by at least one sequence's table;
  *     free blocks + referenced blocks = n_blocks.
  *   - A block referenced by more than one table is never written.
- *   - Cells are F32 (F16 cells are not implemented yet).
+ *   - Cells are F32 or F16 (type): F16 halves the cache, as llama.cpp's
+ *     default; moetax then no longer matches llama.cpp's F32 cache to the bit.
  */
 #ifndef MOETAX_KVCACHE_H
 #define MOETAX_KVCACHE_H
@@ -45,6 +46,7 @@
 #include <stdint.h>
 
 #include "moetax/status.h"
+#include "moetax/types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,6 +58,7 @@ struct moetax_kvcache_params {
     int64_t n_cells;    /* total token budget (rounded up to whole blocks) */
     int32_t block_size; /* cells per block; 0: MOETAX_KV_BLOCK_DEFAULT */
     int32_t n_seq_max;  /* sequence ids 0 .. n_seq_max-1; 0: MOETAX_KV_SEQ_MAX_DEFAULT */
+    enum moetax_type type; /* MOETAX_TYPE_F32 (the default, 0) or MOETAX_TYPE_F16 */
 };
 
 struct moetax_kvcache;
@@ -70,6 +73,7 @@ int64_t moetax_kvcache_n_cells(const struct moetax_kvcache *kv);
 int64_t moetax_kvcache_n_free(const struct moetax_kvcache *kv);
 int32_t moetax_kvcache_block_size(const struct moetax_kvcache *kv);
 int32_t moetax_kvcache_n_seq_max(const struct moetax_kvcache *kv);
+enum moetax_type moetax_kvcache_type(const struct moetax_kvcache *kv);
 size_t moetax_kvcache_bytes(const struct moetax_kvcache *kv);
 /* Positions a sequence holds (its next position); 0 for an empty or invalid id. */
 int64_t moetax_kvcache_seq_len(const struct moetax_kvcache *kv, int32_t seq);
@@ -94,12 +98,13 @@ moetax_status moetax_kvcache_reserve(struct moetax_kvcache *kv, const int32_t *s
  * past its highest position among them. */
 void moetax_kvcache_commit(struct moetax_kvcache *kv, const int32_t *seq, const int32_t *pos, int64_t n);
 
-/* The row of (seq, pos) in layer il (the position's block must be held). */
-float *moetax_kvcache_row(struct moetax_kvcache *kv, int32_t il, int32_t seq, int64_t pos);
+/* The row of (seq, pos) in layer il (the position's block must be held): row
+ * values of the cache's type (float or uint16_t F16). */
+void *moetax_kvcache_row(struct moetax_kvcache *kv, int32_t il, int32_t seq, int64_t pos);
 /* Sequence seq's block table (*n_blocks entries). */
 const int32_t *moetax_kvcache_seq_blocks(const struct moetax_kvcache *kv, int32_t seq, int32_t *n_blocks);
-/* The first row of block b in layer il (block_size rows follow). */
-const float *moetax_kvcache_block_rows(const struct moetax_kvcache *kv, int32_t il, int32_t b);
+/* The first row of block b in layer il (block_size rows follow, row values each). */
+const void *moetax_kvcache_block_rows(const struct moetax_kvcache *kv, int32_t il, int32_t b);
 /* Blocks referenced by more than one sequence (shared prefixes). */
 int32_t moetax_kvcache_n_shared_blocks(const struct moetax_kvcache *kv);
 

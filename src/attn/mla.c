@@ -23,7 +23,8 @@
  * block by block: the scores of each block's rows are one matmul, and the
  * weighted sum continues one chain over the blocks (wsum with acc), so the
  * result does not depend on where the blocks lie nor on the other sequences
- * of the micro-batch.
+ * of the micro-batch. F16 cells: the scores read them with the F16 matmul,
+ * and each block's kv parts are converted to float for the weighted sum.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -31,16 +32,19 @@
 
 #include "attn/mla.h"
 
-/* Token t's cache row of layer il: [rmsnorm(kv) ; rope(k_pe)] from a->kva. */
-static void cache_row(const struct fw_step *s, struct mla *a, int il, int64_t t) {
+/* Token t's cache row of layer il: [rmsnorm(kv) ; rope(k_pe)] from a->kva (F16 cells: made
+ * in the worker's float row, then converted). */
+static void cache_row(const struct fw_step *s, struct mla *a, struct mla_worker *wk, int il, int64_t t) {
     const struct moetax_hparams *hp = &s->m->hp;
     const struct moetax_layer *l = &s->m->layers[il];
     const int64_t kvl = hp->kv_lora_rank, rope = hp->n_embd_head_qk_rope, kvr = a->kv_row;
-    float *dst = moetax_kvcache_row(a->kv, il, s->seq[t], s->pos[t]);
+    void *cell = moetax_kvcache_row(a->kv, il, s->seq[t], s->pos[t]);
+    float *dst = a->f16 ? wk->row : cell;
     const float *src = a->kva + t * kvr;
     s->K->rmsnorm(dst, src, l->kv_a_norm, kvl, hp->rms_eps);
     memcpy(dst + kvl, src + kvl, sizeof(float) * (size_t)rope);
     s->K->rope_cached(dst + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, a->ropecs + t * rope);
+    if (a->f16) s->K->fp32_to_fp16(dst, cell, kvr);
 }
 
 /* Head h, every token of the micro-batch: Q_h = [W_kb[h] q_nope ; rope(q_pe)] into a->qabs
@@ -111,7 +115,7 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
         for (int64_t it; (it = fw_chunk(w, 1 + nqb, 1)) >= 0;) {
             if (it == 0) {
                 fw_matmul(s, &l->wkv_a, 0, 0, nkv, ain, 0, 1, a->kva, nkv);
-                cache_row(s, a, il, 0);
+                cache_row(s, a, &a->wk[w->ith], il, 0);
             } else {
                 r0 = (it - 1) * 64;
                 r1 = r0 + 64 < nq ? r0 + 64 : nq;
@@ -137,7 +141,7 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
     if (!fuse) {
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
         for (int64_t it; (it = fw_chunk(w, n + H, 1)) >= 0;) {
-            if (it < n) cache_row(s, a, il, it);
+            if (it < n) cache_row(s, a, wk, il, it);
             else q_abs_head(s, a, wk, il, it - n);
         }
         fw_phase_end(w);
@@ -164,10 +168,11 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
         if (fuse)
             for (int64_t h = h0; h < h1; h++) q_abs_head(s, a, wk, il, h);
         const float *Q = a->qabs + (t * H + h0) * kvr;
+        const enum moetax_type ct = a->f16 ? MOETAX_TYPE_F16 : MOETAX_TYPE_F32;
+        const size_t crow = (a->f16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)kvr;
         for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
             const int64_t nr = np - j0 < bs ? np - j0 : bs;
-            K->matmul(MOETAX_TYPE_F32, moetax_kvcache_block_rows(a->kv, il, blk[b]), sizeof(float) * (size_t)kvr, 0,
-                      nr, kvr, Q, nh, sc + j0, np_max);
+            K->matmul(ct, moetax_kvcache_block_rows(a->kv, il, blk[b]), crow, 0, nr, kvr, Q, nh, sc + j0, np_max);
         }
         for (int64_t hh = 0; hh < nh; hh++) {
             K->scale(sc + hh * np_max, hp->kq_scale, np);
@@ -176,7 +181,13 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
         float *o = n == 1 ? o1 : a->oatt + (t * H + h0) * kvl;
         for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
             const int64_t nr = np - j0 < bs ? np - j0 : bs;
-            K->wsum(o, kvl, sc + j0, np_max, nh, moetax_kvcache_block_rows(a->kv, il, blk[b]), kvr, nr, kvl, j0 > 0);
+            const void *rows = moetax_kvcache_block_rows(a->kv, il, blk[b]);
+            if (a->f16) { /* the block's kv parts in float (the weighted sum reads float rows) */
+                for (int64_t r = 0; r < nr; r++) K->fp16_to_fp32((const uint16_t *)rows + r * kvr, wk->vb + r * kvl, kvl);
+                K->wsum(o, kvl, sc + j0, np_max, nh, wk->vb, kvl, nr, kvl, j0 > 0);
+            } else {
+                K->wsum(o, kvl, sc + j0, np_max, nh, rows, kvr, nr, kvl, j0 > 0);
+            }
         }
         (void)nblk;
         if (n > 1) continue;
@@ -241,6 +252,8 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
     memset(a, 0, sizeof *a);
     a->kv = kv;
     a->kv_row = kvl + rope;
+    a->f16 = moetax_kvcache_type(kv) == MOETAX_TYPE_F16;
+    const int64_t bs = moetax_kvcache_block_size(kv);
     a->n_threads = s->n_threads;
     a->qa = calloc((size_t)(U * max64(ql, 1)), sizeof(float));
     a->q = calloc((size_t)(U * H * (nope + rope)), sizeof(float));
@@ -258,7 +271,9 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
         wk->nq = moetax_act_size(MOETAX_TYPE_Q4_0, (max64(nope, kvl) + 31) / 32 * 32, U) + 64;
         wk->f = calloc(wk->nf, sizeof(float));
         wk->q = aligned_alloc(64, (wk->nq + 63) / 64 * 64);
-        ok = wk->f && wk->q;
+        wk->row = calloc((size_t)a->kv_row, sizeof(float));
+        wk->vb = a->f16 ? calloc((size_t)(bs * kvl), sizeof(float)) : NULL;
+        ok = wk->f && wk->q && wk->row && (!a->f16 || wk->vb);
     }
     if (!ok) {
         mla_free(a);
@@ -274,6 +289,8 @@ void mla_free(struct mla *a) {
         for (int i = 0; i < a->n_threads; i++) {
             free(a->wk[i].f);
             free(a->wk[i].q);
+            free(a->wk[i].row);
+            free(a->wk[i].vb);
         }
     free(a->wk);
     memset(a, 0, sizeof *a);

@@ -12,11 +12,14 @@ struct mla_worker {
     size_t nf;
     void *q;   /* [nq] prepared rows for the per-head matmuls */
     size_t nq;
+    float *row; /* [kv_row] a cache row before its conversion (F16 cells) */
+    float *vb;  /* [block_size, kv_lora] a block's kv parts in float (F16 cells) */
 };
 
 struct mla {
     struct moetax_kvcache *kv; /* not owned; a cell's row per layer is kv_row floats */
     int64_t kv_row;            /* kv_lora + rope */
+    bool f16;                  /* the cache's cells are F16 */
     /* micro-batch buffers (U = n_ubatch) */
     float *qa;             /* [U, q_lora] */
     float *q;              /* [U, H*(nope+rope)] */

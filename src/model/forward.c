@@ -263,7 +263,8 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     /* the KV cache: n_ctx cells in all, rounded up to whole blocks */
     const int32_t bs = p && p->kv_block > 0 ? p->kv_block : MOETAX_KV_BLOCK_DEFAULT;
     struct moetax_kvcache_params kp = {.n_cells = (c->n_ctx + bs - 1) / bs * bs, .block_size = bs,
-                                       .n_seq_max = p && p->n_seq_max > 0 ? p->n_seq_max : MOETAX_KV_SEQ_MAX_DEFAULT};
+                                       .n_seq_max = p && p->n_seq_max > 0 ? p->n_seq_max : MOETAX_KV_SEQ_MAX_DEFAULT,
+                                       .type = p ? p->kv_type : MOETAX_TYPE_F32};
     c->n_ctx = kp.n_cells;
     st = moetax_kvcache_init(hp->n_layer, hp->kv_lora_rank + hp->n_embd_head_qk_rope, &kp, &c->kv);
     if (!st) st = fw_step_init(&c->step, m, c->pool, U, incols, max64(incols, ffmax));
