@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# ctest-labels: unit;model
+# ctest-labels: unit;model;threads
 """test_server.py - `moetax serve` end to end on 127.0.0.1 with the default model.
 
 Usage: test_server.py MOETAX WORKDIR. Standard library + curl only. Every server is
@@ -377,6 +377,58 @@ def test_curl(s, refs):
     check(r.returncode == 0 and r.stdout.endswith(b"data: [DONE]\n\n"), f"curl stream: {r.stdout[-100:]!r}")
 
 
+def test_idle_and_slow(s, refs):
+    """200 idle connections and a client that reads slowly do not hold up the others."""
+    idle = []
+    for _ in range(200):
+        try:
+            idle.append(socket.create_connection(("127.0.0.1", s.port), timeout=10))
+        except OSError as e:
+            check(False, f"idle connection {len(idle)}: {e}")
+            break
+    slow = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    body = json.dumps({"prompt": PROMPTS[1], "max_tokens": 200, "temperature": 0, "stream": True}).encode()
+    slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    t0 = time.time()
+    st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N_PRED, "temperature": 0})
+    check(st == 200 and j["choices"][0]["text"] == refs[0], f"a request beside 200 idle connections and a slow reader: {st}")
+    check(time.time() - t0 < 10, "it was not held up")
+    got = b""
+    while not (b"data: [DONE]\n\n" in got and got.endswith(b"0\r\n\r\n")) and time.time() - t0 < 60:
+        d = slow.recv(64)
+        if not d:
+            break
+        got += d
+        time.sleep(0.002)
+    check(b"data: [DONE]" in got, f"the slow reader got its whole stream ({len(got)} bytes)")
+    slow.close()
+    for sk in idle:
+        sk.close()
+    s.cells_back("idle and slow")
+
+
+def test_wrk(s):
+    """A fixed, short wrk run against /v1/completions: every answer 200, the cells come back."""
+    wrk = shutil.which("wrk")
+    if not wrk:
+        print("SKIP: wrk is not installed")
+        return
+    lua = os.path.join(WORK, "serve-wrk.lua")
+    with open(lua, "w") as f:
+        f.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                'wrk.body = \'{"prompt": "def f(x):", "max_tokens": 8, "temperature": 0}\'\n')
+    r = subprocess.run([wrk, "-t", "2", "-c", "16", "-d", "2s", "--timeout", "10s", "-s", lua,
+                        f"http://127.0.0.1:{s.port}/v1/completions"], capture_output=True, text=True, timeout=60)
+    out = r.stdout
+    m = re.search(r"(\d+) requests in", out)
+    n = int(m.group(1)) if m else 0
+    check(r.returncode == 0 and n > 0 and "Non-2xx" not in out and "Socket errors" not in out, f"wrk:\n{out}{r.stderr}")
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    print(f"  wrk 16 connections, 2 s: {n} requests, {rps.group(1) if rps else '?'} requests/s (8 tokens each)")
+    s.cells_back("wrk")
+
+
 def test_second_server():
     """--api-key, 503 with a full queue, the chat endpoint with --chat-template chatml."""
     s = Server("--api-key", "sekrit", "--parallel", "1", "--max-queue", "1", "--chat-template", "chatml", name="key")
@@ -509,6 +561,7 @@ def main():
         for name, fn in [("basic", lambda: test_basic(s, refs)), ("concurrent", lambda: test_concurrent(s, refs)),
                          ("stop", lambda: test_stop(s, refs)), ("errors", lambda: test_errors(s)),
                          ("disconnect", lambda: test_disconnect(s)), ("curl", lambda: test_curl(s, refs)),
+                         ("idle+slow", lambda: test_idle_and_slow(s, refs)), ("wrk", lambda: test_wrk(s)),
                          ("openai-sdk", lambda: test_openai_sdk(s))]:
             t = time.time()
             fn()
