@@ -9,6 +9,7 @@ running requests must return to 0 (GET /metrics). The official OpenAI Node SDK c
 runs only where `node` can import `openai` (tests/server_openai_sdk.mjs; set
 MOETAX_OPENAI_SDK_DIR to a folder holding node_modules/openai); SKIP otherwise.
 """
+import html
 import http.client
 import json
 import os
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
 MOETAX = os.path.abspath(sys.argv[1])
 WORK = os.path.abspath(sys.argv[2])
@@ -429,6 +431,27 @@ def test_wrk(s):
     s.cells_back("wrk")
 
 
+def test_dashboard(s):
+    """GET / in headless Chromium: the page loads, streams a greedy completion, and polls /metrics."""
+    st, h, data = s.request("GET", "/")
+    check(st == 200 and h.get("Content-Type", "").startswith("text/html") and b"<canvas" in data, f"GET /: {st}")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        print("SKIP: the dashboard in headless Chromium (no chromium)")
+        return
+    ref = run_greedy(PROMPTS[0], 8)
+    url = f"http://127.0.0.1:{s.port}/?prompt={urllib.parse.quote(PROMPTS[0])}&max_tokens=8&temperature=0"
+    prof = os.path.join(WORK, "serve-chromium")
+    r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={prof}",
+                        "--virtual-time-budget=5000", "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    m = re.search(r'<pre id="out"[^>]*>(.*?)</pre>', r.stdout, re.S)
+    out = html.unescape(m.group(1)) if m else None
+    check(out == ref, f"the page streamed {out!r}, want {ref!r}")
+    polls = re.search(r'data-polls="(\d+)"', r.stdout)
+    check(polls and int(polls.group(1)) >= 2, f"the chart did not update: polls {polls and polls.group(1)}")
+    s.cells_back("dashboard")
+
+
 def test_second_server():
     """--api-key, 503 with a full queue, the chat endpoint with --chat-template chatml."""
     s = Server("--api-key", "sekrit", "--parallel", "1", "--max-queue", "1", "--chat-template", "chatml", name="key")
@@ -562,6 +585,7 @@ def main():
                          ("stop", lambda: test_stop(s, refs)), ("errors", lambda: test_errors(s)),
                          ("disconnect", lambda: test_disconnect(s)), ("curl", lambda: test_curl(s, refs)),
                          ("idle+slow", lambda: test_idle_and_slow(s, refs)), ("wrk", lambda: test_wrk(s)),
+                         ("dashboard", lambda: test_dashboard(s)),
                          ("openai-sdk", lambda: test_openai_sdk(s))]:
             t = time.time()
             fn()

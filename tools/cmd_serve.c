@@ -23,14 +23,14 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: moetax serve [-m FILE] [--host ADDR] [--port N] [options]\n\n"
-            "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions (models with\n"
+            "An OpenAI-compatible HTTP server: GET / (a dashboard page), POST /v1/completions, POST /v1/chat/completions (models with\n"
             "a known chat template), GET /v1/models, GET /health, GET /metrics (Prometheus text). Requests are\n"
             "decoded together, continuously batched: a request joins at the next step, long prompts are\n"
             "prefilled in chunks, a client that goes away frees its sequence at once.\n\n"
             "  -m, --model FILE       GGUF model (default: the trained default model)\n"
             "  --host ADDR            numeric address to bind (default 127.0.0.1; 0.0.0.0 for every interface)\n"
             "  --port N               TCP port (default 8080; 0: any free port, printed at start)\n"
-            "  --api-key KEY          require \"Authorization: Bearer KEY\" (all but /health); also $MOETAX_API_KEY\n"
+            "  --api-key KEY          require \"Authorization: Bearer KEY\" (all but /health and the page /); also $MOETAX_API_KEY\n"
             "  --parallel N           sequences decoded together (default 4)\n"
             "  -c, --ctx N            KV cache cells, all sequences together (default: N x min(model context, 4096))\n"
             "  -t, --threads N        threads (default: online CPUs)\n"

@@ -16,6 +16,7 @@
 #include <microhttpd.h>
 
 #include "server/api.h"
+#include "server/dashboard.h"
 #include "server/metrics.h"
 #include "server/special_tokens.h"
 
@@ -36,10 +37,11 @@ struct conn {
     bool responded; /* a response is queued: ignore the rest of the body */
 };
 
-enum route { R_NONE = 0, R_HEALTH, R_MODELS, R_METRICS, R_COMPLETIONS, R_CHAT };
+enum route { R_NONE = 0, R_PAGE, R_HEALTH, R_MODELS, R_METRICS, R_COMPLETIONS, R_CHAT };
 
 static int route_of(const char *url, const char *method, int *status) {
     static const struct { const char *url, *method; int r; } table[] = {
+        {"/", "GET", R_PAGE},                 {"/index.html", "GET", R_PAGE},
         {"/health", "GET", R_HEALTH},         {"/v1/health", "GET", R_HEALTH},
         {"/v1/models", "GET", R_MODELS},      {"/models", "GET", R_MODELS},
         {"/metrics", "GET", R_METRICS},       {"/v1/completions", "POST", R_COMPLETIONS},
@@ -374,7 +376,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cs->route = route;
         cs->responded = true; /* unless it goes on below */
         if (route == R_NONE) return send_error(c, status, status == 404 ? "no such endpoint" : "method not allowed");
-        if (route != R_HEALTH && !auth_ok(h, c))
+        if (route != R_HEALTH && route != R_PAGE && !auth_ok(h, c))
             return send_error(c, 401, "a valid API key is required: send \"Authorization: Bearer KEY\"");
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > h->p.max_body) {
@@ -420,6 +422,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     cs->responded = true;
     switch (cs->route) {
     case R_HEALTH: return send_json(c, 200, strdup("{\"status\":\"ok\"}"));
+    case R_PAGE: {
+        size_t n;
+        const char *page = srv_dashboard_html(&n);
+        struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)page, MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "text/html; charset=utf-8");
+        enum MHD_Result ok = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ok;
+    }
     case R_MODELS: return handle_models(h, c);
     case R_METRICS: return handle_metrics(h, c);
     case R_COMPLETIONS: return handle_generate(h, c, cs, false);

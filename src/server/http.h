@@ -20,8 +20,9 @@
  *
  *   Limits: bodies over max_body bytes are 413 (at once when Content-Length
  *   says so, else when the body passes the limit; the rest is discarded);
- *   every request but GET /health needs "Authorization: Bearer KEY" when a key
- *   is set (401 otherwise); a full queue is 503 with Retry-After.
+ *   every request but GET /health and GET / (the dashboard page, which asks for
+ *   the key itself) needs "Authorization: Bearer KEY" when a key is set (401
+ *   otherwise); a full queue is 503 with Retry-After.
  */
 #ifndef MOETAX_SERVER_HTTP_H
 #define MOETAX_SERVER_HTTP_H
