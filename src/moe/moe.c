@@ -456,7 +456,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     /* 4: gate/up per (expert, block of F rows) (one token: the phase began with routing) */
     if (n > 1) fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
     else fw_mark(w, MOETAX_PHASE_EXPERT);
-    const int64_t bf = F >= 128 ? 64 : F;
+    const int64_t bf = F >= 256 ? 256 : F; /* gate/up rows per work item: a multiple of 64 (kernels.h, ROW RANGES) */
     const int64_t nbf = (F + bf - 1) / bf;
     for (int64_t it; (it = fw_chunk(w, pl->n_active * nbf, 1)) >= 0;) {
         int32_t e = pl->active[it / nbf];
