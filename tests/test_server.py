@@ -521,6 +521,46 @@ def test_second_server():
         check(rc == 0, f"the second server exited {rc}")
 
 
+def test_store_server(refs):
+    """An expert store of 25% of the experts and F16 cells: greedy completions equal `moetax run` with
+    the same cells, alone and four at once; /metrics counts the store's reads; GET /tax sums the
+    window (phases, tax share, the store's hit rate); a bad window is a 400."""
+    s = Server("--parallel", "4", "--expert-budget", "25%", "--cache-type", "f16", name="store")
+    try:
+        ref16 = []
+        for p in PROMPTS[:4]:
+            r = subprocess.run([MOETAX, "run", "-m", MODEL, "-p", p, "-n", str(N_PRED), "--temp", "0", "-t", "1",
+                                "--no-display-prompt", "--cache-type", "f16"], capture_output=True, timeout=120)
+            out = r.stdout.decode("utf-8", errors="replace")
+            ref16.append(out[:-1] if out.endswith("\n") else out)
+        st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N_PRED, "temperature": 0})
+        check(st == 200 and j["choices"][0]["text"] == ref16[0], f"store + f16 cells, alone: {j}")
+        got = [None] * 4
+
+        def one(i):
+            st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[i], "max_tokens": N_PRED, "temperature": 0})
+            got[i] = j["choices"][0]["text"] if st == 200 else None
+
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        check(got == ref16, f"store + f16 cells, four at once: {got} vs {ref16}")
+        m = s.metrics()
+        check(m.get("moetax_store_loads_total", 0) > 0 and m.get("moetax_store_bytes_read_total", 0) > 0,
+              "/metrics counts the expert store's reads")
+        st, _, data = s.request("GET", "/tax?window=600")
+        tax = json.loads(data) if st == 200 else {}
+        check(st == 200 and tax.get("steps", 0) > 0 and 0 <= tax.get("tax_share", -1) <= 1
+              and tax["phase_s"]["expert"] > 0 and tax["store"] is not None and 0 <= tax["store"]["hit_rate"] <= 1,
+              f"/tax: {st} {tax}")
+        check(s.request("GET", "/tax?window=0")[0] == 400, "/tax?window=0: 400")
+    finally:
+        rc = s.stop()
+        check(rc == 0, f"the store server exited {rc}")
+
+
 def metrics_auth(self, headers):
     st, _, data = self.request("GET", "/metrics", headers=headers)
     out = {}
@@ -610,6 +650,7 @@ def main():
         if s.p.poll() is None:
             s.stop()
     test_second_server()
+    test_store_server(refs)
     print(f"test_server: {CHECKS} checks, {len(FAILS)} failed, {time.time() - t0:.1f} s")
     return 1 if FAILS else 0
 

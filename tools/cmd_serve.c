@@ -10,6 +10,8 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "store_cli.h"
+#include "moetax/store.h"
 #include "moetax/kvcache.h"
 #include "moetax/model.h"
 #include "moetax/tokenizer.h"
@@ -45,7 +47,12 @@ static void usage(FILE *f) {
             "                         space is needed, for a next prompt that starts with the same tokens)\n"
             "  --chat-template NAME   use this template (chatml, llama3, deepseek2, deepseek3, mistral-v7, ...)\n"
             "                         instead of detecting it from tokenizer.chat_template\n"
-            "A request's prompt + max_tokens must fit min(-c, the model's context length) positions (else 400).\n");
+            "  --capacity-factor C    cap each expert at ceil(C x tokens x k / E) assignments per step (off by\n"
+            "                         default); --overflow drop|reroute\n"
+            CLI_CACHE_TYPE_HELP
+            "%s"
+            "A request's prompt + max_tokens must fit min(-c, the model's context length) positions (else 400).\n"
+            "GET /tax[?window=S] gives the bill of the last S seconds (default 60) as JSON.\n", cli_store_help());
 }
 
 #ifndef MOETAX_WITH_MHD
@@ -65,6 +72,10 @@ int cmd_serve(int argc, char **argv) {
     uint64_t max_body = 1 << 20;
     int k_ctx = 0;
     bool no_mmap = false, no_reuse = false;
+    enum moetax_type kv_type = MOETAX_TYPE_F32;
+    double capf = 0;
+    enum moetax_overflow overflow = MOETAX_OVERFLOW_DROP;
+    struct cli_store_opts so = {0};
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;
@@ -94,11 +105,27 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
             if (err || !cli_parse_experts_used(v, &k_ctx)) return cli_usage_error("serve", "--experts-used needs a count in 1..256");
         }
+        else if (cli_opt(argc, argv, &i, NULL, "--capacity-factor", &v, &err)) {
+            if (!err && !strcmp(v, "inf")) capf = 0;
+            else if (err || !cli_parse_f64(v, &capf) || !(capf > 0))
+                return cli_usage_error("serve", "--capacity-factor needs a number > 0 (inf: off)");
+        }
+        else if (cli_opt(argc, argv, &i, NULL, "--overflow", &v, &err)) {
+            if (err || (strcmp(v, "drop") && strcmp(v, "reroute")))
+                return cli_usage_error("serve", "--overflow: expected drop or reroute");
+            overflow = strcmp(v, "drop") ? MOETAX_OVERFLOW_REROUTE : MOETAX_OVERFLOW_DROP;
+        }
+        else if (cli_cache_type_opt("serve", argc, argv, &i, &kv_type, &err)) { if (err) return 2; }
+        else if (cli_store_opt(argc, argv, &i, &so, &err)) { if (err) return 2; }
         else if (cli_flag(argv, i, NULL, "--no-mmap")) no_mmap = true;
         else if (cli_flag(argv, i, NULL, "--no-prefix-reuse")) no_reuse = true;
         else return cli_usage_error("serve", "unknown option '%s' (see --help)", argv[i]);
     }
     if (api_key && !*api_key) api_key = NULL;
+    {
+        moetax_status bst = cli_store_check_budgets(so.budgets, false);
+        if (bst) return cli_usage_error("serve", "%s", moetax_last_error());
+    }
     if (!model) model = cli_default_model_path();
     enum srv_chat_tmpl tmpl = SRV_CHAT_UNKNOWN;
     if (tmpl_name && (tmpl = srv_chat_detect(tmpl_name)) == SRV_CHAT_UNKNOWN)
@@ -117,6 +144,8 @@ int cmd_serve(int argc, char **argv) {
     struct srv_sched *sched = NULL;
     struct srv_http *http = NULL;
     struct srv_specials *specials = NULL;
+    struct moetax_store *store = NULL;
+    int store_ub = 0;
     moetax_status st;
     struct moetax_model_params mp = {.no_mmap = no_mmap};
     if ((st = moetax_model_load_ex(model, &mp, &m))) goto done;
@@ -138,11 +167,24 @@ int cmd_serve(int argc, char **argv) {
                             "is off (--chat-template NAME picks one)\n");
         free(tmpl_src);
     }
+    if (so.budgets) { /* routed experts behind an expert store of this budget */
+        uint64_t budget;
+        so.n_expert_used = k_ctx;
+        if (!cli_store_parse_budget(so.budgets, cli_store_expert_bytes(m), &budget)) {
+            st = moetax_error(MOETAX_ERR_ARG, "--expert-budget: '%s' is not a size (2G, 512M) or a percentage (25%%)",
+                              so.budgets);
+            goto done;
+        }
+        store_ub = (int)(parallel + chunk < 512 ? parallel + chunk : 512);
+        if ((st = cli_store_open(m, &so, budget, &store_ub, &store))) goto done;
+    }
     const int64_t per_seq = m->hp.n_ctx_train > 0 && m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
     struct srv_sched_params sp = {.model = m, .tok = tok, .n_parallel = (int)parallel,
                                   .n_ctx = n_ctx ? n_ctx : parallel * (per_seq + MOETAX_KV_BLOCK_DEFAULT),
                                   .n_threads = (int)n_threads, .n_expert_used = k_ctx, .max_queue = (int)max_queue,
-                                  .prefill_chunk = (int)chunk, .no_prefix_reuse = no_reuse};
+                                  .prefill_chunk = (int)chunk, .no_prefix_reuse = no_reuse, .store = store,
+                                  .n_ubatch_store = store_ub, .no_prefetch = so.no_prefetch, .kv_type = kv_type,
+                                  .capacity_factor = (float)capf, .overflow = overflow};
     if (sp.n_ctx > INT32_MAX) { st = moetax_error(MOETAX_ERR_ARG, "-c: too many cells"); goto done; }
     if ((st = srv_specials_load(m->gguf, &specials))) goto done;
     if ((st = srv_sched_start(&sp, &sched))) goto done;
@@ -164,6 +206,7 @@ int cmd_serve(int argc, char **argv) {
 done:
     srv_http_stop(http);
     srv_sched_free(sched);
+    moetax_store_free(store);
     srv_specials_free(specials);
     moetax_tokenizer_free(tok);
     moetax_model_free(m);

@@ -37,14 +37,15 @@ struct conn {
     bool responded; /* a response is queued: ignore the rest of the body */
 };
 
-enum route { R_NONE = 0, R_PAGE, R_HEALTH, R_MODELS, R_METRICS, R_COMPLETIONS, R_CHAT };
+enum route { R_NONE = 0, R_PAGE, R_HEALTH, R_MODELS, R_METRICS, R_TAX, R_COMPLETIONS, R_CHAT };
 
 static int route_of(const char *url, const char *method, int *status) {
     static const struct { const char *url, *method; int r; } table[] = {
         {"/", "GET", R_PAGE},                 {"/index.html", "GET", R_PAGE},
         {"/health", "GET", R_HEALTH},         {"/v1/health", "GET", R_HEALTH},
         {"/v1/models", "GET", R_MODELS},      {"/models", "GET", R_MODELS},
-        {"/metrics", "GET", R_METRICS},       {"/v1/completions", "POST", R_COMPLETIONS},
+        {"/metrics", "GET", R_METRICS},       {"/tax", "GET", R_TAX},
+        {"/v1/completions", "POST", R_COMPLETIONS},
         {"/completions", "POST", R_COMPLETIONS}, {"/v1/chat/completions", "POST", R_CHAT},
         {"/chat/completions", "POST", R_CHAT},
     };
@@ -363,6 +364,19 @@ static enum MHD_Result handle_metrics(struct srv_http *h, struct MHD_Connection 
     return send_text(c, 200, "text/plain; version=0.0.4", t, n);
 }
 
+/* GET /tax[?window=SECONDS]: the bill over the last window (default 60 s, 1..3600) as JSON */
+static enum MHD_Result handle_tax(struct srv_http *h, struct MHD_Connection *c) {
+    const char *w = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "window");
+    double window = 60;
+    if (w) {
+        char *end = NULL;
+        window = strtod(w, &end);
+        if (!end || *end || !(window >= 1 && window <= 3600))
+            return send_error(c, 400, "window: expected seconds from 1 to 3600");
+    }
+    return send_json(c, 200, srv_sched_tax_json(h->p.sched, window));
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     struct srv_http *h = cls;
@@ -434,6 +448,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     case R_MODELS: return handle_models(h, c);
     case R_METRICS: return handle_metrics(h, c);
+    case R_TAX: return handle_tax(h, c);
     case R_COMPLETIONS: return handle_generate(h, c, cs, false);
     case R_CHAT: return handle_generate(h, c, cs, true);
     default: return send_error(c, 404, "no such endpoint");

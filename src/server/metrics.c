@@ -67,6 +67,15 @@ char *srv_metrics_text(const struct srv_metrics *m, size_t *len) {
     for (int p = 0; p < MOETAX_PHASE_COUNT; p++)
         fprintf(f, "moetax_phase_seconds_total{phase=\"%s\",tax=\"%s\"} %.17g\n", moetax_phase_name((enum moetax_phase)p),
                 moetax_phase_is_tax((enum moetax_phase)p) ? "true" : "false", m->phase_s[p]);
+    if (m->has_store) {
+        metric(f, "moetax_store_acquires_total", "counter", "Expert acquisitions from the expert store.",
+               (double)m->store_acquires);
+        metric(f, "moetax_store_hits_total", "counter", "Acquisitions that found the expert resident.", (double)m->store_hits);
+        metric(f, "moetax_store_misses_total", "counter", "Acquisitions that did not.",
+               (double)(m->store_acquires - m->store_hits));
+        metric(f, "moetax_store_loads_total", "counter", "Experts read from the model file.", (double)m->store_loads);
+        metric(f, "moetax_store_bytes_read_total", "counter", "Bytes the expert store read.", (double)m->store_bytes_read);
+    }
     hist(f, "moetax_ttft_seconds", "Time to first token (queued to first token).", &m->ttft);
     hist(f, "moetax_tpot_seconds", "Time per output token after the first.", &m->tpot);
     if (fclose(f) != 0) { free(buf); return NULL; }

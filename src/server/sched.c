@@ -9,6 +9,9 @@
 #include <time.h>
 
 #include "moetax/kvcache.h"
+#include "moetax/store.h"
+
+#include <jansson.h>
 
 const double srv_hist_bounds[SRV_HIST_N] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                             0.1,   0.25,   0.5,   1.0,  2.5,   10.0};
@@ -196,7 +199,12 @@ struct srv_sched {
 
     pthread_mutex_t mmu;    /* metrics */
     struct srv_metrics m;
+    /* /tax: the metrics after each step (at most one every 50 ms), a ring */
+    struct tax_snap { double t; struct srv_metrics m; } *ring;
+    int ring_n, ring_head; /* entries; next slot */
 };
+
+enum { TAX_RING = 4096 };
 
 int64_t srv_sched_max_seq(const struct srv_sched *s) { return s->max_seq; }
 int srv_sched_n_parallel(const struct srv_sched *s) { return s->p.n_parallel; }
@@ -472,6 +480,23 @@ static void update_metrics(struct srv_sched *s, int seqs, int64_t tokens, bool d
     m->moe_layer_passes = ms.moe_layers;
     m->moe_experts = ms.experts;
     m->moe_dropped = ms.dropped;
+    m->moe_assignments = ms.assignments;
+    m->store_stall_s = ph[MOETAX_PHASE_LOAD];
+    if (s->p.store) {
+        struct moetax_store_stats ss;
+        moetax_store_get_stats(s->p.store, &ss);
+        m->has_store = true;
+        m->store_acquires = ss.acquires;
+        m->store_hits = ss.hits;
+        m->store_loads = ss.loads;
+        m->store_bytes_read = ss.bytes_read;
+    }
+    const double t = now_s();
+    if (s->ring && (s->ring_n == 0 || t - s->ring[(s->ring_head + TAX_RING - 1) % TAX_RING].t >= 0.05)) {
+        s->ring[s->ring_head] = (struct tax_snap){.t = t, .m = *m};
+        s->ring_head = (s->ring_head + 1) % TAX_RING;
+        if (s->ring_n < TAX_RING) s->ring_n++;
+    }
     pthread_mutex_unlock(&s->mmu);
 }
 
@@ -605,9 +630,13 @@ moetax_status srv_sched_start(const struct srv_sched_params *p, struct srv_sched
     const int N = p->n_parallel;
     int ub = N + p->prefill_chunk;
     ub = ub < 64 ? 64 : ub > 512 ? 512 : ub; /* a step in one micro-batch */
+    if (p->store && ub > p->n_ubatch_store) ub = p->n_ubatch_store; /* every expert a micro-batch pins fits */
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)p->n_ctx, .n_seq_max = N, .n_threads = p->n_threads,
-                                   .n_expert_used = p->n_expert_used, .n_ubatch = ub};
+                                   .n_expert_used = p->n_expert_used, .n_ubatch = ub, .store = p->store,
+                                   .no_prefetch = p->no_prefetch, .kv_type = p->kv_type,
+                                   .capacity_factor = p->capacity_factor, .overflow = p->overflow};
     moetax_status st;
+    if (!(s->ring = calloc(TAX_RING, sizeof *s->ring))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto fail; }
     if ((st = moetax_ctx_init(p->model, &cp, &s->ctx))) goto fail;
     s->kv = moetax_ctx_kv(s->ctx);
     s->bs = moetax_kvcache_block_size(s->kv);
@@ -669,6 +698,7 @@ void srv_sched_free(struct srv_sched *s) {
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mmu);
+    free(s->ring);
     free(s);
 }
 
@@ -677,3 +707,71 @@ void srv_sched_metrics(struct srv_sched *s, struct srv_metrics *out) {
     *out = s->m;
     pthread_mutex_unlock(&s->mmu);
 }
+
+char *srv_sched_tax_json(struct srv_sched *s, double window_s) {
+    pthread_mutex_lock(&s->mmu);
+    const struct srv_metrics now = s->m;
+    const double t = now_s();
+    /* the oldest snapshot inside the window (or the oldest there is) */
+    struct srv_metrics then = {0};
+    double t_then = t;
+    for (int i = 0; i < s->ring_n; i++) {
+        const struct tax_snap *x = &s->ring[(s->ring_head + TAX_RING - s->ring_n + i) % TAX_RING];
+        if (t - x->t <= window_s) {
+            then = x->m;
+            t_then = x->t;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->mmu);
+    double ph[MOETAX_PHASE_COUNT], total = 0, tax = 0;
+    json_t *phases = json_object();
+    for (int p = 0; p < MOETAX_PHASE_COUNT; p++) {
+        ph[p] = now.phase_s[p] - then.phase_s[p];
+        total += ph[p];
+        if (moetax_phase_is_tax((enum moetax_phase)p)) tax += ph[p];
+    }
+    for (int p = 0; p < MOETAX_PHASE_COUNT; p++)
+        json_object_set_new(phases, moetax_phase_name((enum moetax_phase)p), json_real(ph[p]));
+    const double span = t - t_then, wall = now.wall_s - then.wall_s;
+    const int64_t steps = now.steps - then.steps, dsteps = now.decode_steps - then.decode_steps;
+    const int64_t toks = (now.prompt_tokens_total - then.prompt_tokens_total) +
+                         (now.tokens_predicted_total - then.tokens_predicted_total);
+    const int64_t layers = now.moe_layer_passes - then.moe_layer_passes;
+    const int64_t asg = (now.moe_assignments - then.moe_assignments) + (now.moe_dropped - then.moe_dropped);
+    const double acq = (double)(now.store_acquires - then.store_acquires);
+    json_t *o = json_object();
+    json_object_set_new(o, "window_s", json_real(span));
+    json_object_set_new(o, "steps", json_integer(steps));
+    json_object_set_new(o, "decode_steps", json_integer(dsteps));
+    json_object_set_new(o, "step_seconds", json_real(wall));
+    json_object_set_new(o, "busy_share", span > 0 ? json_real(wall / span) : json_null());
+    json_object_set_new(o, "tokens", json_integer(toks));
+    json_object_set_new(o, "tokens_per_s", span > 0 ? json_real((double)toks / span) : json_null());
+    json_object_set_new(o, "phase_s", phases);
+    json_object_set_new(o, "tax_share", total > 0 ? json_real(tax / total) : json_null());
+    json_object_set_new(o, "decode_batch_mean",
+                        dsteps > 0 ? json_real((double)(now.decode_tokens - then.decode_tokens) / (double)dsteps) : json_null());
+    json_object_set_new(o, "unique_experts_per_layer",
+                        layers > 0 ? json_real((double)(now.moe_experts - then.moe_experts) / (double)layers) : json_null());
+    json_object_set_new(o, "dropped_share", asg > 0 ? json_real((double)(now.moe_dropped - then.moe_dropped) / (double)asg)
+                                                   : json_null());
+    json_object_set_new(o, "kv_cells_used", json_integer(now.kv_cells_used));
+    json_object_set_new(o, "kv_cells", json_integer(now.kv_cells));
+    json_object_set_new(o, "requests_processing", json_integer(now.requests_processing));
+    json_object_set_new(o, "requests_deferred", json_integer(now.requests_deferred));
+    if (now.has_store) {
+        json_t *so = json_object();
+        json_object_set_new(so, "hit_rate", acq > 0 ? json_real((double)(now.store_hits - then.store_hits) / acq) : json_null());
+        json_object_set_new(so, "loads", json_integer((json_int_t)(now.store_loads - then.store_loads)));
+        json_object_set_new(so, "bytes_read", json_real((double)(now.store_bytes_read - then.store_bytes_read)));
+        json_object_set_new(so, "stall_s", json_real(now.store_stall_s - then.store_stall_s));
+        json_object_set_new(o, "store", so);
+    } else {
+        json_object_set_new(o, "store", json_null());
+    }
+    char *text = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    json_decref(o);
+    return text;
+}
+

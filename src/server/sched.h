@@ -112,6 +112,12 @@ struct srv_sched_params {
     int max_queue;                         /* requests waiting for a slot before 503 */
     int prefill_chunk;                     /* prompt tokens per step, all sequences together */
     bool no_prefix_reuse;                  /* free a finished sequence's cells at once */
+    struct moetax_store *store;            /* optional expert store (not owned; opened for n_ubatch_store) */
+    int n_ubatch_store;                    /* the micro-batch the store was fitted to */
+    bool no_prefetch;                      /* with a store: no early reads */
+    enum moetax_type kv_type;              /* KV cells: f32 (0) or f16 */
+    float capacity_factor;                 /* 0: off */
+    enum moetax_overflow overflow;
 };
 
 struct srv_sched;
@@ -157,9 +163,17 @@ struct srv_metrics {
     double tax_share;
     int64_t decode_tokens;           /* tokens of decode steps (batch size sum) */
     int64_t moe_layer_passes, moe_experts; /* decode steps: distinct experts summed over layer passes */
-    int64_t moe_dropped;
+    int64_t moe_dropped, moe_assignments;
+    bool has_store;                  /* the expert store's counts since start */
+    uint64_t store_acquires, store_hits, store_loads, store_bytes_read;
+    double store_stall_s;            /* the ledger's load phase */
     struct srv_hist ttft, tpot;
 };
 void srv_sched_metrics(struct srv_sched *s, struct srv_metrics *out);
+
+/* GET /tax: the bill over the last `window_s` seconds (a ring of the metrics after each
+ * step): phases, tax share, tokens/s, batch size, distinct experts, dropped share, store
+ * hit rate. A JSON text to free(), NULL when out of memory. */
+char *srv_sched_tax_json(struct srv_sched *s, double window_s);
 
 #endif
