@@ -81,6 +81,16 @@ def main():
         check(abs(rows[0]["unique_experts_per_layer"] - k) < 1e-9, "B=1 reads exactly k experts per layer")
         check(rows[2]["expert_bytes_per_token"] < rows[0]["expert_bytes_per_token"],
               "a batch of 8 reads fewer expert bytes per token than one sequence")
+    # one ledger for every B: report groups its decode steps by batch size
+    led = os.path.join(work, "batch_cli_ledger.json")
+    r = run([mt, "bench", "-m", tiny, "--batch", "1,4", "-p", "4", "-n", "5", "-r", "1", "--no-mem", "--ledger", led])
+    check(r.returncode == 0 and os.path.exists(led), f"bench --batch --ledger: {r.stderr[-300:]}")
+    r = run([mt, "report", led, "--json"])
+    bj = json.loads(r.stdout).get("batches", []) if r.returncode == 0 else []
+    check([b["batch"] for b in bj] == [1, 4] and all(b["steps"] == 10 for b in bj),
+          f"report of a bench --batch ledger: {[(b['batch'], b['steps']) for b in bj]}")
+    r = run([mt, "report", led])
+    check("batch (decode steps by sequences decoded together)" in r.stdout, "report text shows the batch table")
     r = run([mt, "bench", "-m", tiny, "--batch", "8", "-p", "4", "-n", "6", "-r", "1", "--json", "--no-mem",
              "--capacity-factor", "1"])
     rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]

@@ -17,6 +17,7 @@ double bench_io_measure(const char *file, uint64_t req, int qd, bool random, boo
 /* bench_batch.c: B sequences decoding together (--batch LIST) */
 #include "moetax/model.h"
 struct moetax_pool;
+struct cli_ledger_opts;
 struct bench_batch_opts {
     int64_t batch[16];
     int n_batch;
@@ -26,6 +27,7 @@ struct bench_batch_opts {
     int experts_used;
     float capacity_factor;
     enum moetax_overflow overflow;
+    const struct cli_ledger_opts *lo; /* --ledger / --trace: one ledger for every B */
 };
 moetax_status bench_batch_run(const char *path, struct moetax_pool *pool, double read_gbps,
                               const struct bench_batch_opts *o);

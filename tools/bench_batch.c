@@ -23,9 +23,10 @@
 #include "moetax/pool.h"
 
 /* One B: reps repetitions (after a warm-up) of prefill + n_gen decode steps. */
+/* shared: one ledger for every B (--ledger / --trace), else each B its own. */
 static moetax_status one_batch(const struct moetax_model *m, const char *base, struct moetax_pool *pool,
                                struct moetax_membw_probe *probe, double read_gbps, const struct bench_batch_opts *o,
-                               int B) {
+                               int B, struct moetax_ledger *shared) {
     const int64_t V = m->hp.n_vocab, np = o->n_prompt, ng = o->n_gen;
     const int threads = moetax_pool_n_threads(pool);
     const int k = o->experts_used ? o->experts_used : m->hp.n_expert_used;
@@ -43,7 +44,9 @@ static moetax_status one_batch(const struct moetax_model *m, const char *base, s
     if (!step_t || !rep_tps || !rep_pair) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     if (!st) st = moetax_ctx_init(m, &cp, &c);
     struct moetax_ledger_params lp = {.n_workers = threads, .n_layer = m->hp.n_layer};
-    if (!st) st = moetax_ledger_init(&lp, &led);
+    if (!st && !shared) st = moetax_ledger_init(&lp, &led);
+    struct moetax_ledger *own = led;
+    if (shared) led = shared;
     if (!st) st = moetax_batch_init(&b, (int32_t)(B * (np > 1 ? np : 1)));
     if (st) goto done;
     moetax_ctx_set_ledger(c, led);
@@ -131,14 +134,14 @@ static moetax_status one_batch(const struct moetax_model *m, const char *base, s
                (long long)(assigned + dropped), 100.0 * (double)dropped / (double)(assigned + dropped ? assigned + dropped : 1),
                (long long)rerouted);
     fflush(stdout);
-    if (!st && !o->json) {
+    if (!st && !o->json && !shared) {
         fprintf(stderr, "%s, %d threads, batch %d:\n", base, threads, B);
         cli_ledger_summary(stderr, led, true);
     }
 done:
     moetax_batch_free(&b);
     moetax_ctx_free(c);
-    moetax_ledger_free(led);
+    moetax_ledger_free(own);
     free(step_t);
     free(rep_tps);
     free(rep_pair);
@@ -157,7 +160,16 @@ moetax_status bench_batch_run(const char *path, struct moetax_pool *pool, double
     if (!st && !o->json)
         printf("| model | threads | B | t/s (all) | t/s per seq | TPOT p50 ms | TPOT p99 ms | experts/step | expert MiB/token "
                "| imbalance | wait | tax | bandwidth |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (int i = 0; i < o->n_batch && !st; i++) st = one_batch(m, base, pool, probe, read_gbps, o, (int)o->batch[i]);
+    struct moetax_ledger *shared = NULL; /* --ledger / --trace: every B's steps in one ledger */
+    if (!st && o->lo && (o->lo->json_path || o->lo->trace_path))
+        st = cli_ledger_new(m, moetax_pool_n_threads(pool), o->lo, &shared);
+    for (int i = 0; i < o->n_batch && !st; i++)
+        st = one_batch(m, base, pool, probe, read_gbps, o, (int)o->batch[i], shared);
+    if (!st && shared) {
+        if (!o->json) cli_ledger_summary(stderr, shared, true);
+        st = cli_ledger_outputs(shared, m, path, o->lo, NULL, 0);
+    }
+    moetax_ledger_free(shared);
     if (!st && !o->json)
         printf("\nexperts/step: distinct experts read per decode step, all MoE layers (per layer in brackets); "
                "imbalance: most assignments on one expert / mean per used expert; bandwidth: the bytes a step read "

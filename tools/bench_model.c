@@ -454,9 +454,14 @@ int bench_model_main(int argc, char **argv) {
     }
     if (bo.n_batch) { /* B sequences together: its own table */
         if (!model) return cli_usage_error("bench", "no model given (-m FILE)");
-        if (twin || o.so.budgets || o.lo.json_path || o.lo.trace_path || o.lo.metrics)
-            return cli_usage_error("bench", "--batch does not combine with --twin, --expert-budget, --ledger, --trace "
-                                            "or --metrics yet");
+        if (twin || o.so.budgets || o.lo.metrics)
+            return cli_usage_error("bench", "--batch does not combine with --twin, --expert-budget or --metrics yet");
+        {
+            const char *outs[2] = {o.lo.json_path, o.lo.trace_path};
+            moetax_status ost = cli_check_outputs(outs, 2);
+            if (ost) return cli_usage_error("bench", "%s", moetax_last_error());
+        }
+        bo.lo = &o.lo;
         bo.n_prompt = o.npp > 0 ? o.pp[0] : 0;
         bo.n_gen = o.ntg > 0 && o.tg[0] > 0 ? o.tg[0] : 32;
         bo.reps = o.reps;
