@@ -1,11 +1,15 @@
 /* main.c - `moetax <subcommand>`: dispatch from the table in commands.h. */
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "commands.h"
 #include "moetax/gguf.h"
 #include "moetax/outfile.h"
+#ifdef MOETAX_WITH_MPI
+#include "dist/dist.h"
+#endif
 
 struct command {
     const char *name;
@@ -51,7 +55,20 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "--version")) { printf("moetax 0.1.0\n"); return 0; }
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
-        if (!strcmp(argv[1], k_commands[i].name)) return k_commands[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], k_commands[i].name)) {
+#ifdef MOETAX_WITH_MPI
+            /* under mpirun: join the world (src/dist/dist.h); rank 0 writes the results */
+            if (moetax_dist_init(&argc, &argv)) return 1;
+            int rc = k_commands[i].fn(argc - 1, argv + 1);
+            moetax_dist_finalize(rc);
+            return rc;
+#else
+            if (getenv("OMPI_COMM_WORLD_SIZE") && strcmp(getenv("OMPI_COMM_WORLD_SIZE"), "1"))
+                fprintf(stderr, "moetax: built without MPI (Debian: libopenmpi-dev): each of the %s processes "
+                                "runs alone\n", getenv("OMPI_COMM_WORLD_SIZE"));
+            return k_commands[i].fn(argc - 1, argv + 1);
+#endif
+        }
     fprintf(stderr, "moetax: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

@@ -189,6 +189,11 @@ void moetax_model_prefault(const struct moetax_model *m, bool routed_experts);
  * thread-safe), the others are prefaulted. MOETAX_ERR_NOMEM if the copy does
  * not fit: run with an expert store then. */
 moetax_status moetax_model_prepare_experts(const struct moetax_model *m);
+/* This process reads only routed experts [lo, hi) of every MoE layer (expert parallelism: a
+ * rank's own experts). Before moetax_model_prepare_experts: the others are neither repacked
+ * nor prefaulted (their addresses stay valid but must not be read). MOETAX_ERR_ARG if the
+ * range is empty or outside [0, n_expert), or the experts are already prepared. */
+moetax_status moetax_model_set_expert_range(struct moetax_model *m, int32_t lo, int32_t hi);
 
 /* Open an expert store over the model's routed experts (every MoE layer's
  * gate/up/down rows of each expert registered as file ranges) with the given

@@ -15,6 +15,9 @@
 #include "moetax/kernels.h"
 #include "moetax/membw.h"
 #include "moetax/model.h"
+#ifdef MOETAX_WITH_MPI
+#include "dist/dist.h"
+#endif
 #include "moetax/store.h"
 
 #ifndef MADV_POPULATE_READ
@@ -49,6 +52,8 @@ static bool tensor_read_repacked(const struct moetax_model *m, const struct moet
  * context runs without an expert store (with one, they are never mapped in).
  * Tensors read through a repacked copy are skipped (the copy reads them once).
  * Best effort: older kernels lack MADV_POPULATE_READ. */
+static bool expert_range(const struct moetax_model *m, int32_t *lo, int32_t *hi);
+
 void moetax_model_prefault(const struct moetax_model *m, bool routed_experts) {
     const struct moetax_gguf *g = m->gguf;
     if (!g->mapped) return;
@@ -62,8 +67,15 @@ void moetax_model_prefault(const struct moetax_model *m, bool routed_experts) {
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const struct moetax_gguf_tensor *t = &g->tensors[i];
         if (moetax_tensor_is_routed_expert(t) != routed_experts || !t->nbytes || tensor_read_repacked(m, t)) continue;
-        uintptr_t a = (uintptr_t)t->data & ~(uintptr_t)(psz - 1);
-        (void)madvise((void *)a, (uintptr_t)t->data + t->nbytes - a, MADV_POPULATE_READ);
+        uintptr_t lo = (uintptr_t)t->data, hi = (uintptr_t)t->data + t->nbytes;
+        int32_t e_lo, e_hi;
+        if (routed_experts && expert_range(m, &e_lo, &e_hi) && t->ne[2] > 0) { /* this process's experts only */
+            const uint64_t per = t->nbytes / (uint64_t)t->ne[2];
+            hi = lo + per * (uint64_t)e_hi;
+            lo += per * (uint64_t)e_lo;
+        }
+        uintptr_t a = lo & ~(uintptr_t)(psz - 1);
+        (void)madvise((void *)a, hi - a, MADV_POPULATE_READ);
     }
 }
 
@@ -77,7 +89,17 @@ struct owned {
     pthread_mutex_t mu; /* guards the one-time expert preparation */
     bool experts_prepared;
     bool copy_all; /* no_mmap: every weight the kernels read gets a private copy */
+    bool exp_range;  /* only routed experts [exp_lo, exp_hi) are read (moetax_model_set_expert_range) */
+    int32_t exp_lo, exp_hi;
 };
+
+static bool expert_range(const struct moetax_model *m, int32_t *lo, int32_t *hi) {
+    const struct owned *o = m->owned;
+    if (!o || !o->exp_range) return false;
+    *lo = o->exp_lo;
+    *hi = o->exp_hi;
+    return true;
+}
 
 static bool model_copies(const struct moetax_model *m) { return m->owned && ((struct owned *)m->owned)->copy_all; }
 
@@ -154,7 +176,8 @@ static moetax_status repack_units(const struct moetax_weight *w, int64_t unit, v
  * mapping, repacked in units of units[i] rows (units NULL: each matrix, ne[1]
  * rows), each 64-byte aligned, and point their data at it. */
 static moetax_status repack_weights(const struct moetax_model *m, struct moetax_weight *const *ws,
-                                    const int64_t *units, int n, struct moetax_huge_buf *out, const char *what) {
+                                    const int64_t *units, int n, struct moetax_huge_buf *out, const char *what,
+                                    int32_t e_lo, int32_t e_hi) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += (weight_bytes(ws[i]) + 63) / 64 * 64;
     if (!total) return MOETAX_OK;
@@ -168,8 +191,13 @@ static moetax_status repack_weights(const struct moetax_model *m, struct moetax_
     for (int i = 0; i < n; i++) {
         struct moetax_weight *w = ws[i];
         const size_t nb = weight_bytes(w);
-        /* not in place: cannot fail; from w->data: the mapping, or an aligned copy of it (bind) */
-        (void)repack_units(w, units ? units[i] : w->ne[1], buf + off, w->data, (int64_t)(nb / w->row_bytes));
+        /* not in place: cannot fail; from w->data: the mapping, or an aligned copy of it (bind).
+         * With an expert range only those matrices: the rest of the copy is never touched, so
+         * it takes no memory */
+        const size_t c0 = e_lo >= 0 ? w->mat_bytes * (size_t)e_lo : 0;
+        const size_t c1 = e_lo >= 0 ? w->mat_bytes * (size_t)e_hi : nb;
+        (void)repack_units(w, units ? units[i] : w->ne[1], buf + off + c0, (const uint8_t *)w->data + c0,
+                           (int64_t)((c1 - c0) / w->row_bytes));
         w->data = buf + off;
         if (w->file_data != m->tok_embd.file_data) release_mapped(m, w->file_data, nb); /* still read by rows */
         off += (nb + 63) / 64 * 64;
@@ -195,7 +223,7 @@ static moetax_status repack_resident(struct moetax_model *m) {
         for (int i = 0; i < per_layer; i++)
             if (weight_repacked(m, lw[i])) ws[n++] = lw[i];
     }
-    moetax_status st = repack_weights(m, ws, NULL, n, &o->rep_res, "resident weights");
+    moetax_status st = repack_weights(m, ws, NULL, n, &o->rep_res, "resident weights", -1, -1);
     free(ws);
     return st;
 }
@@ -219,7 +247,8 @@ moetax_status moetax_model_prepare_experts(const struct moetax_model *m) {
             if (!l->fused_gate_up && weight_repacked(m, &l->up_exps)) units[n] = l->up_exps.ne[1], ws[n++] = &l->up_exps;
             if (weight_repacked(m, &l->down_exps)) units[n] = l->down_exps.ne[1], ws[n++] = &l->down_exps;
         }
-        if (!st) st = repack_weights(m, ws, units, n, &o->rep_exp, "routed experts");
+        if (!st) st = repack_weights(m, ws, units, n, &o->rep_exp, "routed experts", o->exp_range ? o->exp_lo : -1,
+                                     o->exp_hi);
         for (int il = 0; !st && il < m->hp.n_layer; il++) {
             struct moetax_layer *l = &m->layers[il];
             if (l->is_moe && l->fused_gate_up) /* up = rows F..2F-1 of each fused matrix, wherever it now is */
@@ -232,6 +261,22 @@ moetax_status moetax_model_prepare_experts(const struct moetax_model *m) {
     pthread_mutex_unlock(&o->mu);
     if (!st) moetax_model_prefault(m, true); /* the experts read from the mapping */
     return st;
+}
+
+moetax_status moetax_model_set_expert_range(struct moetax_model *m, int32_t lo, int32_t hi) {
+    struct owned *o = m->owned;
+    if (lo < 0 || hi <= lo || hi > m->hp.n_expert)
+        return moetax_error(MOETAX_ERR_ARG, "%s: expert range [%d, %d) is not within the model's %d experts",
+                            m->gguf->path, lo, hi, m->hp.n_expert);
+    pthread_mutex_lock(&o->mu);
+    const bool done = o->experts_prepared;
+    if (!done) {
+        o->exp_range = true;
+        o->exp_lo = lo;
+        o->exp_hi = hi;
+    }
+    pthread_mutex_unlock(&o->mu);
+    return done ? moetax_error(MOETAX_ERR_ARG, "%s: the experts are prepared already", m->gguf->path) : MOETAX_OK;
 }
 
 /* Expert store hook: each expert read into a slot is repacked in place (its
@@ -673,7 +718,11 @@ moetax_status moetax_model_load_ex(const char *path, const struct moetax_model_p
         *out = NULL;
         return moetax_error(MOETAX_ERR_ARG, "no model file given");
     }
-    return load(path, NULL, 0, p, out);
+    moetax_status st = load(path, NULL, 0, p, out);
+#ifdef MOETAX_WITH_MPI
+    st = moetax_dist_model_loaded(st, out); /* under mpirun: every rank's result, the same file, own experts */
+#endif
+    return st;
 }
 
 moetax_status moetax_model_load_memory(const void *buf, size_t size, const struct moetax_model_params *p,

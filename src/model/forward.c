@@ -30,6 +30,9 @@
 #include "moe/moe.h"
 #include "moetax/kvcache.h"
 #include "moetax/store.h"
+#ifdef MOETAX_WITH_MPI
+#include "dist/dist.h"
+#endif
 
 /* the dense FFN's buffers */
 struct dense {
@@ -272,6 +275,9 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     struct moe_params mp = {.k = (int32_t)k, .store = store, .prefetch = store && !(p && p->no_prefetch),
                             .capacity_factor = p ? p->capacity_factor : 0,
                             .reroute = p && p->overflow == MOETAX_OVERFLOW_REROUTE};
+#ifdef MOETAX_WITH_MPI
+    mp.dist = moetax_dist_world(); /* under mpirun: this rank's experts, the combine's collective */
+#endif
     if (!st) st = moe_init(&c->moe, &c->step, &mp);
     if (!st) {
         c->dense.hid = calloc((size_t)(U * ffdense), sizeof(float));
@@ -385,6 +391,12 @@ static moetax_status decode(struct moetax_ctx *c, int64_t n, const int32_t *toke
     const struct moetax_hparams *hp = &c->m->hp;
     struct fw_step *s = &c->step;
     if (n <= 0) return moetax_error(MOETAX_ERR_ARG, "no tokens to evaluate");
+#ifdef MOETAX_WITH_MPI
+    if (moetax_dist_world()) { /* every rank steps with rank 0's batch */
+        moetax_status bst = moetax_dist_sync_batch(moetax_dist_world(), &n, &token, &pos, &seq, &want);
+        if (bst) return bst;
+    }
+#endif
     for (int64_t i = 0; i < n; i++)
         if (token[i] < 0 || token[i] >= hp->n_vocab)
             return moetax_error(MOETAX_ERR_ARG, "token %lld: id %d is outside the vocabulary (0..%d)", (long long)i,

@@ -31,6 +31,9 @@
 
 #include "moe/moe.h"
 #include "moetax/store.h"
+#ifdef MOETAX_WITH_MPI
+#include "dist/dist.h"
+#endif
 
 /* The gate, up and down matrices of expert e for this worker: from the mapping,
  * or acquired from the expert store (blocking only this worker, booked to
@@ -327,7 +330,10 @@ static void issue_reads(struct worker *w, struct moe *b, int il, const struct pl
          * they load), then the experts the next layer's router predicts from this residual.
          * Without prefetch each expert is read only when a work item needs it. */
         fw_mark(w, MOETAX_PHASE_LOAD);
-        moetax_store_prefetch(b->store, il, pl->active, pl->n_active, false);
+        int32_t a0 = 0, a1 = pl->n_active; /* this rank's experts only */
+        while (a0 < a1 && pl->active[a0] < b->e_lo) a0++;
+        while (a1 > a0 && pl->active[a1 - 1] >= b->e_hi) a1--;
+        moetax_store_prefetch(b->store, il, pl->active + a0, a1 - a0, false);
         if (il + 1 < hp->n_layer && b->pred_ok[il + 1]) {
             /* the cross-layer prediction, ranked by recent-token history: first the predicted
              * experts that layer il + 1 also chose for the last micro-batch (b->sel still holds
@@ -347,12 +353,59 @@ static void issue_reads(struct worker *w, struct moe *b, int il, const struct pl
                     for (int64_t j = 0; j < nhist && !recent; j++) recent = hist[j] == e;
                     if (recent != (pass == 0)) continue;
                     for (int j = 0; j < nu && !seen; j++) seen = uniq[j] == e;
-                    if (!seen && nu < E) uniq[nu++] = e;
+                    if (!seen && nu < E && e >= b->e_lo && e < b->e_hi) uniq[nu++] = e;
                 }
             moetax_store_prefetch(b->store, il + 1, uniq, nu, true);
         }
         fw_mark(w, MOETAX_PHASE_DISPATCH);
     }
+}
+
+/* Expert parallelism: block [d0, d1) of the residual gets the routed experts' sum, from
+ * all of ydown (gathered: the single process's order) or from the ranks' partial sums. */
+static void dist_combine_block(const struct fw_step *s, const struct moe *b, const struct plan *pl, int64_t d0,
+                               int64_t d1) {
+    const int64_t d = s->m->hp.n_embd;
+    if (b->partial)
+        for (int64_t t = 0; t < s->n; t++) s->K->axpy(s->x + t * d + d0, 1.0f, b->partial + t * d + d0, d1 - d0);
+    else s->K->scatter_add(s->x + d0, d, b->ydown + d0, d, pl->slot_token, pl->slot_w, pl->n_slots, d1 - d0);
+}
+
+/* Expert parallelism: ends the down phase; worker 0 waits for the other ranks (MPI_Barrier,
+ * booked to `wait`), then runs the combine's collective (`comm`) while the other workers
+ * wait at the barrier that ends this phase. */
+static void dist_exchange(struct worker *w, struct moe *b, int il, const struct plan *pl) {
+    fw_phase_end(w);
+    fw_phase_begin(w, MOETAX_PHASE_COMM, il);
+#ifdef MOETAX_WITH_MPI
+    struct fw_step *s = w->s;
+    struct moetax_dist *D = b->dist;
+    if (w->ith == 0) {
+        fw_mark(w, MOETAX_PHASE_WAIT);
+        moetax_status st = moetax_dist_barrier(D);
+        fw_mark(w, MOETAX_PHASE_COMM);
+        const int64_t d = s->m->hp.n_embd;
+        if (!st && b->partial) st = moetax_dist_allreduce(D, b->partial, s->n * d);
+        else if (!st) {
+            /* rank r's experts' slots: those of the active experts in [lo_r, hi_r), contiguous */
+            int32_t ai = 0;
+            int64_t acc = 0;
+            for (int r = 0; r < D->size; r++) {
+                int32_t lo, hi;
+                moetax_dist_expert_range(D, s->m->hp.n_expert, r, &lo, &hi);
+                (void)hi;
+                while (ai < pl->n_active && pl->active[ai] < lo) acc += pl->count[pl->active[ai++]];
+                b->slot_lo[r] = acc;
+            }
+            b->slot_lo[D->size] = pl->n_slots;
+            st = moetax_dist_gather_rows(D, b->ydown, d, b->slot_lo);
+        }
+        if (st) fw_fail(s, st);
+    }
+#else
+    (void)b; (void)pl;
+#endif
+    fw_phase_end(w);
 }
 
 void moe_block(struct worker *w, struct moe *b, int il) {
@@ -458,8 +511,11 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     else fw_mark(w, MOETAX_PHASE_EXPERT);
     const int64_t bf = F >= 256 ? 256 : F; /* gate/up rows per work item: a multiple of 64 (kernels.h, ROW RANGES) */
     const int64_t nbf = (F + bf - 1) / bf;
-    for (int64_t it; (it = fw_chunk(w, pl->n_active * nbf, 1)) >= 0;) {
-        int32_t e = pl->active[it / nbf];
+    int32_t a0 = 0, a1 = pl->n_active; /* this rank's active experts (all without a world) */
+    while (a0 < a1 && pl->active[a0] < b->e_lo) a0++;
+    while (a1 > a0 && pl->active[a1 - 1] >= b->e_hi) a1--;
+    for (int64_t it; (it = fw_chunk(w, (a1 - a0) * nbf, 1)) >= 0;) {
+        int32_t e = pl->active[a0 + it / nbf];
         int64_t f0 = (it % nbf) * bf, f1 = f0 + bf < F ? f0 + bf : F;
         int64_t b0 = n > 1 ? pl->offset[e] : 0, cnt = pl->count[e];
         float *g = b->eh_g + (int64_t)pl->offset[e] * F, *u = b->eh + (int64_t)pl->offset[e] * F;
@@ -496,11 +552,21 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     float *yd = b->ydown; /* [n*k, d] */
     for (int64_t it; (it = fw_chunk(w, nbd, 1)) >= 0;) {
         int64_t d0 = it * bd, d1 = d0 + bd < d ? d0 + bd : d;
-        for (int32_t ai = 0; ai < pl->n_active; ai++) {
+        for (int32_t ai = a0; ai < a1; ai++) {
             int32_t e = pl->active[ai];
             const void *wg, *wu, *wd;
             if (!expert_ptrs(w, b, il, e, &wg, &wu, &wd)) continue;
             fw_matmul_at(s, &l->down_exps, wd, d0, d1, aeh, pl->offset[e], pl->count[e], yd + pl->offset[e] * d, d);
+        }
+        if (b->dist) { /* the others' rows come with the collective: combine after it */
+            if (b->partial) { /* allreduce: this rank's weighted sum per token of this block */
+                const int32_t o0 = a0 < a1 ? pl->offset[pl->active[a0]] : 0;
+                const int32_t o1 = a0 < a1 ? pl->offset[pl->active[a1 - 1]] + pl->count[pl->active[a1 - 1]] : 0;
+                for (int64_t t = 0; t < n; t++) memset(b->partial + t * d + d0, 0, sizeof(float) * (size_t)(d1 - d0));
+                K->scatter_add(b->partial + d0, d, yd + (int64_t)o0 * d + d0, d, pl->slot_token + o0, pl->slot_w + o0,
+                               o1 - o0, d1 - d0);
+            }
+            continue;
         }
         if (nmine < 512) mine[nmine++] = (int32_t)it;
         else { /* more blocks than the local list holds: combine this one now */
@@ -509,11 +575,23 @@ void moe_block(struct worker *w, struct moe *b, int il) {
             fw_mark(w, MOETAX_PHASE_EXPERT);
         }
     }
+    if (b->dist) {
+        dist_exchange(w, b, il, pl);
+        fw_phase_begin(w, MOETAX_PHASE_COMBINE, il);
+        for (int64_t it; (it = fw_chunk(w, nbd, 1)) >= 0;) {
+            if (nmine < 512) mine[nmine++] = (int32_t)it;
+            else {
+                int64_t d0 = it * bd, d1 = d0 + bd < d ? d0 + bd : d;
+                dist_combine_block(s, b, pl, d0, d1);
+            }
+        }
+    }
     fw_mark(w, MOETAX_PHASE_COMBINE);
     for (int i = 0; i < nmine; i++) {
         int64_t d0 = (int64_t)mine[i] * bd, d1 = d0 + bd < d ? d0 + bd : d;
         /* slots are grouped by expert in ascending order: a fixed summation order */
-        K->scatter_add(s->x + d0, d, yd + d0, d, pl->slot_token, pl->slot_w, pl->n_slots, d1 - d0);
+        if (b->partial) dist_combine_block(s, b, pl, d0, d1);
+        else K->scatter_add(s->x + d0, d, yd + d0, d, pl->slot_token, pl->slot_w, pl->n_slots, d1 - d0);
     }
     if (Fs) {
         fw_mark(w, MOETAX_PHASE_SHARED);
@@ -562,6 +640,8 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
     b->capacity_factor = p->capacity_factor;
     b->reroute = p->reroute;
     b->n_threads = s->n_threads;
+    b->e_lo = 0;
+    b->e_hi = (int32_t)hp->n_expert;
     const int64_t U = s->n_ubatch, d = hp->n_embd, E = max64(hp->n_expert, 1), F = max64(hp->n_ff_exp, 1);
     int64_t Fs = 1;
     for (int il = 0; il < hp->n_layer; il++) Fs = max64(Fs, m->layers[il].gate_sh.data ? m->layers[il].gate_sh.ne[1] : 0);
@@ -589,6 +669,14 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
     A(b->cap_tot, U);
     A(b->cap_p, 2 * E);
     for (int64_t t = 0; !st && t < U; t++) b->cap_tot[t] = -1;
+#ifdef MOETAX_WITH_MPI
+    if (p->dist && p->dist->size > 1 && hp->n_expert > 0) {
+        b->dist = p->dist;
+        moetax_dist_expert_range(p->dist, (int32_t)hp->n_expert, p->dist->rank, &b->e_lo, &b->e_hi);
+        A(b->slot_lo, p->dist->size + 1);
+        if (p->dist->combine == MOETAX_DIST_COMBINE_ALLREDUCE) A(b->partial, U * d);
+    }
+#endif
     if (!st && !plan_alloc(&b->plan, E, U * k)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     if (!st && !(b->pred_q = aligned_alloc(64, (moetax_act_size(MOETAX_TYPE_Q4_0, (d + 31) / 32 * 32, 1) + 63) / 64 * 64)))
         st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
@@ -617,6 +705,7 @@ void moe_free(struct moe *b) {
     free(b->sel); free(b->selw); free(b->pred); free(b->pred_ok); free(b->hist_n);
     free(b->pred_x); free(b->pred_logits); free(b->pred_p); free(b->pred_q);
     free(b->cap_count); free(b->cap_order); free(b->cap_tot); free(b->cap_p);
+    free(b->slot_lo); free(b->partial);
     plan_free(&b->plan);
     fw_act_free(&b->a_sh, false);
     fw_act_free(&b->a_exp, true);

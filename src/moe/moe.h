@@ -7,6 +7,7 @@
 #include "model/step.h"
 
 struct moetax_store;
+struct moetax_dist;
 
 /* The dispatch plan of one MoE layer for the micro-batch. */
 struct plan {
@@ -67,6 +68,12 @@ struct moe {
     float *cap_p;               /* [2E] */
     struct moe_worker *wk;      /* [n_threads] */
     int n_threads;
+    /* expert parallelism (src/dist/dist.h): this rank computes routed experts [e_lo, e_hi) only
+     * (all of them without a world), then the combine's collective gives it the others' */
+    struct moetax_dist *dist;   /* NULL: one process */
+    int32_t e_lo, e_hi;
+    int64_t *slot_lo;           /* [P + 1] first slot of each rank's experts */
+    float *partial;             /* [U, d] this rank's weighted sums (MOETAX_MPI_COMBINE=allreduce) */
 };
 
 struct moe_params {
@@ -75,6 +82,7 @@ struct moe_params {
     bool prefetch;
     float capacity_factor;      /* <= 0 or inf: off */
     bool reroute;
+    struct moetax_dist *dist;   /* optional: expert parallelism over MPI */
 };
 moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_params *p);
 void moe_free(struct moe *b);

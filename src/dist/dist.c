@@ -1,0 +1,214 @@
+/* dist.c - the MPI world of one moetax command, placement, the load check, the batch
+ * broadcast and the combine's collectives (see dist.h). */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dist/dist.h"
+#include "moetax/gguf.h"
+#include "moetax/ledger.h"
+
+static struct moetax_dist *g_world;
+
+static bool under_mpirun(void) {
+    /* OpenMPI's mpirun (and PMIx launchers) set these; a plain `moetax` never joins MPI */
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
+}
+
+int moetax_dist_init(int *argc, char ***argv) {
+    if (!under_mpirun()) return 0;
+    int provided = 0;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "moetax: MPI_Init_thread failed\n");
+        return 1;
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    struct moetax_dist *d = calloc(1, sizeof *d);
+    if (!d) {
+        fprintf(stderr, "moetax: out of memory\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        return 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &d->size);
+    d->counts = calloc((size_t)d->size, sizeof(int));
+    d->displs = calloc((size_t)d->size, sizeof(int));
+    const char *cm = getenv("MOETAX_MPI_COMBINE");
+    if (cm && !strcmp(cm, "allreduce")) d->combine = MOETAX_DIST_COMBINE_ALLREDUCE;
+    else if (cm && *cm && strcmp(cm, "gather")) {
+        if (d->rank == 0) fprintf(stderr, "moetax: MOETAX_MPI_COMBINE=%s: expected gather or allreduce\n", cm);
+        MPI_Finalize();
+        return 1;
+    }
+    if (provided < MPI_THREAD_FUNNELED && d->rank == 0)
+        fprintf(stderr, "moetax: warning: MPI gives thread level %d, FUNNELED wanted\n", provided);
+    /* only rank 0 writes results; errors stay on each rank's stderr */
+    if (d->rank > 0 && !freopen("/dev/null", "w", stdout)) fprintf(stderr, "moetax: rank %d: cannot silence stdout\n", d->rank);
+    g_world = d;
+    return 0;
+}
+
+void moetax_dist_finalize(int rc) {
+    if (!g_world) return;
+    fflush(stdout);
+    fflush(stderr);
+    if (rc) MPI_Abort(MPI_COMM_WORLD, rc); /* a rank that quits must not leave the others waiting */
+    MPI_Finalize();
+    free(g_world->counts);
+    free(g_world->displs);
+    free(g_world->b_tok); free(g_world->b_pos); free(g_world->b_seq); free(g_world->b_want);
+    free(g_world);
+    g_world = NULL;
+}
+
+struct moetax_dist *moetax_dist_world(void) { return g_world; }
+int moetax_dist_rank(void) { return g_world ? g_world->rank : 0; }
+
+void moetax_dist_expert_range(const struct moetax_dist *d, int32_t E, int rank, int32_t *lo, int32_t *hi) {
+    *lo = (int32_t)((int64_t)E * rank / d->size);
+    *hi = (int32_t)((int64_t)E * (rank + 1) / d->size);
+}
+
+static moetax_status mpi_fail(int rc, const char *what) {
+    char s[MPI_MAX_ERROR_STRING];
+    int n = 0;
+    MPI_Error_string(rc, s, &n);
+    return moetax_error(MOETAX_ERR_IO, "rank %d: %s failed: %s", g_world ? g_world->rank : -1, what, s);
+}
+
+/* FNV-1a of the file's header and tensor table (everything before the data section) and its size */
+static uint64_t header_hash(const struct moetax_model *m) {
+    const struct moetax_gguf *g = m->gguf;
+    uint64_t h = 1469598103934665603ull;
+    for (uint64_t i = 0; g->base && i < g->data_offset && i < g->size; i++) h = (h ^ g->base[i]) * 1099511628211ull;
+    return (h ^ g->size) * 1099511628211ull;
+}
+
+moetax_status moetax_dist_model_loaded(moetax_status st, struct moetax_model **m) {
+    struct moetax_dist *d = g_world;
+    if (!d) return st;
+    /* 1: every rank's result: the lowest failing rank's message goes to all */
+    int mine = st ? d->rank : d->size, first = d->size;
+    int rc = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) st = st ? st : mpi_fail(rc, "MPI_Allreduce (load check)");
+    if (rc == MPI_SUCCESS && first < d->size) {
+        char msg[512] = {0};
+        if (d->rank == first) snprintf(msg, sizeof msg, "%s", moetax_last_error());
+        MPI_Bcast(msg, sizeof msg, MPI_CHAR, first, MPI_COMM_WORLD);
+        msg[sizeof msg - 1] = 0;
+        if (d->rank == first) st = moetax_error(st, "rank %d of %d: %s", d->rank, d->size, msg);
+        else st = moetax_error(MOETAX_ERR_IO, "rank %d of %d failed to load the model: %s", first, d->size, msg);
+    }
+    /* 2: the same file everywhere (header and tensor table) */
+    if (!st) {
+        uint64_t h = header_hash(*m), *all = calloc((size_t)d->size, sizeof *all);
+        if (!all) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        rc = all ? MPI_Allgather(&h, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD) : MPI_SUCCESS;
+        if (!st && rc != MPI_SUCCESS) st = mpi_fail(rc, "MPI_Allgather (model check)");
+        for (int r = 1; !st && r < d->size; r++)
+            if (all[r] != all[0])
+                st = moetax_error(MOETAX_ERR_ARG,
+                                  "rank %d's model file (%s on rank %d) differs from rank 0's (header and tensor "
+                                  "table checksum %016llx vs %016llx): every rank needs the same file",
+                                  r, d->rank == r ? (*m)->gguf->path : "its path", r, (unsigned long long)all[r],
+                                  (unsigned long long)all[0]);
+        free(all);
+    }
+    if (!st && (*m)->hp.n_expert > 0) {
+        int32_t lo, hi;
+        moetax_dist_expert_range(d, (*m)->hp.n_expert, d->rank, &lo, &hi);
+        st = moetax_model_set_expert_range(*m, lo, hi);
+    }
+    if (st && *m) {
+        moetax_model_free(*m);
+        *m = NULL;
+    }
+    return st;
+}
+
+static bool grow_batch(struct moetax_dist *d, int64_t n) {
+    if (n <= d->b_cap) return true;
+    int32_t *t = realloc(d->b_tok, sizeof(int32_t) * (size_t)n);
+    if (t) d->b_tok = t;
+    int32_t *p = realloc(d->b_pos, sizeof(int32_t) * (size_t)n);
+    if (p) d->b_pos = p;
+    int32_t *s = realloc(d->b_seq, sizeof(int32_t) * (size_t)n);
+    if (s) d->b_seq = s;
+    bool *w = realloc(d->b_want, sizeof(bool) * (size_t)n);
+    if (w) d->b_want = w;
+    if (!t || !p || !s || !w) return false;
+    d->b_cap = n;
+    return true;
+}
+
+moetax_status moetax_dist_sync_batch(struct moetax_dist *d, int64_t *n, const int32_t **token, const int32_t **pos,
+                                     const int32_t **seq, const bool **want) {
+    if (d->size == 1) return MOETAX_OK;
+    int64_t n0 = *n;
+    int rc = MPI_Bcast(&n0, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Bcast (batch size)");
+    if (n0 != *n)
+        return moetax_error(MOETAX_ERR_INTERNAL, "rank %d: a batch of %lld tokens where rank 0 has %lld: the ranks "
+                            "diverged", d->rank, (long long)*n, (long long)n0);
+    if (!grow_batch(d, n0)) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    if (d->rank == 0) {
+        memcpy(d->b_tok, *token, sizeof(int32_t) * (size_t)n0);
+        memcpy(d->b_pos, *pos, sizeof(int32_t) * (size_t)n0);
+        memcpy(d->b_seq, *seq, sizeof(int32_t) * (size_t)n0);
+        memcpy(d->b_want, *want, sizeof(bool) * (size_t)n0);
+    }
+    int32_t *bufs[3] = {d->b_tok, d->b_pos, d->b_seq};
+    for (int i = 0; i < 3; i++)
+        if ((rc = MPI_Bcast(bufs[i], (int)n0, MPI_INT32_T, 0, MPI_COMM_WORLD)) != MPI_SUCCESS)
+            return mpi_fail(rc, "MPI_Bcast (batch)");
+    if ((rc = MPI_Bcast(d->b_want, (int)(n0 * (int64_t)sizeof(bool)), MPI_BYTE, 0, MPI_COMM_WORLD)) != MPI_SUCCESS)
+        return mpi_fail(rc, "MPI_Bcast (batch)");
+    if (d->rank > 0) {
+        *token = d->b_tok;
+        *pos = d->b_pos;
+        *seq = d->b_seq;
+        *want = d->b_want;
+    }
+    return MOETAX_OK;
+}
+
+moetax_status moetax_dist_barrier(struct moetax_dist *d) {
+    uint64_t t0 = moetax_ledger_now();
+    int rc = MPI_Barrier(MPI_COMM_WORLD);
+    d->ns_wait += moetax_ledger_now() - t0;
+    return rc == MPI_SUCCESS ? MOETAX_OK : mpi_fail(rc, "MPI_Barrier");
+}
+
+moetax_status moetax_dist_gather_rows(struct moetax_dist *d, float *y, int64_t ld, const int64_t *slot_lo) {
+    const int64_t total = slot_lo[d->size] * ld;
+    if (total > INT32_MAX)
+        return moetax_error(MOETAX_ERR_LIMIT, "rank %d: %lld floats in one gather: more than MPI's int counts",
+                            d->rank, (long long)total);
+    for (int r = 0; r < d->size; r++) {
+        d->counts[r] = (int)((slot_lo[r + 1] - slot_lo[r]) * ld);
+        d->displs[r] = (int)(slot_lo[r] * ld);
+    }
+    uint64_t t0 = moetax_ledger_now();
+    int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, y, d->counts, d->displs, MPI_FLOAT, MPI_COMM_WORLD);
+    d->ns_comm += moetax_ledger_now() - t0;
+    const uint64_t own = (uint64_t)d->counts[d->rank] * sizeof(float);
+    d->bytes_sent += own * (uint64_t)(d->size - 1);
+    d->bytes_recv += (uint64_t)total * sizeof(float) - own;
+    d->n_collectives++;
+    return rc == MPI_SUCCESS ? MOETAX_OK : mpi_fail(rc, "MPI_Allgatherv (combine)");
+}
+
+moetax_status moetax_dist_allreduce(struct moetax_dist *d, float *x, int64_t n) {
+    if (n > INT32_MAX) return moetax_error(MOETAX_ERR_LIMIT, "rank %d: %lld floats in one allreduce", d->rank, (long long)n);
+    uint64_t t0 = moetax_ledger_now();
+    int rc = MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    d->ns_comm += moetax_ledger_now() - t0;
+    /* a ring allreduce sends and receives 2 (P - 1) / P of the buffer per rank */
+    const uint64_t b = (uint64_t)n * sizeof(float) * 2 * (uint64_t)(d->size - 1) / (uint64_t)d->size;
+    d->bytes_sent += b;
+    d->bytes_recv += b;
+    d->n_collectives++;
+    return rc == MPI_SUCCESS ? MOETAX_OK : mpi_fail(rc, "MPI_Allreduce (combine)");
+}

@@ -1,0 +1,93 @@
+/* dist.h - expert parallelism over MPI (built when CMake finds MPI: MOETAX_WITH_MPI).
+ * Internal.
+ *
+ * DESIGN
+ *   `mpirun -np P moetax run|bench|perplexity|eval ...` starts P copies of the same command.
+ *   main() calls moetax_dist_init, which joins MPI only under mpirun (its environment says
+ *   so); otherwise there is no world and nothing here is called. Every rank parses the same
+ *   options, loads the same file, tokenizes the same prompt and samples with the same seed;
+ *   rank 0's batch is what counts: moetax_ctx_decode broadcasts it (moetax_dist_sync_batch)
+ *   and the others use it, so every rank steps with the same tokens. Only rank 0 writes to
+ *   stdout (the others' stdout is /dev/null); errors go to each rank's stderr.
+ *
+ *   Placement: the routed experts of every MoE layer are cut into P contiguous ranges,
+ *   rank r owns [r E / P, (r + 1) E / P). Attention, dense layers, the router and the shared
+ *   experts are replicated: every rank holds the whole residual of the micro-batch and
+ *   routes every token itself (the same inputs and the same router give the same routing,
+ *   hence the same dispatch plan, everywhere: no counts need to be exchanged). A rank
+ *   repacks, prefaults and reads only its own experts (moetax_model_set_expert_range).
+ *
+ *   Combine (per MoE layer), two ways:
+ *   - GATHER (default, exact): each rank computes the down outputs of its own experts' slots.
+ *     Slots are grouped by expert in ascending order, so one rank's slots are one contiguous
+ *     range; an MPI_Allgatherv of those rows gives every rank all of ydown in slot order,
+ *     and the combine is then the single process's (experts ascending, then shared): logits
+ *     bit-identical to `moetax` without mpirun. Moves n_slots x d floats per rank and layer.
+ *   - ALLREDUCE (MOETAX_MPI_COMBINE=allreduce): each rank sums w * y of its own slots per
+ *     token into a zeroed [n, d] buffer, one MPI_Allreduce(SUM) adds the ranks' partial sums.
+ *     Moves n x d floats (each way), k / P times fewer for top-k, but the summation order
+ *     differs from the single process: logits agree to float rounding (tested: max |diff|
+ *     relative to the logits' range below 1e-4), not bit for bit.
+ *   Only worker 0 (the thread that called moetax_ctx_decode: MPI_THREAD_FUNNELED) calls MPI,
+ *   between two barriers of the step. The ledger books an MPI_Barrier just before the
+ *   collective to `wait` (this rank waiting for the slowest), the collective itself to `comm`.
+ *
+ *   Faults: the loader's result is agreed on by every rank (moetax_dist_model_loaded): a rank
+ *   that failed makes every rank fail with a message naming it, and a file whose header and
+ *   tensor table differ from rank 0's is an error naming both. MPI errors return (not abort);
+ *   a command that ends with an error calls MPI_Abort so that no rank is left waiting.
+ */
+#ifndef MOETAX_DIST_H
+#define MOETAX_DIST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "moetax/model.h"
+#include "moetax/status.h"
+
+enum moetax_dist_combine {
+    MOETAX_DIST_COMBINE_GATHER = 0,    /* exact: ydown rows gathered in slot order */
+    MOETAX_DIST_COMBINE_ALLREDUCE = 1, /* partial sums per token, added by MPI_Allreduce */
+};
+
+struct moetax_dist {
+    int rank, size;
+    enum moetax_dist_combine combine;
+    /* totals since init, of this rank (bytes as MPI moves them: what this rank sends and receives) */
+    uint64_t bytes_sent, bytes_recv, n_collectives;
+    uint64_t ns_comm, ns_wait;
+    /* what a token-sharded dispatch would move (counted from the plans, not sent): rows of d
+     * prepared activations to remote ranks, once per (token, rank) vs once per (token, expert) */
+    uint64_t rows_per_rank, rows_per_expert;
+    /* scratch */
+    int *counts, *displs;     /* [size] */
+    int32_t *b_tok, *b_pos, *b_seq; /* the broadcast batch (ranks > 0) */
+    bool *b_want;
+    int64_t b_cap;
+};
+
+/* Under mpirun: MPI_Init_thread(FUNNELED), the world; elsewhere nothing (0). Nonzero: error printed. */
+int moetax_dist_init(int *argc, char ***argv);
+/* rc 0: MPI_Finalize; else MPI_Abort(rc), so no rank waits for one that quit. */
+void moetax_dist_finalize(int rc);
+/* The world, or NULL when not under mpirun (or P = 1 ... still the world: P may be 1). */
+struct moetax_dist *moetax_dist_world(void);
+/* Routed experts [*lo, *hi) of `rank` among E. */
+void moetax_dist_expert_range(const struct moetax_dist *d, int32_t E, int rank, int32_t *lo, int32_t *hi);
+/* After a load (st its result): every rank's result and model header compared; this rank's
+ * expert range set. On any failure every rank returns an error naming the rank (*m freed). */
+moetax_status moetax_dist_model_loaded(moetax_status st, struct moetax_model **m);
+/* Rank 0's batch to every rank (*n, the arrays: replaced by rank 0's on the others). */
+moetax_status moetax_dist_sync_batch(struct moetax_dist *d, int64_t *n, const int32_t **token, const int32_t **pos,
+                                     const int32_t **seq, const bool **want);
+/* MPI_Barrier: the caller books it to `wait` (time this rank waits for the slowest). */
+moetax_status moetax_dist_barrier(struct moetax_dist *d);
+/* Allgatherv of rows [slot_lo[r], slot_lo[r + 1]) of y [*, ld] from each rank r, in place. */
+moetax_status moetax_dist_gather_rows(struct moetax_dist *d, float *y, int64_t ld, const int64_t *slot_lo);
+/* In-place MPI_Allreduce(SUM) of x [n]. */
+moetax_status moetax_dist_allreduce(struct moetax_dist *d, float *x, int64_t n);
+/* 0 on rank 0 (or without a world), else the rank. */
+int moetax_dist_rank(void);
+
+#endif
