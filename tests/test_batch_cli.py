@@ -130,6 +130,23 @@ def main():
         check(pp["3"]["tokens"] == pp[None]["tokens"] and abs(pp["3"]["ppl"] - pp[None]["ppl"]) <= 1e-9 * pp[None]["ppl"],
               f"perplexity --parallel 3 = one window at a time: {pp['3']['ppl']} vs {pp[None]['ppl']}")
 
+    # moetax profile + report PROFILE (text, --json, --html)
+    prof = os.path.join(work, "batch_cli_profile.json")
+    r = run([mt, "profile", "-m", DEFAULT_MODEL, "-f", txt2, "-o", prof, "--max-tokens", "300", "-c", "128"])
+    check(r.returncode == 0 and "300 tokens" in r.stderr, f"profile: {r.stderr[-300:]}")
+    if r.returncode == 0:
+        d = json.load(open(prof))
+        k = d["n_expert_used"]
+        check(d["tokens"] == 300 and all(sum(l["freq"]) == 300 * k for l in d["layers"])
+              and len(d["transitions"]) == len(d["layers"]) - 1, "profile counts: every layer sums to tokens x k")
+        page = os.path.join(work, "batch_cli_profile.html")
+        r = run([mt, "report", prof, "--html", page])
+        check(r.returncode == 0 and "busiest quarter" in r.stdout and os.path.getsize(page) > 2000, f"report PROFILE: {r.stderr}")
+        r = run([mt, "report", prof, "--json"])
+        check(r.returncode == 0 and len(json.loads(r.stdout)["layers"]) == len(d["layers"]), "report PROFILE --json")
+    r = run([mt, "profile", "-m", DEFAULT_MODEL, "-f", txt2, "-o", "/dev/null"])
+    check(r.returncode == 2 and "/dev/null" in r.stderr, f"profile -o /dev/null is refused: {r.stderr}")
+
     # a NaN inside the model: the logits check names the token; --check-finite names the layer
     f32 = os.path.join(work, "batch_cli_tiny_f32.gguf")
     check(run([mt, "gen", "--preset", "tiny", "-o", f32]).returncode == 0, "gen tiny f32")

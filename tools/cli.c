@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <dirent.h>
 
 int cli_fail(const char *cmd, moetax_status st) {
     const char *msg = moetax_last_error();
@@ -333,4 +334,52 @@ double cli_percentile(double *v, int n, double p) {
     if (n <= 0) return 0;
     qsort(v, (size_t)n, sizeof *v, cmp_f64);
     return v[(int)(p * (n - 1) + 0.5)];
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+moetax_status cli_list_inputs(const char *path, char ***out, int *n_out) {
+    *out = NULL;
+    *n_out = 0;
+    struct stat sb;
+    if (stat(path, &sb)) return moetax_error(MOETAX_ERR_IO, "%s: %s", path, strerror(errno));
+    char **v = NULL;
+    int n = 0, cap = 0;
+    if (!S_ISDIR(sb.st_mode)) {
+        v = malloc(sizeof *v);
+        if (!v || !(v[0] = strdup(path))) { free(v); return moetax_error(MOETAX_ERR_NOMEM, "out of memory"); }
+        *out = v;
+        *n_out = 1;
+        return MOETAX_OK;
+    }
+    DIR *d = opendir(path);
+    if (!d) return moetax_error(MOETAX_ERR_IO, "%s: cannot open the folder: %s", path, strerror(errno));
+    struct dirent *e;
+    moetax_status st = MOETAX_OK;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        size_t l = strlen(path) + strlen(e->d_name) + 2;
+        char *p = malloc(l);
+        if (!p) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
+        snprintf(p, l, "%s/%s", path, e->d_name);
+        if (stat(p, &sb) || !S_ISREG(sb.st_mode)) { free(p); continue; }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            char **nv = realloc(v, sizeof *v * (size_t)cap);
+            if (!nv) { free(p); st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
+            v = nv;
+        }
+        v[n++] = p;
+    }
+    closedir(d);
+    if (!st && n == 0) st = moetax_error(MOETAX_ERR_ARG, "%s: the folder holds no regular files", path);
+    if (st) {
+        for (int i = 0; i < n; i++) free(v[i]);
+        free(v);
+        return st;
+    }
+    qsort(v, (size_t)n, sizeof *v, cmp_str);
+    *out = v;
+    *n_out = n;
+    return MOETAX_OK;
 }

@@ -55,6 +55,9 @@ double cli_percentile(double *v, int n, double p);
  * MOETAX_ERR_ARG; MOETAX_ERR_IO names the file and the system's reason;
  * MOETAX_ERR_NOMEM. */
 #define CLI_MAX_INPUT_DEFAULT ((uint64_t)256 << 20)
+/* path itself, or the regular files in the folder path (sorted by name, hidden files skipped):
+ * *out[*n_out] strings to free (and the array). */
+moetax_status cli_list_inputs(const char *path, char ***out, int *n_out);
 moetax_status cli_read_file(const char *path, uint64_t max_bytes, char **text, size_t *len);
 /* --max-input-bytes SIZE (256M, 1G; at least 1): true if argv[*i] is it; a bad
  * value prints a usage error for cmd and sets *err. */

@@ -61,55 +61,6 @@ struct acc {
     int64_t evald;    /* tokens evaluated (windows overlap) */
 };
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-/* The files to score: path itself, or the regular files in it. */
-static moetax_status list_inputs(const char *path, char ***out, int *n_out) {
-    *out = NULL;
-    *n_out = 0;
-    struct stat sb;
-    if (stat(path, &sb)) return moetax_error(MOETAX_ERR_IO, "%s: %s", path, strerror(errno));
-    char **v = NULL;
-    int n = 0, cap = 0;
-    if (!S_ISDIR(sb.st_mode)) {
-        v = malloc(sizeof *v);
-        if (!v || !(v[0] = strdup(path))) { free(v); return moetax_error(MOETAX_ERR_NOMEM, "out of memory"); }
-        *out = v;
-        *n_out = 1;
-        return MOETAX_OK;
-    }
-    DIR *d = opendir(path);
-    if (!d) return moetax_error(MOETAX_ERR_IO, "%s: cannot open the folder: %s", path, strerror(errno));
-    struct dirent *e;
-    moetax_status st = MOETAX_OK;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        size_t l = strlen(path) + strlen(e->d_name) + 2;
-        char *p = malloc(l);
-        if (!p) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
-        snprintf(p, l, "%s/%s", path, e->d_name);
-        if (stat(p, &sb) || !S_ISREG(sb.st_mode)) { free(p); continue; }
-        if (n == cap) {
-            cap = cap ? 2 * cap : 64;
-            char **nv = realloc(v, sizeof *v * (size_t)cap);
-            if (!nv) { free(p); st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
-            v = nv;
-        }
-        v[n++] = p;
-    }
-    closedir(d);
-    if (!st && n == 0) st = moetax_error(MOETAX_ERR_ARG, "%s: the folder holds no regular files", path);
-    if (st) {
-        for (int i = 0; i < n; i++) free(v[i]);
-        free(v);
-        return st;
-    }
-    qsort(v, (size_t)n, sizeof *v, cmp_str);
-    *out = v;
-    *n_out = n;
-    return MOETAX_OK;
-}
-
 /* -log softmax(row)[target], in double */
 static double token_nll(const float *row, int64_t V, int32_t target) {
     float mx = row[0];
@@ -278,7 +229,7 @@ int cmd_perplexity(int argc, char **argv) {
 
     char **files = NULL;
     int n_files = 0;
-    moetax_status st = list_inputs(input, &files, &n_files);
+    moetax_status st = cli_list_inputs(input, &files, &n_files);
     if (st) return cli_fail("perplexity", st);
     if (max_files && n_files > max_files) {
         for (int i = (int)max_files; i < n_files; i++) free(files[i]);

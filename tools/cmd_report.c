@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "moetax/outfile.h"
 #include "moetax/report.h"
+#include "report_profile.h"
 
 #define P MOETAX_PHASE_COUNT
 
@@ -24,7 +25,8 @@ static void usage(FILE *f) {
                "(route+dispatch+load+comm+wait+combine of all phases) and efficiency, seconds and us per token\n"
                "by phase, a layer x phase table, per-worker busy and wait, and, when the run recorded routing\n"
                "(--routing-stats), expert load, batch imbalance, adjacent-token overlap and cross-layer\n"
-               "prediction precision/recall, each with a one-line verdict on caching and prefetching.\n\n"
+               "prediction precision/recall, each with a one-line verdict on caching and prefetching.\n"
+               "A routing profile (moetax profile -o FILE) is shown as expert heat maps by layer and transitions.\n\n"
                "  --json          one JSON object instead of text\n"
                "  --html OUT      also write a self-contained HTML page (charts as inline SVG)\n"
                "  --decode-only   phase, layer and worker breakdowns over decode steps only\n"
@@ -450,6 +452,15 @@ int cmd_report(int argc, char **argv) {
     if (len == 0) {
         free(text);
         return cli_fail("report", moetax_error(MOETAX_ERR_FORMAT, "%s: the file is empty", path));
+    }
+    if (strstr(text, "\"moetax_profile\"")) { /* a routing profile (moetax profile), not a ledger */
+        json_t *probe = json_loadb(text, len, 0, NULL);
+        const bool is_profile = probe && json_object_get(probe, "moetax_profile");
+        json_decref(probe);
+        if (is_profile) {
+            free(text);
+            return report_profile(path, json, html);
+        }
     }
     struct moetax_report *r;
     st = moetax_report_parse(text, len, path, &p, &r);

@@ -1,0 +1,201 @@
+/*
+ * profile.c - routing profiles: counting, writing and reading (see moetax/profile.h).
+ */
+#include "moetax/profile.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moetax/outfile.h"
+
+moetax_status moetax_profile_new(const char *model, int n_layer, const int *moe_layers, int n_moe, int n_expert,
+                                 int n_expert_used, struct moetax_profile **out) {
+    *out = NULL;
+    if (n_moe < 1 || n_expert < 1 || n_expert > 1 << 16 || n_expert_used < 1 || n_expert_used > n_expert)
+        return moetax_error(MOETAX_ERR_ARG, "profile: %d MoE layers, %d experts, %d used: a MoE model is needed", n_moe,
+                            n_expert, n_expert_used);
+    struct moetax_profile *p = calloc(1, sizeof *p);
+    if (!p) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    snprintf(p->model, sizeof p->model, "%s", model ? model : "");
+    p->n_layer = n_layer;
+    p->n_moe = n_moe;
+    p->n_expert = n_expert;
+    p->n_expert_used = n_expert_used;
+    const size_t E = (size_t)n_expert;
+    p->moe_layer = malloc(sizeof(int) * (size_t)n_moe);
+    p->freq = calloc((size_t)n_moe * E, sizeof(int64_t));
+    p->trans = calloc((size_t)(n_moe > 1 ? n_moe - 1 : 1) * E * E, sizeof(int64_t));
+    p->co = n_expert <= MOETAX_PROFILE_CO_MAX ? calloc((size_t)n_moe * E * E, sizeof(int64_t)) : NULL;
+    if (!p->moe_layer || !p->freq || !p->trans || (n_expert <= MOETAX_PROFILE_CO_MAX && !p->co)) {
+        moetax_profile_free(p);
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory for a profile of %d layers x %d experts", n_moe, n_expert);
+    }
+    memcpy(p->moe_layer, moe_layers, sizeof(int) * (size_t)n_moe);
+    *out = p;
+    return MOETAX_OK;
+}
+
+void moetax_profile_free(struct moetax_profile *p) {
+    if (!p) return;
+    free(p->moe_layer);
+    free(p->freq);
+    free(p->co);
+    free(p->trans);
+    free(p);
+}
+
+moetax_status moetax_profile_add(struct moetax_profile *p, int64_t n, const int32_t *const *experts) {
+    const int64_t E = p->n_expert, k = p->n_expert_used;
+    for (int m = 0; m < p->n_moe; m++)
+        for (int64_t i = 0; i < n * k; i++)
+            if (experts[m][i] >= E)
+                return moetax_error(MOETAX_ERR_ARG, "profile: expert %d at MoE layer %d is outside 0..%lld", experts[m][i],
+                                    m, (long long)E - 1);
+    for (int64_t t = 0; t < n; t++)
+        for (int m = 0; m < p->n_moe; m++) {
+            const int32_t *s = experts[m] + t * k, *s2 = m + 1 < p->n_moe ? experts[m + 1] + t * k : NULL;
+            for (int64_t a = 0; a < k; a++) {
+                if (s[a] < 0) continue;
+                p->freq[m * E + s[a]]++;
+                if (p->co)
+                    for (int64_t b = 0; b < k; b++)
+                        if (b != a && s[b] >= 0) p->co[(m * E + s[a]) * E + s[b]]++;
+                if (s2)
+                    for (int64_t b = 0; b < k; b++)
+                        if (s2[b] >= 0) p->trans[(m * E + s[a]) * E + s2[b]]++;
+            }
+        }
+    p->tokens += n;
+    return MOETAX_OK;
+}
+
+static json_t *int_row(const int64_t *v, int64_t n) {
+    json_t *a = json_array();
+    for (int64_t i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
+    return a;
+}
+
+static json_t *int_matrix(const int64_t *v, int64_t n) {
+    json_t *a = json_array();
+    for (int64_t i = 0; i < n; i++) json_array_append_new(a, int_row(v + i * n, n));
+    return a;
+}
+
+moetax_status moetax_profile_write(const struct moetax_profile *p, const char *path) {
+    const int64_t E = p->n_expert;
+    json_t *o = json_object(), *layers = json_array(), *trans = json_array();
+    json_object_set_new(o, "moetax_profile", json_integer(1));
+    json_object_set_new(o, "model", json_string(p->model));
+    json_object_set_new(o, "n_layer", json_integer(p->n_layer));
+    json_object_set_new(o, "n_expert", json_integer(p->n_expert));
+    json_object_set_new(o, "n_expert_used", json_integer(p->n_expert_used));
+    json_object_set_new(o, "tokens", json_integer(p->tokens));
+    for (int m = 0; m < p->n_moe; m++) {
+        json_t *l = json_object();
+        json_object_set_new(l, "layer", json_integer(p->moe_layer[m]));
+        json_object_set_new(l, "freq", int_row(p->freq + m * E, E));
+        json_object_set_new(l, "co", p->co ? int_matrix(p->co + m * E * E, E) : json_null());
+        json_array_append_new(layers, l);
+    }
+    for (int m = 0; m + 1 < p->n_moe; m++) {
+        json_t *t = json_object();
+        json_object_set_new(t, "from", json_integer(p->moe_layer[m]));
+        json_object_set_new(t, "to", json_integer(p->moe_layer[m + 1]));
+        json_object_set_new(t, "counts", int_matrix(p->trans + m * E * E, E));
+        json_array_append_new(trans, t);
+    }
+    json_object_set_new(o, "layers", layers);
+    json_object_set_new(o, "transitions", trans);
+    struct moetax_outfile *out;
+    moetax_status st = moetax_outfile_open(path, &out);
+    if (!st) {
+        if (json_dumpf(o, moetax_outfile_file(out), JSON_COMPACT) != 0 || fputc('\n', moetax_outfile_file(out)) == EOF) {
+            moetax_outfile_abort(out);
+            st = moetax_error(MOETAX_ERR_IO, "%s: writing the profile failed", path);
+        } else {
+            st = moetax_outfile_commit(out);
+        }
+    }
+    json_decref(o);
+    return st;
+}
+
+static moetax_status bad(const char *path, const char *where, const char *what) {
+    return moetax_error(MOETAX_ERR_FORMAT, "%s: %s: %s", path, where, what);
+}
+
+/* n non-negative integers of array a into v */
+static moetax_status get_row(const char *path, const char *where, const json_t *a, int64_t n, int64_t *v) {
+    if (!json_is_array(a) || (int64_t)json_array_size(a) != n) {
+        char what[64];
+        snprintf(what, sizeof what, "expected an array of %lld counts", (long long)n);
+        return bad(path, where, what);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(a, (size_t)i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0) return bad(path, where, "expected counts >= 0");
+        v[i] = json_integer_value(x);
+    }
+    return MOETAX_OK;
+}
+
+static moetax_status get_matrix(const char *path, const char *where, const json_t *a, int64_t n, int64_t *v) {
+    if (!json_is_array(a) || (int64_t)json_array_size(a) != n) return bad(path, where, "expected an E x E array");
+    moetax_status st = MOETAX_OK;
+    for (int64_t i = 0; i < n && !st; i++) st = get_row(path, where, json_array_get(a, (size_t)i), n, v + i * n);
+    return st;
+}
+
+moetax_status moetax_profile_load(const char *path, struct moetax_profile **out) {
+    *out = NULL;
+    json_error_t je;
+    json_t *o = json_load_file(path, 0, &je);
+    if (!o) return moetax_error(MOETAX_ERR_FORMAT, "%s: line %d: not valid JSON: %s", path, je.line, je.text);
+    moetax_status st = MOETAX_OK;
+    struct moetax_profile *p = NULL;
+    const json_t *layers = json_object_get(o, "layers"), *trans = json_object_get(o, "transitions");
+    const json_int_t E = json_integer_value(json_object_get(o, "n_expert"));
+    const json_int_t k = json_integer_value(json_object_get(o, "n_expert_used"));
+    const json_int_t L = json_integer_value(json_object_get(o, "n_layer"));
+    if (json_integer_value(json_object_get(o, "moetax_profile")) != 1) st = bad(path, "moetax_profile", "expected 1");
+    else if (!json_is_array(layers) || json_array_size(layers) < 1) st = bad(path, "layers", "expected an array of MoE layers");
+    else if (E < 1 || E > 1 << 16 || k < 1 || k > E || L < 1 || L > 1 << 16)
+        st = bad(path, "n_expert / n_expert_used / n_layer", "out of range");
+    else if (!json_is_array(trans) || json_array_size(trans) + 1 != json_array_size(layers))
+        st = bad(path, "transitions", "expected one per pair of consecutive MoE layers");
+    const int n_moe = st ? 0 : (int)json_array_size(layers);
+    int *ml = st ? NULL : malloc(sizeof(int) * (size_t)n_moe);
+    if (!st && !ml) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    for (int m = 0; !st && m < n_moe; m++) {
+        const json_int_t l = json_integer_value(json_object_get(json_array_get(layers, (size_t)m), "layer"));
+        if (l < 0 || l >= L || (m > 0 && l <= ml[m - 1])) st = bad(path, "layers[].layer", "expected ascending layers");
+        else ml[m] = (int)l;
+    }
+    const char *model = json_string_value(json_object_get(o, "model"));
+    if (!st) st = moetax_profile_new(model, (int)L, ml, n_moe, (int)E, (int)k, &p);
+    for (int m = 0; !st && m < n_moe; m++) {
+        const json_t *l = json_array_get(layers, (size_t)m);
+        char w[64];
+        snprintf(w, sizeof w, "layers[%d].freq", m);
+        st = get_row(path, w, json_object_get(l, "freq"), E, p->freq + m * E);
+        const json_t *co = json_object_get(l, "co");
+        snprintf(w, sizeof w, "layers[%d].co", m);
+        if (!st && p->co && co && !json_is_null(co)) st = get_matrix(path, w, co, E, p->co + m * E * E);
+    }
+    for (int m = 0; !st && m + 1 < n_moe; m++) {
+        char w[64];
+        snprintf(w, sizeof w, "transitions[%d].counts", m);
+        st = get_matrix(path, w, json_object_get(json_array_get(trans, (size_t)m), "counts"), E, p->trans + m * E * E);
+    }
+    if (!st) p->tokens = json_integer_value(json_object_get(o, "tokens"));
+    free(ml);
+    json_decref(o);
+    if (st) {
+        moetax_profile_free(p);
+        return st;
+    }
+    *out = p;
+    return MOETAX_OK;
+}

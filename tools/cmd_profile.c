@@ -1,0 +1,118 @@
+/* cmd_profile.c - `moetax profile -m FILE -f TEXT|DIR [-o PROFILE]`: runs text
+ * through the model and writes a routing profile (moetax/profile.h): per MoE
+ * layer how often each expert is chosen and with which others, and which
+ * experts of the next MoE layer follow each one. `moetax report PROFILE` shows
+ * it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "moetax/model.h"
+#include "moetax/profile.h"
+#include "moetax/tokenizer.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: moetax profile [-m FILE] -f TEXT|DIR [-o PROFILE.json] [-c N] [--max-tokens N] [-t N]\n"
+               "                      [--experts-used K]\n\n"
+               "Runs the text (a file, or every regular file of a folder, each from BOS) through the model in\n"
+               "windows of -c tokens (default 256) and writes its routing profile: per MoE layer the experts'\n"
+               "frequencies and co-selections, and the transitions from each MoE layer's experts to the\n"
+               "next one's (JSON; see include/moetax/profile.h). `moetax report PROFILE` shows it as heat maps.\n"
+               "  -o FILE          the profile (default profile.json)\n"
+               "  --max-tokens N   stop after N tokens\n"
+               CLI_MAX_INPUT_HELP);
+}
+
+int cmd_profile(int argc, char **argv) {
+    const char *model = NULL, *input = NULL, *out = "profile.json";
+    int64_t n_threads = 0, ctx = 256, max_tokens = 0;
+    int k_ctx = 0;
+    uint64_t max_input = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        bool err = false;
+        if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+        else if (cli_opt(argc, argv, &i, "-m", "--model", &model, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, "-f", "--file", &input, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, "-o", "--output", &out, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, "-c", "--ctx", &v, &err)) {
+            if (err || !cli_parse_i64(v, &ctx) || ctx < 1 || ctx > 1 << 16) return cli_usage_error("profile", "-c: 1..65536");
+        } else if (cli_opt(argc, argv, &i, NULL, "--max-tokens", &v, &err)) {
+            if (err || !cli_parse_i64(v, &max_tokens) || max_tokens < 1) return cli_usage_error("profile", "--max-tokens: >= 1");
+        } else if (cli_opt(argc, argv, &i, "-t", "--threads", &v, &err)) {
+            if (err || !cli_parse_i64(v, &n_threads) || n_threads < 1 || n_threads > 512)
+                return cli_usage_error("profile", "-t: 1..512");
+        } else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
+            if (err || !cli_parse_experts_used(v, &k_ctx)) return cli_usage_error("profile", "--experts-used: 1..256");
+        } else if (cli_max_input_opt("profile", argc, argv, &i, &max_input, &err)) { if (err) return 2; }
+        else return cli_usage_error("profile", "unknown option '%s'", argv[i]);
+    }
+    if (!input) return cli_usage_error("profile", "no text given (-f FILE or -f DIR)");
+    const char *outs[1] = {out};
+    moetax_status st = cli_check_outputs(outs, 1);
+    if (st) return cli_usage_error("profile", "%s", moetax_last_error());
+    if (!model) model = cli_default_model_path();
+    char **files = NULL;
+    int n_files = 0;
+    if ((st = cli_list_inputs(input, &files, &n_files))) return cli_fail("profile", st);
+    struct moetax_model *m = NULL;
+    struct moetax_tokenizer *tok = NULL;
+    struct moetax_ctx *c = NULL;
+    struct moetax_profile *prof = NULL;
+    int32_t *ids = NULL;
+    int moe[4096], n_moe = 0;
+    const int32_t *routes[4096];
+    const double t0 = cli_now();
+    if ((st = moetax_model_load(model, &m))) goto done;
+    if ((st = moetax_model_check_experts_used(m, k_ctx))) goto done;
+    if ((st = moetax_tokenizer_load(m->gguf, &tok))) goto done;
+    for (int l = 0; l < m->hp.n_layer && n_moe < 4096; l++)
+        if (m->layers[l].is_moe) moe[n_moe++] = l;
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx};
+    if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
+    const char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
+    if ((st = moetax_profile_new(base, m->hp.n_layer, moe, n_moe, m->hp.n_expert, moetax_ctx_n_expert_used(c), &prof)))
+        goto done;
+    const int64_t U = moetax_ctx_n_ubatch(c);
+    const bool bos = moetax_tokenizer_add_bos(tok) && moetax_tokenizer_bos(tok) >= 0;
+    for (int f = 0; f < n_files && !st && !(max_tokens && prof->tokens >= max_tokens); f++) {
+        char *text;
+        size_t len;
+        if ((st = cli_read_file(files[f], max_input, &text, &len))) break;
+        int64_t n = 0;
+        free(ids);
+        if (!(ids = malloc(sizeof(int32_t) * (len + 2)))) { free(text); st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
+        st = moetax_tokenizer_encode(tok, text, len, bos, ids, (int64_t)len + 2, &n);
+        free(text);
+        /* windows of ctx tokens from an empty cache, each chunk of U tokens read back from the routing */
+        for (int64_t w0 = 0; !st && w0 < n && !(max_tokens && prof->tokens >= max_tokens); w0 += ctx) {
+            moetax_ctx_reset(c);
+            const int64_t w1 = w0 + ctx < n ? w0 + ctx : n;
+            for (int64_t i = w0; !st && i < w1; i += U) {
+                int64_t nb = w1 - i < U ? w1 - i : U;
+                if (max_tokens && prof->tokens + nb > max_tokens) nb = max_tokens - prof->tokens;
+                if (nb <= 0) break;
+                if ((st = moetax_ctx_eval(c, ids + i, nb, NULL, false))) break;
+                for (int q = 0; q < n_moe; q++) routes[q] = moetax_ctx_routing(c, moe[q], NULL, NULL);
+                st = moetax_profile_add(prof, nb, routes);
+            }
+        }
+    }
+    if (!st && prof->tokens == 0) st = moetax_error(MOETAX_ERR_ARG, "%s: no tokens to profile", input);
+    if (!st) st = moetax_profile_write(prof, out);
+    if (!st)
+        fprintf(stderr, "moetax profile: %lld tokens of %d file%s through %d MoE layers (%d experts, %d used) in %.1f s: "
+                "%s (moetax report %s)\n", (long long)prof->tokens, n_files, n_files == 1 ? "" : "s", n_moe,
+                m->hp.n_expert, prof->n_expert_used, cli_now() - t0, out, out);
+done:
+    free(ids);
+    moetax_profile_free(prof);
+    moetax_ctx_free(c);
+    moetax_tokenizer_free(tok);
+    moetax_model_free(m);
+    for (int f = 0; f < n_files; f++) free(files[f]);
+    free(files);
+    return st ? cli_fail("profile", st) : 0;
+}
