@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+# ctest-labels: mpi
+"""test_mpi.py - expert parallelism over MPI (src/dist/dist.h), oversubscribed on one machine:
+np 1 and np 2 give the single process's greedy tokens and bit-identical logits (the default,
+exact combine) on the tiny preset and the trained default model, prefill and step by step;
+MOETAX_MPI_COMBINE=allreduce gives the same tokens and logits within its tolerance; a rank that
+cannot load its model makes every rank exit non-zero, within a bounded time, with a message
+naming the rank; a different model file (header and tensor table) on one rank is detected at
+start-up. SKIP without mpirun or without an MPI build.
+
+usage: test_mpi.py MOETAX_BIN WORKDIR
+"""
+import array
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_MODEL = os.path.join(ROOT, "models", "pycode-20m-q8_0.gguf")
+TOKENS = "1,5,9,13,17,21,25,29,33,37,41,45,49,53,57"
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+TIMEOUT = 120  # a hang is a failure, never a stuck suite
+
+
+def run(args, env=ENV, timeout=TIMEOUT):
+    return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=timeout, env=env)
+
+
+def mpirun(np, args, env=ENV, timeout=TIMEOUT):
+    return run(["mpirun", "--oversubscribe", "-np", str(np)] + args, env=env, timeout=timeout)
+
+
+def floats(path):
+    with open(path, "rb") as f:
+        return array.array("f", f.read())
+
+
+def main():
+    moetax, work = sys.argv[1], sys.argv[2]
+    work = os.path.join(work, "mpi")
+    os.makedirs(work, exist_ok=True)
+    if not shutil.which("mpirun"):
+        print("SKIP: mpirun is not installed (Debian: openmpi-bin)")
+        return 0
+    tiny = os.path.join(work, "tiny.gguf")
+    r = run([moetax, "gen", "--preset", "tiny", "-o", tiny])
+    check(r.returncode == 0, f"gen tiny: {r.stderr[-300:]}")
+    probe = mpirun(2, [moetax, "eval", "-m", tiny, "--tokens", "1,2", "--decode", "1"])
+    if "built without MPI" in probe.stderr:
+        print("SKIP: moetax was built without MPI")
+        return 0
+    check(probe.returncode == 0, f"np 2 eval runs: {probe.stderr[-500:]}")
+
+    # tokens and logits: np 1, np 2 against the process without mpirun
+    for model in (tiny, DEFAULT_MODEL):
+        name = os.path.basename(model)
+        for mode in ([], ["--step-by-step"]):
+            base = [moetax, "eval", "-m", model, "--tokens", TOKENS, "--decode", "8", "-t", "1"] + mode
+            ref = os.path.join(work, "ref.f32")
+            r0 = run(base + ["--out", ref], env=dict(os.environ))
+            check(r0.returncode == 0, f"{name} {mode}: single process: {r0.stderr[-300:]}")
+            a = floats(ref)
+            for np, combine in ((1, "gather"), (2, "gather"), (2, "allreduce")):
+                got = os.path.join(work, f"got{np}{combine}.f32")
+                r = mpirun(np, base + ["--out", got], env=dict(ENV, MOETAX_MPI_COMBINE=combine))
+                what = f"{name} {' '.join(mode) or 'prefill'} np {np} {combine}"
+                check(r.returncode == 0, f"{what}: runs: {r.stderr[-500:]}")
+                if r.returncode:
+                    continue
+                check(r.stdout == r0.stdout, f"{what}: the greedy tokens of the single process")
+                b = floats(got)
+                if combine == "gather":
+                    check(a.tobytes() == b.tobytes(), f"{what}: logits bit-identical")
+                else:
+                    span = max(a) - min(a)
+                    diff = max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) else float("inf")
+                    check(diff <= 1e-4 * span, f"{what}: logits within 1e-4 of their range ({diff:g} of {span:g})")
+
+    # run: rank 0 alone prints, the text of the single process
+    args = [moetax, "run", "-m", DEFAULT_MODEL, "-p", "def main(", "-n", "16", "--temp", "0", "-t", "1"]
+    r0 = run(args, env=dict(os.environ))
+    r2 = mpirun(2, args)
+    check(r2.returncode == 0 and r2.stdout == r0.stdout and r0.stdout.strip(),
+          f"run np 2: the single process's text once ({r2.stdout!r} vs {r0.stdout!r})")
+
+    # a rank that fails to load: every rank exits non-zero, naming it, in bounded time
+    t0 = time.monotonic()
+    sh = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then m=/nonexistent/rank1.gguf; else m="$0"; fi; '
+          'exec "$1" eval -m "$m" --tokens 1,2 --decode 2')
+    r = mpirun(2, ["sh", "-c", sh, tiny, moetax], timeout=60)
+    el = time.monotonic() - t0
+    check(r.returncode != 0, "a rank that cannot load: non-zero exit")
+    check("rank 1" in r.stderr and "rank1.gguf" in r.stderr, f"the message names rank 1 and its file: {r.stderr[-600:]}")
+    check(el < 30, f"and comes within 30 s ({el:.1f} s)")
+
+    # a different model file on one rank: detected at start-up
+    tiny2 = os.path.join(work, "tiny-v3.gguf")
+    r = run([moetax, "gen", "--preset", "tiny-v3", "-o", tiny2])  # other metadata: another header
+    check(r.returncode == 0, f"gen a second tiny model: {r.stderr[-300:]}")
+    sh = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then m="$1"; else m="$0"; fi; '
+          'exec "$2" eval -m "$m" --tokens 1,2 --decode 2')
+    r = mpirun(2, ["sh", "-c", sh, tiny, tiny2, moetax], timeout=60)
+    check(r.returncode != 0 and "differs from rank 0's" in r.stderr,
+          f"mismatched model files are an error naming the rank: {r.returncode} {r.stderr[-600:]}")
+    return summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
