@@ -52,6 +52,13 @@ int moetax_dist_init(int *argc, char ***argv) {
 
 void moetax_dist_finalize(int rc) {
     if (!g_world) return;
+    const struct moetax_dist *d = g_world;
+    if (d->size > 1 && d->n_collectives)
+        fprintf(stderr, "moetax: rank %d of %d: %llu combines (%s), %.3f MB sent, %.3f MB received (%.1f KB per "
+                "combine), comm %.3f s, wait %.3f s (MPI_Barrier before each)\n", d->rank, d->size,
+                (unsigned long long)d->n_collectives, d->combine ? "allreduce" : "gather", (double)d->bytes_sent / 1e6,
+                (double)d->bytes_recv / 1e6, (double)d->bytes_recv / 1e3 / (double)d->n_collectives,
+                (double)d->ns_comm / 1e9, (double)d->ns_wait / 1e9);
     fflush(stdout);
     fflush(stderr);
     if (rc) MPI_Abort(MPI_COMM_WORLD, rc); /* a rank that quits must not leave the others waiting */
