@@ -144,6 +144,16 @@ def main():
         check(r.returncode == 0 and "busiest quarter" in r.stdout and os.path.getsize(page) > 2000, f"report PROFILE: {r.stderr}")
         r = run([mt, "report", prof, "--json"])
         check(r.returncode == 0 and len(json.loads(r.stdout)["layers"]) == len(d["layers"]), "report PROFILE --json")
+        # --warm: the store filled from the profile gives the same greedy text; a profile of another shape is refused
+        outs = []
+        for extra in ([], ["--warm", prof]):
+            r = run([mt, "run", "-m", DEFAULT_MODEL, "-p", "def main(", "-n", "16", "--temp", "0", "--expert-budget", "25%"]
+                    + extra)
+            outs.append(r.stdout if r.returncode == 0 else None)
+            check(r.returncode == 0, f"run --expert-budget 25% {extra}: {r.stderr[-300:]}")
+        check(outs[0] is not None and outs[0] == outs[1], "--warm changes no token")
+        r = run([mt, "run", "-m", tiny, "-p", "x", "-n", "2", "--expert-budget", "50%", "--warm", prof])
+        check(r.returncode != 0 and "--warm" in r.stderr and "layers" in r.stderr, f"--warm of another model: {r.stderr}")
     r = run([mt, "profile", "-m", DEFAULT_MODEL, "-f", txt2, "-o", "/dev/null"])
     check(r.returncode == 2 and "/dev/null" in r.stderr, f"profile -o /dev/null is refused: {r.stderr}")
 

@@ -855,6 +855,45 @@ static void test_read_log(uint64_t sb) {
     moetax_store_free(s);
 }
 
+/* A warm start: three experts of a store of three slots read before any acquire (a
+ * fourth dropped: no slot), all there at once, each acquire a hit and a used prefetch;
+ * a prior makes next-use keep the expert it says is used most. */
+static void test_warm(uint64_t sb) {
+    struct moetax_store *s = NULL;
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 3 * sb, .policy = MOETAX_STORE_NEXT_USE},
+                            &s), MOETAX_OK);
+    if (!s) return;
+    const int32_t wl[4] = {0, 1, 1, 2}, we[4] = {2, 0, 3, 1};
+    CHECK_EQ_INT(moetax_store_warm(s, wl, we, 4), MOETAX_OK);
+    struct moetax_store_stats st;
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.loads, 3);
+    CHECK_EQ_INT(st.prefetch_dropped, 1);
+    CHECK_EQ_INT(st.acquires, 0);
+    const void *ptrs[4] = {0};
+    for (int i = 0; i < 3; i++) {
+        uint64_t waited = 1;
+        CHECK_EQ_INT(moetax_store_acquire(s, wl[i], we[i], ptrs, &waited), MOETAX_OK);
+        CHECK(same_bytes(wl[i], we[i], ptrs) && waited == 0);
+        moetax_store_release(s, wl[i], we[i]);
+    }
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.hits, 3);
+    CHECK_EQ_INT(st.prefetch_used, 3);
+    /* the prior: at layer 1 expert 0 is used by every pass, expert 3 by none; a new expert of layer 1
+     * then evicts 3 (or the layer-0 / layer-2 one), never 0 */
+    double share[NE];
+    for (int e = 0; e < NE; e++) share[e] = e == 0 ? 1.0 : 0.0;
+    moetax_store_set_prior(s, 1, share, 100);
+    uint64_t waited = 0;
+    CHECK_EQ_INT(moetax_store_acquire(s, 1, 5, ptrs, &waited), MOETAX_OK);
+    moetax_store_release(s, 1, 5);
+    CHECK_EQ_INT(moetax_store_acquire(s, 1, 0, ptrs, &waited), MOETAX_OK);
+    CHECK_EQ_INT(waited, 0);
+    moetax_store_release(s, 1, 0);
+    moetax_store_free(s);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     make_file();
@@ -864,6 +903,7 @@ int main(int argc, char **argv) {
     test_next_use(sb);
     test_belady();
     test_prefetch(sb);
+    test_warm(sb);
     test_read_log(sb);
     test_faults(sb);
     test_bytes(sb, 300);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "moetax/profile.h"
 
 bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool *err) {
     const char *v = NULL;
@@ -26,6 +27,7 @@ bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool
         if (!*err) o->io_threads = (int)n;
         return true;
     }
+    if (cli_opt(argc, argv, i, NULL, "--warm", &o->warm, err)) return true;
     if (!strcmp(argv[*i], "--no-prefetch")) { o->no_prefetch = true; return true; }
     if (!strcmp(argv[*i], "--buffered-io")) { o->buffered = true; return true; }
     return false;
@@ -44,7 +46,10 @@ const char *cli_store_help(void) {
            "  --no-prefetch        read each expert only when a work item needs it (no early reads of the\n"
            "                       layer's experts, no prediction for the next layer)\n"
            "  --buffered-io        read through the page cache instead of O_DIRECT\n"
-           "  --io-threads N       I/O workers, i.e. reads in flight (default 4)\n";
+           "  --io-threads N       I/O workers, i.e. reads in flight (default 4)\n"
+           "  --warm PROFILE       a warm start from a routing profile (moetax profile): before the first\n"
+           "                       token the store is filled with the experts the profile uses most, and\n"
+           "                       the eviction policy takes its frequencies as a prior (16 tokens' weight)\n";
 }
 
 uint64_t cli_store_expert_bytes(const struct moetax_model *m) {
@@ -117,7 +122,58 @@ moetax_status cli_store_open(const struct moetax_model *m, const struct cli_stor
                              int *n_ubatch, struct moetax_store **out) {
     struct moetax_store_params p = {.budget_bytes = budget, .policy = cli_store_policy(o), .buffered_io = o->buffered,
                                     .n_io_threads = o->io_threads, .read_log_cap = o->read_log_cap};
-    return moetax_model_store_open(m, &p, *n_ubatch, o->n_expert_used, out, n_ubatch);
+    moetax_status st = moetax_model_store_open(m, &p, *n_ubatch, o->n_expert_used, out, n_ubatch);
+    if (!st && o->warm && (st = cli_store_warm(m, *out, o->warm))) {
+        moetax_store_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+/* The share of a layer's tokens that use an expert, from a profile; the experts ranked by it,
+ * all layers together, fill the store's slots (most used first); the shares are the prior. */
+moetax_status cli_store_warm(const struct moetax_model *m, struct moetax_store *s, const char *path) {
+    struct moetax_profile *p;
+    moetax_status st = moetax_profile_load(path, &p);
+    if (st) return st;
+    const int E = p->n_expert;
+    if (p->n_layer != m->hp.n_layer || E != m->hp.n_expert || p->tokens < 1) {
+        st = moetax_error(MOETAX_ERR_ARG, "--warm %s: a profile of %d layers x %d experts (%lld tokens), the model has "
+                          "%d x %d", path, p->n_layer, E, (long long)p->tokens, m->hp.n_layer, m->hp.n_expert);
+        moetax_profile_free(p);
+        return st;
+    }
+    const int n = p->n_moe * E;
+    double *share = malloc(sizeof(double) * (size_t)n);
+    int32_t *order = malloc(sizeof(int32_t) * (size_t)n), *layers = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *experts = malloc(sizeof(int32_t) * (size_t)n);
+    if (!share || !order || !layers || !experts) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    for (int q = 0; !st && q < n; q++) {
+        share[q] = (double)p->freq[q] / (double)p->tokens;
+        order[q] = q;
+    }
+    for (int q = 1; !st && q < n; q++) { /* insertion sort, most used first (n is small: layers x experts) */
+        int32_t v = order[q];
+        int r = q - 1;
+        while (r >= 0 && share[order[r]] < share[v]) { order[r + 1] = order[r]; r--; }
+        order[r + 1] = v;
+    }
+    const int fill = !st && moetax_store_n_slots(s) < n ? moetax_store_n_slots(s) : n;
+    for (int q = 0; !st && q < fill; q++) {
+        layers[q] = p->moe_layer[order[q] / E];
+        experts[q] = order[q] % E;
+    }
+    for (int mi = 0; !st && mi < p->n_moe; mi++) {
+        const double w = p->tokens < 16 ? (double)p->tokens : 16.0; /* a light prior: live counts soon outweigh it */
+        moetax_store_set_prior(s, p->moe_layer[mi], share + (size_t)mi * E, w);
+    }
+    if (!st) st = moetax_store_warm(s, layers, experts, fill);
+    free(share);
+    free(order);
+    free(layers);
+    free(experts);
+    moetax_profile_free(p);
+    return st;
 }
 
 void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens) {

@@ -19,6 +19,7 @@ struct cli_store_opts {
     bool buffered;
     int io_threads;
     int64_t read_log_cap;  /* reads kept for the trace's I/O tracks (set with --trace); 0: none */
+    const char *warm;      /* --warm PROFILE: fill the store from a routing profile and take it as the prior */
 };
 
 bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool *err);
@@ -36,6 +37,8 @@ bool cli_store_parse_budget(const char *s, uint64_t expert_bytes, uint64_t *out)
 /* Open the store for a budget; *n_ubatch is fitted to it. */
 moetax_status cli_store_open(const struct moetax_model *m, const struct cli_store_opts *o, uint64_t budget,
                              int *n_ubatch, struct moetax_store **out);
+/* --warm PROFILE on an open store (cli_store_open does it when o->warm is set). */
+moetax_status cli_store_warm(const struct moetax_model *m, struct moetax_store *s, const char *path);
 /* One-paragraph summary (hit rate, prefetch precision, bytes, GB/s; with tokens > 0 also MiB read and
  * stall ms per token). */
 void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens);

@@ -214,6 +214,17 @@ int moetax_store_n_slots(const struct moetax_store *s); /* 0 before commit */
 #define MOETAX_STORE_PREDICT_MAX_IO_BUSY 0.5
 void moetax_store_prefetch(struct moetax_store *s, int layer, const int32_t *experts, int n, bool predicted);
 
+/* A warm start (before the first acquire): read experts[i] of layers[i], in that order,
+ * into free slots, and wait until every read is done. Reads past the free slots are
+ * dropped (counted as prefetch_dropped); the reads count as prefetches (issued, and used
+ * when acquired before eviction). MOETAX_ERR_IO if one failed (the first error). */
+moetax_status moetax_store_warm(struct moetax_store *s, const int32_t *layers, const int32_t *experts, int n);
+/* A prior for the eviction policies from a routing profile: share[e] = the share of the
+ * layer's passes (decoded tokens) that use expert e, as if seen over `weight` passes
+ * (next-use: uses and passes; LFU: its counts; LFRU: its recency-frequency). Live
+ * statistics then add to it and age it as their own. */
+void moetax_store_set_prior(struct moetax_store *s, int layer, const double *share, double weight);
+
 /* Block until (layer, e) is resident and pin it until release. ptrs[i] gets
  * the address of registered range i in RAM (valid while pinned). *waited_ns
  * (optional) gets the ns this call waited: the caller books it to the ledger

@@ -758,6 +758,32 @@ void moetax_store_release(struct moetax_store *s, int layer, int e) {
     pthread_mutex_unlock(&s->mu);
 }
 
+moetax_status moetax_store_warm(struct moetax_store *s, const int32_t *layers, const int32_t *experts, int n) {
+    if (!s->committed) return moetax_error(MOETAX_ERR_ARG, "expert store: warm start before commit");
+    for (int i = 0; i < n; i++) moetax_store_prefetch(s, layers[i], &experts[i], 1, false);
+    moetax_status st = MOETAX_OK;
+    pthread_mutex_lock(&s->mu);
+    while (s->pending > 0) pthread_cond_wait(&s->cv, &s->mu);
+    for (int i = 0; i < s->n_slots && !st; i++)
+        if (s->slots[i].state == SLOT_ERROR) st = moetax_error(MOETAX_ERR_IO, "%s", s->slots[i].err);
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+void moetax_store_set_prior(struct moetax_store *s, int layer, const double *share, double weight) {
+    if (layer < 0 || layer >= s->n_layer || !(weight > 0)) return;
+    pthread_mutex_lock(&s->mu);
+    s->pass_w[layer] = weight;
+    for (int e = 0; e < s->n_expert; e++) {
+        struct expert *x = &s->ex[layer * s->n_expert + e];
+        const double u = share[e] > 0 ? (share[e] < 1 ? share[e] : 1) * weight : 0;
+        x->uses = u;
+        x->freq = (uint32_t)(u + 0.5);
+        x->crf = u;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
 void moetax_store_prefetch(struct moetax_store *s, int layer, const int32_t *experts, int n, bool predicted) {
     if (!s->committed || layer < 0 || layer >= s->n_layer) return;
     pthread_mutex_lock(&s->mu);
