@@ -28,7 +28,11 @@ struct bench_batch_opts {
     float capacity_factor;
     enum moetax_overflow overflow;
     const struct cli_ledger_opts *lo; /* --ledger / --trace: one ledger for every B */
+    const int32_t *text;              /* -f TEXT: the sequences' tokens (NULL: pseudo-random ids) */
+    int64_t n_text;
 };
+/* bench_model.c: the tokens of a text file with the model's tokenizer (-f). */
+moetax_status bench_text_tokens(const char *model, const char *path, int32_t **out, int64_t *n);
 moetax_status bench_batch_run(const char *path, struct moetax_pool *pool, double read_gbps,
                               const struct bench_batch_opts *o);
 

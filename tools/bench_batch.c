@@ -23,6 +23,14 @@
 #include "moetax/pool.h"
 
 /* One B: reps repetitions (after a warm-up) of prefill + n_gen decode steps. */
+/* Token i of sequence s in repetition r: from the text (-f; each sequence its own stretch, fresh
+ * each repetition) or pseudo-random. */
+static int32_t tok_at(const struct bench_batch_opts *o, int64_t V, int64_t r, int s, int B, int64_t i) {
+    const int64_t span = o->n_prompt + o->n_gen + 1;
+    if (o->text) return o->text[(((r + 1) * B + s) * span + i) % o->n_text];
+    return (int32_t)((i * 7919 + s * 104729 + (r + 1) * 15485863LL + 13) % V);
+}
+
 /* shared: one ledger for every B (--ledger / --trace), else each B its own. */
 static moetax_status one_batch(const struct moetax_model *m, const char *base, struct moetax_pool *pool,
                                struct moetax_membw_probe *probe, double read_gbps, const struct bench_batch_opts *o,
@@ -66,8 +74,7 @@ static moetax_status one_batch(const struct moetax_model *m, const char *base, s
         moetax_batch_clear(&b);
         for (int64_t i = 0; i < (np > 0 ? np : 1) && !st; i++)
             for (int s = 0; s < B && !st; s++)
-                st = moetax_batch_add(&b, (int32_t)((i * 7919 + s * 104729 + (r + 1) * 15485863LL + 13) % V), (int32_t)i,
-                                      s, i == (np > 0 ? np : 1) - 1);
+                st = moetax_batch_add(&b, tok_at(o, V, r, s, B, i), (int32_t)i, s, i == (np > 0 ? np : 1) - 1);
         if (!st) st = moetax_ctx_decode(c, &b);
         double bw = 0;
         if (probe && r >= 0) moetax_membw_probe_pass(probe, &bw);
@@ -81,8 +88,7 @@ static moetax_status one_batch(const struct moetax_model *m, const char *base, s
             moetax_batch_clear(&b);
             const int64_t pos = (np > 0 ? np : 1) + j;
             for (int s = 0; s < B && !st; s++)
-                st = moetax_batch_add(&b, (int32_t)((pos * 7919 + s * 104729 + (r + 1) * 15485863LL + 29) % V),
-                                      (int32_t)pos, s, true);
+                st = moetax_batch_add(&b, tok_at(o, V, r, s, B, pos), (int32_t)pos, s, true);
             moetax_ledger_moe_totals(led, true, &mb);
             double a = cli_now();
             if (!st) st = moetax_ctx_decode(c, &b);

@@ -25,6 +25,7 @@
 #include "moetax/membw.h"
 #include "moetax/model.h"
 #include "moetax/pool.h"
+#include "moetax/tokenizer.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax bench -m FILE [-p 64,512] [-n 32,128] [-t 1,2] [-r REPS] [--json] [--no-mem] [--no-mmap]\n"
@@ -47,6 +48,9 @@ static void usage(FILE *f) {
                "  --experts-used K  route each token to K experts instead of the file's count (run-time\n"
                "                 top-k; active bytes count K; see 'moetax perplexity --experts-used' for quality)\n"
                "  --twin FILE    also run the dense twin (moetax gen --dense-twin-of) and compare\n"
+               "  -f TEXT        feed the tests the tokens of this text (the model's tokenizer), fresh text each\n"
+               "                 repetition (wrapping around), instead of pseudo-random token ids: real routing\n"
+               "                 locality for --expert-budget and --batch (decode feeds the text, not samples)\n"
                "  --batch LIST   instead of ppN/tgN: B sequences decode together for each B (e.g. 1,2,4,8,16),\n"
                "                 each with its own prompt of -p tokens (prefilled first, together), then -n steps\n"
                "                 of one token per sequence, like llama-batched-bench; per B: aggregate t/s, TPOT\n"
@@ -85,6 +89,8 @@ struct opts {
     int experts_used;    /* --experts-used: run-time top-k (0: the model's) */
     bool no_mmap;        /* --no-mmap: private copies in 2 MiB pages */
     enum moetax_type kv_type; /* --cache-type */
+    const int32_t *text;      /* -f TEXT: the tests' tokens, fresh text each repetition (NULL: pseudo-random ids) */
+    int64_t n_text;
 };
 
 struct result {
@@ -133,7 +139,8 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     }
     if (read_gbps > 0 && !o->budget && o->ntg > 0 && (st = moetax_membw_probe_new(pool, (size_t)512 << 20, &probe)))
         goto done;
-    for (int64_t i = 0; i < max_tok; i++) toks[i] = (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
+    for (int64_t i = 0; i < max_tok; i++)
+        toks[i] = o->text ? o->text[i % o->n_text] : (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)max_tok + 1, .pool = pool, .n_expert_used = o->experts_used,
                                    .kv_type = o->kv_type};
     uint64_t budget = 0;
@@ -175,7 +182,8 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 /* each repetition its own tokens: the same ones again would find the expert
                  * store holding exactly what they route to (the repetition before loaded it) */
                 for (int64_t i = 0; i < max_tok; i++)
-                    toks[i] = (int32_t)((i * 7919 + 13 + (r + 1) * 104729) % m->hp.n_vocab);
+                    toks[i] = o->text ? o->text[((r + 1) * max_tok + i) % o->n_text]
+                                      : (int32_t)((i * 7919 + 13 + (r + 1) * 104729) % m->hp.n_vocab);
                 if (probe && kind == 1 && r >= 0) moetax_membw_probe_pass(probe, &bw);
                 moetax_ledger_enable(led, true);
                 moetax_ctx_reset(c);
@@ -343,6 +351,27 @@ done:
     return st;
 }
 
+/* The tokens of a text file with the model's tokenizer (-f): at least 2 of them. */
+moetax_status bench_text_tokens(const char *model, const char *path, int32_t **out, int64_t *n) {
+    struct moetax_gguf *g;
+    moetax_status st = moetax_gguf_open(model, &g);
+    if (st) return st;
+    struct moetax_tokenizer *tok = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    *out = NULL;
+    if (!(st = moetax_tokenizer_load(g, &tok)) && !(st = cli_read_file(path, 0, &text, &len))) {
+        if (!(*out = malloc(sizeof(int32_t) * (len + 2)))) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        else if (!(st = moetax_tokenizer_encode(tok, text, len, false, *out, (int64_t)len + 2, n)) && *n < 2)
+            st = moetax_error(MOETAX_ERR_ARG, "-f %s: fewer than 2 tokens of text", path);
+    }
+    if (st) { free(*out); *out = NULL; }
+    free(text);
+    moetax_tokenizer_free(tok);
+    moetax_gguf_close(g);
+    return st;
+}
+
 /* path with ".budget-B" before its extension, B the budget with '%' spelled "pct" */
 static const char *budget_path(char *buf, size_t cap, const char *path, const char *budget) {
     char b[64];
@@ -407,6 +436,7 @@ int bench_model_main(int argc, char **argv) {
     int64_t th[16] = {0};
     int nth = 0;
     struct bench_batch_opts bo = {.overflow = MOETAX_OVERFLOW_DROP};
+    const char *text_path = NULL;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;
@@ -430,6 +460,7 @@ int bench_model_main(int argc, char **argv) {
                 return cli_usage_error("bench", "--experts-used needs a count in 1..256");
             o.so.n_expert_used = o.lo.n_expert_used = o.experts_used;
         }
+        else if (cli_opt(argc, argv, &i, "-f", "--file", &text_path, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, NULL, "--batch", &v, &err)) {
             if (err || (bo.n_batch = cli_parse_int_list(v, bo.batch, 16)) <= 0)
                 return cli_usage_error("bench", "--batch: expected a list like 1,2,4,8,16");
@@ -451,6 +482,15 @@ int bench_model_main(int argc, char **argv) {
         else if (cli_ledger_opt(argc, argv, &i, &o.lo, &err)) { if (err) return 2; }
         else if (cli_store_opt(argc, argv, &i, &o.so, &err)) { if (err) return 2; }
         else return cli_usage_error("bench", "unknown option '%s'", argv[i]);
+    }
+    int32_t *text_ids = NULL;
+    if (text_path) { /* tokenized once, with the model's tokenizer */
+        if (!model) return cli_usage_error("bench", "no model given (-m FILE)");
+        moetax_status tst = bench_text_tokens(model, text_path, &text_ids, &o.n_text);
+        if (tst) return cli_fail("bench", tst);
+        o.text = text_ids;
+        bo.text = text_ids;
+        bo.n_text = o.n_text;
     }
     if (bo.n_batch) { /* B sequences together: its own table */
         if (!model) return cli_usage_error("bench", "no model given (-m FILE)");
@@ -479,6 +519,7 @@ int bench_model_main(int argc, char **argv) {
             if (!st) st = bench_batch_run(model, pool, o.mem ? read_gbps : 0, &bo);
             moetax_pool_free(pool);
         }
+        free(text_ids);
         return st ? cli_fail("bench", st) : 0;
     }
     if (bo.capacity_factor > 0) return cli_usage_error("bench", "--capacity-factor applies to --batch runs");
@@ -607,6 +648,7 @@ int bench_model_main(int argc, char **argv) {
         }
         moetax_pool_free(pool);
     }
+    free(text_ids);
     if (st) return cli_fail("bench", st);
     return 0;
 }
