@@ -1,5 +1,5 @@
 /*
- * moetax/model.h - a DeepSeek2 model bound from GGUF, and an inference context
+ * moetax/model.h - an MoE model (deepseek2, qwen3moe: src/model/arch_*.c) bound from GGUF, and an inference context
  * (KV cache, buffers, thread pool) that evaluates tokens.
  *
  * DESIGN
@@ -70,9 +70,24 @@ extern "C" {
 #endif
 
 struct moetax_pool;
+struct moetax_arch;
+
+/* The attention an architecture runs (src/attn/): MLA (deepseek2) or grouped-query. */
+enum moetax_attn_kind {
+    MOETAX_ATTN_MLA = 0,
+    MOETAX_ATTN_GQA = 1,
+};
+
+/* Where a GQA architecture applies its q/k RMSNorm (before RoPE). */
+enum moetax_qk_norm {
+    MOETAX_QK_NORM_NONE = 0,
+    MOETAX_QK_NORM_HEAD = 1, /* per head over head_dim: attn_q_norm / attn_k_norm {head_dim} (qwen3moe) */
+    MOETAX_QK_NORM_FULL = 2, /* over all heads' values: attn_q_norm {H*head_dim}, attn_k_norm {Hkv*head_dim} (olmoe) */
+};
 
 struct moetax_hparams {
     char arch[32];
+    enum moetax_attn_kind attn;
     int32_t n_vocab;
     int32_t n_ctx_train;
     int32_t n_embd;              /* d */
@@ -84,7 +99,13 @@ struct moetax_hparams {
     int32_t kv_lora_rank;
     int32_t n_embd_head_qk_nope;
     int32_t n_embd_head_qk_rope; /* rotated dims */
-    int32_t n_embd_head_v;
+    int32_t n_embd_head_v;       /* MLA: v head; GQA: V head dim */
+    /* GQA (attention.head_count_kv, key_length, rope.dimension_count; 0 for MLA) */
+    int32_t n_head_kv;           /* Hkv: query head h reads KV head h / (H / Hkv) */
+    int32_t n_embd_head_k;       /* K (and Q) head dim */
+    int32_t n_rot;               /* rotated dims per head (MLA: n_embd_head_qk_rope) */
+    int32_t rope_mode;           /* enum moetax_rope_mode (moetax/kernels.h): NORM or NEOX */
+    enum moetax_qk_norm qk_norm;
     int32_t n_expert;            /* E (0: dense model) */
     int32_t n_expert_used;       /* k */
     int32_t n_expert_shared;
@@ -102,7 +123,7 @@ struct moetax_hparams {
     float rope_attn_factor;
     float rope_beta_fast, rope_beta_slow;
     int32_t rope_n_ctx_orig;
-    float kq_scale;              /* mscale^2 / sqrt(nope + rope) */
+    float kq_scale;              /* MLA: mscale^2 / sqrt(nope + rope); GQA: 1 / sqrt(head_dim k) */
 };
 
 /* The one set of rules for the float hyper-parameters (src/model/hparams.c),
@@ -126,7 +147,9 @@ struct moetax_weight {
 struct moetax_layer {
     bool is_moe;
     float *attn_norm;                       /* [d] */
-    struct moetax_weight wq;                /* {d, H*(nope+rope)} when q_lora_rank == 0 */
+    struct moetax_weight wq;                /* MLA: {d, H*(nope+rope)} when q_lora_rank == 0; GQA: {d, H*hk} */
+    struct moetax_weight wk, wv;            /* GQA: {d, Hkv*hk}, {d, Hkv*hv} */
+    float *attn_q_norm, *attn_k_norm;       /* GQA: [hk] per head or [H*hk] / [Hkv*hk] full width, or NULL */
     struct moetax_weight wq_a;              /* {d, q_lora} */
     float *q_a_norm;                        /* [q_lora] */
     struct moetax_weight wq_b;              /* {q_lora, H*(nope+rope)} */
@@ -134,7 +157,7 @@ struct moetax_layer {
     float *kv_a_norm;                       /* [kv_lora] */
     struct moetax_weight wk_b;              /* {nope, kv_lora, H} */
     struct moetax_weight wv_b;              /* {kv_lora, v_head, H} */
-    struct moetax_weight wo;                /* {H*v_head, d} */
+    struct moetax_weight wo;                /* {H*v_head, d} (GQA: {H*hv, d}) */
     float *ffn_norm;                        /* [d] */
     /* dense FFN */
     struct moetax_weight ffn_gate, ffn_up;  /* {d, n_ff} */
@@ -157,6 +180,7 @@ struct moetax_model {
     struct moetax_weight output;            /* {d, n_vocab} (token_embd if absent) */
     struct moetax_layer *layers;            /* [n_layer] */
     bool has_q8_0, has_q4_0;                /* activation preparations needed */
+    const struct moetax_arch *arch;         /* internal: the architecture that bound it (src/model/arch.h) */
     void *owned;                            /* internal: owned F32 copies */
 };
 

@@ -203,6 +203,10 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     struct moetax_ctx *c = calloc(1, sizeof *c);
     if (!c) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     c->m = m;
+    if (hp->attn != MOETAX_ATTN_MLA) {
+        free(c);
+        return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: %s attention is not implemented yet", m->gguf->path, hp->arch);
+    }
     c->n_ctx = p && p->n_ctx > 0 ? p->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     c->n_ubatch = p && p->n_ubatch > 0 ? p->n_ubatch : 64;
     if (c->n_ubatch > c->n_ctx) c->n_ubatch = c->n_ctx;

@@ -1,6 +1,6 @@
 /*
  * hparams.c - the rules for the values of a model's float hyper-parameters, in
- * one place: the loader (deepseek2.c) applies them to what it derived from a
+ * one place: the loader (src/model/arch_*.c) applies them to what it derived from a
  * file, `moetax gen` (gen.c) to what it is about to write. A value outside its
  * range is refused with a message naming the metadata key, the value and the
  * range; the ranges are wide enough for every published DeepSeek2/V3 file and

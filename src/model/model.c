@@ -1,7 +1,9 @@
 /*
- * deepseek2.c - bind a deepseek2 GGUF file: hyper-parameters from the metadata
- * (as llama.cpp derives them, including the YaRN attention factor), every
- * tensor checked against the shape the metadata implies, weights used in place.
+ * model.c - load a model: the GGUF file mapped, the architecture chosen from
+ * general.architecture (src/model/arch.h: one file per architecture binds its
+ * hyper-parameters and layer tensors), the shared tensor binding (every tensor
+ * checked against the shape the metadata implies, weights used in place), the
+ * repacked copies, prefaulting and the expert store's registration.
  */
 #include <math.h>
 #include <pthread.h>
@@ -19,6 +21,7 @@
 #include "dist/dist.h"
 #endif
 #include "moetax/store.h"
+#include "model/arch.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
@@ -103,7 +106,7 @@ static bool expert_range(const struct moetax_model *m, int32_t *lo, int32_t *hi)
 
 static bool model_copies(const struct moetax_model *m) { return m->owned && ((struct owned *)m->owned)->copy_all; }
 
-static void *own(struct moetax_model *m, size_t bytes) {
+void *arch_own(struct moetax_model *m, size_t bytes) {
     struct owned *o = m->owned;
     if (o->n == o->cap) {
         size_t cap = o->cap ? 2 * o->cap : 64;
@@ -209,7 +212,7 @@ static moetax_status repack_weights(const struct moetax_model *m, struct moetax_
  * matrix too: token_embd itself stays as stored). */
 static moetax_status repack_resident(struct moetax_model *m) {
     struct owned *o = m->owned;
-    const int per_layer = 14;
+    const int per_layer = 16;
     struct moetax_weight **ws = malloc(sizeof *ws * (size_t)(1 + per_layer * m->hp.n_layer));
     if (!ws) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     int n = 0;
@@ -218,8 +221,8 @@ static moetax_status repack_resident(struct moetax_model *m) {
         struct moetax_layer *l = &m->layers[il];
         struct moetax_weight *lw[] = {&l->wq, &l->wq_a, &l->wq_b, &l->wkv_a, &l->wk_b, &l->wv_b, &l->wo,
                                       &l->ffn_gate, &l->ffn_up, &l->ffn_down, &l->gate_inp, &l->gate_sh,
-                                      &l->up_sh, &l->down_sh};
-        _Static_assert(sizeof lw / sizeof lw[0] == 14, "per_layer");
+                                      &l->up_sh, &l->down_sh, &l->wk, &l->wv};
+        _Static_assert(sizeof lw / sizeof lw[0] == 16, "per_layer");
         for (int i = 0; i < per_layer; i++)
             if (weight_repacked(m, lw[i])) ws[n++] = lw[i];
     }
@@ -314,13 +317,7 @@ void moetax_model_free(struct moetax_model *m) {
 
 /* ---- hyper-parameters ---------------------------------------------------------- */
 
-struct keys {
-    const struct moetax_gguf *g;
-    const char *arch;
-    moetax_status st;
-};
-
-static int32_t key_i(struct keys *k, const char *suffix, int64_t def, bool required) {
+int32_t arch_key_i(struct arch_keys *k, const char *suffix, int64_t def, bool required) {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", k->arch, suffix);
     uint32_t v;
@@ -338,7 +335,7 @@ static int32_t key_i(struct keys *k, const char *suffix, int64_t def, bool requi
     return (int32_t)v;
 }
 
-static float key_f(struct keys *k, const char *suffix, float def) {
+float arch_key_f(struct arch_keys *k, const char *suffix, float def) {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", k->arch, suffix);
     float v;
@@ -351,70 +348,62 @@ static float key_f(struct keys *k, const char *suffix, float def) {
     return v;
 }
 
-static moetax_status load_hparams(struct moetax_model *m) {
+
+bool arch_key_bool(struct arch_keys *k, const char *suffix, bool def) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", k->arch, suffix);
+    bool b = def;
+    moetax_status st;
+    if (!k->st && moetax_gguf_find_kv(k->g, key) && (st = moetax_gguf_get_bool(k->g, key, &b))) k->st = st;
+    return k->st ? def : b;
+}
+
+/* llama.cpp derives these in its context for every architecture (YaRN's attention factor
+ * included); deepseek2 adds its own kq_scale from the returned mscale. */
+double arch_rope_hparams(struct moetax_model *m, struct arch_keys *k_) {
     const struct moetax_gguf *g = m->gguf;
     struct moetax_hparams *hp = &m->hp;
-    moetax_status st = moetax_gguf_get_str(g, "general.architecture", hp->arch, sizeof hp->arch);
-    if (st) return st;
-    if (strcmp(hp->arch, "deepseek2") != 0)
-        return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported yet (moetax runs deepseek2)",
-                            g->path, hp->arch);
-    struct keys k = {.g = g, .arch = hp->arch};
-    hp->n_ctx_train = key_i(&k, "context_length", 4096, false);
-    hp->n_embd = key_i(&k, "embedding_length", 0, true);
-    hp->n_layer = key_i(&k, "block_count", 0, true);
-    hp->n_head = key_i(&k, "attention.head_count", 0, true);
-    hp->n_layer_dense_lead = key_i(&k, "leading_dense_block_count", 0, false);
-    char ffkey[160];
-    snprintf(ffkey, sizeof ffkey, "%s.feed_forward_length", hp->arch);
-    const struct moetax_gguf_kv *ffkv = moetax_gguf_find_kv(g, ffkey);
-    if (ffkv && ffkv->type == MOETAX_GGUF_TYPE_ARRAY) {
-        /* per-layer widths (llama.cpp accepts a scalar or an array) */
-        int64_t v = 0;
-        if (ffkv->arr_n != (uint64_t)hp->n_layer || !moetax_gguf_arr_i64(ffkv, 0, &v))
-            return moetax_error(MOETAX_ERR_FORMAT, "%s: %s must be a scalar or an integer array of block_count (%d) values",
-                                g->path, ffkey, hp->n_layer);
-        hp->n_ff = (int32_t)v;
-    } else {
-        hp->n_ff = key_i(&k, "feed_forward_length", 0, hp->n_layer_dense_lead > 0);
-    }
-    hp->q_lora_rank = key_i(&k, "attention.q_lora_rank", 0, false);
-    hp->kv_lora_rank = key_i(&k, "attention.kv_lora_rank", 0, true);
-    hp->n_embd_head_qk_rope = key_i(&k, "rope.dimension_count", 0, true);
-    int32_t klen = key_i(&k, "attention.key_length_mla", -1, false);
-    int32_t vlen = key_i(&k, "attention.value_length_mla", -1, false);
-    if (klen < 0) klen = key_i(&k, "attention.key_length", 0, true);
-    if (vlen < 0) vlen = key_i(&k, "attention.value_length", 0, true);
-    hp->n_embd_head_qk_nope = klen - hp->n_embd_head_qk_rope;
-    hp->n_embd_head_v = vlen;
-    hp->n_expert = key_i(&k, "expert_count", 0, false);
-    hp->n_expert_used = key_i(&k, "expert_used_count", 0, hp->n_expert > 0);
-    hp->n_expert_shared = key_i(&k, "expert_shared_count", 0, false);
-    hp->n_ff_exp = key_i(&k, "expert_feed_forward_length", 0, hp->n_expert > 0);
-    hp->n_expert_group = key_i(&k, "expert_group_count", 0, false);
-    hp->n_expert_group_used = key_i(&k, "expert_group_used_count", 0, false);
-    hp->gating_func = key_i(&k, "expert_gating_func", 1, false);
-    hp->expert_weights_scale = key_f(&k, "expert_weights_scale", 1.0f); /* absent: none (x 1) */
-    hp->rms_eps = key_f(&k, "attention.layer_norm_rms_epsilon", NAN); /* NAN: absent (a NaN value is an error) */
+    struct arch_keys k = *k_;
+    moetax_status st;
     char key[160];
-    snprintf(key, sizeof key, "%s.expert_weights_norm", hp->arch);
-    bool b = false;
-    if (!k.st && moetax_gguf_find_kv(g, key) && (st = moetax_gguf_get_bool(g, key, &b))) k.st = st;
-    hp->expert_weights_norm = b;
-    if (k.st) return k.st;
+    hp->rope_freq_base = arch_key_f(&k, "rope.freq_base", 10000.0f);
+    char stype[32] = "";
+    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch);
+    /* only when present, and never over an earlier error: the first error's message wins */
+    if (!k.st && moetax_gguf_find_kv(g, key) && (st = moetax_gguf_get_str(g, key, stype, sizeof stype))) k.st = st;
+    float factor = arch_key_f(&k, "rope.scaling.factor", 0.0f);
+    if (factor == 0.0f) factor = arch_key_f(&k, "rope.scale_linear", 0.0f);
+    float fs = factor == 0.0f ? 1.0f : 1.0f / factor;
+    if (!strcmp(stype, "none")) fs = 1.0f;
+    float ext = arch_key_f(&k, "rope.scaling.yarn_ext_factor", -1.0f);
+    if (ext < 0.0f) ext = !strcmp(stype, "yarn") ? 1.0f : 0.0f;
+    double L = arch_key_f(&k, "rope.scaling.yarn_log_multiplier", 0.0f) / 0.1;
+    double A = arch_key_f(&k, "rope.scaling.attn_factor", 1.0f);
+    double lnF = log(1.0 / fs);
+    double af = 1.0;
+    if (ext != 0.0f) {
+        if (L == 0.0) af = fs >= 1.0f ? 1.0 : 1.0 + 0.1 * lnF;
+        af *= 1.0 / (1.0 + 0.1 * lnF);
+    }
+    af *= A;
+    double mscale = af * (1.0 + 0.1 * lnF) * (1.0 + 0.1 * L * lnF);
+    hp->rope_freq_scale = fs;
+    hp->rope_ext_factor = ext;
+    hp->rope_attn_factor = (float)af;
+    hp->rope_beta_fast = arch_key_f(&k, "rope.scaling.yarn_beta_fast", 32.0f);
+    hp->rope_beta_slow = arch_key_f(&k, "rope.scaling.yarn_beta_slow", 1.0f);
+    hp->rope_n_ctx_orig = arch_key_i(&k, "rope.scaling.original_context_length", 0, false);
+    if (hp->rope_n_ctx_orig <= 0) hp->rope_n_ctx_orig = hp->n_ctx_train;
+    *k_ = k;
+    return mscale;
+}
+
+moetax_status arch_check_moe(const struct moetax_model *m, int first_moe) {
+    const struct moetax_gguf *g = m->gguf;
+    const struct moetax_hparams *hp = &m->hp;
 #define NEED(cond, ...) do { if (!(cond)) return moetax_error(MOETAX_ERR_FORMAT, __VA_ARGS__); } while (0)
-    NEED(!isnan(hp->rms_eps), "%s: %s.attention.layer_norm_rms_epsilon is missing", g->path, hp->arch);
-    NEED(hp->n_embd > 0 && hp->n_layer > 0 && hp->n_head > 0 && hp->kv_lora_rank > 0,
-         "%s: embedding_length, block_count, head_count and kv_lora_rank must be positive", g->path);
-    NEED(hp->n_embd_head_qk_rope > 0 && hp->n_embd_head_qk_rope % 2 == 0 && hp->n_embd_head_qk_rope <= 1024,
-         "%s: rope.dimension_count %d must be even and in 2..1024", g->path, hp->n_embd_head_qk_rope);
-    NEED(hp->n_embd_head_qk_nope > 0 && hp->n_embd_head_v > 0,
-         "%s: key length %d must exceed the rope dims %d, value length must be positive", g->path, klen,
-         hp->n_embd_head_qk_rope);
-    NEED(hp->n_layer_dense_lead <= hp->n_layer, "%s: leading_dense_block_count %d > block_count %d", g->path,
-         hp->n_layer_dense_lead, hp->n_layer);
-    if (hp->n_layer_dense_lead < hp->n_layer) {
-        NEED(hp->n_expert > 0, "%s: layers %d.. are MoE layers but expert_count is 0", g->path, hp->n_layer_dense_lead);
+    if (first_moe < hp->n_layer) {
+        NEED(hp->n_expert > 0, "%s: layers %d.. are MoE layers but expert_count is 0", g->path, first_moe);
         NEED(hp->n_expert_used > 0 && hp->n_expert_used <= hp->n_expert && hp->n_expert_used <= 256,
              "%s: expert_used_count %d must be in 1..min(expert_count %d, 256)", g->path, hp->n_expert_used, hp->n_expert);
         NEED(hp->n_ff_exp > 0, "%s: expert_feed_forward_length must be positive", g->path);
@@ -433,39 +422,7 @@ static moetax_status load_hparams(struct moetax_model *m) {
         }
     }
 #undef NEED
-
-    /* rope and the attention scale, as llama.cpp derives them for deepseek2 */
-    hp->rope_freq_base = key_f(&k, "rope.freq_base", 10000.0f);
-    char stype[32] = "";
-    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch);
-    /* only when present, and never over an earlier error: the first error's message wins */
-    if (!k.st && moetax_gguf_find_kv(g, key) && (st = moetax_gguf_get_str(g, key, stype, sizeof stype))) k.st = st;
-    float factor = key_f(&k, "rope.scaling.factor", 0.0f);
-    if (factor == 0.0f) factor = key_f(&k, "rope.scale_linear", 0.0f);
-    float fs = factor == 0.0f ? 1.0f : 1.0f / factor;
-    if (!strcmp(stype, "none")) fs = 1.0f;
-    float ext = key_f(&k, "rope.scaling.yarn_ext_factor", -1.0f);
-    if (ext < 0.0f) ext = !strcmp(stype, "yarn") ? 1.0f : 0.0f;
-    double L = key_f(&k, "rope.scaling.yarn_log_multiplier", 0.0f) / 0.1;
-    double A = key_f(&k, "rope.scaling.attn_factor", 1.0f);
-    double lnF = log(1.0 / fs);
-    double af = 1.0;
-    if (ext != 0.0f) {
-        if (L == 0.0) af = fs >= 1.0f ? 1.0 : 1.0 + 0.1 * lnF;
-        af *= 1.0 / (1.0 + 0.1 * lnF);
-    }
-    af *= A;
-    double mscale = af * (1.0 + 0.1 * lnF) * (1.0 + 0.1 * L * lnF);
-    hp->rope_freq_scale = fs;
-    hp->rope_ext_factor = ext;
-    hp->rope_attn_factor = (float)af;
-    hp->rope_beta_fast = key_f(&k, "rope.scaling.yarn_beta_fast", 32.0f);
-    hp->rope_beta_slow = key_f(&k, "rope.scaling.yarn_beta_slow", 1.0f);
-    hp->rope_n_ctx_orig = key_i(&k, "rope.scaling.original_context_length", 0, false);
-    if (hp->rope_n_ctx_orig <= 0) hp->rope_n_ctx_orig = hp->n_ctx_train;
-    hp->kq_scale = (float)(mscale * mscale / sqrt((double)(hp->n_embd_head_qk_nope + hp->n_embd_head_qk_rope)));
-    if (k.st) return k.st;
-    return moetax_hparams_check(hp, g->path);
+    return MOETAX_OK;
 }
 
 /* ---- tensors ------------------------------------------------------------------- */
@@ -493,8 +450,8 @@ static bool tensor_aligned(const struct moetax_gguf_tensor *t) {
 /* Bind tensor `name` with the expected shape; absent + !required leaves w->data NULL.
  * w->file_data points into the mapping; w->data too, unless the tensor lies at an
  * offset its type cannot be read from (then an aligned private copy). */
-static moetax_status bind(struct moetax_model *m, struct moetax_weight *w, const char *name, bool required, int n_dims,
-                          int64_t ne0, int64_t ne1, int64_t ne2) {
+moetax_status arch_bind(struct moetax_model *m, struct moetax_weight *w, const char *name, bool required, int n_dims,
+                       int64_t ne0, int64_t ne1, int64_t ne2) {
     memset(w, 0, sizeof *w);
     const struct moetax_gguf_tensor *t = moetax_gguf_find_tensor(m->gguf, name);
     if (!t) {
@@ -523,7 +480,7 @@ static moetax_status bind(struct moetax_model *m, struct moetax_weight *w, const
     if (!tensor_aligned(t)) {
         /* valid GGUF (general.alignment 1, odd offsets), but the kernels and converters read
          * elements and blocks through typed pointers: they read an aligned private copy */
-        void *copy = own(m, (size_t)t->nbytes);
+        void *copy = arch_own(m, (size_t)t->nbytes);
         if (!copy)
             return moetax_error(MOETAX_ERR_NOMEM, "%s: tensor '%s': no memory for an aligned copy of %llu bytes",
                                 m->gguf->path, name, (unsigned long long)t->nbytes);
@@ -542,12 +499,12 @@ static moetax_status bind(struct moetax_model *m, struct moetax_weight *w, const
 }
 
 /* A vector tensor converted to an owned F32 copy. */
-static moetax_status bind_vec(struct moetax_model *m, float **out, const char *name, bool required, int64_t n) {
+moetax_status arch_bind_vec(struct moetax_model *m, float **out, const char *name, bool required, int64_t n) {
     struct moetax_weight w;
-    moetax_status st = bind(m, &w, name, required, 1, n, 1, 1);
+    moetax_status st = arch_bind(m, &w, name, required, 1, n, 1, 1);
     *out = NULL;
     if (st || !w.data) return st;
-    float *v = own(m, sizeof(float) * (size_t)n);
+    float *v = arch_own(m, sizeof(float) * (size_t)n);
     if (!v) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     moetax_to_float(w.type, w.data, v, n);
     for (int64_t i = 0; i < n; i++)
@@ -557,64 +514,16 @@ static moetax_status bind_vec(struct moetax_model *m, float **out, const char *n
     return MOETAX_OK;
 }
 
-/* Split the older attn_kv_b {kv_lora, H*(nope+v)} into F32 k_b {nope, kv_lora, H} and v_b {kv_lora, v, H}. */
-static moetax_status split_kv_b(struct moetax_model *m, struct moetax_layer *l, const struct moetax_weight *kvb) {
-    const struct moetax_hparams *hp = &m->hp;
-    const int64_t H = hp->n_head, nope = hp->n_embd_head_qk_nope, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
-    float *row = own(m, sizeof(float) * (size_t)kvl);
-    float *kb = own(m, sizeof(float) * (size_t)(H * kvl * nope));
-    float *vb = own(m, sizeof(float) * (size_t)(H * vh * kvl));
-    if (!row || !kb || !vb) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
-    for (int64_t h = 0; h < H; h++) {
-        for (int64_t j = 0; j < nope + vh; j++) {
-            moetax_to_float(kvb->type, (const char *)kvb->data + (size_t)(h * (nope + vh) + j) * kvb->row_bytes, row, kvl);
-            if (j < nope)
-                for (int64_t c = 0; c < kvl; c++) kb[(h * kvl + c) * nope + j] = row[c];
-            else
-                memcpy(vb + (h * vh + (j - nope)) * kvl, row, sizeof(float) * (size_t)kvl);
-        }
-    }
-    l->wk_b = (struct moetax_weight){.data = kb, .type = MOETAX_TYPE_F32, .ne = {nope, kvl, H},
-                                     .row_bytes = sizeof(float) * (size_t)nope, .mat_bytes = sizeof(float) * (size_t)(nope * kvl)};
-    l->wv_b = (struct moetax_weight){.data = vb, .type = MOETAX_TYPE_F32, .ne = {kvl, vh, H},
-                                     .row_bytes = sizeof(float) * (size_t)kvl, .mat_bytes = sizeof(float) * (size_t)(kvl * vh)};
-    return MOETAX_OK;
-}
 
-static moetax_status bind_layer(struct moetax_model *m, int il) {
+moetax_status arch_bind_ffn(struct moetax_model *m, int il) {
     const struct moetax_hparams *hp = &m->hp;
     struct moetax_layer *l = &m->layers[il];
-    const int64_t d = hp->n_embd, H = hp->n_head, nope = hp->n_embd_head_qk_nope, rope = hp->n_embd_head_qk_rope;
-    const int64_t vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank, ql = hp->q_lora_rank;
-    const int64_t E = hp->n_expert, F = hp->n_ff_exp, Fs = (int64_t)hp->n_expert_shared * hp->n_ff_exp;
+    const int64_t d = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp, Fs = (int64_t)hp->n_expert_shared * hp->n_ff_exp;
     char n[128];
     moetax_status st;
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
 #define TRY(x) do { if ((st = (x))) return st; } while (0)
-    TRY(bind_vec(m, &l->attn_norm, NAME("attn_norm.weight"), true, d));
-    if (ql > 0) {
-        TRY(bind(m, &l->wq_a, NAME("attn_q_a.weight"), true, 2, d, ql, 1));
-        TRY(bind_vec(m, &l->q_a_norm, NAME("attn_q_a_norm.weight"), true, ql));
-        TRY(bind(m, &l->wq_b, NAME("attn_q_b.weight"), true, 2, ql, H * (nope + rope), 1));
-    } else {
-        TRY(bind(m, &l->wq, NAME("attn_q.weight"), true, 2, d, H * (nope + rope), 1));
-    }
-    TRY(bind(m, &l->wkv_a, NAME("attn_kv_a_mqa.weight"), true, 2, d, kvl + rope, 1));
-    TRY(bind_vec(m, &l->kv_a_norm, NAME("attn_kv_a_norm.weight"), true, kvl));
-    TRY(bind(m, &l->wk_b, NAME("attn_k_b.weight"), false, 3, nope, kvl, H));
-    if (l->wk_b.data) {
-        TRY(bind(m, &l->wv_b, NAME("attn_v_b.weight"), true, 3, kvl, vh, H));
-    } else {
-        struct moetax_weight kvb;
-        snprintf(n, sizeof n, "blk.%d.attn_k_b.weight' or 'blk.%d.attn_kv_b.weight", il, il);
-        char both[160];
-        snprintf(both, sizeof both, "%s", n);
-        TRY(bind(m, &kvb, NAME("attn_kv_b.weight"), false, 2, kvl, H * (nope + vh), 1));
-        if (!kvb.data) return moetax_error(MOETAX_ERR_NOT_FOUND, "%s: tensor '%s' is missing", m->gguf->path, both);
-        TRY(split_kv_b(m, l, &kvb));
-    }
-    TRY(bind(m, &l->wo, NAME("attn_output.weight"), true, 2, H * vh, d, 1));
-    TRY(bind_vec(m, &l->ffn_norm, NAME("ffn_norm.weight"), true, d));
+    TRY(arch_bind_vec(m, &l->ffn_norm, NAME("ffn_norm.weight"), true, d));
     l->is_moe = il >= hp->n_layer_dense_lead;
     if (!l->is_moe) {
         int64_t ff = hp->n_ff;
@@ -622,14 +531,14 @@ static moetax_status bind_layer(struct moetax_model *m, int il) {
         const struct moetax_gguf_kv *ffkv = moetax_gguf_find_kv(m->gguf, n);
         if (ffkv && ffkv->type == MOETAX_GGUF_TYPE_ARRAY && (!moetax_gguf_arr_i64(ffkv, (uint64_t)il, &ff) || ff < 1))
             return moetax_error(MOETAX_ERR_FORMAT, "%s: %s[%d] is not a positive integer", m->gguf->path, n, il);
-        TRY(bind(m, &l->ffn_gate, NAME("ffn_gate.weight"), true, 2, d, ff, 1));
-        TRY(bind(m, &l->ffn_up, NAME("ffn_up.weight"), true, 2, d, ff, 1));
-        TRY(bind(m, &l->ffn_down, NAME("ffn_down.weight"), true, 2, ff, d, 1));
+        TRY(arch_bind(m, &l->ffn_gate, NAME("ffn_gate.weight"), true, 2, d, ff, 1));
+        TRY(arch_bind(m, &l->ffn_up, NAME("ffn_up.weight"), true, 2, d, ff, 1));
+        TRY(arch_bind(m, &l->ffn_down, NAME("ffn_down.weight"), true, 2, ff, d, 1));
         return MOETAX_OK;
     }
-    TRY(bind(m, &l->gate_inp, NAME("ffn_gate_inp.weight"), true, 2, d, E, 1));
-    TRY(bind_vec(m, &l->exp_probs_b, NAME("exp_probs_b.bias"), false, E));
-    TRY(bind(m, &l->gate_exps, NAME("ffn_gate_up_exps.weight"), false, 3, d, 2 * F, E));
+    TRY(arch_bind(m, &l->gate_inp, NAME("ffn_gate_inp.weight"), true, 2, d, E, 1));
+    TRY(arch_bind_vec(m, &l->exp_probs_b, NAME("exp_probs_b.bias"), false, E));
+    TRY(arch_bind(m, &l->gate_exps, NAME("ffn_gate_up_exps.weight"), false, 3, d, 2 * F, E));
     if (l->gate_exps.data) {
         l->fused_gate_up = true;
         /* up = rows F..2F-1 of each expert's fused matrix */
@@ -637,18 +546,45 @@ static moetax_status bind_layer(struct moetax_model *m, int il) {
         l->up_exps.data = (const char *)l->gate_exps.data + (size_t)F * l->gate_exps.row_bytes;
         l->up_exps.file_data = (const char *)l->gate_exps.file_data + (size_t)F * l->gate_exps.row_bytes;
     } else {
-        TRY(bind(m, &l->gate_exps, NAME("ffn_gate_exps.weight"), true, 3, d, F, E));
-        TRY(bind(m, &l->up_exps, NAME("ffn_up_exps.weight"), true, 3, d, F, E));
+        TRY(arch_bind(m, &l->gate_exps, NAME("ffn_gate_exps.weight"), true, 3, d, F, E));
+        TRY(arch_bind(m, &l->up_exps, NAME("ffn_up_exps.weight"), true, 3, d, F, E));
     }
-    TRY(bind(m, &l->down_exps, NAME("ffn_down_exps.weight"), true, 3, F, d, E));
+    TRY(arch_bind(m, &l->down_exps, NAME("ffn_down_exps.weight"), true, 3, F, d, E));
     if (Fs > 0) {
-        TRY(bind(m, &l->gate_sh, NAME("ffn_gate_shexp.weight"), true, 2, d, Fs, 1));
-        TRY(bind(m, &l->up_sh, NAME("ffn_up_shexp.weight"), true, 2, d, Fs, 1));
-        TRY(bind(m, &l->down_sh, NAME("ffn_down_shexp.weight"), true, 2, Fs, d, 1));
+        TRY(arch_bind(m, &l->gate_sh, NAME("ffn_gate_shexp.weight"), true, 2, d, Fs, 1));
+        TRY(arch_bind(m, &l->up_sh, NAME("ffn_up_shexp.weight"), true, 2, d, Fs, 1));
+        TRY(arch_bind(m, &l->down_sh, NAME("ffn_down_shexp.weight"), true, 2, Fs, d, 1));
     }
 #undef NAME
 #undef TRY
     return MOETAX_OK;
+}
+
+/* ---- architectures (src/model/arch_*.c) ------------------------------------------- */
+
+static const struct moetax_arch *const archs[] = {
+    &moetax_arch_deepseek2,
+    &moetax_arch_qwen3moe,
+};
+
+static moetax_status load_hparams(struct moetax_model *m) {
+    const struct moetax_gguf *g = m->gguf;
+    moetax_status st = moetax_gguf_get_str(g, "general.architecture", m->hp.arch, sizeof m->hp.arch);
+    if (st) return st;
+    char names[160] = "";
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
+        if (!strcmp(m->hp.arch, archs[i]->name)) {
+            m->arch = archs[i];
+            return archs[i]->load_hparams(m);
+        }
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", archs[i]->name);
+    }
+    return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported yet (moetax runs %s)", g->path,
+                        m->hp.arch, names);
+}
+
+static moetax_status bind_layer(struct moetax_model *m, int il) {
+    return m->arch->bind_layer(m, il);
 }
 
 /* Before anything is allocated per layer: block_count must be plausible against
@@ -693,9 +629,9 @@ static moetax_status load(const char *path, const void *buf, size_t size, const 
         else if (te->ne[1] > INT32_MAX) st = moetax_error(MOETAX_ERR_FORMAT, "%s: vocabulary too large", path);
         else m->hp.n_vocab = (int32_t)te->ne[1];
     }
-    if (!st) st = bind(m, &m->tok_embd, "token_embd.weight", true, 2, m->hp.n_embd, m->hp.n_vocab, 1);
-    if (!st) st = bind_vec(m, &m->output_norm, "output_norm.weight", true, m->hp.n_embd);
-    if (!st) st = bind(m, &m->output, "output.weight", false, 2, m->hp.n_embd, m->hp.n_vocab, 1);
+    if (!st) st = arch_bind(m, &m->tok_embd, "token_embd.weight", true, 2, m->hp.n_embd, m->hp.n_vocab, 1);
+    if (!st) st = arch_bind_vec(m, &m->output_norm, "output_norm.weight", true, m->hp.n_embd);
+    if (!st) st = arch_bind(m, &m->output, "output.weight", false, 2, m->hp.n_embd, m->hp.n_vocab, 1);
     if (!st && !m->output.data) m->output = m->tok_embd;
     if (!st) st = check_layer_count(m);
     if (!st) {
@@ -760,7 +696,7 @@ double moetax_model_active_bytes_k(const struct moetax_model *m, int n_expert_us
         const struct moetax_layer *l = &m->layers[il];
         const struct moetax_weight *ws[] = {&l->wq, &l->wq_a, &l->wq_b, &l->wkv_a, &l->wk_b, &l->wv_b, &l->wo,
                                             &l->ffn_gate, &l->ffn_up, &l->ffn_down, &l->gate_inp, &l->gate_sh,
-                                            &l->up_sh, &l->down_sh};
+                                            &l->up_sh, &l->down_sh, &l->wk, &l->wv};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data) b += (double)ws[i]->mat_bytes * (double)(ws[i]->ne[2] > 0 ? ws[i]->ne[2] : 1);
         if (l->is_moe) {

@@ -1,0 +1,59 @@
+/* arch.h - the architecture layer: one file per architecture (src/model/arch_*.c) binds a GGUF
+ * file's hyper-parameters and per-layer tensors into the shared structs of moetax/model.h;
+ * everything else (the loader, repacking, the expert store, the step, the MoE block, the
+ * ledger) is shared. An architecture is chosen from general.architecture by the table in
+ * model.c: adding one is a file and a row there. Internal.
+ *
+ * DESIGN
+ *   load_hparams reads the "<arch>." keys into m->hp (llama.cpp's defaults and derivations
+ *   for that architecture, its attention kind, RoPE mode and routing rules) and checks them;
+ *   the loader then binds token_embd / output_norm / output and calls bind_layer for every
+ *   layer. The helpers below are the loader's: a tensor bound with its shape checked against
+ *   the one the metadata implies (the message names both), vectors converted to owned F32.
+ */
+#ifndef MOETAX_ARCH_H
+#define MOETAX_ARCH_H
+
+#include "moetax/model.h"
+
+struct moetax_arch {
+    const char *name;                                       /* general.architecture */
+    moetax_status (*load_hparams)(struct moetax_model *m);  /* m->hp.arch is set already */
+    moetax_status (*bind_layer)(struct moetax_model *m, int il);
+};
+
+extern const struct moetax_arch moetax_arch_deepseek2;
+extern const struct moetax_arch moetax_arch_qwen3moe;
+
+/* Reading "<arch>.<suffix>" keys: the first error is kept in st (later calls return def). */
+struct arch_keys {
+    const struct moetax_gguf *g;
+    const char *arch;
+    moetax_status st;
+};
+int32_t arch_key_i(struct arch_keys *k, const char *suffix, int64_t def, bool required);
+float arch_key_f(struct arch_keys *k, const char *suffix, float def); /* absent: def */
+bool arch_key_bool(struct arch_keys *k, const char *suffix, bool def);
+/* The RoPE / YaRN parameters every architecture derives the same way (llama.cpp's context
+ * does it for all of them): freq base/scale, ext factor, the attention factor, betas and the
+ * original context. Returns the YaRN mscale of the attention (deepseek2's kq_scale uses it;
+ * 1 without YaRN). */
+double arch_rope_hparams(struct moetax_model *m, struct arch_keys *k);
+/* The routing and expert-count checks shared by every MoE architecture (layers from
+ * first_moe on are MoE layers): MOETAX_ERR_FORMAT naming the key. */
+moetax_status arch_check_moe(const struct moetax_model *m, int first_moe);
+
+/* Bind tensor `name` with the expected shape (ggml order); absent and !required leaves
+ * w->data NULL. */
+moetax_status arch_bind(struct moetax_model *m, struct moetax_weight *w, const char *name, bool required,
+                        int n_dims, int64_t ne0, int64_t ne1, int64_t ne2);
+/* A vector tensor of n values as an owned F32 copy (absent and !required: *out = NULL). */
+moetax_status arch_bind_vec(struct moetax_model *m, float **out, const char *name, bool required, int64_t n);
+/* Zeroed memory freed with the model. */
+void *arch_own(struct moetax_model *m, size_t bytes);
+/* Layer il's FFN tensors (after attention): ffn_norm, then a dense SwiGLU FFN (!l->is_moe,
+ * width from feed_forward_length, scalar or per layer) or the router, routed experts (gate
+ * and up, or fused gate_up) and the shared experts when n_expert_shared > 0. */
+moetax_status arch_bind_ffn(struct moetax_model *m, int il);
+
+#endif
