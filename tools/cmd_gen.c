@@ -1,4 +1,4 @@
-/* cmd_gen.c - `moetax gen`: write a random-weight deepseek2 model (or a dense twin). */
+/* cmd_gen.c - `moetax gen`: write a random-weight deepseek2 or qwen3moe model (or a deepseek2 dense twin). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +14,11 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: moetax gen [--preset NAME] [-o FILE] [options]\n"
             "       moetax gen --dense-twin-of MOE.gguf -o TWIN.gguf [--type T] [--seed N]\n\n"
-            "Writes a random-weight DeepSeek2 (MLA + MoE) model in the GGUF layout llama.cpp loads.\n\n"
-            "  --preset NAME      tiny | tiny-v3 | small (default, ~416M params) | bench-v3 (~2.3G params, Q8_0)\n"
+            "Writes a random-weight DeepSeek2 (MLA + MoE) or Qwen3-MoE (GQA + MoE) model in the GGUF layout\n"
+            "llama.cpp loads.\n\n"
+            "  --arch A           deepseek2 (default) | qwen3moe\n"
+            "  --preset NAME      deepseek2: tiny | tiny-v3 | small (default, ~416M params) | bench-v3 (~2.3G params,\n"
+            "                     Q8_0); qwen3moe: tiny | small (default)\n"
             "  -o, --output FILE  output path (default: models/<preset>-<type>.gguf)\n"
             "  --type T           weight type: f32 f16 bf16 q8_0 q4_0 (router, norms, biases stay f32)\n"
             "  --seed N           RNG seed (default 42); same seed, same bytes\n"
@@ -24,6 +27,8 @@ static void usage(FILE *f) {
             "  --vocab N --ctx N --embd N --layers N --dense-lead N --ff N --heads N\n"
             "  --q-lora N (0 = plain attn_q) --kv-lora N --nope N --rope-dim N --v-head N\n"
             "  --experts N --experts-used N --shared N --expert-ff N --groups N --groups-used N\n"
+            "  qwen3moe: --heads-kv N --head-dim N (and --vocab --ctx --embd --layers --ff --heads --experts\n"
+            "  --experts-used --expert-ff --rope-base --eps)\n"
             "routing and rope:\n"
             "  --routing v2|v3    v2: softmax, no bias; v3: sigmoid + exp_probs_b + renormalise, scale 2.5\n"
             "  --gating softmax|sigmoid  --bias|--no-bias  --norm|--no-norm  --scale X\n"
@@ -106,15 +111,20 @@ out:
 }
 
 int cmd_gen(int argc, char **argv) {
-    const char *preset = "small", *out = NULL, *twin_of = NULL, *type = NULL;
-    /* pass 1: preset (knobs apply on top of it) */
+    const char *preset = "small", *out = NULL, *twin_of = NULL, *type = NULL, *arch_name = "deepseek2";
+    /* pass 1: architecture and preset (knobs apply on top of it) */
     for (int i = 1; i < argc; i++) {
         if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
         if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
         else if (!strncmp(argv[i], "--preset=", 9)) preset = argv[i] + 9;
+        else if (!strcmp(argv[i], "--arch") && i + 1 < argc) arch_name = argv[++i];
+        else if (!strncmp(argv[i], "--arch=", 7)) arch_name = argv[i] + 7;
     }
+    enum moetax_gen_arch arch;
+    if (!moetax_gen_arch_from_name(arch_name, &arch))
+        return cli_usage_error("gen", "--arch: unknown architecture '%s' (deepseek2, qwen3moe)", arch_name);
     struct moetax_gen_params p;
-    moetax_status st = moetax_gen_preset(preset, &p);
+    moetax_status st = moetax_gen_preset_arch(arch, preset, &p);
     if (st) return cli_usage_error("gen", "%s", moetax_last_error());
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -128,7 +138,7 @@ int cmd_gen(int argc, char **argv) {
             {"--rope-dim", &p.n_embd_head_qk_rope}, {"--v-head", &p.n_embd_head_v}, {"--experts", &p.n_expert},
             {"--experts-used", &p.n_expert_used}, {"--shared", &p.n_expert_shared}, {"--expert-ff", &p.n_ff_exp},
             {"--groups", &p.n_expert_group}, {"--groups-used", &p.n_expert_group_used},
-            {"--yarn-orig-ctx", &p.rope_yarn_orig_ctx},
+            {"--yarn-orig-ctx", &p.rope_yarn_orig_ctx}, {"--heads-kv", &p.n_head_kv}, {"--head-dim", &p.n_embd_head},
         };
         struct { const char *opt; float *field; } floats[] = {
             {"--scale", &p.expert_weights_scale}, {"--rope-base", &p.rope_freq_base},
@@ -154,6 +164,7 @@ int cmd_gen(int argc, char **argv) {
             }
         if (done) continue;
         if (cli_opt(argc, argv, &i, NULL, "--preset", &v, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--arch", &v, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, "-o", "--output", &out, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, NULL, "--type", &type, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, NULL, "--dense-twin-of", &twin_of, &err)) { if (err) return 2; }
@@ -191,7 +202,8 @@ int cmd_gen(int argc, char **argv) {
     if ((st = moetax_gen_validate(&p))) return cli_usage_error("gen", "%s", moetax_last_error());
     char def[256];
     if (!out) {
-        snprintf(def, sizeof def, "models/%s%s-%s.gguf", twin_of ? "twin-" : "", preset, moetax_type_name(p.wtype));
+        snprintf(def, sizeof def, "models/%s%s%s-%s.gguf", twin_of ? "twin-" : "",
+                 arch == MOETAX_GEN_QWEN3MOE ? "qwen3moe-" : "", preset, moetax_type_name(p.wtype));
         out = def;
     }
     if (!strncmp(out, "models/", 7)) mkdir("models", 0755); /* an error shows up when the file is created */

@@ -1,11 +1,13 @@
 /*
- * moetax/gen.h - random-weight DeepSeek2 models in llama.cpp's GGUF layout.
+ * moetax/gen.h - random-weight MoE models (deepseek2, qwen3moe) in llama.cpp's GGUF layout.
  *
  * DESIGN
  *   A model is described by struct moetax_gen_params (every shape knob, the
  *   routing style, the weight type, the seed). moetax_gen_write streams it to
  *   a GGUF file tensor by tensor, never holding more than one chunk of values.
- *   Keys, tensor names and shapes follow shared/docs/GGUF-MOE.md (deepseek2).
+ *   Keys, tensor names and shapes follow shared/docs/GGUF-MOE.md (deepseek2) and llama.cpp's
+ *   qwen3moe loader (attn_q/k/v, per-head attn_q_norm/attn_k_norm {head_dim}, every layer MoE,
+ *   no shared expert; the MLA, dense-lead, shared-expert and group knobs do not apply to it).
  *
  * INVARIANTS
  *   - Deterministic: the same params and seed give the same bytes. Each tensor's
@@ -36,7 +38,13 @@
 extern "C" {
 #endif
 
+enum moetax_gen_arch {
+    MOETAX_GEN_DEEPSEEK2 = 0,
+    MOETAX_GEN_QWEN3MOE = 1,
+};
+
 struct moetax_gen_params {
+    enum moetax_gen_arch arch; /* general.architecture */
     const char *name;          /* general.name */
     int n_vocab;
     int n_ctx;                 /* context_length */
@@ -50,6 +58,8 @@ struct moetax_gen_params {
     int n_embd_head_qk_nope;
     int n_embd_head_qk_rope;   /* rope.dimension_count */
     int n_embd_head_v;
+    int n_head_kv;             /* qwen3moe: attention.head_count_kv */
+    int n_embd_head;           /* qwen3moe: head_dim (key_length = value_length = rope dims) */
     int n_expert;
     int n_expert_used;
     int n_expert_shared;
@@ -72,9 +82,14 @@ struct moetax_gen_params {
     uint64_t seed;
 };
 
-/* Fill p with a named preset: "tiny", "tiny-v3", "small", "bench-v3".
+/* Fill p with a named preset: deepseek2 "tiny", "tiny-v3", "small", "bench-v3".
  * Returns MOETAX_ERR_ARG for an unknown name. */
 moetax_status moetax_gen_preset(const char *preset, struct moetax_gen_params *p);
+/* The same for an architecture: qwen3moe has "tiny" and "small". */
+moetax_status moetax_gen_preset_arch(enum moetax_gen_arch arch, const char *preset, struct moetax_gen_params *p);
+/* "deepseek2" / "qwen3moe" to the enum; false if unknown. */
+bool moetax_gen_arch_from_name(const char *name, enum moetax_gen_arch *out);
+const char *moetax_gen_arch_name(enum moetax_gen_arch arch);
 /* Check shapes and options; the message names the offending knob. */
 moetax_status moetax_gen_validate(const struct moetax_gen_params *p);
 /* Total parameter count and file size (bytes of tensor data). */

@@ -5,7 +5,7 @@
  * (embedding, then per layer attention and FFN/MoE, then the head), splitting
  * each phase's work by (ith, nth) or by the pool's atomic chunk counters, with
  * a barrier between phases (src/model/step.h). The stages own their buffers:
- * attention (src/attn/mla.h) over the paged KV cache (moetax/kvcache.h), the
+ * attention (the architecture's: src/attn/mla.h or src/attn/gqa.h) over the paged KV cache (moetax/kvcache.h), the
  * MoE block (src/moe/moe.h) and the dense FFN (here); they share only the
  * residual and the normed input of fw_step.
  *
@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn/gqa.h"
 #include "attn/mla.h"
 #include "model/step.h"
 #include "moe/moe.h"
@@ -49,7 +50,8 @@ struct moetax_ctx {
     int32_t n_expert_used; /* k: routed experts per token (ctx param, default the model's) */
     struct moetax_kvcache *kv;
     struct fw_step step;
-    struct mla attn;
+    struct mla attn;       /* MOETAX_ATTN_MLA */
+    struct gqa gqa;        /* MOETAX_ATTN_GQA */
     struct moe moe;
     struct dense dense;
     int64_t sel_n;         /* tokens routed in the last micro-batch */
@@ -159,14 +161,16 @@ static void step_worker(void *arg, int ith, int nth) {
     for (int64_t t = r0; t < r1; t++) {
         const struct moetax_weight *te = &m->tok_embd;
         moetax_to_float(te->type, (const char *)te->data + (size_t)s->tokens[t] * te->row_bytes, s->x + t * d, d);
-        mla_rope_token(&c->attn, s, t);
+        if (hp->attn == MOETAX_ATTN_GQA) gqa_rope_token(&c->gqa, s, t);
+        else mla_rope_token(&c->attn, s, t);
     }
     fw_phase_end(&w);
     if (c->check_finite) check_rows(&w, -1);
 
     for (int il = 0; il < hp->n_layer; il++) {
         const struct moetax_layer *l = &m->layers[il];
-        mla_attention(&w, &c->attn, il);
+        if (hp->attn == MOETAX_ATTN_GQA) gqa_attention(&w, &c->gqa, il);
+        else mla_attention(&w, &c->attn, il);
         if (n > 1) { /* decode: in the FFN's first phase */
             fw_phase_begin(&w, MOETAX_PHASE_NORM, il);
             fw_norm_rows(&w, s->xn, s->x, l->ffn_norm, d, 0);
@@ -203,10 +207,6 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     struct moetax_ctx *c = calloc(1, sizeof *c);
     if (!c) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     c->m = m;
-    if (hp->attn != MOETAX_ATTN_MLA) {
-        free(c);
-        return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: %s attention is not implemented yet", m->gguf->path, hp->arch);
-    }
     c->n_ctx = p && p->n_ctx > 0 ? p->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     c->n_ubatch = p && p->n_ubatch > 0 ? p->n_ubatch : 64;
     if (c->n_ubatch > c->n_ctx) c->n_ubatch = c->n_ctx;
@@ -273,9 +273,10 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
                                        .n_seq_max = p && p->n_seq_max > 0 ? p->n_seq_max : MOETAX_KV_SEQ_MAX_DEFAULT,
                                        .type = p ? p->kv_type : MOETAX_TYPE_F32};
     c->n_ctx = kp.n_cells;
-    st = moetax_kvcache_init(hp->n_layer, hp->kv_lora_rank + hp->n_embd_head_qk_rope, &kp, &c->kv);
+    const bool gqa = hp->attn == MOETAX_ATTN_GQA;
+    st = moetax_kvcache_init(hp->n_layer, gqa ? gqa_kv_row(hp) : hp->kv_lora_rank + hp->n_embd_head_qk_rope, &kp, &c->kv);
     if (!st) st = fw_step_init(&c->step, m, c->pool, U, incols, max64(incols, ffmax));
-    if (!st) st = mla_init(&c->attn, &c->step, c->kv);
+    if (!st) st = gqa ? gqa_init(&c->gqa, &c->step, c->kv) : mla_init(&c->attn, &c->step, c->kv);
     struct moe_params mp = {.k = (int32_t)k, .store = store, .prefetch = store && !(p && p->no_prefetch),
                             .capacity_factor = p ? p->capacity_factor : 0,
                             .reroute = p && p->overflow == MOETAX_OVERFLOW_REROUTE};
@@ -301,6 +302,7 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
 void moetax_ctx_free(struct moetax_ctx *c) {
     if (!c) return;
     mla_free(&c->attn);
+    gqa_free(&c->gqa);
     moe_free(&c->moe);
     fw_step_free(&c->step);
     free(c->dense.hid);

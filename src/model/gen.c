@@ -1,5 +1,5 @@
 /*
- * gen.c - write random-weight deepseek2 models (and their dense twins) in the
+ * gen.c - write random-weight deepseek2 and qwen3moe models (and deepseek2's dense twins) in the
  * GGUF layout llama.cpp loads. See include/moetax/gen.h for the invariants.
  */
 #include "moetax/gen.h"
@@ -102,6 +102,71 @@ moetax_status moetax_gen_preset(const char *preset, struct moetax_gen_params *p)
     return moetax_error(MOETAX_ERR_ARG, "unknown preset '%s' (expected tiny, tiny-v3, small or bench-v3)", preset);
 }
 
+bool moetax_gen_arch_from_name(const char *name, enum moetax_gen_arch *out) {
+    if (!strcmp(name, "deepseek2")) *out = MOETAX_GEN_DEEPSEEK2;
+    else if (!strcmp(name, "qwen3moe")) *out = MOETAX_GEN_QWEN3MOE;
+    else return false;
+    return true;
+}
+
+const char *moetax_gen_arch_name(enum moetax_gen_arch arch) {
+    return arch == MOETAX_GEN_QWEN3MOE ? "qwen3moe" : "deepseek2";
+}
+
+moetax_status moetax_gen_preset_arch(enum moetax_gen_arch arch, const char *preset, struct moetax_gen_params *p) {
+    if (arch == MOETAX_GEN_DEEPSEEK2) return moetax_gen_preset(preset, p);
+    /* qwen3moe: Qwen3-30B-A3B's proportions (GQA 32:4 heads of 128, 128 experts top-8) scaled down */
+    *p = (struct moetax_gen_params){
+        .arch = arch, .name = preset, .n_ctx = 4096, .gating_func = 1, .expert_weights_norm = true,
+        .expert_weights_scale = 1.0f, .rope_freq_base = 1000000.0f, .rms_eps = 1e-6f, .wtype = MOETAX_TYPE_F32,
+        .seed = 42,
+    };
+    if (!strcmp(preset, "tiny")) {
+        p->n_vocab = 512;
+        p->n_ctx = 512;
+        p->n_embd = 64;
+        p->n_layer = 3;
+        p->n_ff = 128;
+        p->n_head = 4;
+        p->n_head_kv = 2;
+        p->n_embd_head = 16;
+        p->n_expert = 8;
+        p->n_expert_used = 2;
+        p->n_ff_exp = 32;
+        return MOETAX_OK;
+    }
+    if (!strcmp(preset, "small")) {
+        p->n_vocab = 8192;
+        p->n_embd = 1024;
+        p->n_layer = 8;
+        p->n_ff = 2048;
+        p->n_head = 16;
+        p->n_head_kv = 4;
+        p->n_embd_head = 64;
+        p->n_expert = 64;
+        p->n_expert_used = 8;
+        p->n_ff_exp = 256;
+        return MOETAX_OK;
+    }
+    return moetax_error(MOETAX_ERR_ARG, "unknown qwen3moe preset '%s' (expected tiny or small)", preset);
+}
+
+static moetax_status validate_qwen3moe(const struct moetax_gen_params *p) {
+#define NEED(cond, ...) do { if (!(cond)) return moetax_error(MOETAX_ERR_ARG, __VA_ARGS__); } while (0)
+    NEED(p->n_head_kv >= 1 && p->n_head % p->n_head_kv == 0, "--heads-kv %d must divide --heads %d", p->n_head_kv,
+         p->n_head);
+    NEED(p->n_embd_head >= 2 && p->n_embd_head % 2 == 0 && p->n_embd_head <= 1024,
+         "--head-dim %d must be even and in 2..1024", p->n_embd_head);
+    NEED(p->n_layer_dense_lead == 0 && p->n_expert_shared == 0 && p->n_expert_group <= 1 && !p->exp_probs_b &&
+             !p->fused_gate_up && !p->kv_b_merged && !p->dense_twin && p->q_lora_rank == 0,
+         "qwen3moe has no leading dense layers, shared experts, expert groups, selection bias, fused gate_up, "
+         "MLA layouts or dense twin here");
+    NEED(p->gating_func == 1 && p->expert_weights_norm, "qwen3moe routes with softmax and renormalised weights");
+    NEED(p->rope_yarn_factor == 0, "--yarn-factor: qwen3moe files are written without rope scaling");
+#undef NEED
+    return MOETAX_OK;
+}
+
 moetax_status moetax_gen_validate(const struct moetax_gen_params *p) {
 #define NEED(cond, ...) do { if (!(cond)) return moetax_error(MOETAX_ERR_ARG, __VA_ARGS__); } while (0)
     NEED(p->n_vocab >= 260, "--vocab %d: need at least 260 tokens (256 bytes + BOS/EOS)", p->n_vocab);
@@ -111,11 +176,16 @@ moetax_status moetax_gen_validate(const struct moetax_gen_params *p) {
          "--dense-lead %d must be in 0..layers (%d)", p->n_layer_dense_lead, p->n_layer);
     NEED(p->n_ctx >= 1, "--ctx %d must be >= 1", p->n_ctx);
     NEED(p->n_head >= 1, "--heads %d must be >= 1", p->n_head);
+    if (p->arch == MOETAX_GEN_QWEN3MOE) {
+        moetax_status qst = validate_qwen3moe(p);
+        if (qst) return qst;
+    } else {
     NEED(p->kv_lora_rank >= 1, "--kv-lora %d must be >= 1", p->kv_lora_rank);
     NEED(p->q_lora_rank >= 0, "--q-lora %d must be >= 0", p->q_lora_rank);
     NEED(p->n_embd_head_qk_nope >= 1 && p->n_embd_head_v >= 1, "head dims must be >= 1");
     NEED(p->n_embd_head_qk_rope >= 2 && p->n_embd_head_qk_rope % 2 == 0, "--rope-dim %d must be even and >= 2",
          p->n_embd_head_qk_rope);
+    }
     bool has_moe = p->n_layer_dense_lead < p->n_layer;
     NEED(p->n_layer_dense_lead == 0 || p->n_ff >= 1, "--ff %d must be >= 1 with leading dense layers", p->n_ff);
     if (has_moe) {
@@ -140,7 +210,6 @@ moetax_status moetax_gen_validate(const struct moetax_gen_params *p) {
     NEED(isfinite(p->rope_yarn_log_mul) && p->rope_yarn_log_mul >= 0, "--yarn-log-mul must be >= 0");
     /* the float values the file will hold, checked by the loader's own rules (moetax_hparams_check) */
     struct moetax_hparams hp = {
-        .arch = "deepseek2",
         .n_expert = has_moe ? p->n_expert : 0,
         .expert_weights_scale = p->expert_weights_scale,
         .rms_eps = p->rms_eps,
@@ -152,6 +221,7 @@ moetax_status moetax_gen_validate(const struct moetax_gen_params *p) {
         .rope_beta_slow = 1.0f,
         .kq_scale = 1.0f,         /* derived by the loader */
     };
+    snprintf(hp.arch, sizeof hp.arch, "%s", moetax_gen_arch_name(p->arch));
     if (moetax_hparams_check(&hp, "gen")) { /* an option's fault here, not a file's */
         char msg[512];
         snprintf(msg, sizeof msg, "%s", moetax_last_error());
@@ -213,18 +283,28 @@ static moetax_status build_tensors(const struct moetax_gen_params *p, struct ten
     const int64_t vh = p->n_embd_head_v, kvl = p->kv_lora_rank, ql = p->q_lora_rank;
     const int64_t E = p->n_expert, F = p->n_ff_exp, Fs = (int64_t)p->n_expert_shared * p->n_ff_exp;
     const int64_t twin_ff = (int64_t)p->n_expert_used * F + Fs;
+    const int64_t Hkv = p->n_head_kv, hd = p->n_embd_head;
+    const bool qwen = p->arch == MOETAX_GEN_QWEN3MOE;
     moetax_status st = MOETAX_OK;
 #define ADD(...) do { if ((st = add(l, __VA_ARGS__))) return st; } while (0)
     ADD(INIT_EMBD, 1, 2, d, p->n_vocab, 1, "token_embd.weight", 0);
     for (int il = 0; il < p->n_layer; il++) {
         ADD(INIT_NORM, 1, 1, d, 1, 1, "blk.%d.attn_norm.weight", il);
-        if (ql > 0) {
+        if (qwen) { /* GQA with per-head q/k norms (llama.cpp's qwen3moe) */
+            ADD(INIT_LINEAR, (float)d, 2, d, H * hd, 1, "blk.%d.attn_q.weight", il);
+            ADD(INIT_LINEAR, (float)d, 2, d, Hkv * hd, 1, "blk.%d.attn_k.weight", il);
+            ADD(INIT_LINEAR, (float)d, 2, d, Hkv * hd, 1, "blk.%d.attn_v.weight", il);
+            ADD(INIT_LINEAR, (float)(H * hd), 2, H * hd, d, 1, "blk.%d.attn_output.weight", il);
+            ADD(INIT_NORM, 1, 1, hd, 1, 1, "blk.%d.attn_q_norm.weight", il);
+            ADD(INIT_NORM, 1, 1, hd, 1, 1, "blk.%d.attn_k_norm.weight", il);
+        } else if (ql > 0) {
             ADD(INIT_LINEAR, (float)d, 2, d, ql, 1, "blk.%d.attn_q_a.weight", il);
             ADD(INIT_NORM, 1, 1, ql, 1, 1, "blk.%d.attn_q_a_norm.weight", il);
             ADD(INIT_LINEAR, (float)ql, 2, ql, H * (nope + rope), 1, "blk.%d.attn_q_b.weight", il);
         } else {
             ADD(INIT_LINEAR, (float)d, 2, d, H * (nope + rope), 1, "blk.%d.attn_q.weight", il);
         }
+        if (!qwen) {
         ADD(INIT_LINEAR, (float)d, 2, d, kvl + rope, 1, "blk.%d.attn_kv_a_mqa.weight", il);
         ADD(INIT_NORM, 1, 1, kvl, 1, 1, "blk.%d.attn_kv_a_norm.weight", il);
         if (p->kv_b_merged) {
@@ -234,6 +314,7 @@ static moetax_status build_tensors(const struct moetax_gen_params *p, struct ten
             ADD(INIT_LINEAR, (float)kvl, 3, kvl, vh, H, "blk.%d.attn_v_b.weight", il);
         }
         ADD(INIT_LINEAR, (float)(H * vh), 2, H * vh, d, 1, "blk.%d.attn_output.weight", il);
+        }
         ADD(INIT_NORM, 1, 1, d, 1, 1, "blk.%d.ffn_norm.weight", il);
         if (il < p->n_layer_dense_lead || p->dense_twin) {
             int64_t ff = il < p->n_layer_dense_lead ? p->n_ff : twin_ff;
@@ -325,7 +406,8 @@ static void fill(struct rng *r, const struct gen_tensor *t, float *x, int64_t n)
 static moetax_status write_metadata(const struct moetax_gen_params *p, struct moetax_gguf_writer *w) {
     moetax_status st = MOETAX_OK;
     char key[128];
-#define KEY(s) (snprintf(key, sizeof key, "deepseek2.%s", s), key)
+    const char *arch = moetax_gen_arch_name(p->arch);
+#define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
 #define TRY(x) do { if ((st = (x))) goto out; } while (0)
     struct moetax_gen_vocab v;
     if ((st = moetax_gen_vocab_build(p->n_vocab, &v))) return st;
@@ -333,13 +415,26 @@ static moetax_status write_metadata(const struct moetax_gen_params *p, struct mo
                    : p->wtype == MOETAX_TYPE_Q8_0 ? 7 : 32;
     bool has_moe = !p->dense_twin && p->n_layer_dense_lead < p->n_layer;
     int64_t H = p->n_head;
-    TRY(moetax_gguf_writer_set_str(w, "general.architecture", "deepseek2"));
+    TRY(moetax_gguf_writer_set_str(w, "general.architecture", arch));
     TRY(moetax_gguf_writer_set_str(w, "general.name", p->name ? p->name : "moetax-random"));
     TRY(moetax_gguf_writer_set_u32(w, "general.file_type", ftype));
     TRY(moetax_gguf_writer_set_u32(w, "general.quantization_version", 2));
     TRY(moetax_gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)p->n_ctx));
     TRY(moetax_gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)p->n_embd));
     TRY(moetax_gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)p->n_layer));
+    if (p->arch == MOETAX_GEN_QWEN3MOE) { /* the keys llama.cpp's converter writes for Qwen3-MoE */
+        TRY(moetax_gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)p->n_ff));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)H));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)p->n_embd_head));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)p->n_embd_head));
+        TRY(moetax_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), p->rms_eps));
+        TRY(moetax_gguf_writer_set_f32(w, KEY("rope.freq_base"), p->rope_freq_base));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p->n_ff_exp));
+        goto vocab;
+    }
     if (p->dense_twin && p->n_layer_dense_lead > 0 && p->n_ff != (p->n_expert_used + p->n_expert_shared) * p->n_ff_exp) {
         /* a twin keeps the leading dense layers' width: per-layer widths as an array
          * (llama.cpp reads feed_forward_length as a scalar or a per-layer array) */
@@ -402,6 +497,7 @@ static moetax_status write_metadata(const struct moetax_gen_params *p, struct mo
         TRY(moetax_gguf_writer_set_u32(w, KEY("expert_count"), 0));
         TRY(moetax_gguf_writer_set_u32(w, KEY("expert_used_count"), 0));
     }
+vocab:
     TRY(moetax_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2"));
     TRY(moetax_gguf_writer_set_str(w, "tokenizer.ggml.pre", "default"));
     TRY(moetax_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tokens, (uint64_t)v.n_tokens));

@@ -1,0 +1,252 @@
+/*
+ * gqa.c - grouped-query attention with a plain K/V cache (qwen3moe, as llama.cpp's graph):
+ * per token at position p, with r = H / Hkv query heads per KV head:
+ *   q = W_q x, k = W_k x, v = W_v x (H, Hkv, Hkv heads of hk, hk, hv values)
+ *   q/k RMSNorm (qk_norm: per head over hk with a [hk] weight, or over the whole row with a
+ *   [H*hk] / [Hkv*hk] weight), then RoPE (NEOX or NORM mode) on each head's first n_rot values
+ *   cache[p] = [k of every KV head ; v of every KV head]
+ *   s_j = kq_scale * q_h . k_g(j), g = h / r, j <= p;  o_h = sum_j softmax(s)_j v_g(j)
+ *   x += W_o [o_0 .. o_H-1]
+ *
+ * Barriers (phases) per layer, as MLA's (mla.c): 1 norm+prep, 2 q/k/v projections, 3 q/k
+ * norm + rope + cache row, 4 attention, 5 prep, 6 W_o. One token has no phases 1 and 5 (each
+ * worker normalises / prepares the one row itself, fw_own_row), nor phase 3 when k+v are no
+ * bigger than a worker's share of phase 2 and the q/k norm is per head: one item of phase 2
+ * computes all of k and v and writes the cache row, and each attention item norms and ropes
+ * its own heads' q. So 3 barriers (4 without that fusion).
+ *
+ * The cache is paged (moetax/kvcache.h): a token attends over its own sequence's blocks;
+ * the scores of each block are one matmul over the block's K rows of KV head g (the cache
+ * row's stride) with the item's query heads as the batch, and the weighted sum of the V rows
+ * continues one chain over the blocks (wsum with acc): the result does not depend on where
+ * the blocks lie nor on the other sequences of the micro-batch. F16 cells: the scores read
+ * them with the F16 matmul, and each block's V values are converted to float first.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn/gqa.h"
+
+int64_t gqa_kv_row(const struct moetax_hparams *hp) {
+    return (int64_t)hp->n_head_kv * (hp->n_embd_head_k + hp->n_embd_head_v);
+}
+
+void gqa_rope_token(struct gqa *a, const struct fw_step *s, int64_t t) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_rope_params rp = {
+        .n_dims = (int)hp->n_rot, .mode = (enum moetax_rope_mode)hp->rope_mode, .n_ctx_orig = hp->rope_n_ctx_orig,
+        .freq_base = hp->rope_freq_base, .freq_scale = hp->rope_freq_scale, .ext_factor = hp->rope_ext_factor,
+        .attn_factor = hp->rope_attn_factor, .beta_fast = hp->rope_beta_fast, .beta_slow = hp->rope_beta_slow,
+    };
+    moetax_rope_cache(&rp, s->pos[t], a->ropecs + t * hp->n_rot);
+}
+
+/* q or k heads [h0, h1) of one token (x: the token's row, heads of hd values): the per-head
+ * norm (per-head qk_norm only; a full-width norm is done on the whole row first) and RoPE. */
+static void norm_rope_heads(const struct fw_step *s, const struct gqa *a, float *x, const float *norm_w,
+                            int64_t h0, int64_t h1, int64_t t) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const int64_t hd = hp->n_embd_head_k;
+    for (int64_t h = h0; h < h1; h++) {
+        float *xh = x + h * hd;
+        if (norm_w && hp->qk_norm == MOETAX_QK_NORM_HEAD) s->K->rmsnorm(xh, xh, norm_w, hd, hp->rms_eps);
+        s->K->rope_cached(xh, 1, hd, (int)hp->n_rot, (enum moetax_rope_mode)hp->rope_mode, a->ropecs + t * hp->n_rot);
+    }
+}
+
+/* Token t's q, all heads: full-width norm (if any), per-head norm and rope. */
+static void q_token(const struct fw_step *s, const struct gqa *a, int il, int64_t t) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t H = hp->n_head, hk = hp->n_embd_head_k;
+    float *q = a->q + t * H * hk;
+    if (l->attn_q_norm && hp->qk_norm == MOETAX_QK_NORM_FULL) s->K->rmsnorm(q, q, l->attn_q_norm, H * hk, hp->rms_eps);
+    norm_rope_heads(s, a, q, l->attn_q_norm, 0, H, t);
+}
+
+/* Token t's cache row of layer il: [norm+rope(k) ; v] from a->kvp (F16 cells: made in the
+ * worker's float row, then converted). */
+static void cache_row(const struct fw_step *s, struct gqa *a, struct gqa_worker *wk, int il, int64_t t) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t Hkv = hp->n_head_kv, hk = hp->n_embd_head_k, kvr = a->kv_row;
+    void *cell = moetax_kvcache_row(a->kv, il, s->seq[t], s->pos[t]);
+    float *dst = a->f16 ? wk->row : cell;
+    memcpy(dst, a->kvp + t * kvr, sizeof(float) * (size_t)kvr);
+    if (l->attn_k_norm && hp->qk_norm == MOETAX_QK_NORM_FULL) s->K->rmsnorm(dst, dst, l->attn_k_norm, Hkv * hk, hp->rms_eps);
+    norm_rope_heads(s, a, dst, l->attn_k_norm, 0, Hkv, t);
+    if (a->f16) s->K->fp32_to_fp16(dst, cell, kvr);
+}
+
+void gqa_attention(struct worker *w, struct gqa *a, int il) {
+    struct fw_step *s = w->s;
+    const struct moetax_model *m = s->m;
+    const struct moetax_hparams *hp = &m->hp;
+    const struct moetax_layer *l = &m->layers[il];
+    const struct moetax_kernels *K = s->K;
+    const int64_t n = s->n, d = hp->n_embd, H = hp->n_head, Hkv = hp->n_head_kv;
+    const int64_t hk = hp->n_embd_head_k, hv = hp->n_embd_head_v, kvr = a->kv_row, r = H / Hkv;
+    int64_t r0, r1;
+
+    /* 1: attn_norm, prepare (one token: each worker itself, in phase 2; see fw_norm_input) */
+    const struct act *ain = fw_norm_input(w, MOETAX_PHASE_NORM, MOETAX_PHASE_ATTN, il, s->xn, s->x, l->attn_norm, d);
+
+    /* 2: q, k and v projections, the rows of all three split together (blocks of 64 rows
+     * from each matrix's first row: k's rows are numbered from nq rounded up to 64, v's from
+     * there plus nk rounded up) */
+    const int64_t nq = l->wq.ne[1], nk = l->wk.ne[1], nv = l->wv.ne[1];
+    const int64_t nq64 = (nq + 63) / 64 * 64, nk64 = (nk + 63) / 64 * 64;
+    const size_t kv_bytes = l->wk.mat_bytes + l->wv.mat_bytes;
+    const bool fuse = n == 1 && hp->qk_norm != MOETAX_QK_NORM_FULL &&
+                      kv_bytes * (size_t)w->nth <= kv_bytes + l->wq.mat_bytes;
+    struct gqa_worker *wk = &a->wk[w->ith];
+    if (!fuse) {
+        while (fw_rows(w, nq64 + nk64 + nv, 64, &r0, &r1)) {
+            if (r0 < nq) fw_matmul(s, &l->wq, 0, r0, r1 < nq ? r1 : nq, ain, 0, n, a->q, nq);
+            else if (r0 >= nq64 && r0 < nq64 + nk)
+                fw_matmul(s, &l->wk, 0, r0 - nq64, (r1 < nq64 + nk ? r1 : nq64 + nk) - nq64, ain, 0, n, a->kvp, kvr);
+            else if (r0 >= nq64 + nk64)
+                fw_matmul(s, &l->wv, 0, r0 - nq64 - nk64, r1 - nq64 - nk64, ain, 0, n, a->kvp + nk, kvr);
+        }
+    } else {
+        /* item 0 is all of k and v and then the token's cache row (phase 3 needs no item for
+         * it); then q's blocks, normed and roped per head by the attention items */
+        const int64_t nqb = (nq + 63) / 64;
+        for (int64_t it; (it = fw_chunk(w, 1 + nqb, 1)) >= 0;) {
+            if (it == 0) {
+                fw_matmul(s, &l->wk, 0, 0, nk, ain, 0, 1, a->kvp, kvr);
+                fw_matmul(s, &l->wv, 0, 0, nv, ain, 0, 1, a->kvp + nk, kvr);
+                cache_row(s, a, wk, il, 0);
+            } else {
+                r0 = (it - 1) * 64;
+                r1 = r0 + 64 < nq ? r0 + 64 : nq;
+                fw_matmul(s, &l->wq, 0, r0, r1, ain, 0, 1, a->q, nq);
+            }
+        }
+    }
+    fw_phase_end(w);
+
+    /* 3: per token: q norm + rope; k norm + rope and [k ; v] into the cache */
+    if (!fuse) {
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+        for (int64_t it; (it = fw_chunk(w, 2 * n, 1)) >= 0;) {
+            if (it < n) cache_row(s, a, wk, il, it);
+            else q_token(s, a, il, it - n);
+        }
+        fw_phase_end(w);
+    }
+
+    /* 4: attention per (token, KV head, part of its query heads): the KV head's rows are
+     * read once for the item's heads (scores = one matmul per cache block with the item's
+     * queries as the batch) */
+    fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+    const int64_t S = w->nth > 1 && Hkv < 2 * w->nth ? ((2 * w->nth + Hkv - 1) / Hkv < r ? (2 * w->nth + Hkv - 1) / Hkv : r)
+                                                     : 1; /* parts per KV head */
+    const int64_t bs = moetax_kvcache_block_size(a->kv);
+    int64_t np_max = 0;
+    for (int64_t t = 0; t < n; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
+    const enum moetax_type ct = a->f16 ? MOETAX_TYPE_F16 : MOETAX_TYPE_F32;
+    const size_t esz = a->f16 ? sizeof(uint16_t) : sizeof(float), crow = esz * (size_t)kvr;
+    for (int64_t it; (it = fw_chunk(w, n * Hkv * S, 1)) >= 0;) {
+        const int64_t t = it / (Hkv * S), g = it / S % Hkv, part = it % S;
+        const int64_t h0 = g * r + r * part / S, h1 = g * r + r * (part + 1) / S, nh = h1 - h0;
+        const int64_t np = s->pos[t] + 1;
+        float *q = a->q + t * H * hk;
+        if (fuse) norm_rope_heads(s, a, q, l->attn_q_norm, h0, h1, t);
+        int32_t nblk;
+        const int32_t *blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk);
+        float *sc = wk->sc; /* [nh][np_max] */
+        for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
+            const int64_t nr = np - j0 < bs ? np - j0 : bs;
+            const char *rows = (const char *)moetax_kvcache_block_rows(a->kv, il, blk[b]) + esz * (size_t)(g * hk);
+            K->matmul(ct, rows, crow, 0, nr, hk, q + h0 * hk, nh, sc + j0, np_max);
+        }
+        for (int64_t hh = 0; hh < nh; hh++) {
+            K->scale(sc + hh * np_max, hp->kq_scale, np);
+            K->softmax(sc + hh * np_max, np);
+        }
+        float *o = a->attv + t * H * hv + h0 * hv;
+        for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
+            const int64_t nr = np - j0 < bs ? np - j0 : bs;
+            const char *rows = (const char *)moetax_kvcache_block_rows(a->kv, il, blk[b]) +
+                               esz * (size_t)(Hkv * hk + g * hv);
+            if (a->f16) {
+                for (int64_t rr = 0; rr < nr; rr++)
+                    K->fp16_to_fp32((const uint16_t *)rows + rr * kvr, wk->vb + rr * hv, hv);
+                K->wsum(o, hv, sc + j0, np_max, nh, wk->vb, hv, nr, hv, j0 > 0);
+            } else {
+                K->wsum(o, hv, sc + j0, np_max, nh, (const float *)rows, kvr, nr, hv, j0 > 0);
+            }
+        }
+        (void)nblk;
+    }
+    fw_phase_end(w);
+
+    /* 5: prepare the concatenated head outputs (one token: each worker itself, in phase 6) */
+    const struct act *aov = &s->a_in;
+    if (n > 1) {
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+        fw_split(w, n, 1, &r0, &r1);
+        struct act av = fw_act_view(&s->a_in, a->attv, H * hv, n);
+        fw_act_publish(w, &s->a_in, &av);
+        fw_act_prep(s, &av, r0, r1);
+        fw_phase_end(w);
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+    } else {
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+        aov = fw_own_row(w, a->attv, H * hv, NULL);
+    }
+
+    /* 6: x += W_o attv; each block of output rows belongs to one worker */
+    while (fw_rows(w, d, 64, &r0, &r1)) {
+        fw_matmul(s, &l->wo, 0, r0, r1, aov, 0, n, a->out, d);
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t rr = r0; rr < r1; rr++) s->x[t * d + rr] += a->out[t * d + rr];
+    }
+    fw_phase_end(w);
+}
+
+/* ---- buffers ------------------------------------------------------------------------ */
+
+moetax_status gqa_init(struct gqa *a, const struct fw_step *s, struct moetax_kvcache *kv) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const int64_t U = s->n_ubatch, d = hp->n_embd, H = hp->n_head, hk = hp->n_embd_head_k, hv = hp->n_embd_head_v;
+    const int64_t cells = moetax_kvcache_n_cells(kv), bs = moetax_kvcache_block_size(kv);
+    memset(a, 0, sizeof *a);
+    a->kv = kv;
+    a->kv_row = gqa_kv_row(hp);
+    a->f16 = moetax_kvcache_type(kv) == MOETAX_TYPE_F16;
+    a->n_threads = s->n_threads;
+    a->q = calloc((size_t)(U * H * hk), sizeof(float));
+    a->kvp = calloc((size_t)(U * a->kv_row), sizeof(float));
+    a->attv = calloc((size_t)(U * H * hv), sizeof(float));
+    a->out = calloc((size_t)(U * d), sizeof(float));
+    a->ropecs = calloc((size_t)(U * (hp->n_rot > 0 ? hp->n_rot : 1)), sizeof(float));
+    a->wk = calloc((size_t)a->n_threads, sizeof *a->wk);
+    bool ok = a->q && a->kvp && a->attv && a->out && a->ropecs && a->wk;
+    for (int i = 0; ok && i < a->n_threads; i++) {
+        struct gqa_worker *wk = &a->wk[i];
+        wk->sc = calloc((size_t)(H * cells), sizeof(float)); /* an item has at most r <= H heads */
+        wk->row = calloc((size_t)a->kv_row, sizeof(float));
+        wk->vb = a->f16 ? calloc((size_t)(bs * hv), sizeof(float)) : NULL;
+        ok = wk->sc && wk->row && (!a->f16 || wk->vb);
+    }
+    if (!ok) {
+        gqa_free(a);
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory for attention buffers");
+    }
+    return MOETAX_OK;
+}
+
+void gqa_free(struct gqa *a) {
+    free(a->q); free(a->kvp); free(a->attv); free(a->out); free(a->ropecs);
+    if (a->wk)
+        for (int i = 0; i < a->n_threads; i++) {
+            free(a->wk[i].sc);
+            free(a->wk[i].row);
+            free(a->wk[i].vb);
+        }
+    free(a->wk);
+    memset(a, 0, sizeof *a);
+}

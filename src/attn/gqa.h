@@ -1,0 +1,41 @@
+/* gqa.h - grouped-query attention over the paged KV cache (qwen3moe; see gqa.c): the
+ * attention stage's own buffers and its entry points, the same as MLA's (mla.h). Internal. */
+#ifndef MOETAX_GQA_H
+#define MOETAX_GQA_H
+
+#include "model/step.h"
+#include "moetax/kvcache.h"
+
+/* per-worker scratch of attention */
+struct gqa_worker {
+    float *sc;  /* [heads of an item][cells] scores */
+    float *row; /* [kv_row] a cache row before its conversion (F16 cells) */
+    float *vb;  /* [block_size, hv] a block's V values of one KV head in float (F16 cells) */
+};
+
+struct gqa {
+    struct moetax_kvcache *kv; /* not owned; a cell's row per layer is kv_row values */
+    int64_t kv_row;            /* Hkv*hk + Hkv*hv: [K of every KV head ; V of every KV head] */
+    bool f16;                  /* the cache's cells are F16 */
+    /* micro-batch buffers (U = n_ubatch) */
+    float *q;              /* [U, H*hk] */
+    float *kvp;            /* [U, kv_row] k and v projections, the cache row's layout */
+    float *attv;           /* [U, H*hv] attention outputs, heads concatenated */
+    float *out;            /* [U, d] W_o output before the residual add */
+    float *ropecs;         /* [U, n_rot] cos/sin of each token's position */
+    struct gqa_worker *wk; /* [n_threads] */
+    int n_threads;
+};
+
+moetax_status gqa_init(struct gqa *a, const struct fw_step *s, struct moetax_kvcache *kv);
+void gqa_free(struct gqa *a);
+/* The floats of a cache row per layer for this model's GQA. */
+int64_t gqa_kv_row(const struct moetax_hparams *hp);
+/* Token t's rope cos/sin for its position s->pos[t] (any worker, own tokens). */
+void gqa_rope_token(struct gqa *a, const struct fw_step *s, int64_t t);
+/* Layer il: x += W_o attention(attn_norm(x)), each token over its own sequence's cached
+ * positions 0 .. pos (its own row written first); uses phases, ends with a barrier. The
+ * tokens' cells must be reserved (moetax_kvcache_reserve). */
+void gqa_attention(struct worker *w, struct gqa *a, int il);
+
+#endif
