@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 # ctest-labels: unit;model
 """test_model_ref.py - moetax's logits against the independent NumPy reference
-(tests/ref/deepseek2_ref.py, float64, its own GGUF reader) on tiny V2-style and
-V3-style models: the prompt (one prefill batch) and 8 greedy decode steps.
+(tests/ref/deepseek2_ref.py and tests/ref/qwen3moe_ref.py, float64, its own GGUF reader) on tiny
+V2-style, V3-style and qwen3moe models: the prompt (one prefill batch) and 8 greedy decode steps.
+qwen3moe (GQA, per-head q/k norm, NEOX rope, renormalised softmax routing) takes the same
+tolerances; one of its cases has a 40-token prompt, so attention runs over two KV cache blocks.
 
 The reference computes on the dequantized weights. Errors are max |moetax - ref|
 over a row's logits divided by max |ref| over all rows.
@@ -41,6 +43,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "ref"))
 import deepseek2_ref  # noqa: E402
+import qwen3moe_ref  # noqa: E402
+
+REF = {"deepseek2": deepseek2_ref, "qwen3moe": qwen3moe_ref}
 
 TOL = {"f32": 2e-5, "f16": 2e-5, "bf16": 2e-5, "q8_0": 5e-6, "q4_0": 5e-6}
 QUANT = ("q8_0", "q4_0")
@@ -63,7 +68,9 @@ def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8):
     quant = wtype in QUANT
     tag = f"{name:10s} {wtype:5s}"
 
-    model = deepseek2_ref.Model(path)
+    arch = gen_args[gen_args.index("--arch") + 1] if "--arch" in gen_args else "deepseek2"
+    ref_mod = REF[arch]
+    model = ref_mod.Model(path)
     ref = model.forward(tokens)[:n_rows]
     ours = ours.reshape(ref.shape)
     if quant:   # float activations: informational, sanity bound only
@@ -72,7 +79,7 @@ def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8):
         agree = float(np.mean(np.argmax(ours, axis=1) == np.argmax(ref, axis=1)))
         print(f"{tag} float act (info): rel {err / mag:.2e}  argmax agree {agree:.0%}")
         check(err <= LOOSE * mag, f"{name} {wtype}: float-activation rel error {err / mag:.3g} > {LOOSE}")
-        model = deepseek2_ref.Model(path, act_quant=True)
+        model = ref_mod.Model(path, act_quant=True)
         ref = model.forward(tokens)[:n_rows]
 
     mag = float(np.abs(ref).max())
@@ -141,6 +148,14 @@ def main():
                        ("v3-groups-layout", groups + ["--fused-gate-up", "--kv-b-merged", "--seed", "12"]),
                        ("v3-odd-rows", odd + ["--seed", "13"])]:
         compare(moetax, work, name, args, "q4_0", prompt)
+    # qwen3moe: GQA 2:1 (tiny), 4:1 with wider heads, and a prompt over two KV cache blocks
+    q3 = ["--arch", "qwen3moe", "--preset", "tiny"]
+    q3_wide = q3 + ["--embd", "128", "--heads", "8", "--heads-kv", "2", "--head-dim", "32", "--experts", "16",
+                    "--experts-used", "4", "--expert-ff", "64", "--seed", "7"]
+    long_prompt = [(37 * i + 5) % 512 for i in range(40)]
+    for name, args, pr in [("q3", q3, prompt), ("q3-wide", q3_wide, prompt), ("q3-long", q3 + ["--seed", "3"], long_prompt)]:
+        for wtype in ("f32", "f16", "bf16", "q8_0", "q4_0"):
+            compare(moetax, work, name, args, wtype, pr)
     return summary()
 
 
