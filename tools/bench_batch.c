@@ -63,7 +63,7 @@ static moetax_status one_batch(const struct moetax_model *m, const char *base, s
     const double expert_total = (double)cli_store_expert_bytes(m);
     const double nonexpert = moetax_model_active_bytes_k(m, o->experts_used) -
                              (m->hp.n_expert ? expert_total * k / m->hp.n_expert : 0);
-    const double kv_row_bytes = (double)(m->hp.kv_lora_rank + m->hp.n_embd_head_qk_rope) * sizeof(float) * m->hp.n_layer;
+    const double kv_row_bytes = (double)moetax_ctx_kv_bytes(c) / (double)moetax_ctx_n_ctx(c); /* a cell, all layers (MLA or GQA) */
     int nt = 0, nrep = 0, npair = 0;
     struct moetax_ledger_moe_stats ms0 = {0}, ms1;
     double ph0[MOETAX_PHASE_COUNT], ph1[MOETAX_PHASE_COUNT], wall0 = 0, wall1;

@@ -44,7 +44,7 @@ static bool expert_ptrs(struct worker *w, struct moe *b, int il, int32_t e, cons
     const struct moetax_layer *l = &s->m->layers[il];
     if (!b->store) {
         /* fused gate_up: gate_exps and up_exps share the fused tensor's 2F-row stride, up
-         * starting F rows in (see deepseek2.c), so one formula serves both layouts */
+         * starting F rows in (see src/model/arch_deepseek2.c), so one formula serves both layouts */
         *gate = (const char *)l->gate_exps.data + (size_t)e * l->gate_exps.mat_bytes;
         *up = (const char *)l->up_exps.data + (size_t)e * l->up_exps.mat_bytes;
         *down = (const char *)l->down_exps.data + (size_t)e * l->down_exps.mat_bytes;
