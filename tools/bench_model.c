@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "bench.h"
+#include "config_cli.h"
 #include "cli.h"
 #include "ledger_cli.h"
 #include "store_cli.h"
@@ -43,6 +44,7 @@ static void usage(FILE *f) {
                "                 (robust to a machine whose bandwidth drifts; decode, without --expert-budget)\n"
                "  --no-mem       skip the read-bandwidth probe (no roofline ratio)\n"
                CLI_CACHE_TYPE_HELP
+               CLI_CONFIG_HELP
                "  --no-mmap      copy the weights into private memory of 2 MiB pages instead of reading them\n"
                "                 in place from the file mapping (see weights_huge_share)\n"
                "  --experts-used K  route each token to K experts instead of the file's count (run-time\n"
@@ -437,10 +439,20 @@ int bench_model_main(int argc, char **argv) {
     int nth = 0;
     struct bench_batch_opts bo = {.overflow = MOETAX_OVERFLOW_DROP};
     const char *text_path = NULL;
+    struct cli_config cfg; /* --config: defaults, the options below win */
+    if (cli_config_scan(argc, argv, &cfg)) return cli_usage_error("bench", "%s", moetax_last_error());
+    if (cfg.loaded) {
+        if (cfg.threads) th[0] = cfg.threads, nth = 1;
+        o.experts_used = o.so.n_expert_used = o.lo.n_expert_used = cfg.experts_used;
+        o.no_mmap = cfg.no_mmap, o.kv_type = cfg.cache_type;
+        bo.capacity_factor = (float)cfg.capacity_factor, bo.overflow = cfg.overflow;
+        cli_config_store(&cfg, &o.so);
+    }
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;
         if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+        else if (cli_config_opt(argc, argv, &i, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, "-m", "--model", &model, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, NULL, "--twin", &twin, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, "-p", "--n-prompt", &v, &err)) {
@@ -522,7 +534,7 @@ int bench_model_main(int argc, char **argv) {
         free(text_ids);
         return st ? cli_fail("bench", st) : 0;
     }
-    if (bo.capacity_factor > 0) return cli_usage_error("bench", "--capacity-factor applies to --batch runs");
+    if (bo.capacity_factor > 0 && !cfg.loaded) return cli_usage_error("bench", "--capacity-factor applies to --batch runs");
     if (!model) return cli_usage_error("bench", "no model given (-m FILE); for the machine alone see 'moetax bench mem'");
     /* a 0 in a list means "none of this kind" */
     int k = 0;

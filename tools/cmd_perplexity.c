@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "config_cli.h"
 #include "commands.h"
 #include "moetax/kvcache.h"
 #include "moetax/ledger.h"
@@ -49,6 +50,7 @@ static void usage(FILE *f) {
                "  --check-finite  check every hidden state after each layer (a NaN or inf names the layer)\n"
                "  --json       print the result as one JSON object on stdout\n"
                CLI_CACHE_TYPE_HELP
+               CLI_CONFIG_HELP
                CLI_MAX_INPUT_HELP
                "               (per file)\n"
                "A NaN or infinite log-likelihood (a broken model) is an error naming the file and the token.\n"
@@ -184,10 +186,17 @@ int cmd_perplexity(int argc, char **argv) {
     enum moetax_overflow overflow = MOETAX_OVERFLOW_DROP;
     struct moetax_ledger *led = NULL;
     uint64_t max_input = 0;
+    struct cli_config cfg; /* --config: defaults, the options below win */
+    if (cli_config_scan(argc, argv, &cfg)) return cli_usage_error("perplexity", "%s", moetax_last_error());
+    if (cfg.loaded) {
+        n_threads = cfg.threads, k_ctx = cfg.experts_used, mp.no_mmap = cfg.no_mmap, kv_type = cfg.cache_type;
+        capf = cfg.capacity_factor, overflow = cfg.overflow;
+    }
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;
         if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+        else if (cli_config_opt(argc, argv, &i, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, "-m", "--model", &model, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, "-f", "--file", &input, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, "-c", "--ctx", &v, &err)) {

@@ -13,6 +13,7 @@
 #include "ledger_cli.h"
 #include "store_cli.h"
 #include "run_parallel.h"
+#include "config_cli.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -46,6 +47,7 @@ static void usage(FILE *f) {
             "  --json               print the final statistics as one JSON object on stdout (the only thing on\n"
             "                       stdout: the prompt and the text go to stderr)\n"
             CLI_CACHE_TYPE_HELP
+            CLI_CONFIG_HELP
             CLI_MAX_INPUT_HELP
             "%s%s", cli_ledger_help(), cli_store_help());
 }
@@ -77,12 +79,19 @@ int cmd_run(int argc, char **argv) {
     struct cli_ledger_opts lo = {0};
     struct cli_store_opts so = {0};
     uint64_t max_input = 0;
+    struct cli_config cfg; /* --config: defaults, the options below win */
+    if (cli_config_scan(argc, argv, &cfg)) return cli_usage_error("run", "%s", moetax_last_error());
+    if (cfg.loaded) {
+        n_threads = cfg.threads, k_ctx = cfg.experts_used, mp.no_mmap = cfg.no_mmap, kv_type = cfg.cache_type;
+        cli_config_store(&cfg, &so);
+    }
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;
         int64_t iv;
         double fv;
         if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+        else if (cli_config_opt(argc, argv, &i, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, "-m", "--model", &model, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, "-p", "--prompt", &prompt, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, "-f", "--file", &pfile, &err)) { if (err) return 2; }

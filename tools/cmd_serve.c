@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "store_cli.h"
+#include "config_cli.h"
 #include "moetax/store.h"
 #include "moetax/kvcache.h"
 #include "moetax/model.h"
@@ -50,6 +51,7 @@ static void usage(FILE *f) {
             "  --capacity-factor C    cap each expert at ceil(C x tokens x k / E) assignments per step (off by\n"
             "                         default); --overflow drop|reroute\n"
             CLI_CACHE_TYPE_HELP
+            CLI_CONFIG_HELP
             "%s"
             "A request's prompt + max_tokens must fit min(-c, the model's context length) positions (else 400).\n"
             "GET /tax[?window=S] gives the bill of the last S seconds (default 60) as JSON.\n", cli_store_help());
@@ -76,10 +78,18 @@ int cmd_serve(int argc, char **argv) {
     double capf = 0;
     enum moetax_overflow overflow = MOETAX_OVERFLOW_DROP;
     struct cli_store_opts so = {0};
+    struct cli_config cfg; /* --config: defaults, the options below win */
+    if (cli_config_scan(argc, argv, &cfg)) return cli_usage_error("serve", "%s", moetax_last_error());
+    if (cfg.loaded) {
+        n_threads = cfg.threads, k_ctx = cfg.experts_used, no_mmap = cfg.no_mmap, kv_type = cfg.cache_type;
+        capf = cfg.capacity_factor, overflow = cfg.overflow;
+        cli_config_store(&cfg, &so);
+    }
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;
         int64_t iv;
+        if (cli_config_opt(argc, argv, &i, &err)) { if (err) return 2; continue; }
         if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
         else if (cli_opt(argc, argv, &i, "-m", "--model", &model, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, NULL, "--host", &host, &err)) { if (err) return 2; }

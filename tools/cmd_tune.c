@@ -1,0 +1,673 @@
+/* cmd_tune.c - `moetax tune`: choose the levers that cut the tax for a model, this
+ * machine and a workload, with the quality cost measured.
+ *
+ * Levers: threads (1 .. online CPUs), routed experts per token (the file's k down to
+ * ceil(k/2)), --no-mmap (weights in private 2 MiB pages), and, for --workload batch:N,
+ * the capacity factor (off, 2, 1.5, 1.25; drop). Quality depends on k and the capacity
+ * factor only (threads and paging change no bit, or float rounding at most), so it is
+ * measured once per (k, capacity): the mean KL divergence of the next-token
+ * distributions against the exact configuration on a calibration text, top-1
+ * agreement, and the perplexity change. Speed is measured for every configuration as a
+ * paired ratio against the default one (all threads, the file's k, mapped, no capacity
+ * factor), run alternately in the same process, because these machines drift.
+ *
+ * Search within --time (successive halving): 1. quality of every (k, capacity) on a short
+ * text; those within twice the allowed loss go on; 2. a short speed pair for each of them
+ * x threads x paging; the better half goes on; 3. the long text's quality and three
+ * speed pairs for those. The Pareto front (speed vs KL) of stage 3, the recommendation
+ * (the fastest within --max-quality-loss of perplexity), and --explain (the ledger's
+ * phases of the default against the recommendation) are printed; -o writes the
+ * recommendation as a configuration run/bench/perplexity/serve read with --config;
+ * --html a page with the front as an SVG chart. */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+#include "commands.h"
+#include "config_cli.h"
+#include "moetax/ledger.h"
+#include "moetax/model.h"
+#include "moetax/outfile.h"
+#include "moetax/tokenizer.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: moetax tune [-m FILE] [--time 10m] [--max-quality-loss 1%%] [--workload decode|batch:N]\n"
+               "                   [--calib TEXT|DIR] [-o CONFIG.json] [--html PAGE] [--explain] [--json]\n\n"
+               "Sweeps the levers that apply (threads, routed experts per token from the file's k down to k/2,\n"
+               "--no-mmap, and for batch:N the capacity factor), measures decode speed as paired ratios against\n"
+               "the default configuration run alternately, and quality as the KL divergence of next-token\n"
+               "distributions against the exact configuration, top-1 agreement and the perplexity change on a\n"
+               "calibration text; successive halving within --time. Prints the Pareto front (speed vs KL) and a\n"
+               "recommendation: the fastest configuration whose perplexity rises by at most --max-quality-loss.\n"
+               "  --calib TEXT|DIR  calibration text (default: the default model's held-out Python files from\n"
+               "                    /usr/lib/python3.11, as tools/train/corpus.py splits them)\n"
+               "  --workload W      decode (one sequence, the default) or batch:N (N sequences decoding together)\n"
+               "  -o FILE           write the recommendation as a configuration (--config FILE elsewhere)\n"
+               "  --html PAGE       the results and the front as one page\n"
+               "  --explain         the ledger's phases per token of the default and the recommendation\n"
+               "  --json            the results as JSON lines on stdout\n");
+}
+
+/* ---- calibration text ------------------------------------------------------------------ */
+
+static uint32_t crc32_of(const char *s) {
+    uint32_t c = 0xffffffffu;
+    for (; *s; s++) {
+        c ^= (uint8_t)*s;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0xedb88320u : c >> 1;
+    }
+    return c ^ 0xffffffffu;
+}
+
+/* Relative paths of the *.py files under root/rel (recursive), appended to *v. */
+static void walk_py(const char *root, const char *rel, char ***v, int *n, int *cap) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s%s%s", root, rel[0] ? "/" : "", rel);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char r2[4096], full[8192];
+        snprintf(r2, sizeof r2, "%s%s%s", rel, rel[0] ? "/" : "", e->d_name);
+        snprintf(full, sizeof full, "%s/%s", root, r2);
+        struct stat sb;
+        if (lstat(full, &sb)) continue;
+        if (S_ISDIR(sb.st_mode)) walk_py(root, r2, v, n, cap);
+        else if (S_ISREG(sb.st_mode) && strlen(e->d_name) > 3 && !strcmp(e->d_name + strlen(e->d_name) - 3, ".py")) {
+            if (*n == *cap) {
+                char **nv = realloc(*v, sizeof **v * (size_t)(*cap = *cap ? 2 * *cap : 256));
+                if (!nv) break;
+                *v = nv;
+            }
+            (*v)[(*n)++] = strdup(r2);
+        }
+    }
+    closedir(d);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The calibration tokens: --calib's file(s), or the held-out stdlib files; up to max_tokens. */
+static moetax_status calib_tokens(const struct moetax_tokenizer *tok, const char *calib, int64_t max_tokens, int32_t **out,
+                                  int64_t *n_out) {
+    char **files = NULL;
+    int n_files = 0, cap = 0;
+    const char *root = "/usr/lib/python3.11";
+    moetax_status st = MOETAX_OK;
+    if (calib) st = cli_list_inputs(calib, &files, &n_files);
+    else {
+        walk_py(root, "", &files, &n_files, &cap);
+        qsort(files, (size_t)n_files, sizeof *files, cmp_str);
+        int k = 0;
+        for (int i = 0; i < n_files; i++) {
+            if (crc32_of(files[i]) % 20 == 0) {
+                char full[8192];
+                snprintf(full, sizeof full, "%s/%s", root, files[i]);
+                free(files[i]);
+                files[k++] = strdup(full);
+            } else free(files[i]);
+        }
+        n_files = k;
+        if (!n_files)
+            st = moetax_error(MOETAX_ERR_NOT_FOUND, "no calibration text: %s holds no held-out Python files (pass --calib "
+                              "TEXT|DIR)", root);
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(max_tokens + 1));
+    int64_t n = 0;
+    if (!st && !ids) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    const bool bos = moetax_tokenizer_add_bos(tok) && moetax_tokenizer_bos(tok) >= 0;
+    for (int f = 0; !st && f < n_files && n < max_tokens; f++) {
+        char *text;
+        size_t len;
+        if (cli_read_file(files[f], 64 << 20, &text, &len)) continue; /* unreadable ones are skipped */
+        int32_t *buf = malloc(sizeof(int32_t) * (len + 2));
+        int64_t m = 0;
+        if (buf && !moetax_tokenizer_encode(tok, text, len, bos, buf, (int64_t)len + 2, &m)) {
+            const int64_t take = m < max_tokens - n ? m : max_tokens - n;
+            memcpy(ids + n, buf, sizeof(int32_t) * (size_t)take);
+            n += take;
+        }
+        free(buf);
+        free(text);
+    }
+    for (int f = 0; f < n_files; f++) free(files[f]);
+    free(files);
+    if (!st && n < 64) st = moetax_error(MOETAX_ERR_ARG, "the calibration text has %lld tokens (at least 64 needed)", (long long)n);
+    if (st) { free(ids); return st; }
+    *out = ids;
+    *n_out = n;
+    return MOETAX_OK;
+}
+
+/* ---- configurations ------------------------------------------------------------------------ */
+
+struct tcfg {
+    int threads, k;
+    float cap;          /* 0: off */
+    bool no_mmap;
+};
+
+struct tres {
+    struct tcfg c;
+    int stage;          /* the last stage it reached */
+    bool q_long;        /* quality on the long text */
+    double kl, top1, ppl, dppl; /* quality (dppl: relative perplexity change) */
+    double ratio, tps, tax, p99_ms; /* speed: paired ratio against the default, its tokens/s */
+    double phase_us[MOETAX_PHASE_COUNT];
+    bool pareto;
+};
+
+struct tune {
+    const char *model_path;
+    struct moetax_model *m[2];  /* mapped, no_mmap (loaded when first needed) */
+    int32_t *calib;
+    int64_t n_calib, n_short, window;
+    int batch;                  /* 1: decode */
+    float *ref;                 /* exact log-probabilities [n_calib - 1, V] (the long text) */
+    double ref_ppl[2];          /* exact perplexity on the short and the long text */
+    double t_end;
+};
+
+static moetax_status model_for(struct tune *t, bool no_mmap, struct moetax_model **out) {
+    if (!t->m[no_mmap]) {
+        struct moetax_model_params mp = {.no_mmap = no_mmap};
+        moetax_status st = moetax_model_load_ex(t->model_path, &mp, &t->m[no_mmap]);
+        if (st) return st;
+    }
+    *out = t->m[no_mmap];
+    return MOETAX_OK;
+}
+
+/* log-softmax of a row in double, into lp (as float) */
+static void log_softmax(const float *x, int64_t V, float *lp) {
+    float mx = x[0];
+    for (int64_t v = 1; v < V; v++) mx = x[v] > mx ? x[v] : mx;
+    double s = 0;
+    for (int64_t v = 0; v < V; v++) s += exp((double)x[v] - mx);
+    const double ls = log(s) + mx;
+    for (int64_t v = 0; v < V; v++) lp[v] = (float)((double)x[v] - ls);
+}
+
+/* Logits of calibration tokens [0, n) under configuration c, in windows of t->window tokens
+ * from an empty cache, scored as t->batch sequences of one batch (interleaved) when > 1:
+ * cb(token index j, logits row predicting token j + 1). */
+typedef void (*row_cb)(void *u, int64_t j, const float *row);
+static moetax_status run_windows(struct tune *t, const struct tcfg *c, int64_t n, row_cb cb, void *u) {
+    struct moetax_model *m;
+    moetax_status st = model_for(t, c->no_mmap, &m);
+    if (st) return st;
+    const int B = t->batch;
+    const int64_t W = t->window;
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)(B * ((W + 31) / 32 * 32)), .n_threads = c->threads,
+                                   .n_expert_used = c->k, .capacity_factor = c->cap, .n_seq_max = B,
+                                   .n_ubatch = B > 1 ? B : 64};
+    struct moetax_ctx *ctx;
+    if ((st = moetax_ctx_init(m, &cp, &ctx))) return st;
+    struct moetax_batch b;
+    if ((st = moetax_batch_init(&b, (int32_t)(B * W)))) { moetax_ctx_free(ctx); return st; }
+    for (int64_t g0 = 0; !st && g0 < n - 1; g0 += (int64_t)B * W) {
+        moetax_ctx_reset(ctx);
+        moetax_batch_clear(&b);
+        for (int64_t i = 0; i < W; i++)
+            for (int q = 0; q < B; q++) {
+                const int64_t j = g0 + (int64_t)q * W + i;
+                if (j < n - 1 && i < W) moetax_batch_add(&b, t->calib[j], (int32_t)i, q, true);
+            }
+        if (!b.n_tokens) break;
+        if ((st = moetax_ctx_decode(ctx, &b))) break;
+        for (int e = 0; e < b.n_tokens; e++) cb(u, g0 + (int64_t)b.seq[e] * W + b.pos[e], moetax_ctx_logits_ith(ctx, e));
+    }
+    moetax_batch_free(&b);
+    moetax_ctx_free(ctx);
+    return st;
+}
+
+struct ref_u { struct tune *t; int64_t V; double nll; int64_t n; };
+static void ref_row(void *u, int64_t j, const float *row) {
+    struct ref_u *r = u;
+    float *lp = r->t->ref + (size_t)j * (size_t)r->V;
+    log_softmax(row, r->V, lp);
+    r->nll -= lp[r->t->calib[j + 1]];
+    r->n++;
+}
+
+struct q_u { struct tune *t; int64_t V; float *lp; double kl, nll; int64_t n, top1; };
+static void q_row(void *u, int64_t j, const float *row) {
+    struct q_u *q = u;
+    const float *p = q->t->ref + (size_t)j * (size_t)q->V;
+    log_softmax(row, q->V, q->lp);
+    double kl = 0;
+    int64_t a = 0, b = 0;
+    for (int64_t v = 0; v < q->V; v++) {
+        kl += exp((double)p[v]) * ((double)p[v] - (double)q->lp[v]);
+        if (p[v] > p[a]) a = v;
+        if (q->lp[v] > q->lp[b]) b = v;
+    }
+    q->kl += kl > 0 ? kl : 0;
+    q->top1 += a == b;
+    q->nll -= q->lp[q->t->calib[j + 1]];
+    q->n++;
+}
+
+/* Quality of c on the first n calibration tokens (n = n_short or n_calib). */
+static moetax_status quality(struct tune *t, struct tres *r, int64_t n, bool is_long) {
+    const int64_t V = t->m[0]->hp.n_vocab;
+    struct q_u q = {.t = t, .V = V, .lp = malloc(sizeof(float) * (size_t)V)};
+    if (!q.lp) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    moetax_status st = run_windows(t, &r->c, n, q_row, &q);
+    free(q.lp);
+    if (st) return st;
+    r->kl = q.n ? q.kl / (double)q.n : 0;
+    r->top1 = q.n ? (double)q.top1 / (double)q.n : 0;
+    r->ppl = exp(q.nll / (double)(q.n ? q.n : 1));
+    r->dppl = r->ppl / t->ref_ppl[is_long] - 1;
+    r->q_long = is_long;
+    return MOETAX_OK;
+}
+
+/* One speed measurement: `steps` decode steps of t->batch sequences after 16-token prompts;
+ * tokens/s, and the ledger's phases per token (phase_us), tax share, p99 step time. */
+static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps, double *tps, double *phase_us,
+                                double *tax, double *p99_ms) {
+    struct moetax_model *m;
+    moetax_status st = model_for(t, c->no_mmap, &m);
+    if (st) return st;
+    const int B = t->batch;
+    const int64_t per = (16 + steps + 1 + 31) / 32 * 32;
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)(B * per), .n_threads = c->threads, .n_expert_used = c->k,
+                                   .capacity_factor = c->cap, .n_seq_max = B, .n_ubatch = B > 64 ? B : 64};
+    struct moetax_ctx *ctx = NULL;
+    struct moetax_ledger *led = NULL;
+    struct moetax_batch b = {0};
+    double *dt = malloc(sizeof(double) * (size_t)steps);
+    if (!dt) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    if (!(st = moetax_ctx_init(m, &cp, &ctx))) {
+        struct moetax_ledger_params lp = {.n_workers = moetax_ctx_n_threads(ctx), .n_layer = m->hp.n_layer};
+        st = moetax_ledger_init(&lp, &led);
+    }
+    if (!st) st = moetax_batch_init(&b, 16 * B);
+    if (!st) {
+        static uint64_t salt = 0;
+        salt++;
+        const int64_t off = (int64_t)((salt * 7919) % (uint64_t)(t->n_calib > 1000 ? t->n_calib - 1000 : 1));
+        for (int i = 0; i < 16; i++)
+            for (int s = 0; s < B; s++) moetax_batch_add(&b, t->calib[(off + s * 97 + i) % t->n_calib], i, s, i == 15);
+        st = moetax_ctx_decode(ctx, &b);
+        moetax_ctx_set_ledger(ctx, led);
+        double total = 0;
+        for (int j = 0; !st && j < steps; j++) {
+            moetax_batch_clear(&b);
+            for (int s = 0; s < B; s++) moetax_batch_add(&b, t->calib[(off + s * 97 + 16 + j) % t->n_calib], 16 + j, s, true);
+            const double a = cli_now();
+            st = moetax_ctx_decode(ctx, &b);
+            dt[j] = cli_now() - a;
+            total += dt[j];
+        }
+        if (!st) {
+            *tps = (double)(B * steps) / total;
+            double ph[MOETAX_PHASE_COUNT];
+            int64_t tok;
+            moetax_ledger_totals(led, true, ph, NULL, &tok, NULL);
+            for (int p = 0; p < MOETAX_PHASE_COUNT; p++) phase_us[p] = tok ? 1e6 * ph[p] / (double)tok : 0;
+            *tax = moetax_ledger_tax_share(ph);
+            *p99_ms = 1e3 * cli_percentile(dt, steps, 0.99);
+        }
+    }
+    if (ctx) moetax_ctx_set_ledger(ctx, NULL);
+    moetax_batch_free(&b);
+    moetax_ledger_free(led);
+    moetax_ctx_free(ctx);
+    free(dt);
+    return st;
+}
+
+/* Paired ratio: `pairs` alternations of the default d and c; the median of c/d. */
+static moetax_status speed(struct tune *t, const struct tcfg *d, struct tres *r, int pairs, int steps) {
+    double ratios[8], tpss[8];
+    moetax_status st = MOETAX_OK;
+    for (int i = 0; i < pairs && !st; i++) {
+        double td, tc, ph[MOETAX_PHASE_COUNT], tax, p99;
+        if ((st = speed_once(t, d, steps, &td, ph, &tax, &p99))) break;
+        if ((st = speed_once(t, &r->c, steps, &tc, r->phase_us, &r->tax, &r->p99_ms))) break;
+        ratios[i] = tc / td;
+        tpss[i] = tc;
+    }
+    if (st) return st;
+    r->ratio = cli_percentile(ratios, pairs, 0.5);
+    r->tps = cli_percentile(tpss, pairs, 0.5);
+    return MOETAX_OK;
+}
+
+static void cfg_name(const struct tcfg *c, char *buf, size_t n) {
+    char cap[32] = "";
+    if (c->cap > 0) snprintf(cap, sizeof cap, " cf %.2g", (double)c->cap);
+    snprintf(buf, n, "t%d k%d%s%s", c->threads, c->k, c->no_mmap ? " no-mmap" : "", cap);
+}
+
+static bool same_quality(const struct tcfg *a, const struct tcfg *b) { return a->k == b->k && a->cap == b->cap; }
+
+/* ---- the command ------------------------------------------------------------------------- */
+
+static int cmp_ratio_desc(const void *a, const void *b) {
+    const struct tres *x = *(struct tres *const *)a, *y = *(struct tres *const *)b;
+    return (x->ratio < y->ratio) - (x->ratio > y->ratio);
+}
+
+static moetax_status write_html(const char *path, struct tres *res, int n, const struct tres *rec, const char *model) {
+    struct moetax_outfile *out;
+    moetax_status st = moetax_outfile_open(path, &out);
+    if (st) return st;
+    FILE *f = moetax_outfile_file(out);
+    fprintf(f, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>moetax tune</title><style>"
+               "body{font-family:sans-serif;margin:24px;color:#222}td,th{border:1px solid #ccc;padding:3px 8px;"
+               "font-size:13px}table{border-collapse:collapse}.tick{font-size:10px;fill:#444}</style></head><body>\n"
+               "<h1>moetax tune</h1>\n<p>%s</p>\n", model);
+    double kmax = 1e-6, rmin = 1e9, rmax = 0;
+    for (int i = 0; i < n; i++)
+        if (res[i].stage == 3) {
+            kmax = fmax(kmax, res[i].kl);
+            rmin = fmin(rmin, res[i].ratio);
+            rmax = fmax(rmax, res[i].ratio);
+        }
+    if (rmax <= rmin) rmax = rmin + 0.1;
+    const double W = 640, H = 360, L = 60, T = 20, cw = W - L - 20, ch = H - T - 40;
+    fprintf(f, "<h2>Speed against quality (stage 3)</h2>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
+               "height=\"%.0f\" role=\"img\" aria-label=\"pareto front\"><title>Speed ratio against KL divergence</title>\n"
+               "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#888\"/><line x1=\"%.0f\" y1=\"%.0f\" "
+               "x2=\"%.0f\" y2=\"%.0f\" stroke=\"#888\"/>\n<text x=\"%.0f\" y=\"%.0f\" class=\"tick\">KL divergence "
+               "(nats/token) to %.3g</text><text x=\"4\" y=\"%.0f\" class=\"tick\">%.2fx</text><text x=\"4\" y=\"%.0f\" "
+               "class=\"tick\">%.2fx</text>\n", W, H, L, T + ch, L + cw, T + ch, L, T, L, T + ch, L, H - 8, kmax, T + 8,
+            rmax, T + ch, rmin);
+    for (int i = 0; i < n; i++) {
+        if (res[i].stage != 3) continue;
+        char name[64];
+        cfg_name(&res[i].c, name, sizeof name);
+        const double x = L + cw * res[i].kl / kmax, y = T + ch * (1 - (res[i].ratio - rmin) / (rmax - rmin));
+        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%d\" fill=\"%s\"><title>%s: %.3fx, KL %.4g, ppl %+.2f%%</title>"
+                   "</circle>\n", x, y, &res[i] == rec ? 7 : 4, res[i].pareto ? "#d62728" : "#1f5fa8", name, res[i].ratio,
+                res[i].kl, 100 * res[i].dppl);
+    }
+    fputs("</svg>\n<p>Red: the Pareto front (no other configuration is both faster and closer to the exact "
+          "distributions); the large point: the recommendation.</p>\n<table><tr><th>configuration</th><th>stage</th>"
+          "<th>speed ratio</th><th>tokens/s</th><th>KL</th><th>top-1</th><th>perplexity</th><th>tax</th></tr>\n", f);
+    for (int i = 0; i < n; i++) {
+        char name[64];
+        cfg_name(&res[i].c, name, sizeof name);
+        fprintf(f, "<tr><td>%s%s</td><td>%d</td><td>%.3f</td><td>%.1f</td><td>%.4g</td><td>%.1f%%</td><td>%+.2f%%</td>"
+                   "<td>%.1f%%</td></tr>\n", name, &res[i] == rec ? " (recommended)" : "", res[i].stage, res[i].ratio,
+                res[i].tps, res[i].kl, 100 * res[i].top1, 100 * res[i].dppl, 100 * res[i].tax);
+    }
+    fputs("</table>\n</body></html>\n", f);
+    if (ferror(f)) { moetax_outfile_abort(out); return moetax_error(MOETAX_ERR_IO, "%s: writing failed", path); }
+    return moetax_outfile_commit(out);
+}
+
+int cmd_tune(int argc, char **argv) {
+    const char *model = NULL, *calib = NULL, *out = NULL, *html = NULL, *v = NULL;
+    double time_s = 600, max_loss = 0.01;
+    int batch = 1;
+    bool explain = false, json = false;
+    for (int i = 1; i < argc; i++) {
+        bool err = false;
+        if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+        else if (cli_opt(argc, argv, &i, "-m", "--model", &model, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--calib", &calib, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, "-o", "--output", &out, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--html", &html, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--time", &v, &err)) {
+            char *end = NULL;
+            double x = err ? -1 : strtod(v, &end);
+            if (end && (*end == 'm' || *end == 's') && end[1] == 0) x *= *end == 'm' ? 60 : 1, end++;
+            if (err || !end || *end || !(x >= 10 && x <= 86400)) return cli_usage_error("tune", "--time: 10s .. 24h (e.g. 10m, 90s)");
+            time_s = x;
+        } else if (cli_opt(argc, argv, &i, NULL, "--max-quality-loss", &v, &err)) {
+            char *end = NULL;
+            double x = err ? -1 : strtod(v, &end);
+            if (end && *end == '%' && end[1] == 0) x /= 100, end++;
+            if (err || !end || *end || !(x >= 0 && x < 10)) return cli_usage_error("tune", "--max-quality-loss: e.g. 1%% or 0.01");
+            max_loss = x;
+        } else if (cli_opt(argc, argv, &i, NULL, "--workload", &v, &err)) {
+            if (!err && !strcmp(v, "decode")) batch = 1;
+            else if (!err && !strncmp(v, "batch:", 6) && atoi(v + 6) >= 1 && atoi(v + 6) <= 256) batch = atoi(v + 6);
+            else return cli_usage_error("tune", "--workload: decode or batch:N (N in 1..256)");
+        } else if (!strcmp(argv[i], "--explain")) explain = true;
+        else if (!strcmp(argv[i], "--json")) json = true;
+        else return cli_usage_error("tune", "unknown option '%s'", argv[i]);
+    }
+    const char *outs[2] = {out, html};
+    moetax_status st = cli_check_outputs(outs, 2);
+    if (st) return cli_usage_error("tune", "%s", moetax_last_error());
+    if (!model) model = cli_default_model_path();
+    struct tune t = {.model_path = model, .batch = batch, .window = 128};
+    const double t0 = cli_now();
+    t.t_end = t0 + time_s;
+    struct moetax_tokenizer *tok = NULL;
+    struct tres *res = NULL;
+    int nres = 0;
+    struct moetax_model *m0;
+    if ((st = model_for(&t, false, &m0))) goto done;
+    if (m0->hp.n_expert < 1) { st = moetax_error(MOETAX_ERR_ARG, "%s has no routed experts: nothing to tune", model); goto done; }
+    if ((st = moetax_tokenizer_load(m0->gguf, &tok))) goto done;
+    if ((st = calib_tokens(tok, calib, 2048, &t.calib, &t.n_calib))) goto done;
+    t.n_short = t.n_calib / 4 > 128 ? t.n_calib / 4 : (t.n_calib < 128 ? t.n_calib : 128);
+    const int64_t V = m0->hp.n_vocab, K = m0->hp.n_expert_used;
+    const int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN) > 0 ? (int)sysconf(_SC_NPROCESSORS_ONLN) : 1;
+    const struct tcfg def = {.threads = ncpu, .k = (int)K};
+    if (!(t.ref = malloc(sizeof(float) * (size_t)(t.n_calib * V)))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+    {   /* the exact distributions: the file's k, no capacity factor */
+        struct ref_u r = {.t = &t, .V = V};
+        if ((st = run_windows(&t, &def, t.n_calib, ref_row, &r))) goto done;
+        t.ref_ppl[1] = exp(r.nll / (double)r.n);
+        double nll = 0; /* the short text: its rows are the first ones (windows are causal) */
+        for (int64_t j = 0; j + 1 < t.n_short; j++) nll -= t.ref[(size_t)j * (size_t)V + (size_t)t.calib[j + 1]];
+        t.ref_ppl[0] = exp(nll / (double)(t.n_short - 1));
+    }
+    /* the candidates */
+    const float caps[4] = {0, 2.0f, 1.5f, 1.25f};
+    const int ncap = batch > 1 ? 4 : 1;
+    const int kmin = (int)((K + 1) / 2);
+    res = calloc((size_t)(ncpu * 2 * (K - kmin + 1) * ncap), sizeof *res);
+    if (!res) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+    for (int k = (int)K; k >= kmin; k--)
+        for (int ci = 0; ci < ncap; ci++)
+            for (int th = ncpu; th >= 1; th--)
+                for (int nm = 0; nm < 2; nm++)
+                    res[nres++] = (struct tres){.c = {.threads = th, .k = k, .cap = caps[ci], .no_mmap = nm}};
+    fprintf(stderr, "moetax tune: %s, %d configurations, calibration %lld tokens (short %lld), workload %s%d, %.0f s\n",
+            model, nres, (long long)t.n_calib, (long long)t.n_short, batch > 1 ? "batch:" : "decode ", batch, time_s);
+    /* speed runs long enough to beat the timer's and the machine's noise: steps for ~0.15 s of the
+     * default (stage 2 takes one pair, stage 3 three) */
+    int steps2 = 32, steps3 = 64;
+    {
+        double tps = 0, ph[MOETAX_PHASE_COUNT], tax, p99;
+        if ((st = speed_once(&t, &def, 32, &tps, ph, &tax, &p99))) goto done;
+        const double per_step = (double)batch / (tps > 0 ? tps : 1);
+        steps2 = (int)fmin(fmax(0.15 / per_step, 32), 2048);
+        steps3 = (int)fmin(fmax(0.3 / per_step, 64), 4096);
+        if (steps3 + 20 > t.n_calib) steps3 = (int)t.n_calib - 20, steps2 = steps2 < steps3 ? steps2 : steps3;
+    }
+    cli_progress pr;
+    cli_progress_init(&pr, "tune", (uint64_t)nres * 3);
+    uint64_t done_n = 0;
+    /* stage 1: quality of each (k, capacity) on the short text, shared by its threads/paging */
+    for (int i = 0; i < nres && !st; i++) {
+        struct tres *r = &res[i];
+        const struct tres *same = NULL;
+        for (int j = 0; j < i && !same; j++)
+            if (same_quality(&res[j].c, &r->c) && res[j].stage >= 1) same = &res[j];
+        if (same) { r->kl = same->kl; r->top1 = same->top1; r->ppl = same->ppl; r->dppl = same->dppl; }
+        else {
+            struct tres q = {.c = {.threads = def.threads, .k = r->c.k, .cap = r->c.cap}};
+            if ((st = quality(&t, &q, t.n_short, false))) break;
+            r->kl = q.kl; r->top1 = q.top1; r->ppl = q.ppl; r->dppl = q.dppl;
+        }
+        r->stage = 1;
+        cli_progress_update(&pr, ++done_n);
+    }
+    /* stage 2: one short speed pair for those within twice the allowed loss */
+    struct tres **live = malloc(sizeof *live * (size_t)nres);
+    int nlive = 0;
+    if (!live) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < nres && !st; i++) {
+        if (res[i].dppl > 2 * max_loss + 0.002 || cli_now() > t.t_end) continue;
+        if ((st = speed(&t, &def, &res[i], 1, steps2))) break;
+        res[i].stage = 2;
+        live[nlive++] = &res[i];
+        cli_progress_update(&pr, ++done_n);
+    }
+    /* stage 3: the better half (at least 3, and always the default): long quality, three speed pairs */
+    if (!st) {
+        qsort(live, (size_t)nlive, sizeof *live, cmp_ratio_desc);
+        int keep = nlive / 2 > 3 ? nlive / 2 : (nlive < 3 ? nlive : 3);
+        bool has_def = false;
+        for (int i = 0; i < keep; i++) has_def |= live[i]->c.threads == def.threads && live[i]->c.k == def.k &&
+                                                  !live[i]->c.no_mmap && live[i]->c.cap == 0;
+        for (int i = keep; i < nlive && !has_def; i++)
+            if (live[i]->c.threads == def.threads && live[i]->c.k == def.k && !live[i]->c.no_mmap && live[i]->c.cap == 0) {
+                struct tres *x = live[keep];
+                live[keep] = live[i];
+                live[i] = x;
+                keep++;
+                has_def = true;
+            }
+        for (int i = 0; i < keep && !st; i++) {
+            if (cli_now() > t.t_end) { fprintf(stderr, "\nmoetax tune: --time spent, stage 3 cut short\n"); break; }
+            struct tres *r = live[i];
+            const struct tres *same = NULL;
+            for (int j = 0; j < nres && !same; j++)
+                if (&res[j] != r && res[j].q_long && same_quality(&res[j].c, &r->c)) same = &res[j];
+            if (same) { r->kl = same->kl; r->top1 = same->top1; r->ppl = same->ppl; r->dppl = same->dppl; r->q_long = true; }
+            else if ((st = quality(&t, r, t.n_calib, true))) break;
+            if ((st = speed(&t, &def, r, 3, steps3))) break;
+            r->stage = 3;
+            cli_progress_update(&pr, done_n += 2);
+        }
+    }
+    cli_progress_done(&pr);
+    free(live);
+    if (st) goto done;
+    /* the long text's quality for every configuration of the same (k, capacity) */
+    for (int i = 0; i < nres; i++)
+        if (res[i].q_long)
+            for (int j = 0; j < nres; j++)
+                if (!res[j].q_long && same_quality(&res[j].c, &res[i].c)) {
+                    res[j].kl = res[i].kl, res[j].top1 = res[i].top1, res[j].ppl = res[i].ppl, res[j].dppl = res[i].dppl;
+                    res[j].q_long = true;
+                }
+    /* the front and the recommendation (stage 3 only) */
+    struct tres *rec = NULL, *dres = NULL;
+    for (int i = 0; i < nres; i++) {
+        struct tres *r = &res[i];
+        if (r->stage != 3) continue;
+        if (r->c.threads == def.threads && r->c.k == def.k && !r->c.no_mmap && r->c.cap == 0) dres = r;
+        r->pareto = true;
+        for (int j = 0; j < nres && r->pareto; j++)
+            if (j != i && res[j].stage == 3 && res[j].ratio >= r->ratio && res[j].kl <= r->kl &&
+                (res[j].ratio > r->ratio || res[j].kl < r->kl))
+                r->pareto = false;
+        if (r->dppl <= max_loss && (!rec || r->ratio > rec->ratio)) rec = r;
+    }
+    if (json)
+        for (int i = 0; i < nres; i++) {
+            char name[64];
+            cfg_name(&res[i].c, name, sizeof name);
+            cli_json_print(stdout, cli_jobj("siiifbffffffb", "config", name, "stage", res[i].stage, "threads",
+                                            res[i].c.threads, "experts_used", res[i].c.k, "capacity_factor",
+                                            (double)res[i].c.cap, "no_mmap", res[i].c.no_mmap, "speed_ratio",
+                                            res[i].ratio, "tokens_per_s", res[i].tps, "kl", res[i].kl, "top1", res[i].top1,
+                                            "ppl_change", res[i].dppl, "tax_share", res[i].tax, "pareto", res[i].pareto));
+        }
+    else {
+        printf("moetax tune: %s, workload %s, exact perplexity %.3f on %lld calibration tokens\n\n", model,
+               batch > 1 ? "batch" : "decode", t.ref_ppl[1], (long long)t.n_calib);
+        printf("  %-24s %5s %8s %10s %10s %7s %10s %7s %6s\n", "configuration", "stage", "speed", "tokens/s", "KL",
+               "top-1", "perplexity", "tax", "front");
+        /* quality is of the long text where measured there (*: the short text only) */
+        for (int i = 0; i < nres; i++) {
+            if (res[i].stage < 2) continue;
+            char name[64];
+            cfg_name(&res[i].c, name, sizeof name);
+            printf("  %-24s %5d %7.3fx %10.1f %10.3g %6.1f%% %+9.2f%%%s %6.1f%% %6s%s\n", name, res[i].stage, res[i].ratio,
+                   res[i].tps, res[i].kl, 100 * res[i].top1, 100 * res[i].dppl, res[i].q_long ? " " : "*", 100 * res[i].tax,
+                   res[i].pareto ? "yes" : "", &res[i] == rec ? "  <- recommended" : "");
+        }
+        int dropped = 0;
+        for (int i = 0; i < nres; i++) dropped += res[i].stage == 1;
+        if (dropped)
+            printf("  (%d configurations stopped at stage 1: their perplexity rose by more than twice the %.1f%% allowed "
+                   "on the short text)\n", dropped, 100 * max_loss);
+        printf("\n  speed: paired ratio of decode tokens/s against the default (t%d k%lld), run alternately; KL: mean\n"
+               "  divergence of the next-token distributions from the exact ones; perplexity: its change\n", def.threads,
+               (long long)K);
+    }
+    if (!rec) {
+        st = moetax_error(MOETAX_ERR_LIMIT, "no configuration measured in stage 3 keeps the perplexity within %.2f%% of "
+                          "the exact one (raise --max-quality-loss or --time)", 100 * max_loss);
+        goto done;
+    }
+    /* within 2% of the default is noise on these machines: then the default is the recommendation */
+    const bool keep_default = rec == dres || rec->ratio < 1.02;
+    const struct tres *best = rec;
+    if (keep_default && dres) rec = dres;
+    {
+        char name[64];
+        cfg_name(&best->c, name, sizeof name);
+        if (!json) {
+            if (keep_default)
+                printf("\nrecommendation: the default configuration (t%d k%lld): no configuration within %.1f%% of its "
+                       "perplexity measured faster by more than noise (best %s at %.3fx)\n", def.threads, (long long)K,
+                       100 * max_loss, name, best->ratio);
+            else
+                printf("\nrecommendation: %s: %.2fx the default's decode speed, perplexity %+.2f%%, KL %.3g, top-1 %.1f%%\n",
+                       name, rec->ratio, 100 * rec->dppl, rec->kl, 100 * rec->top1);
+        }
+        if (explain && dres && !json) {
+            printf("\nexplain (ledger, us per token, default -> recommended):\n");
+            for (int p = 0; p < MOETAX_PHASE_COUNT; p++) {
+                const double a = dres->phase_us[p], b = rec->phase_us[p];
+                if (a < 0.05 && b < 0.05) continue;
+                printf("  %-9s %-4s %9.1f -> %9.1f  (%+.1f)\n", moetax_phase_name((enum moetax_phase)p),
+                       moetax_phase_is_tax((enum moetax_phase)p) ? "tax" : "work", a, b, b - a);
+            }
+            printf("  tax share %.1f%% -> %.1f%%; quality: experts %lld -> %d costs %+.2f%% perplexity (KL %.3g)%s\n",
+                   100 * dres->tax, 100 * rec->tax, (long long)K, rec->c.k, 100 * rec->dppl, rec->kl,
+                   rec->c.cap > 0 ? " with the capacity factor" : "");
+        }
+        if (out) {
+            struct cli_config cc = {.threads = rec->c.threads, .experts_used = rec->c.k, .capacity_factor = rec->c.cap,
+                                    .no_mmap = rec->c.no_mmap};
+            json_t *meas = json_object();
+            json_object_set_new(meas, "model", json_string(model));
+            json_object_set_new(meas, "workload", json_string(batch > 1 ? "batch" : "decode"));
+            json_object_set_new(meas, "batch", json_integer(batch));
+            json_object_set_new(meas, "speed_ratio", json_real(rec->ratio));
+            json_object_set_new(meas, "tokens_per_s", json_real(rec->tps));
+            json_object_set_new(meas, "kl", json_real(rec->kl));
+            json_object_set_new(meas, "ppl_change", json_real(rec->dppl));
+            json_object_set_new(meas, "top1", json_real(rec->top1));
+            json_t *extra = json_object();
+            json_object_set_new(extra, "measured", meas);
+            if ((st = cli_config_write(out, &cc, extra))) goto done;
+            if (!json) printf("configuration written to %s (moetax run --config %s)\n", out, out);
+        }
+        if (html && (st = write_html(html, res, nres, rec, model))) goto done;
+        if (html && !json) printf("HTML page written to %s\n", html);
+    }
+    fprintf(stderr, "moetax tune: %.0f s\n", cli_now() - t0);
+done:
+    free(res);
+    free(t.ref);
+    free(t.calib);
+    moetax_tokenizer_free(tok);
+    moetax_model_free(t.m[0]);
+    moetax_model_free(t.m[1]);
+    return st ? cli_fail("tune", st) : 0;
+}

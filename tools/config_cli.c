@@ -1,0 +1,124 @@
+/* config_cli.c - `--config FILE` (see config_cli.h). */
+#include "config_cli.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "store_cli.h"
+#include "moetax/outfile.h"
+#include "moetax/store.h"
+
+static moetax_status bad(const char *path, const char *key, const char *what) {
+    return moetax_error(MOETAX_ERR_FORMAT, "%s: \"%s\": %s", path, key, what);
+}
+
+moetax_status cli_config_load(const char *path, struct cli_config *c) {
+    memset(c, 0, sizeof *c);
+    json_error_t je;
+    json_t *o = json_load_file(path, 0, &je);
+    if (!o) return moetax_error(MOETAX_ERR_FORMAT, "%s: line %d: not a valid configuration (JSON): %s", path, je.line,
+                                je.text);
+    moetax_status st = MOETAX_OK;
+    const json_t *v;
+    if (!json_is_object(o) || json_integer_value(json_object_get(o, "moetax_config")) != 1)
+        st = bad(path, "moetax_config", "expected 1 (a file moetax tune -o wrote)");
+    if (!st && (v = json_object_get(o, "threads")) && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 512)
+            st = bad(path, "threads", "expected an integer in 1..512");
+        else c->threads = json_integer_value(v);
+    }
+    if (!st && (v = json_object_get(o, "experts_used")) && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 256)
+            st = bad(path, "experts_used", "expected an integer in 0..256 (0: the model's)");
+        else c->experts_used = (int)json_integer_value(v);
+    }
+    if (!st && (v = json_object_get(o, "capacity_factor")) && !json_is_null(v)) {
+        if (!json_is_number(v) || json_number_value(v) < 0) st = bad(path, "capacity_factor", "expected a number >= 0");
+        else c->capacity_factor = json_number_value(v);
+    }
+    if (!st && (v = json_object_get(o, "overflow")) && !json_is_null(v)) {
+        const char *s = json_string_value(v);
+        if (!s || (strcmp(s, "drop") && strcmp(s, "reroute"))) st = bad(path, "overflow", "expected \"drop\" or \"reroute\"");
+        else c->overflow = strcmp(s, "drop") ? MOETAX_OVERFLOW_REROUTE : MOETAX_OVERFLOW_DROP;
+    }
+    if (!st && (v = json_object_get(o, "cache_type")) && !json_is_null(v)) {
+        const char *s = json_string_value(v);
+        if (!s || (strcmp(s, "f32") && strcmp(s, "f16"))) st = bad(path, "cache_type", "expected \"f32\" or \"f16\"");
+        else c->cache_type = strcmp(s, "f16") ? MOETAX_TYPE_F32 : MOETAX_TYPE_F16;
+    }
+    const char *flags[2] = {"no_mmap", "no_prefetch"};
+    bool *dst[2] = {&c->no_mmap, &c->no_prefetch};
+    for (int i = 0; !st && i < 2; i++)
+        if ((v = json_object_get(o, flags[i])) && !json_is_null(v)) {
+            if (!json_is_boolean(v)) st = bad(path, flags[i], "expected true or false");
+            else *dst[i] = json_is_true(v);
+        }
+    if (!st && (v = json_object_get(o, "expert_budget")) && !json_is_null(v)) {
+        const char *s = json_string_value(v);
+        if (!s || strlen(s) >= sizeof c->expert_budget || cli_store_check_budgets(s, false))
+            st = bad(path, "expert_budget", "expected a size (2G, 512M) or a percentage (25%)");
+        else snprintf(c->expert_budget, sizeof c->expert_budget, "%s", s);
+    }
+    if (!st && (v = json_object_get(o, "policy")) && !json_is_null(v)) {
+        const char *s = json_string_value(v);
+        enum moetax_store_policy pol;
+        if (!s || !moetax_store_policy_parse(s, &pol)) st = bad(path, "policy", "expected lru, lfu, lfru or next-use");
+        else snprintf(c->policy, sizeof c->policy, "%s", s);
+    }
+    json_decref(o);
+    if (st) memset(c, 0, sizeof *c);
+    else c->loaded = true;
+    return st;
+}
+
+moetax_status cli_config_scan(int argc, char **argv, struct cli_config *c) {
+    memset(c, 0, sizeof *c);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) return moetax_error(MOETAX_ERR_ARG, "--config needs a file");
+            return cli_config_load(argv[i + 1], c);
+        }
+    return MOETAX_OK;
+}
+
+void cli_config_store(const struct cli_config *c, struct cli_store_opts *o) {
+    if (!c->loaded) return;
+    if (c->expert_budget[0]) o->budgets = c->expert_budget;
+    if (c->policy[0] && moetax_store_policy_parse(c->policy, &o->policy)) o->policy_set = true;
+    if (c->no_prefetch) o->no_prefetch = true;
+}
+
+bool cli_config_opt(int argc, char **argv, int *i, bool *err) {
+    const char *v = NULL;
+    return cli_opt(argc, argv, i, NULL, "--config", &v, err);
+}
+
+moetax_status cli_config_write(const char *path, const struct cli_config *c, void *extra_json) {
+    json_t *o = json_object();
+    json_object_set_new(o, "moetax_config", json_integer(1));
+    json_object_set_new(o, "threads", c->threads ? json_integer(c->threads) : json_null());
+    json_object_set_new(o, "experts_used", json_integer(c->experts_used));
+    json_object_set_new(o, "capacity_factor", json_real(c->capacity_factor));
+    json_object_set_new(o, "overflow", json_string(c->overflow == MOETAX_OVERFLOW_REROUTE ? "reroute" : "drop"));
+    json_object_set_new(o, "no_mmap", json_boolean(c->no_mmap));
+    json_object_set_new(o, "cache_type", json_string(c->cache_type == MOETAX_TYPE_F16 ? "f16" : "f32"));
+    json_object_set_new(o, "expert_budget", c->expert_budget[0] ? json_string(c->expert_budget) : json_null());
+    json_object_set_new(o, "policy", c->policy[0] ? json_string(c->policy) : json_null());
+    json_object_set_new(o, "no_prefetch", json_boolean(c->no_prefetch));
+    if (extra_json) json_object_update(o, (json_t *)extra_json), json_decref((json_t *)extra_json);
+    struct moetax_outfile *out;
+    moetax_status st = moetax_outfile_open(path, &out);
+    if (!st) {
+        if (json_dumpf(o, moetax_outfile_file(out), JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0 ||
+            fputc('\n', moetax_outfile_file(out)) == EOF) {
+            moetax_outfile_abort(out);
+            st = moetax_error(MOETAX_ERR_IO, "%s: writing the configuration failed", path);
+        } else {
+            st = moetax_outfile_commit(out);
+        }
+    }
+    json_decref(o);
+    return st;
+}

@@ -1,0 +1,46 @@
+/* config_cli.h - `--config FILE`: a configuration `moetax tune` wrote (or a person
+ * wrote) that run, bench, perplexity and serve take as their defaults; options on the
+ * command line still win.
+ *
+ * File (JSON): {"moetax_config": 1, "threads": int, "experts_used": int,
+ *   "capacity_factor": number (0: off), "overflow": "drop"|"reroute", "no_mmap": bool,
+ *   "cache_type": "f32"|"f16", "expert_budget": str|null, "policy": str|null,
+ *   "no_prefetch": bool, ...} - every key optional; unknown keys are ignored (tune
+ *   writes its measurements beside them). */
+#ifndef MOETAX_TOOLS_CONFIG_CLI_H
+#define MOETAX_TOOLS_CONFIG_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "moetax/model.h"
+#include "moetax/status.h"
+
+struct cli_config {
+    bool loaded;
+    int64_t threads;         /* 0: not set */
+    int experts_used;        /* 0: not set */
+    double capacity_factor;  /* 0: off / not set */
+    enum moetax_overflow overflow;
+    bool no_mmap, no_prefetch;
+    enum moetax_type cache_type;
+    char expert_budget[64];  /* "" : none */
+    char policy[16];         /* "" : not set */
+};
+
+/* Find `--config FILE` in argv (anywhere) and read it into *c; MOETAX_OK with
+ * c->loaded false when there is none. Errors name the file and the key. */
+moetax_status cli_config_scan(int argc, char **argv, struct cli_config *c);
+moetax_status cli_config_load(const char *path, struct cli_config *c);
+/* Write a config (the same keys) as one JSON object with `extra` (a JSON object
+ * or NULL, its reference taken) merged in. */
+moetax_status cli_config_write(const char *path, const struct cli_config *c, void *extra_json);
+struct cli_store_opts;
+/* The store's part of a config (budget, policy, prefetch) as defaults of o. */
+void cli_config_store(const struct cli_config *c, struct cli_store_opts *o);
+/* true if argv[*i] is --config (its value is skipped: cli_config_scan read it). */
+bool cli_config_opt(int argc, char **argv, int *i, bool *err);
+#define CLI_CONFIG_HELP \
+    "  --config FILE        defaults from a configuration (moetax tune -o FILE); options given here win\n"
+
+#endif
