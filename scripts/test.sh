@@ -31,16 +31,21 @@ stage "ctest unit (asan+ubsan)" ctest --test-dir build-asan --output-on-failure 
 stage "build (tsan)" build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETAX_SANITIZE=thread
 stage "ctest threads (tsan)" ctest --test-dir build-tsan --output-on-failure -L threads
 
-fuzz() { # the GGUF reader and the model loader (hyper-parameters, tensors, tokenizer), the time split between them
+fuzz() { # the GGUF reader, the model loader (hyper-parameters, tensors, tokenizer) and the server's request
+         # parsing, the time split between them
   build build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DMOETAX_FUZZ=ON \
       -DMOETAX_SANITIZE=fuzzer-no-link,address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo || return 1
-  local half=$(( ${MOETAX_FUZZ_SECONDS:-60} / 2 ))
-  tests/fuzz_run.sh build-fuzz/tests/fuzz_gguf ./build/moetax build-fuzz/corpus "$half" 65536 || return 1
-  tests/fuzz_run.sh build-fuzz/tests/fuzz_model ./build/moetax build-fuzz/corpus-model "$half" 131072 || return 1
+  local part=$(( ${MOETAX_FUZZ_SECONDS:-60} / 3 ))
+  tests/fuzz_run.sh build-fuzz/tests/fuzz_gguf ./build/moetax build-fuzz/corpus "$part" 65536 || return 1
+  tests/fuzz_run.sh build-fuzz/tests/fuzz_model ./build/moetax build-fuzz/corpus-model "$part" 131072 || return 1
+  tests/fuzz_api_seed.sh build-fuzz/corpus-api || return 1
+  build-fuzz/tests/fuzz_api -max_total_time="$part" -max_len=8192 -rss_limit_mb=2048 -print_final_stats=1 \
+      build-fuzz/corpus-api 2>&1 | tail -5
+  test "${PIPESTATUS[0]}" -eq 0 || return 1
   [ "${MOETAX_SLOW:-0}" = 1 ] || return 0
   ctest --test-dir build-fuzz --output-on-failure -L slow -R '^fuzz_'
 }
-stage "fuzz gguf reader and model loader" fuzz
+stage "fuzz gguf reader, model loader, server requests" fuzz
 
 echo
 [ $failed -eq 0 ] || echo "failed stages: ${failed_names[*]}"

@@ -6,6 +6,7 @@
 set -uo pipefail
 fuzzer=$1 moetax=$2 corpus=$3 seconds=$4 max_len=${5:-131072}
 mkdir -p "$corpus"
+case "$fuzzer" in */fuzz_api) "$(dirname "$0")/fuzz_api_seed.sh" "$corpus" || exit 1; max_len=${5:-8192} ;; esac
 if [ -z "$(ls -A "$corpus")" ]; then
   small=(--vocab 260 --embd 32 --ff 32 --expert-ff 32)
   for preset in tiny tiny-v3; do
