@@ -23,8 +23,13 @@ static float *rand_vec(int64_t n, float scale) {
     return v;
 }
 
-static const enum moetax_type k_types[] = {MOETAX_TYPE_F32, MOETAX_TYPE_F16, MOETAX_TYPE_BF16, MOETAX_TYPE_Q8_0,
-                                           MOETAX_TYPE_Q4_0};
+static const enum moetax_type k_types[] = {MOETAX_TYPE_F32,  MOETAX_TYPE_F16,  MOETAX_TYPE_BF16, MOETAX_TYPE_Q8_0,
+                                           MOETAX_TYPE_Q4_0, MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K};
+
+/* k-quants: super-blocks of 256 values, block_q8_K activations. */
+static bool is_kq(enum moetax_type t) {
+    return t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K;
+}
 
 /* A random [rows, ncols] matrix of type t (rows stored back to back). */
 static void *rand_matrix(enum moetax_type t, int64_t rows, int64_t ncols, size_t *row_bytes) {
@@ -44,6 +49,20 @@ static void act_to_float(enum moetax_type t, const void *xq, int64_t ncols, floa
     const uint8_t *a = xq;
     if (t == MOETAX_TYPE_F32 || t == MOETAX_TYPE_F16 || t == MOETAX_TYPE_BF16) {
         memcpy(out, a, (size_t)ncols * sizeof(float));
+        return;
+    }
+    if (is_kq(t)) { /* block_q8_K[ncols / 256]: d, qs[256], bsums[16] (checked here) */
+        for (int64_t i = 0; i < ncols / 256; i++) {
+            moetax_block_q8_k blk;
+            memcpy(&blk, a + i * sizeof blk, sizeof blk);
+            for (int j = 0; j < 256; j++) out[i * 256 + j] = (float)blk.qs[j] * blk.d;
+            for (int j = 0; j < 16; j++) {
+                int sum = 0;
+                for (int l = 0; l < 16; l++) sum += blk.qs[16 * j + l];
+                CHECK_MSG(sum == blk.bsums[j], "q8_K activations: block %lld bsums[%d] %d, sum %d", (long long)i, j,
+                          blk.bsums[j], sum);
+            }
+        }
         return;
     }
     /* Q8_0 and Q4_0: qs[nb][32], float d[nb] (Q4_0: then int32 s[nb], checked here) */
@@ -92,7 +111,7 @@ static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, in
         act_to_float(t, (const uint8_t *)xq_ref + b * moetax_act_size(t, ncols, 1), ncols, xf);
         double qerr = 0.0; /* activation quantization error, vs the original x */
         for (int64_t k = 0; k < ncols; k++) qerr = fmax(qerr, fabs((double)xf[k] - x[b * ldx + k]));
-        if (t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0) CHECK(qerr < 0.05);
+        if (t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0 || is_kq(t)) CHECK(qerr < 0.05);
         else CHECK(qerr == 0.0);
         for (int64_t r = 0; r < rows; r++) {
             moetax_to_float(t, (const uint8_t *)w + r * rb, wf, ncols);
@@ -170,11 +189,12 @@ static void test_matmul(void) {
     static const int64_t rows_list[] = {0, 1, 2, 3, 4, 5, 9, 17};
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
         const enum moetax_type t = k_types[ti];
-        const bool q = t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0;
+        const bool kq = is_kq(t), q = t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0 || kq;
         const int64_t cols_f[] = {1, 5, 8, 13, 31, 64, 100, 257};
         const int64_t cols_q[] = {32, 64, 96, 160, 256, 1024};
-        const int64_t *cols = q ? cols_q : cols_f;
-        const int ncols_n = q ? 6 : 8;
+        const int64_t cols_k[] = {256, 512, 768, 1280};
+        const int64_t *cols = kq ? cols_k : q ? cols_q : cols_f;
+        const int ncols_n = kq ? 4 : q ? 6 : 8;
         for (int ci = 0; ci < ncols_n; ci++)
             for (size_t ri = 0; ri < sizeof rows_list / sizeof rows_list[0]; ri++)
                 for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
@@ -183,10 +203,10 @@ static void test_matmul(void) {
                 }
         test_matmul_case(t, 37, q ? 4096 : 4099, 1);
         /* decode rows of 0.5-8 KiB: F32/F16/BF16 two rows at a time (avx2), an odd count leaves one */
-        test_matmul_case(t, 13, q ? 640 : 700, 1);
+        test_matmul_case(t, 13, kq ? 768 : q ? 640 : 700, 1);
         test_matmul_case(t, 11, q ? 2048 : 2044, 1);
-        test_matmul_case(t, 9, q ? 640 : 256, 1);
-        test_matmul_case(t, 13, q ? 640 : 700, 2);
+        test_matmul_case(t, 9, kq ? 768 : q ? 640 : 256, 1);
+        test_matmul_case(t, 13, kq ? 768 : q ? 640 : 700, 2);
         test_matmul_case(t, 6, q ? 2048 : 2047, 65);
     }
     /* Q4_0 and Q8_0 (repacked for AVX2 in groups of 8 and 4 rows, the last rows % 8 or % 4
@@ -205,7 +225,10 @@ static void test_matmul(void) {
     }
     CHECK(moetax_act_size(MOETAX_TYPE_Q8_0, 33, 1) == 0);
     CHECK(moetax_act_size(MOETAX_TYPE_Q4_0, 48, 1) == 0);
-    CHECK(moetax_act_size(MOETAX_TYPE_Q4_K, 256, 1) == 0);
+    CHECK(moetax_act_size(MOETAX_TYPE_Q4_K, 256, 1) == sizeof(moetax_block_q8_k));
+    CHECK(moetax_act_size(MOETAX_TYPE_Q6_K, 512, 3) == 6 * sizeof(moetax_block_q8_k));
+    CHECK(moetax_act_size(MOETAX_TYPE_Q4_K, 288, 1) == 0 && moetax_act_size(MOETAX_TYPE_Q6_K, 32, 1) == 0);
+    CHECK(moetax_act_size(MOETAX_TYPE_Q5_K, 128, 1) == 0);
     CHECK(moetax_act_size(MOETAX_TYPE_F16, 7, 3) == 7 * 3 * sizeof(float));
 }
 
@@ -270,7 +293,7 @@ static void test_repack(void) {
     CHECK(!ref->weights_repacked(MOETAX_TYPE_Q4_0) && !ref->weights_repacked(MOETAX_TYPE_Q8_0));
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
         const enum moetax_type t = k_types[ti];
-        const int64_t rows = 3, ncols = 64 * 9; /* 18 blocks */
+        const int64_t rows = 3, ncols = is_kq(t) ? 256 * 3 : 64 * 9; /* 18 blocks; k-quants 3 */
         size_t rb;
         uint8_t *w = rand_matrix(t, rows, ncols, &rb), *a = malloc(rb * rows), *b = malloc(rb * rows);
         moetax_kernels_repack(ref, t, a, w, rows, ncols);
@@ -339,14 +362,15 @@ static void test_repack(void) {
  * batched path) gives the bits of each row computed alone, so prefill equals
  * step-by-step decode. Rows with repacked groups and a plain tail. */
 static void test_matmul_batch_invariance(const struct moetax_kernels *k) {
-    static const enum moetax_type ts[] = {MOETAX_TYPE_Q8_0, MOETAX_TYPE_Q4_0};
+    static const enum moetax_type ts[] = {MOETAX_TYPE_Q8_0, MOETAX_TYPE_Q4_0, MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K,
+                                          MOETAX_TYPE_Q6_K};
     /* row counts with a plain tail after one group (13), two groups (22), five (43), a panel and more (75) */
     static const int64_t nrows[] = {13, 22, 43, 75};
-    for (size_t ti = 0; ti < 2; ti++)
+    for (size_t ti = 0; ti < sizeof ts / sizeof ts[0]; ti++)
         for (size_t ri = 0; ri < 4; ri++) {
             const int64_t rows = nrows[ri];
             const enum moetax_type t = ts[ti];
-            const int64_t ncols = 32 * 11, nbmax = 64;
+            const int64_t ncols = is_kq(t) ? 256 * 3 : 32 * 11, nbmax = 64;
             size_t rb;
             uint8_t *w = rand_matrix(t, rows, ncols, &rb);
             k->weights_repacked(t) ? (void)moetax_kernels_repack(k, t, w, w, rows, ncols) : (void)0;
@@ -384,7 +408,12 @@ static void test_matmul_vs_f32(const struct moetax_kernels *k) {
         float y[16];
         k->quantize_act(t, x, ncols, ncols, 1, xq);
         k->matmul(t, w, rb, 0, rows, ncols, xq, 1, y, rows);
-        const double tol = t == MOETAX_TYPE_Q4_0 ? 0.15 : t == MOETAX_TYPE_F32 ? 1e-5 : 0.02;
+        /* relative to sum |w x|; k-quants measured on this data: q4_k ~0.04, q5_k ~0.02, q6_k ~0.01 at worst */
+        const double tol = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q4_K ? 0.15
+                           : t == MOETAX_TYPE_Q5_K                       ? 0.06
+                           : t == MOETAX_TYPE_Q6_K                       ? 0.03
+                           : t == MOETAX_TYPE_F32                        ? 1e-5
+                                                                         : 0.02;
         for (int64_t r = 0; r < rows; r++) {
             double dot = 0, mag = 0;
             for (int64_t c = 0; c < ncols; c++) {
@@ -758,10 +787,11 @@ static void test_matmul_avx512_vs_avx2(void) {
     static const int64_t cols_f[] = {1, 7, 8, 13, 100, 1031, 2047 + 1024}; /* F: tails, one and two chunks */
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
         const enum moetax_type t = k_types[ti];
-        const bool q = t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0;
+        const bool kq = is_kq(t), q = t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0;
+        static const int64_t cols_k[] = {256, 512, 768, 2048, 256 * 33};
         for (size_t ri = 0; ri < sizeof rows_l / sizeof rows_l[0]; ri++)
             for (size_t ci = 0; ci < sizeof cols_l / sizeof cols_l[0]; ci++) {
-                const int64_t rows = rows_l[ri], ncols = q ? cols_l[ci] : cols_f[ci + (rows & 1) * 2];
+                const int64_t rows = rows_l[ri], ncols = kq ? cols_k[ci] : q ? cols_l[ci] : cols_f[ci + (rows & 1) * 2];
                 if (ncols > 4096 && rows > 24) continue; /* keep it quick */
                 size_t rb;
                 uint8_t *w = rand_matrix(t, rows, ncols, &rb), *w2 = malloc(rb * rows), *w5 = malloc(rb * rows);

@@ -40,6 +40,16 @@
  *       block i's 32 quants: int8 qs[nb][32]; float d[nb]; int32 s[nb]. The
  *       unsigned nibbles q (0..15) of a weight block give sum((q - 8) x) =
  *       sum(q x) - s, so the kernels never subtract the offset per weight.
+ *     Q4_K, Q5_K, Q6_K weights (nb = ncols / 256): moetax_block_q8_k[nb],
+ *       ggml's block_q8_K (float d; int8 qs[256]; int16 bsums[16]), i.e.
+ *       ggml's quantize_row_q8_K of x: d = max / -127 (max: the value of
+ *       largest magnitude, d kept in float), qs = nearest(x / d) (ties to
+ *       even), bsums[j] = sum of qs[16j..16j+15]. The bsums give the kernels
+ *       the mins' term of Q4_K/Q5_K (sum_j m_j * (bsums[2j] + bsums[2j+1]))
+ *       and Q6_K's offset of 32 (32 * sum_j sc_j * bsums[j]) without a
+ *       subtraction per weight. Every block sum is exact in int32: per
+ *       super-block the output is acc += (d_x * d_w) * sumi - (d_x * dmin_w) * summ
+ *       (Q6_K: acc += (d_x * d_w) * sumi), super-blocks in order.
  *   quantize_act of every table produces identical bytes.
  *
  * WEIGHT LAYOUTS (per table and weight type; files on disk stay GGUF)
@@ -54,7 +64,7 @@
  *   from w + (r - r % G) * row_bytes (G: 8 for Q4_0, 4 for Q8_0; below).
  *   Rows read any other way (moetax_to_float,
  *   e.g. the token embedding) must stay as stored.
- *     ref:  every type as stored.
+ *     ref:  every type as stored. (k-quants are read as stored by every table.)
  *     avx2: Q4_0 in "Q4_0x8r", eight rows interleaved: rows 8i..8i+7 of a
  *           unit (the same 8 * row_bytes bytes) hold, for each block b in
  *           order, 144 bytes (the size of 8 block_q4_0):
@@ -94,8 +104,12 @@
  *   ending at n_rows, satisfies this.
 
  * INVARIANTS
- *   - Q8_0 / Q4_0: ncols must be a multiple of 32 (moetax_act_size returns 0
- *     otherwise and matmul must not be called). F32/F16/BF16: any ncols >= 1.
+ *   - Q8_0 / Q4_0: ncols must be a multiple of 32, Q4_K / Q5_K / Q6_K of 256
+ *     (moetax_act_size returns 0 otherwise and matmul must not be called).
+ *     F32/F16/BF16: any ncols >= 1.
+ *   - k-quants: the avx512 table uses the avx2 table's k-quant matmul (so the
+ *     two are bit-identical); avx2 keeps, for every output, the float chain
+ *     above (the same for any n_batch or row split: batch-invariant).
  *   - matmul: rows in [row0, row1) only, y[b * ldy + r] for b < n_batch; row1 ==
  *     row0 is a no-op; any n_batch >= 1 (tiled internally). y must not alias w or
  *     xq. Results are deterministic for a given table and do not depend on how

@@ -5,11 +5,27 @@
  * DESIGN
  *   Type ids are ggml's, so a GGUF tensor's type field maps 1:1. moetax knows the
  *   block size and byte size of every ggml type (so `inspect` can read any file)
- *   but computes with F32, F16, BF16, Q8_0 and Q4_0 only.
+ *   but computes with F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K only.
  *
  *   Q8_0: blocks of 32 values: f16 scale d, then 32 int8 q; value = q * d.
  *   Q4_0: blocks of 32 values: f16 scale d, then 16 bytes; byte j holds value j
  *         in its low nibble and value j+16 in its high nibble; value = (q-8) * d.
+ *
+ *   k-quants (ggml's, super-blocks of QK_K = 256 values):
+ *   Q4_K (144 bytes): f16 d, f16 dmin, scales[12], qs[128]. Eight sub-blocks
+ *         of 32 values, each with a 6-bit scale sc_j and 6-bit min m_j packed
+ *         in scales[12] (moetax_q4k_scale_min); value = d*sc_j*q - dmin*m_j,
+ *         q in 0..15. Chunk c (values 64c..64c+63) is qs[32c..32c+31]: byte l
+ *         holds value 64c+l (sub-block 2c) low and 64c+32+l (2c+1) high.
+ *   Q5_K (176 bytes): f16 d, f16 dmin, scales[12], qh[32], qs[128]: Q4_K's
+ *         layout with a fifth bit: value 64c+l adds 16 if qh[l] bit 2c is set,
+ *         value 64c+32+l if bit 2c+1 is; q in 0..31.
+ *   Q6_K (210 bytes): ql[128], qh[64], int8 scales[16], f16 d. Sixteen
+ *         sub-blocks of 16 values, value v = d * scales[v/16] * (q - 32), q in
+ *         0..63. In half h (values 128h..128h+127; ql[64h..], qh[32h..]), for
+ *         l < 32: values 128h+l, +32, +64, +96 take their low 4 bits from
+ *         ql[l] low, ql[l+32] low, ql[l] high, ql[l+32] high and their high 2
+ *         bits from qh[l] bits 0-1, 2-3, 4-5, 6-7.
  *
  * INVARIANTS
  *   - A row of n values of type t takes n / blck_size(t) * type_size(t) bytes,
@@ -77,6 +93,54 @@ typedef struct moetax_block_q4_0 {
     uint8_t qs[MOETAX_QK4_0 / 2]; /* nibbles: low = value j, high = value j+16 */
 } moetax_block_q4_0;
 
+#define MOETAX_QK_K 256
+
+typedef struct moetax_block_q4_k {
+    uint16_t d;                 /* f16 super-block scale of the scales */
+    uint16_t dmin;              /* f16 super-block scale of the mins */
+    uint8_t scales[12];         /* 8 6-bit scales and 8 6-bit mins, packed */
+    uint8_t qs[MOETAX_QK_K / 2];
+} moetax_block_q4_k;
+
+typedef struct moetax_block_q5_k {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qh[MOETAX_QK_K / 8]; /* fifth bits */
+    uint8_t qs[MOETAX_QK_K / 2];
+} moetax_block_q5_k;
+
+typedef struct moetax_block_q6_k {
+    uint8_t ql[MOETAX_QK_K / 2]; /* low 4 bits */
+    uint8_t qh[MOETAX_QK_K / 4]; /* high 2 bits */
+    int8_t scales[MOETAX_QK_K / 16];
+    uint16_t d;
+} moetax_block_q6_k;
+
+/* ggml's block_q8_K: the prepared activations of k-quant weights (kernels.h). */
+typedef struct moetax_block_q8_k {
+    float d;
+    int8_t qs[MOETAX_QK_K];
+    int16_t bsums[MOETAX_QK_K / 16]; /* sums of each 16 quants */
+} moetax_block_q8_k;
+
+_Static_assert(sizeof(moetax_block_q4_k) == 144, "block_q4_K is 144 bytes");
+_Static_assert(sizeof(moetax_block_q5_k) == 176, "block_q5_K is 176 bytes");
+_Static_assert(sizeof(moetax_block_q6_k) == 210, "block_q6_K is 210 bytes");
+_Static_assert(sizeof(moetax_block_q8_k) == 292, "block_q8_K is 292 bytes");
+
+/* Sub-block j's (0..7) 6-bit scale and min of a Q4_K/Q5_K scales[12]
+ * (ggml's get_scale_min_k4): j < 4: sc = q[j] & 63, m = q[j+4] & 63; else
+ * sc = (q[j+4] & 15) | (q[j-4] >> 6) << 4, m = (q[j+4] >> 4) | (q[j] >> 6) << 4. */
+static inline void moetax_q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
 /* True if t is a known ggml type id (including ones moetax cannot compute). */
 bool moetax_type_valid(uint32_t t);
 /* Values per block (1 for plain types), 0 for an unknown type. */
@@ -87,7 +151,7 @@ size_t moetax_type_size(enum moetax_type t);
 const char *moetax_type_name(enum moetax_type t);
 /* Parse a name as printed by moetax_type_name (case-insensitive); returns false if unknown. */
 bool moetax_type_from_name(const char *name, enum moetax_type *out);
-/* True for the types moetax computes with: F32, F16, BF16, Q8_0, Q4_0. */
+/* True for the types moetax computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K. */
 bool moetax_type_supported(enum moetax_type t);
 /* Bytes of a row of n values; 0 if n is not a multiple of the block size or
  * the size does not fit (moetax_tensor_nbytes with one dimension). */
@@ -122,8 +186,15 @@ void moetax_quantize_row_q8_0_ref(const float *x, moetax_block_q8_0 *y, int64_t 
 void moetax_dequantize_row_q8_0_ref(const moetax_block_q8_0 *x, float *y, int64_t n);
 void moetax_quantize_row_q4_0_ref(const float *x, moetax_block_q4_0 *y, int64_t n);
 void moetax_dequantize_row_q4_0_ref(const moetax_block_q4_0 *x, float *y, int64_t n);
+/* ggml's quantize_row_q{4,5,6}_K_ref (no importance weights) and dequantize_row_*;
+ * n a multiple of 256. */
+void moetax_quantize_row_q4_k_ref(const float *x, moetax_block_q4_k *y, int64_t n);
+void moetax_quantize_row_q5_k_ref(const float *x, moetax_block_q5_k *y, int64_t n);
+void moetax_quantize_row_q6_k_ref(const float *x, moetax_block_q6_k *y, int64_t n);
+/* ggml's quantize_row_q8_K_ref (d = max / -127 as float, bsums). */
+void moetax_quantize_row_q8_k_ref(const float *x, moetax_block_q8_k *y, int64_t n);
 
-/* Convert n floats to a row of type t (F32, F16, BF16, Q8_0, Q4_0). Returns
+/* Convert n floats to a row of type t (any moetax_type_supported type). Returns
  * false if t is unsupported or n is not a multiple of the block size. */
 bool moetax_from_float(enum moetax_type t, const float *x, void *y, int64_t n);
 /* Convert a row of n values of type t to floats. */

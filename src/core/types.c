@@ -73,7 +73,8 @@ bool moetax_type_from_name(const char *name, enum moetax_type *out) {
 
 bool moetax_type_supported(enum moetax_type t) {
     return t == MOETAX_TYPE_F32 || t == MOETAX_TYPE_F16 || t == MOETAX_TYPE_BF16 ||
-           t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0;
+           t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K ||
+           t == MOETAX_TYPE_Q6_K;
 }
 
 size_t moetax_row_size(enum moetax_type t, int64_t n) {
@@ -218,6 +219,301 @@ void moetax_dequantize_row_q4_0_ref(const moetax_block_q4_0 *x, float *y, int64_
     }
 }
 
+static inline uint16_t load_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* ---- k-quants: ggml's reference algorithms (ggml-quants.c), re-derived ----
+ * Float expressions keep ggml's operation order so the bytes match. */
+
+#define KQ_GROUP_MAX_EPS 1e-15f
+
+/* ggml's nearest_int: round to nearest, ties to even, via the 1.5 * 2^23 trick (|f| < 2^22). */
+static inline int kq_nearest_int(float f) {
+    float v = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+static inline int kq_clamp(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* make_qkx2_quants: an asymmetric (scale, min) fit of n values to 0..nmax, weighted, trying
+ * nstep + 1 candidate scales around nmax / (max - min). Returns the scale; *the_min = -min. */
+static float kq_make_qkx2(int n, int nmax, const float *x, const float *w, uint8_t *L, float *the_min,
+                          uint8_t *Laux, float rmin, float rdelta, int nstep) {
+    float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        *the_min = -min;
+        return 0.0f;
+    }
+    float iscale = nmax / (max - min);
+    float scale = 1 / iscale;
+    float best_error = 0;
+    for (int i = 0; i < n; i++) {
+        int l = kq_clamp(kq_nearest_int(iscale * (x[i] - min)), 0, nmax);
+        L[i] = (uint8_t)l;
+        float diff = scale * L[i] + min - x[i];
+        best_error += w[i] * (diff * diff);
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta * is + nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = kq_clamp(kq_nearest_int(iscale * (x[i] - min)), 0, nmax);
+            Laux[i] = (uint8_t)l;
+            sum_l += w[i] * l;
+            sum_l2 += w[i] * l * l;
+            sum_xl += w[i] * l * x[i];
+        }
+        float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float cur_error = 0;
+            for (int i = 0; i < n; i++) {
+                float diff = this_scale * Laux[i] + this_min - x[i];
+                cur_error += w[i] * (diff * diff);
+            }
+            if (cur_error < best_error) {
+                memcpy(L, Laux, (size_t)n);
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
+
+/* The 8 (scale, min) pairs of a Q4_K/Q5_K super-block: quantize them to 6 bits against the
+ * largest of each, pack into scales[12], set d and dmin; then the values' levels L[256] in 0..nmax
+ * against the stored scales. Q4_K: nmax 15, rmin -1, 20 steps; Q5_K: 31, -0.5, 15. */
+static void kq_scales_mins(const float *x, int nmax, float rmin, int nstep, uint8_t scales_out[12], uint16_t *d_out, uint16_t *dmin_out,
+                           uint8_t *L) {
+    uint8_t Laux[32];
+    float weights[32], mins[8], scales[8];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
+        float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(x[32 * j + l]);
+        scales[j] = kq_make_qkx2(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+    float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    memset(scales_out, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        uint8_t ls = (uint8_t)kq_nearest_int(inv_scale * scales[j]);
+        uint8_t lm = (uint8_t)kq_nearest_int(inv_min * mins[j]);
+        if (ls > 63) ls = 63;
+        if (lm > 63) lm = 63;
+        if (j < 4) {
+            scales_out[j] = ls;
+            scales_out[j + 4] = lm;
+        } else {
+            scales_out[j + 4] = (uint8_t)((ls & 0xf) | ((lm & 0xf) << 4));
+            scales_out[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            scales_out[j] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    *d_out = moetax_fp32_to_fp16(max_scale / 63.f);
+    *dmin_out = moetax_fp32_to_fp16(max_min / 63.f);
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        moetax_q4k_scale_min(j, scales_out, &sc, &m);
+        const float d = moetax_fp16_to_fp32(*d_out) * sc;
+        if (!d) continue;
+        const float dm = moetax_fp16_to_fp32(*dmin_out) * m;
+        for (int ii = 0; ii < 32; ii++) L[32 * j + ii] = (uint8_t)kq_clamp(kq_nearest_int((x[32 * j + ii] + dm) / d), 0, nmax);
+    }
+}
+
+void moetax_quantize_row_q4_k_ref(const float *x, moetax_block_q4_k *y, int64_t n) {
+    uint8_t L[MOETAX_QK_K];
+    for (int64_t i = 0; i < n / MOETAX_QK_K; i++, x += MOETAX_QK_K) {
+        kq_scales_mins(x, 15, -1.0f, 20, y[i].scales, &y[i].d, &y[i].dmin, L);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) y[i].qs[32 * c + l] = (uint8_t)(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
+    }
+}
+
+void moetax_quantize_row_q5_k_ref(const float *x, moetax_block_q5_k *y, int64_t n) {
+    uint8_t L[MOETAX_QK_K];
+    for (int64_t i = 0; i < n / MOETAX_QK_K; i++, x += MOETAX_QK_K) {
+        kq_scales_mins(x, 31, -0.5f, 15, y[i].scales, &y[i].d, &y[i].dmin, L);
+        memset(y[i].qh, 0, sizeof y[i].qh);
+        for (int c = 0; c < 4; c++) {
+            for (int l = 0; l < 32; l++) {
+                int l1 = L[64 * c + l], l2 = L[64 * c + 32 + l];
+                if (l1 > 15) { l1 -= 16; y[i].qh[l] |= (uint8_t)(1u << (2 * c)); }
+                if (l2 > 15) { l2 -= 16; y[i].qh[l] |= (uint8_t)(1u << (2 * c + 1)); }
+                y[i].qs[32 * c + l] = (uint8_t)(l1 | (l2 << 4));
+            }
+        }
+    }
+}
+
+/* make_qx_quants with rmse_type 1 and no importance weights: a symmetric fit of n values to
+ * -nmax..nmax-1 (stored + nmax), weights x^2, trying 18 scales around -nmax / max. */
+static float kq_make_qx(int n, int nmax, const float *x, int8_t *L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) { amax = ax; max = x[i]; }
+    }
+    if (amax < KQ_GROUP_MAX_EPS) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        return 0.f;
+    }
+    float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = kq_clamp(kq_nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        L[i] = (int8_t)(l + nmax);
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    float scale = suml2 ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0) continue;
+        iscale = -(nmax + 0.1f * is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; i++) {
+            int l = kq_clamp(kq_nearest_int(iscale * x[i]), -nmax, nmax - 1);
+            float w = x[i] * x[i];
+            sumlx += w * x[i] * l;
+            suml2 += w * l * l;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++) L[i] = (int8_t)(nmax + kq_clamp(kq_nearest_int(iscale * x[i]), -nmax, nmax - 1));
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+void moetax_quantize_row_q6_k_ref(const float *x, moetax_block_q6_k *y, int64_t n) {
+    int8_t L[MOETAX_QK_K];
+    float scales[16];
+    for (int64_t i = 0; i < n / MOETAX_QK_K; i++, x += MOETAX_QK_K) {
+        float max_scale = 0, max_abs_scale = 0;
+        for (int ib = 0; ib < 16; ib++) {
+            const float scale = kq_make_qx(16, 32, x + 16 * ib, L + 16 * ib);
+            scales[ib] = scale;
+            if (fabsf(scale) > max_abs_scale) { max_abs_scale = fabsf(scale); max_scale = scale; }
+        }
+        if (max_abs_scale < KQ_GROUP_MAX_EPS) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        float iscale = -128.f / max_scale;
+        y[i].d = moetax_fp32_to_fp16(1 / iscale);
+        for (int ib = 0; ib < 16; ib++) {
+            int v = kq_nearest_int(iscale * scales[ib]);
+            y[i].scales[ib] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int j = 0; j < 16; j++) {
+            float d = moetax_fp16_to_fp32(y[i].d) * y[i].scales[j];
+            if (!d) continue;
+            for (int ii = 0; ii < 16; ii++) L[16 * j + ii] = (int8_t)(kq_clamp(kq_nearest_int(x[16 * j + ii] / d), -32, 31) + 32);
+        }
+        for (int h = 0; h < 2; h++) {
+            const int8_t *Lh = L + 128 * h;
+            uint8_t *ql = y[i].ql + 64 * h, *qh = y[i].qh + 32 * h;
+            for (int l = 0; l < 32; l++) {
+                ql[l] = (uint8_t)((Lh[l] & 0xf) | ((Lh[l + 64] & 0xf) << 4));
+                ql[l + 32] = (uint8_t)((Lh[l + 32] & 0xf) | ((Lh[l + 96] & 0xf) << 4));
+                qh[l] = (uint8_t)((Lh[l] >> 4) | ((Lh[l + 32] >> 4) << 2) | ((Lh[l + 64] >> 4) << 4) | ((Lh[l + 96] >> 4) << 6));
+            }
+        }
+    }
+}
+
+void moetax_quantize_row_q8_k_ref(const float *x, moetax_block_q8_k *y, int64_t n) {
+    for (int64_t i = 0; i < n / MOETAX_QK_K; i++, x += MOETAX_QK_K) {
+        float max = 0, amax = 0;
+        for (int j = 0; j < MOETAX_QK_K; j++) {
+            float ax = fabsf(x[j]);
+            if (ax > amax) { amax = ax; max = x[j]; }
+        }
+        if (!amax) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        const float iscale = -127.f / max;
+        for (int j = 0; j < MOETAX_QK_K; j++) {
+            int v = kq_nearest_int(iscale * x[j]);
+            y[i].qs[j] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int j = 0; j < 16; j++) {
+            int sum = 0;
+            for (int ii = 0; ii < 16; ii++) sum += y[i].qs[16 * j + ii];
+            y[i].bsums[j] = (int16_t)sum;
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+/* Dequantize one block of each k-quant from possibly unaligned bytes p into y[256]. */
+static void kq_dequant_q4k5k(const uint8_t *p, float *y, bool five) {
+    const float d = moetax_fp16_to_fp32(load_u16(p)), dmin = moetax_fp16_to_fp32(load_u16(p + 2));
+    const uint8_t *scales = p + 4;
+    const uint8_t *qh = five ? p + 16 : NULL;
+    const uint8_t *qs = five ? p + 48 : p + 16;
+    for (int c = 0; c < 4; c++) {
+        uint8_t sc0, m0, sc1, m1;
+        moetax_q4k_scale_min(2 * c, scales, &sc0, &m0);
+        moetax_q4k_scale_min(2 * c + 1, scales, &sc1, &m1);
+        const float d1 = d * sc0, mm1 = dmin * m0, d2 = d * sc1, mm2 = dmin * m1;
+        for (int l = 0; l < 32; l++) {
+            int q0 = qs[32 * c + l] & 0xf, q1 = qs[32 * c + l] >> 4;
+            if (five) {
+                q0 += (qh[l] >> (2 * c) & 1) << 4;
+                q1 += (qh[l] >> (2 * c + 1) & 1) << 4;
+            }
+            y[64 * c + l] = d1 * q0 - mm1;
+            y[64 * c + 32 + l] = d2 * q1 - mm2;
+        }
+    }
+}
+
+static void kq_dequant_q6k(const uint8_t *p, float *y) {
+    const float d = moetax_fp16_to_fp32(load_u16(p + offsetof(moetax_block_q6_k, d)));
+    const int8_t *sc = (const int8_t *)(p + offsetof(moetax_block_q6_k, scales));
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = p + 64 * h, *qh = p + offsetof(moetax_block_q6_k, qh) + 32 * h;
+        float *yh = y + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            const int q1 = ((ql[l] & 0xf) | ((qh[l] >> 0 & 3) << 4)) - 32;
+            const int q2 = ((ql[l + 32] & 0xf) | ((qh[l] >> 2 & 3) << 4)) - 32;
+            const int q3 = ((ql[l] >> 4) | ((qh[l] >> 4 & 3) << 4)) - 32;
+            const int q4 = ((ql[l + 32] >> 4) | ((qh[l] >> 6 & 3) << 4)) - 32;
+            yh[l] = d * sc[8 * h + l / 16] * q1;
+            yh[l + 32] = d * sc[8 * h + 2 + l / 16] * q2;
+            yh[l + 64] = d * sc[8 * h + 4 + l / 16] * q3;
+            yh[l + 96] = d * sc[8 * h + 6 + l / 16] * q4;
+        }
+    }
+}
+
 bool moetax_from_float(enum moetax_type t, const float *x, void *y, int64_t n) {
     if (moetax_row_size(t, n) == 0 && n != 0) return false;
     switch (t) {
@@ -230,11 +526,13 @@ bool moetax_from_float(enum moetax_type t, const float *x, void *y, int64_t n) {
         return true;
     case MOETAX_TYPE_Q8_0: moetax_quantize_row_q8_0_ref(x, y, n); return true;
     case MOETAX_TYPE_Q4_0: moetax_quantize_row_q4_0_ref(x, y, n); return true;
+    case MOETAX_TYPE_Q4_K: moetax_quantize_row_q4_k_ref(x, y, n); return true;
+    case MOETAX_TYPE_Q5_K: moetax_quantize_row_q5_k_ref(x, y, n); return true;
+    case MOETAX_TYPE_Q6_K: moetax_quantize_row_q6_k_ref(x, y, n); return true;
     default: return false;
     }
 }
 
-static inline uint16_t load_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
 /* x may be at any address (a tensor of a file with general.alignment 1): every
  * element and block header is read with memcpy, never through a typed pointer. */
@@ -265,6 +563,14 @@ bool moetax_to_float(enum moetax_type t, const void *x, float *y, int64_t n) {
                 y[b * MOETAX_QK4_0 + j + MOETAX_QK4_0 / 2] = (float)((q[j] >> 4) - 8) * d;
             }
         }
+        return true;
+    case MOETAX_TYPE_Q4_K:
+    case MOETAX_TYPE_Q5_K:
+        for (int64_t b = 0; b < n / MOETAX_QK_K; b++, p += moetax_type_size(t))
+            kq_dequant_q4k5k(p, y + b * MOETAX_QK_K, t == MOETAX_TYPE_Q5_K);
+        return true;
+    case MOETAX_TYPE_Q6_K:
+        for (int64_t b = 0; b < n / MOETAX_QK_K; b++, p += sizeof(moetax_block_q6_k)) kq_dequant_q6k(p, y + b * MOETAX_QK_K);
         return true;
     default: return false;
     }

@@ -283,6 +283,7 @@ const struct moetax_kernels *moetax_kernels_avx512(void) {
 size_t moetax_act_size(enum moetax_type wtype, int64_t ncols, int64_t n_batch) {
     if (ncols < 0 || n_batch < 0) return 0;
     if (moetax_k_act_is_q(wtype) && ncols % 32 != 0) return 0;
+    if (moetax_k_act_is_k(wtype) && ncols % 256 != 0) return 0;
     return moetax_k_act_row_bytes(wtype, ncols) * (size_t)n_batch;
 }
 

@@ -111,6 +111,7 @@ void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t 
         uint8_t *out = (uint8_t *)xq + (size_t)b * row_bytes;
         if (wtype == MOETAX_TYPE_Q8_0) quantize_row_q8(xr, ncols / 32, out);
         else if (wtype == MOETAX_TYPE_Q4_0) quantize_row_q4(xr, ncols / 32, out);
+        else if (moetax_k_act_is_k(wtype)) moetax_quantize_row_q8_k_ref(xr, (moetax_block_q8_k *)out, ncols);
         else memcpy(out, xr, (size_t)ncols * sizeof(float));
     }
 }
@@ -894,6 +895,9 @@ void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_byte
     case MOETAX_TYPE_Q4_0:
         assert(row0 % MOETAX_K_Q4R8_ROWS == 0); /* ROW RANGES, kernels.h */
         matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        break;
+    case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:
+        moetax_k_matmul_kq_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
         break;
     default: break;
     }

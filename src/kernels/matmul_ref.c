@@ -1,5 +1,5 @@
 /* matmul_ref.c - scalar reference: activation preparation and matrix x
- * vector(s) for F32, F16, BF16, Q8_0, Q4_0 weights. Plain C11, one output at
+ * vector(s) for F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K weights. Plain C11, one output at
  * a time, double accumulation: slow and obviously right. */
 #include "kernels_impl.h"
 
@@ -36,6 +36,8 @@ void moetax_k_quantize_act_ref(enum moetax_type wtype, const float *x, int64_t l
                     s[i] = 8 * sum;
                 }
             }
+        } else if (moetax_k_act_is_k(wtype)) {
+            moetax_quantize_row_q8_k_ref(xr, (moetax_block_q8_k *)out, ncols);
         } else {
             memcpy(out, xr, (size_t)ncols * sizeof(float));
         }
@@ -86,6 +88,58 @@ static double dot_q4(const moetax_block_q4_0 *w, const int8_t *qs, const float *
     return acc;
 }
 
+/* k-quants x Q8_K, one super-block at a time: the levels q (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63)
+ * and each 16 values' scale sc16 and offset term, decoded plainly from the stored bytes; exact
+ * integer sums sumi = sum sc * q * a and summ (Q4_K/Q5_K: sum m_j * the activations' sums of
+ * sub-block j; Q6_K: 32 * sum sc_j * bsums_j, subtracted from sumi). */
+static double dot_kq(enum moetax_type t, const uint8_t *w, const moetax_block_q8_k *a, int64_t nb) {
+    double acc = 0.0;
+    const size_t bsz = moetax_type_size(t);
+    for (int64_t i = 0; i < nb; i++, w += bsz) {
+        int q[256], sc16[16];
+        int64_t sumi = 0, summ = 0;
+        float d, dmin = 0.0f;
+        uint16_t h;
+        if (t == MOETAX_TYPE_Q6_K) {
+            const moetax_block_q6_k *b = (const moetax_block_q6_k *)w;
+            memcpy(&h, &b->d, 2);
+            d = moetax_fp16_to_fp32(h);
+            for (int v = 0; v < 256; v++) {
+                const int hf = v / 128, k = (v % 128) / 32, l = v % 32;
+                const uint8_t lo = b->ql[64 * hf + l + (k & 1) * 32];
+                const int low4 = (k & 2) ? lo >> 4 : lo & 0xf;
+                q[v] = low4 | ((b->qh[32 * hf + l] >> (2 * k) & 3) << 4);
+            }
+            for (int j = 0; j < 16; j++) {
+                sc16[j] = b->scales[j];
+                summ += 32 * (int64_t)b->scales[j] * a[i].bsums[j];
+            }
+        } else {
+            const bool five = t == MOETAX_TYPE_Q5_K;
+            const uint8_t *scales = w + 4, *qh = w + 16, *qs = w + (five ? 48 : 16);
+            memcpy(&h, w, 2);
+            d = moetax_fp16_to_fp32(h);
+            memcpy(&h, w + 2, 2);
+            dmin = moetax_fp16_to_fp32(h);
+            for (int v = 0; v < 256; v++) {
+                const int c = v / 64, hi = (v % 64) / 32, l = v % 32;
+                q[v] = hi ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 0xf;
+                if (five) q[v] += (qh[l] >> (2 * c + hi) & 1) << 4;
+            }
+            for (int j = 0; j < 8; j++) {
+                uint8_t s, m;
+                moetax_q4k_scale_min(j, scales, &s, &m);
+                sc16[2 * j] = sc16[2 * j + 1] = s;
+                summ += (int64_t)m * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
+            }
+        }
+        for (int v = 0; v < 256; v++) sumi += (int64_t)sc16[v / 16] * q[v] * a[i].qs[v];
+        if (t == MOETAX_TYPE_Q6_K) acc += (double)(a[i].d * d) * (double)(sumi - summ);
+        else acc += (double)(a[i].d * d) * (double)sumi - (double)(a[i].d * dmin) * (double)summ;
+    }
+    return acc;
+}
+
 void moetax_k_matmul_ref(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                          int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
     const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
@@ -104,6 +158,9 @@ void moetax_k_matmul_ref(enum moetax_type wtype, const void *w, size_t row_bytes
                 break;
             case MOETAX_TYPE_Q4_0:
                 v = dot_q4(wr, (const int8_t *)a, (const float *)(a + moetax_k_act_d_off(wtype, nb)), nb);
+                break;
+            case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:
+                v = dot_kq(wtype, wr, (const moetax_block_q8_k *)a, ncols / 256);
                 break;
             default: break;
             }
