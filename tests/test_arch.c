@@ -4,8 +4,11 @@
  * renormalised routing, kq scale 1/sqrt(head_dim)); prefill equals step-by-step decode (bit
  * for bit with Q8_0 weights, whose kernels are batch-invariant; within 2e-5 with F32) and one
  * thread equals two; a file whose KV heads do not divide the heads is refused naming the key;
- * an unknown architecture is refused naming the ones moetax runs. Logits against the NumPy
- * reference: test_model_ref.py; batches: test_batch.c. */
+ * an unknown architecture is refused naming the ones moetax runs. olmoe (full-width q/k norm,
+ * NEOX, softmax top-k not renormalised, experts feed_forward_length wide) and Mixtral (llama
+ * with experts: no q/k norm, NORM rope, renormalised) the same way, plus Mixtral's refusals: a
+ * file with experts split one tensor per expert (naming the tensor and what to do) and a dense
+ * llama file. Logits against the NumPy reference: test_model_ref.py; batches: test_batch.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +61,112 @@ static void prefill_vs_steps(const char *path, float tol) {
     }
     free(pre1); free(pre2); free(st1); free(st2);
     moetax_model_free(m);
+}
+
+/* Rename tensor `from` to `to` (same length) in file path: the first occurrence in its header. */
+static bool rename_tensor(const char *path, const char *from, const char *to) {
+    FILE *f = fopen(path, "r+b");
+    static char buf[1 << 16];
+    size_t got = f ? fread(buf, 1, sizeof buf, f) : 0;
+    char *at = got ? memmem(buf, got, from, strlen(from)) : NULL;
+    bool ok = at && strlen(from) == strlen(to);
+    if (ok) {
+        fseek(f, (long)(at - buf), SEEK_SET);
+        ok = fwrite(to, 1, strlen(to), f) == strlen(to);
+    }
+    if (f) fclose(f);
+    return ok;
+}
+
+/* olmoe and mixtral: hyper-parameters as llama.cpp derives them, prefill = steps, refusals. */
+static void olmoe_mixtral(void) {
+    char ol[512], olq[512], mx[512], mxq[512], bad[512];
+    snprintf(ol, sizeof ol, "%s", tu_path("arch_olmoe_f32.gguf"));
+    snprintf(olq, sizeof olq, "%s", tu_path("arch_olmoe_q8_0.gguf"));
+    snprintf(mx, sizeof mx, "%s", tu_path("arch_mixtral_f32.gguf"));
+    snprintf(mxq, sizeof mxq, "%s", tu_path("arch_mixtral_q8_0.gguf"));
+    snprintf(bad, sizeof bad, "%s", tu_path("arch_mixtral_bad.gguf"));
+    CHECK_EQ_INT(gen("--arch olmoe --preset tiny --heads 8 --heads-kv 2", ol), 0);
+    CHECK_EQ_INT(gen("--arch olmoe --preset tiny --type q8_0", olq), 0);
+    CHECK_EQ_INT(gen("--arch mixtral --preset tiny --heads 8 --heads-kv 2 --head-dim 32", mx), 0);
+    CHECK_EQ_INT(gen("--arch mixtral --preset tiny --type q8_0", mxq), 0);
+    struct moetax_model *m;
+    if (moetax_model_load(ol, &m) == MOETAX_OK) {
+        const struct moetax_hparams *hp = &m->hp;
+        CHECK(!strcmp(hp->arch, "olmoe"));
+        CHECK_EQ_INT(hp->attn, MOETAX_ATTN_GQA);
+        CHECK_EQ_INT(hp->n_head, 8);
+        CHECK_EQ_INT(hp->n_head_kv, 2);
+        CHECK_EQ_INT(hp->n_embd_head_k, 8); /* n_embd / n_head: OLMoE files have no key_length */
+        CHECK_EQ_INT(hp->n_rot, 8);
+        CHECK_EQ_INT(hp->rope_mode, MOETAX_ROPE_MODE_NEOX);
+        CHECK_EQ_INT(hp->qk_norm, MOETAX_QK_NORM_FULL);
+        CHECK_EQ_INT(hp->gating_func, 1);
+        CHECK(!hp->expert_weights_norm);
+        CHECK_EQ_INT(hp->n_ff_exp, 32); /* feed_forward_length */
+        CHECK_EQ_INT(hp->n_expert_shared, 0);
+        CHECK(fabsf(hp->kq_scale - 1.0f / sqrtf(8.0f)) < 1e-7f);
+        CHECK(fabsf(hp->rope_freq_base - 1e4f) < 1e-3f);
+        CHECK(m->layers[0].is_moe && m->layers[0].attn_q_norm && m->layers[0].attn_k_norm);
+        moetax_model_free(m);
+    } else {
+        CHECK_MSG(0, "%s", moetax_last_error());
+    }
+    if (moetax_model_load(mx, &m) == MOETAX_OK) {
+        const struct moetax_hparams *hp = &m->hp;
+        CHECK(!strcmp(hp->arch, "llama"));
+        CHECK_EQ_INT(hp->attn, MOETAX_ATTN_GQA);
+        CHECK_EQ_INT(hp->n_head, 8);
+        CHECK_EQ_INT(hp->n_head_kv, 2);
+        CHECK_EQ_INT(hp->n_embd_head_k, 32);
+        CHECK_EQ_INT(hp->n_rot, 32);
+        CHECK_EQ_INT(hp->rope_mode, MOETAX_ROPE_MODE_NORM);
+        CHECK_EQ_INT(hp->qk_norm, MOETAX_QK_NORM_NONE);
+        CHECK_EQ_INT(hp->gating_func, 1);
+        CHECK(hp->expert_weights_norm);
+        CHECK_EQ_INT(hp->n_expert, 8);
+        CHECK_EQ_INT(hp->n_expert_used, 2);
+        CHECK_EQ_INT(hp->n_ff_exp, 224);
+        CHECK(fabsf(hp->kq_scale - 1.0f / sqrtf(32.0f)) < 1e-7f);
+        CHECK(fabsf(hp->rope_freq_base - 1e6f) < 1.0f);
+        CHECK(m->layers[0].is_moe && !m->layers[0].attn_q_norm && !m->layers[0].attn_k_norm);
+        moetax_model_free(m);
+    } else {
+        CHECK_MSG(0, "%s", moetax_last_error());
+    }
+    prefill_vs_steps(olq, 0);
+    prefill_vs_steps(ol, 2e-5f);
+    prefill_vs_steps(mxq, 0);
+    prefill_vs_steps(mx, 2e-5f);
+
+    /* experts split one tensor per expert (older Mixtral conversions): refused naming the tensor */
+    /* (names keep their length: layer 0 loses its merged gate, and an unused 23-character name
+     * of layer 10 becomes blk.0.ffn_gate.0.weight) */
+    CHECK_EQ_INT(gen("--arch mixtral --preset tiny --layers 12", bad), 0);
+    CHECK(rename_tensor(bad, "blk.0.ffn_gate_exps.weight", "blk.0.ffn_gate_exps.xxxxxx"));
+    CHECK(rename_tensor(bad, "blk.10.attn_norm.weight", "blk.0.ffn_gate.0.weight"));
+    moetax_status st = moetax_model_load(bad, &m);
+    CHECK_EQ_INT(st, MOETAX_ERR_UNSUPPORTED);
+    CHECK_MSG(strstr(moetax_last_error(), "tensor 'blk.0.ffn_gate.0.weight': this file stores each expert as its own "
+                                          "tensor") && strstr(moetax_last_error(), "convert the model again"),
+              "%s", moetax_last_error());
+    if (!st) moetax_model_free(m);
+    /* a dense llama file: llama.expert_count renamed away */
+    CHECK_EQ_INT(gen("--arch mixtral --preset tiny", bad), 0);
+    CHECK(rename_tensor(bad, "llama.expert_count", "llama.expert_cxunt"));
+    st = moetax_model_load(bad, &m);
+    CHECK_EQ_INT(st, MOETAX_ERR_UNSUPPORTED);
+    CHECK_MSG(strstr(moetax_last_error(), "a dense llama model (llama.expert_count is absent)"), "%s",
+              moetax_last_error());
+    if (!st) moetax_model_free(m);
+    /* a layer without a router */
+    CHECK_EQ_INT(gen("--arch mixtral --preset tiny", bad), 0);
+    CHECK(rename_tensor(bad, "blk.1.ffn_gate_inp.weight", "blk.1.ffn_gate_xxx.weight"));
+    st = moetax_model_load(bad, &m);
+    CHECK_EQ_INT(st, MOETAX_ERR_UNSUPPORTED);
+    CHECK_MSG(strstr(moetax_last_error(), "layer 1 has no router (blk.1.ffn_gate_inp.weight)"), "%s",
+              moetax_last_error());
+    if (!st) moetax_model_free(m);
 }
 
 int main(int argc, char **argv) {
@@ -130,7 +239,7 @@ int main(int argc, char **argv) {
         if (f) fclose(f);
         moetax_status st = moetax_model_load(bad, &m);
         CHECK_EQ_INT(st, MOETAX_ERR_UNSUPPORTED);
-        CHECK_MSG(strstr(moetax_last_error(), "'qwen9moe' is not supported yet (moetax runs deepseek2, qwen3moe)"), "%s",
+        CHECK_MSG(strstr(moetax_last_error(), "'qwen9moe' is not supported yet (moetax runs deepseek2, qwen3moe, olmoe, llama)"), "%s",
                   moetax_last_error());
         if (!st) moetax_model_free(m);
     }
@@ -141,5 +250,6 @@ int main(int argc, char **argv) {
         CHECK_EQ_INT(m->hp.rope_mode, MOETAX_ROPE_MODE_NORM);
         moetax_model_free(m);
     }
+    olmoe_mixtral();
     return tu_finish("test_arch");
 }

@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 # ctest-labels: unit;model
 """test_model_ref.py - moetax's logits against the independent NumPy reference
-(tests/ref/deepseek2_ref.py and tests/ref/qwen3moe_ref.py, float64, its own GGUF reader) on tiny
-V2-style, V3-style and qwen3moe models: the prompt (one prefill batch) and 8 greedy decode steps.
-qwen3moe (GQA, per-head q/k norm, NEOX rope, renormalised softmax routing) takes the same
-tolerances; one of its cases has a 40-token prompt, so attention runs over two KV cache blocks.
+(tests/ref/deepseek2_ref.py, qwen3moe_ref.py, olmoe_ref.py, mixtral_ref.py; float64, its own GGUF
+reader) on tiny V2-style, V3-style, qwen3moe, olmoe and Mixtral (llama) models: the prompt (one
+prefill batch) and 8 greedy decode steps. qwen3moe (GQA, per-head q/k norm, NEOX rope,
+renormalised softmax routing), olmoe (full-width q/k norm, NEOX rope, softmax top-k not
+renormalised) and Mixtral (no q/k norm, NORM rope, renormalised) take the same tolerances; one
+case of each has a 40-token prompt, so attention runs over two KV cache blocks.
 
 The reference computes on the dequantized weights. Errors are max |moetax - ref|
 over a row's logits divided by max |ref| over all rows.
@@ -43,9 +45,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "ref"))
 import deepseek2_ref  # noqa: E402
+import mixtral_ref  # noqa: E402
+import olmoe_ref  # noqa: E402
 import qwen3moe_ref  # noqa: E402
 
-REF = {"deepseek2": deepseek2_ref, "qwen3moe": qwen3moe_ref}
+REF = {"deepseek2": deepseek2_ref, "qwen3moe": qwen3moe_ref, "olmoe": olmoe_ref, "mixtral": mixtral_ref}
 
 TOL = {"f32": 2e-5, "f16": 2e-5, "bf16": 2e-5, "q8_0": 5e-6, "q4_0": 5e-6}
 QUANT = ("q8_0", "q4_0")
@@ -155,6 +159,24 @@ def main():
     long_prompt = [(37 * i + 5) % 512 for i in range(40)]
     for name, args, pr in [("q3", q3, prompt), ("q3-wide", q3_wide, prompt), ("q3-long", q3 + ["--seed", "3"], long_prompt)]:
         for wtype in ("f32", "f16", "bf16", "q8_0", "q4_0"):
+            compare(moetax, work, name, args, wtype, pr)
+    # olmoe: tiny (4 heads of 16, no GQA, as llama.cpp loads olmoe), GQA 4:1 wider (full-width k norm
+    # over Hkv*hd), a long prompt; mixtral: tiny (GQA 2:1), 8:2 heads of 32 (key_length != embd/heads),
+    # a long prompt
+    ol = ["--arch", "olmoe", "--preset", "tiny"]
+    ol_wide = ol + ["--embd", "128", "--heads", "8", "--heads-kv", "2", "--experts", "16", "--experts-used", "4",
+                    "--expert-ff", "64", "--seed", "8"]
+    mx = ["--arch", "mixtral", "--preset", "tiny"]
+    mx_wide = mx + ["--embd", "128", "--heads", "8", "--heads-kv", "2", "--head-dim", "32", "--expert-ff", "96",
+                    "--seed", "6"]
+    for name, args, pr, types in [
+            ("olmoe", ol, prompt, ("f32", "f16", "bf16", "q8_0", "q4_0")),
+            ("olmoe-wide", ol_wide, prompt, ("f32", "q8_0")),
+            ("olmoe-long", ol + ["--seed", "4"], long_prompt, ("f32", "q8_0")),
+            ("mixtral", mx, prompt, ("f32", "f16", "bf16", "q8_0", "q4_0")),
+            ("mix-wide", mx_wide, prompt, ("f32", "q8_0")),
+            ("mix-long", mx + ["--seed", "2"], long_prompt, ("f32", "q8_0"))]:
+        for wtype in types:
             compare(moetax, work, name, args, wtype, pr)
     return summary()
 

@@ -1,4 +1,5 @@
-/* cmd_gen.c - `moetax gen`: write a random-weight deepseek2 or qwen3moe model (or a deepseek2 dense twin). */
+/* cmd_gen.c - `moetax gen`: write a random-weight deepseek2, qwen3moe, olmoe or Mixtral model (or a deepseek2
+ * dense twin). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,11 +15,11 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: moetax gen [--preset NAME] [-o FILE] [options]\n"
             "       moetax gen --dense-twin-of MOE.gguf -o TWIN.gguf [--type T] [--seed N]\n\n"
-            "Writes a random-weight DeepSeek2 (MLA + MoE) or Qwen3-MoE (GQA + MoE) model in the GGUF layout\n"
-            "llama.cpp loads.\n\n"
-            "  --arch A           deepseek2 (default) | qwen3moe\n"
+            "Writes a random-weight DeepSeek2 (MLA + MoE), Qwen3-MoE, OLMoE or Mixtral (GQA + MoE) model in the\n"
+            "GGUF layout llama.cpp loads (Mixtral: general.architecture llama).\n\n"
+            "  --arch A           deepseek2 (default) | qwen3moe | olmoe | mixtral\n"
             "  --preset NAME      deepseek2: tiny | tiny-v3 | small (default, ~416M params) | bench-v3 (~2.3G params,\n"
-            "                     Q8_0); qwen3moe: tiny | small (default)\n"
+            "                     Q8_0); qwen3moe, olmoe, mixtral: tiny | small (default)\n"
             "  -o, --output FILE  output path (default: models/<preset>-<type>.gguf)\n"
             "  --type T           weight type: f32 f16 bf16 q8_0 q4_0 (router, norms, biases stay f32)\n"
             "  --seed N           RNG seed (default 42); same seed, same bytes\n"
@@ -27,8 +28,9 @@ static void usage(FILE *f) {
             "  --vocab N --ctx N --embd N --layers N --dense-lead N --ff N --heads N\n"
             "  --q-lora N (0 = plain attn_q) --kv-lora N --nope N --rope-dim N --v-head N\n"
             "  --experts N --experts-used N --shared N --expert-ff N --groups N --groups-used N\n"
-            "  qwen3moe: --heads-kv N --head-dim N (and --vocab --ctx --embd --layers --ff --heads --experts\n"
-            "  --experts-used --expert-ff --rope-base --eps)\n"
+            "  qwen3moe, olmoe, mixtral: --heads-kv N --head-dim N (and --vocab --ctx --embd --layers --ff --heads\n"
+            "  --experts --experts-used --expert-ff --rope-base --eps); olmoe and mixtral experts are\n"
+            "  feed_forward_length wide (--expert-ff); olmoe's head dim is --embd / --heads\n"
             "routing and rope:\n"
             "  --routing v2|v3    v2: softmax, no bias; v3: sigmoid + exp_probs_b + renormalise, scale 2.5\n"
             "  --gating softmax|sigmoid  --bias|--no-bias  --norm|--no-norm  --scale X\n"
@@ -122,7 +124,7 @@ int cmd_gen(int argc, char **argv) {
     }
     enum moetax_gen_arch arch;
     if (!moetax_gen_arch_from_name(arch_name, &arch))
-        return cli_usage_error("gen", "--arch: unknown architecture '%s' (deepseek2, qwen3moe)", arch_name);
+        return cli_usage_error("gen", "--arch: unknown architecture '%s' (deepseek2, qwen3moe, olmoe, mixtral)", arch_name);
     struct moetax_gen_params p;
     moetax_status st = moetax_gen_preset_arch(arch, preset, &p);
     if (st) return cli_usage_error("gen", "%s", moetax_last_error());
@@ -202,8 +204,9 @@ int cmd_gen(int argc, char **argv) {
     if ((st = moetax_gen_validate(&p))) return cli_usage_error("gen", "%s", moetax_last_error());
     char def[256];
     if (!out) {
-        snprintf(def, sizeof def, "models/%s%s%s-%s.gguf", twin_of ? "twin-" : "",
-                 arch == MOETAX_GEN_QWEN3MOE ? "qwen3moe-" : "", preset, moetax_type_name(p.wtype));
+        snprintf(def, sizeof def, "models/%s%s%s%s-%s.gguf", twin_of ? "twin-" : "",
+                 arch == MOETAX_GEN_DEEPSEEK2 ? "" : moetax_gen_arch_name(arch), arch == MOETAX_GEN_DEEPSEEK2 ? "" : "-",
+                 preset, moetax_type_name(p.wtype));
         out = def;
     }
     if (!strncmp(out, "models/", 7)) mkdir("models", 0755); /* an error shows up when the file is created */

@@ -1,5 +1,6 @@
 /*
- * moetax/gen.h - random-weight MoE models (deepseek2, qwen3moe) in llama.cpp's GGUF layout.
+ * moetax/gen.h - random-weight MoE models (deepseek2, qwen3moe, olmoe, Mixtral) in llama.cpp's
+ * GGUF layout.
  *
  * DESIGN
  *   A model is described by struct moetax_gen_params (every shape knob, the
@@ -7,7 +8,15 @@
  *   a GGUF file tensor by tensor, never holding more than one chunk of values.
  *   Keys, tensor names and shapes follow shared/docs/GGUF-MOE.md (deepseek2) and llama.cpp's
  *   qwen3moe loader (attn_q/k/v, per-head attn_q_norm/attn_k_norm {head_dim}, every layer MoE,
- *   no shared expert; the MLA, dense-lead, shared-expert and group knobs do not apply to it).
+ *   no shared expert; the MLA, dense-lead, shared-expert and group knobs do not apply to it),
+ *   llama.cpp's olmoe loader (the same GQA tensors, full-width attn_q_norm {H*head_dim} /
+ *   attn_k_norm {Hkv*head_dim}, experts olmoe.feed_forward_length wide, routing not
+ *   renormalised; head_dim = n_embd / n_head as OLMoE's converter implies, and llama.cpp loads
+ *   the file only with head_count_kv = head_count) and its llama loader for Mixtral
+ *   (general.architecture "llama", no q/k norms, experts llama.feed_forward_length wide, merged
+ *   ffn_{gate,up,down}_exps, llama.vocab_size and rope.dimension_count written as the
+ *   converter does). All three: every layer MoE, no shared expert; the vocabulary is the same
+ *   byte-level BPE one (Mixtral's own is SentencePiece).
  *
  * INVARIANTS
  *   - Deterministic: the same params and seed give the same bytes. Each tensor's
@@ -41,6 +50,8 @@ extern "C" {
 enum moetax_gen_arch {
     MOETAX_GEN_DEEPSEEK2 = 0,
     MOETAX_GEN_QWEN3MOE = 1,
+    MOETAX_GEN_OLMOE = 2,
+    MOETAX_GEN_MIXTRAL = 3, /* general.architecture "llama" with experts */
 };
 
 struct moetax_gen_params {
@@ -58,12 +69,13 @@ struct moetax_gen_params {
     int n_embd_head_qk_nope;
     int n_embd_head_qk_rope;   /* rope.dimension_count */
     int n_embd_head_v;
-    int n_head_kv;             /* qwen3moe: attention.head_count_kv */
-    int n_embd_head;           /* qwen3moe: head_dim (key_length = value_length = rope dims) */
+    int n_head_kv;             /* GQA archs: attention.head_count_kv */
+    int n_embd_head;           /* GQA archs: head_dim (key_length = value_length = rope dims); olmoe: 0
+                                  or n_embd / n_head */
     int n_expert;
     int n_expert_used;
     int n_expert_shared;
-    int n_ff_exp;              /* expert_feed_forward_length */
+    int n_ff_exp;              /* expert_feed_forward_length (olmoe, Mixtral: written as feed_forward_length) */
     int n_expert_group;        /* 0/1: no group-limited routing */
     int n_expert_group_used;
     int gating_func;           /* 1 softmax, 2 sigmoid */
@@ -85,11 +97,14 @@ struct moetax_gen_params {
 /* Fill p with a named preset: deepseek2 "tiny", "tiny-v3", "small", "bench-v3".
  * Returns MOETAX_ERR_ARG for an unknown name. */
 moetax_status moetax_gen_preset(const char *preset, struct moetax_gen_params *p);
-/* The same for an architecture: qwen3moe has "tiny" and "small". */
+/* The same for an architecture: qwen3moe, olmoe and mixtral have "tiny" and "small". */
 moetax_status moetax_gen_preset_arch(enum moetax_gen_arch arch, const char *preset, struct moetax_gen_params *p);
-/* "deepseek2" / "qwen3moe" to the enum; false if unknown. */
+/* "deepseek2" / "qwen3moe" / "olmoe" / "mixtral" to the enum; false if unknown. */
 bool moetax_gen_arch_from_name(const char *name, enum moetax_gen_arch *out);
+/* The option's name ("mixtral" for MOETAX_GEN_MIXTRAL). */
 const char *moetax_gen_arch_name(enum moetax_gen_arch arch);
+/* general.architecture the file gets ("llama" for MOETAX_GEN_MIXTRAL). */
+const char *moetax_gen_arch_gguf(enum moetax_gen_arch arch);
 /* Check shapes and options; the message names the offending knob. */
 moetax_status moetax_gen_validate(const struct moetax_gen_params *p);
 /* Total parameter count and file size (bytes of tensor data). */

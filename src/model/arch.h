@@ -24,6 +24,8 @@ struct moetax_arch {
 
 extern const struct moetax_arch moetax_arch_deepseek2;
 extern const struct moetax_arch moetax_arch_qwen3moe;
+extern const struct moetax_arch moetax_arch_olmoe;
+extern const struct moetax_arch moetax_arch_llama; /* Mixtral: llama with experts */
 
 /* Reading "<arch>.<suffix>" keys: the first error is kept in st (later calls return def). */
 struct arch_keys {
@@ -42,6 +44,16 @@ double arch_rope_hparams(struct moetax_model *m, struct arch_keys *k);
 /* The routing and expert-count checks shared by every MoE architecture (layers from
  * first_moe on are MoE layers): MOETAX_ERR_FORMAT naming the key. */
 moetax_status arch_check_moe(const struct moetax_model *m, int first_moe);
+
+/* The keys every GQA architecture (qwen3moe, olmoe, llama) reads the same way, as llama.cpp's
+ * generic loader does: context_length, embedding_length, block_count, attention.head_count,
+ * head_count_kv (default head_count), key_length / value_length (default n_embd / n_head),
+ * rope.dimension_count (default key_length), feed_forward_length (default 0), expert_count
+ * and expert_used_count (required), attention.layer_norm_rms_epsilon (required); checked:
+ * head_count_kv divides head_count, key_length = value_length = rope.dimension_count (even,
+ * 2..MOETAX_ROPE_MAX_DIMS; llama.cpp's graphs for all three assert it) and expert_count > 0.
+ * Sets attn = GQA; the caller sets RoPE mode, q/k norm, routing and the expert width. */
+moetax_status arch_gqa_hparams(struct moetax_model *m, struct arch_keys *k);
 
 /* Bind tensor `name` with the expected shape (ggml order); absent and !required leaves
  * w->data NULL. */

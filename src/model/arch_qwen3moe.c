@@ -7,6 +7,10 @@
  *   every layer is an MoE layer: softmax over the router logits, top-k, the k weights
  *   renormalised to sum 1, no scale, no shared expert (unlike deepseek2, whose routing comes
  *   from its keys, and olmoe, which does not renormalise).
+ * Differs from olmoe (arch_olmoe.c) in the q/k norm (per head here, full width there), the
+ * renormalisation and the expert width (expert_feed_forward_length here, feed_forward_length
+ * there); from llama/Mixtral (arch_llama.c) in the q/k norm (none there), RoPE (NORM there)
+ * and the expert width.
  * llama.cpp requires key_length == value_length == rope.dimension_count (n_rot); so does
  * this binding. llama.cpp ignores qwen3moe.expert_weights_scale; so does moetax.
  */
@@ -21,44 +25,17 @@ static moetax_status qwen3moe_hparams(struct moetax_model *m) {
     const struct moetax_gguf *g = m->gguf;
     struct moetax_hparams *hp = &m->hp;
     struct arch_keys k = {.g = g, .arch = hp->arch};
-    hp->attn = MOETAX_ATTN_GQA;
+    moetax_status st = arch_gqa_hparams(m, &k);
+    if (st) return st;
     hp->rope_mode = MOETAX_ROPE_MODE_NEOX;
     hp->qk_norm = MOETAX_QK_NORM_HEAD;
-    hp->n_ctx_train = arch_key_i(&k, "context_length", 4096, false);
-    hp->n_embd = arch_key_i(&k, "embedding_length", 0, true);
-    hp->n_layer = arch_key_i(&k, "block_count", 0, true);
-    hp->n_head = arch_key_i(&k, "attention.head_count", 0, true);
-    if (k.st) return k.st;
-    if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0)
-        return moetax_error(MOETAX_ERR_FORMAT, "%s: embedding_length, block_count and head_count must be positive",
-                            g->path);
-    hp->n_head_kv = arch_key_i(&k, "attention.head_count_kv", hp->n_head, false);
-    hp->n_embd_head_k = arch_key_i(&k, "attention.key_length", hp->n_embd / hp->n_head, false);
-    hp->n_embd_head_v = arch_key_i(&k, "attention.value_length", hp->n_embd / hp->n_head, false);
-    hp->n_rot = arch_key_i(&k, "rope.dimension_count", hp->n_embd_head_k, false);
-    hp->n_embd_head_qk_rope = hp->n_rot;
-    hp->n_ff = arch_key_i(&k, "feed_forward_length", 0, false);
-    hp->n_expert = arch_key_i(&k, "expert_count", 0, true);
-    hp->n_expert_used = arch_key_i(&k, "expert_used_count", 0, true);
     hp->n_ff_exp = arch_key_i(&k, "expert_feed_forward_length", 0, false);
     if (hp->n_ff_exp == 0 && hp->n_expert_used > 0) hp->n_ff_exp = hp->n_ff / hp->n_expert_used; /* llama.cpp's fallback */
-    hp->rms_eps = arch_key_f(&k, "attention.layer_norm_rms_epsilon", NAN);
     hp->gating_func = 1; /* softmax */
     hp->expert_weights_norm = true;
     hp->expert_weights_scale = 1.0f;
     if (k.st) return k.st;
-#define NEED(cond, ...) do { if (!(cond)) return moetax_error(MOETAX_ERR_FORMAT, __VA_ARGS__); } while (0)
-    NEED(!isnan(hp->rms_eps), "%s: %s.attention.layer_norm_rms_epsilon is missing", g->path, hp->arch);
-    NEED(hp->n_head_kv >= 1 && hp->n_head % hp->n_head_kv == 0,
-         "%s: attention.head_count_kv %d must divide head_count %d", g->path, hp->n_head_kv, hp->n_head);
-    NEED(hp->n_embd_head_k >= 2 && hp->n_embd_head_k <= MOETAX_ROPE_MAX_DIMS && hp->n_embd_head_k % 2 == 0 &&
-             hp->n_embd_head_v == hp->n_embd_head_k && hp->n_rot == hp->n_embd_head_k,
-         "%s: attention.key_length %d, value_length %d and rope.dimension_count %d must be equal, even and in "
-         "2..%d (llama.cpp's qwen3moe requires the same)", g->path, hp->n_embd_head_k, hp->n_embd_head_v,
-         hp->n_rot, MOETAX_ROPE_MAX_DIMS);
-    NEED(hp->n_expert > 0, "%s: expert_count must be positive (every qwen3moe layer is an MoE layer)", g->path);
-#undef NEED
-    moetax_status st = arch_check_moe(m, 0);
+    st = arch_check_moe(m, 0);
     if (st) return st;
     (void)arch_rope_hparams(m, &k);
     hp->kq_scale = (float)(1.0 / sqrt((double)hp->n_embd_head_k));

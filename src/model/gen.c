@@ -1,5 +1,5 @@
 /*
- * gen.c - write random-weight deepseek2 and qwen3moe models (and deepseek2's dense twins) in the
+ * gen.c - write random-weight deepseek2, qwen3moe, olmoe and Mixtral models (and deepseek2's dense twins) in the
  * GGUF layout llama.cpp loads. See include/moetax/gen.h for the invariants.
  */
 #include "moetax/gen.h"
@@ -105,16 +105,72 @@ moetax_status moetax_gen_preset(const char *preset, struct moetax_gen_params *p)
 bool moetax_gen_arch_from_name(const char *name, enum moetax_gen_arch *out) {
     if (!strcmp(name, "deepseek2")) *out = MOETAX_GEN_DEEPSEEK2;
     else if (!strcmp(name, "qwen3moe")) *out = MOETAX_GEN_QWEN3MOE;
+    else if (!strcmp(name, "olmoe")) *out = MOETAX_GEN_OLMOE;
+    else if (!strcmp(name, "mixtral")) *out = MOETAX_GEN_MIXTRAL;
     else return false;
     return true;
 }
 
 const char *moetax_gen_arch_name(enum moetax_gen_arch arch) {
-    return arch == MOETAX_GEN_QWEN3MOE ? "qwen3moe" : "deepseek2";
+    switch (arch) {
+    case MOETAX_GEN_QWEN3MOE: return "qwen3moe";
+    case MOETAX_GEN_OLMOE: return "olmoe";
+    case MOETAX_GEN_MIXTRAL: return "mixtral";
+    default: return "deepseek2";
+    }
+}
+
+const char *moetax_gen_arch_gguf(enum moetax_gen_arch arch) {
+    return arch == MOETAX_GEN_MIXTRAL ? "llama" : moetax_gen_arch_name(arch);
+}
+
+/* The GQA architectures with every layer MoE and no shared expert. */
+static bool gen_gqa(enum moetax_gen_arch arch) {
+    return arch == MOETAX_GEN_QWEN3MOE || arch == MOETAX_GEN_OLMOE || arch == MOETAX_GEN_MIXTRAL;
+}
+
+/* olmoe: OLMoE-1B-7B's proportions (16 heads of 128, no GQA, 64 experts top-8, experts 1024
+ * wide, eps 1e-5, rope base 10000) scaled down. mixtral: Mixtral-8x7B's (32:8 heads of 128,
+ * 8 experts top-2 of width 3.5 d, eps 1e-5, rope base 1e6) scaled down. */
+static moetax_status preset_olmoe_mixtral(enum moetax_gen_arch arch, const char *preset, struct moetax_gen_params *p) {
+    const bool olmoe = arch == MOETAX_GEN_OLMOE;
+    *p = (struct moetax_gen_params){
+        .arch = arch, .name = preset, .n_ctx = 4096, .gating_func = 1, .expert_weights_norm = !olmoe,
+        .expert_weights_scale = 1.0f, .rope_freq_base = olmoe ? 10000.0f : 1000000.0f, .rms_eps = 1e-5f,
+        .wtype = MOETAX_TYPE_F32, .seed = 42,
+    };
+    if (!strcmp(preset, "tiny")) {
+        p->n_vocab = 512;
+        p->n_ctx = 512;
+        p->n_embd = 64;
+        p->n_layer = 3;
+        p->n_head = 4;
+        p->n_head_kv = olmoe ? 4 : 2;
+        p->n_embd_head = olmoe ? 0 : 16;
+        p->n_expert = 8;
+        p->n_expert_used = 2;
+        p->n_ff_exp = olmoe ? 32 : 224;
+        return MOETAX_OK;
+    }
+    if (!strcmp(preset, "small")) {
+        p->n_vocab = 8192;
+        p->n_embd = 1024;
+        p->n_layer = 8;
+        p->n_head = 16;
+        p->n_head_kv = olmoe ? 16 : 4;
+        p->n_embd_head = olmoe ? 0 : 64;
+        p->n_expert = olmoe ? 64 : 8;
+        p->n_expert_used = olmoe ? 8 : 2;
+        p->n_ff_exp = olmoe ? 256 : 1792;
+        return MOETAX_OK;
+    }
+    return moetax_error(MOETAX_ERR_ARG, "unknown %s preset '%s' (expected tiny or small)", moetax_gen_arch_name(arch),
+                        preset);
 }
 
 moetax_status moetax_gen_preset_arch(enum moetax_gen_arch arch, const char *preset, struct moetax_gen_params *p) {
     if (arch == MOETAX_GEN_DEEPSEEK2) return moetax_gen_preset(preset, p);
+    if (arch == MOETAX_GEN_OLMOE || arch == MOETAX_GEN_MIXTRAL) return preset_olmoe_mixtral(arch, preset, p);
     /* qwen3moe: Qwen3-30B-A3B's proportions (GQA 32:4 heads of 128, 128 experts top-8) scaled down */
     *p = (struct moetax_gen_params){
         .arch = arch, .name = preset, .n_ctx = 4096, .gating_func = 1, .expert_weights_norm = true,
@@ -151,18 +207,28 @@ moetax_status moetax_gen_preset_arch(enum moetax_gen_arch arch, const char *pres
     return moetax_error(MOETAX_ERR_ARG, "unknown qwen3moe preset '%s' (expected tiny or small)", preset);
 }
 
-static moetax_status validate_qwen3moe(const struct moetax_gen_params *p) {
+static moetax_status validate_gqa(const struct moetax_gen_params *p) {
 #define NEED(cond, ...) do { if (!(cond)) return moetax_error(MOETAX_ERR_ARG, __VA_ARGS__); } while (0)
+    const char *an = moetax_gen_arch_name(p->arch);
+    if (p->arch == MOETAX_GEN_OLMOE) /* no key_length written: the head dim is n_embd / n_head */
+        NEED(p->n_embd % p->n_head == 0 && (p->n_embd_head == 0 || p->n_embd_head == p->n_embd / p->n_head),
+             "olmoe: --head-dim %d must be --embd / --heads (%d / %d) (OLMoE files have no key_length)",
+             p->n_embd_head, p->n_embd, p->n_head);
+    const int hd = p->arch == MOETAX_GEN_OLMOE ? p->n_embd / p->n_head : p->n_embd_head;
     NEED(p->n_head_kv >= 1 && p->n_head % p->n_head_kv == 0, "--heads-kv %d must divide --heads %d", p->n_head_kv,
          p->n_head);
-    NEED(p->n_embd_head >= 2 && p->n_embd_head % 2 == 0 && p->n_embd_head <= 1024,
-         "--head-dim %d must be even and in 2..1024", p->n_embd_head);
+    NEED(hd >= 2 && hd % 2 == 0 && hd <= 1024, "--head-dim %d must be even and in 2..1024", hd);
     NEED(p->n_layer_dense_lead == 0 && p->n_expert_shared == 0 && p->n_expert_group <= 1 && !p->exp_probs_b &&
              !p->fused_gate_up && !p->kv_b_merged && !p->dense_twin && p->q_lora_rank == 0,
-         "qwen3moe has no leading dense layers, shared experts, expert groups, selection bias, fused gate_up, "
-         "MLA layouts or dense twin here");
-    NEED(p->gating_func == 1 && p->expert_weights_norm, "qwen3moe routes with softmax and renormalised weights");
-    NEED(p->rope_yarn_factor == 0, "--yarn-factor: qwen3moe files are written without rope scaling");
+         "%s has no leading dense layers, shared experts, expert groups, selection bias, fused gate_up, "
+         "MLA layouts or dense twin here", an);
+    if (p->arch == MOETAX_GEN_OLMOE)
+        NEED(p->gating_func == 1 && !p->expert_weights_norm, "olmoe routes with softmax, weights not renormalised");
+    else
+        NEED(p->gating_func == 1 && p->expert_weights_norm, "%s routes with softmax and renormalised weights", an);
+    NEED(p->rope_yarn_factor == 0, "--yarn-factor: %s files are written without rope scaling", an);
+    NEED(p->arch == MOETAX_GEN_QWEN3MOE || p->n_ff == 0 || p->n_ff == p->n_ff_exp,
+         "--ff %d: %s experts are feed_forward_length wide, set by --expert-ff (%d)", p->n_ff, an, p->n_ff_exp);
 #undef NEED
     return MOETAX_OK;
 }
@@ -176,8 +242,8 @@ moetax_status moetax_gen_validate(const struct moetax_gen_params *p) {
          "--dense-lead %d must be in 0..layers (%d)", p->n_layer_dense_lead, p->n_layer);
     NEED(p->n_ctx >= 1, "--ctx %d must be >= 1", p->n_ctx);
     NEED(p->n_head >= 1, "--heads %d must be >= 1", p->n_head);
-    if (p->arch == MOETAX_GEN_QWEN3MOE) {
-        moetax_status qst = validate_qwen3moe(p);
+    if (gen_gqa(p->arch)) {
+        moetax_status qst = validate_gqa(p);
         if (qst) return qst;
     } else {
     NEED(p->kv_lora_rank >= 1, "--kv-lora %d must be >= 1", p->kv_lora_rank);
@@ -221,7 +287,7 @@ moetax_status moetax_gen_validate(const struct moetax_gen_params *p) {
         .rope_beta_slow = 1.0f,
         .kq_scale = 1.0f,         /* derived by the loader */
     };
-    snprintf(hp.arch, sizeof hp.arch, "%s", moetax_gen_arch_name(p->arch));
+    snprintf(hp.arch, sizeof hp.arch, "%s", moetax_gen_arch_gguf(p->arch));
     if (moetax_hparams_check(&hp, "gen")) { /* an option's fault here, not a file's */
         char msg[512];
         snprintf(msg, sizeof msg, "%s", moetax_last_error());
@@ -283,20 +349,26 @@ static moetax_status build_tensors(const struct moetax_gen_params *p, struct ten
     const int64_t vh = p->n_embd_head_v, kvl = p->kv_lora_rank, ql = p->q_lora_rank;
     const int64_t E = p->n_expert, F = p->n_ff_exp, Fs = (int64_t)p->n_expert_shared * p->n_ff_exp;
     const int64_t twin_ff = (int64_t)p->n_expert_used * F + Fs;
-    const int64_t Hkv = p->n_head_kv, hd = p->n_embd_head;
-    const bool qwen = p->arch == MOETAX_GEN_QWEN3MOE;
+    const int64_t Hkv = p->n_head_kv;
+    const bool qwen = gen_gqa(p->arch); /* GQA: qwen3moe, olmoe, mixtral */
+    const int64_t hd = p->arch == MOETAX_GEN_OLMOE ? p->n_embd / p->n_head : p->n_embd_head;
     moetax_status st = MOETAX_OK;
 #define ADD(...) do { if ((st = add(l, __VA_ARGS__))) return st; } while (0)
     ADD(INIT_EMBD, 1, 2, d, p->n_vocab, 1, "token_embd.weight", 0);
     for (int il = 0; il < p->n_layer; il++) {
         ADD(INIT_NORM, 1, 1, d, 1, 1, "blk.%d.attn_norm.weight", il);
-        if (qwen) { /* GQA with per-head q/k norms (llama.cpp's qwen3moe) */
+        if (qwen) { /* GQA: q/k norms per head (qwen3moe), full width (olmoe) or none (mixtral) */
             ADD(INIT_LINEAR, (float)d, 2, d, H * hd, 1, "blk.%d.attn_q.weight", il);
             ADD(INIT_LINEAR, (float)d, 2, d, Hkv * hd, 1, "blk.%d.attn_k.weight", il);
             ADD(INIT_LINEAR, (float)d, 2, d, Hkv * hd, 1, "blk.%d.attn_v.weight", il);
             ADD(INIT_LINEAR, (float)(H * hd), 2, H * hd, d, 1, "blk.%d.attn_output.weight", il);
-            ADD(INIT_NORM, 1, 1, hd, 1, 1, "blk.%d.attn_q_norm.weight", il);
-            ADD(INIT_NORM, 1, 1, hd, 1, 1, "blk.%d.attn_k_norm.weight", il);
+            if (p->arch == MOETAX_GEN_QWEN3MOE) {
+                ADD(INIT_NORM, 1, 1, hd, 1, 1, "blk.%d.attn_q_norm.weight", il);
+                ADD(INIT_NORM, 1, 1, hd, 1, 1, "blk.%d.attn_k_norm.weight", il);
+            } else if (p->arch == MOETAX_GEN_OLMOE) {
+                ADD(INIT_NORM, 1, 1, H * hd, 1, 1, "blk.%d.attn_q_norm.weight", il);
+                ADD(INIT_NORM, 1, 1, Hkv * hd, 1, 1, "blk.%d.attn_k_norm.weight", il);
+            }
         } else if (ql > 0) {
             ADD(INIT_LINEAR, (float)d, 2, d, ql, 1, "blk.%d.attn_q_a.weight", il);
             ADD(INIT_NORM, 1, 1, ql, 1, 1, "blk.%d.attn_q_a_norm.weight", il);
@@ -406,7 +478,7 @@ static void fill(struct rng *r, const struct gen_tensor *t, float *x, int64_t n)
 static moetax_status write_metadata(const struct moetax_gen_params *p, struct moetax_gguf_writer *w) {
     moetax_status st = MOETAX_OK;
     char key[128];
-    const char *arch = moetax_gen_arch_name(p->arch);
+    const char *arch = moetax_gen_arch_gguf(p->arch);
 #define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
 #define TRY(x) do { if ((st = (x))) goto out; } while (0)
     struct moetax_gen_vocab v;
@@ -433,6 +505,28 @@ static moetax_status write_metadata(const struct moetax_gen_params *p, struct mo
         TRY(moetax_gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert));
         TRY(moetax_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used));
         TRY(moetax_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p->n_ff_exp));
+        goto vocab;
+    }
+    if (p->arch == MOETAX_GEN_OLMOE || p->arch == MOETAX_GEN_MIXTRAL) {
+        /* the keys llama.cpp's converter writes for OLMoE / Mixtral: the experts' width is
+         * feed_forward_length; Mixtral adds vocab_size and rope.dimension_count (llama's
+         * converter), and key/value_length when the head dim is not n_embd / n_head */
+        const bool mix = p->arch == MOETAX_GEN_MIXTRAL;
+        TRY(moetax_gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)p->n_ff_exp));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)H));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv));
+        if (mix && (int64_t)p->n_embd_head * H != p->n_embd) {
+            TRY(moetax_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)p->n_embd_head));
+            TRY(moetax_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)p->n_embd_head));
+        }
+        TRY(moetax_gguf_writer_set_f32(w, KEY("rope.freq_base"), p->rope_freq_base));
+        TRY(moetax_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), p->rms_eps));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used));
+        if (mix) {
+            TRY(moetax_gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)p->n_vocab));
+            TRY(moetax_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)p->n_embd_head));
+        }
         goto vocab;
     }
     if (p->dense_twin && p->n_layer_dense_lead > 0 && p->n_ff != (p->n_expert_used + p->n_expert_shared) * p->n_ff_exp) {

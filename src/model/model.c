@@ -425,6 +425,43 @@ moetax_status arch_check_moe(const struct moetax_model *m, int first_moe) {
     return MOETAX_OK;
 }
 
+moetax_status arch_gqa_hparams(struct moetax_model *m, struct arch_keys *k) {
+    const struct moetax_gguf *g = m->gguf;
+    struct moetax_hparams *hp = &m->hp;
+    hp->attn = MOETAX_ATTN_GQA;
+    hp->n_ctx_train = arch_key_i(k, "context_length", 4096, false);
+    hp->n_embd = arch_key_i(k, "embedding_length", 0, true);
+    hp->n_layer = arch_key_i(k, "block_count", 0, true);
+    hp->n_head = arch_key_i(k, "attention.head_count", 0, true);
+    if (k->st) return k->st;
+    if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0)
+        return moetax_error(MOETAX_ERR_FORMAT, "%s: embedding_length, block_count and head_count must be positive",
+                            g->path);
+    hp->n_head_kv = arch_key_i(k, "attention.head_count_kv", hp->n_head, false);
+    hp->n_embd_head_k = arch_key_i(k, "attention.key_length", hp->n_embd / hp->n_head, false);
+    hp->n_embd_head_v = arch_key_i(k, "attention.value_length", hp->n_embd / hp->n_head, false);
+    hp->n_rot = arch_key_i(k, "rope.dimension_count", hp->n_embd_head_k, false);
+    hp->n_embd_head_qk_rope = hp->n_rot;
+    hp->n_ff = arch_key_i(k, "feed_forward_length", 0, false);
+    hp->n_expert = arch_key_i(k, "expert_count", 0, true);
+    hp->n_expert_used = arch_key_i(k, "expert_used_count", 0, true);
+    hp->rms_eps = arch_key_f(k, "attention.layer_norm_rms_epsilon", NAN);
+    if (k->st) return k->st;
+#define NEED(cond, ...) do { if (!(cond)) return moetax_error(MOETAX_ERR_FORMAT, __VA_ARGS__); } while (0)
+    NEED(!isnan(hp->rms_eps), "%s: %s.attention.layer_norm_rms_epsilon is missing", g->path, hp->arch);
+    NEED(hp->n_head_kv >= 1 && hp->n_head % hp->n_head_kv == 0,
+         "%s: attention.head_count_kv %d must divide head_count %d", g->path, hp->n_head_kv, hp->n_head);
+    NEED(hp->n_embd_head_k >= 2 && hp->n_embd_head_k <= MOETAX_ROPE_MAX_DIMS && hp->n_embd_head_k % 2 == 0 &&
+             hp->n_embd_head_v == hp->n_embd_head_k && hp->n_rot == hp->n_embd_head_k,
+         "%s: attention.key_length %d, value_length %d and rope.dimension_count %d must be equal, even and in "
+         "2..%d (llama.cpp's %s graph requires the same)", g->path, hp->n_embd_head_k, hp->n_embd_head_v,
+         hp->n_rot, MOETAX_ROPE_MAX_DIMS, hp->arch);
+    NEED(hp->n_expert > 0, "%s: %s.expert_count must be positive (moetax runs %s files with experts only)", g->path,
+         hp->arch, hp->arch);
+#undef NEED
+    return MOETAX_OK;
+}
+
 /* ---- tensors ------------------------------------------------------------------- */
 
 static void fmt_shape(char *buf, size_t cap, int n, const int64_t *ne) {
@@ -565,6 +602,8 @@ moetax_status arch_bind_ffn(struct moetax_model *m, int il) {
 static const struct moetax_arch *const archs[] = {
     &moetax_arch_deepseek2,
     &moetax_arch_qwen3moe,
+    &moetax_arch_olmoe,
+    &moetax_arch_llama,
 };
 
 static moetax_status load_hparams(struct moetax_model *m) {

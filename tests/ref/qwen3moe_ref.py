@@ -27,6 +27,9 @@ expert_count, expert_used_count, expert_feed_forward_length}. No rope scaling (a
 rope.scaling.* is refused here).
 
 Python API: as deepseek2_ref.Model (forward, step, prefill, generate, routing, act_quant).
+olmoe_ref.py and mixtral_ref.py derive from this Model: the class attributes ARCH (the key
+prefix), QK_NORMS (the q/k norm tensors read), W_NORM (renormalise the top-k) and the hook
+_qk (q/k norm and rope) are what they replace.
 CLI: /usr/bin/python3 tests/ref/qwen3moe_ref.py MODEL --tokens 1,2,3 [--decode N] [--act-quant]
 """
 
@@ -58,18 +61,23 @@ def rope_neox(x, pos, n_dims, freq_base):
 
 
 class Model(ds.Model):
+    ARCH = "qwen3moe"
+    QK_NORMS = ("attn_q_norm", "attn_k_norm")
+    W_NORM = True
+
     def __init__(self, path, dtype=np.float64, expert_cache_mb=1024, act_quant=False):
         self.path = path
         self.act_quant = bool(act_quant)
         self.qflip = set()
         self.r = r = GGUFReader(path)
         self.dtype = dtype
-        if r.arch != "qwen3moe":
-            raise ValueError("%s: architecture %r is not qwen3moe" % (path, r.arch))
+        A = self.ARCH
+        if r.arch != A:
+            raise ValueError("%s: architecture %r is not %s" % (path, r.arch, A))
 
         def k(s, d=None):
-            return r.get("qwen3moe." + s, d)
-        if any(key.startswith("qwen3moe.rope.scaling.") for key in r.metadata):
+            return r.get(A + "." + s, d)
+        if any(key.startswith(A + ".rope.scaling.") for key in r.metadata):
             raise NotImplementedError("rope scaling")
         c = {}
         c["n_embd"] = int(k("embedding_length"))
@@ -83,7 +91,7 @@ class Model(ds.Model):
         c["eps"] = float(k("attention.layer_norm_rms_epsilon"))
         c["n_expert"] = int(k("expert_count"))
         c["n_expert_used"] = int(k("expert_used_count"))
-        c.update(n_dense=0, n_group=0, n_group_used=0, n_shared=0, w_scale=0.0, w_norm=True, gating_func=1)
+        c.update(n_dense=0, n_group=0, n_group_used=0, n_shared=0, w_scale=0.0, w_norm=self.W_NORM, gating_func=1)
         c["kq_scale"] = 1.0 / math.sqrt(c["head_k"])
         c["n_vocab"] = r.info("token_embd.weight").ne[1]
         self.cfg = c
@@ -96,7 +104,7 @@ class Model(ds.Model):
             for key, name in (("q", "attn_q"), ("k", "attn_k"), ("v", "attn_v"), ("o", "attn_output")):
                 lw[key] = self._w(p + name + ".weight")
                 wt[key] = r.info(p + name + ".weight").type
-            for key in ("attn_norm", "attn_q_norm", "attn_k_norm", "ffn_norm"):
+            for key in ("attn_norm",) + tuple(self.QK_NORMS) + ("ffn_norm",):
                 lw[key] = self._w(p + key + ".weight")
             lw["gate_inp"] = self._w(p + "ffn_gate_inp.weight")
             lw["probs_b"] = None
@@ -123,6 +131,14 @@ class Model(ds.Model):
         self.qties = []
         self._qcall = 0
 
+    def _qk(self, lw, q, k, positions):
+        """q (T, H, hd), k (T, Hkv, hd) after the projections -> normed and roped: per-head
+        RMSNorm over hd, NEOX rope."""
+        c = self.cfg
+        q = rope_neox(ds.rmsnorm(q, lw["attn_q_norm"], c["eps"]), positions, c["n_rot"], c["freq_base"])
+        k = rope_neox(ds.rmsnorm(k, lw["attn_k_norm"], c["eps"]), positions, c["n_rot"], c["freq_base"])
+        return q, k
+
     def _attention(self, il, h, positions):
         c = self.cfg
         lw, wt, aq = self.layers[il], self.wtype[il], self._aq
@@ -131,8 +147,7 @@ class Model(ds.Model):
         q = (aq(h, wt["q"]) @ lw["q"].T).reshape(T, H, hk)
         k = (aq(h, wt["k"]) @ lw["k"].T).reshape(T, Hkv, hk)
         v = (aq(h, wt["v"]) @ lw["v"].T).reshape(T, Hkv, hv)
-        q = rope_neox(ds.rmsnorm(q, lw["attn_q_norm"], c["eps"]), positions, c["n_rot"], c["freq_base"])
-        k = rope_neox(ds.rmsnorm(k, lw["attn_k_norm"], c["eps"]), positions, c["n_rot"], c["freq_base"])
+        q, k = self._qk(lw, q, k, positions)
         self.kcache[il] = np.concatenate([self.kcache[il], k], axis=0)
         self.vcache[il] = np.concatenate([self.vcache[il], v], axis=0)
         K, V = self.kcache[il], self.vcache[il]                     # (P, Hkv, hd)
@@ -144,9 +159,9 @@ class Model(ds.Model):
         return aq(o, wt["o"]) @ lw["o"].T
 
 
-def main(argv=None):
+def main(argv=None, model_cls=Model):
     import argparse
-    ap = argparse.ArgumentParser(description="NumPy float64 reference forward pass for qwen3moe GGUF")
+    ap = argparse.ArgumentParser(description="NumPy float64 reference forward pass for %s GGUF" % model_cls.ARCH)
     ap.add_argument("model")
     ap.add_argument("--tokens", required=True)
     ap.add_argument("--decode", type=int, default=0)
@@ -154,7 +169,7 @@ def main(argv=None):
     ap.add_argument("--act-quant", action="store_true")
     a = ap.parse_args(argv)
     toks = [int(t) for t in a.tokens.split(",") if t]
-    m = Model(a.model, act_quant=a.act_quant)
+    m = model_cls(a.model, act_quant=a.act_quant)
     gen, logits = m.generate(toks, a.decode)
     if a.out:
         np.save(a.out, logits.astype(np.float32))
