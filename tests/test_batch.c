@@ -486,5 +486,23 @@ int main(int argc, char **argv) {
     g_kv_type = MOETAX_TYPE_F16;
     batch_vs_alone(q3, 0, 64);
     g_kv_type = MOETAX_TYPE_F32;
+    /* olmoe (full-width q/k norm, not renormalised) and Mixtral (llama: NORM rope, no q/k norm) */
+    char ol[512], olf[512], mx[512], mxf[512];
+    snprintf(ol, sizeof ol, "%s", tu_path("batch_olmoe_q8_0.gguf"));
+    snprintf(olf, sizeof olf, "%s", tu_path("batch_olmoe_f32.gguf"));
+    snprintf(mx, sizeof mx, "%s", tu_path("batch_mixtral_q8_0.gguf"));
+    snprintf(mxf, sizeof mxf, "%s", tu_path("batch_mixtral_f32.gguf"));
+    CHECK_EQ_INT(gen("--arch olmoe --preset tiny --type q8_0", ol), 0);
+    CHECK_EQ_INT(gen("--arch olmoe --preset tiny --heads 8 --heads-kv 2 --seed 4", olf), 0);
+    CHECK_EQ_INT(gen("--arch mixtral --preset tiny --type q8_0", mx), 0);
+    CHECK_EQ_INT(gen("--arch mixtral --preset tiny --heads 8 --heads-kv 2 --head-dim 16 --seed 4", mxf), 0);
+    batch_vs_alone(ol, 0, 64);
+    batch_vs_alone(ol, 0, 3);
+    batch_vs_alone(olf, 2e-5f, 64);
+    random_schedules(ol, 0, 4);
+    batch_vs_alone(mx, 0, 64);
+    batch_vs_alone(mx, 0, 3);
+    batch_vs_alone(mxf, 2e-5f, 64);
+    random_schedules(mx, 0, 4);
     return tu_finish("test_batch");
 }
