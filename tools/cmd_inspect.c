@@ -18,7 +18,7 @@ static void usage(FILE *f) {
                "used of E), token_embd one row, every other tensor whole.\n\n"
                "  --json          machine-readable: one JSON object\n"
                "  --checksums     add per tensor the FNV-1a 64 of its bytes and the sum and sum of squares\n"
-               "                  of its values (dequantized; f32/f16/bf16/q8_0/q4_0)\n"
+               "                  of its values (dequantized; f32/f16/bf16/q8_0/q4_0/q4_k/q5_k/q6_k)\n"
                "  --no-tensors    omit the tensor table\n"
                "  --all-metadata  print long arrays in full (default: first 8 elements)\n");
 }

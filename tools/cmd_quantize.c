@@ -1,7 +1,11 @@
 /* cmd_quantize.c - `moetax quantize IN OUT TYPE`: convert a model's weights.
  * Like llama-quantize: the router (ffn_gate_inp), norms, biases, exp_probs_b
  * and all 1-D tensors stay F32; a tensor whose rows do not fit the target
- * block size falls back to F16. Metadata is copied, general.file_type updated. */
+ * block size falls back: k-quants (rows not a multiple of 256) to Q8_0 (as
+ * llama-quantize does for Q6_K; it takes Q5_0 for Q4_K and Q5_1 for Q5_K,
+ * which moetax does not compute), anything else to F16. Metadata is copied,
+ * general.file_type updated (q4_k: MOSTLY_Q4_K_M = 15, q5_k: Q5_K_M = 17,
+ * q6_k: Q6_K = 18, as `llama-quantize --pure IN OUT Q4_K_M` writes). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +17,8 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax quantize IN.gguf OUT.gguf TYPE\n\n"
-               "TYPE: f32 f16 bf16 q8_0 q4_0. Routers, norms, biases and 1-D tensors stay f32.\n");
+               "TYPE: f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k. Routers, norms, biases and 1-D tensors stay f32;\n"
+               "k-quant tensors whose rows are not a multiple of 256 become q8_0 (each named on stderr).\n");
 }
 
 static bool keep_f32(const struct moetax_gguf_tensor *t) {
@@ -37,7 +42,7 @@ int cmd_quantize(int argc, char **argv) {
     if (np != 3) return cli_usage_error("quantize", "need IN OUT TYPE");
     enum moetax_type to;
     if (!moetax_type_from_name(pos[2], &to) || !moetax_type_supported(to))
-        return cli_usage_error("quantize", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0)", pos[2]);
+        return cli_usage_error("quantize", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k)", pos[2]);
     /* the same file by device and inode, not by name (./../dir/IN, a link to IN) */
     bool same = false;
     moetax_status st = moetax_same_file(pos[0], pos[1], &same);
@@ -52,7 +57,15 @@ int cmd_quantize(int argc, char **argv) {
     enum moetax_type *types = calloc(g->n_tensors + 1, sizeof *types);
     if (!types) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
     if ((st = moetax_gguf_writer_init(pos[1], &w))) goto done;
-    uint32_t ftype = to == MOETAX_TYPE_F32 ? 0 : to == MOETAX_TYPE_F16 ? 1 : to == MOETAX_TYPE_Q4_0 ? 2 : to == MOETAX_TYPE_Q8_0 ? 7 : 32;
+    /* llama_ftype: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q8_0 7, Q4_K_M 15, Q5_K_M 17, Q6_K 18, BF16 32 */
+    uint32_t ftype = to == MOETAX_TYPE_F32    ? 0
+                     : to == MOETAX_TYPE_F16  ? 1
+                     : to == MOETAX_TYPE_Q4_0 ? 2
+                     : to == MOETAX_TYPE_Q8_0 ? 7
+                     : to == MOETAX_TYPE_Q4_K ? 15
+                     : to == MOETAX_TYPE_Q5_K ? 17
+                     : to == MOETAX_TYPE_Q6_K ? 18
+                                              : 32;
     for (uint64_t i = 0; i < g->n_kv; i++) {
         const struct moetax_gguf_kv *kv = &g->kv[i];
         if (kv->key.len == 17 && !memcmp(kv->key.data, "general.file_type", 17))
@@ -73,6 +86,11 @@ int cmd_quantize(int argc, char **argv) {
             goto done;
         }
         enum moetax_type ty = keep_f32(t) ? MOETAX_TYPE_F32 : to;
+        if (t->ne[0] % moetax_type_blck_size(ty) && moetax_type_blck_size(ty) == 256) {
+            fprintf(stderr, "moetax quantize: %s: %lld columns are not a multiple of 256 (%s): q8_0 instead\n", name,
+                    (long long)t->ne[0], moetax_type_name(ty));
+            ty = MOETAX_TYPE_Q8_0;
+        }
         if (t->ne[0] % moetax_type_blck_size(ty)) ty = MOETAX_TYPE_F16;
         types[i] = ty;
         if (t->ne[0] > max_ne0) max_ne0 = t->ne[0];

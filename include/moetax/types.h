@@ -123,10 +123,12 @@ typedef struct moetax_block_q8_k {
     int16_t bsums[MOETAX_QK_K / 16]; /* sums of each 16 quants */
 } moetax_block_q8_k;
 
+#ifndef __cplusplus
 _Static_assert(sizeof(moetax_block_q4_k) == 144, "block_q4_K is 144 bytes");
 _Static_assert(sizeof(moetax_block_q5_k) == 176, "block_q5_K is 176 bytes");
 _Static_assert(sizeof(moetax_block_q6_k) == 210, "block_q6_K is 210 bytes");
 _Static_assert(sizeof(moetax_block_q8_k) == 292, "block_q8_K is 292 bytes");
+#endif
 
 /* Sub-block j's (0..7) 6-bit scale and min of a Q4_K/Q5_K scales[12]
  * (ggml's get_scale_min_k4): j < 4: sc = q[j] & 63, m = q[j+4] & 63; else

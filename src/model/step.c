@@ -1,6 +1,7 @@
 /*
  * step.c - the phases of a step and the helpers every stage uses (see step.h).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,10 +170,46 @@ const void *fw_act_for(const struct act *a, enum moetax_type t) {
     return a->x;
 }
 
+/* k-quant weights (Q4_K, Q5_K, Q6_K): their block_q8_K activations are prepared here, per call,
+ * from the float rows a->x[b0 .. b0 + n), in chunks that fit a stack buffer, not in a slot of
+ * the act: acts are built and gathered in several places (attention's scratch, the MoE
+ * dispatch) that copy only the Q8_0/Q4_0 slots. quantize_act is a pure function of a row and
+ * the k-quant matmul is batch-invariant (kernels.h), so the results equal those of one call
+ * over prepared rows. The cost is one quantization of the rows per call (per row block and
+ * expert), small against the weights' bytes; a prepared slot is the follow-up. */
+static void matmul_kq(const struct fw_step *s, const struct moetax_weight *w, const char *wp, int64_t nrows,
+                      const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
+    enum { STACK = 64 * 1024 };
+    _Alignas(64) unsigned char stack[STACK];
+    const int64_t nc = w->ne[0];
+    const size_t rb = moetax_act_size(w->type, nc, 1);
+    int64_t chunk = rb && rb <= STACK ? (int64_t)(STACK / rb) : 1;
+    unsigned char *buf = rb <= STACK ? stack : malloc(rb);
+    if (!buf) { /* a row over 64 KiB of activations (ncols > 57344) and no memory: no result */
+        for (int64_t b = 0; b < n; b++)
+            for (int64_t r = 0; r < nrows; r++) y[b * ldy + r] = NAN;
+        return;
+    }
+    for (int64_t c = 0; c < n; c += chunk) {
+        const int64_t m = n - c < chunk ? n - c : chunk;
+        s->K->quantize_act(w->type, a->x + (b0 + c) * a->ncols, a->ncols, nc, m, buf);
+        s->K->matmul(w->type, wp, w->row_bytes, 0, nrows, nc, buf, m, y + c * ldy, ldy);
+    }
+    if (buf != stack) free(buf);
+}
+
+static bool is_kq(enum moetax_type t) {
+    return t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K;
+}
+
 void fw_matmul_rel(const struct fw_step *s, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
                    const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
     if (r1 <= r0 || n <= 0) return;
     const char *wp = (const char *)w->data + (size_t)mat * w->mat_bytes + (size_t)r0 * w->row_bytes;
+    if (is_kq(w->type)) {
+        matmul_kq(s, w, wp, r1 - r0, a, b0, n, y, ldy);
+        return;
+    }
     const char *xq = fw_act_for(a, w->type);
     xq += (size_t)b0 * moetax_act_size(w->type, w->ne[0], 1);
     s->K->matmul(w->type, wp, w->row_bytes, 0, r1 - r0, w->ne[0], xq, n, y, ldy);
@@ -182,6 +219,10 @@ void fw_matmul_at(const struct fw_step *s, const struct moetax_weight *w, const 
                   const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
     if (r1 <= r0 || n <= 0) return;
     const char *wp = (const char *)mat + (size_t)r0 * w->row_bytes;
+    if (is_kq(w->type)) {
+        matmul_kq(s, w, wp, r1 - r0, a, b0, n, y + r0, ldy);
+        return;
+    }
     const char *xq = fw_act_for(a, w->type);
     xq += (size_t)b0 * moetax_act_size(w->type, w->ne[0], 1);
     s->K->matmul(w->type, wp, w->row_bytes, 0, r1 - r0, w->ne[0], xq, n, y + r0, ldy);
