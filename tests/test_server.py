@@ -556,6 +556,11 @@ def test_store_server(refs):
               and tax["phase_s"]["expert"] > 0 and tax["store"] is not None and 0 <= tax["store"]["hit_rate"] <= 1,
               f"/tax: {st} {tax}")
         check(s.request("GET", "/tax?window=0")[0] == 400, "/tax?window=0: 400")
+        # llama-server's ignore_eos: max_tokens tokens whatever the model says
+        st, _, j = s.post("/v1/completions", {"prompt": "x = 1\n", "max_tokens": 40, "temperature": 0, "ignore_eos": True})
+        check(st == 200 and j["usage"]["completion_tokens"] == 40 and j["choices"][0]["finish_reason"] == "length",
+              f"ignore_eos: {st} {j.get('usage')}")
+        check(s.post("/v1/completions", {"prompt": "x", "ignore_eos": "yes"})[0] == 400, "ignore_eos as a string: 400")
     finally:
         rc = s.stop()
         check(rc == 0, f"the store server exited {rc}")

@@ -182,6 +182,10 @@ int srv_api_parse(const char *body, size_t len, bool chat, struct srv_api_req *r
         if (!json_is_boolean(v)) { rc = fail(err, cap, "'stream' must be a boolean"); goto done; }
         r->stream = json_is_true(v);
     }
+    if ((v = field(o, "ignore_eos"))) { /* llama-server's extension (benchmarks) */
+        if (!json_is_boolean(v)) { rc = fail(err, cap, "'ignore_eos' must be a boolean"); goto done; }
+        r->ignore_eos = json_is_true(v);
+    }
     if ((v = field(o, "stream_options"))) {
         json_t *u = field(v, "include_usage");
         if (!json_is_object(v) || (u && !json_is_boolean(u))) {

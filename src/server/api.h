@@ -42,6 +42,7 @@ struct srv_api_req {
     char *stop[SRV_MAX_STOP];
     int n_stop;
     bool stream, include_usage;
+    bool ignore_eos;                    /* llama-server's extension: generate past end-of-text */
 };
 
 /* 0, or 400 with a message in err. */

@@ -266,6 +266,7 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
     const int64_t room = srv_sched_max_seq(h->p.sched) - n_ids;
     r->max_tokens = q.max_tokens > 0 ? q.max_tokens : (room < h->p.default_max_tokens ? room : h->p.default_max_tokens);
     r->sp = q.sp;
+    r->ignore_eos = q.ignore_eos;
     if (!q.has_seed) r->sp.seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + atomic_fetch_add(&h->next_id, 1);
     for (int i = 0; i < q.n_stop; i++) { r->stop[i] = q.stop[i]; q.stop[i] = NULL; }
     r->n_stop = q.n_stop;

@@ -388,7 +388,7 @@ static void account_finish(struct srv_sched *s, struct srv_req *r) {
 static void slot_token(struct srv_sched *s, int i, int32_t t, double tnow) {
     struct slot *sl = &s->slots[i];
     struct srv_req *r = sl->r;
-    const bool eog = moetax_tokenizer_is_eog(s->p.tok, t);
+    const bool eog = !r->ignore_eos && moetax_tokenizer_is_eog(s->p.tok, t);
     bool first = false;
     pthread_mutex_lock(&r->mu);
     r->n_gen++;

@@ -72,6 +72,7 @@ struct srv_req {
     struct moetax_sampler_params sp;
     char *stop[SRV_MAX_STOP];   /* owned, NUL-terminated, non-empty */
     int n_stop;
+    bool ignore_eos;            /* generate past end-of-text (max_tokens still ends it) */
 
     /* shared: guarded by mu */
     pthread_mutex_t mu;
