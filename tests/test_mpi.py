@@ -6,11 +6,15 @@ exact combine) on the tiny preset and the trained default model, prefill and ste
 MOETAX_MPI_COMBINE=allreduce gives the same tokens and logits within its tolerance; a rank that
 cannot load its model makes every rank exit non-zero, within a bounded time, with a message
 naming the rank; a different model file (header and tensor table) on one rank is detected at
-start-up. SKIP without mpirun or without an MPI build.
+start-up; each rank's peak RSS (VmHWM, printed at exit) stays within its bound from
+`inspect --ranks 2` on the small preset (Q8_0), below the single process's.
+SKIP without mpirun or without an MPI build.
 
 usage: test_mpi.py MOETAX_BIN WORKDIR
 """
 import array
+import json
+import re
 import os
 import shutil
 import subprocess
@@ -108,6 +112,25 @@ def main():
     r = mpirun(2, ["sh", "-c", sh, tiny, tiny2, moetax], timeout=60)
     check(r.returncode != 0 and "differs from rank 0's" in r.stderr,
           f"mismatched model files are an error naming the rank: {r.returncode} {r.stderr[-600:]}")
+
+    # memory per rank: each rank's peak RSS within `inspect --ranks 2`'s bound (small Q8_0)
+    small = os.path.join(work, "small-q8_0.gguf")
+    r = run([moetax, "gen", "--preset", "small", "--type", "q8_0", "-o", small])
+    check(r.returncode == 0, f"gen small q8_0: {r.stderr[-300:]}")
+    r = run([moetax, "inspect", small, "--ranks", "2", "--ctx", "512", "--json"])
+    check(r.returncode == 0, f"inspect --ranks 2: {r.stderr[-300:]}")
+    if r.returncode == 0:
+        plan = json.loads(r.stdout)
+        bounds = {x["rank"]: x["bound_bytes"] / 2**20 for x in plan["per_rank"]}
+        alone = plan["single_process_bytes"] / 2**20
+        check(all(b < alone for b in bounds.values()), f"a rank's bound below one process's ({bounds} vs {alone:.1f})")
+        r = mpirun(2, [moetax, "eval", "-m", small, "--tokens", TOKENS, "--decode", "4", "-t", "1"])
+        check(r.returncode == 0, f"np 2 eval of small: {r.stderr[-500:]}")
+        peaks = {int(a): float(b) for a, b in re.findall(r"rank (\d+) of 2: peak RSS ([0-9.]+) MiB", r.stderr)}
+        check(sorted(peaks) == [0, 1], f"each rank prints its peak RSS: {r.stderr[-400:]}")
+        for rank, mib in sorted(peaks.items()):
+            check(0 < mib <= bounds[rank], f"rank {rank}: peak RSS {mib:.1f} MiB within its bound {bounds[rank]:.1f} MiB")
+        print(f"peak RSS per rank (MiB): {peaks}; bounds {bounds}; one process's bound {alone:.1f}")
     return summary()
 
 

@@ -10,9 +10,15 @@
 #include "gguf/gguf_impl.h" /* moetax_gguf_hash: FNV-1a 64 */
 #include "moetax/gguf.h"
 #include "moetax/model.h"
+#include "attn/gqa.h" /* gqa_kv_row: a KV cell's floats per layer */
+#include "moetax/kvcache.h"
+
+/* each rank's runtime beyond weights and KV: step buffers, tokenizer, libc, MPI's shared memory */
+#define INSPECT_RUNTIME_BYTES ((uint64_t)96 << 20)
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: moetax inspect FILE [--json] [--checksums] [--no-tensors] [--all-metadata]\n\n"
+    fprintf(f, "usage: moetax inspect FILE [--json] [--checksums] [--no-tensors] [--all-metadata]\n"
+               "       moetax inspect FILE --ranks N [--ctx N] [--kv-type f32|f16] [--json]\n\n"
                "Shows a GGUF file: metadata, a tensor table (name, type, shape, bytes), totals, and the\n"
                "bytes of weights a decoded token reads: routed experts count k/E of their bytes (k experts\n"
                "used of E), token_embd one row, every other tensor whole.\n\n"
@@ -20,7 +26,13 @@ static void usage(FILE *f) {
                "  --checksums     add per tensor the FNV-1a 64 of its bytes and the sum and sum of squares\n"
                "                  of its values (dequantized; f32/f16/bf16/q8_0/q4_0/q4_k/q5_k/q6_k)\n"
                "  --no-tensors    omit the tensor table\n"
-               "  --all-metadata  print long arrays in full (default: first 8 elements)\n");
+               "  --all-metadata  print long arrays in full (default: first 8 elements)\n"
+               "  --ranks N       the memory of each rank of `mpirun -np N moetax ...` (expert parallelism):\n"
+               "                  replicated weights (every tensor but the routed experts) + that rank's\n"
+               "                  routed experts (contiguous ranges) + its KV cache at --ctx cells (default:\n"
+               "                  min(context_length, 4096), as run) + %d MiB of runtime (buffers, MPI): a\n"
+               "                  bound on each rank's peak RSS without an expert store\n",
+            (int)(INSPECT_RUNTIME_BYTES >> 20));
 }
 
 static void print_scalar(FILE *f, const struct moetax_gguf_kv *kv) {
@@ -142,9 +154,75 @@ static bool is_embd(const struct moetax_gguf_tensor *t) {
     return t->name.len == 17 && !memcmp(t->name.data, "token_embd.weight", 17);
 }
 
+/* --ranks N: each rank's memory under expert parallelism (src/dist/dist.h: the routed experts of
+ * every MoE layer cut into N contiguous ranges, everything else replicated). */
+static int inspect_ranks(const char *path, int n_ranks, int64_t n_ctx, bool kv_f16, bool json) {
+    struct moetax_model *m;
+    struct moetax_model_params mp = {0};
+    moetax_status st = moetax_model_load_ex(path, &mp, &m);
+    if (st) return cli_fail("inspect", st);
+    const struct moetax_hparams *hp = &m->hp;
+    const struct moetax_gguf *g = m->gguf;
+    const int32_t E = hp->n_expert;
+    if (n_ctx <= 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    const int64_t bs = MOETAX_KV_BLOCK_DEFAULT, cells = (n_ctx + bs - 1) / bs * bs;
+    const int64_t row = hp->attn == MOETAX_ATTN_GQA ? gqa_kv_row(hp) : hp->kv_lora_rank + hp->n_embd_head_qk_rope;
+    const uint64_t kv = (uint64_t)cells * (uint64_t)hp->n_layer * (uint64_t)row * (kv_f16 ? 2u : 4u);
+    uint64_t repl = 0, experts = 0;
+    uint64_t *mine = calloc((size_t)n_ranks, sizeof *mine);
+    if (!mine) { moetax_model_free(m); return cli_fail("inspect", moetax_error(MOETAX_ERR_NOMEM, "out of memory")); }
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const struct moetax_gguf_tensor *t = &g->tensors[i];
+        if (!moetax_tensor_is_routed_expert(t) || E <= 0 || t->ne[2] != E) { repl += t->nbytes; continue; }
+        experts += t->nbytes;
+        const uint64_t per = t->nbytes / (uint64_t)E;
+        for (int r = 0; r < n_ranks; r++) /* as moetax_dist_expert_range */
+            mine[r] += per * (uint64_t)((int64_t)E * (r + 1) / n_ranks - (int64_t)E * r / n_ranks);
+    }
+    FILE *f = stdout;
+    if (json) {
+        json_t *rs = json_array();
+        for (int r = 0; rs && r < n_ranks; r++) {
+            const int32_t lo = (int32_t)((int64_t)E * r / n_ranks), hi = (int32_t)((int64_t)E * (r + 1) / n_ranks);
+            json_array_append_new(rs, cli_jobj("iiiIIIII", "rank", r, "expert_lo", lo, "expert_hi", hi,
+                                               "replicated_bytes", (json_int_t)repl, "expert_bytes", (json_int_t)mine[r],
+                                               "kv_bytes", (json_int_t)kv, "runtime_bytes",
+                                               (json_int_t)INSPECT_RUNTIME_BYTES, "bound_bytes",
+                                               (json_int_t)(repl + mine[r] + kv + INSPECT_RUNTIME_BYTES)));
+        }
+        json_t *root = cli_jobj("siIIIIo", "file", path, "ranks", n_ranks, "n_ctx", (json_int_t)cells,
+                                "routed_expert_bytes", (json_int_t)experts, "replicated_bytes", (json_int_t)repl,
+                                "single_process_bytes", (json_int_t)(repl + experts + kv + INSPECT_RUNTIME_BYTES),
+                                "per_rank", rs);
+        free(mine);
+        moetax_model_free(m);
+        if ((st = cli_json_print(f, root))) return cli_fail("inspect", st);
+        return 0;
+    }
+    fprintf(f, "%s: expert parallelism over %d ranks (routed experts in contiguous ranges; the rest replicated), "
+               "KV cache of %lld cells (%s)\n\n", path, n_ranks, (long long)cells, kv_f16 ? "f16" : "f32");
+    fprintf(f, "  %-5s %-11s %14s %14s %12s %12s %14s\n", "rank", "experts", "replicated MiB", "experts MiB", "KV MiB",
+            "runtime MiB", "bound MiB");
+    for (int r = 0; r < n_ranks; r++) {
+        const int32_t lo = (int32_t)((int64_t)E * r / n_ranks), hi = (int32_t)((int64_t)E * (r + 1) / n_ranks);
+        char ex[32];
+        snprintf(ex, sizeof ex, "[%d, %d)", lo, hi);
+        fprintf(f, "  %-5d %-11s %14.2f %14.2f %12.2f %12.2f %14.2f\n", r, ex, (double)repl / (1 << 20),
+                (double)mine[r] / (1 << 20), (double)kv / (1 << 20), (double)INSPECT_RUNTIME_BYTES / (1 << 20),
+                (double)(repl + mine[r] + kv + INSPECT_RUNTIME_BYTES) / (1 << 20));
+    }
+    fprintf(f, "\n  one process: %.2f MiB (all %.2f MiB of routed experts)\n",
+            (double)(repl + experts + kv + INSPECT_RUNTIME_BYTES) / (1 << 20), (double)experts / (1 << 20));
+    free(mine);
+    moetax_model_free(m);
+    return 0;
+}
+
 int cmd_inspect(int argc, char **argv) {
     const char *path = NULL;
-    bool json = false, sums = false, tensors = true, all = false;
+    bool json = false, sums = false, tensors = true, all = false, kv_f16 = false;
+    int64_t n_ranks = 0, n_ctx = 0;
+    const char *v = NULL;
     for (int i = 1; i < argc; i++) {
         if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
         else if (!strcmp(argv[i], "--json")) json = true;
@@ -152,11 +230,21 @@ int cmd_inspect(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-tensors")) tensors = false;
         else if (!strcmp(argv[i], "--all-metadata")) all = true;
         else if (cli_flag(argv, i, "-m", "--model") && i + 1 < argc) path = argv[++i];
+        else if (!strcmp(argv[i], "--ranks") && i + 1 < argc) {
+            if (!cli_parse_i64(argv[++i], &n_ranks) || n_ranks < 1 || n_ranks > 65536) return cli_usage_error("inspect", "--ranks: expected 1..65536");
+        } else if (cli_flag(argv, i, "-c", "--ctx") && i + 1 < argc) {
+            if (!cli_parse_i64(argv[++i], &n_ctx) || n_ctx < 1 || n_ctx > (1 << 24)) return cli_usage_error("inspect", "--ctx: expected 1..16777216");
+        } else if (!strcmp(argv[i], "--kv-type") && i + 1 < argc) {
+            v = argv[++i];
+            if (!strcmp(v, "f16")) kv_f16 = true;
+            else if (strcmp(v, "f32")) return cli_usage_error("inspect", "--kv-type: expected f32 or f16");
+        }
         else if (argv[i][0] == '-') return cli_usage_error("inspect", "unknown option '%s'", argv[i]);
         else if (!path) path = argv[i];
         else return cli_usage_error("inspect", "only one file, please ('%s' and '%s')", path, argv[i]);
     }
     if (!path) return cli_usage_error("inspect", "no file given");
+    if (n_ranks) return inspect_ranks(path, (int)n_ranks, n_ctx, kv_f16, json);
     struct moetax_gguf *g;
     moetax_status st = moetax_gguf_open(path, &g);
     if (st) return cli_fail("inspect", st);

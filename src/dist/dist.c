@@ -50,9 +50,23 @@ int moetax_dist_init(int *argc, char ***argv) {
     return 0;
 }
 
+/* this process's peak RSS (VmHWM of /proc/self/status) in bytes; 0 if unknown */
+static uint64_t peak_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kb << 10;
+}
+
 void moetax_dist_finalize(int rc) {
     if (!g_world) return;
     const struct moetax_dist *d = g_world;
+    /* read by tests/test_mpi.py against `inspect --ranks N` */
+    fprintf(stderr, "moetax: rank %d of %d: peak RSS %.2f MiB (VmHWM)\n", d->rank, d->size,
+            (double)peak_rss_bytes() / (1 << 20));
     if (d->size > 1 && d->n_collectives)
         fprintf(stderr, "moetax: rank %d of %d: %llu combines (%s), %.3f MB sent, %.3f MB received (%.1f KB per "
                 "combine), comm %.3f s, wait %.3f s (MPI_Barrier before each)\n", d->rank, d->size,
