@@ -6,7 +6,7 @@ exact combine) on the tiny preset and the trained default model, prefill and ste
 MOETAX_MPI_COMBINE=allreduce gives the same tokens and logits within its tolerance; a rank that
 cannot load its model makes every rank exit non-zero, within a bounded time, with a message
 naming the rank; a different model file (header and tensor table) on one rank is detected at
-start-up; each rank's peak RSS (VmHWM, printed at exit) stays within its bound from
+start-up; --expert-budget is per rank (its own experts' store), exact; each rank's peak RSS (VmHWM, printed at exit) stays within its bound from
 `inspect --ranks 2` on the small preset (Q8_0), below the single process's.
 SKIP without mpirun or without an MPI build.
 
@@ -92,6 +92,12 @@ def main():
     r2 = mpirun(2, args)
     check(r2.returncode == 0 and r2.stdout == r0.stdout and r0.stdout.strip(),
           f"run np 2: the single process's text once ({r2.stdout!r} vs {r0.stdout!r})")
+
+    # each rank's expert store holds its own experts only (the budget is per rank): same text
+    rs = mpirun(2, args + ["--expert-budget", "3M"])
+    check(rs.returncode == 0 and rs.stdout == r0.stdout, f"run np 2 --expert-budget 3M (per rank): the single "
+          f"process's text ({rs.stdout!r}; {rs.stderr[-400:]})")
+    check(rs.stderr.count("expert store: 25 slots") == 2, f"each rank has its own store: {rs.stderr[-400:]}")
 
     # a rank that fails to load: every rank exits non-zero, naming it, in bounded time
     t0 = time.monotonic()

@@ -6,6 +6,9 @@
 
 #include "cli.h"
 #include "moetax/profile.h"
+#ifdef MOETAX_WITH_MPI
+#include "dist/dist.h"
+#endif
 
 bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool *err) {
     const char *v = NULL;
@@ -57,8 +60,9 @@ uint64_t cli_store_expert_bytes(const struct moetax_model *m) {
     for (int il = 0; il < m->hp.n_layer; il++) {
         const struct moetax_layer *l = &m->layers[il];
         if (!l->is_moe) continue;
-        b += ((uint64_t)l->gate_exps.mat_bytes * (l->fused_gate_up ? 1 : 2) + l->down_exps.mat_bytes) *
-             (uint64_t)m->hp.n_expert;
+        int32_t own = 0; /* under mpirun: this rank's experts (a budget in % is of those) */
+        for (int e = 0; e < m->hp.n_expert; e++) own += moetax_model_expert_owned(m, il, e);
+        b += ((uint64_t)l->gate_exps.mat_bytes * (l->fused_gate_up ? 1 : 2) + l->down_exps.mat_bytes) * (uint64_t)own;
     }
     return b;
 }
@@ -123,6 +127,10 @@ moetax_status cli_store_open(const struct moetax_model *m, const struct cli_stor
     struct moetax_store_params p = {.budget_bytes = budget, .policy = cli_store_policy(o), .buffered_io = o->buffered,
                                     .n_io_threads = o->io_threads, .read_log_cap = o->read_log_cap};
     moetax_status st = moetax_model_store_open(m, &p, *n_ubatch, o->n_expert_used, out, n_ubatch);
+#ifdef MOETAX_WITH_MPI
+    /* each rank fits its micro-batch to its own store: every rank steps with the smallest */
+    if (moetax_dist_world()) st = moetax_dist_agree_min(st, n_ubatch);
+#endif
     if (!st && o->warm && (st = cli_store_warm(m, *out, o->warm))) {
         moetax_store_free(*out);
         *out = NULL;
@@ -158,11 +166,12 @@ moetax_status cli_store_warm(const struct moetax_model *m, struct moetax_store *
         while (r >= 0 && share[order[r]] < share[v]) { order[r + 1] = order[r]; r--; }
         order[r + 1] = v;
     }
-    const int fill = !st && moetax_store_n_slots(s) < n ? moetax_store_n_slots(s) : n;
-    for (int q = 0; !st && q < fill; q++) {
-        layers[q] = p->moe_layer[order[q] / E];
-        experts[q] = order[q] % E;
-    }
+    int fill = 0; /* the most used of this process's own experts (all of them without mpirun) */
+    for (int q = 0; !st && q < n && fill < moetax_store_n_slots(s); q++)
+        if (moetax_model_expert_owned(m, p->moe_layer[order[q] / E], order[q] % E)) {
+            layers[fill] = p->moe_layer[order[q] / E];
+            experts[fill++] = order[q] % E;
+        }
     for (int mi = 0; !st && mi < p->n_moe; mi++) {
         const double w = p->tokens < 16 ? (double)p->tokens : 16.0; /* a light prior: live counts soon outweigh it */
         moetax_store_set_prior(s, p->moe_layer[mi], share + (size_t)mi * E, w);

@@ -218,6 +218,11 @@ moetax_status moetax_model_prepare_experts(const struct moetax_model *m);
  * nor prefaulted (their addresses stay valid but must not be read). MOETAX_ERR_ARG if the
  * range is empty or outside [0, n_expert), or the experts are already prepared. */
 moetax_status moetax_model_set_expert_range(struct moetax_model *m, int32_t lo, int32_t hi);
+/* The general form (a placement: src/dist/dist.h): own [n_layer, n_expert], nonzero for the
+ * routed experts this process reads (copied). Same rules as moetax_model_set_expert_range. */
+moetax_status moetax_model_set_expert_owned(struct moetax_model *m, const uint8_t *own);
+/* Whether this process reads routed expert e of layer il (true for all without a set). */
+bool moetax_model_expert_owned(const struct moetax_model *m, int il, int e);
 
 /* Open an expert store over the model's routed experts (every MoE layer's
  * gate/up/down rows of each expert registered as file ranges) with the given

@@ -233,3 +233,18 @@ moetax_status moetax_dist_allreduce(struct moetax_dist *d, float *x, int64_t n) 
     d->n_collectives++;
     return rc == MPI_SUCCESS ? MOETAX_OK : mpi_fail(rc, "MPI_Allreduce (combine)");
 }
+
+moetax_status moetax_dist_agree_min(moetax_status st, int *v) {
+    struct moetax_dist *d = g_world;
+    if (!d) return st;
+    int in[2] = {st ? d->rank : d->size, st ? INT32_MAX : *v}, out[2];
+    int rc = MPI_Allreduce(&in[0], &out[0], 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (rc == MPI_SUCCESS) rc = MPI_Allreduce(&in[1], &out[1], 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) return st ? st : mpi_fail(rc, "MPI_Allreduce (agreement)");
+    if (st) return st;
+    if (out[0] < d->size)
+        return moetax_error(MOETAX_ERR_ARG, "rank %d of %d failed to open its expert store (its stderr says why)",
+                            out[0], d->size);
+    *v = out[1];
+    return MOETAX_OK;
+}

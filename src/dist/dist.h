@@ -87,6 +87,9 @@ moetax_status moetax_dist_barrier(struct moetax_dist *d);
 moetax_status moetax_dist_gather_rows(struct moetax_dist *d, float *y, int64_t ld, const int64_t *slot_lo);
 /* In-place MPI_Allreduce(SUM) of x [n]. */
 moetax_status moetax_dist_allreduce(struct moetax_dist *d, float *x, int64_t n);
+/* Every rank's *v becomes the smallest of all ranks' (st: this rank's result so far; a rank's
+ * error is returned as is, and the others get one naming it). */
+moetax_status moetax_dist_agree_min(moetax_status st, int *v);
 /* 0 on rank 0 (or without a world), else the rank. */
 int moetax_dist_rank(void);
 

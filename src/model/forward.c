@@ -231,8 +231,14 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
         return st;
     }
     if (store && hp->n_expert > 0) { /* every expert one layer uses for a micro-batch is pinned at once */
-        const int64_t need = c->n_ubatch * c->n_expert_used < hp->n_expert ? c->n_ubatch * c->n_expert_used
-                                                                             : hp->n_expert;
+        int64_t own = 1; /* under mpirun the store holds this rank's experts only: most owned in a layer */
+        for (int il = 0; il < hp->n_layer; il++) {
+            int64_t cnt = 0;
+            for (int e = 0; m->layers[il].is_moe && e < hp->n_expert; e++) cnt += moetax_model_expert_owned(m, il, e);
+            own = cnt > own ? cnt : own;
+        }
+        const int64_t kk = c->n_expert_used < own ? c->n_expert_used : own;
+        const int64_t need = c->n_ubatch * kk < own ? c->n_ubatch * kk : own;
         if (moetax_store_n_slots(store) < need) {
             st = moetax_error(MOETAX_ERR_ARG,
                               "the expert store holds %d experts, but a micro-batch of %lld tokens with %d experts "

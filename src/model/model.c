@@ -55,7 +55,8 @@ static bool tensor_read_repacked(const struct moetax_model *m, const struct moet
  * context runs without an expert store (with one, they are never mapped in).
  * Tensors read through a repacked copy are skipped (the copy reads them once).
  * Best effort: older kernels lack MADV_POPULATE_READ. */
-static bool expert_range(const struct moetax_model *m, int32_t *lo, int32_t *hi);
+static const uint8_t *expert_mask(const struct moetax_model *m, int il);
+static int tensor_layer(const struct moetax_gguf_tensor *t);
 
 void moetax_model_prefault(const struct moetax_model *m, bool routed_experts) {
     const struct moetax_gguf *g = m->gguf;
@@ -71,11 +72,15 @@ void moetax_model_prefault(const struct moetax_model *m, bool routed_experts) {
         const struct moetax_gguf_tensor *t = &g->tensors[i];
         if (moetax_tensor_is_routed_expert(t) != routed_experts || !t->nbytes || tensor_read_repacked(m, t)) continue;
         uintptr_t lo = (uintptr_t)t->data, hi = (uintptr_t)t->data + t->nbytes;
-        int32_t e_lo, e_hi;
-        if (routed_experts && expert_range(m, &e_lo, &e_hi) && t->ne[2] > 0) { /* this process's experts only */
+        const uint8_t *own = routed_experts && t->ne[2] > 0 ? expert_mask(m, tensor_layer(t)) : NULL;
+        if (own) { /* this process's experts only */
             const uint64_t per = t->nbytes / (uint64_t)t->ne[2];
-            hi = lo + per * (uint64_t)e_hi;
-            lo += per * (uint64_t)e_lo;
+            for (int64_t e = 0; e < t->ne[2]; e++) {
+                if (!own[e]) continue;
+                uintptr_t a = (lo + per * (uint64_t)e) & ~(uintptr_t)(psz - 1);
+                (void)madvise((void *)a, lo + per * (uint64_t)(e + 1) - a, MADV_POPULATE_READ);
+            }
+            continue;
         }
         uintptr_t a = lo & ~(uintptr_t)(psz - 1);
         (void)madvise((void *)a, hi - a, MADV_POPULATE_READ);
@@ -92,16 +97,23 @@ struct owned {
     pthread_mutex_t mu; /* guards the one-time expert preparation */
     bool experts_prepared;
     bool copy_all; /* no_mmap: every weight the kernels read gets a private copy */
-    bool exp_range;  /* only routed experts [exp_lo, exp_hi) are read (moetax_model_set_expert_range) */
-    int32_t exp_lo, exp_hi;
+    /* [n_layer, n_expert]: 1 for the routed experts this process reads (expert parallelism:
+     * moetax_model_set_expert_owned); NULL: all of them */
+    uint8_t *exp_own;
 };
 
-static bool expert_range(const struct moetax_model *m, int32_t *lo, int32_t *hi) {
+static const uint8_t *expert_mask(const struct moetax_model *m, int il) {
     const struct owned *o = m->owned;
-    if (!o || !o->exp_range) return false;
-    *lo = o->exp_lo;
-    *hi = o->exp_hi;
-    return true;
+    if (!o || !o->exp_own || il < 0 || il >= m->hp.n_layer) return NULL;
+    return o->exp_own + (size_t)il * (size_t)m->hp.n_expert;
+}
+
+/* N of a "blk.N." tensor name; -1 otherwise */
+static int tensor_layer(const struct moetax_gguf_tensor *t) {
+    char name[24] = {0};
+    memcpy(name, t->name.data, t->name.len < sizeof name - 1 ? t->name.len : sizeof name - 1);
+    int il = -1;
+    return sscanf(name, "blk.%d.", &il) == 1 ? il : -1;
 }
 
 static bool model_copies(const struct moetax_model *m) { return m->owned && ((struct owned *)m->owned)->copy_all; }
@@ -180,7 +192,7 @@ static moetax_status repack_units(const struct moetax_weight *w, int64_t unit, v
  * rows), each 64-byte aligned, and point their data at it. */
 static moetax_status repack_weights(const struct moetax_model *m, struct moetax_weight *const *ws,
                                     const int64_t *units, int n, struct moetax_huge_buf *out, const char *what,
-                                    int32_t e_lo, int32_t e_hi) {
+                                    const uint8_t *const *owns) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += (weight_bytes(ws[i]) + 63) / 64 * 64;
     if (!total) return MOETAX_OK;
@@ -195,12 +207,15 @@ static moetax_status repack_weights(const struct moetax_model *m, struct moetax_
         struct moetax_weight *w = ws[i];
         const size_t nb = weight_bytes(w);
         /* not in place: cannot fail; from w->data: the mapping, or an aligned copy of it (bind).
-         * With an expert range only those matrices: the rest of the copy is never touched, so
-         * it takes no memory */
-        const size_t c0 = e_lo >= 0 ? w->mat_bytes * (size_t)e_lo : 0;
-        const size_t c1 = e_lo >= 0 ? w->mat_bytes * (size_t)e_hi : nb;
-        (void)repack_units(w, units ? units[i] : w->ne[1], buf + off + c0, (const uint8_t *)w->data + c0,
-                           (int64_t)((c1 - c0) / w->row_bytes));
+         * With an owned set of experts only their matrices: the rest of the copy is never
+         * touched, so it takes no memory */
+        const uint8_t *own = owns ? owns[i] : NULL;
+        for (int64_t e = 0; e < (own ? w->ne[2] : 1); e++) {
+            if (own && !own[e]) continue;
+            const size_t c0 = own ? w->mat_bytes * (size_t)e : 0, c1 = own ? c0 + w->mat_bytes : nb;
+            (void)repack_units(w, units ? units[i] : w->ne[1], buf + off + c0, (const uint8_t *)w->data + c0,
+                               (int64_t)((c1 - c0) / w->row_bytes));
+        }
         w->data = buf + off;
         if (w->file_data != m->tok_embd.file_data) release_mapped(m, w->file_data, nb); /* still read by rows */
         off += (nb + 63) / 64 * 64;
@@ -226,7 +241,7 @@ static moetax_status repack_resident(struct moetax_model *m) {
         for (int i = 0; i < per_layer; i++)
             if (weight_repacked(m, lw[i])) ws[n++] = lw[i];
     }
-    moetax_status st = repack_weights(m, ws, NULL, n, &o->rep_res, "resident weights", -1, -1);
+    moetax_status st = repack_weights(m, ws, NULL, n, &o->rep_res, "resident weights", NULL);
     free(ws);
     return st;
 }
@@ -238,20 +253,22 @@ moetax_status moetax_model_prepare_experts(const struct moetax_model *m) {
     if (!o->experts_prepared) {
         struct moetax_weight **ws = malloc(sizeof *ws * (size_t)(3 * m->hp.n_layer + 1));
         int64_t *units = malloc(sizeof *units * (size_t)(3 * m->hp.n_layer + 1));
+        const uint8_t **owns = malloc(sizeof *owns * (size_t)(3 * m->hp.n_layer + 1));
         int n = 0;
-        if (!ws || !units) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        if (!ws || !units || !owns) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
         for (int il = 0; !st && il < m->hp.n_layer; il++) {
             struct moetax_layer *l = &m->layers[il];
             if (!l->is_moe) continue;
+            const uint8_t *own = expert_mask(m, il);
             if (weight_repacked(m, &l->gate_exps)) { /* fused: the whole gate_up tensor, its halves apart */
                 units[n] = l->fused_gate_up ? m->hp.n_ff_exp : l->gate_exps.ne[1];
-                ws[n++] = &l->gate_exps;
+                owns[n] = own, ws[n++] = &l->gate_exps;
             }
-            if (!l->fused_gate_up && weight_repacked(m, &l->up_exps)) units[n] = l->up_exps.ne[1], ws[n++] = &l->up_exps;
-            if (weight_repacked(m, &l->down_exps)) units[n] = l->down_exps.ne[1], ws[n++] = &l->down_exps;
+            if (!l->fused_gate_up && weight_repacked(m, &l->up_exps))
+                units[n] = l->up_exps.ne[1], owns[n] = own, ws[n++] = &l->up_exps;
+            if (weight_repacked(m, &l->down_exps)) units[n] = l->down_exps.ne[1], owns[n] = own, ws[n++] = &l->down_exps;
         }
-        if (!st) st = repack_weights(m, ws, units, n, &o->rep_exp, "routed experts", o->exp_range ? o->exp_lo : -1,
-                                     o->exp_hi);
+        if (!st) st = repack_weights(m, ws, units, n, &o->rep_exp, "routed experts", owns);
         for (int il = 0; !st && il < m->hp.n_layer; il++) {
             struct moetax_layer *l = &m->layers[il];
             if (l->is_moe && l->fused_gate_up) /* up = rows F..2F-1 of each fused matrix, wherever it now is */
@@ -259,6 +276,7 @@ moetax_status moetax_model_prepare_experts(const struct moetax_model *m) {
         }
         free(ws);
         free(units);
+        free(owns);
         if (!st) o->experts_prepared = true;
     }
     pthread_mutex_unlock(&o->mu);
@@ -266,20 +284,39 @@ moetax_status moetax_model_prepare_experts(const struct moetax_model *m) {
     return st;
 }
 
-moetax_status moetax_model_set_expert_range(struct moetax_model *m, int32_t lo, int32_t hi) {
+moetax_status moetax_model_set_expert_owned(struct moetax_model *m, const uint8_t *own) {
     struct owned *o = m->owned;
-    if (lo < 0 || hi <= lo || hi > m->hp.n_expert)
-        return moetax_error(MOETAX_ERR_ARG, "%s: expert range [%d, %d) is not within the model's %d experts",
-                            m->gguf->path, lo, hi, m->hp.n_expert);
+    const size_t n = (size_t)m->hp.n_layer * (size_t)(m->hp.n_expert > 0 ? m->hp.n_expert : 0);
+    uint8_t *copy = n ? malloc(n) : NULL;
+    if (n && !copy) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) copy[i] = own[i] != 0;
     pthread_mutex_lock(&o->mu);
     const bool done = o->experts_prepared;
     if (!done) {
-        o->exp_range = true;
-        o->exp_lo = lo;
-        o->exp_hi = hi;
+        free(o->exp_own);
+        o->exp_own = copy;
     }
     pthread_mutex_unlock(&o->mu);
+    if (done) free(copy);
     return done ? moetax_error(MOETAX_ERR_ARG, "%s: the experts are prepared already", m->gguf->path) : MOETAX_OK;
+}
+
+moetax_status moetax_model_set_expert_range(struct moetax_model *m, int32_t lo, int32_t hi) {
+    const int32_t E = m->hp.n_expert;
+    if (lo < 0 || hi <= lo || hi > E)
+        return moetax_error(MOETAX_ERR_ARG, "%s: expert range [%d, %d) is not within the model's %d experts",
+                            m->gguf->path, lo, hi, E);
+    uint8_t *own = calloc((size_t)m->hp.n_layer * (size_t)E, 1);
+    if (!own) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    for (int il = 0; il < m->hp.n_layer; il++) memset(own + (size_t)il * (size_t)E + lo, 1, (size_t)(hi - lo));
+    moetax_status st = moetax_model_set_expert_owned(m, own);
+    free(own);
+    return st;
+}
+
+bool moetax_model_expert_owned(const struct moetax_model *m, int il, int e) {
+    const uint8_t *own = expert_mask(m, il);
+    return !own || (e >= 0 && e < m->hp.n_expert && own[e]);
 }
 
 /* Expert store hook: each expert read into a slot is repacked in place (its
@@ -305,6 +342,7 @@ void moetax_model_free(struct moetax_model *m) {
     if (o) {
         for (size_t i = 0; i < o->n; i++) free(o->ptr[i]);
         free(o->ptr);
+        free(o->exp_own);
         moetax_huge_free(&o->rep_res);
         moetax_huge_free(&o->rep_exp);
         pthread_mutex_destroy(&o->mu);
@@ -802,10 +840,20 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
             break;
         }
     }
-    const int k = n_expert_used ? n_expert_used : hp->n_expert_used;
+    int k = n_expert_used ? n_expert_used : hp->n_expert_used;
     if (n_ubatch < 1) n_ubatch = 64;
+    /* Expert parallelism: the store holds this process's own experts only (the budget is per
+     * rank), so a layer pins at most the most experts it owns in any layer */
+    int32_t own_max = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        int32_t c = 0;
+        for (int e = 0; m->layers[il].is_moe && e < hp->n_expert; e++) c += moetax_model_expert_owned(m, il, e);
+        own_max = c > own_max ? c : own_max;
+    }
+    if (own_max < 1) own_max = 1;
+    if (k > own_max) k = own_max;
     /* experts pinned at once: every active expert of one layer for a micro-batch */
-    int min_slots = n_ubatch * k < hp->n_expert ? n_ubatch * k : hp->n_expert;
+    int min_slots = n_ubatch * k < own_max ? n_ubatch * k : own_max;
     p.min_slots = min_slots;
     struct moetax_store *s = NULL;
     moetax_status st = moetax_store_init(&p, hp->n_layer, hp->n_expert, &s);
@@ -813,6 +861,7 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
         const struct moetax_layer *l = &m->layers[il];
         if (!l->is_moe) continue;
         for (int e = 0; !st && e < hp->n_expert; e++) {
+            if (!moetax_model_expert_owned(m, il, e)) continue; /* another rank's */
             uint64_t off[3], sz[3];
             int n = 0;
             const struct moetax_weight *ws[3] = {&l->gate_exps, &l->up_exps, &l->down_exps};
@@ -841,7 +890,7 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
             n_ubatch = (int)(n_slots / k);
             moetax_store_free(s);
             s = NULL;
-            p.min_slots = n_ubatch * k < hp->n_expert ? n_ubatch * k : hp->n_expert;
+            p.min_slots = n_ubatch * k < own_max ? n_ubatch * k : own_max;
             return moetax_model_store_open(m, &p, n_ubatch, n_expert_used, out, n_ubatch_out);
         }
     }
