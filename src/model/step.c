@@ -202,6 +202,31 @@ static bool is_kq(enum moetax_type t) {
     return t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K;
 }
 
+static bool is_float(enum moetax_type t) {
+    return t == MOETAX_TYPE_F32 || t == MOETAX_TYPE_F16 || t == MOETAX_TYPE_BF16;
+}
+
+/* Weights whose activations are prepared in the act's slots (or are its float rows).
+ * Float weights (F32/F16/BF16) with several batch rows go one batch row at a time:
+ * the SIMD tables sum a float row in one chain in their one-row (decode) path and in
+ * another in their batch tiles (kernels.h), so a batched call would give a token other
+ * bits than decoding it alone, and a row's logits would depend on the batch (a
+ * quantized model's F32 router moves every later layer's input by rounding). The
+ * float weights of a quantized model are small (router, narrow projections); an F32
+ * model's prefill reads its weight block once per token, from cache. */
+static void matmul_prepared(const struct fw_step *s, const struct moetax_weight *w, const char *wp, int64_t nrows,
+                            const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
+    const char *xq = fw_act_for(a, w->type);
+    const size_t xrow = moetax_act_size(w->type, w->ne[0], 1);
+    xq += (size_t)b0 * xrow;
+    if (!is_float(w->type)) {
+        s->K->matmul(w->type, wp, w->row_bytes, 0, nrows, w->ne[0], xq, n, y, ldy);
+        return;
+    }
+    for (int64_t b = 0; b < n; b++)
+        s->K->matmul(w->type, wp, w->row_bytes, 0, nrows, w->ne[0], xq + (size_t)b * xrow, 1, y + b * ldy, ldy);
+}
+
 void fw_matmul_rel(const struct fw_step *s, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
                    const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
     if (r1 <= r0 || n <= 0) return;
@@ -210,9 +235,7 @@ void fw_matmul_rel(const struct fw_step *s, const struct moetax_weight *w, int64
         matmul_kq(s, w, wp, r1 - r0, a, b0, n, y, ldy);
         return;
     }
-    const char *xq = fw_act_for(a, w->type);
-    xq += (size_t)b0 * moetax_act_size(w->type, w->ne[0], 1);
-    s->K->matmul(w->type, wp, w->row_bytes, 0, r1 - r0, w->ne[0], xq, n, y, ldy);
+    matmul_prepared(s, w, wp, r1 - r0, a, b0, n, y, ldy);
 }
 
 void fw_matmul_at(const struct fw_step *s, const struct moetax_weight *w, const void *mat, int64_t r0, int64_t r1,
@@ -223,9 +246,7 @@ void fw_matmul_at(const struct fw_step *s, const struct moetax_weight *w, const 
         matmul_kq(s, w, wp, r1 - r0, a, b0, n, y + r0, ldy);
         return;
     }
-    const char *xq = fw_act_for(a, w->type);
-    xq += (size_t)b0 * moetax_act_size(w->type, w->ne[0], 1);
-    s->K->matmul(w->type, wp, w->row_bytes, 0, r1 - r0, w->ne[0], xq, n, y + r0, ldy);
+    matmul_prepared(s, w, wp, r1 - r0, a, b0, n, y + r0, ldy);
 }
 
 void fw_matmul(const struct fw_step *s, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
