@@ -6,7 +6,8 @@ exact combine) on the tiny preset and the trained default model, prefill and ste
 MOETAX_MPI_COMBINE=allreduce gives the same tokens and logits within its tolerance; a rank that
 cannot load its model makes every rank exit non-zero, within a bounded time, with a message
 naming the rank; a different model file (header and tensor table) on one rank is detected at
-start-up; --expert-budget is per rank (its own experts' store), exact; each rank's peak RSS (VmHWM, printed at exit) stays within its bound from
+start-up; --placement FILE interleaving the experts gives bit-identical logits, bad maps
+are refused; --expert-budget is per rank (its own experts' store), exact; each rank's peak RSS (VmHWM, printed at exit) stays within its bound from
 `inspect --ranks 2` on the small preset (Q8_0), below the single process's.
 SKIP without mpirun or without an MPI build.
 
@@ -85,6 +86,28 @@ def main():
                     span = max(a) - min(a)
                     diff = max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) else float("inf")
                     check(diff <= 1e-4 * span, f"{what}: logits within 1e-4 of their range ({diff:g} of {span:g})")
+
+    # --placement FILE: experts interleaved over the ranks give the single process's tokens and logits
+    E = 32  # models/pycode-20m-q8_0.gguf
+    inter = os.path.join(work, "interleaved.txt")
+    with open(inter, "w") as f:
+        f.write("# expert e on rank e % 2\n*: " + " ".join(str(e % 2) for e in range(E)) + "\n")
+    for mode in ([], ["--step-by-step"]):
+        base = [moetax, "eval", "-m", DEFAULT_MODEL, "--tokens", TOKENS, "--decode", "8", "-t", "1"] + mode
+        ref, got = os.path.join(work, "pref.f32"), os.path.join(work, "pgot.f32")
+        r0 = run(base + ["--out", ref], env=dict(os.environ))
+        r = mpirun(2, base + ["--placement", inter, "--out", got])
+        what = f"--placement interleaved {' '.join(mode) or 'prefill'}"
+        check(r.returncode == 0 and r.stdout == r0.stdout, f"{what}: the greedy tokens ({r.stderr[-400:]})")
+        check(r.returncode == 0 and floats(ref).tobytes() == floats(got).tobytes(), f"{what}: logits bit-identical")
+    for bad, want in (("*: " + " ".join("0" for _ in range(E - 1)) + "\n", "every one of the 32 experts"),
+                      ("*: " + " ".join(str(e % 3) for e in range(E)) + "\n", "there are 2 ranks"),
+                      ("1: " + " ".join("0" for _ in range(E)) + "\n", "is not placed")):
+        path = os.path.join(work, "bad.txt")
+        with open(path, "w") as f:
+            f.write(bad)
+        r = mpirun(2, [moetax, "eval", "-m", DEFAULT_MODEL, "--tokens", "1,2", "--placement", path], timeout=60)
+        check(r.returncode != 0 and want in r.stderr, f"a bad placement is refused ({want}): {r.stderr[-300:]}")
 
     # run: rank 0 alone prints, the text of the single process
     args = [moetax, "run", "-m", DEFAULT_MODEL, "-p", "def main(", "-n", "16", "--temp", "0", "-t", "1"]

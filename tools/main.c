@@ -59,6 +59,18 @@ int main(int argc, char **argv) {
 #ifdef MOETAX_WITH_MPI
             /* under mpirun: join the world (src/dist/dist.h); rank 0 writes the results */
             if (moetax_dist_init(&argc, &argv)) return 1;
+            /* --placement FILE, anywhere after the subcommand: the map of experts to ranks */
+            for (int a = 2; a + 1 < argc; a++)
+                if (!strcmp(argv[a], "--placement")) {
+                    if (!moetax_dist_world()) {
+                        fprintf(stderr, "moetax: --placement is for expert parallelism: run under mpirun\n");
+                        return 2;
+                    }
+                    moetax_dist_set_placement(argv[a + 1]);
+                    memmove(argv + a, argv + a + 2, sizeof *argv * (size_t)(argc - a - 1)); /* with the NULL */
+                    argc -= 2;
+                    break;
+                }
             int rc = k_commands[i].fn(argc - 1, argv + 1);
             moetax_dist_finalize(rc);
             return rc;

@@ -11,6 +11,10 @@
 #include "moetax/ledger.h"
 
 static struct moetax_dist *g_world;
+static const char *g_placement; /* --placement FILE */
+
+void moetax_dist_set_placement(const char *path) { g_placement = path; }
+static moetax_status place_experts(struct moetax_dist *d, struct moetax_model *m);
 
 static bool under_mpirun(void) {
     /* OpenMPI's mpirun (and PMIx launchers) set these; a plain `moetax` never joins MPI */
@@ -77,6 +81,7 @@ void moetax_dist_finalize(int rc) {
     fflush(stderr);
     if (rc) MPI_Abort(MPI_COMM_WORLD, rc); /* a rank that quits must not leave the others waiting */
     MPI_Finalize();
+    free(g_world->owner);
     free(g_world->counts);
     free(g_world->displs);
     free(g_world->b_tok); free(g_world->b_pos); free(g_world->b_seq); free(g_world->b_want);
@@ -137,15 +142,102 @@ moetax_status moetax_dist_model_loaded(moetax_status st, struct moetax_model **m
                                   (unsigned long long)all[0]);
         free(all);
     }
-    if (!st && (*m)->hp.n_expert > 0) {
-        int32_t lo, hi;
-        moetax_dist_expert_range(d, (*m)->hp.n_expert, d->rank, &lo, &hi);
-        st = moetax_model_set_expert_range(*m, lo, hi);
-    }
+    if (!st && (*m)->hp.n_expert > 0) st = place_experts(d, *m);
     if (st && *m) {
         moetax_model_free(*m);
         *m = NULL;
     }
+    return st;
+}
+
+/* the placement file (see moetax_dist_set_placement) into d->owner */
+static moetax_status read_placement(struct moetax_dist *d, const struct moetax_model *m, const char *path) {
+    const int L = m->hp.n_layer, E = m->hp.n_expert;
+    FILE *f = fopen(path, "r");
+    if (!f) return moetax_error(MOETAX_ERR_IO, "--placement %s: cannot open it", path);
+    int32_t *all = malloc(sizeof(int32_t) * (size_t)E);
+    bool *set = calloc((size_t)L, sizeof(bool)), have_all = false;
+    moetax_status st = all && set ? MOETAX_OK : moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    char line[65536];
+    for (int ln = 1; !st && fgets(line, sizeof line, f); ln++) {
+        char *h = strchr(line, '#'), *p = line, *end;
+        if (h) *h = 0;
+        while (*p == ' ' || *p == '\t') p++;
+        if (!*p || *p == '\n' || *p == '\r') continue;
+        long il = -1;
+        if (*p == '*') p++;
+        else {
+            il = strtol(p, &end, 10);
+            if (end == p || il < 0 || il >= L || !m->layers[il].is_moe) {
+                st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: expected a MoE layer (0..%d) or '*' before ':'",
+                                  path, ln, L - 1);
+                break;
+            }
+            p = end;
+        }
+        while (*p == ' ') p++;
+        if (*p++ != ':') { st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: expected ':' after the layer", path, ln); break; }
+        if ((il < 0 && have_all) || (il >= 0 && set[il])) {
+            st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: layer %s placed twice", path, ln, il < 0 ? "*" : "given");
+            break;
+        }
+        int32_t *row = il < 0 ? all : d->owner + (size_t)il * (size_t)E;
+        int n = 0;
+        for (;;) {
+            long r = strtol(p, &end, 10);
+            if (end == p) break;
+            if (r < 0 || r >= d->size) {
+                st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: expert %d on rank %ld, but there are %d ranks",
+                                  path, ln, n, r, d->size);
+                break;
+            }
+            if (n < E) row[n] = (int32_t)r;
+            n++;
+            p = end;
+        }
+        while (!st && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+        if (!st && *p) st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: '%.20s' is not a rank", path, ln, p);
+        if (!st && n != E)
+            st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: %d ranks, but every one of the %d experts needs "
+                              "exactly one", path, ln, n, E);
+        if (il < 0) have_all = true;
+        else set[il] = true;
+    }
+    for (int il = 0; !st && il < L; il++) {
+        if (!m->layers[il].is_moe || set[il]) continue;
+        if (!have_all) st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s: MoE layer %d is not placed (no line for it, "
+                                         "no '*' line)", path, il);
+        else memcpy(d->owner + (size_t)il * (size_t)E, all, sizeof(int32_t) * (size_t)E);
+    }
+    fclose(f);
+    free(all);
+    free(set);
+    return st;
+}
+
+/* The placement (contiguous ranges, or the file's) and this rank's experts in the model. */
+static moetax_status place_experts(struct moetax_dist *d, struct moetax_model *m) {
+    const int L = m->hp.n_layer, E = m->hp.n_expert;
+    free(d->owner);
+    d->owner = calloc((size_t)L * (size_t)E, sizeof(int32_t));
+    uint8_t *own = calloc((size_t)L * (size_t)E, 1);
+    moetax_status st = d->owner && own ? MOETAX_OK : moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    for (int il = 0; !st && il < L; il++)
+        for (int r = 0; r < d->size; r++) {
+            int32_t lo, hi;
+            moetax_dist_expert_range(d, E, r, &lo, &hi);
+            for (int32_t e = lo; e < hi; e++) d->owner[(size_t)il * (size_t)E + (size_t)e] = r;
+        }
+    if (!st && g_placement) st = read_placement(d, m, g_placement);
+    d->contiguous = true;
+    for (int il = 0; !st && il < L; il++)
+        for (int e = 0; e < E; e++) {
+            const int32_t r = d->owner[(size_t)il * (size_t)E + (size_t)e];
+            if (e && r < d->owner[(size_t)il * (size_t)E + (size_t)e - 1]) d->contiguous = false;
+            own[(size_t)il * (size_t)E + (size_t)e] = r == d->rank;
+        }
+    if (!st) st = moetax_model_set_expert_owned(m, own);
+    free(own);
     return st;
 }
 

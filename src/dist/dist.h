@@ -60,6 +60,10 @@ struct moetax_dist {
     /* what a token-sharded dispatch would move (counted from the plans, not sent): rows of d
      * prepared activations to remote ranks, once per (token, rank) vs once per (token, expert) */
     uint64_t rows_per_rank, rows_per_expert;
+    /* placement: the rank of every routed expert, [n_layer, n_expert] (contiguous ranges, or
+     * --placement FILE); contiguous: every layer's ranks are nondecreasing in the expert id */
+    int32_t *owner;
+    bool contiguous;
     /* scratch */
     int *counts, *displs;     /* [size] */
     int32_t *b_tok, *b_pos, *b_seq; /* the broadcast batch (ranks > 0) */
@@ -73,7 +77,12 @@ int moetax_dist_init(int *argc, char ***argv);
 void moetax_dist_finalize(int rc);
 /* The world, or NULL when not under mpirun (or P = 1 ... still the world: P may be 1). */
 struct moetax_dist *moetax_dist_world(void);
-/* Routed experts [*lo, *hi) of `rank` among E. */
+/* --placement FILE (before the load): the map of experts to ranks, read by every rank. FORMAT:
+ * one line per MoE layer, `LAYER: R0 R1 ... R(E-1)` (the rank of each expert, E of them), or
+ * `*: ...` for every layer without a line of its own; `#` starts a comment. Checked at the load:
+ * every MoE layer placed, each expert exactly once (E ranks per line), every rank < N. */
+void moetax_dist_set_placement(const char *path);
+/* Routed experts [*lo, *hi) of `rank` among E (the default placement). */
 void moetax_dist_expert_range(const struct moetax_dist *d, int32_t E, int rank, int32_t *lo, int32_t *hi);
 /* After a load (st its result): every rank's result and model header compared; this rank's
  * expert range set. On any failure every rank returns an error naming the rank (*m freed). */

@@ -236,7 +236,8 @@ static void apply_capacity(const struct fw_step *s, struct moe *b, int il, int32
 
 /* The dispatch plan of sel/selw [n, k]: slots grouped by expert (ascending), tokens in
  * order; assignments with expert -1 (dropped) get no slot. */
-static void plan(const struct fw_step *s, const struct moe *b, const int32_t *sel, const float *selw, struct plan *pl) {
+static void plan(const struct fw_step *s, const struct moe *b, int il, const int32_t *sel, const float *selw,
+                 struct plan *pl) {
     const struct moetax_hparams *hp = &s->m->hp;
     const int64_t E = hp->n_expert, k = b->k, n = s->n;
     memset(pl->count, 0, sizeof(int32_t) * (size_t)E);
@@ -250,6 +251,10 @@ static void plan(const struct fw_step *s, const struct moe *b, const int32_t *se
         if (pl->count[e]) pl->active[pl->n_active++] = e;
         off += pl->count[e];
     }
+    const int32_t *own = b->owner ? b->owner + (int64_t)il * E : NULL; /* expert parallelism: this rank's */
+    pl->n_mine = 0;
+    for (int32_t a = 0; a < pl->n_active; a++)
+        if (!own || own[pl->active[a]] == b->rank) pl->mine[pl->n_mine++] = pl->active[a];
     int32_t *fill = pl->fill; /* next free slot per expert */
     memcpy(fill, pl->offset, sizeof(int32_t) * (size_t)E);
     for (int64_t t = 0; t < n; t++)
@@ -330,10 +335,7 @@ static void issue_reads(struct worker *w, struct moe *b, int il, const struct pl
          * they load), then the experts the next layer's router predicts from this residual.
          * Without prefetch each expert is read only when a work item needs it. */
         fw_mark(w, MOETAX_PHASE_LOAD);
-        int32_t a0 = 0, a1 = pl->n_active; /* this rank's experts only */
-        while (a0 < a1 && pl->active[a0] < b->e_lo) a0++;
-        while (a1 > a0 && pl->active[a1 - 1] >= b->e_hi) a1--;
-        moetax_store_prefetch(b->store, il, pl->active + a0, a1 - a0, false);
+        moetax_store_prefetch(b->store, il, pl->mine, pl->n_mine, false); /* this rank's experts only */
         if (il + 1 < hp->n_layer && b->pred_ok[il + 1]) {
             /* the cross-layer prediction, ranked by recent-token history: first the predicted
              * experts that layer il + 1 also chose for the last micro-batch (b->sel still holds
@@ -353,7 +355,7 @@ static void issue_reads(struct worker *w, struct moe *b, int il, const struct pl
                     for (int64_t j = 0; j < nhist && !recent; j++) recent = hist[j] == e;
                     if (recent != (pass == 0)) continue;
                     for (int j = 0; j < nu && !seen; j++) seen = uniq[j] == e;
-                    if (!seen && nu < E && e >= b->e_lo && e < b->e_hi) uniq[nu++] = e;
+                    if (!seen && nu < E && (!b->owner || b->owner[(int64_t)(il + 1) * E + e] == b->rank)) uniq[nu++] = e;
                 }
             moetax_store_prefetch(b->store, il + 1, uniq, nu, true);
         }
@@ -387,18 +389,38 @@ static void dist_exchange(struct worker *w, struct moe *b, int il, const struct 
         const int64_t d = s->m->hp.n_embd;
         if (!st && b->partial) st = moetax_dist_allreduce(D, b->partial, s->n * d);
         else if (!st) {
-            /* rank r's experts' slots: those of the active experts in [lo_r, hi_r), contiguous */
-            int32_t ai = 0;
+            /* rank r's rows: its active experts' slots, ascending. Contiguous ranges: slots
+             * [slot_lo[r], slot_lo[r + 1]) of ydown in place; any other placement: packed by
+             * rank into gbuf, gathered, and put back in slot order (the same bits either way) */
+            const int32_t *own = b->owner + (int64_t)il * s->m->hp.n_expert;
             int64_t acc = 0;
             for (int r = 0; r < D->size; r++) {
-                int32_t lo, hi;
-                moetax_dist_expert_range(D, s->m->hp.n_expert, r, &lo, &hi);
-                (void)hi;
-                while (ai < pl->n_active && pl->active[ai] < lo) acc += pl->count[pl->active[ai++]];
                 b->slot_lo[r] = acc;
+                for (int32_t ai = 0; ai < pl->n_active; ai++)
+                    if (own[pl->active[ai]] == r) acc += pl->count[pl->active[ai]];
             }
-            b->slot_lo[D->size] = pl->n_slots;
-            st = moetax_dist_gather_rows(D, b->ydown, d, b->slot_lo);
+            b->slot_lo[D->size] = acc;
+            if (D->contiguous) st = moetax_dist_gather_rows(D, b->ydown, d, b->slot_lo);
+            else {
+                int64_t o = b->slot_lo[D->rank];
+                for (int32_t i = 0; i < pl->n_mine; i++) {
+                    const int32_t e = pl->mine[i];
+                    memcpy(b->gbuf + o * d, b->ydown + (int64_t)pl->offset[e] * d, sizeof(float) * (size_t)(pl->count[e] * d));
+                    o += pl->count[e];
+                }
+                st = moetax_dist_gather_rows(D, b->gbuf, d, b->slot_lo);
+                for (int r = 0; !st && r < D->size; r++) {
+                    o = b->slot_lo[r];
+                    for (int32_t ai = 0; ai < pl->n_active; ai++) {
+                        const int32_t e = pl->active[ai];
+                        if (own[e] != r) continue;
+                        if (r != D->rank)
+                            memcpy(b->ydown + (int64_t)pl->offset[e] * d, b->gbuf + o * d,
+                                   sizeof(float) * (size_t)(pl->count[e] * d));
+                        o += pl->count[e];
+                    }
+                }
+            }
         }
         if (st) fw_fail(s, st);
     }
@@ -463,7 +485,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
             int64_t dropped = 0, rerouted = 0;
             if (b->capacity_factor > 0 && isfinite(b->capacity_factor))
                 apply_capacity(s, b, il, b->sel + slots, b->selw + slots, &dropped, &rerouted);
-            plan(s, b, b->sel + slots, b->selw + slots, pl);
+            plan(s, b, il, b->sel + slots, b->selw + slots, pl);
             record_plan(s, il, pl, dropped, rerouted);
             issue_reads(w, b, il, pl);
         }
@@ -487,7 +509,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         }
         pl = &wk->plan;
         fw_mark(w, MOETAX_PHASE_DISPATCH);
-        plan(s, b, wk->sel, wk->selw, pl);
+        plan(s, b, il, wk->sel, wk->selw, pl);
         if (w->ith == 0) {
             record_and_predict(s, b, il);
             record_plan(s, il, pl, 0, 0); /* one token: at most one assignment per expert, nothing to cap */
@@ -511,11 +533,9 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     else fw_mark(w, MOETAX_PHASE_EXPERT);
     const int64_t bf = F >= 256 ? 256 : F; /* gate/up rows per work item: a multiple of 64 (kernels.h, ROW RANGES) */
     const int64_t nbf = (F + bf - 1) / bf;
-    int32_t a0 = 0, a1 = pl->n_active; /* this rank's active experts (all without a world) */
-    while (a0 < a1 && pl->active[a0] < b->e_lo) a0++;
-    while (a1 > a0 && pl->active[a1 - 1] >= b->e_hi) a1--;
-    for (int64_t it; (it = fw_chunk(w, (a1 - a0) * nbf, 1)) >= 0;) {
-        int32_t e = pl->active[a0 + it / nbf];
+    /* this rank's active experts (all without a world) */
+    for (int64_t it; (it = fw_chunk(w, (int64_t)pl->n_mine * nbf, 1)) >= 0;) {
+        int32_t e = pl->mine[it / nbf];
         int64_t f0 = (it % nbf) * bf, f1 = f0 + bf < F ? f0 + bf : F;
         int64_t b0 = n > 1 ? pl->offset[e] : 0, cnt = pl->count[e];
         float *g = b->eh_g + (int64_t)pl->offset[e] * F, *u = b->eh + (int64_t)pl->offset[e] * F;
@@ -552,19 +572,20 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     float *yd = b->ydown; /* [n*k, d] */
     for (int64_t it; (it = fw_chunk(w, nbd, 1)) >= 0;) {
         int64_t d0 = it * bd, d1 = d0 + bd < d ? d0 + bd : d;
-        for (int32_t ai = a0; ai < a1; ai++) {
-            int32_t e = pl->active[ai];
+        for (int32_t ai = 0; ai < pl->n_mine; ai++) {
+            int32_t e = pl->mine[ai];
             const void *wg, *wu, *wd;
             if (!expert_ptrs(w, b, il, e, &wg, &wu, &wd)) continue;
             fw_matmul_at(s, &l->down_exps, wd, d0, d1, aeh, pl->offset[e], pl->count[e], yd + pl->offset[e] * d, d);
         }
         if (b->dist) { /* the others' rows come with the collective: combine after it */
             if (b->partial) { /* allreduce: this rank's weighted sum per token of this block */
-                const int32_t o0 = a0 < a1 ? pl->offset[pl->active[a0]] : 0;
-                const int32_t o1 = a0 < a1 ? pl->offset[pl->active[a1 - 1]] + pl->count[pl->active[a1 - 1]] : 0;
                 for (int64_t t = 0; t < n; t++) memset(b->partial + t * d + d0, 0, sizeof(float) * (size_t)(d1 - d0));
-                K->scatter_add(b->partial + d0, d, yd + (int64_t)o0 * d + d0, d, pl->slot_token + o0, pl->slot_w + o0,
-                               o1 - o0, d1 - d0);
+                for (int32_t ai = 0; ai < pl->n_mine; ai++) {
+                    const int32_t o0 = pl->offset[pl->mine[ai]], c = pl->count[pl->mine[ai]];
+                    K->scatter_add(b->partial + d0, d, yd + (int64_t)o0 * d + d0, d, pl->slot_token + o0,
+                                   pl->slot_w + o0, c, d1 - d0);
+                }
             }
             continue;
         }
@@ -620,13 +641,14 @@ static bool plan_alloc(struct plan *pl, int64_t E, int64_t slots) {
     pl->count = calloc((size_t)E, sizeof(int32_t));
     pl->offset = calloc((size_t)E, sizeof(int32_t));
     pl->fill = calloc((size_t)E, sizeof(int32_t));
+    pl->mine = calloc((size_t)E, sizeof(int32_t));
     pl->slot_token = calloc((size_t)slots, sizeof(int32_t));
     pl->slot_w = calloc((size_t)slots, sizeof(float));
-    return pl->active && pl->count && pl->offset && pl->fill && pl->slot_token && pl->slot_w;
+    return pl->active && pl->count && pl->offset && pl->fill && pl->mine && pl->slot_token && pl->slot_w;
 }
 
 static void plan_free(struct plan *pl) {
-    free(pl->active); free(pl->count); free(pl->offset); free(pl->fill); free(pl->slot_token); free(pl->slot_w);
+    free(pl->active); free(pl->count); free(pl->offset); free(pl->fill); free(pl->mine); free(pl->slot_token); free(pl->slot_w);
 }
 
 moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_params *p) {
@@ -640,8 +662,6 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
     b->capacity_factor = p->capacity_factor;
     b->reroute = p->reroute;
     b->n_threads = s->n_threads;
-    b->e_lo = 0;
-    b->e_hi = (int32_t)hp->n_expert;
     const int64_t U = s->n_ubatch, d = hp->n_embd, E = max64(hp->n_expert, 1), F = max64(hp->n_ff_exp, 1);
     int64_t Fs = 1;
     for (int il = 0; il < hp->n_layer; il++) Fs = max64(Fs, m->layers[il].gate_sh.data ? m->layers[il].gate_sh.ne[1] : 0);
@@ -672,8 +692,10 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
 #ifdef MOETAX_WITH_MPI
     if (p->dist && p->dist->size > 1 && hp->n_expert > 0) {
         b->dist = p->dist;
-        moetax_dist_expert_range(p->dist, (int32_t)hp->n_expert, p->dist->rank, &b->e_lo, &b->e_hi);
+        b->owner = p->dist->owner;
+        b->rank = p->dist->rank;
         A(b->slot_lo, p->dist->size + 1);
+        if (!p->dist->contiguous) A(b->gbuf, U * k * d);
         if (p->dist->combine == MOETAX_DIST_COMBINE_ALLREDUCE) A(b->partial, U * d);
     }
 #endif
@@ -705,7 +727,7 @@ void moe_free(struct moe *b) {
     free(b->sel); free(b->selw); free(b->pred); free(b->pred_ok); free(b->hist_n);
     free(b->pred_x); free(b->pred_logits); free(b->pred_p); free(b->pred_q);
     free(b->cap_count); free(b->cap_order); free(b->cap_tot); free(b->cap_p);
-    free(b->slot_lo); free(b->partial);
+    free(b->slot_lo); free(b->partial); free(b->gbuf);
     plan_free(&b->plan);
     fw_act_free(&b->a_sh, false);
     fw_act_free(&b->a_exp, true);

@@ -19,6 +19,8 @@ struct plan {
     int32_t *slot_token;   /* [U*k] token of each slot, grouped by expert */
     float *slot_w;         /* [U*k] routing weight of each slot */
     int32_t *fill;         /* [E] scratch */
+    int32_t n_mine;        /* active experts this rank computes (all of them without a world) */
+    int32_t *mine;         /* [E] their ids, ascending */
 };
 
 /* per-worker state of the MoE block */
@@ -68,11 +70,13 @@ struct moe {
     float *cap_p;               /* [2E] */
     struct moe_worker *wk;      /* [n_threads] */
     int n_threads;
-    /* expert parallelism (src/dist/dist.h): this rank computes routed experts [e_lo, e_hi) only
+    /* expert parallelism (src/dist/dist.h): this rank computes the routed experts it owns
      * (all of them without a world), then the combine's collective gives it the others' */
     struct moetax_dist *dist;   /* NULL: one process */
-    int32_t e_lo, e_hi;
-    int64_t *slot_lo;           /* [P + 1] first slot of each rank's experts */
+    const int32_t *owner;       /* [n_layer, E] rank of each expert (the world's placement); NULL: all here */
+    int rank;
+    int64_t *slot_lo;           /* [P + 1] first row of each rank's slots in the gathered buffer */
+    float *gbuf;                /* [U * k, d] rows packed by rank (a placement not in contiguous ranges) */
     float *partial;             /* [U, d] this rank's weighted sums (MOETAX_MPI_COMBINE=allreduce) */
 };
 
