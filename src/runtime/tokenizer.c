@@ -26,6 +26,9 @@
 /* pre-tokenizer code point classes: \p{L}, \p{N}, \s, and everything else */
 enum { CLS_L = MOETAX_UNI_L, CLS_N = MOETAX_UNI_N, CLS_S = MOETAX_UNI_S, CLS_O = MOETAX_UNI_O };
 
+/* pre-tokenizer rule sets (see "the other pre-tokenizers" below) */
+enum pre_type { PRE_GPT2, PRE_LLAMA3, PRE_QWEN2, PRE_DEEPSEEK_LLM, PRE_DEEPSEEK_CODER, PRE_DEEPSEEK3 };
+
 /* Short pre-tokens use a plain scan; longer ones a heap. */
 #define BPE_SCAN_MAX 48
 /* Longest run of bytes merged as one (symbol indices are int32). */
@@ -48,6 +51,9 @@ struct moetax_tokenizer {
     int32_t byte_tok[256];
     struct merge_slot *merges;
     uint64_t merge_mask; /* capacity - 1 (power of two) */
+    int pre;             /* enum pre_type */
+    int32_t *udef;       /* [n_udef] user-defined token ids, longest text first */
+    int32_t n_udef;
 };
 
 /* ---- GPT-2 byte <-> unicode ------------------------------------------------ */
@@ -373,26 +379,78 @@ static moetax_status load_gpt2(struct moetax_tokenizer *t, const struct moetax_g
     return st;
 }
 
-/* Only GPT-2's pre-tokenizer rules are implemented: any other tokenizer.ggml.pre
- * (llama3, qwen2, deepseek-llm, ...) is warned about on stderr, once per process,
- * naming the value; the file still loads (its tokens may then differ from the
- * model's own tokenizer's). */
-static void warn_pre(const struct moetax_gguf *g) {
+/* tokenizer.ggml.pre -> rule set, as llama.cpp maps the names
+ * (llama_vocab::impl::load). Names whose rules moetax lacks are warned about on
+ * stderr (once per process), naming the value and the rule used instead (GPT-2's). */
+struct pre_name {
+    const char *name;
+    int pre;
+};
+static const struct pre_name pre_names[] = {
+    {"default", PRE_GPT2}, {"gpt2", PRE_GPT2}, {"gpt-2", PRE_GPT2}, {"phi-2", PRE_GPT2}, {"olmo", PRE_GPT2},
+    {"mpt", PRE_GPT2}, {"jina-es", PRE_GPT2}, {"jina-de", PRE_GPT2}, {"gigachat", PRE_GPT2},
+    {"jina-v2-es", PRE_GPT2}, {"jina-v2-de", PRE_GPT2}, {"a.x-4.0", PRE_GPT2}, {"mellum", PRE_GPT2},
+    {"modern-bert", PRE_GPT2}, {"jina-v1-en", PRE_GPT2}, {"jina-v2-code", PRE_GPT2}, {"roberta-bpe", PRE_GPT2},
+    {"llama3", PRE_LLAMA3}, {"llama-v3", PRE_LLAMA3}, {"llama-bpe", PRE_LLAMA3}, {"falcon3", PRE_LLAMA3},
+    {"falcon-h1", PRE_LLAMA3}, {"pixtral", PRE_LLAMA3}, {"midm-2.0", PRE_LLAMA3}, {"lfm2", PRE_LLAMA3},
+    {"dbrx", PRE_LLAMA3}, {"smaug-bpe", PRE_LLAMA3},
+    {"qwen2", PRE_QWEN2}, {"deepseek-r1-qwen", PRE_QWEN2}, {"kormo", PRE_QWEN2}, {"f2llmv2", PRE_QWEN2},
+    {"megrez", PRE_QWEN2}, {"stablelm2", PRE_QWEN2},
+    {"deepseek-llm", PRE_DEEPSEEK_LLM}, {"deepseek-coder", PRE_DEEPSEEK_CODER}, {"deepseek-v3", PRE_DEEPSEEK3},
+};
+
+static int pre_from_file(const struct moetax_gguf *g) {
     static atomic_flag warned = ATOMIC_FLAG_INIT;
-    static const char *const gpt2_like[] = {"default", "gpt2", "gpt-2"};
     const struct moetax_gguf_kv *pk = moetax_gguf_find_kv(g, KEY_PRE);
-    if (!pk) return;
+    if (!pk) return PRE_GPT2;
     if (pk->type == MOETAX_GGUF_TYPE_STRING)
-        for (size_t i = 0; i < sizeof gpt2_like / sizeof gpt2_like[0]; i++)
-            if (pk->v.str.len == strlen(gpt2_like[i]) && !memcmp(pk->v.str.data, gpt2_like[i], pk->v.str.len)) return;
-    if (atomic_flag_test_and_set(&warned)) return;
+        for (size_t i = 0; i < sizeof pre_names / sizeof pre_names[0]; i++)
+            if (pk->v.str.len == strlen(pre_names[i].name) && !memcmp(pk->v.str.data, pre_names[i].name, pk->v.str.len))
+                return pre_names[i].pre;
+    if (atomic_flag_test_and_set(&warned)) return PRE_GPT2;
     if (pk->type == MOETAX_GGUF_TYPE_STRING)
         fprintf(stderr, "moetax: warning: %s: %s = \"%.*s\" is not implemented; moetax pre-tokenizes with GPT-2's "
-                        "rules, so its tokens may differ from the model's tokenizer\n",
+                        "rules ('s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+) "
+                        "instead, so its tokens may differ from the model's tokenizer\n",
                 g->path, KEY_PRE, SHOWN(pk->v.str.len), pk->v.str.data);
     else
         fprintf(stderr, "moetax: warning: %s: %s is a %s, not a string; moetax pre-tokenizes with GPT-2's rules\n",
                 g->path, KEY_PRE, moetax_gguf_type_name(pk->type));
+    return PRE_GPT2;
+}
+
+/* User-defined tokens are cut out of the text before pre-tokenization, longest
+ * text first, ties by id (llama.cpp's tokenizer_st_partition with
+ * parse_special = false). */
+struct udef_key {
+    size_t len;
+    int32_t id;
+};
+static int udef_cmp(const void *a, const void *b) {
+    const struct udef_key *x = a, *y = b;
+    if (x->len != y->len) return x->len > y->len ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static moetax_status load_udef(struct moetax_tokenizer *t) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < t->n_vocab; i++)
+        if (t->type[i] == MOETAX_TOKEN_TYPE_USER_DEFINED && t->dec_off[i + 1] > t->dec_off[i]) n++;
+    if (n == 0) return MOETAX_OK;
+    t->udef = malloc((size_t)n * sizeof *t->udef);
+    struct udef_key *k = malloc((size_t)n * sizeof *k);
+    if (!t->udef || !k) {
+        free(k);
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory for %d user-defined tokens", (int)n);
+    }
+    for (int32_t i = 0, m = 0; i < t->n_vocab; i++)
+        if (t->type[i] == MOETAX_TOKEN_TYPE_USER_DEFINED && t->dec_off[i + 1] > t->dec_off[i])
+            k[m++] = (struct udef_key){t->dec_off[i + 1] - t->dec_off[i], i};
+    qsort(k, (size_t)n, sizeof *k, udef_cmp);
+    for (int32_t i = 0; i < n; i++) t->udef[i] = k[i].id;
+    t->n_udef = n;
+    free(k);
+    return MOETAX_OK;
 }
 
 moetax_status moetax_tokenizer_load(const struct moetax_gguf *g, struct moetax_tokenizer **out) {
@@ -412,11 +470,13 @@ moetax_status moetax_tokenizer_load(const struct moetax_gguf *g, struct moetax_t
                             "%s: %s = \"%.*s\"%s is not supported; moetax supports only \"gpt2\" (byte-level BPE)",
                             g->path, KEY_MODEL, SHOWN(model->len), model->data, what);
     }
-    warn_pre(g);
+    int pre = pre_from_file(g);
     struct moetax_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return moetax_error(MOETAX_ERR_NOMEM, "out of memory for the tokenizer");
     t->bos = t->eos = t->eot = t->eom = -1;
+    t->pre = pre;
     moetax_status st = load_gpt2(t, g);
+    if (!st) st = load_udef(t);
     if (st) {
         moetax_tokenizer_free(t);
         return st;
@@ -431,6 +491,7 @@ void moetax_tokenizer_free(struct moetax_tokenizer *t) {
     free(t->dec_off);
     free(t->dec);
     free(t->merges);
+    free(t->udef);
     free(t);
 }
 
@@ -664,6 +725,424 @@ static size_t pretoken_end(const unsigned char *s, size_t len, size_t i) {
     return j < len && last > i ? last : j;
 }
 
+/* ---- the other pre-tokenizers (llama.cpp's rule lists) ----------------------------
+ *
+ * llama.cpp (src/llama-vocab.cpp, src/unicode.cpp) splits text for these with a
+ * list of regexes applied in turn: each one splits every piece left by the
+ * previous one into its matches and the gaps between them. qwen2 and llama3 use
+ * llama.cpp's hand-written scanners; the deepseek lists run through std::regex
+ * (ECMAScript: leftmost match, alternatives in order, greedy runs) over a
+ * "collapsed" text in which each code point >= 128 stands for its category
+ * (white space first), so that \p{L}, \p{N}, \p{P}, \p{S}, \p{M} and \s mean, for
+ * ASCII, exactly: A-Za-z; 0-9; !"#%&'()*,-./:;?@[\]_{}; $+<=>^`| (not '~');
+ * nothing; and \t\n\v\f\r and space. The scanners below implement those facts,
+ * they copy no regex engine. Text is decoded as llama.cpp decodes it: a byte that
+ * does not start a well-formed sequence becomes U+FFFD (and is encoded as such). */
+
+
+/* general category groups */
+enum { GC_L, GC_N, GC_P, GC_M, GC_S, GC_U, GC_O };
+
+static bool in_ranges(const struct moetax_uni_range *r, size_t n, uint32_t cp);
+
+static int cp_gc(uint32_t c) {
+    if (c < 0x80) {
+        if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z')) return GC_L;
+        if (c >= '0' && c <= '9') return GC_N;
+        if (c < 0x20 || c == 0x7f || c == ' ') return GC_O;
+        if (c == '$' || c == '+' || c == '<' || c == '=' || c == '>' || c == '^' || c == '`' || c == '|' || c == '~')
+            return GC_S;
+        return GC_P;
+    }
+    if (in_ranges(moetax_uni_L, MOETAX_UNI_L_COUNT, c)) return GC_L;
+    if (in_ranges(moetax_uni_N, MOETAX_UNI_N_COUNT, c)) return GC_N;
+    if (in_ranges(moetax_uni_P, MOETAX_UNI_P_COUNT, c)) return GC_P;
+    if (in_ranges(moetax_uni_M, MOETAX_UNI_M_COUNT, c)) return GC_M;
+    if (in_ranges(moetax_uni_Y, MOETAX_UNI_Y_COUNT, c)) return GC_S;
+    if (in_ranges(moetax_uni_U, MOETAX_UNI_U_COUNT, c)) return GC_U;
+    return GC_O;
+}
+
+/* llama.cpp's white space (unicode_set_whitespace) */
+static bool ws_ll(uint32_t c) {
+    return (c >= 0x09 && c <= 0x0d) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+/* the classes of the collapsed text */
+static bool c_ws(uint32_t c) { return ws_ll(c); } /* ASCII: \t\n\v\f\r, space; others: 0x0B */
+static bool c_L(uint32_t c) { return !ws_ll(c) && cp_gc(c) == GC_L; }
+static bool c_N(uint32_t c) { return !ws_ll(c) && cp_gc(c) == GC_N; }
+static bool c_P(uint32_t c) { return c != '~' && !ws_ll(c) && cp_gc(c) == GC_P; }
+static bool c_S(uint32_t c) { return c != '~' && !ws_ll(c) && cp_gc(c) == GC_S; }
+static bool c_M(uint32_t c) { return !ws_ll(c) && cp_gc(c) == GC_M; }
+static bool c_LM(uint32_t c) { return c_L(c) || c_M(c); }
+static bool c_PS(uint32_t c) { return c == '~' ? false : (c_P(c) || c_S(c)); }
+static bool is_crlf(uint32_t c) { return c == '\r' || c == '\n'; }
+
+struct cp_range { uint32_t first, last; };
+
+static bool in_list(const struct cp_range *r, size_t n, uint32_t c) {
+    if (c > 0x7f && ws_ll(c)) c = 0x0b; /* std::wregex sees non-ASCII white space as VT */
+    for (size_t i = 0; i < n; i++)
+        if (c >= r[i].first && c <= r[i].last) return true;
+    return false;
+}
+
+/* deepseek-llm's letters (its second regex, as code point ranges) */
+static const struct cp_range ds_letters[] = {
+    {0x0041, 0x005A}, {0x0061, 0x007A}, {0x00B5, 0x00B5}, {0x00C0, 0x00D6}, {0x00D8, 0x00F6}, {0x00F8, 0x01BA},
+    {0x01BC, 0x01BF}, {0x01C4, 0x0293}, {0x0295, 0x02AF}, {0x0370, 0x0373}, {0x0376, 0x0377}, {0x037B, 0x037D},
+    {0x037F, 0x037F}, {0x0386, 0x0386}, {0x0388, 0x038A}, {0x038C, 0x038C}, {0x038E, 0x03A1}, {0x03A3, 0x03F5},
+    {0x03F7, 0x0481}, {0x048A, 0x052F}, {0x0531, 0x0556}, {0x10A0, 0x10C5}, {0x13A0, 0x13F5}, {0x13F8, 0x13FD},
+    {0x1C90, 0x1CBA}, {0x1CBD, 0x1CBF}, {0x1D00, 0x1D2B}, {0x1D6B, 0x1D77}, {0x1D79, 0x1D9A}, {0x1E00, 0x1F15},
+    {0x1F18, 0x1F1D}, {0x1F20, 0x1F45}, {0x1F48, 0x1F4D}, {0x1F50, 0x1F57}, {0x1F59, 0x1F59}, {0x1F5B, 0x1F5B},
+    {0x1F5D, 0x1F5D}, {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4}, {0x1FB6, 0x1FBC}, {0x1FBE, 0x1FBE}, {0x1FC2, 0x1FC4},
+    {0x1FC6, 0x1FCC}, {0x1FD0, 0x1FD3}, {0x1FD6, 0x1FDB}, {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FF4}, {0x1FF6, 0x1FFC},
+    {0x2102, 0x2102}, {0x2107, 0x2107}, {0x210A, 0x2113}, {0x2115, 0x2115}, {0x2119, 0x211D}, {0x2124, 0x2124},
+    {0x2126, 0x2126}, {0x2128, 0x2128}, {0x212A, 0x212D}, {0x212F, 0x2134}, {0x2139, 0x2139}, {0x213C, 0x213F},
+    {0x2145, 0x2149}, {0x214E, 0x214E}, {0x2183, 0x2184}, {0x2C00, 0x2C7B}, {0x2C7E, 0x2CE4}, {0x2CEB, 0x2CEE},
+    {0x2CF2, 0x2CF3}, {0xA640, 0xA66D}, {0xA680, 0xA69B}, {0xA722, 0xA76F}, {0xA771, 0xA787}, {0xA78B, 0xA78E},
+    {0xAB70, 0xABBF}, {0xFB00, 0xFB06}, {0xFB13, 0xFB17}, {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0x10400, 0x1044F},
+    {0x104B0, 0x104D3}, {0x104D8, 0x104FB}, {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF},
+    {0x1E900, 0x1E943},
+};
+/* deepseek-llm's punctuation: [!-/:-~！-／：-～‘-‟　-。] */
+static const struct cp_range ds_punct[] = {{0x21, 0x2F}, {0x3A, 0x7E}, {0xFF01, 0xFF0F}, {0xFF1A, 0xFF5E},
+                                           {0x2018, 0x201F}, {0x3000, 0x3002}};
+/* deepseek-llm/-coder's CJK: [一-龥ࠀ-一가-퟿] */
+static const struct cp_range ds_cjk[] = {{0x4E00, 0x9FA5}, {0x0800, 0x4E00}, {0xAC00, 0xD7FF}};
+/* deepseek-v3's CJK: [一-龥぀-ゟ゠-ヿ] */
+static const struct cp_range ds3_cjk[] = {{0x4E00, 0x9FA5}, {0x3040, 0x309F}, {0x30A0, 0x30FF}};
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* A list of piece lengths (code points). */
+struct pieces {
+    size_t *len;
+    size_t n, cap;
+};
+
+static bool pieces_add(struct pieces *p, size_t len) {
+    if (len == 0) return true;
+    if (p->n == p->cap) {
+        size_t c = p->cap ? 2 * p->cap : 64;
+        size_t *l = realloc(p->len, c * sizeof *l);
+        if (!l) return false;
+        p->len = l;
+        p->cap = c;
+    }
+    p->len[p->n++] = len;
+    return true;
+}
+
+/* A rule: the end of the match that starts at i within [i, e), or i if none does there. */
+typedef size_t (*rule_fn)(const uint32_t *c, size_t i, size_t e);
+
+static size_t run_of(const uint32_t *c, size_t i, size_t e, bool (*f)(uint32_t)) {
+    while (i < e && f(c[i])) i++;
+    return i;
+}
+static size_t run_list(const uint32_t *c, size_t i, size_t e, const struct cp_range *r, size_t n) {
+    while (i < e && in_list(r, n, c[i])) i++;
+    return i;
+}
+
+static size_t r_crlf(const uint32_t *c, size_t i, size_t e) { (void)e; return is_crlf(c[i]) ? i + 1 : i; }
+/* \s?[SET]+ over the wide text */
+static size_t ws_opt_list(const uint32_t *c, size_t i, size_t e, const struct cp_range *r, size_t n) {
+    if (c_ws(c[i]) && i + 1 < e && in_list(r, n, c[i + 1])) return run_list(c, i + 1, e, r, n);
+    return run_list(c, i, e, r, n);
+}
+static size_t r_ds_letters(const uint32_t *c, size_t i, size_t e) { return ws_opt_list(c, i, e, ds_letters, N_OF(ds_letters)); }
+static size_t r_ds_punct(const uint32_t *c, size_t i, size_t e) { return ws_opt_list(c, i, e, ds_punct, N_OF(ds_punct)); }
+/* \s+$ */
+static size_t r_ws_end(const uint32_t *c, size_t i, size_t e) { return run_of(c, i, e, c_ws) == e ? e : i; }
+static size_t r_ds_cjk(const uint32_t *c, size_t i, size_t e) { return run_list(c, i, e, ds_cjk, N_OF(ds_cjk)); }
+static size_t r_ds3_cjk(const uint32_t *c, size_t i, size_t e) { return run_list(c, i, e, ds3_cjk, N_OF(ds3_cjk)); }
+static size_t r_nums(const uint32_t *c, size_t i, size_t e) { return run_of(c, i, e, c_N); }
+static size_t r_num1(const uint32_t *c, size_t i, size_t e) { (void)e; return c_N(c[i]) ? i + 1 : i; }
+static size_t r_num3(const uint32_t *c, size_t i, size_t e) {
+    size_t j = i;
+    while (j < e && j < i + 3 && c_N(c[j])) j++;
+    return j;
+}
+/* \s?\p{cls}+ over the collapsed text */
+static size_t ws_opt_run(const uint32_t *c, size_t i, size_t e, bool (*f)(uint32_t)) {
+    if (c_ws(c[i]) && i + 1 < e && f(c[i + 1])) return run_of(c, i + 1, e, f);
+    return run_of(c, i, e, f);
+}
+static size_t r_ws_letters(const uint32_t *c, size_t i, size_t e) { return ws_opt_run(c, i, e, c_L); }
+static size_t r_ws_punct(const uint32_t *c, size_t i, size_t e) { return ws_opt_run(c, i, e, c_P); }
+
+static bool ascii_alpha(uint32_t c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); }
+static bool ascii_punct(uint32_t c) {
+    return (c >= 0x21 && c <= 0x2f) || (c >= 0x3a && c <= 0x40) || (c >= 0x5b && c <= 0x60) || (c >= 0x7b && c <= 0x7e);
+}
+
+/* \s+(?!\S)|\s+ and \s*[\r\n]+ share this: the white-space alternatives */
+static size_t ws_tail(const uint32_t *c, size_t i, size_t e, bool crlf_alt) {
+    size_t q = run_of(c, i, e, c_ws);
+    if (q == i) return i;
+    if (crlf_alt) { /* \s*[\r\n]+: up to the last \r or \n of the run */
+        for (size_t k = q; k > i; k--)
+            if (is_crlf(c[k - 1])) return k;
+    }
+    if (q < e && q - i >= 2) return q - 1; /* \s+(?!\S) gives back the last one */
+    return q;                              /* at the end (?!\S) holds; else \s+ */
+}
+
+/* deepseek-v3's third regex:
+ *   [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|
+ *    ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
+static size_t r_ds3_main(const uint32_t *c, size_t i, size_t e) {
+    if (ascii_punct(c[i]) && i + 1 < e && ascii_alpha(c[i + 1])) return run_of(c, i + 1, e, ascii_alpha);
+    bool pre = !is_crlf(c[i]) && !c_L(c[i]) && !c_P(c[i]) && !c_S(c[i]);
+    if (pre && i + 1 < e && c_LM(c[i + 1])) return run_of(c, i + 1, e, c_LM);
+    if (c_LM(c[i])) return run_of(c, i, e, c_LM);
+    size_t j = i;
+    if (c[i] == ' ' && i + 1 < e && c_PS(c[i + 1])) j = i + 1;
+    if (c_PS(c[j])) {
+        j = run_of(c, j, e, c_PS);
+        return run_of(c, j, e, is_crlf);
+    }
+    return ws_tail(c, i, e, true);
+}
+
+/* Split every piece of *in with rule f into matches and the gaps between them. */
+static bool apply_rule(const uint32_t *c, const struct pieces *in, struct pieces *out, rule_fn f) {
+    out->n = 0;
+    size_t start = 0;
+    for (size_t k = 0; k < in->n; k++) {
+        size_t e = start + in->len[k], gap = start;
+        for (size_t i = start; i < e;) {
+            size_t j = f(c, i, e);
+            if (j == i) { i++; continue; }
+            if (!pieces_add(out, i - gap) || !pieces_add(out, j - i)) return false;
+            gap = i = j;
+        }
+        if (!pieces_add(out, e - gap)) return false;
+        start = e;
+    }
+    return true;
+}
+
+/* llama.cpp's scanners for llama3 (digits in threes) and qwen2 (single digits):
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * with llama.cpp's classes: letters and numbers as Unicode has them, white space
+ * its own set (ws_ll). */
+static bool l_L(uint32_t c) { return cp_gc(c) == GC_L; }
+static bool l_N(uint32_t c) { return cp_gc(c) == GC_N; }
+static bool l_other(uint32_t c) { return !ws_ll(c) && !l_L(c) && !l_N(c); }
+static uint32_t lower_ascii(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+
+static bool split_llama3(const uint32_t *c, size_t b, size_t e, bool digits3, struct pieces *out) {
+    for (size_t i = b; i < e;) {
+        size_t j = i;
+        uint32_t c0 = c[i];
+        if (c0 == '\'' && i + 1 < e) {
+            uint32_t c1 = lower_ascii(c[i + 1]), c2 = i + 2 < e ? lower_ascii(c[i + 2]) : 0;
+            if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') j = i + 2;
+            else if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) j = i + 3;
+        }
+        if (j == i && !is_crlf(c0) && !l_N(c0) && (l_L(c0) || (i + 1 < e && l_L(c[i + 1]))))
+            j = run_of(c, i + 1, e, l_L);
+        if (j == i && l_N(c0)) {
+            j = run_of(c, i, e, l_N);
+            if (!digits3) j = i + 1;
+            while (j - i > 3) { /* \p{N}{1,3} repeated */
+                if (!pieces_add(out, 3)) return false;
+                i += 3;
+            }
+        }
+        if (j == i) {
+            size_t k = c0 == ' ' && i + 1 < e ? i + 1 : i;
+            if (l_other(c[k])) {
+                j = run_of(c, k, e, l_other);
+                j = run_of(c, j, e, is_crlf);
+            }
+        }
+        if (j == i) {
+            size_t q = run_of(c, i, e, ws_ll);
+            if (q > i) {
+                size_t last = 0;
+                for (size_t k = i; k < q; k++)
+                    if (is_crlf(c[k])) last = k + 1;
+                j = last ? last : (q - i > 1 && q < e ? q - 1 : q);
+            }
+        }
+        if (j == i) j = i + 1;
+        if (!pieces_add(out, j - i)) return false;
+        i = j;
+    }
+    return true;
+}
+
+/* llama.cpp's lenient UTF-8 decoding (unicode_cpts_from_utf8): continuation
+ * bytes are checked, nothing else; a bad lead byte becomes U+FFFD. */
+static size_t cps_from_utf8(const unsigned char *s, size_t n, uint32_t *out) {
+    size_t m = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        int len = c < 0x80 ? 1 : !(c & 0x40) ? 0 : !(c & 0x20) ? 2 : !(c & 0x10) ? 3 : !(c & 0x08) ? 4 : 0;
+        bool ok = len > 0 && i + (size_t)len <= n;
+        for (int k = 1; ok && k < len; k++) ok = (s[i + k] & 0xc0) == 0x80;
+        if (!ok) { out[m++] = 0xfffd; i++; continue; }
+        uint32_t v = len == 1 ? c : len == 2 ? (c & 0x1f) : len == 3 ? (c & 0x0f) : (c & 0x07);
+        for (int k = 1; k < len; k++) v = (v << 6) | (s[i + k] & 0x3f);
+        out[m++] = v;
+        i += (size_t)len;
+    }
+    return m;
+}
+
+static size_t utf8_put(unsigned char *o, uint32_t cp) {
+    if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
+    if (cp < 0x800) { o[0] = (unsigned char)(0xc0 | (cp >> 6)); o[1] = (unsigned char)(0x80 | (cp & 0x3f)); return 2; }
+    if (cp < 0x10000) {
+        o[0] = (unsigned char)(0xe0 | (cp >> 12));
+        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
+        o[2] = (unsigned char)(0x80 | (cp & 0x3f));
+        return 3;
+    }
+    o[0] = (unsigned char)(0xf0 | (cp >> 18));
+    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3f));
+    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
+    o[3] = (unsigned char)(0x80 | (cp & 0x3f));
+    return 4;
+}
+
+/* The rule list of a pre-tokenizer (NULL-terminated). */
+static const rule_fn rules_deepseek_llm[] = {r_crlf, r_ds_letters, r_ds_punct, r_ws_end, r_ds_cjk, r_nums, NULL};
+static const rule_fn rules_deepseek_coder[] = {r_crlf, r_ws_letters, r_ws_punct, r_ds_cjk, r_num1, NULL};
+static const rule_fn rules_deepseek3[] = {r_num3, r_ds3_cjk, r_ds3_main, NULL};
+
+/* Pre-tokenize s[0..n) (a fragment without user-defined tokens) with a
+ * non-GPT-2 rule set; *out gets the piece lengths in code points of cps. */
+static bool pre_split(int pre, const uint32_t *cps, size_t m, struct pieces *out, struct pieces *tmp) {
+    out->n = 0;
+    if (m == 0) return true;
+    if (pre == PRE_LLAMA3 || pre == PRE_QWEN2) return split_llama3(cps, 0, m, pre == PRE_LLAMA3, out);
+    const rule_fn *rules = pre == PRE_DEEPSEEK_LLM ? rules_deepseek_llm
+                           : pre == PRE_DEEPSEEK_CODER ? rules_deepseek_coder : rules_deepseek3;
+    if (!pieces_add(out, m)) return false;
+    for (const rule_fn *r = rules; *r; r++) {
+        if (!apply_rule(cps, out, tmp, *r)) return false;
+        struct pieces sw = *out;
+        *out = *tmp;
+        *tmp = sw;
+    }
+    return true;
+}
+
+/* A piece of the text: raw bytes [off, off + len), or a user-defined token. */
+struct frag {
+    size_t off, len;
+    int32_t tok; /* -1: raw */
+};
+
+struct frags {
+    struct frag *f;
+    size_t n, cap;
+};
+
+static bool frags_add(struct frags *v, struct frag x) {
+    if (v->n == v->cap) {
+        size_t c = v->cap ? 2 * v->cap : 16;
+        struct frag *f = realloc(v->f, c * sizeof *f);
+        if (!f) return false;
+        v->f = f;
+        v->cap = c;
+    }
+    v->f[v->n++] = x;
+    return true;
+}
+
+/* First occurrence of pat[0..pl) (pl >= 1) in h[0..n), or NULL. */
+static const char *find_bytes(const char *h, size_t n, const char *pat, size_t pl) {
+    for (size_t i = 0; i + pl <= n;) {
+        const char *c = memchr(h + i, pat[0], n - pl + 1 - i);
+        if (!c) return NULL;
+        if (!memcmp(c, pat, pl)) return c;
+        i = (size_t)(c - h) + 1;
+    }
+    return NULL;
+}
+
+/* Split the raw fragments of *v at every occurrence of each user-defined token,
+ * the longest tokens first. */
+static bool partition_udef(const struct moetax_tokenizer *t, const char *text, size_t len, struct frags *v) {
+    struct frags tmp = {0};
+    bool ok = true;
+    for (int32_t u = 0; u < t->n_udef && ok; u++) {
+        int32_t id = t->udef[u];
+        const char *pat = t->dec + t->dec_off[id];
+        size_t pl = t->dec_off[id + 1] - t->dec_off[id];
+        if (pl > len || !find_bytes(text, len, pat, pl)) continue;
+        tmp.n = 0;
+        for (size_t k = 0; k < v->n && ok; k++) {
+            struct frag f = v->f[k];
+            if (f.tok >= 0) { ok = frags_add(&tmp, f); continue; }
+            size_t p = f.off, e = f.off + f.len;
+            for (;;) {
+                const char *hit = e - p >= pl ? find_bytes(text + p, e - p, pat, pl) : NULL;
+                if (!hit) break;
+                size_t h = (size_t)(hit - text);
+                if (h > p) ok = ok && frags_add(&tmp, (struct frag){p, h - p, -1});
+                ok = ok && frags_add(&tmp, (struct frag){h, pl, id});
+                p = h + pl;
+            }
+            if (e > p) ok = ok && frags_add(&tmp, (struct frag){p, e - p, -1});
+        }
+        struct frags sw = *v;
+        *v = tmp;
+        tmp = sw;
+    }
+    free(tmp.f);
+    return ok;
+}
+
+static bool bpe_bytes(const struct moetax_tokenizer *t, struct bpe_scratch *w, const unsigned char *p, size_t n,
+                      struct emitter *e) {
+    bool ok = true;
+    /* symbol indices are int32: a pre-token over 1 GiB is merged in pieces */
+    for (size_t k = 0; k < n && ok; k += BPE_WORD_MAX) ok = bpe_word(t, w, p + k, n - k < BPE_WORD_MAX ? n - k : BPE_WORD_MAX, e);
+    return ok;
+}
+
+/* Encode one raw fragment. */
+static bool encode_raw(const struct moetax_tokenizer *t, struct bpe_scratch *w, const unsigned char *s, size_t len,
+                       struct emitter *e) {
+    if (t->pre == PRE_GPT2) {
+        bool ok = true;
+        for (size_t i = 0, j; i < len && ok; i = j) {
+            j = pretoken_end(s, len, i);
+            ok = bpe_bytes(t, w, s + i, j - i, e);
+        }
+        return ok;
+    }
+    uint32_t *cps = malloc((len + 1) * sizeof *cps);
+    unsigned char *buf = NULL;
+    struct pieces out = {0}, tmp = {0};
+    bool ok = cps != NULL;
+    size_t m = ok ? cps_from_utf8(s, len, cps) : 0;
+    ok = ok && pre_split(t->pre, cps, m, &out, &tmp);
+    size_t maxp = 0;
+    for (size_t k = 0; ok && k < out.n; k++)
+        if (out.len[k] > maxp) maxp = out.len[k];
+    if (ok && maxp) ok = (buf = malloc(4 * maxp)) != NULL;
+    for (size_t k = 0, c = 0; ok && k < out.n; c += out.len[k++]) {
+        size_t nb = 0;
+        for (size_t i = c; i < c + out.len[k]; i++) nb += utf8_put(buf + nb, cps[i]);
+        ok = bpe_bytes(t, w, buf, nb, e);
+    }
+    free(cps);
+    free(buf);
+    free(out.len);
+    free(tmp.len);
+    return ok;
+}
+
 moetax_status moetax_tokenizer_encode(const struct moetax_tokenizer *t, const char *text, size_t len,
                                       bool add_bos, int32_t *out, int64_t cap, int64_t *n_out) {
     *n_out = 0;
@@ -676,13 +1155,17 @@ moetax_status moetax_tokenizer_encode(const struct moetax_tokenizer *t, const ch
     if (add_bos && t->bos >= 0) emit(&e, t->bos);
 
     const unsigned char *s = (const unsigned char *)text;
+    struct frags fr = {0};
     bool ok = true;
-    for (size_t i = 0, j; i < len && ok; i = j) {
-        j = pretoken_end(s, len, i);
-        /* symbol indices are int32: a pre-token over 1 GiB is merged in pieces */
-        for (size_t k = i; k < j && ok; k += BPE_WORD_MAX)
-            ok = bpe_word(t, &w, s + k, j - k < BPE_WORD_MAX ? j - k : BPE_WORD_MAX, &e);
+    if (len > 0) {
+        ok = frags_add(&fr, (struct frag){0, len, -1});
+        if (ok && t->n_udef) ok = partition_udef(t, text, len, &fr);
     }
+    for (size_t k = 0; k < fr.n && ok; k++) {
+        if (fr.f[k].tok >= 0) emit(&e, fr.f[k].tok);
+        else ok = encode_raw(t, &w, s + fr.f[k].off, fr.f[k].len, &e);
+    }
+    free(fr.f);
     free(w.sym);
     free(w.heap);
     if (!ok) return moetax_error(MOETAX_ERR_NOMEM, "tokenizer encode: out of memory (%zu-byte text)", len);

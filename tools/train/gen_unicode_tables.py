@@ -26,6 +26,12 @@ import regex
 CLASSES = [("L", r"\p{L}", "letters, \\p{L}"),
            ("N", r"\p{N}", "numbers, \\p{N}"),
            ("S", r"\s", "white space, \\s")]
+# General categories the other pre-tokenizers (deepseek-llm/-coder/-v3, qwen2, llama3 as
+# llama.cpp implements them) need besides L and N: disjoint from each other and from L and N.
+EXTRA = [("P", r"\p{P}", "punctuation, \\p{P}"),
+         ("M", r"\p{M}", "marks, \\p{M}"),
+         ("Y", r"\p{S}", "symbols, \\p{S}"),
+         ("U", r"\p{Cn}", "unassigned, \\p{Cn}")]
 # (Unicode version, a code point that became a letter in that version)
 VERSION_PROBES = [("14.0", 0x1E290),   # TOTO LETTER PA
                   ("15.0", 0x1E030),   # MODIFIER LETTER CYRILLIC SMALL A
@@ -59,10 +65,10 @@ def unicode_version():
     return found
 
 
-def classify():
+def classify(classes=CLASSES):
     """{name: [(first, last)]} for each class, from the regex module."""
-    pats = [(name, regex.compile(p)) for name, p, _ in CLASSES]
-    ranges = {name: [] for name, _, _ in CLASSES}
+    pats = [(name, regex.compile(p)) for name, p, _ in classes]
+    ranges = {name: [] for name, _, _ in classes}
     for cp in range(0x110000):
         if 0xD800 <= cp <= 0xDFFF:
             continue
@@ -79,7 +85,7 @@ def classify():
     return ranges
 
 
-def render(ranges):
+def render(ranges, extra):
     assert [name for name, _, _ in CLASSES] == ["L", "N", "S"]  # the enum below: L 0, N 1, S 2, O 3
     out = []
     w = out.append
@@ -97,6 +103,11 @@ def render(ranges):
     w(" * Each table holds sorted, disjoint, non-adjacent inclusive ranges {first, last}.")
     for name, _, what in CLASSES:
         w(" *   moetax_uni_%s  %-17s %4d ranges, %6d code points" % (name, what, len(ranges[name]), n_cp[name]))
+    w(" * General categories for the other pre-tokenizers (each table disjoint from the others and")
+    w(" * from L and N):")
+    n_cpx = {name: sum(b - a + 1 for a, b in r) for name, r in extra.items()}
+    for name, _, what in EXTRA:
+        w(" *   moetax_uni_%s  %-17s %4d ranges, %6d code points" % (name, what, len(extra[name]), n_cpx[name]))
     w(" * moetax_uni_ascii[c] is the class of the ASCII code point c (MOETAX_UNI_L/N/S/O = 0/1/2/3).")
     w(" */")
     w("#ifndef MOETAX_UNICODE_CLASSES_H")
@@ -109,8 +120,7 @@ def render(ranges):
     w("struct moetax_uni_range {")
     w("    uint32_t first, last;")
     w("};")
-    for name, _, what in CLASSES:
-        r = ranges[name]
+    for name, what, r in [(n, wh, ranges[n]) for n, _, wh in CLASSES] + [(n, wh, extra[n]) for n, _, wh in EXTRA]:
         w("")
         w("/* %s */" % what)
         w("#define MOETAX_UNI_%s_COUNT %d" % (name, len(r)))
@@ -142,7 +152,7 @@ def main():
     ap.add_argument("-o", "--out", default=DEFAULT_OUT, help="output file (default: %(default)s)")
     ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from the generated text")
     a = ap.parse_args()
-    text = render(classify())
+    text = render(classify(), classify(EXTRA))
     path = os.path.normpath(a.out)
     if a.check:
         try:
