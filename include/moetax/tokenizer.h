@@ -30,11 +30,21 @@
  *        (shortest form, not a surrogate, at most U+10FFFF) is one code point of
  *        class "other" on its own, which is also how the regex splits Python's
  *        errors="surrogateescape" decoding of such bytes.
- *        Only the GPT-2 rules are implemented: tokenizer.ggml.pre is read for
- *        the add_bos default only, and other pre-tokenizers (llama3, qwen2,
- *        deepseek-llm, deepseek-v3, ...) are approximated by the GPT-2 rules;
- *        moetax_tokenizer_load warns on stderr (once per process) naming such a
- *        value (any but "default", "gpt2", "gpt-2").
+ *        tokenizer.ggml.pre picks the rule set as llama.cpp maps the names
+ *        (src/runtime/tokenizer.c, pre_names): GPT-2's above for "default", "gpt2",
+ *        "gpt-2", "olmo", "mpt", "phi-2", ...; llama.cpp's own scanners for
+ *        "llama3"/"llama-bpe"/... (digits in threes) and "qwen2"/... (single
+ *        digits); llama.cpp's regex lists for "deepseek-llm", "deepseek-coder" and
+ *        "deepseek-v3" (each regex splits the pieces the previous one left, with
+ *        llama.cpp's std::regex class semantics: tokenizer.c says which). For
+ *        these, text is decoded as llama.cpp does (a bad byte becomes U+FFFD).
+ *        Any other value warns on stderr (once per process), naming it and the
+ *        rule used instead (GPT-2's). Checked against llama.cpp's test-tokenizer-0
+ *        suites by tests/test_tokenizer_llama.c (gpt-2, deepseek-llm,
+ *        deepseek-coder pass 100%). Not yet: llama3's ignore_merges (a pre-token
+ *        that is itself a token is not looked up first).
+ *        User-defined tokens (type 4) are cut out of the text first, longest
+ *        text first, as llama.cpp does with parse_special = false.
  *     2. Each pre-token starts as one byte token per byte and the adjacent pair
  *        with the lowest merge rank is merged until no pair has a merge (ties:
  *        the leftmost pair). A hash map from (left id, right id) to (rank,
@@ -48,8 +58,7 @@
  *   never come out of encoding plain text; a merge whose result is such a token
  *   is ignored. Text such as "<|end_of_text|>" is NOT parsed as a special token
  *   (it encodes as ordinary bytes); add BOS with add_bos, or append control ids
- *   yourself. User-defined tokens (4) are not split out of the text first
- *   either (llama.cpp does); they only appear where the merges build them.
+ *   yourself. User-defined tokens (4) are split out of the text first (see 1.).
  *
  *   Decoding: normal (1), byte (6), undefined (0) and out-of-range types decode
  *   byte-level (each code point of the token text back to its byte; a code
