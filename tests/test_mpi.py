@@ -7,7 +7,8 @@ MOETAX_MPI_COMBINE=allreduce gives the same tokens and logits within its toleran
 cannot load its model makes every rank exit non-zero, within a bounded time, with a message
 naming the rank; a different model file (header and tensor table) on one rank is detected at
 start-up; --placement FILE interleaving the experts gives bit-identical logits, bad maps
-are refused; --expert-budget is per rank (its own experts' store), exact; each rank's peak RSS (VmHWM, printed at exit) stays within its bound from
+are refused; a rank that stalls past MOETAX_MPI_TIMEOUT makes every rank exit naming it;
+--expert-budget is per rank (its own experts' store), exact; each rank's peak RSS (VmHWM, printed at exit) stays within its bound from
 `inspect --ranks 2` on the small preset (Q8_0), below the single process's.
 SKIP without mpirun or without an MPI build.
 
@@ -131,6 +132,15 @@ def main():
     check(r.returncode != 0, "a rank that cannot load: non-zero exit")
     check("rank 1" in r.stderr and "rank1.gguf" in r.stderr, f"the message names rank 1 and its file: {r.stderr[-600:]}")
     check(el < 30, f"and comes within 30 s ({el:.1f} s)")
+
+    # a rank that hangs (MOETAX_MPI_TEST_STALL): every rank exits, naming the layer and the rank, soon after the timeout
+    t0 = time.monotonic()
+    r = mpirun(2, [moetax, "eval", "-m", tiny, "--tokens", "1,2,3", "--decode", "2", "-t", "1"],
+               env=dict(ENV, MOETAX_MPI_TIMEOUT="2", MOETAX_MPI_TEST_STALL="1:30"), timeout=60)
+    el = time.monotonic() - t0
+    check(r.returncode != 0, "a stalled rank: non-zero exit")
+    check("rank(s) 1 did not arrive" in r.stderr and "layer" in r.stderr, f"names the layer and rank 1: {r.stderr[-400:]}")
+    check(el < 20, f"well before the stalled rank would wake ({el:.1f} s, timeout 2 s, stall 30 s)")
 
     # a different model file on one rank: detected at start-up
     tiny2 = os.path.join(work, "tiny-v3.gguf")

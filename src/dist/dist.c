@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dist/dist.h"
@@ -287,11 +289,49 @@ moetax_status moetax_dist_sync_batch(struct moetax_dist *d, int64_t *n, const in
     return MOETAX_OK;
 }
 
-moetax_status moetax_dist_barrier(struct moetax_dist *d) {
+enum { DIST_TAG_BARRIER = 7001, DIST_REQ_MAX = 1024 };
+
+moetax_status moetax_dist_barrier(struct moetax_dist *d, int il) {
+    static bool stalled;
+    const char *stall = getenv("MOETAX_MPI_TEST_STALL"), *to = getenv("MOETAX_MPI_TIMEOUT");
+    int sr = -1, ss = 0;
+    if (!stalled && stall && sscanf(stall, "%d:%d", &sr, &ss) == 2 && sr == d->rank && ss > 0) sleep((unsigned)ss);
+    stalled = true;
+    const double limit = to && *to ? atof(to) : 60.0;
+    const int P = d->size;
+    if (P > DIST_REQ_MAX / 2)
+        return moetax_error(MOETAX_ERR_LIMIT, "rank %d: %d ranks: the barrier handles at most %d", d->rank, P, DIST_REQ_MAX / 2);
+    MPI_Request req[DIST_REQ_MAX]; /* [0, P): receives (from rank r), [P, 2P): sends */
+    char tok_in[DIST_REQ_MAX / 2], tok_out = 0;
     uint64_t t0 = moetax_ledger_now();
-    int rc = MPI_Barrier(MPI_COMM_WORLD);
+    int rc = MPI_SUCCESS;
+    for (int r = 0; r < P && rc == MPI_SUCCESS; r++) {
+        req[r] = req[P + r] = MPI_REQUEST_NULL;
+        if (r == d->rank) continue;
+        rc = MPI_Irecv(&tok_in[r], 1, MPI_CHAR, r, DIST_TAG_BARRIER, MPI_COMM_WORLD, &req[r]);
+        if (rc == MPI_SUCCESS) rc = MPI_Isend(&tok_out, 1, MPI_CHAR, r, DIST_TAG_BARRIER, MPI_COMM_WORLD, &req[P + r]);
+    }
+    int done = 0;
+    while (rc == MPI_SUCCESS && !done) {
+        rc = MPI_Testall(2 * P, req, &done, MPI_STATUSES_IGNORE);
+        if (done || rc != MPI_SUCCESS) break;
+        if (limit > 0 && (double)(moetax_ledger_now() - t0) / 1e9 > limit) {
+            char late[256] = "";
+            size_t o = 0;
+            for (int r = 0; r < P; r++) {
+                int arrived = 1;
+                if (req[r] != MPI_REQUEST_NULL) MPI_Test(&req[r], &arrived, MPI_STATUS_IGNORE);
+                if (!arrived && o + 16 < sizeof late) o += (size_t)snprintf(late + o, sizeof late - o, "%s%d", o ? ", " : "", r);
+            }
+            d->ns_wait += moetax_ledger_now() - t0;
+            return moetax_error(MOETAX_ERR_IO, "rank %d of %d: waited more than %g s (MOETAX_MPI_TIMEOUT) before layer %d's "
+                                "combine: rank(s) %s did not arrive", d->rank, P, limit, il, late);
+        }
+        if (moetax_ledger_now() - t0 < 10000000ull) sched_yield(); /* spin (yielding) for 10 ms, then sleep */
+        else nanosleep(&(struct timespec){0, 200000}, NULL);
+    }
     d->ns_wait += moetax_ledger_now() - t0;
-    return rc == MPI_SUCCESS ? MOETAX_OK : mpi_fail(rc, "MPI_Barrier");
+    return rc == MPI_SUCCESS ? MOETAX_OK : mpi_fail(rc, "barrier (MPI_Isend / MPI_Irecv)");
 }
 
 moetax_status moetax_dist_gather_rows(struct moetax_dist *d, float *y, int64_t ld, const int64_t *slot_lo) {

@@ -90,8 +90,12 @@ moetax_status moetax_dist_model_loaded(moetax_status st, struct moetax_model **m
 /* Rank 0's batch to every rank (*n, the arrays: replaced by rank 0's on the others). */
 moetax_status moetax_dist_sync_batch(struct moetax_dist *d, int64_t *n, const int32_t **token, const int32_t **pos,
                                      const int32_t **seq, const bool **want);
-/* MPI_Barrier: the caller books it to `wait` (time this rank waits for the slowest). */
-moetax_status moetax_dist_barrier(struct moetax_dist *d);
+/* A barrier before layer il's combine, booked to `wait` (time this rank waits for the slowest):
+ * one empty message to and from every other rank, polled (MPI_Test) until MOETAX_MPI_TIMEOUT
+ * seconds (default 60; 0: no limit); past it, an error naming the layer and the ranks that did
+ * not arrive (the command then ends with MPI_Abort: no rank is left hanging). Test hook:
+ * MOETAX_MPI_TEST_STALL=R:S makes rank R sleep S seconds once, before its first barrier. */
+moetax_status moetax_dist_barrier(struct moetax_dist *d, int il);
 /* Allgatherv of rows [slot_lo[r], slot_lo[r + 1]) of y [*, ld] from each rank r, in place. */
 moetax_status moetax_dist_gather_rows(struct moetax_dist *d, float *y, int64_t ld, const int64_t *slot_lo);
 /* In-place MPI_Allreduce(SUM) of x [n]. */

@@ -384,7 +384,7 @@ static void dist_exchange(struct worker *w, struct moe *b, int il, const struct 
     struct moetax_dist *D = b->dist;
     if (w->ith == 0) {
         fw_mark(w, MOETAX_PHASE_WAIT);
-        moetax_status st = moetax_dist_barrier(D);
+        moetax_status st = moetax_dist_barrier(D, il);
         fw_mark(w, MOETAX_PHASE_COMM);
         const int64_t d = s->m->hp.n_embd;
         if (!st && b->partial) st = moetax_dist_allreduce(D, b->partial, s->n * d);
