@@ -207,19 +207,21 @@ static bool is_float(enum moetax_type t) {
 }
 
 /* Weights whose activations are prepared in the act's slots (or are its float rows).
- * Float weights (F32/F16/BF16) with several batch rows go one batch row at a time:
- * the SIMD tables sum a float row in one chain in their one-row (decode) path and in
- * another in their batch tiles (kernels.h), so a batched call would give a token other
- * bits than decoding it alone, and a row's logits would depend on the batch (a
- * quantized model's F32 router moves every later layer's input by rounding). The
- * float weights of a quantized model are small (router, narrow projections); an F32
- * model's prefill reads its weight block once per token, from cache. */
+ * In a quantized model (s->float_by_row) float weights (F32/F16/BF16) with several
+ * batch rows go one batch row at a time: the SIMD tables sum a float row in one chain
+ * in their one-row (decode) path and in another in their batch tiles (kernels.h), so a
+ * batched call would give a token other bits than decoding it alone, and a row's
+ * logits would depend on the batch (the F32 router moves every later layer's input by
+ * rounding, which k-quant matmuls, quantizing float rows, pass on). Those float weights
+ * are small (router, narrow projections). A float model keeps the batch tiles: going
+ * row by row cost its prefill ~0.6x, and its batch results stay within rounding of
+ * decode's (test_batch's F32 tolerance). */
 static void matmul_prepared(const struct fw_step *s, const struct moetax_weight *w, const char *wp, int64_t nrows,
                             const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
     const char *xq = fw_act_for(a, w->type);
     const size_t xrow = moetax_act_size(w->type, w->ne[0], 1);
     xq += (size_t)b0 * xrow;
-    if (!is_float(w->type)) {
+    if (!is_float(w->type) || !s->float_by_row) {
         s->K->matmul(w->type, wp, w->row_bytes, 0, nrows, w->ne[0], xq, n, y, ldy);
         return;
     }
@@ -262,6 +264,19 @@ void fw_fail(struct fw_step *s, moetax_status st) {
 
 /* ---- the step's shared buffers ---------------------------------------------------- */
 
+/* Whether any of the model's large projections is quantized (not F32/F16/BF16). */
+static bool quantized(const struct moetax_model *m) {
+    if (m->has_q8_0 || m->has_q4_0 || (m->output.data && !is_float(m->output.type))) return true;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct moetax_layer *l = &m->layers[il];
+        const struct moetax_weight *ws[] = {&l->wq, &l->wq_a, &l->wkv_a, &l->wo, &l->ffn_gate, &l->gate_exps,
+                                            &l->gate_sh, &l->down_exps};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (ws[i]->data && !is_float(ws[i]->type)) return true;
+    }
+    return false;
+}
+
 moetax_status fw_step_init(struct fw_step *s, const struct moetax_model *m, struct moetax_pool *pool, int64_t U,
                            int64_t incols, int64_t max_cols) {
     const struct moetax_hparams *hp = &m->hp;
@@ -271,6 +286,7 @@ moetax_status fw_step_init(struct fw_step *s, const struct moetax_model *m, stru
     s->n_threads = moetax_pool_n_threads(pool);
     s->n_ubatch = U;
     s->max_cols = max_cols;
+    s->float_by_row = quantized(m);
     const int64_t d = hp->n_embd, xnc = d > hp->q_lora_rank ? d : hp->q_lora_rank;
     s->x = calloc((size_t)(U * d), sizeof(float));
     s->xn = calloc((size_t)(U * xnc), sizeof(float));

@@ -53,6 +53,7 @@ struct fw_step {
     int n_threads;
     int64_t n_ubatch;      /* U: most tokens per micro-batch */
     int64_t max_cols;      /* widest row an own-row slot holds */
+    bool float_by_row;     /* float weights with several batch rows: one row at a time (fw_matmul) */
 
     /* the micro-batch being run (set before moetax_pool_run) */
     int64_t n;             /* tokens */
