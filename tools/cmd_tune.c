@@ -36,6 +36,7 @@
 #include "moetax/model.h"
 #include "moetax/outfile.h"
 #include "moetax/tokenizer.h"
+#include "store_cli.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax tune [-m FILE] [--time 10m] [--max-quality-loss 1%%] [--workload decode|batch:N]\n"
@@ -153,6 +154,9 @@ struct tcfg {
     int threads, k;
     float cap;          /* 0: off */
     bool no_mmap;
+    uint64_t budget;    /* expert store's budget in bytes; 0: no store (the experts mapped) */
+    enum moetax_store_policy policy;
+    bool no_prefetch;
 };
 
 struct tres {
@@ -174,6 +178,9 @@ struct tune {
     float *ref;                 /* exact log-probabilities [n_calib - 1, V] (the long text) */
     double ref_ppl[2];          /* exact perplexity on the short and the long text */
     double t_end;
+    FILE *log;                  /* --log: one JSON line per measurement (appended) */
+    json_t **logged;            /* the entries of the log read at the start */
+    int n_logged, reused;
 };
 
 static moetax_status model_for(struct tune *t, bool no_mmap, struct moetax_model **out) {
@@ -286,10 +293,21 @@ static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps,
                                    .capacity_factor = c->cap, .n_seq_max = B, .n_ubatch = B > 64 ? B : 64};
     struct moetax_ctx *ctx = NULL;
     struct moetax_ledger *led = NULL;
+    struct moetax_store *store = NULL;
     struct moetax_batch b = {0};
     double *dt = malloc(sizeof(double) * (size_t)steps);
     if (!dt) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
-    if (!(st = moetax_ctx_init(m, &cp, &ctx))) {
+    if (c->budget) { /* as bench's --expert-budget: the store opened for the budget, the micro-batch fitted to it */
+        struct cli_store_opts so = {.policy = c->policy, .policy_set = true, .n_expert_used = c->k,
+                                    .no_prefetch = c->no_prefetch};
+        int ub = cp.n_ubatch;
+        if (!(st = cli_store_open(m, &so, c->budget, &ub, &store))) {
+            cp.store = store;
+            cp.n_ubatch = ub;
+            cp.no_prefetch = c->no_prefetch;
+        }
+    }
+    if (!st && !(st = moetax_ctx_init(m, &cp, &ctx))) {
         struct moetax_ledger_params lp = {.n_workers = moetax_ctx_n_threads(ctx), .n_layer = m->hp.n_layer};
         st = moetax_ledger_init(&lp, &led);
     }
@@ -325,6 +343,7 @@ static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps,
     moetax_batch_free(&b);
     moetax_ledger_free(led);
     moetax_ctx_free(ctx);
+    moetax_store_free(store);
     free(dt);
     return st;
 }
@@ -349,10 +368,145 @@ static moetax_status speed(struct tune *t, const struct tcfg *d, struct tres *r,
 static void cfg_name(const struct tcfg *c, char *buf, size_t n) {
     char cap[32] = "";
     if (c->cap > 0) snprintf(cap, sizeof cap, " cf %.2g", (double)c->cap);
-    snprintf(buf, n, "t%d k%d%s%s", c->threads, c->k, c->no_mmap ? " no-mmap" : "", cap);
+    char sto[64] = "";
+    if (c->budget)
+        snprintf(sto, sizeof sto, " store %.1fM %s%s", (double)c->budget / (1 << 20), moetax_store_policy_name(c->policy),
+                 c->no_prefetch ? " no-prefetch" : "");
+    snprintf(buf, n, "t%d k%d%s%s%s", c->threads, c->k, c->no_mmap ? " no-mmap" : "", cap, sto);
 }
 
 static bool same_quality(const struct tcfg *a, const struct tcfg *b) { return a->k == b->k && a->cap == b->cap; }
+
+/* ---- the log (--log): one JSON line per measurement, a header line naming what was tuned ---- */
+
+static uint32_t hash_tokens(const int32_t *v, int64_t n) { /* FNV-1a over the token ids */
+    uint32_t h = 2166136261u;
+    for (int64_t i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) h = (h ^ (uint8_t)((uint32_t)v[i] >> (8 * b))) * 16777619u;
+    return h;
+}
+
+/* Open the log: the entries of an existing one whose header matches (model path, size, mtime,
+ * calibration tokens and hash, workload) are kept for reuse; another header is refused. */
+static moetax_status log_open(struct tune *t, const char *path) {
+    struct stat sb;
+    if (stat(t->model_path, &sb)) return moetax_error(MOETAX_ERR_IO, "%s: cannot stat", t->model_path);
+    char wl[32];
+    snprintf(wl, sizeof wl, t->batch > 1 ? "batch:%d" : "decode", t->batch);
+    char hash[16];
+    snprintf(hash, sizeof hash, "%08x", hash_tokens(t->calib, t->n_calib));
+    json_t *hdr = json_pack("{s:i,s:s,s:I,s:I,s:I,s:s,s:s}", "moetax_tune_log", 1, "model", t->model_path, "model_size",
+                            (json_int_t)sb.st_size, "model_mtime", (json_int_t)sb.st_mtime, "calib_tokens",
+                            (json_int_t)t->n_calib, "calib_hash", hash, "workload", wl);
+    FILE *f = fopen(path, "r");
+    moetax_status st = MOETAX_OK;
+    bool have_hdr = false;
+    if (f) {
+        char *line = NULL;
+        size_t cap = 0;
+        while (!st && getline(&line, &cap, f) > 0) {
+            json_t *o = json_loads(line, 0, NULL);
+            if (!o) continue; /* a line cut by an interruption */
+            if (!have_hdr) {
+                have_hdr = true;
+                const char *keys[] = {"moetax_tune_log", "model", "model_size", "model_mtime", "calib_tokens",
+                                      "calib_hash", "workload"};
+                for (size_t k = 0; k < sizeof keys / sizeof *keys && !st; k++)
+                    if (!json_equal(json_object_get(o, keys[k]), json_object_get(hdr, keys[k]))) {
+                        char *a = json_dumps(json_object_get(o, keys[k]), JSON_ENCODE_ANY),
+                             *b = json_dumps(json_object_get(hdr, keys[k]), JSON_ENCODE_ANY);
+                        st = moetax_error(MOETAX_ERR_ARG, "--log %s is of another tuning (%s %s there, %s now): not "
+                                          "mixed; give another --log or remove it", path, keys[k], a ? a : "none",
+                                          b ? b : "none");
+                        free(a);
+                        free(b);
+                    }
+                json_decref(o);
+                continue;
+            }
+            json_t **nv = realloc(t->logged, sizeof *nv * (size_t)(t->n_logged + 1));
+            if (!nv) { json_decref(o); st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
+            t->logged = nv;
+            t->logged[t->n_logged++] = o;
+        }
+        free(line);
+        fclose(f);
+    }
+    if (!st && !(t->log = fopen(path, "a"))) st = moetax_error(MOETAX_ERR_IO, "--log %s: cannot open for appending", path);
+    if (!st && !have_hdr) {
+        char *s = json_dumps(hdr, JSON_COMPACT);
+        fprintf(t->log, "%s\n", s ? s : "{}");
+        free(s);
+        fflush(t->log);
+    }
+    json_decref(hdr);
+    return st;
+}
+
+static json_t *log_find(struct tune *t, const char *kind, int stage, const char *name) {
+    for (int i = t->n_logged - 1; i >= 0; i--) {
+        json_t *o = t->logged[i];
+        if (!strcmp(json_string_value(json_object_get(o, "kind")) ? json_string_value(json_object_get(o, "kind")) : "", kind) &&
+            json_integer_value(json_object_get(o, "stage")) == stage &&
+            json_string_value(json_object_get(o, "config")) && !strcmp(json_string_value(json_object_get(o, "config")), name))
+            return o;
+    }
+    return NULL;
+}
+
+static void log_put(struct tune *t, json_t *o) {
+    if (t->log) {
+        char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
+        if (s) fprintf(t->log, "%s\n", s);
+        free(s);
+        fflush(t->log);
+    }
+    json_decref(o);
+}
+
+static double jnum(json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
+
+/* quality() through the log: the measurement of (k, capacity) at this stage if logged */
+static moetax_status quality_logged(struct tune *t, struct tres *r, int64_t n, bool is_long, int stage) {
+    char name[48];
+    snprintf(name, sizeof name, "k%d cf %g", r->c.k, (double)r->c.cap);
+    json_t *o = log_find(t, "quality", stage, name);
+    if (o) {
+        r->kl = jnum(o, "kl"), r->top1 = jnum(o, "top1"), r->ppl = jnum(o, "ppl"), r->dppl = jnum(o, "ppl_change");
+        r->q_long = is_long;
+        t->reused++;
+        return MOETAX_OK;
+    }
+    moetax_status st = quality(t, r, n, is_long);
+    if (!st)
+        log_put(t, json_pack("{s:s,s:i,s:s,s:I,s:f,s:f,s:f,s:f}", "kind", "quality", "stage", stage, "config", name,
+                             "tokens", (json_int_t)n, "kl", r->kl, "top1", r->top1, "ppl", r->ppl, "ppl_change", r->dppl));
+    return st;
+}
+
+/* speed() through the log */
+static moetax_status speed_logged(struct tune *t, const struct tcfg *d, struct tres *r, int pairs, int steps, int stage) {
+    char name[96];
+    cfg_name(&r->c, name, sizeof name);
+    json_t *o = log_find(t, "speed", stage, name);
+    if (o) {
+        r->ratio = jnum(o, "speed_ratio"), r->tps = jnum(o, "tokens_per_s"), r->tax = jnum(o, "tax_share");
+        r->p99_ms = jnum(o, "p99_ms");
+        json_t *ph = json_object_get(o, "phase_us");
+        for (int p = 0; p < MOETAX_PHASE_COUNT; p++) r->phase_us[p] = json_number_value(json_array_get(ph, (size_t)p));
+        t->reused++;
+        return MOETAX_OK;
+    }
+    moetax_status st = speed(t, d, r, pairs, steps);
+    if (!st) {
+        json_t *ph = json_array();
+        for (int p = 0; p < MOETAX_PHASE_COUNT; p++) json_array_append_new(ph, json_real(r->phase_us[p]));
+        log_put(t, json_pack("{s:s,s:i,s:s,s:i,s:i,s:f,s:f,s:f,s:f,s:o}", "kind", "speed", "stage", stage, "config", name,
+                             "pairs", pairs, "steps", steps, "speed_ratio", r->ratio, "tokens_per_s", r->tps, "tax_share",
+                             r->tax, "p99_ms", r->p99_ms, "phase_us", ph));
+    }
+    return st;
+}
 
 /* ---- the command ------------------------------------------------------------------------- */
 
@@ -411,7 +565,8 @@ static moetax_status write_html(const char *path, struct tres *res, int n, const
 }
 
 int cmd_tune(int argc, char **argv) {
-    const char *model = NULL, *calib = NULL, *out = NULL, *html = NULL, *v = NULL;
+    const char *model = NULL, *calib = NULL, *out = NULL, *html = NULL, *v = NULL, *logp = NULL;
+    uint64_t memory = 0; /* --memory; 0: not given */
     double time_s = 600, max_loss = 0.01;
     int batch = 1;
     bool explain = false, json = false;
@@ -422,6 +577,11 @@ int cmd_tune(int argc, char **argv) {
         else if (cli_opt(argc, argv, &i, NULL, "--calib", &calib, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, "-o", "--output", &out, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, NULL, "--html", &html, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--log", &logp, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--memory", &v, &err)) {
+            if (err || !cli_parse_size(v, &memory) || memory < 1)
+                return cli_usage_error("tune", "--memory: a size (e.g. 4G, 512M)");
+        }
         else if (cli_opt(argc, argv, &i, NULL, "--time", &v, &err)) {
             char *end = NULL;
             double x = err ? -1 : strtod(v, &end);
@@ -457,10 +617,76 @@ int cmd_tune(int argc, char **argv) {
     if (m0->hp.n_expert < 1) { st = moetax_error(MOETAX_ERR_ARG, "%s has no routed experts: nothing to tune", model); goto done; }
     if ((st = moetax_tokenizer_load(m0->gguf, &tok))) goto done;
     if ((st = calib_tokens(tok, calib, 2048, &t.calib, &t.n_calib))) goto done;
+    char logbuf[4096];
+    if (!logp) { /* beside -o, else in the working directory */
+        const char *sl = out ? strrchr(out, '/') : NULL;
+        if (sl) snprintf(logbuf, sizeof logbuf, "%.*s/tune.log", (int)(sl - out), out);
+        else snprintf(logbuf, sizeof logbuf, "tune.log");
+        logp = logbuf;
+    }
+    if ((st = log_open(&t, logp))) goto done;
     t.n_short = t.n_calib / 4 > 128 ? t.n_calib / 4 : (t.n_calib < 128 ? t.n_calib : 128);
     const int64_t V = m0->hp.n_vocab, K = m0->hp.n_expert_used;
     const int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN) > 0 ? (int)sysconf(_SC_NPROCESSORS_ONLN) : 1;
     const struct tcfg def = {.threads = ncpu, .k = (int)K};
+    /* the footprint, as bench's RSS bound: the weights resident (the file) + KV + the process's overhead; with a
+     * store the routed experts' part of the file becomes the budget */
+    struct stat fsb;
+    const uint64_t fbytes = stat(model, &fsb) == 0 ? (uint64_t)fsb.st_size : 0, ebytes = cli_store_expert_bytes(m0);
+    uint64_t kvb = 0;
+    {
+        struct moetax_ctx_params cp = {.n_ctx = (int32_t)(batch * 2048), .n_threads = 1, .n_seq_max = batch};
+        struct moetax_ctx *c0;
+        if ((st = moetax_ctx_init(m0, &cp, &c0))) goto done;
+        kvb = moetax_ctx_kv_bytes(c0);
+        moetax_ctx_free(c0);
+    }
+    const uint64_t fixed = (fbytes > ebytes ? fbytes - ebytes : 0) + kvb + CLI_RSS_OVERHEAD_BYTES,
+                   full = fixed + ebytes;
+    const bool fits = !memory || full <= memory;
+    uint64_t budgets[3] = {0};
+    int nbud = 0;
+    if (memory) {
+        printf("memory: the model's full footprint is %.1f MiB (weights %.1f MiB resident, of them routed experts %.1f "
+               "MiB; KV %.1f MiB; overhead %.0f MiB) against --memory %.1f MiB: %s\n", (double)full / (1 << 20),
+               (double)fbytes / (1 << 20), (double)ebytes / (1 << 20), (double)kvb / (1 << 20),
+               (double)CLI_RSS_OVERHEAD_BYTES / (1 << 20), (double)memory / (1 << 20),
+               fits ? "it fits (the expert store is offered only if it measures faster; it rarely does)"
+                    : "it does not fit: expert-store configurations are the candidates");
+        /* the largest budget that fits (whole slots; at most the experts' size), 75% and 50% of it */
+        const uint64_t maxb = memory > fixed ? memory - fixed : 0;
+        const uint64_t top = fits ? ebytes : (maxb < ebytes ? maxb : ebytes);
+        const double share[3] = {1, 0.75, 0.5};
+        for (int b = 0; b < 3; b++) {
+            uint64_t bb = (uint64_t)((double)top * share[b]) / 4096 * 4096;
+            int ub = 64;
+            struct cli_store_opts so = {.n_expert_used = (int)K};
+            struct moetax_store *s0 = NULL;
+            if (!cli_store_open(m0, &so, bb > 4096 ? bb : 4096, &ub, &s0) && bb >= 4096) budgets[nbud++] = bb;
+            else if (b == 0) {
+                /* the smallest budget the store accepts, from its message ("give at least X MiB") */
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", s0 ? "" : moetax_last_error());
+                if (s0) { /* 4 KiB would do (never for a real model): ask with nothing */
+                    moetax_store_free(s0);
+                    s0 = NULL;
+                    ub = 64;
+                    if (cli_store_open(m0, &so, 1, &ub, &s0)) snprintf(msg, sizeof msg, "%s", moetax_last_error());
+                }
+                const char *e = strstr(msg, "at least ");
+                double minmib = e ? atof(e + 9) : 0;
+                st = moetax_error(MOETAX_ERR_LIMIT, "--memory %.1f MiB: no configuration fits: the model needs %.1f MiB "
+                                  "without the store, and with it at least %.1f MiB (%.1f MiB besides the experts + the "
+                                  "store's minimum budget %.3f MiB: %s)", (double)memory / (1 << 20),
+                                  (double)full / (1 << 20), (double)fixed / (1 << 20) + minmib,
+                                  (double)fixed / (1 << 20), minmib, e ? "one token's experts" : msg);
+                moetax_store_free(s0);
+                goto done;
+            }
+            moetax_store_free(s0);
+            if (fits) break; /* fits: the full budget only */
+        }
+    }
     if (!(t.ref = malloc(sizeof(float) * (size_t)(t.n_calib * V)))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
     {   /* the exact distributions: the file's k, no capacity factor */
         struct ref_u r = {.t = &t, .V = V};
@@ -474,13 +700,26 @@ int cmd_tune(int argc, char **argv) {
     const float caps[4] = {0, 2.0f, 1.5f, 1.25f};
     const int ncap = batch > 1 ? 4 : 1;
     const int kmin = (int)((K + 1) / 2);
-    res = calloc((size_t)(ncpu * 2 * (K - kmin + 1) * ncap), sizeof *res);
+    res = calloc((size_t)(ncpu * 2 * (K - kmin + 1) * ncap + 3 * 2 * 2), sizeof *res);
     if (!res) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
-    for (int k = (int)K; k >= kmin; k--)
-        for (int ci = 0; ci < ncap; ci++)
-            for (int th = ncpu; th >= 1; th--)
-                for (int nm = 0; nm < 2; nm++)
+    /* without a fit only the default is measured besides the store's configurations (the reference of the ratios) */
+    for (int k = (int)K; k >= (fits ? kmin : (int)K); k--)
+        for (int ci = 0; ci < (fits ? ncap : 1); ci++)
+            for (int th = ncpu; th >= (fits ? 1 : ncpu); th--)
+                for (int nm = 0; nm < (fits ? 2 : 1); nm++)
                     res[nres++] = (struct tres){.c = {.threads = th, .k = k, .cap = caps[ci], .no_mmap = nm}};
+    /* the store's configurations: exact (the same experts, read into slots), so their quality is the default's */
+    const enum moetax_store_policy pols[2] = {MOETAX_STORE_NEXT_USE, MOETAX_STORE_LFU};
+    for (int b = 0; b < nbud; b++)
+        for (int pi = 0; pi < 2; pi++)
+            for (int np = 0; np < 2; np++)
+                res[nres++] = (struct tres){.c = {.threads = ncpu, .k = (int)K, .budget = budgets[b], .policy = pols[pi],
+                                                  .no_prefetch = np}};
+    if (nbud)
+        printf("memory: %d expert-store configurations (budgets", nbud * 4);
+    for (int b = 0; b < nbud; b++) printf(" %.1f MiB", (double)budgets[b] / (1 << 20));
+    if (nbud) printf("; next-use and lfu; prefetch on and off): exact, no quality cost, so their quality is not "
+                     "measured (the default's is theirs)\n");
     fprintf(stderr, "moetax tune: %s, %d configurations, calibration %lld tokens (short %lld), workload %s%d, %.0f s\n",
             model, nres, (long long)t.n_calib, (long long)t.n_short, batch > 1 ? "batch:" : "decode ", batch, time_s);
     /* speed runs long enough to beat the timer's and the machine's noise: steps for ~0.15 s of the
@@ -506,7 +745,7 @@ int cmd_tune(int argc, char **argv) {
         if (same) { r->kl = same->kl; r->top1 = same->top1; r->ppl = same->ppl; r->dppl = same->dppl; }
         else {
             struct tres q = {.c = {.threads = def.threads, .k = r->c.k, .cap = r->c.cap}};
-            if ((st = quality(&t, &q, t.n_short, false))) break;
+            if ((st = quality_logged(&t, &q, t.n_short, false, 1))) break;
             r->kl = q.kl; r->top1 = q.top1; r->ppl = q.ppl; r->dppl = q.dppl;
         }
         r->stage = 1;
@@ -518,7 +757,7 @@ int cmd_tune(int argc, char **argv) {
     if (!live) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     for (int i = 0; i < nres && !st; i++) {
         if (res[i].dppl > 2 * max_loss + 0.002 || cli_now() > t.t_end) continue;
-        if ((st = speed(&t, &def, &res[i], 1, steps2))) break;
+        if ((st = speed_logged(&t, &def, &res[i], 1, steps2, 2))) break;
         res[i].stage = 2;
         live[nlive++] = &res[i];
         cli_progress_update(&pr, ++done_n);
@@ -545,8 +784,8 @@ int cmd_tune(int argc, char **argv) {
             for (int j = 0; j < nres && !same; j++)
                 if (&res[j] != r && res[j].q_long && same_quality(&res[j].c, &r->c)) same = &res[j];
             if (same) { r->kl = same->kl; r->top1 = same->top1; r->ppl = same->ppl; r->dppl = same->dppl; r->q_long = true; }
-            else if ((st = quality(&t, r, t.n_calib, true))) break;
-            if ((st = speed(&t, &def, r, 3, steps3))) break;
+            else if ((st = quality_logged(&t, r, t.n_calib, true, 3))) break;
+            if ((st = speed_logged(&t, &def, r, 3, steps3, 3))) break;
             r->stage = 3;
             cli_progress_update(&pr, done_n += 2);
         }
@@ -573,29 +812,40 @@ int cmd_tune(int argc, char **argv) {
             if (j != i && res[j].stage == 3 && res[j].ratio >= r->ratio && res[j].kl <= r->kl &&
                 (res[j].ratio > r->ratio || res[j].kl < r->kl))
                 r->pareto = false;
-        if (r->dppl <= max_loss && (!rec || r->ratio > rec->ratio)) rec = r;
+        if (r->dppl <= max_loss && (fits || r->c.budget) && (!rec || r->ratio > rec->ratio)) rec = r;
     }
+    /* within 2% of the default is noise on these machines: then the default is the recommendation */
+    const bool keep_default = rec && fits && (rec == dres || rec->ratio < 1.02);
+    const struct tres *best = rec;
+    if (keep_default && dres) rec = dres;
     if (json)
         for (int i = 0; i < nres; i++) {
             char name[64];
             cfg_name(&res[i].c, name, sizeof name);
-            cli_json_print(stdout, cli_jobj("siiifbffffffb", "config", name, "stage", res[i].stage, "threads",
+            json_t *jo = cli_jobj("siiifbffffffb", "config", name, "stage", res[i].stage, "threads",
                                             res[i].c.threads, "experts_used", res[i].c.k, "capacity_factor",
                                             (double)res[i].c.cap, "no_mmap", res[i].c.no_mmap, "speed_ratio",
                                             res[i].ratio, "tokens_per_s", res[i].tps, "kl", res[i].kl, "top1", res[i].top1,
-                                            "ppl_change", res[i].dppl, "tax_share", res[i].tax, "pareto", res[i].pareto));
+                                            "ppl_change", res[i].dppl, "tax_share", res[i].tax, "pareto", res[i].pareto);
+            json_object_set_new(jo, "expert_budget_mib", json_real((double)res[i].c.budget / (1 << 20)));
+            json_object_set_new(jo, "policy", res[i].c.budget ? json_string(moetax_store_policy_name(res[i].c.policy))
+                                                              : json_null());
+            json_object_set_new(jo, "prefetch", json_boolean(res[i].c.budget && !res[i].c.no_prefetch));
+            json_object_set_new(jo, "fits", json_boolean(fits || res[i].c.budget));
+            json_object_set_new(jo, "recommended", json_boolean(&res[i] == rec));
+            cli_json_print(stdout, jo);
         }
     else {
         printf("moetax tune: %s, workload %s, exact perplexity %.3f on %lld calibration tokens\n\n", model,
                batch > 1 ? "batch" : "decode", t.ref_ppl[1], (long long)t.n_calib);
-        printf("  %-24s %5s %8s %10s %10s %7s %10s %7s %6s\n", "configuration", "stage", "speed", "tokens/s", "KL",
+        printf("  %-40s %5s %8s %10s %10s %7s %10s %7s %6s\n", "configuration", "stage", "speed", "tokens/s", "KL",
                "top-1", "perplexity", "tax", "front");
         /* quality is of the long text where measured there (*: the short text only) */
         for (int i = 0; i < nres; i++) {
             if (res[i].stage < 2) continue;
             char name[64];
             cfg_name(&res[i].c, name, sizeof name);
-            printf("  %-24s %5d %7.3fx %10.1f %10.3g %6.1f%% %+9.2f%%%s %6.1f%% %6s%s\n", name, res[i].stage, res[i].ratio,
+            printf("  %-40s %5d %7.3fx %10.1f %10.3g %6.1f%% %+9.2f%%%s %6.1f%% %6s%s\n", name, res[i].stage, res[i].ratio,
                    res[i].tps, res[i].kl, 100 * res[i].top1, 100 * res[i].dppl, res[i].q_long ? " " : "*", 100 * res[i].tax,
                    res[i].pareto ? "yes" : "", &res[i] == rec ? "  <- recommended" : "");
         }
@@ -613,10 +863,6 @@ int cmd_tune(int argc, char **argv) {
                           "the exact one (raise --max-quality-loss or --time)", 100 * max_loss);
         goto done;
     }
-    /* within 2% of the default is noise on these machines: then the default is the recommendation */
-    const bool keep_default = rec == dres || rec->ratio < 1.02;
-    const struct tres *best = rec;
-    if (keep_default && dres) rec = dres;
     {
         char name[64];
         cfg_name(&best->c, name, sizeof name);
@@ -643,7 +889,11 @@ int cmd_tune(int argc, char **argv) {
         }
         if (out) {
             struct cli_config cc = {.threads = rec->c.threads, .experts_used = rec->c.k, .capacity_factor = rec->c.cap,
-                                    .no_mmap = rec->c.no_mmap};
+                                    .no_mmap = rec->c.no_mmap, .no_prefetch = rec->c.budget && rec->c.no_prefetch};
+            if (rec->c.budget) {
+                snprintf(cc.expert_budget, sizeof cc.expert_budget, "%lluK", (unsigned long long)(rec->c.budget >> 10));
+                snprintf(cc.policy, sizeof cc.policy, "%s", moetax_store_policy_name(rec->c.policy));
+            }
             json_t *meas = json_object();
             json_object_set_new(meas, "model", json_string(model));
             json_object_set_new(meas, "workload", json_string(batch > 1 ? "batch" : "decode"));
@@ -663,6 +913,10 @@ int cmd_tune(int argc, char **argv) {
     }
     fprintf(stderr, "moetax tune: %.0f s\n", cli_now() - t0);
 done:
+    if (t.reused) fprintf(stderr, "moetax tune: %d measurements reused from %s\n", t.reused, logp);
+    if (t.log) fclose(t.log);
+    for (int i = 0; i < t.n_logged; i++) json_decref(t.logged[i]);
+    free(t.logged);
     free(res);
     free(t.ref);
     free(t.calib);
