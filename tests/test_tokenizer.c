@@ -462,7 +462,7 @@ static void test_malformed(void) {
     o = wopt_default(); o.no_merges = true;
     expect_fail(&v, &o, "tok_no_merges.gguf", MOETAX_ERR_NOT_FOUND, "tokenizer.ggml.merges", "missing");
     o = wopt_default(); o.model = "llama";
-    expect_fail(&v, &o, "tok_llama.gguf", MOETAX_ERR_UNSUPPORTED, "\"llama\"", "SentencePiece");
+    expect_fail(&v, &o, "tok_llama.gguf", MOETAX_ERR_FORMAT, "<0x00>", "SPM vocabulary needs byte fallback");
     o = wopt_default(); o.model = "rwkv";
     expect_fail(&v, &o, "tok_rwkv.gguf", MOETAX_ERR_UNSUPPORTED, "\"rwkv\"", "gpt2");
     o = wopt_default(); o.model = NULL;

@@ -1,12 +1,14 @@
 /*
- * moetax/tokenizer.h - byte-level BPE ("gpt2") tokenizer read from GGUF metadata.
+ * moetax/tokenizer.h - byte-level BPE ("gpt2") and SentencePiece ("llama")
+ * tokenizers read from GGUF metadata.
  *
  * DESIGN
  *   moetax_tokenizer_load reads the tokenizer.ggml.* keys of an open GGUF file
  *   (shared/docs/GGUF-MOE.md, "Tokenizer metadata") and copies what it needs,
- *   so the GGUF handle may be closed afterwards. Only tokenizer.ggml.model =
- *   "gpt2" is supported; any other model ("llama" = SentencePiece, "bert",
- *   "t5", ...) gives MOETAX_ERR_UNSUPPORTED naming the model.
+ *   so the GGUF handle may be closed afterwards. tokenizer.ggml.model = "gpt2"
+ *   (below) and "llama" (SentencePiece, see SPM at the end of this block) are
+ *   supported; any other model ("bert", "t5", ...) gives MOETAX_ERR_UNSUPPORTED
+ *   naming the model.
  *
  *   Tokens are stored in GPT-2's byte-to-unicode encoding: the printable bytes
  *   '!'..'~', 0xA1..0xAC and 0xAE..0xFF stand for themselves, the other 68
@@ -41,8 +43,11 @@
  *        Any other value warns on stderr (once per process), naming it and the
  *        rule used instead (GPT-2's). Checked against llama.cpp's test-tokenizer-0
  *        suites by tests/test_tokenizer_llama.c (gpt-2, deepseek-llm,
- *        deepseek-coder pass 100%). Not yet: llama3's ignore_merges (a pre-token
- *        that is itself a token is not looked up first).
+ *        deepseek-coder, llama-spm pass 100%). llama3's ignore_merges (the
+ *        pre-tokenizers llama.cpp gives it: llama3, llama-v3, llama-bpe, falcon3,
+ *        falcon-h1, pixtral, midm-2.0, lfm2): a pre-token whose bytes are the
+ *        decoded text of a normal/byte/user-defined token is that token, unmerged
+ *        (the llama-bpe suite's vocabulary is not in the mirror; not run).
  *        User-defined tokens (type 4) are cut out of the text first, longest
  *        text first, as llama.cpp does with parse_special = false.
  *     2. Each pre-token starts as one byte token per byte and the adjacent pair
@@ -72,6 +77,29 @@
  *   falcon-h1, pixtral, midm-2.0, lfm2, tekken, chameleon). Always false when
  *   there is no BOS token. Files written by `moetax gen` set the key to true.
  *
+ *   SPM ("llama", llama.cpp's llm_tokenizer_spm): tokenizer.ggml.scores (float32,
+ *   one per token; all 0 without the key), token_type as above,
+ *   tokenizer.ggml.add_space_prefix (default true), add_bos default true.
+ *   After the user-defined tokens are cut out, each raw fragment gets a space in
+ *   front when add_space_prefix holds and it is the first fragment or follows a
+ *   token (as llama.cpp does, even without BOS), every space becomes U+2581,
+ *   and the text is split into symbols by UTF-8 lead byte alone (0xC0-0xDF: 2,
+ *   0xE0-0xEF: 3, 0xF0-0xFF: 4 bytes, clipped at the end; no other check). A
+ *   priority queue of adjacent pairs whose joined text is a (non-control,
+ *   non-unused, non-unknown) token merges the highest score first, the leftmost
+ *   on ties (an entry is stale when its two symbols' lengths no longer add up).
+ *   Each final symbol is its token, or else one token per byte: "<0xXX>", else
+ *   the one-byte token, else unknown (load fails if a byte has none of these).
+ *   Decoding: normal and undefined tokens with U+2581 back to a space, byte
+ *   tokens "<0xXX>" to their byte, user-defined as is, control/unused/unknown
+ *   "". moetax_tokenizer_decode with add_space_prefix drops one leading space of
+ *   the first token, or of the second when the first is BOS, so
+ *   decode(encode(x)) == x for valid UTF-8 without U+2581 and without
+ *   user-defined tokens (after one, the text gets a space in front again).
+ *   token_to_bytes keeps the space (" Hello"), for streaming. Invalid UTF-8 is
+ *   not round-tripped exactly: a lead byte before a space swallows bytes of its
+ *   U+2581 (llama.cpp does the same).
+ *
  * VALIDATION (load)
  *   A missing required key (tokenizer.ggml.model, .tokens, .merges for gpt2)
  *   gives MOETAX_ERR_NOT_FOUND; a key of the wrong type, a token count of 0 or
@@ -85,7 +113,8 @@
  *   - A loaded tokenizer is immutable: encode/decode may run concurrently from
  *     several threads (encode allocates its own scratch memory).
  *   - encode only produces ids of non-control, non-unused, non-unknown tokens,
- *     plus BOS in front when asked.
+ *     plus BOS in front when asked (SPM: plus unknown for a byte without a
+ *     byte token).
  *   - Output buffers: encode and decode never write past cap; when cap is too
  *     small they return MOETAX_ERR_LIMIT and set *n_out to the size needed, so
  *     a caller can query the size with cap = 0.

@@ -1,5 +1,5 @@
 /*
- * tokenizer.c - byte-level BPE ("gpt2") tokenizer; see moetax/tokenizer.h.
+ * tokenizer.c - byte-level BPE ("gpt2") and SentencePiece ("llama") tokenizers; see moetax/tokenizer.h.
  *
  * Layout after load: per token its type and its decoded bytes (one arena), the
  * 256 byte tokens, and an open-addressing hash map from a pair of token ids to
@@ -22,6 +22,8 @@
 #define KEY_TYPES "tokenizer.ggml.token_type"
 #define KEY_MERGES "tokenizer.ggml.merges"
 #define KEY_ADD_BOS "tokenizer.ggml.add_bos_token"
+#define KEY_SCORES "tokenizer.ggml.scores"
+#define KEY_SPACE_PREFIX "tokenizer.ggml.add_space_prefix"
 
 /* pre-tokenizer code point classes: \p{L}, \p{N}, \s, and everything else */
 enum { CLS_L = MOETAX_UNI_L, CLS_N = MOETAX_UNI_N, CLS_S = MOETAX_UNI_S, CLS_O = MOETAX_UNI_O };
@@ -54,6 +56,19 @@ struct moetax_tokenizer {
     int pre;             /* enum pre_type */
     int32_t *udef;       /* [n_udef] user-defined token ids, longest text first */
     int32_t n_udef;
+    /* SentencePiece ("llama") vocabularies */
+    bool spm;
+    bool space_prefix;   /* tokenizer.ggml.add_space_prefix (default true) */
+    int32_t unk;         /* tokenizer.ggml.unknown_token_id, -1: none */
+    float *score;        /* [n_vocab] tokenizer.ggml.scores (0 without the key) */
+    char *raw;           /* token texts as in the file: raw[raw_off[i] .. raw_off[i+1]) */
+    size_t *raw_off;     /* [n_vocab + 1] */
+    int32_t *tmap;       /* raw text -> id (open addressing, -1: empty) */
+    uint64_t tmap_mask;
+    /* llama3's ignore_merges: decoded bytes -> id of normal/byte/user tokens */
+    bool ignore_merges;
+    int32_t *wmap;
+    uint64_t wmap_mask;
 };
 
 /* ---- GPT-2 byte <-> unicode ------------------------------------------------ */
@@ -279,6 +294,150 @@ static moetax_status load_merges(struct moetax_tokenizer *t, const struct moetax
     return st;
 }
 
+/* ---- byte strings in an arena -> id (SPM texts, ignore_merges words) ---------- */
+
+static int32_t arena_find(const int32_t *slot, uint64_t mask, const char *arena, const size_t *off, const char *p,
+                          size_t n) {
+    for (uint64_t h = hash_bytes(p, n) & mask;; h = (h + 1) & mask) {
+        int32_t id = slot[h];
+        if (id < 0) return -1;
+        if (off[id + 1] - off[id] == n && (n == 0 || memcmp(arena + off[id], p, n) == 0)) return id;
+    }
+}
+
+/* Map the ids for which keep(t, id) holds; later duplicates replace earlier ones. */
+static moetax_status arena_map_build(const struct moetax_tokenizer *t, const char *arena, const size_t *off,
+                                     bool (*keep)(const struct moetax_tokenizer *, int32_t), int32_t **slot_out,
+                                     uint64_t *mask_out) {
+    uint64_t cap = pow2_at_least((uint64_t)t->n_vocab * 2 + 1);
+    int32_t *slot = malloc(cap * sizeof *slot);
+    if (!slot) return moetax_error(MOETAX_ERR_NOMEM, "out of memory for the token map");
+    memset(slot, 0xff, cap * sizeof *slot);
+    uint64_t mask = cap - 1;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        if (keep && !keep(t, id)) continue;
+        const char *p = arena + off[id];
+        size_t n = off[id + 1] - off[id];
+        for (uint64_t h = hash_bytes(p, n) & mask;; h = (h + 1) & mask) {
+            int32_t o = slot[h];
+            if (o < 0 || (off[o + 1] - off[o] == n && (n == 0 || memcmp(arena + off[o], p, n) == 0))) {
+                slot[h] = id;
+                break;
+            }
+        }
+    }
+    *slot_out = slot;
+    *mask_out = mask;
+    return MOETAX_OK;
+}
+
+/* ---- SentencePiece load ------------------------------------------------------------ */
+
+static int hex_digit(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+/* Decoded bytes of an SPM token (llama.cpp's token_to_piece, special = false):
+ * normal and undefined: the text with U+2581 back to a space; byte: the byte of
+ * "<0xXX>"; user-defined: the text; control, unused, unknown: nothing. */
+static void decode_spm_text(struct moetax_tokenizer *t, int32_t id, const unsigned char *p, size_t n, size_t *pos) {
+    int type = t->type[id];
+    size_t o = *pos;
+    if (type_is_hidden(type)) {
+        /* nothing */
+    } else if (type == MOETAX_TOKEN_TYPE_BYTE) {
+        int hi = n == 6 ? hex_digit(p[3]) : -1, lo = n == 6 ? hex_digit(p[4]) : -1;
+        if (hi >= 0 && lo >= 0 && !memcmp(p, "<0x", 3) && p[5] == '>') t->dec[o++] = (char)(hi * 16 + lo);
+    } else if (type == MOETAX_TOKEN_TYPE_USER_DEFINED) {
+        memcpy(t->dec + o, p, n);
+        o += n;
+    } else {
+        for (size_t i = 0; i < n;) {
+            if (i + 3 <= n && p[i] == 0xe2 && p[i + 1] == 0x96 && p[i + 2] == 0x81) {
+                t->dec[o++] = ' ';
+                i += 3;
+            } else {
+                t->dec[o++] = (char)p[i++];
+            }
+        }
+    }
+    t->dec_off[id + 1] = o;
+    *pos = o;
+}
+
+static moetax_status load_spm(struct moetax_tokenizer *t, const struct moetax_gguf *g, const struct moetax_gguf_str *strs) {
+    int32_t n = t->n_vocab;
+    moetax_status st;
+    if ((st = read_token_id(g, "tokenizer.ggml.unknown_token_id", n, &t->unk))) return st;
+    t->space_prefix = true;
+    const struct moetax_gguf_kv *sp = moetax_gguf_find_kv(g, KEY_SPACE_PREFIX);
+    if (sp) {
+        if (sp->type != MOETAX_GGUF_TYPE_BOOL)
+            return moetax_error(MOETAX_ERR_FORMAT, "%s: %s: expected bool, found %s", g->path, KEY_SPACE_PREFIX,
+                                moetax_gguf_type_name(sp->type));
+        t->space_prefix = sp->v.u64 != 0;
+    }
+    t->score = calloc((size_t)n, sizeof *t->score);
+    if (!t->score) return moetax_error(MOETAX_ERR_NOMEM, "out of memory for %d token scores", (int)n);
+    const struct moetax_gguf_kv *sk = moetax_gguf_find_kv(g, KEY_SCORES);
+    if (sk) {
+        if (sk->type != MOETAX_GGUF_TYPE_ARRAY ||
+            (sk->arr_type != MOETAX_GGUF_TYPE_FLOAT32 && sk->arr_type != MOETAX_GGUF_TYPE_FLOAT64))
+            return moetax_error(MOETAX_ERR_FORMAT, "%s: %s: expected an array of float32, found %s%s%s", g->path,
+                                KEY_SCORES, moetax_gguf_type_name(sk->type), sk->type == MOETAX_GGUF_TYPE_ARRAY ? " of " : "",
+                                sk->type == MOETAX_GGUF_TYPE_ARRAY ? moetax_gguf_type_name(sk->arr_type) : "");
+        if (sk->arr_n != (uint64_t)n)
+            return moetax_error(MOETAX_ERR_FORMAT, "%s: %s has %llu entries, expected %d (one per token)", g->path,
+                                KEY_SCORES, (unsigned long long)sk->arr_n, (int)n);
+        for (int32_t i = 0; i < n; i++) {
+            if (sk->arr_type == MOETAX_GGUF_TYPE_FLOAT32) memcpy(&t->score[i], (const char *)sk->arr_data + 4 * (size_t)i, 4);
+            else {
+                double d;
+                memcpy(&d, (const char *)sk->arr_data + 8 * (size_t)i, 8);
+                t->score[i] = (float)d;
+            }
+        }
+    }
+    size_t total = 0;
+    for (int32_t i = 0; i < n; i++) total += (size_t)strs[i].len;
+    t->raw = malloc(total + 1);
+    t->raw_off = malloc(((size_t)n + 1) * sizeof *t->raw_off);
+    t->dec = malloc(total + 1);
+    t->dec_off = malloc(((size_t)n + 1) * sizeof *t->dec_off);
+    if (!t->raw || !t->raw_off || !t->dec || !t->dec_off)
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory for %d tokens", (int)n);
+    t->raw_off[0] = t->dec_off[0] = 0;
+    size_t pos = 0;
+    for (int32_t i = 0; i < n; i++) {
+        size_t l = (size_t)strs[i].len;
+        if (l) memcpy(t->raw + t->raw_off[i], strs[i].data, l);
+        t->raw_off[i + 1] = t->raw_off[i] + l;
+        decode_spm_text(t, i, (const unsigned char *)strs[i].data, l, &pos);
+    }
+    if ((st = arena_map_build(t, t->raw, t->raw_off, NULL, &t->tmap, &t->tmap_mask))) return st;
+    /* byte fallback: "<0xXX>", else the byte itself as a token (llama.cpp's byte_to_token), else unk */
+    for (int b = 0; b < 256; b++) {
+        static const char hex[] = "0123456789ABCDEF";
+        char txt[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
+        int32_t id = arena_find(t->tmap, t->tmap_mask, t->raw, t->raw_off, txt, 6);
+        if (id < 0) {
+            char c = (char)b;
+            id = arena_find(t->tmap, t->tmap_mask, t->raw, t->raw_off, &c, 1);
+        }
+        if (id < 0) id = t->unk;
+        if (id < 0)
+            return moetax_error(MOETAX_ERR_FORMAT,
+                                "%s: %s: no byte token \"<0x%02X>\" (nor a one-byte token, nor an unknown token) for "
+                                "byte 0x%02x; an SPM vocabulary needs byte fallback for every byte",
+                                g->path, KEY_TOKENS, b, b);
+        t->byte_tok[b] = id;
+    }
+    return MOETAX_OK;
+}
+
 static moetax_status load_gpt2(struct moetax_tokenizer *t, const struct moetax_gguf *g) {
     const struct moetax_gguf_kv *kv = moetax_gguf_find_kv(g, KEY_TOKENS);
     if (!kv) return moetax_error(MOETAX_ERR_NOT_FOUND, "%s: %s is missing", g->path, KEY_TOKENS);
@@ -329,6 +488,8 @@ static moetax_status load_gpt2(struct moetax_tokenizer *t, const struct moetax_g
             return moetax_error(MOETAX_ERR_FORMAT, "%s: %s: expected bool, found %s", g->path, KEY_ADD_BOS,
                                 moetax_gguf_type_name(ab->type));
         t->add_bos = ab->v.u64 != 0;
+    } else if (t->spm) {
+        t->add_bos = true; /* llama.cpp's default for SPM */
     } else {
         static const char *const bos_pre[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
                                               "pixtral", "midm-2.0", "lfm2", "tekken", "chameleon"};
@@ -339,6 +500,7 @@ static moetax_status load_gpt2(struct moetax_tokenizer *t, const struct moetax_g
                     t->add_bos = true;
     }
     if (t->bos < 0) t->add_bos = false;
+    if (t->spm) return load_spm(t, g, strs);
 
     /* decoded bytes: never longer than the token text */
     int b2u[256], u2b[0x144];
@@ -419,6 +581,24 @@ static int pre_from_file(const struct moetax_gguf *g) {
     return PRE_GPT2;
 }
 
+/* llama.cpp sets ignore_merges for these tokenizer.ggml.pre values (its LLAMA3 type). */
+static bool pre_ignores_merges(const struct moetax_gguf *g) {
+    static const char *const names[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
+                                        "pixtral", "midm-2.0", "lfm2"};
+    const struct moetax_gguf_kv *pk = moetax_gguf_find_kv(g, KEY_PRE);
+    if (!pk || pk->type != MOETAX_GGUF_TYPE_STRING) return false;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (pk->v.str.len == strlen(names[i]) && !memcmp(pk->v.str.data, names[i], pk->v.str.len)) return true;
+    return false;
+}
+
+/* A pre-token that is the text of one of these tokens is emitted whole
+ * (ignore_merges). Control, unused and unknown tokens decode to "" and are
+ * never looked up. */
+static bool word_keep(const struct moetax_tokenizer *t, int32_t id) {
+    return !type_is_hidden(t->type[id]) && t->dec_off[id + 1] > t->dec_off[id];
+}
+
 /* User-defined tokens are cut out of the text before pre-tokenization, longest
  * text first, ties by id (llama.cpp's tokenizer_st_partition with
  * parse_special = false). */
@@ -461,22 +641,26 @@ moetax_status moetax_tokenizer_load(const struct moetax_gguf *g, struct moetax_t
         return moetax_error(MOETAX_ERR_FORMAT, "%s: %s: expected a string, found %s", g->path, KEY_MODEL,
                             moetax_gguf_type_name(mk->type));
     const struct moetax_gguf_str *model = &mk->v.str;
-    if (!(model->len == 4 && memcmp(model->data, "gpt2", 4) == 0)) {
+    bool spm = model->len == 5 && memcmp(model->data, "llama", 5) == 0;
+    if (!spm && !(model->len == 4 && memcmp(model->data, "gpt2", 4) == 0)) {
         const char *what = "";
-        if (model->len == 5 && memcmp(model->data, "llama", 5) == 0) what = " (SentencePiece)";
-        else if (model->len == 4 && memcmp(model->data, "bert", 4) == 0) what = " (WordPiece)";
+        if (model->len == 4 && memcmp(model->data, "bert", 4) == 0) what = " (WordPiece)";
         else if (model->len == 2 && memcmp(model->data, "t5", 2) == 0) what = " (Unigram)";
         return moetax_error(MOETAX_ERR_UNSUPPORTED,
-                            "%s: %s = \"%.*s\"%s is not supported; moetax supports only \"gpt2\" (byte-level BPE)",
+                            "%s: %s = \"%.*s\"%s is not supported; moetax supports \"gpt2\" (byte-level BPE) and "
+                            "\"llama\" (SentencePiece)",
                             g->path, KEY_MODEL, SHOWN(model->len), model->data, what);
     }
-    int pre = pre_from_file(g);
+    int pre = spm ? PRE_GPT2 : pre_from_file(g);
     struct moetax_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return moetax_error(MOETAX_ERR_NOMEM, "out of memory for the tokenizer");
-    t->bos = t->eos = t->eot = t->eom = -1;
+    t->bos = t->eos = t->eot = t->eom = t->unk = -1;
     t->pre = pre;
+    t->spm = spm;
+    t->ignore_merges = !spm && pre_ignores_merges(g);
     moetax_status st = load_gpt2(t, g);
     if (!st) st = load_udef(t);
+    if (!st && t->ignore_merges) st = arena_map_build(t, t->dec, t->dec_off, word_keep, &t->wmap, &t->wmap_mask);
     if (st) {
         moetax_tokenizer_free(t);
         return st;
@@ -492,6 +676,11 @@ void moetax_tokenizer_free(struct moetax_tokenizer *t) {
     free(t->dec);
     free(t->merges);
     free(t->udef);
+    free(t->score);
+    free(t->raw);
+    free(t->raw_off);
+    free(t->tmap);
+    free(t->wmap);
     free(t);
 }
 
@@ -1104,6 +1293,10 @@ static bool partition_udef(const struct moetax_tokenizer *t, const char *text, s
 
 static bool bpe_bytes(const struct moetax_tokenizer *t, struct bpe_scratch *w, const unsigned char *p, size_t n,
                       struct emitter *e) {
+    if (t->wmap && n > 0) {
+        int32_t id = arena_find(t->wmap, t->wmap_mask, t->dec, t->dec_off, (const char *)p, n);
+        if (id >= 0) { emit(e, id); return true; }
+    }
     bool ok = true;
     /* symbol indices are int32: a pre-token over 1 GiB is merged in pieces */
     for (size_t k = 0; k < n && ok; k += BPE_WORD_MAX) ok = bpe_word(t, w, p + k, n - k < BPE_WORD_MAX ? n - k : BPE_WORD_MAX, e);
@@ -1143,6 +1336,132 @@ static bool encode_raw(const struct moetax_tokenizer *t, struct bpe_scratch *w, 
     return ok;
 }
 
+/* ---- SentencePiece encode (llama.cpp's llm_tokenizer_spm) ------------------------------ */
+
+struct spm_sym {
+    size_t off, n;       /* bytes of the escaped text; n == 0: merged away */
+    int64_t prev, next;  /* -1 at the ends */
+};
+
+struct spm_bigram {
+    float score;
+    int64_t left, right;
+    size_t size;
+};
+
+/* highest score first, then the leftmost */
+static bool bigram_before(const struct spm_bigram *x, const struct spm_bigram *y) {
+    return x->score > y->score || (x->score == y->score && x->left < y->left);
+}
+
+struct spm_work {
+    const struct moetax_tokenizer *t;
+    const char *s;
+    struct spm_sym *sym;
+    struct spm_bigram *heap;
+    size_t hn;
+};
+
+static int32_t spm_lookup(const struct moetax_tokenizer *t, const char *p, size_t n) {
+    int32_t id = arena_find(t->tmap, t->tmap_mask, t->raw, t->raw_off, p, n);
+    return id >= 0 && !type_is_hidden(t->type[id]) ? id : -1;
+}
+
+static void spm_try_bigram(struct spm_work *w, int64_t l, int64_t r) {
+    if (l < 0 || r < 0) return;
+    size_t size = w->sym[l].n + w->sym[r].n;
+    int32_t id = spm_lookup(w->t, w->s + w->sym[l].off, size);
+    if (id < 0) return;
+    struct spm_bigram c = {w->t->score[id], l, r, size};
+    size_t i = w->hn++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!bigram_before(&c, &w->heap[p])) break;
+        w->heap[i] = w->heap[p];
+        i = p;
+    }
+    w->heap[i] = c;
+}
+
+static struct spm_bigram spm_pop(struct spm_work *w) {
+    struct spm_bigram *h = w->heap, top = h[0], last = h[--w->hn];
+    size_t i = 0, m = w->hn;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= m) break;
+        if (c + 1 < m && bigram_before(&h[c + 1], &h[c])) c++;
+        if (!bigram_before(&h[c], &last)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (m > 0) h[i] = last;
+    return top;
+}
+
+/* UTF-8 length from the lead byte alone, as llama.cpp's unicode_len_utf8 */
+static size_t spm_char_len(unsigned char c) {
+    static const unsigned char lookup[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+    return lookup[c >> 4];
+}
+
+/* Tokenize one escaped fragment s[0..n). */
+static bool spm_session(const struct moetax_tokenizer *t, const char *s, size_t n, struct emitter *e) {
+    if (n == 0) return true;
+    struct spm_work w = {.t = t, .s = s};
+    w.sym = malloc(n * sizeof *w.sym);
+    w.heap = malloc(3 * n * sizeof *w.heap); /* n - 1 seeds, at most two per merge */
+    if (!w.sym || !w.heap) {
+        free(w.sym);
+        free(w.heap);
+        return false;
+    }
+    int64_t m = 0;
+    for (size_t off = 0; off < n; m++) {
+        size_t l = spm_char_len((unsigned char)s[off]);
+        if (l > n - off) l = n - off;
+        w.sym[m] = (struct spm_sym){off, l, m - 1, off + l == n ? -1 : m + 1};
+        off += l;
+    }
+    for (int64_t i = 1; i < m; i++) spm_try_bigram(&w, i - 1, i);
+    while (w.hn > 0) {
+        struct spm_bigram b = spm_pop(&w);
+        struct spm_sym *L = &w.sym[b.left], *R = &w.sym[b.right];
+        if (L->n == 0 || R->n == 0 || L->n + R->n != b.size) continue; /* stale */
+        L->n += R->n;
+        R->n = 0;
+        L->next = R->next;
+        if (R->next >= 0) w.sym[R->next].prev = b.left;
+        spm_try_bigram(&w, L->prev, b.left);
+        spm_try_bigram(&w, b.left, L->next);
+    }
+    for (int64_t i = 0; i != -1; i = w.sym[i].next) {
+        const struct spm_sym *y = &w.sym[i];
+        int32_t id = spm_lookup(t, s + y->off, y->n);
+        if (id >= 0) emit(e, id);
+        else
+            for (size_t j = 0; j < y->n; j++) emit(e, t->byte_tok[(unsigned char)s[y->off + j]]);
+    }
+    free(w.sym);
+    free(w.heap);
+    return true;
+}
+
+/* One raw fragment of an SPM vocabulary: a space in front when asked, every
+ * space as U+2581, then the session. */
+static bool spm_fragment(const struct moetax_tokenizer *t, const char *s, size_t len, bool prefix, struct emitter *e) {
+    char *b = malloc(3 * (len + 1));
+    if (!b) return false;
+    size_t o = 0;
+    if (prefix) { memcpy(b, "\xe2\x96\x81", 3); o = 3; }
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == ' ') { memcpy(b + o, "\xe2\x96\x81", 3); o += 3; }
+        else b[o++] = s[i];
+    }
+    bool ok = spm_session(t, b, o, e);
+    free(b);
+    return ok;
+}
+
 moetax_status moetax_tokenizer_encode(const struct moetax_tokenizer *t, const char *text, size_t len,
                                       bool add_bos, int32_t *out, int64_t cap, int64_t *n_out) {
     *n_out = 0;
@@ -1161,9 +1480,17 @@ moetax_status moetax_tokenizer_encode(const struct moetax_tokenizer *t, const ch
         ok = frags_add(&fr, (struct frag){0, len, -1});
         if (ok && t->n_udef) ok = partition_udef(t, text, len, &fr);
     }
+    bool prev_special = true; /* SPM: a space in front of the first fragment and of any after a token */
     for (size_t k = 0; k < fr.n && ok; k++) {
-        if (fr.f[k].tok >= 0) emit(&e, fr.f[k].tok);
-        else ok = encode_raw(t, &w, s + fr.f[k].off, fr.f[k].len, &e);
+        if (fr.f[k].tok >= 0) {
+            emit(&e, fr.f[k].tok);
+            prev_special = true;
+        } else if (t->spm) {
+            ok = spm_fragment(t, text + fr.f[k].off, fr.f[k].len, t->space_prefix && prev_special, &e);
+            prev_special = false;
+        } else {
+            ok = encode_raw(t, &w, s + fr.f[k].off, fr.f[k].len, &e);
+        }
     }
     free(fr.f);
     free(w.sym);
@@ -1193,13 +1520,17 @@ moetax_status moetax_tokenizer_decode(const struct moetax_tokenizer *t, const in
     if (n < 0 || (n > 0 && !toks)) return moetax_error(MOETAX_ERR_ARG, "tokenizer decode: invalid token array (n %lld)", (long long)n);
     if (cap > 0 && !buf) return moetax_error(MOETAX_ERR_ARG, "tokenizer decode: buffer is NULL with cap %zu", cap);
     size_t o = 0;
+    /* SPM with add_space_prefix: the space the encoder put in front comes off the first token (after BOS) */
+    int64_t strip_at = !(t->spm && t->space_prefix) ? -1 : n > 0 && toks[0] == t->bos && t->bos >= 0 ? 1 : 0;
     for (int64_t i = 0; i < n; i++) {
         int32_t tok = toks[i];
         if (tok < 0 || tok >= t->n_vocab)
             return moetax_error(MOETAX_ERR_ARG, "tokenizer decode: token %lld is id %d, outside [0, %d)", (long long)i,
                                 (int)tok, (int)t->n_vocab);
+        const char *src = t->dec + t->dec_off[tok];
         size_t l = t->dec_off[tok + 1] - t->dec_off[tok];
-        if (o < cap) memcpy(buf + o, t->dec + t->dec_off[tok], l < cap - o ? l : cap - o);
+        if (i == strip_at && l > 0 && src[0] == ' ') { src++; l--; }
+        if (o < cap) memcpy(buf + o, src, l < cap - o ? l : cap - o);
         o += l;
     }
     *n_out = o;
