@@ -86,6 +86,148 @@ static inline void decode_q6k(const uint8_t *bp, struct kq_blk *k) {
     k->c16 = _mm256_loadu_si256((const __m256i *)c);
 }
 
+/* ---- decode (one batch row): 4 weight rows side by side ----
+ * The scales/mins of a Q4_K/Q5_K super-block are unpacked once per block with
+ * ggml's 32-bit mask trick (8 scale bytes, 8 min bytes) and widened to int16
+ * in one vector; each 32-value chunk's scale is a byte shuffle of it. The 4
+ * rows' int32 block sums are reduced together (hadd transpose) into one
+ * vector, and the float steps run on 4 lanes: the same operations, in the
+ * same order, as the batch path's scalar chain above (no contraction: ISO C,
+ * -ffp-contract=off), so the bits match it for every row. */
+
+#define KQ_INLINE static inline __attribute__((always_inline))
+
+KQ_INLINE __m256i kq_scale_shuf(int j) { /* int16 element j of a 128-bit vector, broadcast */
+    return _mm256_set1_epi16((short)((2 * j) | ((2 * j + 1) << 8)));
+}
+
+/* Sum over a Q4_K/Q5_K super-block of sc_j * q * x (int32 x 8) and the mins'
+ * products m_j * (bsums[2j] + bsums[2j+1]) (int32 x 4). */
+KQ_INLINE void dot_q45k(const uint8_t *bp, bool five, const moetax_block_q8_k *a, __m128i q8s, __m256i *s_out,
+                            __m128i *m_out) {
+    uint32_t u[4];
+    memcpy(u, bp + 4, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    const uint32_t ux = u[1] & 0x3f3f3f3fu;
+    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = ux;
+    u[0] &= 0x3f3f3f3fu;
+    const __m256i ms = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
+    *m_out = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), q8s);
+    const __m256i sc = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(ms));
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const uint8_t *qs = bp + (five ? 48 : 16);
+    __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(bp + 16)) : _mm256_setzero_si256();
+    const __m256i one = _mm256_set1_epi8(1);
+    __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+        __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        if (five) {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hb, one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), one), 4));
+            hb = _mm256_srli_epi16(hb, 2);
+        }
+        const __m256i a0 = _mm256_loadu_si256((const __m256i *)(a->qs + 64 * c));
+        const __m256i a1 = _mm256_loadu_si256((const __m256i *)(a->qs + 64 * c + 32));
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a0), _mm256_shuffle_epi8(sc, kq_scale_shuf(2 * c)));
+        const __m256i p1 =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a1), _mm256_shuffle_epi8(sc, kq_scale_shuf(2 * c + 1)));
+        s = _mm256_add_epi32(s, _mm256_add_epi32(p0, p1));
+    }
+    *s_out = s;
+}
+
+/* Q6_K: sum of sc_j * (q - 32) * x over the super-block (int32 x 8). */
+KQ_INLINE __m256i dot_q6k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bsums) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x03);
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)(bp + offsetof(moetax_block_q6_k, scales)));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    /* the offset 32: sum_j 32 sc_j bsums[j] */
+    __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(bsums, _mm256_slli_epi16(sc16, 5)));
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = bp + 64 * h, *qh = bp + offsetof(moetax_block_q6_k, qh) + 32 * h;
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        const __m256i hh = _mm256_loadu_si256((const __m256i *)qh);
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hh, m3), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2), m3), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 4), m3), 4));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), m3), 4));
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            const int j = 4 * h + v; /* values 32j..32j+31: scales 2j (low 128 bits), 2j+1 (high) */
+            const __m128i sb = _mm_shuffle_epi8(sc8, _mm_set_epi8(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
+                                                                  2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j,
+                                                                  2 * j, 2 * j, 2 * j, 2 * j, 2 * j));
+            const __m256i av = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[v], av), _mm256_cvtepi8_epi16(sb)));
+        }
+    }
+    return s;
+}
+
+/* lanes r of the result: the sum of v[r]'s 8 int32 */
+KQ_INLINE __m128i hsum4_i32(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+static void kq_decode_rows(enum moetax_type wtype, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1,
+                           int64_t nb, const moetax_block_q8_k *x, float *y) {
+    const size_t bsz = moetax_type_size(wtype);
+    const bool six = wtype == MOETAX_TYPE_Q6_K, five = wtype == MOETAX_TYPE_Q5_K;
+    const size_t doff = six ? offsetof(moetax_block_q6_k, d) : 0;
+    for (int64_t r = row0; r < row1; r += 4) {
+        const int nr = row1 - r < 4 ? (int)(row1 - r) : 4;
+        const uint8_t *wr[4];
+        for (int k = 0; k < 4; k++) wr[k] = w + (size_t)(r + (k < nr ? k : nr - 1)) * row_bytes;
+        __m128 acc = _mm_setzero_ps();
+        for (int64_t i = 0; i < nb; i++) {
+            const moetax_block_q8_k *a = x + i;
+            const size_t off = (size_t)i * bsz;
+            for (int k = 0; k < 4; k++) _mm_prefetch((const char *)wr[k] + off + 4 * bsz, _MM_HINT_T0);
+            const __m128 ad = _mm_set1_ps(a->d);
+            const __m128 dw = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + doff)],
+                                          moetax_k_fp16_table[ld16(wr[1] + off + doff)],
+                                          moetax_k_fp16_table[ld16(wr[2] + off + doff)],
+                                          moetax_k_fp16_table[ld16(wr[3] + off + doff)]);
+            if (six) {
+                const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
+                const __m128i si = hsum4_i32(dot_q6k(wr[0] + off, a, bs), dot_q6k(wr[1] + off, a, bs),
+                                             dot_q6k(wr[2] + off, a, bs), dot_q6k(wr[3] + off, a, bs));
+                acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dw), _mm_cvtepi32_ps(si)));
+            } else {
+                const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
+                const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+                __m256i s0, s1, s2, s3;
+                __m128i m0, m1, m2, m3;
+                dot_q45k(wr[0] + off, five, a, q8s, &s0, &m0);
+                dot_q45k(wr[1] + off, five, a, q8s, &s1, &m1);
+                dot_q45k(wr[2] + off, five, a, q8s, &s2, &m2);
+                dot_q45k(wr[3] + off, five, a, q8s, &s3, &m3);
+                const __m128i si = hsum4_i32(s0, s1, s2, s3);
+                const __m128i mi = _mm_hadd_epi32(_mm_hadd_epi32(m0, m1), _mm_hadd_epi32(m2, m3));
+                const __m128 dm = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + 2)],
+                                              moetax_k_fp16_table[ld16(wr[1] + off + 2)],
+                                              moetax_k_fp16_table[ld16(wr[2] + off + 2)],
+                                              moetax_k_fp16_table[ld16(wr[3] + off + 2)]);
+                acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dw), _mm_cvtepi32_ps(si)));
+                acc = _mm_sub_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dm), _mm_cvtepi32_ps(mi)));
+            }
+        }
+        float o[4];
+        _mm_storeu_ps(o, acc);
+        for (int k = 0; k < nr; k++) y[r + k] = o[k];
+    }
+}
+
 void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                              int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
@@ -93,6 +235,10 @@ void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_b
     const size_t bsz = moetax_type_size(wtype);
     const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
     const bool six = wtype == MOETAX_TYPE_Q6_K, five = wtype == MOETAX_TYPE_Q5_K;
+    if (n_batch == 1) {
+        kq_decode_rows(wtype, (const uint8_t *)w, row_bytes, row0, row1, nb, (const moetax_block_q8_k *)xq, y);
+        return;
+    }
     for (int64_t r = row0; r < row1; r++) {
         const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_bytes;
         for (int64_t b0 = 0; b0 < n_batch; b0 += KQ_BT) {
