@@ -1,5 +1,7 @@
 /* cmd_run.c - `moetax run`: generate text, streaming tokens as they come, then
  * prefill/decode speed, time to first token and time per output token. */
+#include "server/chat_template.h"
+#include "server/special_tokens.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +46,11 @@ static void usage(FILE *f) {
             "  --check-finite       check every hidden state after each layer: a NaN or inf is an error naming\n"
             "                       the layer (the logits are always checked)\n"
             "  --no-display-prompt  do not echo the prompt\n"
+            "  --chat               the prompt is one user message, rendered with the model's chat template\n"
+            "                       (tokenizer.chat_template; control tokens in it are parsed as the server does)\n"
+            "  -sys, --system TEXT  with --chat: a system message first\n"
+            "  --chat-template NAME with --chat: use this template (chatml, llama2, llama3, phi3, mistral-v7,\n"
+            "                       deepseek2, deepseek3, ...) instead of detecting the model's\n"
             "  --json               print the final statistics as one JSON object on stdout (the only thing on\n"
             "                       stdout: the prompt and the text go to stderr)\n"
             CLI_CACHE_TYPE_HELP
@@ -75,6 +82,10 @@ int cmd_run(int argc, char **argv) {
     enum moetax_type kv_type = MOETAX_TYPE_F32; /* --cache-type */
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool ignore_eos = false, echo = true, json = false;
+    bool chat = false;                               /* --chat */
+    const char *sys_msg = NULL, *chat_tmpl = NULL;   /* -sys, --chat-template */
+    char *rendered = NULL;                           /* --chat: the prompt */
+    struct srv_specials *specials = NULL;
     struct moetax_sampler_params sp = moetax_sampler_default_params();
     struct cli_ledger_opts lo = {0};
     struct cli_store_opts so = {0};
@@ -121,6 +132,9 @@ int cmd_run(int argc, char **argv) {
             if (err || !cli_parse_experts_used(v, &k_ctx)) return cli_usage_error("run", "--experts-used needs a count in 1..256");
         }
         else if (!strcmp(argv[i], "--no-display-prompt")) echo = false;
+        else if (!strcmp(argv[i], "--chat")) chat = true;
+        else if (cli_opt(argc, argv, &i, "-sys", "--system", &sys_msg, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--chat-template", &chat_tmpl, &err)) { if (err) return 2; }
         else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
         else if (!strcmp(argv[i], "--check-finite")) check_finite = true;
         else if (cli_cache_type_opt("run", argc, argv, &i, &kv_type, &err)) { if (err) return 2; }
@@ -199,12 +213,58 @@ int cmd_run(int argc, char **argv) {
     if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
     if ((st = cli_ledger_new(m, moetax_ctx_n_threads(c), &lo, &led))) goto done;
     moetax_ctx_set_ledger(c, led);
-    int64_t cap = (int64_t)strlen(prompt) + 8, n_prompt = 0;
+    if (chat) {
+        enum srv_chat_tmpl ct = SRV_CHAT_UNKNOWN;
+        if (chat_tmpl) {
+            if ((ct = srv_chat_detect(chat_tmpl)) == SRV_CHAT_UNKNOWN) {
+                st = moetax_error(MOETAX_ERR_ARG, "--chat-template %s: not a known template (chatml, llama2, llama2-sys, "
+                                  "llama3, phi3, mistral-v1, mistral-v3, mistral-v7, deepseek2, deepseek3)", chat_tmpl);
+                goto done;
+            }
+        } else {
+            const struct moetax_gguf_kv *kv = moetax_gguf_find_kv(m->gguf, "tokenizer.chat_template");
+            if (!kv || kv->type != MOETAX_GGUF_TYPE_STRING) {
+                st = moetax_error(MOETAX_ERR_UNSUPPORTED, "--chat: %s has no tokenizer.chat_template; use "
+                                  "--chat-template NAME (e.g. chatml) to force one", model);
+                goto done;
+            }
+            char *src = malloc((size_t)kv->v.str.len + 1);
+            if (!src) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+            memcpy(src, kv->v.str.data, (size_t)kv->v.str.len);
+            src[kv->v.str.len] = 0;
+            ct = srv_chat_detect(src);
+            free(src);
+            if (ct == SRV_CHAT_UNKNOWN) {
+                st = moetax_error(MOETAX_ERR_UNSUPPORTED, "--chat: the chat template of %s is not one moetax knows; use "
+                                  "--chat-template NAME (e.g. chatml) to force one", model);
+                goto done;
+            }
+        }
+        struct srv_chat_msg msgs[2];
+        int nm = 0;
+        if (sys_msg) msgs[nm++] = (struct srv_chat_msg){"system", sys_msg};
+        msgs[nm++] = (struct srv_chat_msg){"user", prompt};
+        size_t rl = 0;
+        if (!(rendered = srv_chat_render(ct, msgs, nm, true, &rl))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+        prompt = rendered;
+        if ((st = srv_specials_load(m->gguf, &specials))) goto done;
+    } else if (sys_msg || chat_tmpl) {
+        st = moetax_error(MOETAX_ERR_ARG, "%s needs --chat", sys_msg ? "-sys" : "--chat-template");
+        goto done;
+    }
+    int64_t cap = 2 * (int64_t)strlen(prompt) + 8, n_prompt = 0;
     ids = malloc(sizeof(int32_t) * (size_t)(cap + n_predict + 1));
     logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
     tpot = malloc(sizeof(double) * (size_t)(n_predict + 1));
     if (!ids || !logits || !tpot) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
-    if ((st = moetax_tokenizer_encode(tok, prompt, strlen(prompt), moetax_tokenizer_add_bos(tok), ids, cap, &n_prompt)))
+    if (chat) {
+        int32_t *cid = NULL;
+        if ((st = srv_encode_special(tok, specials, prompt, strlen(prompt), moetax_tokenizer_add_bos(tok), &cid, &n_prompt)))
+            goto done;
+        if (n_prompt > cap) { free(cid); st = moetax_error(MOETAX_ERR_LIMIT, "the chat prompt has too many tokens"); goto done; }
+        memcpy(ids, cid, sizeof(int32_t) * (size_t)n_prompt);
+        free(cid);
+    } else if ((st = moetax_tokenizer_encode(tok, prompt, strlen(prompt), moetax_tokenizer_add_bos(tok), ids, cap, &n_prompt)))
         goto done;
     if (n_prompt == 0) { st = moetax_error(MOETAX_ERR_ARG, "the prompt is empty"); goto done; }
     if (n_prompt + n_predict > moetax_ctx_n_ctx(c)) {
@@ -273,6 +333,8 @@ done:
     free(logits);
     free(tpot);
     free(text);
+    free(rendered);
+    srv_specials_free(specials);
     if (st) return cli_fail("run", st);
     return 0;
 }
