@@ -109,7 +109,12 @@
  *     F32/F16/BF16: any ncols >= 1.
  *   - k-quants: the avx512 table uses the avx2 table's k-quant matmul (so the
  *     two are bit-identical); avx2 keeps, for every output, the float chain
- *     above (the same for any n_batch or row split: batch-invariant).
+ *     above (the same for any n_batch or row split: batch-invariant). Its
+ *     decode path (n_batch 1: 4 rows side by side, plain layout, no repack)
+ *     and its batch path (one row, up to 4 batch rows per decoded block)
+ *     differ only in how the exact int32 sums are formed; the float steps are
+ *     the same operations in the same order (4 lanes or scalar; no
+ *     contraction), so both give the same bits.
  *   - matmul: rows in [row0, row1) only, y[b * ldy + r] for b < n_batch; row1 ==
  *     row0 is a no-op; any n_batch >= 1 (tiled internally). y must not alias w or
  *     xq. Results are deterministic for a given table and do not depend on how
