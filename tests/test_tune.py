@@ -23,6 +23,82 @@ def run(args, **kw):
     return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=600, **kw)
 
 
+def bench_tps(mt, cfgfile):
+    """bench's decode tokens/s (64 tokens, 2 repetitions), with --config cfgfile if given; with an expert budget
+    the store run's figure"""
+    args = [mt, "bench", "-m", MODEL, "-p", "0", "-n", "64", "-r", "2", "--no-mem", "--json"]
+    r = run(args + (["--config", cfgfile] if cfgfile else []))
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{") and '"tokens_per_s"' in x]
+    check(r.returncode == 0 and rows, f"bench --config {cfgfile}: {r.stderr[-300:]}")
+    return rows[-1]["tokens_per_s"] if rows else 0
+
+
+def paired(mt, cfgfile, pairs=5):
+    """median and spread (max - min) of bench's ratio cfgfile / default, run alternately"""
+    rs = sorted(bench_tps(mt, cfgfile) / max(bench_tps(mt, None), 1e-9) for _ in range(pairs))
+    return rs[len(rs) // 2], rs[-1] - rs[0]
+
+
+def bench_check(mt, work, rows, c):
+    """the recommendation re-measured by bench alternately against the default reproduces its ratio within
+    max(0.15, bench's own spread); a default recommendation: no front configuration beats it by more than that"""
+    rec = [o for o in rows if o.get("recommended")]
+    check(len(rec) == 1, f"one recommended row: {len(rec)}")
+    ncpu = os.cpu_count()
+    is_default = c["experts_used"] == 4 and c["threads"] == ncpu and not c["no_mmap"] and not c.get("expert_budget")
+    if not is_default:
+        ratio, spread = paired(mt, os.path.join(work, "tune.json"))
+        band = max(0.15, spread)
+        check(abs(ratio - c["measured"]["speed_ratio"]) <= band,
+              f"bench reproduces the claimed {c['measured']['speed_ratio']:.3f}x: {ratio:.3f}x (band {band:.3f})")
+        return
+    front = [o for o in rows if o["pareto"] and not (o["experts_used"] == 4 and o["threads"] == ncpu and not o["no_mmap"]
+                                                     and not o["expert_budget_mib"])][:2]
+    for o in front:
+        f = os.path.join(work, "tune_front.json")
+        with open(f, "w") as fh:
+            json.dump({"moetax_config": 1, "threads": o["threads"], "experts_used": o["experts_used"],
+                       "no_mmap": o["no_mmap"]}, fh)
+        ratio, spread = paired(mt, f, 3)
+        band = max(0.15, spread)
+        check(ratio <= 1 + band, f"default recommended: front {o['config']} in bench {ratio:.3f}x <= 1 + {band:.3f}")
+
+
+def store_checks(mt, work, calib):
+    """--memory below the full footprint: expert-store configurations, exact, written into the config and read
+    back by bench; a rerun reuses the log; another workload's log refused; --memory 1M named as impossible"""
+    scfg, slog = os.path.join(work, "tune_store.json"), os.path.join(work, "tune_store.log")
+    if os.path.exists(slog):
+        os.remove(slog)
+    args = [mt, "tune", "-m", MODEL, "--calib", calib, "--time", "10s", "--memory", "80M", "--json", "-o", scfg,
+            "--log", slog]
+    r = run(args)
+    check(r.returncode == 0 and "does not fit" in r.stdout + r.stderr, f"tune --memory 80M: {r.stderr[-400:]}")
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    st = [o for o in rows if o["expert_budget_mib"] > 0]
+    check(len(st) >= 4 and all(o["kl"] == 0 and o["ppl_change"] == 0 for o in st),
+          f"expert-store configurations, exact: {len(st)}")
+    c = json.load(open(scfg)) if os.path.exists(scfg) else {}
+    check(bool(c.get("expert_budget")) and c.get("policy") in ("next-use", "lfu"), f"the store's keys written: {c}")
+    # round trip: bench --config reads the same budget, policy and prefetch
+    b = run([mt, "bench", "-m", MODEL, "-p", "0", "-n", "8", "-r", "1", "--no-mem", "--json", "--config", scfg])
+    brow = [json.loads(x) for x in b.stdout.splitlines() if '"expert_budget_mib"' in x]
+    check(brow and abs(brow[0]["expert_budget_mib"] * 1024 - int(c["expert_budget"][:-1])) < 1
+          and brow[0]["policy"] == c["policy"] and brow[0]["prefetch"] == (not c["no_prefetch"]),
+          f"config round trip through bench: {brow[:1]} vs {c}")
+    r2 = run(args)
+    check(r2.returncode == 0 and "reused from" in r2.stderr, f"a rerun reuses the log: {r2.stderr[-300:]}")
+    c2 = json.load(open(scfg))
+    check(c2["expert_budget"] == c["expert_budget"] or abs(c2["measured"]["speed_ratio"] - c["measured"]["speed_ratio"]) < 0.15,
+          "the rerun's recommendation: the same or within noise")
+    r3 = run(args[:-2] + ["--log", slog, "--workload", "batch:2"])
+    check(r3.returncode != 0 and "another tuning" in r3.stderr, f"another workload's log refused: {r3.stderr[-300:]}")
+    r4 = run([mt, "tune", "-m", MODEL, "--calib", calib, "--time", "10s", "--memory", "1M", "--log",
+              os.path.join(work, "tune_1m.log")])
+    check(r4.returncode != 0 and "no configuration fits" in r4.stderr and "at least" in r4.stderr,
+          f"--memory 1M: a clear message naming the minimum: {r4.stderr[-300:]}")
+
+
 def main():
     mt, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
@@ -31,7 +107,11 @@ def main():
         f.write("".join("def f%d(a, b=None):\n    if b is None:\n        return a\n    return [a, b, %d]\n\n" % (i, i)
                         for i in range(120)))
     cfg, page = os.path.join(work, "tune.json"), os.path.join(work, "tune.html")
-    r = run([mt, "tune", "-m", MODEL, "--calib", calib, "--time", "30s", "--json", "-o", cfg, "--html", page])
+    log = os.path.join(work, "tune.log")
+    if os.path.exists(log):
+        os.remove(log)
+    r = run([mt, "tune", "-m", MODEL, "--calib", calib, "--time", "20s", "--json", "-o", cfg, "--html", page])
+    check(os.path.exists(log), "the log is written beside -o by default")
     check(r.returncode == 0, f"tune: rc {r.returncode}: {r.stderr[-500:]}")
     rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     check(len(rows) >= 4, f"tune --json: {len(rows)} rows")
@@ -74,6 +154,8 @@ def main():
             f.write(text)
         r = run(base + ["--config", bad])
         check(r.returncode == 2 and key in r.stderr, f"config {text!r}: rc {r.returncode} {r.stderr.strip()}")
+    bench_check(mt, work, rows, c)
+    store_checks(mt, work, calib)
     r = run([mt, "tune", "-m", MODEL, "--max-quality-loss", "-1"])
     check(r.returncode == 2 and "--max-quality-loss" in r.stderr, "a negative quality bound is refused")
     return summary()

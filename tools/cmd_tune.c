@@ -756,7 +756,12 @@ int cmd_tune(int argc, char **argv) {
     int nlive = 0;
     if (!live) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     for (int i = 0; i < nres && !st; i++) {
-        if (res[i].dppl > 2 * max_loss + 0.002 || cli_now() > t.t_end) continue;
+        char nm[96];
+        cfg_name(&res[i].c, nm, sizeof nm);
+        /* past --time only what the log holds (and, without a fit, the default and one store configuration) */
+        const bool must = !fits && (nlive < 2 || (res[i].c.budget && nlive < 2));
+        if (res[i].dppl > 2 * max_loss + 0.002 || (cli_now() > t.t_end && !must && !log_find(&t, "speed", 2, nm)))
+            continue;
         if ((st = speed_logged(&t, &def, &res[i], 1, steps2, 2))) break;
         res[i].stage = 2;
         live[nlive++] = &res[i];
@@ -777,9 +782,20 @@ int cmd_tune(int argc, char **argv) {
                 keep++;
                 has_def = true;
             }
+        bool cut = false, store3 = fits; /* store3: a store configuration reached stage 3 (needed without a fit) */
         for (int i = 0; i < keep && !st; i++) {
-            if (cli_now() > t.t_end) { fprintf(stderr, "\nmoetax tune: --time spent, stage 3 cut short\n"); break; }
             struct tres *r = live[i];
+            char nm[96];
+            cfg_name(&r->c, nm, sizeof nm);
+            /* past --time: only what the log holds, and at least two (the default and the best other) */
+            const bool is_def = r->c.threads == def.threads && r->c.k == def.k && !r->c.no_mmap && r->c.cap == 0 &&
+                                !r->c.budget;
+            if (cli_now() > t.t_end && i >= 2 && !is_def && !(r->c.budget && !store3) && !log_find(&t, "speed", 3, nm)) {
+                if (!cut) fprintf(stderr, "\nmoetax tune: --time spent, stage 3 cut short\n");
+                cut = true;
+                continue;
+            }
+            store3 |= r->c.budget != 0;
             const struct tres *same = NULL;
             for (int j = 0; j < nres && !same; j++)
                 if (&res[j] != r && res[j].q_long && same_quality(&res[j].c, &r->c)) same = &res[j];
