@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-# ctest-labels: unit;model
+# ctest-labels: model
 """test_tune.py - moetax tune on the default model: the results' shape, the Pareto front
 non-dominated, the recommendation within the quality bound (or the default), its
 configuration read back by run/bench/perplexity/serve's --config, and malformed
