@@ -107,8 +107,9 @@
  *   - Q8_0 / Q4_0: ncols must be a multiple of 32, Q4_K / Q5_K / Q6_K of 256
  *     (moetax_act_size returns 0 otherwise and matmul must not be called).
  *     F32/F16/BF16: any ncols >= 1.
- *   - k-quants: the avx512 table uses the avx2 table's k-quant matmul (so the
- *     two are bit-identical); avx2 keeps, for every output, the float chain
+ *   - k-quants: the avx512 table's decode (n_batch 1) is its own (VNNI,
+ *     matmul_kq_avx512.c: other exact int32 sums, avx2's 4-row float steps
+ *     unchanged) and its batches are avx2's, so the two are bit-identical; avx2 keeps, for every output, the float chain
  *     above (the same for any n_batch or row split: batch-invariant). Its
  *     decode path (n_batch 1: 4 rows side by side, plain layout, no repack)
  *     and its batch path (one row, up to 4 batch rows per decoded block)

@@ -72,6 +72,9 @@ void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t 
 /* k-quant weights (Q4_K, Q5_K, Q6_K) against block_q8_K activations (matmul_kq_avx2.c). */
 void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                              int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
+/* The same for the avx512 table (matmul_kq_avx512.c): one batch row on VNNI, bit-identical to avx2's; batches are avx2's. */
+void moetax_k_matmul_kq_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                               int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
 void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                           int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
 /* Q8_0 (Q8_0x8r) and Q4_0 (Q4_0x8r) with VNNI; other types: moetax_k_matmul_avx2. */

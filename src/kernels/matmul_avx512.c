@@ -523,7 +523,12 @@ void moetax_k_matmul_avx512(enum moetax_type wtype, const void *w, size_t row_by
             moetax_k_matmul_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
         }
         break;
-    default: /* k-quants too: avx2's, so bit-identical (kernels.h) */
+    case MOETAX_TYPE_Q4_K:
+    case MOETAX_TYPE_Q5_K:
+    case MOETAX_TYPE_Q6_K: /* decode on VNNI, bit-identical to avx2's (kernels.h) */
+        moetax_k_matmul_kq_avx512(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        break;
+    default:
         moetax_k_matmul_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
         break;
     }
