@@ -108,17 +108,7 @@ moetax_status cli_config_write(const char *path, const struct cli_config *c, voi
     json_object_set_new(o, "policy", c->policy[0] ? json_string(c->policy) : json_null());
     json_object_set_new(o, "no_prefetch", json_boolean(c->no_prefetch));
     if (extra_json) json_object_update(o, (json_t *)extra_json), json_decref((json_t *)extra_json);
-    struct moetax_outfile *out;
-    moetax_status st = moetax_outfile_open(path, &out);
-    if (!st) {
-        if (json_dumpf(o, moetax_outfile_file(out), JSON_INDENT(1) | JSON_REAL_PRECISION(6)) != 0 ||
-            fputc('\n', moetax_outfile_file(out)) == EOF) {
-            moetax_outfile_abort(out);
-            st = moetax_error(MOETAX_ERR_IO, "%s: writing the configuration failed", path);
-        } else {
-            st = moetax_outfile_commit(out);
-        }
-    }
+    moetax_status st = moetax_outfile_write_json(path, o, JSON_INDENT(1) | JSON_REAL_PRECISION(6), "the configuration");
     json_decref(o);
     return st;
 }

@@ -67,6 +67,11 @@ moetax_status moetax_outfile_commit(struct moetax_outfile *o);
 /* Close and remove the temporary file, free o (NULL: nothing). */
 void moetax_outfile_abort(struct moetax_outfile *o);
 
+/* A JSON document (a Jansson json_t, dumped with Jansson's `flags`) and a newline written to
+ * path through a safe output file; `what` names it in the error ("the profile"). */
+struct json_t;
+moetax_status moetax_outfile_write_json(const char *path, const struct json_t *doc, size_t flags, const char *what);
+
 /* *same: a and b name the same file (device and inode, links followed); a path
  * that does not exist is the same as nothing. MOETAX_ERR_IO if a cannot be stat'ed. */
 moetax_status moetax_same_file(const char *a, const char *b, bool *same);

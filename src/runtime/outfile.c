@@ -6,6 +6,8 @@
  */
 #include "moetax/outfile.h"
 
+#include <jansson.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -304,4 +306,16 @@ moetax_status moetax_same_file(const char *a, const char *b, bool *same) {
                                               * (known) same file; writing it reports the rest */
     *same = sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
     return MOETAX_OK;
+}
+
+moetax_status moetax_outfile_write_json(const char *path, const struct json_t *doc, size_t flags, const char *what) {
+    struct moetax_outfile *out;
+    moetax_status st = moetax_outfile_open(path, &out);
+    if (st) return st;
+    FILE *f = moetax_outfile_file(out);
+    if (json_dumpf(doc, f, flags) != 0 || fputc('\n', f) == EOF) {
+        moetax_outfile_abort(out);
+        return moetax_error(MOETAX_ERR_IO, "%s: writing %s failed", path, what);
+    }
+    return moetax_outfile_commit(out);
 }

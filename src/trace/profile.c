@@ -108,16 +108,7 @@ moetax_status moetax_profile_write(const struct moetax_profile *p, const char *p
     }
     json_object_set_new(o, "layers", layers);
     json_object_set_new(o, "transitions", trans);
-    struct moetax_outfile *out;
-    moetax_status st = moetax_outfile_open(path, &out);
-    if (!st) {
-        if (json_dumpf(o, moetax_outfile_file(out), JSON_COMPACT) != 0 || fputc('\n', moetax_outfile_file(out)) == EOF) {
-            moetax_outfile_abort(out);
-            st = moetax_error(MOETAX_ERR_IO, "%s: writing the profile failed", path);
-        } else {
-            st = moetax_outfile_commit(out);
-        }
-    }
+    moetax_status st = moetax_outfile_write_json(path, o, JSON_COMPACT, "the profile");
     json_decref(o);
     return st;
 }
