@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+# ctest-labels: model;threads
+"""test_bench_serve.py - scripts/bench_serve.py runs end to end (one short round, 2 clients, the
+default model) and writes every figure it promises, each finite and in range. It checks that the
+measurement works, not what it measures (timings inside a parallel test run are not measurements).
+
+Usage: test_bench_serve.py MOETAX WORKDIR
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+MOETAX = os.path.abspath(sys.argv[1])
+WORK = os.path.abspath(sys.argv[2])
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+out = os.path.join(WORK, "bench_serve.json")
+if os.path.exists(out):
+    os.unlink(out)
+r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_serve.py"), "--moetax", MOETAX,
+                    "--rounds", "1", "--clients", "2", "-n", "12", "-p", "8", "--long-prompt", "96",
+                    "--json", out], capture_output=True, text=True, timeout=600)
+print(r.stdout[-3000:], r.stderr[-3000:])
+fails = []
+if r.returncode != 0:
+    fails.append(f"bench_serve.py exited {r.returncode}")
+else:
+    d = json.load(open(out))
+    med = d["medians"]
+    for k in ("server_cost", "scale", "engine_scale", "tpot_ratio", "gap_p99_ratio", "long_raise_ms",
+              "one_tps", "many_tps", "engine_tps_1", "engine_tps_many", "one_tpot_ms", "engine_tpot_p50_ms",
+              "long_ttft_ms"):
+        v = med.get(k)
+        if not isinstance(v, (int, float)) or not math.isfinite(v):
+            fails.append(f"medians.{k} = {v!r}, not a finite number")
+    for k in ("one_tps", "many_tps", "engine_tps_1", "engine_tps_many", "one_tpot_ms", "long_ttft_ms"):
+        if isinstance(med.get(k), (int, float)) and not med[k] > 0:
+            fails.append(f"medians.{k} = {med[k]} is not positive")
+    if d["long_prompt_tokens"] < 80:
+        fails.append(f"the long prompt has {d['long_prompt_tokens']} tokens, asked 96")
+    if med.get("long_during_n", 0) < 1:
+        fails.append("no decoding gap fell inside the long prompt's prefill")
+    if "medians of 1 rounds" not in r.stdout:
+        fails.append("no summary line")
+for f in fails:
+    print("FAIL:", f)
+print("test_bench_serve:", "FAIL" if fails else "ok")
+sys.exit(1 if fails else 0)
