@@ -110,6 +110,8 @@ struct moetax_hparams {
     int32_t n_expert_used;       /* k */
     int32_t n_expert_shared;
     int32_t n_ff_exp;            /* expert width F */
+    int32_t n_ff_shexp;          /* the shared experts' merged width: 0 = n_expert_shared * n_ff_exp (deepseek2);
+                                    qwen2moe: expert_shared_feed_forward_length */
     int32_t n_expert_group;      /* <= 1: no group limit */
     int32_t n_expert_group_used;
     int32_t gating_func;         /* 1 softmax, 2 sigmoid */
@@ -150,6 +152,7 @@ struct moetax_layer {
     struct moetax_weight wq;                /* MLA: {d, H*(nope+rope)} when q_lora_rank == 0; GQA: {d, H*hk} */
     struct moetax_weight wk, wv;            /* GQA: {d, Hkv*hk}, {d, Hkv*hv} */
     float *attn_q_norm, *attn_k_norm;       /* GQA: [hk] per head or [H*hk] / [Hkv*hk] full width, or NULL */
+    float *bq, *bk, *bv;                    /* GQA: [H*hk], [Hkv*hk], [Hkv*hv] q/k/v biases (qwen2moe) or NULL */
     struct moetax_weight wq_a;              /* {d, q_lora} */
     float *q_a_norm;                        /* [q_lora] */
     struct moetax_weight wq_b;              /* {q_lora, H*(nope+rope)} */
@@ -170,6 +173,8 @@ struct moetax_layer {
     struct moetax_weight down_exps;         /* {F, d, E} */
     struct moetax_weight gate_sh, up_sh;    /* {d, F*n_shared} */
     struct moetax_weight down_sh;           /* {F*n_shared, d} */
+    float *gate_inp_shexp;                  /* [d] qwen2moe: the shared FFN's output is scaled per token by
+                                               sigmoid(gate_inp_shexp . x), x the ffn-normed input; or NULL */
 };
 
 struct moetax_model {
@@ -187,7 +192,13 @@ struct moetax_model {
 moetax_status moetax_model_load(const char *path, struct moetax_model **out);
 struct moetax_model_params {
     bool no_mmap; /* copy the weights read by the kernels into private 2 MiB pages (see DESIGN) */
+    /* Routed experts re-quantized in memory at load to this type (F16, BF16, Q8_0, Q4_0,
+     * Q4_K, Q5_K, Q6_K; src/model/requant.h), the rest as stored: what a file whose expert
+     * tensors `moetax quantize` converted computes, bit for bit. Such experts have no file
+     * bytes, so an expert store is refused. MOETAX_EXPERT_TYPE_AS_STORED (0): as stored. */
+    enum moetax_type expert_type;
 };
+#define MOETAX_EXPERT_TYPE_AS_STORED MOETAX_TYPE_F32 /* experts are never widened to F32 this way */
 moetax_status moetax_model_load_ex(const char *path, const struct moetax_model_params *p, struct moetax_model **out);
 /* The same from a GGUF image in memory (not copied; must outlive the model; any
  * alignment): hyper-parameters, tensor binding and all, for tests and fuzzing. */

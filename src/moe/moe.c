@@ -616,12 +616,18 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     }
     if (Fs) {
         fw_mark(w, MOETAX_PHASE_SHARED);
+        /* qwen2moe gates the shared FFN per token by sigmoid(gate_inp_shexp . xn), xn the ffn-normed
+         * float row (one token: this worker's own row, read before fw_own_row repoints it) */
+        const float *xg = l->gate_inp_shexp ? (n > 1 ? s->a_in.x : ain->x) : NULL;
         const struct act *ahid = n == 1 && nmine > 0 ? fw_own_row(w, b->sh_hid, Fs, NULL) : &b->a_sh;
         float *y = wk->f;
         for (int i = 0; i < nmine; i++) {
             int64_t d0 = (int64_t)mine[i] * bd, d1 = d0 + bd < d ? d0 + bd : d;
             fw_matmul_rel(s, &l->down_sh, 0, d0, d1, ahid, 0, n, y, bd);
-            for (int64_t t = 0; t < n; t++) K->axpy(s->x + t * d + d0, 1.0f, y + t * bd, d1 - d0);
+            for (int64_t t = 0; t < n; t++) {
+                const float g = xg ? 1.0f / (1.0f + expf(-K->dot(l->gate_inp_shexp, xg + t * d, d))) : 1.0f;
+                K->axpy(s->x + t * d + d0, g, y + t * bd, d1 - d0);
+            }
         }
     }
     if (b->store) release_experts(w, b, il);
