@@ -24,6 +24,7 @@ struct bench_batch_opts {
     int64_t n_prompt, n_gen, reps;
     bool json, no_mmap;
     enum moetax_type kv_type;
+    enum moetax_type expert_type; /* --expert-type (moetax_model_params) */
     int experts_used;
     float capacity_factor;
     enum moetax_overflow overflow;

@@ -157,7 +157,7 @@ done:
 moetax_status bench_batch_run(const char *path, struct moetax_pool *pool, double read_gbps,
                               const struct bench_batch_opts *o) {
     struct moetax_model *m;
-    struct moetax_model_params mp = {.no_mmap = o->no_mmap};
+    struct moetax_model_params mp = {.no_mmap = o->no_mmap, .expert_type = o->expert_type};
     moetax_status st = moetax_model_load_ex(path, &mp, &m);
     if (st) return st;
     struct moetax_membw_probe *probe = NULL;

@@ -90,6 +90,7 @@ struct opts {
     const char *budget;  /* this run's expert budget (one item of so.budgets), NULL: mapped */
     int experts_used;    /* --experts-used: run-time top-k (0: the model's) */
     bool no_mmap;        /* --no-mmap: private copies in 2 MiB pages */
+    enum moetax_type expert_type; /* --expert-type: routed experts re-quantized at load */
     enum moetax_type kv_type; /* --cache-type */
     const int32_t *text;      /* -f TEXT: the tests' tokens, fresh text each repetition (NULL: pseudo-random ids) */
     int64_t n_text;
@@ -115,7 +116,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     /* with a budget, the peak RSS of this run alone (the mapped run before it is unmapped) */
     const bool peak_ok = o->budget && cli_peak_rss_reset();
     struct moetax_model *m;
-    struct moetax_model_params mp = {.no_mmap = o->no_mmap};
+    struct moetax_model_params mp = {.no_mmap = o->no_mmap, .expert_type = o->expert_type};
     moetax_status st = moetax_model_load_ex(path, &mp, &m);
     if (st) return st;
     /* page faults are paid at load (resident part) and at context creation (routed experts,
@@ -448,6 +449,7 @@ int bench_model_main(int argc, char **argv) {
         bo.capacity_factor = (float)cfg.capacity_factor, bo.overflow = cfg.overflow;
         cli_config_store(&cfg, &o.so);
     }
+    o.expert_type = bo.expert_type = cfg.expert_type; /* --expert-type or the file's */
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;

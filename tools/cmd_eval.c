@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "config_cli.h"
 #include "moetax/model.h"
 #include "moetax/outfile.h"
 
@@ -19,6 +20,7 @@ static void usage(FILE *f) {
                "  --step-by-step  evaluate the prompt one token at a time (decode path) instead of one batch\n"
                "  --routing       print the experts chosen for each token of the last micro-batch\n"
                "  --no-mmap       copy the weights into private memory (2 MiB pages) instead of reading the mapping\n"
+               "  --expert-type T routed experts re-quantized in memory at load (q8_0, q4_0, ...), the rest as stored\n"
                "  --check-finite  check every hidden state after each layer (a NaN or inf names the layer)\n"
                CLI_CACHE_TYPE_HELP);
 }
@@ -47,6 +49,10 @@ int cmd_eval(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--step-by-step")) step = true;
         else if (!strcmp(argv[i], "--routing")) routing = true;
         else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
+        else if (cli_opt(argc, argv, &i, NULL, "--expert-type", &v, &err)) {
+            if (err || !cli_expert_type_parse(v, &mp.expert_type))
+                return cli_usage_error("eval", "--expert-type: expected q8_0, q4_0, f16, bf16, q4_k, q5_k or q6_k");
+        }
         else if (!strcmp(argv[i], "--check-finite")) check_finite = true;
         else if (cli_cache_type_opt("eval", argc, argv, &i, &kv_type, &err)) { if (err) return 2; }
         else return cli_usage_error("eval", "unknown option '%s'", argv[i]);

@@ -192,6 +192,7 @@ int cmd_perplexity(int argc, char **argv) {
         n_threads = cfg.threads, k_ctx = cfg.experts_used, mp.no_mmap = cfg.no_mmap, kv_type = cfg.cache_type;
         capf = cfg.capacity_factor, overflow = cfg.overflow;
     }
+    mp.expert_type = cfg.expert_type; /* --expert-type or the file's */
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;

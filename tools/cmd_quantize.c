@@ -5,7 +5,10 @@
  * llama-quantize does for Q6_K; it takes Q5_0 for Q4_K and Q5_1 for Q5_K,
  * which moetax does not compute), anything else to F16. Metadata is copied,
  * general.file_type updated (q4_k: MOSTLY_Q4_K_M = 15, q5_k: Q5_K_M = 17,
- * q6_k: Q6_K = 18, as `llama-quantize --pure IN OUT Q4_K_M` writes). */
+ * q6_k: Q6_K = 18, as `llama-quantize --pure IN OUT Q4_K_M` writes).
+ * --experts-only converts the routed expert tensors (*_exps.*) alone and copies every
+ * other tensor, general.file_type included, as stored: the file `--expert-type TYPE`
+ * computes in memory (src/model/requant.h; tensors already of TYPE are copied too). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,12 +16,15 @@
 #include "cli.h"
 #include "commands.h"
 #include "moetax/gguf.h"
+#include "moetax/model.h"
 #include "moetax/outfile.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: moetax quantize IN.gguf OUT.gguf TYPE\n\n"
+    fprintf(f, "usage: moetax quantize [--experts-only] IN.gguf OUT.gguf TYPE\n\n"
                "TYPE: f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k. Routers, norms, biases and 1-D tensors stay f32;\n"
-               "k-quant tensors whose rows are not a multiple of 256 become q8_0 (each named on stderr).\n");
+               "k-quant tensors whose rows are not a multiple of 256 become q8_0 (each named on stderr).\n"
+               "  --experts-only  convert the routed expert tensors only, the rest copied as stored (what\n"
+               "                  run/bench/eval --expert-type TYPE compute in memory)\n");
 }
 
 static bool keep_f32(const struct moetax_gguf_tensor *t) {
@@ -33,8 +39,10 @@ static bool keep_f32(const struct moetax_gguf_tensor *t) {
 int cmd_quantize(int argc, char **argv) {
     const char *pos[3];
     int np = 0;
+    bool experts_only = false;
     for (int i = 1; i < argc; i++) {
         if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
+        if (!strcmp(argv[i], "--experts-only")) { experts_only = true; continue; }
         if (argv[i][0] == '-') return cli_usage_error("quantize", "unknown option '%s'", argv[i]);
         if (np == 3) return cli_usage_error("quantize", "too many arguments");
         pos[np++] = argv[i];
@@ -68,12 +76,12 @@ int cmd_quantize(int argc, char **argv) {
                                               : 32;
     for (uint64_t i = 0; i < g->n_kv; i++) {
         const struct moetax_gguf_kv *kv = &g->kv[i];
-        if (kv->key.len == 17 && !memcmp(kv->key.data, "general.file_type", 17))
+        if (kv->key.len == 17 && !memcmp(kv->key.data, "general.file_type", 17) && !experts_only)
             st = moetax_gguf_writer_set_u32(w, "general.file_type", ftype);
         else st = moetax_gguf_writer_copy_kv(w, g, kv);
         if (st) goto done;
     }
-    if (!moetax_gguf_find_kv(g, "general.file_type") && (st = moetax_gguf_writer_set_u32(w, "general.file_type", ftype)))
+    if (!experts_only && !moetax_gguf_find_kv(g, "general.file_type") && (st = moetax_gguf_writer_set_u32(w, "general.file_type", ftype)))
         goto done;
     int64_t max_ne0 = 1;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
@@ -86,6 +94,7 @@ int cmd_quantize(int argc, char **argv) {
             goto done;
         }
         enum moetax_type ty = keep_f32(t) ? MOETAX_TYPE_F32 : to;
+        if (experts_only && (!moetax_tensor_is_routed_expert(t) || t->type == to)) ty = t->type; /* as stored */
         if (t->ne[0] % moetax_type_blck_size(ty) && moetax_type_blck_size(ty) == 256) {
             fprintf(stderr, "moetax quantize: %s: %lld columns are not a multiple of 256 (%s): q8_0 instead\n", name,
                     (long long)t->ne[0], moetax_type_name(ty));
@@ -105,6 +114,11 @@ int cmd_quantize(int argc, char **argv) {
         const struct moetax_gguf_tensor *t = &g->tensors[i];
         int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
         size_t rb_in = moetax_row_size(t->type, t->ne[0]), rb_out = moetax_row_size(types[i], t->ne[0]);
+        if (experts_only && types[i] == t->type) { /* copied as stored */
+            if ((st = moetax_gguf_writer_write(w, t->data, (size_t)t->nbytes))) goto done;
+            cli_progress_update(&bar, moetax_gguf_writer_data_written(w));
+            continue;
+        }
         for (int64_t r = 0; r < rows; r++) {
             moetax_to_float(t->type, (const char *)t->data + (size_t)r * rb_in, row, t->ne[0]);
             moetax_from_float(types[i], row, out, t->ne[0]);

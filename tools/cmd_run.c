@@ -96,6 +96,7 @@ int cmd_run(int argc, char **argv) {
         n_threads = cfg.threads, k_ctx = cfg.experts_used, mp.no_mmap = cfg.no_mmap, kv_type = cfg.cache_type;
         cli_config_store(&cfg, &so);
     }
+    mp.expert_type = cfg.expert_type; /* --expert-type or the file's */
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;
@@ -169,7 +170,7 @@ int cmd_run(int argc, char **argv) {
         if (so.budgets) { free(text); return cli_usage_error("run", "--parallel does not combine with --expert-budget yet"); }
         struct run_parallel_opts po = {.model = model, .prompts_path = pfile, .parallel = (int)parallel,
                                        .n_predict = n_predict, .n_threads = n_threads, .n_ctx = n_ctx,
-                                       .experts_used = k_ctx, .no_mmap = mp.no_mmap, .ignore_eos = ignore_eos,
+                                       .experts_used = k_ctx, .no_mmap = mp.no_mmap, .expert_type = mp.expert_type, .ignore_eos = ignore_eos,
                                        .echo = echo, .json = json, .sampler = sp, .lo = &lo, .kv_type = kv_type};
         lo.n_expert_used = k_ctx;
         st = run_parallel(&po, text);

@@ -157,7 +157,7 @@ int cmd_serve(int argc, char **argv) {
     struct moetax_store *store = NULL;
     int store_ub = 0;
     moetax_status st;
-    struct moetax_model_params mp = {.no_mmap = no_mmap};
+    struct moetax_model_params mp = {.no_mmap = no_mmap, .expert_type = cfg.expert_type};
     if ((st = moetax_model_load_ex(model, &mp, &m))) goto done;
     if ((st = moetax_model_check_experts_used(m, k_ctx))) goto done;
     if ((st = moetax_tokenizer_load(m->gguf, &tok))) goto done;

@@ -61,6 +61,10 @@ moetax_status cli_config_load(const char *path, struct cli_config *c) {
             st = bad(path, "expert_budget", "expected a size (2G, 512M) or a percentage (25%)");
         else snprintf(c->expert_budget, sizeof c->expert_budget, "%s", s);
     }
+    if (!st && (v = json_object_get(o, "expert_type")) && !json_is_null(v)) {
+        if (!json_string_value(v) || !cli_expert_type_parse(json_string_value(v), &c->expert_type))
+            st = bad(path, "expert_type", "expected q8_0, q4_0, f16, bf16, q4_k, q5_k, q6_k or null (as stored)");
+    }
     if (!st && (v = json_object_get(o, "policy")) && !json_is_null(v)) {
         const char *s = json_string_value(v);
         enum moetax_store_policy pol;
@@ -73,14 +77,32 @@ moetax_status cli_config_load(const char *path, struct cli_config *c) {
     return st;
 }
 
+bool cli_expert_type_parse(const char *s, enum moetax_type *out) {
+    enum moetax_type t;
+    if (!moetax_type_from_name(s, &t)) return false;
+    switch (t) {
+    case MOETAX_TYPE_F16: case MOETAX_TYPE_BF16: case MOETAX_TYPE_Q8_0: case MOETAX_TYPE_Q4_0:
+    case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K: *out = t; return true;
+    default: return false;
+    }
+}
+
 moetax_status cli_config_scan(int argc, char **argv, struct cli_config *c) {
     memset(c, 0, sizeof *c);
-    for (int i = 1; i < argc; i++)
+    moetax_status st = MOETAX_OK;
+    for (int i = 1; i < argc && !st; i++)
         if (!strcmp(argv[i], "--config")) {
             if (i + 1 >= argc) return moetax_error(MOETAX_ERR_ARG, "--config needs a file");
-            return cli_config_load(argv[i + 1], c);
+            st = cli_config_load(argv[i + 1], c);
+            break;
         }
-    return MOETAX_OK;
+    for (int i = 1; i < argc && !st; i++)
+        if (!strcmp(argv[i], "--expert-type")) {
+            if (i + 1 >= argc || !cli_expert_type_parse(argv[i + 1], &c->expert_type))
+                st = moetax_error(MOETAX_ERR_ARG, "--expert-type: expected q8_0, q4_0, f16, bf16, q4_k, q5_k or q6_k%s%s",
+                                  i + 1 < argc ? ", not " : "", i + 1 < argc ? argv[i + 1] : "");
+        }
+    return st;
 }
 
 void cli_config_store(const struct cli_config *c, struct cli_store_opts *o) {
@@ -92,7 +114,7 @@ void cli_config_store(const struct cli_config *c, struct cli_store_opts *o) {
 
 bool cli_config_opt(int argc, char **argv, int *i, bool *err) {
     const char *v = NULL;
-    return cli_opt(argc, argv, i, NULL, "--config", &v, err);
+    return cli_opt(argc, argv, i, NULL, "--config", &v, err) || cli_opt(argc, argv, i, NULL, "--expert-type", &v, err);
 }
 
 moetax_status cli_config_write(const char *path, const struct cli_config *c, void *extra_json) {
@@ -107,6 +129,8 @@ moetax_status cli_config_write(const char *path, const struct cli_config *c, voi
     json_object_set_new(o, "expert_budget", c->expert_budget[0] ? json_string(c->expert_budget) : json_null());
     json_object_set_new(o, "policy", c->policy[0] ? json_string(c->policy) : json_null());
     json_object_set_new(o, "no_prefetch", json_boolean(c->no_prefetch));
+    json_object_set_new(o, "expert_type", c->expert_type != MOETAX_EXPERT_TYPE_AS_STORED
+                                              ? json_string(moetax_type_name(c->expert_type)) : json_null());
     if (extra_json) json_object_update(o, (json_t *)extra_json), json_decref((json_t *)extra_json);
     moetax_status st = moetax_outfile_write_json(path, o, JSON_INDENT(1) | JSON_REAL_PRECISION(6), "the configuration");
     json_decref(o);

@@ -80,7 +80,7 @@ moetax_status run_parallel(const struct run_parallel_opts *o, char *prompts_text
     float *logits = NULL;
     moetax_status st = MOETAX_OK;
     if (!seqs || !ids || !n_ids) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
-    struct moetax_model_params mp = {.no_mmap = o->no_mmap};
+    struct moetax_model_params mp = {.no_mmap = o->no_mmap, .expert_type = o->expert_type};
     if ((st = moetax_model_load_ex(o->model, &mp, &m))) goto done;
     if ((st = moetax_tokenizer_load(m->gguf, &tok))) goto done;
     for (int i = 0; i < np; i++) { /* every prompt tokenized (and checked) before any work */

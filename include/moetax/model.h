@@ -192,7 +192,13 @@ struct moetax_model {
 moetax_status moetax_model_load(const char *path, struct moetax_model **out);
 struct moetax_model_params {
     bool no_mmap; /* copy the weights read by the kernels into private 2 MiB pages (see DESIGN) */
+    /* Routed experts re-quantized in memory at load to this type (F16, BF16, Q8_0, Q4_0,
+     * Q4_K, Q5_K, Q6_K; src/model/requant.h), the rest as stored: what a file whose expert
+     * tensors `moetax quantize` converted computes, bit for bit. Such experts have no file
+     * bytes, so an expert store is refused. MOETAX_EXPERT_TYPE_AS_STORED (0): as stored. */
+    enum moetax_type expert_type;
 };
+#define MOETAX_EXPERT_TYPE_AS_STORED MOETAX_TYPE_F32 /* experts are never widened to F32 this way */
 moetax_status moetax_model_load_ex(const char *path, const struct moetax_model_params *p, struct moetax_model **out);
 /* The same from a GGUF image in memory (not copied; must outlive the model; any
  * alignment): hyper-parameters, tensor binding and all, for tests and fuzzing. */

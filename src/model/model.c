@@ -22,6 +22,7 @@
 #endif
 #include "moetax/store.h"
 #include "model/arch.h"
+#include "model/requant.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
@@ -60,7 +61,7 @@ static int tensor_layer(const struct moetax_gguf_tensor *t);
 
 void moetax_model_prefault(const struct moetax_model *m, bool routed_experts) {
     const struct moetax_gguf *g = m->gguf;
-    if (!g->mapped) return;
+    if (!g->mapped || (routed_experts && model_experts_requantized(m))) return; /* read from their converted copy */
     long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     if (pages <= 0 || psz <= 0) return;
     uint64_t total = 0;
@@ -94,6 +95,7 @@ struct owned {
      * and routed experts (moetax_model_prepare_experts), each one anonymous
      * mapping; munmap'ed by moetax_model_free */
     struct moetax_huge_buf rep_res, rep_exp;
+    struct moetax_huge_buf requant; /* routed experts re-quantized at load (requant.h) */
     pthread_mutex_t mu; /* guards the one-time expert preparation */
     bool experts_prepared;
     bool copy_all; /* no_mmap: every weight the kernels read gets a private copy */
@@ -345,6 +347,7 @@ void moetax_model_free(struct moetax_model *m) {
         free(o->exp_own);
         moetax_huge_free(&o->rep_res);
         moetax_huge_free(&o->rep_exp);
+        moetax_huge_free(&o->requant);
         pthread_mutex_destroy(&o->mu);
         free(o);
     }
@@ -716,6 +719,8 @@ static moetax_status load(const char *path, const void *buf, size_t size, const 
         if (!m->layers) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     }
     for (int il = 0; !st && il < m->hp.n_layer; il++) st = bind_layer(m, il);
+    if (!st && p && p->expert_type != MOETAX_EXPERT_TYPE_AS_STORED)
+        st = model_requant_experts(m, p->expert_type, &((struct owned *)m->owned)->requant);
     if (!st) st = repack_resident(m);
     if (!st) moetax_model_prefault(m, false);
     if (st) {
@@ -748,10 +753,11 @@ moetax_status moetax_model_weight_pages(const struct moetax_model *m, uint64_t *
     /* with no_mmap the mapping holds only what the kernels never stream (token_embd, read by
      * rows; the metadata) */
     pthread_mutex_lock(&o->mu); /* rep_exp is set by moetax_model_prepare_experts */
-    const void *at[3] = {m->gguf->mapped && !o->copy_all ? m->gguf->base : NULL, o->rep_res.ptr, o->rep_exp.ptr};
+    const void *at[4] = {m->gguf->mapped && !o->copy_all ? m->gguf->base : NULL, o->rep_res.ptr, o->rep_exp.ptr,
+                         o->requant.ptr};
     pthread_mutex_unlock(&o->mu);
     *resident = *huge = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         if (!at[i]) continue;
         struct moetax_mem_paging pg;
         moetax_status st = moetax_mem_pages(at[i], &pg);
@@ -812,6 +818,10 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
     if (cst) return cst;
     struct moetax_store_params p = *sp;
     if (!p.path) p.path = m->gguf->path;
+    if (model_experts_requantized(m))
+        return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: the routed experts were re-quantized at load (--expert-type) "
+                            "and the expert store reads them as stored in the file: give --expert-type or "
+                            "--expert-budget, not both", m->gguf->path);
     for (uint64_t i = 0; i < m->gguf->n_tensors; i++) {
         const struct moetax_gguf_tensor *t = &m->gguf->tensors[i];
         /* the store reads an expert's rows to their file offset modulo 4096 in a slot */
