@@ -21,6 +21,56 @@
 #include "server/chat_template.h"
 #include "server/http.h"
 #include "server/sched.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <unistd.h>
+
+#ifdef MOETAX_WITH_MPI
+#include "dist/dist.h"
+#endif
+
+/* Under mpirun the scheduler runs on the main thread, and MPI's own threads, started before
+ * serve could block SIGINT/SIGTERM in them, may be the ones the signal is delivered to. So
+ * on every rank the signal only writes its number into a pipe (async-signal-safe); on rank 0
+ * a thread of its own reads it and stops the server, which tells the other ranks (they do not
+ * stop on a signal of their own: mpirun forwards it to every rank). */
+static int g_sig_pipe[2] = {-1, -1};
+
+static void on_stop_signal(int sig) {
+    const unsigned char b = (unsigned char)sig;
+    if (g_sig_pipe[1] >= 0) (void)!write(g_sig_pipe[1], &b, 1);
+}
+
+static bool install_stop_pipe(void) {
+    if (pipe(g_sig_pipe) != 0) return false;
+    struct sigaction sa = {0};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    return sigaction(SIGINT, &sa, NULL) == 0 && sigaction(SIGTERM, &sa, NULL) == 0;
+}
+
+struct stop_waiter {
+    struct srv_http *http;
+    struct srv_sched *sched;
+    atomic_bool done; /* the scheduler has returned on its own: the wake-up is not a signal */
+};
+
+static void *stop_on_signal(void *arg) {
+    struct stop_waiter *w = arg;
+    unsigned char b = 0;
+    while (read(g_sig_pipe[0], &b, 1) < 0 && errno == EINTR) {}
+    const int sig = b;
+    if (!atomic_load(&w->done)) {
+        fprintf(stderr, "moetax serve: %s, stopping\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        srv_http_quiesce(w->http);
+        srv_sched_stop(w->sched); /* the main thread's srv_sched_run returns */
+    }
+    return NULL;
+}
 #endif
 
 static void usage(FILE *f) {
@@ -197,6 +247,20 @@ int cmd_serve(int argc, char **argv) {
                                   .capacity_factor = (float)capf, .overflow = overflow};
     if (sp.n_ctx > INT32_MAX) { st = moetax_error(MOETAX_ERR_ARG, "-c: too many cells"); goto done; }
     if ((st = srv_specials_load(m->gguf, &specials))) goto done;
+#ifdef MOETAX_WITH_MPI
+    const struct moetax_dist *world = moetax_dist_world();
+    if (world && world->size > 1) {
+        if (!install_stop_pipe()) {
+            st = moetax_error(MOETAX_ERR_IO, "cannot install the signal handlers");
+            goto done;
+        }
+        if (world->rank > 0) { /* a follower: rank 0's steps on this rank's experts, until it stops */
+            st = srv_sched_follow(&sp);
+            goto done;
+        }
+        sp.mpi = true;
+    }
+#endif
     if ((st = srv_sched_start(&sp, &sched))) goto done;
     const char *base = strrchr(model, '/');
     struct srv_http_params hp = {.host = host, .port = (int)port, .api_key = api_key, .max_body = (size_t)max_body,
@@ -207,6 +271,23 @@ int cmd_serve(int argc, char **argv) {
             (int)parallel, (long long)srv_sched_n_ctx(sched), (long long)srv_sched_max_seq(sched), srv_chat_name(tmpl));
     fprintf(stderr, "moetax serve: listening on http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host,
             strchr(host, ':') ? "]" : "", srv_http_port(http));
+    if (sp.mpi) { /* the scheduler runs here (MPI is FUNNELED); a thread of its own waits for the signal */
+        struct stop_waiter sw = {.http = http, .sched = sched};
+        pthread_t th;
+        if (pthread_create(&th, NULL, stop_on_signal, &sw) != 0) {
+            st = moetax_error(MOETAX_ERR_INTERNAL, "cannot start the signal thread");
+            srv_sched_stop(sched);
+            (void)srv_sched_run(sched); /* returns at once: the other ranks get their stop */
+            goto done;
+        }
+        st = srv_sched_run(sched); /* until the signal, or a failed step (a rank gone) */
+        if (st) fprintf(stderr, "moetax serve: stopping: %s\n", moetax_last_error());
+        atomic_store(&sw.done, true);
+        on_stop_signal(0); /* wakes it if no signal came */
+        pthread_join(th, NULL);
+        srv_http_drain(http, 2000);
+        goto done;
+    }
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "moetax serve: %s, stopping\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");

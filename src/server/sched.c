@@ -10,6 +10,10 @@
 
 #include "moetax/kvcache.h"
 #include "moetax/store.h"
+#include "dist/dist_cmd.h" /* the script's format (MPI itself only #ifdef MOETAX_WITH_MPI) */
+#ifdef MOETAX_WITH_MPI
+#include "dist/dist.h"
+#endif
 
 #include <jansson.h>
 
@@ -197,6 +201,15 @@ struct srv_sched {
     bool stopping, stopped, started;
     pthread_t thread;
 
+    /* under mpirun (sched.h, src/dist/dist_cmd.h): rank 0 records its cache operations since
+     * the last step (the script the other ranks replay before the same decode) */
+    bool mirror;
+    bool on_caller;         /* the loop runs on the thread that calls srv_sched_run (MPI) */
+    moetax_status fatal;    /* a decode failed under mpirun: the server stops with it */
+    int32_t *cmd;
+    size_t cmd_n, cmd_cap;
+    bool cmd_oom;
+
     pthread_mutex_t mmu;    /* metrics */
     struct srv_metrics m;
     /* /tax: the metrics after each step (at most one every 50 ms), a ring */
@@ -211,6 +224,55 @@ int srv_sched_n_parallel(const struct srv_sched *s) { return s->p.n_parallel; }
 int64_t srv_sched_n_ctx(const struct srv_sched *s) { return moetax_ctx_n_ctx(s->ctx); }
 
 static int64_t blocks_for(const struct srv_sched *s, int64_t n) { return (n + s->bs - 1) / s->bs; }
+
+/* ---- the cache operations, recorded for the other ranks under mpirun ------ */
+
+static void cmd_put(struct srv_sched *s, const int32_t *w, size_t n) {
+    if (!s->mirror) return;
+    if (s->cmd_n + n > s->cmd_cap) {
+        size_t cap = s->cmd_cap ? 2 * s->cmd_cap : 256;
+        while (cap < s->cmd_n + n) cap *= 2;
+        int32_t *nb = realloc(s->cmd, sizeof(int32_t) * cap);
+        if (!nb) { s->cmd_oom = true; return; }
+        s->cmd = nb;
+        s->cmd_cap = cap;
+    }
+    memcpy(s->cmd + s->cmd_n, w, sizeof(int32_t) * n);
+    s->cmd_n += n;
+}
+
+static moetax_status kv_rm(struct srv_sched *s, int seq, int64_t p0, int64_t p1) {
+    const int32_t w[4] = {DIST_CMD_RM, seq, (int32_t)p0, (int32_t)p1};
+    cmd_put(s, w, 4);
+    return moetax_kvcache_seq_rm(s->kv, seq, p0, p1);
+}
+
+static moetax_status kv_cp(struct srv_sched *s, int src, int dst, int64_t p0, int64_t p1) {
+    const int32_t w[5] = {DIST_CMD_CP, src, dst, (int32_t)p0, (int32_t)p1};
+    cmd_put(s, w, 5);
+    return moetax_kvcache_seq_cp(s->kv, src, dst, p0, p1);
+}
+
+/* The step's script (the operations so far, then the batch) to the other ranks. */
+static moetax_status mirror_decode(struct srv_sched *s, const struct moetax_batch *b) {
+#ifdef MOETAX_WITH_MPI
+    if (!s->mirror) return MOETAX_OK;
+    const int32_t h[2] = {DIST_CMD_DECODE, (int32_t)b->n_tokens};
+    cmd_put(s, h, 2);
+    for (int64_t k = 0; k < b->n_tokens; k++) {
+        const int32_t w[4] = {b->token[k], b->pos[k], b->seq[k], b->logits[k] ? 1 : 0};
+        cmd_put(s, w, 4);
+    }
+    moetax_status st = s->cmd_oom ? moetax_error(MOETAX_ERR_NOMEM, "out of memory (the step's script)")
+                                  : moetax_dist_cmd_send(s->cmd, s->cmd_n);
+    s->cmd_n = 0;
+    s->cmd_oom = false;
+    return st;
+#else
+    (void)s, (void)b;
+    return MOETAX_OK;
+#endif
+}
 
 moetax_status srv_sched_submit(struct srv_sched *s, struct srv_req *r) {
     if (r->n_prompt < 1) return moetax_error(MOETAX_ERR_ARG, "the prompt is empty");
@@ -251,14 +313,14 @@ static void slot_release(struct srv_sched *s, int i, bool keep_cells) {
         sl->n_toks = moetax_kvcache_seq_len(s->kv, i); /* what the cache holds */
         sl->t_idle = now_s();
     } else {
-        moetax_kvcache_seq_rm(s->kv, i, 0, -1);
+        kv_rm(s, i, 0, -1);
         sl->state = SLOT_FREE;
         sl->n_toks = 0;
     }
 }
 
 static void slot_evict(struct srv_sched *s, int i) {
-    moetax_kvcache_seq_rm(s->kv, i, 0, -1);
+    kv_rm(s, i, 0, -1);
     s->slots[i].state = SLOT_FREE;
     s->slots[i].n_toks = 0;
 }
@@ -314,10 +376,9 @@ static bool admit_one(struct srv_sched *s, struct srv_req *r) {
     if (dst != src && s->slots[dst].state == SLOT_IDLE) slot_evict(s, dst);
     int64_t reused = 0;
     if (src >= 0 && best > 0) {
-        moetax_status st = dst == src ? moetax_kvcache_seq_rm(s->kv, dst, best, -1)
-                                      : moetax_kvcache_seq_cp(s->kv, src, dst, 0, best);
+        moetax_status st = dst == src ? kv_rm(s, dst, best, -1) : kv_cp(s, src, dst, 0, best);
         if (st == MOETAX_OK) reused = best;
-        else moetax_kvcache_seq_rm(s->kv, dst, 0, -1);
+        else kv_rm(s, dst, 0, -1);
     }
     /* room for what the running ones and this one may still take: evict idle slots, oldest first */
     const int64_t need = blocks_needed_active(s, NULL) + want - blocks_for(s, reused);
@@ -552,12 +613,15 @@ static bool step(struct srv_sched *s) {
         update_metrics(s, 0, 0, false);
         return false;
     }
-    moetax_status st = moetax_ctx_decode(s->ctx, b);
+    moetax_status st = mirror_decode(s, b);
+    if (!st) st = moetax_ctx_decode(s->ctx, b);
     if (st == MOETAX_ERR_LIMIT) {
-        /* should not happen (admission reserves); free the idle cells and try once more */
+        /* should not happen (admission reserves); free the idle cells and try once more (the
+         * other ranks refuse the same batch on the same cache, and replay the evictions too) */
         for (int i = 0; i < N; i++)
             if (s->slots[i].state == SLOT_IDLE) slot_evict(s, i);
-        st = moetax_ctx_decode(s->ctx, b);
+        st = mirror_decode(s, b);
+        if (!st) st = moetax_ctx_decode(s->ctx, b);
     }
     if (st != MOETAX_OK) {
         char msg[256];
@@ -565,6 +629,12 @@ static bool step(struct srv_sched *s) {
         fprintf(stderr, "moetax serve: %s\n", msg);
         fail_all(s, SRV_FINISH_ERROR, msg);
         update_metrics(s, 0, 0, false);
+        if (s->mirror) { /* under mpirun a failed step (a rank gone, a timeout) ends the server */
+            s->fatal = moetax_error(st, "%s", msg);
+            pthread_mutex_lock(&s->mu);
+            s->stopping = true;
+            pthread_mutex_unlock(&s->mu);
+        }
         return true;
     }
     pthread_mutex_lock(&s->mmu);
@@ -586,8 +656,7 @@ static bool step(struct srv_sched *s) {
     return true;
 }
 
-static void *sched_main(void *arg) {
-    struct srv_sched *s = arg;
+static void sched_loop(struct srv_sched *s) {
     for (;;) {
         pthread_mutex_lock(&s->mu);
         for (;;) {
@@ -616,10 +685,28 @@ static void *sched_main(void *arg) {
     s->q_len = 0;
     pthread_mutex_unlock(&s->mu);
     update_metrics(s, 0, 0, false);
+#ifdef MOETAX_WITH_MPI
+    if (s->mirror) { /* the other ranks return from srv_sched_follow */
+        const int32_t w[1] = {DIST_CMD_STOP};
+        moetax_status st = moetax_dist_cmd_send(w, 1);
+        if (st && !s->fatal) s->fatal = st;
+    }
+#endif
+}
+
+static void *sched_main(void *arg) {
+    sched_loop(arg);
     return NULL;
 }
 
-moetax_status srv_sched_start(const struct srv_sched_params *p, struct srv_sched **out) {
+moetax_status srv_sched_run(struct srv_sched *s) {
+    if (!s->on_caller) return moetax_error(MOETAX_ERR_INTERNAL, "srv_sched_run: the scheduler has its own thread");
+    sched_loop(s);
+    return s->fatal;
+}
+
+/* The scheduler's state and its context, no thread yet. */
+static moetax_status sched_init(const struct srv_sched_params *p, struct srv_sched **out) {
     *out = NULL;
     struct srv_sched *s = calloc(1, sizeof *s);
     if (!s) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
@@ -658,16 +745,93 @@ moetax_status srv_sched_start(const struct srv_sched_params *p, struct srv_sched
             goto fail;
         }
     update_metrics(s, 0, 0, false);
-    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
-        st = moetax_error(MOETAX_ERR_INTERNAL, "cannot start the scheduler thread");
-        goto fail;
-    }
-    s->started = true;
     *out = s;
     return MOETAX_OK;
 fail:
     srv_sched_free(s);
     return st;
+}
+
+moetax_status srv_sched_start(const struct srv_sched_params *p, struct srv_sched **out) {
+    struct srv_sched *s;
+    moetax_status st = sched_init(p, &s);
+    if (st) return st;
+#ifdef MOETAX_WITH_MPI
+    if (p->mpi) { /* the main thread runs the loop (srv_sched_run): MPI is FUNNELED */
+        if ((st = moetax_dist_cmd_open())) { srv_sched_free(s); return st; }
+        s->mirror = s->on_caller = true;
+        s->started = true;
+        *out = s;
+        return MOETAX_OK;
+    }
+#else
+    if (p->mpi) {
+        srv_sched_free(s);
+        return moetax_error(MOETAX_ERR_ARG, "built without MPI");
+    }
+#endif
+    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+        srv_sched_free(s);
+        return moetax_error(MOETAX_ERR_INTERNAL, "cannot start the scheduler thread");
+    }
+    s->started = true;
+    *out = s;
+    return MOETAX_OK;
+}
+
+moetax_status srv_sched_follow(const struct srv_sched_params *p) {
+#ifdef MOETAX_WITH_MPI
+    struct srv_sched *s;
+    moetax_status st = sched_init(p, &s);
+    if (st) return st;
+    if ((st = moetax_dist_cmd_open())) { srv_sched_free(s); return st; }
+    int32_t *w = NULL;
+    size_t cap = 0, n = 0;
+    struct moetax_batch *b = &s->batch;
+    for (bool stop = false; !stop && !st;) {
+        if ((st = moetax_dist_cmd_recv(&w, &cap, &n))) break;
+        for (size_t i = 0; i < n && !stop && !st;) {
+            const size_t left = n - i;
+            switch (w[i]) {
+            case DIST_CMD_RM:
+                if (left < 4) goto bad;
+                moetax_kvcache_seq_rm(s->kv, w[i + 1], w[i + 2], w[i + 3]);
+                i += 4;
+                break;
+            case DIST_CMD_CP:
+                if (left < 5) goto bad;
+                moetax_kvcache_seq_cp(s->kv, w[i + 1], w[i + 2], w[i + 3], w[i + 4]);
+                i += 5;
+                break;
+            case DIST_CMD_DECODE: {
+                if (left < 2 || w[i + 1] < 0 || (size_t)w[i + 1] > (left - 2) / 4) goto bad;
+                const int32_t nt = w[i + 1];
+                if (nt > b->capacity) goto bad;
+                moetax_batch_clear(b);
+                for (int32_t k = 0; k < nt; k++) {
+                    const int32_t *e = w + i + 2 + 4 * k;
+                    moetax_batch_add(b, e[0], e[1], e[2], e[3] != 0);
+                }
+                i += 2 + 4 * (size_t)nt;
+                st = moetax_ctx_decode(s->ctx, b);
+                if (st == MOETAX_ERR_LIMIT) st = MOETAX_OK; /* rank 0 was refused the same: it evicts, retries */
+                break;
+            }
+            case DIST_CMD_STOP: stop = true; break;
+            default:
+            bad:
+                st = moetax_error(MOETAX_ERR_FORMAT, "rank %d: a step script from rank 0 that does not parse "
+                                  "(word %zu of %zu)", moetax_dist_rank(), i, n);
+            }
+        }
+    }
+    free(w);
+    srv_sched_free(s);
+    return st;
+#else
+    (void)p;
+    return moetax_error(MOETAX_ERR_ARG, "built without MPI");
+#endif
 }
 
 void srv_sched_stop(struct srv_sched *s) {
@@ -677,7 +841,7 @@ void srv_sched_stop(struct srv_sched *s) {
     s->stopping = true;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
-    if (!was) pthread_join(s->thread, NULL);
+    if (!was && !s->on_caller) pthread_join(s->thread, NULL); /* on the caller: its srv_sched_run returns */
     s->started = false;
 }
 
@@ -691,6 +855,7 @@ void srv_sched_free(struct srv_sched *s) {
             free(s->slots[i].toks);
         }
     free(s->slots);
+    free(s->cmd);
     moetax_batch_free(&s->batch);
     if (s->ctx) moetax_ctx_set_ledger(s->ctx, NULL);
     moetax_ledger_free(s->led);

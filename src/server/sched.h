@@ -119,12 +119,24 @@ struct srv_sched_params {
     enum moetax_type kv_type;              /* KV cells: f32 (0) or f16 */
     float capacity_factor;                 /* 0: off */
     enum moetax_overflow overflow;
+    bool mpi;                              /* under mpirun with 2+ ranks, on rank 0: every step's cache
+                                              operations and batch go to the other ranks first
+                                              (src/dist/dist_cmd.h), and the loop runs on the caller,
+                                              the thread that initialised MPI (srv_sched_run) */
 };
 
 struct srv_sched;
 
-/* Create the context and the ledger and start the scheduler thread. */
+/* Create the context and the ledger and start the scheduler thread (p->mpi: no thread; the
+ * caller then runs the loop with srv_sched_run). */
 moetax_status srv_sched_start(const struct srv_sched_params *p, struct srv_sched **out);
+/* p->mpi: run the scheduler on this thread until srv_sched_stop (from another thread) or a
+ * failed step; returns that step's error, else MOETAX_OK. */
+moetax_status srv_sched_run(struct srv_sched *s);
+/* Under mpirun, ranks > 0: the same context as rank 0's scheduler (the same params), stepping
+ * with rank 0's scripts until it stops; an error (a script that does not parse, a failed step)
+ * is returned. */
+moetax_status srv_sched_follow(const struct srv_sched_params *p);
 /* Hand a request to the scheduler (it takes a reference). MOETAX_ERR_LIMIT:
  * the queue is full (503); MOETAX_ERR_ARG: prompt + max_tokens do not fit a
  * sequence (srv_sched_max_seq; 400), or the server is shutting down. */
