@@ -23,17 +23,20 @@
  * (continued from y across column chunks). So every result is bit-identical to
  * the avx2 table's (and independent of the batch and of the row split).
  *
- * 256-bit vectors, not 512: with 8-row groups (MOETAX_KERNELS_ROW_GROUP) a
- * 512-bit vector would hold two chunks of one group, which need two different
- * activation broadcasts. On cores that split 512-bit ops into two 256-bit ones
- * (Zen 4) or issue 256-bit vpdpbusd on two ports (Intel) nothing is lost.
- *
- * Tiles: one 8-row group x JB (1..8) batch rows; a block's 8 weight vectors are
- * decoded once for all JB. With JB <= 4 each (row, batch row) sums its block in
- * two int32 chains (chunks 0-3 and 4-7, added at the end: the same exact sum)
- * so the vpdpbusd latency (4-5 cycles) does not bound a tile. Decode (one batch
- * row) pairs group i of the range's first half with group i of its second half
- * (two sequential streams per core, as the avx2 Q8_0 path). */
+ * Batches (2+ batch rows) use 512-bit vectors over two adjacent groups: lanes
+ * 0-7 hold group A's 8 rows, lanes 8-15 group B's (two 32-byte loads joined, one
+ * cvtph for the 16 scales), so one activation broadcast ({1to16}, embedded in
+ * vpdpbusd) serves 16 rows; a tile is one pair of groups x JB (1..8) batch rows
+ * (9..16 batch rows: two tiles of even size over the same panel of weights, which
+ * stays in L1/L2). Per lane the float chain is unchanged, so 512-bit lanes give
+ * the same bits as 256-bit ones. A range's odd last group takes the 256-bit tile
+ * (one group x JB). Decode (one batch row) stays on 256-bit tiles and pairs group
+ * i of the range's first half with group i of its second half (two sequential
+ * streams per core, as the avx2 Q8_0 path): there 512-bit vectors measured no
+ * faster, the loads of the weights being the bound. With JB <= 2 (Q8_0; Q4_0: JB
+ * <= 4) each (row, batch row) sums its block in two int32 chains (chunks 0-3 and
+ * 4-7, added at the end: the same exact sum) so the vpdpbusd latency (4-5
+ * cycles) does not bound a tile; wider tiles interleave JB chains chunk by chunk. */
 #include "kernels_impl.h"
 
 #include <assert.h>
@@ -59,6 +62,9 @@
 /* Weight rows per panel for batches: the panel's weights stay in L2 while every
  * batch tile passes over them. */
 #define PANEL_ROWS 64
+#ifndef DPB_ASM
+#define DPB_ASM 1
+#endif
 
 /* Prefetch the block of n bytes at blk, QPF512 bytes ahead: one line per 64 bytes
  * (with the next block's, every line is touched). */
@@ -80,6 +86,53 @@ ALWAYS_INLINE __m256i bcast32(const uint8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
+}
+
+/* ---- 512-bit vectors over two groups of 8 rows: group A in lanes 0-7, B in 8-15 ---- */
+
+ALWAYS_INLINE __m512i bcast32z(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* acc + vpdpbusd(w, the 4 bytes at p in every lane), the broadcast embedded in the
+ * instruction ({1to16}: one fused load uop; GCC emits a separate vpbroadcastd for
+ * the intrinsics, which costs a tile of many batch rows a quarter of its issue slots). */
+ALWAYS_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const uint8_t *p) {
+#if DPB_ASM
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
+    return acc;
+#else
+    return _mm512_dpbusd_epi32(acc, w, bcast32z(p));
+#endif
+}
+
+/* 32 bytes at a (lanes 0-7) and 32 at b (lanes 8-15). */
+ALWAYS_INLINE __m512i load_2x32(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
+/* The 8 F16 scales at a and the 8 at b, widened. */
+ALWAYS_INLINE __m512 cvtph_2x8(const uint8_t *a, const uint8_t *b) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                                   _mm_loadu_si128((const __m128i *)b), 1));
+}
+
+ALWAYS_INLINE __m512 load_2x8(const float *a, const float *b) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
+}
+
+ALWAYS_INLINE void store_2x8(float *a, float *b, __m512 v) {
+    _mm256_storeu_ps(a, _mm512_castps512_ps256(v));
+    _mm256_storeu_ps(b, _mm512_extractf32x8_ps(v, 1));
+}
+
+/* Batch rows of the next tile: n_left split into tiles of at most JB_MAX, sizes as even as can be. */
+static inline int next_jb(int64_t n_left) {
+    const int64_t tiles = (n_left + JB_MAX - 1) / JB_MAX;
+    return (int)((n_left + tiles - 1) / tiles);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -179,11 +232,72 @@ typedef void (*q8r8_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_
                                      bool first) {                                                               \
         q8r8_tile(G, JB, g, act, act_row, nb, corr, b0, kn, y, ldy, first);                                     \
     }
+
 Q8R8_TILE(2, 1)
 Q8R8_TILE(1, 1) Q8R8_TILE(1, 2) Q8R8_TILE(1, 3) Q8R8_TILE(1, 4)
 Q8R8_TILE(1, 5) Q8R8_TILE(1, 6) Q8R8_TILE(1, 7) Q8R8_TILE(1, 8)
 static const q8r8_fn k_q8r8[JB_MAX] = {q8r8_tile_1x1, q8r8_tile_1x2, q8r8_tile_1x3, q8r8_tile_1x4,
                                        q8r8_tile_1x5, q8r8_tile_1x6, q8r8_tile_1x7, q8r8_tile_1x8};
+
+/* Two groups of 8 rows (g[0] in lanes 0-7, g[1] in lanes 8-15 of each 512-bit vector)
+ * x JB batch rows over blocks [b0, b0 + kn); NC int32 chains per batch row (1 or 2).
+ * y[0], y[1]: the groups' outputs; per lane the canonical chain. */
+ALWAYS_INLINE void q8z_tile(const int JB, const int NC, const uint8_t *const *g, const uint8_t *act, size_t act_row,
+                            int64_t nb, const int32_t *corr, int64_t b0, int64_t kn, float *const *y, int64_t ldy,
+                            bool first) {
+    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[JB_MAX];
+#pragma GCC unroll 8
+    for (int j = 0; j < JB; j++) acc[j] = first ? _mm512_setzero_ps() : load_2x8(y[0] + j * ldy, y[1] + j * ldy);
+    for (int64_t bb = 0; bb < kn; bb++) {
+        const int64_t b = b0 + bb;
+        const uint8_t *k0 = g[0] + (size_t)b * MOETAX_K_Q8R8_BLOCK_BYTES, *k1 = g[1] + (size_t)b * MOETAX_K_Q8R8_BLOCK_BYTES;
+        prefetch_blk(k0, MOETAX_K_Q8R8_BLOCK_BYTES);
+        prefetch_blk(k1, MOETAX_K_Q8R8_BLOCK_BYTES);
+        __m512i wv[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < 8; c++)
+            wv[c] = _mm512_xor_si512(load_2x32(k0 + MOETAX_K_Q8R8_QS_OFF + 32 * c, k1 + MOETAX_K_Q8R8_QS_OFF + 32 * c),
+                                     flip);
+        __m512i s0[JB_MAX], s1[JB_MAX];
+#pragma GCC unroll 8
+        for (int j = 0; j < JB; j++) {
+            s0[j] = _mm512_set1_epi32(corr[j * kn + bb]);
+            s1[j] = _mm512_setzero_si512();
+        }
+        /* chunk-major, so the JB x NC independent chains interleave */
+#pragma GCC unroll 8
+        for (int c = 0; c < 8 / NC; c++)
+#pragma GCC unroll 8
+            for (int j = 0; j < JB; j++) {
+                const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
+                s0[j] = dpbusd_bcast(s0[j], wv[c], xq + 4 * c);
+                if (NC == 2) s1[j] = dpbusd_bcast(s1[j], wv[c + 4], xq + 16 + 4 * c);
+            }
+        const __m512 dw = cvtph_2x8(k0, k1);
+#pragma GCC unroll 8
+        for (int j = 0; j < JB; j++) {
+            const __m512i sj = NC == 2 ? _mm512_add_epi32(s0[j], s1[j]) : s0[j];
+            const __m512 dx = _mm512_set1_ps(((const float *)(act + (size_t)j * act_row + d_off))[b]);
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sj), _mm512_mul_ps(dw, dx), acc[j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < JB; j++) store_2x8(y[0] + j * ldy, y[1] + j * ldy, acc[j]);
+}
+
+typedef void (*q8z_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, const int32_t *corr,
+                       int64_t b0, int64_t kn, float *const *y, int64_t ldy, bool first);
+#define Q8Z_TILE(JB, NC)                                                                                         \
+    static void q8z_tile_##JB(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,            \
+                              const int32_t *corr, int64_t b0, int64_t kn, float *const *y, int64_t ldy,          \
+                              bool first) {                                                                       \
+        q8z_tile(JB, NC, g, act, act_row, nb, corr, b0, kn, y, ldy, first);                                       \
+    }
+Q8Z_TILE(1, 2) Q8Z_TILE(2, 2) Q8Z_TILE(3, 1) Q8Z_TILE(4, 1) Q8Z_TILE(5, 1) Q8Z_TILE(6, 1) Q8Z_TILE(7, 1) Q8Z_TILE(8, 1)
+static const q8z_fn k_q8z[JB_MAX] = {q8z_tile_1, q8z_tile_2, q8z_tile_3, q8z_tile_4,
+                                     q8z_tile_5, q8z_tile_6, q8z_tile_7, q8z_tile_8};
 
 /* One plain block_q8_0 row (a unit's last n_rows % 8 rows) against one batch row
  * over blocks [b0, b0 + kn), in the canonical chain (the avx2 table's bits). */
@@ -215,31 +329,33 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
     const int64_t pr = n_batch == 1 ? row1 - row0 : PANEL_ROWS; /* decode: the whole range (pairs) */
     for (int64_t p0 = row0; p0 < row1; p0 += pr) {
         const int64_t p1 = row1 - p0 <= pr ? row1 : p0 + pr, pg = p1 < gend ? p1 : gend;
+        const int64_t ng = (pg - p0) / R, np = ng / 2;
         for (int64_t b0 = 0; b0 < nb; b0 += KC_MAX) {
             const int64_t kn = nb - b0 < KC_MAX ? nb - b0 : KC_MAX;
-            for (int64_t j0 = 0; j0 < n_batch; j0 += JB_MAX) {
-                const int jb = n_batch - j0 < JB_MAX ? (int)(n_batch - j0) : JB_MAX;
+            for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
+                jb = next_jb(n_batch - j0);
                 const uint8_t *aj = act + (size_t)j0 * act_row;
+                float *yj = y + j0 * ldy;
                 q8_corrections(aj, act_row, jb, b0, kn, corr);
-                int64_t r = p0;
-                if (jb == 1) { /* group i of the first half with group i of the second half */
-                    const int64_t h = (pg - p0) / R / 2;
-                    for (int64_t i = 0; i < h; i++) {
-                        const int64_t ra = p0 + i * R, rb = p0 + (h + i) * R;
-                        const uint8_t *g[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
-                        float *yy[2] = {y + j0 * ldy + ra, y + j0 * ldy + rb};
-                        q8r8_tile_2x1(g, aj, act_row, nb, corr, b0, kn, yy, ldy, b0 == 0);
-                    }
-                    r += 2 * h * R;
+                /* pairs of groups: decode pairs group i of the range's first half with group i of
+                 * its second half (two streams, 256-bit tiles: as fast as one 512-bit vector there),
+                 * batches take two adjacent groups in one 512-bit vector */
+                for (int64_t i = 0; i < np; i++) {
+                    const int64_t ra = p0 + (n_batch == 1 ? i : 2 * i) * R, rb = ra + (n_batch == 1 ? np : 1) * R;
+                    const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
+                    float *yy[2] = {yj + ra, yj + rb};
+                    if (n_batch == 1) q8r8_tile_2x1(gg, aj, act_row, nb, corr, b0, kn, yy, ldy, b0 == 0);
+                    else k_q8z[jb - 1](gg, aj, act_row, nb, corr, b0, kn, yy, ldy, b0 == 0);
                 }
-                for (; r < pg; r += R) {
+                if (ng % 2) { /* the odd group */
+                    const int64_t r = p0 + (ng - 1) * R;
                     const uint8_t *g[1] = {w + (size_t)r * row_bytes};
-                    float *yy[1] = {y + j0 * ldy + r};
+                    float *yy[1] = {yj + r};
                     k_q8r8[jb - 1](g, aj, act_row, nb, corr, b0, kn, yy, ldy, b0 == 0);
                 }
-                for (r = pg; r < p1; r++)
+                for (int64_t r = pg; r < p1; r++)
                     for (int j = 0; j < jb; j++) {
-                        float *yo = y + (j0 + j) * ldy + r;
+                        float *yo = yj + j * ldy + r;
                         *yo = q8_plain_row(w + (size_t)r * row_bytes, nb, aj + (size_t)j * act_row, corr + j * kn, b0,
                                            kn, b0 == 0 ? 0.0f : *yo);
                     }
