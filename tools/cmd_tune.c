@@ -2,21 +2,33 @@
  * machine and a workload, with the quality cost measured.
  *
  * Levers: threads (1 .. online CPUs), routed experts per token (the file's k down to
- * ceil(k/2)), --no-mmap (weights in private 2 MiB pages), and, for --workload batch:N,
- * the capacity factor (off, 2, 1.5, 1.25; drop). Quality depends on k and the capacity
- * factor only (threads and paging change no bit, or float rounding at most), so it is
- * measured once per (k, capacity): the mean KL divergence of the next-token
+ * ceil(k/2)), --no-mmap (weights in private 2 MiB pages), the routed experts' precision
+ * (as stored, or re-quantized in memory at load to Q8_0 from a float file, to Q4_0 from
+ * anything wider: --expert-type), under --memory the expert store (budgets that fit x
+ * next-use/lfu x prefetch), and, for --workload batch:N, the capacity factor (off, 2, 1.5,
+ * 1.25; drop). Quality depends on k, the capacity factor and the expert type only (threads,
+ * paging and the store change no bit, or float rounding at most), so it is measured once
+ * per (k, capacity, expert type): the mean KL divergence of the next-token
  * distributions against the exact configuration on a calibration text, top-1
  * agreement, and the perplexity change. Speed is measured for every configuration as a
  * paired ratio against the default one (all threads, the file's k, mapped, no capacity
  * factor), run alternately in the same process, because these machines drift.
  *
- * Search within --time (successive halving): 1. quality of every (k, capacity) on a short
- * text; those within twice the allowed loss go on; 2. a short speed pair for each of them
- * x threads x paging; the better half goes on; 3. the long text's quality and three
- * speed pairs for those. The Pareto front (speed vs KL) of stage 3, the recommendation
- * (the fastest within --max-quality-loss of perplexity), and --explain (the ledger's
- * phases of the default against the recommendation) are printed; -o writes the
+ * A configuration fits when its footprint (bench's RSS bound: the resident weights with the
+ * experts at their precision, or the store's budget instead of them, + KV + overhead) is
+ * within --memory; one that does not is never on the front nor recommended (the default is
+ * still measured: it is the reference of every ratio).
+ *
+ * Search within --time (successive halving): 1. quality of every (k, capacity, expert type)
+ * on a short text; those within twice the allowed loss go on; 2. a short speed pair for
+ * each of them that fits x threads x paging, and for the store's configurations; then the
+ * combinations of the best store configuration with each smaller k that survived; 3. the
+ * default and the better half of the fitting survivors, those within the allowed loss on
+ * the short text first (past --time the default and the first of them still run): the long
+ * text's quality and three speed pairs. The Pareto front (speed vs KL) of the fitting
+ * stage-3 configurations, the recommendation (the fastest within --max-quality-loss of
+ * perplexity), and --explain (the ledger's phases of the default against the
+ * recommendation, and the quality each of its levers cost alone) are printed; -o writes the
  * recommendation as a configuration run/bench/perplexity/serve read with --config;
  * --html a page with the front as an SVG chart. */
 #include <dirent.h>
@@ -40,9 +52,11 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax tune [-m FILE] [--time 10m] [--max-quality-loss 1%%] [--workload decode|batch:N]\n"
-               "                   [--calib TEXT|DIR] [-o CONFIG.json] [--html PAGE] [--explain] [--json]\n\n"
+               "                   [--memory SIZE] [--calib TEXT|DIR] [-o CONFIG.json] [--html PAGE] [--log FILE]\n"
+               "                   [--explain] [--json]\n\n"
                "Sweeps the levers that apply (threads, routed experts per token from the file's k down to k/2,\n"
-               "--no-mmap, and for batch:N the capacity factor), measures decode speed as paired ratios against\n"
+               "--no-mmap, the experts' precision (--expert-type q8_0/q4_0), under --memory the expert store, and\n"
+               "for batch:N the capacity factor), measures decode speed as paired ratios against\n"
                "the default configuration run alternately, and quality as the KL divergence of next-token\n"
                "distributions against the exact configuration, top-1 agreement and the perplexity change on a\n"
                "calibration text; successive halving within --time. Prints the Pareto front (speed vs KL) and a\n"
@@ -50,6 +64,8 @@ static void usage(FILE *f) {
                "  --calib TEXT|DIR  calibration text (default: the default model's held-out Python files from\n"
                "                    /usr/lib/python3.11, as tools/train/corpus.py splits them)\n"
                "  --workload W      decode (one sequence, the default) or batch:N (N sequences decoding together)\n"
+               "  --memory SIZE     only configurations whose footprint fits SIZE (4G, 512M) are on the front\n"
+               "  --log FILE        one line per measurement; a rerun reuses them (default: tune.log beside -o)\n"
                "  -o FILE           write the recommendation as a configuration (--config FILE elsewhere)\n"
                "  --html PAGE       the results and the front as one page\n"
                "  --explain         the ledger's phases per token of the default and the recommendation\n"
@@ -157,7 +173,10 @@ struct tcfg {
     uint64_t budget;    /* expert store's budget in bytes; 0: no store (the experts mapped) */
     enum moetax_store_policy policy;
     bool no_prefetch;
+    enum moetax_type etype; /* routed experts re-quantized at load (--expert-type); MOETAX_EXPERT_TYPE_AS_STORED */
 };
+
+#define TUNE_ETYPES 3 /* as stored, Q8_0, Q4_0 */
 
 struct tres {
     struct tcfg c;
@@ -167,11 +186,16 @@ struct tres {
     double ratio, tps, tax, p99_ms; /* speed: paired ratio against the default, its tokens/s */
     double phase_us[MOETAX_PHASE_COUNT];
     bool pareto;
+    bool fits;          /* its footprint is within --memory (always without --memory) */
+    uint64_t footprint; /* bytes, as bench's RSS bound */
+    int tier;           /* stage-3 order: 0 the default, 1 within the loss on the short text, 2 within twice it */
 };
 
 struct tune {
     const char *model_path;
-    struct moetax_model *m[2];  /* mapped, no_mmap (loaded when first needed) */
+    struct moetax_model *m[2][TUNE_ETYPES]; /* [no_mmap][expert type] (loaded when first needed) */
+    enum moetax_type etypes[TUNE_ETYPES];   /* the expert types tried: [0] as stored */
+    int n_etypes;
     int32_t *calib;
     int64_t n_calib, n_short, window;
     int batch;                  /* 1: decode */
@@ -183,14 +207,52 @@ struct tune {
     int n_logged, reused;
 };
 
-static moetax_status model_for(struct tune *t, bool no_mmap, struct moetax_model **out) {
-    if (!t->m[no_mmap]) {
-        struct moetax_model_params mp = {.no_mmap = no_mmap};
-        moetax_status st = moetax_model_load_ex(t->model_path, &mp, &t->m[no_mmap]);
+static int etype_index(const struct tune *t, enum moetax_type e) {
+    for (int i = 0; i < t->n_etypes; i++)
+        if (t->etypes[i] == e) return i;
+    return 0;
+}
+
+static moetax_status model_for(struct tune *t, const struct tcfg *c, struct moetax_model **out) {
+    const int ei = etype_index(t, c->etype);
+    if (!t->m[c->no_mmap][ei]) {
+        struct moetax_model_params mp = {.no_mmap = c->no_mmap, .expert_type = c->etype};
+        moetax_status st = moetax_model_load_ex(t->model_path, &mp, &t->m[c->no_mmap][ei]);
         if (st) return st;
     }
-    *out = t->m[no_mmap];
+    *out = t->m[c->no_mmap][ei];
     return MOETAX_OK;
+}
+
+/* The expert types worth trying for a file whose routed experts are of type `stored`: Q8_0
+ * from a float file, Q4_0 from anything wider than 4 bits. */
+static int expert_types(enum moetax_type stored, enum moetax_type *out) {
+    int n = 0;
+    out[n++] = MOETAX_EXPERT_TYPE_AS_STORED;
+    const bool is_float = stored == MOETAX_TYPE_F32 || stored == MOETAX_TYPE_F16 || stored == MOETAX_TYPE_BF16;
+    if (is_float) out[n++] = MOETAX_TYPE_Q8_0;
+    if (is_float || stored == MOETAX_TYPE_Q8_0 || stored == MOETAX_TYPE_Q6_K || stored == MOETAX_TYPE_Q5_K)
+        out[n++] = MOETAX_TYPE_Q4_0;
+    return n;
+}
+
+/* The routed experts' bytes at type e (as stored: the file's), all of them resident. */
+static uint64_t expert_bytes_as(const struct moetax_model *m, enum moetax_type e) {
+    if (e == MOETAX_EXPERT_TYPE_AS_STORED) return cli_store_expert_bytes(m);
+    uint64_t b = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct moetax_layer *l = &m->layers[il];
+        if (!l->is_moe) continue;
+        const struct moetax_weight *ws[3] = {&l->gate_exps, l->fused_gate_up ? NULL : &l->up_exps, &l->down_exps};
+        for (int i = 0; i < 3; i++)
+            if (ws[i]) b += (uint64_t)moetax_row_size(e, ws[i]->ne[0]) * (uint64_t)ws[i]->ne[1] * (uint64_t)ws[i]->ne[2];
+    }
+    return b;
+}
+
+static bool is_default(const struct tcfg *c, const struct tcfg *d) {
+    return c->threads == d->threads && c->k == d->k && !c->no_mmap && c->cap == 0 && !c->budget &&
+           c->etype == MOETAX_EXPERT_TYPE_AS_STORED;
 }
 
 /* log-softmax of a row in double, into lp (as float) */
@@ -209,7 +271,7 @@ static void log_softmax(const float *x, int64_t V, float *lp) {
 typedef void (*row_cb)(void *u, int64_t j, const float *row);
 static moetax_status run_windows(struct tune *t, const struct tcfg *c, int64_t n, row_cb cb, void *u) {
     struct moetax_model *m;
-    moetax_status st = model_for(t, c->no_mmap, &m);
+    moetax_status st = model_for(t, c, &m);
     if (st) return st;
     const int B = t->batch;
     const int64_t W = t->window;
@@ -266,7 +328,7 @@ static void q_row(void *u, int64_t j, const float *row) {
 
 /* Quality of c on the first n calibration tokens (n = n_short or n_calib). */
 static moetax_status quality(struct tune *t, struct tres *r, int64_t n, bool is_long) {
-    const int64_t V = t->m[0]->hp.n_vocab;
+    const int64_t V = t->m[0][0]->hp.n_vocab;
     struct q_u q = {.t = t, .V = V, .lp = malloc(sizeof(float) * (size_t)V)};
     if (!q.lp) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     moetax_status st = run_windows(t, &r->c, n, q_row, &q);
@@ -285,7 +347,7 @@ static moetax_status quality(struct tune *t, struct tres *r, int64_t n, bool is_
 static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps, double *tps, double *phase_us,
                                 double *tax, double *p99_ms) {
     struct moetax_model *m;
-    moetax_status st = model_for(t, c->no_mmap, &m);
+    moetax_status st = model_for(t, c, &m);
     if (st) return st;
     const int B = t->batch;
     const int64_t per = (16 + steps + 1 + 31) / 32 * 32;
@@ -372,10 +434,14 @@ static void cfg_name(const struct tcfg *c, char *buf, size_t n) {
     if (c->budget)
         snprintf(sto, sizeof sto, " store %.1fM %s%s", (double)c->budget / (1 << 20), moetax_store_policy_name(c->policy),
                  c->no_prefetch ? " no-prefetch" : "");
-    snprintf(buf, n, "t%d k%d%s%s%s", c->threads, c->k, c->no_mmap ? " no-mmap" : "", cap, sto);
+    char et[32] = "";
+    if (c->etype != MOETAX_EXPERT_TYPE_AS_STORED) snprintf(et, sizeof et, " experts %s", moetax_type_name(c->etype));
+    snprintf(buf, n, "t%d k%d%s%s%s%s", c->threads, c->k, c->no_mmap ? " no-mmap" : "", et, cap, sto);
 }
 
-static bool same_quality(const struct tcfg *a, const struct tcfg *b) { return a->k == b->k && a->cap == b->cap; }
+static bool same_quality(const struct tcfg *a, const struct tcfg *b) {
+    return a->k == b->k && a->cap == b->cap && a->etype == b->etype;
+}
 
 /* ---- the log (--log): one JSON line per measurement, a header line naming what was tuned ---- */
 
@@ -468,8 +534,10 @@ static double jnum(json_t *o, const char *k) { return json_number_value(json_obj
 
 /* quality() through the log: the measurement of (k, capacity) at this stage if logged */
 static moetax_status quality_logged(struct tune *t, struct tres *r, int64_t n, bool is_long, int stage) {
-    char name[48];
-    snprintf(name, sizeof name, "k%d cf %g", r->c.k, (double)r->c.cap);
+    char name[64];
+    snprintf(name, sizeof name, "k%d cf %g%s%s", r->c.k, (double)r->c.cap,
+             r->c.etype != MOETAX_EXPERT_TYPE_AS_STORED ? " experts " : "",
+             r->c.etype != MOETAX_EXPERT_TYPE_AS_STORED ? moetax_type_name(r->c.etype) : "");
     json_t *o = log_find(t, "quality", stage, name);
     if (o) {
         r->kl = jnum(o, "kl"), r->top1 = jnum(o, "top1"), r->ppl = jnum(o, "ppl"), r->dppl = jnum(o, "ppl_change");
@@ -486,7 +554,7 @@ static moetax_status quality_logged(struct tune *t, struct tres *r, int64_t n, b
 
 /* speed() through the log */
 static moetax_status speed_logged(struct tune *t, const struct tcfg *d, struct tres *r, int pairs, int steps, int stage) {
-    char name[96];
+    char name[128];
     cfg_name(&r->c, name, sizeof name);
     json_t *o = log_find(t, "speed", stage, name);
     if (o) {
@@ -510,8 +578,10 @@ static moetax_status speed_logged(struct tune *t, const struct tcfg *d, struct t
 
 /* ---- the command ------------------------------------------------------------------------- */
 
-static int cmp_ratio_desc(const void *a, const void *b) {
+/* stage 3's order: tier (the default, within the loss, within twice it), then the stage-2 speed */
+static int cmp_stage3(const void *a, const void *b) {
     const struct tres *x = *(struct tres *const *)a, *y = *(struct tres *const *)b;
+    if (x->tier != y->tier) return x->tier - y->tier;
     return (x->ratio < y->ratio) - (x->ratio > y->ratio);
 }
 
@@ -542,7 +612,7 @@ static moetax_status write_html(const char *path, struct tres *res, int n, const
             rmax, T + ch, rmin);
     for (int i = 0; i < n; i++) {
         if (res[i].stage != 3) continue;
-        char name[64];
+        char name[128];
         cfg_name(&res[i].c, name, sizeof name);
         const double x = L + cw * res[i].kl / kmax, y = T + ch * (1 - (res[i].ratio - rmin) / (rmax - rmin));
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%d\" fill=\"%s\"><title>%s: %.3fx, KL %.4g, ppl %+.2f%%</title>"
@@ -553,7 +623,7 @@ static moetax_status write_html(const char *path, struct tres *res, int n, const
           "distributions); the large point: the recommendation.</p>\n<table><tr><th>configuration</th><th>stage</th>"
           "<th>speed ratio</th><th>tokens/s</th><th>KL</th><th>top-1</th><th>perplexity</th><th>tax</th></tr>\n", f);
     for (int i = 0; i < n; i++) {
-        char name[64];
+        char name[128];
         cfg_name(&res[i].c, name, sizeof name);
         fprintf(f, "<tr><td>%s%s</td><td>%d</td><td>%.3f</td><td>%.1f</td><td>%.4g</td><td>%.1f%%</td><td>%+.2f%%</td>"
                    "<td>%.1f%%</td></tr>\n", name, &res[i] == rec ? " (recommended)" : "", res[i].stage, res[i].ratio,
@@ -562,6 +632,37 @@ static moetax_status write_html(const char *path, struct tres *res, int n, const
     fputs("</table>\n</body></html>\n", f);
     if (ferror(f)) { moetax_outfile_abort(out); return moetax_error(MOETAX_ERR_IO, "%s: writing failed", path); }
     return moetax_outfile_commit(out);
+}
+
+/* The quality each lever of rec cost alone (the measured configuration with only that lever
+ * moved from the default), then together: experts per token, expert type, capacity factor;
+ * threads, paging and the store cost none. Long-text figures where measured (*: short). */
+static void explain_quality(const struct tres *res, int n, const struct tres *rec, const struct tcfg *def) {
+    struct { const char *what; struct tcfg c; bool moved; char from[32], to[32]; } lv[3];
+    lv[0].what = "experts per token", lv[0].c = (struct tcfg){.k = rec->c.k}, lv[0].moved = rec->c.k != def->k;
+    snprintf(lv[0].from, sizeof lv[0].from, "%d", def->k), snprintf(lv[0].to, sizeof lv[0].to, "%d", rec->c.k);
+    lv[1].what = "expert type", lv[1].c = (struct tcfg){.k = def->k, .etype = rec->c.etype};
+    lv[1].moved = rec->c.etype != MOETAX_EXPERT_TYPE_AS_STORED;
+    snprintf(lv[1].from, sizeof lv[1].from, "as stored");
+    snprintf(lv[1].to, sizeof lv[1].to, "%s", moetax_type_name(rec->c.etype));
+    lv[2].what = "capacity factor", lv[2].c = (struct tcfg){.k = def->k, .cap = rec->c.cap}, lv[2].moved = rec->c.cap > 0;
+    snprintf(lv[2].from, sizeof lv[2].from, "off"), snprintf(lv[2].to, sizeof lv[2].to, "%.2g", (double)rec->c.cap);
+    int moved = 0;
+    printf("  quality (perplexity change, KL against the exact configuration):\n");
+    for (int i = 0; i < 3; i++) {
+        if (!lv[i].moved) continue;
+        moved++;
+        const struct tres *q = NULL;
+        for (int j = 0; j < n && !q; j++)
+            if (res[j].stage >= 1 && same_quality(&res[j].c, &lv[i].c)) q = &res[j];
+        if (q)
+            printf("    %-18s %s -> %s alone: %+.2f%%%s, KL %.3g\n", lv[i].what, lv[i].from, lv[i].to, 100 * q->dppl,
+                   q->q_long ? "" : "*", q->kl);
+        else printf("    %-18s %s -> %s alone: not measured\n", lv[i].what, lv[i].from, lv[i].to);
+    }
+    if (rec->c.budget) printf("    expert store       exact: no quality cost\n");
+    if (moved > 1) printf("    together           %+.2f%%%s, KL %.3g\n", 100 * rec->dppl, rec->q_long ? "" : "*", rec->kl);
+    if (!moved) printf("    none: threads, paging and the store change no bit of the result\n");
 }
 
 int cmd_tune(int argc, char **argv) {
@@ -613,7 +714,7 @@ int cmd_tune(int argc, char **argv) {
     struct tres *res = NULL;
     int nres = 0;
     struct moetax_model *m0;
-    if ((st = model_for(&t, false, &m0))) goto done;
+    if ((st = model_for(&t, &(struct tcfg){0}, &m0))) goto done;
     if (m0->hp.n_expert < 1) { st = moetax_error(MOETAX_ERR_ARG, "%s has no routed experts: nothing to tune", model); goto done; }
     if ((st = moetax_tokenizer_load(m0->gguf, &tok))) goto done;
     if ((st = calib_tokens(tok, calib, 2048, &t.calib, &t.n_calib))) goto done;
@@ -643,7 +744,19 @@ int cmd_tune(int argc, char **argv) {
     }
     const uint64_t fixed = (fbytes > ebytes ? fbytes - ebytes : 0) + kvb + CLI_RSS_OVERHEAD_BYTES,
                    full = fixed + ebytes;
-    const bool fits = !memory || full <= memory;
+    const bool fits = !memory || full <= memory; /* the default fits */
+    {   /* the expert types tried: as stored, and the narrower ones re-quantized at load */
+        enum moetax_type stored = MOETAX_TYPE_F32;
+        for (int il = 0; il < m0->hp.n_layer; il++)
+            if (m0->layers[il].is_moe) { stored = m0->layers[il].down_exps.type; break; }
+        t.n_etypes = expert_types(stored, t.etypes);
+    }
+    uint64_t efoot[TUNE_ETYPES]; /* the footprint with the experts at each type, mapped (no store) */
+    bool some_fit = fits;
+    for (int e = 0; e < t.n_etypes; e++) {
+        efoot[e] = fixed + expert_bytes_as(m0, t.etypes[e]);
+        some_fit |= efoot[e] <= memory;
+    }
     uint64_t budgets[3] = {0};
     int nbud = 0;
     if (memory) {
@@ -652,7 +765,11 @@ int cmd_tune(int argc, char **argv) {
                (double)fbytes / (1 << 20), (double)ebytes / (1 << 20), (double)kvb / (1 << 20),
                (double)CLI_RSS_OVERHEAD_BYTES / (1 << 20), (double)memory / (1 << 20),
                fits ? "it fits (the expert store is offered only if it measures faster; it rarely does)"
-                    : "it does not fit: expert-store configurations are the candidates");
+                    : "it does not fit: configurations that fit are the candidates; the default is measured as the "
+                      "reference of the speed ratios only");
+        for (int e = 1; e < t.n_etypes; e++)
+            printf("memory: with the routed experts as %s: %.1f MiB: %s\n", moetax_type_name(t.etypes[e]),
+                   (double)efoot[e] / (1 << 20), efoot[e] <= memory ? "fits" : "does not fit");
         /* the largest budget that fits (whole slots; at most the experts' size), 75% and 50% of it */
         const uint64_t maxb = memory > fixed ? memory - fixed : 0;
         const uint64_t top = fits ? ebytes : (maxb < ebytes ? maxb : ebytes);
@@ -663,7 +780,7 @@ int cmd_tune(int argc, char **argv) {
             struct cli_store_opts so = {.n_expert_used = (int)K};
             struct moetax_store *s0 = NULL;
             if (!cli_store_open(m0, &so, bb > 4096 ? bb : 4096, &ub, &s0) && bb >= 4096) budgets[nbud++] = bb;
-            else if (b == 0) {
+            else if (b == 0 && !some_fit) {
                 /* the smallest budget the store accepts, from its message ("give at least X MiB") */
                 char msg[512];
                 snprintf(msg, sizeof msg, "%s", s0 ? "" : moetax_last_error());
@@ -675,20 +792,23 @@ int cmd_tune(int argc, char **argv) {
                 }
                 const char *e = strstr(msg, "at least ");
                 double minmib = e ? atof(e + 9) : 0;
+                uint64_t fmin = full;
+                for (int x = 0; x < t.n_etypes; x++) fmin = efoot[x] < fmin ? efoot[x] : fmin;
                 st = moetax_error(MOETAX_ERR_LIMIT, "--memory %.1f MiB: no configuration fits: the model needs %.1f MiB "
-                                  "without the store, and with it at least %.1f MiB (%.1f MiB besides the experts + the "
-                                  "store's minimum budget %.3f MiB: %s)", (double)memory / (1 << 20),
-                                  (double)full / (1 << 20), (double)fixed / (1 << 20) + minmib,
+                                  "without the store (%.1f MiB with its experts at the narrowest type tried), and with "
+                                  "it at least %.1f MiB (%.1f MiB besides the experts + the store's minimum budget "
+                                  "%.3f MiB: %s)", (double)memory / (1 << 20), (double)full / (1 << 20),
+                                  (double)fmin / (1 << 20), (double)fixed / (1 << 20) + minmib,
                                   (double)fixed / (1 << 20), minmib, e ? "one token's experts" : msg);
                 moetax_store_free(s0);
                 goto done;
             }
             moetax_store_free(s0);
-            if (fits) break; /* fits: the full budget only */
+            if (fits || (b == 0 && !nbud)) break; /* fits: the full budget only; none: no store */
         }
     }
     if (!(t.ref = malloc(sizeof(float) * (size_t)(t.n_calib * V)))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
-    {   /* the exact distributions: the file's k, no capacity factor */
+    {   /* the exact distributions: the file's k, no capacity factor, the experts as stored */
         struct ref_u r = {.t = &t, .V = V};
         if ((st = run_windows(&t, &def, t.n_calib, ref_row, &r))) goto done;
         t.ref_ppl[1] = exp(r.nll / (double)r.n);
@@ -696,18 +816,25 @@ int cmd_tune(int argc, char **argv) {
         for (int64_t j = 0; j + 1 < t.n_short; j++) nll -= t.ref[(size_t)j * (size_t)V + (size_t)t.calib[j + 1]];
         t.ref_ppl[0] = exp(nll / (double)(t.n_short - 1));
     }
-    /* the candidates */
+    /* the candidates: the default first (the reference of every ratio, measured even where it does not fit), then
+     * every (k, capacity, expert type) x threads x paging that fits, then the store's configurations */
     const float caps[4] = {0, 2.0f, 1.5f, 1.25f};
     const int ncap = batch > 1 ? 4 : 1;
     const int kmin = (int)((K + 1) / 2);
-    res = calloc((size_t)(ncpu * 2 * (K - kmin + 1) * ncap + 3 * 2 * 2), sizeof *res);
+    res = calloc((size_t)(1 + ncpu * 2 * (K - kmin + 1) * ncap * t.n_etypes + 3 * 2 * 2 + (K - kmin + 1)), sizeof *res);
     if (!res) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
-    /* without a fit only the default is measured besides the store's configurations (the reference of the ratios) */
-    for (int k = (int)K; k >= (fits ? kmin : (int)K); k--)
-        for (int ci = 0; ci < (fits ? ncap : 1); ci++)
-            for (int th = ncpu; th >= (fits ? 1 : ncpu); th--)
-                for (int nm = 0; nm < (fits ? 2 : 1); nm++)
-                    res[nres++] = (struct tres){.c = {.threads = th, .k = k, .cap = caps[ci], .no_mmap = nm}};
+    res[nres++] = (struct tres){.c = def};
+    int n_nofit = 0;
+    for (int k = (int)K; k >= kmin; k--)
+        for (int ci = 0; ci < ncap; ci++)
+            for (int e = 0; e < t.n_etypes; e++)
+                for (int th = ncpu; th >= 1; th--)
+                    for (int nm = 0; nm < 2; nm++) {
+                        const struct tcfg c = {.threads = th, .k = k, .cap = caps[ci], .no_mmap = nm, .etype = t.etypes[e]};
+                        if (is_default(&c, &def)) continue;
+                        if (memory && efoot[e] > memory) { n_nofit++; continue; }
+                        res[nres++] = (struct tres){.c = c};
+                    }
     /* the store's configurations: exact (the same experts, read into slots), so their quality is the default's */
     const enum moetax_store_policy pols[2] = {MOETAX_STORE_NEXT_USE, MOETAX_STORE_LFU};
     for (int b = 0; b < nbud; b++)
@@ -715,11 +842,17 @@ int cmd_tune(int argc, char **argv) {
             for (int np = 0; np < 2; np++)
                 res[nres++] = (struct tres){.c = {.threads = ncpu, .k = (int)K, .budget = budgets[b], .policy = pols[pi],
                                                   .no_prefetch = np}};
+    const int n_single = nres; /* then the combinations (after stage 2) */
+    for (int i = 0; i < nres; i++) {
+        res[i].footprint = res[i].c.budget ? fixed + res[i].c.budget : efoot[etype_index(&t, res[i].c.etype)];
+        res[i].fits = !memory || res[i].footprint <= memory;
+    }
     if (nbud)
         printf("memory: %d expert-store configurations (budgets", nbud * 4);
     for (int b = 0; b < nbud; b++) printf(" %.1f MiB", (double)budgets[b] / (1 << 20));
     if (nbud) printf("; next-use and lfu; prefetch on and off): exact, no quality cost, so their quality is not "
                      "measured (the default's is theirs)\n");
+    if (n_nofit) printf("memory: %d configurations do not fit and are not measured\n", n_nofit);
     fprintf(stderr, "moetax tune: %s, %d configurations, calibration %lld tokens (short %lld), workload %s%d, %.0f s\n",
             model, nres, (long long)t.n_calib, (long long)t.n_short, batch > 1 ? "batch:" : "decode ", batch, time_s);
     /* speed runs long enough to beat the timer's and the machine's noise: steps for ~0.15 s of the
@@ -736,7 +869,7 @@ int cmd_tune(int argc, char **argv) {
     cli_progress pr;
     cli_progress_init(&pr, "tune", (uint64_t)nres * 3);
     uint64_t done_n = 0;
-    /* stage 1: quality of each (k, capacity) on the short text, shared by its threads/paging */
+    /* stage 1: quality of each (k, capacity, expert type) on the short text, shared by its threads/paging/store */
     for (int i = 0; i < nres && !st; i++) {
         struct tres *r = &res[i];
         const struct tres *same = NULL;
@@ -744,7 +877,7 @@ int cmd_tune(int argc, char **argv) {
             if (same_quality(&res[j].c, &r->c) && res[j].stage >= 1) same = &res[j];
         if (same) { r->kl = same->kl; r->top1 = same->top1; r->ppl = same->ppl; r->dppl = same->dppl; }
         else {
-            struct tres q = {.c = {.threads = def.threads, .k = r->c.k, .cap = r->c.cap}};
+            struct tres q = {.c = {.threads = def.threads, .k = r->c.k, .cap = r->c.cap, .etype = r->c.etype}};
             if ((st = quality_logged(&t, &q, t.n_short, false, 1))) break;
             r->kl = q.kl; r->top1 = q.top1; r->ppl = q.ppl; r->dppl = q.dppl;
         }
@@ -752,50 +885,72 @@ int cmd_tune(int argc, char **argv) {
         cli_progress_update(&pr, ++done_n);
     }
     /* stage 2: one short speed pair for those within twice the allowed loss */
-    struct tres **live = malloc(sizeof *live * (size_t)nres);
-    int nlive = 0;
+    struct tres **live = malloc(sizeof *live * (size_t)(nres + K));
+    int nlive = 0, nfit_live = 0;
     if (!live) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    const double loss2 = 2 * max_loss + 0.002;
     for (int i = 0; i < nres && !st; i++) {
-        char nm[96];
+        char nm[128];
         cfg_name(&res[i].c, nm, sizeof nm);
-        /* past --time only what the log holds (and, without a fit, the default and one store configuration) */
-        const bool must = !fits && (nlive < 2 || (res[i].c.budget && nlive < 2));
-        if (res[i].dppl > 2 * max_loss + 0.002 || (cli_now() > t.t_end && !must && !log_find(&t, "speed", 2, nm)))
-            continue;
+        /* past --time only what the log holds, and the default and (where the default does not fit) one that fits */
+        const bool must = is_default(&res[i].c, &def) || (!fits && res[i].fits && !nfit_live);
+        if (res[i].dppl > loss2 || (cli_now() > t.t_end && !must && !log_find(&t, "speed", 2, nm))) continue;
         if ((st = speed_logged(&t, &def, &res[i], 1, steps2, 2))) break;
         res[i].stage = 2;
         live[nlive++] = &res[i];
+        nfit_live += res[i].fits && !is_default(&res[i].c, &def);
         cli_progress_update(&pr, ++done_n);
     }
-    /* stage 3: the better half (at least 3, and always the default): long quality, three speed pairs */
+    /* combinations among the survivors: the fastest store configuration with each smaller k that stage 1 kept (its
+     * quality is that k's, the store being exact); precision x k is in the grid above (its quality is not additive) */
+    const struct tres *bst = NULL;
+    for (int i = 0; i < nlive; i++)
+        if (live[i]->c.budget && (!bst || live[i]->ratio > bst->ratio)) bst = live[i];
+    for (int k = (int)K - 1; bst && !st && k >= kmin; k--) {
+        struct tres *r = &res[nres];
+        *r = (struct tres){.c = bst->c, .footprint = bst->footprint, .fits = bst->fits};
+        r->c.k = k;
+        char nm[128];
+        cfg_name(&r->c, nm, sizeof nm);
+        if (cli_now() > t.t_end && !log_find(&t, "speed", 2, nm)) continue;
+        const struct tres *q = NULL;
+        for (int i = 0; i < n_single && !q; i++)
+            if (res[i].stage >= 1 && same_quality(&res[i].c, &r->c)) q = &res[i];
+        struct tres qm = {.c = {.threads = def.threads, .k = k, .cap = r->c.cap}};
+        if (!q) { /* that k's mapped configurations did not fit --memory: its quality measured now */
+            if ((st = quality_logged(&t, &qm, t.n_short, false, 1))) break;
+            q = &qm;
+        }
+        if (q->dppl > loss2) continue;
+        nres++;
+        r->stage = 1;
+        r->kl = q->kl, r->top1 = q->top1, r->ppl = q->ppl, r->dppl = q->dppl;
+        if ((st = speed_logged(&t, &def, r, 1, steps2, 2))) break;
+        r->stage = 2;
+        live[nlive++] = r;
+    }
+    /* stage 3: the default, then the fitting survivors, those within the allowed loss on the short text first, each
+     * group by its stage-2 speed; the better half of them (at least 3): long quality, three speed pairs. Past --time
+     * the default and the first survivor (the most promising recommendation) still run, the rest only from the log */
     if (!st) {
-        qsort(live, (size_t)nlive, sizeof *live, cmp_ratio_desc);
-        int keep = nlive / 2 > 3 ? nlive / 2 : (nlive < 3 ? nlive : 3);
-        bool has_def = false;
-        for (int i = 0; i < keep; i++) has_def |= live[i]->c.threads == def.threads && live[i]->c.k == def.k &&
-                                                  !live[i]->c.no_mmap && live[i]->c.cap == 0;
-        for (int i = keep; i < nlive && !has_def; i++)
-            if (live[i]->c.threads == def.threads && live[i]->c.k == def.k && !live[i]->c.no_mmap && live[i]->c.cap == 0) {
-                struct tres *x = live[keep];
-                live[keep] = live[i];
-                live[i] = x;
-                keep++;
-                has_def = true;
-            }
-        bool cut = false, store3 = fits; /* store3: a store configuration reached stage 3 (needed without a fit) */
-        for (int i = 0; i < keep && !st; i++) {
+        for (int i = 0; i < nlive; i++)
+            live[i]->tier = is_default(&live[i]->c, &def) ? 0 : live[i]->dppl <= max_loss ? 1 : 2;
+        qsort(live, (size_t)nlive, sizeof *live, cmp_stage3);
+        int ncand = 0;
+        for (int i = 0; i < nlive; i++) ncand += live[i]->tier > 0 && live[i]->fits;
+        const int keep_c = ncand / 2 > 3 ? ncand / 2 : (ncand < 3 ? ncand : 3);
+        bool cut = false;
+        for (int i = 0, taken = 0; i < nlive && !st; i++) {
             struct tres *r = live[i];
-            char nm[96];
+            const bool is_def = r->tier == 0;
+            if (!is_def && (!r->fits || taken++ >= keep_c)) continue;
+            char nm[128];
             cfg_name(&r->c, nm, sizeof nm);
-            /* past --time: only what the log holds, and at least two (the default and the best other) */
-            const bool is_def = r->c.threads == def.threads && r->c.k == def.k && !r->c.no_mmap && r->c.cap == 0 &&
-                                !r->c.budget;
-            if (cli_now() > t.t_end && i >= 2 && !is_def && !(r->c.budget && !store3) && !log_find(&t, "speed", 3, nm)) {
+            if (cli_now() > t.t_end && !is_def && taken > 1 && !log_find(&t, "speed", 3, nm)) {
                 if (!cut) fprintf(stderr, "\nmoetax tune: --time spent, stage 3 cut short\n");
                 cut = true;
                 continue;
             }
-            store3 |= r->c.budget != 0;
             const struct tres *same = NULL;
             for (int j = 0; j < nres && !same; j++)
                 if (&res[j] != r && res[j].q_long && same_quality(&res[j].c, &r->c)) same = &res[j];
@@ -809,7 +964,7 @@ int cmd_tune(int argc, char **argv) {
     cli_progress_done(&pr);
     free(live);
     if (st) goto done;
-    /* the long text's quality for every configuration of the same (k, capacity) */
+    /* the long text's quality for every configuration of the same (k, capacity, expert type) */
     for (int i = 0; i < nres; i++)
         if (res[i].q_long)
             for (int j = 0; j < nres; j++)
@@ -817,26 +972,26 @@ int cmd_tune(int argc, char **argv) {
                     res[j].kl = res[i].kl, res[j].top1 = res[i].top1, res[j].ppl = res[i].ppl, res[j].dppl = res[i].dppl;
                     res[j].q_long = true;
                 }
-    /* the front and the recommendation (stage 3 only) */
+    /* the front and the recommendation: stage 3, configurations that fit only */
     struct tres *rec = NULL, *dres = NULL;
     for (int i = 0; i < nres; i++) {
         struct tres *r = &res[i];
         if (r->stage != 3) continue;
-        if (r->c.threads == def.threads && r->c.k == def.k && !r->c.no_mmap && r->c.cap == 0) dres = r;
-        r->pareto = true;
+        if (is_default(&r->c, &def)) dres = r;
+        r->pareto = r->fits;
         for (int j = 0; j < nres && r->pareto; j++)
-            if (j != i && res[j].stage == 3 && res[j].ratio >= r->ratio && res[j].kl <= r->kl &&
+            if (j != i && res[j].stage == 3 && res[j].fits && res[j].ratio >= r->ratio && res[j].kl <= r->kl &&
                 (res[j].ratio > r->ratio || res[j].kl < r->kl))
                 r->pareto = false;
-        if (r->dppl <= max_loss && (fits || r->c.budget) && (!rec || r->ratio > rec->ratio)) rec = r;
+        if (r->dppl <= max_loss && r->fits && (!rec || r->ratio > rec->ratio)) rec = r;
     }
     /* within 2% of the default is noise on these machines: then the default is the recommendation */
-    const bool keep_default = rec && fits && (rec == dres || rec->ratio < 1.02);
+    const bool keep_default = rec && dres && dres->fits && (rec == dres || rec->ratio < 1.02);
     const struct tres *best = rec;
-    if (keep_default && dres) rec = dres;
+    if (keep_default) rec = dres;
     if (json)
         for (int i = 0; i < nres; i++) {
-            char name[64];
+            char name[128];
             cfg_name(&res[i].c, name, sizeof name);
             json_t *jo = cli_jobj("siiifbffffffb", "config", name, "stage", res[i].stage, "threads",
                                             res[i].c.threads, "experts_used", res[i].c.k, "capacity_factor",
@@ -847,23 +1002,27 @@ int cmd_tune(int argc, char **argv) {
             json_object_set_new(jo, "policy", res[i].c.budget ? json_string(moetax_store_policy_name(res[i].c.policy))
                                                               : json_null());
             json_object_set_new(jo, "prefetch", json_boolean(res[i].c.budget && !res[i].c.no_prefetch));
-            json_object_set_new(jo, "fits", json_boolean(fits || res[i].c.budget));
+            json_object_set_new(jo, "expert_type", res[i].c.etype != MOETAX_EXPERT_TYPE_AS_STORED
+                                                       ? json_string(moetax_type_name(res[i].c.etype)) : json_null());
+            json_object_set_new(jo, "fits", json_boolean(res[i].fits));
+            json_object_set_new(jo, "footprint_mib", json_real((double)res[i].footprint / (1 << 20)));
             json_object_set_new(jo, "recommended", json_boolean(&res[i] == rec));
             cli_json_print(stdout, jo);
         }
     else {
         printf("moetax tune: %s, workload %s, exact perplexity %.3f on %lld calibration tokens\n\n", model,
                batch > 1 ? "batch" : "decode", t.ref_ppl[1], (long long)t.n_calib);
-        printf("  %-40s %5s %8s %10s %10s %7s %10s %7s %6s\n", "configuration", "stage", "speed", "tokens/s", "KL",
+        printf("  %-44s %5s %8s %10s %10s %7s %10s %7s %6s\n", "configuration", "stage", "speed", "tokens/s", "KL",
                "top-1", "perplexity", "tax", "front");
         /* quality is of the long text where measured there (*: the short text only) */
         for (int i = 0; i < nres; i++) {
             if (res[i].stage < 2) continue;
-            char name[64];
+            char name[128];
             cfg_name(&res[i].c, name, sizeof name);
-            printf("  %-40s %5d %7.3fx %10.1f %10.3g %6.1f%% %+9.2f%%%s %6.1f%% %6s%s\n", name, res[i].stage, res[i].ratio,
+            printf("  %-44s %5d %7.3fx %10.1f %10.3g %6.1f%% %+9.2f%%%s %6.1f%% %6s%s%s\n", name, res[i].stage, res[i].ratio,
                    res[i].tps, res[i].kl, 100 * res[i].top1, 100 * res[i].dppl, res[i].q_long ? " " : "*", 100 * res[i].tax,
-                   res[i].pareto ? "yes" : "", &res[i] == rec ? "  <- recommended" : "");
+                   res[i].pareto ? "yes" : "", &res[i] == rec ? "  <- recommended" : "",
+                   res[i].fits ? "" : "  (does not fit --memory: the reference only)");
         }
         int dropped = 0;
         for (int i = 0; i < nres; i++) dropped += res[i].stage == 1;
@@ -875,12 +1034,13 @@ int cmd_tune(int argc, char **argv) {
                (long long)K);
     }
     if (!rec) {
-        st = moetax_error(MOETAX_ERR_LIMIT, "no configuration measured in stage 3 keeps the perplexity within %.2f%% of "
-                          "the exact one (raise --max-quality-loss or --time)", 100 * max_loss);
+        st = moetax_error(MOETAX_ERR_LIMIT, "no configuration measured in stage 3 %skeeps the perplexity within %.2f%% of "
+                          "the exact one (raise --max-quality-loss%s or --time)", memory ? "fits --memory and " : "",
+                          100 * max_loss, memory ? ", --memory" : "");
         goto done;
     }
     {
-        char name[64];
+        char name[128];
         cfg_name(&best->c, name, sizeof name);
         if (!json) {
             if (keep_default)
@@ -899,13 +1059,13 @@ int cmd_tune(int argc, char **argv) {
                 printf("  %-9s %-4s %9.1f -> %9.1f  (%+.1f)\n", moetax_phase_name((enum moetax_phase)p),
                        moetax_phase_is_tax((enum moetax_phase)p) ? "tax" : "work", a, b, b - a);
             }
-            printf("  tax share %.1f%% -> %.1f%%; quality: experts %lld -> %d costs %+.2f%% perplexity (KL %.3g)%s\n",
-                   100 * dres->tax, 100 * rec->tax, (long long)K, rec->c.k, 100 * rec->dppl, rec->kl,
-                   rec->c.cap > 0 ? " with the capacity factor" : "");
+            printf("  tax share %.1f%% -> %.1f%%\n", 100 * dres->tax, 100 * rec->tax);
+            explain_quality(res, nres, rec, &def);
         }
         if (out) {
             struct cli_config cc = {.threads = rec->c.threads, .experts_used = rec->c.k, .capacity_factor = rec->c.cap,
-                                    .no_mmap = rec->c.no_mmap, .no_prefetch = rec->c.budget && rec->c.no_prefetch};
+                                    .no_mmap = rec->c.no_mmap, .no_prefetch = rec->c.budget && rec->c.no_prefetch,
+                                    .expert_type = rec->c.etype};
             if (rec->c.budget) {
                 snprintf(cc.expert_budget, sizeof cc.expert_budget, "%lluK", (unsigned long long)(rec->c.budget >> 10));
                 snprintf(cc.policy, sizeof cc.policy, "%s", moetax_store_policy_name(rec->c.policy));
@@ -919,6 +1079,7 @@ int cmd_tune(int argc, char **argv) {
             json_object_set_new(meas, "kl", json_real(rec->kl));
             json_object_set_new(meas, "ppl_change", json_real(rec->dppl));
             json_object_set_new(meas, "top1", json_real(rec->top1));
+            json_object_set_new(meas, "footprint_mib", json_real((double)rec->footprint / (1 << 20)));
             json_t *extra = json_object();
             json_object_set_new(extra, "measured", meas);
             if ((st = cli_config_write(out, &cc, extra))) goto done;
@@ -937,7 +1098,7 @@ done:
     free(t.ref);
     free(t.calib);
     moetax_tokenizer_free(tok);
-    moetax_model_free(t.m[0]);
-    moetax_model_free(t.m[1]);
+    for (int nm = 0; nm < 2; nm++)
+        for (int e = 0; e < TUNE_ETYPES; e++) moetax_model_free(t.m[nm][e]);
     return st ? cli_fail("tune", st) : 0;
 }
