@@ -775,13 +775,13 @@ static void test_rope(void) {
 }
 
 /* The avx512 table's results are bit-identical to the avx2 table's (Q8_0 / Q4_0: the same exact
- * block sums and float chain; F32 / F16 / BF16: the same per-lane chains, kernels.h): decode, small batches 2-16 (tiles of up to 8 and
- * their remainders), prefill-sized batches (panels, column chunks past 512 blocks), plain tails,
+ * block sums and float chain; F32 / F16 / BF16: the same per-lane chains, kernels.h): decode, small batches 2-16 (tiles of up to 8,
+ * 512-bit pairs of groups and a lone 256-bit group), prefill-sized batches (panels, column chunks past 512 blocks), plain tails,
  * row sub-ranges. Each table reads its own repacked layout. */
 static void test_matmul_avx512_vs_avx2(void) {
     const struct moetax_kernels *a2 = moetax_kernels_avx2(), *a5 = moetax_kernels_avx512();
     if (!a2 || !a5) return;
-    static const int64_t rows_l[] = {8, 13, 16, 24, 64, 75, 136};
+    static const int64_t rows_l[] = {8, 13, 16, 24, 40, 64, 75, 136, 200};
     static const int64_t cols_l[] = {32, 96, 256, 1024, 32 * 515};
     static const int64_t bs_l[] = {1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33};
     static const int64_t cols_f[] = {1, 7, 8, 13, 100, 1031, 2047 + 1024}; /* F: tails, one and two chunks */
@@ -806,15 +806,17 @@ static void test_matmul_avx512_vs_avx2(void) {
                 for (size_t bi = 0; bi < sizeof bs_l / sizeof bs_l[0]; bi++) {
                     const int64_t n = bs_l[bi];
                     if (ncols > 4096 && n > 9) continue;
-                    for (int sub = 0; sub < 2; sub++) { /* the whole range; rows [8, end) */
-                        const int64_t r0 = sub ? 8 : 0;
-                        if (r0 >= rows) continue;
+                    /* the whole range; rows [8, end); rows [8, the last whole group) (no plain tail;
+                     * an odd or even number of groups, so 512-bit pairs of groups and a lone group) */
+                    for (int sub = 0; sub < 3; sub++) {
+                        const int64_t r0 = sub ? 8 : 0, r1 = sub == 2 ? rows / 8 * 8 : rows;
+                        if (r0 >= r1 || (sub == 2 && r1 == rows)) continue;
                         for (int64_t i = 0; i < ldy * n; i++) y2[i] = y5[i] = -777.0f;
-                        a2->matmul(t, w2, rb, r0, rows, ncols, xq, n, y2, ldy);
-                        a5->matmul(t, w5, rb, r0, rows, ncols, xq, n, y5, ldy);
+                        a2->matmul(t, w2, rb, r0, r1, ncols, xq, n, y2, ldy);
+                        a5->matmul(t, w5, rb, r0, r1, ncols, xq, n, y5, ldy);
                         CHECK_MSG(memcmp(y2, y5, sizeof(float) * (size_t)(ldy * n)) == 0,
                                   "avx512 vs avx2 %s rows [%lld, %lld) ncols=%lld batch=%lld: not bit-identical",
-                                  moetax_type_name(t), (long long)r0, (long long)rows, (long long)ncols, (long long)n);
+                                  moetax_type_name(t), (long long)r0, (long long)r1, (long long)ncols, (long long)n);
                     }
                 }
                 free(w), free(w2), free(w5), free(x), free(xq), free(y2), free(y5);

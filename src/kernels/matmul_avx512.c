@@ -449,6 +449,67 @@ Q4R8_TILE(1) Q4R8_TILE(2) Q4R8_TILE(3) Q4R8_TILE(4) Q4R8_TILE(5) Q4R8_TILE(6) Q4
 static const q4r8_fn k_q4r8[JB_MAX] = {q4r8_tile_1, q4r8_tile_2, q4r8_tile_3, q4r8_tile_4,
                                        q4r8_tile_5, q4r8_tile_6, q4r8_tile_7, q4r8_tile_8};
 
+/* Two groups of 8 rows (Q4_0x8r; g[0] in lanes 0-7, g[1] in lanes 8-15) x JB batch
+ * rows over blocks [b0, b0 + kn); NC int32 chains per batch row (1 or 2). */
+ALWAYS_INLINE void q4z_tile(const int JB, const int NC, const uint8_t *const *g, const uint8_t *act, size_t act_row,
+                            int64_t nb, int64_t b0, int64_t kn, float *const *y, int64_t ldy, bool first) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
+    __m512 acc[JB_MAX];
+#pragma GCC unroll 8
+    for (int j = 0; j < JB; j++) acc[j] = first ? _mm512_setzero_ps() : load_2x8(y[0] + j * ldy, y[1] + j * ldy);
+    for (int64_t bb = 0; bb < kn; bb++) {
+        const int64_t b = b0 + bb;
+        const uint8_t *k0 = g[0] + (size_t)b * MOETAX_K_Q4R8_BLOCK_BYTES, *k1 = g[1] + (size_t)b * MOETAX_K_Q4R8_BLOCK_BYTES;
+        prefetch_blk(k0, MOETAX_K_Q4R8_BLOCK_BYTES);
+        prefetch_blk(k1, MOETAX_K_Q4R8_BLOCK_BYTES);
+        __m512i wv[8]; /* chunks 0-3: low nibbles (quants 4c..4c+3), 4-7: high (16 + 4c..) */
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m512i v = load_2x32(k0 + MOETAX_K_Q4R8_QS_OFF + 32 * c, k1 + MOETAX_K_Q4R8_QS_OFF + 32 * c);
+            wv[c] = _mm512_and_si512(v, m4);
+            wv[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        __m512i s0[JB_MAX], s1[JB_MAX];
+#pragma GCC unroll 8
+        for (int j = 0; j < JB; j++) {
+            int32_t sx;
+            memcpy(&sx, act + (size_t)j * act_row + s_off + (size_t)b * 4, 4);
+            s0[j] = _mm512_set1_epi32(-sx);
+            s1[j] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < 8 / NC; c++)
+#pragma GCC unroll 8
+            for (int j = 0; j < JB; j++) {
+                const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
+                /* vector c < 4 meets quants 4c..4c+3, c >= 4 quants 16 + 4(c-4).. = 4c.. too */
+                s0[j] = dpbusd_bcast(s0[j], wv[c], xq + 4 * c);
+                if (NC == 2) s1[j] = dpbusd_bcast(s1[j], wv[c + 4], xq + 16 + 4 * c);
+            }
+        const __m512 dw = cvtph_2x8(k0, k1);
+#pragma GCC unroll 8
+        for (int j = 0; j < JB; j++) {
+            const __m512i sj = NC == 2 ? _mm512_add_epi32(s0[j], s1[j]) : s0[j];
+            const __m512 dx = _mm512_set1_ps(((const float *)(act + (size_t)j * act_row + d_off))[b]);
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sj), _mm512_mul_ps(dw, dx), acc[j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < JB; j++) store_2x8(y[0] + j * ldy, y[1] + j * ldy, acc[j]);
+}
+
+typedef void (*q4z_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, int64_t b0,
+                       int64_t kn, float *const *y, int64_t ldy, bool first);
+#define Q4Z_TILE(JB, NC)                                                                                         \
+    static void q4z_tile_##JB(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, int64_t b0, \
+                              int64_t kn, float *const *y, int64_t ldy, bool first) {                             \
+        q4z_tile(JB, NC, g, act, act_row, nb, b0, kn, y, ldy, first);                                             \
+    }
+Q4Z_TILE(1, 2) Q4Z_TILE(2, 2) Q4Z_TILE(3, 1) Q4Z_TILE(4, 1) Q4Z_TILE(5, 1) Q4Z_TILE(6, 1) Q4Z_TILE(7, 1) Q4Z_TILE(8, 1)
+static const q4z_fn k_q4z[JB_MAX] = {q4z_tile_1, q4z_tile_2, q4z_tile_3, q4z_tile_4,
+                                     q4z_tile_5, q4z_tile_6, q4z_tile_7, q4z_tile_8};
+
 /* One plain block_q4_0 row against one batch row, the canonical chain. */
 static float q4_plain_row(const uint8_t *w, int64_t nb, const uint8_t *a, int64_t b0, int64_t kn, float init) {
     const __m128i m4 = _mm_set1_epi8(0x0f);
@@ -480,14 +541,22 @@ static void matmul_q4(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
         const int64_t p1 = row1 - p0 <= pr ? row1 : p0 + pr, pg = p1 < gend ? p1 : gend;
         for (int64_t b0 = 0; b0 < nb; b0 += kc) {
             const int64_t kn = nb - b0 < kc ? nb - b0 : kc;
-            for (int64_t j0 = 0; j0 < n_batch; j0 += JB_MAX) {
-                const int jb = n_batch - j0 < JB_MAX ? (int)(n_batch - j0) : JB_MAX;
+            for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
+                jb = n_batch == 1 ? 1 : next_jb(n_batch - j0);
                 const uint8_t *aj = act + (size_t)j0 * act_row;
-                for (int64_t r = p0; r < pg; r += R)
-                    k_q4r8[jb - 1](w + (size_t)r * row_bytes, aj, act_row, nb, b0, kn, y + j0 * ldy + r, ldy, b0 == 0);
-                for (int64_t r = pg; r < p1; r++)
+                float *yj = y + j0 * ldy;
+                int64_t r = p0;
+                if (n_batch > 1) /* two adjacent groups in one 512-bit vector */
+                    for (; r + 2 * R <= pg; r += 2 * R) {
+                        const uint8_t *gg[2] = {w + (size_t)r * row_bytes, w + (size_t)(r + R) * row_bytes};
+                        float *yy[2] = {yj + r, yj + r + R};
+                        k_q4z[jb - 1](gg, aj, act_row, nb, b0, kn, yy, ldy, b0 == 0);
+                    }
+                for (; r < pg; r += R)
+                    k_q4r8[jb - 1](w + (size_t)r * row_bytes, aj, act_row, nb, b0, kn, yj + r, ldy, b0 == 0);
+                for (r = pg; r < p1; r++)
                     for (int j = 0; j < jb; j++) {
-                        float *yo = y + (j0 + j) * ldy + r;
+                        float *yo = yj + j * ldy + r;
                         *yo = q4_plain_row(w + (size_t)r * row_bytes, nb, aj + (size_t)j * act_row, b0, kn,
                                            b0 == 0 ? 0.0f : *yo);
                     }
