@@ -11,17 +11,30 @@
 #include "commands.h"
 #include "moetax/model.h"
 #include "moetax/profile.h"
+#include "moetax/predict.h"
+#include "moetax/store.h"
 #include "moetax/tokenizer.h"
+#include "moe/predict.h"
+#include "store_cli.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax profile [-m FILE] -f TEXT|DIR [-o PROFILE.json] [-c N] [--max-tokens N] [-t N]\n"
-               "                      [--experts-used K]\n\n"
+               "                      [--experts-used K] [--fit-predictor [--predictor-out FILE]] [--predictor FILE]\n\n"
                "Runs the text (a file, or every regular file of a folder, each from BOS) through the model in\n"
                "windows of -c tokens (default 256) and writes its routing profile: per MoE layer the experts'\n"
                "frequencies and co-selections, and the transitions from each MoE layer's experts to the\n"
                "next one's (JSON; see include/moetax/profile.h). `moetax report PROFILE` shows it as heat maps.\n"
                "  -o FILE          the profile (default profile.json)\n"
                "  --max-tokens N   stop after N tokens\n"
+               "  --fit-predictor  also fit a learned expert predictor on the text (include/moetax/predict.h: per MoE\n"
+               "                   layer a linear map from its residual and the previous token's to the next MoE\n"
+               "                   layer's router logits, ridge regression towards that router) and write it to\n"
+               "                   --predictor-out (default: the profile's name with .pred for .json); scored on\n"
+               "                   the same text (use --predictor on other text for a held-out score)\n"
+               "  --predictor FILE score a fitted predictor on this text against the router guess\n"
+               "  --predictor-lambda X   ridge strength relative to the features' scale (default 0.1)\n"
+               "  --predictor-ahead N    also fit N MoE layers ahead (1..2, default 1)\n"
+               "  --predictor-no-prev    without the previous token's residual as features\n"
                CLI_MAX_INPUT_HELP);
 }
 
@@ -30,6 +43,10 @@ int cmd_profile(int argc, char **argv) {
     int64_t n_threads = 0, ctx = 256, max_tokens = 0;
     int k_ctx = 0;
     uint64_t max_input = 0;
+    const char *pred_in = NULL, *pred_out = NULL;
+    bool fit = false, no_prev = false;
+    double lambda = 0.1;
+    int64_t ahead = 1;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool err = false;
@@ -46,12 +63,30 @@ int cmd_profile(int argc, char **argv) {
                 return cli_usage_error("profile", "-t: 1..512");
         } else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
             if (err || !cli_parse_experts_used(v, &k_ctx)) return cli_usage_error("profile", "--experts-used: 1..256");
+        } else if (!strcmp(argv[i], "--fit-predictor")) fit = true;
+        else if (!strcmp(argv[i], "--predictor-no-prev")) no_prev = true;
+        else if (cli_opt(argc, argv, &i, NULL, "--predictor-out", &pred_out, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--predictor", &pred_in, &err)) { if (err) return 2; }
+        else if (cli_opt(argc, argv, &i, NULL, "--predictor-lambda", &v, &err)) {
+            if (err || !cli_parse_f64(v, &lambda) || !(lambda >= 0) || lambda > 1e6)
+                return cli_usage_error("profile", "--predictor-lambda: a number in 0..1e6");
+        } else if (cli_opt(argc, argv, &i, NULL, "--predictor-ahead", &v, &err)) {
+            if (err || !cli_parse_i64(v, &ahead) || ahead < 1 || ahead > MOETAX_PREDICT_AHEAD_MAX)
+                return cli_usage_error("profile", "--predictor-ahead: 1..%d", MOETAX_PREDICT_AHEAD_MAX);
         } else if (cli_max_input_opt("profile", argc, argv, &i, &max_input, &err)) { if (err) return 2; }
         else return cli_usage_error("profile", "unknown option '%s'", argv[i]);
     }
     if (!input) return cli_usage_error("profile", "no text given (-f FILE or -f DIR)");
-    const char *outs[1] = {out};
-    moetax_status st = cli_check_outputs(outs, 1);
+    if (fit && pred_in) return cli_usage_error("profile", "--fit-predictor and --predictor: fit one or score one");
+    char pred_path[4096];
+    if (fit && !pred_out) { /* beside the profile: P.json -> P.pred */
+        size_t n = strlen(out);
+        if (n >= 5 && !strcmp(out + n - 5, ".json")) snprintf(pred_path, sizeof pred_path, "%.*s.pred", (int)(n - 5), out);
+        else snprintf(pred_path, sizeof pred_path, "%s.pred", out);
+        pred_out = pred_path;
+    }
+    const char *outs[2] = {out, pred_out};
+    moetax_status st = cli_check_outputs(outs, fit ? 2 : 1);
     if (st) return cli_usage_error("profile", "%s", moetax_last_error());
     if (!model) model = cli_default_model_path();
     char **files = NULL;
@@ -61,6 +96,9 @@ int cmd_profile(int argc, char **argv) {
     struct moetax_tokenizer *tok = NULL;
     struct moetax_ctx *c = NULL;
     struct moetax_profile *prof = NULL;
+    struct moetax_store *store = NULL;
+    struct moetax_predictor *pred = NULL;
+    float **router = NULL;
     int32_t *ids = NULL;
     int moe[4096], n_moe = 0;
     const int32_t *routes[4096];
@@ -71,8 +109,33 @@ int cmd_profile(int argc, char **argv) {
     for (int l = 0; l < m->hp.n_layer && n_moe < 4096; l++)
         if (m->layers[l].is_moe) moe[n_moe++] = l;
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx};
-    if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
     const char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
+    if (fit || pred_in) {
+        /* the predictor rides on an expert store that holds every expert (same bits as the mapping) */
+        const uint64_t keys = (uint64_t)n_moe * (uint64_t)m->hp.n_expert;
+        struct moetax_store_params sp = {.budget_bytes = cli_store_expert_bytes(m) + keys * 3 * 8192,
+                                         .policy = MOETAX_STORE_NEXT_USE, .trace_cap = -1};
+        int ub = 64;
+        if ((st = moetax_model_store_open(m, &sp, ub, k_ctx, &store, &ub))) goto done;
+        cp.store = store;
+        cp.n_ubatch = ub;
+        const int kk = k_ctx ? k_ctx : m->hp.n_expert_used;
+        if (fit) {
+            const uint32_t feat = MOETAX_PREDICT_FEAT_CUR | (no_prev ? 0 : MOETAX_PREDICT_FEAT_PREV);
+            if ((st = moetax_predictor_new(base, m->hp.n_layer, m->hp.n_embd, m->hp.n_expert, kk, moe, n_moe, (int)ahead,
+                                           feat, &pred)))
+                goto done;
+            if ((st = moetax_predictor_fit_begin(pred))) goto done;
+            pred->use = false;
+        } else {
+            if ((st = moetax_predictor_load(pred_in, &pred))) goto done;
+            bool is_moe[4096] = {false};
+            for (int l = 0; l < m->hp.n_layer && l < 4096; l++) is_moe[l] = m->layers[l].is_moe;
+            if ((st = moetax_predictor_check(pred, pred_in, m->hp.n_layer, m->hp.n_embd, m->hp.n_expert, is_moe))) goto done;
+        }
+        moetax_store_set_predictor(store, pred, false);
+    }
+    if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
     if ((st = moetax_profile_new(base, m->hp.n_layer, moe, n_moe, m->hp.n_expert, moetax_ctx_n_expert_used(c), &prof)))
         goto done;
     const int64_t U = moetax_ctx_n_ubatch(c);
@@ -102,6 +165,30 @@ int cmd_profile(int argc, char **argv) {
     }
     if (!st && prof->tokens == 0) st = moetax_error(MOETAX_ERR_ARG, "%s: no tokens to profile", input);
     if (!st) st = moetax_profile_write(prof, out);
+    if (!st && fit) { /* the fit, pulled towards each target layer's router */
+        const double tf = cli_now();
+        if (!(router = calloc((size_t)m->hp.n_layer, sizeof *router))) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        for (int q = 0; !st && q < n_moe; q++) {
+            const int l = moe[q];
+            if (!(router[l] = malloc(sizeof(float) * (size_t)m->hp.n_expert * (size_t)m->hp.n_embd)))
+                st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+            else if (!moe_predict_router_rows(m, l, router[l])) {
+                free(router[l]);
+                router[l] = NULL;
+            }
+        }
+        if (!st) st = moetax_predictor_fit_solve(pred, lambda, (const float *const *)router);
+        if (!st) st = moetax_predictor_write(pred, pred_out);
+        if (!st)
+            fprintf(stderr, "moetax profile: predictor fitted on %llu tokens (lambda %g, %d ahead, %s) in %.1f s: %s\n",
+                    (unsigned long long)pred->tokens, lambda, (int)ahead,
+                    no_prev ? "current residual" : "current residual + previous token's", cli_now() - tf, pred_out);
+    }
+    if (!st && pred) {
+        fprintf(stderr, "moetax profile: %s on this text:\n", fit ? "predictors (the learned one scored before it was fitted: 0)"
+                                                                      : "predictors");
+        cli_predictor_summary(stderr, pred, m);
+    }
     if (!st)
         fprintf(stderr, "moetax profile: %lld tokens of %d file%s through %d MoE layers (%d experts, %d used) in %.1f s: "
                 "%s (moetax report %s)\n", (long long)prof->tokens, n_files, n_files == 1 ? "" : "s", n_moe,
@@ -110,6 +197,11 @@ done:
     free(ids);
     moetax_profile_free(prof);
     moetax_ctx_free(c);
+    moetax_store_free(store);
+    moetax_predictor_free(pred);
+    if (router)
+        for (int l = 0; l < m->hp.n_layer; l++) free(router[l]);
+    free(router);
     moetax_tokenizer_free(tok);
     moetax_model_free(m);
     for (int f = 0; f < n_files; f++) free(files[f]);

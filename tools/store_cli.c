@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "moetax/predict.h"
 #include "moetax/profile.h"
 #ifdef MOETAX_WITH_MPI
 #include "dist/dist.h"
@@ -31,6 +32,7 @@ bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool
         return true;
     }
     if (cli_opt(argc, argv, i, NULL, "--warm", &o->warm, err)) return true;
+    if (cli_opt(argc, argv, i, NULL, "--predictor", &o->predictor, err)) return true;
     if (!strcmp(argv[*i], "--no-prefetch")) { o->no_prefetch = true; return true; }
     if (!strcmp(argv[*i], "--buffered-io")) { o->buffered = true; return true; }
     return false;
@@ -52,7 +54,9 @@ const char *cli_store_help(void) {
            "  --io-threads N       I/O workers, i.e. reads in flight (default 4)\n"
            "  --warm PROFILE       a warm start from a routing profile (moetax profile): before the first\n"
            "                       token the store is filled with the experts the profile uses most, and\n"
-           "                       the eviction policy takes its frequencies as a prior (16 tokens' weight)\n";
+           "                       the eviction policy takes its frequencies as a prior (16 tokens' weight)\n"
+           "  --predictor FILE     prefetch from a learned predictor (moetax profile --fit-predictor) instead of\n"
+           "                       the next layer's router on the current residual; the store's summary scores both\n";
 }
 
 uint64_t cli_store_expert_bytes(const struct moetax_model *m) {
@@ -131,6 +135,10 @@ moetax_status cli_store_open(const struct moetax_model *m, const struct cli_stor
     /* each rank fits its micro-batch to its own store: every rank steps with the smallest */
     if (moetax_dist_world()) st = moetax_dist_agree_min(st, n_ubatch);
 #endif
+    if (!st && o->predictor && (st = cli_store_predictor(m, *out, o->predictor))) {
+        moetax_store_free(*out);
+        *out = NULL;
+    }
     if (!st && o->warm && (st = cli_store_warm(m, *out, o->warm))) {
         moetax_store_free(*out);
         *out = NULL;
@@ -185,6 +193,51 @@ moetax_status cli_store_warm(const struct moetax_model *m, struct moetax_store *
     return st;
 }
 
+moetax_status cli_store_predictor(const struct moetax_model *m, struct moetax_store *s, const char *path) {
+    struct moetax_predictor *p;
+    moetax_status st = moetax_predictor_load(path, &p);
+    if (st) return st;
+    bool is_moe[4096] = {false};
+    for (int l = 0; l < m->hp.n_layer && l < 4096; l++) is_moe[l] = m->layers[l].is_moe;
+    if (m->hp.n_layer > 4096) st = moetax_error(MOETAX_ERR_ARG, "--predictor: more than 4096 layers");
+    if (!st) st = moetax_predictor_check(p, path, m->hp.n_layer, m->hp.n_embd, m->hp.n_expert, is_moe);
+    if (st) {
+        moetax_predictor_free(p);
+        return st;
+    }
+    moetax_store_set_predictor(s, p, true);
+    return MOETAX_OK;
+}
+
+static void score_line(FILE *f, const char *what, struct moetax_predict_score r, struct moetax_predict_score l) {
+    fprintf(f, "%s: router guess P %.1f%% R %.1f%%, learned P %.1f%% R %.1f%% (%llu tokens)\n", what,
+            r.predicted ? 100.0 * (double)r.hits / (double)r.predicted : 0, r.actual ? 100.0 * (double)r.hits / (double)r.actual : 0,
+            l.predicted ? 100.0 * (double)l.hits / (double)l.predicted : 0, l.actual ? 100.0 * (double)l.hits / (double)l.actual : 0,
+            (unsigned long long)r.tokens);
+}
+
+void cli_predictor_summary(FILE *f, const struct moetax_predictor *p, const struct moetax_model *m) {
+    if (!p) return;
+    (void)m;
+    const int nq = p->n_layer * p->ahead;
+    for (int a = 1; a <= p->ahead; a++) {
+        struct moetax_predict_score r = moetax_predictor_total(p, MOETAX_PREDICT_ROUTER, a);
+        struct moetax_predict_score l = moetax_predictor_total(p, MOETAX_PREDICT_LEARNED, a);
+        if (!r.tokens) continue;
+        char what[96];
+        snprintf(what, sizeof what, "  predictors, %d layer%s ahead (per token; prefetch from the %s)", a, a == 1 ? "" : "s",
+                 p->use ? "learned one" : "router guess");
+        score_line(f, what, r, l);
+        for (int q = a - 1; q < nq; q += p->ahead) {
+            const struct moetax_predict_score *rq = &p->score[(size_t)MOETAX_PREDICT_ROUTER * (size_t)nq + (size_t)q];
+            const struct moetax_predict_score *lq = &p->score[(size_t)MOETAX_PREDICT_LEARNED * (size_t)nq + (size_t)q];
+            if (!rq->tokens) continue;
+            snprintf(what, sizeof what, "    layer %d -> %d", q / p->ahead, p->target[q]);
+            score_line(f, what, *rq, *lq);
+        }
+    }
+}
+
 void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens) {
     struct moetax_store_stats st;
     moetax_store_get_stats(s, &st);
@@ -203,6 +256,7 @@ void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens) {
     fprintf(f, "  prefetch: %llu predicted reads, precision %.1f%%; %llu wasted, %llu dropped, %llu late\n",
             (unsigned long long)st.predicted_issued, 100 * prec, (unsigned long long)st.prefetch_wasted,
             (unsigned long long)st.prefetch_dropped, (unsigned long long)st.prefetch_late);
+    cli_predictor_summary(f, moetax_store_predictor(s), NULL);
 }
 
 bool cli_peak_rss_reset(void) {

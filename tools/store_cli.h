@@ -20,6 +20,8 @@ struct cli_store_opts {
     int io_threads;
     int64_t read_log_cap;  /* reads kept for the trace's I/O tracks (set with --trace); 0: none */
     const char *warm;      /* --warm PROFILE: fill the store from a routing profile and take it as the prior */
+    const char *predictor; /* --predictor FILE: a learned predictor (moetax profile --fit-predictor) drives
+                              the prefetch; both it and the router guess are scored */
 };
 
 bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool *err);
@@ -39,6 +41,12 @@ moetax_status cli_store_open(const struct moetax_model *m, const struct cli_stor
                              int *n_ubatch, struct moetax_store **out);
 /* --warm PROFILE on an open store (cli_store_open does it when o->warm is set). */
 moetax_status cli_store_warm(const struct moetax_model *m, struct moetax_store *s, const char *path);
+/* --predictor FILE: load it, check it against the model and attach it to the store (owned by it). */
+moetax_status cli_store_predictor(const struct moetax_model *m, struct moetax_store *s, const char *path);
+/* The predictors' scores side by side (router guess, learned), per distance and per target layer;
+ * nothing when the store has no predictor. */
+struct moetax_predictor;
+void cli_predictor_summary(FILE *f, const struct moetax_predictor *p, const struct moetax_model *m);
 /* One-paragraph summary (hit rate, prefetch precision, bytes, GB/s; with tokens > 0 also MiB read and
  * stall ms per token). */
 void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens);

@@ -225,6 +225,15 @@ moetax_status moetax_store_warm(struct moetax_store *s, const int32_t *layers, c
  * statistics then add to it and age it as their own. */
 void moetax_store_set_prior(struct moetax_store *s, int layer, const double *share, double weight);
 
+/* A learned predictor (moetax/predict.h) for the engine's prefetch (NULL: none): the MoE
+ * block scores it and the router guess on every layer, adds to its fit when it is fitting,
+ * and prefetches from it instead of the guess when p->use. Set before any acquire. With own
+ * the store frees it (moetax_store_free, or when another is set); else it must outlive the
+ * contexts that run on this store. */
+struct moetax_predictor;
+void moetax_store_set_predictor(struct moetax_store *s, struct moetax_predictor *p, bool own);
+struct moetax_predictor *moetax_store_predictor(const struct moetax_store *s);
+
 /* Block until (layer, e) is resident and pin it until release. ptrs[i] gets
  * the address of registered range i in RAM (valid while pinned). *waited_ns
  * (optional) gets the ns this call waited: the caller books it to the ledger

@@ -313,6 +313,8 @@ static void predict_next(const struct fw_step *s, struct moe *b, int il) {
     b->pred_ok[il + 1] = true;
 }
 
+#include "moe/predict.h" /* the store's learned predictor (moe_predict_learned) */
+
 /* Worker 0, once the layer's tokens are routed (b->sel / selw): the routing record and
  * the next layer's prediction (for the record and the store). */
 static void record_and_predict(const struct fw_step *s, struct moe *b, int il) {
@@ -322,6 +324,7 @@ static void record_and_predict(const struct fw_step *s, struct moe *b, int il) {
         moetax_ledger_routing(s->ledger, il, s->n, b->sel + slots, b->selw + slots,
                               b->pred_ok[il] ? b->pred + slots : NULL);
     if (routing_rec || (b->store && b->prefetch)) predict_next(s, b, il);
+    if (b->store) moe_predict_learned(s, b, il);
 }
 
 /* Worker 0, once the layer is planned (pl): the expert store's reads for this layer's

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "moetax/membw.h"
+#include "moetax/predict.h"
 #include "store/store_impl.h"
 
 enum { SLOT_EMPTY = 0, SLOT_LOADING, SLOT_READY, SLOT_ERROR };
@@ -91,6 +92,8 @@ struct moetax_store {
     double cyc_util;
     struct moetax_store_stats st;
 
+    struct moetax_predictor *pred; /* moetax_store_set_predictor */
+    bool pred_own;
     struct moetax_store_read *rlog; /* ring of read_log_cap records; rlog_n written in all */
     uint64_t rlog_n;
     int32_t *trace; /* pairs (layer, expert) */
@@ -236,6 +239,7 @@ moetax_status moetax_store_init(const struct moetax_store_params *p, int n_layer
 void moetax_store_free(struct moetax_store *s) {
     if (!s) return;
     store_io_stop(s->io); /* joins: no worker touches the slots after this */
+    if (s->pred_own) moetax_predictor_free(s->pred);
     if (s->fd >= 0) s->vfs->close(s->vfs->user, s->fd);
     moetax_huge_free(&s->mem);
     free(s->slots);
@@ -823,6 +827,13 @@ void moetax_store_prefetch(struct moetax_store *s, int layer, const int32_t *exp
     }
     pthread_mutex_unlock(&s->mu);
 }
+
+void moetax_store_set_predictor(struct moetax_store *s, struct moetax_predictor *p, bool own) {
+    if (s->pred_own && s->pred != p) moetax_predictor_free(s->pred);
+    s->pred = p;
+    s->pred_own = own && p;
+}
+struct moetax_predictor *moetax_store_predictor(const struct moetax_store *s) { return s ? s->pred : NULL; }
 
 /* ---- stats and trace ------------------------------------------------------------------ */
 

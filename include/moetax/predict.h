@@ -1,0 +1,140 @@
+/*
+ * moetax/predict.h - a learned expert predictor for the expert store's prefetch.
+ *
+ * DESIGN
+ *   The store prefetches the experts a layer will route to before the layer
+ *   routes. The guess it has without training is the target layer's router
+ *   applied to the current residual. A learned predictor replaces that guess by
+ *   a linear map fitted on routing runs (`moetax profile --fit-predictor`): for
+ *   each MoE layer l and distance a (1..ahead) the a-th MoE layer after it, T,
+ *   gets
+ *       z = W f,   f = [ rmsnorm(h_l) * ffn_norm_T ;        (n_embd)
+ *                        rmsnorm(h_T(prev)) * ffn_norm_T ;  (n_embd, FEAT_PREV only)
+ *                        1 ]
+ *   h_l is the MoE input residual of the token at layer l, h_T(prev) that of
+ *   the same sequence's previous token at layer T (zero when there is none: the
+ *   first token of a sequence). z estimates T's router logits; the experts are
+ *   then selected from z by T's own rules (gating function, selection bias,
+ *   group limit, top-k). With W = [G_T 0 0] (G_T the router of T) this is the
+ *   router guess, so the fit is ridge regression towards it:
+ *       W = argmin sum_t |W f_t - y_t|^2 + lambda * m * |W - W_router|^2
+ *   y_t T's true router logits, m the mean of diag(sum_t f_t f_t^T) (lambda is
+ *   relative to the features' scale); the bias column is not pulled. Solved by
+ *   Cholesky on the normal equations (double). Prediction costs one
+ *   [n_expert x n_feat] matrix-vector product per token and distance.
+ *
+ *   File format (little-endian; moetax_predictor_write / _load):
+ *     header, 128 bytes:
+ *       char     magic[8]      "MTXPRED\0"
+ *       uint32   version       1
+ *       uint32   n_layer, n_embd, n_expert, n_expert_used
+ *       uint32   ahead         1..MOETAX_PREDICT_AHEAD_MAX
+ *       uint32   features      MOETAX_PREDICT_FEAT_* bits (FEAT_CUR always set)
+ *       uint32   n_feat        n_embd * (1 + (features & FEAT_PREV ? 1 : 0)) + 1
+ *       uint32   n_pairs       entries that follow
+ *       uint32   reserved      0
+ *       uint64   tokens        tokens fitted on
+ *       float32  lambda
+ *       uint32   reserved2     0
+ *       char     model[64]     model file name it was fitted for (NUL-terminated)
+ *     n_pairs entries, each:
+ *       uint32   layer, ahead, target, reserved (0)
+ *       float32  w[n_expert][n_feat]   finite
+ *     uint64     FNV-1a 64 of every byte before it
+ *   The file's size must be exactly what the header says; a size, count, layer
+ *   or value out of range, a duplicate pair or a checksum mismatch is
+ *   MOETAX_ERR_FORMAT naming the file, the field and its offset.
+ *
+ * INVARIANTS
+ *   - A predictor only chooses what is read ahead; the experts a token is
+ *     computed with come from the router, so logits do not depend on it.
+ *   - score counts are per token: predicted = experts predicted (k each),
+ *     actual = experts the token used, hits = both. precision = hits /
+ *     predicted, recall = hits / actual.
+ */
+#ifndef MOETAX_PREDICT_H
+#define MOETAX_PREDICT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "moetax/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { MOETAX_PREDICT_AHEAD_MAX = 2 };
+enum { MOETAX_PREDICT_HEADER_BYTES = 128, MOETAX_PREDICT_PAIR_HEADER_BYTES = 16 };
+enum moetax_predict_feature {
+    MOETAX_PREDICT_FEAT_CUR = 1,  /* the current residual, normed for the target layer */
+    MOETAX_PREDICT_FEAT_PREV = 2, /* the previous token's residual at the target layer */
+};
+/* What a score is kept for: the router guess or the learned map. */
+enum moetax_predict_kind { MOETAX_PREDICT_ROUTER = 0, MOETAX_PREDICT_LEARNED = 1, MOETAX_PREDICT_KINDS = 2 };
+const char *moetax_predict_kind_name(enum moetax_predict_kind k); /* "router", "learned" */
+
+struct moetax_predict_score {
+    uint64_t tokens, predicted, actual, hits;
+};
+
+struct moetax_predictor {
+    char model[64];
+    int32_t n_layer, n_embd, n_expert, n_expert_used;
+    int32_t ahead;            /* distances 1..ahead */
+    uint32_t features;        /* MOETAX_PREDICT_FEAT_* */
+    int32_t n_feat;
+    float lambda;             /* of the fit (informational once fitted) */
+    uint64_t tokens;          /* fitted on */
+    /* pair (layer l, distance a): index l * ahead + a - 1 */
+    int32_t *target;          /* [n_layer * ahead] target layer, -1: no such pair */
+    uint8_t *have;            /* [n_layer * ahead] weights present */
+    float *w;                 /* [n_layer * ahead][n_expert][n_feat] */
+    /* fitting (moetax_predictor_fit_begin .. _solve): sums of f f^T (upper triangle) and f y^T */
+    double *xtx;              /* [pairs][n_feat][n_feat] or NULL */
+    double *xty;              /* [pairs][n_feat][n_expert] */
+    uint64_t *fit_n;          /* [pairs] tokens added */
+    /* scores of each kind per pair, added by whoever predicts (one thread at a time) */
+    struct moetax_predict_score *score; /* [KINDS][n_layer * ahead] */
+    bool use;                 /* drive the store's prefetch (else only scored) */
+    void *run;                /* the engine's scratch (src/moe/predict.c), freed with the predictor */
+    void (*run_free)(void *run);
+};
+
+/* An unfitted predictor (weights: the router guess is applied by whoever fits; zero here) for a
+ * model of n_layer layers whose MoE layers are moe_layers[0..n_moe), ascending: pair (moe_layers[i],
+ * a) targets moe_layers[i + a]. features: MOETAX_PREDICT_FEAT_CUR, optionally | FEAT_PREV. */
+moetax_status moetax_predictor_new(const char *model, int n_layer, int n_embd, int n_expert, int n_expert_used,
+                                   const int *moe_layers, int n_moe, int ahead, uint32_t features,
+                                   struct moetax_predictor **out);
+void moetax_predictor_free(struct moetax_predictor *p);
+static inline int moetax_predictor_pair(const struct moetax_predictor *p, int layer, int a) {
+    return layer * p->ahead + a - 1;
+}
+/* Weights [n_expert][n_feat] of (layer, a), NULL if absent. */
+const float *moetax_predictor_weights(const struct moetax_predictor *p, int layer, int a);
+
+/* Fitting: allocate the sums (MOETAX_ERR_NOMEM names the bytes), add n tokens' features
+ * f [n][n_feat] and target logits y [n][n_expert] of a pair, then solve. router[l] is layer l's
+ * router [n_expert][n_embd] (F32, NULL for a dense layer): the prior the fit is pulled to. Pairs
+ * with fewer than 1 token get no weights. */
+moetax_status moetax_predictor_fit_begin(struct moetax_predictor *p);
+void moetax_predictor_fit_add(struct moetax_predictor *p, int layer, int a, const float *f, const float *y,
+                              int64_t n);
+moetax_status moetax_predictor_fit_solve(struct moetax_predictor *p, double lambda, const float *const *router);
+
+moetax_status moetax_predictor_write(const struct moetax_predictor *p, const char *path);
+moetax_status moetax_predictor_load(const char *path, struct moetax_predictor **out);
+/* Does it fit a model: n_layer, n_embd, n_expert the same, every target a MoE layer (is_moe
+ * [n_layer]). MOETAX_ERR_ARG names what differs. */
+moetax_status moetax_predictor_check(const struct moetax_predictor *p, const char *path, int n_layer, int n_embd,
+                                     int n_expert, const bool *is_moe);
+/* Sum of a kind's scores over the pairs at distance a (0: all distances). */
+struct moetax_predict_score moetax_predictor_total(const struct moetax_predictor *p, enum moetax_predict_kind kind,
+                                                   int a);
+void moetax_predictor_score_reset(struct moetax_predictor *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

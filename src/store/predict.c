@@ -1,0 +1,461 @@
+/* predict.c - the learned expert predictor: fitting (ridge regression towards the router),
+ * the file and its checks, scores. See include/moetax/predict.h. The engine's side (features
+ * from the residual, prediction, scoring during a run) is src/moe/predict.c. */
+#include "moetax/predict.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moetax/outfile.h"
+
+static const char MAGIC[8] = {'M', 'T', 'X', 'P', 'R', 'E', 'D', 0};
+enum { VERSION = 1 };
+
+const char *moetax_predict_kind_name(enum moetax_predict_kind k) {
+    switch (k) {
+    case MOETAX_PREDICT_ROUTER: return "router";
+    case MOETAX_PREDICT_LEARNED: return "learned";
+    case MOETAX_PREDICT_KINDS: break;
+    }
+    return "?";
+}
+
+static int n_pairs_of(const struct moetax_predictor *p) { return p->n_layer * p->ahead; }
+
+moetax_status moetax_predictor_new(const char *model, int n_layer, int n_embd, int n_expert, int n_expert_used,
+                                   const int *moe_layers, int n_moe, int ahead, uint32_t features,
+                                   struct moetax_predictor **out) {
+    *out = NULL;
+    if (n_layer < 1 || n_layer > 4096 || n_embd < 1 || n_embd > 1 << 16 || n_expert < 1 || n_expert > 1 << 16 ||
+        n_expert_used < 1 || n_expert_used > n_expert || ahead < 1 || ahead > MOETAX_PREDICT_AHEAD_MAX ||
+        !(features & MOETAX_PREDICT_FEAT_CUR) || (features & ~(uint32_t)3) || n_moe < 0 || n_moe > n_layer)
+        return moetax_error(MOETAX_ERR_ARG,
+                            "predictor: %d layers, width %d, %d experts (%d used), %d ahead, features %u: out of range",
+                            n_layer, n_embd, n_expert, n_expert_used, ahead, features);
+    for (int i = 0; i < n_moe; i++)
+        if (moe_layers[i] < 0 || moe_layers[i] >= n_layer || (i > 0 && moe_layers[i] <= moe_layers[i - 1]))
+            return moetax_error(MOETAX_ERR_ARG, "predictor: MoE layers must ascend within 0..%d", n_layer - 1);
+    struct moetax_predictor *p = calloc(1, sizeof *p);
+    if (!p) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    snprintf(p->model, sizeof p->model, "%s", model ? model : "");
+    p->n_layer = n_layer;
+    p->n_embd = n_embd;
+    p->n_expert = n_expert;
+    p->n_expert_used = n_expert_used;
+    p->ahead = ahead;
+    p->features = features;
+    p->n_feat = n_embd * ((features & MOETAX_PREDICT_FEAT_PREV) ? 2 : 1) + 1;
+    p->use = true;
+    const size_t np = (size_t)n_pairs_of(p);
+    p->target = malloc(sizeof(int32_t) * np);
+    p->have = calloc(np, 1);
+    p->w = calloc(np * (size_t)n_expert * (size_t)p->n_feat, sizeof(float));
+    p->score = calloc((size_t)MOETAX_PREDICT_KINDS * np, sizeof *p->score);
+    if (!p->target || !p->have || !p->w || !p->score) {
+        moetax_predictor_free(p);
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory for a predictor of %d layers x %d experts x %d features",
+                            n_layer, n_expert, p->n_feat);
+    }
+    for (size_t i = 0; i < np; i++) p->target[i] = -1;
+    for (int i = 0; i < n_moe; i++)
+        for (int a = 1; a <= ahead && i + a < n_moe; a++) p->target[moetax_predictor_pair(p, moe_layers[i], a)] = moe_layers[i + a];
+    *out = p;
+    return MOETAX_OK;
+}
+
+void moetax_predictor_free(struct moetax_predictor *p) {
+    if (!p) return;
+    if (p->run_free) p->run_free(p->run);
+    free(p->target);
+    free(p->have);
+    free(p->w);
+    free(p->xtx);
+    free(p->xty);
+    free(p->fit_n);
+    free(p->score);
+    free(p);
+}
+
+const float *moetax_predictor_weights(const struct moetax_predictor *p, int layer, int a) {
+    if (!p || layer < 0 || layer >= p->n_layer || a < 1 || a > p->ahead) return NULL;
+    const int q = moetax_predictor_pair(p, layer, a);
+    return p->have[q] ? p->w + (size_t)q * (size_t)p->n_expert * (size_t)p->n_feat : NULL;
+}
+
+/* ---- fitting ------------------------------------------------------------------------------ */
+
+moetax_status moetax_predictor_fit_begin(struct moetax_predictor *p) {
+    const size_t np = (size_t)n_pairs_of(p), F = (size_t)p->n_feat, E = (size_t)p->n_expert;
+    free(p->xtx);
+    free(p->xty);
+    free(p->fit_n);
+    p->xtx = p->xty = NULL;
+    p->fit_n = calloc(np, sizeof *p->fit_n);
+    size_t n_live = 0;
+    for (size_t q = 0; q < np; q++) n_live += p->target[q] >= 0;
+    /* the sums of absent pairs take no room: xtx / xty are indexed by live pair */
+    p->xtx = calloc(n_live * F * F + 1, sizeof(double));
+    p->xty = calloc(n_live * F * E + 1, sizeof(double));
+    if (!p->fit_n || !p->xtx || !p->xty) {
+        free(p->xtx);
+        free(p->xty);
+        free(p->fit_n);
+        p->xtx = p->xty = NULL;
+        p->fit_n = NULL;
+        return moetax_error(MOETAX_ERR_NOMEM, "predictor: out of memory for the fit's sums (%.0f MiB)",
+                            (double)(n_live * F * (F + E) * sizeof(double)) / (1 << 20));
+    }
+    return MOETAX_OK;
+}
+
+/* index of pair q among the live pairs (those with a target) */
+static size_t live_index(const struct moetax_predictor *p, int q) {
+    size_t i = 0;
+    for (int r = 0; r < q; r++) i += p->target[r] >= 0;
+    return i;
+}
+
+void moetax_predictor_fit_add(struct moetax_predictor *p, int layer, int a, const float *f, const float *y,
+                              int64_t n) {
+    if (!p->xtx || layer < 0 || layer >= p->n_layer || a < 1 || a > p->ahead || n <= 0) return;
+    const int q = moetax_predictor_pair(p, layer, a);
+    if (p->target[q] < 0) return;
+    const size_t F = (size_t)p->n_feat, E = (size_t)p->n_expert, li = live_index(p, q);
+    double *A = p->xtx + li * F * F, *B = p->xty + li * F * E;
+    /* upper triangle of sum f f^T, row by row: the inner loop runs over contiguous j */
+    for (int64_t t0 = 0; t0 < n; t0 += 16) {
+        const int64_t t1 = t0 + 16 < n ? t0 + 16 : n;
+        for (size_t i = 0; i < F; i++) {
+            double *Ai = A + i * F, *Bi = B + i * E;
+            for (int64_t t = t0; t < t1; t++) {
+                const float *ft = f + (size_t)t * F;
+                const double fi = ft[i];
+                if (fi == 0) continue;
+                for (size_t j = i; j < F; j++) Ai[j] += fi * ft[j];
+                const float *yt = y + (size_t)t * E;
+                for (size_t e = 0; e < E; e++) Bi[e] += fi * yt[e];
+            }
+        }
+    }
+    p->fit_n[q] += (uint64_t)n;
+}
+
+/* Cholesky A = L L^T in place (lower triangle of A, n x n, row-major); false if not positive. */
+static bool cholesky(double *A, size_t n) {
+    for (size_t j = 0; j < n; j++) {
+        double d = A[j * n + j];
+        for (size_t k = 0; k < j; k++) d -= A[j * n + k] * A[j * n + k];
+        if (!(d > 0)) return false;
+        d = sqrt(d);
+        A[j * n + j] = d;
+        for (size_t i = j + 1; i < n; i++) {
+            double s = A[i * n + j];
+            const double *ri = A + i * n, *rj = A + j * n;
+            for (size_t k = 0; k < j; k++) s -= ri[k] * rj[k];
+            A[i * n + j] = s / d;
+        }
+    }
+    return true;
+}
+
+/* Solve L L^T X = B for B [n][m] in place. */
+static void chol_solve(const double *L, size_t n, double *B, size_t m) {
+    for (size_t i = 0; i < n; i++) { /* forward: L Z = B */
+        double *bi = B + i * m;
+        for (size_t k = 0; k < i; k++) {
+            const double l = L[i * n + k];
+            if (l == 0) continue;
+            const double *bk = B + k * m;
+            for (size_t c = 0; c < m; c++) bi[c] -= l * bk[c];
+        }
+        for (size_t c = 0; c < m; c++) bi[c] /= L[i * n + i];
+    }
+    for (size_t i = n; i-- > 0;) { /* back: L^T X = Z */
+        double *bi = B + i * m;
+        for (size_t k = i + 1; k < n; k++) {
+            const double l = L[k * n + i];
+            if (l == 0) continue;
+            const double *bk = B + k * m;
+            for (size_t c = 0; c < m; c++) bi[c] -= l * bk[c];
+        }
+        for (size_t c = 0; c < m; c++) bi[c] /= L[i * n + i];
+    }
+}
+
+moetax_status moetax_predictor_fit_solve(struct moetax_predictor *p, double lambda, const float *const *router) {
+    if (!p->xtx) return moetax_error(MOETAX_ERR_ARG, "predictor: solve without fit_begin");
+    if (!(lambda >= 0) || !isfinite(lambda)) return moetax_error(MOETAX_ERR_ARG, "predictor: lambda %g: expected >= 0", lambda);
+    const size_t F = (size_t)p->n_feat, E = (size_t)p->n_expert, d = (size_t)p->n_embd;
+    double *A = malloc(sizeof(double) * F * F), *B = malloc(sizeof(double) * F * E);
+    if (!A || !B) {
+        free(A);
+        free(B);
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    }
+    moetax_status st = MOETAX_OK;
+    uint64_t tokens = 0;
+    for (int q = 0; q < n_pairs_of(p) && !st; q++) {
+        const int T = p->target[q];
+        p->have[q] = 0;
+        if (T < 0 || p->fit_n[q] < 1) continue;
+        const size_t li = live_index(p, q);
+        const double *S = p->xtx + li * F * F, *Y = p->xty + li * F * E;
+        double m = 0;
+        for (size_t i = 0; i < F; i++) m += S[i * F + i];
+        m = m / (double)F;
+        const double r = lambda * m + 1e-9 * (m > 0 ? m : 1); /* a floor keeps a feature never seen solvable */
+        for (size_t i = 0; i < F; i++)
+            for (size_t j = 0; j <= i; j++) A[i * F + j] = A[j * F + i] = S[j * F + i]; /* S holds the upper triangle */
+        memcpy(B, Y, sizeof(double) * F * E);
+        const float *G = router ? router[T] : NULL; /* [E][d] */
+        for (size_t i = 0; i < F; i++) {
+            const bool bias = i == F - 1;
+            A[i * F + i] += bias ? 1e-9 * (m > 0 ? m : 1) : r;
+            if (G && i < d && !bias)
+                for (size_t e = 0; e < E; e++) B[i * E + e] += r * (double)G[e * d + i];
+        }
+        if (!cholesky(A, F)) {
+            st = moetax_error(MOETAX_ERR_NUMERIC, "predictor: layer %d -> %d: the normal equations are singular "
+                              "(lambda %g; try a larger --predictor-lambda)", q / p->ahead, T, lambda);
+            break;
+        }
+        chol_solve(A, F, B, E);
+        float *W = p->w + (size_t)q * E * F;
+        bool finite = true;
+        for (size_t e = 0; e < E; e++)
+            for (size_t i = 0; i < F; i++) {
+                W[e * F + i] = (float)B[i * E + e];
+                finite = finite && isfinite(W[e * F + i]);
+            }
+        if (!finite) {
+            st = moetax_error(MOETAX_ERR_NUMERIC, "predictor: layer %d -> %d: the fit is not finite", q / p->ahead, T);
+            break;
+        }
+        p->have[q] = 1;
+        if (p->fit_n[q] > tokens) tokens = p->fit_n[q];
+    }
+    free(A);
+    free(B);
+    if (!st) {
+        p->lambda = (float)lambda;
+        p->tokens = tokens;
+    }
+    return st;
+}
+
+/* ---- the file ------------------------------------------------------------------------------ */
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *b = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+#define FNV_OFFSET 0xcbf29ce484222325ull
+
+static void put32(unsigned char *b, uint32_t v) {
+    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+static void put64(unsigned char *b, uint64_t v) {
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get32(const unsigned char *b) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)b[i] << (8 * i);
+    return v;
+}
+static uint64_t get64(const unsigned char *b) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)b[i] << (8 * i);
+    return v;
+}
+static uint32_t fbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static float bitsf(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static void header_bytes(const struct moetax_predictor *p, uint32_t n_pairs, unsigned char *h) {
+    memset(h, 0, MOETAX_PREDICT_HEADER_BYTES);
+    memcpy(h, MAGIC, 8);
+    put32(h + 8, VERSION);
+    put32(h + 12, (uint32_t)p->n_layer);
+    put32(h + 16, (uint32_t)p->n_embd);
+    put32(h + 20, (uint32_t)p->n_expert);
+    put32(h + 24, (uint32_t)p->n_expert_used);
+    put32(h + 28, (uint32_t)p->ahead);
+    put32(h + 32, p->features);
+    put32(h + 36, (uint32_t)p->n_feat);
+    put32(h + 40, n_pairs);
+    put64(h + 48, p->tokens);
+    put32(h + 56, fbits(p->lambda));
+    memcpy(h + 64, p->model, strnlen(p->model, 63));
+}
+
+moetax_status moetax_predictor_write(const struct moetax_predictor *p, const char *path) {
+    uint32_t n_pairs = 0;
+    for (int q = 0; q < n_pairs_of(p); q++) n_pairs += p->have[q];
+    struct moetax_outfile *o;
+    moetax_status st = moetax_outfile_open(path, &o);
+    if (st) return st;
+    FILE *f = moetax_outfile_file(o);
+    unsigned char h[MOETAX_PREDICT_HEADER_BYTES];
+    header_bytes(p, n_pairs, h);
+    uint64_t sum = fnv1a(FNV_OFFSET, h, sizeof h);
+    bool ok = fwrite(h, 1, sizeof h, f) == sizeof h;
+    const size_t row = (size_t)p->n_expert * (size_t)p->n_feat;
+    unsigned char *buf = malloc(row * 4);
+    if (!buf) ok = false;
+    for (int q = 0; ok && q < n_pairs_of(p); q++) {
+        if (!p->have[q]) continue;
+        unsigned char ph[MOETAX_PREDICT_PAIR_HEADER_BYTES] = {0};
+        put32(ph, (uint32_t)(q / p->ahead));
+        put32(ph + 4, (uint32_t)(q % p->ahead + 1));
+        put32(ph + 8, (uint32_t)p->target[q]);
+        const float *w = p->w + (size_t)q * row;
+        for (size_t i = 0; i < row; i++) put32(buf + 4 * i, fbits(w[i]));
+        sum = fnv1a(fnv1a(sum, ph, sizeof ph), buf, row * 4);
+        ok = fwrite(ph, 1, sizeof ph, f) == sizeof ph && fwrite(buf, 1, row * 4, f) == row * 4;
+    }
+    free(buf);
+    unsigned char tail[8];
+    put64(tail, sum);
+    ok = ok && fwrite(tail, 1, 8, f) == 8;
+    if (!ok) {
+        moetax_outfile_abort(o);
+        return moetax_error(MOETAX_ERR_IO, "%s: writing the predictor failed", path);
+    }
+    return moetax_outfile_commit(o);
+}
+
+static moetax_status bad(const char *path, uint64_t off, const char *field, const char *what) {
+    return moetax_error(MOETAX_ERR_FORMAT, "%s: offset %llu: %s: %s", path, (unsigned long long)off, field, what);
+}
+
+moetax_status moetax_predictor_load(const char *path, struct moetax_predictor **out) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return moetax_error(MOETAX_ERR_IO, "%s: cannot open the predictor", path);
+    unsigned char *data = NULL;
+    moetax_status st = MOETAX_OK;
+    long size = -1;
+    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) st = moetax_error(MOETAX_ERR_IO, "%s: not a seekable file", path);
+    else if ((uint64_t)size < MOETAX_PREDICT_HEADER_BYTES + 8)
+        st = bad(path, 0, "header", "the file is shorter than the 128-byte header and checksum");
+    else if ((uint64_t)size > ((uint64_t)1 << 34))
+        st = bad(path, 0, "size", "larger than 16 GiB: not a predictor");
+    unsigned char h[MOETAX_PREDICT_HEADER_BYTES];
+    if (!st && fread(h, 1, sizeof h, f) != sizeof h) st = moetax_error(MOETAX_ERR_IO, "%s: read error", path);
+    uint32_t n_layer = 0, n_embd = 0, E = 0, k = 0, ahead = 0, features = 0, n_feat = 0, n_pairs = 0;
+    if (!st) {
+        n_layer = get32(h + 12), n_embd = get32(h + 16), E = get32(h + 20), k = get32(h + 24);
+        ahead = get32(h + 28), features = get32(h + 32), n_feat = get32(h + 36), n_pairs = get32(h + 40);
+        if (memcmp(h, MAGIC, 8)) st = bad(path, 0, "magic", "not a moetax predictor (expected \"MTXPRED\")");
+        else if (get32(h + 8) != VERSION) st = bad(path, 8, "version", "expected 1");
+        else if (n_layer < 1 || n_layer > 4096) st = bad(path, 12, "n_layer", "out of range 1..4096");
+        else if (n_embd < 1 || n_embd > 1 << 16) st = bad(path, 16, "n_embd", "out of range 1..65536");
+        else if (E < 1 || E > 1 << 16) st = bad(path, 20, "n_expert", "out of range 1..65536");
+        else if (k < 1 || k > E) st = bad(path, 24, "n_expert_used", "out of range 1..n_expert");
+        else if (ahead < 1 || ahead > MOETAX_PREDICT_AHEAD_MAX) st = bad(path, 28, "ahead", "out of range 1..2");
+        else if (!(features & MOETAX_PREDICT_FEAT_CUR) || (features & ~3u)) st = bad(path, 32, "features", "unknown bits");
+        else if (n_feat != n_embd * ((features & MOETAX_PREDICT_FEAT_PREV) ? 2 : 1) + 1)
+            st = bad(path, 36, "n_feat", "does not match n_embd and features");
+        else if (n_pairs > n_layer * ahead) st = bad(path, 40, "n_pairs", "more than n_layer x ahead");
+        else if (!isfinite(bitsf(get32(h + 56))) || bitsf(get32(h + 56)) < 0) st = bad(path, 56, "lambda", "not a number >= 0");
+        else if (!memchr(h + 64, 0, 64)) st = bad(path, 64, "model", "not NUL-terminated");
+    }
+    const uint64_t row = (uint64_t)E * n_feat * 4, entry = MOETAX_PREDICT_PAIR_HEADER_BYTES + row;
+    if (!st && (uint64_t)size != MOETAX_PREDICT_HEADER_BYTES + (uint64_t)n_pairs * entry + 8) {
+        char what[160];
+        snprintf(what, sizeof what, "the file has %lld bytes, the header implies %llu (%u pairs of %llu bytes)",
+                 (long long)size, (unsigned long long)(MOETAX_PREDICT_HEADER_BYTES + (uint64_t)n_pairs * entry + 8),
+                 n_pairs, (unsigned long long)entry);
+        st = bad(path, 40, "size", what);
+    }
+    if (!st && !(data = malloc((size_t)size - MOETAX_PREDICT_HEADER_BYTES)))
+        st = moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", path);
+    if (!st && fread(data, 1, (size_t)size - MOETAX_PREDICT_HEADER_BYTES, f) != (size_t)size - MOETAX_PREDICT_HEADER_BYTES)
+        st = moetax_error(MOETAX_ERR_IO, "%s: read error", path);
+    fclose(f);
+    if (!st) {
+        const uint64_t body = (uint64_t)n_pairs * entry;
+        uint64_t sum = fnv1a(fnv1a(FNV_OFFSET, h, sizeof h), data, (size_t)body);
+        if (sum != get64(data + body)) st = bad(path, MOETAX_PREDICT_HEADER_BYTES + body, "checksum", "FNV-1a mismatch: the file is damaged");
+    }
+    struct moetax_predictor *p = NULL;
+    if (!st) {
+        char model[64];
+        memcpy(model, h + 64, 64);
+        /* the pairs' targets come from the entries, not from a layer list */
+        st = moetax_predictor_new(model, (int)n_layer, (int)n_embd, (int)E, (int)k, NULL, 0, (int)ahead, features, &p);
+    }
+    for (uint32_t i = 0; !st && i < n_pairs; i++) {
+        const unsigned char *e = data + (uint64_t)i * entry;
+        const uint64_t off = MOETAX_PREDICT_HEADER_BYTES + (uint64_t)i * entry;
+        const uint32_t layer = get32(e), a = get32(e + 4), target = get32(e + 8);
+        if (layer >= n_layer) { st = bad(path, off, "pair layer", "out of range"); break; }
+        if (a < 1 || a > ahead) { st = bad(path, off + 4, "pair ahead", "out of range 1..ahead"); break; }
+        if (target <= layer || target >= n_layer) { st = bad(path, off + 8, "pair target", "not a later layer"); break; }
+        if (get32(e + 12) != 0) { st = bad(path, off + 12, "pair reserved", "expected 0"); break; }
+        const int q = moetax_predictor_pair(p, (int)layer, (int)a);
+        if (p->have[q]) { st = bad(path, off, "pair", "duplicate (layer, ahead)"); break; }
+        float *w = p->w + (size_t)q * E * n_feat;
+        for (uint64_t j = 0; j < (uint64_t)E * n_feat; j++) {
+            w[j] = bitsf(get32(e + MOETAX_PREDICT_PAIR_HEADER_BYTES + 4 * j));
+            if (!isfinite(w[j])) { st = bad(path, off + MOETAX_PREDICT_PAIR_HEADER_BYTES + 4 * j, "weight", "not finite"); break; }
+        }
+        p->have[q] = 1;
+        p->target[q] = (int32_t)target;
+    }
+    if (!st) {
+        p->tokens = get64(h + 48);
+        p->lambda = bitsf(get32(h + 56));
+    }
+    free(data);
+    if (st) {
+        moetax_predictor_free(p);
+        return st;
+    }
+    *out = p;
+    return MOETAX_OK;
+}
+
+moetax_status moetax_predictor_check(const struct moetax_predictor *p, const char *path, int n_layer, int n_embd,
+                                     int n_expert, const bool *is_moe) {
+    if (p->n_layer != n_layer || p->n_embd != n_embd || p->n_expert != n_expert)
+        return moetax_error(MOETAX_ERR_ARG, "%s: a predictor for %d layers, width %d, %d experts (%s); the model has "
+                            "%d, %d, %d", path, p->n_layer, p->n_embd, p->n_expert, p->model, n_layer, n_embd, n_expert);
+    for (int q = 0; q < n_pairs_of(p); q++)
+        if (p->have[q] && (!is_moe[q / p->ahead] || !is_moe[p->target[q]]))
+            return moetax_error(MOETAX_ERR_ARG, "%s: predicts layer %d from layer %d, not both MoE layers of the model",
+                                path, p->target[q], q / p->ahead);
+    return MOETAX_OK;
+}
+
+struct moetax_predict_score moetax_predictor_total(const struct moetax_predictor *p, enum moetax_predict_kind kind,
+                                                   int a) {
+    struct moetax_predict_score s = {0};
+    for (int q = 0; q < n_pairs_of(p); q++) {
+        if (a && q % p->ahead + 1 != a) continue;
+        const struct moetax_predict_score *x = &p->score[(size_t)kind * (size_t)n_pairs_of(p) + (size_t)q];
+        s.tokens += x->tokens;
+        s.predicted += x->predicted;
+        s.actual += x->actual;
+        s.hits += x->hits;
+    }
+    return s;
+}
+
+void moetax_predictor_score_reset(struct moetax_predictor *p) {
+    memset(p->score, 0, sizeof *p->score * (size_t)MOETAX_PREDICT_KINDS * (size_t)n_pairs_of(p));
+}
