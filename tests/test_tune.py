@@ -3,7 +3,9 @@
 """test_tune.py - moetax tune on the default model: the results' shape, the Pareto front
 non-dominated, the recommendation within the quality bound (or the default), its
 configuration read back by run/bench/perplexity/serve's --config, and malformed
-configurations refused with the key named.
+configurations refused with the key named. The precision lever: --expert-type q4_0 computes
+the logits of the file `quantize --experts-only` writes, bit for bit, and the tuner lists it
+with its measured KL; under --memory only configurations that fit are on the front.
 
 usage: test_tune.py MOETAX_BIN WORKDIR
 """
@@ -46,7 +48,8 @@ def bench_check(mt, work, rows, c):
     rec = [o for o in rows if o.get("recommended")]
     check(len(rec) == 1, f"one recommended row: {len(rec)}")
     ncpu = os.cpu_count()
-    is_default = c["experts_used"] == 4 and c["threads"] == ncpu and not c["no_mmap"] and not c.get("expert_budget")
+    is_default = (c["experts_used"] == 4 and c["threads"] == ncpu and not c["no_mmap"] and not c.get("expert_budget")
+                  and not c.get("expert_type"))
     if not is_default:
         ratio, spread = paired(mt, os.path.join(work, "tune.json"))
         band = max(0.15, spread)
@@ -54,12 +57,12 @@ def bench_check(mt, work, rows, c):
               f"spread {band:.3f}){'' if abs(ratio - c['measured']['speed_ratio']) <= band else ' - outside the band: noise?'}")
         return
     front = [o for o in rows if o["pareto"] and not (o["experts_used"] == 4 and o["threads"] == ncpu and not o["no_mmap"]
-                                                     and not o["expert_budget_mib"])][:2]
+                                                     and not o["expert_budget_mib"] and not o["expert_type"])][:2]
     for o in front:
         f = os.path.join(work, "tune_front.json")
         with open(f, "w") as fh:
             json.dump({"moetax_config": 1, "threads": o["threads"], "experts_used": o["experts_used"],
-                       "no_mmap": o["no_mmap"]}, fh)
+                       "no_mmap": o["no_mmap"], "expert_type": o["expert_type"]}, fh)
         ratio, spread = paired(mt, f, 3)
         band = max(0.15, spread)
         print(f"default recommended: front {o['config']} in bench {ratio:.3f}x (spread {band:.3f})")
@@ -79,6 +82,11 @@ def store_checks(mt, work, calib):
     st = [o for o in rows if o["expert_budget_mib"] > 0]
     check(len(st) >= 4 and all(o["kl"] == 0 and o["ppl_change"] == 0 for o in st),
           f"expert-store configurations, exact: {len(st)}")
+    nofit = [o for o in rows if not o["fits"]]
+    check(nofit and all(not o["pareto"] and not o["recommended"] for o in nofit)
+          and all(o["footprint_mib"] > 80 for o in nofit) and all(o["footprint_mib"] <= 80 for o in rows if o["fits"]),
+          f"--memory 80M: what does not fit is neither on the front nor recommended: {[o['config'] for o in nofit]}")
+    check(any(o["pareto"] for o in rows), "--memory 80M: a front of configurations that fit")
     c = json.load(open(scfg)) if os.path.exists(scfg) else {}
     check(bool(c.get("expert_budget")) and c.get("policy") in ("next-use", "lfu"), f"the store's keys written: {c}")
     # round trip: bench --config reads the same budget, policy and prefetch
@@ -100,6 +108,46 @@ def store_checks(mt, work, calib):
           f"--memory 1M: a clear message naming the minimum: {r4.stderr[-300:]}")
 
 
+def precision_checks(mt, work):
+    """--expert-type q4_0: the logits of a file whose routed experts `quantize --experts-only` converted (the same
+    quantizer: moetax_to_float then moetax_from_float per row), bit for bit; run and --config alike; refused beside
+    an expert store; a bad type named"""
+    q4 = os.path.join(work, "tune_experts_q4_0.gguf")
+    r = run([mt, "quantize", "--experts-only", MODEL, q4, "q4_0"])
+    check(r.returncode == 0 and os.path.getsize(q4) < os.path.getsize(MODEL), f"quantize --experts-only: {r.stderr[-300:]}")
+    toks = ",".join(str(7 * i % 1000 + 1) for i in range(40))
+    outs = {}
+    for name, args in (("file", ["-m", q4]), ("load", ["-m", MODEL, "--expert-type", "q4_0"]),
+                       ("load1", ["-m", MODEL, "--expert-type", "q4_0", "-t", "1", "--no-mmap"]),
+                       ("stored", ["-m", MODEL])):
+        f = os.path.join(work, f"tune_logits_{name}.f32")
+        r = run([mt, "eval", "--tokens", toks, "--decode", "8", "--out", f] + args)
+        check(r.returncode == 0, f"eval {name}: {r.stderr[-300:]}")
+        outs[name] = open(f, "rb").read() if os.path.exists(f) else b""
+    check(outs["file"] and outs["file"] == outs["load"] == outs["load1"],
+          "--expert-type q4_0: logits bit-identical to the file quantize --experts-only wrote (2 and 1 threads, --no-mmap)")
+    check(outs["stored"] != outs["load"], "--expert-type q4_0 changes the logits of a Q8_0 file")
+    base = [mt, "run", "-p", "def f(", "-n", "12", "--temp", "0"]
+    a, b = run(base + ["-m", q4]), run(base + ["-m", MODEL, "--expert-type", "q4_0"])
+    cfg = os.path.join(work, "tune_q4.json")
+    with open(cfg, "w") as f:
+        json.dump({"moetax_config": 1, "expert_type": "q4_0"}, f)
+    c = run(base + ["-m", MODEL, "--config", cfg])
+    check(a.returncode == 0 and a.stdout == b.stdout == c.stdout, "run --expert-type q4_0 / --config expert_type: "
+          "the --experts-only file's greedy text")
+    r = run([mt, "bench", "-m", MODEL, "-p", "0", "-n", "4", "-r", "1", "--no-mem", "--expert-type", "q4_0",
+             "--expert-budget", "50%"])
+    check(r.returncode != 0 and "--expert-type" in r.stderr and "--expert-budget" in r.stderr,
+          f"--expert-type with an expert store: refused, both named: {r.stderr[-300:]}")
+    r = run(base + ["-m", MODEL, "--expert-type", "q3_x"])
+    check(r.returncode == 2 and "--expert-type" in r.stderr, f"--expert-type q3_x refused: {r.stderr[-200:]}")
+    with open(cfg, "w") as f:
+        json.dump({"moetax_config": 1, "expert_type": "q9"}, f)
+    r = run(base + ["-m", MODEL, "--config", cfg])
+    check(r.returncode == 2 and "expert_type" in r.stderr, f"config expert_type q9 refused: {r.stderr[-200:]}")
+    os.remove(q4)
+
+
 def main():
     mt, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
@@ -118,11 +166,15 @@ def main():
     check(len(rows) >= 4, f"tune --json: {len(rows)} rows")
     final = [o for o in rows if o["stage"] == 3]
     check(len(final) >= 2, f"{len(final)} configurations reached stage 3")
-    exact = [o for o in rows if o["experts_used"] == 4 and o["capacity_factor"] == 0]
+    exact = [o for o in rows if o["experts_used"] == 4 and o["capacity_factor"] == 0 and not o["expert_type"]]
     check(exact and all(o["kl"] == 0 and o["ppl_change"] == 0 and o["top1"] == 1 for o in exact),
           "the file's k: KL 0, perplexity unchanged, top-1 100% (threads and paging change no bit)")
     fewer = [o for o in rows if o["experts_used"] < 4]
     check(fewer and all(o["kl"] > 0 for o in fewer), "fewer experts per token: KL > 0")
+    q4 = [o for o in rows if o["expert_type"] == "q4_0"]
+    check(q4 and all(o["kl"] > 0 for o in q4), f"the precision lever listed, experts q4_0, with its KL: "
+          f"{[(o['config'], o['kl']) for o in q4[:2]]}")
+    final = [o for o in final if o["fits"]]
     for a in final:  # the front: no stage-3 point is both faster and closer
         dom = [b for b in final if b is not a and b["speed_ratio"] >= a["speed_ratio"] and b["kl"] <= a["kl"]
                and (b["speed_ratio"] > a["speed_ratio"] or b["kl"] < a["kl"])]
@@ -155,6 +207,7 @@ def main():
             f.write(text)
         r = run(base + ["--config", bad])
         check(r.returncode == 2 and key in r.stderr, f"config {text!r}: rc {r.returncode} {r.stderr.strip()}")
+    precision_checks(mt, work)
     bench_check(mt, work, rows, c)
     store_checks(mt, work, calib)
     r = run([mt, "tune", "-m", MODEL, "--max-quality-loss", "-1"])

@@ -616,17 +616,17 @@ static moetax_status write_html(const char *path, struct tres *res, int n, const
         cfg_name(&res[i].c, name, sizeof name);
         const double x = L + cw * res[i].kl / kmax, y = T + ch * (1 - (res[i].ratio - rmin) / (rmax - rmin));
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%d\" fill=\"%s\"><title>%s: %.3fx, KL %.4g, ppl %+.2f%%</title>"
-                   "</circle>\n", x, y, &res[i] == rec ? 7 : 4, res[i].pareto ? "#d62728" : "#1f5fa8", name, res[i].ratio,
+                   "</circle>\n", x, y, &res[i] == rec ? 7 : 4, res[i].pareto ? "#d62728" : res[i].fits ? "#1f5fa8" : "#aaaaaa", name, res[i].ratio,
                 res[i].kl, 100 * res[i].dppl);
     }
     fputs("</svg>\n<p>Red: the Pareto front (no other configuration is both faster and closer to the exact "
-          "distributions); the large point: the recommendation.</p>\n<table><tr><th>configuration</th><th>stage</th>"
+          "distributions) among the configurations that fit; grey: does not fit --memory (the default as the reference of the ratios); the large point: the recommendation.</p>\n<table><tr><th>configuration</th><th>stage</th>"
           "<th>speed ratio</th><th>tokens/s</th><th>KL</th><th>top-1</th><th>perplexity</th><th>tax</th></tr>\n", f);
     for (int i = 0; i < n; i++) {
         char name[128];
         cfg_name(&res[i].c, name, sizeof name);
         fprintf(f, "<tr><td>%s%s</td><td>%d</td><td>%.3f</td><td>%.1f</td><td>%.4g</td><td>%.1f%%</td><td>%+.2f%%</td>"
-                   "<td>%.1f%%</td></tr>\n", name, &res[i] == rec ? " (recommended)" : "", res[i].stage, res[i].ratio,
+                   "<td>%.1f%%</td></tr>\n", name, &res[i] == rec ? " (recommended)" : res[i].fits ? "" : " (does not fit)", res[i].stage, res[i].ratio,
                 res[i].tps, res[i].kl, 100 * res[i].top1, 100 * res[i].dppl, 100 * res[i].tax);
     }
     fputs("</table>\n</body></html>\n", f);
