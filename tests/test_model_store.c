@@ -12,7 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "moe/predict.h"
 #include "moetax/model.h"
+#include "moetax/predict.h"
 #include "moetax/store.h"
 #include "testutil.h"
 
@@ -57,6 +59,64 @@ static int f_sig(void *u, int fd, uint64_t *size, uint64_t *mtime) {
     return moetax_store_vfs_default()->fstat_sig(u, fd, size, mtime);
 }
 static void f_close(void *u, int fd) { (void)u; close(fd); }
+
+/* A learned predictor (moetax/predict.h) fitted on one run through a 25% store, then driving its
+ * prefetch: it only chooses what is read ahead, so the logits stay the mapped run's, and both it and
+ * the router guess are scored on every token of the layers it predicts. */
+static void predictor_case(struct moetax_model *m, const char *type) {
+    int moe[64], n_moe = 0;
+    for (int l = 0; l < m->hp.n_layer && n_moe < 64; l++)
+        if (m->layers[l].is_moe) moe[n_moe++] = l;
+    struct moetax_predictor *p = NULL;
+    CHECK(moetax_predictor_new("t", m->hp.n_layer, m->hp.n_embd, m->hp.n_expert, m->hp.n_expert_used, moe, n_moe, 2,
+                               MOETAX_PREDICT_FEAT_CUR | MOETAX_PREDICT_FEAT_PREV, &p) == MOETAX_OK);
+    if (!p) return;
+    CHECK(moetax_predictor_fit_begin(p) == MOETAX_OK);
+    p->use = false;
+    struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE, .budget_bytes = (uint64_t)1 << 40};
+    struct moetax_store *s = NULL;
+    int ub = 64;
+    CHECK(moetax_model_store_open(m, &sp, ub, 0, &s, &ub) == MOETAX_OK);
+    const uint64_t slot = s ? moetax_store_slot_bytes(s) : 1;
+    moetax_store_free(s);
+    s = NULL;
+    sp.budget_bytes = slot * (uint64_t)m->hp.n_expert * (uint64_t)n_moe / 4;
+    ub = 64;
+    moetax_status st = moetax_model_store_open(m, &sp, ub, 0, &s, &ub);
+    CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+    float *ref = s ? run(m, NULL, 1, ub, false, &st) : NULL;
+    if (s) moetax_store_set_predictor(s, p, false);
+    float *got = ref ? run(m, s, 1, ub, true, &st) : NULL; /* fitting */
+    const int64_t V = m->hp.n_vocab;
+    CHECK_MSG(got && !memcmp(got, ref, sizeof(float) * (size_t)(V * N_TOK)), "%s fitting: logits differ", type);
+    free(got);
+    float *router[64] = {NULL};
+    for (int i = 0; i < n_moe; i++) {
+        router[moe[i]] = malloc(sizeof(float) * (size_t)(m->hp.n_expert * m->hp.n_embd));
+        if (router[moe[i]]) CHECK(moe_predict_router_rows(m, moe[i], router[moe[i]]));
+    }
+    CHECK_MSG(moetax_predictor_fit_solve(p, 0.1, (const float *const *)router) == MOETAX_OK, "%s", moetax_last_error());
+    CHECK(moetax_predictor_weights(p, moe[0], 1) != NULL);
+    CHECK_EQ_INT(p->tokens, N_TOK);
+    p->use = true;
+    for (int threads = 1; ref && threads <= 2; threads++) {
+        moetax_predictor_score_reset(p);
+        got = run(m, s, threads, ub, true, &st);
+        CHECK_MSG(got && !memcmp(got, ref, sizeof(float) * (size_t)(V * N_TOK)),
+                  "%s threads %d: logits with the learned predictor differ from the mapped run", type, threads);
+        free(got);
+        struct moetax_predict_score r = moetax_predictor_total(p, MOETAX_PREDICT_ROUTER, 1);
+        struct moetax_predict_score l = moetax_predictor_total(p, MOETAX_PREDICT_LEARNED, 1);
+        CHECK_EQ_INT(r.tokens, (uint64_t)N_TOK * (uint64_t)(n_moe - 1));
+        CHECK_EQ_INT(l.tokens, r.tokens);
+        CHECK(l.hits <= l.predicted && l.predicted == l.tokens * (uint64_t)m->hp.n_expert_used);
+        CHECK_EQ_INT(moetax_predictor_total(p, MOETAX_PREDICT_LEARNED, 2).tokens, (uint64_t)N_TOK * (uint64_t)(n_moe - 2));
+    }
+    for (int i = 0; i < n_moe; i++) free(router[moe[i]]);
+    free(ref);
+    moetax_store_free(s);
+    moetax_predictor_free(p);
+}
 
 int main(int argc, char **argv) {
     tu_init(argc, argv);
@@ -166,6 +226,7 @@ int main(int argc, char **argv) {
             free(got);
             moetax_store_free(s);
         }
+        predictor_case(m, types[ti]);
         free(ref);
         moetax_model_free(m);
     }
