@@ -8,7 +8,11 @@ cannot load its model makes every rank exit non-zero, within a bounded time, wit
 naming the rank; a different model file (header and tensor table) on one rank is detected at
 start-up; --placement FILE interleaving the experts gives bit-identical logits, bad maps
 are refused; a rank that stalls past MOETAX_MPI_TIMEOUT makes every rank exit naming it;
---expert-budget is per rank (its own experts' store), exact; each rank's peak RSS (VmHWM, printed at exit) stays within its bound from
+--expert-budget is per rank (its own experts' store), exact; token-sharded dispatch (--ep-dispatch
+alltoall, with and without --ep-overlap) at np 1, 2 and 4 gives the single process's greedy tokens
+(eval, and run --parallel over several sequences) and logits within 1e-4 of their range, its byte
+counters are exact on a small case and once per rank moves fewer bytes than once per expert, a
+stalled rank is named; each rank's peak RSS (VmHWM, printed at exit) stays within its bound from
 `inspect --ranks 2` on the small preset (Q8_0), below the single process's.
 SKIP without mpirun or without an MPI build.
 
@@ -88,6 +92,71 @@ def main():
                     diff = max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) else float("inf")
                     check(diff <= 1e-4 * span, f"{what}: logits within 1e-4 of their range ({diff:g} of {span:g})")
 
+    # token-sharded dispatch (--ep-dispatch alltoall, src/dist/dist.h): np 1, 2 and 4, with and without
+    # overlap: the greedy tokens of the single process; logits to float rounding (partial sums per rank)
+    cases = [(tiny, [], ((1, 0), (2, 0), (2, 1), (4, 0), (4, 1))),
+             (DEFAULT_MODEL, [], ((2, 0), (2, 1), (4, 1))),
+             (DEFAULT_MODEL, ["--step-by-step"], ((2, 0), (2, 1), (4, 1)))]
+    for model, mode, runs in cases:
+        name = os.path.basename(model)
+        base = [moetax, "eval", "-m", model, "--tokens", TOKENS, "--decode", "8", "-t", "1"] + mode
+        ref = os.path.join(work, "aref.f32")
+        r0 = run(base + ["--out", ref], env=dict(os.environ))
+        a = floats(ref)
+        for np, ov in runs:
+            got = os.path.join(work, f"a2a{np}{ov}.f32")
+            r = mpirun(np, base + ["--ep-dispatch", "alltoall"] + (["--ep-overlap"] if ov else []) + ["--out", got])
+            what = f"alltoall {name} {' '.join(mode) or 'prefill'} np {np}{' overlap' if ov else ''}"
+            check(r.returncode == 0 and r.stdout == r0.stdout, f"{what}: the greedy tokens of the single process "
+                  f"({r.stdout!r} vs {r0.stdout!r}; {r.stderr[-400:]})")
+            if r.returncode:
+                continue
+            b = floats(got)
+            span = max(a) - min(a)
+            diff = max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) else float("inf")
+            check(diff <= 1e-4 * span, f"{what}: logits within 1e-4 of their range ({diff:g} of {span:g})")
+            check(f"exchanges (alltoall dispatch{', overlapped' if ov else ''})" in r.stderr or np == 1,
+                  f"{what}: the exit summary names the mode: {r.stderr[-300:]}")
+
+    # several sequences (run --parallel: each rank runs its own sequences' attention): the single process's text
+    prompts = os.path.join(work, "prompts.txt")
+    with open(prompts, "w") as f:
+        f.write("def main(\nimport os\nclass Foo:\nfor i in range(\nreturn x\n")
+    args = [moetax, "run", "-m", DEFAULT_MODEL, "-f", prompts, "--parallel", "4", "-n", "12", "--temp", "0", "-t", "1"]
+    text = lambda out: "\n".join(x for x in out.splitlines() if not x.startswith("---") and "t/s" not in x)
+    r0 = run(args, env=dict(os.environ))
+    check(r0.returncode == 0 and text(r0.stdout).strip(), f"run --parallel 4: {r0.stderr[-300:]}")
+    for np, ov in ((2, 0), (2, 1), (4, 1)):
+        r = mpirun(np, args + ["--ep-dispatch", "alltoall"] + (["--ep-overlap"] if ov else []))
+        check(r.returncode == 0 and text(r.stdout) == text(r0.stdout),
+              f"run --parallel 4 alltoall np {np}{' overlap' if ov else ''}: the single process's text "
+              f"({r.stdout[-300:]!r}; {r.stderr[-300:]})")
+        recs = [int(x) for x in re.findall(r"exchanges \(alltoall dispatch[^)]*\), (\d+) records", r.stderr)]
+        check(len(recs) == np and sum(x > 0 for x in recs) >= 2,
+              f"np {np}: sequences on several ranks send records ({recs})")
+
+    # the bytes: every expert on rank 1 (tiny: F32, d 64, k 2, 2 MoE layers), one sequence on rank 0: each of
+    # rank 0's tokens is one record per MoE layer (a 16-byte header of ids and weights, the 256-byte float
+    # row) and one 256-byte partial sum back; once per expert it would be 2 x (256 + 8 + 256)
+    one = os.path.join(work, "rank1.txt")
+    with open(one, "w") as f:
+        f.write("*: " + " ".join("1" for _ in range(8)) + "\n")
+    r = mpirun(2, [moetax, "eval", "-m", tiny, "--tokens", TOKENS, "--decode", "4", "-t", "1", "--placement", one,
+                   "--ep-dispatch", "alltoall"])
+    pat = (r"rank (\d) of 2: (\d+) exchanges \(alltoall dispatch\), (\d+) records, ([0-9.]+) MB sent, ([0-9.]+) MB "
+           r"received; once per rank ([0-9.]+) MB vs once per expert ([0-9.]+) MB")
+    st = {int(m[0]): [float(x) for x in m[1:]] for m in re.findall(pat, r.stderr)}
+    check(r.returncode == 0 and sorted(st) == [0, 1], f"the bytes summary of both ranks: {r.stderr[-500:]}")
+    if sorted(st) == [0, 1]:
+        ntok = len(TOKENS.split(",")) + 4  # the prompt, then each decoded token evaluated
+        recs = st[0][1]
+        check(recs == ntok * 2 and st[1][1] == 0, f"rank 0: one record per token and MoE layer ({recs} vs {ntok * 2})")
+        check(abs(st[0][2] - recs * 272 / 1e6) < 2e-3 and abs(st[0][3] - recs * 256 / 1e6) < 2e-3,
+              f"rank 0 sends 272 bytes per record and receives 256 ({st[0][2:4]})")
+        check(abs(st[1][2] - st[0][3]) < 2e-3 and abs(st[1][3] - st[0][2]) < 2e-3, f"rank 1 mirrors rank 0 ({st[1][2:4]})")
+        check(abs(st[0][4] - recs * 528 / 1e6) < 2e-3 and abs(st[0][5] - recs * 1040 / 1e6) < 2e-3,
+              f"once per rank {st[0][4]} MB, once per expert {st[0][5]} MB ({recs} records)")
+
     # --placement FILE: experts interleaved over the ranks give the single process's tokens and logits
     E = 32  # models/pycode-20m-q8_0.gguf
     inter = os.path.join(work, "interleaved.txt")
@@ -141,6 +210,12 @@ def main():
     check(r.returncode != 0, "a stalled rank: non-zero exit")
     check("rank(s) 1 did not arrive" in r.stderr and "layer" in r.stderr, f"names the layer and rank 1: {r.stderr[-400:]}")
     check(el < 20, f"well before the stalled rank would wake ({el:.1f} s, timeout 2 s, stall 30 s)")
+    t0 = time.monotonic()
+    r = mpirun(2, [moetax, "eval", "-m", tiny, "--tokens", "1,2,3", "--decode", "2", "-t", "1", "--ep-dispatch", "alltoall"],
+               env=dict(ENV, MOETAX_MPI_TIMEOUT="2", MOETAX_MPI_TEST_STALL="1:30"), timeout=60)
+    el = time.monotonic() - t0
+    check(r.returncode != 0 and "rank(s) 1 did not arrive" in r.stderr and el < 20,
+          f"alltoall: a stalled rank is named ({el:.1f} s): {r.stderr[-400:]}")
 
     # a different model file on one rank: detected at start-up
     tiny2 = os.path.join(work, "tiny-v3.gguf")
@@ -170,6 +245,12 @@ def main():
         for rank, mib in sorted(peaks.items()):
             check(0 < mib <= bounds[rank], f"rank {rank}: peak RSS {mib:.1f} MiB within its bound {bounds[rank]:.1f} MiB")
         print(f"peak RSS per rank (MiB): {peaks}; bounds {bounds}; one process's bound {alone:.1f}")
+        r = mpirun(2, [moetax, "eval", "-m", small, "--tokens", TOKENS, "--decode", "4", "-t", "1", "--ep-dispatch",
+                       "alltoall", "--ep-overlap"])
+        peaks = {int(a): float(b) for a, b in re.findall(r"rank (\d+) of 2: peak RSS ([0-9.]+) MiB", r.stderr)}
+        check(r.returncode == 0 and sorted(peaks) == [0, 1], f"alltoall np 2 eval of small: {r.stderr[-500:]}")
+        for rank, mib in sorted(peaks.items()):
+            check(0 < mib <= bounds[rank], f"alltoall: rank {rank}: peak RSS {mib:.1f} MiB within {bounds[rank]:.1f} MiB")
     return summary()
 
 

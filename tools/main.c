@@ -71,6 +71,26 @@ int main(int argc, char **argv) {
                     argc -= 2;
                     break;
                 }
+            /* --ep-dispatch MODE and --ep-overlap (token-sharded dispatch, see src/dist/dist.h) */
+            const char *ep_mode = NULL;
+            bool ep_overlap = false;
+            for (int a = 2; a < argc;) {
+                int take = !strcmp(argv[a], "--ep-overlap") ? 1 : !strcmp(argv[a], "--ep-dispatch") && a + 1 < argc ? 2 : 0;
+                if (!take) { a++; continue; }
+                if (!moetax_dist_world()) {
+                    fprintf(stderr, "moetax: %s is for expert parallelism: run under mpirun\n", argv[a]);
+                    return 2;
+                }
+                if (take == 1) ep_overlap = true;
+                else ep_mode = argv[a + 1];
+                memmove(argv + a, argv + a + take, sizeof *argv * (size_t)(argc - a - take + 1)); /* with the NULL */
+                argc -= take;
+            }
+            if ((ep_mode || ep_overlap) &&
+                moetax_dist_set_dispatch(ep_mode ? ep_mode : "alltoall", ep_overlap || moetax_dist_world()->overlap)) {
+                moetax_dist_finalize(0);
+                return 2;
+            }
             int rc = k_commands[i].fn(argc - 1, argv + 1);
             moetax_dist_finalize(rc);
             return rc;

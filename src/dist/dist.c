@@ -26,7 +26,8 @@ static bool under_mpirun(void) {
 int moetax_dist_init(int *argc, char ***argv) {
     if (!under_mpirun()) return 0;
     int provided = 0;
-    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    /* SERIALIZED: with --ep-overlap the communication thread makes the step's MPI calls */
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
         fprintf(stderr, "moetax: MPI_Init_thread failed\n");
         return 1;
     }
@@ -50,9 +51,38 @@ int moetax_dist_init(int *argc, char ***argv) {
     }
     if (provided < MPI_THREAD_FUNNELED && d->rank == 0)
         fprintf(stderr, "moetax: warning: MPI gives thread level %d, FUNNELED wanted\n", provided);
+    d->thread_level = provided;
+    g_world = d;
+    const char *dm = getenv("MOETAX_MPI_DISPATCH"), *ov = getenv("MOETAX_MPI_OVERLAP");
+    const bool ovl = ov && *ov && strcmp(ov, "0");
+    if (moetax_dist_set_dispatch(dm && *dm ? dm : ovl ? "alltoall" : "replicated", ovl)) {
+        g_world = NULL;
+        MPI_Finalize();
+        return 1;
+    }
     /* only rank 0 writes results; errors stay on each rank's stderr */
     if (d->rank > 0 && !freopen("/dev/null", "w", stdout)) fprintf(stderr, "moetax: rank %d: cannot silence stdout\n", d->rank);
-    g_world = d;
+    return 0;
+}
+
+int moetax_dist_set_dispatch(const char *mode, bool overlap) {
+    struct moetax_dist *d = g_world;
+    if (!strcmp(mode, "alltoall")) d->dispatch = true;
+    else if (!strcmp(mode, "replicated")) d->dispatch = false;
+    else {
+        if (d->rank == 0) fprintf(stderr, "moetax: dispatch '%s': expected alltoall or replicated\n", mode);
+        return 1;
+    }
+    d->overlap = overlap;
+    if (overlap && !d->dispatch) {
+        if (d->rank == 0) fprintf(stderr, "moetax: --ep-overlap needs --ep-dispatch alltoall\n");
+        return 1;
+    }
+    if (overlap && d->thread_level < MPI_THREAD_SERIALIZED) {
+        if (d->rank == 0)
+            fprintf(stderr, "moetax: warning: MPI gives thread level %d, not SERIALIZED: no overlap\n", d->thread_level);
+        d->overlap = false;
+    }
     return 0;
 }
 
@@ -69,11 +99,22 @@ static uint64_t peak_rss_bytes(void) {
 
 void moetax_dist_finalize(int rc) {
     if (!g_world) return;
+    moetax_dist_a2a_stop();
     const struct moetax_dist *d = g_world;
     /* read by tests/test_mpi.py against `inspect --ranks N` */
     fprintf(stderr, "moetax: rank %d of %d: peak RSS %.2f MiB (VmHWM)\n", d->rank, d->size,
             (double)peak_rss_bytes() / (1 << 20));
-    if (d->size > 1 && d->n_collectives)
+    if (d->size > 1 && d->n_collectives && d->dispatch)
+        fprintf(stderr, "moetax: rank %d of %d: %llu exchanges (alltoall dispatch%s), %llu records, %.3f MB sent, "
+                "%.3f MB received; once per rank %.3f MB vs once per expert %.3f MB (%.1f%%); comm %.3f s, wait %.3f s "
+                "(counts before each), blocked %.3f s; logits %.3f MB received in %.3f s\n", d->rank, d->size,
+                (unsigned long long)d->n_collectives, d->overlap ? ", overlapped" : "", (unsigned long long)d->n_records,
+                (double)d->bytes_sent / 1e6, (double)d->bytes_recv / 1e6, (double)d->a2a_bytes_rank / 1e6,
+                (double)d->a2a_bytes_expert / 1e6,
+                d->a2a_bytes_expert ? 100.0 * (double)d->a2a_bytes_rank / (double)d->a2a_bytes_expert : 0.0,
+                (double)d->ns_comm / 1e9, (double)d->ns_wait / 1e9, (double)d->ns_blocked / 1e9,
+                (double)d->bytes_logits / 1e6, (double)d->ns_logits / 1e9);
+    else if (d->size > 1 && d->n_collectives)
         fprintf(stderr, "moetax: rank %d of %d: %llu combines (%s), %.3f MB sent, %.3f MB received (%.1f KB per "
                 "combine), comm %.3f s, wait %.3f s (MPI_Barrier before each)\n", d->rank, d->size,
                 (unsigned long long)d->n_collectives, d->combine ? "allreduce" : "gather", (double)d->bytes_sent / 1e6,
@@ -295,7 +336,7 @@ enum { DIST_TAG_BARRIER = 7001, DIST_REQ_MAX = 1024 };
  * times out too, so each announces itself to all with one message and listens for the others'
  * for a second; the ranks not heard from are the late ones. (The announcements to a rank that
  * never comes stay unmatched: the job is aborted right after.) */
-static void late_ranks(const struct moetax_dist *d, char *out, size_t cap) {
+void moetax_dist_late_ranks(const struct moetax_dist *d, char *out, size_t cap) {
     const int P = d->size;
     static char here = 1;
     bool heard[DIST_REQ_MAX / 2] = {false};
@@ -324,12 +365,17 @@ static void late_ranks(const struct moetax_dist *d, char *out, size_t cap) {
         if (!heard[r] && o + 16 < cap) o += (size_t)snprintf(out + o, cap - o, "%s%d", o ? ", " : "", r);
 }
 
-moetax_status moetax_dist_barrier(struct moetax_dist *d, int il) {
+void moetax_dist_test_stall(const struct moetax_dist *d) {
     static bool stalled;
-    const char *stall = getenv("MOETAX_MPI_TEST_STALL"), *to = getenv("MOETAX_MPI_TIMEOUT");
+    const char *stall = getenv("MOETAX_MPI_TEST_STALL");
     int sr = -1, ss = 0;
     if (!stalled && stall && sscanf(stall, "%d:%d", &sr, &ss) == 2 && sr == d->rank && ss > 0) sleep((unsigned)ss);
     stalled = true;
+}
+
+moetax_status moetax_dist_barrier(struct moetax_dist *d, int il) {
+    const char *to = getenv("MOETAX_MPI_TIMEOUT");
+    moetax_dist_test_stall(d);
     const double limit = to && *to ? atof(to) : 60.0;
     const int P = d->size;
     if (P > DIST_REQ_MAX / 2)
@@ -345,7 +391,7 @@ moetax_status moetax_dist_barrier(struct moetax_dist *d, int il) {
         if (done || rc != MPI_SUCCESS) break;
         if (limit > 0 && (double)(moetax_ledger_now() - t0) / 1e9 > limit) {
             char late[256];
-            late_ranks(d, late, sizeof late);
+            moetax_dist_late_ranks(d, late, sizeof late);
             d->ns_wait += moetax_ledger_now() - t0;
             return moetax_error(MOETAX_ERR_IO, "rank %d of %d: waited more than %g s (MOETAX_MPI_TIMEOUT) before layer %d's "
                                 "combine: rank(s) %s did not arrive", d->rank, P, limit, il, late[0] ? late : "?");

@@ -36,11 +36,42 @@
  *   that failed makes every rank fail with a message naming it, and a file whose header and
  *   tensor table differ from rank 0's is an error naming both. MPI errors return (not abort);
  *   a command that ends with an error calls MPI_Abort so that no rank is left waiting.
+ *
+ *   Token-sharded dispatch (MOETAX_MPI_DISPATCH=alltoall or --ep-dispatch alltoall), as
+ *   DeepSeek-V3's inference and DeepEP do: rank r runs the embedding, attention (its own KV
+ *   cells), the dense layers, the router, the shared experts and the head only for the batch's
+ *   sequences with seq % P == r (the context, src/model/forward.c, picks them from rank 0's
+ *   batch; the ranks agree on the number of micro-batches, a rank with no tokens in one still
+ *   serves its experts). Each MoE layer then (src/moe/moe.c, moe_block_ep): the rank routes its
+ *   tokens and packs one record per (token, destination rank that owns at least one of its
+ *   experts): the token's prepared input row (Q8_0 / Q4_0 rows when the experts are of that
+ *   type, else float rows) and the ids and weights of that rank's experts only. Counts first,
+ *   then the records (moetax_dist_a2a: MPI_Ialltoall of byte counts, MPI_Ialltoallv of the
+ *   bytes); the owner computes its experts for every record it received and returns one
+ *   weighted partial sum per record (an exchange back); the token's rank adds the partial
+ *   sums in rank order, then the shared experts. Records for the rank itself never touch
+ *   MPI. The logits of the tokens that want them are gathered to every rank (each rank's
+ *   caller samples as the single process does, so the ranks' control flow stays the same).
+ *   The summation order is not the single process's (experts within a rank's partial sum,
+ *   then the ranks' sums), so logits agree to float rounding, not bit for bit.
+ *   Overlap (MOETAX_MPI_OVERLAP=1 or --ep-overlap): the exchanges run on a communication
+ *   thread (moetax_dist_a2a_post / _state), the layer's local tokens go as two micro-batches,
+ *   and the records for this rank itself are computed while both travel, the first
+ *   micro-batch's remote records while the second's arrive and its partial sums go back while
+ *   the second is computed, the shared experts while the last partial sums return. The
+ *   arithmetic per token is the same with and without overlap (batch-invariant matmuls, a
+ *   fixed order of the sums), so the two give the same bits.
+ *   Ledger: the counts exchange completes only when every rank has reached it, so its time is
+ *   `wait` (this rank waiting for the slowest), the payload's is `comm`: no barrier. With
+ *   overlap, the time worker 0 is blocked on an exchange is booked the same way (before the
+ *   counts arrived: wait, after: comm); the transfers' own times are in the exit summary.
  */
 #ifndef MOETAX_DIST_H
 #define MOETAX_DIST_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "moetax/model.h"
@@ -64,6 +95,13 @@ struct moetax_dist {
      * --placement FILE); contiguous: every layer's ranks are nondecreasing in the expert id */
     int32_t *owner;
     bool contiguous;
+    /* token-sharded dispatch (see above): on, overlapped; its exchanges' bytes as sent (records
+     * and partial sums, self excluded) and what once-per-expert dispatch would move (the same
+     * rows once per (token, remote expert), each with its id and weight, and one partial row
+     * back per (token, remote expert)); the time worker 0 was blocked on an exchange */
+    bool dispatch, overlap;
+    int thread_level; /* what MPI_Init_thread gave */
+    uint64_t a2a_bytes_rank, a2a_bytes_expert, ns_blocked, n_records, bytes_logits, ns_logits;
     /* scratch */
     int *counts, *displs;     /* [size] */
     int32_t *b_tok, *b_pos, *b_seq; /* the broadcast batch (ranks > 0) */
@@ -103,6 +141,47 @@ moetax_status moetax_dist_allreduce(struct moetax_dist *d, float *x, int64_t n);
 /* Every rank's *v becomes the smallest of all ranks' (st: this rank's result so far; a rank's
  * error is returned as is, and the others get one naming it). */
 moetax_status moetax_dist_agree_min(moetax_status st, int *v);
+/* --ep-dispatch MODE (alltoall | replicated) and --ep-overlap, after init; 0 or an error printed. */
+int moetax_dist_set_dispatch(const char *mode, bool overlap);
+/* The test hook MOETAX_MPI_TEST_STALL=R:S: rank R sleeps S seconds, once. */
+void moetax_dist_test_stall(const struct moetax_dist *d);
+/* After a timeout: the ranks not heard from, as text ("1, 3"). */
+void moetax_dist_late_ranks(const struct moetax_dist *d, char *out, size_t cap);
+
+/* One all-to-all exchange of bytes: this rank sends scount[r] bytes at sbuf + sdispl[r] to
+ * each rank r (the own rank's count is ignored: records for the rank itself never go through
+ * MPI) and receives rcount[r] bytes at rbuf + rdispl[r] (at most rcap bytes from rbuf).
+ * expect NULL: the counts come from the senders, rdispl is set (packed in rank order); else
+ * the counts that must arrive (the return trip) and rdispl is the caller's. Times and bytes
+ * of the exchange itself. */
+struct moetax_dist_a2a {
+    int *scount, *sdispl, *rcount, *rdispl, *expect; /* [P] */
+    const void *sbuf;
+    void *rbuf;
+    int64_t rcap;
+    int layer;
+    const char *what;
+    void (*on_counts)(void *arg); /* optional: called once the counts are in (inline exchanges) */
+    void *arg;
+    /* results */
+    moetax_status st;
+    _Atomic int state; /* 0 posted, 1 counts exchanged (every rank is here), 2 done */
+    uint64_t ns_wait, ns_comm, bytes_sent, bytes_recv;
+};
+/* On the calling thread. */
+moetax_status moetax_dist_a2a(struct moetax_dist *d, struct moetax_dist_a2a *x);
+/* To the communication thread (started at the first post; exchanges run in posting order);
+ * the caller polls moetax_dist_a2a_state until 2, then calls moetax_dist_a2a_done. The
+ * caller makes no MPI call while an exchange is in flight (MPI_THREAD_SERIALIZED). */
+moetax_status moetax_dist_a2a_post(struct moetax_dist *d, struct moetax_dist_a2a *x);
+int moetax_dist_a2a_state(const struct moetax_dist_a2a *x);
+moetax_status moetax_dist_a2a_done(struct moetax_dist *d, struct moetax_dist_a2a *x);
+/* Ends the communication thread (at finalize). */
+void moetax_dist_a2a_stop(void);
+/* Allgatherv of rows of `width` floats: rank r contributes n_rows[r] rows (mine at
+ * all + first[rank] * width is sent), every rank gets all of them in rank order. */
+moetax_status moetax_dist_gather_logits(struct moetax_dist *d, float *all, const int *n_rows, int64_t width);
+
 /* 0 on rank 0 (or without a world), else the rank. */
 int moetax_dist_rank(void);
 

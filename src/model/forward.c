@@ -71,6 +71,15 @@ struct moetax_ctx {
     int32_t *eval_pos, *eval_seq;
     bool *eval_want;
     int64_t eval_cap;
+    /* token-sharded dispatch (src/dist/dist.h): this rank runs the batch's sequences with
+     * seq % P == rank; ep_* hold its share of the batch and its logits */
+    bool ep;
+    int ep_rank, ep_size;
+    int32_t *ep_tok, *ep_pos, *ep_seq, *ep_src; /* [cap] its tokens, and their index in the batch */
+    bool *ep_want;
+    int64_t ep_cap;
+    float *ep_logits;      /* [rows, V] the logits of all ranks' wanting tokens, by rank */
+    int64_t ep_logits_cap; /* rows */
 };
 
 /* ---- the step ---------------------------------------------------------------------- */
@@ -155,6 +164,11 @@ static void step_worker(void *arg, int ith, int nth) {
     int64_t r0, r1;
 
     if (ith == 0) moe_step_begin(&c->moe, s);
+    if (c->ep && n == 0) { /* no tokens of this rank in the micro-batch: it serves its experts */
+        for (int il = 0; il < hp->n_layer; il++)
+            if (m->layers[il].is_moe) moe_block(&w, &c->moe, il);
+        return;
+    }
     /* embedding rows and each position's rope cos/sin */
     fw_phase_begin(&w, MOETAX_PHASE_EMBD, -1);
     fw_split(&w, n, 1, &r0, &r1);
@@ -171,7 +185,7 @@ static void step_worker(void *arg, int ith, int nth) {
         const struct moetax_layer *l = &m->layers[il];
         if (hp->attn == MOETAX_ATTN_GQA) gqa_attention(&w, &c->gqa, il);
         else mla_attention(&w, &c->attn, il);
-        if (n > 1) { /* decode: in the FFN's first phase */
+        if (n > 1 || (c->ep && l->is_moe)) { /* decode: in the FFN's first phase (token-sharded MoE: here) */
             fw_phase_begin(&w, MOETAX_PHASE_NORM, il);
             fw_norm_rows(&w, s->xn, s->x, l->ffn_norm, d, 0);
             fw_phase_end(&w);
@@ -288,6 +302,11 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
                             .reroute = p && p->overflow == MOETAX_OVERFLOW_REROUTE};
 #ifdef MOETAX_WITH_MPI
     mp.dist = moetax_dist_world(); /* under mpirun: this rank's experts, the combine's collective */
+    if (mp.dist && mp.dist->size > 1 && mp.dist->dispatch && hp->n_expert > 0) {
+        c->ep = true;
+        c->ep_rank = mp.dist->rank;
+        c->ep_size = mp.dist->size;
+    }
 #endif
     if (!st) st = moe_init(&c->moe, &c->step, &mp);
     if (!st) {
@@ -322,6 +341,7 @@ void moetax_ctx_free(struct moetax_ctx *c) {
     free(c->eval_pos);
     free(c->eval_seq);
     free(c->eval_want);
+    free(c->ep_tok); free(c->ep_pos); free(c->ep_seq); free(c->ep_src); free(c->ep_want); free(c->ep_logits);
     free(c);
 }
 
@@ -396,12 +416,74 @@ static int64_t n_sequences(const int32_t *seq, int64_t n) {
     return k;
 }
 
+static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t *token, const int32_t *pos,
+                                  const int32_t *seq, const bool *want, float *out, int64_t n_ub);
+
+#ifdef MOETAX_WITH_MPI
+/* Token-sharded dispatch: this rank's share of rank 0's batch (the sequences with
+ * seq % P == rank) in as many micro-batches as the rank with the most tokens needs (a rank
+ * with none in one still serves its experts), then every rank gets the logits of all. */
+static moetax_status decode_sharded(struct moetax_ctx *c, int64_t n, const int32_t *token, const int32_t *pos,
+                                    const int32_t *seq, const bool *want, float *out) {
+    const int P = c->ep_size, me = c->ep_rank;
+    const int64_t V = c->m->hp.n_vocab;
+    if (n > c->ep_cap) {
+        int32_t *t = realloc(c->ep_tok, sizeof(int32_t) * (size_t)n); if (t) c->ep_tok = t;
+        int32_t *p = realloc(c->ep_pos, sizeof(int32_t) * (size_t)n); if (p) c->ep_pos = p;
+        int32_t *q = realloc(c->ep_seq, sizeof(int32_t) * (size_t)n); if (q) c->ep_seq = q;
+        int32_t *r = realloc(c->ep_src, sizeof(int32_t) * (size_t)n); if (r) c->ep_src = r;
+        bool *w = realloc(c->ep_want, sizeof(bool) * (size_t)n); if (w) c->ep_want = w;
+        if (!t || !p || !q || !r || !w) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        c->ep_cap = n;
+    }
+    int n_tok[512] = {0}, n_rows[512] = {0};
+    if (P > 512) return moetax_error(MOETAX_ERR_LIMIT, "%d ranks: token-sharded dispatch handles at most 512", P);
+    int64_t nl = 0, n_want = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int r = (int)(((int64_t)seq[i] % P + P) % P);
+        n_tok[r]++;
+        if (want[i] && out) n_rows[r]++, n_want++;
+        if (r != me) continue;
+        c->ep_tok[nl] = token[i];
+        c->ep_pos[nl] = pos[i];
+        c->ep_seq[nl] = seq[i];
+        c->ep_want[nl] = want[i];
+        c->ep_src[nl++] = (int32_t)i;
+    }
+    int64_t n_ub = 0;
+    for (int r = 0; r < P; r++) {
+        const int64_t u = (n_tok[r] + c->n_ubatch - 1) / c->n_ubatch;
+        n_ub = u > n_ub ? u : n_ub;
+    }
+    if (n_want > c->ep_logits_cap) {
+        float *l = realloc(c->ep_logits, sizeof(float) * (size_t)(n_want * V));
+        if (!l) return moetax_error(MOETAX_ERR_NOMEM, "out of memory for the logits of %lld tokens", (long long)n_want);
+        c->ep_logits = l;
+        c->ep_logits_cap = n_want;
+    }
+    int64_t first = 0; /* this rank's rows in ep_logits */
+    for (int r = 0; r < me; r++) first += n_rows[r];
+    moetax_status st = decode_local(c, nl, c->ep_tok, c->ep_pos, c->ep_seq, c->ep_want,
+                                    out ? c->ep_logits + first * V : NULL, n_ub);
+    if (st || !out || !n_want) return st;
+    if ((st = moetax_dist_gather_logits(moetax_dist_world(), c->ep_logits, n_rows, V))) return st;
+    /* into the batch's order: entry i's row is its rank's next one */
+    int64_t next[512], o = 0;
+    for (int r = 0, acc = 0; r < P; r++) next[r] = acc, acc += n_rows[r];
+    for (int64_t i = 0; i < n; i++)
+        if (want[i]) {
+            const int r = (int)(((int64_t)seq[i] % P + P) % P);
+            memcpy(out + o++ * V, c->ep_logits + next[r]++ * V, sizeof(float) * (size_t)V);
+        }
+    return MOETAX_OK;
+}
+#endif
+
 /* n tokens (token, pos, seq) in micro-batches; want[i]: logits of token i into the next
  * row of out. The cells of all n are reserved first (all or nothing). */
 static moetax_status decode(struct moetax_ctx *c, int64_t n, const int32_t *token, const int32_t *pos,
                             const int32_t *seq, const bool *want, float *out) {
     const struct moetax_hparams *hp = &c->m->hp;
-    struct fw_step *s = &c->step;
     if (n <= 0) return moetax_error(MOETAX_ERR_ARG, "no tokens to evaluate");
 #ifdef MOETAX_WITH_MPI
     if (moetax_dist_world()) { /* every rank steps with rank 0's batch */
@@ -413,11 +495,24 @@ static moetax_status decode(struct moetax_ctx *c, int64_t n, const int32_t *toke
         if (token[i] < 0 || token[i] >= hp->n_vocab)
             return moetax_error(MOETAX_ERR_ARG, "token %lld: id %d is outside the vocabulary (0..%d)", (long long)i,
                                 token[i], hp->n_vocab - 1);
-    moetax_status st = moetax_kvcache_reserve(c->kv, seq, pos, n);
+#ifdef MOETAX_WITH_MPI
+    if (c->ep) return decode_sharded(c, n, token, pos, seq, want, out);
+#endif
+    return decode_local(c, n, token, pos, seq, want, out, (n + c->n_ubatch - 1) / c->n_ubatch);
+}
+
+/* decode's micro-batches: n_ub of them (token-sharded: possibly more than n needs, the
+ * rest empty) */
+static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t *token, const int32_t *pos,
+                                  const int32_t *seq, const bool *want, float *out, int64_t n_ub) {
+    const struct moetax_hparams *hp = &c->m->hp;
+    struct fw_step *s = &c->step;
+    moetax_status st = n > 0 ? moetax_kvcache_reserve(c->kv, seq, pos, n) : MOETAX_OK;
     if (st) return st;
     int64_t row = 0;
-    for (int64_t i0 = 0; i0 < n; i0 += c->n_ubatch) {
-        const int64_t nb = n - i0 < c->n_ubatch ? n - i0 : c->n_ubatch;
+    for (int64_t ub = 0; ub < n_ub; ub++) {
+        const int64_t i0 = ub * c->n_ubatch < n ? ub * c->n_ubatch : 0; /* past n: an empty micro-batch */
+        const int64_t nb = ub * c->n_ubatch >= n ? 0 : n - i0 < c->n_ubatch ? n - i0 : c->n_ubatch;
         s->tokens = token + i0;
         s->pos = pos + i0;
         s->seq = seq + i0;
@@ -429,7 +524,7 @@ static moetax_status decode(struct moetax_ctx *c, int64_t n, const int32_t *toke
         moetax_pool_chunk_reset(c->pool, 0, 0);
         moetax_pool_chunk_reset(c->pool, 1, 0);
         const bool dec = one_per_sequence(s->seq, nb);
-        moetax_ledger_step_begin(s->ledger, nb, s->pos[0], !dec);
+        moetax_ledger_step_begin(s->ledger, nb, nb ? s->pos[0] : 0, !dec);
         moetax_ledger_step_batch(s->ledger, n_sequences(s->seq, nb));
         atomic_store(&s->err_status, 0);
         moetax_pool_run(c->pool, step_worker, c);
@@ -439,7 +534,7 @@ static moetax_status decode(struct moetax_ctx *c, int64_t n, const int32_t *toke
             for (int64_t t = 0; t < n; t++) moetax_kvcache_seq_rm(c->kv, seq[t], moetax_kvcache_seq_len(c->kv, seq[t]), -1);
             return moetax_error((moetax_status)err, "%s", s->err_msg);
         }
-        moetax_kvcache_commit(c->kv, s->seq, s->pos, nb);
+        if (nb) moetax_kvcache_commit(c->kv, s->seq, s->pos, nb);
         c->sel_n = nb;
         if (c->logits) { /* a broken model (NaN/inf weights or activations) is an error, not a result */
             for (int64_t o = 0; o < c->n_out; o++) {

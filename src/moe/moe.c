@@ -26,8 +26,10 @@
  * barrier per expert.
  */
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "moe/moe.h"
 #include "moetax/store.h"
@@ -237,9 +239,9 @@ static void apply_capacity(const struct fw_step *s, struct moe *b, int il, int32
 /* The dispatch plan of sel/selw [n, k]: slots grouped by expert (ascending), tokens in
  * order; assignments with expert -1 (dropped) get no slot. */
 static void plan(const struct fw_step *s, const struct moe *b, int il, const int32_t *sel, const float *selw,
-                 struct plan *pl) {
+                 int64_t n, struct plan *pl) {
     const struct moetax_hparams *hp = &s->m->hp;
-    const int64_t E = hp->n_expert, k = b->k, n = s->n;
+    const int64_t E = hp->n_expert, k = b->k;
     memset(pl->count, 0, sizeof(int32_t) * (size_t)E);
     pl->n_slots = 0;
     for (int64_t i = 0; i < n * k; i++)
@@ -433,6 +435,486 @@ static void dist_exchange(struct worker *w, struct moe *b, int il, const struct 
     fw_phase_end(w);
 }
 
+/* ---- expert parallelism: token-sharded dispatch (src/dist/dist.h) ----------------------- */
+
+#ifdef MOETAX_WITH_MPI
+static bool plan_alloc(struct plan *pl, int64_t E, int64_t slots);
+static void plan_free(struct plan *pl);
+
+enum { EP_GROUPS = 2 }; /* micro-batches of the layer's tokens in flight at once (overlap) */
+enum ep_row { EP_ROW_F32, EP_ROW_Q8, EP_ROW_Q4 }; /* the input row a record carries */
+
+/* One micro-batch of this rank's tokens: its records out (by destination rank, tokens
+ * ascending within a rank), the records in, the partial sums back. */
+struct ep_group {
+    int32_t t0, t1;               /* its local tokens [t0, t1) */
+    int *cnt;                     /* [9 * P]: the two exchanges' counts and displacements */
+    uint8_t *sbuf, *rbuf;         /* records out [U * P], in [U * P] */
+    int32_t n_rec, *rec_tok;      /* records out, the local token of each [U * P] */
+    int32_t *rec_lo;              /* [P + 1] first record out of each destination rank */
+    float *ret;                   /* [U * P, d] partial sum of each record out (self: computed here) */
+    float *out;                   /* [U * P, d] partial sums of the records in, to return */
+    struct moetax_dist_a2a xd, xc; /* dispatch, combine */
+};
+
+struct moe_ep {
+    int P, n_groups;
+    bool overlap;
+    enum ep_row row;
+    size_t row_bytes, hdr_bytes, rec_bytes;
+    struct ep_group g[EP_GROUPS];
+    /* the unit being computed: records from any rank, the partial sum row of each */
+    const uint8_t **u_rec;        /* [2 P U] */
+    float **u_out;                /* [2 P U] */
+    int32_t u_n;
+    int32_t *u_sel;               /* [2 P U k] */
+    float *u_selw;
+    struct plan plan;
+    float *eh, *eh_g, *ydown;     /* [P U k, F], [P U k, F], [P U k, d] */
+    struct act a_exp, a_eh;
+    float *sh_out;                /* [U, d] the shared experts' output */
+    int32_t *cnt_e;               /* [E] assignments of the layer on this rank (the ledger's figures) */
+    int32_t cnt_slots;
+};
+
+/* record layout: int32 ids[k] (-1: none), float w[k], padded to 16 bytes, then the row */
+static int32_t *rec_ids(const uint8_t *r) { return (int32_t *)(void *)r; }
+static float *rec_w(const uint8_t *r, int64_t k) { return (float *)(void *)(r + 4 * k); }
+
+/* Worker 0: pack group g's records (tokens [t0, t1) of the routing sel / selw) and count
+ * the bytes against once-per-expert dispatch. */
+static void ep_pack(const struct fw_step *s, struct moe *b, int il, struct ep_group *g, const int32_t *sel,
+                    const float *selw) {
+    struct moe_ep *ep = b->ep;
+    struct moetax_dist *D = b->dist;
+    const int64_t k = b->k, E = s->m->hp.n_expert, d = s->m->hp.n_embd, P = ep->P;
+    const int32_t *own = b->owner + (int64_t)il * E;
+    int *scount = g->cnt, *sdispl = g->cnt + P;
+    g->n_rec = 0;
+    uint64_t remote_pairs = 0;
+    for (int r = 0; r < P; r++) {
+        g->rec_lo[r] = g->n_rec;
+        sdispl[r] = (int)((size_t)g->n_rec * ep->rec_bytes);
+        for (int32_t t = g->t0; t < g->t1; t++) {
+            int n_here = 0;
+            for (int64_t j = 0; j < k; j++) n_here += sel[t * k + j] >= 0 && own[sel[t * k + j]] == r;
+            if (!n_here) continue;
+            uint8_t *rec = g->sbuf + (size_t)g->n_rec * ep->rec_bytes;
+            int32_t *ids = rec_ids(rec);
+            float *w = rec_w(rec, k);
+            for (int64_t j = 0; j < k; j++) {
+                const bool here = sel[t * k + j] >= 0 && own[sel[t * k + j]] == r;
+                ids[j] = here ? sel[t * k + j] : -1;
+                w[j] = here ? selw[t * k + j] : 0.0f;
+            }
+            const void *src = ep->row == EP_ROW_Q8 ? (const char *)s->a_in.q8 + (size_t)t * ep->row_bytes
+                            : ep->row == EP_ROW_Q4 ? (const char *)s->a_in.q4 + (size_t)t * ep->row_bytes
+                            : (const void *)(s->a_in.x + t * d);
+            memcpy(rec + ep->hdr_bytes, src, ep->row_bytes);
+            g->rec_tok[g->n_rec++] = t;
+            if (r != D->rank) remote_pairs += (uint64_t)n_here;
+        }
+        scount[r] = (int)((size_t)(g->n_rec - g->rec_lo[r]) * ep->rec_bytes);
+    }
+    g->rec_lo[P] = g->n_rec;
+    const uint64_t remote_recs = (uint64_t)(g->n_rec - (g->rec_lo[D->rank + 1] - g->rec_lo[D->rank]));
+    /* both directions: records out and partial sums back */
+    D->a2a_bytes_rank += remote_recs * (ep->rec_bytes + (uint64_t)d * sizeof(float));
+    D->a2a_bytes_expert += remote_pairs * (ep->row_bytes + 2 * sizeof(int32_t) + (uint64_t)d * sizeof(float));
+    D->n_records += remote_recs;
+    g->xd = (struct moetax_dist_a2a){.scount = scount, .sdispl = sdispl, .rcount = g->cnt + 2 * P,
+                                     .rdispl = g->cnt + 3 * P, .sbuf = g->sbuf, .rbuf = g->rbuf,
+                                     .rcap = (int64_t)(P * s->n_ubatch) * (int64_t)ep->rec_bytes, .layer = il,
+                                     .what = "dispatch"};
+}
+
+/* Worker 0, once group g's records have arrived: the combine's exchange (partial sums of
+ * the records in go back to their ranks, into ret at the records' own places). */
+static void ep_prep_combine(const struct fw_step *s, struct moe *b, int il, struct ep_group *g) {
+    struct moe_ep *ep = b->ep;
+    const int64_t P = ep->P, d = s->m->hp.n_embd;
+    const int *rcount = g->cnt + 2 * P, *rdispl = g->cnt + 3 * P;
+    int *bs = g->cnt + 4 * P, *bsd = g->cnt + 5 * P, *brd = g->cnt + 6 * P, *bexp = g->cnt + 7 * P;
+    const size_t rowb = (size_t)d * sizeof(float);
+    for (int r = 0; r < P; r++) {
+        bs[r] = (int)((size_t)rcount[r] / ep->rec_bytes * rowb);
+        bsd[r] = (int)((size_t)rdispl[r] / ep->rec_bytes * rowb);
+        bexp[r] = r == b->rank ? 0 : (int)((size_t)(g->rec_lo[r + 1] - g->rec_lo[r]) * rowb);
+        brd[r] = (int)((size_t)g->rec_lo[r] * rowb);
+    }
+    g->xc = (struct moetax_dist_a2a){.scount = bs, .sdispl = bsd, .rcount = g->cnt + 8 * P, .rdispl = brd,
+                                     .expect = bexp, .sbuf = g->out, .rbuf = g->ret,
+                                     .rcap = (int64_t)(P * s->n_ubatch) * (int64_t)rowb, .layer = il,
+                                     .what = "combine"};
+}
+
+/* Worker 0: run exchange x inline (no overlap) or wait for it on the communication thread,
+ * booking the time before every rank has arrived to wait and the transfer to comm. */
+static void ep_on_counts(void *arg) { fw_mark(arg, MOETAX_PHASE_COMM); }
+
+static moetax_status ep_exchange(struct worker *w, struct moe *b, struct moetax_dist_a2a *x) {
+    struct moetax_dist *D = b->dist;
+    const enum moetax_phase prev = w->lph;
+    const uint64_t t0 = moetax_ledger_now();
+    moetax_status st;
+    fw_mark(w, MOETAX_PHASE_WAIT);
+    if (!b->ep->overlap) {
+        x->on_counts = ep_on_counts;
+        x->arg = w;
+        st = moetax_dist_a2a(D, x);
+    } else {
+        int state;
+        bool comm = false;
+        for (int spin = 0; (state = moetax_dist_a2a_state(x)) < 2;) {
+            if (state == 1 && !comm) {
+                fw_mark(w, MOETAX_PHASE_COMM);
+                comm = true;
+            }
+            if (++spin > 256) {
+                struct timespec ts = {0, 10000};
+                nanosleep(&ts, NULL);
+            } else sched_yield();
+        }
+        st = moetax_dist_a2a_done(D, x);
+    }
+    D->ns_blocked += moetax_ledger_now() - t0;
+    fw_mark(w, prev);
+    return st;
+}
+
+/* Worker 0: record r of the unit (the records [0, u_n) of ep->u_rec) */
+static void ep_unit_plan(const struct fw_step *s, struct moe *b, int il) {
+    struct moe_ep *ep = b->ep;
+    const int64_t k = b->k, E = s->m->hp.n_expert;
+    for (int32_t i = 0; i < ep->u_n; i++) {
+        memcpy(ep->u_sel + i * k, rec_ids(ep->u_rec[i]), sizeof(int32_t) * (size_t)k);
+        memcpy(ep->u_selw + i * k, rec_w(ep->u_rec[i], k), sizeof(float) * (size_t)k);
+    }
+    plan(s, b, il, ep->u_sel, ep->u_selw, ep->u_n, &ep->plan);
+    for (int32_t a = 0; a < ep->plan.n_active; a++) ep->cnt_e[ep->plan.active[a]] += ep->plan.count[ep->plan.active[a]];
+    ep->cnt_slots += ep->plan.n_slots;
+    (void)E;
+}
+
+/* All workers: this rank's experts for the unit's records (set by worker 0 before the
+ * first phase's barrier... by worker 0 in the first phase), each record's partial sum
+ * (its experts ascending) into its u_out row. Five phases. */
+static void ep_unit(struct worker *w, struct moe *b, int il) {
+    struct fw_step *s = w->s;
+    struct moe_ep *ep = b->ep;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const struct moetax_kernels *K = s->K;
+    const int64_t d = s->m->hp.n_embd, F = s->m->hp.n_ff_exp;
+    struct plan *pl = &ep->plan;
+    int64_t r0, r1;
+    fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
+    if (w->ith == 0) {
+        ep_unit_plan(s, b, il);
+        issue_reads(w, b, il, pl);
+    }
+    fw_phase_end(w);
+    /* the slots' input rows, grouped by expert */
+    fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
+    struct act ae = fw_act_view(&ep->a_exp, ep->a_exp.x, d, pl->n_slots);
+    fw_act_publish(w, &ep->a_exp, &ae);
+    fw_split(w, pl->n_slots, 1, &r0, &r1);
+    for (int64_t i = r0; i < r1; i++) {
+        const uint8_t *src = ep->u_rec[pl->slot_token[i]] + ep->hdr_bytes;
+        void *dst = ep->row == EP_ROW_Q8 ? (char *)ae.q8 + (size_t)i * ep->row_bytes
+                  : ep->row == EP_ROW_Q4 ? (char *)ae.q4 + (size_t)i * ep->row_bytes
+                  : (void *)((float *)ae.x + i * d);
+        memcpy(dst, src, ep->row_bytes);
+    }
+    if (ep->row == EP_ROW_F32) fw_act_prep(s, &ae, r0, r1); /* float rows: any prepared copies the experts read */
+    fw_phase_end(w);
+    /* gate/up per (expert, block of F rows) */
+    fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
+    const int64_t bf = F >= 256 ? 256 : F, nbf = (F + bf - 1) / bf;
+    for (int64_t it; (it = fw_chunk(w, (int64_t)pl->n_mine * nbf, 1)) >= 0;) {
+        const int32_t e = pl->mine[it / nbf];
+        const int64_t f0 = (it % nbf) * bf, f1 = f0 + bf < F ? f0 + bf : F, cnt = pl->count[e];
+        float *g = ep->eh_g + (int64_t)pl->offset[e] * F, *u = ep->eh + (int64_t)pl->offset[e] * F;
+        const void *wg, *wu, *wd;
+        if (!expert_ptrs(w, b, il, e, &wg, &wu, &wd)) continue;
+        fw_matmul_at(s, &l->gate_exps, wg, f0, f1, &ep->a_exp, pl->offset[e], cnt, g, F);
+        fw_matmul_at(s, &l->up_exps, wu, f0, f1, &ep->a_exp, pl->offset[e], cnt, u, F);
+        for (int64_t i = 0; i < cnt; i++) K->silu_mul(u + i * F + f0, g + i * F + f0, u + i * F + f0, f1 - f0);
+    }
+    fw_phase_end(w);
+    fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
+    struct act v = fw_act_view(&ep->a_eh, ep->eh, F, pl->n_slots);
+    fw_act_publish(w, &ep->a_eh, &v);
+    fw_split(w, pl->n_slots, 1, &r0, &r1);
+    fw_act_prep(s, &v, r0, r1);
+    fw_phase_end(w);
+    /* down per block of output rows, then each record's partial sum of the block: its
+     * experts in ascending order (slots are grouped by expert), a fixed order */
+    fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
+    const int64_t bd = 64, nbd = (d + bd - 1) / bd;
+    for (int64_t it; (it = fw_chunk(w, nbd, 1)) >= 0;) {
+        const int64_t d0 = it * bd, d1 = d0 + bd < d ? d0 + bd : d;
+        for (int32_t ai = 0; ai < pl->n_mine; ai++) {
+            const int32_t e = pl->mine[ai];
+            const void *wg, *wu, *wd;
+            if (!expert_ptrs(w, b, il, e, &wg, &wu, &wd)) continue;
+            fw_matmul_at(s, &l->down_exps, wd, d0, d1, &ep->a_eh, pl->offset[e], pl->count[e],
+                         ep->ydown + (int64_t)pl->offset[e] * d, d);
+        }
+        fw_mark(w, MOETAX_PHASE_COMBINE);
+        for (int32_t i = 0; i < ep->u_n; i++) memset(ep->u_out[i] + d0, 0, sizeof(float) * (size_t)(d1 - d0));
+        for (int32_t i = 0; i < pl->n_slots; i++)
+            K->axpy(ep->u_out[pl->slot_token[i]] + d0, pl->slot_w[i], ep->ydown + (int64_t)i * d + d0, d1 - d0);
+        fw_mark(w, MOETAX_PHASE_EXPERT);
+    }
+    fw_phase_end(w);
+}
+
+/* Worker 0: the unit of group g's records for this rank itself (self) or from the others */
+static void ep_unit_set(struct moe *b, const struct ep_group *g, bool self, int64_t d) {
+    struct moe_ep *ep = b->ep;
+    if (self)
+        for (int32_t j = g->rec_lo[b->rank]; j < g->rec_lo[b->rank + 1]; j++) {
+            ep->u_rec[ep->u_n] = g->sbuf + (size_t)j * ep->rec_bytes;
+            ep->u_out[ep->u_n++] = g->ret + (int64_t)j * d;
+        }
+    else {
+        int64_t nin = 0;
+        for (int r = 0; r < ep->P; r++) nin += g->xd.rcount[r];
+        nin /= (int64_t)ep->rec_bytes;
+        for (int64_t j = 0; j < nin; j++) {
+            ep->u_rec[ep->u_n] = g->rbuf + (size_t)j * ep->rec_bytes;
+            ep->u_out[ep->u_n++] = g->out + j * d;
+        }
+    }
+}
+
+static void moe_block_ep(struct worker *w, struct moe *b, int il) {
+    struct fw_step *s = w->s;
+    struct moe_ep *ep = b->ep;
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const struct moetax_kernels *K = s->K;
+    const int64_t n = s->n, d = hp->n_embd, E = hp->n_expert, k = b->k;
+    const int64_t Fs = l->gate_sh.data ? l->gate_sh.ne[1] : 0;
+    struct moe_worker *wk = &b->wk[w->ith];
+    int64_t r0, r1;
+
+    /* 1: router + shared gate/up of this rank's tokens (normed and prepared in s->a_in) */
+    fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
+    const int64_t E64 = (E + 63) / 64 * 64;
+    while (n > 0 && fw_rows(w, E64 + Fs, 64, &r0, &r1)) {
+        if (r0 < E) {
+            fw_mark(w, MOETAX_PHASE_ROUTE);
+            fw_matmul(s, &l->gate_inp, 0, r0, r1 < E ? r1 : E, &s->a_in, 0, n, b->router, E);
+        } else if (r0 >= E64) {
+            fw_mark(w, MOETAX_PHASE_SHARED);
+            int64_t ra = r0 - E64, rb = r1 - E64;
+            fw_matmul(s, &l->gate_sh, 0, ra, rb, &s->a_in, 0, n, b->sh_hid, Fs);
+            fw_matmul(s, &l->up_sh, 0, ra, rb, &s->a_in, 0, n, b->sh_tmp, Fs);
+            for (int64_t t = 0; t < n; t++)
+                K->silu_mul(b->sh_hid + t * Fs + ra, b->sh_hid + t * Fs + ra, b->sh_tmp + t * Fs + ra, rb - ra);
+        }
+    }
+    fw_phase_end(w);
+
+    /* 2: worker 0 routes, packs the records and starts the dispatch (overlap: both
+     * micro-batches on the communication thread; else the one exchange, here); the others
+     * prepare the shared hidden */
+    const int64_t slots = (int64_t)il * s->n_ubatch * k;
+    fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
+    struct act ah = fw_act_view(&b->a_sh, b->sh_hid, Fs, n);
+    fw_act_publish(w, &b->a_sh, &ah);
+    if (w->ith == 0) {
+        moetax_status st = MOETAX_OK;
+        if (n > 0) {
+            route_tokens(s, b, wk, il, b->sel + slots, b->selw + slots);
+            b->hist_n[il] = n;
+            record_and_predict(s, b, il);
+            int64_t dropped = 0, rerouted = 0;
+            if (b->capacity_factor > 0 && isfinite(b->capacity_factor))
+                apply_capacity(s, b, il, b->sel + slots, b->selw + slots, &dropped, &rerouted);
+        }
+        fw_mark(w, MOETAX_PHASE_DISPATCH);
+        memset(ep->cnt_e, 0, sizeof(int32_t) * (size_t)E);
+        ep->cnt_slots = 0;
+        ep->n_groups = ep->overlap ? EP_GROUPS : 1;
+        for (int gi = 0; gi < ep->n_groups; gi++) {
+            struct ep_group *g = &ep->g[gi];
+            g->t0 = (int32_t)(n * gi / ep->n_groups);
+            g->t1 = (int32_t)(n * (gi + 1) / ep->n_groups);
+            ep_pack(s, b, il, g, b->sel + slots, b->selw + slots);
+            if (ep->overlap && !st) st = moetax_dist_a2a_post(b->dist, &g->xd);
+        }
+        if (!ep->overlap && !st) st = ep_exchange(w, b, &ep->g[0].xd);
+        if (st) fw_fail(s, st);
+    }
+    if (Fs && n > 0) {
+        fw_mark(w, MOETAX_PHASE_SHARED);
+        if (w->nth == 1) fw_act_prep(s, &ah, 0, n);
+        else if (w->ith > 0) {
+            struct worker sub = {.s = s, .ith = w->ith - 1, .nth = w->nth - 1};
+            fw_split(&sub, n, 1, &r0, &r1);
+            fw_act_prep(s, &ah, r0, r1);
+        }
+    }
+    fw_phase_end(w);
+
+    /* 3: the experts. Overlap: first the records for this rank itself (both micro-batches,
+     * while their records travel), then each micro-batch's records from the others as they
+     * arrive, its partial sums sent back at once. Else one unit of all records. */
+    if (ep->overlap) {
+        if (w->ith == 0) {
+            ep->u_n = 0;
+            for (int gi = 0; gi < ep->n_groups; gi++) ep_unit_set(b, &ep->g[gi], true, d);
+        }
+        ep_unit(w, b, il);
+        for (int gi = 0; gi < ep->n_groups; gi++) {
+            struct ep_group *g = &ep->g[gi];
+            if (w->ith == 0) { /* in the unit's first phase, before its barrier: see ep_unit */
+                moetax_status st = ep_exchange(w, b, &g->xd);
+                if (st) fw_fail(s, st);
+                ep->u_n = 0;
+                if (!st) ep_unit_set(b, g, false, d);
+            }
+            ep_unit(w, b, il);
+            if (w->ith == 0) {
+                ep_prep_combine(s, b, il, g);
+                moetax_status st = atomic_load(&s->err_status) ? MOETAX_OK : moetax_dist_a2a_post(b->dist, &g->xc);
+                if (st) fw_fail(s, st);
+            }
+        }
+    } else {
+        if (w->ith == 0) {
+            ep->u_n = 0;
+            ep_unit_set(b, &ep->g[0], true, d);
+            ep_unit_set(b, &ep->g[0], false, d);
+        }
+        ep_unit(w, b, il);
+    }
+
+    /* 4: the shared experts' down projections into sh_out (overlap: while the last partial
+     * sums travel); worker 0 then completes the combine's exchanges */
+    fw_phase_begin(w, MOETAX_PHASE_SHARED, il);
+    const int64_t bd = 64, nbd = (d + bd - 1) / bd;
+    for (int64_t it; Fs && n > 0 && (it = fw_chunk(w, nbd, 1)) >= 0;) {
+        const int64_t d0 = it * bd, d1 = d0 + bd < d ? d0 + bd : d;
+        fw_matmul(s, &l->down_sh, 0, d0, d1, &b->a_sh, 0, n, ep->sh_out, d);
+    }
+    if (w->ith == 0) {
+        moetax_status st = MOETAX_OK;
+        if (!ep->overlap) {
+            ep_prep_combine(s, b, il, &ep->g[0]);
+            st = ep_exchange(w, b, &ep->g[0].xc);
+        } else
+            for (int gi = 0; gi < ep->n_groups && !st; gi++) st = ep_exchange(w, b, &ep->g[gi].xc);
+        if (st) fw_fail(s, st);
+        if (moetax_ledger_enabled(s->ledger)) {
+            const struct moetax_layer *ll = &s->m->layers[il];
+            const double eb = (double)(ll->gate_exps.row_bytes + ll->up_exps.row_bytes) * (double)hp->n_ff_exp +
+                              (double)ll->down_exps.mat_bytes;
+            int32_t na = 0, mx = 0;
+            for (int32_t e = 0; e < E; e++) {
+                na += ep->cnt_e[e] > 0;
+                mx = ep->cnt_e[e] > mx ? ep->cnt_e[e] : mx;
+            }
+            moetax_ledger_moe(s->ledger, il, na, mx, ep->cnt_slots, eb * na, 0, 0);
+        }
+    }
+    fw_phase_end(w);
+
+    /* 5: the combine: each token's partial sums in rank order, then the shared experts */
+    fw_phase_begin(w, MOETAX_PHASE_COMBINE, il);
+    for (int64_t it; n > 0 && (it = fw_chunk(w, nbd, 1)) >= 0;) {
+        const int64_t d0 = it * bd, d1 = d0 + bd < d ? d0 + bd : d;
+        for (int gi = 0; gi < ep->n_groups; gi++) {
+            const struct ep_group *g = &ep->g[gi];
+            for (int32_t j = 0; j < g->n_rec; j++) /* records by destination rank, ascending */
+                K->axpy(s->x + (int64_t)g->rec_tok[j] * d + d0, 1.0f, g->ret + (int64_t)j * d + d0, d1 - d0);
+        }
+        /* qwen2moe: the shared FFN's output scaled per token by sigmoid(gate_inp_shexp . xn) */
+        for (int64_t t = 0; Fs && t < n; t++) {
+            const float g = l->gate_inp_shexp
+                                ? 1.0f / (1.0f + expf(-K->dot(l->gate_inp_shexp, s->a_in.x + t * d, d))) : 1.0f;
+            K->axpy(s->x + t * d + d0, g, ep->sh_out + t * d + d0, d1 - d0);
+        }
+    }
+    if (b->store) release_experts(w, b, il);
+    fw_phase_end(w);
+}
+
+static void ep_free(struct moe_ep *ep) {
+    if (!ep) return;
+    for (int gi = 0; gi < EP_GROUPS; gi++) {
+        struct ep_group *g = &ep->g[gi];
+        free(g->cnt); free(g->sbuf); free(g->rbuf); free(g->rec_tok); free(g->rec_lo); free(g->ret); free(g->out);
+    }
+    free(ep->u_rec); free(ep->u_out); free(ep->u_sel); free(ep->u_selw);
+    free(ep->eh); free(ep->eh_g); free(ep->ydown); free(ep->sh_out); free(ep->cnt_e);
+    plan_free(&ep->plan);
+    fw_act_free(&ep->a_exp, ep->row == EP_ROW_F32);
+    fw_act_free(&ep->a_eh, false);
+    free(ep);
+}
+
+static moetax_status ep_init(struct moe *b, const struct fw_step *s, const struct moetax_dist *D) {
+    const struct moetax_model *m = s->m;
+    const int64_t P = D->size, U = s->n_ubatch, k = b->k, d = m->hp.n_embd, F = m->hp.n_ff_exp, E = m->hp.n_expert;
+    struct moe_ep *ep = calloc(1, sizeof *ep);
+    if (!ep) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    ep->P = (int)P;
+    ep->overlap = D->overlap;
+    /* the row the experts read: Q8_0 / Q4_0 prepared rows when gate and up are both of that
+     * type (as the local path prepares them), else the float row */
+    enum moetax_type tg = MOETAX_TYPE_F32, tu = MOETAX_TYPE_F32;
+    for (int il = 0; il < m->hp.n_layer; il++)
+        if (m->layers[il].is_moe) {
+            tg = m->layers[il].gate_exps.type;
+            tu = m->layers[il].up_exps.type;
+            break;
+        }
+    ep->row = d % 32 ? EP_ROW_F32 : tg == MOETAX_TYPE_Q8_0 && tu == tg ? EP_ROW_Q8
+            : tg == MOETAX_TYPE_Q4_0 && tu == tg ? EP_ROW_Q4 : EP_ROW_F32;
+    for (int il = 0; il < m->hp.n_layer; il++) /* one row type for every layer, else float rows */
+        if (m->layers[il].is_moe && (m->layers[il].gate_exps.type != tg || m->layers[il].up_exps.type != tu))
+            ep->row = EP_ROW_F32;
+    ep->row_bytes = ep->row == EP_ROW_Q8 ? moetax_act_size(MOETAX_TYPE_Q8_0, d, 1)
+                  : ep->row == EP_ROW_Q4 ? moetax_act_size(MOETAX_TYPE_Q4_0, d, 1) : sizeof(float) * (size_t)d;
+    ep->hdr_bytes = (size_t)(8 * k + 15) / 16 * 16;
+    ep->rec_bytes = (ep->hdr_bytes + ep->row_bytes + 15) / 16 * 16;
+    const int64_t R = P * U, slots = P * U * k;
+    moetax_status st = MOETAX_OK;
+#define A(ptr, count) do { size_t cnt_ = (size_t)(count); \
+    if (!st && !((ptr) = calloc(cnt_ ? cnt_ : 1, sizeof *(ptr)))) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); } while (0)
+    for (int gi = 0; gi < EP_GROUPS; gi++) {
+        struct ep_group *g = &ep->g[gi];
+        A(g->cnt, 9 * P);
+        A(g->sbuf, (size_t)R * ep->rec_bytes);
+        A(g->rbuf, (size_t)R * ep->rec_bytes);
+        A(g->rec_tok, R);
+        A(g->rec_lo, P + 1);
+        A(g->ret, R * d);
+        A(g->out, R * d);
+    }
+    A(ep->u_rec, 2 * R);
+    A(ep->u_out, 2 * R);
+    A(ep->u_sel, 2 * R * k);
+    A(ep->u_selw, 2 * R * k);
+    A(ep->eh, slots * F);
+    A(ep->eh_g, slots * F);
+    A(ep->ydown, slots * d);
+    A(ep->sh_out, U * d);
+    A(ep->cnt_e, E);
+#undef A
+    if (!st && !plan_alloc(&ep->plan, E, 2 * R * k)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    if (!st) st = fw_act_alloc(m, &ep->a_exp, d, slots, ep->row == EP_ROW_F32);
+    if (!st) st = fw_act_alloc(m, &ep->a_eh, F, slots, false);
+    b->ep = ep;
+    return st;
+}
+#else
+static void moe_block_ep(struct worker *w, struct moe *b, int il) { (void)w; (void)b; (void)il; }
+#endif
+
 void moe_block(struct worker *w, struct moe *b, int il) {
     struct fw_step *s = w->s;
     const struct moetax_hparams *hp = &s->m->hp;
@@ -443,6 +925,10 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     struct moe_worker *wk = &b->wk[w->ith];
     struct plan *pl = &b->plan;
     int64_t r0, r1;
+    if (b->ep) {
+        moe_block_ep(w, b, il);
+        return;
+    }
 
     /* 1: router + shared gate/up (one token: each worker first normalises and prepares the
      * row itself, see fw_own_row; the caller skipped the ffn norm's phase) */
@@ -488,7 +974,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
             int64_t dropped = 0, rerouted = 0;
             if (b->capacity_factor > 0 && isfinite(b->capacity_factor))
                 apply_capacity(s, b, il, b->sel + slots, b->selw + slots, &dropped, &rerouted);
-            plan(s, b, il, b->sel + slots, b->selw + slots, pl);
+            plan(s, b, il, b->sel + slots, b->selw + slots, s->n, pl);
             record_plan(s, il, pl, dropped, rerouted);
             issue_reads(w, b, il, pl);
         }
@@ -512,7 +998,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         }
         pl = &wk->plan;
         fw_mark(w, MOETAX_PHASE_DISPATCH);
-        plan(s, b, il, wk->sel, wk->selw, pl);
+        plan(s, b, il, wk->sel, wk->selw, 1, pl);
         if (w->ith == 0) {
             record_and_predict(s, b, il);
             record_plan(s, il, pl, 0, 0); /* one token: at most one assignment per expert, nothing to cap */
@@ -706,6 +1192,7 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
         A(b->slot_lo, p->dist->size + 1);
         if (!p->dist->contiguous) A(b->gbuf, U * k * d);
         if (p->dist->combine == MOETAX_DIST_COMBINE_ALLREDUCE) A(b->partial, U * d);
+        if (!st && p->dist->dispatch) st = ep_init(b, s, p->dist);
     }
 #endif
     if (!st && !plan_alloc(&b->plan, E, U * k)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
@@ -737,6 +1224,9 @@ void moe_free(struct moe *b) {
     free(b->pred_x); free(b->pred_logits); free(b->pred_p); free(b->pred_q);
     free(b->cap_count); free(b->cap_order); free(b->cap_tot); free(b->cap_p);
     free(b->slot_lo); free(b->partial); free(b->gbuf);
+#ifdef MOETAX_WITH_MPI
+    ep_free(b->ep);
+#endif
     plan_free(&b->plan);
     fw_act_free(&b->a_sh, false);
     fw_act_free(&b->a_exp, true);

@@ -8,6 +8,7 @@
 
 struct moetax_store;
 struct moetax_dist;
+struct moe_ep;
 
 /* The dispatch plan of one MoE layer for the micro-batch. */
 struct plan {
@@ -78,6 +79,9 @@ struct moe {
     int64_t *slot_lo;           /* [P + 1] first row of each rank's slots in the gathered buffer */
     float *gbuf;                /* [U * k, d] rows packed by rank (a placement not in contiguous ranges) */
     float *partial;             /* [U, d] this rank's weighted sums (MOETAX_MPI_COMBINE=allreduce) */
+    /* token-sharded dispatch (dist.h): the rank's own tokens go to the experts' ranks as
+     * records, once per (token, rank); NULL: replicated (every rank routes every token) */
+    struct moe_ep *ep;
 };
 
 struct moe_params {
