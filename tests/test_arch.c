@@ -8,13 +8,18 @@
  * NEOX, softmax top-k not renormalised, experts feed_forward_length wide) and Mixtral (llama
  * with experts: no q/k norm, NORM rope, renormalised) the same way, plus Mixtral's refusals: a
  * file with experts split one tensor per expert (naming the tensor and what to do) and a dense
- * llama file. Logits against the NumPy reference: test_model_ref.py; batches: test_batch.c. */
+ * llama file. qwen2moe (q/k/v biases, NEOX, softmax top-k not renormalised, a shared expert
+ * gated by sigmoid(ffn_gate_inp_shexp . x)): its hyper-parameters and tensors, prefill = steps,
+ * a batch of sequences equals each alone (bit for bit with Q8_0, Q4_0), expert-store runs equal
+ * the mapped run bit for bit, and a fused attn_qkv is refused. Logits against the NumPy
+ * reference: test_model_ref.py; batches of the other architectures: test_batch.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "moetax/kernels.h"
 #include "moetax/model.h"
+#include "moetax/store.h"
 #include "testutil.h"
 
 static int gen(const char *args, const char *out) {
@@ -169,6 +174,174 @@ static void olmoe_mixtral(void) {
     if (!st) moetax_model_free(m);
 }
 
+/* Logits of the last token of hist[0..n) run alone (prefill of n - 1 tokens, then a step). */
+static float *alone(struct moetax_model *m, const int32_t *hist, int n) {
+    struct moetax_ctx_params p = {.n_ctx = 128, .n_threads = 2};
+    struct moetax_ctx *c = NULL;
+    if (moetax_ctx_init(m, &p, &c)) { CHECK_MSG(0, "%s", moetax_last_error()); return NULL; }
+    float *l = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
+    moetax_status st = n > 1 ? moetax_ctx_eval(c, hist, n - 1, NULL, false) : MOETAX_OK;
+    if (!st) st = moetax_ctx_eval(c, hist + n - 1, 1, l, false);
+    CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+    moetax_ctx_free(c);
+    if (st) { free(l); return NULL; }
+    return l;
+}
+
+/* Three sequences in one batch (prompts interleaved, then 4 decode steps of all three)
+ * against each sequence alone: equal within tol (0: bit for bit). */
+static void batch_vs_alone(const char *path, float tol) {
+    struct moetax_model *m;
+    if (moetax_model_load(path, &m)) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    enum { B = 3, STEPS = 4, HIST = 32 };
+    const int V = m->hp.n_vocab, plen[B] = {6, 1, 9};
+    int32_t hist[B][HIST];
+    int n[B];
+    for (int s = 0; s < B; s++)
+        for (int i = 0; i < HIST; i++) hist[s][i] = (int32_t)((s * 131 + i * 37 + 7) % V);
+    struct moetax_ctx_params p = {.n_ctx = 256, .n_threads = 2, .n_ubatch = 64, .n_seq_max = 8};
+    struct moetax_ctx *c = NULL;
+    struct moetax_batch b;
+    CHECK(moetax_batch_init(&b, 64) == MOETAX_OK);
+    if (moetax_ctx_init(m, &p, &c)) { CHECK_MSG(0, "%s", moetax_last_error()); goto out; }
+    for (int i = 0; i < 9; i++)
+        for (int s = 0; s < B; s++)
+            if (i < plen[s]) CHECK(moetax_batch_add(&b, hist[s][i], i, s, i == plen[s] - 1) == MOETAX_OK);
+    for (int s = 0; s < B; s++) n[s] = plen[s];
+    for (int st = 0; st <= STEPS; st++) {
+        if (st > 0) {
+            moetax_batch_clear(&b);
+            for (int s = B - 1; s >= 0; s--) CHECK(moetax_batch_add(&b, hist[s][n[s]], n[s], s, true) == MOETAX_OK);
+            for (int s = 0; s < B; s++) n[s]++;
+        }
+        CHECK_MSG(moetax_ctx_decode(c, &b) == MOETAX_OK, "%s", moetax_last_error());
+        for (int i = 0; i < b.n_tokens; i++) {
+            const float *l = moetax_ctx_logits_ith(c, i);
+            if (!b.logits[i]) continue;
+            float *ref = alone(m, hist[b.seq[i]], n[b.seq[i]]);
+            CHECK_MSG(l && ref && (tol == 0 ? memcmp(l, ref, sizeof(float) * (size_t)V) == 0 : rel_diff(ref, l, V) <= tol),
+                      "%s: step %d, sequence %d in a batch differs from it alone", path, st, b.seq[i]);
+            free(ref);
+        }
+    }
+out:
+    moetax_batch_free(&b);
+    moetax_ctx_free(c);
+    moetax_model_free(m);
+}
+
+/* Prefill of 8 tokens then 16 steps through an expert store (budgets: all experts, a quarter,
+ * one token's worth; 1 and 2 threads) against the mapped run: bit for bit. */
+static float *store_run(struct moetax_model *m, struct moetax_store *store, int threads, int ubatch) {
+    struct moetax_ctx_params cp = {.n_ctx = 64, .n_threads = threads, .n_ubatch = ubatch, .store = store};
+    struct moetax_ctx *c;
+    if (moetax_ctx_init(m, &cp, &c)) { CHECK_MSG(0, "%s", moetax_last_error()); return NULL; }
+    enum { N = 24 };
+    const int64_t V = m->hp.n_vocab;
+    float *l = calloc((size_t)(V * N), sizeof(float));
+    int32_t t[N];
+    for (int i = 0; i < N; i++) t[i] = (int32_t)((i * 53 + 7) % V);
+    moetax_status st = moetax_ctx_eval(c, t, 8, l, true);
+    for (int i = 8; !st && i < N; i++) st = moetax_ctx_eval(c, t + i, 1, l + i * V, false);
+    CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+    moetax_ctx_free(c);
+    if (st) { free(l); return NULL; }
+    return l;
+}
+
+static void store_vs_mapped(const char *path) {
+    struct moetax_model *m;
+    if (moetax_model_load(path, &m)) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    const size_t bytes = sizeof(float) * (size_t)(m->hp.n_vocab * 24);
+    float *ref = store_run(m, NULL, 1, 64);
+    struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE, .budget_bytes = (uint64_t)1 << 40};
+    struct moetax_store *probe = NULL;
+    int ub = 64;
+    CHECK(moetax_model_store_open(m, &sp, ub, 0, &probe, &ub) == MOETAX_OK);
+    const uint64_t slot = probe ? moetax_store_slot_bytes(probe) : 1;
+    moetax_store_free(probe);
+    const uint64_t all = slot * (uint64_t)m->hp.n_expert * (uint64_t)m->hp.n_layer;
+    const uint64_t budgets[] = {all, all / 4, slot * (uint64_t)m->hp.n_expert_used};
+    for (int bi = 0; ref && bi < 3; bi++)
+        for (int threads = 1; threads <= 2; threads++) {
+            struct moetax_store *s = NULL;
+            sp.budget_bytes = budgets[bi];
+            ub = 64;
+            if (moetax_model_store_open(m, &sp, ub, 0, &s, &ub)) { CHECK_MSG(0, "%s", moetax_last_error()); continue; }
+            /* a budget too small for a 64-token micro-batch shrinks it: the mapped run with the same */
+            float *ref_ub = ub == 64 ? ref : store_run(m, NULL, 1, ub);
+            float *got = store_run(m, s, threads, ub);
+            CHECK_MSG(ref_ub && got && memcmp(got, ref_ub, bytes) == 0,
+                      "%s: budget %llu bytes (ubatch %d), %d threads: logits differ from the mapped run", path,
+                      (unsigned long long)budgets[bi], ub, threads);
+            if (ref_ub != ref) free(ref_ub);
+            free(got);
+            moetax_store_free(s);
+        }
+    free(ref);
+    moetax_model_free(m);
+}
+
+/* qwen2moe: hyper-parameters as llama.cpp derives them, biases and the shared expert's gate
+ * bound, prefill = steps, batch = alone, store = mapped, a fused attn_qkv refused. */
+static void qwen2moe(void) {
+    char f32[512], q8[512], q4[512], bad[512];
+    snprintf(f32, sizeof f32, "%s", tu_path("arch_qwen2moe_f32.gguf"));
+    snprintf(q8, sizeof q8, "%s", tu_path("arch_qwen2moe_q8_0.gguf"));
+    snprintf(q4, sizeof q4, "%s", tu_path("arch_qwen2moe_q4_0.gguf"));
+    snprintf(bad, sizeof bad, "%s", tu_path("arch_qwen2moe_bad.gguf"));
+    CHECK_EQ_INT(gen("--arch qwen2moe --preset tiny --embd 128 --heads 8 --heads-kv 2 --head-dim 16 --shared-ff 96", f32), 0);
+    CHECK_EQ_INT(gen("--arch qwen2moe --preset tiny --type q8_0", q8), 0);
+    CHECK_EQ_INT(gen("--arch qwen2moe --preset tiny --type q4_0 --seed 5", q4), 0);
+    struct moetax_model *m;
+    if (moetax_model_load(f32, &m) == MOETAX_OK) {
+        const struct moetax_hparams *hp = &m->hp;
+        const struct moetax_layer *l = &m->layers[0];
+        CHECK(!strcmp(hp->arch, "qwen2moe"));
+        CHECK_EQ_INT(hp->attn, MOETAX_ATTN_GQA);
+        CHECK_EQ_INT(hp->n_head, 8);
+        CHECK_EQ_INT(hp->n_head_kv, 2);
+        CHECK_EQ_INT(hp->n_embd_head_k, 16); /* n_embd / n_head: the converter writes no key_length */
+        CHECK_EQ_INT(hp->n_rot, 16);
+        CHECK_EQ_INT(hp->rope_mode, MOETAX_ROPE_MODE_NEOX);
+        CHECK_EQ_INT(hp->qk_norm, MOETAX_QK_NORM_NONE);
+        CHECK_EQ_INT(hp->gating_func, 1);
+        CHECK(!hp->expert_weights_norm);
+        CHECK_EQ_INT(hp->n_ff_exp, 32);
+        CHECK_EQ_INT(hp->n_ff_shexp, 96);
+        CHECK(fabsf(hp->kq_scale - 0.25f) < 1e-7f);
+        CHECK(fabsf(hp->rope_freq_base - 1e6f) < 1.0f);
+        CHECK(l->is_moe && !l->attn_q_norm && l->bq && l->bk && l->bv && l->gate_inp_shexp);
+        CHECK_EQ_INT(l->gate_sh.ne[1], 96);
+        CHECK_EQ_INT(l->down_sh.ne[0], 96);
+        moetax_model_free(m);
+    } else {
+        CHECK_MSG(0, "%s", moetax_last_error());
+    }
+    prefill_vs_steps(q8, 0);
+    prefill_vs_steps(q4, 0);
+    prefill_vs_steps(f32, 2e-5f);
+    batch_vs_alone(q8, 0);
+    batch_vs_alone(q4, 0);
+    batch_vs_alone(f32, 2e-5f);
+    store_vs_mapped(q8);
+    store_vs_mapped(q4);
+    /* a fused attn_qkv (one tensor renamed to it, same length): refused naming it */
+    CHECK_EQ_INT(gen("--arch qwen2moe --preset tiny", bad), 0);
+    CHECK(rename_tensor(bad, "blk.1.ffn_norm.weight", "blk.1.attn_qkv.weight"));
+    moetax_status st = moetax_model_load(bad, &m);
+    CHECK_EQ_INT(st, MOETAX_ERR_UNSUPPORTED);
+    CHECK_MSG(strstr(moetax_last_error(), "tensor 'blk.1.attn_qkv.weight' (q, k and v fused"), "%s", moetax_last_error());
+    if (!st) moetax_model_free(m);
+    /* the shared expert's gate is required */
+    CHECK_EQ_INT(gen("--arch qwen2moe --preset tiny", bad), 0);
+    CHECK(rename_tensor(bad, "blk.2.ffn_gate_inp_shexp.weight", "blk.2.ffn_gate_inp_shexp.xxxxxx"));
+    st = moetax_model_load(bad, &m);
+    CHECK_MSG(st != MOETAX_OK && strstr(moetax_last_error(), "blk.2.ffn_gate_inp_shexp.weight"), "%s",
+              moetax_last_error());
+    if (!st) moetax_model_free(m);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     char q8[512], f32[512], bad[512], ds[512];
@@ -239,7 +412,7 @@ int main(int argc, char **argv) {
         if (f) fclose(f);
         moetax_status st = moetax_model_load(bad, &m);
         CHECK_EQ_INT(st, MOETAX_ERR_UNSUPPORTED);
-        CHECK_MSG(strstr(moetax_last_error(), "'qwen9moe' is not supported yet (moetax runs deepseek2, qwen3moe, olmoe, llama)"), "%s",
+        CHECK_MSG(strstr(moetax_last_error(), "'qwen9moe' is not supported yet (moetax runs deepseek2, qwen3moe, qwen2moe, olmoe, llama)"), "%s",
                   moetax_last_error());
         if (!st) moetax_model_free(m);
     }
@@ -251,5 +424,6 @@ int main(int argc, char **argv) {
         moetax_model_free(m);
     }
     olmoe_mixtral();
+    qwen2moe();
     return tu_finish("test_arch");
 }

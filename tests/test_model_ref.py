@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 # ctest-labels: unit;model
 """test_model_ref.py - moetax's logits against the independent NumPy reference
-(tests/ref/deepseek2_ref.py, qwen3moe_ref.py, olmoe_ref.py, mixtral_ref.py; float64, its own GGUF
-reader) on tiny V2-style, V3-style, qwen3moe, olmoe and Mixtral (llama) models: the prompt (one
+(tests/ref/deepseek2_ref.py, qwen3moe_ref.py, qwen2moe_ref.py, olmoe_ref.py, mixtral_ref.py; float64,
+its own GGUF reader) on tiny V2-style, V3-style, qwen3moe, qwen2moe, olmoe and Mixtral (llama) models: the prompt (one
 prefill batch) and 8 greedy decode steps. qwen3moe (GQA, per-head q/k norm, NEOX rope,
 renormalised softmax routing), olmoe (full-width q/k norm, NEOX rope, softmax top-k not
-renormalised) and Mixtral (no q/k norm, NORM rope, renormalised) take the same tolerances; one
+renormalised), qwen2moe (q/k/v biases, NEOX rope, not renormalised, a sigmoid-gated shared expert)
+and Mixtral (no q/k norm, NORM rope, renormalised) take the same tolerances; one
 case of each has a 40-token prompt, so attention runs over two KV cache blocks.
 
 The reference computes on the dequantized weights. Errors are max |moetax - ref|
@@ -27,7 +28,11 @@ over a row's logits divided by max |ref| over all rows.
     rows pass, and repeats (at most 4 flips); the same 5e-6 then holds for every
     row of the flipped reference. Seen once: v3-layout q4_0 with the AVX2
     kernels, position 14, |x*id| = 106.4999847 (1.2e-7 * amax from the tie):
-    rows 14-19 differ by ~9e-3 without the flip, <= 1e-7 with it.
+    rows 14-19 differ by ~9e-3 without the flip, <= 1e-7 with it. A block's fp16
+    scale (amax/127 within float32 rounding of the midpoint of two fp16 values) is such a
+    near tie too, flipped the same way; seen once: qwen2moe tiny q8_0, position 18, an expert
+    hidden row's scale 7.3e-8 from the midpoint (AVX2 and AVX-512 round it the other way from
+    the scalar kernels, whose expf differs in the last bit): 6.9e-3 without the flip, 5.6e-8 with.
     The comparison with float activations is printed for information only, with
     a sanity bound of 1.0 (measured up to 0.73: flipped expert choices).
 
@@ -47,9 +52,11 @@ sys.path.insert(0, os.path.join(HERE, "ref"))
 import deepseek2_ref  # noqa: E402
 import mixtral_ref  # noqa: E402
 import olmoe_ref  # noqa: E402
+import qwen2moe_ref  # noqa: E402
 import qwen3moe_ref  # noqa: E402
 
-REF = {"deepseek2": deepseek2_ref, "qwen3moe": qwen3moe_ref, "olmoe": olmoe_ref, "mixtral": mixtral_ref}
+REF = {"deepseek2": deepseek2_ref, "qwen3moe": qwen3moe_ref, "qwen2moe": qwen2moe_ref, "olmoe": olmoe_ref,
+       "mixtral": mixtral_ref}
 
 TOL = {"f32": 2e-5, "f16": 2e-5, "bf16": 2e-5, "q8_0": 5e-6, "q4_0": 5e-6}
 QUANT = ("q8_0", "q4_0")
@@ -167,6 +174,11 @@ def main():
     ol_wide = ol + ["--embd", "128", "--heads", "8", "--heads-kv", "2", "--experts", "16", "--experts-used", "4",
                     "--expert-ff", "64", "--seed", "8"]
     mx = ["--arch", "mixtral", "--preset", "tiny"]
+    # qwen2moe: tiny (GQA 2:1, q/k/v biases, gated shared expert 64 wide), 8:2 heads of 16 with a
+    # 96-wide shared expert, a long prompt
+    q2 = ["--arch", "qwen2moe", "--preset", "tiny"]
+    q2_wide = q2 + ["--embd", "128", "--heads", "8", "--heads-kv", "2", "--head-dim", "16", "--experts", "16",
+                    "--experts-used", "4", "--expert-ff", "64", "--shared-ff", "96", "--seed", "10"]
     mx_wide = mx + ["--embd", "128", "--heads", "8", "--heads-kv", "2", "--head-dim", "32", "--expert-ff", "96",
                     "--seed", "6"]
     for name, args, pr, types in [
@@ -175,7 +187,10 @@ def main():
             ("olmoe-long", ol + ["--seed", "4"], long_prompt, ("f32", "q8_0")),
             ("mixtral", mx, prompt, ("f32", "f16", "bf16", "q8_0", "q4_0")),
             ("mix-wide", mx_wide, prompt, ("f32", "q8_0")),
-            ("mix-long", mx + ["--seed", "2"], long_prompt, ("f32", "q8_0"))]:
+            ("mix-long", mx + ["--seed", "2"], long_prompt, ("f32", "q8_0")),
+            ("qwen2moe", q2, prompt, ("f32", "f16", "bf16", "q8_0", "q4_0")),
+            ("q2-wide", q2_wide, prompt, ("f32", "q8_0")),
+            ("q2-long", q2 + ["--seed", "9"], long_prompt, ("f32", "q8_0"))]:
         for wtype in types:
             compare(moetax, work, name, args, wtype, pr)
     return summary()

@@ -1,4 +1,4 @@
-/* cmd_gen.c - `moetax gen`: write a random-weight deepseek2, qwen3moe, olmoe or Mixtral model (or a deepseek2
+/* cmd_gen.c - `moetax gen`: write a random-weight deepseek2, qwen3moe, qwen2moe, olmoe or Mixtral model (or a deepseek2
  * dense twin). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,11 +15,11 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: moetax gen [--preset NAME] [-o FILE] [options]\n"
             "       moetax gen --dense-twin-of MOE.gguf -o TWIN.gguf [--type T] [--seed N]\n\n"
-            "Writes a random-weight DeepSeek2 (MLA + MoE), Qwen3-MoE, OLMoE or Mixtral (GQA + MoE) model in the\n"
-            "GGUF layout llama.cpp loads (Mixtral: general.architecture llama).\n\n"
-            "  --arch A           deepseek2 (default) | qwen3moe | olmoe | mixtral\n"
+            "Writes a random-weight DeepSeek2 (MLA + MoE), Qwen3-MoE, Qwen2-MoE, OLMoE or Mixtral (GQA + MoE) model\n"
+            "in the GGUF layout llama.cpp loads (Mixtral: general.architecture llama).\n\n"
+            "  --arch A           deepseek2 (default) | qwen3moe | qwen2moe | olmoe | mixtral\n"
             "  --preset NAME      deepseek2: tiny | tiny-v3 | small (default, ~416M params) | bench-v3 (~2.3G params,\n"
-            "                     Q8_0); qwen3moe, olmoe, mixtral: tiny | small (default)\n"
+            "                     Q8_0); qwen3moe, qwen2moe, olmoe, mixtral: tiny | small (default)\n"
             "  -o, --output FILE  output path (default: models/<preset>-<type>.gguf)\n"
             "  --type T           weight type: f32 f16 bf16 q8_0 q4_0 (router, norms, biases stay f32)\n"
             "  --seed N           RNG seed (default 42); same seed, same bytes\n"
@@ -28,9 +28,10 @@ static void usage(FILE *f) {
             "  --vocab N --ctx N --embd N --layers N --dense-lead N --ff N --heads N\n"
             "  --q-lora N (0 = plain attn_q) --kv-lora N --nope N --rope-dim N --v-head N\n"
             "  --experts N --experts-used N --shared N --expert-ff N --groups N --groups-used N\n"
-            "  qwen3moe, olmoe, mixtral: --heads-kv N --head-dim N (and --vocab --ctx --embd --layers --ff --heads\n"
-            "  --experts --experts-used --expert-ff --rope-base --eps); olmoe and mixtral experts are\n"
-            "  feed_forward_length wide (--expert-ff); olmoe's head dim is --embd / --heads\n"
+            "  qwen3moe, qwen2moe, olmoe, mixtral: --heads-kv N --head-dim N (and --vocab --ctx --embd --layers --ff\n"
+            "  --heads --experts --experts-used --expert-ff --rope-base --eps); olmoe and mixtral experts are\n"
+            "  feed_forward_length wide (--expert-ff); olmoe's head dim is --embd / --heads; qwen2moe: --shared-ff N\n"
+            "  (the gated shared expert's width), --heads x --head-dim = --embd\n"
             "routing and rope:\n"
             "  --routing v2|v3    v2: softmax, no bias; v3: sigmoid + exp_probs_b + renormalise, scale 2.5\n"
             "  --gating softmax|sigmoid  --bias|--no-bias  --norm|--no-norm  --scale X\n"
@@ -124,7 +125,7 @@ int cmd_gen(int argc, char **argv) {
     }
     enum moetax_gen_arch arch;
     if (!moetax_gen_arch_from_name(arch_name, &arch))
-        return cli_usage_error("gen", "--arch: unknown architecture '%s' (deepseek2, qwen3moe, olmoe, mixtral)", arch_name);
+        return cli_usage_error("gen", "--arch: unknown architecture '%s' (deepseek2, qwen3moe, qwen2moe, olmoe, mixtral)", arch_name);
     struct moetax_gen_params p;
     moetax_status st = moetax_gen_preset_arch(arch, preset, &p);
     if (st) return cli_usage_error("gen", "%s", moetax_last_error());
@@ -141,6 +142,7 @@ int cmd_gen(int argc, char **argv) {
             {"--experts-used", &p.n_expert_used}, {"--shared", &p.n_expert_shared}, {"--expert-ff", &p.n_ff_exp},
             {"--groups", &p.n_expert_group}, {"--groups-used", &p.n_expert_group_used},
             {"--yarn-orig-ctx", &p.rope_yarn_orig_ctx}, {"--heads-kv", &p.n_head_kv}, {"--head-dim", &p.n_embd_head},
+            {"--shared-ff", &p.n_ff_shexp},
         };
         struct { const char *opt; float *field; } floats[] = {
             {"--scale", &p.expert_weights_scale}, {"--rope-base", &p.rope_freq_base},

@@ -1,5 +1,5 @@
 /*
- * moetax/gen.h - random-weight MoE models (deepseek2, qwen3moe, olmoe, Mixtral) in llama.cpp's
+ * moetax/gen.h - random-weight MoE models (deepseek2, qwen3moe, qwen2moe, olmoe, Mixtral) in llama.cpp's
  * GGUF layout.
  *
  * DESIGN
@@ -16,7 +16,11 @@
  *   (general.architecture "llama", no q/k norms, experts llama.feed_forward_length wide, merged
  *   ffn_{gate,up,down}_exps, llama.vocab_size and rope.dimension_count written as the
  *   converter does). All three: every layer MoE, no shared expert; the vocabulary is the same
- *   byte-level BPE one (Mixtral's own is SentencePiece).
+ *   byte-level BPE one (Mixtral's own is SentencePiece). qwen2moe as llama.cpp's qwen2moe loader:
+ *   the GQA tensors without q/k norms plus attn_{q,k,v}.bias, every layer MoE (softmax top-k not
+ *   renormalised), one shared expert n_ff_shexp wide (expert_shared_feed_forward_length; also
+ *   written as feed_forward_length, as Qwen's intermediate_size) gated by ffn_gate_inp_shexp {d};
+ *   n_head * head_dim = n_embd (llama.cpp binds attn_q and attn_output {n_embd, n_embd}).
  *
  * INVARIANTS
  *   - Deterministic: the same params and seed give the same bytes. Each tensor's
@@ -52,6 +56,7 @@ enum moetax_gen_arch {
     MOETAX_GEN_QWEN3MOE = 1,
     MOETAX_GEN_OLMOE = 2,
     MOETAX_GEN_MIXTRAL = 3, /* general.architecture "llama" with experts */
+    MOETAX_GEN_QWEN2MOE = 4,
 };
 
 struct moetax_gen_params {
@@ -76,6 +81,7 @@ struct moetax_gen_params {
     int n_expert_used;
     int n_expert_shared;
     int n_ff_exp;              /* expert_feed_forward_length (olmoe, Mixtral: written as feed_forward_length) */
+    int n_ff_shexp;            /* qwen2moe: expert_shared_feed_forward_length, the gated shared expert's width */
     int n_expert_group;        /* 0/1: no group-limited routing */
     int n_expert_group_used;
     int gating_func;           /* 1 softmax, 2 sigmoid */
@@ -97,9 +103,9 @@ struct moetax_gen_params {
 /* Fill p with a named preset: deepseek2 "tiny", "tiny-v3", "small", "bench-v3".
  * Returns MOETAX_ERR_ARG for an unknown name. */
 moetax_status moetax_gen_preset(const char *preset, struct moetax_gen_params *p);
-/* The same for an architecture: qwen3moe, olmoe and mixtral have "tiny" and "small". */
+/* The same for an architecture: qwen3moe, qwen2moe, olmoe and mixtral have "tiny" and "small". */
 moetax_status moetax_gen_preset_arch(enum moetax_gen_arch arch, const char *preset, struct moetax_gen_params *p);
-/* "deepseek2" / "qwen3moe" / "olmoe" / "mixtral" to the enum; false if unknown. */
+/* "deepseek2" / "qwen3moe" / "qwen2moe" / "olmoe" / "mixtral" to the enum; false if unknown. */
 bool moetax_gen_arch_from_name(const char *name, enum moetax_gen_arch *out);
 /* The option's name ("mixtral" for MOETAX_GEN_MIXTRAL). */
 const char *moetax_gen_arch_name(enum moetax_gen_arch arch);

@@ -1,7 +1,8 @@
 /*
- * gqa.c - grouped-query attention with a plain K/V cache (qwen3moe, as llama.cpp's graph):
- * per token at position p, with r = H / Hkv query heads per KV head:
- *   q = W_q x, k = W_k x, v = W_v x (H, Hkv, Hkv heads of hk, hk, hv values)
+ * gqa.c - grouped-query attention with a plain K/V cache (qwen3moe, qwen2moe, olmoe, Mixtral, as
+ * llama.cpp's graphs): per token at position p, with r = H / Hkv query heads per KV head:
+ *   q = W_q x + b_q, k = W_k x + b_k, v = W_v x + b_v (H, Hkv, Hkv heads of hk, hk, hv values;
+ *   the biases are qwen2moe's, absent elsewhere)
  *   q/k RMSNorm (qk_norm: per head over hk with a [hk] weight, or over the whole row with a
  *   [H*hk] / [Hkv*hk] weight), then RoPE (NEOX or NORM mode) on each head's first n_rot values
  *   cache[p] = [k of every KV head ; v of every KV head]
@@ -42,14 +43,21 @@ void gqa_rope_token(struct gqa *a, const struct fw_step *s, int64_t t) {
     moetax_rope_cache(&rp, s->pos[t], a->ropecs + t * hp->n_rot);
 }
 
-/* q or k heads [h0, h1) of one token (x: the token's row, heads of hd values): the per-head
- * norm (per-head qk_norm only; a full-width norm is done on the whole row first) and RoPE. */
-static void norm_rope_heads(const struct fw_step *s, const struct gqa *a, float *x, const float *norm_w,
-                            int64_t h0, int64_t h1, int64_t t) {
+static void add_bias(float *x, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += b[i];
+}
+
+/* q or k heads [h0, h1) of one token (x: the token's row, heads of hd values): the bias (bias:
+ * the whole row's, or NULL; added here only when a full-width norm did not need it first), the
+ * per-head norm (per-head qk_norm only; a full-width norm is done on the whole row first) and
+ * RoPE. */
+static void norm_rope_heads(const struct fw_step *s, const struct gqa *a, float *x, const float *bias,
+                            const float *norm_w, int64_t h0, int64_t h1, int64_t t) {
     const struct moetax_hparams *hp = &s->m->hp;
     const int64_t hd = hp->n_embd_head_k;
     for (int64_t h = h0; h < h1; h++) {
         float *xh = x + h * hd;
+        if (bias) add_bias(xh, bias + h * hd, hd);
         if (norm_w && hp->qk_norm == MOETAX_QK_NORM_HEAD) s->K->rmsnorm(xh, xh, norm_w, hd, hp->rms_eps);
         s->K->rope_cached(xh, 1, hd, (int)hp->n_rot, (enum moetax_rope_mode)hp->rope_mode, a->ropecs + t * hp->n_rot);
     }
@@ -61,8 +69,10 @@ static void q_token(const struct fw_step *s, const struct gqa *a, int il, int64_
     const struct moetax_layer *l = &s->m->layers[il];
     const int64_t H = hp->n_head, hk = hp->n_embd_head_k;
     float *q = a->q + t * H * hk;
-    if (l->attn_q_norm && hp->qk_norm == MOETAX_QK_NORM_FULL) s->K->rmsnorm(q, q, l->attn_q_norm, H * hk, hp->rms_eps);
-    norm_rope_heads(s, a, q, l->attn_q_norm, 0, H, t);
+    const bool full = l->attn_q_norm && hp->qk_norm == MOETAX_QK_NORM_FULL;
+    if (full && l->bq) add_bias(q, l->bq, H * hk);
+    if (full) s->K->rmsnorm(q, q, l->attn_q_norm, H * hk, hp->rms_eps);
+    norm_rope_heads(s, a, q, full ? NULL : l->bq, l->attn_q_norm, 0, H, t);
 }
 
 /* Token t's cache row of layer il: [norm+rope(k) ; v] from a->kvp (F16 cells: made in the
@@ -74,8 +84,10 @@ static void cache_row(const struct fw_step *s, struct gqa *a, struct gqa_worker 
     void *cell = moetax_kvcache_row(a->kv, il, s->seq[t], s->pos[t]);
     float *dst = a->f16 ? wk->row : cell;
     memcpy(dst, a->kvp + t * kvr, sizeof(float) * (size_t)kvr);
+    if (l->bk) add_bias(dst, l->bk, Hkv * hk);
+    if (l->bv) add_bias(dst + Hkv * hk, l->bv, kvr - Hkv * hk);
     if (l->attn_k_norm && hp->qk_norm == MOETAX_QK_NORM_FULL) s->K->rmsnorm(dst, dst, l->attn_k_norm, Hkv * hk, hp->rms_eps);
-    norm_rope_heads(s, a, dst, l->attn_k_norm, 0, Hkv, t);
+    norm_rope_heads(s, a, dst, NULL, l->attn_k_norm, 0, Hkv, t);
     if (a->f16) s->K->fp32_to_fp16(dst, cell, kvr);
 }
 
@@ -153,7 +165,7 @@ void gqa_attention(struct worker *w, struct gqa *a, int il) {
         const int64_t h0 = g * r + r * part / S, h1 = g * r + r * (part + 1) / S, nh = h1 - h0;
         const int64_t np = s->pos[t] + 1;
         float *q = a->q + t * H * hk;
-        if (fuse) norm_rope_heads(s, a, q, l->attn_q_norm, h0, h1, t);
+        if (fuse) norm_rope_heads(s, a, q, l->bq, l->attn_q_norm, h0, h1, t);
         int32_t nblk;
         const int32_t *blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk);
         float *sc = wk->sc; /* [nh][np_max] */

@@ -1,4 +1,4 @@
-/* gqa.h - grouped-query attention over the paged KV cache (qwen3moe; see gqa.c): the
+/* gqa.h - grouped-query attention over the paged KV cache (qwen3moe, qwen2moe, olmoe, Mixtral; see gqa.c): the
  * attention stage's own buffers and its entry points, the same as MLA's (mla.h). Internal. */
 #ifndef MOETAX_GQA_H
 #define MOETAX_GQA_H

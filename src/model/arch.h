@@ -24,6 +24,7 @@ struct moetax_arch {
 
 extern const struct moetax_arch moetax_arch_deepseek2;
 extern const struct moetax_arch moetax_arch_qwen3moe;
+extern const struct moetax_arch moetax_arch_qwen2moe;
 extern const struct moetax_arch moetax_arch_olmoe;
 extern const struct moetax_arch moetax_arch_llama; /* Mixtral: llama with experts */
 
@@ -65,7 +66,8 @@ moetax_status arch_bind_vec(struct moetax_model *m, float **out, const char *nam
 void *arch_own(struct moetax_model *m, size_t bytes);
 /* Layer il's FFN tensors (after attention): ffn_norm, then a dense SwiGLU FFN (!l->is_moe,
  * width from feed_forward_length, scalar or per layer) or the router, routed experts (gate
- * and up, or fused gate_up) and the shared experts when n_expert_shared > 0. */
+ * and up, or fused gate_up) and the shared experts (hp->n_ff_shexp wide, or n_expert_shared *
+ * n_ff_exp) when that width is > 0. */
 moetax_status arch_bind_ffn(struct moetax_model *m, int il);
 
 #endif

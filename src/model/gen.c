@@ -1,5 +1,5 @@
 /*
- * gen.c - write random-weight deepseek2, qwen3moe, olmoe and Mixtral models (and deepseek2's dense twins) in the
+ * gen.c - write random-weight deepseek2, qwen3moe, qwen2moe, olmoe and Mixtral models (and deepseek2's dense twins) in the
  * GGUF layout llama.cpp loads. See include/moetax/gen.h for the invariants.
  */
 #include "moetax/gen.h"
@@ -105,6 +105,7 @@ moetax_status moetax_gen_preset(const char *preset, struct moetax_gen_params *p)
 bool moetax_gen_arch_from_name(const char *name, enum moetax_gen_arch *out) {
     if (!strcmp(name, "deepseek2")) *out = MOETAX_GEN_DEEPSEEK2;
     else if (!strcmp(name, "qwen3moe")) *out = MOETAX_GEN_QWEN3MOE;
+    else if (!strcmp(name, "qwen2moe")) *out = MOETAX_GEN_QWEN2MOE;
     else if (!strcmp(name, "olmoe")) *out = MOETAX_GEN_OLMOE;
     else if (!strcmp(name, "mixtral")) *out = MOETAX_GEN_MIXTRAL;
     else return false;
@@ -114,6 +115,7 @@ bool moetax_gen_arch_from_name(const char *name, enum moetax_gen_arch *out) {
 const char *moetax_gen_arch_name(enum moetax_gen_arch arch) {
     switch (arch) {
     case MOETAX_GEN_QWEN3MOE: return "qwen3moe";
+    case MOETAX_GEN_QWEN2MOE: return "qwen2moe";
     case MOETAX_GEN_OLMOE: return "olmoe";
     case MOETAX_GEN_MIXTRAL: return "mixtral";
     default: return "deepseek2";
@@ -124,9 +126,49 @@ const char *moetax_gen_arch_gguf(enum moetax_gen_arch arch) {
     return arch == MOETAX_GEN_MIXTRAL ? "llama" : moetax_gen_arch_name(arch);
 }
 
-/* The GQA architectures with every layer MoE and no shared expert. */
+/* The GQA architectures: every layer MoE, no deepseek2-style shared experts (qwen2moe's gated
+ * shared expert is n_ff_shexp). */
 static bool gen_gqa(enum moetax_gen_arch arch) {
-    return arch == MOETAX_GEN_QWEN3MOE || arch == MOETAX_GEN_OLMOE || arch == MOETAX_GEN_MIXTRAL;
+    return arch == MOETAX_GEN_QWEN3MOE || arch == MOETAX_GEN_QWEN2MOE || arch == MOETAX_GEN_OLMOE ||
+           arch == MOETAX_GEN_MIXTRAL;
+}
+
+/* qwen2moe: Qwen1.5-MoE-A2.7B's proportions (16 heads of 128 = n_embd, no GQA, 60 experts top-4,
+ * a shared expert 4 experts wide, eps 1e-6, rope base 1e6) scaled down; tiny has GQA 2:1. */
+static moetax_status preset_qwen2moe(const char *preset, struct moetax_gen_params *p) {
+    *p = (struct moetax_gen_params){
+        .arch = MOETAX_GEN_QWEN2MOE, .name = preset, .n_ctx = 4096, .gating_func = 1, .expert_weights_norm = false,
+        .expert_weights_scale = 1.0f, .rope_freq_base = 1000000.0f, .rms_eps = 1e-6f, .wtype = MOETAX_TYPE_F32,
+        .seed = 42,
+    };
+    if (!strcmp(preset, "tiny")) {
+        p->n_vocab = 512;
+        p->n_ctx = 512;
+        p->n_embd = 64;
+        p->n_layer = 3;
+        p->n_head = 4;
+        p->n_head_kv = 2;
+        p->n_embd_head = 16;
+        p->n_expert = 8;
+        p->n_expert_used = 2;
+        p->n_ff_exp = 32;
+        p->n_ff_shexp = 64;
+        return MOETAX_OK;
+    }
+    if (!strcmp(preset, "small")) {
+        p->n_vocab = 8192;
+        p->n_embd = 1024;
+        p->n_layer = 8;
+        p->n_head = 16;
+        p->n_head_kv = 16;
+        p->n_embd_head = 64;
+        p->n_expert = 60;
+        p->n_expert_used = 4;
+        p->n_ff_exp = 256;
+        p->n_ff_shexp = 1024;
+        return MOETAX_OK;
+    }
+    return moetax_error(MOETAX_ERR_ARG, "unknown qwen2moe preset '%s' (expected tiny or small)", preset);
 }
 
 /* olmoe: OLMoE-1B-7B's proportions (16 heads of 128, no GQA, 64 experts top-8, experts 1024
@@ -171,6 +213,7 @@ static moetax_status preset_olmoe_mixtral(enum moetax_gen_arch arch, const char 
 moetax_status moetax_gen_preset_arch(enum moetax_gen_arch arch, const char *preset, struct moetax_gen_params *p) {
     if (arch == MOETAX_GEN_DEEPSEEK2) return moetax_gen_preset(preset, p);
     if (arch == MOETAX_GEN_OLMOE || arch == MOETAX_GEN_MIXTRAL) return preset_olmoe_mixtral(arch, preset, p);
+    if (arch == MOETAX_GEN_QWEN2MOE) return preset_qwen2moe(preset, p);
     /* qwen3moe: Qwen3-30B-A3B's proportions (GQA 32:4 heads of 128, 128 experts top-8) scaled down */
     *p = (struct moetax_gen_params){
         .arch = arch, .name = preset, .n_ctx = 4096, .gating_func = 1, .expert_weights_norm = true,
@@ -222,12 +265,21 @@ static moetax_status validate_gqa(const struct moetax_gen_params *p) {
              !p->fused_gate_up && !p->kv_b_merged && !p->dense_twin && p->q_lora_rank == 0,
          "%s has no leading dense layers, shared experts, expert groups, selection bias, fused gate_up, "
          "MLA layouts or dense twin here", an);
-    if (p->arch == MOETAX_GEN_OLMOE)
-        NEED(p->gating_func == 1 && !p->expert_weights_norm, "olmoe routes with softmax, weights not renormalised");
+    if (p->arch == MOETAX_GEN_QWEN2MOE) {
+        NEED((int64_t)p->n_head * hd == p->n_embd, "qwen2moe: --heads %d x --head-dim %d must be --embd %d (llama.cpp "
+             "binds attn_q and attn_output as {n_embd, n_embd})", p->n_head, hd, p->n_embd);
+        NEED(p->n_ff_shexp >= 1, "qwen2moe: --shared-ff %d (the shared expert's width) must be >= 1", p->n_ff_shexp);
+        NEED(p->n_ff == 0 || p->n_ff == p->n_ff_shexp, "--ff %d: qwen2moe's feed_forward_length is written as the "
+             "shared expert's width (--shared-ff %d)", p->n_ff, p->n_ff_shexp);
+    } else {
+        NEED(p->n_ff_shexp == 0, "--shared-ff: only qwen2moe has a gated shared expert");
+    }
+    if (p->arch == MOETAX_GEN_OLMOE || p->arch == MOETAX_GEN_QWEN2MOE)
+        NEED(p->gating_func == 1 && !p->expert_weights_norm, "%s routes with softmax, weights not renormalised", an);
     else
         NEED(p->gating_func == 1 && p->expert_weights_norm, "%s routes with softmax and renormalised weights", an);
     NEED(p->rope_yarn_factor == 0, "--yarn-factor: %s files are written without rope scaling", an);
-    NEED(p->arch == MOETAX_GEN_QWEN3MOE || p->n_ff == 0 || p->n_ff == p->n_ff_exp,
+    NEED(p->arch == MOETAX_GEN_QWEN3MOE || p->arch == MOETAX_GEN_QWEN2MOE || p->n_ff == 0 || p->n_ff == p->n_ff_exp,
          "--ff %d: %s experts are feed_forward_length wide, set by --expert-ff (%d)", p->n_ff, an, p->n_ff_exp);
 #undef NEED
     return MOETAX_OK;
@@ -361,6 +413,11 @@ static moetax_status build_tensors(const struct moetax_gen_params *p, struct ten
             ADD(INIT_LINEAR, (float)d, 2, d, H * hd, 1, "blk.%d.attn_q.weight", il);
             ADD(INIT_LINEAR, (float)d, 2, d, Hkv * hd, 1, "blk.%d.attn_k.weight", il);
             ADD(INIT_LINEAR, (float)d, 2, d, Hkv * hd, 1, "blk.%d.attn_v.weight", il);
+            if (p->arch == MOETAX_GEN_QWEN2MOE) {
+                ADD(INIT_BIAS, 1, 1, H * hd, 1, 1, "blk.%d.attn_q.bias", il);
+                ADD(INIT_BIAS, 1, 1, Hkv * hd, 1, 1, "blk.%d.attn_k.bias", il);
+                ADD(INIT_BIAS, 1, 1, Hkv * hd, 1, 1, "blk.%d.attn_v.bias", il);
+            }
             ADD(INIT_LINEAR, (float)(H * hd), 2, H * hd, d, 1, "blk.%d.attn_output.weight", il);
             if (p->arch == MOETAX_GEN_QWEN3MOE) {
                 ADD(INIT_NORM, 1, 1, hd, 1, 1, "blk.%d.attn_q_norm.weight", il);
@@ -404,6 +461,13 @@ static moetax_status build_tensors(const struct moetax_gen_params *p, struct ten
             ADD(INIT_LINEAR, (float)d, 3, d, F, E, "blk.%d.ffn_up_exps.weight", il);
         }
         ADD(INIT_LINEAR, (float)F, 3, F, d, E, "blk.%d.ffn_down_exps.weight", il);
+        if (p->arch == MOETAX_GEN_QWEN2MOE) {
+            const int64_t Fq = p->n_ff_shexp;
+            ADD(INIT_ROUTER, (float)d, 1, d, 1, 1, "blk.%d.ffn_gate_inp_shexp.weight", il);
+            ADD(INIT_LINEAR, (float)d, 2, d, Fq, 1, "blk.%d.ffn_gate_shexp.weight", il);
+            ADD(INIT_LINEAR, (float)d, 2, d, Fq, 1, "blk.%d.ffn_up_shexp.weight", il);
+            ADD(INIT_LINEAR, (float)Fq, 2, Fq, d, 1, "blk.%d.ffn_down_shexp.weight", il);
+        }
         if (Fs > 0) {
             ADD(INIT_LINEAR, (float)d, 2, d, Fs, 1, "blk.%d.ffn_gate_shexp.weight", il);
             ADD(INIT_LINEAR, (float)d, 2, d, Fs, 1, "blk.%d.ffn_up_shexp.weight", il);
@@ -505,6 +569,18 @@ static moetax_status write_metadata(const struct moetax_gen_params *p, struct mo
         TRY(moetax_gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert));
         TRY(moetax_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used));
         TRY(moetax_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p->n_ff_exp));
+        goto vocab;
+    }
+    if (p->arch == MOETAX_GEN_QWEN2MOE) { /* the keys llama.cpp's converter writes for Qwen2-MoE */
+        TRY(moetax_gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)p->n_ff_shexp));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)H));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv));
+        TRY(moetax_gguf_writer_set_f32(w, KEY("rope.freq_base"), p->rope_freq_base));
+        TRY(moetax_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), p->rms_eps));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p->n_ff_exp));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)p->n_ff_shexp));
         goto vocab;
     }
     if (p->arch == MOETAX_GEN_OLMOE || p->arch == MOETAX_GEN_MIXTRAL) {

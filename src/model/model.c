@@ -596,7 +596,8 @@ moetax_status arch_bind_vec(struct moetax_model *m, float **out, const char *nam
 moetax_status arch_bind_ffn(struct moetax_model *m, int il) {
     const struct moetax_hparams *hp = &m->hp;
     struct moetax_layer *l = &m->layers[il];
-    const int64_t d = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp, Fs = (int64_t)hp->n_expert_shared * hp->n_ff_exp;
+    const int64_t d = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp;
+    const int64_t Fs = hp->n_ff_shexp > 0 ? hp->n_ff_shexp : (int64_t)hp->n_expert_shared * hp->n_ff_exp;
     char n[128];
     moetax_status st;
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
@@ -643,6 +644,7 @@ moetax_status arch_bind_ffn(struct moetax_model *m, int il) {
 static const struct moetax_arch *const archs[] = {
     &moetax_arch_deepseek2,
     &moetax_arch_qwen3moe,
+    &moetax_arch_qwen2moe,
     &moetax_arch_olmoe,
     &moetax_arch_llama,
 };

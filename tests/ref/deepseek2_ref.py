@@ -67,6 +67,10 @@ Implements /work/shared/docs/GGUF-MOE.md with llama.cpp's deepseek2 graph semant
   margin < Model.QTIE_RECORD as (margin, position, key) in the last forward/prefill/step calls
   since reset; m.qflip (a set of such keys, kept across reset) makes those values round the
   other way, so a test can check whether an engine's differences are explained by such flips.
+  A block's fp16 scale is such a boundary too: d = amax/127 within float32 rounding of the
+  midpoint between two fp16 values rounds either way and moves the whole block by half an fp16
+  ulp; such scales are listed in m.qties as well (their margin relative to d) and flipped the
+  same way.
 
 Python API
   m = Model(path, dtype=np.float64, expert_cache_mb=1024, act_quant=False)
@@ -120,7 +124,7 @@ def rmsnorm(x, w, eps):
 Q_TYPES = (2, 8)         # ggml Q4_0, Q8_0: weights whose matmuls take Q8_0-quantized activations
 
 
-def quantize_q8_0(x, margin=False, flip=()):
+def quantize_q8_0(x, margin=False, flip=(), scale_margin=False):
     """Quantize-dequantize the last axis of x (a multiple of 32) as ggml's quantize_row_q8_0:
     x is cast to float32; per block of 32: amax = max|x| (f32), d = amax/127 (f32),
     id = 1/d or 0 (f32), q = roundf(x*id) (f32 product, ties away from zero), scale fp16(d).
@@ -128,7 +132,12 @@ def quantize_q8_0(x, margin=False, flip=()):
     (that, m) where m (same shape) is each value's distance from a rounding boundary relative
     to its block's amax: | |x*id| - (floor(|x*id|) + 0.5) | / 127 (inf in all-zero blocks): a
     change of x_i, or of amax, by about m * amax flips q_i by one. flip: flat indices (into x)
-    whose q is rounded the other way (|q| one up if it was rounded down, else one down)."""
+    whose q is rounded the other way (|q| one up if it was rounded down, else one down); an
+    index x.size + b rounds block b's fp16 scale to the other neighbour of d instead.
+    scale_margin=True (with margin) also returns sm, per block (in row-major block order): the
+    distance of d from the midpoint between its two fp16 neighbours relative to d, so a change
+    of amax by about sm * amax rounds the scale the other way, which moves every value of the
+    block by up to half an fp16 ulp of d (inf in all-zero blocks)."""
     x = np.asarray(x)
     shp = x.shape
     if shp[-1] % 32:
@@ -140,18 +149,33 @@ def quantize_q8_0(x, margin=False, flip=()):
     np.divide(np.float32(1.0), d, out=inv, where=d != 0)          # float32
     v = (xf * inv[:, None]).astype(np.float64)                    # float32 product, exact widen
     q = np.sign(v) * np.floor(np.abs(v) + 0.5)                    # roundf (exact in float64)
+    h16 = d.astype(np.float16)                                    # round to nearest even
+    other = np.where(h16.astype(np.float32) < d, np.nextafter(h16, np.float16(np.inf)),
+                     np.nextafter(h16, np.float16(-np.inf)))      # d's other fp16 neighbour
     if len(flip):
         qf, vf = q.reshape(-1), v.reshape(-1)
+        h16f = h16.copy()
         for i in flip:
+            if i >= vf.size:                                      # a scale flip
+                h16f[i - vf.size] = other[i - vf.size]
+                continue
             a = abs(vf[i])
             qf[i] = math.copysign(math.floor(a) + (1.0 if a - math.floor(a) < 0.5 else 0.0), vf[i])
-    d16 = d.astype(np.float16).astype(np.float64)                 # round to nearest even
+        d16 = h16f.astype(np.float64)
+    else:
+        d16 = h16.astype(np.float64)
     deq = (q * d16[:, None]).reshape(shp)
     if not margin:
         return deq
     a = np.abs(v)
     m = np.where((d != 0)[:, None], np.abs(a - np.floor(a) - 0.5) / 127.0, np.inf)
-    return deq, m.reshape(shp)
+    if not scale_margin:
+        return deq, m.reshape(shp)
+    mid = (h16.astype(np.float64) + other.astype(np.float64)) / 2
+    dd = d.astype(np.float64)
+    sm = np.full(dd.shape, np.inf)
+    np.divide(np.abs(dd - mid), dd, out=sm, where=dd != 0)
+    return deq, m.reshape(shp), sm
 
 
 def silu(x):
@@ -472,12 +496,16 @@ class Model:
             call = self._qcall
             self._qcall += 1
             flip = [i for c, i in self.qflip if c == call]
-            deq, mg = quantize_q8_0(x, margin=True, flip=flip)
+            deq, mg, sm = quantize_q8_0(x, margin=True, flip=flip, scale_margin=True)
             pos = self._positions if rows is None else self._positions[rows]
             mg = mg.reshape(mg.shape[0], -1)
             for i in np.flatnonzero(mg < self.QTIE_RECORD):
                 self.qties.append((float(mg.flat[i]), int(pos[i // mg.shape[1]]), (call, int(i))))
-            np.minimum.at(self.qmargin, pos, mg.min(axis=1))
+            # a block's fp16 scale near its rounding midpoint: the key mg.size + block (see quantize_q8_0)
+            nbr = mg.shape[1] // 32
+            for b in np.flatnonzero(sm < self.QTIE_RECORD):
+                self.qties.append((float(sm[b]), int(pos[b // nbr]), (call, int(mg.size + b))))
+            np.minimum.at(self.qmargin, pos, np.minimum(mg.min(axis=1), sm.reshape(mg.shape[0], -1).min(axis=1)))
             deq = deq.astype(self.dtype)
             self._qmemo[id(x)] = (x, deq)
             return deq
