@@ -22,6 +22,7 @@ struct rq_item {
 };
 
 struct rq_job {
+    const struct moetax_model *m;
     struct rq_item *items;
     int n_items;
     enum moetax_type to;
@@ -31,6 +32,8 @@ struct rq_job {
     int64_t n_mat;
     _Atomic int err;                 /* a repack that ran out of memory */
 };
+
+static void release_file_pages(const struct moetax_model *m, const void *p, size_t n);
 
 static void *rq_worker(void *arg) {
     struct rq_job *j = arg;
@@ -61,6 +64,8 @@ static void *rq_worker(void *arg) {
                 if (moetax_kernels_repack(K, j->to, d + (size_t)r * x->dst_row, d + (size_t)r * x->dst_row,
                                           nr - r < x->unit ? nr - r : x->unit, nc))
                     atomic_store(&j->err, MOETAX_ERR_NOMEM);
+        /* the file's pages of this matrix go now, not after the last: the peak is about one copy of the experts */
+        release_file_pages(j->m, s, x->src_row * (size_t)nr);
     }
     free(row);
     return NULL;
@@ -146,7 +151,7 @@ moetax_status model_requant_experts(struct moetax_model *m, enum moetax_type to,
         off += (items[i].dst_row * (size_t)items[i].w->ne[1] * (size_t)E + 63) / 64 * 64;
     }
     const struct moetax_kernels *K = moetax_kernels_get();
-    struct rq_job job = {.items = items, .n_items = n, .to = to, .max_cols = max_cols,
+    struct rq_job job = {.m = m, .items = items, .n_items = n, .to = to, .max_cols = max_cols,
                          .repack = K->weights_repacked && K->weights_repacked(to), .n_mat = n_mat};
     atomic_init(&job.next, 0);
     atomic_init(&job.err, 0);
@@ -167,7 +172,8 @@ moetax_status model_requant_experts(struct moetax_model *m, enum moetax_type to,
         struct rq_item *x = &items[i];
         struct moetax_weight *w = x->w;
         const int64_t E = w->ne[2] > 0 ? w->ne[2] : 1;
-        if (w->file_data) release_file_pages(m, w->file_data, x->src_row * (size_t)w->ne[1] * (size_t)E);
+        if (w->file_data) /* the pages that straddle two matrices */
+            release_file_pages(m, w->file_data, x->src_row * (size_t)w->ne[1] * (size_t)E);
         w->data = x->dst;
         w->file_data = NULL;
         w->type = to;
