@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 # ctest-labels: mpi
 """test_serve_mpi.py - `mpirun -np 2 moetax serve` (src/dist/dist_cmd.h): rank 0 speaks HTTP,
-every rank steps together. Greedy completions equal `moetax run --temp 0` of the single process,
+every rank steps together, with replicated attention (the default) and with token-sharded
+dispatch (MOETAX_MPI_DISPATCH=alltoall: each rank holds its own sequences' cells). Greedy completions equal `moetax run --temp 0` of the single process,
 one at a time and 4 in flight; a prompt that starts with a finished one's tokens reuses its cells
 (prefix copy replayed on the other rank) and still gives the single process's answer; the KV
 cells in use return to 0; SIGTERM to rank 0 stops every rank and mpirun exits 0; a follower rank
@@ -33,13 +34,13 @@ PROMPTS = ["def __init__(self", "import os\nimport sys\n", "class Parser:\n    d
 
 
 class MpiServer:
-    def __init__(self, moetax, work, name, *args):
+    def __init__(self, moetax, work, name, *args, env=None):
         self.log_path = os.path.join(work, f"serve-mpi-{name}.log")
         self.log = open(self.log_path, "w+b")
         self.moetax = moetax
         self.p = subprocess.Popen(["mpirun", "--oversubscribe", "-np", "2", moetax, "serve", "-m", MODEL, "--port",
                                    "0", "-t", "1", "--parallel", "4", *args], stdout=self.log, stderr=self.log,
-                                  env=ENV)
+                                  env=dict(ENV, **(env or {})))
         self.port = None
         deadline = time.time() + 90
         while time.time() < deadline and self.port is None and self.p.poll() is None:
@@ -89,6 +90,61 @@ class MpiServer:
         self.log.close()
 
 
+def serve_checks(moetax, work, mode, env, refs, n):
+    """One server in this dispatch mode: the answers, prefix reuse, cells, SIGTERM."""
+    s = MpiServer(moetax, work, mode, env=env)
+    try:
+        if not check(s.port is not None, f"{mode}: np 2 serve starts: {s.text()[-1500:]}"):
+            return False
+        if "built without MPI" in s.text():
+            print("SKIP: moetax was built without MPI")
+            return None
+        # one at a time
+        for p in PROMPTS[:2]:
+            o = s.post({"prompt": p, "max_tokens": n, "temperature": 0})
+            check(o["choices"][0]["text"] == refs[p], f"{mode}: np 2 serve {p!r}: {o['choices'][0]['text']!r} != run's "
+                  f"{refs[p]!r}")
+        # 4 in flight at once (one step holds several sequences, prompts and decodes mixed)
+        outs = {}
+
+        def one(p):
+            outs[p] = s.post({"prompt": p, "max_tokens": n, "temperature": 0})["choices"][0]["text"]
+        th = [threading.Thread(target=one, args=(p,)) for p in PROMPTS[1:]]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        for p in PROMPTS[1:]:
+            check(outs.get(p) == refs[p], f"{mode}: np 2 serve, 4 in flight, {p!r}: {outs.get(p)!r} != {refs[p]!r}")
+        # a prompt that extends a finished one: its cells are copied (replayed on rank 1)
+        p0 = PROMPTS[0]
+        ext = p0 + refs[p0][:12]
+        ref_ext = greedy(moetax, ext, 8)
+        o = s.post({"prompt": ext, "max_tokens": 8, "temperature": 0})
+        cached = o["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        check(cached > 0, f"{mode}: the extended prompt reused a finished one's cells (cached_tokens {cached})")
+        check(o["choices"][0]["text"] == ref_ext, f"{mode}: np 2 serve, prefix reuse: {o['choices'][0]['text']!r} != "
+              f"{ref_ext!r}")
+        deadline = time.time() + 10  # the scheduler refreshes /metrics after its step: poll
+        while s.metric("moetax_kv_cells_active") != 0 and time.time() < deadline:
+            time.sleep(0.05)
+        check(s.metric("moetax_kv_cells_active") == 0, f"{mode}: KV cells of running requests back to 0")
+        # SIGTERM to rank 0: every rank stops, mpirun exits 0
+        ranks = s.ranks()
+        check(len(ranks) == 2, f"two ranks under mpirun: {ranks}")
+        lsn = subprocess.run(["ss", "-ltnpH", f"sport = :{s.port}"], capture_output=True, text=True).stdout
+        pid0 = [pid for pid in ranks if f"pid={pid}," in lsn]
+        if check(len(pid0) == 1, f"rank 0 found by its listening socket: {lsn!r}"):
+            os.kill(pid0[0], signal.SIGTERM)
+            rc = s.wait(60)
+            check(rc == 0, f"{mode}: SIGTERM to rank 0: mpirun exits 0 (got {rc}): {s.text()[-800:]}")
+            check("SIGTERM, stopping" in s.text(), "rank 0 says it stops")
+            check(len(re.findall(r"rank \d of 2: peak RSS", s.text())) == 2, "both ranks ended normally")
+    finally:
+        s.close()
+    return True
+
+
 def greedy(moetax, prompt, n):
     r = subprocess.run([moetax, "run", "-m", MODEL, "-p", prompt, "-n", str(n), "--temp", "0", "-t", "1"],
                        capture_output=True, text=True, timeout=120)
@@ -110,54 +166,11 @@ def main():
         return 0
     n = 24
     refs = {p: greedy(moetax, p, n) for p in PROMPTS}
+    modes = [("replicated", {}), ("alltoall", {"MOETAX_MPI_DISPATCH": "alltoall"})]
 
-    s = MpiServer(moetax, work, "main")
-    try:
-        if not check(s.port is not None, f"np 2 serve starts: {s.text()[-1500:]}"):
-            return summary()
-        if "built without MPI" in s.text():
-            print("SKIP: moetax was built without MPI")
+    for mode, env in modes:
+        if serve_checks(moetax, work, mode, env, refs, n) is None:
             return 0
-        # one at a time
-        for p in PROMPTS[:2]:
-            o = s.post({"prompt": p, "max_tokens": n, "temperature": 0})
-            check(o["choices"][0]["text"] == refs[p], f"np 2 serve {p!r}: {o['choices'][0]['text']!r} != run's "
-                  f"{refs[p]!r}")
-        # 4 in flight at once (one step holds several sequences, prompts and decodes mixed)
-        outs = {}
-
-        def one(p):
-            outs[p] = s.post({"prompt": p, "max_tokens": n, "temperature": 0})["choices"][0]["text"]
-        th = [threading.Thread(target=one, args=(p,)) for p in PROMPTS[1:]]
-        for t in th:
-            t.start()
-        for t in th:
-            t.join()
-        for p in PROMPTS[1:]:
-            check(outs.get(p) == refs[p], f"np 2 serve, 4 in flight, {p!r}: {outs.get(p)!r} != {refs[p]!r}")
-        # a prompt that extends a finished one: its cells are copied (replayed on rank 1)
-        p0 = PROMPTS[0]
-        ext = p0 + refs[p0][:12]
-        ref_ext = greedy(moetax, ext, 8)
-        o = s.post({"prompt": ext, "max_tokens": 8, "temperature": 0})
-        cached = o["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
-        check(cached > 0, f"the extended prompt reused a finished one's cells (cached_tokens {cached})")
-        check(o["choices"][0]["text"] == ref_ext, f"np 2 serve, prefix reuse: {o['choices'][0]['text']!r} != "
-              f"{ref_ext!r}")
-        check(s.metric("moetax_kv_cells_active") == 0, "KV cells of running requests back to 0")
-        # SIGTERM to rank 0: every rank stops, mpirun exits 0
-        ranks = s.ranks()
-        check(len(ranks) == 2, f"two ranks under mpirun: {ranks}")
-        lsn = subprocess.run(["ss", "-ltnpH", f"sport = :{s.port}"], capture_output=True, text=True).stdout
-        pid0 = [pid for pid in ranks if f"pid={pid}," in lsn]
-        if check(len(pid0) == 1, f"rank 0 found by its listening socket: {lsn!r}"):
-            os.kill(pid0[0], signal.SIGTERM)
-            rc = s.wait(60)
-            check(rc == 0, f"SIGTERM to rank 0: mpirun exits 0 (got {rc}): {s.text()[-800:]}")
-            check("SIGTERM, stopping" in s.text(), "rank 0 says it stops")
-            check(len(re.findall(r"rank \d of 2: peak RSS", s.text())) == 2, "both ranks ended normally")
-    finally:
-        s.close()
 
     # a follower killed: the job ends (mpirun notices), no rank left waiting
     s = MpiServer(moetax, work, "kill")

@@ -205,6 +205,8 @@ struct srv_sched {
      * the last step (the script the other ranks replay before the same decode) */
     bool mirror;
     bool on_caller;         /* the loop runs on the thread that calls srv_sched_run (MPI) */
+    int shard;              /* token-sharded dispatch over P ranks: sequence i's cells live on rank
+                               i % P only, so a prefix is copied only between slots of one rank */
     moetax_status fatal;    /* a decode failed under mpirun: the server stops with it */
     int32_t *cmd;
     size_t cmd_n, cmd_cap;
@@ -354,7 +356,7 @@ static bool admit_one(struct srv_sched *s, struct srv_req *r) {
     if (reserved + want > s->blocks_all) return false;
     /* the slot holding the longest prefix of the prompt (at most n_prompt - 1 tokens: the last one is
      * evaluated for its logits) */
-    int src = -1;
+    int src = -1, dst = -1;
     int64_t best = 0;
     if (!s->p.no_prefix_reuse)
         for (int i = 0; i < N; i++) {
@@ -364,8 +366,20 @@ static bool admit_one(struct srv_sched *s, struct srv_req *r) {
             int64_t L = common_prefix(sl->toks, held, r->prompt, r->n_prompt - 1);
             if (L > best) { best = L; src = i; }
         }
+    if (s->shard > 1 && src >= 0 && s->slots[src].state == SLOT_IDLE) {
+        dst = src; /* token-sharded ranks: reuse in place (the cells are on that slot's rank) */
+    } else if (s->shard > 1 && src >= 0) {
+        /* the copy must stay on the source's rank (a free slot there, else its oldest idle one);
+         * none: no reuse */
+        const int rk = src % s->shard;
+        for (int i = rk; i < N && dst < 0; i += s->shard)
+            if (s->slots[i].state == SLOT_FREE) dst = i;
+        for (int i = rk; i < N; i += s->shard)
+            if (dst < 0 || s->slots[dst].state != SLOT_FREE)
+                if (s->slots[i].state == SLOT_IDLE && (dst < 0 || s->slots[i].t_idle < s->slots[dst].t_idle)) dst = i;
+        if (dst < 0) src = -1, best = 0;
+    }
     /* the destination: a free slot, else the source if it is idle, else the oldest idle slot */
-    int dst = -1;
     for (int i = 0; i < N && dst < 0; i++)
         if (s->slots[i].state == SLOT_FREE) dst = i;
     if (dst < 0 && src >= 0 && s->slots[src].state == SLOT_IDLE) dst = src;
@@ -760,6 +774,8 @@ moetax_status srv_sched_start(const struct srv_sched_params *p, struct srv_sched
     if (p->mpi) { /* the main thread runs the loop (srv_sched_run): MPI is FUNNELED */
         if ((st = moetax_dist_cmd_open())) { srv_sched_free(s); return st; }
         s->mirror = s->on_caller = true;
+        const struct moetax_dist *w = moetax_dist_world();
+        s->shard = w && w->dispatch ? w->size : 1;
         s->started = true;
         *out = s;
         return MOETAX_OK;
