@@ -160,7 +160,7 @@ static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, in
 
         /* a sub-range of rows touches only those rows and gives the full call's values
          * (bit-identical); types with row groups split at group boundaries (ROW RANGES) */
-        const int64_t g = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 ? MOETAX_KERNELS_ROW_GROUP : 1;
+        const int64_t g = avx->weights_repacked(t) ? MOETAX_KERNELS_ROW_GROUP : 1;
         const int64_t ranges[2][2] = {{g, g == 1 ? rows - 1 : rows}, {0, g == 1 ? rows - 1 : g}};
         for (int ri = 0; ri < 2; ri++) {
             const int64_t r0 = ranges[ri][0], r1 = ranges[ri][1];
@@ -284,6 +284,27 @@ static void unrepack_q8r8(const uint8_t *src, uint8_t *dst, int64_t rows, int64_
     memcpy(dst + (size_t)r0 * rb, src + (size_t)r0 * rb, (size_t)(rows - r0) * rb);
 }
 
+/* The inverse of the avx512 table's Q4_K repack (kernels.h: groups of 8 rows; per
+ * super-block d[8], dmin[8], the 12 scale bytes as 3 dwords x 8 rows, then 4
+ * chunks x 8 four-byte groups x 8 rows of qs; the last rows % 8 rows plain). */
+static void unrepack_q4kr8(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t nb) {
+    const size_t bs = sizeof(moetax_block_q4_k), rb = (size_t)nb * bs, gb = 8 * bs;
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *g = src + (size_t)r * rb + (size_t)b * gb;
+            for (int k = 0; k < 8; k++) {
+                uint8_t *o = dst + (size_t)(r + k) * rb + (size_t)b * bs;
+                memcpy(o, g + 2 * k, 2);
+                memcpy(o + 2, g + 16 + 2 * k, 2);
+                for (int d = 0; d < 3; d++) memcpy(o + 4 + 4 * d, g + 32 + 32 * d + 4 * k, 4);
+                for (int c = 0; c < 4; c++)
+                    for (int q = 0; q < 8; q++) memcpy(o + 16 + 32 * c + 4 * q, g + 128 + 256 * c + 32 * q + 4 * k, 4);
+            }
+        }
+    memcpy(dst + (size_t)r * rb, src + (size_t)r * rb, (size_t)(rows - r) * rb);
+}
+
 static int cmp_u8(const void *a, const void *b) { return (int)*(const uint8_t *)a - (int)*(const uint8_t *)b; }
 
 /* Repacking is a per-row permutation of the bytes that round-trips, in place or
@@ -299,7 +320,8 @@ static void test_repack(void) {
         moetax_kernels_repack(ref, t, a, w, rows, ncols);
         CHECK(memcmp(a, w, rb * rows) == 0);
         if (avx) {
-            const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0;
+            const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 ||
+                            (t == MOETAX_TYPE_Q4_K && strcmp(avx->name, "avx512") == 0); /* Q4_Kx8r */
             CHECK(avx->weights_repacked(t) == rp);
             moetax_kernels_repack(avx, t, a, w, rows, ncols);
             if (!rp) CHECK(memcmp(a, w, rb * rows) == 0);
@@ -337,6 +359,31 @@ static void test_repack(void) {
                 CHECK(memcmp(a + n - tail, w + n - tail, tail) == 0);
                 if (rows >= R) CHECK(memcmp(a, w, 2 * (size_t)R) != 0);
                 memcpy(back, w, n); /* in place: the same bytes */
+                CHECK(moetax_kernels_repack(avx, t, back, back, rows, ncols) == MOETAX_OK);
+                CHECK(memcmp(back, a, n) == 0);
+                free(w), free(a), free(back), free(s1), free(s2);
+            }
+    /* Q4_Kx8r (avx512): round trip, a permutation, the plain tail untouched, in place the same */
+    if (avx->weights_repacked(MOETAX_TYPE_Q4_K))
+        for (int64_t nb = 1; nb <= 5; nb += 2)
+            for (size_t ui = 0; ui < sizeof unit_rows / sizeof unit_rows[0]; ui++) {
+                const enum moetax_type t = MOETAX_TYPE_Q4_K;
+                const int64_t rows = unit_rows[ui], ncols = 256 * nb;
+                size_t rb;
+                uint8_t *w = rand_matrix(t, rows, ncols, &rb);
+                const size_t n = rb * (size_t)rows;
+                uint8_t *a = malloc(n), *back = malloc(n), *s1 = malloc(n), *s2 = malloc(n);
+                CHECK(moetax_kernels_repack(avx, t, a, w, rows, ncols) == MOETAX_OK);
+                unrepack_q4kr8(a, back, rows, nb);
+                CHECK_MSG(memcmp(back, w, n) == 0, "q4_k repack rows=%lld nb=%lld does not round-trip",
+                          (long long)rows, (long long)nb);
+                memcpy(s1, w, n), memcpy(s2, a, n);
+                qsort(s1, n, 1, cmp_u8), qsort(s2, n, 1, cmp_u8);
+                CHECK(memcmp(s1, s2, n) == 0);
+                const size_t tail = (size_t)(rows % 8) * rb;
+                CHECK(memcmp(a + n - tail, w + n - tail, tail) == 0);
+                if (rows >= 8) CHECK(memcmp(a, w, 16) != 0);
+                memcpy(back, w, n);
                 CHECK(moetax_kernels_repack(avx, t, back, back, rows, ncols) == MOETAX_OK);
                 CHECK(memcmp(back, a, n) == 0);
                 free(w), free(a), free(back), free(s1), free(s2);

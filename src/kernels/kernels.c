@@ -86,22 +86,55 @@ void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb) {
     }
 }
 
+void moetax_k_repack_group_q4kr8(void *dst, const void *src, int64_t nb) {
+    enum { R = MOETAX_K_Q4KR8_ROWS, BB = MOETAX_K_Q4KR8_BLOCK_BYTES };
+    _Static_assert(BB == R * sizeof(moetax_block_q4_k), "a group block has the size of its 8 blocks");
+    _Static_assert(MOETAX_K_Q4KR8_QS_OFF + 4 * 8 * R * 4 == BB, "scales + 4 chunks x 8 groups x 8 rows x 4 bytes");
+    const size_t rb = (size_t)nb * sizeof(moetax_block_q4_k);
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = d + (size_t)b * BB;
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * sizeof(moetax_block_q4_k);
+            memcpy(o + 2 * r, blk, 2);
+            memcpy(o + MOETAX_K_Q4KR8_DMIN_OFF + 2 * r, blk + 2, 2);
+            for (int k = 0; k < 3; k++) memcpy(o + MOETAX_K_Q4KR8_SC_OFF + 32 * k + 4 * r, blk + 4 + 4 * k, 4);
+            for (int c = 0; c < 4; c++)
+                for (int q = 0; q < 8; q++)
+                    memcpy(o + MOETAX_K_Q4KR8_QS_OFF + 256 * c + 32 * q + 4 * r, blk + 16 + 32 * c + 4 * q, 4);
+        }
+    }
+}
+
 static const struct moetax_kernels k_avx512;
+
+/* avx512: Q4_0x8r, Q8_0x8r and Q4_Kx8r */
+static bool repacked_avx512(enum moetax_type t) {
+    return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_K;
+}
 
 moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_type t, void *dst, const void *src,
                                     int64_t n_rows, int64_t ncols) {
     const size_t rb = moetax_row_size(t, ncols);
     if (n_rows <= 0 || rb == 0) return MOETAX_OK;
-    /* the repacked layouts: Q4_0x8r (avx2, avx512), Q8_0x4r (avx2), Q8_0x8r (avx512), groups of R rows */
-    if ((t != MOETAX_TYPE_Q4_0 && t != MOETAX_TYPE_Q8_0) || !k->weights_repacked || !k->weights_repacked(t)) {
+    /* the repacked layouts: Q4_0x8r (avx2, avx512), Q8_0x4r (avx2), Q8_0x8r and Q4_Kx8r (avx512),
+     * groups of R rows */
+    if ((t != MOETAX_TYPE_Q4_0 && t != MOETAX_TYPE_Q8_0 && t != MOETAX_TYPE_Q4_K) || !k->weights_repacked ||
+        !k->weights_repacked(t)) {
         if (dst != src) memmove(dst, src, rb * (size_t)n_rows);
         return MOETAX_OK;
     }
     const bool q8x8 = t == MOETAX_TYPE_Q8_0 && k == &k_avx512;
-    const int R = t == MOETAX_TYPE_Q4_0 ? MOETAX_K_Q4R8_ROWS : q8x8 ? MOETAX_K_Q8R8_ROWS : MOETAX_K_Q8R4_ROWS;
+    const int R = t == MOETAX_TYPE_Q4_0 ? MOETAX_K_Q4R8_ROWS
+                  : t == MOETAX_TYPE_Q4_K ? MOETAX_K_Q4KR8_ROWS
+                  : q8x8                ? MOETAX_K_Q8R8_ROWS
+                                        : MOETAX_K_Q8R4_ROWS;
     void (*group)(void *, const void *, int64_t) = t == MOETAX_TYPE_Q4_0 ? moetax_k_repack_group_q4r8
+                                                   : t == MOETAX_TYPE_Q4_K ? moetax_k_repack_group_q4kr8
                                                    : q8x8               ? moetax_k_repack_group_q8r8
                                                                         : moetax_k_repack_group_q8r4;
+    const int64_t bpr = t == MOETAX_TYPE_Q4_K ? ncols / MOETAX_QK_K : ncols / 32; /* blocks per row */
     const int64_t ng = n_rows / R;
     const size_t gb = (size_t)R * rb;
     if (ng > 0 && dst == src) { /* in place: each group's source bytes go through a copy */
@@ -113,12 +146,12 @@ moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_
         for (int64_t g = 0; g < ng; g++) {
             uint8_t *p = (uint8_t *)dst + (size_t)g * gb;
             memcpy(tmp, p, gb);
-            group(p, tmp, ncols / 32);
+            group(p, tmp, bpr);
         }
         if (tmp != stack) free(tmp);
     } else {
         for (int64_t g = 0; g < ng; g++)
-            group((uint8_t *)dst + (size_t)g * gb, (const uint8_t *)src + (size_t)g * gb, ncols / 32);
+            group((uint8_t *)dst + (size_t)g * gb, (const uint8_t *)src + (size_t)g * gb, bpr);
     }
     /* the last n_rows % R rows stay as they are */
     const size_t done = (size_t)ng * gb, tail = (size_t)(n_rows - ng * R) * rb;
@@ -177,7 +210,7 @@ static const struct moetax_kernels k_avx512 = {
     .name = "avx512",
     .quantize_act = moetax_k_quantize_act_avx2,
     .matmul = moetax_k_matmul_avx512,
-    .weights_repacked = repacked_avx2, /* Q4_0 (Q4_0x8r) and Q8_0 (Q8_0x8r) */
+    .weights_repacked = repacked_avx512, /* Q4_0 (Q4_0x8r), Q8_0 (Q8_0x8r), Q4_K (Q4_Kx8r) */
     .rmsnorm = moetax_k_rmsnorm_avx2,
     .softmax = moetax_k_softmax_avx2,
     .sigmoid = moetax_k_sigmoid_avx2,

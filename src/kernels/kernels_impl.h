@@ -58,6 +58,19 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb);
  * Q8_0x8r, from src to dst (no overlap). */
 void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb);
 
+/* Q4_Kx8r (avx512): per group of 8 rows and super-block, uint16 d[8], uint16
+ * dmin[8], uint8 sc[3][8][4] (dword k of row r's 12 packed scale bytes at
+ * 32 k + 4 r), then qs[4][8][8][4] (chunk c, 4-byte group q, row r: bytes
+ * 32 c + 4 q .. + 3 of the row's qs). */
+#define MOETAX_K_Q4KR8_ROWS 8
+#define MOETAX_K_Q4KR8_BLOCK_BYTES 1152 /* 8 * sizeof(moetax_block_q4_k) */
+#define MOETAX_K_Q4KR8_DMIN_OFF 16
+#define MOETAX_K_Q4KR8_SC_OFF 32
+#define MOETAX_K_Q4KR8_QS_OFF 128
+/* One group of 8 rows of nb super-blocks (row stride 144 nb), standard ->
+ * Q4_Kx8r, from src to dst (no overlap). */
+void moetax_k_repack_group_q4kr8(void *dst, const void *src, int64_t nb);
+
 /* Shared tables (kernels.c): fp16 -> fp32 for every bit pattern. */
 extern float moetax_k_fp16_table[1 << 16];
 void moetax_k_tables_init(void);

@@ -1,9 +1,11 @@
-/* matmul_kq_avx512.c - AVX-512 (F/BW/VL/DQ) + VNNI decode (one batch row) of
- * the k-quant weights (Q4_K, Q5_K, Q6_K, as stored) against block_q8_K
- * activations (kernels.h). Compiled with the avx512 flags; reached only
- * through the avx512 table. Batches (2+ rows) are the avx2 table's.
+/* matmul_kq_avx512.c - AVX-512 (F/BW/VL/DQ) + VNNI matmul of the k-quant
+ * weights against block_q8_K activations (kernels.h): Q4_K in the table's
+ * Q4_Kx8r layout, any batch (below, "Q4_K in Q4_Kx8r"); Q5_K and Q6_K as stored,
+ * decode (one batch row) here, batches the avx2 table's. Compiled with the
+ * avx512 flags; reached only through the avx512 table.
  *
- * Bit-identical to matmul_kq_avx2.c's decode path: the same 4 rows side by
+ * The plain-layout decode (Q5_K, Q6_K, and a Q4_K unit's plain tail) is
+ * bit-identical to matmul_kq_avx2.c's decode path: the same 4 rows side by
  * side and the same float steps on 4 lanes, in the same order
  *   acc += (d_x * d_w) * (float)sumi;  acc -= (d_x * dmin_w) * (float)summ
  * (Q6_K: the first only), from 0 over the super-blocks in order; only the
@@ -17,6 +19,7 @@
  *     128 values) adds sc_j * (4-value sum) into int32 lanes.
  * Every partial sum is exact in int32, so sumi is the same integer as avx2's
  * and the floats get the same bits. */
+#include <assert.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -194,9 +197,150 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
     }
 }
 
+/* ---- Q4_K in Q4_Kx8r (kernels.h, WEIGHT LAYOUTS): 8 rows in the 8 int32 lanes ----
+ * As Q4_0x8r: a 32-byte load holds 4 bytes of each of 8 rows, so vpdpbusd against
+ * 4 activation bytes broadcast to every lane adds into one lane per row, with no
+ * horizontal sums; a sub-block's exact sum (|.| <= 32 * 15 * 127) is multiplied
+ * by the row's 6-bit scale (vpmulld) and added up per super-block; the mins'
+ * term is vpmaddwd of the rows' mins (int16 pairs) with the activation's bsum
+ * pairs. The 8 rows' packed scales are unpacked together (ggml's 32-bit mask
+ * trick on one dword per lane). Per lane the float steps are avx2's, in its
+ * order: acc += (d_x * d_w) * (float)sumi; acc -= (d_x * dmin_w) * (float)summ.
+ * A tile is one group x JB (1..4) batch rows: the group's decoded nibbles serve
+ * JB batch rows, and a group's bytes stay in L1 while the next tile of batch
+ * rows passes over them. A unit's plain tail (n_rows % 8 rows) takes the
+ * plain-layout paths (decode above, batches avx2's). */
+
+#define KQ_JB 4 /* batch rows per Q4_Kx8r tile */
+#ifndef KQ_QPF
+#define KQ_QPF 2304 /* bytes ahead in a group's stream: two super-blocks */
+#endif
+
+/* acc + vpdpbusd(w, the 4 bytes at p in every lane), the broadcast embedded ({1to8}) */
+KQ5_INLINE __m256i dpbusd_b8(__m256i acc, __m256i w, const uint8_t *p) {
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
+    return acc;
+}
+
+KQ5_INLINE __m256i byte_lane(__m256i v, int k) { /* byte k of each dword, zero-extended */
+    return k == 3 ? _mm256_srli_epi32(v, 24) : _mm256_and_si256(_mm256_srli_epi32(v, 8 * k), _mm256_set1_epi32(0xff));
+}
+
+KQ5_INLINE void q4kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,
+                           int64_t ldy) {
+    enum { NC = 2 }; /* int32 chains per (sub-block, batch row) with JB <= 2: groups 0-3 and 4-7 */
+    const bool two = JB <= 2;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m6 = _mm256_set1_epi32(0x3f3f3f3f);
+    const __m256i m2 = _mm256_set1_epi32(0x03030303), m4d = _mm256_set1_epi32(0x0f0f0f0f);
+    const __m256i mw = _mm256_set1_epi32(0x00ff00ff);
+    const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    __m256 acc[KQ_JB];
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *blk = g + (size_t)i * MOETAX_K_Q4KR8_BLOCK_BYTES;
+#pragma GCC unroll 18
+        for (int o = 0; o < MOETAX_K_Q4KR8_BLOCK_BYTES; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
+        const moetax_block_q8_k *a[KQ_JB];
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
+        const __m256i u0 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF));
+        const __m256i u1 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF + 32));
+        const __m256i u2 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF + 64));
+        const __m256i sc03 = _mm256_and_si256(u0, m6); /* bytes: scales 0..3 */
+        const __m256i sc47 = _mm256_or_si256(_mm256_and_si256(u2, m4d),
+                                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), m2), 4));
+        __m256i S[KQ_JB];
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            __m256i sA[KQ_JB][NC], sB[KQ_JB][NC];
+#pragma GCC unroll 4
+            for (int t = 0; t < JB; t++)
+                for (int h = 0; h < NC; h++) sA[t][h] = sB[t][h] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int q = 0; q < 8; q++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_QS_OFF + 256 * c + 32 * q));
+                const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                const int h = two ? q >> 2 : 0;
+#pragma GCC unroll 4
+                for (int t = 0; t < JB; t++) {
+                    sA[t][h] = dpbusd_b8(sA[t][h], lo, (const uint8_t *)a[t]->qs + 64 * c + 4 * q);
+                    sB[t][h] = dpbusd_b8(sB[t][h], hi, (const uint8_t *)a[t]->qs + 64 * c + 32 + 4 * q);
+                }
+            }
+            const __m256i scA = byte_lane(c < 2 ? sc03 : sc47, (2 * c) & 3);
+            const __m256i scB = byte_lane(c < 2 ? sc03 : sc47, (2 * c + 1) & 3);
+#pragma GCC unroll 4
+            for (int t = 0; t < JB; t++) {
+                const __m256i xa = two ? _mm256_add_epi32(sA[t][0], sA[t][1]) : sA[t][0];
+                const __m256i xb = two ? _mm256_add_epi32(sB[t][0], sB[t][1]) : sB[t][0];
+                S[t] = _mm256_add_epi32(S[t], _mm256_add_epi32(_mm256_mullo_epi32(xa, scA), _mm256_mullo_epi32(xb, scB)));
+            }
+        }
+        /* mins: int16 pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7) per lane */
+        const __m256i mn03 = _mm256_and_si256(u1, m6);
+        const __m256i mn47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4d),
+                                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), m2), 4));
+        const __m256i p02 = _mm256_and_si256(mn03, mw), p13 = _mm256_and_si256(_mm256_srli_epi32(mn03, 8), mw);
+        const __m256i p46 = _mm256_and_si256(mn47, mw), p57 = _mm256_and_si256(_mm256_srli_epi32(mn47, 8), mw);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + MOETAX_K_Q4KR8_DMIN_OFF)));
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) {
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)a[t]->bsums);
+            /* q8s[j] = bsums[2j] + bsums[2j+1], as int16 pairs (q0, q2), (q1, q3), (q4, q6), (q5, q7) */
+            const __m256i qp = _mm256_castsi128_si256(
+                _mm_shuffle_epi8(_mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)), pairs));
+            __m256i M = _mm256_madd_epi16(p02, _mm256_permutevar8x32_epi32(qp, _mm256_set1_epi32(0)));
+            M = _mm256_add_epi32(M, _mm256_madd_epi16(p13, _mm256_permutevar8x32_epi32(qp, _mm256_set1_epi32(1))));
+            M = _mm256_add_epi32(M, _mm256_madd_epi16(p46, _mm256_permutevar8x32_epi32(qp, _mm256_set1_epi32(2))));
+            M = _mm256_add_epi32(M, _mm256_madd_epi16(p57, _mm256_permutevar8x32_epi32(qp, _mm256_set1_epi32(3))));
+            const __m256 ad = _mm256_set1_ps(a[t]->d);
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(S[t])));
+            acc[t] = _mm256_sub_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dm), _mm256_cvtepi32_ps(M)));
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+}
+
+typedef void (*q4kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y, int64_t ldy);
+#define Q4KR8_TILE(JB)                                                                                           \
+    static void q4kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
+                                int64_t ldy) {                                                                  \
+        q4kr8_tile(JB, g, xq, act_row, nb, y, ldy);                                                             \
+    }
+Q4KR8_TILE(1) Q4KR8_TILE(2) Q4KR8_TILE(3) Q4KR8_TILE(4)
+static const q4kr8_fn k_q4kr8[KQ_JB] = {q4kr8_tile_1, q4kr8_tile_2, q4kr8_tile_3, q4kr8_tile_4};
+
+static void matmul_q4k_x8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                          const uint8_t *xq, int64_t n_batch, float *y, int64_t ldy) {
+    enum { R = MOETAX_K_Q4KR8_ROWS };
+    const int64_t nb = ncols / MOETAX_QK_K, gend = row1 - (row1 - row0) % R;
+    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q4_K, ncols);
+    for (int64_t r = row0; r < gend; r += R)
+        for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
+            const int64_t left = n_batch - j0, tiles = (left + KQ_JB - 1) / KQ_JB;
+            jb = (left + tiles - 1) / tiles; /* tiles of even size */
+            k_q4kr8[jb - 1](w + (size_t)r * row_bytes, xq + (size_t)j0 * act_row, act_row, nb, y + j0 * ldy + r, ldy);
+        }
+    if (gend == row1) return;
+    if (n_batch == 1) /* the unit's plain tail */
+        kq_decode_rows_512(MOETAX_TYPE_Q4_K, w, row_bytes, gend, row1, nb, (const moetax_block_q8_k *)xq, y);
+    else
+        moetax_k_matmul_kq_avx2(MOETAX_TYPE_Q4_K, w, row_bytes, gend, row1, ncols, xq, n_batch, y, ldy);
+}
+
 void moetax_k_matmul_kq_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                                int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
+    if (wtype == MOETAX_TYPE_Q4_K) { /* Q4_Kx8r */
+        assert(row0 % MOETAX_K_Q4KR8_ROWS == 0); /* ROW RANGES, kernels.h */
+        matmul_q4k_x8((const uint8_t *)w, row_bytes, row0, row1, ncols, (const uint8_t *)xq, n_batch, y, ldy);
+        return;
+    }
     if (n_batch == 1) {
         kq_decode_rows_512(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols / MOETAX_QK_K,
                            (const moetax_block_q8_k *)xq, y);
