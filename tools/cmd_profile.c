@@ -185,7 +185,7 @@ int cmd_profile(int argc, char **argv) {
                     no_prev ? "current residual" : "current residual + previous token's", cli_now() - tf, pred_out);
     }
     if (!st && pred) {
-        fprintf(stderr, "moetax profile: %s on this text:\n", fit ? "predictors (the learned one scored before it was fitted: 0)"
+        fprintf(stderr, "moetax profile: %s on this text:\n", fit ? "the router guess (the learned predictor: --predictor on other text)"
                                                                       : "predictors");
         cli_predictor_summary(stderr, pred, m);
     }

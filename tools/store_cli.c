@@ -210,10 +210,12 @@ moetax_status cli_store_predictor(const struct moetax_model *m, struct moetax_st
 }
 
 static void score_line(FILE *f, const char *what, struct moetax_predict_score r, struct moetax_predict_score l) {
-    fprintf(f, "%s: router guess P %.1f%% R %.1f%%, learned P %.1f%% R %.1f%% (%llu tokens)\n", what,
-            r.predicted ? 100.0 * (double)r.hits / (double)r.predicted : 0, r.actual ? 100.0 * (double)r.hits / (double)r.actual : 0,
-            l.predicted ? 100.0 * (double)l.hits / (double)l.predicted : 0, l.actual ? 100.0 * (double)l.hits / (double)l.actual : 0,
-            (unsigned long long)r.tokens);
+    fprintf(f, "%s: router guess P %.1f%% R %.1f%%", what, r.predicted ? 100.0 * (double)r.hits / (double)r.predicted : 0,
+            r.actual ? 100.0 * (double)r.hits / (double)r.actual : 0);
+    if (l.tokens) /* a predictor being fitted has no learned scores yet */
+        fprintf(f, ", learned P %.1f%% R %.1f%%", l.predicted ? 100.0 * (double)l.hits / (double)l.predicted : 0,
+                l.actual ? 100.0 * (double)l.hits / (double)l.actual : 0);
+    fprintf(f, " (%llu tokens)\n", (unsigned long long)r.tokens);
 }
 
 void cli_predictor_summary(FILE *f, const struct moetax_predictor *p, const struct moetax_model *m) {
