@@ -305,6 +305,29 @@ static void unrepack_q4kr8(const uint8_t *src, uint8_t *dst, int64_t rows, int64
     memcpy(dst + (size_t)r * rb, src + (size_t)r * rb, (size_t)(rows - r) * rb);
 }
 
+/* The inverse of the avx512 table's Q6_K repack (kernels.h: groups of 8 rows; per
+ * super-block d[8], the 16 scales as 4 dwords x 8 rows, ql as 2 halves x 16 four-byte
+ * groups x 8 rows, qh as 2 halves x 8 groups x 8 rows; the last rows % 8 rows plain). */
+static void unrepack_q6kr8(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t nb) {
+    const size_t bs = sizeof(moetax_block_q6_k), rb = (size_t)nb * bs, gb = 8 * bs;
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *g = src + (size_t)r * rb + (size_t)b * gb;
+            for (int k = 0; k < 8; k++) {
+                uint8_t *o = dst + (size_t)(r + k) * rb + (size_t)b * bs;
+                memcpy(o + offsetof(moetax_block_q6_k, d), g + 2 * k, 2);
+                for (int d = 0; d < 4; d++) memcpy(o + offsetof(moetax_block_q6_k, scales) + 4 * d, g + 16 + 32 * d + 4 * k, 4);
+                for (int h = 0; h < 2; h++) {
+                    for (int q = 0; q < 16; q++) memcpy(o + 64 * h + 4 * q, g + 144 + 512 * h + 32 * q + 4 * k, 4);
+                    for (int q = 0; q < 8; q++)
+                        memcpy(o + offsetof(moetax_block_q6_k, qh) + 32 * h + 4 * q, g + 1168 + 256 * h + 32 * q + 4 * k, 4);
+                }
+            }
+        }
+    memcpy(dst + (size_t)r * rb, src + (size_t)r * rb, (size_t)(rows - r) * rb);
+}
+
 static int cmp_u8(const void *a, const void *b) { return (int)*(const uint8_t *)a - (int)*(const uint8_t *)b; }
 
 /* Repacking is a per-row permutation of the bytes that round-trips, in place or
@@ -321,7 +344,7 @@ static void test_repack(void) {
         CHECK(memcmp(a, w, rb * rows) == 0);
         if (avx) {
             const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 ||
-                            (t == MOETAX_TYPE_Q4_K && strcmp(avx->name, "avx512") == 0); /* Q4_Kx8r */
+                            ((t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q6_K) && strcmp(avx->name, "avx512") == 0);
             CHECK(avx->weights_repacked(t) == rp);
             moetax_kernels_repack(avx, t, a, w, rows, ncols);
             if (!rp) CHECK(memcmp(a, w, rb * rows) == 0);
@@ -363,26 +386,28 @@ static void test_repack(void) {
                 CHECK(memcmp(back, a, n) == 0);
                 free(w), free(a), free(back), free(s1), free(s2);
             }
-    /* Q4_Kx8r (avx512): round trip, a permutation, the plain tail untouched, in place the same */
-    if (avx->weights_repacked(MOETAX_TYPE_Q4_K))
+    /* Q4_Kx8r, Q6_Kx8r (avx512): round trip, a permutation, the plain tail untouched, in place the same */
+    for (int six = 0; six < 2; six++)
         for (int64_t nb = 1; nb <= 5; nb += 2)
             for (size_t ui = 0; ui < sizeof unit_rows / sizeof unit_rows[0]; ui++) {
-                const enum moetax_type t = MOETAX_TYPE_Q4_K;
+                const enum moetax_type t = six ? MOETAX_TYPE_Q6_K : MOETAX_TYPE_Q4_K;
+                if (!avx->weights_repacked(t)) continue;
                 const int64_t rows = unit_rows[ui], ncols = 256 * nb;
                 size_t rb;
                 uint8_t *w = rand_matrix(t, rows, ncols, &rb);
                 const size_t n = rb * (size_t)rows;
                 uint8_t *a = malloc(n), *back = malloc(n), *s1 = malloc(n), *s2 = malloc(n);
                 CHECK(moetax_kernels_repack(avx, t, a, w, rows, ncols) == MOETAX_OK);
-                unrepack_q4kr8(a, back, rows, nb);
-                CHECK_MSG(memcmp(back, w, n) == 0, "q4_k repack rows=%lld nb=%lld does not round-trip",
-                          (long long)rows, (long long)nb);
+                if (six) unrepack_q6kr8(a, back, rows, nb);
+                else unrepack_q4kr8(a, back, rows, nb);
+                CHECK_MSG(memcmp(back, w, n) == 0, "%s repack rows=%lld nb=%lld does not round-trip",
+                          moetax_type_name(t), (long long)rows, (long long)nb);
                 memcpy(s1, w, n), memcpy(s2, a, n);
                 qsort(s1, n, 1, cmp_u8), qsort(s2, n, 1, cmp_u8);
                 CHECK(memcmp(s1, s2, n) == 0);
                 const size_t tail = (size_t)(rows % 8) * rb;
                 CHECK(memcmp(a + n - tail, w + n - tail, tail) == 0);
-                if (rows >= 8) CHECK(memcmp(a, w, 16) != 0);
+                if (rows >= 8) CHECK(memcmp(a, w, 64) != 0);
                 memcpy(back, w, n);
                 CHECK(moetax_kernels_repack(avx, t, back, back, rows, ncols) == MOETAX_OK);
                 CHECK(memcmp(back, a, n) == 0);

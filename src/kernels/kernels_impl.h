@@ -71,6 +71,17 @@ void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb);
  * Q4_Kx8r, from src to dst (no overlap). */
 void moetax_k_repack_group_q4kr8(void *dst, const void *src, int64_t nb);
 
+/* Q6_Kx8r (avx512): per group of 8 rows and super-block, uint16 d[8], int8
+ * sc[4][8][4] (dword k of row r's 16 scales at 16 + 32 k + 4 r), ql[2][16][8][4]
+ * (half h, group g, row r: bytes 64 h + 4 g .. + 3 of the row's ql), qh[2][8][8][4]
+ * (half h, group p, row r: bytes 32 h + 4 p .. + 3 of the row's qh). */
+#define MOETAX_K_Q6KR8_ROWS 8
+#define MOETAX_K_Q6KR8_BLOCK_BYTES 1680 /* 8 * sizeof(moetax_block_q6_k) */
+#define MOETAX_K_Q6KR8_SC_OFF 16
+#define MOETAX_K_Q6KR8_QL_OFF 144
+#define MOETAX_K_Q6KR8_QH_OFF 1168
+void moetax_k_repack_group_q6kr8(void *dst, const void *src, int64_t nb);
+
 /* Shared tables (kernels.c): fp16 -> fp32 for every bit pattern. */
 extern float moetax_k_fp16_table[1 << 16];
 void moetax_k_tables_init(void);

@@ -1,10 +1,10 @@
 /* matmul_kq_avx512.c - AVX-512 (F/BW/VL/DQ) + VNNI matmul of the k-quant
- * weights against block_q8_K activations (kernels.h): Q4_K in the table's
- * Q4_Kx8r layout, any batch (below, "Q4_K in Q4_Kx8r"); Q5_K and Q6_K as stored,
- * decode (one batch row) here, batches the avx2 table's. Compiled with the
+ * weights against block_q8_K activations (kernels.h): Q4_K and Q6_K in the
+ * table's Q4_Kx8r / Q6_Kx8r layouts, any batch (below); Q5_K as stored, decode
+ * (one batch row) here, batches the avx2 table's. Compiled with the
  * avx512 flags; reached only through the avx512 table.
  *
- * The plain-layout decode (Q5_K, Q6_K, and a Q4_K unit's plain tail) is
+ * The plain-layout decode (Q5_K, and a Q4_K / Q6_K unit's plain tail) is
  * bit-identical to matmul_kq_avx2.c's decode path: the same 4 rows side by
  * side and the same float steps on 4 lanes, in the same order
  *   acc += (d_x * d_w) * (float)sumi;  acc -= (d_x * dmin_w) * (float)summ
@@ -315,30 +315,138 @@ typedef void (*q4kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, in
 Q4KR8_TILE(1) Q4KR8_TILE(2) Q4KR8_TILE(3) Q4KR8_TILE(4)
 static const q4kr8_fn k_q4kr8[KQ_JB] = {q4kr8_tile_1, q4kr8_tile_2, q4kr8_tile_3, q4kr8_tile_4};
 
-static void matmul_q4k_x8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
-                          const uint8_t *xq, int64_t n_batch, float *y, int64_t ldy) {
+/* ---- Q6_K in Q6_Kx8r: 8 rows in the 8 int32 lanes, as Q4_Kx8r ----
+ * Per half h and 4-byte group p (values l = 4p..4p+3 of the half) one load each of
+ * ql groups p and p + 8 and qh group p gives the four 6-bit level vectors of
+ * values 128h + 32k + l (k = 0..3: ql[l] low, ql[l+32] low, ql[l] high, ql[l+32]
+ * high, with qh bits 2k, 2k+1); sub-block 8h + 2k + p / 4 sums in its own chain,
+ * times the rows' int8 scale (vpmulld). The offset of 32 is subtracted once per
+ * super-block: 32 * sum_j sc_j * bsums_j by vpmaddwd of int16 scale pairs. */
+#define KQ6_JB 3 /* batch rows per Q6_Kx8r tile (4 chains per batch row in flight) */
+
+KQ5_INLINE __m256i sbyte_lane(__m256i v, int k) { /* signed byte k of each dword, sign-extended */
+    return _mm256_srai_epi32(k == 3 ? v : _mm256_slli_epi32(v, 24 - 8 * k), 24);
+}
+
+KQ5_INLINE __m256i or_and(__m256i a, __m256i m, __m256i c) { return _mm256_ternarylogic_epi32(a, m, c, 0xEA); }
+
+KQ5_INLINE void q6kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,
+                           int64_t ldy) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    /* bsums as int16 pairs: dword 2k (bs[4k], bs[4k+2]), dword 2k+1 (bs[4k+1], bs[4k+3]) */
+    const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7,
+                                           8, 9, 12, 13, 10, 11, 14, 15);
+    __m256 acc[KQ6_JB];
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *blk = g + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
+#pragma GCC unroll 27
+        for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
+        const moetax_block_q8_k *a[KQ6_JB];
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
+        __m256i S[KQ6_JB];
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++)
+#pragma GCC unroll 2
+            for (int ph = 0; ph < 2; ph++) {
+                __m256i cs[KQ6_JB][4];
+#pragma GCC unroll 4
+                for (int t = 0; t < JB; t++)
+                    for (int k = 0; k < 4; k++) cs[t][k] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int pp = 0; pp < 4; pp++) {
+                    const int p = 4 * ph + pp;
+                    const uint8_t *ql = blk + MOETAX_K_Q6KR8_QL_OFF + 512 * h + 32 * p;
+                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 256));
+                    const __m256i hq =
+                        _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_QH_OFF + 256 * h + 32 * p));
+                    __m256i v[4];
+                    v[0] = or_and(l0, m4, _mm256_and_si256(_mm256_slli_epi16(hq, 4), m30));
+                    v[1] = or_and(l1, m4, _mm256_and_si256(_mm256_slli_epi16(hq, 2), m30));
+                    v[2] = or_and(_mm256_srli_epi16(l0, 4), m4, _mm256_and_si256(hq, m30));
+                    v[3] = or_and(_mm256_srli_epi16(l1, 4), m4, _mm256_and_si256(_mm256_srli_epi16(hq, 2), m30));
+#pragma GCC unroll 4
+                    for (int t = 0; t < JB; t++) {
+                        const uint8_t *x = (const uint8_t *)a[t]->qs + 128 * h + 4 * p;
+#pragma GCC unroll 4
+                        for (int k = 0; k < 4; k++) cs[t][k] = dpbusd_b8(cs[t][k], v[k], x + 32 * k);
+                    }
+                }
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const int j = 8 * h + 2 * k + ph; /* the sub-block */
+                    const __m256i scj = sbyte_lane(
+                        _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_SC_OFF + 32 * (j >> 2))), j & 3);
+#pragma GCC unroll 4
+                    for (int t = 0; t < JB; t++) S[t] = _mm256_add_epi32(S[t], _mm256_mullo_epi32(cs[t][k], scj));
+                }
+            }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) {
+            const __m256i bsp = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)a[t]->bsums), pairs);
+            __m256i off = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const __m256i sk = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_SC_OFF + 32 * k));
+                const __m256i ev = _mm256_srai_epi16(_mm256_slli_epi16(sk, 8), 8), od = _mm256_srai_epi16(sk, 8);
+                off = _mm256_add_epi32(off, _mm256_madd_epi16(ev, _mm256_permutevar8x32_epi32(bsp, _mm256_set1_epi32(2 * k))));
+                off = _mm256_add_epi32(off, _mm256_madd_epi16(od, _mm256_permutevar8x32_epi32(bsp, _mm256_set1_epi32(2 * k + 1))));
+            }
+            const __m256i sumi = _mm256_sub_epi32(S[t], _mm256_slli_epi32(off, 5));
+            const __m256 ad = _mm256_set1_ps(a[t]->d);
+            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
+        }
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+}
+
+typedef void (*q6kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y, int64_t ldy);
+#define Q6KR8_TILE(JB)                                                                                           \
+    static void q6kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
+                                int64_t ldy) {                                                                  \
+        q6kr8_tile(JB, g, xq, act_row, nb, y, ldy);                                                             \
+    }
+Q6KR8_TILE(1) Q6KR8_TILE(2) Q6KR8_TILE(3)
+static const q6kr8_fn k_q6kr8[KQ6_JB] = {q6kr8_tile_1, q6kr8_tile_2, q6kr8_tile_3};
+
+/* Q4_K (Q4_Kx8r) or Q6_K (Q6_Kx8r): groups of 8 rows x tiles of batch rows; the unit's plain tail
+ * as stored (decode: the 4-row path above; batches: avx2's). */
+static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1,
+                         int64_t ncols, const uint8_t *xq, int64_t n_batch, float *y, int64_t ldy) {
     enum { R = MOETAX_K_Q4KR8_ROWS };
+    _Static_assert(MOETAX_K_Q4KR8_ROWS == MOETAX_K_Q6KR8_ROWS, "one row group");
+    const bool six = wtype == MOETAX_TYPE_Q6_K;
+    const int jbmax = six ? KQ6_JB : KQ_JB;
     const int64_t nb = ncols / MOETAX_QK_K, gend = row1 - (row1 - row0) % R;
-    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q4_K, ncols);
+    const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
     for (int64_t r = row0; r < gend; r += R)
         for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
-            const int64_t left = n_batch - j0, tiles = (left + KQ_JB - 1) / KQ_JB;
+            const int64_t left = n_batch - j0, tiles = (left + jbmax - 1) / jbmax;
             jb = (left + tiles - 1) / tiles; /* tiles of even size */
-            k_q4kr8[jb - 1](w + (size_t)r * row_bytes, xq + (size_t)j0 * act_row, act_row, nb, y + j0 * ldy + r, ldy);
+            const uint8_t *g = w + (size_t)r * row_bytes, *xj = xq + (size_t)j0 * act_row;
+            if (six) k_q6kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy);
+            else k_q4kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy);
         }
     if (gend == row1) return;
     if (n_batch == 1) /* the unit's plain tail */
-        kq_decode_rows_512(MOETAX_TYPE_Q4_K, w, row_bytes, gend, row1, nb, (const moetax_block_q8_k *)xq, y);
+        kq_decode_rows_512(wtype, w, row_bytes, gend, row1, nb, (const moetax_block_q8_k *)xq, y);
     else
-        moetax_k_matmul_kq_avx2(MOETAX_TYPE_Q4_K, w, row_bytes, gend, row1, ncols, xq, n_batch, y, ldy);
+        moetax_k_matmul_kq_avx2(wtype, w, row_bytes, gend, row1, ncols, xq, n_batch, y, ldy);
 }
 
 void moetax_k_matmul_kq_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                                int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
-    if (wtype == MOETAX_TYPE_Q4_K) { /* Q4_Kx8r */
+    if (wtype == MOETAX_TYPE_Q4_K || wtype == MOETAX_TYPE_Q6_K) { /* Q4_Kx8r, Q6_Kx8r */
         assert(row0 % MOETAX_K_Q4KR8_ROWS == 0); /* ROW RANGES, kernels.h */
-        matmul_q4k_x8((const uint8_t *)w, row_bytes, row0, row1, ncols, (const uint8_t *)xq, n_batch, y, ldy);
+        matmul_kq_x8(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols, (const uint8_t *)xq, n_batch, y, ldy);
         return;
     }
     if (n_batch == 1) {
