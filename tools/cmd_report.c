@@ -177,6 +177,38 @@ static void print_routing(FILE *f, const struct moetax_report *r) {
     else fprintf(f, "  batches:  no step with two or more tokens recorded (batch imbalance not measured)\n");
 }
 
+/* A ledger of `mpirun -np N`: each rank's bill and transfers, and per MoE layer the rank the
+ * others wait for. */
+static void print_ranks(FILE *f, const struct moetax_report *r) {
+    if (r->n_ranks == 0) return;
+    const char *scope = r->decode_only ? "decode steps" : "all steps";
+    fprintf(f, "\nranks (mpirun -np %d; each rank's own ledger, %s)\n", r->n_ranks, scope);
+    fprintf(f, "  rank   wall (ms)   tax    comm (ms)  wait (ms)  expert (ms)   MB sent   MB recv  collectives\n");
+    for (int i = 0; i < r->n_ranks; i++) {
+        const struct moetax_report_rank *k = &r->ranks[i];
+        const struct moetax_report_agg *a = moetax_report_sel(k->r);
+        fprintf(f, "  %4d %11.2f %5.1f%% %11.2f %10.2f %12.2f", k->rank, 1e3 * a->wall_s,
+                100 * moetax_report_tax_share(a), 1e3 * a->phase_s[MOETAX_PHASE_COMM], 1e3 * a->phase_s[MOETAX_PHASE_WAIT],
+                1e3 * a->phase_s[MOETAX_PHASE_EXPERT]);
+        if (k->has_dist) fprintf(f, " %9.3f %9.3f %12.0f\n", 1e-6 * k->bytes_sent, 1e-6 * k->bytes_recv, k->collectives);
+        else fprintf(f, " %9s %9s %12s\n", "-", "-", "-");
+    }
+    if (r->n_rank_layers == 0) return;
+    fprintf(f, "  per MoE layer, the rank that works longest (phases but comm and wait) and how much longer than the mean;\n"
+               "  the others wait for it:\n");
+    double excess = 0, cw = 0;
+    for (int i = 0; i < r->n_rank_layers; i++) {
+        const struct moetax_report_rank_layer *x = &r->rank_layers[i];
+        fprintf(f, "    layer %3d: rank %d, %.3f ms (+%.1f%% over the mean %.3f ms); comm + wait %.3f ms per rank\n", x->layer,
+                x->slowest, 1e3 * x->busy_max_s, x->busy_mean_s > 0 ? 100 * (x->busy_max_s / x->busy_mean_s - 1) : 0,
+                1e3 * x->busy_mean_s, 1e3 * x->comm_wait_mean_s);
+        excess += x->busy_max_s - x->busy_mean_s;
+        cw += x->comm_wait_mean_s;
+    }
+    fprintf(f, "  all MoE layers: comm + wait %.3f ms per rank, of which the slowest ranks' excess work explains up to %.3f ms\n",
+            1e3 * cw, 1e3 * excess);
+}
+
 static void print_text(FILE *f, const struct moetax_report *r) {
     const struct moetax_report_agg *a = moetax_report_sel(r);
     const char *scope = r->decode_only ? "decode steps" : "all steps";
@@ -248,6 +280,7 @@ static void print_text(FILE *f, const struct moetax_report *r) {
     print_batches(f, r);
     print_store(f, r);
     print_io(f, r);
+    print_ranks(f, r);
 }
 
 /* ---- JSON ------------------------------------------------------------------------- */
@@ -420,6 +453,32 @@ static int print_json(FILE *f, const struct moetax_report *r) {
         json_object_set_new(o, "io", jo);
     } else {
         json_object_set_new(o, "io", json_null());
+    }
+    if (r->n_ranks) {
+        json_t *ra = json_array(), *la = json_array();
+        for (int i = 0; i < r->n_ranks; i++) {
+            const struct moetax_report_rank *k = &r->ranks[i];
+            const struct moetax_report_agg *ka = moetax_report_sel(k->r);
+            json_t *x = json_object();
+            json_object_set_new(x, "rank", json_integer(k->rank));
+            json_object_set_new(x, "wall_s", jnum(ka->wall_s));
+            json_object_set_new(x, "tax_share", jnum(moetax_report_tax_share(ka)));
+            json_object_set_new(x, "phase_s", phase_map(ka->phase_s, 1.0));
+            json_object_set_new(x, "bytes_sent", k->has_dist ? jnum(k->bytes_sent) : json_null());
+            json_object_set_new(x, "bytes_recv", k->has_dist ? jnum(k->bytes_recv) : json_null());
+            json_object_set_new(x, "collectives", k->has_dist ? jnum(k->collectives) : json_null());
+            json_array_append_new(ra, x);
+        }
+        for (int i = 0; i < r->n_rank_layers; i++) {
+            const struct moetax_report_rank_layer *x = &r->rank_layers[i];
+            json_array_append_new(la, json_pack("{s:i, s:i, s:o, s:o, s:o}", "layer", x->layer, "slowest_rank", x->slowest,
+                                                "busy_max_s", jnum(x->busy_max_s), "busy_mean_s", jnum(x->busy_mean_s),
+                                                "comm_wait_mean_s", jnum(x->comm_wait_mean_s)));
+        }
+        json_object_set_new(o, "ranks", ra);
+        json_object_set_new(o, "rank_layers", la);
+    } else {
+        json_object_set_new(o, "ranks", json_null());
     }
     int rc = json_dumpf(o, f, JSON_INDENT(1) | JSON_REAL_PRECISION(10));
     fputc('\n', f);

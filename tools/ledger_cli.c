@@ -4,7 +4,17 @@
 #include <string.h>
 
 #include "cli.h"
+#include "moetax/outfile.h"
 #include "moetax/store.h"
+
+#ifdef MOETAX_WITH_MPI
+#include <jansson.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "dist/dist.h"
+#include "dist/gather.h"
+#endif
 
 bool cli_ledger_opt(int argc, char **argv, int *i, struct cli_ledger_opts *o, bool *err) {
     if (cli_opt(argc, argv, i, NULL, "--ledger", &o->json_path, err)) return true;
@@ -107,6 +117,147 @@ static moetax_status write_trace(const struct moetax_ledger *l, const char *path
     return st;
 }
 
+#ifdef MOETAX_WITH_MPI
+/* Under mpirun (2+ ranks) every rank writes its ledger and trace as usual, but to a file of its
+ * own in $TMPDIR, reads it back (the ledger with "rank" and this rank's "dist" counters added),
+ * and rank 0 gathers the texts and writes ONE file at the path asked for:
+ *   ledger: rank 0's ledger (so `moetax report` reads it as before) plus "ranks": every rank's
+ *           ledger in rank order, each with "rank" and "dist" {bytes_sent, bytes_recv,
+ *           collectives, comm_s, wait_s} (what the exit summary prints);
+ *   trace:  one Chrome trace, a process per rank and track kind: rank r's pid p becomes
+ *           100 r + p, its process names "rank r: ...", and its times are shifted by its first
+ *           span's CLOCK_MONOTONIC time against rank 0's ("t0_ns" in otherData), so the ranks of
+ *           one host line up (ranks on other hosts have clocks of their own).
+ * Collective: every rank calls cli_ledger_outputs with the same options. */
+enum { RANK_PID_STRIDE = 100 };
+
+static moetax_status read_text(const char *path, char **text, size_t *n) {
+    json_error_t e;
+    json_t *d = json_load_file(path, 0, &e);
+    if (!d) return moetax_error(MOETAX_ERR_FORMAT, "%s: %s (line %d)", path, e.text, e.line);
+    *text = json_dumps(d, JSON_COMPACT);
+    json_decref(d);
+    if (!*text) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    *n = strlen(*text);
+    return MOETAX_OK;
+}
+
+/* This rank's document of one kind, as text; trace: write it with write_trace. */
+static moetax_status rank_doc(const struct moetax_ledger *l, const struct moetax_ledger_meta *meta, bool trace,
+                              const struct moetax_store *store, const char *sj, const struct moetax_dist *D,
+                              char **text, size_t *n) {
+    const char *tmp = getenv("TMPDIR");
+    char path[512];
+    snprintf(path, sizeof path, "%s/moetax-rank%d-%ld.%s.json", tmp && *tmp ? tmp : "/tmp", D->rank, (long)getpid(),
+             trace ? "trace" : "ledger");
+    moetax_status st = trace ? write_trace(l, path, store, sj) : moetax_ledger_write_json(l, meta, path);
+    if (!st) st = read_text(path, text, n);
+    unlink(path);
+    if (st || trace) return st;
+    json_t *d = json_loads(*text, 0, NULL);
+    free(*text);
+    *text = NULL;
+    if (!d) return moetax_error(MOETAX_ERR_INTERNAL, "rank %d: its own ledger does not parse", D->rank);
+    json_t *dj = json_pack("{s:I, s:I, s:I, s:f, s:f}", "bytes_sent", (json_int_t)D->bytes_sent, "bytes_recv",
+                           (json_int_t)D->bytes_recv, "collectives", (json_int_t)D->n_collectives, "comm_s",
+                           1e-9 * (double)D->ns_comm, "wait_s", 1e-9 * (double)D->ns_wait);
+    json_object_set_new(d, "rank", json_integer(D->rank));
+    if (dj) json_object_set_new(d, "dist", dj);
+    *text = json_dumps(d, JSON_COMPACT);
+    json_decref(d);
+    if (!*text) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    *n = strlen(*text);
+    return MOETAX_OK;
+}
+
+static moetax_status merge_ledgers(char **all, int P, const char *path) {
+    json_t *ranks = json_array(), *root = NULL;
+    moetax_status st = MOETAX_OK;
+    for (int r = 0; r < P && !st; r++) {
+        json_t *d = json_loads(all[r], 0, NULL);
+        if (!d) { st = moetax_error(MOETAX_ERR_FORMAT, "the ledger of rank %d does not parse", r); break; }
+        if (r == 0) root = json_deep_copy(d);
+        json_array_append_new(ranks, d);
+    }
+    if (!st && root) {
+        json_object_del(root, "rank");
+        json_object_del(root, "dist");
+        json_object_set_new(root, "mpi_ranks", json_integer(P));
+        json_object_set(root, "ranks", ranks);
+        st = moetax_outfile_write_json(path, root, JSON_INDENT(1), "the ledger");
+    }
+    json_decref(root);
+    json_decref(ranks);
+    return st;
+}
+
+static moetax_status merge_traces(char **all, int P, const char *path) {
+    json_t *docs[64] = {0};
+    if (P > 64) return moetax_error(MOETAX_ERR_LIMIT, "--trace under mpirun: at most 64 ranks in one trace");
+    moetax_status st = MOETAX_OK;
+    double t0[64] = {0};
+    for (int r = 0; r < P && !st; r++) {
+        if (!(docs[r] = json_loads(all[r], 0, NULL)) || !json_is_array(json_object_get(docs[r], "traceEvents")))
+            st = moetax_error(MOETAX_ERR_FORMAT, "the trace of rank %d does not parse", r);
+        else
+            t0[r] = json_number_value(json_object_get(json_object_get(docs[r], "otherData"), "t0_ns"));
+    }
+    json_t *root = NULL, *events = NULL;
+    if (!st) {
+        root = json_deep_copy(docs[0]);
+        events = json_array();
+        json_object_set_new(json_object_get(root, "otherData"), "mpi_ranks", json_integer(P));
+        for (int r = 0; r < P; r++) {
+            const json_t *ev = json_object_get(docs[r], "traceEvents");
+            const double shift_us = 1e-3 * (t0[r] - t0[0]);
+            size_t i;
+            json_t *e;
+            json_array_foreach(ev, i, e) {
+                json_t *c = json_deep_copy(e);
+                json_t *pid = json_object_get(c, "pid"), *ts = json_object_get(c, "ts");
+                if (json_is_integer(pid)) json_object_set_new(c, "pid", json_integer(RANK_PID_STRIDE * r + json_integer_value(pid)));
+                if (json_is_number(ts)) json_object_set_new(c, "ts", json_real(json_number_value(ts) + shift_us));
+                const char *nm = json_string_value(json_object_get(c, "name"));
+                json_t *args = json_object_get(c, "args");
+                if (nm && !strcmp(nm, "process_name") && json_is_object(args)) {
+                    char buf[256];
+                    snprintf(buf, sizeof buf, "rank %d: %s", r, json_string_value(json_object_get(args, "name")) ?
+                             json_string_value(json_object_get(args, "name")) : "");
+                    json_object_set_new(args, "name", json_string(buf));
+                }
+                json_array_append_new(events, c);
+            }
+        }
+        json_object_set_new(root, "traceEvents", events);
+        st = moetax_outfile_write_json(path, root, JSON_COMPACT, "the trace");
+    }
+    json_decref(root);
+    for (int r = 0; r < P; r++) json_decref(docs[r]);
+    return st;
+}
+
+/* One kind of output of every rank, merged by rank 0 into path. */
+static moetax_status rank_outputs(const struct moetax_ledger *l, const struct moetax_ledger_meta *meta, bool trace,
+                                  const struct moetax_store *store, const char *sj, const char *path) {
+    const struct moetax_dist *D = moetax_dist_world();
+    char *text = NULL, **all = NULL;
+    size_t n = 0, *lens = NULL;
+    int P = 1;
+    moetax_status st = rank_doc(l, meta, trace, store, sj, D, &text, &n);
+    /* a rank that failed still takes part (with nothing), and rank 0 reports it */
+    moetax_status gs = moetax_dist_gather_bytes(st ? "" : text, st ? 0 : n, &all, &lens, &P);
+    free(text);
+    if (st) return st;
+    if (gs) return gs;
+    if (D->rank != 0) return MOETAX_OK;
+    for (int r = 0; r < P && !st; r++)
+        if (lens[r] == 0) st = moetax_error(MOETAX_ERR_IO, "rank %d could not write its %s", r, trace ? "trace" : "ledger");
+    if (!st) st = trace ? merge_traces(all, P, path) : merge_ledgers(all, P, path);
+    moetax_dist_gather_free(all, lens, P);
+    return st;
+}
+#endif
+
 moetax_status cli_ledger_outputs(const struct moetax_ledger *l, const struct moetax_model *m, const char *model_path,
                                  const struct cli_ledger_opts *o, const struct moetax_store *store, int64_t tokens) {
     moetax_status st = MOETAX_OK;
@@ -132,12 +283,32 @@ moetax_status cli_ledger_outputs(const struct moetax_ledger *l, const struct moe
         struct moetax_ledger_meta meta = {.model = model_path, .n_expert = m->hp.n_expert,
                                           .n_expert_used = o->n_expert_used ? o->n_expert_used : m->hp.n_expert_used, .moe_layers = moe, .n_moe_layers = n,
                                           .store_json = store ? sj : NULL};
-        if ((st = moetax_ledger_write_json(l, &meta, o->json_path))) return st;
-        fprintf(stderr, "  ledger written to %s (moetax report %s)\n", o->json_path, o->json_path);
+#ifdef MOETAX_WITH_MPI
+        if (moetax_dist_world() && moetax_dist_world()->size > 1) {
+            if ((st = rank_outputs(l, &meta, false, store, store ? sj : NULL, o->json_path))) return st;
+            if (moetax_dist_world()->rank == 0)
+                fprintf(stderr, "  ledger of %d ranks written to %s (moetax report %s)\n", moetax_dist_world()->size,
+                        o->json_path, o->json_path);
+        } else
+#endif
+        {
+            if ((st = moetax_ledger_write_json(l, &meta, o->json_path))) return st;
+            fprintf(stderr, "  ledger written to %s (moetax report %s)\n", o->json_path, o->json_path);
+        }
     }
     if (o->trace_path) {
-        if ((st = write_trace(l, o->trace_path, store, store ? sj : NULL))) return st;
-        fprintf(stderr, "  trace written to %s (open in https://ui.perfetto.dev or chrome://tracing)\n", o->trace_path);
+#ifdef MOETAX_WITH_MPI
+        if (moetax_dist_world() && moetax_dist_world()->size > 1) {
+            if ((st = rank_outputs(l, NULL, true, store, store ? sj : NULL, o->trace_path))) return st;
+            if (moetax_dist_world()->rank == 0)
+                fprintf(stderr, "  trace of %d ranks (a process each) written to %s (open in https://ui.perfetto.dev)\n",
+                        moetax_dist_world()->size, o->trace_path);
+        } else
+#endif
+        {
+            if ((st = write_trace(l, o->trace_path, store, store ? sj : NULL))) return st;
+            fprintf(stderr, "  trace written to %s (open in https://ui.perfetto.dev or chrome://tracing)\n", o->trace_path);
+        }
     }
     if (o->metrics) moetax_ledger_write_prometheus(l, stdout);
     return st;

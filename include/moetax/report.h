@@ -159,6 +159,22 @@ struct moetax_report_batch {
     double expert_bytes, imbalance_sum;
 };
 
+/* A ledger merged under mpirun (its "ranks" array, tools/ledger_cli.c): each rank's ledger
+ * analysed alone, and the transfer counters the rank printed at exit. */
+struct moetax_report_rank {
+    int rank;
+    struct moetax_report *r;             /* that rank's own report (no ranks of its own) */
+    bool has_dist;
+    double bytes_sent, bytes_recv, collectives, comm_s, wait_s;
+};
+
+/* Per MoE layer across the ranks: the rank that worked longest (phases other than comm and
+ * wait, in the breakdown's steps), against the mean over ranks. The others wait for it. */
+struct moetax_report_rank_layer {
+    int layer, slowest;
+    double busy_max_s, busy_mean_s, comm_wait_mean_s;
+};
+
 struct moetax_report {
     enum moetax_report_source source;
     char path[512];
@@ -176,6 +192,10 @@ struct moetax_report {
     struct moetax_report_io *io;           /* trace only; NULL when it has no I/O tracks */
     struct moetax_report_batch *batches;   /* [n_batches] decode steps by batch size, ascending (ledger) */
     int n_batches;
+    struct moetax_report_rank *ranks;      /* [n_ranks] a ledger of `mpirun -np N` (else NULL, 0) */
+    int n_ranks;
+    struct moetax_report_rank_layer *rank_layers; /* [n_rank_layers] MoE layers, with ranks */
+    int n_rank_layers;
 };
 
 struct moetax_report_params {

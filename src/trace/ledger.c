@@ -522,8 +522,9 @@ moetax_status moetax_ledger_write_trace_ex(const struct moetax_ledger *l, const 
     const int64_t nx = x && x->spans ? x->n_spans : 0;
     for (int64_t i = 0; i < nx; i++)
         if (x->spans[i].t0 < tmin) tmin = x->spans[i].t0;
-    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"producer\": \"moetax\", \"spans\": %lld, \"dropped_spans\": %lld%s%s},\n"
-               " \"traceEvents\": [\n", (long long)total, (long long)dropped, x && x->other_json ? ", \"store\": " : "",
+    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"producer\": \"moetax\", \"spans\": %lld, \"dropped_spans\": %lld, "
+               "\"t0_ns\": %llu%s%s},\n \"traceEvents\": [\n", (long long)total, (long long)dropped,
+            (unsigned long long)(tmin == UINT64_MAX ? 0 : tmin), x && x->other_json ? ", \"store\": " : "",
             x && x->other_json ? x->other_json : "");
     fprintf(f, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": 0, \"args\": {\"name\": \"moetax\"}}");
     for (int w = 0; w < W; w++)

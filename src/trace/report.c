@@ -135,6 +135,9 @@ void moetax_report_free(struct moetax_report *r) {
     free(r->store);
     free(r->io);
     free(r->batches);
+    for (int i = 0; i < r->n_ranks; i++) moetax_report_free(r->ranks[i].r);
+    free(r->ranks);
+    free(r->rank_layers);
     agg_free(&r->all);
     agg_free(&r->prefill);
     agg_free(&r->decode);
@@ -615,6 +618,72 @@ done:
     return st;
 }
 
+static moetax_status parse_ledger(struct moetax_report *r, const char *name, const json_t *root);
+
+/* "ranks": the ledgers of every rank under mpirun, each analysed as a report of its own, then
+ * per MoE layer the rank that worked longest. */
+static moetax_status parse_ranks(struct moetax_report *r, const char *name, const json_t *ra) {
+    if (!ra) return MOETAX_OK;
+    if (!json_is_array(ra) || json_array_size(ra) < 1 || json_array_size(ra) > 4096)
+        return fmt_err(name, "ranks", "expected an array of 1 to 4096 ledgers");
+    const int NR = (int)json_array_size(ra);
+    if (!(r->ranks = calloc((size_t)NR, sizeof *r->ranks))) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    r->n_ranks = NR;
+    moetax_status st;
+    for (int i = 0; i < NR; i++) {
+        const json_t *d = json_array_get(ra, (size_t)i);
+        char w[64];
+        snprintf(w, sizeof w, "ranks[%d]", i);
+        struct moetax_report_rank *k = &r->ranks[i];
+        if (!json_is_object(d)) return fmt_err(name, w, "expected a ledger object");
+        if (json_object_get(d, "ranks")) return fmt_err(name, w, "a rank's ledger has ranks of its own");
+        int64_t rk;
+        if ((st = key_int(name, w, d, "rank", 0, 4095, &rk))) return st;
+        if (rk != i) return fmt_err(name, w, "rank out of order");
+        k->rank = (int)rk;
+        char sub[sizeof r->path];
+        snprintf(sub, sizeof sub, "%s: %s", name, w);
+        struct moetax_report_params pp = {.decode_only = r->decode_only};
+        if (!(k->r = report_new(sub, &pp))) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        if ((st = parse_ledger(k->r, sub, d))) return st;
+        if (k->r->n_layer != r->n_layer) return fmt_err(name, w, "n_layer differs from rank 0's");
+        const json_t *dj = json_object_get(d, "dist");
+        if (dj) {
+            if (!json_is_object(dj)) return fmt_err(name, w, "dist: expected an object");
+            double *f[5] = {&k->bytes_sent, &k->bytes_recv, &k->collectives, &k->comm_s, &k->wait_s};
+            static const char *const keys[5] = {"bytes_sent", "bytes_recv", "collectives", "comm_s", "wait_s"};
+            char wd[80];
+            snprintf(wd, sizeof wd, "%s.dist", w);
+            for (int j = 0; j < 5; j++)
+                if ((st = key_sec(name, wd, dj, keys[j], f[j]))) return st;
+            k->has_dist = true;
+        }
+    }
+    int nm = 0;
+    for (int l = 0; l < r->n_layer; l++) nm += r->moe_layer[l];
+    if (nm == 0) return MOETAX_OK;
+    if (!(r->rank_layers = calloc((size_t)nm, sizeof *r->rank_layers))) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < r->n_layer; l++) {
+        if (!r->moe_layer[l]) continue;
+        struct moetax_report_rank_layer *x = &r->rank_layers[r->n_rank_layers++];
+        x->layer = l;
+        x->slowest = -1;
+        double sum = 0, cw = 0;
+        for (int i = 0; i < NR; i++) {
+            const double *ph = moetax_report_sel(r->ranks[i].r)->layer_phase_s + (size_t)l * MOETAX_PHASE_COUNT;
+            double busy = 0;
+            for (int p = 0; p < P; p++)
+                if (p != MOETAX_PHASE_COMM && p != MOETAX_PHASE_WAIT) busy += ph[p];
+            cw += ph[MOETAX_PHASE_COMM] + ph[MOETAX_PHASE_WAIT];
+            sum += busy;
+            if (x->slowest < 0 || busy > x->busy_max_s) x->slowest = i, x->busy_max_s = busy;
+        }
+        x->busy_mean_s = sum / NR;
+        x->comm_wait_mean_s = cw / NR;
+    }
+    return MOETAX_OK;
+}
+
 static moetax_status parse_ledger(struct moetax_report *r, const char *name, const json_t *root) {
     moetax_status st;
     int64_t v, W, L, E = 0, K = 0;
@@ -680,7 +749,8 @@ static moetax_status parse_ledger(struct moetax_report *r, const char *name, con
     if ((st = get_agg(&c, "totals.prefill", json_object_get(tot, "prefill"), &r->prefill))) return st;
     if ((st = parse_steps(r, &c, json_object_get(root, "steps")))) return st;
     if ((st = parse_store(r, name, json_object_get(root, "store")))) return st;
-    return parse_routing(r, name, json_object_get(root, "routing"));
+    if ((st = parse_routing(r, name, json_object_get(root, "routing")))) return st;
+    return parse_ranks(r, name, json_object_get(root, "ranks"));
 }
 
 /* ---- trace -------------------------------------------------------------------------- */
@@ -786,6 +856,7 @@ static moetax_status parse_trace(struct moetax_report *r, const char *name, cons
         const char *ph = json_string_value(json_object_get(e, "ph"));
         const char *nm = json_string_value(json_object_get(e, "name"));
         const json_t *pid = json_object_get(e, "pid");
+        if (json_is_integer(pid) && json_integer_value(pid) >= 100) continue; /* another rank's (a merged trace) */
         if (json_is_integer(pid) && json_integer_value(pid) != 0) { /* other tracks: the store's reads */
             const char *cat = json_string_value(json_object_get(e, "cat"));
             const json_t *ts = json_object_get(e, "ts"), *dur = json_object_get(e, "dur");

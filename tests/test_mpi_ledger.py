@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+# ctest-labels: mpi
+"""test_mpi_ledger.py - the ledger and trace of `mpirun -np 2 moetax bench` (tools/ledger_cli.c):
+rank 0 writes one ledger with every rank's ("ranks", each with its transfer counters, equal to
+what the rank printed at exit and consistent across ranks) and one Chrome trace with a process
+per rank on one clock; `moetax report` shows the ranks, the bytes and the slowest rank per MoE
+layer (text and JSON), still reads the merged trace, and names the field of a merged ledger
+that is wrong. Both dispatch modes. SKIP without mpirun or an MPI build.
+
+usage: test_mpi_ledger.py MOETAX_BIN WORKDIR
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = os.path.join(ROOT, "models", "pycode-20m-q8_0.gguf")
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", MOETAX_MPI_TIMEOUT="60")
+
+
+def run(args, env=None, timeout=180):
+    return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=timeout, env=env or ENV)
+
+
+def main():
+    moetax, work = os.path.abspath(sys.argv[1]), os.path.join(sys.argv[2], "mpi-ledger")
+    os.makedirs(work, exist_ok=True)
+    if not shutil.which("mpirun"):
+        print("SKIP: mpirun is not installed (Debian: openmpi-bin)")
+        return 0
+    for mode, env in (("replicated", {}), ("alltoall", {"MOETAX_MPI_DISPATCH": "alltoall"})):
+        led, tr = os.path.join(work, f"{mode}.ledger.json"), os.path.join(work, f"{mode}.trace.json")
+        for p in (led, tr):
+            if os.path.exists(p):
+                os.unlink(p)
+        r = run(["mpirun", "--oversubscribe", "-np", "2", moetax, "bench", "-m", MODEL, "-p", "8", "-n", "8", "-t", "1",
+                 "-r", "1", "--no-mem", "--batch", "2", "--ledger", led, "--trace", tr], env=dict(ENV, **env))
+        if "built without MPI" in r.stderr:
+            print("SKIP: moetax was built without MPI")
+            return 0
+        if not check(r.returncode == 0, f"{mode}: np 2 bench --ledger --trace: {r.stderr[-1500:]}"):
+            continue
+        check(f"ledger of 2 ranks written to {led}" in r.stderr, f"{mode}: rank 0 says it wrote the merged ledger")
+        d = json.load(open(led))
+        check(d.get("mpi_ranks") == 2 and len(d.get("ranks", [])) == 2, f"{mode}: the ledger holds 2 ranks")
+        check("moetax_ledger" in d and "totals" in d, f"{mode}: the top level is still a ledger (rank 0's)")
+        ranks = d.get("ranks", [])
+        check([k.get("rank") for k in ranks] == [0, 1], f"{mode}: ranks in order")
+        # what each rank printed at exit: "rank R of 2: ... X MB sent, Y MB received"
+        printed = {int(m.group(1)): (float(m.group(2)), float(m.group(3))) for m in
+                   re.finditer(r"rank (\d) of 2: .*?([\d.]+) MB sent, ([\d.]+) MB received", r.stderr)}
+        if mode == "replicated" and check(len(printed) == 2, f"{mode}: both ranks printed their bytes"):
+            for k in ranks:
+                s, rv = printed[k["rank"]]
+                check(abs(k["dist"]["bytes_sent"] / 1e6 - s) < 0.0015 and abs(k["dist"]["bytes_recv"] / 1e6 - rv) < 0.0015,
+                      f"{mode}: rank {k['rank']}'s ledger bytes {k['dist']} equal its exit summary {s, rv} MB")
+        if len(ranks) == 2:
+            check(ranks[0]["dist"]["bytes_sent"] == ranks[1]["dist"]["bytes_recv"] and
+                  ranks[1]["dist"]["bytes_sent"] == ranks[0]["dist"]["bytes_recv"],
+                  f"{mode}: what one rank sent the other received: {ranks[0]['dist']} {ranks[1]['dist']}")
+            check(all(k["dist"]["collectives"] > 0 for k in ranks), f"{mode}: collectives counted")
+        # the trace: a process per rank, one clock
+        t = json.load(open(tr))
+        ev = t["traceEvents"]
+        names = sorted(e["args"]["name"] for e in ev if e.get("name") == "process_name")
+        check("rank 0: moetax" in names and "rank 1: moetax" in names, f"{mode}: a process per rank: {names}")
+        x0 = [e for e in ev if e.get("ph") == "X" and e.get("pid") == 0]
+        x1 = [e for e in ev if e.get("ph") == "X" and e.get("pid") == 100]
+        if check(x0 and x1, f"{mode}: spans of both ranks"):
+            a0, b0 = min(e["ts"] for e in x0), max(e["ts"] + e["dur"] for e in x0)
+            a1, b1 = min(e["ts"] for e in x1), max(e["ts"] + e["dur"] for e in x1)
+            ov = min(b0, b1) - max(a0, a1)
+            check(ov > 0.5 * min(b0 - a0, b1 - a1), f"{mode}: the ranks' spans line up in time "
+                  f"([{a0:.0f}, {b0:.0f}] vs [{a1:.0f}, {b1:.0f}] us)")
+        # report: text and JSON
+        rt = run([moetax, "report", led])
+        check(rt.returncode == 0 and "ranks (mpirun -np 2" in rt.stdout and "the rank that works longest" in rt.stdout,
+              f"{mode}: report shows the ranks: {rt.stdout[-800:]} {rt.stderr[-300:]}")
+        rj = run([moetax, "report", led, "--json"])
+        if check(rj.returncode == 0, f"{mode}: report --json: {rj.stderr[-300:]}"):
+            j = json.loads(rj.stdout)
+            check(len(j["ranks"]) == 2 and j["ranks"][1]["bytes_sent"] == ranks[1]["dist"]["bytes_sent"],
+                  f"{mode}: report --json ranks with their bytes")
+            check(len(j["rank_layers"]) > 0 and all(0 <= x["slowest_rank"] < 2 and x["busy_max_s"] >= x["busy_mean_s"]
+                                                     for x in j["rank_layers"]),
+                  f"{mode}: a slowest rank per MoE layer, at least the mean: {j['rank_layers']}")
+        rtt = run([moetax, "report", tr])
+        check(rtt.returncode == 0 and "Chrome trace" in rtt.stdout, f"{mode}: report reads the merged trace: "
+              f"{rtt.stderr[-300:]}")
+    # a merged ledger that is wrong: the field is named
+    good = os.path.join(work, "replicated.ledger.json")
+    if os.path.exists(good):
+        d = json.load(open(good))
+        d["ranks"][1]["rank"] = 5
+        bad = os.path.join(work, "bad.ledger.json")
+        json.dump(d, open(bad, "w"))
+        rb = run([moetax, "report", bad])
+        check(rb.returncode != 0 and "ranks[1]" in rb.stderr, f"a wrong rank is named: {rb.stderr[-300:]}")
+        d["ranks"][1]["rank"] = 1
+        d["ranks"][1]["dist"]["comm_s"] = -1
+        json.dump(d, open(bad, "w"))
+        rb = run([moetax, "report", bad])
+        check(rb.returncode != 0 and "ranks[1].dist" in rb.stderr, f"a negative counter is named: {rb.stderr[-300:]}")
+    return summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
