@@ -4,7 +4,7 @@
 rank 0 writes one ledger with every rank's ("ranks", each with its transfer counters, equal to
 what the rank printed at exit and consistent across ranks) and one Chrome trace with a process
 per rank on one clock; `moetax report` shows the ranks, the bytes and the slowest rank per MoE
-layer (text and JSON), still reads the merged trace, and names the field of a merged ledger
+layer (text, JSON and HTML), still reads the merged trace, and names the field of a merged ledger
 that is wrong. Both dispatch modes. SKIP without mpirun or an MPI build.
 
 usage: test_mpi_ledger.py MOETAX_BIN WORKDIR
@@ -91,6 +91,11 @@ def main():
             check(len(j["rank_layers"]) > 0 and all(0 <= x["slowest_rank"] < 2 and x["busy_max_s"] >= x["busy_mean_s"]
                                                      for x in j["rank_layers"]),
                   f"{mode}: a slowest rank per MoE layer, at least the mean: {j['rank_layers']}")
+        html = os.path.join(work, f"{mode}.html")
+        rh = run([moetax, "report", led, "--html", html])
+        if check(rh.returncode == 0, f"{mode}: report --html: {rh.stderr[-300:]}"):
+            page = open(html).read()
+            check("<h2>Ranks</h2>" in page and page.count("<tr><td>1</td>") >= 1, f"{mode}: the page has the ranks")
         rtt = run([moetax, "report", tr])
         check(rtt.returncode == 0 and "Chrome trace" in rtt.stdout, f"{mode}: report reads the merged trace: "
               f"{rtt.stderr[-300:]}")
