@@ -110,7 +110,8 @@ static void predictor_case(struct moetax_model *m, const char *type) {
         CHECK_EQ_INT(r.tokens, (uint64_t)N_TOK * (uint64_t)(n_moe - 1));
         CHECK_EQ_INT(l.tokens, r.tokens);
         CHECK(l.hits <= l.predicted && l.predicted == l.tokens * (uint64_t)m->hp.n_expert_used);
-        CHECK_EQ_INT(moetax_predictor_total(p, MOETAX_PREDICT_LEARNED, 2).tokens, (uint64_t)N_TOK * (uint64_t)(n_moe - 2));
+        CHECK_EQ_INT(moetax_predictor_total(p, MOETAX_PREDICT_LEARNED, 2).tokens,
+                     n_moe > 2 ? (uint64_t)N_TOK * (uint64_t)(n_moe - 2) : 0);
     }
     for (int i = 0; i < n_moe; i++) free(router[moe[i]]);
     free(ref);
@@ -229,6 +230,17 @@ int main(int argc, char **argv) {
         predictor_case(m, types[ti]);
         free(ref);
         moetax_model_free(m);
+    }
+    { /* more MoE layers than two: the learned predictor's deeper prefetch (two layers ahead) runs too */
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "%s gen --preset tiny-v3 --type q8_0 --experts 16 --expert-ff 64 --layers 5 -o %s "
+                 ">/dev/null 2>&1", tu_moetax_bin, path);
+        CHECK_EQ_INT(tu_run(cmd, NULL), 0);
+        struct moetax_model *m;
+        if (moetax_model_load(path, &m) == MOETAX_OK) {
+            predictor_case(m, "q8_0, 5 layers");
+            moetax_model_free(m);
+        } else CHECK_MSG(0, "%s", moetax_last_error());
     }
     return tu_finish("test_model_store");
 }

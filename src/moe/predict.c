@@ -41,6 +41,7 @@ struct run {
     float *feat;            /* [U][F] */
     float *z, *p;           /* [E], [2E] */
     int32_t *idx;           /* [k] */
+    int32_t *list;          /* [E + U * k] distinct experts, a prediction two ahead */
     bool broken;            /* out of memory at setup: the predictor stays off */
 };
 
@@ -59,6 +60,7 @@ static void run_free(void *v) {
     free(r->z);
     free(r->p);
     free(r->idx);
+    free(r->list);
     free(r);
 }
 
@@ -94,7 +96,8 @@ static struct run *run_get(struct moetax_predictor *p, const struct fw_step *s, 
     r->z = malloc(sizeof(float) * (size_t)r->E);
     r->p = malloc(sizeof(float) * (size_t)(2 * r->E));
     r->idx = malloc(sizeof(int32_t) * (size_t)r->k);
-    bool ok = r->cur && r->old && r->router && r->feat && r->z && r->p && r->idx;
+    r->list = malloc(sizeof(int32_t) * (size_t)(r->E + r->U * r->k));
+    bool ok = r->cur && r->old && r->router && r->feat && r->z && r->p && r->idx && r->list;
     for (int l = 0; ok && l < r->L; l++) {
         if (!m->layers[l].is_moe) continue;
         if (r->first_moe < 0) r->first_moe = l;
@@ -186,6 +189,49 @@ static void score(struct moetax_predict_score *sc, const int32_t *pred, int64_t 
     }
 }
 
+/* Distinct experts of rows [n][k] into out (at most E), in order; -1 skipped. */
+static int distinct(const int32_t *rows, int64_t nk, int64_t E, int32_t *out) {
+    int m = 0;
+    for (int64_t i = 0; i < nk; i++) {
+        bool seen = rows[i] < 0 || rows[i] >= E;
+        for (int j = 0; j < m && !seen; j++) seen = out[j] == rows[i];
+        if (!seen) out[m++] = rows[i];
+    }
+    return m;
+}
+
+/* Deeper prefetch: the learned guess for the MoE layer two ahead of il, read only while the I/O
+ * workers have room (the store drops a prediction when every worker is busy or the disk was busy
+ * most of the last token) and while that distance's guesses have been mostly right on this run
+ * (MOE_PREDICT_TWO_AHEAD_MIN_PRECISION over at least 16 scored tokens). Its reads are queued
+ * after those the nearer layers need: this layer's known experts, then the guess for il + 1,
+ * which the block would queue next anyway (a repeated request for an expert in flight or
+ * resident is a no-op). */
+#define MOE_PREDICT_TWO_AHEAD_MIN_PRECISION 0.6
+static void prefetch_two_ahead(const struct fw_step *s, struct moe *b, struct moetax_predictor *p, struct run *r,
+                               int il) {
+    const float *W2 = moetax_predictor_weights(p, il, 2);
+    if (!W2 || !b->prefetch) return;
+    const int q2 = moetax_predictor_pair(p, il, 2), T2 = p->target[q2], nq = p->n_layer * p->ahead;
+    const struct moetax_predict_score *sc = &p->score[(size_t)MOETAX_PREDICT_LEARNED * (size_t)nq + (size_t)q2];
+    if (T2 < 0 || sc->tokens < 16 || (double)sc->hits < MOE_PREDICT_TWO_AHEAD_MIN_PRECISION * (double)sc->predicted) return;
+    const int64_t n = s->n, d = r->d, E = r->E, k = r->k, F = r->F, U = s->n_ubatch;
+    int32_t *list = r->list, *sel2 = r->list + E;
+    int m = distinct(b->sel + (int64_t)il * U * k, n * k, E, list);
+    moetax_store_prefetch(b->store, il, list, m, false);
+    m = distinct(b->pred + (int64_t)(il + 1) * U * k, n * k, E, list);
+    moetax_store_prefetch(b->store, il + 1, list, m, true);
+    for (int64_t t = 0; t < n; t++) {
+        const float *prev = find_row(r, &r->cur[T2], s->seq[t], s->pos[t] - 1, r->cur[T2].n);
+        float *f = r->feat + t * F;
+        features(s, p, r, T2, s->x + t * d, prev, f);
+        matvec(s, W2, E, F, F, f, r->z);
+        select_experts(s, r, T2, r->z, sel2 + t * k);
+    }
+    m = distinct(sel2, n * k, E, list);
+    moetax_store_prefetch(b->store, T2, list, m, true);
+}
+
 void moe_predict_learned(const struct fw_step *s, struct moe *b, int il) {
     struct moetax_predictor *p = b->store ? moetax_store_predictor(b->store) : NULL;
     if (!p || p->n_layer != s->m->hp.n_layer || p->n_embd != s->m->hp.n_embd || p->n_expert != s->m->hp.n_expert)
@@ -243,4 +289,5 @@ void moe_predict_learned(const struct fw_step *s, struct moe *b, int il) {
         matvec(s, W, E, F, F, f, r->z);
         select_experts(s, r, T, r->z, b->pred + ((int64_t)T * U + t) * k);
     }
+    prefetch_two_ahead(s, b, p, r, il);
 }
