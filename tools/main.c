@@ -9,6 +9,7 @@
 #include "moetax/outfile.h"
 #ifdef MOETAX_WITH_MPI
 #include "dist/dist.h"
+#include "dist/gather.h"
 #endif
 
 struct command {
@@ -89,6 +90,11 @@ int main(int argc, char **argv) {
             if ((ep_mode || ep_overlap) &&
                 moetax_dist_set_dispatch(ep_mode ? ep_mode : "alltoall", ep_overlap || moetax_dist_world()->overlap)) {
                 moetax_dist_finalize(0);
+                return 2;
+            }
+            if (moetax_dist_world() && moetax_dist_same_command(argc, argv)) { /* an MPMD line, another env */
+                fprintf(stderr, "moetax: %s\n", moetax_last_error());
+                moetax_dist_finalize(2);
                 return 2;
             }
             int rc = k_commands[i].fn(argc - 1, argv + 1);

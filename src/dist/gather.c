@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 static moetax_status fail(int rc, const char *what) {
@@ -82,4 +83,71 @@ moetax_status moetax_dist_gather_bytes(const void *mine, size_t n, char ***all, 
     free(dis);
     MPI_Comm_free(&c);
     return st;
+}
+
+/* The command as one string: the arguments and the MOETAX_MPI_* variables, 0-separated. */
+static char *command_text(int argc, char **argv, size_t *n) {
+    static const char *const vars[] = {"MOETAX_MPI_DISPATCH", "MOETAX_MPI_OVERLAP", "MOETAX_MPI_COMBINE"};
+    size_t len = 0;
+    for (int i = 1; i < argc; i++) len += strlen(argv[i]) + 1;
+    for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++)
+        len += strlen(vars[v]) + 2 + (getenv(vars[v]) ? strlen(getenv(vars[v])) : 0);
+    char *t = malloc(len + 1), *p = t;
+    if (!t) return NULL;
+    for (int i = 1; i < argc; i++) p += sprintf(p, "%s", argv[i]) + 1;
+    for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++)
+        p += sprintf(p, "%s=%s", vars[v], getenv(vars[v]) ? getenv(vars[v]) : "") + 1;
+    *n = (size_t)(p - t);
+    return t;
+}
+
+moetax_status moetax_dist_same_command(int argc, char **argv) {
+    size_t n = 0;
+    char *mine = command_text(argc, argv, &n);
+    int rank = 0, P = 1, rc;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &P);
+    long long len0 = mine && n <= (size_t)INT32_MAX ? (long long)n : -1;
+    if ((rc = MPI_Bcast(&len0, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD)) != MPI_SUCCESS) {
+        free(mine);
+        return fail(rc, "MPI_Bcast (the command)");
+    }
+    char *zero = len0 >= 0 ? malloc((size_t)len0 + 1) : NULL;
+    int bad_local = 0;
+    if (len0 >= 0 && zero) {
+        if (rank == 0) memcpy(zero, mine, (size_t)len0);
+        if ((rc = MPI_Bcast(zero, (int)len0, MPI_CHAR, 0, MPI_COMM_WORLD)) != MPI_SUCCESS) {
+            free(mine);
+            free(zero);
+            return fail(rc, "MPI_Bcast (the command)");
+        }
+    } else {
+        bad_local = 2; /* could not compare (out of memory): fail all the same */
+    }
+    char what[512] = "";
+    if (!bad_local && (!mine || (size_t)len0 != n || memcmp(mine, zero, n) != 0)) {
+        bad_local = 1;
+        /* the first differing item (an argument, or NAME=VALUE of an MOETAX_MPI_ variable) */
+        size_t a = 0, b = 0, prev = SIZE_MAX;
+        while (mine && a < n && b < (size_t)len0 && !strcmp(mine + a, zero + b)) {
+            prev = a;
+            a += strlen(mine + a) + 1;
+            b += strlen(zero + b) + 1;
+        }
+        const char *before = prev != SIZE_MAX ? mine + prev : "";
+        snprintf(what, sizeof what, "'%.100s%s%.150s' where rank 0 has '%.100s%s%.150s'", before, *before ? " " : "",
+                 mine && a < n ? mine + a : "(nothing)", before, *before ? " " : "",
+                 b < (size_t)len0 ? zero + b : "(nothing)");
+    }
+    free(mine);
+    free(zero);
+    int any = 0;
+    if ((rc = MPI_Allreduce(&bad_local, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD)) != MPI_SUCCESS)
+        return fail(rc, "MPI_Allreduce (the command check)");
+    if (!any) return MOETAX_OK;
+    if (bad_local == 1)
+        return moetax_error(MOETAX_ERR_ARG, "rank %d of %d runs another command than rank 0 (%s): every rank must run "
+                            "the same arguments and MOETAX_MPI_* settings", rank, P, what);
+    return moetax_error(MOETAX_ERR_ARG, "rank %d of %d: another rank runs another command than rank 0 (its error says "
+                        "which)", rank, P);
 }

@@ -1,4 +1,5 @@
-/* gather.h - every rank's bytes to rank 0 (built with MOETAX_WITH_MPI). Internal.
+/* gather.h - every rank's bytes to rank 0, and the check that every rank runs the same command
+ * (built with MOETAX_WITH_MPI). Internal.
  *
  * For outputs that each rank makes of its own and rank 0 writes as one file (the ledger's
  * ranks, one Chrome trace with a process per rank: tools/ledger_cli.c). Collective: every rank
@@ -17,5 +18,12 @@
  * *n_ranks: the world's size on every rank. */
 moetax_status moetax_dist_gather_bytes(const void *mine, size_t n, char ***all, size_t **lens, int *n_ranks);
 void moetax_dist_gather_free(char **all, size_t *lens, int n_ranks);
+
+/* At start-up, collective: every rank's arguments (argv[1..argc-1]) and its MOETAX_MPI_*
+ * environment against rank 0's. `mpirun -np N moetax ...` gives them all the same; an MPMD
+ * line (`mpirun -np 1 moetax A : -np 1 moetax B`) or a different environment would make the
+ * ranks disagree on what to compute and hang in a collective later. Returns an error on every
+ * rank when any differs; the rank that differs names its first differing argument. */
+moetax_status moetax_dist_same_command(int argc, char **argv);
 
 #endif

@@ -1,0 +1,52 @@
+#!/usr/bin/python3
+# ctest-labels: mpi
+"""test_mpi_args.py - ranks that would compute different things are stopped at start-up
+(src/dist/gather.h, moetax_dist_same_command): an MPMD line giving one rank another option, or
+another MOETAX_MPI_* setting, makes every rank exit non-zero within a bounded time, and the rank
+that differs names the argument; the same command runs. SKIP without mpirun or an MPI build.
+
+usage: test_mpi_args.py MOETAX_BIN WORKDIR
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = os.path.join(ROOT, "models", "pycode-20m-q8_0.gguf")
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+def mpirun(args, timeout=120):
+    return subprocess.run(["mpirun", "--oversubscribe"] + args, capture_output=True, text=True, errors="replace",
+                          timeout=timeout, env=ENV)
+
+
+def main():
+    moetax = os.path.abspath(sys.argv[1])
+    if not shutil.which("mpirun"):
+        print("SKIP: mpirun is not installed (Debian: openmpi-bin)")
+        return 0
+    ev = [moetax, "eval", "-m", MODEL, "--tokens", "1,2,3", "-t"]
+    r = mpirun(["-np", "2"] + ev + ["1"])
+    if "built without MPI" in r.stderr:
+        print("SKIP: moetax was built without MPI")
+        return 0
+    check(r.returncode == 0, f"the same command on both ranks runs: {r.stderr[-500:]}")
+    r = mpirun(["-np", "1"] + ev + ["1", ":", "-np", "1"] + ev + ["2"])
+    check(r.returncode != 0, "an MPMD line with another -t fails")
+    check("rank 1 of 2 runs another command than rank 0 ('-t 2' where rank 0 has '-t 1')" in r.stderr,
+          f"the differing rank names the argument: {r.stderr[-600:]}")
+    check("rank 0 of 2: another rank runs another command" in r.stderr, f"rank 0 says so too: {r.stderr[-600:]}")
+    r = mpirun(["-np", "1", "-x", "MOETAX_MPI_DISPATCH=alltoall"] + ev + ["1", ":", "-np", "1"] + ev + ["1"])
+    check(r.returncode != 0 and "MOETAX_MPI_DISPATCH=" in r.stderr, f"another MOETAX_MPI_DISPATCH fails, named: "
+          f"{r.stderr[-600:]}")
+    return summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
