@@ -23,7 +23,7 @@
 #include "testutil.h"
 
 static int gen(const char *args, const char *out) {
-    char cmd[1024];
+    char cmd[2048];
     snprintf(cmd, sizeof cmd, "%s gen %s -o %s >/dev/null 2>&1", tu_moetax_bin, args, out);
     return tu_run(cmd, NULL);
 }
@@ -156,13 +156,12 @@ static void olmoe_mixtral(void) {
                                           "tensor") && strstr(moetax_last_error(), "convert the model again"),
               "%s", moetax_last_error());
     if (!st) moetax_model_free(m);
-    /* a dense llama file: llama.expert_count renamed away */
+    /* llama.expert_count renamed away: a dense llama, whose layers need ffn_gate (the file has experts) */
     CHECK_EQ_INT(gen("--arch mixtral --preset tiny", bad), 0);
     CHECK(rename_tensor(bad, "llama.expert_count", "llama.expert_cxunt"));
     st = moetax_model_load(bad, &m);
-    CHECK_EQ_INT(st, MOETAX_ERR_UNSUPPORTED);
-    CHECK_MSG(strstr(moetax_last_error(), "a dense llama model (llama.expert_count is absent)"), "%s",
-              moetax_last_error());
+    CHECK_EQ_INT(st, MOETAX_ERR_NOT_FOUND);
+    CHECK_MSG(strstr(moetax_last_error(), "tensor 'blk.0.ffn_gate.weight' is missing"), "%s", moetax_last_error());
     if (!st) moetax_model_free(m);
     /* a layer without a router */
     CHECK_EQ_INT(gen("--arch mixtral --preset tiny", bad), 0);
@@ -342,6 +341,37 @@ static void qwen2moe(void) {
     if (!st) moetax_model_free(m);
 }
 
+/* Dense twins of the GQA architectures (gen --dense-twin-of): qwen3moe -> qwen3, qwen2moe -> qwen2,
+ * Mixtral -> a dense llama, olmoe -> olmoe without experts; every layer a dense FFN of the routed
+ * (plus shared) experts' width, the same attention; prefill = step-by-step. */
+static void dense_twins(void) {
+    const char *archs[] = {"qwen3moe", "qwen2moe", "olmoe", "mixtral"};
+    const char *twin_arch[] = {"qwen3", "qwen2", "olmoe", "llama"};
+    const int twin_ff[] = {2 * 32, 2 * 32 + 64, 2 * 32, 2 * 224}; /* k * F (+ qwen2moe's shared 64) */
+    for (int i = 0; i < 4; i++) {
+        char moe[512], twin[512], args[640];
+        snprintf(moe, sizeof moe, "%s", tu_path("arch_twin_moe.gguf"));
+        snprintf(twin, sizeof twin, "%s", tu_path("arch_twin.gguf"));
+        snprintf(args, sizeof args, "--arch %s --preset tiny --type q8_0", archs[i]);
+        CHECK_EQ_INT(gen(args, moe), 0);
+        snprintf(args, sizeof args, "--dense-twin-of %s", moe);
+        CHECK_EQ_INT(gen(args, twin), 0);
+        struct moetax_model *m;
+        if (moetax_model_load(twin, &m)) { CHECK_MSG(0, "%s twin: %s", archs[i], moetax_last_error()); continue; }
+        const struct moetax_hparams *hp = &m->hp;
+        CHECK_MSG(!strcmp(hp->arch, twin_arch[i]), "%s twin: architecture %s", archs[i], hp->arch);
+        CHECK_EQ_INT(hp->attn, MOETAX_ATTN_GQA);
+        CHECK_EQ_INT(hp->n_expert, 0);
+        CHECK_EQ_INT(hp->n_layer_dense_lead, hp->n_layer);
+        CHECK_MSG(!m->layers[0].is_moe && m->layers[0].ffn_gate.ne[1] == twin_ff[i], "%s twin: ffn width %lld",
+                  archs[i], (long long)m->layers[0].ffn_gate.ne[1]);
+        CHECK_EQ_INT(!!m->layers[0].bq, i == 1);
+        CHECK_EQ_INT(!!m->layers[0].attn_q_norm, i == 0 || i == 2);
+        moetax_model_free(m);
+        prefill_vs_steps(twin, 0);
+    }
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     char q8[512], f32[512], bad[512], ds[512];
@@ -412,7 +442,7 @@ int main(int argc, char **argv) {
         if (f) fclose(f);
         moetax_status st = moetax_model_load(bad, &m);
         CHECK_EQ_INT(st, MOETAX_ERR_UNSUPPORTED);
-        CHECK_MSG(strstr(moetax_last_error(), "'qwen9moe' is not supported yet (moetax runs deepseek2, qwen3moe, qwen2moe, olmoe, llama)"), "%s",
+        CHECK_MSG(strstr(moetax_last_error(), "'qwen9moe' is not supported yet (moetax runs deepseek2, qwen3moe, qwen2moe, qwen3, qwen2, olmoe, llama)"), "%s",
                   moetax_last_error());
         if (!st) moetax_model_free(m);
     }
@@ -425,5 +455,6 @@ int main(int argc, char **argv) {
     }
     olmoe_mixtral();
     qwen2moe();
+    dense_twins();
     return tu_finish("test_arch");
 }

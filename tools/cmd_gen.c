@@ -1,5 +1,5 @@
-/* cmd_gen.c - `moetax gen`: write a random-weight deepseek2, qwen3moe, qwen2moe, olmoe or Mixtral model (or a deepseek2
- * dense twin). */
+/* cmd_gen.c - `moetax gen`: write a random-weight deepseek2, qwen3moe, qwen2moe, olmoe or Mixtral model (or the
+ * dense twin of one). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +24,8 @@ static void usage(FILE *f) {
             "  --type T           weight type: f32 f16 bf16 q8_0 q4_0 (router, norms, biases stay f32)\n"
             "  --seed N           RNG seed (default 42); same seed, same bytes\n"
             "  --dense-twin-of F  write the dense model with the same active parameters per token as MoE model F\n"
+            "                     (qwen3moe -> qwen3, qwen2moe -> qwen2, Mixtral -> dense llama; olmoe -> olmoe\n"
+            "                     without experts, which llama.cpp does not load)\n"
             "shape knobs (override the preset):\n"
             "  --vocab N --ctx N --embd N --layers N --dense-lead N --ff N --heads N\n"
             "  --q-lora N (0 = plain attn_q) --kv-lora N --nope N --rope-dim N --v-head N\n"
@@ -56,6 +58,62 @@ static void on_progress(void *user, uint64_t done, uint64_t total) {
     cli_progress_update(&c->bar, done);
 }
 
+/* Shape of an existing GQA MoE file (qwen3moe, qwen2moe, olmoe, llama with experts), for
+ * --dense-twin-of: the keys llama.cpp's loaders read, with their defaults. */
+static moetax_status gqa_params_from_file(const struct moetax_gguf *g, const char *path, const char *arch,
+                                          enum moetax_gen_arch ga, struct moetax_gen_params *p) {
+    const uint64_t seed = p->seed;
+    moetax_status st = moetax_gen_preset_arch(ga, "tiny", p);
+    if (st) return st;
+    p->seed = seed;
+    char key[128];
+    uint32_t u;
+    float f;
+#define K(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
+#define U(s, field) do { if ((st = moetax_gguf_get_u32(g, K(s), &u))) return st; p->field = (int)u; } while (0)
+#define UO(s, field) do { if (!moetax_gguf_get_u32(g, K(s), &u)) p->field = (int)u; } while (0)
+#define FO(s, field) do { if (!moetax_gguf_get_f32(g, K(s), &f)) p->field = f; } while (0)
+    U("embedding_length", n_embd);
+    U("block_count", n_layer);
+    U("attention.head_count", n_head);
+    U("expert_count", n_expert);
+    U("expert_used_count", n_expert_used);
+    if (p->n_expert == 0)
+        return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: %s.expert_count is 0: a dense model has no dense twin", path, arch);
+    p->n_head_kv = p->n_head;
+    UO("attention.head_count_kv", n_head_kv);
+    p->n_embd_head = p->n_head > 0 ? p->n_embd / p->n_head : 0;
+    UO("attention.key_length", n_embd_head);
+    if (ga == MOETAX_GEN_OLMOE) p->n_embd_head = 0;
+    p->n_ff = 0;
+    UO("feed_forward_length", n_ff);
+    if (ga == MOETAX_GEN_OLMOE || ga == MOETAX_GEN_MIXTRAL) {
+        p->n_ff_exp = p->n_ff; /* their experts are feed_forward_length wide */
+        p->n_ff = 0;
+    } else {
+        p->n_ff_exp = p->n_expert_used > 0 ? p->n_ff / p->n_expert_used : 0; /* llama.cpp's fallback */
+        UO("expert_feed_forward_length", n_ff_exp);
+    }
+    if (ga == MOETAX_GEN_QWEN2MOE) {
+        p->n_ff_shexp = p->n_ff;
+        UO("expert_shared_feed_forward_length", n_ff_shexp);
+        p->n_ff = 0;
+    }
+    UO("context_length", n_ctx);
+    FO("attention.layer_norm_rms_epsilon", rms_eps);
+    FO("rope.freq_base", rope_freq_base);
+#undef K
+#undef U
+#undef UO
+#undef FO
+    const struct moetax_gguf_tensor *t = moetax_gguf_find_tensor(g, "token_embd.weight");
+    if (!t) return moetax_error(MOETAX_ERR_NOT_FOUND, "%s: tensor token_embd.weight is missing", path);
+    p->n_vocab = (int)t->ne[1];
+    t = moetax_gguf_find_tensor(g, "output.weight");
+    if (t && moetax_type_supported(t->type)) p->wtype = t->type;
+    return MOETAX_OK;
+}
+
 /* Shape of an existing MoE file, for --dense-twin-of. */
 static moetax_status params_from_file(const char *path, struct moetax_gen_params *p) {
     struct moetax_gguf *g;
@@ -63,8 +121,15 @@ static moetax_status params_from_file(const char *path, struct moetax_gen_params
     if (st) return st;
     char arch[64];
     if ((st = moetax_gguf_get_str(g, "general.architecture", arch, sizeof arch))) goto out;
-    if (strcmp(arch, "deepseek2") != 0) {
-        st = moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: architecture '%s': dense twins are made for deepseek2 models", path, arch);
+    enum moetax_gen_arch ga;
+    if (!strcmp(arch, "llama")) ga = MOETAX_GEN_MIXTRAL;
+    else if (!moetax_gen_arch_from_name(arch, &ga) || ga == MOETAX_GEN_MIXTRAL) {
+        st = moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: architecture '%s': dense twins are made for deepseek2, qwen3moe, "
+                          "qwen2moe, olmoe and llama (Mixtral) models", path, arch);
+        goto out;
+    }
+    if (ga != MOETAX_GEN_DEEPSEEK2) {
+        st = gqa_params_from_file(g, path, arch, ga, p);
         goto out;
     }
     uint32_t u;

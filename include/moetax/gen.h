@@ -35,8 +35,12 @@
  *     collapse onto a few experts.
  *   - A dense twin (dense_twin = true) has the same attention and leading dense
  *     layers, and in place of every MoE layer a dense SwiGLU FFN of width
- *     n_expert_used * n_ff_exp + n_expert_shared * n_ff_exp: the same active
- *     parameters per token.
+ *     n_expert_used * n_ff_exp + n_expert_shared * n_ff_exp (+ n_ff_shexp for qwen2moe,
+ *     whose twin drops the shared expert's gate): the same active parameters per token.
+ *     It is written as the dense architecture llama.cpp has for it: deepseek2 (all layers
+ *     leading dense), qwen3 (qwen3moe's twin), qwen2 (qwen2moe's), llama without experts
+ *     (Mixtral's); olmoe has no dense sibling in llama.cpp, so its twin is an olmoe file
+ *     without expert keys, which moetax runs and llama.cpp refuses.
  */
 #ifndef MOETAX_GEN_H
 #define MOETAX_GEN_H
@@ -111,6 +115,8 @@ bool moetax_gen_arch_from_name(const char *name, enum moetax_gen_arch *out);
 const char *moetax_gen_arch_name(enum moetax_gen_arch arch);
 /* general.architecture the file gets ("llama" for MOETAX_GEN_MIXTRAL). */
 const char *moetax_gen_arch_gguf(enum moetax_gen_arch arch);
+/* general.architecture of its dense twin ("qwen3", "qwen2", else as moetax_gen_arch_gguf). */
+const char *moetax_gen_twin_arch_gguf(enum moetax_gen_arch arch);
 /* Check shapes and options; the message names the offending knob. */
 moetax_status moetax_gen_validate(const struct moetax_gen_params *p);
 /* Total parameter count and file size (bytes of tensor data). */

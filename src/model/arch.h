@@ -25,14 +25,17 @@ struct moetax_arch {
 extern const struct moetax_arch moetax_arch_deepseek2;
 extern const struct moetax_arch moetax_arch_qwen3moe;
 extern const struct moetax_arch moetax_arch_qwen2moe;
+extern const struct moetax_arch moetax_arch_qwen3; /* dense siblings: the twins of qwen3moe, qwen2moe */
+extern const struct moetax_arch moetax_arch_qwen2;
 extern const struct moetax_arch moetax_arch_olmoe;
-extern const struct moetax_arch moetax_arch_llama; /* Mixtral: llama with experts */
+extern const struct moetax_arch moetax_arch_llama; /* Mixtral: llama with experts (or a dense llama) */
 
 /* Reading "<arch>.<suffix>" keys: the first error is kept in st (later calls return def). */
 struct arch_keys {
     const struct moetax_gguf *g;
     const char *arch;
     moetax_status st;
+    bool dense; /* arch_gqa_hparams: a dense model (qwen3, qwen2, llama or olmoe without experts) */
 };
 int32_t arch_key_i(struct arch_keys *k, const char *suffix, int64_t def, bool required);
 float arch_key_f(struct arch_keys *k, const char *suffix, float def); /* absent: def */
@@ -53,6 +56,8 @@ moetax_status arch_check_moe(const struct moetax_model *m, int first_moe);
  * and expert_used_count (required), attention.layer_norm_rms_epsilon (required); checked:
  * head_count_kv divides head_count, key_length = value_length = rope.dimension_count (even,
  * 2..MOETAX_ROPE_MAX_DIMS; llama.cpp's graphs for all three assert it) and expert_count > 0.
+ * With k->dense the expert keys are not read and every layer is a dense FFN
+ * (n_layer_dense_lead = n_layer, feed_forward_length > 0 checked).
  * Sets attn = GQA; the caller sets RoPE mode, q/k norm, routing and the expert width. */
 moetax_status arch_gqa_hparams(struct moetax_model *m, struct arch_keys *k);
 

@@ -16,8 +16,10 @@
  *     feed_forward_length wide, as here.
  *   - deepseek2 (arch_deepseek2.c): MLA, routing from its keys, shared experts.
  * Expert width: llama.cpp binds ffn_{gate,up,down}_exps as {n_embd, n_ff, n_expert} with
- * n_ff = llama.feed_forward_length. Refused with a message (llama.cpp computes them, moetax
- * does not yet): a dense llama file (no experts), experts split one tensor per expert
+ * n_ff = llama.feed_forward_length. A llama file without experts (llama.expert_count absent or
+ * 0) is a dense llama: every layer a SwiGLU FFN (ffn_gate/up/down) feed_forward_length wide, the
+ * same attention (moetax gen writes Mixtral's dense twins so). Refused with a message (llama.cpp
+ * computes them, moetax does not yet): experts split one tensor per expert
  * (blk.N.ffn_gate.E.weight, older conversions; current llama.cpp no longer reads them
  * either), attn_output.bias and rope_freqs.weight (Llama-3 rope factors), rope scaling
  * of type longrope.
@@ -35,11 +37,7 @@ static moetax_status llama_hparams(struct moetax_model *m) {
     struct arch_keys k = {.g = g, .arch = hp->arch};
     int32_t n_expert = arch_key_i(&k, "expert_count", 0, false);
     if (k.st) return k.st;
-    if (n_expert == 0)
-        return moetax_error(MOETAX_ERR_UNSUPPORTED,
-                            "%s: a dense llama model (llama.expert_count is %s): moetax runs llama files with experts "
-                            "(Mixtral) only; dense llama models are not supported yet",
-                            g->path, moetax_gguf_find_kv(g, "llama.expert_count") ? "0" : "absent");
+    k.dense = n_expert == 0;
     moetax_status st = arch_gqa_hparams(m, &k);
     if (st) return st;
     hp->rope_mode = MOETAX_ROPE_MODE_NORM;
@@ -47,7 +45,7 @@ static moetax_status llama_hparams(struct moetax_model *m) {
     if (hp->n_ff <= 0)
         return moetax_error(MOETAX_ERR_FORMAT, "%s: llama.feed_forward_length (the experts' width) must be positive",
                             g->path);
-    hp->n_ff_exp = hp->n_ff;
+    hp->n_ff_exp = k.dense ? 0 : hp->n_ff;
     hp->gating_func = 1; /* softmax */
     hp->expert_weights_norm = true;
     hp->expert_weights_scale = 1.0f;
@@ -57,7 +55,7 @@ static moetax_status llama_hparams(struct moetax_model *m) {
         return st;
     if (!strcmp(stype, "longrope"))
         return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: llama.rope.scaling.type longrope is not supported", g->path);
-    st = arch_check_moe(m, 0);
+    st = arch_check_moe(m, k.dense ? hp->n_layer : 0);
     if (st) return st;
     (void)arch_rope_hparams(m, &k);
     hp->kq_scale = (float)(1.0 / sqrt((double)hp->n_embd_head_k));
@@ -81,7 +79,7 @@ static moetax_status llama_layer(struct moetax_model *m, int il) {
 #define TRY(x) do { if ((st = (x))) return st; } while (0)
     if (il == 0) TRY(refuse_if_present(m, "rope_freqs.weight", "Llama-3 rope frequency factors"));
     TRY(refuse_if_present(m, NAME("attn_output.bias"), "an attention output bias"));
-    if (!moetax_gguf_find_tensor(m->gguf, NAME("ffn_gate_inp.weight"))) {
+    if (hp->n_expert > 0 && !moetax_gguf_find_tensor(m->gguf, NAME("ffn_gate_inp.weight"))) {
         snprintf(n, sizeof n, "blk.%d.ffn_gate.weight", il);
         return moetax_error(MOETAX_ERR_UNSUPPORTED,
                             "%s: layer %d has no router (blk.%d.ffn_gate_inp.weight%s): a dense llama layer; moetax "
@@ -89,7 +87,7 @@ static moetax_status llama_layer(struct moetax_model *m, int il) {
                             m->gguf->path, il, il, moetax_gguf_find_tensor(m->gguf, n) ? ", but ffn_gate.weight" : "");
     }
     snprintf(n, sizeof n, "blk.%d.ffn_gate_exps.weight", il);
-    if (!moetax_gguf_find_tensor(m->gguf, n)) {
+    if (hp->n_expert > 0 && !moetax_gguf_find_tensor(m->gguf, n)) {
         snprintf(n, sizeof n, "blk.%d.ffn_gate.0.weight", il);
         if (moetax_gguf_find_tensor(m->gguf, n))
             return moetax_error(MOETAX_ERR_UNSUPPORTED,

@@ -22,6 +22,9 @@
  * so the files it loads have n_head * head_dim = n_embd and head_count_kv = head_count (as
  * OLMoE-1B-7B has); moetax binds the general shapes ({H*hd}, {Hkv*hd}), which are the same
  * for those files, and also runs GQA olmoe files llama.cpp would refuse.
+ * An olmoe file without olmoe.expert_count (or with 0) is run as dense (every layer a SwiGLU FFN
+ * feed_forward_length wide): the dense twins moetax gen writes for olmoe (llama.cpp has no
+ * dense sibling of olmoe's graph and refuses them).
  */
 #include <math.h>
 #include <stdio.h>
@@ -34,10 +37,18 @@ static moetax_status olmoe_hparams(struct moetax_model *m) {
     const struct moetax_gguf *g = m->gguf;
     struct moetax_hparams *hp = &m->hp;
     struct arch_keys k = {.g = g, .arch = hp->arch};
+    k.dense = arch_key_i(&k, "expert_count", 0, false) == 0;
+    if (k.st) return k.st;
     moetax_status st = arch_gqa_hparams(m, &k);
     if (st) return st;
     hp->rope_mode = MOETAX_ROPE_MODE_NEOX;
     hp->qk_norm = MOETAX_QK_NORM_FULL;
+    if (k.dense) {
+        (void)arch_rope_hparams(m, &k);
+        hp->kq_scale = (float)(1.0 / sqrt((double)hp->n_embd_head_k));
+        if (k.st) return k.st;
+        return moetax_hparams_check(hp, g->path);
+    }
     if (hp->n_ff <= 0)
         return moetax_error(MOETAX_ERR_FORMAT, "%s: olmoe.feed_forward_length (the experts' width) must be positive",
                             g->path);

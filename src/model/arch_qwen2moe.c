@@ -24,6 +24,8 @@
  * the same for those files. ffn_gate_inp_shexp is {n_embd} ({n_embd, 1} as converted from the
  * HF Linear(d, 1) binds the same). Refused with a message: a fused attn_qkv tensor (llama.cpp
  * accepts it; its converter does not write one for qwen2moe).
+ * qwen2 (dense Qwen2, llama.cpp's qwen2 graph; moetax gen writes qwen2moe's dense twins so): the
+ * same attention, every layer a dense SwiGLU FFN feed_forward_length wide, no gate.
  */
 #include <math.h>
 #include <stdio.h>
@@ -32,14 +34,20 @@
 #include "model/arch.h"
 #include "moetax/kernels.h"
 
-static moetax_status qwen2moe_hparams(struct moetax_model *m) {
+static moetax_status qwen2_hparams(struct moetax_model *m, bool dense) {
     const struct moetax_gguf *g = m->gguf;
     struct moetax_hparams *hp = &m->hp;
-    struct arch_keys k = {.g = g, .arch = hp->arch};
+    struct arch_keys k = {.g = g, .arch = hp->arch, .dense = dense};
     moetax_status st = arch_gqa_hparams(m, &k);
     if (st) return st;
     hp->rope_mode = MOETAX_ROPE_MODE_NEOX;
     hp->qk_norm = MOETAX_QK_NORM_NONE;
+    if (dense) {
+        (void)arch_rope_hparams(m, &k);
+        hp->kq_scale = (float)(1.0 / sqrt((double)hp->n_embd_head_k));
+        if (k.st) return k.st;
+        return moetax_hparams_check(hp, g->path);
+    }
     hp->n_ff_exp = arch_key_i(&k, "expert_feed_forward_length", 0, false);
     if (hp->n_ff_exp == 0 && hp->n_expert_used > 0) hp->n_ff_exp = hp->n_ff / hp->n_expert_used; /* llama.cpp's fallback */
     hp->n_ff_shexp = arch_key_i(&k, "expert_shared_feed_forward_length", 0, false);
@@ -61,6 +69,9 @@ static moetax_status qwen2moe_hparams(struct moetax_model *m) {
     if (k.st) return k.st;
     return moetax_hparams_check(hp, g->path);
 }
+
+static moetax_status qwen2moe_hparams(struct moetax_model *m) { return qwen2_hparams(m, false); }
+static moetax_status qwen2_dense_hparams(struct moetax_model *m) { return qwen2_hparams(m, true); }
 
 static moetax_status qwen2moe_layer(struct moetax_model *m, int il) {
     const struct moetax_hparams *hp = &m->hp;
@@ -84,7 +95,7 @@ static moetax_status qwen2moe_layer(struct moetax_model *m, int il) {
     TRY(arch_bind_vec(m, &l->bv, NAME("attn_v.bias"), false, Hkv * hv));
     TRY(arch_bind(m, &l->wo, NAME("attn_output.weight"), true, 2, H * hv, d, 1));
     TRY(arch_bind_ffn(m, il));
-    TRY(arch_bind_vec(m, &l->gate_inp_shexp, NAME("ffn_gate_inp_shexp.weight"), true, d));
+    if (l->is_moe) TRY(arch_bind_vec(m, &l->gate_inp_shexp, NAME("ffn_gate_inp_shexp.weight"), true, d));
 #undef NAME
 #undef TRY
     return MOETAX_OK;
@@ -93,5 +104,11 @@ static moetax_status qwen2moe_layer(struct moetax_model *m, int il) {
 const struct moetax_arch moetax_arch_qwen2moe = {
     .name = "qwen2moe",
     .load_hparams = qwen2moe_hparams,
+    .bind_layer = qwen2moe_layer,
+};
+
+const struct moetax_arch moetax_arch_qwen2 = {
+    .name = "qwen2",
+    .load_hparams = qwen2_dense_hparams,
     .bind_layer = qwen2moe_layer,
 };

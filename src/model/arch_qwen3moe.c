@@ -13,6 +13,8 @@
  * and the expert width.
  * llama.cpp requires key_length == value_length == rope.dimension_count (n_rot); so does
  * this binding. llama.cpp ignores qwen3moe.expert_weights_scale; so does moetax.
+ * qwen3 (dense Qwen3, llama.cpp's qwen3 graph; moetax gen writes qwen3moe's dense twins so):
+ * the same attention, every layer a dense SwiGLU FFN feed_forward_length wide.
  */
 #include <math.h>
 #include <stdio.h>
@@ -21,14 +23,20 @@
 #include "model/arch.h"
 #include "moetax/kernels.h"
 
-static moetax_status qwen3moe_hparams(struct moetax_model *m) {
+static moetax_status qwen3_hparams(struct moetax_model *m, bool dense) {
     const struct moetax_gguf *g = m->gguf;
     struct moetax_hparams *hp = &m->hp;
-    struct arch_keys k = {.g = g, .arch = hp->arch};
+    struct arch_keys k = {.g = g, .arch = hp->arch, .dense = dense};
     moetax_status st = arch_gqa_hparams(m, &k);
     if (st) return st;
     hp->rope_mode = MOETAX_ROPE_MODE_NEOX;
     hp->qk_norm = MOETAX_QK_NORM_HEAD;
+    if (dense) {
+        (void)arch_rope_hparams(m, &k);
+        hp->kq_scale = (float)(1.0 / sqrt((double)hp->n_embd_head_k));
+        if (k.st) return k.st;
+        return moetax_hparams_check(hp, g->path);
+    }
     hp->n_ff_exp = arch_key_i(&k, "expert_feed_forward_length", 0, false);
     if (hp->n_ff_exp == 0 && hp->n_expert_used > 0) hp->n_ff_exp = hp->n_ff / hp->n_expert_used; /* llama.cpp's fallback */
     hp->gating_func = 1; /* softmax */
@@ -42,6 +50,9 @@ static moetax_status qwen3moe_hparams(struct moetax_model *m) {
     if (k.st) return k.st;
     return moetax_hparams_check(hp, g->path);
 }
+
+static moetax_status qwen3moe_hparams(struct moetax_model *m) { return qwen3_hparams(m, false); }
+static moetax_status qwen3_dense_hparams(struct moetax_model *m) { return qwen3_hparams(m, true); }
 
 static moetax_status qwen3moe_layer(struct moetax_model *m, int il) {
     const struct moetax_hparams *hp = &m->hp;
@@ -67,4 +78,10 @@ const struct moetax_arch moetax_arch_qwen3moe = {
     .name = "qwen3moe",
     .load_hparams = qwen3moe_hparams,
     .bind_layer = qwen3moe_layer,
+};
+
+const struct moetax_arch moetax_arch_qwen3 = {
+    .name = "qwen3",
+    .load_hparams = qwen3_dense_hparams,
+    .bind_layer = qwen3moe_layer, /* arch_bind_ffn binds the dense FFN of a layer below n_layer_dense_lead */
 };

@@ -126,6 +126,14 @@ const char *moetax_gen_arch_gguf(enum moetax_gen_arch arch) {
     return arch == MOETAX_GEN_MIXTRAL ? "llama" : moetax_gen_arch_name(arch);
 }
 
+const char *moetax_gen_twin_arch_gguf(enum moetax_gen_arch arch) {
+    switch (arch) {
+    case MOETAX_GEN_QWEN3MOE: return "qwen3";
+    case MOETAX_GEN_QWEN2MOE: return "qwen2";
+    default: return moetax_gen_arch_gguf(arch); /* deepseek2, olmoe, llama: the same name, no experts */
+    }
+}
+
 /* The GQA architectures: every layer MoE, no deepseek2-style shared experts (qwen2moe's gated
  * shared expert is n_ff_shexp). */
 static bool gen_gqa(enum moetax_gen_arch arch) {
@@ -262,9 +270,9 @@ static moetax_status validate_gqa(const struct moetax_gen_params *p) {
          p->n_head);
     NEED(hd >= 2 && hd % 2 == 0 && hd <= 1024, "--head-dim %d must be even and in 2..1024", hd);
     NEED(p->n_layer_dense_lead == 0 && p->n_expert_shared == 0 && p->n_expert_group <= 1 && !p->exp_probs_b &&
-             !p->fused_gate_up && !p->kv_b_merged && !p->dense_twin && p->q_lora_rank == 0,
-         "%s has no leading dense layers, shared experts, expert groups, selection bias, fused gate_up, "
-         "MLA layouts or dense twin here", an);
+             !p->fused_gate_up && !p->kv_b_merged && p->q_lora_rank == 0,
+         "%s has no leading dense layers, shared experts, expert groups, selection bias, fused gate_up "
+         "or MLA layouts here", an);
     if (p->arch == MOETAX_GEN_QWEN2MOE) {
         NEED((int64_t)p->n_head * hd == p->n_embd, "qwen2moe: --heads %d x --head-dim %d must be --embd %d (llama.cpp "
              "binds attn_q and attn_output as {n_embd, n_embd})", p->n_head, hd, p->n_embd);
@@ -400,7 +408,7 @@ static moetax_status build_tensors(const struct moetax_gen_params *p, struct ten
     const int64_t d = p->n_embd, H = p->n_head, nope = p->n_embd_head_qk_nope, rope = p->n_embd_head_qk_rope;
     const int64_t vh = p->n_embd_head_v, kvl = p->kv_lora_rank, ql = p->q_lora_rank;
     const int64_t E = p->n_expert, F = p->n_ff_exp, Fs = (int64_t)p->n_expert_shared * p->n_ff_exp;
-    const int64_t twin_ff = (int64_t)p->n_expert_used * F + Fs;
+    const int64_t twin_ff = (int64_t)p->n_expert_used * F + Fs + p->n_ff_shexp;
     const int64_t Hkv = p->n_head_kv;
     const bool qwen = gen_gqa(p->arch); /* GQA: qwen3moe, olmoe, mixtral */
     const int64_t hd = p->arch == MOETAX_GEN_OLMOE ? p->n_embd / p->n_head : p->n_embd_head;
@@ -542,7 +550,7 @@ static void fill(struct rng *r, const struct gen_tensor *t, float *x, int64_t n)
 static moetax_status write_metadata(const struct moetax_gen_params *p, struct moetax_gguf_writer *w) {
     moetax_status st = MOETAX_OK;
     char key[128];
-    const char *arch = moetax_gen_arch_gguf(p->arch);
+    const char *arch = p->dense_twin ? moetax_gen_twin_arch_gguf(p->arch) : moetax_gen_arch_gguf(p->arch);
 #define KEY(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
 #define TRY(x) do { if ((st = (x))) goto out; } while (0)
     struct moetax_gen_vocab v;
@@ -558,6 +566,26 @@ static moetax_status write_metadata(const struct moetax_gen_params *p, struct mo
     TRY(moetax_gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)p->n_ctx));
     TRY(moetax_gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)p->n_embd));
     TRY(moetax_gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)p->n_layer));
+    if (p->dense_twin && gen_gqa(p->arch)) {
+        /* the dense sibling llama.cpp loads (qwen3, qwen2, llama without experts; olmoe has none, so
+         * its twin stays olmoe with no expert keys, a file moetax runs and llama.cpp refuses): the
+         * MoE file's attention keys, feed_forward_length the twin's width */
+        const int64_t twin_ff = (int64_t)p->n_expert_used * p->n_ff_exp + p->n_ff_shexp;
+        TRY(moetax_gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)twin_ff));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)H));
+        TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv));
+        if (p->arch != MOETAX_GEN_OLMOE && (int64_t)p->n_embd_head * H != p->n_embd) {
+            TRY(moetax_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)p->n_embd_head));
+            TRY(moetax_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)p->n_embd_head));
+        }
+        TRY(moetax_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), p->rms_eps));
+        TRY(moetax_gguf_writer_set_f32(w, KEY("rope.freq_base"), p->rope_freq_base));
+        if (p->arch == MOETAX_GEN_MIXTRAL) {
+            TRY(moetax_gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)p->n_vocab));
+            TRY(moetax_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)p->n_embd_head));
+        }
+        goto vocab;
+    }
     if (p->arch == MOETAX_GEN_QWEN3MOE) { /* the keys llama.cpp's converter writes for Qwen3-MoE */
         TRY(moetax_gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)p->n_ff));
         TRY(moetax_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)H));

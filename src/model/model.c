@@ -484,8 +484,8 @@ moetax_status arch_gqa_hparams(struct moetax_model *m, struct arch_keys *k) {
     hp->n_rot = arch_key_i(k, "rope.dimension_count", hp->n_embd_head_k, false);
     hp->n_embd_head_qk_rope = hp->n_rot;
     hp->n_ff = arch_key_i(k, "feed_forward_length", 0, false);
-    hp->n_expert = arch_key_i(k, "expert_count", 0, true);
-    hp->n_expert_used = arch_key_i(k, "expert_used_count", 0, true);
+    hp->n_expert = arch_key_i(k, "expert_count", 0, !k->dense);
+    hp->n_expert_used = arch_key_i(k, "expert_used_count", 0, !k->dense);
     hp->rms_eps = arch_key_f(k, "attention.layer_norm_rms_epsilon", NAN);
     if (k->st) return k->st;
 #define NEED(cond, ...) do { if (!(cond)) return moetax_error(MOETAX_ERR_FORMAT, __VA_ARGS__); } while (0)
@@ -497,8 +497,13 @@ moetax_status arch_gqa_hparams(struct moetax_model *m, struct arch_keys *k) {
          "%s: attention.key_length %d, value_length %d and rope.dimension_count %d must be equal, even and in "
          "2..%d (llama.cpp's %s graph requires the same)", g->path, hp->n_embd_head_k, hp->n_embd_head_v,
          hp->n_rot, MOETAX_ROPE_MAX_DIMS, hp->arch);
-    NEED(hp->n_expert > 0, "%s: %s.expert_count must be positive (moetax runs %s files with experts only)", g->path,
-         hp->arch, hp->arch);
+    NEED(k->dense || hp->n_expert > 0, "%s: %s.expert_count must be positive (moetax runs %s files with experts only)",
+         g->path, hp->arch, hp->arch);
+    if (k->dense) { /* every layer a dense SwiGLU FFN feed_forward_length wide */
+        NEED(hp->n_ff > 0, "%s: %s.feed_forward_length must be positive in a dense model", g->path, hp->arch);
+        hp->n_expert = hp->n_expert_used = 0;
+        hp->n_layer_dense_lead = hp->n_layer;
+    }
 #undef NEED
     return MOETAX_OK;
 }
@@ -645,6 +650,8 @@ static const struct moetax_arch *const archs[] = {
     &moetax_arch_deepseek2,
     &moetax_arch_qwen3moe,
     &moetax_arch_qwen2moe,
+    &moetax_arch_qwen3,
+    &moetax_arch_qwen2,
     &moetax_arch_olmoe,
     &moetax_arch_llama,
 };
