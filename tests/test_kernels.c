@@ -305,6 +305,27 @@ static void unrepack_q4kr8(const uint8_t *src, uint8_t *dst, int64_t rows, int64
     memcpy(dst + (size_t)r * rb, src + (size_t)r * rb, (size_t)(rows - r) * rb);
 }
 
+/* The inverse of the avx512 table's Q5_K repack (kernels.h: Q4_Kx8r's d, dmin and
+ * scales, qh as 8 four-byte groups x 8 rows, then Q4_Kx8r's qs). */
+static void unrepack_q5kr8(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t nb) {
+    const size_t bs = sizeof(moetax_block_q5_k), rb = (size_t)nb * bs, gb = 8 * bs;
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *g = src + (size_t)r * rb + (size_t)b * gb;
+            for (int k = 0; k < 8; k++) {
+                uint8_t *o = dst + (size_t)(r + k) * rb + (size_t)b * bs;
+                memcpy(o, g + 2 * k, 2);
+                memcpy(o + 2, g + 16 + 2 * k, 2);
+                for (int d = 0; d < 3; d++) memcpy(o + 4 + 4 * d, g + 32 + 32 * d + 4 * k, 4);
+                for (int q = 0; q < 8; q++) memcpy(o + 16 + 4 * q, g + 128 + 32 * q + 4 * k, 4);
+                for (int c = 0; c < 4; c++)
+                    for (int q = 0; q < 8; q++) memcpy(o + 48 + 32 * c + 4 * q, g + 384 + 256 * c + 32 * q + 4 * k, 4);
+            }
+        }
+    memcpy(dst + (size_t)r * rb, src + (size_t)r * rb, (size_t)(rows - r) * rb);
+}
+
 /* The inverse of the avx512 table's Q6_K repack (kernels.h: groups of 8 rows; per
  * super-block d[8], the 16 scales as 4 dwords x 8 rows, ql as 2 halves x 16 four-byte
  * groups x 8 rows, qh as 2 halves x 8 groups x 8 rows; the last rows % 8 rows plain). */
@@ -344,7 +365,7 @@ static void test_repack(void) {
         CHECK(memcmp(a, w, rb * rows) == 0);
         if (avx) {
             const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 ||
-                            ((t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q6_K) && strcmp(avx->name, "avx512") == 0);
+                            (is_kq(t) && strcmp(avx->name, "avx512") == 0); /* Q4_K/Q5_K/Q6_Kx8r */
             CHECK(avx->weights_repacked(t) == rp);
             moetax_kernels_repack(avx, t, a, w, rows, ncols);
             if (!rp) CHECK(memcmp(a, w, rb * rows) == 0);
@@ -386,11 +407,11 @@ static void test_repack(void) {
                 CHECK(memcmp(back, a, n) == 0);
                 free(w), free(a), free(back), free(s1), free(s2);
             }
-    /* Q4_Kx8r, Q6_Kx8r (avx512): round trip, a permutation, the plain tail untouched, in place the same */
-    for (int six = 0; six < 2; six++)
+    /* Q4_Kx8r, Q5_Kx8r, Q6_Kx8r (avx512): round trip, a permutation, the plain tail untouched, in place the same */
+    for (int ki = 0; ki < 3; ki++)
         for (int64_t nb = 1; nb <= 5; nb += 2)
             for (size_t ui = 0; ui < sizeof unit_rows / sizeof unit_rows[0]; ui++) {
-                const enum moetax_type t = six ? MOETAX_TYPE_Q6_K : MOETAX_TYPE_Q4_K;
+                const enum moetax_type t = ki == 2 ? MOETAX_TYPE_Q6_K : ki ? MOETAX_TYPE_Q5_K : MOETAX_TYPE_Q4_K;
                 if (!avx->weights_repacked(t)) continue;
                 const int64_t rows = unit_rows[ui], ncols = 256 * nb;
                 size_t rb;
@@ -398,7 +419,8 @@ static void test_repack(void) {
                 const size_t n = rb * (size_t)rows;
                 uint8_t *a = malloc(n), *back = malloc(n), *s1 = malloc(n), *s2 = malloc(n);
                 CHECK(moetax_kernels_repack(avx, t, a, w, rows, ncols) == MOETAX_OK);
-                if (six) unrepack_q6kr8(a, back, rows, nb);
+                if (ki == 2) unrepack_q6kr8(a, back, rows, nb);
+                else if (ki) unrepack_q5kr8(a, back, rows, nb);
                 else unrepack_q4kr8(a, back, rows, nb);
                 CHECK_MSG(memcmp(back, w, n) == 0, "%s repack rows=%lld nb=%lld does not round-trip",
                           moetax_type_name(t), (long long)rows, (long long)nb);

@@ -5,7 +5,7 @@
  * DESIGN
  *   Every kernel exists as a plain-C scalar reference (src/kernels/ *_ref.c) and,
  *   where it pays, as an AVX2/FMA/F16C variant (*_avx2.c) and an AVX-512 one
- *   (*_avx512.c: F/BW/VL/DQ + VNNI, for the Q8_0 and Q4_0 matmul and the
+ *   (*_avx512.c: F/BW/VL/DQ + VNNI, for the Q8_0, Q4_0 and k-quant matmul and the
  *   F32/F16/BF16 matmul of 2+ batch rows; its other entries are the avx2
  *   table's), each compiled with its own flags. A `struct
  *   moetax_kernels` table of function pointers is chosen once, from cpuid and
@@ -64,8 +64,7 @@
  *   from w + (r - r % G) * row_bytes (G: 8 for Q4_0, 4 for Q8_0; below).
  *   Rows read any other way (moetax_to_float,
  *   e.g. the token embedding) must stay as stored.
- *     ref:  every type as stored. (Q5_K is read as stored by every table, Q4_K
-           and Q6_K by ref and avx2.)
+ *     ref:  every type as stored. (k-quants are read as stored by ref and avx2.)
  *     avx2: Q4_0 in "Q4_0x8r", eight rows interleaved: rows 8i..8i+7 of a
  *           unit (the same 8 * row_bytes bytes) hold, for each block b in
  *           order, 144 bytes (the size of 8 block_q4_0):
@@ -102,7 +101,11 @@
  *                                           the row's packed scales[12]
  *             uint8  qs[4][8][8][4]         chunk c, group q, row r: bytes
  *                                           32c+4q..32c+4q+3 of the row's qs
- *           and the unit's last n_rows % 8 rows stay plain block_q4_k. Q6_K in
+ *           and the unit's last n_rows % 8 rows stay plain block_q4_k. Q5_K in
+ *           "Q5_Kx8r": Q4_Kx8r's d, dmin and sc (128 bytes), then uint8
+ *           qh[8][8][4] (group q, row r: bytes 4q..4q+3 of the row's qh),
+ *           then Q4_Kx8r's qs: 1408 bytes (8 block_q5_k) per super-block,
+ *           the last n_rows % 8 rows plain. Q6_K in
  *           "Q6_Kx8r", likewise, 1680 bytes (8 block_q6_k) per super-block:
  *             uint16 d[8]                   F16 scales of rows 0..7
  *             int8   sc[4][8][4]            dword k, row r: scales 4k..4k+3
@@ -112,9 +115,9 @@
  *                                           32h+4p..32h+4p+3 of the row's qh
  *           and the unit's last n_rows % 8 rows stay plain block_q6_k.
  *           Weights repacked for one table must not be given to another
- *           (Q8_0, Q4_K and Q6_K layouts differ).
+ *           (Q8_0 and k-quant layouts differ).
  *   ROW RANGES. A call's rows [row0, row1) are relative to w: for a type
- *   with row groups (Q4_0: 8 rows; Q8_0: avx2 4, avx512 8; Q4_K, Q6_K: avx512 8), w must be at a multiple
+ *   with row groups (Q4_0: 8 rows; Q8_0: avx2 4, avx512 8; k-quants: avx512 8), w must be at a multiple
  *   of MOETAX_KERNELS_ROW_GROUP (8, a multiple of both) rows into its unit,
  *   row0 a multiple of 8, and row1 a multiple of 8 or the unit's last row
  *   (so a call ending inside a group ends at the unit's plain tail).
@@ -125,11 +128,10 @@
  *   - Q8_0 / Q4_0: ncols must be a multiple of 32, Q4_K / Q5_K / Q6_K of 256
  *     (moetax_act_size returns 0 otherwise and matmul must not be called).
  *     F32/F16/BF16: any ncols >= 1.
- *   - k-quants: the avx512 table's Q4_K and Q6_K (Q4_Kx8r, Q6_Kx8r, any
- *     n_batch) and Q5_K decode (n_batch 1) are its own (VNNI,
+ *   - k-quants: the avx512 table's (Q4_K/Q5_K/Q6_Kx8r, any n_batch; a
+ *     unit's plain tail: decode its own, batches avx2's) are its own (VNNI,
  *     matmul_kq_avx512.c: other exact int32 sums, avx2's float steps per
- *     output unchanged) and its Q5_K batches are avx2's, so the two tables
- *     are bit-identical; avx2 keeps, for every output, the float chain
+ *     output unchanged), so the two tables are bit-identical; avx2 keeps, for every output, the float chain
  *     above (the same for any n_batch or row split: batch-invariant). Its
  *     decode path (n_batch 1: 4 rows side by side, plain layout, no repack)
  *     and its batch path (one row, up to 4 batch rows per decoded block)

@@ -107,6 +107,28 @@ void moetax_k_repack_group_q4kr8(void *dst, const void *src, int64_t nb) {
     }
 }
 
+void moetax_k_repack_group_q5kr8(void *dst, const void *src, int64_t nb) {
+    enum { R = MOETAX_K_Q4KR8_ROWS, BB = MOETAX_K_Q5KR8_BLOCK_BYTES };
+    _Static_assert(BB == R * sizeof(moetax_block_q5_k), "a group block has the size of its 8 blocks");
+    _Static_assert(MOETAX_K_Q5KR8_QS_OFF + 4 * 8 * R * 4 == BB, "scales, qh, then qs");
+    const size_t bs = sizeof(moetax_block_q5_k), rb = (size_t)nb * bs;
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = d + (size_t)b * BB;
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * bs;
+            memcpy(o + 2 * r, blk, 2);
+            memcpy(o + MOETAX_K_Q4KR8_DMIN_OFF + 2 * r, blk + 2, 2);
+            for (int k = 0; k < 3; k++) memcpy(o + MOETAX_K_Q4KR8_SC_OFF + 32 * k + 4 * r, blk + 4 + 4 * k, 4);
+            for (int q = 0; q < 8; q++) memcpy(o + MOETAX_K_Q5KR8_QH_OFF + 32 * q + 4 * r, blk + 16 + 4 * q, 4);
+            for (int c = 0; c < 4; c++)
+                for (int q = 0; q < 8; q++)
+                    memcpy(o + MOETAX_K_Q5KR8_QS_OFF + 256 * c + 32 * q + 4 * r, blk + 48 + 32 * c + 4 * q, 4);
+        }
+    }
+}
+
 void moetax_k_repack_group_q6kr8(void *dst, const void *src, int64_t nb) {
     enum { R = MOETAX_K_Q6KR8_ROWS, BB = MOETAX_K_Q6KR8_BLOCK_BYTES };
     _Static_assert(BB == R * sizeof(moetax_block_q6_k), "a group block has the size of its 8 blocks");
@@ -134,18 +156,19 @@ void moetax_k_repack_group_q6kr8(void *dst, const void *src, int64_t nb) {
 
 static const struct moetax_kernels k_avx512;
 
-/* avx512: Q4_0x8r, Q8_0x8r, Q4_Kx8r and Q6_Kx8r */
+/* avx512: Q4_0x8r, Q8_0x8r, Q4_Kx8r, Q5_Kx8r and Q6_Kx8r */
 static bool repacked_avx512(enum moetax_type t) {
-    return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q6_K;
+    return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K ||
+           t == MOETAX_TYPE_Q6_K;
 }
 
 moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_type t, void *dst, const void *src,
                                     int64_t n_rows, int64_t ncols) {
     const size_t rb = moetax_row_size(t, ncols);
     if (n_rows <= 0 || rb == 0) return MOETAX_OK;
-    /* the repacked layouts: Q4_0x8r (avx2, avx512), Q8_0x4r (avx2), Q8_0x8r, Q4_Kx8r, Q6_Kx8r (avx512),
+    /* the repacked layouts: Q4_0x8r (avx2, avx512), Q8_0x4r (avx2), Q8_0x8r, Q4_K/Q5_K/Q6_Kx8r (avx512),
      * groups of R rows */
-    if ((t != MOETAX_TYPE_Q4_0 && t != MOETAX_TYPE_Q8_0 && t != MOETAX_TYPE_Q4_K && t != MOETAX_TYPE_Q6_K) ||
+    if ((t != MOETAX_TYPE_Q4_0 && t != MOETAX_TYPE_Q8_0 && !moetax_k_act_is_k(t)) ||
         !k->weights_repacked ||
         !k->weights_repacked(t)) {
         if (dst != src) memmove(dst, src, rb * (size_t)n_rows);
@@ -154,15 +177,16 @@ moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_
     const bool q8x8 = t == MOETAX_TYPE_Q8_0 && k == &k_avx512;
     const int R = t == MOETAX_TYPE_Q4_0 ? MOETAX_K_Q4R8_ROWS
                   : t == MOETAX_TYPE_Q4_K ? MOETAX_K_Q4KR8_ROWS
-                  : t == MOETAX_TYPE_Q6_K ? MOETAX_K_Q6KR8_ROWS
+                  : moetax_k_act_is_k(t) ? MOETAX_K_Q6KR8_ROWS
                   : q8x8                ? MOETAX_K_Q8R8_ROWS
                                         : MOETAX_K_Q8R4_ROWS;
     void (*group)(void *, const void *, int64_t) = t == MOETAX_TYPE_Q4_0 ? moetax_k_repack_group_q4r8
                                                    : t == MOETAX_TYPE_Q4_K ? moetax_k_repack_group_q4kr8
+                                                   : t == MOETAX_TYPE_Q5_K ? moetax_k_repack_group_q5kr8
                                                    : t == MOETAX_TYPE_Q6_K ? moetax_k_repack_group_q6kr8
                                                    : q8x8               ? moetax_k_repack_group_q8r8
                                                                         : moetax_k_repack_group_q8r4;
-    const int64_t bpr = t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q6_K ? ncols / MOETAX_QK_K : ncols / 32; /* per row */
+    const int64_t bpr = moetax_k_act_is_k(t) ? ncols / MOETAX_QK_K : ncols / 32; /* blocks per row */
     const int64_t ng = n_rows / R;
     const size_t gb = (size_t)R * rb;
     if (ng > 0 && dst == src) { /* in place: each group's source bytes go through a copy */
@@ -238,7 +262,7 @@ static const struct moetax_kernels k_avx512 = {
     .name = "avx512",
     .quantize_act = moetax_k_quantize_act_avx2,
     .matmul = moetax_k_matmul_avx512,
-    .weights_repacked = repacked_avx512, /* Q4_0x8r, Q8_0x8r, Q4_Kx8r, Q6_Kx8r */
+    .weights_repacked = repacked_avx512, /* Q4_0x8r, Q8_0x8r, Q4_K/Q5_K/Q6_Kx8r */
     .rmsnorm = moetax_k_rmsnorm_avx2,
     .softmax = moetax_k_softmax_avx2,
     .sigmoid = moetax_k_sigmoid_avx2,

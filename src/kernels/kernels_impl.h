@@ -71,6 +71,13 @@ void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb);
  * Q4_Kx8r, from src to dst (no overlap). */
 void moetax_k_repack_group_q4kr8(void *dst, const void *src, int64_t nb);
 
+/* Q5_Kx8r (avx512): Q4_Kx8r's d, dmin and scales, then qh[8][8][4] (group q, row
+ * r: bytes 4 q .. + 3 of the row's qh) at 128, then Q4_Kx8r's qs at 384. */
+#define MOETAX_K_Q5KR8_BLOCK_BYTES 1408 /* 8 * sizeof(moetax_block_q5_k) */
+#define MOETAX_K_Q5KR8_QH_OFF 128
+#define MOETAX_K_Q5KR8_QS_OFF 384
+void moetax_k_repack_group_q5kr8(void *dst, const void *src, int64_t nb);
+
 /* Q6_Kx8r (avx512): per group of 8 rows and super-block, uint16 d[8], int8
  * sc[4][8][4] (dword k of row r's 16 scales at 16 + 32 k + 4 r), ql[2][16][8][4]
  * (half h, group g, row r: bytes 64 h + 4 g .. + 3 of the row's ql), qh[2][8][8][4]

@@ -1,10 +1,10 @@
 /* matmul_kq_avx512.c - AVX-512 (F/BW/VL/DQ) + VNNI matmul of the k-quant
- * weights against block_q8_K activations (kernels.h): Q4_K and Q6_K in the
- * table's Q4_Kx8r / Q6_Kx8r layouts, any batch (below); Q5_K as stored, decode
- * (one batch row) here, batches the avx2 table's. Compiled with the
+ * weights against block_q8_K activations (kernels.h) in the table's Q4_Kx8r /
+ * Q5_Kx8r / Q6_Kx8r layouts (8 rows interleaved), any batch (below); a unit's
+ * plain tail (n_rows % 8 rows) as stored: decode here, batches the avx2 table's. Compiled with the
  * avx512 flags; reached only through the avx512 table.
  *
- * The plain-layout decode (Q5_K, and a Q4_K / Q6_K unit's plain tail) is
+ * The plain-layout decode (a unit's plain tail) is
  * bit-identical to matmul_kq_avx2.c's decode path: the same 4 rows side by
  * side and the same float steps on 4 lanes, in the same order
  *   acc += (d_x * d_w) * (float)sumi;  acc -= (d_x * dmin_w) * (float)summ
@@ -222,12 +222,20 @@ KQ5_INLINE __m256i dpbusd_b8(__m256i acc, __m256i w, const uint8_t *p) {
     return acc;
 }
 
+/* (a & m) | c */
+KQ5_INLINE __m256i or_and(__m256i a, __m256i m, __m256i c) { return _mm256_ternarylogic_epi32(a, m, c, 0xEA); }
+
 KQ5_INLINE __m256i byte_lane(__m256i v, int k) { /* byte k of each dword, zero-extended */
     return k == 3 ? _mm256_srli_epi32(v, 24) : _mm256_and_si256(_mm256_srli_epi32(v, 8 * k), _mm256_set1_epi32(0xff));
 }
 
-KQ5_INLINE void q4kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,
-                           int64_t ldy) {
+/* five: Q5_Kx8r (the qh bits add 16 to a level: bit 2c of qh[l] to value 64c + l, bit 2c + 1
+ * to 64c + 32 + l) */
+KQ5_INLINE void q4kr8_tile(const bool five, const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row,
+                           int64_t nb, float *y, int64_t ldy) {
+    const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
+    const size_t qs_off = five ? MOETAX_K_Q5KR8_QS_OFF : MOETAX_K_Q4KR8_QS_OFF;
+    const __m256i m10 = _mm256_set1_epi8(0x10);
     enum { NC = 2 }; /* int32 chains per (sub-block, batch row) with JB <= 2: groups 0-3 and 4-7 */
     const bool two = JB <= 2;
     const __m256i m4 = _mm256_set1_epi8(0x0f), m6 = _mm256_set1_epi32(0x3f3f3f3f);
@@ -238,9 +246,9 @@ KQ5_INLINE void q4kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, si
 #pragma GCC unroll 4
     for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *blk = g + (size_t)i * MOETAX_K_Q4KR8_BLOCK_BYTES;
-#pragma GCC unroll 18
-        for (int o = 0; o < MOETAX_K_Q4KR8_BLOCK_BYTES; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
+        const uint8_t *blk = g + (size_t)i * bbytes;
+#pragma GCC unroll 22
+        for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
         const moetax_block_q8_k *a[KQ_JB];
 #pragma GCC unroll 4
         for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
@@ -261,8 +269,19 @@ KQ5_INLINE void q4kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, si
                 for (int h = 0; h < NC; h++) sA[t][h] = sB[t][h] = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int q = 0; q < 8; q++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_QS_OFF + 256 * c + 32 * q));
-                const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 256 * c + 32 * q));
+                __m256i lo, hi;
+                if (five) { /* bit k of each qh byte to bit 4 (16-bit shifts; the mask drops what crosses bytes) */
+                    const __m256i hq = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q5KR8_QH_OFF + 32 * q));
+                    const int k0 = 2 * c, k1 = 2 * c + 1;
+                    const __m256i b0 = _mm256_and_si256(k0 <= 4 ? _mm256_slli_epi16(hq, 4 - k0) : _mm256_srli_epi16(hq, k0 - 4), m10);
+                    const __m256i b1 = _mm256_and_si256(k1 <= 4 ? _mm256_slli_epi16(hq, 4 - k1) : _mm256_srli_epi16(hq, k1 - 4), m10);
+                    lo = or_and(v, m4, b0);
+                    hi = or_and(_mm256_srli_epi16(v, 4), m4, b1);
+                } else {
+                    lo = _mm256_and_si256(v, m4);
+                    hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                }
                 const int h = two ? q >> 2 : 0;
 #pragma GCC unroll 4
                 for (int t = 0; t < JB; t++) {
@@ -310,10 +329,15 @@ typedef void (*q4kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, in
 #define Q4KR8_TILE(JB)                                                                                           \
     static void q4kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
                                 int64_t ldy) {                                                                  \
-        q4kr8_tile(JB, g, xq, act_row, nb, y, ldy);                                                             \
+        q4kr8_tile(false, JB, g, xq, act_row, nb, y, ldy);                                                      \
+    }                                                                                                           \
+    static void q5kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
+                                int64_t ldy) {                                                                  \
+        q4kr8_tile(true, JB, g, xq, act_row, nb, y, ldy);                                                       \
     }
 Q4KR8_TILE(1) Q4KR8_TILE(2) Q4KR8_TILE(3) Q4KR8_TILE(4)
 static const q4kr8_fn k_q4kr8[KQ_JB] = {q4kr8_tile_1, q4kr8_tile_2, q4kr8_tile_3, q4kr8_tile_4};
+static const q4kr8_fn k_q5kr8[KQ_JB] = {q5kr8_tile_1, q5kr8_tile_2, q5kr8_tile_3, q5kr8_tile_4};
 
 /* ---- Q6_K in Q6_Kx8r: 8 rows in the 8 int32 lanes, as Q4_Kx8r ----
  * Per half h and 4-byte group p (values l = 4p..4p+3 of the half) one load each of
@@ -328,7 +352,6 @@ KQ5_INLINE __m256i sbyte_lane(__m256i v, int k) { /* signed byte k of each dword
     return _mm256_srai_epi32(k == 3 ? v : _mm256_slli_epi32(v, 24 - 8 * k), 24);
 }
 
-KQ5_INLINE __m256i or_and(__m256i a, __m256i m, __m256i c) { return _mm256_ternarylogic_epi32(a, m, c, 0xEA); }
 
 KQ5_INLINE void q6kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,
                            int64_t ldy) {
@@ -416,12 +439,12 @@ typedef void (*q6kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, in
 Q6KR8_TILE(1) Q6KR8_TILE(2) Q6KR8_TILE(3)
 static const q6kr8_fn k_q6kr8[KQ6_JB] = {q6kr8_tile_1, q6kr8_tile_2, q6kr8_tile_3};
 
-/* Q4_K (Q4_Kx8r) or Q6_K (Q6_Kx8r): groups of 8 rows x tiles of batch rows; the unit's plain tail
+/* Q4_K, Q5_K or Q6_K (*_Kx8r): groups of 8 rows x tiles of batch rows; the unit's plain tail
  * as stored (decode: the 4-row path above; batches: avx2's). */
 static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1,
                          int64_t ncols, const uint8_t *xq, int64_t n_batch, float *y, int64_t ldy) {
     enum { R = MOETAX_K_Q4KR8_ROWS };
-    _Static_assert(MOETAX_K_Q4KR8_ROWS == MOETAX_K_Q6KR8_ROWS, "one row group");
+    _Static_assert(MOETAX_K_Q4KR8_ROWS == MOETAX_K_Q6KR8_ROWS, "one row group (Q5_Kx8r: Q4_Kx8r's)");
     const bool six = wtype == MOETAX_TYPE_Q6_K;
     const int jbmax = six ? KQ6_JB : KQ_JB;
     const int64_t nb = ncols / MOETAX_QK_K, gend = row1 - (row1 - row0) % R;
@@ -432,6 +455,7 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
             jb = (left + tiles - 1) / tiles; /* tiles of even size */
             const uint8_t *g = w + (size_t)r * row_bytes, *xj = xq + (size_t)j0 * act_row;
             if (six) k_q6kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy);
+            else if (wtype == MOETAX_TYPE_Q5_K) k_q5kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy);
             else k_q4kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy);
         }
     if (gend == row1) return;
@@ -444,7 +468,7 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
 void moetax_k_matmul_kq_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                                int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
-    if (wtype == MOETAX_TYPE_Q4_K || wtype == MOETAX_TYPE_Q6_K) { /* Q4_Kx8r, Q6_Kx8r */
+    if (wtype == MOETAX_TYPE_Q4_K || wtype == MOETAX_TYPE_Q5_K || wtype == MOETAX_TYPE_Q6_K) { /* *_Kx8r */
         assert(row0 % MOETAX_K_Q4KR8_ROWS == 0); /* ROW RANGES, kernels.h */
         matmul_kq_x8(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols, (const uint8_t *)xq, n_batch, y, ldy);
         return;
