@@ -6,6 +6,7 @@
  * to Q8_0 for comparison:
  *   - prefill logits == step-by-step decode logits, bit for bit, with 1 and 2 threads;
  *   - a batch of sequences (struct moetax_batch) == each sequence alone, bit for bit;
+ *   - the avx512 table's logits == the avx2 table's, bit for bit (moetax eval, 1 and 2 threads);
  *   - logits within a stated distance of the F32 model's: the distance relative to the
  *     largest F32 logit, no more than KQ_DIST_MAX times the Q8_0 model's (Q8_0 is the
  *     yardstick since this random model amplifies rounding) and under an absolute bound.
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moetax/kernels.h"
 #include "moetax/model.h"
 #include "testutil.h"
 
@@ -144,6 +146,29 @@ static void batch_vs_alone(const char *path, int threads) {
     moetax_model_free(m);
 }
 
+/* The avx512 table reads k-quants in its own 8-row layouts (repacked at load; kernels.h): the
+ * model's logits (prefill and greedy decode, 1 and 2 threads) are the avx2 table's, bit for
+ * bit. Skipped, and said, where the CPU lacks either table. */
+static void tables_agree(const char *path, const char *type) {
+    if (!moetax_kernels_avx2() || !moetax_kernels_avx512()) {
+        printf("test_kquant: CPU lacks avx2 or avx512: %s avx512 vs avx2 model logits skipped\n", type);
+        return;
+    }
+    for (int threads = 1; threads <= 2; threads++) {
+        char out[2][1600], cmd[8192];
+        for (int k = 0; k < 2; k++) {
+            snprintf(out[k], sizeof out[k], "%s.%s.%d.f32", path, k ? "avx512" : "avx2", threads);
+            snprintf(cmd, sizeof cmd,
+                     "MOETAX_KERNELS=%s %s eval -m %s --tokens 5,17,33,2,91,7,64,3,12 --decode 6 -t %d --out %s "
+                     ">/dev/null 2>&1",
+                     k ? "avx512" : "avx2", tu_moetax_bin, path, threads, out[k]);
+            CHECK_EQ_INT(tu_run(cmd, NULL), 0);
+        }
+        snprintf(cmd, sizeof cmd, "cmp -s %s %s", out[0], out[1]);
+        CHECK_MSG(tu_run(cmd, NULL) == 0, "%s, %d thread(s): avx512 logits differ from avx2's", type, threads);
+    }
+}
+
 static float *prefill(const char *path, const int32_t *t, int n, int64_t *V) {
     struct moetax_model *m;
     if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return NULL; }
@@ -170,6 +195,7 @@ int main(int argc, char **argv) {
         prefill_vs_step(kq[i]);
         batch_vs_alone(kq[i], 1);
         batch_vs_alone(kq[i], 2);
+        tables_agree(kq[i], g_types[i].type);
     }
     /* distance to the F32 model */
     int32_t t[NTOK];
