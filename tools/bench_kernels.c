@@ -9,7 +9,7 @@
  *            per-run synchronization is in the figure), x 1 vector
  *   group8   the same 256x1024 experts, 8 per pool run (each worker does its
  *            share of all 8 back to back)
- *   batch    the matrix (a slice of it sized to ~2 GFLOP) x 8 and x 64 vectors
+ *   batch    the matrix (a slice of it sized to ~2 GFLOP) x 8 and x 64 vectors (--batch LIST)
  * Times are medians of --reps timed runs after one warm-up. Each timed run is
  * paired with a plain streaming read (moetax_membw_sum, every worker its share)
  * of the same bytes of the same buffer just before it: `paired` is the median
@@ -55,6 +55,7 @@ static void usage(FILE *f) {
             "      --size-mib N     weight buffer in MiB (default 256)\n"
             "      --cols N         columns of the large matrix (default 4096)\n"
             "      --cases LIST     matrix,expert,group8,batch (default: all)\n"
+            "      --batch LIST     batch rows of the batch case, 1..64 (default 8,64)\n"
             "      --pin            pin worker i to CPU i\n"
             "      --json           one JSON object per line and case:\n"
             "                         {\"test\":\"kernel\",\"kernel\",\"type\",\"threads\",\"case\",\"rows\",\"cols\",\n"
@@ -208,6 +209,9 @@ int bench_kernels_main(int argc, char **argv) {
     int n_types = 5;
     int64_t reps = 7, size_mib = 256, cols = 4096;
     int cases = CASE_MATRIX | CASE_EXPERT | CASE_GROUP8 | CASE_BATCH;
+    enum { BK_MAX_BATCHES = 16 };
+    int64_t batches[BK_MAX_BATCHES] = {8, 64};
+    int n_batches = 2;
     bool pin = false;
     struct bk_out out = {.json = false};
 
@@ -228,7 +232,7 @@ int bench_kernels_main(int argc, char **argv) {
             for (char *save = NULL, *tok = strtok_r(tmp, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
                 enum moetax_type t;
                 if (!moetax_type_from_name(tok, &t) || !moetax_type_supported(t))
-                    return cli_usage_error(cmd, "unsupported type '%s' (f32, f16, bf16, q8_0, q4_0)", tok);
+                    return cli_usage_error(cmd, "unsupported type '%s' (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k)", tok);
                 if (n_types == BK_MAX_TYPES) return cli_usage_error(cmd, "too many types");
                 types[n_types++] = t;
             }
@@ -244,6 +248,19 @@ int bench_kernels_main(int argc, char **argv) {
             if (err) return 2;
             if (!cli_parse_i64(v, &cols) || cols < 32 || cols % 32 != 0 || cols > (1 << 24))
                 return cli_usage_error(cmd, "bad --cols '%s' (a multiple of 32)", v);
+        } else if (cli_opt(argc, argv, &i, NULL, "--batch", &v, &err)) {
+            if (err) return 2;
+            char tmp[256];
+            snprintf(tmp, sizeof tmp, "%s", v);
+            n_batches = 0;
+            for (char *save = NULL, *tok = strtok_r(tmp, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+                int64_t b;
+                if (!cli_parse_i64(tok, &b) || b < 1 || b > BK_MAX_BATCH)
+                    return cli_usage_error(cmd, "bad --batch '%s' (1..%d)", tok, BK_MAX_BATCH);
+                if (n_batches == BK_MAX_BATCHES) return cli_usage_error(cmd, "too many --batch sizes");
+                batches[n_batches++] = b;
+            }
+            if (n_batches == 0) return cli_usage_error(cmd, "empty --batch");
         } else if (cli_opt(argc, argv, &i, NULL, "--cases", &v, &err)) {
             if (err) return 2;
             char tmp[256];
@@ -369,8 +386,7 @@ int bench_kernels_main(int argc, char **argv) {
                 }
             }
             if (cases & CASE_BATCH) {
-                static const int64_t batches[2] = {8, 64};
-                for (int bi = 0; bi < 2; bi++) {
+                for (int bi = 0; bi < n_batches; bi++) {
                     struct mm_ctx c = base;
                     c.cols = cols;
                     c.row_bytes = moetax_row_size(t, cols);
