@@ -9,10 +9,9 @@
  * Q4_0x8r as the avx2 table, Q8_0x8r of this table's own), so that each 32-bit
  * lane of a 256-bit vector belongs to one row and holds 4 consecutive quants of
  * it. One vpdpbusd (u8 x s8 -> s32, 4 products per lane, added to the lane)
- * against the activation's matching 4 quants, broadcast to every lane from
- * memory (embedded {1to8}), adds 4 products of each of the 8 rows: 8 vpdpbusd
- * give the 8 rows' exact int32 block sums, with no horizontal sums. vpdpbusd
- * takes one unsigned operand:
+ * against the activation's matching 4 quants, broadcast to every lane, adds 4
+ * products of each of the 8 rows: 8 vpdpbusd give the 8 rows' exact int32 block
+ * sums, with no horizontal sums. vpdpbusd takes one unsigned operand:
  *   Q4_0: the nibbles q (0..15) are unsigned already; sum((q - 8) x) =
  *         sum(q x) - s with the prepared s = 8 * sum(x), which seeds the lane.
  *   Q8_0: the weights w are made unsigned, w + 128 = w ^ 0x80 (once per block
@@ -30,13 +29,15 @@
  * (9..16 batch rows: two tiles of even size over the same panel of weights, which
  * stays in L1/L2). Per lane the float chain is unchanged, so 512-bit lanes give
  * the same bits as 256-bit ones. A range's odd last group takes the 256-bit tile
- * (one group x JB). Decode (one batch row) stays on 256-bit tiles and pairs group
- * i of the range's first half with group i of its second half (two sequential
- * streams per core, as the avx2 Q8_0 path): there 512-bit vectors measured no
- * faster, the loads of the weights being the bound. With JB <= 2 (Q8_0; Q4_0: JB
- * <= 4) each (row, batch row) sums its block in two int32 chains (chunks 0-3 and
- * 4-7, added at the end: the same exact sum) so the vpdpbusd latency (4-5
- * cycles) does not bound a tile; wider tiles interleave JB chains chunk by chunk. */
+ * (one group x JB). Decode (one batch row) stays on 256-bit tiles, Q8_0 pairing
+ * group i of the range's first half with group i of its second half (two
+ * sequential streams per core, as the avx2 Q8_0 path): there 512-bit vectors
+ * measured slower (L2-resident experts), the joins of two groups' loads costing
+ * more than the shared broadcasts save with one batch row. The 512-bit tiles with
+ * JB <= 2 (and the 256-bit ones with JB <= 4) sum each (row, batch row) block in
+ * two int32 chains (chunks 0-3 and 4-7, added at the end: the same exact sum) so
+ * the vpdpbusd latency (4-5 cycles) does not bound a tile; wider tiles interleave
+ * their JB chains chunk by chunk. */
 #include "kernels_impl.h"
 
 #include <assert.h>
