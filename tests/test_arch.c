@@ -332,6 +332,14 @@ static void qwen2moe(void) {
     CHECK_EQ_INT(st, MOETAX_ERR_UNSUPPORTED);
     CHECK_MSG(strstr(moetax_last_error(), "tensor 'blk.1.attn_qkv.weight' (q, k and v fused"), "%s", moetax_last_error());
     if (!st) moetax_model_free(m);
+    /* qwen2moe.expert_weights_norm (HF's norm_topk_prob; llama.cpp ignores it): renormalised */
+    CHECK_EQ_INT(gen("--arch qwen2moe --preset tiny --norm", bad), 0);
+    if (moetax_model_load(bad, &m) == MOETAX_OK) {
+        CHECK(m->hp.expert_weights_norm);
+        moetax_model_free(m);
+    } else {
+        CHECK_MSG(0, "%s", moetax_last_error());
+    }
     /* the shared expert's gate is required */
     CHECK_EQ_INT(gen("--arch qwen2moe --preset tiny", bad), 0);
     CHECK(rename_tensor(bad, "blk.2.ffn_gate_inp_shexp.weight", "blk.2.ffn_gate_inp_shexp.xxxxxx"));

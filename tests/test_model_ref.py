@@ -190,7 +190,8 @@ def main():
             ("mix-long", mx + ["--seed", "2"], long_prompt, ("f32", "q8_0")),
             ("qwen2moe", q2, prompt, ("f32", "f16", "bf16", "q8_0", "q4_0")),
             ("q2-wide", q2_wide, prompt, ("f32", "q8_0")),
-            ("q2-long", q2 + ["--seed", "9"], long_prompt, ("f32", "q8_0"))]:
+            ("q2-long", q2 + ["--seed", "9"], long_prompt, ("f32", "q8_0")),
+            ("q2-norm", q2 + ["--norm", "--seed", "11"], prompt, ("f32", "q8_0"))]:
         for wtype in types:
             compare(moetax, work, name, args, wtype, pr)
     return summary()

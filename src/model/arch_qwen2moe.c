@@ -5,9 +5,9 @@
  *   (the biases attn_{q,k,v}.bias are optional in llama.cpp's loader, present in Qwen's files),
  *   no q/k norm, RoPE in NEOX mode over all head_dim values; scale 1/sqrt(head_dim);
  *   every layer is an MoE layer: softmax over the router logits, top-k, the k probabilities used
- *   as they are (NOT renormalised: llama.cpp passes norm_w = false whatever the file holds, and
- *   its converter writes no expert_weights_norm for qwen2moe; Qwen's norm_topk_prob is false in
- *   both published models), no scale (llama.cpp's qwen2moe loader never reads
+ *   as they are (not renormalised: Qwen's norm_topk_prob is false in both published models and
+ *   llama.cpp's converter writes no expert_weights_norm for qwen2moe), no scale (llama.cpp's
+ *   qwen2moe loader never reads
  *   expert_weights_scale, so it stays 0); plus one shared expert, a SwiGLU FFN of width
  *   expert_shared_feed_forward_length (default feed_forward_length) whose output is scaled per
  *   token by sigmoid(ffn_gate_inp_shexp . x), x the ffn-normed input (the gate: src/moe/moe.c).
@@ -19,6 +19,10 @@
  *   - llama/Mixtral (arch_llama.c): NORM rope, renormalised, no biases, no shared expert.
  *   - deepseek2 (arch_deepseek2.c): MLA; its shared experts are added ungated and are
  *     n_expert_shared * expert_feed_forward_length wide.
+ * Where moetax differs from llama.cpp: a file with qwen2moe.expert_weights_norm = true (the HF
+ * config's norm_topk_prob, written by a converter other than llama.cpp's) is renormalised as
+ * the HF model does (w / max(sum w, 6.103515625e-5)); llama.cpp passes norm_w = false whatever
+ * the file holds. Files from llama.cpp's converter have no such key: the same result.
  * Shapes: llama.cpp binds attn_q and attn_output as {n_embd, n_embd} (so its files have
  * head_count * head_dim = n_embd); moetax binds the general GQA shapes ({d, H*hd}, {H*hd, d}),
  * the same for those files. ffn_gate_inp_shexp is {n_embd} ({n_embd, 1} as converted from the
@@ -60,7 +64,8 @@ static moetax_status qwen2_hparams(struct moetax_model *m, bool dense) {
                             g->path);
     hp->n_expert_shared = 1;
     hp->gating_func = 1; /* softmax */
-    hp->expert_weights_norm = false;
+    hp->expert_weights_norm = arch_key_bool(&k, "expert_weights_norm", false); /* norm_topk_prob; see above */
+    if (k.st) return k.st;
     hp->expert_weights_scale = 1.0f;
     st = arch_check_moe(m, 0);
     if (st) return st;

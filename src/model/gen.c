@@ -282,8 +282,10 @@ static moetax_status validate_gqa(const struct moetax_gen_params *p) {
     } else {
         NEED(p->n_ff_shexp == 0, "--shared-ff: only qwen2moe has a gated shared expert");
     }
-    if (p->arch == MOETAX_GEN_OLMOE || p->arch == MOETAX_GEN_QWEN2MOE)
+    if (p->arch == MOETAX_GEN_OLMOE)
         NEED(p->gating_func == 1 && !p->expert_weights_norm, "%s routes with softmax, weights not renormalised", an);
+    else if (p->arch == MOETAX_GEN_QWEN2MOE) /* --norm: expert_weights_norm = true (norm_topk_prob) */
+        NEED(p->gating_func == 1, "%s routes with softmax", an);
     else
         NEED(p->gating_func == 1 && p->expert_weights_norm, "%s routes with softmax and renormalised weights", an);
     NEED(p->rope_yarn_factor == 0, "--yarn-factor: %s files are written without rope scaling", an);
@@ -609,6 +611,8 @@ static moetax_status write_metadata(const struct moetax_gen_params *p, struct mo
         TRY(moetax_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used));
         TRY(moetax_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p->n_ff_exp));
         TRY(moetax_gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)p->n_ff_shexp));
+        if (p->expert_weights_norm) /* norm_topk_prob true: a key llama.cpp's converter never writes (it ignores it) */
+            TRY(moetax_gguf_writer_set_bool(w, KEY("expert_weights_norm"), true));
         goto vocab;
     }
     if (p->arch == MOETAX_GEN_OLMOE || p->arch == MOETAX_GEN_MIXTRAL) {

@@ -8,8 +8,9 @@ qwen3moe's in these places:
 
   q = W_q h + b_q, k = W_k h + b_k, v = W_v h + b_v   (attn_{q,k,v}.bias, optional)
   no q/k norm; rope NEOX per head as qwen3moe;
-  the MoE block: softmax router, top-k, the k probabilities NOT renormalised (norm_w false), no
-    scale; plus a shared expert (ffn_{gate,up,down}_shexp, width
+  the MoE block: softmax router, top-k, the k probabilities NOT renormalised (norm_w false; a file
+    with qwen2moe.expert_weights_norm = true, HF's norm_topk_prob, is renormalised as the HF model
+    does, which llama.cpp does not), no scale; plus a shared expert (ffn_{gate,up,down}_shexp, width
     expert_shared_feed_forward_length) whose output is multiplied per token by
     sigmoid(ffn_gate_inp_shexp . h2), h2 the ffn-normed input:
       x += sum_i w_i expert_i(h2) + sigmoid(w_sg . h2) * shexp(h2)
@@ -36,6 +37,7 @@ class Model(q3.Model):
     def __init__(self, path, dtype=np.float64, expert_cache_mb=1024, act_quant=False):
         super().__init__(path, dtype=dtype, expert_cache_mb=expert_cache_mb, act_quant=act_quant)
         r = self.r
+        self.cfg["w_norm"] = bool(r.get("qwen2moe.expert_weights_norm", False))
         for il, lw in enumerate(self.layers):
             p = "blk.%d." % il
             wt = self.wtype[il]
