@@ -94,9 +94,9 @@ def main():
 
     # token-sharded dispatch (--ep-dispatch alltoall, src/dist/dist.h): np 1, 2 and 4, with and without
     # overlap: the greedy tokens of the single process; logits to float rounding (partial sums per rank)
-    cases = [(tiny, [], ((1, 0), (2, 0), (2, 1), (4, 0), (4, 1))),
-             (DEFAULT_MODEL, [], ((2, 0), (2, 1), (4, 1))),
-             (DEFAULT_MODEL, ["--step-by-step"], ((2, 0), (2, 1), (4, 1)))]
+    cases = [(tiny, [], ((1, 0), (2, 1), (4, 0))),
+             (DEFAULT_MODEL, [], ((2, 0), (4, 1))),
+             (DEFAULT_MODEL, ["--step-by-step"], ((2, 1), (4, 0)))]
     for model, mode, runs in cases:
         name = os.path.basename(model)
         base = [moetax, "eval", "-m", model, "--tokens", TOKENS, "--decode", "8", "-t", "1"] + mode
@@ -126,7 +126,7 @@ def main():
     text = lambda out: "\n".join(x for x in out.splitlines() if not x.startswith("---") and "t/s" not in x)
     r0 = run(args, env=dict(os.environ))
     check(r0.returncode == 0 and text(r0.stdout).strip(), f"run --parallel 4: {r0.stderr[-300:]}")
-    for np, ov in ((2, 0), (2, 1), (4, 1)):
+    for np, ov in ((2, 0), (4, 1)):
         r = mpirun(np, args + ["--ep-dispatch", "alltoall"] + (["--ep-overlap"] if ov else []))
         check(r.returncode == 0 and text(r.stdout) == text(r0.stdout),
               f"run --parallel 4 alltoall np {np}{' overlap' if ov else ''}: the single process's text "

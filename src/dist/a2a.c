@@ -12,6 +12,8 @@
 #include "dist/dist.h"
 #include "moetax/ledger.h"
 
+enum { A2A_TAG = 7101 };
+
 static moetax_status a2a_fail(const struct moetax_dist *d, int rc, const char *what) {
     char s[MPI_MAX_ERROR_STRING];
     int n = 0;
@@ -70,12 +72,41 @@ static moetax_status a2a_run(struct moetax_dist *d, struct moetax_dist_a2a *x, b
         sent += x->scount[r];
         if (x->rcount[r] && (int64_t)x->rdispl[r] + x->rcount[r] > end) end = (int64_t)x->rdispl[r] + x->rcount[r];
     }
+    MPI_Request *rq = x->req;
+    if (!rq) return moetax_error(MOETAX_ERR_INTERNAL, "rank %d: an exchange without requests", me);
     if (end > x->rcap)
         return moetax_error(MOETAX_ERR_LIMIT, "rank %d: layer %d's %s: %lld bytes arrive, the buffer holds %lld", me,
                             x->layer, x->what, (long long)end, (long long)x->rcap);
-    rc = MPI_Ialltoallv(x->sbuf, x->scount, x->sdispl, MPI_BYTE, x->rbuf, x->rcount, x->rdispl, MPI_BYTE,
-                        MPI_COMM_WORLD, &req);
-    st = rc == MPI_SUCCESS ? a2a_poll(d, &req, x->layer, x->what, nap) : a2a_fail(d, rc, "MPI_Ialltoallv");
+    /* the payload as one message per peer that has bytes for it (every rank is here now: the
+     * counts said so). Point-to-point, not MPI_Ialltoallv: the nonblocking collective advances
+     * one round per MPI_Test, and on an oversubscribed machine every round waits for both ranks
+     * to be scheduled; MPI_Waitall drives the messages itself. On the communication thread the
+     * requests are polled with naps instead, which leaves the core to the compute workers. */
+    int nq = 0;
+    for (int r = 0; r < P && rc == MPI_SUCCESS; r++)
+        if (r != me && x->rcount[r])
+            rc = MPI_Irecv((char *)x->rbuf + x->rdispl[r], x->rcount[r], MPI_BYTE, r, A2A_TAG, MPI_COMM_WORLD,
+                           &rq[nq++]);
+    for (int r = 0; r < P && rc == MPI_SUCCESS; r++)
+        if (r != me && x->scount[r])
+            rc = MPI_Isend((const char *)x->sbuf + x->sdispl[r], x->scount[r], MPI_BYTE, r, A2A_TAG, MPI_COMM_WORLD,
+                           &rq[nq++]);
+    if (rc != MPI_SUCCESS) st = a2a_fail(d, rc, "MPI_Isend/Irecv");
+    else if (!nap) {
+        rc = MPI_Waitall(nq, rq, MPI_STATUSES_IGNORE);
+        st = rc == MPI_SUCCESS ? MOETAX_OK : a2a_fail(d, rc, "MPI_Waitall");
+    } else {
+        for (int spin = 0;;) {
+            int done = 0;
+            rc = MPI_Testall(nq, rq, &done, MPI_STATUSES_IGNORE);
+            if (rc != MPI_SUCCESS || done) break;
+            if (++spin > 64) {
+                struct timespec ts = {0, 20000};
+                nanosleep(&ts, NULL);
+            } else sched_yield();
+        }
+        st = rc == MPI_SUCCESS ? MOETAX_OK : a2a_fail(d, rc, "MPI_Testall");
+    }
     x->ns_comm = moetax_ledger_now() - t1;
     x->bytes_sent = (uint64_t)sent;
     x->bytes_recv = (uint64_t)off;
@@ -88,6 +119,10 @@ static void a2a_account(struct moetax_dist *d, const struct moetax_dist_a2a *x) 
     d->ns_comm += x->ns_comm;
     d->ns_wait += x->ns_wait;
     d->n_collectives++;
+}
+
+void *moetax_dist_a2a_requests(const struct moetax_dist *d) {
+    return calloc(2 * (size_t)d->size, sizeof(MPI_Request));
 }
 
 /* ---- the communication thread ------------------------------------------------------ */

@@ -161,6 +161,7 @@ struct moetax_dist_a2a {
     int64_t rcap;
     int layer;
     const char *what;
+    void *req;                    /* MPI_Request [2 P] (moetax_dist_a2a_requests; the caller frees it) */
     void (*on_counts)(void *arg); /* optional: called once the counts are in (inline exchanges) */
     void *arg;
     /* results */
@@ -168,6 +169,8 @@ struct moetax_dist_a2a {
     _Atomic int state; /* 0 posted, 1 counts exchanged (every rank is here), 2 done */
     uint64_t ns_wait, ns_comm, bytes_sent, bytes_recv;
 };
+/* Room for an exchange's requests (free()), NULL without memory. */
+void *moetax_dist_a2a_requests(const struct moetax_dist *d);
 /* On the calling thread. */
 moetax_status moetax_dist_a2a(struct moetax_dist *d, struct moetax_dist_a2a *x);
 /* To the communication thread (started at the first post; exchanges run in posting order);

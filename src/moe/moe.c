@@ -455,6 +455,7 @@ struct ep_group {
     float *ret;                   /* [U * P, d] partial sum of each record out (self: computed here) */
     float *out;                   /* [U * P, d] partial sums of the records in, to return */
     struct moetax_dist_a2a xd, xc; /* dispatch, combine */
+    void *req_d, *req_c;          /* their MPI requests */
 };
 
 struct moe_ep {
@@ -525,7 +526,7 @@ static void ep_pack(const struct fw_step *s, struct moe *b, int il, struct ep_gr
     g->xd = (struct moetax_dist_a2a){.scount = scount, .sdispl = sdispl, .rcount = g->cnt + 2 * P,
                                      .rdispl = g->cnt + 3 * P, .sbuf = g->sbuf, .rbuf = g->rbuf,
                                      .rcap = (int64_t)(P * s->n_ubatch) * (int64_t)ep->rec_bytes, .layer = il,
-                                     .what = "dispatch"};
+                                     .what = "dispatch", .req = g->req_d};
 }
 
 /* Worker 0, once group g's records have arrived: the combine's exchange (partial sums of
@@ -545,7 +546,7 @@ static void ep_prep_combine(const struct fw_step *s, struct moe *b, int il, stru
     g->xc = (struct moetax_dist_a2a){.scount = bs, .sdispl = bsd, .rcount = g->cnt + 8 * P, .rdispl = brd,
                                      .expect = bexp, .sbuf = g->out, .rbuf = g->ret,
                                      .rcap = (int64_t)(P * s->n_ubatch) * (int64_t)rowb, .layer = il,
-                                     .what = "combine"};
+                                     .what = "combine", .req = g->req_c};
 }
 
 /* Worker 0: run exchange x inline (no overlap) or wait for it on the communication thread,
@@ -846,6 +847,7 @@ static void ep_free(struct moe_ep *ep) {
     if (!ep) return;
     for (int gi = 0; gi < EP_GROUPS; gi++) {
         struct ep_group *g = &ep->g[gi];
+        free(g->req_d); free(g->req_c);
         free(g->cnt); free(g->sbuf); free(g->rbuf); free(g->rec_tok); free(g->rec_lo); free(g->ret); free(g->out);
     }
     free(ep->u_rec); free(ep->u_out); free(ep->u_sel); free(ep->u_selw);
@@ -894,6 +896,8 @@ static moetax_status ep_init(struct moe *b, const struct fw_step *s, const struc
         A(g->rec_lo, P + 1);
         A(g->ret, R * d);
         A(g->out, R * d);
+        if (!st && (!(g->req_d = moetax_dist_a2a_requests(D)) || !(g->req_c = moetax_dist_a2a_requests(D))))
+            st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     }
     A(ep->u_rec, 2 * R);
     A(ep->u_out, 2 * R);
