@@ -346,7 +346,9 @@ static const q4kr8_fn k_q5kr8[KQ_JB] = {q5kr8_tile_1, q5kr8_tile_2, q5kr8_tile_3
  * high, with qh bits 2k, 2k+1); sub-block 8h + 2k + p / 4 sums in its own chain,
  * times the rows' int8 scale (vpmulld). The offset of 32 is subtracted once per
  * super-block: 32 * sum_j sc_j * bsums_j by vpmaddwd of int16 scale pairs. */
-#define KQ6_JB 3 /* batch rows per Q6_Kx8r tile (4 chains per batch row in flight) */
+#ifndef KQ6_JB
+#define KQ6_JB 4 /* batch rows per Q6_Kx8r tile (measured: 4 beats 3, whose B4 is two tiles of 2) */
+#endif
 
 KQ5_INLINE __m256i sbyte_lane(__m256i v, int k) { /* signed byte k of each dword, sign-extended */
     return _mm256_srai_epi32(k == 3 ? v : _mm256_slli_epi32(v, 24 - 8 * k), 24);
@@ -436,8 +438,9 @@ typedef void (*q6kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, in
                                 int64_t ldy) {                                                                  \
         q6kr8_tile(JB, g, xq, act_row, nb, y, ldy);                                                             \
     }
-Q6KR8_TILE(1) Q6KR8_TILE(2) Q6KR8_TILE(3)
-static const q6kr8_fn k_q6kr8[KQ6_JB] = {q6kr8_tile_1, q6kr8_tile_2, q6kr8_tile_3};
+Q6KR8_TILE(1) Q6KR8_TILE(2) Q6KR8_TILE(3) Q6KR8_TILE(4)
+static const q6kr8_fn k_q6kr8[4] = {q6kr8_tile_1, q6kr8_tile_2, q6kr8_tile_3, q6kr8_tile_4};
+_Static_assert(KQ6_JB >= 1 && KQ6_JB <= 4, "tiles of 1..4 batch rows");
 
 /* Q4_K, Q5_K or Q6_K (*_Kx8r): groups of 8 rows x tiles of batch rows; the unit's plain tail
  * as stored (decode: the 4-row path above; batches: avx2's). */
