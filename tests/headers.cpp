@@ -11,6 +11,7 @@
 #include "moetax/sampler.h"
 #include "moetax/report.h"
 #include "moetax/store.h"
+#include "moetax/predict.h"
 #include "moetax/outfile.h"
 
 int main() { return moetax_status_name(MOETAX_OK)[0] == 'M' ? 0 : 1; }

@@ -294,7 +294,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             char test[32];
             snprintf(test, sizeof test, "%s%lld", kind ? "tg" : "pp", (long long)n);
             if (o->json && rr->has_store && kind)
-                st = cli_json_print(stdout, cli_jobj("osiosbooooooooooobooo",
+                st = cli_json_print(stdout, cli_jobj("osiosbooooooooooobooooo",
                     "model", cli_jstr(base), "test", test, "threads", threads, "expert_budget_mib", cli_jnum(rr->budget_mib),
                     "policy", moetax_store_policy_name(cli_store_policy(&o->so)), "prefetch", !o->so.no_prefetch,
                     "tokens_per_s", cli_jnum(rr->tps), "hit_rate", cli_jnum(rr->hit_rate), "belady_hit_rate",
@@ -303,7 +303,9 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                     cli_jnum(rr->store_gbps), "tax_share", cli_jnum(rr->tax_share), "load_us_per_token",
                     cli_jnum(rr->phase_us[MOETAX_PHASE_LOAD]), "rss_mib", cli_jnum(rr->rss_mib), "rss_bound_mib",
                     cli_jnum(rr->rss_bound_mib), "rss_is_peak", rr->rss_peak, "use_hit_rate", cli_jnum(rr->use_hit),
-                    "belady_use_hit_rate", cli_jnum(rr->belady_use), "static_use_hit_rate", cli_jnum(rr->static_use)));
+                    "belady_use_hit_rate", cli_jnum(rr->belady_use), "static_use_hit_rate", cli_jnum(rr->static_use),
+                    "predictor_router_recall", cli_jnum(cli_predictor_recall(store, 0)), /* --predictor: per token, */
+                    "predictor_learned_recall", cli_jnum(cli_predictor_recall(store, 1)))); /* one layer ahead */
             else if (rr->has_store && kind)
                 printf("| %s | %d | %s | budget %.0f MiB (%s, %s) | %.2f t/s | hit %.1f%% (Belady %.1f%%), per use %.1f%% (Belady %.1f%%, static %.1f%%) | prefetch P %.0f%% R %.0f%% |"
                        " %.2f MiB read/token at %.2f GB/s | tax %.1f%% | %s %.0f MiB (bound %.0f) |\n",

@@ -1,5 +1,6 @@
 #include "store_cli.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -238,6 +239,13 @@ void cli_predictor_summary(FILE *f, const struct moetax_predictor *p, const stru
             score_line(f, what, *rq, *lq);
         }
     }
+}
+
+double cli_predictor_recall(const struct moetax_store *s, int kind) {
+    const struct moetax_predictor *p = moetax_store_predictor(s);
+    if (!p || kind < 0 || kind >= MOETAX_PREDICT_KINDS) return NAN;
+    struct moetax_predict_score r = moetax_predictor_total(p, (enum moetax_predict_kind)kind, 1);
+    return r.actual ? (double)r.hits / (double)r.actual : NAN;
 }
 
 void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens) {

@@ -47,6 +47,9 @@ moetax_status cli_store_predictor(const struct moetax_model *m, struct moetax_st
  * nothing when the store has no predictor. */
 struct moetax_predictor;
 void cli_predictor_summary(FILE *f, const struct moetax_predictor *p, const struct moetax_model *m);
+/* Per-token recall (= precision: k experts predicted) of the store's predictor of `kind` (0: the router
+ * guess, 1: the learned one) one layer ahead so far; NAN without a predictor or scores. */
+double cli_predictor_recall(const struct moetax_store *s, int kind);
 /* One-paragraph summary (hit rate, prefetch precision, bytes, GB/s; with tokens > 0 also MiB read and
  * stall ms per token). */
 void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens);
