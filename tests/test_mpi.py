@@ -221,9 +221,16 @@ def main():
     tiny2 = os.path.join(work, "tiny-v3.gguf")
     r = run([moetax, "gen", "--preset", "tiny-v3", "-o", tiny2])  # other metadata: another header
     check(r.returncode == 0, f"gen a second tiny model: {r.stderr[-300:]}")
-    sh = ('if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then m="$1"; else m="$0"; fi; '
-          'exec "$2" eval -m "$m" --tokens 1,2 --decode 2')
-    r = mpirun(2, ["sh", "-c", sh, tiny, tiny2, moetax], timeout=60)
+    # (the same arguments on every rank, so that the check of the command lines passes: -m model.gguf in a
+    # directory of each rank's own)
+    for rank, path in ((0, tiny), (1, tiny2)):
+        os.makedirs(os.path.join(work, f"r{rank}"), exist_ok=True)
+        link = os.path.join(work, f"r{rank}", "model.gguf")
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(path, link)
+    sh = 'cd "$0/r$OMPI_COMM_WORLD_RANK" && exec "$1" eval -m model.gguf --tokens 1,2 --decode 2'
+    r = mpirun(2, ["sh", "-c", sh, work, moetax], timeout=60)
     check(r.returncode != 0 and "differs from rank 0's" in r.stderr,
           f"mismatched model files are an error naming the rank: {r.returncode} {r.stderr[-600:]}")
 

@@ -252,7 +252,11 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
             own = cnt > own ? cnt : own;
         }
         const int64_t kk = c->n_expert_used < own ? c->n_expert_used : own;
-        const int64_t need = c->n_ubatch * kk < own ? c->n_ubatch * kk : own;
+        int64_t tok = c->n_ubatch; /* token-sharded dispatch: a unit holds records of every rank's tokens */
+#ifdef MOETAX_WITH_MPI
+        if (moetax_dist_world() && moetax_dist_world()->dispatch) tok *= moetax_dist_world()->size;
+#endif
+        const int64_t need = tok * kk < own ? tok * kk : own;
         if (moetax_store_n_slots(store) < need) {
             st = moetax_error(MOETAX_ERR_ARG,
                               "the expert store holds %d experts, but a micro-batch of %lld tokens with %d experts "
