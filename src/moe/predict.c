@@ -42,6 +42,11 @@ struct run {
     float *z, *p;           /* [E], [2E] */
     int32_t *idx;           /* [k] */
     int32_t *list;          /* [E + U * k] distinct experts, a prediction two ahead */
+    /* one token per micro-batch (decode): the predictions made for layer T one layer ahead (the
+     * router guess of moe.c and the learned one), kept to be scored when T routes instead of
+     * computed again (the features are the same) */
+    int32_t *saved_router, *saved_learned; /* [L][k] */
+    uint64_t *saved_stamp;                 /* [L] micro-batch they are of; 0: none */
     bool broken;            /* out of memory at setup: the predictor stays off */
 };
 
@@ -61,6 +66,9 @@ static void run_free(void *v) {
     free(r->p);
     free(r->idx);
     free(r->list);
+    free(r->saved_router);
+    free(r->saved_learned);
+    free(r->saved_stamp);
     free(r);
 }
 
@@ -97,7 +105,11 @@ static struct run *run_get(struct moetax_predictor *p, const struct fw_step *s, 
     r->p = malloc(sizeof(float) * (size_t)(2 * r->E));
     r->idx = malloc(sizeof(int32_t) * (size_t)r->k);
     r->list = malloc(sizeof(int32_t) * (size_t)(r->E + r->U * r->k));
-    bool ok = r->cur && r->old && r->router && r->feat && r->z && r->p && r->idx && r->list;
+    r->saved_router = malloc(sizeof(int32_t) * (size_t)(r->L * r->k));
+    r->saved_learned = malloc(sizeof(int32_t) * (size_t)(r->L * r->k));
+    r->saved_stamp = calloc((size_t)r->L, sizeof(uint64_t));
+    bool ok = r->cur && r->old && r->router && r->feat && r->z && r->p && r->idx && r->list && r->saved_router &&
+              r->saved_learned && r->saved_stamp;
     for (int l = 0; ok && l < r->L; l++) {
         if (!m->layers[l].is_moe) continue;
         if (r->first_moe < 0) r->first_moe = l;
@@ -261,6 +273,13 @@ void moe_predict_learned(const struct fw_step *s, struct moe *b, int il) {
         if (src < 0 || r->cur[src].stamp != r->stamp || r->cur[src].n != n || !r->router[il]) continue;
         const int q = moetax_predictor_pair(p, src, a);
         const float *W = moetax_predictor_weights(p, src, a);
+        if (a == 1 && n == 1 && r->saved_stamp[il] == r->stamp && !p->xtx) { /* decode: as predicted */
+            score(&p->score[(size_t)MOETAX_PREDICT_ROUTER * (size_t)nq + (size_t)q], r->saved_router + il * k, k, actual);
+            if (W)
+                score(&p->score[(size_t)MOETAX_PREDICT_LEARNED * (size_t)nq + (size_t)q], r->saved_learned + il * k, k,
+                      actual);
+            continue;
+        }
         for (int64_t t = 0; t < n; t++) {
             const float *prev = find_row(r, cur, s->seq[t], s->pos[t] - 1, t);
             if (!prev) prev = find_row(r, &r->old[il], s->seq[t], s->pos[t] - 1, r->old[il].n);
@@ -282,12 +301,18 @@ void moe_predict_learned(const struct fw_step *s, struct moe *b, int il) {
     const int T = il + 1;
     const float *W = moetax_predictor_weights(p, il, 1);
     if (!p->use || !W || T >= r->L || p->target[moetax_predictor_pair(p, il, 1)] != T || !b->pred_ok[T]) return;
+    int32_t *pred = b->pred + (int64_t)T * U * k;
+    if (n == 1) memcpy(r->saved_router + T * k, pred, sizeof(int32_t) * (size_t)k);
     for (int64_t t = 0; t < n; t++) {
         const float *prev = find_row(r, &r->cur[T], s->seq[t], s->pos[t] - 1, r->cur[T].n);
         float *f = r->feat + t * F;
         features(s, p, r, T, s->x + t * d, prev, f);
         matvec(s, W, E, F, F, f, r->z);
-        select_experts(s, r, T, r->z, b->pred + ((int64_t)T * U + t) * k);
+        select_experts(s, r, T, r->z, pred + t * k);
+    }
+    if (n == 1) {
+        memcpy(r->saved_learned + T * k, pred, sizeof(int32_t) * (size_t)k);
+        r->saved_stamp[T] = r->stamp;
     }
     prefetch_two_ahead(s, b, p, r, il);
 }
