@@ -28,7 +28,8 @@
  *     Moves n x d floats (each way), k / P times fewer for top-k, but the summation order
  *     differs from the single process: logits agree to float rounding (tested: max |diff|
  *     relative to the logits' range below 1e-4), not bit for bit.
- *   Only worker 0 (the thread that called moetax_ctx_decode: MPI_THREAD_FUNNELED) calls MPI,
+ *   Only worker 0 (the thread that called moetax_ctx_decode; with --ep-overlap the communication
+ *   thread instead, while worker 0 makes no MPI call: MPI_THREAD_SERIALIZED) calls MPI,
  *   between two barriers of the step. The ledger books an MPI_Barrier just before the
  *   collective to `wait` (this rank waiting for the slowest), the collective itself to `comm`.
  *

@@ -24,6 +24,11 @@
  * shared hidden row at the start of phase 6 (phase 5 goes): the same small work
  * on every worker instead of a phase and a barrier each, with the same bits. No
  * barrier per expert.
+ *
+ * Token-sharded dispatch under mpirun (src/dist/dist.h): moe_block_ep instead. This rank's
+ * tokens are routed here and sent as records to the ranks of their experts; the records
+ * that arrive (and those for this rank itself) are computed as units of the same gate/up,
+ * prepare and down phases, and one partial sum per record goes back.
  */
 #include <math.h>
 #include <sched.h>
@@ -583,10 +588,11 @@ static moetax_status ep_exchange(struct worker *w, struct moe *b, struct moetax_
     return st;
 }
 
-/* Worker 0: record r of the unit (the records [0, u_n) of ep->u_rec) */
+/* Worker 0: the dispatch plan of the unit's records (u_rec [0, u_n)): their ids and weights
+ * as a routing [u_n, k] (-1: an expert of another rank), slots grouped by expert */
 static void ep_unit_plan(const struct fw_step *s, struct moe *b, int il) {
     struct moe_ep *ep = b->ep;
-    const int64_t k = b->k, E = s->m->hp.n_expert;
+    const int64_t k = b->k;
     for (int32_t i = 0; i < ep->u_n; i++) {
         memcpy(ep->u_sel + i * k, rec_ids(ep->u_rec[i]), sizeof(int32_t) * (size_t)k);
         memcpy(ep->u_selw + i * k, rec_w(ep->u_rec[i], k), sizeof(float) * (size_t)k);
@@ -594,12 +600,11 @@ static void ep_unit_plan(const struct fw_step *s, struct moe *b, int il) {
     plan(s, b, il, ep->u_sel, ep->u_selw, ep->u_n, &ep->plan);
     for (int32_t a = 0; a < ep->plan.n_active; a++) ep->cnt_e[ep->plan.active[a]] += ep->plan.count[ep->plan.active[a]];
     ep->cnt_slots += ep->plan.n_slots;
-    (void)E;
 }
 
-/* All workers: this rank's experts for the unit's records (set by worker 0 before the
- * first phase's barrier... by worker 0 in the first phase), each record's partial sum
- * (its experts ascending) into its u_out row. Five phases. */
+/* All workers: this rank's experts for the unit's records, each record's partial sum (its
+ * experts ascending) into its u_out row. Five phases. Worker 0 sets the unit (u_rec, u_out,
+ * u_n) before it enters the first, whose barrier publishes the plan it makes there. */
 static void ep_unit(struct worker *w, struct moe *b, int il) {
     struct fw_step *s = w->s;
     struct moe_ep *ep = b->ep;
