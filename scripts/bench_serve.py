@@ -221,6 +221,8 @@ def main():
     ap.add_argument("--json", help="write the rounds and medians here")
     ap.add_argument("serve_args", nargs="*", help="after --: more `moetax serve` options")
     a = ap.parse_args()
+    if a.rounds < 1 or a.clients < 2 or a.n < 2:
+        sys.exit("bench_serve: --rounds must be >= 1, --clients >= 2 and -n >= 2")
     words = ("def return self import class for while yield lambda async await with try except raise "
              "value index result items key data list dict none true false print open path").split()
     tmp = tempfile.mkdtemp(prefix="bench_serve.")
@@ -263,6 +265,8 @@ def main():
             lo = {}
             t_send = time.perf_counter()
             stream(srv, long_prompt, 4, lo)
+            if "error" in lo:
+                sys.exit("bench_serve: the long prompt's request failed: " + lo["error"])
             t_first = lo["times"][0] if lo.get("times") else lo["t_end"]
             for t in th:
                 t.join()

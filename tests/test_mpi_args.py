@@ -45,6 +45,10 @@ def main():
     r = mpirun(["-np", "1", "-x", "MOETAX_MPI_DISPATCH=alltoall"] + ev + ["1", ":", "-np", "1"] + ev + ["1"])
     check(r.returncode != 0 and "MOETAX_MPI_DISPATCH=" in r.stderr, f"another MOETAX_MPI_DISPATCH fails, named: "
           f"{r.stderr[-600:]}")
+    r = mpirun(["-np", "1"] + ev + ["1", "--ep-dispatch", "alltoall", ":", "-np", "1"] + ev + ["1"])
+    check(r.returncode != 0 and "runs another command than rank 0" in r.stderr and "--ep-dispatch" in r.stderr,
+          f"an --ep-dispatch on one rank only is named (the options main() takes out are checked too): "
+          f"{r.stderr[-600:]}")
     return summary()
 
 

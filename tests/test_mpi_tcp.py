@@ -24,7 +24,17 @@ MODEL = os.path.join(ROOT, "models", "pycode-20m-q8_0.gguf")
 TAG = f"mx{os.getpid() % 100000}"  # names unique to this run (IFNAMSIZ: at most 15 characters)
 NS = [f"{TAG}a", f"{TAG}b"]
 BR = f"{TAG}br"
-NET = f"10.{77 + os.getpid() % 100}.0"  # a /24 of its own
+def free_net():
+    """A 10.X.0.0/24 that no route of this machine covers (a VPN or a cluster may use 10/8)."""
+    routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout
+    for k in range(170):
+        x = 77 + (os.getpid() + k) % 170
+        if f"10.{x}." not in routes:
+            return f"10.{x}.0"
+    return "10.77.0"
+
+
+NET = free_net() if shutil.which("ip") else "10.77.0"
 ADDR = [f"{NET}.2", f"{NET}.3"]
 TOKENS = "1,5,9,13,17,21,25,29"
 
@@ -50,6 +60,12 @@ def setup():
 
 
 def teardown():
+    for ns in NS:  # a rank left behind by a timeout must not keep a namespace alive
+        for pid in sh("ip", "netns", "pids", ns).stdout.split():
+            try:
+                os.kill(int(pid), 9)
+            except (OSError, ValueError):
+                pass
     for ns in NS:
         sh("ip", "netns", "del", ns)
         sh("ip", "link", "del", f"{ns}h")
@@ -70,8 +86,11 @@ def main():
         f.write("#!/bin/sh\nhost=\"$1\"; shift\ncase \"$host\" in\n")
         for a, ns in zip(ADDR, NS):
             f.write(f"  {a}) ns={ns} ;;\n")
+        # each "host" gets a temporary directory of its own: two daemons of one job on one file
+        # system would race for the same session directory (mkdir: File exists)
         f.write("  *) echo \"netns agent: unknown host $host\" >&2; exit 1 ;;\nesac\n"
-                "exec ip netns exec \"$ns\" /bin/sh -c \"$*\"\n")
+                f"mkdir -p {work}/tmp-$ns\n"
+                f"exec ip netns exec \"$ns\" env TMPDIR={work}/tmp-$ns /bin/sh -c \"$*\"\n")
     os.chmod(agent, 0o755)
     try:
         err = setup()
@@ -95,7 +114,7 @@ def main():
             got = os.path.join(work, f"got-{mode}.f32")
             r = subprocess.run(base + extra + [moetax, "eval", "-m", MODEL, "--tokens", TOKENS, "--decode", "4", "-t", "1",
                                                "--out", got], capture_output=True, text=True, timeout=180, env=env)
-            if not check(r.returncode == 0, f"{mode}: np 2 over TCP: {r.stderr[-800:]}"):
+            if not check(r.returncode == 0, f"{mode}: np 2 over TCP: {r.stderr[-3000:]}"):
                 continue
             check(len(re.findall(r"rank \d of 2: peak RSS", r.stderr)) == 2, f"{mode}: both ranks ran")
             g = re.search(r"greedy: ([\d ]+)", r.stdout + r.stderr)

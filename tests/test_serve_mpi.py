@@ -2,12 +2,14 @@
 # ctest-labels: mpi
 """test_serve_mpi.py - `mpirun -np 2 moetax serve` (src/dist/dist_cmd.h): rank 0 speaks HTTP,
 every rank steps together, with replicated attention (the default) and with token-sharded
-dispatch (MOETAX_MPI_DISPATCH=alltoall: each rank holds its own sequences' cells). Greedy completions equal `moetax run --temp 0` of the single process,
-one at a time and 4 in flight; a prompt that starts with a finished one's tokens reuses its cells
-(prefix copy replayed on the other rank) and still gives the single process's answer; the KV
-cells in use return to 0; SIGTERM to rank 0 stops every rank and mpirun exits 0; a follower rank
-killed with SIGKILL ends the whole job within a bounded time (no hang). SKIP without mpirun, an
-MPI build or libmicrohttpd.
+dispatch (MOETAX_MPI_DISPATCH=alltoall: each rank holds its own sequences' cells, rank 0 keeps the
+books of all). Prompts are prefilled 8 tokens per step. Greedy completions equal `moetax run
+--temp 0` of the single process, one at a time and 4 in flight (two of them longer than a chunk);
+a prompt that extends a finished one reuses that slot's cells, one that extends a running one
+gets its prefix copied into another slot, both replayed on the other rank, and both still give
+the single process's answer; the KV cells in use return to 0; SIGTERM to rank 0 stops every rank
+and mpirun exits 0; a follower rank killed with SIGKILL ends the whole job within a bounded time
+(no hang). SKIP without mpirun, an MPI build or libmicrohttpd.
 
 usage: test_serve_mpi.py MOETAX_BIN WORKDIR
 """
@@ -30,7 +32,10 @@ MODEL = os.path.join(ROOT, "models", "pycode-20m-q8_0.gguf")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", MOETAX_MPI_TIMEOUT="10")
 PROMPTS = ["def __init__(self", "import os\nimport sys\n", "class Parser:\n    def", "for i in range(",
-           "    return self._"]
+           "    return self._",
+           # longer than the servers' --prefill-chunk (8): prefilled over several steps, on every rank
+           "import os\nimport sys\nimport json\nimport time\n\n\ndef main(argv):\n    parser = argparse.ArgumentParser()\n",
+           "class Config(object):\n    \"\"\"Settings read from a file.\"\"\"\n\n    def __init__(self, path, encoding=None):\n"]
 
 
 class MpiServer:
@@ -39,7 +44,8 @@ class MpiServer:
         self.log = open(self.log_path, "w+b")
         self.moetax = moetax
         self.p = subprocess.Popen(["mpirun", "--oversubscribe", "-np", "2", moetax, "serve", "-m", MODEL, "--port",
-                                   "0", "-t", "1", "--parallel", "4", *args], stdout=self.log, stderr=self.log,
+                                   "0", "-t", "1", "--parallel", "4", "--prefill-chunk", "8", *args],
+                                  stdout=self.log, stderr=self.log,
                                   env=dict(ENV, **(env or {})))
         self.port = None
         deadline = time.time() + 90
@@ -90,7 +96,7 @@ class MpiServer:
         self.log.close()
 
 
-def serve_checks(moetax, work, mode, env, refs, n):
+def serve_checks(moetax, work, mode, env, refs, refs_ext, n):
     """One server in this dispatch mode: the answers, prefix reuse, cells, SIGTERM."""
     s = MpiServer(moetax, work, mode, env=env)
     try:
@@ -100,31 +106,55 @@ def serve_checks(moetax, work, mode, env, refs, n):
             print("SKIP: moetax was built without MPI")
             return None
         # one at a time
+        usage = {}
         for p in PROMPTS[:2]:
             o = s.post({"prompt": p, "max_tokens": n, "temperature": 0})
+            usage[p] = o["usage"]
             check(o["choices"][0]["text"] == refs[p], f"{mode}: np 2 serve {p!r}: {o['choices'][0]['text']!r} != run's "
                   f"{refs[p]!r}")
-        # 4 in flight at once (one step holds several sequences, prompts and decodes mixed)
+        # a prompt that extends a finished one: its slot's cells are reused (every rank replays it)
+        p0 = PROMPTS[0]
+        ext = p0 + refs[p0][:12]
+        o = s.post({"prompt": ext, "max_tokens": 8, "temperature": 0})
+        cached = o["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        check(cached >= usage[p0]["prompt_tokens"] - 1, f"{mode}: the extended prompt reused the finished one's "
+              f"cells: cached_tokens {cached}, its prompt had {usage[p0]['prompt_tokens']}")
+        check(o["choices"][0]["text"] == refs_ext[0], f"{mode}: np 2 serve, prefix reuse: {o['choices'][0]['text']!r}"
+              f" != {refs_ext[0]!r}")
+        # a prompt that extends a RUNNING one: its prefix is copied into another slot (of the same rank
+        # when the ranks hold their own sequences)
+        p2 = PROMPTS[2]
+        running = {}
+
+        def long_one():
+            running["o"] = s.post({"prompt": p2, "max_tokens": 3 * n, "temperature": 0})
+        t = threading.Thread(target=long_one)
+        t.start()
+        time.sleep(0.3)  # admitted and decoding
+        o2 = s.post({"prompt": p2 + refs[p2][:10], "max_tokens": 8, "temperature": 0})
+        t.join()
+        cached = o2["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        check("o" in running and running["o"]["choices"][0]["text"].startswith(refs[p2]),
+              f"{mode}: the running request is undisturbed by the copy")
+        check(cached >= running.get("o", {}).get("usage", {}).get("prompt_tokens", 99) - 1,
+              f"{mode}: a running request's prefix copied to another slot: cached_tokens {cached}")
+        check(o2["choices"][0]["text"] == refs_ext[1], f"{mode}: np 2 serve, copied prefix: "
+              f"{o2['choices'][0]['text']!r} != {refs_ext[1]!r}")
+        # 4 in flight at once (one step holds several sequences, prompt chunks and decodes mixed), two
+        # of them longer than the prefill chunk
         outs = {}
 
         def one(p):
-            outs[p] = s.post({"prompt": p, "max_tokens": n, "temperature": 0})["choices"][0]["text"]
-        th = [threading.Thread(target=one, args=(p,)) for p in PROMPTS[1:]]
+            outs[p] = s.post({"prompt": p, "max_tokens": n, "temperature": 0}, timeout=120)["choices"][0]["text"]
+        batch = PROMPTS[3:]
+        th = [threading.Thread(target=one, args=(p,)) for p in batch]
         for t in th:
             t.start()
         for t in th:
             t.join()
-        for p in PROMPTS[1:]:
-            check(outs.get(p) == refs[p], f"{mode}: np 2 serve, 4 in flight, {p!r}: {outs.get(p)!r} != {refs[p]!r}")
-        # a prompt that extends a finished one: its cells are copied (replayed on rank 1)
-        p0 = PROMPTS[0]
-        ext = p0 + refs[p0][:12]
-        ref_ext = greedy(moetax, ext, 8)
-        o = s.post({"prompt": ext, "max_tokens": 8, "temperature": 0})
-        cached = o["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
-        check(cached > 0, f"{mode}: the extended prompt reused a finished one's cells (cached_tokens {cached})")
-        check(o["choices"][0]["text"] == ref_ext, f"{mode}: np 2 serve, prefix reuse: {o['choices'][0]['text']!r} != "
-              f"{ref_ext!r}")
+        for p in batch:
+            check(outs.get(p) == refs[p], f"{mode}: np 2 serve, {len(batch)} in flight, {p!r}: {outs.get(p)!r} != "
+                  f"{refs[p]!r}")
         deadline = time.time() + 10  # the scheduler refreshes /metrics after its step: poll
         while s.metric("moetax_kv_cells_active") != 0 and time.time() < deadline:
             time.sleep(0.05)
@@ -166,10 +196,11 @@ def main():
         return 0
     n = 24
     refs = {p: greedy(moetax, p, n) for p in PROMPTS}
+    refs_ext = [greedy(moetax, PROMPTS[0] + refs[PROMPTS[0]][:12], 8), greedy(moetax, PROMPTS[2] + refs[PROMPTS[2]][:10], 8)]
     modes = [("replicated", {}), ("alltoall", {"MOETAX_MPI_DISPATCH": "alltoall"})]
 
     for mode, env in modes:
-        if serve_checks(moetax, work, mode, env, refs, n) is None:
+        if serve_checks(moetax, work, mode, env, refs, refs_ext, n) is None:
             return 0
 
     # a follower killed: the job ends (mpirun notices), no rank left waiting

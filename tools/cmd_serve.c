@@ -61,6 +61,11 @@ struct stop_waiter {
 
 static void *stop_on_signal(void *arg) {
     struct stop_waiter *w = arg;
+    sigset_t ss; /* blocked in every thread serve starts; this one takes them (MPI's own threads may not) */
+    sigemptyset(&ss);
+    sigaddset(&ss, SIGINT);
+    sigaddset(&ss, SIGTERM);
+    pthread_sigmask(SIG_UNBLOCK, &ss, NULL);
     unsigned char b = 0;
     while (read(g_sig_pipe[0], &b, 1) < 0 && errno == EINTR) {}
     const int sig = b;

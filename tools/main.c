@@ -60,6 +60,13 @@ int main(int argc, char **argv) {
 #ifdef MOETAX_WITH_MPI
             /* under mpirun: join the world (src/dist/dist.h); rank 0 writes the results */
             if (moetax_dist_init(&argc, &argv)) return 1;
+            /* every rank runs rank 0's command (an MPMD line or another environment would hang in a
+             * later collective): checked on the arguments as given, --placement and --ep-* included */
+            if (moetax_dist_world() && moetax_dist_same_command(argc, argv)) {
+                fprintf(stderr, "moetax: %s\n", moetax_last_error());
+                moetax_dist_finalize(2);
+                return 2;
+            }
             /* --placement FILE, anywhere after the subcommand: the map of experts to ranks */
             for (int a = 2; a + 1 < argc; a++)
                 if (!strcmp(argv[a], "--placement")) {
@@ -90,11 +97,6 @@ int main(int argc, char **argv) {
             if ((ep_mode || ep_overlap) &&
                 moetax_dist_set_dispatch(ep_mode ? ep_mode : "alltoall", ep_overlap || moetax_dist_world()->overlap)) {
                 moetax_dist_finalize(0);
-                return 2;
-            }
-            if (moetax_dist_world() && moetax_dist_same_command(argc, argv)) { /* an MPMD line, another env */
-                fprintf(stderr, "moetax: %s\n", moetax_last_error());
-                moetax_dist_finalize(2);
                 return 2;
             }
             int rc = k_commands[i].fn(argc - 1, argv + 1);

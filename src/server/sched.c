@@ -188,6 +188,12 @@ struct srv_sched {
     struct srv_sched_params p;
     struct moetax_ctx *ctx;
     struct moetax_kvcache *kv;
+    /* the cache the scheduler keeps its books with: kv, or under token-sharded ranks (whose
+     * caches hold only their own sequences: rank seq % P) a cache of the same cells, blocks and
+     * sequences with no rows (shadow), that sees every operation and every decoded batch of
+     * every rank, so admission, prefill and /metrics count all sequences and every rank's real
+     * use stays within it */
+    struct moetax_kvcache *acct, *shadow;
     struct moetax_ledger *led;
     struct slot *slots;
     int64_t max_seq, blocks_all, bs;
@@ -246,12 +252,22 @@ static void cmd_put(struct srv_sched *s, const int32_t *w, size_t n) {
 static moetax_status kv_rm(struct srv_sched *s, int seq, int64_t p0, int64_t p1) {
     const int32_t w[4] = {DIST_CMD_RM, seq, (int32_t)p0, (int32_t)p1};
     cmd_put(s, w, 4);
+    if (s->shadow) { /* the books of every rank's sequences, then this rank's cells (if it holds them) */
+        moetax_status st = moetax_kvcache_seq_rm(s->shadow, seq, p0, p1);
+        moetax_kvcache_seq_rm(s->kv, seq, p0, p1);
+        return st;
+    }
     return moetax_kvcache_seq_rm(s->kv, seq, p0, p1);
 }
 
 static moetax_status kv_cp(struct srv_sched *s, int src, int dst, int64_t p0, int64_t p1) {
     const int32_t w[5] = {DIST_CMD_CP, src, dst, (int32_t)p0, (int32_t)p1};
     cmd_put(s, w, 5);
+    if (s->shadow) {
+        moetax_status st = moetax_kvcache_seq_cp(s->shadow, src, dst, p0, p1);
+        moetax_kvcache_seq_cp(s->kv, src, dst, p0, p1);
+        return st;
+    }
     return moetax_kvcache_seq_cp(s->kv, src, dst, p0, p1);
 }
 
@@ -310,9 +326,9 @@ static void slot_release(struct srv_sched *s, int i, bool keep_cells) {
     struct slot *sl = &s->slots[i];
     if (sl->r) srv_req_unref(sl->r);
     sl->r = NULL;
-    if (keep_cells && !s->p.no_prefix_reuse && moetax_kvcache_seq_len(s->kv, i) > 0) {
+    if (keep_cells && !s->p.no_prefix_reuse && moetax_kvcache_seq_len(s->acct, i) > 0) {
         sl->state = SLOT_IDLE;
-        sl->n_toks = moetax_kvcache_seq_len(s->kv, i); /* what the cache holds */
+        sl->n_toks = moetax_kvcache_seq_len(s->acct, i); /* what the cache holds */
         sl->t_idle = now_s();
     } else {
         kv_rm(s, i, 0, -1);
@@ -333,7 +349,7 @@ static int64_t blocks_needed_active(const struct srv_sched *s, int64_t *reserved
     for (int i = 0; i < s->p.n_parallel; i++) {
         const struct slot *sl = &s->slots[i];
         if (sl->state != SLOT_ACTIVE) continue;
-        const int64_t cur = blocks_for(s, moetax_kvcache_seq_len(s->kv, i));
+        const int64_t cur = blocks_for(s, moetax_kvcache_seq_len(s->acct, i));
         need += sl->want_blocks > cur ? sl->want_blocks - cur : 0;
         res += sl->want_blocks;
     }
@@ -362,20 +378,19 @@ static bool admit_one(struct srv_sched *s, struct srv_req *r) {
         for (int i = 0; i < N; i++) {
             const struct slot *sl = &s->slots[i];
             if (sl->state == SLOT_FREE) continue;
-            const int64_t held = moetax_kvcache_seq_len(s->kv, i);
+            const int64_t held = moetax_kvcache_seq_len(s->acct, i);
             int64_t L = common_prefix(sl->toks, held, r->prompt, r->n_prompt - 1);
             if (L > best) { best = L; src = i; }
         }
-    if (s->shard > 1 && src >= 0 && s->slots[src].state == SLOT_IDLE) {
-        dst = src; /* token-sharded ranks: reuse in place (the cells are on that slot's rank) */
-    } else if (s->shard > 1 && src >= 0) {
-        /* the copy must stay on the source's rank (a free slot there, else its oldest idle one);
-         * none: no reuse */
+    if (s->shard > 1 && src >= 0) {
+        /* token-sharded ranks: the cells stay on the source's rank: a free slot there (a copy), else
+         * the source itself if idle (in place), else that rank's oldest idle slot; none: no reuse */
         const int rk = src % s->shard;
         for (int i = rk; i < N && dst < 0; i += s->shard)
             if (s->slots[i].state == SLOT_FREE) dst = i;
-        for (int i = rk; i < N; i += s->shard)
-            if (dst < 0 || s->slots[dst].state != SLOT_FREE)
+        if (dst < 0 && s->slots[src].state == SLOT_IDLE) dst = src;
+        if (dst < 0)
+            for (int i = rk; i < N; i += s->shard)
                 if (s->slots[i].state == SLOT_IDLE && (dst < 0 || s->slots[i].t_idle < s->slots[dst].t_idle)) dst = i;
         if (dst < 0) src = -1, best = 0;
     }
@@ -396,7 +411,7 @@ static bool admit_one(struct srv_sched *s, struct srv_req *r) {
     }
     /* room for what the running ones and this one may still take: evict idle slots, oldest first */
     const int64_t need = blocks_needed_active(s, NULL) + want - blocks_for(s, reused);
-    while (moetax_kvcache_n_free(s->kv) / s->bs < need) {
+    while (moetax_kvcache_n_free(s->acct) / s->bs < need) {
         int v = -1;
         for (int i = 0; i < N; i++)
             if (i != dst && s->slots[i].state == SLOT_IDLE && (v < 0 || s->slots[i].t_idle < s->slots[v].t_idle)) v = i;
@@ -521,8 +536,8 @@ static void update_metrics(struct srv_sched *s, int seqs, int64_t tokens, bool d
     int64_t cached = 0, active_cells = 0;
     for (int i = 0; i < s->p.n_parallel; i++) {
         active += s->slots[i].state == SLOT_ACTIVE;
-        if (s->slots[i].state == SLOT_ACTIVE) active_cells += moetax_kvcache_seq_len(s->kv, i);
-        if (s->slots[i].state == SLOT_IDLE) cached += blocks_for(s, moetax_kvcache_seq_len(s->kv, i)) * s->bs;
+        if (s->slots[i].state == SLOT_ACTIVE) active_cells += moetax_kvcache_seq_len(s->acct, i);
+        if (s->slots[i].state == SLOT_IDLE) cached += blocks_for(s, moetax_kvcache_seq_len(s->acct, i)) * s->bs;
     }
     double ph[MOETAX_PHASE_COUNT], wall;
     int64_t tok, steps;
@@ -544,8 +559,8 @@ static void update_metrics(struct srv_sched *s, int seqs, int64_t tokens, bool d
     }
     m->requests_processing = active;
     m->requests_deferred = deferred;
-    m->kv_cells = moetax_kvcache_n_cells(s->kv);
-    m->kv_cells_used = m->kv_cells - moetax_kvcache_n_free(s->kv);
+    m->kv_cells = moetax_kvcache_n_cells(s->acct);
+    m->kv_cells_used = m->kv_cells - moetax_kvcache_n_free(s->acct);
     m->kv_cells_cached = cached;
     m->kv_cells_active = active_cells;
     memcpy(m->phase_s, ph, sizeof ph);
@@ -605,7 +620,7 @@ static bool step(struct srv_sched *s) {
         for (int i = 0; i < N; i++) {
             const struct slot *sl = &s->slots[i];
             if (sl->state == SLOT_ACTIVE && !sl->decoding && sl->n_past < sl->n_toks &&
-                (moetax_kvcache_seq_len(s->kv, i) == sl->n_past) &&
+                (moetax_kvcache_seq_len(s->acct, i) == sl->n_past) &&
                 (pick < 0 || sl->admit_order < s->slots[pick].admit_order))
                 pick = i;
         }
@@ -650,6 +665,11 @@ static bool step(struct srv_sched *s) {
             pthread_mutex_unlock(&s->mu);
         }
         return true;
+    }
+    if (s->shadow) { /* the batch into the books (every rank took its own share) */
+        st = moetax_kvcache_reserve(s->shadow, b->seq, b->pos, b->n_tokens);
+        if (st) fprintf(stderr, "moetax serve: the KV books refuse a step the ranks took: %s\n", moetax_last_error());
+        else moetax_kvcache_commit(s->shadow, b->seq, b->pos, b->n_tokens);
     }
     pthread_mutex_lock(&s->mmu);
     s->m.prompt_tokens_total += prompt_tokens;
@@ -739,7 +759,7 @@ static moetax_status sched_init(const struct srv_sched_params *p, struct srv_sch
     moetax_status st;
     if (!(s->ring = calloc(TAX_RING, sizeof *s->ring))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto fail; }
     if ((st = moetax_ctx_init(p->model, &cp, &s->ctx))) goto fail;
-    s->kv = moetax_ctx_kv(s->ctx);
+    s->kv = s->acct = moetax_ctx_kv(s->ctx);
     s->bs = moetax_kvcache_block_size(s->kv);
     s->blocks_all = moetax_kvcache_n_cells(s->kv) / s->bs;
     s->max_seq = moetax_kvcache_n_cells(s->kv);
@@ -776,6 +796,12 @@ moetax_status srv_sched_start(const struct srv_sched_params *p, struct srv_sched
         s->mirror = s->on_caller = true;
         const struct moetax_dist *w = moetax_dist_world();
         s->shard = w && w->dispatch ? w->size : 1;
+        if (s->shard > 1) {
+            struct moetax_kvcache_params kp = {.n_cells = moetax_kvcache_n_cells(s->kv), .block_size = (int32_t)s->bs,
+                                               .n_seq_max = moetax_kvcache_n_seq_max(s->kv)};
+            if ((st = moetax_kvcache_init(1, 1, &kp, &s->shadow))) { srv_sched_free(s); return st; }
+            s->acct = s->shadow;
+        }
         s->started = true;
         *out = s;
         return MOETAX_OK;
@@ -872,6 +898,7 @@ void srv_sched_free(struct srv_sched *s) {
         }
     free(s->slots);
     free(s->cmd);
+    moetax_kvcache_free(s->shadow);
     moetax_batch_free(&s->batch);
     if (s->ctx) moetax_ctx_set_ledger(s->ctx, NULL);
     moetax_ledger_free(s->led);

@@ -654,8 +654,14 @@ static moetax_status parse_ranks(struct moetax_report *r, const char *name, cons
             static const char *const keys[5] = {"bytes_sent", "bytes_recv", "collectives", "comm_s", "wait_s"};
             char wd[80];
             snprintf(wd, sizeof wd, "%s.dist", w);
-            for (int j = 0; j < 5; j++)
-                if ((st = key_sec(name, wd, dj, keys[j], f[j]))) return st;
+            for (int j = 0; j < 5; j++) {
+                const json_t *v = json_object_get(dj, keys[j]);
+                char wk[96];
+                snprintf(wk, sizeof wk, "%s.%s", wd, keys[j]);
+                if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < 0)
+                    return fmt_err(name, wk, v ? "expected a finite number >= 0" : "missing");
+                *f[j] = json_number_value(v);
+            }
             k->has_dist = true;
         }
     }
