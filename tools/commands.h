@@ -13,7 +13,7 @@
     X(tokenize, "encode text with a GGUF file's tokenizer and print the token ids or pieces") \
     X(quantize, "convert a GGUF model's weights to another type (f16, bf16, q8_0, q4_0)") \
     X(profile, "run text through the model and write its routing profile (expert frequencies, transitions)") \
-    X(tune, "choose the levers (threads, top-k, paging, capacity factor) for this model and machine, quality measured") \
+    X(tune, "choose the levers (threads, top-k, paging, expert precision, expert store, capacity factor) for this model and machine, quality measured") \
     X(report, "the bill of a run: tax share, phases, layers, workers, routing, from a ledger or trace (--html)") \
     X(serve, "an OpenAI-compatible HTTP server with continuous batching and live tax metrics (/metrics)") \
     X(bench, "benchmarks: mem (read bandwidth), kernels, io (O_DIRECT reads), and model prefill/decode")
