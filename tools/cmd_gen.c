@@ -70,16 +70,22 @@ static moetax_status gqa_params_from_file(const struct moetax_gguf *g, const cha
     uint32_t u;
     float f;
 #define K(s) (snprintf(key, sizeof key, "%s.%s", arch, s), key)
-#define U(s, field) do { if ((st = moetax_gguf_get_u32(g, K(s), &u))) return st; p->field = (int)u; } while (0)
-#define UO(s, field) do { if (!moetax_gguf_get_u32(g, K(s), &u)) p->field = (int)u; } while (0)
+    /* a value of the file in range, or an error naming the file and the key (0 in an optional key:
+     * the fallback stays, as llama.cpp reads them) */
+#define U(s, field) do { if ((st = moetax_gguf_get_u32(g, K(s), &u))) return st; \
+        if (u < 1 || u > (1u << 30)) return moetax_error(MOETAX_ERR_FORMAT, "%s: %s = %u is out of range", path, key, u); \
+        p->field = (int)u; } while (0)
+#define UO(s, field) do { if (!moetax_gguf_get_u32(g, K(s), &u) && u) { \
+        if (u > (1u << 30)) return moetax_error(MOETAX_ERR_FORMAT, "%s: %s = %u is out of range", path, key, u); \
+        p->field = (int)u; } } while (0)
 #define FO(s, field) do { if (!moetax_gguf_get_f32(g, K(s), &f)) p->field = f; } while (0)
     U("embedding_length", n_embd);
     U("block_count", n_layer);
     U("attention.head_count", n_head);
+    if (!moetax_gguf_get_u32(g, K("expert_count"), &u) && u == 0)
+        return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: %s.expert_count is 0: a dense model has no dense twin", path, arch);
     U("expert_count", n_expert);
     U("expert_used_count", n_expert_used);
-    if (p->n_expert == 0)
-        return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: %s.expert_count is 0: a dense model has no dense twin", path, arch);
     p->n_head_kv = p->n_head;
     UO("attention.head_count_kv", n_head_kv);
     p->n_embd_head = p->n_head > 0 ? p->n_embd / p->n_head : 0;
@@ -134,8 +140,14 @@ static moetax_status params_from_file(const char *path, struct moetax_gen_params
     }
     uint32_t u;
     float f;
-#define U(key, field) do { if ((st = moetax_gguf_get_u32(g, "deepseek2." key, &u))) goto out; p->field = (int)u; } while (0)
-#define UO(key, field) do { if (!moetax_gguf_get_u32(g, "deepseek2." key, &u)) p->field = (int)u; } while (0)
+#define U(key, field) do { if ((st = moetax_gguf_get_u32(g, "deepseek2." key, &u))) goto out; \
+        if (u < 1 || u > (1u << 30)) { \
+            st = moetax_error(MOETAX_ERR_FORMAT, "%s: deepseek2." key " = %u is out of range", path, u); goto out; } \
+        p->field = (int)u; } while (0)
+#define UO(key, field) do { if (!moetax_gguf_get_u32(g, "deepseek2." key, &u)) { \
+        if (u > (1u << 30)) { \
+            st = moetax_error(MOETAX_ERR_FORMAT, "%s: deepseek2." key " = %u is out of range", path, u); goto out; } \
+        p->field = (int)u; } } while (0)
 #define FO(key, field) do { if (!moetax_gguf_get_f32(g, "deepseek2." key, &f)) p->field = f; } while (0)
     U("embedding_length", n_embd);
     U("block_count", n_layer);
