@@ -127,13 +127,22 @@ def main():
     r0 = run(args, env=dict(os.environ))
     check(r0.returncode == 0 and text(r0.stdout).strip(), f"run --parallel 4: {r0.stderr[-300:]}")
     for np, ov in ((2, 0), (4, 1)):
-        r = mpirun(np, args + ["--ep-dispatch", "alltoall"] + (["--ep-overlap"] if ov else []))
+        lpath = os.path.join(work, f"a2a-ledger{np}.json")
+        r = mpirun(np, args + ["--ep-dispatch", "alltoall"] + (["--ep-overlap"] if ov else []) + ["--ledger", lpath])
         check(r.returncode == 0 and text(r.stdout) == text(r0.stdout),
               f"run --parallel 4 alltoall np {np}{' overlap' if ov else ''}: the single process's text "
               f"({r.stdout[-300:]!r}; {r.stderr[-300:]})")
         recs = [int(x) for x in re.findall(r"exchanges \(alltoall dispatch[^)]*\), (\d+) records", r.stderr)]
         check(len(recs) == np and sum(x > 0 for x in recs) >= 2,
               f"np {np}: sequences on several ranks send records ({recs})")
+        try:
+            dist = [x["dist"] for x in json.load(open(lpath))["ranks"]]
+        except (OSError, ValueError, KeyError) as e:
+            dist = []
+            check(False, f"np {np}: the merged ledger has every rank's dist counters ({e})")
+        check(len(dist) == np and sorted(x["records"] for x in dist) == sorted(recs) and
+              all(0 < x["bytes_once_per_rank"] <= x["bytes_once_per_expert"] for x in dist if x["records"]),
+              f"np {np}: the ledger's records and bytes, once per rank <= once per expert ({dist})")
 
     # the bytes: every expert on rank 1 (tiny: F32, d 64, k 2, 2 MoE layers), one sequence on rank 0: each of
     # rank 0's tokens is one record per MoE layer (a 16-byte header of ids and weights, the 256-byte float

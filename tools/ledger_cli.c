@@ -123,7 +123,9 @@ static moetax_status write_trace(const struct moetax_ledger *l, const char *path
  * and rank 0 gathers the texts and writes ONE file at the path asked for:
  *   ledger: rank 0's ledger (so `moetax report` reads it as before) plus "ranks": every rank's
  *           ledger in rank order, each with "rank" and "dist" {bytes_sent, bytes_recv,
- *           collectives, comm_s, wait_s} (what the exit summary prints);
+ *           collectives, comm_s, wait_s; with --ep-dispatch alltoall also dispatch, records,
+ *           bytes_once_per_rank, bytes_once_per_expert, blocked_s, logits_bytes} (what the exit
+ *           summary prints);
  *   trace:  one Chrome trace, a process per rank and track kind: rank r's pid p becomes
  *           100 r + p, its process names "rank r: ...", and its times are shifted by its first
  *           span's CLOCK_MONOTONIC time against rank 0's ("t0_ns" in otherData), so the ranks of
@@ -161,6 +163,14 @@ static moetax_status rank_doc(const struct moetax_ledger *l, const struct moetax
     json_t *dj = json_pack("{s:I, s:I, s:I, s:f, s:f}", "bytes_sent", (json_int_t)D->bytes_sent, "bytes_recv",
                            (json_int_t)D->bytes_recv, "collectives", (json_int_t)D->n_collectives, "comm_s",
                            1e-9 * (double)D->ns_comm, "wait_s", 1e-9 * (double)D->ns_wait);
+    if (dj && D->dispatch) { /* token-sharded dispatch (src/dist/dist.h): its bytes against once per expert */
+        json_object_set_new(dj, "dispatch", json_string(D->overlap ? "alltoall+overlap" : "alltoall"));
+        json_object_set_new(dj, "records", json_integer((json_int_t)D->n_records));
+        json_object_set_new(dj, "bytes_once_per_rank", json_integer((json_int_t)D->a2a_bytes_rank));
+        json_object_set_new(dj, "bytes_once_per_expert", json_integer((json_int_t)D->a2a_bytes_expert));
+        json_object_set_new(dj, "blocked_s", json_real(1e-9 * (double)D->ns_blocked));
+        json_object_set_new(dj, "logits_bytes", json_integer((json_int_t)D->bytes_logits));
+    }
     json_object_set_new(d, "rank", json_integer(D->rank));
     if (dj) json_object_set_new(d, "dist", dj);
     *text = json_dumps(d, JSON_COMPACT);
