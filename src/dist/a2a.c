@@ -21,6 +21,17 @@ static moetax_status a2a_fail(const struct moetax_dist *d, int rc, const char *w
     return moetax_error(MOETAX_ERR_IO, "rank %d: %s failed: %s", d->rank, what, s);
 }
 
+/* The communication thread's nap between polls: MOETAX_MPI_NAP_US (default 20; 0: yield only) */
+static long a2a_nap_ns(void) {
+    static long ns = -1;
+    if (ns < 0) {
+        const char *e = getenv("MOETAX_MPI_NAP_US");
+        ns = e && *e ? atol(e) * 1000 : 20000;
+        if (ns < 0 || ns > 999999999) ns = 20000;
+    }
+    return ns;
+}
+
 /* Poll req until done or MOETAX_MPI_TIMEOUT seconds (default 60; 0: no limit). On the
  * communication thread the poll sleeps between tests so that it leaves the core to the
  * compute workers (this machine runs more threads than cores). */
@@ -38,8 +49,8 @@ static moetax_status a2a_poll(struct moetax_dist *d, MPI_Request *req, int il, c
             return moetax_error(MOETAX_ERR_IO, "rank %d of %d: waited more than %g s (MOETAX_MPI_TIMEOUT) in layer %d's "
                                 "%s: rank(s) %s did not arrive", d->rank, d->size, limit, il, what, late[0] ? late : "?");
         }
-        if (nap && ++spin > 64) {
-            struct timespec ts = {0, 20000};
+        if (nap && ++spin > 64 && a2a_nap_ns()) {
+            struct timespec ts = {0, a2a_nap_ns()};
             nanosleep(&ts, NULL);
         } else sched_yield();
     }
@@ -100,8 +111,8 @@ static moetax_status a2a_run(struct moetax_dist *d, struct moetax_dist_a2a *x, b
             int done = 0;
             rc = MPI_Testall(nq, rq, &done, MPI_STATUSES_IGNORE);
             if (rc != MPI_SUCCESS || done) break;
-            if (++spin > 64) {
-                struct timespec ts = {0, 20000};
+            if (++spin > 64 && a2a_nap_ns()) {
+                struct timespec ts = {0, a2a_nap_ns()};
                 nanosleep(&ts, NULL);
             } else sched_yield();
         }

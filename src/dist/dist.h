@@ -174,7 +174,8 @@ struct moetax_dist_a2a {
 void *moetax_dist_a2a_requests(const struct moetax_dist *d);
 /* On the calling thread. */
 moetax_status moetax_dist_a2a(struct moetax_dist *d, struct moetax_dist_a2a *x);
-/* To the communication thread (started at the first post; exchanges run in posting order);
+/* To the communication thread (started at the first post; exchanges run in posting order; it
+ * polls with naps of MOETAX_MPI_NAP_US microseconds, default 20, 0: sched_yield only);
  * the caller polls moetax_dist_a2a_state until 2, then calls moetax_dist_a2a_done. The
  * caller makes no MPI call while an exchange is in flight (MPI_THREAD_SERIALIZED). */
 moetax_status moetax_dist_a2a_post(struct moetax_dist *d, struct moetax_dist_a2a *x);
