@@ -24,11 +24,13 @@ static float *rand_vec(int64_t n, float scale) {
 }
 
 static const enum moetax_type k_types[] = {MOETAX_TYPE_F32,  MOETAX_TYPE_F16,  MOETAX_TYPE_BF16, MOETAX_TYPE_Q8_0,
-                                           MOETAX_TYPE_Q4_0, MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K};
+                                           MOETAX_TYPE_Q4_0, MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K,
+                                           MOETAX_TYPE_Q3_K, MOETAX_TYPE_Q2_K};
 
 /* k-quants: super-blocks of 256 values, block_q8_K activations. */
 static bool is_kq(enum moetax_type t) {
-    return t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K;
+    return t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K || t == MOETAX_TYPE_Q3_K ||
+           t == MOETAX_TYPE_Q2_K;
 }
 
 /* A random [rows, ncols] matrix of type t (rows stored back to back). */
@@ -365,7 +367,8 @@ static void test_repack(void) {
         CHECK(memcmp(a, w, rb * rows) == 0);
         if (avx) {
             const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 ||
-                            (is_kq(t) && strcmp(avx->name, "avx512") == 0); /* Q4_K/Q5_K/Q6_Kx8r */
+                            (is_kq(t) && t != MOETAX_TYPE_Q3_K && t != MOETAX_TYPE_Q2_K &&
+                             strcmp(avx->name, "avx512") == 0); /* Q4_K/Q5_K/Q6_Kx8r; Q3_K/Q2_K plain */
             CHECK(avx->weights_repacked(t) == rp);
             moetax_kernels_repack(avx, t, a, w, rows, ncols);
             if (!rp) CHECK(memcmp(a, w, rb * rows) == 0);
@@ -457,7 +460,7 @@ static void test_repack(void) {
  * step-by-step decode. Rows with repacked groups and a plain tail. */
 static void test_matmul_batch_invariance(const struct moetax_kernels *k) {
     static const enum moetax_type ts[] = {MOETAX_TYPE_Q8_0, MOETAX_TYPE_Q4_0, MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K,
-                                          MOETAX_TYPE_Q6_K};
+                                          MOETAX_TYPE_Q6_K, MOETAX_TYPE_Q3_K, MOETAX_TYPE_Q2_K};
     /* row counts with a plain tail after one group (13), two groups (22), five (43), a panel and more (75) */
     static const int64_t nrows[] = {13, 22, 43, 75};
     for (size_t ti = 0; ti < sizeof ts / sizeof ts[0]; ti++)
@@ -503,7 +506,9 @@ static void test_matmul_vs_f32(const struct moetax_kernels *k) {
         k->quantize_act(t, x, ncols, ncols, 1, xq);
         k->matmul(t, w, rb, 0, rows, ncols, xq, 1, y, rows);
         /* relative to sum |w x|; k-quants measured on this data: q4_k ~0.04, q5_k ~0.02, q6_k ~0.01 at worst */
-        const double tol = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q4_K ? 0.15
+        const double tol = t == MOETAX_TYPE_Q2_K                           ? 0.5
+                           : t == MOETAX_TYPE_Q3_K                         ? 0.3
+                           : t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q4_K ? 0.15
                            : t == MOETAX_TYPE_Q5_K                       ? 0.06
                            : t == MOETAX_TYPE_Q6_K                       ? 0.03
                            : t == MOETAX_TYPE_F32                        ? 1e-5

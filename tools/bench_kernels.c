@@ -232,7 +232,7 @@ int bench_kernels_main(int argc, char **argv) {
             for (char *save = NULL, *tok = strtok_r(tmp, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
                 enum moetax_type t;
                 if (!moetax_type_from_name(tok, &t) || !moetax_type_supported(t))
-                    return cli_usage_error(cmd, "unsupported type '%s' (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k)", tok);
+                    return cli_usage_error(cmd, "unsupported type '%s' (f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k)", tok);
                 if (n_types == BK_MAX_TYPES) return cli_usage_error(cmd, "too many types");
                 types[n_types++] = t;
             }

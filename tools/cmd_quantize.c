@@ -2,9 +2,10 @@
  * Like llama-quantize: the router (ffn_gate_inp), norms, biases, exp_probs_b
  * and all 1-D tensors stay F32; a tensor whose rows do not fit the target
  * block size falls back: k-quants (rows not a multiple of 256) to Q8_0 (as
- * llama-quantize does for Q6_K; it takes Q5_0 for Q4_K and Q5_1 for Q5_K,
- * which moetax does not compute), anything else to F16. Metadata is copied,
- * general.file_type updated (q4_k: MOSTLY_Q4_K_M = 15, q5_k: Q5_K_M = 17,
+ * llama-quantize does for Q6_K; it takes Q5_0 for Q4_K, Q5_1 for Q5_K and
+ * IQ4_NL for Q2_K/Q3_K, which moetax does not compute), anything else to F16.
+ * Metadata is copied, general.file_type updated (q2_k: MOSTLY_Q2_K = 10,
+ * q3_k: Q3_K_M = 12, q4_k: MOSTLY_Q4_K_M = 15, q5_k: Q5_K_M = 17,
  * q6_k: Q6_K = 18, as `llama-quantize --pure IN OUT Q4_K_M` writes).
  * --experts-only converts the routed expert tensors (*_exps.*) alone and copies every
  * other tensor, general.file_type included, as stored: the file `--expert-type TYPE`
@@ -21,7 +22,7 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax quantize [--experts-only] IN.gguf OUT.gguf TYPE\n\n"
-               "TYPE: f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k. Routers, norms, biases and 1-D tensors stay f32;\n"
+               "TYPE: f32 f16 bf16 q8_0 q4_0 q2_k q3_k q4_k q5_k q6_k. Routers, norms, biases and 1-D tensors stay f32;\n"
                "k-quant tensors whose rows are not a multiple of 256 become q8_0 (each named on stderr).\n"
                "  --experts-only  convert the routed expert tensors only, the rest copied as stored (what\n"
                "                  run/bench/eval --expert-type TYPE compute in memory)\n");
@@ -50,7 +51,7 @@ int cmd_quantize(int argc, char **argv) {
     if (np != 3) return cli_usage_error("quantize", "need IN OUT TYPE");
     enum moetax_type to;
     if (!moetax_type_from_name(pos[2], &to) || !moetax_type_supported(to))
-        return cli_usage_error("quantize", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k)", pos[2]);
+        return cli_usage_error("quantize", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k)", pos[2]);
     /* the same file by device and inode, not by name (./../dir/IN, a link to IN) */
     bool same = false;
     moetax_status st = moetax_same_file(pos[0], pos[1], &same);
@@ -65,11 +66,14 @@ int cmd_quantize(int argc, char **argv) {
     enum moetax_type *types = calloc(g->n_tensors + 1, sizeof *types);
     if (!types) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
     if ((st = moetax_gguf_writer_init(pos[1], &w))) goto done;
-    /* llama_ftype: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q8_0 7, Q4_K_M 15, Q5_K_M 17, Q6_K 18, BF16 32 */
+    /* llama_ftype: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q8_0 7, Q2_K 10, Q3_K_M 12, Q4_K_M 15, Q5_K_M 17, Q6_K 18,
+     * BF16 32 */
     uint32_t ftype = to == MOETAX_TYPE_F32    ? 0
                      : to == MOETAX_TYPE_F16  ? 1
                      : to == MOETAX_TYPE_Q4_0 ? 2
                      : to == MOETAX_TYPE_Q8_0 ? 7
+                     : to == MOETAX_TYPE_Q2_K ? 10
+                     : to == MOETAX_TYPE_Q3_K ? 12
                      : to == MOETAX_TYPE_Q4_K ? 15
                      : to == MOETAX_TYPE_Q5_K ? 17
                      : to == MOETAX_TYPE_Q6_K ? 18

@@ -5,13 +5,22 @@
  * DESIGN
  *   Type ids are ggml's, so a GGUF tensor's type field maps 1:1. moetax knows the
  *   block size and byte size of every ggml type (so `inspect` can read any file)
- *   but computes with F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K only.
+ *   but computes with F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K only.
  *
  *   Q8_0: blocks of 32 values: f16 scale d, then 32 int8 q; value = q * d.
  *   Q4_0: blocks of 32 values: f16 scale d, then 16 bytes; byte j holds value j
  *         in its low nibble and value j+16 in its high nibble; value = (q-8) * d.
  *
  *   k-quants (ggml's, super-blocks of QK_K = 256 values):
+ *   Q2_K (84 bytes): scales[16], qs[64], f16 d, f16 dmin. Sixteen sub-blocks of
+ *         16 values; scales[j] holds sub-block j's 4-bit scale (low nibble) and
+ *         4-bit min (high); value = d*(scales[j]&15)*q - dmin*(scales[j]>>4), q in
+ *         0..3. In half h (values 128h..128h+127), value 128h+32k+l (k < 4, l < 32)
+ *         is bits 2k..2k+1 of qs[32h+l].
+ *   Q3_K (110 bytes): hmask[32], qs[64], scales[12], f16 d. Sixteen sub-blocks
+ *         of 16 values, 6-bit scales s_j (moetax_q3k_scales), value = d*(s_j-32)*q,
+ *         q in -4..3: value 128h+32k+l has low 2 bits from bits 2k..2k+1 of
+ *         qs[32h+l] and q = low - 4 unless bit 4h+k of hmask[l] is set (then q = low).
  *   Q4_K (144 bytes): f16 d, f16 dmin, scales[12], qs[128]. Eight sub-blocks
  *         of 32 values, each with a 6-bit scale sc_j and 6-bit min m_j packed
  *         in scales[12] (moetax_q4k_scale_min); value = d*sc_j*q - dmin*m_j,
@@ -95,6 +104,20 @@ typedef struct moetax_block_q4_0 {
 
 #define MOETAX_QK_K 256
 
+typedef struct moetax_block_q2_k {
+    uint8_t scales[MOETAX_QK_K / 16]; /* low nibble: scale, high nibble: min */
+    uint8_t qs[MOETAX_QK_K / 4];      /* 2-bit levels */
+    uint16_t d;                       /* f16 super-block scale of the scales */
+    uint16_t dmin;                    /* f16 super-block scale of the mins */
+} moetax_block_q2_k;
+
+typedef struct moetax_block_q3_k {
+    uint8_t hmask[MOETAX_QK_K / 8]; /* high bits (set: no -4) */
+    uint8_t qs[MOETAX_QK_K / 4];    /* low 2 bits */
+    uint8_t scales[12];             /* 16 6-bit scales, packed */
+    uint16_t d;
+} moetax_block_q3_k;
+
 typedef struct moetax_block_q4_k {
     uint16_t d;                 /* f16 super-block scale of the scales */
     uint16_t dmin;              /* f16 super-block scale of the mins */
@@ -124,6 +147,8 @@ typedef struct moetax_block_q8_k {
 } moetax_block_q8_k;
 
 #ifndef __cplusplus
+_Static_assert(sizeof(moetax_block_q2_k) == 84, "block_q2_K is 84 bytes");
+_Static_assert(sizeof(moetax_block_q3_k) == 110, "block_q3_K is 110 bytes");
 _Static_assert(sizeof(moetax_block_q4_k) == 144, "block_q4_K is 144 bytes");
 _Static_assert(sizeof(moetax_block_q5_k) == 176, "block_q5_K is 176 bytes");
 _Static_assert(sizeof(moetax_block_q6_k) == 210, "block_q6_K is 210 bytes");
@@ -143,6 +168,14 @@ static inline void moetax_q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, ui
     }
 }
 
+/* The 16 6-bit scales (0..63, stored + 32) of a Q3_K scales[12] (ggml's layout): scale j's
+ * low 4 bits are the low (j < 8) or high (j >= 8) nibble of q[j % 8], its high 2 bits bits
+ * 2(j/4)..2(j/4)+1 of q[8 + j%4]. */
+static inline void moetax_q3k_scales(const uint8_t *q, uint8_t s[16]) {
+    for (int j = 0; j < 16; j++)
+        s[j] = (uint8_t)(((j < 8 ? q[j] : q[j - 8] >> 4) & 0xf) | (((q[8 + j % 4] >> (2 * (j / 4))) & 3) << 4));
+}
+
 /* True if t is a known ggml type id (including ones moetax cannot compute). */
 bool moetax_type_valid(uint32_t t);
 /* Values per block (1 for plain types), 0 for an unknown type. */
@@ -153,7 +186,7 @@ size_t moetax_type_size(enum moetax_type t);
 const char *moetax_type_name(enum moetax_type t);
 /* Parse a name as printed by moetax_type_name (case-insensitive); returns false if unknown. */
 bool moetax_type_from_name(const char *name, enum moetax_type *out);
-/* True for the types moetax computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K. */
+/* True for the types moetax computes with: F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. */
 bool moetax_type_supported(enum moetax_type t);
 /* Bytes of a row of n values; 0 if n is not a multiple of the block size or
  * the size does not fit (moetax_tensor_nbytes with one dimension). */
@@ -193,6 +226,9 @@ void moetax_dequantize_row_q4_0_ref(const moetax_block_q4_0 *x, float *y, int64_
 void moetax_quantize_row_q4_k_ref(const float *x, moetax_block_q4_k *y, int64_t n);
 void moetax_quantize_row_q5_k_ref(const float *x, moetax_block_q5_k *y, int64_t n);
 void moetax_quantize_row_q6_k_ref(const float *x, moetax_block_q6_k *y, int64_t n);
+/* ggml's quantize_row_q2_K_ref and quantize_row_q3_K_ref (no importance weights). */
+void moetax_quantize_row_q2_k_ref(const float *x, moetax_block_q2_k *y, int64_t n);
+void moetax_quantize_row_q3_k_ref(const float *x, moetax_block_q3_k *y, int64_t n);
 /* ggml's quantize_row_q8_K_ref (d = max / -127 as float, bsums). */
 void moetax_quantize_row_q8_k_ref(const float *x, moetax_block_q8_k *y, int64_t n);
 

@@ -73,8 +73,8 @@ bool moetax_type_from_name(const char *name, enum moetax_type *out) {
 
 bool moetax_type_supported(enum moetax_type t) {
     return t == MOETAX_TYPE_F32 || t == MOETAX_TYPE_F16 || t == MOETAX_TYPE_BF16 ||
-           t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K ||
-           t == MOETAX_TYPE_Q6_K;
+           t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q2_K || t == MOETAX_TYPE_Q3_K ||
+           t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K;
 }
 
 size_t moetax_row_size(enum moetax_type t, int64_t n) {
@@ -237,9 +237,10 @@ static inline int kq_nearest_int(float f) {
 static inline int kq_clamp(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 /* make_qkx2_quants: an asymmetric (scale, min) fit of n values to 0..nmax, weighted, trying
- * nstep + 1 candidate scales around nmax / (max - min). Returns the scale; *the_min = -min. */
+ * nstep + 1 candidate scales around nmax / (max - min); the error is weighted squares, or
+ * weighted absolute values with use_mad (Q2_K). Returns the scale; *the_min = -min. */
 static float kq_make_qkx2(int n, int nmax, const float *x, const float *w, uint8_t *L, float *the_min,
-                          uint8_t *Laux, float rmin, float rdelta, int nstep) {
+                          uint8_t *Laux, float rmin, float rdelta, int nstep, bool use_mad) {
     float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
     for (int i = 1; i < n; i++) {
         if (x[i] < min) min = x[i];
@@ -260,7 +261,8 @@ static float kq_make_qkx2(int n, int nmax, const float *x, const float *w, uint8
         int l = kq_clamp(kq_nearest_int(iscale * (x[i] - min)), 0, nmax);
         L[i] = (uint8_t)l;
         float diff = scale * L[i] + min - x[i];
-        best_error += w[i] * (diff * diff);
+        diff = use_mad ? fabsf(diff) : diff * diff;
+        best_error += w[i] * diff;
     }
     for (int is = 0; is <= nstep; is++) {
         iscale = (rmin + rdelta * is + nmax) / (max - min);
@@ -283,7 +285,8 @@ static float kq_make_qkx2(int n, int nmax, const float *x, const float *w, uint8
             float cur_error = 0;
             for (int i = 0; i < n; i++) {
                 float diff = this_scale * Laux[i] + this_min - x[i];
-                cur_error += w[i] * (diff * diff);
+                diff = use_mad ? fabsf(diff) : diff * diff;
+                cur_error += w[i] * diff;
             }
             if (cur_error < best_error) {
                 memcpy(L, Laux, (size_t)n);
@@ -310,7 +313,7 @@ static void kq_scales_mins(const float *x, int nmax, float rmin, int nstep, uint
         for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
         float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(x[32 * j + l]);
-        scales[j] = kq_make_qkx2(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+        scales[j] = kq_make_qkx2(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep, false);
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
@@ -447,6 +450,146 @@ void moetax_quantize_row_q6_k_ref(const float *x, moetax_block_q6_k *y, int64_t 
     }
 }
 
+/* Q2_K: each 16 values' (scale, min) by make_qkx2_quants (weights |x|, levels 0..3, absolute
+ * error), both quantized to 4 bits against the largest of each, then the levels again against
+ * the stored scales. */
+void moetax_quantize_row_q2_k_ref(const float *x, moetax_block_q2_k *y, int64_t n) {
+    uint8_t L[MOETAX_QK_K], Laux[16];
+    float weights[16], mins[16], scales[16];
+    const float q4scale = 15.f;
+    for (int64_t i = 0; i < n / MOETAX_QK_K; i++, x += MOETAX_QK_K) {
+        float max_scale = 0, max_min = 0;
+        for (int j = 0; j < 16; j++) {
+            for (int l = 0; l < 16; l++) weights[l] = fabsf(x[16 * j + l]);
+            scales[j] = kq_make_qkx2(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, true);
+            if (scales[j] > max_scale) max_scale = scales[j];
+            if (mins[j] > max_min) max_min = mins[j];
+        }
+        if (max_scale > 0) {
+            const float iscale = q4scale / max_scale;
+            for (int j = 0; j < 16; j++) y[i].scales[j] = (uint8_t)kq_nearest_int(iscale * scales[j]);
+            y[i].d = moetax_fp32_to_fp16(max_scale / q4scale);
+        } else {
+            memset(y[i].scales, 0, sizeof y[i].scales);
+            y[i].d = moetax_fp32_to_fp16(0.f);
+        }
+        if (max_min > 0) {
+            const float iscale = q4scale / max_min;
+            for (int j = 0; j < 16; j++) y[i].scales[j] |= (uint8_t)(kq_nearest_int(iscale * mins[j]) << 4);
+            y[i].dmin = moetax_fp32_to_fp16(max_min / q4scale);
+        } else {
+            y[i].dmin = moetax_fp32_to_fp16(0.f);
+        }
+        for (int j = 0; j < 16; j++) {
+            const float d = moetax_fp16_to_fp32(y[i].d) * (y[i].scales[j] & 0xf);
+            if (!d) continue;
+            const float dm = moetax_fp16_to_fp32(y[i].dmin) * (y[i].scales[j] >> 4);
+            for (int ii = 0; ii < 16; ii++) L[16 * j + ii] = (uint8_t)kq_clamp(kq_nearest_int((x[16 * j + ii] + dm) / d), 0, 3);
+        }
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t *Lh = L + 128 * h;
+                y[i].qs[32 * h + l] = (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
+            }
+    }
+}
+
+/* make_q3_quants with do_rmse: a symmetric fit of n values to -nmax..nmax-1 (returned + nmax),
+ * weights x^2, then up to 5 passes moving single levels while that improves sumlx^2 / suml2. */
+static float kq_make_q3(int n, int nmax, const float *x, int8_t *L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) { amax = ax; max = x[i]; }
+    }
+    if (amax < KQ_GROUP_MAX_EPS) {
+        for (int i = 0; i < n; i++) L[i] = 0;
+        return 0.f;
+    }
+    const float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = kq_clamp(kq_nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        L[i] = (int8_t)l;
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    for (int itry = 0; itry < 5; itry++) {
+        int n_changed = 0;
+        for (int i = 0; i < n; i++) {
+            float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * L[i];
+            if (slx > 0) {
+                float sl2 = suml2 - w * L[i] * L[i];
+                int new_l = kq_clamp(kq_nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
+                if (new_l != L[i]) {
+                    slx += w * x[i] * new_l;
+                    sl2 += w * new_l * new_l;
+                    if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (int8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed++;
+                    }
+                }
+            }
+        }
+        if (!n_changed) break;
+    }
+    for (int i = 0; i < n; i++) L[i] = (int8_t)(L[i] + nmax);
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* Q3_K: each 16 values' scale by make_q3_quants, the scales quantized to 6 bits (-32..31)
+ * against the one of largest magnitude, then the levels (-4..3) against the stored scales;
+ * the levels' bit 2 goes to hmask (value v: bit v/32 of hmask[v%32]), bits 0-1 to qs. */
+void moetax_quantize_row_q3_k_ref(const float *x, moetax_block_q3_k *y, int64_t n) {
+    int8_t L[MOETAX_QK_K];
+    float scales[16];
+    for (int64_t i = 0; i < n / MOETAX_QK_K; i++, x += MOETAX_QK_K) {
+        float max_scale = 0, amax = 0;
+        for (int j = 0; j < 16; j++) {
+            scales[j] = kq_make_q3(16, 4, x + 16 * j, L + 16 * j);
+            const float scale = fabsf(scales[j]);
+            if (scale > amax) { amax = scale; max_scale = scales[j]; }
+        }
+        memset(y[i].scales, 0, 12);
+        if (max_scale) {
+            const float iscale = -32.f / max_scale;
+            for (int j = 0; j < 16; j++) {
+                int8_t l = (int8_t)kq_nearest_int(iscale * scales[j]);
+                l = (int8_t)(kq_clamp(l, -32, 31) + 32);
+                if (j < 8) y[i].scales[j] = (uint8_t)(l & 0xf);
+                else y[i].scales[j - 8] |= (uint8_t)((l & 0xf) << 4);
+                l = (int8_t)(l >> 4);
+                y[i].scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
+            }
+            y[i].d = moetax_fp32_to_fp16(1 / iscale);
+        } else {
+            y[i].d = moetax_fp32_to_fp16(0.f);
+        }
+        uint8_t s6[16];
+        moetax_q3k_scales(y[i].scales, s6);
+        for (int j = 0; j < 16; j++) {
+            const float d = moetax_fp16_to_fp32(y[i].d) * (int8_t)(s6[j] - 32);
+            if (!d) continue;
+            for (int ii = 0; ii < 16; ii++) L[16 * j + ii] = (int8_t)(kq_clamp(kq_nearest_int(x[16 * j + ii] / d), -4, 3) + 4);
+        }
+        memset(y[i].hmask, 0, sizeof y[i].hmask);
+        for (int v = 0; v < MOETAX_QK_K; v++)
+            if (L[v] > 3) {
+                y[i].hmask[v % 32] |= (uint8_t)(1u << (v / 32));
+                L[v] = (int8_t)(L[v] - 4);
+            }
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < 32; l++) {
+                const int8_t *Lh = L + 128 * h;
+                y[i].qs[32 * h + l] = (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
+            }
+    }
+}
+
 void moetax_quantize_row_q8_k_ref(const float *x, moetax_block_q8_k *y, int64_t n) {
     for (int64_t i = 0; i < n / MOETAX_QK_K; i++, x += MOETAX_QK_K) {
         float max = 0, amax = 0;
@@ -473,6 +616,29 @@ void moetax_quantize_row_q8_k_ref(const float *x, moetax_block_q8_k *y, int64_t 
 }
 
 /* Dequantize one block of each k-quant from possibly unaligned bytes p into y[256]. */
+static void kq_dequant_q2k(const uint8_t *p, float *y) {
+    const float d = moetax_fp16_to_fp32(load_u16(p + offsetof(moetax_block_q2_k, d)));
+    const float dmin = moetax_fp16_to_fp32(load_u16(p + offsetof(moetax_block_q2_k, dmin)));
+    const uint8_t *sc = p, *qs = p + offsetof(moetax_block_q2_k, qs);
+    for (int v = 0; v < MOETAX_QK_K; v++) {
+        const int h = v / 128, k = (v % 128) / 32, l = v % 32, s = sc[v / 16];
+        const float dl = d * (s & 0xf), ml = dmin * (s >> 4);
+        y[v] = dl * ((qs[32 * h + l] >> (2 * k)) & 3) - ml;
+    }
+}
+
+static void kq_dequant_q3k(const uint8_t *p, float *y) {
+    const float d = moetax_fp16_to_fp32(load_u16(p + offsetof(moetax_block_q3_k, d)));
+    const uint8_t *hm = p, *qs = p + offsetof(moetax_block_q3_k, qs);
+    uint8_t s6[16];
+    moetax_q3k_scales(p + offsetof(moetax_block_q3_k, scales), s6);
+    for (int v = 0; v < MOETAX_QK_K; v++) {
+        const int h = v / 128, k = (v % 128) / 32, l = v % 32;
+        const int q = ((qs[32 * h + l] >> (2 * k)) & 3) - ((hm[l] >> (4 * h + k) & 1) ? 0 : 4);
+        y[v] = (d * (s6[v / 16] - 32)) * q;
+    }
+}
+
 static void kq_dequant_q4k5k(const uint8_t *p, float *y, bool five) {
     const float d = moetax_fp16_to_fp32(load_u16(p)), dmin = moetax_fp16_to_fp32(load_u16(p + 2));
     const uint8_t *scales = p + 4;
@@ -526,6 +692,8 @@ bool moetax_from_float(enum moetax_type t, const float *x, void *y, int64_t n) {
         return true;
     case MOETAX_TYPE_Q8_0: moetax_quantize_row_q8_0_ref(x, y, n); return true;
     case MOETAX_TYPE_Q4_0: moetax_quantize_row_q4_0_ref(x, y, n); return true;
+    case MOETAX_TYPE_Q2_K: moetax_quantize_row_q2_k_ref(x, y, n); return true;
+    case MOETAX_TYPE_Q3_K: moetax_quantize_row_q3_k_ref(x, y, n); return true;
     case MOETAX_TYPE_Q4_K: moetax_quantize_row_q4_k_ref(x, y, n); return true;
     case MOETAX_TYPE_Q5_K: moetax_quantize_row_q5_k_ref(x, y, n); return true;
     case MOETAX_TYPE_Q6_K: moetax_quantize_row_q6_k_ref(x, y, n); return true;
@@ -563,6 +731,12 @@ bool moetax_to_float(enum moetax_type t, const void *x, float *y, int64_t n) {
                 y[b * MOETAX_QK4_0 + j + MOETAX_QK4_0 / 2] = (float)((q[j] >> 4) - 8) * d;
             }
         }
+        return true;
+    case MOETAX_TYPE_Q2_K:
+        for (int64_t b = 0; b < n / MOETAX_QK_K; b++, p += sizeof(moetax_block_q2_k)) kq_dequant_q2k(p, y + b * MOETAX_QK_K);
+        return true;
+    case MOETAX_TYPE_Q3_K:
+        for (int64_t b = 0; b < n / MOETAX_QK_K; b++, p += sizeof(moetax_block_q3_k)) kq_dequant_q3k(p, y + b * MOETAX_QK_K);
         return true;
     case MOETAX_TYPE_Q4_K:
     case MOETAX_TYPE_Q5_K:

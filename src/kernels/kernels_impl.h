@@ -16,7 +16,8 @@ static inline int moetax_k_act_is_q(enum moetax_type t) {
 }
 /* k-quant weights: activations are block_q8_K rows (kernels.h). */
 static inline int moetax_k_act_is_k(enum moetax_type t) {
-    return t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K;
+    return t == MOETAX_TYPE_Q2_K || t == MOETAX_TYPE_Q3_K || t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K ||
+           t == MOETAX_TYPE_Q6_K;
 }
 /* Bytes of one prepared batch row. */
 static inline size_t moetax_k_act_row_bytes(enum moetax_type t, int64_t ncols) {
@@ -25,7 +26,7 @@ static inline size_t moetax_k_act_row_bytes(enum moetax_type t, int64_t ncols) {
     case MOETAX_TYPE_F32: case MOETAX_TYPE_F16: case MOETAX_TYPE_BF16: return (size_t)ncols * sizeof(float);
     case MOETAX_TYPE_Q8_0: return nb * (32 + sizeof(float));
     case MOETAX_TYPE_Q4_0: return nb * (32 + sizeof(float) + sizeof(int32_t));
-    case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:
+    case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K: case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:
         return (size_t)(ncols / 256) * sizeof(moetax_block_q8_k);
     default: return 0;
     }
@@ -100,7 +101,7 @@ void moetax_k_matmul_ref(enum moetax_type wtype, const void *w, size_t row_bytes
                          int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
 void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t ldx, int64_t ncols,
                                 int64_t n_batch, void *xq);
-/* k-quant weights (Q4_K, Q5_K, Q6_K) against block_q8_K activations (matmul_kq_avx2.c). */
+/* k-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) against block_q8_K activations (matmul_kq_avx2.c). */
 void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                              int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
 /* The same for the avx512 table (matmul_kq_avx512.c): one batch row on VNNI, bit-identical to avx2's; batches are avx2's. */

@@ -896,6 +896,7 @@ void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_byte
         assert(row0 % MOETAX_K_Q4R8_ROWS == 0); /* ROW RANGES, kernels.h */
         matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
         break;
+    case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K:
     case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:
         moetax_k_matmul_kq_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
         break;

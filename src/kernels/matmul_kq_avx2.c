@@ -1,14 +1,15 @@
-/* matmul_kq_avx2.c - AVX2 matrix x vector(s) for the k-quant weights (Q4_K,
- * Q5_K, Q6_K, as stored) against block_q8_K activations (kernels.h).
+/* matmul_kq_avx2.c - AVX2 matrix x vector(s) for the k-quant weights (Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K, as stored) against block_q8_K activations (kernels.h).
  *
  * Per weight super-block of 256 values the weights are decoded once into
- * eight 32-byte vectors of unsigned levels (Q4_K 0..15, Q5_K 0..31, Q6_K
- * 0..63) and eight int16 scale vectors (the low 128 bits hold the scale of a
+ * eight 32-byte vectors of unsigned levels (Q2_K 0..3, Q3_K 0..7 i.e. q + 4,
+ * Q4_K 0..15, Q5_K 0..31, Q6_K 0..63) and eight int16 scale vectors (the low 128 bits hold the scale of a
  * vector's first 16 values, the high 128 bits of its last 16), then reused
  * for up to KQ_BT batch rows: maddubs (level x int8 activation, pairs; at
  * most 63 * 127 * 2, no saturation) and madd with the scales give exact int32
- * sums. The offsets (Q4_K/Q5_K mins, Q6_K's 32) come from the activations'
- * bsums. Each output keeps one float chain over the super-blocks in order,
+ * sums. The offsets (Q2_K/Q4_K/Q5_K mins, Q3_K's 4, Q6_K's 32) come from the
+ * activations' bsums (Q3_K and Q6_K subtract them from the integer sum, Q2_K/Q4_K/
+ * Q5_K scale them by dmin). Each output keeps one float chain over the super-blocks in order,
  * whatever n_batch or the row split: results are batch-invariant. */
 #include <immintrin.h>
 #include <string.h>
@@ -83,6 +84,51 @@ static inline void decode_q6k(const uint8_t *bp, struct kq_blk *k) {
         k->sc[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
     int16_t c[16];
     for (int j = 0; j < 16; j++) c[j] = (int16_t)(32 * sc[j]);
+    k->c16 = _mm256_loadu_si256((const __m256i *)c);
+}
+
+/* The 16 Q3_K scales minus 32 (-32..31), from ggml's packed scales[12]. */
+static inline void q3k_scales_i8(const uint8_t *p, int8_t out[16]) {
+    uint8_t s6[16];
+    moetax_q3k_scales(p, s6);
+    for (int j = 0; j < 16; j++) out[j] = (int8_t)(s6[j] - 32);
+}
+
+/* Vector j (values 32j..32j+31) of a Q2_K / Q3_K super-block: bits 2(j%4).. of qs[32(j/4)..]. */
+static inline __m256i q2bits(const uint8_t *qs, int j) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 4)));
+    return _mm256_and_si256(_mm256_srli_epi16(raw, 2 * (j % 4)), _mm256_set1_epi8(3));
+}
+
+/* Q3_K: q + 4 = low 2 bits | hmask bit j of byte l << 2. */
+static inline __m256i q3level(const uint8_t *bp, __m256i hm, int j) {
+    const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, j), _mm256_set1_epi8(1));
+    return _mm256_or_si256(q2bits(bp + offsetof(moetax_block_q3_k, qs), j), _mm256_slli_epi16(hb, 2));
+}
+
+static inline void decode_q2k(const uint8_t *bp, struct kq_blk *k) {
+    const uint8_t *sc = bp;
+    k->d = moetax_k_fp16_table[ld16(bp + offsetof(moetax_block_q2_k, d))];
+    k->dmin = moetax_k_fp16_table[ld16(bp + offsetof(moetax_block_q2_k, dmin))];
+    for (int j = 0; j < 8; j++) {
+        k->q[j] = q2bits(bp + offsetof(moetax_block_q2_k, qs), j);
+        k->sc[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1] & 0xf), _mm_set1_epi16(sc[2 * j] & 0xf));
+    }
+    k->c16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)sc), 4), _mm_set1_epi8(0x0f)));
+}
+
+static inline void decode_q3k(const uint8_t *bp, struct kq_blk *k) {
+    int8_t sc[16];
+    q3k_scales_i8(bp + offsetof(moetax_block_q3_k, scales), sc);
+    k->d = moetax_k_fp16_table[ld16(bp + offsetof(moetax_block_q3_k, d))];
+    k->dmin = 0.0f;
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)bp);
+    for (int j = 0; j < 8; j++) {
+        k->q[j] = q3level(bp, hm, j);
+        k->sc[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+    }
+    int16_t c[16];
+    for (int j = 0; j < 16; j++) c[j] = (int16_t)(4 * sc[j]);
     k->c16 = _mm256_loadu_si256((const __m256i *)c);
 }
 
@@ -173,6 +219,62 @@ KQ_INLINE __m256i dot_q6k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i
     return s;
 }
 
+/* int16 scales of values 32j..32j+31 from 16 int8 scales: low 128 bits sc[2j], high sc[2j+1]. */
+KQ_INLINE __m256i kq_sc_pair(__m128i sc8, int j) {
+    const __m128i sb = _mm_shuffle_epi8(sc8, _mm_set_epi8(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
+                                                          2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j,
+                                                          2 * j, 2 * j, 2 * j, 2 * j, 2 * j));
+    return _mm256_cvtepi8_epi16(sb);
+}
+
+/* Q2_K: sum of sc_j * q * x (int32 x 8) and of the mins' m_j * bsums[j] (int32 x 8). */
+KQ_INLINE void dot_q2k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bsums, __m256i *s_out,
+                       __m256i *m_out) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)bp);
+    const __m128i sc8 = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+    *m_out = _mm256_madd_epi16(bsums, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f))));
+    const uint8_t *qs = bp + offsetof(moetax_block_q2_k, qs);
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m256i raw_q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const int j = 4 * h + k;
+            const __m256i q = _mm256_and_si256(_mm256_srli_epi16(raw_q, 2 * k), m3);
+            const __m256i av = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), kq_sc_pair(sc8, j)));
+        }
+    }
+    *s_out = s;
+}
+
+/* Q3_K: sum of (s_j - 32) * q * x over the super-block, q = level - 4 (int32 x 8). */
+KQ_INLINE __m256i dot_q3k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bsums) {
+    int8_t scb[16];
+    q3k_scales_i8(bp + offsetof(moetax_block_q3_k, scales), scb);
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)scb);
+    /* the offset 4: sum_j 4 sc_j bsums[j] */
+    __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(bsums, _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), 2)));
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)bp);
+    const uint8_t *qs = bp + offsetof(moetax_block_q3_k, qs);
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const __m256i raw_q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const int j = 4 * h + k;
+            const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, j), one);
+            const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw_q, 2 * k), m3), _mm256_slli_epi16(hb, 2));
+            const __m256i av = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), kq_sc_pair(sc8, j)));
+        }
+    }
+    return s;
+}
+
 /* lanes r of the result: the sum of v[r]'s 8 int32 */
 KQ_INLINE __m128i hsum4_i32(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
     const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
@@ -183,7 +285,11 @@ static void kq_decode_rows(enum moetax_type wtype, const uint8_t *w, size_t row_
                            int64_t nb, const moetax_block_q8_k *x, float *y) {
     const size_t bsz = moetax_type_size(wtype);
     const bool six = wtype == MOETAX_TYPE_Q6_K, five = wtype == MOETAX_TYPE_Q5_K;
-    const size_t doff = six ? offsetof(moetax_block_q6_k, d) : 0;
+    const bool two = wtype == MOETAX_TYPE_Q2_K, three = wtype == MOETAX_TYPE_Q3_K;
+    const size_t doff = six ? offsetof(moetax_block_q6_k, d)
+                        : two ? offsetof(moetax_block_q2_k, d)
+                        : three ? offsetof(moetax_block_q3_k, d)
+                                : 0;
     for (int64_t r = row0; r < row1; r += 4) {
         const int nr = row1 - r < 4 ? (int)(row1 - r) : 4;
         const uint8_t *wr[4];
@@ -198,7 +304,27 @@ static void kq_decode_rows(enum moetax_type wtype, const uint8_t *w, size_t row_
                                           moetax_k_fp16_table[ld16(wr[1] + off + doff)],
                                           moetax_k_fp16_table[ld16(wr[2] + off + doff)],
                                           moetax_k_fp16_table[ld16(wr[3] + off + doff)]);
-            if (six) {
+            if (three) {
+                const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
+                const __m128i si = hsum4_i32(dot_q3k(wr[0] + off, a, bs), dot_q3k(wr[1] + off, a, bs),
+                                             dot_q3k(wr[2] + off, a, bs), dot_q3k(wr[3] + off, a, bs));
+                acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dw), _mm_cvtepi32_ps(si)));
+            } else if (two) {
+                const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
+                __m256i s0, s1, s2, s3, m0, m1, m2, m3;
+                dot_q2k(wr[0] + off, a, bs, &s0, &m0);
+                dot_q2k(wr[1] + off, a, bs, &s1, &m1);
+                dot_q2k(wr[2] + off, a, bs, &s2, &m2);
+                dot_q2k(wr[3] + off, a, bs, &s3, &m3);
+                const __m128i si = hsum4_i32(s0, s1, s2, s3), mi = hsum4_i32(m0, m1, m2, m3);
+                const size_t mo = offsetof(moetax_block_q2_k, dmin);
+                const __m128 dm = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + mo)],
+                                              moetax_k_fp16_table[ld16(wr[1] + off + mo)],
+                                              moetax_k_fp16_table[ld16(wr[2] + off + mo)],
+                                              moetax_k_fp16_table[ld16(wr[3] + off + mo)]);
+                acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dw), _mm_cvtepi32_ps(si)));
+                acc = _mm_sub_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dm), _mm_cvtepi32_ps(mi)));
+            } else if (six) {
                 const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
                 const __m128i si = hsum4_i32(dot_q6k(wr[0] + off, a, bs), dot_q6k(wr[1] + off, a, bs),
                                              dot_q6k(wr[2] + off, a, bs), dot_q6k(wr[3] + off, a, bs));
@@ -235,6 +361,8 @@ void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_b
     const size_t bsz = moetax_type_size(wtype);
     const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
     const bool six = wtype == MOETAX_TYPE_Q6_K, five = wtype == MOETAX_TYPE_Q5_K;
+    const bool two = wtype == MOETAX_TYPE_Q2_K, three = wtype == MOETAX_TYPE_Q3_K;
+    const bool sub = six || three; /* the offset is in the integer sum; else dmin's term */
     if (n_batch == 1) {
         kq_decode_rows(wtype, (const uint8_t *)w, row_bytes, row0, row1, nb, (const moetax_block_q8_k *)xq, y);
         return;
@@ -249,6 +377,8 @@ void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_b
                 _mm_prefetch((const char *)bp + 4 * bsz, _MM_HINT_T0);
                 struct kq_blk k;
                 if (six) decode_q6k(bp, &k);
+                else if (three) decode_q3k(bp, &k);
+                else if (two) decode_q2k(bp, &k);
                 else decode_q45k(bp, five, &k);
                 for (int t = 0; t < nbt; t++) {
                     const moetax_block_q8_k *a =
@@ -259,7 +389,7 @@ void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_b
                         s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(k.q[j], av), k.sc[j]));
                     }
                     const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), k.c16);
-                    if (six) {
+                    if (sub) {
                         const int32_t sumi = hsum_i32(_mm256_sub_epi32(s, corr));
                         acc[t] += (a->d * k.d) * (float)sumi;
                     } else {

@@ -1,5 +1,5 @@
 /* matmul_ref.c - scalar reference: activation preparation and matrix x
- * vector(s) for F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K weights. Plain C11, one output at
+ * vector(s) for F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K weights. Plain C11, one output at
  * a time, double accumulation: slow and obviously right. */
 #include "kernels_impl.h"
 
@@ -88,10 +88,11 @@ static double dot_q4(const moetax_block_q4_0 *w, const int8_t *qs, const float *
     return acc;
 }
 
-/* k-quants x Q8_K, one super-block at a time: the levels q (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63)
- * and each 16 values' scale sc16 and offset term, decoded plainly from the stored bytes; exact
- * integer sums sumi = sum sc * q * a and summ (Q4_K/Q5_K: sum m_j * the activations' sums of
- * sub-block j; Q6_K: 32 * sum sc_j * bsums_j, subtracted from sumi). */
+/* k-quants x Q8_K, one super-block at a time: the levels q (Q2_K 0..3, Q3_K -4..3, Q4_K 0..15,
+ * Q5_K 0..31, Q6_K 0..63) and each 16 values' scale sc16 and offset term, decoded plainly from
+ * the stored bytes; exact integer sums sumi = sum sc * q * a and summ (Q2_K/Q4_K/Q5_K: sum m_j *
+ * the activations' sums of sub-block j; Q6_K: 32 * sum sc_j * bsums_j, subtracted from sumi;
+ * Q3_K: none, its levels are signed). */
 static double dot_kq(enum moetax_type t, const uint8_t *w, const moetax_block_q8_k *a, int64_t nb) {
     double acc = 0.0;
     const size_t bsz = moetax_type_size(t);
@@ -100,7 +101,29 @@ static double dot_kq(enum moetax_type t, const uint8_t *w, const moetax_block_q8
         int64_t sumi = 0, summ = 0;
         float d, dmin = 0.0f;
         uint16_t h;
-        if (t == MOETAX_TYPE_Q6_K) {
+        if (t == MOETAX_TYPE_Q2_K) {
+            const moetax_block_q2_k *b = (const moetax_block_q2_k *)w;
+            memcpy(&h, &b->d, 2);
+            d = moetax_fp16_to_fp32(h);
+            memcpy(&h, &b->dmin, 2);
+            dmin = moetax_fp16_to_fp32(h);
+            for (int v = 0; v < 256; v++) q[v] = (b->qs[32 * (v / 128) + v % 32] >> (2 * ((v % 128) / 32))) & 3;
+            for (int j = 0; j < 16; j++) {
+                sc16[j] = b->scales[j] & 0xf;
+                summ += (int64_t)(b->scales[j] >> 4) * a[i].bsums[j];
+            }
+        } else if (t == MOETAX_TYPE_Q3_K) {
+            const moetax_block_q3_k *b = (const moetax_block_q3_k *)w;
+            uint8_t s6[16];
+            memcpy(&h, &b->d, 2);
+            d = moetax_fp16_to_fp32(h);
+            for (int v = 0; v < 256; v++) {
+                const int hf = v / 128, k = (v % 128) / 32, l = v % 32;
+                q[v] = ((b->qs[32 * hf + l] >> (2 * k)) & 3) - ((b->hmask[l] >> (4 * hf + k) & 1) ? 0 : 4);
+            }
+            moetax_q3k_scales(b->scales, s6);
+            for (int j = 0; j < 16; j++) sc16[j] = s6[j] - 32;
+        } else if (t == MOETAX_TYPE_Q6_K) {
             const moetax_block_q6_k *b = (const moetax_block_q6_k *)w;
             memcpy(&h, &b->d, 2);
             d = moetax_fp16_to_fp32(h);
@@ -134,7 +157,7 @@ static double dot_kq(enum moetax_type t, const uint8_t *w, const moetax_block_q8
             }
         }
         for (int v = 0; v < 256; v++) sumi += (int64_t)sc16[v / 16] * q[v] * a[i].qs[v];
-        if (t == MOETAX_TYPE_Q6_K) acc += (double)(a[i].d * d) * (double)(sumi - summ);
+        if (t == MOETAX_TYPE_Q6_K || t == MOETAX_TYPE_Q3_K) acc += (double)(a[i].d * d) * (double)(sumi - summ);
         else acc += (double)(a[i].d * d) * (double)sumi - (double)(a[i].d * dmin) * (double)summ;
     }
     return acc;
@@ -159,6 +182,7 @@ void moetax_k_matmul_ref(enum moetax_type wtype, const void *w, size_t row_bytes
             case MOETAX_TYPE_Q4_0:
                 v = dot_q4(wr, (const int8_t *)a, (const float *)(a + moetax_k_act_d_off(wtype, nb)), nb);
                 break;
+            case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K:
             case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:
                 v = dot_kq(wtype, wr, (const moetax_block_q8_k *)a, ncols / 256);
                 break;

@@ -199,7 +199,8 @@ static void matmul_kq(const struct fw_step *s, const struct moetax_weight *w, co
 }
 
 static bool is_kq(enum moetax_type t) {
-    return t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K;
+    return t == MOETAX_TYPE_Q2_K || t == MOETAX_TYPE_Q3_K || t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K ||
+           t == MOETAX_TYPE_Q6_K;
 }
 
 static bool is_float(enum moetax_type t) {
