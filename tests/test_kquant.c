@@ -7,6 +7,7 @@
  *   - prefill logits == step-by-step decode logits, bit for bit, with 1 and 2 threads;
  *   - a batch of sequences (struct moetax_batch) == each sequence alone, bit for bit;
  *   - the avx512 table's logits == the avx2 table's, bit for bit (moetax eval, 1 and 2 threads);
+ *   - Q3_K, Q2_K: the avx2 table's logits within KQ_REF_REL of the ref table's;
  *   - logits within a stated distance of the F32 model's: the distance relative to the
  *     largest F32 logit, no more than KQ_DIST_MAX times the Q8_0 model's (Q8_0 is the
  *     yardstick since this random model amplifies rounding) and under an absolute bound.
@@ -173,6 +174,49 @@ static void tables_agree(const char *path, const char *type) {
     }
 }
 
+static float *read_f32(const char *path, long *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = ftell(f) / 4;
+    rewind(f);
+    float *v = malloc(sizeof(float) * (size_t)(*n > 0 ? *n : 1));
+    if (v && fread(v, sizeof(float), (size_t)*n, f) != (size_t)*n) { free(v); v = NULL; }
+    fclose(f);
+    return v;
+}
+
+/* Q3_K / Q2_K: the avx2 table's logits (moetax eval, 9 tokens prefilled, 1 thread) against the
+ * ref table's (double sums): within KQ_REF_REL of the largest logit (measured 1.9e-7 for both;
+ * the float chains differ, so not bit for bit; a flipped expert choice would show as a jump:
+ * Q4_K's logits on this model jump at the 6th token, so it is not checked this way). */
+#define KQ_REF_REL 1e-6f
+static void ref_vs_avx2(const char *path, const char *type) {
+    if (!moetax_kernels_avx2()) {
+        printf("test_kquant: CPU lacks avx2: %s ref vs avx2 model logits skipped\n", type);
+        return;
+    }
+    char out[2][1600], cmd[8192];
+    float *l[2];
+    long n[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        snprintf(out[k], sizeof out[k], "%s.%s.f32", path, k ? "ref" : "avx2");
+        snprintf(cmd, sizeof cmd,
+                 "MOETAX_KERNELS=%s %s eval -m %s --tokens 5,17,33,2,91,7,64,3,12 -t 1 --out %s >/dev/null 2>&1",
+                 k ? "ref" : "avx2", tu_moetax_bin, path, out[k]);
+        CHECK_EQ_INT(tu_run(cmd, NULL), 0);
+        l[k] = read_f32(out[k], &n[k]);
+    }
+    CHECK_MSG(l[0] && l[1] && n[0] == n[1] && n[0] > 0, "%s: eval --out files", type);
+    if (l[0] && l[1] && n[0] == n[1] && n[0] > 0) {
+        const float d = rel_dist(l[0], l[1], n[0]);
+        printf("%s: avx2 vs ref logits: max |diff| / max |ref| = %.3g\n", type, d);
+        CHECK_MSG(d <= KQ_REF_REL, "%s: avx2 logits %g from ref's", type, d);
+    }
+    free(l[0]);
+    free(l[1]);
+}
+
 static float *prefill(const char *path, const int32_t *t, int n, int64_t *V) {
     struct moetax_model *m;
     if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return NULL; }
@@ -200,6 +244,7 @@ int main(int argc, char **argv) {
         batch_vs_alone(kq[i], 1);
         batch_vs_alone(kq[i], 2);
         tables_agree(kq[i], g_types[i].type);
+        if (g_types[i].type[1] == '3' || g_types[i].type[1] == '2') ref_vs_avx2(kq[i], g_types[i].type);
     }
     /* distance to the F32 model */
     int32_t t[NTOK];
