@@ -87,12 +87,18 @@ static inline void decode_q6k(const uint8_t *bp, struct kq_blk *k) {
     k->c16 = _mm256_loadu_si256((const __m256i *)c);
 }
 
-/* The 16 Q3_K scales minus 32 (-32..31), from ggml's packed scales[12]. */
-static inline void q3k_scales_i8(const uint8_t *p, int8_t out[16]) {
-    uint8_t s6[16];
-    moetax_q3k_scales(p, s6);
-    for (int j = 0; j < 16; j++) out[j] = (int8_t)(s6[j] - 32);
+/* The 16 Q3_K scales minus 32 (-32..31, byte j: scale j) from ggml's packed scales[12]
+ * (moetax_q3k_scales), four at a time in 32-bit words as ggml's dequantize_row_q3_K does. */
+static inline __m128i q3k_scales_v(const uint8_t *p) {
+    uint32_t a[3];
+    memcpy(a, p, 12);
+    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u, t = a[2];
+    const uint32_t u0 = (a[0] & m4) | ((t & m2) << 4), u1 = (a[1] & m4) | (((t >> 2) & m2) << 4);
+    const uint32_t u2 = ((a[0] >> 4) & m4) | (((t >> 4) & m2) << 4), u3 = ((a[1] >> 4) & m4) | (((t >> 6) & m2) << 4);
+    return _mm_sub_epi8(_mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0), _mm_set1_epi8(32));
 }
+
+static inline void q3k_scales_i8(const uint8_t *p, int8_t out[16]) { _mm_storeu_si128((__m128i *)out, q3k_scales_v(p)); }
 
 /* Vector j (values 32j..32j+31) of a Q2_K / Q3_K super-block: bits 2(j%4).. of qs[32(j/4)..]. */
 static inline __m256i q2bits(const uint8_t *qs, int j) {
@@ -252,9 +258,7 @@ KQ_INLINE void dot_q2k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bs
 
 /* Q3_K: sum of (s_j - 32) * q * x over the super-block, q = level - 4 (int32 x 8). */
 KQ_INLINE __m256i dot_q3k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bsums) {
-    int8_t scb[16];
-    q3k_scales_i8(bp + offsetof(moetax_block_q3_k, scales), scb);
-    const __m128i sc8 = _mm_loadu_si128((const __m128i *)scb);
+    const __m128i sc8 = q3k_scales_v(bp + offsetof(moetax_block_q3_k, scales));
     /* the offset 4: sum_j 4 sc_j bsums[j] */
     __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(bsums, _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), 2)));
     const __m256i hm = _mm256_loadu_si256((const __m256i *)bp);
