@@ -709,6 +709,8 @@ void moetax_k_matmul_avx512(enum moetax_type wtype, const void *w, size_t row_by
             moetax_k_matmul_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
         }
         break;
+    case MOETAX_TYPE_Q2_K:
+    case MOETAX_TYPE_Q3_K:
     case MOETAX_TYPE_Q4_K:
     case MOETAX_TYPE_Q5_K:
     case MOETAX_TYPE_Q6_K: /* decode on VNNI, bit-identical to avx2's (kernels.h) */

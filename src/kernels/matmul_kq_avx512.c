@@ -1,7 +1,8 @@
 /* matmul_kq_avx512.c - AVX-512 (F/BW/VL/DQ) + VNNI matmul of the k-quant
  * weights against block_q8_K activations (kernels.h) in the table's Q4_Kx8r /
  * Q5_Kx8r / Q6_Kx8r layouts (8 rows interleaved), any batch (below); a unit's
- * plain tail (n_rows % 8 rows) as stored: decode here, batches the avx2 table's. Compiled with the
+ * plain tail (n_rows % 8 rows) as stored: decode here, batches the avx2 table's; Q3_K and Q2_K
+ * as stored (decode here, batches avx2's). Compiled with the
  * avx512 flags; reached only through the avx512 table.
  *
  * The plain-layout decode (a unit's plain tail) is
@@ -442,6 +443,104 @@ Q6KR8_TILE(1) Q6KR8_TILE(2) Q6KR8_TILE(3) Q6KR8_TILE(4)
 static const q6kr8_fn k_q6kr8[4] = {q6kr8_tile_1, q6kr8_tile_2, q6kr8_tile_3, q6kr8_tile_4};
 _Static_assert(KQ6_JB >= 1 && KQ6_JB <= 4, "tiles of 1..4 batch rows");
 
+/* ---- Q3_K / Q2_K as stored (no repacked layout), decode: 4 rows side by side ----
+ * Bit-identical to matmul_kq_avx2.c's decode (and so its batch path): the same float steps on 4
+ * lanes in the same order; the exact int32 sums formed as for Q6_K above: per 64 values one
+ * 512-bit vector of unsigned levels (Q3_K: q + 4 in 0..7, Q2_K: 0..3; lower 256 bits values
+ * 64p..64p+31, upper 64p+32..64p+63), vpdpbusd against the activations (each int32 lane 4 values
+ * of one 16-value sub-block, at most 4 * 7 * 128 = 3584), two such vectors packed to int16
+ * exactly (vpackssdw) and vpdpwssd with the sub-blocks' int16 scales (scale_idx6's order). The
+ * offsets: Q3_K subtracts 4 * sum_j sc_j bsums[j]; Q2_K's mins m_j * bsums[j] go to dmin's term. */
+KQ5_INLINE __m128i q3k_scales_512(const uint8_t *p) { /* 16 int8 scales - 32 (byte j: scale j) */
+    uint32_t a[3];
+    memcpy(a, p, 12);
+    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u, t = a[2];
+    const uint32_t u0 = (a[0] & m4) | ((t & m2) << 4), u1 = (a[1] & m4) | (((t >> 2) & m2) << 4);
+    const uint32_t u2 = ((a[0] >> 4) & m4) | (((t >> 4) & m2) << 4), u3 = ((a[1] >> 4) & m4) | (((t >> 6) & m2) << 4);
+    return _mm_sub_epi8(_mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0), _mm_set1_epi8(32));
+}
+
+/* sum over a super-block of sc_j * level * x (int32 x 8), levels of vector j = 2 bits 2(j%4) of
+ * qs[32(j/4)..] (| bit j of hm << 2 for Q3_K) */
+KQ5_INLINE __m256i dot_q23_512(const uint8_t *qs, const uint8_t *hm, __m128i sc8, const __m512i A[4], __m512i ix0,
+                               __m512i ix1) {
+    const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
+    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
+    const __m512i H = hm ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)hm)) : _mm512_setzero_si512();
+    __m512i D[4];
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; p++) {
+        const __m512i R = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * (p / 2))));
+        const int k0 = 2 * (p % 2), j0 = 2 * p;
+        const __m512i cq = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * k0)), _mm256_set1_epi16((short)(2 * k0 + 2)), 1);
+        __m512i L = _mm512_and_si512(_mm512_srlv_epi16(R, cq), m3);
+        if (hm) {
+            const __m512i ch = _mm512_inserti64x4(_mm512_set1_epi16((short)j0), _mm256_set1_epi16((short)(j0 + 1)), 1);
+            L = _mm512_or_si512(L, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, ch), one), 2));
+        }
+        D[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), L, A[p]);
+    }
+    __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(D[0], D[1]), _mm512_permutexvar_epi16(ix0, sc16));
+    s = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(D[2], D[3]), _mm512_permutexvar_epi16(ix1, sc16));
+    return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+}
+
+static void kq23_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t row_bytes, int64_t row0,
+                                 int64_t row1, int64_t nb, const moetax_block_q8_k *x, float *y) {
+    const bool three = wtype == MOETAX_TYPE_Q3_K;
+    const size_t bsz = moetax_type_size(wtype);
+    const size_t doff = three ? offsetof(moetax_block_q3_k, d) : offsetof(moetax_block_q2_k, d);
+    const size_t qoff = three ? offsetof(moetax_block_q3_k, qs) : offsetof(moetax_block_q2_k, qs);
+    const size_t mo = offsetof(moetax_block_q2_k, dmin);
+    const __m512i ix0 = scale_idx6(0), ix1 = scale_idx6(8);
+    for (int64_t r = row0; r < row1; r += 4) {
+        const int nr = row1 - r < 4 ? (int)(row1 - r) : 4;
+        const uint8_t *wr[4];
+        for (int k = 0; k < 4; k++) wr[k] = w + (size_t)(r + (k < nr ? k : nr - 1)) * row_bytes;
+        __m128 acc = _mm_setzero_ps();
+        for (int64_t i = 0; i < nb; i++) {
+            const moetax_block_q8_k *a = x + i;
+            const size_t off = (size_t)i * bsz;
+            for (int k = 0; k < 4; k++) _mm_prefetch((const char *)wr[k] + off + 4 * bsz, _MM_HINT_T0);
+            const __m128 ad = _mm_set1_ps(a->d);
+            const __m128 dw = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + doff)],
+                                          moetax_k_fp16_table[ld16(wr[1] + off + doff)],
+                                          moetax_k_fp16_table[ld16(wr[2] + off + doff)],
+                                          moetax_k_fp16_table[ld16(wr[3] + off + doff)]);
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
+            __m512i A[4];
+            for (int p = 0; p < 4; p++) A[p] = _mm512_loadu_si512((const void *)(a->qs + 64 * p));
+            __m256i S[4], M[4];
+            for (int k = 0; k < 4; k++) {
+                const uint8_t *bp = wr[k] + off;
+                if (three) {
+                    const __m128i sc8 = q3k_scales_512(bp + offsetof(moetax_block_q3_k, scales));
+                    const __m256i corr = _mm256_madd_epi16(bs, _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), 2));
+                    S[k] = _mm256_sub_epi32(dot_q23_512(bp + qoff, bp, sc8, A, ix0, ix1), corr);
+                } else {
+                    const __m128i raw = _mm_loadu_si128((const __m128i *)bp);
+                    const __m128i sc8 = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+                    M[k] = _mm256_madd_epi16(bs, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f))));
+                    S[k] = dot_q23_512(bp + qoff, NULL, sc8, A, ix0, ix1);
+                }
+            }
+            const __m128i si = hsum4_i32(S[0], S[1], S[2], S[3]);
+            acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dw), _mm_cvtepi32_ps(si)));
+            if (!three) {
+                const __m128i mi = hsum4_i32(M[0], M[1], M[2], M[3]);
+                const __m128 dm = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + mo)],
+                                              moetax_k_fp16_table[ld16(wr[1] + off + mo)],
+                                              moetax_k_fp16_table[ld16(wr[2] + off + mo)],
+                                              moetax_k_fp16_table[ld16(wr[3] + off + mo)]);
+                acc = _mm_sub_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dm), _mm_cvtepi32_ps(mi)));
+            }
+        }
+        float o[4];
+        _mm_storeu_ps(o, acc);
+        for (int k = 0; k < nr; k++) y[r + k] = o[k];
+    }
+}
+
 /* Q4_K, Q5_K or Q6_K (*_Kx8r): groups of 8 rows x tiles of batch rows; the unit's plain tail
  * as stored (decode: the 4-row path above; batches: avx2's). */
 static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1,
@@ -476,7 +575,12 @@ void moetax_k_matmul_kq_avx512(enum moetax_type wtype, const void *w, size_t row
         matmul_kq_x8(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols, (const uint8_t *)xq, n_batch, y, ldy);
         return;
     }
-    if (n_batch == 1) {
+    if ((wtype == MOETAX_TYPE_Q3_K || wtype == MOETAX_TYPE_Q2_K) && n_batch == 1) { /* as stored */
+        kq23_decode_rows_512(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols / MOETAX_QK_K,
+                             (const moetax_block_q8_k *)xq, y);
+        return;
+    }
+    if (wtype != MOETAX_TYPE_Q3_K && wtype != MOETAX_TYPE_Q2_K && n_batch == 1) {
         kq_decode_rows_512(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols / MOETAX_QK_K,
                            (const moetax_block_q8_k *)xq, y);
         return;
