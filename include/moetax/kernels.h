@@ -40,7 +40,7 @@
  *       block i's 32 quants: int8 qs[nb][32]; float d[nb]; int32 s[nb]. The
  *       unsigned nibbles q (0..15) of a weight block give sum((q - 8) x) =
  *       sum(q x) - s, so the kernels never subtract the offset per weight.
- *     Q4_K, Q5_K, Q6_K weights (nb = ncols / 256): moetax_block_q8_k[nb],
+ *     Q2_K, Q3_K, Q4_K, Q5_K, Q6_K weights (nb = ncols / 256): moetax_block_q8_k[nb],
  *       ggml's block_q8_K (float d; int8 qs[256]; int16 bsums[16]), i.e.
  *       ggml's quantize_row_q8_K of x: d = max / -127 (max: the value of
  *       largest magnitude, d kept in float), qs = nearest(x / d) (ties to
@@ -49,7 +49,10 @@
  *       and Q6_K's offset of 32 (32 * sum_j sc_j * bsums[j]) without a
  *       subtraction per weight. Every block sum is exact in int32: per
  *       super-block the output is acc += (d_x * d_w) * sumi - (d_x * dmin_w) * summ
- *       (Q6_K: acc += (d_x * d_w) * sumi), super-blocks in order.
+ *       (Q6_K: acc += (d_x * d_w) * sumi), super-blocks in order. Q2_K: as
+ *       Q4_K with 16-value sub-blocks (summ = sum_j m_j * bsums[j]); Q3_K: as
+ *       Q6_K (sumi of the signed levels -4..3; the SIMD tables sum levels + 4
+ *       and subtract 4 * sum_j sc_j * bsums[j]).
  *   quantize_act of every table produces identical bytes.
  *
  * WEIGHT LAYOUTS (per table and weight type; files on disk stay GGUF)
@@ -125,11 +128,12 @@
  *   ending at n_rows, satisfies this.
 
  * INVARIANTS
- *   - Q8_0 / Q4_0: ncols must be a multiple of 32, Q4_K / Q5_K / Q6_K of 256
+ *   - Q8_0 / Q4_0: ncols must be a multiple of 32, Q2_K..Q6_K of 256
  *     (moetax_act_size returns 0 otherwise and matmul must not be called).
  *     F32/F16/BF16: any ncols >= 1.
  *   - k-quants: the avx512 table's (Q4_K/Q5_K/Q6_Kx8r, any n_batch; a
- *     unit's plain tail: decode its own, batches avx2's) are its own (VNNI,
+ *     unit's plain tail, and Q2_K/Q3_K, which stay as stored: decode its
+ *     own, batches avx2's) are its own (VNNI,
  *     matmul_kq_avx512.c: other exact int32 sums, avx2's float steps per
  *     output unchanged), so the two tables are bit-identical; avx2 keeps, for every output, the float chain
  *     above (the same for any n_batch or row split: batch-invariant). Its
