@@ -94,6 +94,30 @@ int main(int argc, char **argv) {
                 memmove(argv + a, argv + a + take, sizeof *argv * (size_t)(argc - a - take + 1)); /* with the NULL */
                 argc -= take;
             }
+            /* --ep-replicas R, --ep-replan K, --ep-load PROFILE (replicas of hot experts, src/dist/eplb.c) */
+            const char *ep_rep[3] = {NULL, NULL, NULL};
+            static const char *const rep_opts[3] = {"--ep-replicas", "--ep-replan", "--ep-load"};
+            for (int a = 2; a < argc;) {
+                int o = 0;
+                while (o < 3 && strcmp(argv[a], rep_opts[o])) o++;
+                if (o == 3) { a++; continue; }
+                if (!moetax_dist_world()) {
+                    fprintf(stderr, "moetax: %s is for expert parallelism: run under mpirun\n", argv[a]);
+                    return 2;
+                }
+                if (a + 1 >= argc) {
+                    fprintf(stderr, "moetax: %s needs a value\n", argv[a]);
+                    moetax_dist_finalize(0);
+                    return 2;
+                }
+                ep_rep[o] = argv[a + 1];
+                memmove(argv + a, argv + a + 2, sizeof *argv * (size_t)(argc - a - 1)); /* with the NULL */
+                argc -= 2;
+            }
+            if ((ep_rep[0] || ep_rep[1] || ep_rep[2]) && moetax_dist_set_replicas(ep_rep[0], ep_rep[1], ep_rep[2])) {
+                moetax_dist_finalize(0);
+                return 2;
+            }
             if ((ep_mode || ep_overlap) &&
                 moetax_dist_set_dispatch(ep_mode ? ep_mode : "alltoall", ep_overlap || moetax_dist_world()->overlap)) {
                 moetax_dist_finalize(0);

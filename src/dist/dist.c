@@ -120,11 +120,13 @@ void moetax_dist_finalize(int rc) {
                 (unsigned long long)d->n_collectives, d->combine ? "allreduce" : "gather", (double)d->bytes_sent / 1e6,
                 (double)d->bytes_recv / 1e6, (double)d->bytes_recv / 1e3 / (double)d->n_collectives,
                 (double)d->ns_comm / 1e9, (double)d->ns_wait / 1e9);
+    if (d->size > 1) moetax_dist_replicas_summary(d);
     fflush(stdout);
     fflush(stderr);
     if (rc) MPI_Abort(MPI_COMM_WORLD, rc); /* a rank that quits must not leave the others waiting */
     MPI_Finalize();
     free(g_world->owner);
+    moetax_dist_replicas_free(g_world);
     free(g_world->counts);
     free(g_world->displs);
     free(g_world->b_tok); free(g_world->b_pos); free(g_world->b_seq); free(g_world->b_want);
@@ -279,6 +281,7 @@ static moetax_status place_experts(struct moetax_dist *d, struct moetax_model *m
             if (e && r < d->owner[(size_t)il * (size_t)E + (size_t)e - 1]) d->contiguous = false;
             own[(size_t)il * (size_t)E + (size_t)e] = r == d->rank;
         }
+    if (!st) st = moetax_dist_replicas_init(d, m, own);
     if (!st) st = moetax_model_set_expert_owned(m, own);
     free(own);
     return st;

@@ -33,6 +33,20 @@
  *   between two barriers of the step. The ledger books an MPI_Barrier just before the
  *   collective to `wait` (this rank waiting for the slowest), the collective itself to `comm`.
  *
+ *   Replication (--ep-replicas R, EPLB-style; replicated dispatch only): per MoE layer up to R
+ *   extra hosts for the hottest experts, chosen greedily, each on the least-loaded rank that has
+ *   its weights: first for the busiest rank's expert while that lowers the busiest rank's
+ *   expected load, from the assignments counted so far (--ep-load PROFILE: a routing profile's
+ *   frequencies first; the counts halve at every plan, so recent steps weigh most), then
+ *   (EPLB's rule) for the experts with the largest load per host, planned again every K steps
+ *   (--ep-replan K, default 1). Every
+ *   rank routes every token, so every rank makes the same plan: no message. A micro-batch's
+ *   slots of a replicated expert are split between its hosts (each slot, most-used expert first,
+ *   to the host with the fewest slots of the layer so far), each host computing a contiguous
+ *   part; the gather puts every row back in slot order, so the logits stay bit-identical.
+ *   Without a profile any expert may become a replica anywhere, so every rank maps all of them
+ *   (the exit summary says how much beyond its own); with one, only the profile's replicas.
+ *
  *   Faults: the loader's result is agreed on by every rank (moetax_dist_model_loaded): a rank
  *   that failed makes every rank fail with a message naming it, and a file whose header and
  *   tensor table differ from rank 0's is an error naming both. MPI errors return (not abort);
@@ -103,6 +117,22 @@ struct moetax_dist {
     bool dispatch, overlap;
     int thread_level; /* what MPI_Init_thread gave */
     uint64_t a2a_bytes_rank, a2a_bytes_expert, ns_blocked, n_records, bytes_logits, ns_logits;
+    /* replicas of hot experts (replicated dispatch only; see "Replication" above): up to n_rep
+     * extra hosts per MoE layer, re-planned every `replan` steps from `load` */
+    int n_rep, replan, H;     /* H: the most hosts an expert can have, min(n_rep, P - 1) + 1 */
+    int n_layer, n_expert;
+    uint8_t *is_moe;          /* [n_layer] */
+    int32_t *hosts;           /* [n_layer, E, H] ranks computing expert e (hosts[0]: its owner) */
+    int32_t *n_hosts;         /* [n_layer, E] */
+    uint64_t *load;           /* [n_layer, E] assignments seen (a profile's prior, then this run's) */
+    uint8_t *avail;           /* [n_layer, E, P] rank r has expert e's weights (may host it) */
+    uint64_t steps, n_replans;
+    int n_extra;              /* experts this rank maps beyond its own */
+    uint64_t extra_bytes;
+    /* expert work, summed over the (micro-batch, MoE layer) plans: the busiest rank's slots with
+     * the replicas and with the placement alone (the same routing), all slots, this rank's */
+    uint64_t work_max, work_max_base, work_total, work_mine, n_planned;
+    uint64_t work_floor;      /* the sum of ceil(slots / P): no split can do better */
     /* scratch */
     int *counts, *displs;     /* [size] */
     int32_t *b_tok, *b_pos, *b_seq; /* the broadcast batch (ranks > 0) */
@@ -186,6 +216,25 @@ void moetax_dist_a2a_stop(void);
 /* Allgatherv of rows of `width` floats: rank r contributes n_rows[r] rows (mine at
  * all + first[rank] * width is sent), every rank gets all of them in rank order. */
 moetax_status moetax_dist_gather_logits(struct moetax_dist *d, float *all, const int *n_rows, int64_t width);
+
+/* Replication (src/dist/eplb.c). --ep-replicas R, --ep-replan K, --ep-load PROFILE (any NULL:
+ * not given; then MOETAX_MPI_REPLICAS / MOETAX_MPI_REPLAN): 0, or an error printed. */
+int moetax_dist_set_replicas(const char *replicas, const char *replan, const char *load);
+/* At the placement: the settings, the first plan (from the profile), and the experts this rank
+ * maps beyond its own added to own [n_layer, E]. */
+moetax_status moetax_dist_replicas_init(struct moetax_dist *d, const struct moetax_model *m, uint8_t *own);
+/* Worker 0 at the start of each step: every `replan` steps the hosts are planned again. */
+void moetax_dist_step(struct moetax_dist *d);
+void moetax_dist_replan(struct moetax_dist *d);
+/* A micro-batch's split of layer il: count [E] slots per expert -> part [E, H] slots per host. */
+void moetax_dist_split(const struct moetax_dist *d, int il, const int32_t *count, int32_t *part);
+/* Rank r's slots of expert e: [*lo, *lo + *cnt) within the expert's (0 if r is no host). */
+void moetax_dist_host_range(const struct moetax_dist *d, int il, int e, const int32_t *part, int r, int32_t *lo,
+                            int32_t *cnt);
+/* Worker 0, once per (micro-batch, MoE layer): the loads and the work counts. */
+void moetax_dist_account(struct moetax_dist *d, int il, const int32_t *count, const int32_t *part);
+void moetax_dist_replicas_summary(const struct moetax_dist *d);
+void moetax_dist_replicas_free(struct moetax_dist *d);
 
 /* 0 on rank 0 (or without a world), else the rank. */
 int moetax_dist_rank(void);

@@ -87,7 +87,8 @@ moetax_status moetax_dist_gather_bytes(const void *mine, size_t n, char ***all, 
 
 /* The command as one string: the arguments and the MOETAX_MPI_* variables, 0-separated. */
 static char *command_text(int argc, char **argv, size_t *n) {
-    static const char *const vars[] = {"MOETAX_MPI_DISPATCH", "MOETAX_MPI_OVERLAP", "MOETAX_MPI_COMBINE"};
+    static const char *const vars[] = {"MOETAX_MPI_DISPATCH", "MOETAX_MPI_OVERLAP", "MOETAX_MPI_COMBINE",
+                                        "MOETAX_MPI_REPLICAS", "MOETAX_MPI_REPLAN"};
     size_t len = 0;
     for (int i = 1; i < argc; i++) len += strlen(argv[i]) + 1;
     for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++)

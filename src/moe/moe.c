@@ -260,8 +260,27 @@ static void plan(const struct fw_step *s, const struct moe *b, int il, const int
     }
     const int32_t *own = b->owner ? b->owner + (int64_t)il * E : NULL; /* expert parallelism: this rank's */
     pl->n_mine = 0;
+#ifdef MOETAX_WITH_MPI
+    if (b->dist && b->dist->n_rep) { /* replicas: this rank's part of each expert it hosts */
+        moetax_dist_split(b->dist, il, pl->count, pl->part);
+        for (int32_t a = 0; a < pl->n_active; a++) {
+            const int32_t e = pl->active[a];
+            int32_t lo, c;
+            moetax_dist_host_range(b->dist, il, e, pl->part, b->rank, &lo, &c);
+            if (!c) continue;
+            pl->m_off[pl->n_mine] = pl->offset[e] + lo;
+            pl->m_cnt[pl->n_mine] = c;
+            pl->mine[pl->n_mine++] = e;
+        }
+        own = NULL;
+    } else
+#endif
     for (int32_t a = 0; a < pl->n_active; a++)
-        if (!own || own[pl->active[a]] == b->rank) pl->mine[pl->n_mine++] = pl->active[a];
+        if (!own || own[pl->active[a]] == b->rank) {
+            pl->m_off[pl->n_mine] = pl->offset[pl->active[a]];
+            pl->m_cnt[pl->n_mine] = pl->count[pl->active[a]];
+            pl->mine[pl->n_mine++] = pl->active[a];
+        }
     int32_t *fill = pl->fill; /* next free slot per expert */
     memcpy(fill, pl->offset, sizeof(int32_t) * (size_t)E);
     for (int64_t t = 0; t < n; t++)
@@ -397,6 +416,7 @@ static void dist_exchange(struct worker *w, struct moe *b, int il, const struct 
         moetax_status st = moetax_dist_barrier(D, il);
         fw_mark(w, MOETAX_PHASE_COMM);
         const int64_t d = s->m->hp.n_embd;
+        if (!st && D->n_rep) moetax_dist_account(D, il, pl->count, pl->part); /* the work counts */
         if (!st && b->partial) st = moetax_dist_allreduce(D, b->partial, s->n * d);
         else if (!st) {
             /* rank r's rows: its active experts' slots, ascending. Contiguous ranges: slots
@@ -404,6 +424,35 @@ static void dist_exchange(struct worker *w, struct moe *b, int il, const struct 
              * rank into gbuf, gathered, and put back in slot order (the same bits either way) */
             const int32_t *own = b->owner + (int64_t)il * s->m->hp.n_expert;
             int64_t acc = 0;
+            if (D->n_rep) { /* replicas: rank r's parts of its experts, ascending */
+                for (int r = 0; r < D->size; r++) {
+                    b->slot_lo[r] = acc;
+                    for (int32_t ai = 0; ai < pl->n_active; ai++) {
+                        int32_t lo, c;
+                        moetax_dist_host_range(D, il, pl->active[ai], pl->part, r, &lo, &c);
+                        acc += c;
+                    }
+                }
+                b->slot_lo[D->size] = acc;
+                int64_t o = b->slot_lo[D->rank];
+                for (int32_t i = 0; i < pl->n_mine; i++) {
+                    memcpy(b->gbuf + o * d, b->ydown + (int64_t)pl->m_off[i] * d, sizeof(float) * (size_t)(pl->m_cnt[i] * d));
+                    o += pl->m_cnt[i];
+                }
+                st = moetax_dist_gather_rows(D, b->gbuf, d, b->slot_lo);
+                for (int r = 0; !st && r < D->size; r++) {
+                    o = b->slot_lo[r];
+                    for (int32_t ai = 0; ai < pl->n_active; ai++) {
+                        const int32_t e = pl->active[ai];
+                        int32_t lo, c;
+                        moetax_dist_host_range(D, il, e, pl->part, r, &lo, &c);
+                        if (c && r != D->rank)
+                            memcpy(b->ydown + (int64_t)(pl->offset[e] + lo) * d, b->gbuf + o * d,
+                                   sizeof(float) * (size_t)(c * d));
+                        o += c;
+                    }
+                }
+            } else {
             for (int r = 0; r < D->size; r++) {
                 b->slot_lo[r] = acc;
                 for (int32_t ai = 0; ai < pl->n_active; ai++)
@@ -431,6 +480,7 @@ static void dist_exchange(struct worker *w, struct moe *b, int il, const struct 
                     }
                 }
             }
+            }
         }
         if (st) fw_fail(s, st);
     }
@@ -443,7 +493,7 @@ static void dist_exchange(struct worker *w, struct moe *b, int il, const struct 
 /* ---- expert parallelism: token-sharded dispatch (src/dist/dist.h) ----------------------- */
 
 #ifdef MOETAX_WITH_MPI
-static bool plan_alloc(struct plan *pl, int64_t E, int64_t slots);
+static bool plan_alloc(struct plan *pl, int64_t E, int64_t slots, int64_t H);
 static void plan_free(struct plan *pl);
 
 enum { EP_GROUPS = 2 }; /* micro-batches of the layer's tokens in flight at once (overlap) */
@@ -914,7 +964,7 @@ static moetax_status ep_init(struct moe *b, const struct fw_step *s, const struc
     A(ep->sh_out, U * d);
     A(ep->cnt_e, E);
 #undef A
-    if (!st && !plan_alloc(&ep->plan, E, 2 * R * k)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    if (!st && !plan_alloc(&ep->plan, E, 2 * R * k, 1)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     if (!st) st = fw_act_alloc(m, &ep->a_exp, d, slots, ep->row == EP_ROW_F32);
     if (!st) st = fw_act_alloc(m, &ep->a_eh, F, slots, false);
     b->ep = ep;
@@ -1033,10 +1083,11 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     const int64_t nbf = (F + bf - 1) / bf;
     /* this rank's active experts (all without a world) */
     for (int64_t it; (it = fw_chunk(w, (int64_t)pl->n_mine * nbf, 1)) >= 0;) {
-        int32_t e = pl->mine[it / nbf];
+        const int64_t mi = it / nbf;
+        int32_t e = pl->mine[mi];
         int64_t f0 = (it % nbf) * bf, f1 = f0 + bf < F ? f0 + bf : F;
-        int64_t b0 = n > 1 ? pl->offset[e] : 0, cnt = pl->count[e];
-        float *g = b->eh_g + (int64_t)pl->offset[e] * F, *u = b->eh + (int64_t)pl->offset[e] * F;
+        int64_t b0 = n > 1 ? pl->m_off[mi] : 0, cnt = pl->m_cnt[mi];
+        float *g = b->eh_g + (int64_t)pl->m_off[mi] * F, *u = b->eh + (int64_t)pl->m_off[mi] * F;
         const void *wg, *wu, *wd;
         if (!expert_ptrs(w, b, il, e, &wg, &wu, &wd)) continue;
         fw_matmul_at(s, &l->gate_exps, wg, f0, f1, ain, b0, cnt, g, F);
@@ -1074,13 +1125,13 @@ void moe_block(struct worker *w, struct moe *b, int il) {
             int32_t e = pl->mine[ai];
             const void *wg, *wu, *wd;
             if (!expert_ptrs(w, b, il, e, &wg, &wu, &wd)) continue;
-            fw_matmul_at(s, &l->down_exps, wd, d0, d1, aeh, pl->offset[e], pl->count[e], yd + pl->offset[e] * d, d);
+            fw_matmul_at(s, &l->down_exps, wd, d0, d1, aeh, pl->m_off[ai], pl->m_cnt[ai], yd + (int64_t)pl->m_off[ai] * d, d);
         }
         if (b->dist) { /* the others' rows come with the collective: combine after it */
             if (b->partial) { /* allreduce: this rank's weighted sum per token of this block */
                 for (int64_t t = 0; t < n; t++) memset(b->partial + t * d + d0, 0, sizeof(float) * (size_t)(d1 - d0));
                 for (int32_t ai = 0; ai < pl->n_mine; ai++) {
-                    const int32_t o0 = pl->offset[pl->mine[ai]], c = pl->count[pl->mine[ai]];
+                    const int32_t o0 = pl->m_off[ai], c = pl->m_cnt[ai];
                     K->scatter_add(b->partial + d0, d, yd + (int64_t)o0 * d + d0, d, pl->slot_token + o0,
                                    pl->slot_w + o0, c, d1 - d0);
                 }
@@ -1138,9 +1189,16 @@ static int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
 
 void moe_step_begin(struct moe *b, const struct fw_step *s) {
     memset(b->pred_ok, 0, sizeof(bool) * (size_t)s->m->hp.n_layer);
+#ifdef MOETAX_WITH_MPI
+    if (b->dist && b->dist->n_rep) moetax_dist_step(b->dist); /* the replicas' re-plan, between steps */
+#endif
 }
 
-static bool plan_alloc(struct plan *pl, int64_t E, int64_t slots) {
+static bool plan_alloc(struct plan *pl, int64_t E, int64_t slots, int64_t H) {
+    pl->m_off = calloc((size_t)E, sizeof(int32_t));
+    pl->m_cnt = calloc((size_t)E, sizeof(int32_t));
+    pl->part = calloc((size_t)(E * H), sizeof(int32_t));
+    if (!pl->m_off || !pl->m_cnt || !pl->part) return false;
     pl->active = calloc((size_t)E, sizeof(int32_t));
     pl->count = calloc((size_t)E, sizeof(int32_t));
     pl->offset = calloc((size_t)E, sizeof(int32_t));
@@ -1152,6 +1210,7 @@ static bool plan_alloc(struct plan *pl, int64_t E, int64_t slots) {
 }
 
 static void plan_free(struct plan *pl) {
+    free(pl->m_off); free(pl->m_cnt); free(pl->part);
     free(pl->active); free(pl->count); free(pl->offset); free(pl->fill); free(pl->mine); free(pl->slot_token); free(pl->slot_w);
 }
 
@@ -1170,6 +1229,10 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
     int64_t Fs = 1;
     for (int il = 0; il < hp->n_layer; il++) Fs = max64(Fs, m->layers[il].gate_sh.data ? m->layers[il].gate_sh.ne[1] : 0);
     const int64_t L = hp->n_layer;
+    int64_t H = 1; /* hosts per expert (replicas) */
+#ifdef MOETAX_WITH_MPI
+    if (p->dist && p->dist->size > 1 && p->dist->n_rep) H = p->dist->H;
+#endif
     moetax_status st = MOETAX_OK;
 #define A(ptr, count) do { size_t cnt_ = (size_t)(count); \
     if (!st && !((ptr) = calloc(cnt_ ? cnt_ : 1, sizeof *(ptr)))) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); } while (0)
@@ -1199,12 +1262,12 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
         b->owner = p->dist->owner;
         b->rank = p->dist->rank;
         A(b->slot_lo, p->dist->size + 1);
-        if (!p->dist->contiguous) A(b->gbuf, U * k * d);
+        if (!p->dist->contiguous || p->dist->n_rep) A(b->gbuf, U * k * d);
         if (p->dist->combine == MOETAX_DIST_COMBINE_ALLREDUCE) A(b->partial, U * d);
         if (!st && p->dist->dispatch) st = ep_init(b, s, p->dist);
     }
 #endif
-    if (!st && !plan_alloc(&b->plan, E, U * k)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    if (!st && !plan_alloc(&b->plan, E, U * k, H)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     if (!st && !(b->pred_q = aligned_alloc(64, (moetax_act_size(MOETAX_TYPE_Q4_0, (d + 31) / 32 * 32, 1) + 63) / 64 * 64)))
         st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     if (!st) st = fw_act_alloc(m, &b->a_sh, Fs, U, false);
@@ -1219,7 +1282,7 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
         A(wk->acq_list, E);
         A(wk->sel, k);
         A(wk->selw, k);
-        if (!st && !plan_alloc(&wk->plan, E, k)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        if (!st && !plan_alloc(&wk->plan, E, k, H)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
         if (!st) st = fw_act_alloc(m, &wk->own_eh, F, k, false);
     }
 #undef A

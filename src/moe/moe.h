@@ -22,6 +22,9 @@ struct plan {
     int32_t *fill;         /* [E] scratch */
     int32_t n_mine;        /* active experts this rank computes (all of them without a world) */
     int32_t *mine;         /* [E] their ids, ascending */
+    int32_t *m_off, *m_cnt; /* [E] the slots of mine[i] this rank computes: all of the expert's, or
+                             * its part of a replicated expert's (src/dist/eplb.c) */
+    int32_t *part;         /* [E, H] slots per host of each expert (replicas only) */
 };
 
 /* per-worker state of the MoE block */
