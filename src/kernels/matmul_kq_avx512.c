@@ -2,7 +2,7 @@
  * weights against block_q8_K activations (kernels.h) in the table's Q4_Kx8r /
  * Q5_Kx8r / Q6_Kx8r layouts (8 rows interleaved), any batch (below); a unit's
  * plain tail (n_rows % 8 rows) as stored: decode here, batches the avx2 table's; Q3_K and Q2_K
- * as stored (decode here, batches avx2's). Compiled with the
+ * as stored (decode and batches here). Compiled with the
  * avx512 flags; reached only through the avx512 table.
  *
  * The plain-layout decode (a unit's plain tail) is
@@ -541,6 +541,106 @@ static void kq23_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_
     }
 }
 
+/* Q3_K / Q2_K batches (as stored): one row's super-block decoded once (levels, permuted scales,
+ * offset coefficients) for up to KQ23_BT batch rows, each output's float chain that of
+ * matmul_kq_avx2.c's batch path (acc += (d_x * d_w) * (float)sumi; Q2_K: acc -= (d_x * dmin_w) *
+ * (float)summ), super-blocks in order: the same bits as avx2's and as the decode above. */
+#define KQ23_BT 8 /* batch rows per decoded super-block: two groups of 4 float lanes */
+struct q23_blk {
+    __m512i L[4];    /* levels of values 64p..64p+63 */
+    __m512i p0, p1;  /* int16 scales in the order of vpackssdw(D0, D1) and (D2, D3) */
+    __m256i c16;     /* coefficients of bsums: Q3_K 4 sc_j, Q2_K m_j */
+    float d, dmin;
+};
+
+KQ5_INLINE void decode_q23_512(const uint8_t *bp, bool three, __m512i ix0, __m512i ix1, struct q23_blk *k) {
+    const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
+    const uint8_t *qs = bp + (three ? offsetof(moetax_block_q3_k, qs) : offsetof(moetax_block_q2_k, qs));
+    __m128i sc8;
+    if (three) {
+        sc8 = q3k_scales_512(bp + offsetof(moetax_block_q3_k, scales));
+        k->c16 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), 2);
+        k->d = moetax_k_fp16_table[ld16(bp + offsetof(moetax_block_q3_k, d))];
+        k->dmin = 0.0f;
+    } else {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)bp);
+        sc8 = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+        k->c16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
+        k->d = moetax_k_fp16_table[ld16(bp + offsetof(moetax_block_q2_k, d))];
+        k->dmin = moetax_k_fp16_table[ld16(bp + offsetof(moetax_block_q2_k, dmin))];
+    }
+    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
+    k->p0 = _mm512_permutexvar_epi16(ix0, sc16);
+    k->p1 = _mm512_permutexvar_epi16(ix1, sc16);
+    const __m512i H = three ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)bp)) : _mm512_setzero_si512();
+    for (int p = 0; p < 4; p++) {
+        const __m512i R = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * (p / 2))));
+        const int k0 = 2 * (p % 2), j0 = 2 * p;
+        const __m512i cq = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * k0)), _mm256_set1_epi16((short)(2 * k0 + 2)), 1);
+        __m512i L = _mm512_and_si512(_mm512_srlv_epi16(R, cq), m3);
+        if (three) {
+            const __m512i ch = _mm512_inserti64x4(_mm512_set1_epi16((short)j0), _mm256_set1_epi16((short)(j0 + 1)), 1);
+            L = _mm512_or_si512(L, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, ch), one), 2));
+        }
+        k->L[p] = L;
+    }
+}
+
+static void kq23_batch_512(enum moetax_type wtype, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1,
+                           int64_t nb, const uint8_t *xq, size_t act_row, int64_t n_batch, float *y, int64_t ldy) {
+    const bool three = wtype == MOETAX_TYPE_Q3_K;
+    const size_t bsz = moetax_type_size(wtype);
+    const __m512i ix0 = scale_idx6(0), ix1 = scale_idx6(8);
+    for (int64_t r = row0; r < row1; r++) {
+        const uint8_t *wr = w + (size_t)r * row_bytes;
+        for (int64_t b0 = 0; b0 < n_batch; b0 += KQ23_BT) {
+            const int nbt = n_batch - b0 < KQ23_BT ? (int)(n_batch - b0) : KQ23_BT;
+            __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()}; /* lane t % 4 of acc[t / 4]: batch row b0 + t */
+            for (int64_t i = 0; i < nb; i++) {
+                const uint8_t *bp = wr + (size_t)i * bsz;
+                _mm_prefetch((const char *)bp + 4 * bsz, _MM_HINT_T0);
+                struct q23_blk k;
+                decode_q23_512(bp, three, ix0, ix1, &k);
+                __m256i S[KQ23_BT], M[KQ23_BT];
+                float ad[KQ23_BT];
+                for (int t = 0; t < KQ23_BT; t++) {
+                    if (t >= nbt) {
+                        S[t] = M[t] = _mm256_setzero_si256();
+                        ad[t] = 0.0f;
+                        continue;
+                    }
+                    const moetax_block_q8_k *a = (const moetax_block_q8_k *)(xq + (size_t)(b0 + t) * act_row) + i;
+                    ad[t] = a->d;
+                    __m512i D[4];
+                    for (int p = 0; p < 4; p++)
+                        D[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), k.L[p],
+                                                   _mm512_loadu_si512((const void *)(a->qs + 64 * p)));
+                    __m512i sv = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(D[0], D[1]), k.p0);
+                    sv = _mm512_dpwssd_epi32(sv, _mm512_packs_epi32(D[2], D[3]), k.p1);
+                    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)a->bsums), k.c16);
+                    const __m256i s256 = _mm256_add_epi32(_mm512_castsi512_si256(sv), _mm512_extracti64x4_epi64(sv, 1));
+                    S[t] = three ? _mm256_sub_epi32(s256, corr) : s256;
+                    M[t] = corr;
+                }
+                /* per lane the scalar steps of avx2's batch path: acc += (d_x * d_w) * (float)sumi, ... */
+                for (int g = 0; g < (nbt + 3) / 4; g++) {
+                    const __m128 adv = _mm_loadu_ps(ad + 4 * g);
+                    const __m128i si = hsum4_i32(S[4 * g], S[4 * g + 1], S[4 * g + 2], S[4 * g + 3]);
+                    acc[g] = _mm_add_ps(acc[g], _mm_mul_ps(_mm_mul_ps(adv, _mm_set1_ps(k.d)), _mm_cvtepi32_ps(si)));
+                    if (!three) {
+                        const __m128i mi = hsum4_i32(M[4 * g], M[4 * g + 1], M[4 * g + 2], M[4 * g + 3]);
+                        acc[g] = _mm_sub_ps(acc[g], _mm_mul_ps(_mm_mul_ps(adv, _mm_set1_ps(k.dmin)), _mm_cvtepi32_ps(mi)));
+                    }
+                }
+            }
+            float o[KQ23_BT];
+            _mm_storeu_ps(o, acc[0]);
+            _mm_storeu_ps(o + 4, acc[1]);
+            for (int t = 0; t < nbt; t++) y[(b0 + t) * ldy + r] = o[t];
+        }
+    }
+}
+
 /* Q4_K, Q5_K or Q6_K (*_Kx8r): groups of 8 rows x tiles of batch rows; the unit's plain tail
  * as stored (decode: the 4-row path above; batches: avx2's). */
 static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1,
@@ -580,7 +680,12 @@ void moetax_k_matmul_kq_avx512(enum moetax_type wtype, const void *w, size_t row
                              (const moetax_block_q8_k *)xq, y);
         return;
     }
-    if (wtype != MOETAX_TYPE_Q3_K && wtype != MOETAX_TYPE_Q2_K && n_batch == 1) {
+    if (wtype == MOETAX_TYPE_Q3_K || wtype == MOETAX_TYPE_Q2_K) {
+        kq23_batch_512(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols / MOETAX_QK_K, (const uint8_t *)xq,
+                       moetax_k_act_row_bytes(wtype, ncols), n_batch, y, ldy);
+        return;
+    }
+    if (n_batch == 1) {
         kq_decode_rows_512(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols / MOETAX_QK_K,
                            (const moetax_block_q8_k *)xq, y);
         return;
