@@ -104,7 +104,8 @@ void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t 
 /* k-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) against block_q8_K activations (matmul_kq_avx2.c). */
 void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                              int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
-/* The same for the avx512 table (matmul_kq_avx512.c): one batch row on VNNI, bit-identical to avx2's; batches are avx2's. */
+/* The same for the avx512 table (matmul_kq_avx512.c), bit-identical to avx2's: Q4_K/Q5_K/Q6_K in their x8r
+ * layouts (a plain tail: one batch row on VNNI, batches avx2's); Q2_K/Q3_K as stored, decode and batches on VNNI. */
 void moetax_k_matmul_kq_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                                int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
 void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
