@@ -160,7 +160,7 @@ static void tables_agree(const char *path, const char *type) {
         return;
     }
     for (int threads = 1; threads <= 2; threads++) {
-        char out[2][1600], cmd[8192];
+        char out[2][2600], cmd[8192];
         for (int k = 0; k < 2; k++) {
             snprintf(out[k], sizeof out[k], "%s.%s.%d.f32", path, k ? "avx512" : "avx2", threads);
             snprintf(cmd, sizeof cmd,
@@ -196,7 +196,7 @@ static void ref_vs_avx2(const char *path, const char *type) {
         printf("test_kquant: CPU lacks avx2: %s ref vs avx2 model logits skipped\n", type);
         return;
     }
-    char out[2][1600], cmd[8192];
+    char out[2][2600], cmd[8192];
     float *l[2];
     long n[2] = {0, 0};
     for (int k = 0; k < 2; k++) {
