@@ -7,7 +7,8 @@ every step, in ggml's order of operations, vectorised over 16-value groups only)
 a GGUF file written here: random normal rows of several magnitudes, all-zero rows,
 rows below ggml's GROUP_MAX_EPS, constant rows, rows of one outlier, positive-only and
 negative-only rows, sparse rows. Also: the dequantized sums `moetax inspect --json
---checksums` prints agree with a NumPy dequantization of the same bytes, and a tensor
+--checksums` prints agree with a NumPy dequantization of the same bytes, moetax's
+dequantization of random blocks (`quantize ... f32`) equals NumPy's bit for bit, and a tensor
 whose rows are not a multiple of 256 becomes q8_0, named on stderr.
 
 usage: test_kq_quant_np.py MOETAX_BIN WORKDIR
@@ -257,7 +258,10 @@ def dequantize_q2_k(b):
 # ---------------------------------------------------------------- a GGUF of F32 tensors
 
 def write_gguf(path, tensors):
-    """tensors: [(name, float32 array of shape (rows, ncols))] -> a GGUF v3 file of F32 tensors."""
+    """tensors: [(name, float32 array of shape (rows, ncols))] or [(name, (type id, ncols, rows,
+    raw bytes))] -> a GGUF v3 file."""
+    tensors = [(n, a if isinstance(a, tuple) else (0, a.shape[1], a.shape[0], a.astype("<f4").tobytes()))
+               for n, a in tensors]
     def s(b):
         return struct.pack("<Q", len(b)) + b
     kv = [(b"general.architecture", 8, s(b"llama")), (b"general.alignment", 4, struct.pack("<I", 32))]
@@ -266,17 +270,17 @@ def write_gguf(path, tensors):
         head += s(k) + struct.pack("<I", t) + v
     off = 0
     offs = []
-    for name, a in tensors:
+    for name, (tid, ne0, ne1, raw) in tensors:
         offs.append(off)
-        off += (a.nbytes + 31) // 32 * 32
-    for (name, a), o in zip(tensors, offs):
-        head += s(name.encode()) + struct.pack("<IQQIQ", 2, a.shape[1], a.shape[0], 0, o)
+        off += (len(raw) + 31) // 32 * 32
+    for (name, (tid, ne0, ne1, raw)), o in zip(tensors, offs):
+        head += s(name.encode()) + struct.pack("<IQQIQ", 2, ne0, ne1, tid, o)
     head += b"\0" * ((-len(head)) % 32)
     with open(path, "wb") as f:
         f.write(head)
-        for name, a in tensors:
-            f.write(a.astype("<f4").tobytes())
-            f.write(b"\0" * ((-a.nbytes) % 32))
+        for name, (tid, ne0, ne1, raw) in tensors:
+            f.write(raw)
+            f.write(b"\0" * ((-len(raw)) % 32))
 
 
 def test_rows(rng):
@@ -343,6 +347,27 @@ def main():
                 check(gs is not None and abs(gs - s1) <= 1e-4 * max(1.0, abs(s1), s2 ** 0.5) and
                       gq is not None and abs(gq - s2) <= 1e-5 * max(1.0, s2),
                       "%s %s: inspect's dequantized sums %s %s vs NumPy %r %r" % (tname, name, gs, gq, s1, s2))
+    # moetax's dequantization (moetax_to_float, through quantize ... f32) of any bytes == NumPy's
+    # (which equals upstream dequantize_row_q{3,2}_K, checked by hand): random blocks with
+    # random finite F16 scales
+    for tname, tid, bsz, doffs, deq in (("q3_k", 11, 110, (108,), dequantize_q3_k),
+                                        ("q2_k", 10, 84, (80, 82), dequantize_q2_k)):
+        blocks = rng.integers(0, 256, (48, bsz)).astype(np.uint8)
+        for o in doffs:
+            blocks[:, o:o + 2] = (rng.standard_normal(48) * 0.1).astype("<f2").view(np.uint8).reshape(48, 2)
+        src = os.path.join(work, "kqnp_rand_%s.gguf" % tname)
+        dst = os.path.join(work, "kqnp_rand_%s_f32.gguf" % tname)
+        write_gguf(src, [("r.weight", (tid, 768, 16, blocks.tobytes()))])
+        p = subprocess.run([moetax, "quantize", src, dst, "f32"], capture_output=True, text=True)
+        check(p.returncode == 0, "%s: quantize to f32 failed: %s" % (tname, p.stderr))
+        if p.returncode == 0:
+            r = gguf_np.GGUFReader(dst)
+            got = np.frombuffer(bytes(r.raw("r.weight")), "<f4")
+            want = deq(blocks).reshape(-1)
+            check(np.array_equal(got.view(np.uint32), want.view(np.uint32)),
+                  "%s: moetax's dequantization of random blocks differs from NumPy's (%d values)"
+                  % (tname, int(np.sum(got != want))))
+            r.close()
     return summary()
 
 
