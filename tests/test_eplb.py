@@ -8,12 +8,14 @@ summary's work counts: every rank prints the same figures, the ranks' own slots 
 assignments (tokens x k x MoE layers), the busiest rank with replicas never above the busiest
 without, both at or above an even split; a profile maps fewer experts beyond a rank's own than no
 profile; on real text (a held-out stdlib file, bench --batch 8) the replicas cut the busiest
-rank's excess over the mean by at least half at np 2; bad values are refused, named.
+rank's excess over the mean by at least half at np 2, and the merged ledger's dist objects hold
+the same counts; bad values are refused, named.
 SKIP without mpirun or without an MPI build.
 
 usage: test_eplb.py MOETAX_BIN WORKDIR
 """
 import glob
+import json
 import os
 import re
 import shutil
@@ -133,7 +135,8 @@ def main():
     # real text: a held-out stdlib file (tools/train/corpus.py: path hash % 20 == 0), 8 sequences decoding together
     srcs = sorted(glob.glob("/usr/lib/python3*/copy.py")) or [os.path.join(ROOT, "tools", "train", "corpus.py")]
     bench = [moetax, "bench", "-m", MODEL, "-f", srcs[0], "--batch", "8", "-p", "32", "-n", "16", "-t", "1", "-r", "1"]
-    r = mpirun(2, bench + ["--ep-replicas", "8"], timeout=300)
+    lpath = os.path.join(work, "ledger.json")
+    r = mpirun(2, bench + ["--ep-replicas", "8", "--ledger", lpath], timeout=300)
     check(r.returncode == 0, f"bench --batch 8 np 2 --ep-replicas 8: {r.stderr[-500:]}")
     s = check_counts("bench --batch 8 np 2", 2, r, 0)
     if 0 in s:
@@ -142,6 +145,15 @@ def main():
         print(f"bench --batch 8 np 2 R 8 on {srcs[0]}: busiest/mean {x['base_x']:.4f} without, {x['busy_x']:.4f} "
               f"with replicas (even split {x['even_x']:.4f}): the excess cut by {100 * cut:.1f}%")
         check(cut >= 0.5, f"the replicas cut the busiest rank's excess over the mean by at least half ({cut:.3f})")
+        try:
+            dist = [x["dist"] for x in json.load(open(lpath))["ranks"]]
+        except (OSError, ValueError, KeyError) as e:
+            dist = []
+            check(False, f"the merged ledger has every rank's dist counters ({e})")
+        check(len(dist) == 2 and all(d.get("work_busiest") == x["busy"] and d.get("work_busiest_without_replicas") ==
+                                     x["base"] and d.get("work_assignments") == x["total"] for d in dist) and
+              sorted(d.get("work_mine") for d in dist) == sorted(v["mine"] for v in s.values()),
+              f"the merged ledger's dist objects hold the summary's work counts ({dist})")
 
     # bad values, named
     tiny = [moetax, "eval", "-m", MODEL, "--tokens", "1,2", "--decode", "1"]

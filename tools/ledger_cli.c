@@ -124,7 +124,9 @@ static moetax_status write_trace(const struct moetax_ledger *l, const char *path
  *   ledger: rank 0's ledger (so `moetax report` reads it as before) plus "ranks": every rank's
  *           ledger in rank order, each with "rank" and "dist" {bytes_sent, bytes_recv,
  *           collectives, comm_s, wait_s; with --ep-dispatch alltoall also dispatch, records,
- *           bytes_once_per_rank, bytes_once_per_expert, blocked_s, logits_bytes} (what the exit
+ *           bytes_once_per_rank, bytes_once_per_expert, blocked_s, logits_bytes; with --ep-replicas
+ *           also replicas, work_plans, work_assignments, work_busiest, work_busiest_without_replicas,
+ *           work_even_split, work_mine, replica_experts_mapped, replica_bytes_mapped} (what the exit
  *           summary prints);
  *   trace:  one Chrome trace, a process per rank and track kind: rank r's pid p becomes
  *           100 r + p, its process names "rank r: ...", and its times are shifted by its first
@@ -170,6 +172,17 @@ static moetax_status rank_doc(const struct moetax_ledger *l, const struct moetax
         json_object_set_new(dj, "bytes_once_per_expert", json_integer((json_int_t)D->a2a_bytes_expert));
         json_object_set_new(dj, "blocked_s", json_real(1e-9 * (double)D->ns_blocked));
         json_object_set_new(dj, "logits_bytes", json_integer((json_int_t)D->bytes_logits));
+    }
+    if (dj && D->n_rep) { /* replicas (src/dist/eplb.c): the expert work counts of the exit summary */
+        json_object_set_new(dj, "replicas", json_integer(D->n_rep));
+        json_object_set_new(dj, "work_plans", json_integer((json_int_t)D->n_planned));
+        json_object_set_new(dj, "work_assignments", json_integer((json_int_t)D->work_total));
+        json_object_set_new(dj, "work_busiest", json_integer((json_int_t)D->work_max));
+        json_object_set_new(dj, "work_busiest_without_replicas", json_integer((json_int_t)D->work_max_base));
+        json_object_set_new(dj, "work_even_split", json_integer((json_int_t)D->work_floor));
+        json_object_set_new(dj, "work_mine", json_integer((json_int_t)D->work_mine));
+        json_object_set_new(dj, "replica_experts_mapped", json_integer(D->n_extra));
+        json_object_set_new(dj, "replica_bytes_mapped", json_integer((json_int_t)D->extra_bytes));
     }
     json_object_set_new(d, "rank", json_integer(D->rank));
     if (dj) json_object_set_new(d, "dist", dj);
