@@ -102,9 +102,13 @@ def store_checks(mt, work, calib):
           f"config round trip through bench: {brow[:1]} vs {c}")
     r2 = run(args)
     check(r2.returncode == 0 and "reused from" in r2.stderr, f"a rerun reuses the log: {r2.stderr[-300:]}")
-    c2 = json.load(open(scfg))
-    check(c2["expert_budget"] == c["expert_budget"] or abs(c2["measured"]["speed_ratio"] - c["measured"]["speed_ratio"]) < 0.15,
-          "the rerun's recommendation: the same or within noise")
+    # what the log held is reused, not measured again: every configuration both runs report at the
+    # same stage carries the same numbers (the rerun may go further within its --time, so its
+    # recommendation may legitimately differ; a timing comparison here would only measure the machine)
+    rows2 = {(o["config"], o["stage"]): o for o in (json.loads(x) for x in r2.stdout.splitlines() if x.startswith("{"))}
+    same = [(o, rows2[(o["config"], o["stage"])]) for o in rows if (o["config"], o["stage"]) in rows2]
+    check(len(same) >= 2 and all(a["speed_ratio"] == b["speed_ratio"] and a["kl"] == b["kl"] for a, b in same),
+          f"the rerun reuses the logged measurements ({len(same)} configurations at the same stage)")
     r3 = run(args[:-2] + ["--log", slog, "--workload", "batch:2"])
     check(r3.returncode != 0 and "another tuning" in r3.stderr, f"another workload's log refused: {r3.stderr[-300:]}")
     r4 = run([mt, "tune", "-m", MODEL, "--calib", calib, "--time", "10s", "--memory", "1M", "--log",
