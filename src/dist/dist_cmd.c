@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 enum { CMD_TAG = 7101, SPIN_PROBES = 20000 };
 
@@ -45,12 +46,21 @@ moetax_status moetax_dist_cmd_recv(int32_t **buf, size_t *cap, size_t *n) {
     if (g_cmd == MPI_COMM_NULL) return moetax_error(MOETAX_ERR_INTERNAL, "the command stream is not open");
     MPI_Status stt;
     int flag = 0, rc;
+    const pid_t parent = getppid();
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     for (long probes = 0; !flag; probes++) {
         if ((rc = MPI_Iprobe(0, CMD_TAG, g_cmd, &flag, &stt)) != MPI_SUCCESS) return fail(rc, "MPI_Iprobe");
-        if (!flag && probes >= SPIN_PROBES) { /* idle: let the core go */
-            struct timespec ts = {0, 200 * 1000};
-            nanosleep(&ts, NULL);
-        }
+        if (flag || probes < SPIN_PROBES) continue;
+        /* idle: let the core go, longer the longer the server has been idle (a step after 1 s of
+         * idleness waits at most 1 ms more, after 10 s at most 5 ms) */
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        const double idle = (double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec);
+        struct timespec ts = {0, idle < 1 ? 200 * 1000 : idle < 10 ? 1000 * 1000 : 5000 * 1000};
+        nanosleep(&ts, NULL);
+        if (getppid() != parent) /* the launcher (mpirun or its daemon) is gone: so is the job */
+            return moetax_error(MOETAX_ERR_IO, "the server's other ranks are gone (this rank's launcher exited)");
     }
     int count = 0;
     MPI_Get_count(&stt, MPI_INT32_T, &count);

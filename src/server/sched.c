@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "moetax/kvcache.h"
 #include "moetax/store.h"
@@ -214,6 +215,7 @@ struct srv_sched {
     int shard;              /* token-sharded dispatch over P ranks: sequence i's cells live on rank
                                i % P only, so a prefix is copied only between slots of one rank */
     moetax_status fatal;    /* a decode failed under mpirun: the server stops with it */
+    pid_t parent;           /* under mpirun: the launcher; another parent means it has gone */
     int32_t *cmd;
     size_t cmd_n, cmd_cap;
     bool cmd_oom;
@@ -699,7 +701,20 @@ static void sched_loop(struct srv_sched *s) {
             bool busy = false;
             for (int i = 0; i < s->p.n_parallel; i++) busy |= s->slots[i].state == SLOT_ACTIVE;
             if (busy) break;
-            pthread_cond_wait(&s->cv, &s->mu);
+            if (!s->mirror) {
+                pthread_cond_wait(&s->cv, &s->mu);
+                continue;
+            }
+            /* under mpirun: wake once a second to see that the job still exists (the other ranks
+             * stop by themselves when their launcher goes; so does this one) */
+            struct timespec dl;
+            clock_gettime(CLOCK_REALTIME, &dl);
+            dl.tv_sec += 1;
+            pthread_cond_timedwait(&s->cv, &s->mu, &dl);
+            if (getppid() != s->parent && !s->stopping) {
+                s->fatal = moetax_error(MOETAX_ERR_IO, "mpirun is gone: the server stops");
+                s->stopping = true;
+            }
         }
         const bool stop = s->stopping;
         pthread_mutex_unlock(&s->mu);
@@ -794,6 +809,7 @@ moetax_status srv_sched_start(const struct srv_sched_params *p, struct srv_sched
     if (p->mpi) { /* the main thread runs the loop (srv_sched_run): MPI is FUNNELED */
         if ((st = moetax_dist_cmd_open())) { srv_sched_free(s); return st; }
         s->mirror = s->on_caller = true;
+        s->parent = getppid();
         const struct moetax_dist *w = moetax_dist_world();
         s->shard = w && w->dispatch ? w->size : 1;
         if (s->shard > 1) {
