@@ -99,8 +99,9 @@ class Server:
         return c, c.getresponse()
 
 
-def stream(srv, prompt, n, out, start_evt=None):
-    """One streaming completion; out gets t0, chunk arrival times, usage."""
+def stream(srv, prompt, n, out, start_evt=None, stop_evt=None):
+    """One streaming completion; out gets t0, chunk arrival times, usage. stop_evt set: the client
+    hangs up (the server cancels the request)."""
     if start_evt is not None:
         start_evt.wait()
     body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True, "ignore_eos": True,
@@ -114,6 +115,8 @@ def stream(srv, prompt, n, out, start_evt=None):
         return
     buf = b""
     while True:
+        if stop_evt is not None and stop_evt.is_set():
+            break
         chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)
         if not chunk:
             break
@@ -252,8 +255,12 @@ def main():
             many = run_clients(srv, prompts, a.n)
             # long: CLIENTS-1 decode, the long prompt arrives once they all stream
             outs = [dict() for _ in range(a.clients - 1)]
-            go = threading.Event()
-            th = [threading.Thread(target=stream, args=(srv, prompts[i], 2 * a.n, outs[i], go))
+            # they decode until the long prompt's answer is in (then they hang up), so the whole
+            # prefill falls inside their streams whatever the machine's speed
+            go, done = threading.Event(), threading.Event()
+            # (within each client's share of the cells, so that all of them are admitted at once)
+            n_long = min(a.long_prompt + a.n, (srv.positions or 4096) - p_tok - 8)
+            th = [threading.Thread(target=stream, args=(srv, prompts[i], n_long, outs[i], go, done))
                   for i in range(a.clients - 1)]
             for t in th:
                 t.start()
@@ -268,6 +275,8 @@ def main():
             if "error" in lo:
                 sys.exit("bench_serve: the long prompt's request failed: " + lo["error"])
             t_first = lo["times"][0] if lo.get("times") else lo["t_end"]
+            time.sleep(0.05)  # a few gaps after it
+            done.set()
             for t in th:
                 t.join()
             before, during = [], []
