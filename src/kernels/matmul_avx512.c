@@ -91,11 +91,13 @@ ALWAYS_INLINE __m256i bcast32(const uint8_t *p) {
 
 /* ---- 512-bit vectors over two groups of 8 rows: group A in lanes 0-7, B in 8-15 ---- */
 
+#if !DPB_ASM
 ALWAYS_INLINE __m512i bcast32z(const uint8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
 }
+#endif
 
 /* acc + vpdpbusd(w, the 4 bytes at p in every lane), the broadcast embedded in the
  * instruction ({1to16}: one fused load uop). GCC emits a separate vpbroadcastd for
