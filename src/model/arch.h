@@ -60,6 +60,9 @@ moetax_status arch_check_moe(const struct moetax_model *m, int first_moe);
  * (n_layer_dense_lead = n_layer, feed_forward_length > 0 checked).
  * Sets attn = GQA; the caller sets RoPE mode, q/k norm, routing and the expert width. */
 moetax_status arch_gqa_hparams(struct moetax_model *m, struct arch_keys *k);
+/* The last steps of every GQA architecture's hparams: RoPE scaling keys, the attention scale
+ * 1/sqrt(key_length), the first key error, then moetax_hparams_check. */
+moetax_status arch_gqa_finish(struct moetax_model *m, struct arch_keys *k);
 
 /* Bind tensor `name` with the expected shape (ggml order); absent and !required leaves
  * w->data NULL. */

@@ -57,10 +57,7 @@ static moetax_status llama_hparams(struct moetax_model *m) {
         return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: llama.rope.scaling.type longrope is not supported", g->path);
     st = arch_check_moe(m, k.dense ? hp->n_layer : 0);
     if (st) return st;
-    (void)arch_rope_hparams(m, &k);
-    hp->kq_scale = (float)(1.0 / sqrt((double)hp->n_embd_head_k));
-    if (k.st) return k.st;
-    return moetax_hparams_check(hp, g->path);
+    return arch_gqa_finish(m, &k);
 }
 
 /* A tensor llama.cpp's llama graph would use and moetax does not: refused naming it. */

@@ -44,10 +44,7 @@ static moetax_status olmoe_hparams(struct moetax_model *m) {
     hp->rope_mode = MOETAX_ROPE_MODE_NEOX;
     hp->qk_norm = MOETAX_QK_NORM_FULL;
     if (k.dense) {
-        (void)arch_rope_hparams(m, &k);
-        hp->kq_scale = (float)(1.0 / sqrt((double)hp->n_embd_head_k));
-        if (k.st) return k.st;
-        return moetax_hparams_check(hp, g->path);
+        return arch_gqa_finish(m, &k);
     }
     if (hp->n_ff <= 0)
         return moetax_error(MOETAX_ERR_FORMAT, "%s: olmoe.feed_forward_length (the experts' width) must be positive",
@@ -58,10 +55,7 @@ static moetax_status olmoe_hparams(struct moetax_model *m) {
     hp->expert_weights_scale = 1.0f;
     st = arch_check_moe(m, 0);
     if (st) return st;
-    (void)arch_rope_hparams(m, &k);
-    hp->kq_scale = (float)(1.0 / sqrt((double)hp->n_embd_head_k));
-    if (k.st) return k.st;
-    return moetax_hparams_check(hp, g->path);
+    return arch_gqa_finish(m, &k);
 }
 
 static moetax_status olmoe_layer(struct moetax_model *m, int il) {

@@ -32,10 +32,7 @@ static moetax_status qwen3_hparams(struct moetax_model *m, bool dense) {
     hp->rope_mode = MOETAX_ROPE_MODE_NEOX;
     hp->qk_norm = MOETAX_QK_NORM_HEAD;
     if (dense) {
-        (void)arch_rope_hparams(m, &k);
-        hp->kq_scale = (float)(1.0 / sqrt((double)hp->n_embd_head_k));
-        if (k.st) return k.st;
-        return moetax_hparams_check(hp, g->path);
+        return arch_gqa_finish(m, &k);
     }
     hp->n_ff_exp = arch_key_i(&k, "expert_feed_forward_length", 0, false);
     if (hp->n_ff_exp == 0 && hp->n_expert_used > 0) hp->n_ff_exp = hp->n_ff / hp->n_expert_used; /* llama.cpp's fallback */
@@ -45,10 +42,7 @@ static moetax_status qwen3_hparams(struct moetax_model *m, bool dense) {
     if (k.st) return k.st;
     st = arch_check_moe(m, 0);
     if (st) return st;
-    (void)arch_rope_hparams(m, &k);
-    hp->kq_scale = (float)(1.0 / sqrt((double)hp->n_embd_head_k));
-    if (k.st) return k.st;
-    return moetax_hparams_check(hp, g->path);
+    return arch_gqa_finish(m, &k);
 }
 
 static moetax_status qwen3moe_hparams(struct moetax_model *m) { return qwen3_hparams(m, false); }

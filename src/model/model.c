@@ -466,6 +466,13 @@ moetax_status arch_check_moe(const struct moetax_model *m, int first_moe) {
     return MOETAX_OK;
 }
 
+moetax_status arch_gqa_finish(struct moetax_model *m, struct arch_keys *k) {
+    (void)arch_rope_hparams(m, k);
+    m->hp.kq_scale = (float)(1.0 / sqrt((double)m->hp.n_embd_head_k));
+    if (k->st) return k->st;
+    return moetax_hparams_check(&m->hp, m->gguf->path);
+}
+
 moetax_status arch_gqa_hparams(struct moetax_model *m, struct arch_keys *k) {
     const struct moetax_gguf *g = m->gguf;
     struct moetax_hparams *hp = &m->hp;
