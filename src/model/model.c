@@ -145,22 +145,6 @@ void *arch_own(struct moetax_model *m, size_t bytes) {
 /* Drop the pages of the (read-only, private) file mapping that lie wholly in
  * [p, p + n): they are read from a copy from now on, and would come back from
  * the file if touched again. */
-static void release_mapped(const struct moetax_model *m, const void *p, size_t n) {
-    if (!m->gguf->mapped) return;
-    long psz = sysconf(_SC_PAGESIZE);
-    if (psz <= 0) return;
-    uintptr_t a = ((uintptr_t)p + (uintptr_t)psz - 1) & ~(uintptr_t)(psz - 1);
-    uintptr_t b = ((uintptr_t)p + n) & ~(uintptr_t)(psz - 1);
-    if (b <= a) return;
-#ifdef MADV_NOHUGEPAGE
-    /* 4 KiB pages from now on: a 2 MiB mapping of the file would bring the dropped pages
-     * back whenever a neighbour in the same 2 MiB is touched (a router matrix, token_embd
-     * rows), and count them in RSS once more (measured: `small` Q8_0 with an expert store,
-     * 59 MiB of the mapping resident again) */
-    (void)madvise((void *)a, b - a, MADV_NOHUGEPAGE);
-#endif
-    (void)madvise((void *)a, b - a, MADV_DONTNEED);
-}
 
 static size_t weight_bytes(const struct moetax_weight *w) {
     return w->mat_bytes * (size_t)(w->ne[2] > 1 ? w->ne[2] : 1);
@@ -219,7 +203,7 @@ static moetax_status repack_weights(const struct moetax_model *m, struct moetax_
                                (int64_t)((c1 - c0) / w->row_bytes));
         }
         w->data = buf + off;
-        if (w->file_data != m->tok_embd.file_data) release_mapped(m, w->file_data, nb); /* still read by rows */
+        if (w->file_data != m->tok_embd.file_data) moetax_model_release_file_pages(m, w->file_data, nb); /* still read by rows */
         off += (nb + 63) / 64 * 64;
     }
     return MOETAX_OK;

@@ -28,6 +28,11 @@
  * target, MOETAX_ERR_SHAPE the tensor whose rows the target's blocks do not divide. */
 moetax_status model_requant_experts(struct moetax_model *m, enum moetax_type to, struct moetax_huge_buf *buf);
 
+/* The file's pages wholly inside [p, p + n) of m's mapping are dropped (a tensor read from a
+ * copy from now on: repacked at load, or re-quantized); nothing outside the mapping, nothing
+ * when the file is not mapped. */
+void moetax_model_release_file_pages(const struct moetax_model *m, const void *p, size_t n);
+
 /* true if some routed expert of m was re-quantized at load (it has no bytes in the file) */
 bool model_experts_requantized(const struct moetax_model *m);
 
