@@ -20,13 +20,16 @@ port) and measures, in alternating rounds so that a drifting machine hits every 
 
 and prints per round and the medians:
 
-  server_cost      one client's TPOT / the engine's TPOT p50 - 1 (HTTP, JSON, SSE, scheduling;
-                   target <= 5% on the trained default model)
+  server_cost      one client's TPOT / the engine's mean TPOT - 1 (1 / its decode tokens/s: a mean,
+                   like TPOT; HTTP, JSON, SSE, scheduling; target <= 5% on the trained default model)
   scale            many / one aggregate tokens/s (target >= 2.2x on `small` Q8_0 with 8 clients)
   tpot_ratio       the worst of the many clients' TPOT / one client's (target: p99 <= 3.5x; with
                    CLIENTS requests a round the worst is its p99); gap_p99_ratio: the same for the
                    p99 of chunk gaps
   long_raise_ms    p99 TPOT during the long prefill - p99 before, against one prefill chunk's time
+                   (measured on a second server with --stream-interval 0, an event per token, so that
+                   the gaps are the steps' and not the stream's pacing; one/many use the server's
+                   default pacing, as a user gets it, and their gaps include it)
                    (--prefill-chunk tokens of the engine's ppN time per token: `bench -p CHUNK`);
                    target: the raise <= one chunk
 
@@ -229,10 +232,13 @@ def main():
     words = ("def return self import class for while yield lambda async await with try except raise "
              "value index result items key data list dict none true false print open path").split()
     tmp = tempfile.mkdtemp(prefix="bench_serve.")
-    srv = Server(a.moetax, a.model, a.threads, a.clients, ["--prefill-chunk", str(a.prefill_chunk),
-                 "-c", str(a.clients * (a.long_prompt + a.n + a.p + 64)), *a.serve_args], tmp)
+    common = ["--prefill-chunk", str(a.prefill_chunk), "-c", str(a.clients * (a.long_prompt + a.n + a.p + 64))]
+    srv = Server(a.moetax, a.model, a.threads, a.clients, [*common, *a.serve_args], tmp)
     rounds = []
+    srv0 = None
     try:
+        srv0 = Server(a.moetax, a.model, a.threads, a.clients, [*common, *a.serve_args, "--stream-interval", "0"],
+                      tempfile.mkdtemp(prefix="bench_serve0."))
         prompt, p_tok = make_prompt(srv, words, a.p)
         if srv.positions and a.long_prompt + 16 > srv.positions:
             print(f"the model takes {srv.positions} positions per request: the long prompt is "
@@ -260,7 +266,7 @@ def main():
             go, done = threading.Event(), threading.Event()
             # (within each client's share of the cells, so that all of them are admitted at once)
             n_long = min(a.long_prompt + a.n, (srv.positions or 4096) - p_tok - 8)
-            th = [threading.Thread(target=stream, args=(srv, prompts[i], n_long, outs[i], go, done))
+            th = [threading.Thread(target=stream, args=(srv0, prompts[i], n_long, outs[i], go, done))
                   for i in range(a.clients - 1)]
             for t in th:
                 t.start()
@@ -271,7 +277,7 @@ def main():
                 time.sleep(0.002)
             lo = {}
             t_send = time.perf_counter()
-            stream(srv, long_prompt, 4, lo)
+            stream(srv0, long_prompt, 4, lo)
             if "error" in lo:
                 sys.exit("bench_serve: the long prompt's request failed: " + lo["error"])
             t_first = lo["times"][0] if lo.get("times") else lo["t_end"]
@@ -293,14 +299,15 @@ def main():
             t1 = [tpot(o) for o in one]
             tB = [tpot(o) for o in many]
             r = {
-                "engine_tpot_p50_ms": e1["tpot_p50_ms"], "engine_tps_1": e1["tokens_per_s"],
+                "engine_tpot_p50_ms": e1["tpot_p50_ms"], "engine_tpot_mean_ms": 1e3 / e1["tokens_per_s"],
+                "engine_tps_1": e1["tokens_per_s"],
                 "engine_tps_many": eB["tokens_per_s"],
                 "one_tpot_ms": t1[0], "one_gap_p99_ms": pct(g1, 99), "one_tps": aggregate(one),
                 "many_tpot_max_ms": max(tB), "many_gap_p99_ms": pct(gB, 99), "many_tps": aggregate(many),
                 "long_before_p99_ms": pct(before, 99), "long_during_p99_ms": pct(during, 99),
                 "long_during_n": len(during), "long_ttft_ms": (t_first - t_send) * 1e3,
             }
-            r["server_cost"] = r["one_tpot_ms"] / r["engine_tpot_p50_ms"] - 1
+            r["server_cost"] = r["one_tpot_ms"] / r["engine_tpot_mean_ms"] - 1
             r["scale"] = r["many_tps"] / r["one_tps"]
             r["engine_scale"] = r["engine_tps_many"] / r["engine_tps_1"]
             r["tpot_ratio"] = r["many_tpot_max_ms"] / r["one_tpot_ms"]
@@ -308,7 +315,7 @@ def main():
             r["long_raise_ms"] = r["long_during_p99_ms"] - r["long_before_p99_ms"]
             rounds.append(r)
             print(f"round {rd + 1}: server_cost {100 * r['server_cost']:+.1f}% (TPOT {r['one_tpot_ms']:.2f} "
-                  f"vs engine p50 {r['engine_tpot_p50_ms']:.2f} ms); scale {r['scale']:.2f}x ({r['many_tps']:.1f} vs "
+                  f"vs engine mean {r['engine_tpot_mean_ms']:.2f} ms, p50 {r['engine_tpot_p50_ms']:.2f}); scale {r['scale']:.2f}x ({r['many_tps']:.1f} vs "
                   f"{r['one_tps']:.1f} t/s; engine alone {r['engine_scale']:.2f}x); worst TPOT {r['many_tpot_max_ms']:.2f} "
                   f"vs {r['one_tpot_ms']:.2f} ms = {r['tpot_ratio']:.2f}x (p99 of gaps {r['gap_p99_ratio']:.2f}x); long prompt: p99 {r['long_before_p99_ms']:.2f}"
                   f" -> {r['long_during_p99_ms']:.2f} ms over {r['long_during_n']} gaps (raise "
@@ -316,6 +323,8 @@ def main():
                   flush=True)
     finally:
         srv.stop()
+        if srv0 is not None:
+            srv0.stop()
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     print(f"medians of {len(rounds)} rounds: server_cost {100 * med['server_cost']:+.1f}% (target <= 5%), scale "
           f"{med['scale']:.2f}x (target >= 2.2x; the engine alone {med['engine_scale']:.2f}x), worst TPOT "

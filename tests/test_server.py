@@ -464,8 +464,10 @@ def test_dashboard(s):
 
 
 def test_second_server():
-    """--api-key, 503 with a full queue, the chat endpoint with --chat-template chatml."""
-    s = Server("--api-key", "sekrit", "--parallel", "1", "--max-queue", "1", "--chat-template", "chatml", name="key")
+    """--api-key, 503 with a full queue, the chat endpoint with --chat-template chatml, a stream's
+    pacing (--stream-interval)."""
+    s = Server("--api-key", "sekrit", "--parallel", "1", "--max-queue", "1", "--chat-template", "chatml",
+               "--stream-interval", "40", name="key")
     try:
         check(s.request("GET", "/health")[0] == 200, "/health needs no key")
         for h in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"}, {"Authorization": "Bearer sekri"}]:
@@ -486,6 +488,16 @@ def test_second_server():
               and ev[0]["choices"][0]["delta"].get("role") == "assistant", f"chat stream: {ev[:2]}")
         check(stream_text(ev, chat=True) == j["choices"][0]["message"]["content"], "chat stream text != chat text")
         check(s.post("/v1/chat/completions", {"messages": "hi"}, headers=auth)[0] == 400, "messages as a string: 400")
+        # pacing: at most one event per 40 ms (the first token and the end at once), every token's text in them
+        body = {"prompt": PROMPTS[2], "max_tokens": 120, "temperature": 0, "ignore_eos": True}
+        t = time.time()
+        st, _, ev = s.stream("/v1/completions", dict(body, stream=True), headers=auth)
+        el = time.time() - t
+        st2, _, j2 = s.post("/v1/completions", body, headers=auth)
+        texts = [e for e in ev if e != "[DONE]" and e["choices"][0].get("text")]
+        check(st == 200 and st2 == 200 and stream_text(ev) == j2["choices"][0]["text"]
+              and j2["usage"]["completion_tokens"] == 120, f"a paced stream's text != the completion's: {st} {st2}")
+        check(1 <= len(texts) <= 2 + el / 0.040 + 1, f"--stream-interval 40: {len(texts)} events with text in {el:.3f} s")
         # a chat prompt's control tokens are single ids (the model's <|endoftext|>); a completion's are plain text
         def chat_tokens(content):
             st, _, j = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": content}], "max_tokens": 1},

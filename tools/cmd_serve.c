@@ -99,6 +99,10 @@ static void usage(FILE *f) {
             "  --max-conn N           connections at once (default 256)\n"
             "  --prefill-chunk N      prompt tokens per step, all sequences together (default 64)\n"
             "  --default-max-tokens N max_tokens when a request gives none (default 256; at most what fits)\n"
+            "  --stream-interval MS   a stream sends at most one event per MS milliseconds, with the text of\n"
+            "                         every token since the last one (default 2; 0: one event per step); the\n"
+            "                         first token and the end go at once. Steps faster than that (small models)\n"
+            "                         then do not wake the client and the server's HTTP thread every token\n"
             "  --no-prefix-reuse      free a finished request's KV cells at once (default: keep them until the\n"
             "                         space is needed, for a next prompt that starts with the same tokens)\n"
             "  --chat-template NAME   use this template (chatml, llama3, deepseek2, deepseek3, mistral-v7, ...)\n"
@@ -126,6 +130,7 @@ int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("MOETAX_API_KEY"), *tmpl_name = NULL;
     int64_t port = 8080, parallel = 4, n_ctx = 0, n_threads = 0, max_queue = 64, max_conn = 256, chunk = 64;
     int64_t default_max = 256;
+    double stream_iv_ms = 2;
     uint64_t max_body = 1 << 20;
     int k_ctx = 0;
     bool no_mmap = false, no_reuse = false;
@@ -163,6 +168,10 @@ int cmd_serve(int argc, char **argv) {
         INT_OPT(NULL, "--prefill-chunk", chunk, 1, 4096)
         INT_OPT(NULL, "--default-max-tokens", default_max, 1, 1 << 24)
 #undef INT_OPT
+        else if (cli_opt(argc, argv, &i, NULL, "--stream-interval", &v, &err)) {
+            if (err || !cli_parse_f64(v, &stream_iv_ms) || !(stream_iv_ms >= 0 && stream_iv_ms <= 1000))
+                return cli_usage_error("serve", "--stream-interval: expected milliseconds in 0..1000");
+        }
         else if (cli_opt(argc, argv, &i, NULL, "--max-body", &v, &err)) {
             if (err || !cli_parse_size(v, &max_body) || max_body < 16 || max_body > ((uint64_t)1 << 32))
                 return cli_usage_error("serve", "--max-body: expected a size from 16 bytes to 4G (64K, 1M)");
@@ -270,7 +279,8 @@ int cmd_serve(int argc, char **argv) {
     const char *base = strrchr(model, '/');
     struct srv_http_params hp = {.host = host, .port = (int)port, .api_key = api_key, .max_body = (size_t)max_body,
                                  .max_conn = (int)max_conn, .model_name = base ? base + 1 : model, .sched = sched,
-                                 .tok = tok, .tmpl = tmpl, .specials = specials, .default_max_tokens = default_max};
+                                 .tok = tok, .tmpl = tmpl, .specials = specials, .default_max_tokens = default_max,
+                                 .stream_interval_s = stream_iv_ms * 1e-3};
     if ((st = srv_http_start(&hp, &http))) goto done;
     fprintf(stderr, "moetax serve: %s, %d slots, %lld KV cells, %lld positions per request, chat template %s\n", model,
             (int)parallel, (long long)srv_sched_n_ctx(sched), (long long)srv_sched_max_seq(sched), srv_chat_name(tmpl));

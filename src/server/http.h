@@ -48,6 +48,8 @@ struct srv_http_params {
     enum srv_chat_tmpl tmpl;   /* SRV_CHAT_UNKNOWN: /v1/chat/completions is a 400 */
     const struct srv_specials *specials; /* control tokens split out of chat prompts (may be NULL) */
     int64_t default_max_tokens;
+    double stream_interval_s;  /* a stream sends at most one event per interval (the text of every
+                                * token since the last one); 0: an event per step */
 };
 
 struct srv_http;

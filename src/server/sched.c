@@ -85,7 +85,19 @@ void srv_req_wait_locked(struct srv_req *r, size_t have, int timeout_ms) {
     ts.tv_sec += timeout_ms / 1000;
     ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    const bool text = have != SIZE_MAX;
+    r->text_waiters += text;
     while (r->len <= have && r->finish == SRV_FINISH_NONE)
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == ETIMEDOUT) break;
+    r->text_waiters -= text;
+}
+
+void srv_req_wait_until_locked(struct srv_req *r, double until_s) {
+    if (!(until_s > 0)) return;
+    struct timespec ts = {.tv_sec = (time_t)until_s};
+    ts.tv_nsec = (long)((until_s - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    while (r->finish == SRV_FINISH_NONE)
         if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == ETIMEDOUT) break;
 }
 
@@ -108,16 +120,23 @@ static bool buf_append(char **buf, size_t *len, size_t *cap, const char *p, size
 /* Publish gen[len, upto) and, when fin != NONE, finish the request. */
 static void req_publish(struct srv_req *r, size_t upto, enum srv_finish fin, const char *err) {
     pthread_mutex_lock(&r->mu);
-    if (upto > r->len && !buf_append(&r->text, &r->len, &r->cap, r->gen + r->len, upto - r->len)) {
-        fin = SRV_FINISH_ERROR;
-        err = "out of memory";
+    bool wake = false;
+    if (upto > r->len) {
+        if (!buf_append(&r->text, &r->len, &r->cap, r->gen + r->len, upto - r->len)) {
+            fin = SRV_FINISH_ERROR;
+            err = "out of memory";
+        }
+        wake = r->text_waiters > 0;
     }
     if (fin != SRV_FINISH_NONE && r->finish == SRV_FINISH_NONE) {
         r->finish = fin;
         r->t_end = now_s();
         if (err) snprintf(r->err, sizeof r->err, "%s", err);
+        wake = true;
     }
-    pthread_cond_broadcast(&r->cv);
+    /* only a thread that waits for text is woken by text: a paced stream or a
+     * non-streaming request sleeps through the tokens (no futex wake per token) */
+    if (wake) pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
 }
 

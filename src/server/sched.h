@@ -76,7 +76,9 @@ struct srv_req {
 
     /* shared: guarded by mu */
     pthread_mutex_t mu;
-    pthread_cond_t cv;          /* signalled when text grows or the request finishes */
+    pthread_cond_t cv;          /* signalled when the request finishes, and when text grows while
+                                 * someone waits for text (text_waiters > 0) */
+    int text_waiters;           /* threads in srv_req_wait_locked for text (have != SIZE_MAX) */
     char *text;                 /* published text (may hold invalid UTF-8 only at the very end) */
     size_t len, cap;
     int64_t n_gen;              /* tokens generated (counted in usage) */
@@ -100,8 +102,13 @@ void srv_req_unref(struct srv_req *r);
 /* The client went away: the scheduler drops the request at its next step. */
 void srv_req_cancel(struct srv_req *r);
 /* Wait (at most timeout_ms) until the published text is longer than `have`
- * bytes or the request has finished. Call with r->mu held. */
+ * bytes or the request has finished (have = SIZE_MAX: until it finishes; the
+ * scheduler then signals only its end, not every token). Call with r->mu held. */
 void srv_req_wait_locked(struct srv_req *r, size_t have, int timeout_ms);
+/* Wait until monotonic time until_s (seconds, as CLOCK_MONOTONIC) or the end
+ * of the request, whichever is first; new text does not wake it (a stream's
+ * pacing). Call with r->mu held. */
+void srv_req_wait_until_locked(struct srv_req *r, double until_s);
 
 struct srv_sched_params {
     const struct moetax_model *model;      /* not owned */
