@@ -153,7 +153,11 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
      * kv_j reused across the group. One token: out_h = W_vb[h] o_h right here;
      * a batch: o goes to a->oatt and phase 4b runs W_vb per head over all tokens. */
     fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-    const int64_t G = w->nth > 1 ? (H < 2 * w->nth ? H : 2 * w->nth) : 1; /* head groups per token */
+    /* head groups per token: one token needs them for parallelism; with at least two tokens per
+     * worker the tokens give it, and one group of all heads reads each KV row once per token (not
+     * once per group) with the heads as the scores matmul's batch (the same bits: the F32 matmul's
+     * and wsum's per-output chains do not depend on the batch) */
+    const int64_t G = w->nth > 1 && n < 2 * w->nth ? (H < 2 * w->nth ? H : 2 * w->nth) : 1;
     const int64_t bs = moetax_kvcache_block_size(a->kv);
     int64_t np_max = 0;
     for (int64_t t = 0; t < n; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
