@@ -222,7 +222,7 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
 
     /* 5: prepare the concatenated head outputs (one token: each worker itself, in phase 6) */
     const struct act *aov = &s->a_in;
-    if (n > 1) {
+    if (!fw_own_fits(n, H * vh)) {
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
         fw_split(w, n, 1, &r0, &r1);
         struct act av = fw_act_view(&s->a_in, a->attv, H * vh, n);
@@ -232,7 +232,7 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     } else {
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-        aov = fw_own_row(w, a->attv, H * vh, NULL);
+        aov = fw_own_rows(w, a->attv, H * vh, n, NULL);
     }
 
     /* 6: x += W_o attv; each block of output rows belongs to one worker */

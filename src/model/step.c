@@ -123,18 +123,24 @@ void fw_act_prep(const struct fw_step *s, struct act *a, int64_t t0, int64_t t1)
     }
 }
 
-const struct act *fw_own_row(struct worker *w, const float *x, int64_t ncols, const float *norm_w) {
+const struct act *fw_own_rows(struct worker *w, const float *x, int64_t ncols, int64_t n, const float *norm_w) {
     struct fw_step *s = w->s;
     struct fw_own *o = &s->own[w->ith];
+    MOETAX_ASSERT(n >= 1 && n <= FW_OWN_ROWS && ncols <= s->max_cols);
     if (norm_w) {
-        s->K->rmsnorm(o->x, x, norm_w, ncols, s->m->hp.rms_eps);
+        for (int64_t t = 0; t < n; t++)
+            s->K->rmsnorm(o->x + t * ncols, x + t * ncols, norm_w, ncols, s->m->hp.rms_eps);
         x = o->x;
     }
     o->in.x = x;
     o->in.ncols = ncols;
-    o->in.n = 1;
-    fw_act_prep(s, &o->in, 0, 1);
+    o->in.n = n;
+    fw_act_prep(s, &o->in, 0, n);
     return &o->in;
+}
+
+const struct act *fw_own_row(struct worker *w, const float *x, int64_t ncols, const float *norm_w) {
+    return fw_own_rows(w, x, ncols, 1, norm_w);
 }
 
 void fw_norm_rows(struct worker *w, float *dst, const float *src, const float *weight, int64_t ncols,
@@ -153,8 +159,8 @@ void fw_norm_rows(struct worker *w, float *dst, const float *src, const float *w
 const struct act *fw_norm_input(struct worker *w, enum moetax_phase ph, enum moetax_phase next, int layer, float *dst,
                                 const float *src, const float *weight, int64_t ncols) {
     fw_phase_begin(w, ph, layer);
-    if (w->s->n == 1) {
-        const struct act *a = fw_own_row(w, src, ncols, weight);
+    if (fw_own_fits(w->s->n, ncols)) {
+        const struct act *a = fw_own_rows(w, src, ncols, w->s->n, weight);
         fw_mark(w, next);
         return a;
     }
@@ -295,8 +301,8 @@ moetax_status fw_step_init(struct fw_step *s, const struct moetax_model *m, stru
     if (!s->x || !s->xn || !s->own) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     moetax_status st = fw_act_alloc(m, &s->a_in, incols, U, false);
     for (int i = 0; !st && i < s->n_threads; i++) {
-        st = fw_act_alloc(m, &s->own[i].in, max_cols, 1, false);
-        if (!st && !(s->own[i].x = calloc((size_t)max_cols, sizeof(float))))
+        st = fw_act_alloc(m, &s->own[i].in, max_cols, FW_OWN_ROWS, false);
+        if (!st && !(s->own[i].x = calloc((size_t)max_cols * FW_OWN_ROWS, sizeof(float))))
             st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     }
     return st;

@@ -40,10 +40,15 @@ struct act {
     size_t cap_q8, cap_q4;
 };
 
-/* Per-worker buffers of the step helpers: the one-token path's own row. */
+/* Per-worker buffers of the step helpers: the own rows of one token, or of a
+ * small batch (fw_own_rows). */
+enum {
+    FW_OWN_ROWS = 8,      /* at most this many rows ... */
+    FW_OWN_ELEMS = 16384, /* ... of at most this many floats in all */
+};
 struct fw_own {
-    struct act in; /* this worker's own prepared input row (fw_own_row) */
-    float *x;      /* [max width] the row normalised */
+    struct act in; /* this worker's own prepared input rows (fw_own_rows) */
+    float *x;      /* [FW_OWN_ROWS][max width] the rows normalised */
 };
 
 struct fw_step {
@@ -123,6 +128,14 @@ void fw_act_publish(const struct worker *w, struct act *slot, const struct act *
  * of them doing it in a phase of its own that ends with a barrier: a barrier
  * less each time, same bits. Valid until this worker's next call. */
 const struct act *fw_own_row(struct worker *w, const float *x, int64_t ncols, const float *norm_w);
+/* The same for n rows x [n, ncols] of a small batch (fw_own_fits): every worker
+ * makes all n rows (n x the work of one, still less than a barrier for the few
+ * rows of a batch of decoding sequences). */
+const struct act *fw_own_rows(struct worker *w, const float *x, int64_t ncols, int64_t n, const float *norm_w);
+/* Whether n rows of ncols go to fw_own_rows rather than a phase of their own. */
+static inline bool fw_own_fits(int64_t n, int64_t ncols) {
+    return n == 1 || (n <= FW_OWN_ROWS && n * ncols <= FW_OWN_ELEMS);
+}
 /* This worker's share of rows [t_first, n) of src [n, ncols]: normalised with
  * weight into dst (may be src) and prepared in the shared slot s->a_in, which
  * then describes all n rows. */
@@ -132,8 +145,9 @@ void fw_norm_rows(struct worker *w, float *dst, const float *src, const float *w
  * weight and prepared: a batch normalises them into dst (may be src) and
  * prepares them in s->a_in in a phase of its own (ledger phase ph, split
  * across workers, ending with a barrier), then begins the phase `next`; one
- * token begins a phase as ph, makes the row in this worker's own slot
- * (fw_own_row) and goes on as `next`, without a barrier. Returns the act. */
+ * token, or a small batch (fw_own_fits), begins a phase as ph, makes the rows
+ * in this worker's own slot (fw_own_rows) and goes on as `next`, without a
+ * barrier. Returns the act. */
 const struct act *fw_norm_input(struct worker *w, enum moetax_phase ph, enum moetax_phase next, int layer, float *dst,
                                 const float *src, const float *weight, int64_t ncols);
 /* Prepare rows [t0, t1) of an activation (x set, ncols, n). */
