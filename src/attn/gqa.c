@@ -155,10 +155,11 @@ void gqa_attention(struct worker *w, struct gqa *a, int il) {
     fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     /* parts per KV head: split its query heads only when the items would be too few for the
      * workers; a batch of at least two tokens per worker has enough (then each KV row is read
-     * once per token and KV head; the same bits: per-output chains do not depend on the batch) */
-    const int64_t S = w->nth > 1 && Hkv * n < 2 * w->nth
-                          ? ((2 * w->nth + Hkv - 1) / Hkv < r ? (2 * w->nth + Hkv - 1) / Hkv : r)
-                          : 1;
+     * once per token and KV head) */
+    const int64_t S1 = w->nth > 1 && Hkv < 2 * w->nth
+                           ? ((2 * w->nth + Hkv - 1) / Hkv < r ? (2 * w->nth + Hkv - 1) / Hkv : r)
+                           : 1; /* one token's; the bits stay only if its parts hold 2+ heads (mla.c) */
+    const int64_t S = Hkv * n >= 2 * w->nth && (S1 == 1 || r / S1 >= 2) ? 1 : S1;
     const int64_t bs = moetax_kvcache_block_size(a->kv);
     int64_t np_max = 0;
     for (int64_t t = 0; t < n; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;

@@ -155,9 +155,12 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
     fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
     /* head groups per token: one token needs them for parallelism; with at least two tokens per
      * worker the tokens give it, and one group of all heads reads each KV row once per token (not
-     * once per group) with the heads as the scores matmul's batch (the same bits: the F32 matmul's
-     * and wsum's per-output chains do not depend on the batch) */
-    const int64_t G = w->nth > 1 && n < 2 * w->nth ? (H < 2 * w->nth ? H : 2 * w->nth) : 1;
+     * once per group) with the heads as the scores matmul's batch. The same bits only if one
+     * token's groups hold 2+ heads each: the F32/F16 matmul's per-output chain is the same for
+     * any batch of 2+ rows, but one batch row of 512 B - 8 KiB rows takes the decode path's four
+     * accumulators (kernels.h, matmul_avx2.c) */
+    const int64_t G1 = w->nth > 1 ? (H < 2 * w->nth ? H : 2 * w->nth) : 1; /* one token's */
+    const int64_t G = n >= 2 * w->nth && H / G1 >= 2 ? 1 : G1;
     const int64_t bs = moetax_kvcache_block_size(a->kv);
     int64_t np_max = 0;
     for (int64_t t = 0; t < n; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
