@@ -446,6 +446,53 @@ static void f16_cells(const char *path) {
     moetax_model_free(m);
 }
 
+/* adapt_threads with every probe made to win (MOETAX_ADAPT_THREADS_FORCE): the steps switch
+ * between 2 threads and 1 again and again, and every logit stays the bits of a plain
+ * 2-thread context (this model's results do not depend on the thread count). */
+static void adapt_threads_same(const char *path) {
+    struct moetax_model *m;
+    if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    const int V = m->hp.n_vocab, B = 4, steps = 240;
+    setenv("MOETAX_ADAPT_THREADS_FORCE", "1", 1);
+    struct moetax_ctx_params pa = {.n_ctx = 1024, .n_threads = 2, .n_seq_max = NSEQ_MAX, .adapt_threads = true};
+    struct moetax_ctx *ca = NULL, *cp = ctx(m, 1024, 64, 2);
+    CHECK(moetax_ctx_init(m, &pa, &ca) == MOETAX_OK);
+    unsetenv("MOETAX_ADAPT_THREADS_FORCE");
+    struct moetax_batch b;
+    CHECK(moetax_batch_init(&b, 64) == MOETAX_OK);
+    int bad = 0;
+    for (int st = 0; ca && cp && st < steps; st++) {
+        moetax_batch_clear(&b);
+        for (int s = 0; s < B; s++) /* one token per sequence (a decode step); the first step a prompt */
+            for (int i = 0; i < (st == 0 ? 3 : 1); i++) {
+                const int pos = st == 0 ? i : st + 2;
+                CHECK(moetax_batch_add(&b, (int32_t)((s * 131 + pos * 37 + 7) % V), pos, s, st > 0 || i == 2) == MOETAX_OK);
+            }
+        /* every other step only sequence 0 decodes: a one-token step (the decode path) */
+        if (st % 2 && st > 0) b.n_tokens = 1;
+        CHECK(moetax_ctx_decode(ca, &b) == MOETAX_OK && moetax_ctx_decode(cp, &b) == MOETAX_OK);
+        for (int i = 0; i < b.n_tokens; i++) {
+            const float *la = moetax_ctx_logits_ith(ca, i), *lp = moetax_ctx_logits_ith(cp, i);
+            if (!la != !lp || (la && memcmp(la, lp, sizeof(float) * (size_t)V))) bad++;
+        }
+        if (st % 2 && st > 0) /* keep the sequences' lengths equal: the others catch up */
+            for (int s = 1; s < B; s++) {
+                moetax_batch_clear(&b);
+                CHECK(moetax_batch_add(&b, (int32_t)((s * 131 + (st + 2) * 37 + 7) % V), st + 2, s, false) == MOETAX_OK);
+                CHECK(moetax_ctx_decode(ca, &b) == MOETAX_OK && moetax_ctx_decode(cp, &b) == MOETAX_OK);
+            }
+    }
+    int64_t probes = 0, switches = 0;
+    if (ca) moetax_ctx_adapt_stats(ca, &probes, &switches);
+    CHECK_MSG(bad == 0, "%s: %d logit rows of the adaptive context differ from the plain one's", path, bad);
+    CHECK_MSG(switches >= 3 && probes >= switches, "%s: adapt_threads made %lld switches in %lld probes (forced: "
+              "every probe that ends switches)", path, (long long)switches, (long long)probes);
+    moetax_batch_free(&b);
+    moetax_ctx_free(ca);
+    moetax_ctx_free(cp);
+    moetax_model_free(m);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     kvcache_ops();
@@ -466,6 +513,7 @@ int main(int argc, char **argv) {
     prefix_and_full(q8, 0);
     capacity(q8);
     f16_cells(q8);
+    adapt_threads_same(q8);
     g_kv_type = MOETAX_TYPE_F16; /* F16 cells: a sequence in a batch still gets its bits alone */
     batch_vs_alone(q8, 0, 64);
     prefix_and_full(q8, 0);

@@ -210,6 +210,52 @@ static void test_barriers(struct moetax_pool *pool, int iters, bool jitter) {
     free(c);
 }
 
+/* ---- runs on fewer workers (moetax_pool_run_n) ------------------------------------- */
+
+struct part_ctx {
+    _Atomic int64_t calls[MOETAX_POOL_MAX_THREADS];
+    _Atomic int bad_nth;
+    int want_nth;
+};
+
+static void part_fn(void *vctx, int ith, int nth) {
+    struct part_ctx *c = vctx;
+    atomic_fetch_add(&c->calls[ith], 1);
+    if (nth != c->want_nth) atomic_fetch_add(&c->bad_nth, 1);
+}
+
+/* Active counts that change from run to run (the sat-out workers may still be waking when the
+ * next run is published): each run's fn runs exactly on workers 0..k-1 with nth = k, and the
+ * barriers of a run on k workers meet k (barrier_fn checks the counts and the ordering). */
+static void test_run_n(struct moetax_pool *pool) {
+    const int n = moetax_pool_n_threads(pool);
+    struct part_ctx *c = calloc(1, sizeof *c);
+    int64_t want[MOETAX_POOL_MAX_THREADS] = {0};
+    tu_rng rng = {12345u + (uint64_t)n};
+    for (int r = 0; r < 3000; r++) {
+        const int k = 1 + (int)(tu_rand_u64(&rng) % (uint64_t)n);
+        c->want_nth = k;
+        moetax_pool_run_n(pool, k, part_fn, c);
+        for (int i = 0; i < k; i++) want[i]++;
+        if (r % 100 == 0) {
+            struct barrier_ctx *b = calloc(1, sizeof *b);
+            b->pool = pool;
+            b->iters = 50;
+            b->jitter = true;
+            moetax_pool_run_n(pool, k, barrier_fn, b);
+            CHECK_MSG(atomic_load(&b->errors) == 0 && atomic_load(&b->counter) == 50 * k,
+                      "run_n %d of %d: barriers wrong (%d errors, counter %lld)", k, n, atomic_load(&b->errors),
+                      (long long)atomic_load(&b->counter));
+            free(b);
+        }
+    }
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad += atomic_load(&c->calls[i]) != want[i];
+    CHECK_MSG(bad == 0 && atomic_load(&c->bad_nth) == 0, "run_n on %d threads: %d workers ran a wrong number of times, "
+              "%d calls saw a wrong nth", n, bad, atomic_load(&c->bad_nth));
+    free(c);
+}
+
 /* ---- accounting: a slow worker shows up as the others' wait ------------------------ */
 
 struct hook_acc {
@@ -427,6 +473,7 @@ int main(int argc, char **argv) {
             test_chunks(pool);
             test_barriers(pool, s == 0 ? 10000 : 2000, false);
             test_barriers(pool, 1000, true);
+            test_run_n(pool);
             moetax_pool_free(pool);
         }
     }

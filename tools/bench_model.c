@@ -45,6 +45,8 @@ static void usage(FILE *f) {
                "  --no-mem       skip the read-bandwidth probe (no roofline ratio)\n"
                CLI_CACHE_TYPE_HELP
                CLI_CONFIG_HELP
+               "  --adapt-threads  run each step on all -t threads or half of them, whichever measures faster\n"
+               "                 (a machine busy with other work; ppN/tgN tests)\n"
                "  --no-mmap      copy the weights into private memory of 2 MiB pages instead of reading them\n"
                "                 in place from the file mapping (see weights_huge_share)\n"
                "  --experts-used K  route each token to K experts instead of the file's count (run-time\n"
@@ -90,6 +92,7 @@ struct opts {
     const char *budget;  /* this run's expert budget (one item of so.budgets), NULL: mapped */
     int experts_used;    /* --experts-used: run-time top-k (0: the model's) */
     bool no_mmap;        /* --no-mmap: private copies in 2 MiB pages */
+    bool adapt_threads;  /* --adapt-threads */
     enum moetax_type expert_type; /* --expert-type: routed experts re-quantized at load */
     enum moetax_type kv_type; /* --cache-type */
     const int32_t *text;      /* -f TEXT: the tests' tokens, fresh text each repetition (NULL: pseudo-random ids) */
@@ -145,7 +148,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     for (int64_t i = 0; i < max_tok; i++)
         toks[i] = o->text ? o->text[i % o->n_text] : (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)max_tok + 1, .pool = pool, .n_expert_used = o->experts_used,
-                                   .kv_type = o->kv_type};
+                                   .kv_type = o->kv_type, .adapt_threads = o->adapt_threads};
     uint64_t budget = 0;
     if (o->budget) {
         if (!cli_store_parse_budget(o->budget, cli_store_expert_bytes(m), &budget)) {
@@ -337,6 +340,12 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
         fprintf(stderr, "%s, %d threads%s%s:\n", base, threads, o->budget ? ", expert budget " : "", o->budget ? o->budget : "");
         cli_ledger_summary(stderr, led, o->ntg > 0);
         if (store) cli_store_summary(stderr, store, 0);
+        if (o->adapt_threads && c) {
+            int64_t probes, switches;
+            moetax_ctx_adapt_stats(c, &probes, &switches);
+            fprintf(stderr, "  adapt-threads: %lld probe steps, %lld switches, on %d of %d threads at the end\n",
+                    (long long)probes, (long long)switches, moetax_ctx_threads_now(c), threads);
+        }
         if (huge_share >= 0)
             fprintf(stderr, "  weights: %.0f MiB resident, %.0f%% of them in 2 MiB pages%s\n", (double)wres / 1048576,
                     100 * huge_share,
@@ -470,6 +479,7 @@ int bench_model_main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--json")) o.json = true;
         else if (!strcmp(argv[i], "--no-mem")) o.mem = false;
         else if (!strcmp(argv[i], "--no-mmap")) o.no_mmap = true;
+        else if (!strcmp(argv[i], "--adapt-threads")) o.adapt_threads = true;
         else if (cli_cache_type_opt("bench", argc, argv, &i, &o.kv_type, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
             if (err || !cli_parse_experts_used(v, &o.experts_used))

@@ -43,6 +43,9 @@ static void usage(FILE *f) {
             "  --ignore-eos         keep generating past the end-of-sequence token\n"
             "  --experts-used K     route each token to K experts instead of the file's count (run-time top-k)\n"
             "  --no-mmap            copy the weights into private memory of 2 MiB pages (see 'moetax bench')\n"
+            "  --adapt-threads      run each step on all threads or half of them, whichever the step times say\n"
+            "                       is faster (a machine busy with other work: all threads then wait at every\n"
+            "                       barrier for a descheduled one); the ledger line says how many ran\n"
             "  --check-finite       check every hidden state after each layer: a NaN or inf is an error naming\n"
             "                       the layer (the logits are always checked)\n"
             "  --no-display-prompt  do not echo the prompt\n"
@@ -79,6 +82,7 @@ int cmd_run(int argc, char **argv) {
     int64_t n_predict = 64, n_threads = 0, n_ctx = 0, parallel = 0;
     struct moetax_model_params mp = {0};
     bool check_finite = false; /* --check-finite */
+    bool adapt = false;        /* --adapt-threads */
     enum moetax_type kv_type = MOETAX_TYPE_F32; /* --cache-type */
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool ignore_eos = false, echo = true, json = false;
@@ -137,6 +141,7 @@ int cmd_run(int argc, char **argv) {
         else if (cli_opt(argc, argv, &i, "-sys", "--system", &sys_msg, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, NULL, "--chat-template", &chat_tmpl, &err)) { if (err) return 2; }
         else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
+        else if (!strcmp(argv[i], "--adapt-threads")) adapt = true;
         else if (!strcmp(argv[i], "--check-finite")) check_finite = true;
         else if (cli_cache_type_opt("run", argc, argv, &i, &kv_type, &err)) { if (err) return 2; }
         else if (!strcmp(argv[i], "--json")) json = true;
@@ -197,7 +202,8 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
     if ((st = moetax_sampler_init(&sp, m->hp.n_vocab, &smp))) goto done;
-    struct moetax_ctx_params cp = {.check_finite = check_finite, .kv_type = kv_type, .n_ctx = (int32_t)n_ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx};
+    struct moetax_ctx_params cp = {.check_finite = check_finite, .kv_type = kv_type, .n_ctx = (int32_t)n_ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx,
+                                   .adapt_threads = adapt};
     if (so.budgets) {
         uint64_t budget;
         if (!cli_store_parse_budget(so.budgets, cli_store_expert_bytes(m), &budget)) {

@@ -103,6 +103,8 @@ static void usage(FILE *f) {
             "                         every token since the last one (default 2; 0: one event per step); the\n"
             "                         first token and the end go at once. Steps faster than that (small models)\n"
             "                         then do not wake the client and the server's HTTP thread every token\n"
+            "  --adapt-threads        run each step on all threads or half of them, whichever measures faster\n"
+            "                         (a machine busy with other work; see 'moetax run --help')\n"
             "  --no-prefix-reuse      free a finished request's KV cells at once (default: keep them until the\n"
             "                         space is needed, for a next prompt that starts with the same tokens)\n"
             "  --chat-template NAME   use this template (chatml, llama3, deepseek2, deepseek3, mistral-v7, ...)\n"
@@ -131,6 +133,7 @@ int cmd_serve(int argc, char **argv) {
     int64_t port = 8080, parallel = 4, n_ctx = 0, n_threads = 0, max_queue = 64, max_conn = 256, chunk = 64;
     int64_t default_max = 256;
     double stream_iv_ms = 2;
+    bool adapt = false;
     uint64_t max_body = 1 << 20;
     int k_ctx = 0;
     bool no_mmap = false, no_reuse = false;
@@ -193,6 +196,7 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_store_opt(argc, argv, &i, &so, &err)) { if (err) return 2; }
         else if (cli_flag(argv, i, NULL, "--no-mmap")) no_mmap = true;
         else if (cli_flag(argv, i, NULL, "--no-prefix-reuse")) no_reuse = true;
+        else if (cli_flag(argv, i, NULL, "--adapt-threads")) adapt = true;
         else return cli_usage_error("serve", "unknown option '%s' (see --help)", argv[i]);
     }
     if (api_key && !*api_key) api_key = NULL;
@@ -256,7 +260,7 @@ int cmd_serve(int argc, char **argv) {
     struct srv_sched_params sp = {.model = m, .tok = tok, .n_parallel = (int)parallel,
                                   .n_ctx = n_ctx ? n_ctx : parallel * (per_seq + MOETAX_KV_BLOCK_DEFAULT),
                                   .n_threads = (int)n_threads, .n_expert_used = k_ctx, .max_queue = (int)max_queue,
-                                  .prefill_chunk = (int)chunk, .no_prefix_reuse = no_reuse, .store = store,
+                                  .prefill_chunk = (int)chunk, .no_prefix_reuse = no_reuse, .adapt_threads = adapt, .store = store,
                                   .n_ubatch_store = store_ub, .no_prefetch = so.no_prefetch, .kv_type = kv_type,
                                   .capacity_factor = (float)capf, .overflow = overflow};
     if (sp.n_ctx > INT32_MAX) { st = moetax_error(MOETAX_ERR_ARG, "-c: too many cells"); goto done; }

@@ -285,6 +285,13 @@ struct moetax_ctx_params {
     int32_t n_expert_used;      /* routed experts per token (run-time top-k): 0 = the model's
                                    expert_used_count; see moetax_model_check_experts_used. With a
                                    store, open it for the same count (moetax_model_store_open) */
+    bool adapt_threads;         /* run each step on all threads or on half of them, whichever the
+                                   measured step times say is faster: on a machine busy with other
+                                   work, workers that wait at every barrier for a descheduled one
+                                   make all threads slower than half (2 threads on 2 busy cores:
+                                   several-fold). Every 16-256 steps one step tries the other
+                                   count. Logits may then differ in the last bits from run to run
+                                   where a model's results depend on the thread count */
 };
 
 struct moetax_ctx;
@@ -319,6 +326,11 @@ int64_t moetax_ctx_n_ubatch(const struct moetax_ctx *c);
  * sequence; free cells): moetax/kvcache.h. Not while a decode runs. */
 struct moetax_kvcache *moetax_ctx_kv(struct moetax_ctx *c);
 int moetax_ctx_n_threads(const struct moetax_ctx *c);
+/* The threads steps run on now: n_threads, or fewer with adapt_threads. */
+int moetax_ctx_threads_now(const struct moetax_ctx *c);
+/* adapt_threads: the probe steps run and the switches of thread count they made
+ * (MOETAX_ADAPT_THREADS_FORCE=1 in the environment makes every probe win, for tests). */
+void moetax_ctx_adapt_stats(const struct moetax_ctx *c, int64_t *probes, int64_t *switches);
 /* Routed experts per token of this context (its top-k). */
 int moetax_ctx_n_expert_used(const struct moetax_ctx *c);
 /* Record every step in a ledger (NULL: none). The ledger must have at least as

@@ -81,6 +81,11 @@ typedef void (*moetax_pool_fn)(void *ctx, int ith, int nth);
 
 /* Run fn on all workers; the caller is worker 0. Returns when all have finished. */
 void moetax_pool_run(struct moetax_pool *pool, moetax_pool_fn fn, void *ctx);
+/* Run fn on workers 0..n_active-1 only (1 <= n_active <= n_threads), as if the pool had
+ * n_active threads (fn gets nth = n_active, barriers count n_active); the others sit the run
+ * out asleep, without spinning (for a machine busy with other work, where a worker that waits
+ * for a descheduled one costs more than it adds; see moetax_ctx_params.adapt_threads). */
+void moetax_pool_run_n(struct moetax_pool *pool, int n_active, moetax_pool_fn fn, void *ctx);
 
 /* Inside fn: all nth workers meet. Full memory barrier (acquire + release). */
 void moetax_pool_barrier(struct moetax_pool *pool, int ith);

@@ -41,11 +41,32 @@ struct dense {
     struct act a_hid;      /* slot for the hidden */
 };
 
+/* adapt_threads: the threads a step runs on, chosen from measured step times (see
+ * moetax_ctx_params.adapt_threads). Steps are compared within a shape: micro-batches of
+ * 2^b .. 2^(b+1)-1 tokens (bucket b), each with its own smoothed time. */
+enum { ADAPT_BUCKETS = 12, ADAPT_PROBE_STEPS = 3 };
+struct adapt {
+    bool on;
+    int cur;                    /* threads steps run on now */
+    int bucket;                 /* of the step in progress */
+    double ema_ns[ADAPT_BUCKETS]; /* smoothed step time at cur (0: none yet) */
+    int since[ADAPT_BUCKETS];   /* steps since the bucket's last probe */
+    int every;                  /* probe period (doubles while probes lose) */
+    int probe;                  /* the thread count of the probe in progress, 0: none */
+    int probe_n;                /* its steps so far (ADAPT_PROBE_STEPS in all, of bucket probe_b) */
+    int probe_b;
+    bool probing;               /* the step in progress is one of the probe's */
+    double probe_ns[3];
+    int64_t switches, probes;
+    bool force;       /* tests (MOETAX_ADAPT_THREADS_FORCE=1): every probe wins */
+};
+
 struct moetax_ctx {
     const struct moetax_model *m;
     struct moetax_pool *pool;
     bool own_pool;
     int n_threads;
+    struct adapt adapt;
     int64_t n_ctx, n_ubatch;
     int32_t n_expert_used; /* k: routed experts per token (ctx param, default the model's) */
     struct moetax_kvcache *kv;
@@ -281,6 +302,11 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
         c->own_pool = true;
     }
     c->n_threads = moetax_pool_n_threads(c->pool);
+    c->adapt = (struct adapt){.on = p && p->adapt_threads && c->n_threads > 1, .cur = c->n_threads, .every = 16};
+    {
+        const char *f = getenv("MOETAX_ADAPT_THREADS_FORCE");
+        c->adapt.force = f && !strcmp(f, "1");
+    }
     const int64_t U = c->n_ubatch, d = hp->n_embd, H = hp->n_head, vh = hp->n_embd_head_v;
     const int64_t ql = hp->q_lora_rank, k = hp->n_expert ? c->n_expert_used : 1;
     const int64_t Fs = (int64_t)hp->n_expert_shared * hp->n_ff_exp;
@@ -311,6 +337,7 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
         c->ep_rank = mp.dist->rank;
         c->ep_size = mp.dist->size;
     }
+    if (mp.dist && mp.dist->size > 1) c->adapt.on = false; /* every rank keeps its threads (not measured yet) */
 #endif
     if (!st) st = moe_init(&c->moe, &c->step, &mp);
     if (!st) {
@@ -505,6 +532,59 @@ static moetax_status decode(struct moetax_ctx *c, int64_t n, const int32_t *toke
     return decode_local(c, n, token, pos, seq, want, out, (n + c->n_ubatch - 1) / c->n_ubatch);
 }
 
+/* adapt_threads, before a micro-batch of nb tokens: the threads to run it on. Every `every`
+ * steps of one shape, the next ADAPT_PROBE_STEPS steps of that shape probe the other count (all
+ * threads, or half of them); steps of other shapes meanwhile run as before. */
+static int adapt_pick(struct moetax_ctx *c, int64_t nb) {
+    struct adapt *a = &c->adapt;
+    int b = 0;
+    while (b + 1 < ADAPT_BUCKETS && ((int64_t)2 << b) <= nb) b++;
+    a->bucket = b;
+    if (!a->probe && a->ema_ns[b] > 0 && ++a->since[b] >= a->every) {
+        a->probe = a->cur == c->n_threads ? (c->n_threads + 1) / 2 : c->n_threads;
+        a->probe_n = 0;
+        a->probe_b = b;
+        a->since[b] = 0;
+        a->probes++;
+    }
+    a->probing = a->probe && b == a->probe_b;
+    return a->probing ? a->probe : a->cur;
+}
+
+/* After it: a probe whose median step beat the smoothed time of the current count by a clear
+ * margin (a busy machine makes the difference several-fold, noise rarely does three times)
+ * becomes the count; a probe that lost doubles the period until the next one (at most every
+ * 256 steps). */
+static void adapt_done(struct moetax_ctx *c, uint64_t ns) {
+    struct adapt *a = &c->adapt;
+    double *e = &a->ema_ns[a->bucket];
+    if (!a->probing) {
+        *e = *e > 0 ? 0.75 * *e + 0.25 * (double)ns : (double)ns;
+        return;
+    }
+    a->probe_ns[a->probe_n++] = (double)ns;
+    if (a->probe_n < ADAPT_PROBE_STEPS) return;
+    double *q = a->probe_ns, t = q[0] > q[1] ? (q[1] > q[2] ? q[1] : q[0] > q[2] ? q[2] : q[0])
+                                             : (q[0] > q[2] ? q[0] : q[1] > q[2] ? q[2] : q[1]);
+    if (t * 1.25 < *e || a->force) { /* the other buckets' times were at the old count */
+        a->cur = a->probe;
+        for (int b = 0; b < ADAPT_BUCKETS; b++) a->ema_ns[b] = 0;
+        *e = t;
+        a->every = 16;
+        a->switches++;
+    } else if (a->every < 256) {
+        a->every *= 2;
+    }
+    a->probe = 0;
+}
+
+int moetax_ctx_threads_now(const struct moetax_ctx *c) { return c->adapt.on ? c->adapt.cur : c->n_threads; }
+
+void moetax_ctx_adapt_stats(const struct moetax_ctx *c, int64_t *probes, int64_t *switches) {
+    if (probes) *probes = c->adapt.probes;
+    if (switches) *switches = c->adapt.switches;
+}
+
 /* decode's micro-batches: n_ub of them (token-sharded: possibly more than n needs, the
  * rest empty) */
 static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t *token, const int32_t *pos,
@@ -531,7 +611,14 @@ static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t
         moetax_ledger_step_begin(s->ledger, nb, nb ? s->pos[0] : 0, !dec);
         moetax_ledger_step_batch(s->ledger, n_sequences(s->seq, nb));
         atomic_store(&s->err_status, 0);
-        moetax_pool_run(c->pool, step_worker, c);
+        if (c->adapt.on) {
+            const int na = adapt_pick(c, nb);
+            const uint64_t t0 = moetax_pool_now_ns();
+            moetax_pool_run_n(c->pool, na, step_worker, c);
+            adapt_done(c, moetax_pool_now_ns() - t0);
+        } else {
+            moetax_pool_run(c->pool, step_worker, c);
+        }
         moetax_ledger_step_end(s->ledger);
         int err = atomic_load(&s->err_status);
         if (err) { /* the step's results are not valid: its positions are not added */

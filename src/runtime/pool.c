@@ -68,6 +68,7 @@ struct moetax_pool {
     moetax_pool_fn fn;
     void *ctx;
     uint64_t t_publish;
+    _Atomic int n_active; /* workers 0..n_active-1 run fn; the others sit the run out */
 
     moetax_pool_barrier_hook hook;
     void *hook_user;
@@ -119,10 +120,10 @@ static void futex_wake_all(_Atomic uint32_t *word) {
 #define POOL_YIELD_EVERY_NS 20000u /* while spinning, sched_yield every 20 us */
 
 /* Wait until *word != old: spin for spin_ns (yielding every 20 us), then sleep. Returns with acquire. */
-static void wait_change(const struct moetax_pool *p, _Atomic uint32_t *word, uint32_t old,
-                        _Atomic int *sleepers) {
+static void wait_change_spin(const struct moetax_pool *p, _Atomic uint32_t *word, uint32_t old,
+                             _Atomic int *sleepers, bool spin) {
     if (atomic_load_explicit(word, memory_order_acquire) != old) return;
-    if (p->spin_ns > 0) {
+    if (spin && p->spin_ns > 0) {
         uint64_t t0 = moetax_pool_now_ns(), next_yield = POOL_YIELD_EVERY_NS;
         for (unsigned i = 1;; i++) {
             if (p->yield_spin) sched_yield();
@@ -143,6 +144,10 @@ static void wait_change(const struct moetax_pool *p, _Atomic uint32_t *word, uin
     atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
     while (atomic_load_explicit(word, memory_order_seq_cst) == old) futex_wait_u32(word, old);
     atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
+}
+
+static void wait_change(const struct moetax_pool *p, _Atomic uint32_t *word, uint32_t old, _Atomic int *sleepers) {
+    wait_change_spin(p, word, old, sleepers, true);
 }
 
 /* After a seq_cst store/RMW of *word: wake whoever sleeps on it. */
@@ -175,22 +180,34 @@ static void *worker_main(void *arg) {
     struct moetax_pool *p = w->pool;
     pin_self(p, w->ith);
     uint32_t seen = 0;
+    bool sat_out = false;
     for (;;) {
-        wait_change(p, &p->run_gen, seen, &p->run_sleepers);
-        seen = atomic_load_explicit(&p->run_gen, memory_order_acquire);
+        /* sitting runs out (fewer active workers): sleep at once, do not spin on a CPU that the
+         * active ones may need */
+        wait_change_spin(p, &p->run_gen, seen, &p->run_sleepers, !sat_out);
+        /* the run's generation and its active count, read together: the caller does not wait for
+         * workers that sit a run out, so it may publish the next run meanwhile */
+        int na;
+        for (;;) {
+            seen = atomic_load_explicit(&p->run_gen, memory_order_seq_cst);
+            na = atomic_load_explicit(&p->n_active, memory_order_seq_cst);
+            if (atomic_load_explicit(&p->run_gen, memory_order_seq_cst) == seen) break;
+        }
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) break;
+        sat_out = w->ith >= na;
+        if (sat_out) continue;
 
         uint64_t t0 = moetax_pool_now_ns();
         w->launch_ns += t0 > p->t_publish ? t0 - p->t_publish : 0;
         w->n_runs++;
         w->t_mark = t0;
-        p->fn(p->ctx, w->ith, p->n);
+        p->fn(p->ctx, w->ith, na);
         uint64_t t1 = moetax_pool_now_ns();
         w->busy_ns += t1 - w->t_mark;
         w->t_done = t1;
 
         uint32_t d = atomic_fetch_add_explicit(&p->n_done, 1, memory_order_seq_cst) + 1;
-        if (d == (uint32_t)(p->n - 1)) wake_sleepers(&p->n_done, &p->done_sleepers);
+        if (d == (uint32_t)(na - 1)) wake_sleepers(&p->n_done, &p->done_sleepers);
     }
     return NULL;
 }
@@ -248,6 +265,7 @@ moetax_status moetax_pool_init(const struct moetax_pool_params *params, struct m
     atomic_init(&p->bar_gen, 0);
     atomic_init(&p->bar_sleepers, 0);
     atomic_init(&p->in_run, 0);
+    atomic_init(&p->n_active, n);
     atomic_init(&p->stop, false);
     for (int i = 0; i < MOETAX_POOL_N_CHUNK_COUNTERS; i++) atomic_init(&p->chunk[i].v, 0);
     for (int i = 0; i < n; i++) {
@@ -300,14 +318,18 @@ void moetax_pool_free(struct moetax_pool *pool) {
 
 int moetax_pool_n_threads(const struct moetax_pool *pool) { return pool->n; }
 
-void moetax_pool_run(struct moetax_pool *p, moetax_pool_fn fn, void *ctx) {
+void moetax_pool_run(struct moetax_pool *p, moetax_pool_fn fn, void *ctx) { moetax_pool_run_n(p, p->n, fn, ctx); }
+
+void moetax_pool_run_n(struct moetax_pool *p, int n_active, moetax_pool_fn fn, void *ctx) {
     int was = atomic_exchange_explicit(&p->in_run, 1, memory_order_acq_rel);
     MOETAX_ASSERT(was == 0 && "nested or concurrent moetax_pool_run");
-    const int n = p->n;
+    MOETAX_ASSERT(n_active >= 1 && n_active <= p->n);
+    const int n = n_active;
     struct pool_worker *w0 = &p->w[0];
 
     p->fn = fn;
     p->ctx = ctx;
+    atomic_store_explicit(&p->n_active, n, memory_order_seq_cst);
     atomic_store_explicit(&p->n_done, 0, memory_order_relaxed); /* published by run_gen */
     uint64_t t0 = moetax_pool_now_ns();
     p->t_publish = t0;
@@ -340,12 +362,13 @@ void moetax_pool_barrier(struct moetax_pool *p, int ith) {
     uint64_t ta = moetax_pool_now_ns();
     w->busy_ns += ta > w->t_mark ? ta - w->t_mark : 0;
     uint64_t tr = ta;
-    if (p->n > 1) {
+    if (atomic_load_explicit(&p->n_active, memory_order_relaxed) > 1) {
         /* Read the generation before arriving: the last arrival's bump of
          * bar_gen is ordered after our fetch_add (release sequence of bar_count),
          * so this load cannot already see it. */
         uint32_t gen = atomic_load_explicit(&p->bar_gen, memory_order_acquire);
-        if (atomic_fetch_add_explicit(&p->bar_count, 1, memory_order_acq_rel) == p->n - 1) {
+        if (atomic_fetch_add_explicit(&p->bar_count, 1, memory_order_acq_rel) ==
+            atomic_load_explicit(&p->n_active, memory_order_relaxed) - 1) {
             atomic_store_explicit(&p->bar_count, 0, memory_order_relaxed);
             atomic_fetch_add_explicit(&p->bar_gen, 1, memory_order_seq_cst);
             wake_sleepers(&p->bar_gen, &p->bar_sleepers);

@@ -789,7 +789,8 @@ static moetax_status sched_init(const struct srv_sched_params *p, struct srv_sch
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)p->n_ctx, .n_seq_max = N, .n_threads = p->n_threads,
                                    .n_expert_used = p->n_expert_used, .n_ubatch = ub, .store = p->store,
                                    .no_prefetch = p->no_prefetch, .kv_type = p->kv_type,
-                                   .capacity_factor = p->capacity_factor, .overflow = p->overflow};
+                                   .capacity_factor = p->capacity_factor, .overflow = p->overflow,
+                                   .adapt_threads = p->adapt_threads};
     moetax_status st;
     if (!(s->ring = calloc(TAX_RING, sizeof *s->ring))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto fail; }
     if ((st = moetax_ctx_init(p->model, &cp, &s->ctx))) goto fail;

@@ -120,6 +120,7 @@ struct srv_sched_params {
     int max_queue;                         /* requests waiting for a slot before 503 */
     int prefill_chunk;                     /* prompt tokens per step, all sequences together */
     bool no_prefix_reuse;                  /* free a finished sequence's cells at once */
+    bool adapt_threads;                    /* moetax_ctx_params.adapt_threads */
     struct moetax_store *store;            /* optional expert store (not owned; opened for n_ubatch_store) */
     int n_ubatch_store;                    /* the micro-batch the store was fitted to */
     bool no_prefetch;                      /* with a store: no early reads */
