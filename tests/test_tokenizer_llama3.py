@@ -18,7 +18,9 @@ test_tokenizer_gpt2 and random texts (letters, numbers, spaces and "other" of ma
 digit runs, CR/LF, contractions in both cases, random code points). Bytes that are not UTF-8 are
 included where llama.cpp's decoding is the per-byte one (each bad byte is U+FFFD, decoding goes
 on at the next byte); surrogates, overlong forms and code points above U+10FFFF, which llama.cpp
-decodes as numbers Python has no str for, are left out.
+decodes as numbers Python has no str for, are left out. The other tokenizer.ggml.pre names llama.cpp
+maps to these regexes (llama3, falcon3, dbrx, smaug-bpe; deepseek-r1-qwen, stablelm2, megrez, hunyuan,
+solar-open) must give the same ids, with ignore_merges where llama.cpp sets it, and no warning.
 
 usage: test_tokenizer_llama3.py MOETAX_BIN WORKDIR
 """
@@ -50,6 +52,10 @@ RULES = {
     "qwen2": regex.compile(_CONTR + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}" + _REST),
 }
 IGNORE_MERGES = {"llama-bpe": True, "qwen2": False}
+# other tokenizer.ggml.pre names llama.cpp gives these regexes: (name, rules, ignore_merges)
+ALIASES = (("llama3", "llama-bpe", True), ("falcon3", "llama-bpe", True), ("dbrx", "llama-bpe", False),
+           ("smaug-bpe", "llama-bpe", False), ("deepseek-r1-qwen", "qwen2", False), ("stablelm2", "qwen2", False),
+           ("megrez", "qwen2", False), ("hunyuan", "qwen2", False), ("solar-open", "qwen2", False))
 
 # llama.cpp's decoding of bad bytes: one U+FFFD each, go on at the next byte
 codecs.register_error("moetax_per_byte", lambda e: ("\ufffd", e.start + 1))
@@ -78,12 +84,14 @@ def random_texts(n, seed):
     return out
 
 
-def ref_encode(tok, pre, data):
+def ref_encode(tok, pre, data, ignore_merges=None):
+    if ignore_merges is None:
+        ignore_merges = IGNORE_MERGES[pre]
     text = data.decode("utf-8", "moetax_per_byte")
     ids = []
     for w in RULES[pre].findall(text):
         b = w.encode("utf-8")
-        if IGNORE_MERGES[pre] and b in tok.id_of:
+        if ignore_merges and b in tok.id_of:
             ids.append(tok.id_of[b])
         else:
             ids += bpe_bytes(tok, b)
@@ -91,7 +99,7 @@ def ref_encode(tok, pre, data):
 
 
 def write_vocab(path, tok, pre):
-    kvs = [("general.architecture", G.T_STRING, "qwen2" if pre == "qwen2" else "llama"),
+    kvs = [("general.architecture", G.T_STRING, "llama"),
            ("general.name", G.T_STRING, "tokenizer only (test_tokenizer_llama3)"),
            ("tokenizer.ggml.model", G.T_STRING, "gpt2"),
            ("tokenizer.ggml.pre", G.T_STRING, pre),
@@ -108,6 +116,8 @@ def moetax_ids(mt, gguf, data, work):
     with open(path, "wb") as f:
         f.write(data)
     r = subprocess.run([mt, "tokenize", "-m", gguf, "--no-bos", "-f", path], capture_output=True, timeout=600)
+    if r.returncode == 0 and r.stderr:
+        return -1, "no warning expected: " + r.stderr.decode(errors="replace")
     return r.returncode, parse_ids(r.stdout) if r.returncode == 0 else r.stderr.decode(errors="replace")
 
 
@@ -183,6 +193,15 @@ def main():
         rc, got = moetax_ids(mt, gguf, HAND.encode("utf-8"), work)
         check(rc == 0 and got != ref_encode(tok, other, HAND.encode("utf-8")),
               f"{pre}: moetax's ids are not those of the {other} rules")
+
+    # the other names of these rules: the same ids as the rules (ignore_merges as llama.cpp sets it)
+    data = HAND.encode("utf-8") + b"".join(rnd[:3])
+    for name, rules, im in ALIASES:
+        gguf = os.path.join(work, "tok_llama3_alias.gguf")
+        write_vocab(gguf, tok, name)
+        rc, got = moetax_ids(mt, gguf, data, work)
+        check(rc == 0 and got == ref_encode(tok, rules, data, im) and got != ref_encode(tok, rules, data, not im),
+              f"tokenizer.ggml.pre {name}: the {rules} rules, ignore_merges {im}: rc {rc}")
     return summary()
 
 
