@@ -6,11 +6,14 @@
  * add_special = false, parse_special = false).
  *
  * usage: test_tokenizer_llama [MOETAX WORKDIR]   (CTest's arguments; unused)
- *   Each suite of the list below runs from tests/data/llama-vocab/ when its
- *   .gguf is committed there (tests/data/README.md: which and why), else from
- *   $MOETAX_LLAMA_VOCAB_DIR (a copy of llama.cpp's models/ fetched by hand),
- *   else it is skipped with a note. Exit 0 when every suite that ran passed
- *   100% (the committed gpt-2 suite always runs).
+ *   Each suite of the list below loads its .gguf from tests/data/llama-vocab/
+ *   when it is committed there (tests/data/README.md: which and why), else from
+ *   $MOETAX_LLAMA_VOCAB_DIR (llama.cpp's models/, or files made as the README
+ *   says), else it is skipped with a note. The committed .inp/.out always run
+ *   against it; a .inp/.out pair beside the .gguf in $MOETAX_LLAMA_VOCAB_DIR
+ *   that differs from the committed one (another llama.cpp version's texts)
+ *   runs too. Exit 0 when every suite that ran passed 100% (the committed gpt-2
+ *   suite always runs).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +23,7 @@
 #include "moetax/tokenizer.h"
 
 static const char *const suites[] = {"gpt-2", "deepseek-llm", "deepseek-coder", "qwen2", "llama-bpe", "llama-spm",
-                                     "deepseek-v3", "olmo"};
+                                     "phi-3", "deepseek-v3", "olmo"};
 
 static char *read_all(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
@@ -42,12 +45,9 @@ static char *read_all(const char *path, size_t *n) {
     return b;
 }
 
-/* 1 pass, 0 fail, -1 skipped */
-static int run_suite(const char *dir, const char *name) {
-    char path[8192], pin[8200], pout[8200];
-    snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", dir, name);
-    snprintf(pin, sizeof pin, "%s.inp", path);
-    snprintf(pout, sizeof pout, "%s.out", path);
+/* gguf: the vocabulary; pin/pout: the texts and ids; what: which texts (for the report).
+ * 1 pass, 0 fail, -1 skipped */
+static int run_suite(const char *name, const char *path, const char *pin, const char *pout, const char *what) {
     size_t nin, nout;
     char *inp = read_all(pin, &nin), *outp = read_all(pout, &nout);
     FILE *probe = fopen(path, "rb");
@@ -120,17 +120,27 @@ static int run_suite(const char *dir, const char *name) {
     moetax_tokenizer_free(t);
     free(inp);
     free(outp);
-    printf("%s %s: %d/%d inputs\n", n_pass == n_test ? "PASS" : "FAIL", name, n_pass, n_test);
+    printf("%s %s: %d/%d inputs (%s)\n", n_pass == n_test ? "PASS" : "FAIL", name, n_pass, n_test, what);
     return n_pass == n_test;
 }
 
-static bool have(const char *dir, const char *name) {
+static bool have(const char *dir, const char *name, const char *ext) {
     char path[8192];
-    snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", dir, name);
+    snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf%s", dir, name, ext);
     FILE *f = fopen(path, "rb");
     if (!f) return false;
     fclose(f);
     return true;
+}
+
+/* Both files read and equal byte for byte. */
+static bool same_file(const char *a, const char *b) {
+    size_t na, nb;
+    char *x = read_all(a, &na), *y = read_all(b, &nb);
+    bool same = x && y && na == nb && !memcmp(x, y, na);
+    free(x);
+    free(y);
+    return same;
 }
 
 int main(int argc, char **argv) {
@@ -144,15 +154,38 @@ int main(int argc, char **argv) {
     char committed[4200];
     snprintf(committed, sizeof committed, "%s/data/llama-vocab", here);
     const char *env = getenv("MOETAX_LLAMA_VOCAB_DIR");
+    if (env && !*env) env = NULL;
     int ran = 0, failed = 0;
     for (size_t i = 0; i < sizeof suites / sizeof suites[0]; i++) {
-        const char *dir = have(committed, suites[i]) ? committed : env && *env ? env : NULL;
+        const char *name = suites[i];
+        const char *dir = have(committed, name, "") ? committed : env;
         if (!dir) {
             printf("SKIP %s: its vocabulary is not committed (license; tests/data/README.md) and "
-                   "MOETAX_LLAMA_VOCAB_DIR is not set\n", suites[i]);
+                   "MOETAX_LLAMA_VOCAB_DIR is not set\n", name);
             continue;
         }
-        int r = run_suite(dir, suites[i]);
+        char path[8192], cin[8200], cout[8200], ein[8200], eout[8200];
+        snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", dir, name);
+        if (!have(dir, name, "")) {
+            printf("SKIP %s: %s not found\n", name, path);
+            continue;
+        }
+        snprintf(cin, sizeof cin, "%s/ggml-vocab-%s.gguf.inp", committed, name);
+        snprintf(cout, sizeof cout, "%s/ggml-vocab-%s.gguf.out", committed, name);
+        bool own = env && strcmp(env, committed) && have(env, name, ".inp") && have(env, name, ".out");
+        if (own) {
+            snprintf(ein, sizeof ein, "%s/ggml-vocab-%s.gguf.inp", env, name);
+            snprintf(eout, sizeof eout, "%s/ggml-vocab-%s.gguf.out", env, name);
+        }
+        bool have_c = have(committed, name, ".inp") && have(committed, name, ".out");
+        int r = -1;
+        if (have_c) r = run_suite(name, path, cin, cout, "committed texts");
+        if (own && (!have_c || !same_file(cin, ein) || !same_file(cout, eout))) {
+            int r2 = run_suite(name, path, ein, eout, "texts beside the vocabulary");
+            if (r2 >= 0) r = r < 0 ? r2 : r && r2;
+        } else if (!have_c) {
+            printf("SKIP %s: no .inp/.out committed nor beside %s\n", name, path);
+        }
         if (r >= 0) ran++;
         if (r == 0) failed++;
     }

@@ -557,7 +557,7 @@ static const struct pre_name pre_names[] = {
     {"falcon-h1", PRE_LLAMA3}, {"pixtral", PRE_LLAMA3}, {"midm-2.0", PRE_LLAMA3}, {"lfm2", PRE_LLAMA3},
     {"dbrx", PRE_LLAMA3}, {"smaug-bpe", PRE_LLAMA3},
     {"qwen2", PRE_QWEN2}, {"deepseek-r1-qwen", PRE_QWEN2}, {"kormo", PRE_QWEN2}, {"f2llmv2", PRE_QWEN2},
-    {"megrez", PRE_QWEN2}, {"stablelm2", PRE_QWEN2},
+    {"megrez", PRE_QWEN2}, {"stablelm2", PRE_QWEN2}, {"hunyuan", PRE_QWEN2}, {"solar-open", PRE_QWEN2},
     {"deepseek-llm", PRE_DEEPSEEK_LLM}, {"deepseek-coder", PRE_DEEPSEEK_CODER}, {"deepseek-v3", PRE_DEEPSEEK3},
 };
 
