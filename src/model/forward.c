@@ -109,9 +109,11 @@ static void dense_ffn(struct worker *w, struct dense *D, const struct moetax_lay
     struct fw_step *s = w->s;
     const int64_t n = s->n, d = s->m->hp.n_embd, ff = l->ffn_gate.ne[1];
     int64_t r0, r1;
-    /* decode: each worker normalises and prepares the row itself (see fw_own_row) */
-    fw_phase_begin(w, n == 1 ? MOETAX_PHASE_NORM : MOETAX_PHASE_DENSE, il);
-    const struct act *ain = n == 1 ? fw_own_row(w, s->x, d, l->ffn_norm) : &s->a_in;
+    /* decode or a small batch: each worker normalises and prepares the rows itself (see
+     * fw_own_rows; the caller skipped the norm's phase) */
+    const bool own = fw_own_fits(n, d);
+    fw_phase_begin(w, own ? MOETAX_PHASE_NORM : MOETAX_PHASE_DENSE, il);
+    const struct act *ain = own ? fw_own_rows(w, s->x, d, n, l->ffn_norm) : &s->a_in;
     fw_mark(w, MOETAX_PHASE_DENSE);
     while (fw_rows(w, ff, 64, &r0, &r1)) {
         fw_matmul(s, &l->ffn_gate, 0, r0, r1, ain, 0, n, D->hid, ff);
@@ -206,7 +208,8 @@ static void step_worker(void *arg, int ith, int nth) {
         const struct moetax_layer *l = &m->layers[il];
         if (hp->attn == MOETAX_ATTN_GQA) gqa_attention(&w, &c->gqa, il);
         else mla_attention(&w, &c->attn, il);
-        if (n > 1 || (c->ep && l->is_moe)) { /* decode: in the FFN's first phase (token-sharded MoE: here) */
+        /* decode and small batches: in the FFN's first phase (fw_own_rows; token-sharded MoE: here) */
+        if (!fw_own_fits(n, d) || (c->ep && l->is_moe)) {
             fw_phase_begin(&w, MOETAX_PHASE_NORM, il);
             fw_norm_rows(&w, s->xn, s->x, l->ffn_norm, d, 0);
             fw_phase_end(&w);
@@ -219,12 +222,14 @@ static void step_worker(void *arg, int ith, int nth) {
     if (!c->logits || c->n_out == 0) return;
     /* head: final norm of the rows that give logits, then the output matrix */
     const struct act *ah = &s->a_in;
-    if (c->n_out > 1) {
+    bool run = true; /* the rows that give logits are consecutive tokens (one, or a decode step's) */
+    for (int64_t o = 1; o < c->n_out; o++) run &= c->out_tok[o] == c->out_tok[0] + o;
+    if (!run || !fw_own_fits(c->n_out, d)) {
         head_rows(&w, c);
         fw_phase_begin(&w, MOETAX_PHASE_HEAD, -1);
-    } else { /* one row: each worker normalises and prepares it itself (see fw_own_row) */
+    } else { /* few: each worker normalises and prepares them itself (see fw_own_rows) */
         fw_phase_begin(&w, MOETAX_PHASE_HEAD, -1);
-        ah = fw_own_row(&w, s->x + (int64_t)c->out_tok[0] * d, d, m->output_norm);
+        ah = fw_own_rows(&w, s->x + (int64_t)c->out_tok[0] * d, d, c->n_out, m->output_norm);
     }
     while (fw_rows(&w, hp->n_vocab, 256, &r0, &r1))
         fw_matmul(s, &m->output, 0, r0, r1, ah, 0, c->n_out, c->logits, hp->n_vocab);

@@ -992,11 +992,12 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     /* 1: router + shared gate/up (one token: each worker first normalises and prepares the
      * row itself, see fw_own_row; the caller skipped the ffn norm's phase) */
     const struct act *ain = &s->a_in;
-    if (n == 1) {
+    if (fw_own_fits(n, d)) { /* a small batch too (the caller skipped the norm's phase) */
         fw_phase_begin(w, MOETAX_PHASE_NORM, il);
-        ain = fw_own_row(w, s->x, d, l->ffn_norm);
+        ain = fw_own_rows(w, s->x, d, n, l->ffn_norm);
         fw_mark(w, MOETAX_PHASE_ROUTE);
     } else fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
+    const struct act *anorm = ain; /* the normalised rows (this worker's own or the shared ones) */
     /* blocks of 64 rows from each matrix's first row (kernels.h, ROW RANGES): the
      * shared expert's rows are numbered from E rounded up to 64 */
     const int64_t E64 = (E + 63) / 64 * 64;
@@ -1071,7 +1072,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         struct act ae = fw_act_view(&b->a_exp, b->a_exp.x, d, pl->n_slots);
         fw_act_publish(w, &b->a_exp, &ae);
         fw_split(w, pl->n_slots, 1, &r0, &r1);
-        for (int64_t i = r0; i < r1; i++) copy_prepared_row(s, &s->a_in, pl->slot_token[i], &ae, i);
+        for (int64_t i = r0; i < r1; i++) copy_prepared_row(s, anorm, pl->slot_token[i], &ae, i);
         fw_phase_end(w);
         ain = &b->a_exp;
     }
@@ -1167,7 +1168,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         fw_mark(w, MOETAX_PHASE_SHARED);
         /* qwen2moe gates the shared FFN per token by sigmoid(gate_inp_shexp . xn), xn the ffn-normed
          * float row (one token: this worker's own row, read before fw_own_row repoints it) */
-        const float *xg = l->gate_inp_shexp ? (n > 1 ? s->a_in.x : ain->x) : NULL;
+        const float *xg = l->gate_inp_shexp ? anorm->x : NULL;
         const struct act *ahid = n == 1 && nmine > 0 ? fw_own_row(w, b->sh_hid, Fs, NULL) : &b->a_sh;
         float *y = wk->f;
         for (int i = 0; i < nmine; i++) {
