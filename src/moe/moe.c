@@ -1022,7 +1022,29 @@ void moe_block(struct worker *w, struct moe *b, int il) {
      * barrier; the shared hidden is prepared by each worker in phase 6 (fw_own_row). Worker 0
      * also records the routing, predicts the next layer and issues the store's reads. */
     const int64_t slots = (int64_t)il * s->n_ubatch * k; /* this layer's rows of b->sel / selw */
-    if (n > 1) {
+    /* A small batch (without the capacity factor's shared counts, without a world): like one
+     * token, every worker routes and plans into its own copy, and each gate/up item gathers
+     * its expert's rows itself, so phases 2 and 3 and their barriers go; the shared hidden
+     * is prepared in phase 5 */
+    const bool own_route = n > 1 && n <= FW_OWN_ROWS && anorm != &s->a_in && !b->dist &&
+                           !(b->capacity_factor > 0 && isfinite(b->capacity_factor));
+    if (own_route) {
+        fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
+        route_tokens(s, b, wk, il, wk->sel, wk->selw);
+        if (w->ith == 0) {
+            memcpy(b->sel + slots, wk->sel, sizeof(int32_t) * (size_t)(n * k));
+            memcpy(b->selw + slots, wk->selw, sizeof(float) * (size_t)(n * k));
+            b->hist_n[il] = n;
+        }
+        pl = &wk->plan;
+        fw_mark(w, MOETAX_PHASE_DISPATCH);
+        plan(s, b, il, wk->sel, wk->selw, n, pl);
+        if (w->ith == 0) {
+            record_and_predict(s, b, il);
+            record_plan(s, il, pl, 0, 0);
+            issue_reads(w, b, il, pl);
+        }
+    } else if (n > 1) {
         fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
         struct act ah = fw_act_view(&b->a_sh, b->sh_hid, Fs, n);
         fw_act_publish(w, &b->a_sh, &ah);
@@ -1066,8 +1088,8 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         }
     }
 
-    /* 3: gather each slot's input row (batches only) */
-    if (n > 1) {
+    /* 3: gather each slot's input row (batches only; a small batch: in each gate/up item) */
+    if (n > 1 && !own_route) {
         fw_phase_begin(w, MOETAX_PHASE_DISPATCH, il);
         struct act ae = fw_act_view(&b->a_exp, b->a_exp.x, d, pl->n_slots);
         fw_act_publish(w, &b->a_exp, &ae);
@@ -1078,7 +1100,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     }
 
     /* 4: gate/up per (expert, block of F rows) (one token: the phase began with routing) */
-    if (n > 1) fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
+    if (n > 1 && !own_route) fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
     else fw_mark(w, MOETAX_PHASE_EXPERT);
     const int64_t bf = F >= 256 ? 256 : F; /* gate/up rows per work item: a multiple of 64 (kernels.h, ROW RANGES) */
     const int64_t nbf = (F + bf - 1) / bf;
@@ -1091,8 +1113,17 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         float *g = b->eh_g + (int64_t)pl->m_off[mi] * F, *u = b->eh + (int64_t)pl->m_off[mi] * F;
         const void *wg, *wu, *wd;
         if (!expert_ptrs(w, b, il, e, &wg, &wu, &wd)) continue;
-        fw_matmul_at(s, &l->gate_exps, wg, f0, f1, ain, b0, cnt, g, F);
-        fw_matmul_at(s, &l->up_exps, wu, f0, f1, ain, b0, cnt, u, F);
+        const struct act *ai = ain;
+        if (own_route) { /* this expert's rows, gathered here (the same bits as phase 3's copies) */
+            struct act *ga = &wk->gat;
+            ga->ncols = d;
+            ga->n = cnt;
+            for (int64_t i = 0; i < cnt; i++) copy_prepared_row(s, anorm, pl->slot_token[b0 + i], ga, i);
+            ai = ga;
+            b0 = 0;
+        }
+        fw_matmul_at(s, &l->gate_exps, wg, f0, f1, ai, b0, cnt, g, F);
+        fw_matmul_at(s, &l->up_exps, wu, f0, f1, ai, b0, cnt, u, F);
         for (int64_t i = 0; i < cnt; i++) K->silu_mul(u + i * F + f0, g + i * F + f0, u + i * F + f0, f1 - f0);
     }
     fw_phase_end(w);
@@ -1106,6 +1137,13 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         fw_act_publish(w, &b->a_eh, &v);
         fw_split(w, pl->n_slots, 1, &r0, &r1);
         fw_act_prep(s, &v, r0, r1);
+        if (own_route && Fs) { /* the shared hidden (phase 2 prepares it otherwise) */
+            fw_mark(w, MOETAX_PHASE_SHARED);
+            struct act ah = fw_act_view(&b->a_sh, b->sh_hid, Fs, n);
+            fw_act_publish(w, &b->a_sh, &ah);
+            fw_split(w, n, 1, &r0, &r1);
+            fw_act_prep(s, &ah, r0, r1);
+        }
         fw_phase_end(w);
         fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
     } else {
@@ -1281,10 +1319,11 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
         A(wk->eptr, E);
         A(wk->acq, E);
         A(wk->acq_list, E);
-        A(wk->sel, k);
-        A(wk->selw, k);
-        if (!st && !plan_alloc(&wk->plan, E, k, H)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        A(wk->sel, FW_OWN_ROWS * k);
+        A(wk->selw, FW_OWN_ROWS * k);
+        if (!st && !plan_alloc(&wk->plan, E, FW_OWN_ROWS * k, H)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
         if (!st) st = fw_act_alloc(m, &wk->own_eh, F, k, false);
+        if (!st) st = fw_act_alloc(m, &wk->gat, d, FW_OWN_ROWS, true);
     }
 #undef A
     if (st) moe_free(b);
@@ -1310,6 +1349,7 @@ void moe_free(struct moe *b) {
             free(wk->f); free(wk->eptr); free(wk->acq); free(wk->acq_list); free(wk->sel); free(wk->selw);
             plan_free(&wk->plan);
             fw_act_free(&wk->own_eh, false);
+            fw_act_free(&wk->gat, true);
         }
     free(b->wk);
     memset(b, 0, sizeof *b);

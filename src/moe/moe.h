@@ -36,12 +36,14 @@ struct moe_worker {
     int n_acq;
     float *f;                /* [nf] routing scratch (2E), shared-expert down rows (U * 64) */
     size_t nf;
-    /* decode (one token): this worker's routing of the token (k), its dispatch plan and
-     * its own prepared expert hidden rows (k rows of n_ff_exp, of eh) */
+    /* decode (one token) and small batches (moe.c, own_route): this worker's routing of the
+     * tokens (FW_OWN_ROWS x k), its dispatch plan, its own prepared expert hidden rows (k rows
+     * of n_ff_exp, of eh; one token) and an expert's input rows gathered (a small batch) */
     int32_t *sel;
     float *selw;
     struct plan plan;
     struct act own_eh;
+    struct act gat;
 };
 
 struct moe {
