@@ -272,6 +272,10 @@ static int ecap(float cf, int batch, int k, int n_expert) {
     return c < 1 ? 1 : c > b * k ? (int)(b * k) : (int)c;
 }
 
+static int levers_moved(const struct tcfg *c, const struct tcfg *d) {
+    return (c->k != d->k) + (c->etype != d->etype) + (c->cap != d->cap) + (c->batch != d->batch);
+}
+
 static bool is_default(const struct tcfg *c, const struct tcfg *d) {
     return c->threads == d->threads && c->k == d->k && c->batch == d->batch && !c->no_mmap && c->cap == 0 && !c->budget &&
            c->etype == MOETAX_EXPERT_TYPE_AS_STORED;
@@ -957,6 +961,15 @@ int cmd_tune(int argc, char **argv) {
             for (int np = 0; np < 2; np++)
                 res[nres++] = (struct tres){.c = {.threads = ncpu, .k = (int)K, .batch = def.batch, .budget = budgets[b],
                                                   .policy = pols[pi], .no_prefetch = np}};
+    /* the order of stages 1 and 2 (both cut by --time): by how many of the quality levers (k, expert type, capacity
+     * factor, batch size) each moves from the default, so every lever alone is measured before combinations of them;
+     * within one count as built (stable) */
+    for (int i = 2; i < nres; i++) {
+        const struct tres x = res[i];
+        int j = i;
+        while (j > 1 && levers_moved(&res[j - 1].c, &def) > levers_moved(&x.c, &def)) res[j] = res[j - 1], j--;
+        res[j] = x;
+    }
     const int n_single = nres; /* then the combinations (after stage 2) */
     for (int i = 0; i < nres; i++) {
         res[i].footprint = res[i].c.budget ? fixed + res[i].c.budget : efoot[etype_index(&t, res[i].c.etype)];
