@@ -1002,7 +1002,7 @@ int cmd_tune(int argc, char **argv) {
     uint64_t done_n = 0;
     /* stage 1: quality of each (k, capacity, expert type, batch) on the short text, shared by its threads/paging/
      * store; past half of --time only the default's and what the log holds (the others stay at stage 0) */
-    int n_qcut = 0;
+    int n_qcut = 0, nfit_q = 0; /* nfit_q: fitting configurations besides the default with a quality */
     for (int i = 0; i < nres && !st; i++) {
         struct tres *r = &res[i];
         const struct tres *same = NULL;
@@ -1012,7 +1012,8 @@ int cmd_tune(int argc, char **argv) {
         else {
             char qn[80];
             quality_name(&r->c, qn, sizeof qn);
-            if (i && cli_now() > t0 + time_s / 2 && !log_find(&t, "quality", 1, qn)) {
+            /* the default, and where it does not fit one that does, are always measured */
+            if (i && (fits || !r->fits || nfit_q) && cli_now() > t0 + time_s / 2 && !log_find(&t, "quality", 1, qn)) {
                 n_qcut++;
                 continue;
             }
@@ -1022,6 +1023,7 @@ int cmd_tune(int argc, char **argv) {
             r->kl = q.kl; r->top1 = q.top1; r->ppl = q.ppl; r->dppl = q.dppl;
         }
         r->stage = 1;
+        nfit_q += i && r->fits;
         cli_progress_update(&pr, ++done_n);
     }
     /* stage 2: one short speed pair for those within twice the allowed loss */
