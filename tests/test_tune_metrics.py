@@ -84,8 +84,8 @@ def main():
     metric_checks(rows, "decode")
     entries = [json.loads(x) for x in open(log)] if os.path.exists(log) else []
     speed = [e for e in entries if e.get("kind") == "speed"]
-    check(speed and all(e["ttft_ms"] > 0 and e["tpot_p99_ms"] if "tpot_p99_ms" in e else e["p99_ms"] >= e["tpot_p50_ms"]
-                        for e in speed) and all(e["prompt"] == 32 and len(e["phase_us"]) >= 14 for e in speed),
+    check(speed and all(e["ttft_ms"] > 0 and e["p99_ms"] >= e["tpot_p50_ms"] > 0 and e["step_us"] > 0 for e in speed)
+          and all(e["prompt"] == 32 and len(e["phase_us"]) >= 14 for e in speed),
           f"the log's speed entries carry TTFT, TPOT, the phases and the prompt: {speed[:1]}")
     # the table and --explain (the log reused: nothing measured again)
     r2 = run(base + ["--explain", "--log", log])

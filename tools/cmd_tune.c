@@ -26,8 +26,9 @@
  * still measured: it is the reference of every ratio).
  *
  * Search within --time (successive halving): 1. quality of every (k, capacity, expert type,
- * batch) on a short text (past half of --time only what the log holds); those within twice the allowed loss go on; 2. a short speed pair for
- * each of them that fits x threads x paging, and for the store's configurations; then the
+ * batch) on a short text, in order of the levers moved (past half of --time only the
+ * default's and what the log holds); those within twice the allowed loss go on; 2. a short
+ * speed pair for each of them that fits x threads x paging, and for the store's configurations; then the
  * combinations of the best store configuration with each smaller k that survived; 3. the
  * default and the better half of the fitting survivors, those within the allowed loss on
  * the short text first (past --time the default and the first of them still run): the long
@@ -66,8 +67,9 @@ static void usage(FILE *f) {
                "measures decode speed (aggregate tokens/s) as paired ratios against the default configuration run\n"
                "alternately, TTFT, per-sequence TPOT p50/p99 and the ledger's phases per token, and quality as the\n"
                "KL divergence of next-token distributions against the exact configuration, top-1 agreement and\n"
-               "the perplexity change on a calibration text; successive halving within --time. Prints the Pareto front (speed vs KL) and a\n"
-               "recommendation: the fastest configuration whose perplexity rises by at most --max-quality-loss.\n"
+               "the perplexity change on a calibration text; successive halving within --time. Prints the Pareto\n"
+               "front (speed vs KL) and a recommendation: the fastest configuration whose perplexity rises by at\n"
+               "most --max-quality-loss (and, with --max-tpot, whose p99 TPOT is within it).\n"
                "  --calib TEXT|DIR  calibration text (default: the default model's held-out Python files from\n"
                "                    /usr/lib/python3.11, as tools/train/corpus.py splits them)\n"
                "  --workload W      decode (one sequence, the default) or batch:N (N sequences decoding together)\n"
@@ -277,7 +279,8 @@ static int levers_moved(const struct tcfg *c, const struct tcfg *d) {
 }
 
 static bool is_default(const struct tcfg *c, const struct tcfg *d) {
-    return c->threads == d->threads && c->k == d->k && c->batch == d->batch && !c->no_mmap && c->cap == 0 && !c->budget &&
+    return c->threads == d->threads && c->k == d->k && c->batch == d->batch && !c->no_mmap && c->cap == 0 &&
+           !c->budget &&
            c->etype == MOETAX_EXPERT_TYPE_AS_STORED;
 }
 
@@ -411,7 +414,8 @@ static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps,
         salt++;
         const int64_t off = (int64_t)((salt * 7919) % (uint64_t)(t->n_calib > 1000 ? t->n_calib - 1000 : 1));
         for (int i = 0; i < P; i++)
-            for (int s = 0; s < B; s++) moetax_batch_add(&b, t->calib[(off + s * 97 + i) % t->n_calib], i, s, i == P - 1);
+            for (int s = 0; s < B; s++)
+                moetax_batch_add(&b, t->calib[(off + s * 97 + i) % t->n_calib], i, s, i == P - 1);
         const double a0 = cli_now();
         st = moetax_ctx_decode(ctx, &b);
         sm->ttft_ms = 1e3 * (cli_now() - a0);
@@ -419,7 +423,8 @@ static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps,
         double total = 0;
         for (int j = 0; !st && j < steps; j++) {
             moetax_batch_clear(&b);
-            for (int s = 0; s < B; s++) moetax_batch_add(&b, t->calib[(off + s * 97 + P + j) % t->n_calib], P + j, s, true);
+            for (int s = 0; s < B; s++)
+                moetax_batch_add(&b, t->calib[(off + s * 97 + P + j) % t->n_calib], P + j, s, true);
             const double a = cli_now();
             st = moetax_ctx_decode(ctx, &b);
             dt[j] = cli_now() - a;
@@ -599,7 +604,8 @@ static double jnum(json_t *o, const char *k) { return json_number_value(json_obj
 static void quality_name(const struct tcfg *c, char *name, size_t n) {
     char bs[16] = "";
     if (c->batch > 0) snprintf(bs, sizeof bs, " b%d", c->batch);
-    snprintf(name, n, "k%d cf %g%s%s%s", c->k, (double)c->cap, c->etype != MOETAX_EXPERT_TYPE_AS_STORED ? " experts " : "",
+    snprintf(name, n, "k%d cf %g%s%s%s", c->k, (double)c->cap,
+             c->etype != MOETAX_EXPERT_TYPE_AS_STORED ? " experts " : "",
              c->etype != MOETAX_EXPERT_TYPE_AS_STORED ? moetax_type_name(c->etype) : "", bs);
 }
 
@@ -637,8 +643,10 @@ static moetax_status speed_logged(struct tune *t, const struct tcfg *d, struct t
     }
     for (int i = t->n_logged - 1; i >= 0; i--) { /* an older tune's entry for it: counted, not reused */
         json_t *x = t->logged[i];
-        const char *k = json_string_value(json_object_get(x, "kind")), *c = json_string_value(json_object_get(x, "config"));
-        if (k && c && !strcmp(k, "speed") && !strcmp(c, name) && json_integer_value(json_object_get(x, "stage")) == stage) {
+        const char *k = json_string_value(json_object_get(x, "kind")),
+                   *c = json_string_value(json_object_get(x, "config"));
+        if (k && c && !strcmp(k, "speed") && !strcmp(c, name) &&
+            json_integer_value(json_object_get(x, "stage")) == stage) {
             t->stale++;
             break;
         }
@@ -736,7 +744,8 @@ static void explain_quality(const struct tres *res, int n, const struct tres *re
     lv[2].what = "capacity factor", lv[2].c = (struct tcfg){.k = def->k, .batch = rec->c.batch, .cap = rec->c.cap};
     lv[2].moved = rec->c.cap > 0;
     snprintf(lv[2].from, sizeof lv[2].from, "off"), snprintf(lv[2].to, sizeof lv[2].to, "%.2g", (double)rec->c.cap);
-    lv[3].what = "batch size", lv[3].c = (struct tcfg){.k = def->k, .batch = rec->c.batch}, lv[3].moved = rec->c.batch != def->batch;
+    lv[3].what = "batch size", lv[3].c = (struct tcfg){.k = def->k, .batch = rec->c.batch};
+    lv[3].moved = rec->c.batch != def->batch;
     snprintf(lv[3].from, sizeof lv[3].from, "%d", def->batch > 1 ? def->batch : 1);
     snprintf(lv[3].to, sizeof lv[3].to, "%d", rec->c.batch > 1 ? rec->c.batch : 1);
     int moved = 0;
@@ -800,7 +809,8 @@ int cmd_tune(int argc, char **argv) {
         } else if (cli_opt(argc, argv, &i, NULL, "--max-tpot", &v, &err)) {
             char *end = NULL;
             const double x = err ? -1 : strtod(v, &end);
-            if (err || !end || (*end && strcmp(end, "ms")) || !(x > 0)) return cli_usage_error("tune", "--max-tpot: milliseconds (e.g. 20ms)");
+            if (err || !end || (*end && strcmp(end, "ms")) || !(x > 0))
+                return cli_usage_error("tune", "--max-tpot: milliseconds (e.g. 20ms)");
             max_tpot = x;
         } else if (!strcmp(argv[i], "--explain")) explain = true;
         else if (!strcmp(argv[i], "--json")) json = true;
@@ -928,7 +938,8 @@ int cmd_tune(int argc, char **argv) {
     for (int x = 1 << 8; batch > 1 && x >= 1; x >>= 1)
         if (x < batch) bsz[nb++] = x;
     const int kmin = (int)((K + 1) / 2);
-    res = calloc((size_t)(1 + ncpu * 2 * (K - kmin + 1) * ncap * t.n_etypes * nb + 3 * 2 * 2 + (K - kmin + 1)), sizeof *res);
+    res = calloc((size_t)(1 + ncpu * 2 * (K - kmin + 1) * ncap * t.n_etypes * nb + 3 * 2 * 2 + (K - kmin + 1)),
+                 sizeof *res);
     if (!res) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
     res[nres++] = (struct tres){.c = def};
     int n_nofit = 0, n_capsame = 0;
@@ -1036,7 +1047,8 @@ int cmd_tune(int argc, char **argv) {
         cfg_name(&res[i].c, nm, sizeof nm);
         /* past --time only what the log holds, and the default and (where the default does not fit) one that fits */
         const bool must = is_default(&res[i].c, &def) || (!fits && res[i].fits && !nfit_live);
-        if (res[i].stage < 1 || res[i].dppl > loss2 || (cli_now() > t.t_end && !must && !log_find(&t, "speed", 2, nm))) continue;
+        if (res[i].stage < 1 || res[i].dppl > loss2 || (cli_now() > t.t_end && !must && !log_find(&t, "speed", 2, nm)))
+            continue;
         if ((st = speed_logged(&t, &def, &res[i], 1, steps2, 2))) break;
         res[i].stage = 2;
         live[nlive++] = &res[i];
