@@ -6,7 +6,7 @@
  * (as stored, or re-quantized in memory at load to Q8_0 from a float file, to Q4_0 from
  * anything wider: --expert-type), under --memory the expert store (budgets that fit x
  * next-use/lfu x prefetch), and, for --workload batch:N, the batch size (N, the powers of two
- * below it) and the capacity factor (off, 1.25, 1.0; overflow dropped; a C whose capacity per
+ * below it) and the capacity factor (off, 1.25, 1.0; overflow dropped or rerouted; a C whose capacity per
  * expert at that batch size, ceil(C B k / E), is B or another C's is left out). Quality depends
  * on k, the capacity factor, the expert type and the batch size only (threads, paging and the
  * store change no bit, or float rounding at most), so it is measured once per (k, capacity,
@@ -63,13 +63,14 @@ static void usage(FILE *f) {
                "                   [--prompt N] [--max-tpot MS] [--explain] [--json]\n\n"
                "Sweeps the levers that apply (threads, routed experts per token from the file's k down to k/2,\n"
                "--no-mmap, the experts' precision (--expert-type q8_0/q4_0), under --memory the expert store, and\n"
-               "for batch:N the batch size (N, N/2, .. 1) and the capacity factor (off, 1.25, 1.0; overflow dropped)),\n"
-               "measures decode speed (aggregate tokens/s) as paired ratios against the default configuration run\n"
-               "alternately, TTFT, per-sequence TPOT p50/p99 and the ledger's phases per token, and quality as the\n"
-               "KL divergence of next-token distributions against the exact configuration, top-1 agreement and\n"
-               "the perplexity change on a calibration text; successive halving within --time. Prints the Pareto\n"
-               "front (speed vs KL) and a recommendation: the fastest configuration whose perplexity rises by at\n"
-               "most --max-quality-loss (and, with --max-tpot, whose p99 TPOT is within it).\n"
+               "for batch:N the batch size (N, N/2, .. 1) and the capacity factor (off, 1.25, 1.0; overflow dropped\n"
+               "or rerouted)), measures decode speed (aggregate tokens/s) as paired ratios against the default\n"
+               "configuration run alternately, TTFT, per-sequence TPOT p50/p99 and the ledger's phases per\n"
+               "token, and quality as the KL divergence of next-token distributions against the exact\n"
+               "configuration, top-1 agreement and the perplexity change on a calibration text; successive\n"
+               "halving within --time. Prints the Pareto front (speed vs KL) and a recommendation: the fastest\n"
+               "configuration whose perplexity rises by at most --max-quality-loss (and, with --max-tpot, whose\n"
+               "p99 TPOT is within it).\n"
                "  --calib TEXT|DIR  calibration text (default: the default model's held-out Python files from\n"
                "                    /usr/lib/python3.11, as tools/train/corpus.py splits them)\n"
                "  --workload W      decode (one sequence, the default) or batch:N (N sequences decoding together)\n"
@@ -181,7 +182,8 @@ static moetax_status calib_tokens(const struct moetax_tokenizer *tok, const char
 struct tcfg {
     int threads, k;
     int batch;          /* sequences decoding together (--workload batch:N sweeps N, N/2, .. 1); 0: decode (one) */
-    float cap;          /* 0: off (overflow: dropped) */
+    float cap;          /* 0: off */
+    enum moetax_overflow overflow; /* with cap: dropped (0) or rerouted to the token's best other expert with room */
     bool no_mmap;
     uint64_t budget;    /* expert store's budget in bytes; 0: no store (the experts mapped) */
     enum moetax_store_policy policy;
@@ -275,7 +277,8 @@ static int ecap(float cf, int batch, int k, int n_expert) {
 }
 
 static int levers_moved(const struct tcfg *c, const struct tcfg *d) {
-    return (c->k != d->k) + (c->etype != d->etype) + (c->cap != d->cap) + (c->batch != d->batch);
+    return (c->k != d->k) + (c->etype != d->etype) + (c->cap != d->cap || c->overflow != d->overflow) +
+           (c->batch != d->batch);
 }
 
 static bool is_default(const struct tcfg *c, const struct tcfg *d) {
@@ -306,7 +309,8 @@ static moetax_status run_windows(struct tune *t, const struct tcfg *c, int64_t n
     const int B = c->batch > 1 ? c->batch : 1;
     const int64_t W = t->window;
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(B * ((W + 31) / 32 * 32)), .n_threads = c->threads,
-                                   .n_expert_used = c->k, .capacity_factor = c->cap, .n_seq_max = B,
+                                   .n_expert_used = c->k, .capacity_factor = c->cap, .overflow = c->overflow,
+                                   .n_seq_max = B,
                                    .n_ubatch = B > 1 ? B : 64};
     struct moetax_ctx *ctx;
     if ((st = moetax_ctx_init(m, &cp, &ctx))) return st;
@@ -387,7 +391,8 @@ static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps,
     const int B = c->batch > 1 ? c->batch : 1, P = t->prompt;
     const int64_t per = (P + steps + 1 + 31) / 32 * 32;
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(B * per), .n_threads = c->threads, .n_expert_used = c->k,
-                                   .capacity_factor = c->cap, .n_seq_max = B, .n_ubatch = B > 64 ? B : 64};
+                                   .capacity_factor = c->cap, .overflow = c->overflow, .n_seq_max = B,
+                                   .n_ubatch = B > 64 ? B : 64};
     struct moetax_ctx *ctx = NULL;
     struct moetax_ledger *led = NULL;
     struct moetax_store *store = NULL;
@@ -483,7 +488,8 @@ static moetax_status speed(struct tune *t, const struct tcfg *d, struct tres *r,
 
 static void cfg_name(const struct tcfg *c, char *buf, size_t n) {
     char cap[32] = "";
-    if (c->cap > 0) snprintf(cap, sizeof cap, " cf %g", (double)c->cap);
+    if (c->cap > 0)
+        snprintf(cap, sizeof cap, " cf %g%s", (double)c->cap, c->overflow == MOETAX_OVERFLOW_REROUTE ? " reroute" : "");
     char sto[64] = "";
     if (c->budget)
         snprintf(sto, sizeof sto, " store %.1fM %s%s", (double)c->budget / (1 << 20), moetax_store_policy_name(c->policy),
@@ -499,7 +505,8 @@ static void cfg_name(const struct tcfg *c, char *buf, size_t n) {
  * the micro-batch's loads, so by B; with it off, B should change no bit (the quantized kernels are
  * batch-invariant), which measuring it per B shows (KL 0) rather than assumes. */
 static bool same_quality(const struct tcfg *a, const struct tcfg *b) {
-    return a->k == b->k && a->cap == b->cap && a->etype == b->etype && a->batch == b->batch;
+    return a->k == b->k && a->cap == b->cap && (a->cap == 0 || a->overflow == b->overflow) && a->etype == b->etype &&
+           a->batch == b->batch;
 }
 
 /* ---- the log (--log): one JSON line per measurement, a header line naming what was tuned ---- */
@@ -604,7 +611,8 @@ static double jnum(json_t *o, const char *k) { return json_number_value(json_obj
 static void quality_name(const struct tcfg *c, char *name, size_t n) {
     char bs[16] = "";
     if (c->batch > 0) snprintf(bs, sizeof bs, " b%d", c->batch);
-    snprintf(name, n, "k%d cf %g%s%s%s", c->k, (double)c->cap,
+    snprintf(name, n, "k%d cf %g%s%s%s%s", c->k, (double)c->cap,
+             c->cap > 0 && c->overflow == MOETAX_OVERFLOW_REROUTE ? " reroute" : "",
              c->etype != MOETAX_EXPERT_TYPE_AS_STORED ? " experts " : "",
              c->etype != MOETAX_EXPERT_TYPE_AS_STORED ? moetax_type_name(c->etype) : "", bs);
 }
@@ -741,9 +749,12 @@ static void explain_quality(const struct tres *res, int n, const struct tres *re
     snprintf(lv[1].from, sizeof lv[1].from, "as stored");
     snprintf(lv[1].to, sizeof lv[1].to, "%s", moetax_type_name(rec->c.etype));
     /* the capacity factor drops by the micro-batch's loads: alone means at the recommendation's batch size */
-    lv[2].what = "capacity factor", lv[2].c = (struct tcfg){.k = def->k, .batch = rec->c.batch, .cap = rec->c.cap};
+    lv[2].what = "capacity factor", lv[2].c = (struct tcfg){.k = def->k, .batch = rec->c.batch, .cap = rec->c.cap,
+                                                           .overflow = rec->c.overflow};
     lv[2].moved = rec->c.cap > 0;
-    snprintf(lv[2].from, sizeof lv[2].from, "off"), snprintf(lv[2].to, sizeof lv[2].to, "%.2g", (double)rec->c.cap);
+    snprintf(lv[2].from, sizeof lv[2].from, "off");
+    snprintf(lv[2].to, sizeof lv[2].to, "%g%s", (double)rec->c.cap,
+             rec->c.overflow == MOETAX_OVERFLOW_REROUTE ? " reroute" : "");
     lv[3].what = "batch size", lv[3].c = (struct tcfg){.k = def->k, .batch = rec->c.batch};
     lv[3].moved = rec->c.batch != def->batch;
     snprintf(lv[3].from, sizeof lv[3].from, "%d", def->batch > 1 ? def->batch : 1);
@@ -931,8 +942,8 @@ int cmd_tune(int argc, char **argv) {
     }
     /* the candidates: the default first (the reference of every ratio, measured even where it does not fit), then
      * every (k, capacity, expert type) x threads x paging that fits, then the store's configurations */
-    const float caps[3] = {0, 1.25f, 1.0f};
-    const int ncap = batch > 1 ? 3 : 1;
+    const float caps[5] = {0, 1.25f, 1.25f, 1.0f, 1.0f}; /* odd: overflow dropped, even (> 0): rerouted */
+    const int ncap = batch > 1 ? 5 : 1;
     int bsz[10], nb = 0; /* batch sizes: N, then the powers of two below it down to 1; decode: one */
     bsz[nb++] = batch > 1 ? batch : 0;
     for (int x = 1 << 8; batch > 1 && x >= 1; x >>= 1)
@@ -950,13 +961,14 @@ int cmd_tune(int argc, char **argv) {
                 for (int th = ncpu; th >= 1; th--)
                     for (int nm = 0; nm < 2; nm++) {
                         const struct tcfg c = {.threads = th, .k = k, .batch = bsz[bi], .cap = caps[ci], .no_mmap = nm,
-                                               .etype = t.etypes[e]};
+                                               .etype = t.etypes[e],
+                                               .overflow = ci && !(ci & 1) ? MOETAX_OVERFLOW_REROUTE : MOETAX_OVERFLOW_DROP};
                         if (is_default(&c, &def)) continue;
                         if (c.cap > 0) { /* a decode step's capacity per expert: ceil(C B k / E), at least 1 */
                             const int ec = ecap(c.cap, c.batch, k, (int)m0->hp.n_expert);
                             /* an expert takes at most one assignment per token: a capacity of B drops nothing (it is
                              * off); a capacity an earlier C gave at this B is that configuration again */
-                            if (ec >= (c.batch > 1 ? c.batch : 1) || (ci > 1 && ecap(caps[ci - 1], c.batch, k,
+                            if (ec >= (c.batch > 1 ? c.batch : 1) || (ci > 2 && ecap(caps[ci - 2], c.batch, k,
                                                                                  (int)m0->hp.n_expert) == ec)) {
                                 n_capsame += th == ncpu && !nm;
                                 continue;
@@ -1029,6 +1041,7 @@ int cmd_tune(int argc, char **argv) {
                 continue;
             }
             struct tres q = {.c = {.threads = def.threads, .k = r->c.k, .batch = r->c.batch, .cap = r->c.cap,
+                                   .overflow = r->c.overflow,
                                    .etype = r->c.etype}};
             if ((st = quality_logged(&t, &q, t.n_short, false, 1))) break;
             r->kl = q.kl; r->top1 = q.top1; r->ppl = q.ppl; r->dppl = q.dppl;
@@ -1070,7 +1083,8 @@ int cmd_tune(int argc, char **argv) {
         const struct tres *q = NULL;
         for (int i = 0; i < n_single && !q; i++)
             if (res[i].stage >= 1 && same_quality(&res[i].c, &r->c)) q = &res[i];
-        struct tres qm = {.c = {.threads = def.threads, .k = k, .batch = r->c.batch, .cap = r->c.cap}};
+        struct tres qm = {.c = {.threads = def.threads, .k = k, .batch = r->c.batch, .cap = r->c.cap,
+                                .overflow = r->c.overflow}};
         if (!q) { /* that k's mapped configurations did not fit --memory: its quality measured now */
             if ((st = quality_logged(&t, &qm, t.n_short, false, 1))) break;
             q = &qm;
@@ -1164,6 +1178,8 @@ int cmd_tune(int argc, char **argv) {
             json_object_set_new(jo, "footprint_mib", json_real((double)res[i].footprint / (1 << 20)));
             json_object_set_new(jo, "recommended", json_boolean(&res[i] == rec));
             json_object_set_new(jo, "batch", json_integer(res[i].c.batch > 1 ? res[i].c.batch : 1));
+            json_object_set_new(jo, "overflow", res[i].c.cap > 0 ? json_string(res[i].c.overflow == MOETAX_OVERFLOW_REROUTE
+                                                                                    ? "reroute" : "drop") : json_null());
             if (res[i].stage >= 2) { /* measured: TTFT, per-sequence TPOT, the ledger's decode phases per token */
                 json_object_set_new(jo, "ttft_ms", json_real(res[i].ttft_ms));
                 json_object_set_new(jo, "tpot_p50_ms", json_real(res[i].p50_ms));
@@ -1257,6 +1273,7 @@ int cmd_tune(int argc, char **argv) {
         }
         if (out) {
             struct cli_config cc = {.threads = rec->c.threads, .experts_used = rec->c.k, .capacity_factor = rec->c.cap,
+                                    .overflow = rec->c.overflow,
                                     .no_mmap = rec->c.no_mmap, .no_prefetch = rec->c.budget && rec->c.no_prefetch,
                                     .expert_type = rec->c.etype};
             if (rec->c.budget) {
