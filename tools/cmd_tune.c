@@ -5,23 +5,30 @@
  * ceil(k/2)), --no-mmap (weights in private 2 MiB pages), the routed experts' precision
  * (as stored, or re-quantized in memory at load to Q8_0 from a float file, to Q4_0 from
  * anything wider: --expert-type), under --memory the expert store (budgets that fit x
- * next-use/lfu x prefetch), and, for --workload batch:N, the capacity factor (off, 2, 1.5,
- * 1.25; drop). Quality depends on k, the capacity factor and the expert type only (threads,
- * paging and the store change no bit, or float rounding at most), so it is measured once
- * per (k, capacity, expert type): the mean KL divergence of the next-token
+ * next-use/lfu x prefetch), and, for --workload batch:N, the batch size (N, the powers of two
+ * below it) and the capacity factor (off, 1.25, 1.0; overflow dropped or rerouted; a C whose capacity per
+ * expert at that batch size, ceil(C B k / E), is B or another C's is left out). Quality depends
+ * on k, the capacity factor, the expert type and the batch size only (threads, paging and the
+ * store change no bit, or float rounding at most), so it is measured once per (k, capacity,
+ * expert type, batch), scored as batched decode sees it: the mean KL divergence of the next-token
  * distributions against the exact configuration on a calibration text, top-1
  * agreement, and the perplexity change. Speed is measured for every configuration as a
  * paired ratio against the default one (all threads, the file's k, mapped, no capacity
- * factor), run alternately in the same process, because these machines drift.
+ * factor, the full batch), run alternately in the same process, because these machines drift;
+ * beside it TTFT (the prefill of --prompt tokens, every sequence's together), per-sequence TPOT
+ * p50/p99 (each decode step's own timestamps), and the ledger's decode phases per token and tax
+ * share. The log carries all of them; a speed entry of an older tune without them is measured
+ * again (its quality entries are reused). --max-tpot bounds the recommendation's p99 TPOT.
  *
  * A configuration fits when its footprint (bench's RSS bound: the resident weights with the
  * experts at their precision, or the store's budget instead of them, + KV + overhead) is
  * within --memory; one that does not is never on the front nor recommended (the default is
  * still measured: it is the reference of every ratio).
  *
- * Search within --time (successive halving): 1. quality of every (k, capacity, expert type)
- * on a short text; those within twice the allowed loss go on; 2. a short speed pair for
- * each of them that fits x threads x paging, and for the store's configurations; then the
+ * Search within --time (successive halving): 1. quality of every (k, capacity, expert type,
+ * batch) on a short text, in order of the levers moved (past half of --time only the
+ * default's and what the log holds); those within twice the allowed loss go on; 2. a short
+ * speed pair for each of them that fits x threads x paging, and for the store's configurations; then the
  * combinations of the best store configuration with each smaller k that survived; 3. the
  * default and the better half of the fitting survivors, those within the allowed loss on
  * the short text first (past --time the default and the first of them still run): the long
@@ -53,22 +60,28 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax tune [-m FILE] [--time 10m] [--max-quality-loss 1%%] [--workload decode|batch:N]\n"
                "                   [--memory SIZE] [--calib TEXT|DIR] [-o CONFIG.json] [--html PAGE] [--log FILE]\n"
-               "                   [--explain] [--json]\n\n"
+               "                   [--prompt N] [--max-tpot MS] [--explain] [--json]\n\n"
                "Sweeps the levers that apply (threads, routed experts per token from the file's k down to k/2,\n"
                "--no-mmap, the experts' precision (--expert-type q8_0/q4_0), under --memory the expert store, and\n"
-               "for batch:N the capacity factor), measures decode speed as paired ratios against\n"
-               "the default configuration run alternately, and quality as the KL divergence of next-token\n"
-               "distributions against the exact configuration, top-1 agreement and the perplexity change on a\n"
-               "calibration text; successive halving within --time. Prints the Pareto front (speed vs KL) and a\n"
-               "recommendation: the fastest configuration whose perplexity rises by at most --max-quality-loss.\n"
+               "for batch:N the batch size (N, N/2, .. 1) and the capacity factor (off, 1.25, 1.0; overflow dropped\n"
+               "or rerouted)), measures decode speed (aggregate tokens/s) as paired ratios against the default\n"
+               "configuration run alternately, TTFT, per-sequence TPOT p50/p99 and the ledger's phases per\n"
+               "token, and quality as the KL divergence of next-token distributions against the exact\n"
+               "configuration, top-1 agreement and the perplexity change on a calibration text; successive\n"
+               "halving within --time. Prints the Pareto front (speed vs KL) and a recommendation: the fastest\n"
+               "configuration whose perplexity rises by at most --max-quality-loss (and, with --max-tpot, whose\n"
+               "p99 TPOT is within it).\n"
                "  --calib TEXT|DIR  calibration text (default: the default model's held-out Python files from\n"
                "                    /usr/lib/python3.11, as tools/train/corpus.py splits them)\n"
                "  --workload W      decode (one sequence, the default) or batch:N (N sequences decoding together)\n"
                "  --memory SIZE     only configurations whose footprint fits SIZE (4G, 512M) are on the front\n"
+               "  --prompt N        the workload's prompt length: TTFT is its prefill, decode runs after it (64)\n"
+               "  --max-tpot MS     recommend only a configuration whose per-sequence p99 TPOT is within MS\n"
                "  --log FILE        one line per measurement; a rerun reuses them (default: tune.log beside -o)\n"
                "  -o FILE           write the recommendation as a configuration (--config FILE elsewhere)\n"
                "  --html PAGE       the results and the front as one page\n"
-               "  --explain         the ledger's phases per token of the default and the recommendation\n"
+               "  --explain         the ledger's phases per token of the default and the recommendation, TTFT,\n"
+               "                    TPOT, and the quality each lever cost\n"
                "  --json            the results as JSON lines on stdout\n");
 }
 
@@ -168,7 +181,9 @@ static moetax_status calib_tokens(const struct moetax_tokenizer *tok, const char
 
 struct tcfg {
     int threads, k;
+    int batch;          /* sequences decoding together (--workload batch:N sweeps N, N/2, .. 1); 0: decode (one) */
     float cap;          /* 0: off */
+    enum moetax_overflow overflow; /* with cap: dropped (0) or rerouted to the token's best other expert with room */
     bool no_mmap;
     uint64_t budget;    /* expert store's budget in bytes; 0: no store (the experts mapped) */
     enum moetax_store_policy policy;
@@ -183,8 +198,11 @@ struct tres {
     int stage;          /* the last stage it reached */
     bool q_long;        /* quality on the long text */
     double kl, top1, ppl, dppl; /* quality (dppl: relative perplexity change) */
-    double ratio, tps, tax, p99_ms; /* speed: paired ratio against the default, its tokens/s */
-    double phase_us[MOETAX_PHASE_COUNT];
+    double ratio, tps, tax, p99_ms; /* speed: paired ratio against the default, its tokens/s (all sequences) */
+    double ttft_ms, p50_ms;   /* time to the first token of a prompt of --prompt tokens (each sequence's, prefilled
+                                 together), per-sequence TPOT p50 (p99_ms: p99) from the decode steps' timestamps */
+    double step_us;           /* decode wall time per token (a step's / its sequences), as the phases are */
+    double phase_us[MOETAX_PHASE_COUNT]; /* the ledger's decode phases per token */
     bool pareto;
     bool fits;          /* its footprint is within --memory (always without --memory) */
     uint64_t footprint; /* bytes, as bench's RSS bound */
@@ -198,7 +216,9 @@ struct tune {
     int n_etypes;
     int32_t *calib;
     int64_t n_calib, n_short, window;
-    int batch;                  /* 1: decode */
+    int batch;                  /* the workload's sequences (1: decode); each configuration runs its own c->batch */
+    int prompt;                 /* the workload's prompt length (--prompt): TTFT's prefill, decode's context */
+    int stale;                  /* speed entries of the log without TTFT / TPOT / phases (older tune): measured again */
     float *ref;                 /* exact log-probabilities [n_calib - 1, V] (the long text) */
     double ref_ppl[2];          /* exact perplexity on the short and the long text */
     double t_end;
@@ -250,8 +270,20 @@ static uint64_t expert_bytes_as(const struct moetax_model *m, enum moetax_type e
     return b;
 }
 
+/* A decode step's capacity per expert (moe.c's apply_capacity): ceil(C B k / E), within 1 .. B k. */
+static int ecap(float cf, int batch, int k, int n_expert) {
+    const double b = batch > 1 ? batch : 1, c = ceil((double)cf * b * k / (n_expert > 0 ? n_expert : 1));
+    return c < 1 ? 1 : c > b * k ? (int)(b * k) : (int)c;
+}
+
+static int levers_moved(const struct tcfg *c, const struct tcfg *d) {
+    return (c->k != d->k) + (c->etype != d->etype) + (c->cap != d->cap || c->overflow != d->overflow) +
+           (c->batch != d->batch);
+}
+
 static bool is_default(const struct tcfg *c, const struct tcfg *d) {
-    return c->threads == d->threads && c->k == d->k && !c->no_mmap && c->cap == 0 && !c->budget &&
+    return c->threads == d->threads && c->k == d->k && c->batch == d->batch && !c->no_mmap && c->cap == 0 &&
+           !c->budget &&
            c->etype == MOETAX_EXPERT_TYPE_AS_STORED;
 }
 
@@ -266,17 +298,19 @@ static void log_softmax(const float *x, int64_t V, float *lp) {
 }
 
 /* Logits of calibration tokens [0, n) under configuration c, in windows of t->window tokens
- * from an empty cache, scored as t->batch sequences of one batch (interleaved) when > 1:
+ * from an empty cache, scored as c->batch sequences of one batch (interleaved: each micro-batch one
+ * token of every sequence, as batched decode sees them, so a capacity factor drops what it would) when > 1:
  * cb(token index j, logits row predicting token j + 1). */
 typedef void (*row_cb)(void *u, int64_t j, const float *row);
 static moetax_status run_windows(struct tune *t, const struct tcfg *c, int64_t n, row_cb cb, void *u) {
     struct moetax_model *m;
     moetax_status st = model_for(t, c, &m);
     if (st) return st;
-    const int B = t->batch;
+    const int B = c->batch > 1 ? c->batch : 1;
     const int64_t W = t->window;
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(B * ((W + 31) / 32 * 32)), .n_threads = c->threads,
-                                   .n_expert_used = c->k, .capacity_factor = c->cap, .n_seq_max = B,
+                                   .n_expert_used = c->k, .capacity_factor = c->cap, .overflow = c->overflow,
+                                   .n_seq_max = B,
                                    .n_ubatch = B > 1 ? B : 64};
     struct moetax_ctx *ctx;
     if ((st = moetax_ctx_init(m, &cp, &ctx))) return st;
@@ -342,17 +376,23 @@ static moetax_status quality(struct tune *t, struct tres *r, int64_t n, bool is_
     return MOETAX_OK;
 }
 
-/* One speed measurement: `steps` decode steps of t->batch sequences after 16-token prompts;
- * tokens/s, and the ledger's phases per token (phase_us), tax share, p99 step time. */
-static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps, double *tps, double *phase_us,
-                                double *tax, double *p99_ms) {
+/* One speed measurement of c: c->batch prompts of t->prompt tokens prefilled together (TTFT: that
+ * step's wall time, after which every sequence has its first token), then `steps` decode steps of
+ * one token per sequence. Per-sequence TPOT is a step's time (each sequence gets one token per
+ * step), from each step's own timestamps; the ledger records the decode steps only. */
+struct smeas {
+    double tps, ttft_ms, p50_ms, p99_ms, tax, step_us;
+    double phase_us[MOETAX_PHASE_COUNT];
+};
+static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps, struct smeas *sm) {
     struct moetax_model *m;
     moetax_status st = model_for(t, c, &m);
     if (st) return st;
-    const int B = t->batch;
-    const int64_t per = (16 + steps + 1 + 31) / 32 * 32;
+    const int B = c->batch > 1 ? c->batch : 1, P = t->prompt;
+    const int64_t per = (P + steps + 1 + 31) / 32 * 32;
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(B * per), .n_threads = c->threads, .n_expert_used = c->k,
-                                   .capacity_factor = c->cap, .n_seq_max = B, .n_ubatch = B > 64 ? B : 64};
+                                   .capacity_factor = c->cap, .overflow = c->overflow, .n_seq_max = B,
+                                   .n_ubatch = B > 64 ? B : 64};
     struct moetax_ctx *ctx = NULL;
     struct moetax_ledger *led = NULL;
     struct moetax_store *store = NULL;
@@ -373,32 +413,38 @@ static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps,
         struct moetax_ledger_params lp = {.n_workers = moetax_ctx_n_threads(ctx), .n_layer = m->hp.n_layer};
         st = moetax_ledger_init(&lp, &led);
     }
-    if (!st) st = moetax_batch_init(&b, 16 * B);
+    if (!st) st = moetax_batch_init(&b, P * B);
     if (!st) {
         static uint64_t salt = 0;
         salt++;
         const int64_t off = (int64_t)((salt * 7919) % (uint64_t)(t->n_calib > 1000 ? t->n_calib - 1000 : 1));
-        for (int i = 0; i < 16; i++)
-            for (int s = 0; s < B; s++) moetax_batch_add(&b, t->calib[(off + s * 97 + i) % t->n_calib], i, s, i == 15);
+        for (int i = 0; i < P; i++)
+            for (int s = 0; s < B; s++)
+                moetax_batch_add(&b, t->calib[(off + s * 97 + i) % t->n_calib], i, s, i == P - 1);
+        const double a0 = cli_now();
         st = moetax_ctx_decode(ctx, &b);
+        sm->ttft_ms = 1e3 * (cli_now() - a0);
         moetax_ctx_set_ledger(ctx, led);
         double total = 0;
         for (int j = 0; !st && j < steps; j++) {
             moetax_batch_clear(&b);
-            for (int s = 0; s < B; s++) moetax_batch_add(&b, t->calib[(off + s * 97 + 16 + j) % t->n_calib], 16 + j, s, true);
+            for (int s = 0; s < B; s++)
+                moetax_batch_add(&b, t->calib[(off + s * 97 + P + j) % t->n_calib], P + j, s, true);
             const double a = cli_now();
             st = moetax_ctx_decode(ctx, &b);
             dt[j] = cli_now() - a;
             total += dt[j];
         }
         if (!st) {
-            *tps = (double)(B * steps) / total;
+            sm->tps = (double)(B * steps) / total;
+            sm->step_us = 1e6 * total / (double)(B * steps);
             double ph[MOETAX_PHASE_COUNT];
             int64_t tok;
             moetax_ledger_totals(led, true, ph, NULL, &tok, NULL);
-            for (int p = 0; p < MOETAX_PHASE_COUNT; p++) phase_us[p] = tok ? 1e6 * ph[p] / (double)tok : 0;
-            *tax = moetax_ledger_tax_share(ph);
-            *p99_ms = 1e3 * cli_percentile(dt, steps, 0.99);
+            for (int p = 0; p < MOETAX_PHASE_COUNT; p++) sm->phase_us[p] = tok ? 1e6 * ph[p] / (double)tok : 0;
+            sm->tax = moetax_ledger_tax_share(ph);
+            sm->p50_ms = 1e3 * cli_percentile(dt, steps, 0.5);
+            sm->p99_ms = 1e3 * cli_percentile(dt, steps, 0.99);
         }
     }
     if (ctx) moetax_ctx_set_ledger(ctx, NULL);
@@ -410,37 +456,57 @@ static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps,
     return st;
 }
 
-/* Paired ratio: `pairs` alternations of the default d and c; the median of c/d. */
+/* Paired ratio: `pairs` alternations of the default d and c; the median of c/d (aggregate tokens/s),
+ * and of c's tokens/s, TTFT, TPOT p50/p99; c's phases, tax share and wall per token from the pair of
+ * the median ratio. */
 static moetax_status speed(struct tune *t, const struct tcfg *d, struct tres *r, int pairs, int steps) {
-    double ratios[8], tpss[8];
+    double ratios[8], tpss[8], ttft[8], p50[8], p99[8];
+    struct smeas ms[8];
     moetax_status st = MOETAX_OK;
     for (int i = 0; i < pairs && !st; i++) {
-        double td, tc, ph[MOETAX_PHASE_COUNT], tax, p99;
-        if ((st = speed_once(t, d, steps, &td, ph, &tax, &p99))) break;
-        if ((st = speed_once(t, &r->c, steps, &tc, r->phase_us, &r->tax, &r->p99_ms))) break;
-        ratios[i] = tc / td;
-        tpss[i] = tc;
+        struct smeas sd;
+        if ((st = speed_once(t, d, steps, &sd))) break;
+        if ((st = speed_once(t, &r->c, steps, &ms[i]))) break;
+        ratios[i] = ms[i].tps / sd.tps;
+        tpss[i] = ms[i].tps, ttft[i] = ms[i].ttft_ms, p50[i] = ms[i].p50_ms, p99[i] = ms[i].p99_ms;
     }
     if (st) return st;
-    r->ratio = cli_percentile(ratios, pairs, 0.5);
+    int mi = 0; /* the pair of the median ratio */
+    double sorted[8];
+    memcpy(sorted, ratios, sizeof(double) * (size_t)pairs);
+    r->ratio = cli_percentile(sorted, pairs, 0.5);
+    for (int i = 0; i < pairs; i++)
+        if (ratios[i] == r->ratio) mi = i;
     r->tps = cli_percentile(tpss, pairs, 0.5);
+    r->ttft_ms = cli_percentile(ttft, pairs, 0.5);
+    r->p50_ms = cli_percentile(p50, pairs, 0.5);
+    r->p99_ms = cli_percentile(p99, pairs, 0.5);
+    r->tax = ms[mi].tax, r->step_us = ms[mi].step_us;
+    memcpy(r->phase_us, ms[mi].phase_us, sizeof r->phase_us);
     return MOETAX_OK;
 }
 
 static void cfg_name(const struct tcfg *c, char *buf, size_t n) {
     char cap[32] = "";
-    if (c->cap > 0) snprintf(cap, sizeof cap, " cf %.2g", (double)c->cap);
+    if (c->cap > 0)
+        snprintf(cap, sizeof cap, " cf %g%s", (double)c->cap, c->overflow == MOETAX_OVERFLOW_REROUTE ? " reroute" : "");
     char sto[64] = "";
     if (c->budget)
         snprintf(sto, sizeof sto, " store %.1fM %s%s", (double)c->budget / (1 << 20), moetax_store_policy_name(c->policy),
                  c->no_prefetch ? " no-prefetch" : "");
     char et[32] = "";
     if (c->etype != MOETAX_EXPERT_TYPE_AS_STORED) snprintf(et, sizeof et, " experts %s", moetax_type_name(c->etype));
-    snprintf(buf, n, "t%d k%d%s%s%s%s", c->threads, c->k, c->no_mmap ? " no-mmap" : "", et, cap, sto);
+    char bs[16] = "";
+    if (c->batch > 0) snprintf(bs, sizeof bs, " b%d", c->batch);
+    snprintf(buf, n, "t%d k%d%s%s%s%s%s", c->threads, c->k, bs, c->no_mmap ? " no-mmap" : "", et, cap, sto);
 }
 
+/* Quality is measured per (k, capacity factor, expert type, batch size): the capacity factor drops by
+ * the micro-batch's loads, so by B; with it off, B should change no bit (the quantized kernels are
+ * batch-invariant), which measuring it per B shows (KL 0) rather than assumes. */
 static bool same_quality(const struct tcfg *a, const struct tcfg *b) {
-    return a->k == b->k && a->cap == b->cap && a->etype == b->etype;
+    return a->k == b->k && a->cap == b->cap && (a->cap == 0 || a->overflow == b->overflow) && a->etype == b->etype &&
+           a->batch == b->batch;
 }
 
 /* ---- the log (--log): one JSON line per measurement, a header line naming what was tuned ---- */
@@ -509,13 +575,22 @@ static moetax_status log_open(struct tune *t, const char *path) {
     return st;
 }
 
+/* The logged measurement of `name` at `stage`. A speed entry of an older tune (no TTFT, TPOT p50 or
+ * per-token wall: before they were measured) is not reused: that configuration is measured again
+ * (t->stale counts them, said at the end); its quality entries still are. */
 static json_t *log_find(struct tune *t, const char *kind, int stage, const char *name) {
     for (int i = t->n_logged - 1; i >= 0; i--) {
         json_t *o = t->logged[i];
         if (!strcmp(json_string_value(json_object_get(o, "kind")) ? json_string_value(json_object_get(o, "kind")) : "", kind) &&
             json_integer_value(json_object_get(o, "stage")) == stage &&
-            json_string_value(json_object_get(o, "config")) && !strcmp(json_string_value(json_object_get(o, "config")), name))
+            json_string_value(json_object_get(o, "config")) && !strcmp(json_string_value(json_object_get(o, "config")), name)) {
+            if (!strcmp(kind, "speed") && (!json_is_number(json_object_get(o, "ttft_ms")) ||
+                                           !json_is_number(json_object_get(o, "tpot_p50_ms")) ||
+                                           !json_is_number(json_object_get(o, "step_us")) ||
+                                           json_integer_value(json_object_get(o, "prompt")) != t->prompt))
+                return NULL;
             return o;
+        }
     }
     return NULL;
 }
@@ -532,12 +607,20 @@ static void log_put(struct tune *t, json_t *o) {
 
 static double jnum(json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
 
-/* quality() through the log: the measurement of (k, capacity) at this stage if logged */
+/* The log's name of a quality measurement: what it depends on (same_quality) */
+static void quality_name(const struct tcfg *c, char *name, size_t n) {
+    char bs[16] = "";
+    if (c->batch > 0) snprintf(bs, sizeof bs, " b%d", c->batch);
+    snprintf(name, n, "k%d cf %g%s%s%s%s", c->k, (double)c->cap,
+             c->cap > 0 && c->overflow == MOETAX_OVERFLOW_REROUTE ? " reroute" : "",
+             c->etype != MOETAX_EXPERT_TYPE_AS_STORED ? " experts " : "",
+             c->etype != MOETAX_EXPERT_TYPE_AS_STORED ? moetax_type_name(c->etype) : "", bs);
+}
+
+/* quality() through the log: the measurement of (k, capacity, expert type, batch) at this stage if logged */
 static moetax_status quality_logged(struct tune *t, struct tres *r, int64_t n, bool is_long, int stage) {
-    char name[64];
-    snprintf(name, sizeof name, "k%d cf %g%s%s", r->c.k, (double)r->c.cap,
-             r->c.etype != MOETAX_EXPERT_TYPE_AS_STORED ? " experts " : "",
-             r->c.etype != MOETAX_EXPERT_TYPE_AS_STORED ? moetax_type_name(r->c.etype) : "");
+    char name[80];
+    quality_name(&r->c, name, sizeof name);
     json_t *o = log_find(t, "quality", stage, name);
     if (o) {
         r->kl = jnum(o, "kl"), r->top1 = jnum(o, "top1"), r->ppl = jnum(o, "ppl"), r->dppl = jnum(o, "ppl_change");
@@ -559,19 +642,35 @@ static moetax_status speed_logged(struct tune *t, const struct tcfg *d, struct t
     json_t *o = log_find(t, "speed", stage, name);
     if (o) {
         r->ratio = jnum(o, "speed_ratio"), r->tps = jnum(o, "tokens_per_s"), r->tax = jnum(o, "tax_share");
-        r->p99_ms = jnum(o, "p99_ms");
+        r->p99_ms = jnum(o, "p99_ms"), r->p50_ms = jnum(o, "tpot_p50_ms"), r->ttft_ms = jnum(o, "ttft_ms");
+        r->step_us = jnum(o, "step_us");
         json_t *ph = json_object_get(o, "phase_us");
         for (int p = 0; p < MOETAX_PHASE_COUNT; p++) r->phase_us[p] = json_number_value(json_array_get(ph, (size_t)p));
         t->reused++;
         return MOETAX_OK;
     }
+    for (int i = t->n_logged - 1; i >= 0; i--) { /* an older tune's entry for it: counted, not reused */
+        json_t *x = t->logged[i];
+        const char *k = json_string_value(json_object_get(x, "kind")),
+                   *c = json_string_value(json_object_get(x, "config"));
+        if (k && c && !strcmp(k, "speed") && !strcmp(c, name) &&
+            json_integer_value(json_object_get(x, "stage")) == stage) {
+            t->stale++;
+            break;
+        }
+    }
     moetax_status st = speed(t, d, r, pairs, steps);
     if (!st) {
         json_t *ph = json_array();
         for (int p = 0; p < MOETAX_PHASE_COUNT; p++) json_array_append_new(ph, json_real(r->phase_us[p]));
-        log_put(t, json_pack("{s:s,s:i,s:s,s:i,s:i,s:f,s:f,s:f,s:f,s:o}", "kind", "speed", "stage", stage, "config", name,
-                             "pairs", pairs, "steps", steps, "speed_ratio", r->ratio, "tokens_per_s", r->tps, "tax_share",
-                             r->tax, "p99_ms", r->p99_ms, "phase_us", ph));
+        json_t *e = json_pack("{s:s,s:i,s:s,s:i,s:i,s:f,s:f,s:f,s:f,s:o}", "kind", "speed", "stage", stage, "config", name,
+                              "pairs", pairs, "steps", steps, "speed_ratio", r->ratio, "tokens_per_s", r->tps, "tax_share",
+                              r->tax, "p99_ms", r->p99_ms, "phase_us", ph);
+        json_object_set_new(e, "tpot_p50_ms", json_real(r->p50_ms));
+        json_object_set_new(e, "ttft_ms", json_real(r->ttft_ms));
+        json_object_set_new(e, "step_us", json_real(r->step_us));
+        json_object_set_new(e, "prompt", json_integer(t->prompt));
+        log_put(t, e);
     }
     return st;
 }
@@ -621,13 +720,16 @@ static moetax_status write_html(const char *path, struct tres *res, int n, const
     }
     fputs("</svg>\n<p>Red: the Pareto front (no other configuration is both faster and closer to the exact "
           "distributions) among the configurations that fit; grey: does not fit --memory (the default as the reference of the ratios); the large point: the recommendation.</p>\n<table><tr><th>configuration</th><th>stage</th>"
-          "<th>speed ratio</th><th>tokens/s</th><th>KL</th><th>top-1</th><th>perplexity</th><th>tax</th></tr>\n", f);
+          "<th>speed ratio</th><th>tokens/s</th><th>TTFT ms</th><th>TPOT p50 ms</th><th>TPOT p99 ms</th><th>KL</th>"
+          "<th>top-1</th><th>perplexity</th><th>tax</th></tr>\n", f);
     for (int i = 0; i < n; i++) {
         char name[128];
         cfg_name(&res[i].c, name, sizeof name);
-        fprintf(f, "<tr><td>%s%s</td><td>%d</td><td>%.3f</td><td>%.1f</td><td>%.4g</td><td>%.1f%%</td><td>%+.2f%%</td>"
-                   "<td>%.1f%%</td></tr>\n", name, &res[i] == rec ? " (recommended)" : res[i].fits ? "" : " (does not fit)", res[i].stage, res[i].ratio,
-                res[i].tps, res[i].kl, 100 * res[i].top1, 100 * res[i].dppl, 100 * res[i].tax);
+        fprintf(f, "<tr><td>%s%s</td><td>%d</td><td>%.3f</td><td>%.1f</td><td>%.2f</td><td>%.3f</td><td>%.3f</td><td>%.4g</td>"
+                   "<td>%.1f%%</td><td>%+.2f%%</td><td>%.1f%%</td></tr>\n", name,
+                &res[i] == rec ? " (recommended)" : res[i].fits ? "" : " (does not fit)", res[i].stage, res[i].ratio,
+                res[i].tps, res[i].ttft_ms, res[i].p50_ms, res[i].p99_ms, res[i].kl, 100 * res[i].top1, 100 * res[i].dppl,
+                100 * res[i].tax);
     }
     fputs("</table>\n</body></html>\n", f);
     if (ferror(f)) { moetax_outfile_abort(out); return moetax_error(MOETAX_ERR_IO, "%s: writing failed", path); }
@@ -638,18 +740,28 @@ static moetax_status write_html(const char *path, struct tres *res, int n, const
  * moved from the default), then together: experts per token, expert type, capacity factor;
  * threads, paging and the store cost none. Long-text figures where measured (*: short). */
 static void explain_quality(const struct tres *res, int n, const struct tres *rec, const struct tcfg *def) {
-    struct { const char *what; struct tcfg c; bool moved; char from[32], to[32]; } lv[3];
-    lv[0].what = "experts per token", lv[0].c = (struct tcfg){.k = rec->c.k}, lv[0].moved = rec->c.k != def->k;
+    struct { const char *what; struct tcfg c; bool moved; char from[32], to[32]; } lv[4];
+    lv[0].what = "experts per token", lv[0].c = (struct tcfg){.k = rec->c.k, .batch = def->batch};
+    lv[0].moved = rec->c.k != def->k;
     snprintf(lv[0].from, sizeof lv[0].from, "%d", def->k), snprintf(lv[0].to, sizeof lv[0].to, "%d", rec->c.k);
-    lv[1].what = "expert type", lv[1].c = (struct tcfg){.k = def->k, .etype = rec->c.etype};
+    lv[1].what = "expert type", lv[1].c = (struct tcfg){.k = def->k, .batch = def->batch, .etype = rec->c.etype};
     lv[1].moved = rec->c.etype != MOETAX_EXPERT_TYPE_AS_STORED;
     snprintf(lv[1].from, sizeof lv[1].from, "as stored");
     snprintf(lv[1].to, sizeof lv[1].to, "%s", moetax_type_name(rec->c.etype));
-    lv[2].what = "capacity factor", lv[2].c = (struct tcfg){.k = def->k, .cap = rec->c.cap}, lv[2].moved = rec->c.cap > 0;
-    snprintf(lv[2].from, sizeof lv[2].from, "off"), snprintf(lv[2].to, sizeof lv[2].to, "%.2g", (double)rec->c.cap);
+    /* the capacity factor drops by the micro-batch's loads: alone means at the recommendation's batch size */
+    lv[2].what = "capacity factor", lv[2].c = (struct tcfg){.k = def->k, .batch = rec->c.batch, .cap = rec->c.cap,
+                                                           .overflow = rec->c.overflow};
+    lv[2].moved = rec->c.cap > 0;
+    snprintf(lv[2].from, sizeof lv[2].from, "off");
+    snprintf(lv[2].to, sizeof lv[2].to, "%g%s", (double)rec->c.cap,
+             rec->c.overflow == MOETAX_OVERFLOW_REROUTE ? " reroute" : "");
+    lv[3].what = "batch size", lv[3].c = (struct tcfg){.k = def->k, .batch = rec->c.batch};
+    lv[3].moved = rec->c.batch != def->batch;
+    snprintf(lv[3].from, sizeof lv[3].from, "%d", def->batch > 1 ? def->batch : 1);
+    snprintf(lv[3].to, sizeof lv[3].to, "%d", rec->c.batch > 1 ? rec->c.batch : 1);
     int moved = 0;
     printf("  quality (perplexity change, KL against the exact configuration):\n");
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         if (!lv[i].moved) continue;
         moved++;
         const struct tres *q = NULL;
@@ -669,7 +781,8 @@ int cmd_tune(int argc, char **argv) {
     const char *model = NULL, *calib = NULL, *out = NULL, *html = NULL, *v = NULL, *logp = NULL;
     uint64_t memory = 0; /* --memory; 0: not given */
     double time_s = 600, max_loss = 0.01;
-    int batch = 1;
+    int batch = 1, prompt = 64;
+    double max_tpot = 0; /* --max-tpot MS (p99); 0: none */
     bool explain = false, json = false;
     for (int i = 1; i < argc; i++) {
         bool err = false;
@@ -699,6 +812,17 @@ int cmd_tune(int argc, char **argv) {
             if (!err && !strcmp(v, "decode")) batch = 1;
             else if (!err && !strncmp(v, "batch:", 6) && atoi(v + 6) >= 1 && atoi(v + 6) <= 256) batch = atoi(v + 6);
             else return cli_usage_error("tune", "--workload: decode or batch:N (N in 1..256)");
+        } else if (cli_opt(argc, argv, &i, NULL, "--prompt", &v, &err)) {
+            char *end = NULL;
+            const long x = err ? -1 : strtol(v, &end, 10);
+            if (err || !end || *end || x < 1 || x > 1024) return cli_usage_error("tune", "--prompt: tokens, 1..1024");
+            prompt = (int)x;
+        } else if (cli_opt(argc, argv, &i, NULL, "--max-tpot", &v, &err)) {
+            char *end = NULL;
+            const double x = err ? -1 : strtod(v, &end);
+            if (err || !end || (*end && strcmp(end, "ms")) || !(x > 0))
+                return cli_usage_error("tune", "--max-tpot: milliseconds (e.g. 20ms)");
+            max_tpot = x;
         } else if (!strcmp(argv[i], "--explain")) explain = true;
         else if (!strcmp(argv[i], "--json")) json = true;
         else return cli_usage_error("tune", "unknown option '%s'", argv[i]);
@@ -707,7 +831,7 @@ int cmd_tune(int argc, char **argv) {
     moetax_status st = cli_check_outputs(outs, 2);
     if (st) return cli_usage_error("tune", "%s", moetax_last_error());
     if (!model) model = cli_default_model_path();
-    struct tune t = {.model_path = model, .batch = batch, .window = 128};
+    struct tune t = {.model_path = model, .batch = batch, .prompt = prompt, .window = 128};
     const double t0 = cli_now();
     t.t_end = t0 + time_s;
     struct moetax_tokenizer *tok = NULL;
@@ -729,14 +853,14 @@ int cmd_tune(int argc, char **argv) {
     t.n_short = t.n_calib / 4 > 128 ? t.n_calib / 4 : (t.n_calib < 128 ? t.n_calib : 128);
     const int64_t V = m0->hp.n_vocab, K = m0->hp.n_expert_used;
     const int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN) > 0 ? (int)sysconf(_SC_NPROCESSORS_ONLN) : 1;
-    const struct tcfg def = {.threads = ncpu, .k = (int)K};
+    const struct tcfg def = {.threads = ncpu, .k = (int)K, .batch = batch > 1 ? batch : 0};
     /* the footprint, as bench's RSS bound: the weights resident (the file) + KV + the process's overhead; with a
      * store the routed experts' part of the file becomes the budget */
     struct stat fsb;
     const uint64_t fbytes = stat(model, &fsb) == 0 ? (uint64_t)fsb.st_size : 0, ebytes = cli_store_expert_bytes(m0);
     uint64_t kvb = 0;
     {
-        struct moetax_ctx_params cp = {.n_ctx = (int32_t)(batch * 2048), .n_threads = 1, .n_seq_max = batch};
+        struct moetax_ctx_params cp = {.n_ctx = (int32_t)(batch * (2048 + prompt)), .n_threads = 1, .n_seq_max = batch};
         struct moetax_ctx *c0;
         if ((st = moetax_ctx_init(m0, &cp, &c0))) goto done;
         kvb = moetax_ctx_kv_bytes(c0);
@@ -818,20 +942,38 @@ int cmd_tune(int argc, char **argv) {
     }
     /* the candidates: the default first (the reference of every ratio, measured even where it does not fit), then
      * every (k, capacity, expert type) x threads x paging that fits, then the store's configurations */
-    const float caps[4] = {0, 2.0f, 1.5f, 1.25f};
-    const int ncap = batch > 1 ? 4 : 1;
+    const float caps[5] = {0, 1.25f, 1.25f, 1.0f, 1.0f}; /* odd: overflow dropped, even (> 0): rerouted */
+    const int ncap = batch > 1 ? 5 : 1;
+    int bsz[10], nb = 0; /* batch sizes: N, then the powers of two below it down to 1; decode: one */
+    bsz[nb++] = batch > 1 ? batch : 0;
+    for (int x = 1 << 8; batch > 1 && x >= 1; x >>= 1)
+        if (x < batch) bsz[nb++] = x;
     const int kmin = (int)((K + 1) / 2);
-    res = calloc((size_t)(1 + ncpu * 2 * (K - kmin + 1) * ncap * t.n_etypes + 3 * 2 * 2 + (K - kmin + 1)), sizeof *res);
+    res = calloc((size_t)(1 + ncpu * 2 * (K - kmin + 1) * ncap * t.n_etypes * nb + 3 * 2 * 2 + (K - kmin + 1)),
+                 sizeof *res);
     if (!res) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
     res[nres++] = (struct tres){.c = def};
-    int n_nofit = 0;
+    int n_nofit = 0, n_capsame = 0;
+    for (int bi = 0; bi < nb; bi++)
     for (int k = (int)K; k >= kmin; k--)
         for (int ci = 0; ci < ncap; ci++)
             for (int e = 0; e < t.n_etypes; e++)
                 for (int th = ncpu; th >= 1; th--)
                     for (int nm = 0; nm < 2; nm++) {
-                        const struct tcfg c = {.threads = th, .k = k, .cap = caps[ci], .no_mmap = nm, .etype = t.etypes[e]};
+                        const struct tcfg c = {.threads = th, .k = k, .batch = bsz[bi], .cap = caps[ci], .no_mmap = nm,
+                                               .etype = t.etypes[e],
+                                               .overflow = ci && !(ci & 1) ? MOETAX_OVERFLOW_REROUTE : MOETAX_OVERFLOW_DROP};
                         if (is_default(&c, &def)) continue;
+                        if (c.cap > 0) { /* a decode step's capacity per expert: ceil(C B k / E), at least 1 */
+                            const int ec = ecap(c.cap, c.batch, k, (int)m0->hp.n_expert);
+                            /* an expert takes at most one assignment per token: a capacity of B drops nothing (it is
+                             * off); a capacity an earlier C gave at this B is that configuration again */
+                            if (ec >= (c.batch > 1 ? c.batch : 1) || (ci > 2 && ecap(caps[ci - 2], c.batch, k,
+                                                                                 (int)m0->hp.n_expert) == ec)) {
+                                n_capsame += th == ncpu && !nm;
+                                continue;
+                            }
+                        }
                         if (memory && efoot[e] > memory) { n_nofit++; continue; }
                         res[nres++] = (struct tres){.c = c};
                     }
@@ -840,8 +982,17 @@ int cmd_tune(int argc, char **argv) {
     for (int b = 0; b < nbud; b++)
         for (int pi = 0; pi < 2; pi++)
             for (int np = 0; np < 2; np++)
-                res[nres++] = (struct tres){.c = {.threads = ncpu, .k = (int)K, .budget = budgets[b], .policy = pols[pi],
-                                                  .no_prefetch = np}};
+                res[nres++] = (struct tres){.c = {.threads = ncpu, .k = (int)K, .batch = def.batch, .budget = budgets[b],
+                                                  .policy = pols[pi], .no_prefetch = np}};
+    /* the order of stages 1 and 2 (both cut by --time): by how many of the quality levers (k, expert type, capacity
+     * factor, batch size) each moves from the default, so every lever alone is measured before combinations of them;
+     * within one count as built (stable) */
+    for (int i = 2; i < nres; i++) {
+        const struct tres x = res[i];
+        int j = i;
+        while (j > 1 && levers_moved(&res[j - 1].c, &def) > levers_moved(&x.c, &def)) res[j] = res[j - 1], j--;
+        res[j] = x;
+    }
     const int n_single = nres; /* then the combinations (after stage 2) */
     for (int i = 0; i < nres; i++) {
         res[i].footprint = res[i].c.budget ? fixed + res[i].c.budget : efoot[etype_index(&t, res[i].c.etype)];
@@ -853,15 +1004,18 @@ int cmd_tune(int argc, char **argv) {
     if (nbud) printf("; next-use and lfu; prefetch on and off): exact, no quality cost, so their quality is not "
                      "measured (the default's is theirs)\n");
     if (n_nofit) printf("memory: %d configurations do not fit and are not measured\n", n_nofit);
+    if (n_capsame && !json)
+        printf("capacity factor: %d configurations left out: at their batch size the capacity per expert (ceil(C B k / "
+               "E), at least 1) is B, which drops nothing, or the one a larger C gave\n", n_capsame);
     fprintf(stderr, "moetax tune: %s, %d configurations, calibration %lld tokens (short %lld), workload %s%d, %.0f s\n",
             model, nres, (long long)t.n_calib, (long long)t.n_short, batch > 1 ? "batch:" : "decode ", batch, time_s);
     /* speed runs long enough to beat the timer's and the machine's noise: steps for ~0.15 s of the
      * default (stage 2 takes one pair, stage 3 three) */
     int steps2 = 32, steps3 = 64;
     {
-        double tps = 0, ph[MOETAX_PHASE_COUNT], tax, p99;
-        if ((st = speed_once(&t, &def, 32, &tps, ph, &tax, &p99))) goto done;
-        const double per_step = (double)batch / (tps > 0 ? tps : 1);
+        struct smeas sm;
+        if ((st = speed_once(&t, &def, 32, &sm))) goto done;
+        const double per_step = (double)batch / (sm.tps > 0 ? sm.tps : 1);
         steps2 = (int)fmin(fmax(0.15 / per_step, 32), 2048);
         steps3 = (int)fmin(fmax(0.3 / per_step, 64), 4096);
         if (steps3 + 20 > t.n_calib) steps3 = (int)t.n_calib - 20, steps2 = steps2 < steps3 ? steps2 : steps3;
@@ -869,7 +1023,9 @@ int cmd_tune(int argc, char **argv) {
     cli_progress pr;
     cli_progress_init(&pr, "tune", (uint64_t)nres * 3);
     uint64_t done_n = 0;
-    /* stage 1: quality of each (k, capacity, expert type) on the short text, shared by its threads/paging/store */
+    /* stage 1: quality of each (k, capacity, expert type, batch) on the short text, shared by its threads/paging/
+     * store; past half of --time only the default's and what the log holds (the others stay at stage 0) */
+    int n_qcut = 0, nfit_q = 0; /* nfit_q: fitting configurations besides the default with a quality */
     for (int i = 0; i < nres && !st; i++) {
         struct tres *r = &res[i];
         const struct tres *same = NULL;
@@ -877,11 +1033,21 @@ int cmd_tune(int argc, char **argv) {
             if (same_quality(&res[j].c, &r->c) && res[j].stage >= 1) same = &res[j];
         if (same) { r->kl = same->kl; r->top1 = same->top1; r->ppl = same->ppl; r->dppl = same->dppl; }
         else {
-            struct tres q = {.c = {.threads = def.threads, .k = r->c.k, .cap = r->c.cap, .etype = r->c.etype}};
+            char qn[80];
+            quality_name(&r->c, qn, sizeof qn);
+            /* the default, and where it does not fit one that does, are always measured */
+            if (i && (fits || !r->fits || nfit_q) && cli_now() > t0 + time_s / 2 && !log_find(&t, "quality", 1, qn)) {
+                n_qcut++;
+                continue;
+            }
+            struct tres q = {.c = {.threads = def.threads, .k = r->c.k, .batch = r->c.batch, .cap = r->c.cap,
+                                   .overflow = r->c.overflow,
+                                   .etype = r->c.etype}};
             if ((st = quality_logged(&t, &q, t.n_short, false, 1))) break;
             r->kl = q.kl; r->top1 = q.top1; r->ppl = q.ppl; r->dppl = q.dppl;
         }
         r->stage = 1;
+        nfit_q += i && r->fits;
         cli_progress_update(&pr, ++done_n);
     }
     /* stage 2: one short speed pair for those within twice the allowed loss */
@@ -894,7 +1060,8 @@ int cmd_tune(int argc, char **argv) {
         cfg_name(&res[i].c, nm, sizeof nm);
         /* past --time only what the log holds, and the default and (where the default does not fit) one that fits */
         const bool must = is_default(&res[i].c, &def) || (!fits && res[i].fits && !nfit_live);
-        if (res[i].dppl > loss2 || (cli_now() > t.t_end && !must && !log_find(&t, "speed", 2, nm))) continue;
+        if (res[i].stage < 1 || res[i].dppl > loss2 || (cli_now() > t.t_end && !must && !log_find(&t, "speed", 2, nm)))
+            continue;
         if ((st = speed_logged(&t, &def, &res[i], 1, steps2, 2))) break;
         res[i].stage = 2;
         live[nlive++] = &res[i];
@@ -916,7 +1083,8 @@ int cmd_tune(int argc, char **argv) {
         const struct tres *q = NULL;
         for (int i = 0; i < n_single && !q; i++)
             if (res[i].stage >= 1 && same_quality(&res[i].c, &r->c)) q = &res[i];
-        struct tres qm = {.c = {.threads = def.threads, .k = k, .cap = r->c.cap}};
+        struct tres qm = {.c = {.threads = def.threads, .k = k, .batch = r->c.batch, .cap = r->c.cap,
+                                .overflow = r->c.overflow}};
         if (!q) { /* that k's mapped configurations did not fit --memory: its quality measured now */
             if ((st = quality_logged(&t, &qm, t.n_short, false, 1))) break;
             q = &qm;
@@ -983,10 +1151,12 @@ int cmd_tune(int argc, char **argv) {
             if (j != i && res[j].stage == 3 && res[j].fits && res[j].ratio >= r->ratio && res[j].kl <= r->kl &&
                 (res[j].ratio > r->ratio || res[j].kl < r->kl))
                 r->pareto = false;
-        if (r->dppl <= max_loss && r->fits && (!rec || r->ratio > rec->ratio)) rec = r;
+        if (r->dppl <= max_loss && r->fits && (!max_tpot || r->p99_ms <= max_tpot) && (!rec || r->ratio > rec->ratio))
+            rec = r;
     }
     /* within 2% of the default is noise on these machines: then the default is the recommendation */
-    const bool keep_default = rec && dres && dres->fits && (rec == dres || rec->ratio < 1.02);
+    const bool keep_default = rec && dres && dres->fits && (!max_tpot || dres->p99_ms <= max_tpot) &&
+                              (rec == dres || rec->ratio < 1.02);
     const struct tres *best = rec;
     if (keep_default) rec = dres;
     if (json)
@@ -1007,36 +1177,61 @@ int cmd_tune(int argc, char **argv) {
             json_object_set_new(jo, "fits", json_boolean(res[i].fits));
             json_object_set_new(jo, "footprint_mib", json_real((double)res[i].footprint / (1 << 20)));
             json_object_set_new(jo, "recommended", json_boolean(&res[i] == rec));
+            json_object_set_new(jo, "batch", json_integer(res[i].c.batch > 1 ? res[i].c.batch : 1));
+            json_object_set_new(jo, "overflow", res[i].c.cap > 0 ? json_string(res[i].c.overflow == MOETAX_OVERFLOW_REROUTE
+                                                                                    ? "reroute" : "drop") : json_null());
+            if (res[i].stage >= 2) { /* measured: TTFT, per-sequence TPOT, the ledger's decode phases per token */
+                json_object_set_new(jo, "ttft_ms", json_real(res[i].ttft_ms));
+                json_object_set_new(jo, "tpot_p50_ms", json_real(res[i].p50_ms));
+                json_object_set_new(jo, "tpot_p99_ms", json_real(res[i].p99_ms));
+                json_object_set_new(jo, "step_us_per_token", json_real(res[i].step_us));
+                json_t *ph = json_object();
+                for (int p = 0; p < MOETAX_PHASE_COUNT; p++)
+                    json_object_set_new(ph, moetax_phase_name((enum moetax_phase)p), json_real(res[i].phase_us[p]));
+                json_object_set_new(jo, "phase_us_per_token", ph);
+            }
             cli_json_print(stdout, jo);
         }
     else {
         printf("moetax tune: %s, workload %s, exact perplexity %.3f on %lld calibration tokens\n\n", model,
                batch > 1 ? "batch" : "decode", t.ref_ppl[1], (long long)t.n_calib);
-        printf("  %-44s %5s %8s %10s %10s %7s %10s %7s %6s\n", "configuration", "stage", "speed", "tokens/s", "KL",
-               "top-1", "perplexity", "tax", "front");
+        printf("  %-44s %5s %8s %10s %8s %8s %8s %10s %7s %10s %7s %6s\n", "configuration", "stage", "speed", "tokens/s",
+               "TTFT ms", "TPOT p50", "p99 ms", "KL", "top-1", "perplexity", "tax", "front");
         /* quality is of the long text where measured there (*: the short text only) */
         for (int i = 0; i < nres; i++) {
             if (res[i].stage < 2) continue;
             char name[128];
             cfg_name(&res[i].c, name, sizeof name);
-            printf("  %-44s %5d %7.3fx %10.1f %10.3g %6.1f%% %+9.2f%%%s %6.1f%% %6s%s%s\n", name, res[i].stage, res[i].ratio,
-                   res[i].tps, res[i].kl, 100 * res[i].top1, 100 * res[i].dppl, res[i].q_long ? " " : "*", 100 * res[i].tax,
+            printf("  %-44s %5d %7.3fx %10.1f %8.2f %8.3f %8.3f %10.3g %6.1f%% %+9.2f%%%s %6.1f%% %6s%s%s\n", name,
+                   res[i].stage, res[i].ratio, res[i].tps, res[i].ttft_ms, res[i].p50_ms, res[i].p99_ms, res[i].kl, 100 * res[i].top1, 100 * res[i].dppl, res[i].q_long ? " " : "*", 100 * res[i].tax,
                    res[i].pareto ? "yes" : "", &res[i] == rec ? "  <- recommended" : "",
                    res[i].fits ? "" : "  (does not fit --memory: the reference only)");
         }
-        int dropped = 0;
-        for (int i = 0; i < nres; i++) dropped += res[i].stage == 1;
+        int dropped = 0, late = 0, q0 = 0;
+        for (int i = 0; i < nres; i++) {
+            dropped += res[i].stage == 1 && res[i].dppl > loss2;
+            late += res[i].stage == 1 && res[i].dppl <= loss2;
+            q0 += res[i].stage == 0;
+        }
         if (dropped)
             printf("  (%d configurations stopped at stage 1: their perplexity rose by more than twice the %.1f%% allowed "
                    "on the short text)\n", dropped, 100 * max_loss);
-        printf("\n  speed: paired ratio of decode tokens/s against the default (t%d k%lld), run alternately; KL: mean\n"
-               "  divergence of the next-token distributions from the exact ones; perplexity: its change\n", def.threads,
-               (long long)K);
+        if (late) printf("  (%d configurations within it stopped at stage 1: --time spent before their speed)\n", late);
+        if (q0)
+            printf("  (%d configurations not measured: half of --time spent before their quality (%d measurements); "
+                   "a longer --time or a rerun with this --log goes on)\n", q0, n_qcut);
+        printf("\n  speed: paired ratio of decode tokens/s (all sequences) against the default (t%d k%lld%s), run alternately;\n"
+               "  TTFT: the prefill of a %d-token prompt (each sequence's, together); TPOT: a decode step's time (each\n"
+               "  sequence gets one token per step), p50 and p99 of the steps; KL: mean divergence of the next-token\n"
+               "  distributions from the exact ones; perplexity: its change; tax: the ledger's tax phases' share\n",
+               def.threads, (long long)K, batch > 1 ? " at the full batch" : "", prompt);
     }
     if (!rec) {
-        st = moetax_error(MOETAX_ERR_LIMIT, "no configuration measured in stage 3 %skeeps the perplexity within %.2f%% of "
-                          "the exact one (raise --max-quality-loss%s or --time)", memory ? "fits --memory and " : "",
-                          100 * max_loss, memory ? ", --memory" : "");
+        char tp[64] = "";
+        if (max_tpot) snprintf(tp, sizeof tp, "has a p99 TPOT within %.3g ms and ", max_tpot);
+        st = moetax_error(MOETAX_ERR_LIMIT, "no configuration measured in stage 3 %s%skeeps the perplexity within %.2f%% of "
+                          "the exact one (raise --max-quality-loss%s%s or --time)", memory ? "fits --memory and " : "", tp,
+                          100 * max_loss, memory ? ", --memory" : "", max_tpot ? ", --max-tpot" : "");
         goto done;
     }
     {
@@ -1044,9 +1239,13 @@ int cmd_tune(int argc, char **argv) {
         cfg_name(&best->c, name, sizeof name);
         if (!json) {
             if (keep_default)
-                printf("\nrecommendation: the default configuration (t%d k%lld): no configuration within %.1f%% of its "
-                       "perplexity measured faster by more than noise (best %s at %.3fx)\n", def.threads, (long long)K,
-                       100 * max_loss, name, best->ratio);
+            {
+                char dn[128];
+                cfg_name(&def, dn, sizeof dn);
+                printf("\nrecommendation: the default configuration (%s): no configuration within %.1f%% of its "
+                       "perplexity%s measured faster by more than noise (best %s at %.3fx)\n", dn, 100 * max_loss,
+                       max_tpot ? " and --max-tpot" : "", name, best->ratio);
+            }
             else
                 printf("\nrecommendation: %s: %.2fx the default's decode speed, perplexity %+.2f%%, KL %.3g, top-1 %.1f%%\n",
                        name, rec->ratio, 100 * rec->dppl, rec->kl, 100 * rec->top1);
@@ -1059,11 +1258,22 @@ int cmd_tune(int argc, char **argv) {
                 printf("  %-9s %-4s %9.1f -> %9.1f  (%+.1f)\n", moetax_phase_name((enum moetax_phase)p),
                        moetax_phase_is_tax((enum moetax_phase)p) ? "tax" : "work", a, b, b - a);
             }
+            double sa = 0, sb = 0;
+            for (int p = 0; p < MOETAX_PHASE_COUNT; p++) sa += dres->phase_us[p], sb += rec->phase_us[p];
+            printf("  %-14s %9.1f -> %9.1f  (the phases' sum; wall per token %.1f -> %.1f)\n", "all", sa, sb,
+                   dres->step_us, rec->step_us);
             printf("  tax share %.1f%% -> %.1f%%\n", 100 * dres->tax, 100 * rec->tax);
+            printf("  TTFT (%d-token prompt%s) %.2f -> %.2f ms; TPOT p50 %.3f -> %.3f ms, p99 %.3f -> %.3f ms\n", prompt,
+                   batch > 1 ? "s, prefilled together" : "", dres->ttft_ms, rec->ttft_ms, dres->p50_ms, rec->p50_ms,
+                   dres->p99_ms, rec->p99_ms);
+            if (rec->c.batch != dres->c.batch)
+                printf("  batch %d -> %d sequences: aggregate %.1f -> %.1f tokens/s\n", dres->c.batch > 1 ? dres->c.batch : 1,
+                       rec->c.batch > 1 ? rec->c.batch : 1, dres->tps, rec->tps);
             explain_quality(res, nres, rec, &def);
         }
         if (out) {
             struct cli_config cc = {.threads = rec->c.threads, .experts_used = rec->c.k, .capacity_factor = rec->c.cap,
+                                    .overflow = rec->c.overflow,
                                     .no_mmap = rec->c.no_mmap, .no_prefetch = rec->c.budget && rec->c.no_prefetch,
                                     .expert_type = rec->c.etype};
             if (rec->c.budget) {
@@ -1073,7 +1283,11 @@ int cmd_tune(int argc, char **argv) {
             json_t *meas = json_object();
             json_object_set_new(meas, "model", json_string(model));
             json_object_set_new(meas, "workload", json_string(batch > 1 ? "batch" : "decode"));
-            json_object_set_new(meas, "batch", json_integer(batch));
+            json_object_set_new(meas, "batch", json_integer(rec->c.batch > 1 ? rec->c.batch : 1));
+            json_object_set_new(meas, "ttft_ms", json_real(rec->ttft_ms));
+            json_object_set_new(meas, "tpot_p50_ms", json_real(rec->p50_ms));
+            json_object_set_new(meas, "tpot_p99_ms", json_real(rec->p99_ms));
+            json_object_set_new(meas, "tax_share", json_real(rec->tax));
             json_object_set_new(meas, "speed_ratio", json_real(rec->ratio));
             json_object_set_new(meas, "tokens_per_s", json_real(rec->tps));
             json_object_set_new(meas, "kl", json_real(rec->kl));
@@ -1091,6 +1305,9 @@ int cmd_tune(int argc, char **argv) {
     fprintf(stderr, "moetax tune: %.0f s\n", cli_now() - t0);
 done:
     if (t.reused) fprintf(stderr, "moetax tune: %d measurements reused from %s\n", t.reused, logp);
+    if (t.stale)
+        fprintf(stderr, "moetax tune: %d speed measurements in %s had no TTFT / TPOT / per-token wall (an older tune) or "
+                "another --prompt: measured again (their quality was reused)\n", t.stale, logp);
     if (t.log) fclose(t.log);
     for (int i = 0; i < t.n_logged; i++) json_decref(t.logged[i]);
     free(t.logged);

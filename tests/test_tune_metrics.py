@@ -1,0 +1,157 @@
+#!/usr/bin/python3
+# ctest-labels: model
+"""test_tune_metrics.py - what moetax tune measures per configuration besides the speed ratio, and
+the batch workload, on the committed trained model with a short --time:
+
+- TTFT, per-sequence TPOT p50/p99 and the ledger's phases per token are in --json, the log, the
+  table and --explain, and are sane: TTFT > 0, p99 >= p50 > 0, the phases add up to close to the
+  measured wall time per token, the tax share is the tax phases' share of them;
+- a log of an older tune (speed entries without those fields) still resumes: its quality is
+  reused, its speeds are measured again and said so;
+- --workload batch:4 sweeps batch sizes 4, 2, 1 and the capacity factor: with the factor off every
+  batch size scores exactly the exact configuration's quality (KL 0, top-1 100%: the quantized
+  kernels are batch-invariant), with it on, at a batch size where it must drop, KL > 0; the front
+  is non-dominated; the recommendation keeps the quality bound and its configuration carries its
+  capacity factor and batch size.
+
+usage: test_tune_metrics.py MOETAX_BIN WORKDIR
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+from checks import check, summary  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = os.path.join(ROOT, "models", "pycode-20m-q8_0.gguf")
+PHASES = ["route", "dispatch", "load", "comm", "wait", "combine"]  # the tax phases (moetax/ledger.h)
+
+
+def run(args):
+    return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=600)
+
+
+def rows_of(r):
+    return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+
+
+def metric_checks(rows, what):
+    measured = [o for o in rows if o["stage"] >= 2]
+    check(len(measured) >= 2, f"{what}: {len(measured)} configurations with a speed measurement")
+    for o in measured:
+        ph = o.get("phase_us_per_token") or {}
+        total = sum(ph.values())
+        tax = sum(v for k, v in ph.items() if k in PHASES)
+        step = o.get("step_us_per_token", 0)
+        ok = (o.get("ttft_ms", 0) > 0 and o.get("tpot_p99_ms", 0) >= o.get("tpot_p50_ms", 0) > 0 and step > 0
+              and 0.5 * step <= total <= 1.05 * step and abs(tax / max(total, 1e-9) - o["tax_share"]) < 1e-6
+              and ph.get("expert", 0) > 0 and ph.get("attn", 0) > 0)
+        check(ok, f"{what} {o['config']}: TTFT {o.get('ttft_ms')} ms, TPOT p50 {o.get('tpot_p50_ms')} p99 "
+              f"{o.get('tpot_p99_ms')} ms, phases {total:.1f} of {step:.1f} us/token, tax {o['tax_share']:.4f} "
+              f"vs {tax / max(total, 1e-9):.4f}")
+    unmeasured = [o for o in rows if o["stage"] < 2]
+    check(all("ttft_ms" not in o for o in unmeasured), f"{what}: no timing shown for what was not timed")
+
+
+def front_check(rows, what):
+    final = [o for o in rows if o["stage"] == 3 and o["fits"]]
+    check(len(final) >= 2, f"{what}: {len(final)} configurations at stage 3")
+    for a in final:
+        dom = [b for b in final if b is not a and b["speed_ratio"] >= a["speed_ratio"] and b["kl"] <= a["kl"]
+               and (b["speed_ratio"] > a["speed_ratio"] or b["kl"] < a["kl"])]
+        check(a["pareto"] == (not dom), f"{what} {a['config']}: pareto {a['pareto']}, dominated by "
+              f"{[b['config'] for b in dom]}")
+
+
+def main():
+    mt, work = sys.argv[1], sys.argv[2]
+    os.makedirs(work, exist_ok=True)
+    calib = os.path.join(work, "tune_metrics_calib.py")
+    with open(calib, "w") as f:
+        f.write("".join("def g%d(x, y=None):\n    if y is None:\n        return x\n    return {x: y, %d: x}\n\n" % (i, i)
+                        for i in range(24)))
+    # decode: the new fields in --json and in the log
+    log = os.path.join(work, "tune_metrics.log")
+    if os.path.exists(log):
+        os.remove(log)
+    base = [mt, "tune", "-m", MODEL, "--calib", calib, "--time", "10s", "--prompt", "32"]
+    r = run(base + ["--json", "--log", log])
+    check(r.returncode == 0, f"tune: rc {r.returncode}: {r.stderr[-500:]}")
+    rows = rows_of(r)
+    metric_checks(rows, "decode")
+    entries = [json.loads(x) for x in open(log)] if os.path.exists(log) else []
+    speed = [e for e in entries if e.get("kind") == "speed"]
+    check(speed and all(e["ttft_ms"] > 0 and e["p99_ms"] >= e["tpot_p50_ms"] > 0 and e["step_us"] > 0 for e in speed)
+          and all(e["prompt"] == 32 and len(e["phase_us"]) >= 14 for e in speed),
+          f"the log's speed entries carry TTFT, TPOT, the phases and the prompt: {speed[:1]}")
+    # the table and --explain (the log reused: nothing measured again)
+    r2 = run(base + ["--explain", "--log", log])
+    check(r2.returncode == 0 and "reused from" in r2.stderr and "measured again" not in r2.stderr,
+          f"a rerun reuses the log: {r2.stderr[-300:]}")
+    check("TTFT ms" in r2.stdout and "p99 ms" in r2.stdout and "TPOT p50" in r2.stdout, "the table shows TTFT and TPOT")
+    check("explain (ledger" in r2.stdout and "TTFT (32-token prompt)" in r2.stdout and "wall per token" in r2.stdout,
+          f"--explain shows TTFT, TPOT and the phases against the wall: {r2.stdout[-800:]}")
+    # an older tune's log: its speed entries without the new fields; quality reused, speeds measured again
+    old = os.path.join(work, "tune_metrics_old.log")
+    with open(old, "w") as f:
+        for e in entries:
+            for k in ("ttft_ms", "tpot_p50_ms", "step_us", "prompt"):
+                e.pop(k, None)
+            f.write(json.dumps(e) + "\n")
+    r3 = run(base + ["--json", "--log", old])
+    check(r3.returncode == 0 and "reused from" in r3.stderr and "measured again" in r3.stderr,
+          f"an older log resumes (quality reused, speeds measured again): rc {r3.returncode} {r3.stderr[-400:]}")
+    metric_checks(rows_of(r3), "older log")
+    after = [json.loads(x) for x in open(old)]
+    check(len(after) > len(entries) and all("ttft_ms" in e for e in after[len(entries):] if e.get("kind") == "speed"),
+          "the older log is appended to with complete speed entries")
+
+    # batch:4: batch size and capacity factor as levers
+    blog, bcfg = os.path.join(work, "tune_metrics_batch.log"), os.path.join(work, "tune_metrics_batch.json")
+    if os.path.exists(blog):
+        os.remove(blog)
+    r = run([mt, "tune", "-m", MODEL, "--calib", calib, "--time", "12s", "--workload", "batch:4", "--json",
+             "--log", blog, "-o", bcfg])
+    check(r.returncode == 0, f"tune --workload batch:4: rc {r.returncode}: {r.stderr[-500:]}")
+    rows = rows_of(r)
+    metric_checks(rows, "batch:4")
+    front_check(rows, "batch:4")
+    qual = [o for o in rows if o["stage"] >= 1]
+    check({o["batch"] for o in qual} == {1, 2, 4}, f"batch sizes swept: {sorted({o['batch'] for o in qual})}")
+    off = [o for o in qual if o["capacity_factor"] == 0 and o["experts_used"] == 4 and not o["expert_type"]]
+    check({o["batch"] for o in off} == {1, 2, 4} and all(o["kl"] == 0 and o["top1"] == 1 and o["ppl_change"] == 0
+                                                           for o in off),
+          f"capacity factor off: the exact quality at every batch size: {[(o['config'], o['kl']) for o in off][:6]}")
+    cf = [o for o in qual if o["capacity_factor"] > 0]
+    check(cf and all(o["batch"] > 1 for o in cf), f"capacity factors swept at batch sizes > 1: {len(cf)}")
+    # 4 sequences x 4 experts of 32, capacity ceil(C 16 / 32) = 1 per expert: tokens sharing an expert are dropped
+    cf4 = [o for o in cf if o["batch"] == 4 and o["experts_used"] == 4 and not o["expert_type"]]
+    check(cf4 and all(o["kl"] > 0 and o["top1"] < 1 for o in cf4),
+          f"a capacity factor that drops changes the outputs (KL > 0): {[(o['config'], o['kl']) for o in cf4]}")
+    one = sorted((o["overflow"], o["capacity_factor"]) for o in cf4 if o["threads"] == os.cpu_count() and not o["no_mmap"])
+    check(one == [("drop", 1.25), ("reroute", 1.25)],
+          f"C = 1.25 and 1.0 give one capacity at batch 4: measured once per overflow (drop, reroute): {one}")
+    for o in qual:
+        if o["stage"] >= 2:
+            check(o["tokens_per_s"] > 0 and o["tpot_p50_ms"] > 0, f"{o['config']}: aggregate tokens/s and TPOT")
+    rec = [o for o in rows if o["recommended"]]
+    check(len(rec) == 1 and rec[0]["ppl_change"] <= 0.01 and rec[0]["stage"] == 3,
+          f"the recommendation keeps the 1% bound: {[(o['config'], o['ppl_change']) for o in rec]}")
+    c = json.load(open(bcfg)) if os.path.exists(bcfg) else {}
+    if rec and c:
+        check(abs(c.get("capacity_factor", 0) - rec[0]["capacity_factor"]) < 1e-6
+              and c["measured"]["batch"] == rec[0]["batch"] and c["measured"]["tpot_p99_ms"] > 0
+              and math.isfinite(c["measured"]["ttft_ms"]), f"the configuration written: {c}")
+    # a p99 TPOT bound no configuration meets: a clear message, not a pick
+    r = run([mt, "tune", "-m", MODEL, "--calib", calib, "--time", "10s", "--workload", "batch:4", "--log", blog,
+             "--max-tpot", "0.000001"])
+    check(r.returncode != 0 and "--max-tpot" in r.stderr and "no configuration" in r.stderr,
+          f"--max-tpot below every measurement: refused with the reason: {r.stderr[-300:]}")
+    return summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
