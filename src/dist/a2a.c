@@ -127,6 +127,7 @@ static moetax_status a2a_run(struct moetax_dist *d, struct moetax_dist_a2a *x, b
 static void a2a_account(struct moetax_dist *d, const struct moetax_dist_a2a *x) {
     d->bytes_sent += x->bytes_sent;
     d->bytes_recv += x->bytes_recv;
+    moetax_dist_book_layer(d, x->layer, x->bytes_sent, x->bytes_recv);
     d->ns_comm += x->ns_comm;
     d->ns_wait += x->ns_wait;
     d->n_collectives++;
@@ -219,6 +220,7 @@ moetax_status moetax_dist_allgather(struct moetax_dist *d, const void *mine, voi
     d->ns_wait += moetax_ledger_now() - t0;
     d->bytes_sent += (uint64_t)bytes[d->rank] * (uint64_t)(d->size - 1);
     d->bytes_recv += (uint64_t)(off - bytes[d->rank]);
+    moetax_dist_book_layer(d, il, (uint64_t)bytes[d->rank] * (uint64_t)(d->size - 1), (uint64_t)(off - bytes[d->rank]));
     d->n_global++;
     d->bytes_global += (uint64_t)bytes[d->rank] * (uint64_t)(d->size - 1) + (uint64_t)(off - bytes[d->rank]);
     return st;

@@ -131,6 +131,8 @@ void moetax_dist_finalize(int rc) {
     if (rc) MPI_Abort(MPI_COMM_WORLD, rc); /* a rank that quits must not leave the others waiting */
     MPI_Finalize();
     free(g_world->owner);
+    free(g_world->layer_sent);
+    free(g_world->layer_recv);
     moetax_dist_replicas_free(g_world);
     free(g_world->counts);
     free(g_world->displs);
@@ -288,6 +290,11 @@ static moetax_status place_experts(struct moetax_dist *d, struct moetax_model *m
         }
     if (!st) st = moetax_dist_replicas_init(d, m, own);
     if (!st) st = moetax_model_set_expert_owned(m, own);
+    free(d->layer_sent);
+    free(d->layer_recv);
+    d->layer_sent = calloc((size_t)L, sizeof(uint64_t));
+    d->layer_recv = calloc((size_t)L, sizeof(uint64_t));
+    d->n_layer_b = d->layer_sent && d->layer_recv ? L : 0;
     free(own);
     return st;
 }
@@ -428,7 +435,14 @@ void moetax_dist_test_stall(const struct moetax_dist *d) {
     stalled = true;
 }
 
+void moetax_dist_book_layer(struct moetax_dist *d, int il, uint64_t sent, uint64_t recv) {
+    if (il < 0 || il >= d->n_layer_b) return;
+    d->layer_sent[il] += sent;
+    d->layer_recv[il] += recv;
+}
+
 moetax_status moetax_dist_barrier(struct moetax_dist *d, int il) {
+    d->cur_layer = il;
     const char *to = getenv("MOETAX_MPI_TIMEOUT");
     moetax_dist_test_stall(d);
     const double limit = to && *to ? atof(to) : 60.0;
@@ -472,6 +486,7 @@ moetax_status moetax_dist_gather_rows(struct moetax_dist *d, float *y, int64_t l
     const uint64_t own = (uint64_t)d->counts[d->rank] * sizeof(float);
     d->bytes_sent += own * (uint64_t)(d->size - 1);
     d->bytes_recv += (uint64_t)total * sizeof(float) - own;
+    moetax_dist_book_layer(d, d->cur_layer, own * (uint64_t)(d->size - 1), (uint64_t)total * sizeof(float) - own);
     d->n_collectives++;
     return rc == MPI_SUCCESS ? MOETAX_OK : mpi_fail(rc, "MPI_Allgatherv (combine)");
 }
@@ -485,6 +500,7 @@ moetax_status moetax_dist_allreduce(struct moetax_dist *d, float *x, int64_t n) 
     const uint64_t b = (uint64_t)n * sizeof(float) * 2 * (uint64_t)(d->size - 1) / (uint64_t)d->size;
     d->bytes_sent += b;
     d->bytes_recv += b;
+    moetax_dist_book_layer(d, d->cur_layer, b, b);
     d->n_collectives++;
     return rc == MPI_SUCCESS ? MOETAX_OK : mpi_fail(rc, "MPI_Allreduce (combine)");
 }

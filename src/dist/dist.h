@@ -137,6 +137,10 @@ struct moetax_dist {
     /* the layers' global views (replicas' counts, a capacity factor's router logits: alltoall
      * only): gathers and their bytes (sent + received; also in bytes_sent / bytes_recv) */
     uint64_t n_global, bytes_global;
+    /* bytes sent and received per layer [n_layer_b] (every exchange, gather and combine of a MoE
+     * layer; the replicated dispatch's combine books to the layer its barrier named, cur_layer) */
+    uint64_t *layer_sent, *layer_recv;
+    int n_layer_b, cur_layer;
     /* replicas of hot experts (replicated dispatch only; see "Replication" above): up to n_rep
      * extra hosts per MoE layer, re-planned every `replan` steps from `load` */
     int n_rep, replan, H;     /* H: the most hosts an expert can have, min(n_rep, P - 1) + 1 */
@@ -194,6 +198,8 @@ moetax_status moetax_dist_sync_batch(struct moetax_dist *d, int64_t *n, const in
 moetax_status moetax_dist_barrier(struct moetax_dist *d, int il);
 /* Allgatherv of rows [slot_lo[r], slot_lo[r + 1]) of y [*, ld] from each rank r, in place. */
 moetax_status moetax_dist_gather_rows(struct moetax_dist *d, float *y, int64_t ld, const int64_t *slot_lo);
+/* Book bytes sent / received to layer il (ignored outside [0, n_layer_b)). */
+void moetax_dist_book_layer(struct moetax_dist *d, int il, uint64_t sent, uint64_t recv);
 /* In-place MPI_Allreduce(SUM) of x [n]. */
 moetax_status moetax_dist_allreduce(struct moetax_dist *d, float *x, int64_t n);
 /* Every rank's *v becomes the smallest of all ranks' (st: this rank's result so far; a rank's
