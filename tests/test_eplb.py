@@ -10,7 +10,8 @@ assignments (tokens x k x MoE layers), the busiest rank with replicas never abov
 without, both at or above an even split; a profile maps fewer experts beyond a rank's own than no
 profile; on real text (a held-out stdlib file, bench --batch 8) the replicas cut the busiest
 rank's excess over the mean by at least half at np 2 (both dispatches), and the merged ledger's
-dist objects hold the same counts; bad values are refused, named.
+dist objects hold the same counts; bad values are refused, named; a rank that stalls before the
+token-sharded gather of the counts is named within the timeout.
 SKIP without mpirun or without an MPI build.
 
 usage: test_eplb.py MOETAX_BIN WORKDIR
@@ -22,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
 from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
@@ -192,6 +194,13 @@ def main():
         r = mpirun(2, tiny + opts, env=dict(ENV, **env), timeout=60)
         check(r.returncode != 0 and want in r.stderr, f"{' '.join(opts)} {env or ''}: refused, naming {want!r}: "
               f"{r.returncode} {r.stderr[-300:]}")
+    # a rank that hangs before a layer's gather of the counts (alltoall): named, well before it wakes
+    t0 = time.time()
+    r = mpirun(2, tiny + ["--ep-replicas", "2", "--ep-dispatch", "alltoall"],
+               env=dict(ENV, MOETAX_MPI_TIMEOUT="2", MOETAX_MPI_TEST_STALL="1:30"), timeout=60)
+    el = time.time() - t0
+    check(r.returncode != 0 and "replicas' counts" in r.stderr and "rank(s) 1 did not arrive" in r.stderr and el < 20,
+          f"alltoall replicas: a stalled rank is named ({el:.1f} s): {r.stderr[-400:]}")
     r = run(tiny + ["--ep-replicas", "2"], env=dict(os.environ))
     check(r.returncode != 0 and "run under mpirun" in r.stderr, f"--ep-replicas without mpirun: {r.stderr[-300:]}")
     return summary()

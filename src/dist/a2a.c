@@ -213,6 +213,7 @@ moetax_status moetax_dist_allgather(struct moetax_dist *d, const void *mine, voi
         if (off > INT32_MAX) return moetax_error(MOETAX_ERR_LIMIT, "rank %d: layer %d's %s: more than MPI's int counts",
                                                  d->rank, il, what);
     }
+    moetax_dist_test_stall(d);
     const uint64_t t0 = moetax_ledger_now();
     MPI_Request req;
     int rc = MPI_Iallgatherv(mine, bytes[d->rank], MPI_BYTE, all, d->counts, d->displs, MPI_BYTE, MPI_COMM_WORLD, &req);

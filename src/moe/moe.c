@@ -513,6 +513,7 @@ struct ep_group {
     float *out;                   /* [U * P, d] partial sums of the records in, to return */
     struct moetax_dist_a2a xd, xc; /* dispatch, combine */
     void *req_d, *req_c;          /* their MPI requests */
+    bool pd, pc;                  /* overlap: dispatch / combine posted (not after an error) */
 };
 
 struct moe_ep {
@@ -914,7 +915,9 @@ static void moe_block_ep(struct worker *w, struct moe *b, int il) {
         }
         fw_mark(w, MOETAX_PHASE_DISPATCH);
         int64_t dropped = 0, rerouted = 0;
-        if (ep->global) st = ep_global(w, b, il, b->sel + slots, b->selw + slots, &dropped, &rerouted);
+        /* after an error (a rank that did not arrive) no more MPI: the step ends, the command aborts */
+        if (atomic_load(&s->err_status)) st = (moetax_status)atomic_load(&s->err_status);
+        if (ep->global && !st) st = ep_global(w, b, il, b->sel + slots, b->selw + slots, &dropped, &rerouted);
         ep->dropped = dropped;
         ep->rerouted = rerouted;
         memset(ep->cnt_e, 0, sizeof(int32_t) * (size_t)E);
@@ -925,7 +928,8 @@ static void moe_block_ep(struct worker *w, struct moe *b, int il) {
             g->t0 = (int32_t)(n * gi / ep->n_groups);
             g->t1 = (int32_t)(n * (gi + 1) / ep->n_groups);
             ep_pack(s, b, il, g, b->sel + slots, b->selw + slots);
-            if (ep->overlap && !st) st = moetax_dist_a2a_post(b->dist, &g->xd);
+            g->pd = g->pc = false;
+            if (ep->overlap && !st) g->pd = !(st = moetax_dist_a2a_post(b->dist, &g->xd));
         }
         if (!ep->overlap && !st) st = ep_exchange(w, b, &ep->g[0].xd);
         if (st) fw_fail(s, st);
@@ -953,15 +957,16 @@ static void moe_block_ep(struct worker *w, struct moe *b, int il) {
         for (int gi = 0; gi < ep->n_groups; gi++) {
             struct ep_group *g = &ep->g[gi];
             if (w->ith == 0) { /* in the unit's first phase, before its barrier: see ep_unit */
-                moetax_status st = ep_exchange(w, b, &g->xd);
+                moetax_status st = g->pd ? ep_exchange(w, b, &g->xd) : MOETAX_OK; /* not posted: failed before */
                 if (st) fw_fail(s, st);
                 ep->u_n = 0;
-                if (!st) ep_unit_set(b, g, false, d);
+                if (!st && g->pd) ep_unit_set(b, g, false, d);
             }
             ep_unit(w, b, il);
             if (w->ith == 0) {
                 ep_prep_combine(s, b, il, g);
-                moetax_status st = atomic_load(&s->err_status) ? MOETAX_OK : moetax_dist_a2a_post(b->dist, &g->xc);
+                moetax_status st = MOETAX_OK;
+                if (g->pd && !atomic_load(&s->err_status)) g->pc = !(st = moetax_dist_a2a_post(b->dist, &g->xc));
                 if (st) fw_fail(s, st);
             }
         }
@@ -969,7 +974,7 @@ static void moe_block_ep(struct worker *w, struct moe *b, int il) {
         if (w->ith == 0) {
             ep->u_n = 0;
             ep_unit_set(b, &ep->g[0], true, d);
-            ep_unit_set(b, &ep->g[0], false, d);
+            if (!atomic_load(&s->err_status)) ep_unit_set(b, &ep->g[0], false, d);
         }
         ep_unit(w, b, il);
     }
@@ -984,11 +989,11 @@ static void moe_block_ep(struct worker *w, struct moe *b, int il) {
     }
     if (w->ith == 0) {
         moetax_status st = MOETAX_OK;
-        if (!ep->overlap) {
+        if (!ep->overlap && !atomic_load(&s->err_status)) {
             ep_prep_combine(s, b, il, &ep->g[0]);
             st = ep_exchange(w, b, &ep->g[0].xc);
-        } else
-            for (int gi = 0; gi < ep->n_groups && !st; gi++) st = ep_exchange(w, b, &ep->g[gi].xc);
+        } else if (ep->overlap)
+            for (int gi = 0; gi < ep->n_groups && !st; gi++) st = ep->g[gi].pc ? ep_exchange(w, b, &ep->g[gi].xc) : MOETAX_OK;
         if (st) fw_fail(s, st);
         if (moetax_ledger_enabled(s->ledger)) {
             const struct moetax_layer *ll = &s->m->layers[il];
