@@ -137,6 +137,8 @@ def main():
                  (4, ["--ep-replicas", "6", "--ep-dispatch", "alltoall"], {}),
                  (4, ["--ep-replicas", "8", "--ep-load", prof, "--ep-dispatch", "alltoall", "--ep-overlap"], {})]
         for np, opts, env in cases:
+            if np == 4 and "alltoall" in opts and mode:  # np 4 token-sharded: prefill only (the test's time)
+                continue
             got = os.path.join(work, "got.f32")
             if os.path.exists(got):
                 os.remove(got)
