@@ -3,8 +3,9 @@
 """test_mpi_ledger.py - the ledger and trace of `mpirun -np 2 moetax bench` (tools/ledger_cli.c):
 rank 0 writes one ledger with every rank's ("ranks", each with its transfer counters, equal to
 what the rank printed at exit and consistent across ranks) and one Chrome trace with a process
-per rank on one clock; `moetax report` shows the ranks, the bytes and the slowest rank per MoE
-layer (text, JSON and HTML), still reads the merged trace, and names the field of a merged ledger
+per rank on one clock; each rank's bytes per layer add up to its totals (MoE layers only, one
+rank's sent the other's received); `moetax report` shows the ranks, the bytes and the slowest rank
+and the bytes per MoE layer (text, JSON and HTML), still reads the merged trace, and names the field of a merged ledger
 that is wrong. Both dispatch modes. SKIP without mpirun or an MPI build.
 
 usage: test_mpi_ledger.py MOETAX_BIN WORKDIR
@@ -66,6 +67,18 @@ def main():
                   ranks[1]["dist"]["bytes_sent"] == ranks[0]["dist"]["bytes_recv"],
                   f"{mode}: what one rank sent the other received: {ranks[0]['dist']} {ranks[1]['dist']}")
             check(all(k["dist"]["collectives"] > 0 for k in ranks), f"{mode}: collectives counted")
+            # bytes per layer: they add up to the totals, only MoE layers move any, and at np 2 what one rank
+            # sent in a layer the other received there
+            L, moe = d["n_layer"], set(d["moe_layers"])
+            per = [(k["dist"].get("layer_bytes_sent", []), k["dist"].get("layer_bytes_recv", [])) for k in ranks]
+            check(all(len(a) == L and len(b) == L for a, b in per), f"{mode}: bytes per layer in each rank's dist")
+            if all(len(a) == L and len(b) == L for a, b in per):
+                check(all(sum(a) == k["dist"]["bytes_sent"] and sum(b) == k["dist"]["bytes_recv"]
+                          for (a, b), k in zip(per, ranks)), f"{mode}: the layers' bytes add up to the totals {per}")
+                check(all((a[l] > 0) == (l in moe) and (b[l] > 0) == (l in moe) for a, b in per for l in range(L)),
+                      f"{mode}: bytes in the MoE layers {sorted(moe)} only: {per}")
+                check(per[0][0] == per[1][1] and per[1][0] == per[0][1], f"{mode}: per layer, one rank's sent is the "
+                      f"other's received: {per}")
         # the trace: a process per rank, one clock
         t = json.load(open(tr))
         ev = t["traceEvents"]
@@ -100,6 +113,10 @@ def main():
                     abs(x["busy_mean_s"] - sum(b[L] for b in busy) / len(busy)) < 1e-9
             check(ok, f"{mode}: the slowest rank per MoE layer and its time equal what the ranks' ledgers say: "
                   f"{j['rank_layers']} vs {busy}")
+            check(all(x.get("bytes_sent_all_ranks") == sum(k["dist"]["layer_bytes_sent"][x["layer"]] for k in ranks)
+                      and x.get("bytes_most_sent") == max(k["dist"]["layer_bytes_sent"][x["layer"]] for k in ranks)
+                      for x in j["rank_layers"]), f"{mode}: report --json's bytes per MoE layer: {j['rank_layers']}")
+            check("MB sent by all ranks" in rt.stdout, f"{mode}: the text report shows the bytes per MoE layer")
         html = os.path.join(work, f"{mode}.html")
         rh = run([moetax, "report", led, "--html", html])
         if check(rh.returncode == 0, f"{mode}: report --html: {rh.stderr[-300:]}"):

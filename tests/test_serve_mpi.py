@@ -3,7 +3,7 @@
 """test_serve_mpi.py - `mpirun -np 2 moetax serve` (src/dist/dist_cmd.h): rank 0 speaks HTTP,
 every rank steps together, with replicated attention (the default) and with token-sharded
 dispatch (MOETAX_MPI_DISPATCH=alltoall: each rank holds its own sequences' cells, rank 0 keeps the
-books of all). Prompts are prefilled 8 tokens per step. Greedy completions equal `moetax run
+books of all), and token-sharded with replicas (MOETAX_MPI_REPLICAS=4, re-planned every step). Prompts are prefilled 8 tokens per step. Greedy completions equal `moetax run
 --temp 0` of the single process, one at a time and 4 in flight (two of them longer than a chunk);
 a prompt that extends a finished one reuses that slot's cells, one that extends a running one
 gets its prefix copied into another slot, both replayed on the other rank, and both still give
@@ -197,7 +197,8 @@ def main():
     n = 24
     refs = {p: greedy(moetax, p, n) for p in PROMPTS}
     refs_ext = [greedy(moetax, PROMPTS[0] + refs[PROMPTS[0]][:12], 8), greedy(moetax, PROMPTS[2] + refs[PROMPTS[2]][:10], 8)]
-    modes = [("replicated", {}), ("alltoall", {"MOETAX_MPI_DISPATCH": "alltoall"})]
+    modes = [("replicated", {}), ("alltoall", {"MOETAX_MPI_DISPATCH": "alltoall"}),
+             ("alltoall+replicas", {"MOETAX_MPI_DISPATCH": "alltoall", "MOETAX_MPI_REPLICAS": "4"})]
 
     for mode, env in modes:
         if serve_checks(moetax, work, mode, env, refs, refs_ext, n) is None:

@@ -12,13 +12,17 @@
 #include "moetax/model.h"
 #include "attn/gqa.h" /* gqa_kv_row: a KV cell's floats per layer */
 #include "moetax/kvcache.h"
+#ifdef MOETAX_WITH_MPI
+#include "dist/dist.h"
+#endif
 
 /* each rank's runtime beyond weights and KV: step buffers, tokenizer, libc, MPI's shared memory */
 #define INSPECT_RUNTIME_BYTES ((uint64_t)96 << 20)
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax inspect FILE [--json] [--checksums] [--no-tensors] [--all-metadata]\n"
-               "       moetax inspect FILE --ranks N [--ctx N] [--kv-type f32|f16] [--json]\n\n"
+               "       moetax inspect FILE --ranks N [--ctx N] [--kv-type f32|f16] [--placement FILE]\n"
+               "                      [--ep-replicas R [--ep-load PROFILE]] [--json]\n\n"
                "Shows a GGUF file: metadata, a tensor table (name, type, shape, bytes), totals, and the\n"
                "bytes of weights a decoded token reads: routed experts count k/E of their bytes (k experts\n"
                "used of E), token_embd one row, every other tensor whole.\n\n"
@@ -31,7 +35,12 @@ static void usage(FILE *f) {
                "                  replicated weights (every tensor but the routed experts) + that rank's\n"
                "                  routed experts (contiguous ranges) + its KV cache at --ctx cells (default:\n"
                "                  min(context_length, 4096), as run) + %d MiB of runtime (buffers, MPI): a\n"
-               "                  bound on each rank's peak RSS without an expert store\n",
+               "                  bound on each rank's peak RSS without an expert store; then the placement:\n"
+               "                  each rank's experts per MoE layer\n"
+               "  --placement FILE  the run's --placement map instead of contiguous ranges\n"
+               "  --ep-replicas R   with replicas (as the run's option): without --ep-load every rank maps\n"
+               "                  every expert (any may become a replica anywhere); with --ep-load PROFILE\n"
+               "                  the profile's first plan: the replicas each rank hosts and maps\n",
             (int)(INSPECT_RUNTIME_BYTES >> 20));
 }
 
@@ -154,9 +163,25 @@ static bool is_embd(const struct moetax_gguf_tensor *t) {
     return t->name.len == 17 && !memcmp(t->name.data, "token_embd.weight", 17);
 }
 
+/* the expert ids of `set` [E] as ranges ("0-15,20"), into out */
+static void id_ranges(const uint8_t *set, int32_t E, char *out, size_t cap) {
+    size_t o = 0;
+    out[0] = 0;
+    for (int32_t e = 0; e < E && o + 24 < cap; e++) {
+        if (!set[e]) continue;
+        int32_t f = e;
+        while (e + 1 < E && set[e + 1]) e++;
+        o += (size_t)snprintf(out + o, cap - o, f == e ? "%s%d" : "%s%d-%d", o ? "," : "", f, e);
+    }
+    if (!o) snprintf(out, cap, "-");
+}
+
 /* --ranks N: each rank's memory under expert parallelism (src/dist/dist.h: the routed experts of
- * every MoE layer cut into N contiguous ranges, everything else replicated). */
-static int inspect_ranks(const char *path, int n_ranks, int64_t n_ctx, bool kv_f16, bool json) {
+ * every MoE layer cut into N contiguous ranges, or --placement FILE's map; with --ep-replicas R
+ * the replicas each rank maps: a profile's first plan with --ep-load, else every expert), and the
+ * placement per MoE layer. */
+static int inspect_ranks(const char *path, int n_ranks, int64_t n_ctx, bool kv_f16, bool json, const char *placement,
+                         const char *replicas, const char *load) {
     struct moetax_model *m;
     struct moetax_model_params mp = {0};
     moetax_status st = moetax_model_load_ex(path, &mp, &m);
@@ -164,56 +189,174 @@ static int inspect_ranks(const char *path, int n_ranks, int64_t n_ctx, bool kv_f
     const struct moetax_hparams *hp = &m->hp;
     const struct moetax_gguf *g = m->gguf;
     const int32_t E = hp->n_expert;
+    const int L = hp->n_layer, P = n_ranks;
+    /* owner [L, E] and what each rank maps, has [L, E, P] */
+    int32_t *owner = calloc((size_t)L * (size_t)(E > 0 ? E : 1), sizeof *owner);
+    uint8_t *has = calloc((size_t)L * (size_t)(E > 0 ? E : 1) * (size_t)P, 1);
+    int n_rep = 0;
+    const int32_t *hosts = NULL, *n_hosts = NULL;
+    int H = 1;
+    if (!owner || !has) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    for (int il = 0; !st && il < L; il++)
+        for (int r = 0; r < P; r++) /* as moetax_dist_expert_range */
+            for (int32_t e = (int32_t)((int64_t)E * r / P); e < (int32_t)((int64_t)E * (r + 1) / P); e++)
+                owner[(size_t)il * E + e] = r;
+#ifdef MOETAX_WITH_MPI
+    struct moetax_dist *D = NULL;
+    if (!st && (placement || replicas || load)) {
+        if (E <= 0) st = moetax_error(MOETAX_ERR_ARG, "%s has no routed experts to place", path);
+        else if ((replicas || load) && moetax_dist_set_replicas(replicas, NULL, load))
+            st = moetax_error(MOETAX_ERR_ARG, "bad --ep-replicas / --ep-load (see above)");
+        else if (!(st = moetax_dist_plan_offline(m, P, placement, &D))) {
+            memcpy(owner, D->owner, sizeof *owner * (size_t)L * (size_t)E);
+            n_rep = D->n_rep;
+            hosts = D->hosts, n_hosts = D->n_hosts, H = D->H;
+        }
+    }
+    for (int il = 0; !st && n_rep && il < L; il++)
+        for (int32_t e = 0; e < E; e++)
+            for (int r = 0; r < P; r++)
+                has[((size_t)il * E + e) * P + r] = D->avail[((size_t)il * E + e) * P + r];
+#else
+    if (!st && (placement || replicas || load))
+        st = moetax_error(MOETAX_ERR_UNSUPPORTED, "--placement / --ep-replicas / --ep-load: this moetax is built without "
+                          "MPI (Debian: libopenmpi-dev), so there is no expert parallelism to plan");
+#endif
+    for (size_t i = 0; !st && i < (size_t)L * (size_t)(E > 0 ? E : 0); i++) has[i * P + owner[i]] = 1;
+    if (st) {
+        free(owner);
+        free(has);
+#ifdef MOETAX_WITH_MPI
+        moetax_dist_plan_free(D);
+#endif
+        moetax_model_free(m);
+        return cli_fail("inspect", st);
+    }
     if (n_ctx <= 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
     const int64_t bs = MOETAX_KV_BLOCK_DEFAULT, cells = (n_ctx + bs - 1) / bs * bs;
     const int64_t row = hp->attn == MOETAX_ATTN_GQA ? gqa_kv_row(hp) : hp->kv_lora_rank + hp->n_embd_head_qk_rope;
     const uint64_t kv = (uint64_t)cells * (uint64_t)hp->n_layer * (uint64_t)row * (kv_f16 ? 2u : 4u);
     uint64_t repl = 0, experts = 0;
-    uint64_t *mine = calloc((size_t)n_ranks, sizeof *mine);
-    if (!mine) { moetax_model_free(m); return cli_fail("inspect", moetax_error(MOETAX_ERR_NOMEM, "out of memory")); }
+    uint64_t *mine = calloc((size_t)n_ranks, sizeof *mine), *own_b = calloc((size_t)n_ranks, sizeof *own_b);
+    if (!mine || !own_b) {
+        free(mine); free(own_b); free(owner); free(has);
+        moetax_model_free(m);
+        return cli_fail("inspect", moetax_error(MOETAX_ERR_NOMEM, "out of memory"));
+    }
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const struct moetax_gguf_tensor *t = &g->tensors[i];
-        if (!moetax_tensor_is_routed_expert(t) || E <= 0 || t->ne[2] != E) { repl += t->nbytes; continue; }
+        int il = -1;
+        char nm[64];
+        snprintf(nm, sizeof nm, "%.*s", (int)(t->name.len < 63 ? t->name.len : 63), t->name.data);
+        if (!moetax_tensor_is_routed_expert(t) || E <= 0 || t->ne[2] != E || sscanf(nm, "blk.%d.", &il) != 1 ||
+            il < 0 || il >= L) {
+            repl += t->nbytes;
+            continue;
+        }
         experts += t->nbytes;
         const uint64_t per = t->nbytes / (uint64_t)E;
-        for (int r = 0; r < n_ranks; r++) /* as moetax_dist_expert_range */
-            mine[r] += per * (uint64_t)((int64_t)E * (r + 1) / n_ranks - (int64_t)E * r / n_ranks);
+        for (int32_t e = 0; e < E; e++)
+            for (int r = 0; r < n_ranks; r++) {
+                mine[r] += has[((size_t)il * E + e) * P + r] ? per : 0;
+                own_b[r] += owner[(size_t)il * E + e] == r ? per : 0;
+            }
     }
+    /* per MoE layer and rank: the experts it owns, the replicas it hosts in the first plan */
+    uint8_t *set = calloc((size_t)(E > 0 ? E : 1), 1), *rset = calloc((size_t)(E > 0 ? E : 1), 1);
+    char ids[4096], rids[4096];
     FILE *f = stdout;
     if (json) {
-        json_t *rs = json_array();
+        json_t *rs = json_array(), *pl = json_array();
         for (int r = 0; rs && r < n_ranks; r++) {
             const int32_t lo = (int32_t)((int64_t)E * r / n_ranks), hi = (int32_t)((int64_t)E * (r + 1) / n_ranks);
-            json_array_append_new(rs, cli_jobj("iiiIIIII", "rank", r, "expert_lo", lo, "expert_hi", hi,
-                                               "replicated_bytes", (json_int_t)repl, "expert_bytes", (json_int_t)mine[r],
-                                               "kv_bytes", (json_int_t)kv, "runtime_bytes",
-                                               (json_int_t)INSPECT_RUNTIME_BYTES, "bound_bytes",
-                                               (json_int_t)(repl + mine[r] + kv + INSPECT_RUNTIME_BYTES)));
+            json_t *o = cli_jobj("iIIIIII", "rank", r, "replicated_bytes", (json_int_t)repl, "expert_bytes",
+                                 (json_int_t)mine[r], "own_expert_bytes", (json_int_t)own_b[r], "kv_bytes",
+                                 (json_int_t)kv, "runtime_bytes", (json_int_t)INSPECT_RUNTIME_BYTES, "bound_bytes",
+                                 (json_int_t)(repl + mine[r] + kv + INSPECT_RUNTIME_BYTES));
+            if (!placement) { /* contiguous: the same range in every layer */
+                json_object_set_new(o, "expert_lo", json_integer(lo));
+                json_object_set_new(o, "expert_hi", json_integer(hi));
+            }
+            json_array_append_new(rs, o);
         }
-        json_t *root = cli_jobj("siIIIIo", "file", path, "ranks", n_ranks, "n_ctx", (json_int_t)cells,
+        for (int il = 0; pl && il < L; il++) {
+            if (!m->layers[il].is_moe || E <= 0) continue;
+            json_t *lr = json_array();
+            for (int r = 0; r < n_ranks; r++) {
+                json_t *ex = json_array(), *rp = json_array();
+                int n_map = 0;
+                for (int32_t e = 0; e < E; e++) {
+                    const size_t ie = (size_t)il * E + e;
+                    if (owner[ie] == r) json_array_append_new(ex, json_integer(e));
+                    for (int j = 1; n_rep && j < n_hosts[ie]; j++)
+                        if (hosts[ie * H + j] == r) json_array_append_new(rp, json_integer(e));
+                    n_map += has[ie * P + r];
+                }
+                json_array_append_new(lr, cli_jobj("iooi", "rank", r, "experts", ex, "replicas", rp, "mapped", n_map));
+            }
+            json_array_append_new(pl, cli_jobj("io", "layer", il, "ranks", lr));
+        }
+        json_t *root = cli_jobj("siIIIIoo", "file", path, "ranks", n_ranks, "n_ctx", (json_int_t)cells,
                                 "routed_expert_bytes", (json_int_t)experts, "replicated_bytes", (json_int_t)repl,
                                 "single_process_bytes", (json_int_t)(repl + experts + kv + INSPECT_RUNTIME_BYTES),
-                                "per_rank", rs);
-        free(mine);
+                                "per_rank", rs, "placement", pl);
+        if (placement) json_object_set_new(root, "placement_file", json_string(placement));
+        if (n_rep) json_object_set_new(root, "replicas", json_integer(n_rep));
+        if (load) json_object_set_new(root, "load_profile", json_string(load));
+        free(mine); free(own_b); free(owner); free(has); free(set); free(rset);
+#ifdef MOETAX_WITH_MPI
+        moetax_dist_plan_free(D);
+#endif
         moetax_model_free(m);
         if ((st = cli_json_print(f, root))) return cli_fail("inspect", st);
         return 0;
     }
-    fprintf(f, "%s: expert parallelism over %d ranks (routed experts in contiguous ranges; the rest replicated), "
-               "KV cache of %lld cells (%s)\n\n", path, n_ranks, (long long)cells, kv_f16 ? "f16" : "f32");
-    fprintf(f, "  %-5s %-11s %14s %14s %12s %12s %14s\n", "rank", "experts", "replicated MiB", "experts MiB", "KV MiB",
-            "runtime MiB", "bound MiB");
+    fprintf(f, "%s: expert parallelism over %d ranks (routed experts %s; the rest replicated), KV cache of %lld "
+               "cells (%s)\n", path, n_ranks, placement ? "placed by the file" : "in contiguous ranges",
+            (long long)cells, kv_f16 ? "f16" : "f32");
+    if (n_rep)
+        fprintf(f, "replicas: up to %d per MoE layer, %s\n", n_rep,
+                load ? "the profile's first plan (each rank maps only the replicas it hosts)"
+                     : "planned from the run's counts (no profile: every rank maps every expert)");
+    fprintf(f, "\n  %-5s %-11s %14s %14s %12s %12s %14s\n", "rank", "experts", "replicated MiB", "experts MiB",
+            "KV MiB", "runtime MiB", "bound MiB");
     for (int r = 0; r < n_ranks; r++) {
         const int32_t lo = (int32_t)((int64_t)E * r / n_ranks), hi = (int32_t)((int64_t)E * (r + 1) / n_ranks);
         char ex[32];
-        snprintf(ex, sizeof ex, "[%d, %d)", lo, hi);
+        if (placement) snprintf(ex, sizeof ex, "(below)");
+        else snprintf(ex, sizeof ex, "[%d, %d)", lo, hi);
         fprintf(f, "  %-5d %-11s %14.2f %14.2f %12.2f %12.2f %14.2f\n", r, ex, (double)repl / (1 << 20),
                 (double)mine[r] / (1 << 20), (double)kv / (1 << 20), (double)INSPECT_RUNTIME_BYTES / (1 << 20),
                 (double)(repl + mine[r] + kv + INSPECT_RUNTIME_BYTES) / (1 << 20));
     }
     fprintf(f, "\n  one process: %.2f MiB (all %.2f MiB of routed experts)\n",
             (double)(repl + experts + kv + INSPECT_RUNTIME_BYTES) / (1 << 20), (double)experts / (1 << 20));
-    free(mine);
+    /* the placement: per MoE layer, each rank's experts (count [ids]) and replicas (+count {ids}) */
+    fprintf(f, "\n  placement: experts per rank and MoE layer%s\n", n_rep ? " (+ replicas it hosts)" : "");
+    for (int il = 0; set && rset && E > 0 && il < L; il++) {
+        if (!m->layers[il].is_moe) continue;
+        fprintf(f, "  layer %-3d", il);
+        for (int r = 0; r < n_ranks; r++) {
+            int n_own = 0, n_r = 0;
+            for (int32_t e = 0; e < E; e++) {
+                const size_t ie = (size_t)il * E + e;
+                set[e] = owner[ie] == r;
+                n_own += set[e];
+                rset[e] = 0;
+                for (int j = 1; n_rep && j < n_hosts[ie]; j++) rset[e] |= hosts[ie * H + j] == r;
+                n_r += rset[e];
+            }
+            id_ranges(set, E, ids, sizeof ids);
+            id_ranges(rset, E, rids, sizeof rids);
+            if (n_r) fprintf(f, "  rank %d: %d [%s] +%d {%s}", r, n_own, ids, n_r, rids);
+            else fprintf(f, "  rank %d: %d [%s]", r, n_own, ids);
+        }
+        fputc('\n', f);
+    }
+    free(mine); free(own_b); free(owner); free(has); free(set); free(rset);
+#ifdef MOETAX_WITH_MPI
+    moetax_dist_plan_free(D);
+#endif
     moetax_model_free(m);
     return 0;
 }
@@ -222,7 +365,7 @@ int cmd_inspect(int argc, char **argv) {
     const char *path = NULL;
     bool json = false, sums = false, tensors = true, all = false, kv_f16 = false;
     int64_t n_ranks = 0, n_ctx = 0;
-    const char *v = NULL;
+    const char *v = NULL, *placement = NULL, *replicas = NULL, *load = NULL;
     for (int i = 1; i < argc; i++) {
         if (cli_flag(argv, i, "-h", "--help")) { usage(stdout); return 0; }
         else if (!strcmp(argv[i], "--json")) json = true;
@@ -239,12 +382,17 @@ int cmd_inspect(int argc, char **argv) {
             if (!strcmp(v, "f16")) kv_f16 = true;
             else if (strcmp(v, "f32")) return cli_usage_error("inspect", "--kv-type: expected f32 or f16");
         }
+        else if (!strcmp(argv[i], "--placement") && i + 1 < argc) placement = argv[++i];
+        else if (!strcmp(argv[i], "--ep-replicas") && i + 1 < argc) replicas = argv[++i];
+        else if (!strcmp(argv[i], "--ep-load") && i + 1 < argc) load = argv[++i];
         else if (argv[i][0] == '-') return cli_usage_error("inspect", "unknown option '%s'", argv[i]);
         else if (!path) path = argv[i];
         else return cli_usage_error("inspect", "only one file, please ('%s' and '%s')", path, argv[i]);
     }
     if (!path) return cli_usage_error("inspect", "no file given");
-    if (n_ranks) return inspect_ranks(path, (int)n_ranks, n_ctx, kv_f16, json);
+    if (!n_ranks && (placement || replicas || load))
+        return cli_usage_error("inspect", "--placement, --ep-replicas and --ep-load go with --ranks N");
+    if (n_ranks) return inspect_ranks(path, (int)n_ranks, n_ctx, kv_f16, json, placement, replicas, load);
     struct moetax_gguf *g;
     moetax_status st = moetax_gguf_open(path, &g);
     if (st) return cli_fail("inspect", st);

@@ -199,9 +199,13 @@ static void print_ranks(FILE *f, const struct moetax_report *r) {
     double excess = 0, cw = 0;
     for (int i = 0; i < r->n_rank_layers; i++) {
         const struct moetax_report_rank_layer *x = &r->rank_layers[i];
-        fprintf(f, "    layer %3d: rank %d, %.3f ms (+%.1f%% over the mean %.3f ms); comm + wait %.3f ms per rank\n", x->layer,
+        fprintf(f, "    layer %3d: rank %d, %.3f ms (+%.1f%% over the mean %.3f ms); comm + wait %.3f ms per rank", x->layer,
                 x->slowest, 1e3 * x->busy_max_s, x->busy_mean_s > 0 ? 100 * (x->busy_max_s / x->busy_mean_s - 1) : 0,
                 1e3 * x->busy_mean_s, 1e3 * x->comm_wait_mean_s);
+        if (x->has_bytes)
+            fprintf(f, "; %.3f MB sent by all ranks (the whole run), most by rank %d: %.3f MB sent, %.3f MB received",
+                    1e-6 * x->bytes_sent, x->bytes_max_rank, 1e-6 * x->bytes_max_sent, 1e-6 * x->bytes_max_recv);
+        fputc('\n', f);
         excess += x->busy_max_s - x->busy_mean_s;
         cw += x->comm_wait_mean_s;
     }
@@ -471,9 +475,16 @@ static int print_json(FILE *f, const struct moetax_report *r) {
         }
         for (int i = 0; i < r->n_rank_layers; i++) {
             const struct moetax_report_rank_layer *x = &r->rank_layers[i];
-            json_array_append_new(la, json_pack("{s:i, s:i, s:o, s:o, s:o}", "layer", x->layer, "slowest_rank", x->slowest,
-                                                "busy_max_s", jnum(x->busy_max_s), "busy_mean_s", jnum(x->busy_mean_s),
-                                                "comm_wait_mean_s", jnum(x->comm_wait_mean_s)));
+            json_t *lj = json_pack("{s:i, s:i, s:o, s:o, s:o}", "layer", x->layer, "slowest_rank", x->slowest,
+                                   "busy_max_s", jnum(x->busy_max_s), "busy_mean_s", jnum(x->busy_mean_s),
+                                   "comm_wait_mean_s", jnum(x->comm_wait_mean_s));
+            if (lj && x->has_bytes) { /* the whole run's bytes of the layer */
+                json_object_set_new(lj, "bytes_sent_all_ranks", jnum(x->bytes_sent));
+                json_object_set_new(lj, "bytes_most_rank", json_integer(x->bytes_max_rank));
+                json_object_set_new(lj, "bytes_most_sent", jnum(x->bytes_max_sent));
+                json_object_set_new(lj, "bytes_most_recv", jnum(x->bytes_max_recv));
+            }
+            json_array_append_new(la, lj);
         }
         json_object_set_new(o, "ranks", ra);
         json_object_set_new(o, "rank_layers", la);

@@ -126,8 +126,9 @@ static moetax_status write_trace(const struct moetax_ledger *l, const char *path
  *           collectives, comm_s, wait_s; with --ep-dispatch alltoall also dispatch, records,
  *           bytes_once_per_rank, bytes_once_per_expert, blocked_s, logits_bytes; with --ep-replicas
  *           also replicas, work_plans, work_assignments, work_busiest, work_busiest_without_replicas,
- *           work_even_split, work_mine, replica_experts_mapped, replica_bytes_mapped} (what the exit
- *           summary prints);
+ *           work_even_split, work_mine, replica_experts_mapped, replica_bytes_mapped; and
+ *           layer_bytes_sent, layer_bytes_recv: [n_layer] this rank's bytes per layer} (what the
+ *           exit summary prints);
  *   trace:  one Chrome trace, a process per rank and track kind: rank r's pid p becomes
  *           100 r + p, its process names "rank r: ...", and its times are shifted by its first
  *           span's CLOCK_MONOTONIC time against rank 0's ("t0_ns" in otherData), so the ranks of
@@ -183,6 +184,15 @@ static moetax_status rank_doc(const struct moetax_ledger *l, const struct moetax
         json_object_set_new(dj, "work_mine", json_integer((json_int_t)D->work_mine));
         json_object_set_new(dj, "replica_experts_mapped", json_integer(D->n_extra));
         json_object_set_new(dj, "replica_bytes_mapped", json_integer((json_int_t)D->extra_bytes));
+    }
+    if (dj && D->n_layer_b) { /* bytes per layer (the whole run: every exchange, gather and combine) */
+        json_t *ls = json_array(), *lr = json_array();
+        for (int il = 0; il < D->n_layer_b; il++) {
+            json_array_append_new(ls, json_integer((json_int_t)D->layer_sent[il]));
+            json_array_append_new(lr, json_integer((json_int_t)D->layer_recv[il]));
+        }
+        json_object_set_new(dj, "layer_bytes_sent", ls);
+        json_object_set_new(dj, "layer_bytes_recv", lr);
     }
     json_object_set_new(d, "rank", json_integer(D->rank));
     if (dj) json_object_set_new(d, "dist", dj);

@@ -67,8 +67,10 @@ int main(int argc, char **argv) {
                 moetax_dist_finalize(2);
                 return 2;
             }
+            /* inspect outside mpirun reads --placement and --ep-* itself (inspect --ranks N) */
+            const bool offline = !moetax_dist_world() && !strcmp(argv[1], "inspect");
             /* --placement FILE, anywhere after the subcommand: the map of experts to ranks */
-            for (int a = 2; a + 1 < argc; a++)
+            for (int a = 2; !offline && a + 1 < argc; a++)
                 if (!strcmp(argv[a], "--placement")) {
                     if (!moetax_dist_world()) {
                         fprintf(stderr, "moetax: --placement is for expert parallelism: run under mpirun\n");
@@ -82,7 +84,7 @@ int main(int argc, char **argv) {
             /* --ep-dispatch MODE and --ep-overlap (token-sharded dispatch, see src/dist/dist.h) */
             const char *ep_mode = NULL;
             bool ep_overlap = false;
-            for (int a = 2; a < argc;) {
+            for (int a = 2; !offline && a < argc;) {
                 int take = !strcmp(argv[a], "--ep-overlap") ? 1 : !strcmp(argv[a], "--ep-dispatch") && a + 1 < argc ? 2 : 0;
                 if (!take) { a++; continue; }
                 if (!moetax_dist_world()) {
@@ -97,7 +99,7 @@ int main(int argc, char **argv) {
             /* --ep-replicas R, --ep-replan K, --ep-load PROFILE (replicas of hot experts, src/dist/eplb.c) */
             const char *ep_rep[3] = {NULL, NULL, NULL};
             static const char *const rep_opts[3] = {"--ep-replicas", "--ep-replan", "--ep-load"};
-            for (int a = 2; a < argc;) {
+            for (int a = 2; !offline && a < argc;) {
                 int o = 0;
                 while (o < 3 && strcmp(argv[a], rep_opts[o])) o++;
                 if (o == 3) { a++; continue; }

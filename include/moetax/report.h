@@ -166,6 +166,7 @@ struct moetax_report_rank {
     struct moetax_report *r;             /* that rank's own report (no ranks of its own) */
     bool has_dist;
     double bytes_sent, bytes_recv, collectives, comm_s, wait_s;
+    double *layer_sent, *layer_recv;     /* [n_layer] bytes per layer, the whole run (NULL: not in the file) */
 };
 
 /* Per MoE layer across the ranks: the rank that worked longest (phases other than comm and
@@ -173,6 +174,11 @@ struct moetax_report_rank {
 struct moetax_report_rank_layer {
     int layer, slowest;
     double busy_max_s, busy_mean_s, comm_wait_mean_s;
+    /* bytes of the whole run (every rank's ledger has them: has_bytes): all ranks' sent, the
+     * rank that sent most and its bytes sent and received */
+    bool has_bytes;
+    double bytes_sent, bytes_max_sent, bytes_max_recv;
+    int bytes_max_rank;
 };
 
 struct moetax_report {

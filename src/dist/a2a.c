@@ -127,6 +127,7 @@ static moetax_status a2a_run(struct moetax_dist *d, struct moetax_dist_a2a *x, b
 static void a2a_account(struct moetax_dist *d, const struct moetax_dist_a2a *x) {
     d->bytes_sent += x->bytes_sent;
     d->bytes_recv += x->bytes_recv;
+    moetax_dist_book_layer(d, x->layer, x->bytes_sent, x->bytes_recv);
     d->ns_comm += x->ns_comm;
     d->ns_wait += x->ns_wait;
     d->n_collectives++;
@@ -200,6 +201,30 @@ int moetax_dist_a2a_state(const struct moetax_dist_a2a *x) {
 moetax_status moetax_dist_a2a_done(struct moetax_dist *d, struct moetax_dist_a2a *x) {
     a2a_account(d, x);
     return x->st;
+}
+
+moetax_status moetax_dist_allgather(struct moetax_dist *d, const void *mine, void *all, const int *bytes, int il,
+                                    const char *what) {
+    int64_t off = 0;
+    for (int r = 0; r < d->size; r++) {
+        d->displs[r] = (int)off;
+        d->counts[r] = bytes[r];
+        off += bytes[r];
+        if (off > INT32_MAX) return moetax_error(MOETAX_ERR_LIMIT, "rank %d: layer %d's %s: more than MPI's int counts",
+                                                 d->rank, il, what);
+    }
+    moetax_dist_test_stall(d);
+    const uint64_t t0 = moetax_ledger_now();
+    MPI_Request req;
+    int rc = MPI_Iallgatherv(mine, bytes[d->rank], MPI_BYTE, all, d->counts, d->displs, MPI_BYTE, MPI_COMM_WORLD, &req);
+    moetax_status st = rc == MPI_SUCCESS ? a2a_poll(d, &req, il, what, false) : a2a_fail(d, rc, "MPI_Iallgatherv");
+    d->ns_wait += moetax_ledger_now() - t0;
+    d->bytes_sent += (uint64_t)bytes[d->rank] * (uint64_t)(d->size - 1);
+    d->bytes_recv += (uint64_t)(off - bytes[d->rank]);
+    moetax_dist_book_layer(d, il, (uint64_t)bytes[d->rank] * (uint64_t)(d->size - 1), (uint64_t)(off - bytes[d->rank]));
+    d->n_global++;
+    d->bytes_global += (uint64_t)bytes[d->rank] * (uint64_t)(d->size - 1) + (uint64_t)(off - bytes[d->rank]);
+    return st;
 }
 
 moetax_status moetax_dist_gather_logits(struct moetax_dist *d, float *all, const int *n_rows, int64_t width) {

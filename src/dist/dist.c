@@ -17,6 +17,7 @@ static const char *g_placement; /* --placement FILE */
 
 void moetax_dist_set_placement(const char *path) { g_placement = path; }
 static moetax_status place_experts(struct moetax_dist *d, struct moetax_model *m);
+static moetax_status read_placement(struct moetax_dist *d, const struct moetax_model *m, const char *path);
 
 static bool under_mpirun(void) {
     /* OpenMPI's mpirun (and PMIx launchers) set these; a plain `moetax` never joins MPI */
@@ -114,6 +115,10 @@ void moetax_dist_finalize(int rc) {
                 d->a2a_bytes_expert ? 100.0 * (double)d->a2a_bytes_rank / (double)d->a2a_bytes_expert : 0.0,
                 (double)d->ns_comm / 1e9, (double)d->ns_wait / 1e9, (double)d->ns_blocked / 1e9,
                 (double)d->bytes_logits / 1e6, (double)d->ns_logits / 1e9);
+    if (d->size > 1 && d->n_global)
+        fprintf(stderr, "moetax: rank %d of %d: %llu global views (replicas' counts or the capacity's router logits, one "
+                "gather per MoE layer and micro-batch), %.3f MB sent + received (in the totals above)\n", d->rank, d->size,
+                (unsigned long long)d->n_global, (double)d->bytes_global / 1e6);
     else if (d->size > 1 && d->n_collectives)
         fprintf(stderr, "moetax: rank %d of %d: %llu combines (%s), %.3f MB sent, %.3f MB received (%.1f KB per "
                 "combine), comm %.3f s, wait %.3f s (MPI_Barrier before each)\n", d->rank, d->size,
@@ -126,6 +131,8 @@ void moetax_dist_finalize(int rc) {
     if (rc) MPI_Abort(MPI_COMM_WORLD, rc); /* a rank that quits must not leave the others waiting */
     MPI_Finalize();
     free(g_world->owner);
+    free(g_world->layer_sent);
+    free(g_world->layer_recv);
     moetax_dist_replicas_free(g_world);
     free(g_world->counts);
     free(g_world->displs);
@@ -283,8 +290,60 @@ static moetax_status place_experts(struct moetax_dist *d, struct moetax_model *m
         }
     if (!st) st = moetax_dist_replicas_init(d, m, own);
     if (!st) st = moetax_model_set_expert_owned(m, own);
+    free(d->layer_sent);
+    free(d->layer_recv);
+    d->layer_sent = calloc((size_t)L, sizeof(uint64_t));
+    d->layer_recv = calloc((size_t)L, sizeof(uint64_t));
+    d->n_layer_b = d->layer_sent && d->layer_recv ? L : 0;
     free(own);
     return st;
+}
+
+moetax_status moetax_dist_plan_offline(const struct moetax_model *m, int n_ranks, const char *placement,
+                                       struct moetax_dist **out) {
+    *out = NULL;
+    if (g_world) return moetax_error(MOETAX_ERR_ARG, "a placement plan outside mpirun only");
+    struct moetax_dist *d = calloc(1, sizeof *d);
+    if (!d) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    d->size = n_ranks;
+    d->rank = 0;
+    g_world = d; /* for the messages of the replicas' settings (rank 0 prints) */
+    const char *old = g_placement;
+    g_placement = placement;
+    moetax_status st = m->hp.n_expert > 0 ? MOETAX_OK : moetax_error(MOETAX_ERR_ARG, "the model has no routed experts");
+    if (!st) {
+        const int L = m->hp.n_layer, E = m->hp.n_expert;
+        free(d->owner);
+        d->owner = calloc((size_t)L * (size_t)E, sizeof(int32_t));
+        uint8_t *own = calloc((size_t)L * (size_t)E, 1);
+        if (!d->owner || !own) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        for (int il = 0; !st && il < L; il++)
+            for (int r = 0; r < n_ranks; r++) {
+                int32_t lo, hi;
+                moetax_dist_expert_range(d, E, r, &lo, &hi);
+                for (int32_t e = lo; e < hi; e++) d->owner[(size_t)il * (size_t)E + (size_t)e] = r;
+            }
+        if (!st && placement) st = read_placement(d, m, placement);
+        if (!st) st = moetax_dist_replicas_init(d, m, own);
+        free(own);
+    }
+    g_placement = old;
+    g_world = NULL;
+    if (st) {
+        moetax_dist_replicas_free(d);
+        free(d->owner);
+        free(d);
+        return st;
+    }
+    *out = d;
+    return MOETAX_OK;
+}
+
+void moetax_dist_plan_free(struct moetax_dist *d) {
+    if (!d) return;
+    moetax_dist_replicas_free(d);
+    free(d->owner);
+    free(d);
 }
 
 static bool grow_batch(struct moetax_dist *d, int64_t n) {
@@ -376,7 +435,14 @@ void moetax_dist_test_stall(const struct moetax_dist *d) {
     stalled = true;
 }
 
+void moetax_dist_book_layer(struct moetax_dist *d, int il, uint64_t sent, uint64_t recv) {
+    if (il < 0 || il >= d->n_layer_b) return;
+    d->layer_sent[il] += sent;
+    d->layer_recv[il] += recv;
+}
+
 moetax_status moetax_dist_barrier(struct moetax_dist *d, int il) {
+    d->cur_layer = il;
     const char *to = getenv("MOETAX_MPI_TIMEOUT");
     moetax_dist_test_stall(d);
     const double limit = to && *to ? atof(to) : 60.0;
@@ -420,6 +486,7 @@ moetax_status moetax_dist_gather_rows(struct moetax_dist *d, float *y, int64_t l
     const uint64_t own = (uint64_t)d->counts[d->rank] * sizeof(float);
     d->bytes_sent += own * (uint64_t)(d->size - 1);
     d->bytes_recv += (uint64_t)total * sizeof(float) - own;
+    moetax_dist_book_layer(d, d->cur_layer, own * (uint64_t)(d->size - 1), (uint64_t)total * sizeof(float) - own);
     d->n_collectives++;
     return rc == MPI_SUCCESS ? MOETAX_OK : mpi_fail(rc, "MPI_Allgatherv (combine)");
 }
@@ -433,6 +500,7 @@ moetax_status moetax_dist_allreduce(struct moetax_dist *d, float *x, int64_t n) 
     const uint64_t b = (uint64_t)n * sizeof(float) * 2 * (uint64_t)(d->size - 1) / (uint64_t)d->size;
     d->bytes_sent += b;
     d->bytes_recv += b;
+    moetax_dist_book_layer(d, d->cur_layer, b, b);
     d->n_collectives++;
     return rc == MPI_SUCCESS ? MOETAX_OK : mpi_fail(rc, "MPI_Allreduce (combine)");
 }

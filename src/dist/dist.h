@@ -33,7 +33,7 @@
  *   between two barriers of the step. The ledger books an MPI_Barrier just before the
  *   collective to `wait` (this rank waiting for the slowest), the collective itself to `comm`.
  *
- *   Replication (--ep-replicas R, EPLB-style; replicated dispatch only): per MoE layer up to R
+ *   Replication (--ep-replicas R, EPLB-style): per MoE layer up to R
  *   extra hosts for the hottest experts, chosen greedily, each on the least-loaded rank that has
  *   its weights: first for the busiest rank's expert while that lowers the busiest rank's
  *   expected load, from the assignments counted so far (--ep-load PROFILE: a routing profile's
@@ -46,6 +46,23 @@
  *   part; the gather puts every row back in slot order, so the logits stay bit-identical.
  *   Without a profile any expert may become a replica anywhere, so every rank maps all of them
  *   (the exit summary says how much beyond its own); with one, only the profile's replicas.
+ *   With the token-sharded dispatch (below) a rank sees only its own tokens, so each MoE layer
+ *   first gathers every rank's per-expert counts (E ints from each rank: one small
+ *   MPI_Iallgatherv per layer and micro-batch, booked to `wait`); every rank then splits the
+ *   global counts over the hosts exactly as above and derives the same flows: a host keeps its
+ *   own tokens' assignments up to its part (no transfer), the rest fill the other hosts' parts,
+ *   ranks in order (moetax_dist_flows). Each token still goes once to each rank that computes
+ *   one of its assignments. The counts booked are the same on every rank, so the re-plan needs
+ *   no message either.
+ *
+ *   Capacity factor (--capacity-factor C): the replicated dispatch routes every token on every
+ *   rank and applies the single process's rule (src/moe/moe.c, apply_capacity) to the same
+ *   micro-batch. The token-sharded one gathers every rank's router logits of the micro-batch
+ *   (with each token's index in the batch) in the same per-layer gather, and every rank routes
+ *   and caps the whole step in the batch's order: the cap ceil(C N k / E) counts the step's N
+ *   tokens of all ranks, and every rank drops and reroutes the same assignments; the ledger of
+ *   every rank books the step's dropped and rerouted assignments (the same numbers on every
+ *   rank, not a per-rank share). C off (0 or inf) gathers nothing.
  *
  *   Faults: the loader's result is agreed on by every rank (moetax_dist_model_loaded): a rank
  *   that failed makes every rank fail with a message naming it, and a file whose header and
@@ -117,6 +134,13 @@ struct moetax_dist {
     bool dispatch, overlap;
     int thread_level; /* what MPI_Init_thread gave */
     uint64_t a2a_bytes_rank, a2a_bytes_expert, ns_blocked, n_records, bytes_logits, ns_logits;
+    /* the layers' global views (replicas' counts, a capacity factor's router logits: alltoall
+     * only): gathers and their bytes (sent + received; also in bytes_sent / bytes_recv) */
+    uint64_t n_global, bytes_global;
+    /* bytes sent and received per layer [n_layer_b] (every exchange, gather and combine of a MoE
+     * layer; the replicated dispatch's combine books to the layer its barrier named, cur_layer) */
+    uint64_t *layer_sent, *layer_recv;
+    int n_layer_b, cur_layer;
     /* replicas of hot experts (replicated dispatch only; see "Replication" above): up to n_rep
      * extra hosts per MoE layer, re-planned every `replan` steps from `load` */
     int n_rep, replan, H;     /* H: the most hosts an expert can have, min(n_rep, P - 1) + 1 */
@@ -151,6 +175,13 @@ struct moetax_dist *moetax_dist_world(void);
  * `*: ...` for every layer without a line of its own; `#` starts a comment. Checked at the load:
  * every MoE layer placed, each expert exactly once (E ranks per line), every rank < N. */
 void moetax_dist_set_placement(const char *path);
+/* `moetax inspect --ranks N` (outside mpirun, no MPI call): the placement of N ranks as a run
+ * would make it (contiguous, or the --placement file; with moetax_dist_set_replicas' settings
+ * the replicas' first plan: a profile's (--ep-load), else none yet but every expert mappable
+ * everywhere, avail). Free with moetax_dist_plan_free. */
+moetax_status moetax_dist_plan_offline(const struct moetax_model *m, int n_ranks, const char *placement,
+                                       struct moetax_dist **out);
+void moetax_dist_plan_free(struct moetax_dist *d);
 /* Routed experts [*lo, *hi) of `rank` among E (the default placement). */
 void moetax_dist_expert_range(const struct moetax_dist *d, int32_t E, int rank, int32_t *lo, int32_t *hi);
 /* After a load (st its result): every rank's result and model header compared; this rank's
@@ -167,6 +198,8 @@ moetax_status moetax_dist_sync_batch(struct moetax_dist *d, int64_t *n, const in
 moetax_status moetax_dist_barrier(struct moetax_dist *d, int il);
 /* Allgatherv of rows [slot_lo[r], slot_lo[r + 1]) of y [*, ld] from each rank r, in place. */
 moetax_status moetax_dist_gather_rows(struct moetax_dist *d, float *y, int64_t ld, const int64_t *slot_lo);
+/* Book bytes sent / received to layer il (ignored outside [0, n_layer_b)). */
+void moetax_dist_book_layer(struct moetax_dist *d, int il, uint64_t sent, uint64_t recv);
 /* In-place MPI_Allreduce(SUM) of x [n]. */
 moetax_status moetax_dist_allreduce(struct moetax_dist *d, float *x, int64_t n);
 /* Every rank's *v becomes the smallest of all ranks' (st: this rank's result so far; a rank's
@@ -213,6 +246,11 @@ int moetax_dist_a2a_state(const struct moetax_dist_a2a *x);
 moetax_status moetax_dist_a2a_done(struct moetax_dist *d, struct moetax_dist_a2a *x);
 /* Ends the communication thread (at finalize). */
 void moetax_dist_a2a_stop(void);
+/* Every rank's bytes[r] bytes to all, packed in rank order into all (mine: this rank's);
+ * MPI_Iallgatherv polled until MOETAX_MPI_TIMEOUT (then an error naming layer il, `what` and
+ * the late ranks); its time is booked as wait (it ends when the last rank has arrived). */
+moetax_status moetax_dist_allgather(struct moetax_dist *d, const void *mine, void *all, const int *bytes, int il,
+                                    const char *what);
 /* Allgatherv of rows of `width` floats: rank r contributes n_rows[r] rows (mine at
  * all + first[rank] * width is sent), every rank gets all of them in rank order. */
 moetax_status moetax_dist_gather_logits(struct moetax_dist *d, float *all, const int *n_rows, int64_t width);
@@ -233,6 +271,13 @@ void moetax_dist_host_range(const struct moetax_dist *d, int il, int e, const in
                             int32_t *cnt);
 /* Worker 0, once per (micro-batch, MoE layer): the loads and the work counts. */
 void moetax_dist_account(struct moetax_dist *d, int il, const int32_t *count, const int32_t *part);
+/* Token-sharded dispatch with replicas: expert e of layer il has c[r] assignments from each
+ * rank r's tokens and the split gave its hosts part [H] slots (moetax_dist_split of the global
+ * counts): how many of rank `me`'s go to each host, flow [H] (host order). Each host keeps its
+ * own first (no transfer), up to its part; the rest, ranks in order, fill the hosts' room in
+ * host order. Every rank computes the same flows from the same counts. */
+void moetax_dist_flows(const struct moetax_dist *d, int il, int e, const int32_t *c, const int32_t *part, int me,
+                       int32_t *flow);
 void moetax_dist_replicas_summary(const struct moetax_dist *d);
 void moetax_dist_replicas_free(struct moetax_dist *d);
 

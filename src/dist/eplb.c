@@ -1,6 +1,7 @@
-/* eplb.c - replicas of hot experts (EPLB-style) for the replicated-attention mode (see dist.h,
- * "Replication"). No MPI call here: every rank sees the same routing, so every rank plans
- * the same replicas and the same split of the slots from the same counts. */
+/* eplb.c - replicas of hot experts (EPLB-style; see dist.h, "Replication"). No MPI call here:
+ * every rank sees the same counts (the replicated dispatch routes every token everywhere; the
+ * token-sharded one gathers the counts per layer), so every rank plans the same replicas and
+ * the same split of the slots from them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,9 +166,6 @@ moetax_status moetax_dist_replicas_init(struct moetax_dist *d, const struct moet
         if (g_load) return moetax_error(MOETAX_ERR_ARG, "--ep-load %s needs --ep-replicas R (R > 0)", g_load);
         return MOETAX_OK;
     }
-    if (d->dispatch)
-        return moetax_error(MOETAX_ERR_ARG, "--ep-replicas %d: replicas are not implemented for --ep-dispatch alltoall "
-                            "(only the default replicated dispatch)", d->n_rep);
     d->n_layer = L;
     d->n_expert = E;
     d->H = (d->n_rep < P - 1 ? d->n_rep : P - 1) + 1;
@@ -261,6 +259,31 @@ void moetax_dist_split(const struct moetax_dist *d, int il, const int32_t *count
             lr[d->hosts[ie * H + bj]]++;
         }
     }
+}
+
+void moetax_dist_flows(const struct moetax_dist *d, int il, int e, const int32_t *c, const int32_t *part, int me,
+                       int32_t *flow) {
+    const size_t ie = (size_t)il * d->n_expert + e;
+    const int nh = d->n_hosts[ie], P = d->size;
+    const int32_t *h = d->hosts + ie * d->H;
+    int32_t room[1024], left[1024];
+    for (int j = 0; j < nh; j++) flow[j] = 0;
+    if (P > 1024) return;
+    for (int r = 0; r < P; r++) left[r] = c[r];
+    for (int j = 0; j < nh; j++) { /* each host its own first */
+        const int32_t keep = c[h[j]] < part[j] ? c[h[j]] : part[j];
+        room[j] = part[j] - keep;
+        left[h[j]] -= keep;
+        if (h[j] == me) flow[j] += keep;
+    }
+    for (int r = 0, j = 0; r < P; r++) /* then the rest, ranks in order, into the hosts' room */
+        while (left[r] > 0 && j < nh) {
+            const int32_t mv = left[r] < room[j] ? left[r] : room[j];
+            if (r == me) flow[j] += mv;
+            left[r] -= mv;
+            room[j] -= mv;
+            if (!room[j]) j++;
+        }
 }
 
 void moetax_dist_host_range(const struct moetax_dist *d, int il, int e, const int32_t *part, int r, int32_t *lo,

@@ -97,6 +97,10 @@ struct moetax_ctx {
     bool ep;
     int ep_rank, ep_size;
     int32_t *ep_tok, *ep_pos, *ep_seq, *ep_src; /* [cap] its tokens, and their index in the batch */
+    /* the micro-batches: ep_ubn [n_ub, P] every rank's tokens in each, ep_ub0 [n_ub + 1] this
+     * rank's first token of each */
+    int32_t *ep_ubn;
+    int64_t *ep_ub0, ep_ub_cap;
     bool *ep_want;
     int64_t ep_cap;
     float *ep_logits;      /* [rows, V] the logits of all ranks' wanting tokens, by rank */
@@ -378,6 +382,7 @@ void moetax_ctx_free(struct moetax_ctx *c) {
     free(c->eval_seq);
     free(c->eval_want);
     free(c->ep_tok); free(c->ep_pos); free(c->ep_seq); free(c->ep_src); free(c->ep_want); free(c->ep_logits);
+    free(c->ep_ubn); free(c->ep_ub0);
     free(c);
 }
 
@@ -486,11 +491,33 @@ static moetax_status decode_sharded(struct moetax_ctx *c, int64_t n, const int32
         c->ep_want[nl] = want[i];
         c->ep_src[nl++] = (int32_t)i;
     }
+    /* the micro-batches: each rank's tokens in pieces of n_ubatch, as many as the rank with the
+     * most needs; with a capacity factor the single process's instead (micro-batch j: every
+     * rank's tokens among the batch's [j U, (j + 1) U)), so that the cap applies to the same
+     * tokens (src/moe/moe.c, ep_global) */
+    const int64_t U = c->n_ubatch;
+    const bool aligned = c->moe.capacity_factor > 0 && isfinite(c->moe.capacity_factor);
     int64_t n_ub = 0;
     for (int r = 0; r < P; r++) {
-        const int64_t u = (n_tok[r] + c->n_ubatch - 1) / c->n_ubatch;
+        const int64_t u = (n_tok[r] + U - 1) / U;
         n_ub = u > n_ub ? u : n_ub;
     }
+    if (aligned) n_ub = (n + U - 1) / U;
+    if (n_ub + 1 > c->ep_ub_cap) {
+        int32_t *a = realloc(c->ep_ubn, sizeof(int32_t) * (size_t)((n_ub + 1) * P)); if (a) c->ep_ubn = a;
+        int64_t *b = realloc(c->ep_ub0, sizeof(int64_t) * (size_t)(n_ub + 1)); if (b) c->ep_ub0 = b;
+        if (!a || !b) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        c->ep_ub_cap = n_ub + 1;
+    }
+    memset(c->ep_ubn, 0, sizeof(int32_t) * (size_t)(n_ub * P));
+    for (int64_t j = 0; j < n_ub; j++)
+        for (int r = 0; r < P && !aligned; r++) {
+            const int64_t left = n_tok[r] - j * U;
+            c->ep_ubn[j * P + r] = (int32_t)(left <= 0 ? 0 : left < U ? left : U);
+        }
+    for (int64_t i = 0; aligned && i < n; i++) c->ep_ubn[(i / U) * P + (((int64_t)seq[i] % P + P) % P)]++;
+    c->ep_ub0[0] = 0;
+    for (int64_t j = 0; j < n_ub; j++) c->ep_ub0[j + 1] = c->ep_ub0[j] + c->ep_ubn[j * P + me];
     if (n_want > c->ep_logits_cap) {
         float *l = realloc(c->ep_logits, sizeof(float) * (size_t)(n_want * V));
         if (!l) return moetax_error(MOETAX_ERR_NOMEM, "out of memory for the logits of %lld tokens", (long long)n_want);
@@ -600,8 +627,16 @@ static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t
     if (st) return st;
     int64_t row = 0;
     for (int64_t ub = 0; ub < n_ub; ub++) {
-        const int64_t i0 = ub * c->n_ubatch < n ? ub * c->n_ubatch : 0; /* past n: an empty micro-batch */
-        const int64_t nb = ub * c->n_ubatch >= n ? 0 : n - i0 < c->n_ubatch ? n - i0 : c->n_ubatch;
+        int64_t i0 = ub * c->n_ubatch < n ? ub * c->n_ubatch : 0; /* past n: an empty micro-batch */
+        int64_t nb = ub * c->n_ubatch >= n ? 0 : n - i0 < c->n_ubatch ? n - i0 : c->n_ubatch;
+#ifdef MOETAX_WITH_MPI
+        if (c->ep) { /* token-sharded: this micro-batch of every rank (decode_sharded) */
+            i0 = c->ep_ub0[ub];
+            nb = c->ep_ub0[ub + 1] - i0;
+            s->ep_n = c->ep_ubn + ub * c->ep_size;
+            s->gidx = c->ep_src + i0;
+        }
+#endif
         s->tokens = token + i0;
         s->pos = pos + i0;
         s->seq = seq + i0;

@@ -65,6 +65,9 @@ struct fw_step {
     const int32_t *tokens; /* [n] */
     const int32_t *pos;    /* [n] position of each token in its sequence */
     const int32_t *seq;    /* [n] sequence id of each token */
+    /* token-sharded dispatch (src/dist/dist.h; else NULL): every rank's tokens in this
+     * micro-batch [P], and each of this rank's tokens' index in the whole batch [n] */
+    const int32_t *ep_n, *gidx;
 
     float *x;              /* [U, d] residual */
     float *xn;             /* [U, max(d, q_lora)] normed input of a projection */

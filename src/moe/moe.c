@@ -170,16 +170,17 @@ static int cmp_u64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* The capacity factor (worker 0, a batch): each expert takes at most ceil(C n k / E)
- * assignments of the micro-batch, those of the highest routing weights. The others are
+/* The capacity factor (worker 0, a batch of n tokens with router logits router [n, E]): each
+ * expert takes at most ceil(C n k / E) assignments of the micro-batch, those of the highest
+ * routing weights. The others are
  * moved to the token's best other expert with room (reroute: weight scaled by the
  * probability ratio) or dropped (sel -1; the token's remaining weights scaled back to its
  * total). Counts into *dropped and *rerouted. */
-static void apply_capacity(const struct fw_step *s, struct moe *b, int il, int32_t *sel, float *selw,
-                           int64_t *dropped, int64_t *rerouted) {
+static void apply_capacity(const struct fw_step *s, struct moe *b, int il, int64_t n, const float *router, int32_t *sel,
+                           float *selw, int64_t *dropped, int64_t *rerouted) {
     const struct moetax_hparams *hp = &s->m->hp;
     const struct moetax_layer *l = &s->m->layers[il];
-    const int64_t E = hp->n_expert, k = b->k, n = s->n, nk = n * k;
+    const int64_t E = hp->n_expert, k = b->k, nk = n * k;
     const double capd = ceil((double)b->capacity_factor * (double)nk / (double)E);
     const int32_t cap = capd < 1 ? 1 : capd > (double)nk ? (int32_t)nk : (int32_t)capd;
     int32_t *count = b->cap_count;
@@ -211,7 +212,7 @@ static void apply_capacity(const struct fw_step *s, struct moe *b, int il, int32
         const int32_t e = sel[i];
         int32_t best = -1;
         if (b->reroute) {
-            token_scores(s->K, hp, l->exp_probs_b, b->router + t * E, p, sc);
+            token_scores(s->K, hp, l->exp_probs_b, router + t * E, p, sc);
             for (int32_t c = 0; c < E; c++) {
                 if (count[c] >= cap || sc[c] == -INFINITY) continue;
                 bool mine = false;
@@ -258,10 +259,11 @@ static void plan(const struct fw_step *s, const struct moe *b, int il, const int
         if (pl->count[e]) pl->active[pl->n_active++] = e;
         off += pl->count[e];
     }
-    const int32_t *own = b->owner ? b->owner + (int64_t)il * E : NULL; /* expert parallelism: this rank's */
+    /* expert parallelism: this rank's (token-sharded: every slot of the records it received) */
+    const int32_t *own = b->owner && !b->ep ? b->owner + (int64_t)il * E : NULL;
     pl->n_mine = 0;
 #ifdef MOETAX_WITH_MPI
-    if (b->dist && b->dist->n_rep) { /* replicas: this rank's part of each expert it hosts */
+    if (b->dist && b->dist->n_rep && !b->ep) { /* replicas: this rank's part of each expert it hosts */
         moetax_dist_split(b->dist, il, pl->count, pl->part);
         for (int32_t a = 0; a < pl->n_active; a++) {
             const int32_t e = pl->active[a];
@@ -511,6 +513,7 @@ struct ep_group {
     float *out;                   /* [U * P, d] partial sums of the records in, to return */
     struct moetax_dist_a2a xd, xc; /* dispatch, combine */
     void *req_d, *req_c;          /* their MPI requests */
+    bool pd, pc;                  /* overlap: dispatch / combine posted (not after an error) */
 };
 
 struct moe_ep {
@@ -531,6 +534,20 @@ struct moe_ep {
     float *sh_out;                /* [U, d] the shared experts' output */
     int32_t *cnt_e;               /* [E] assignments of the layer on this rank (the ledger's figures) */
     int32_t cnt_slots;
+    int32_t *dest;                /* [U k] the rank computing each assignment of this rank's tokens */
+    /* the layer's global view (ep_global: with replicas or a capacity factor) */
+    int32_t *g_cnt;               /* [P, E] assignments of each rank's tokens per expert */
+    int32_t *g_count, *g_part;    /* [E] all ranks' per expert, [E, H] the split over its hosts */
+    int32_t *g_flow, *g_used;     /* [E, H] how many of this rank's go to each host, [E] taken so far */
+    float *g_router;              /* [P U, E] capacity: every rank's router logits, batch order */
+    int32_t *g_sel;               /* [P U, k] */
+    float *g_selw;
+    int32_t *g_src;               /* [P U] capacity: each global token's rank, then local index (2 each) */
+    uint8_t *g_send, *g_recv;     /* [U (1 + E) 4], [P U (1 + E) 4] the allgather's bytes */
+    int *g_bytes;                 /* [P] */
+    uint64_t *g_key;              /* [P U] batch index << 32 | row */
+    bool global, cap;             /* ep_global runs (replicas or a capacity factor); the latter */
+    int64_t dropped, rerouted;    /* the layer's, over every rank's tokens (the same on every rank) */
 };
 
 /* record layout: int32 ids[k] (-1: none), float w[k], padded to 16 bytes, then the row */
@@ -546,6 +563,18 @@ static void ep_pack(const struct fw_step *s, struct moe *b, int il, struct ep_gr
     const int64_t k = b->k, E = s->m->hp.n_expert, d = s->m->hp.n_embd, P = ep->P;
     const int32_t *own = b->owner + (int64_t)il * E;
     int *scount = g->cnt, *sdispl = g->cnt + P;
+    /* the rank of each assignment: the expert's owner, or with replicas its flows' hosts in
+     * turn (ep_global; groups are packed in token order, so the counts run on across them) */
+    int32_t *dest = ep->dest;
+    const int H = D->n_rep ? D->H : 1;
+    for (int64_t i = (int64_t)g->t0 * k; i < (int64_t)g->t1 * k; i++) {
+        const int32_t e = sel[i];
+        dest[i] = e < 0 ? -1 : own[e];
+        if (e < 0 || !D->n_rep || D->n_hosts[(int64_t)il * E + e] == 1) continue;
+        int32_t u = ep->g_used[e]++, j = 0;
+        while (j < H - 1 && u >= ep->g_flow[e * H + j]) u -= ep->g_flow[e * H + j++];
+        dest[i] = D->hosts[((int64_t)il * E + e) * H + j];
+    }
     g->n_rec = 0;
     uint64_t remote_pairs = 0;
     for (int r = 0; r < P; r++) {
@@ -553,13 +582,13 @@ static void ep_pack(const struct fw_step *s, struct moe *b, int il, struct ep_gr
         sdispl[r] = (int)((size_t)g->n_rec * ep->rec_bytes);
         for (int32_t t = g->t0; t < g->t1; t++) {
             int n_here = 0;
-            for (int64_t j = 0; j < k; j++) n_here += sel[t * k + j] >= 0 && own[sel[t * k + j]] == r;
+            for (int64_t j = 0; j < k; j++) n_here += dest[t * k + j] == r;
             if (!n_here) continue;
             uint8_t *rec = g->sbuf + (size_t)g->n_rec * ep->rec_bytes;
             int32_t *ids = rec_ids(rec);
             float *w = rec_w(rec, k);
             for (int64_t j = 0; j < k; j++) {
-                const bool here = sel[t * k + j] >= 0 && own[sel[t * k + j]] == r;
+                const bool here = dest[t * k + j] == r;
                 ids[j] = here ? sel[t * k + j] : -1;
                 w[j] = here ? selw[t * k + j] : 0.0f;
             }
@@ -582,6 +611,103 @@ static void ep_pack(const struct fw_step *s, struct moe *b, int il, struct ep_gr
                                      .rdispl = g->cnt + 3 * P, .sbuf = g->sbuf, .rbuf = g->rbuf,
                                      .rcap = (int64_t)(P * s->n_ubatch) * (int64_t)ep->rec_bytes, .layer = il,
                                      .what = "dispatch", .req = g->req_d};
+}
+
+/* Worker 0, every rank (one collective): the layer's view over every rank's tokens.
+ * - A capacity factor: every rank's router logits of the micro-batch are gathered, each with
+ *   its token's index in the batch; every rank routes all of them in the batch's order and
+ *   applies the capacity to the whole step (its cap from all the step's tokens), then keeps its
+ *   own tokens' result in sel / selw [n, k]. So every rank drops and reroutes the same
+ *   assignments and counts them alike (*dropped, *rerouted: the step's), and a step that is the
+ *   single process's micro-batch (a batch within n_ubatch, or one rank's sequences) drops what
+ *   the single process drops.
+ * - Else (replicas): the per-expert counts of each rank's tokens are gathered.
+ * Replicas then: the global counts are split over each expert's hosts as the replicated dispatch
+ * splits them (moetax_dist_split), this rank's flows follow (moetax_dist_flows: a host keeps its
+ * own first), and the work is booked (the same on every rank, so every rank re-plans alike). */
+static moetax_status ep_global(struct worker *w, struct moe *b, int il, int32_t *sel, float *selw, int64_t *dropped,
+                               int64_t *rerouted) {
+    struct fw_step *s = w->s;
+    struct moe_ep *ep = b->ep;
+    struct moetax_dist *D = b->dist;
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t E = hp->n_expert, k = b->k, n = s->n;
+    const int P = ep->P, me = D->rank;
+    const enum moetax_phase prev = w->lph;
+    moetax_status st = MOETAX_OK;
+    if (!s->ep_n || s->ep_n[me] != n)
+        return moetax_error(MOETAX_ERR_INTERNAL, "rank %d: layer %d: the micro-batch's token counts are missing", me, il);
+    fw_mark(w, MOETAX_PHASE_WAIT);
+    memset(ep->g_cnt, 0, sizeof(int32_t) * (size_t)(P * E));
+    if (ep->cap) {
+        const size_t rb = (size_t)(1 + E) * 4;
+        int64_t N = 0, first[513];
+        for (int r = 0; r < P; r++) {
+            ep->g_bytes[r] = (int)((size_t)s->ep_n[r] * rb);
+            first[r] = N;
+            N += s->ep_n[r];
+        }
+        first[P] = N;
+        for (int64_t t = 0; t < n; t++) {
+            const int32_t gi = s->gidx ? s->gidx[t] : (int32_t)t;
+            memcpy(ep->g_send + (size_t)t * rb, &gi, 4);
+            memcpy(ep->g_send + (size_t)t * rb + 4, b->router + t * E, sizeof(float) * (size_t)E);
+        }
+        st = moetax_dist_allgather(D, ep->g_send, ep->g_recv, ep->g_bytes, il, "capacity's router logits");
+        if (st) goto out;
+        for (int64_t i = 0; i < N; i++) { /* the batch's order */
+            int32_t gi;
+            memcpy(&gi, ep->g_recv + (size_t)i * rb, 4);
+            ep->g_key[i] = (uint64_t)(uint32_t)gi << 32 | (uint64_t)i;
+        }
+        qsort(ep->g_key, (size_t)N, sizeof *ep->g_key, cmp_u64);
+        for (int64_t t = 0, r = 0; t < N; t++) {
+            const int64_t i = (int64_t)(ep->g_key[t] & 0xffffffffu);
+            for (r = 0; r < P && i >= first[r + 1]; r++) {}
+            ep->g_src[2 * t] = (int32_t)r;
+            ep->g_src[2 * t + 1] = (int32_t)(i - first[r]);
+            memcpy(ep->g_router + t * E, ep->g_recv + (size_t)i * rb + 4, sizeof(float) * (size_t)E);
+            route_token(s->K, hp, k, l->exp_probs_b, ep->g_router + t * E, b->cap_p, b->cap_p + E, ep->g_sel + t * k,
+                        ep->g_selw + t * k);
+        }
+        apply_capacity(s, b, il, N, ep->g_router, ep->g_sel, ep->g_selw, dropped, rerouted);
+        for (int64_t t = 0; t < N; t++) {
+            const int32_t r = ep->g_src[2 * t], li = ep->g_src[2 * t + 1];
+            for (int64_t j = 0; j < k; j++)
+                if (ep->g_sel[t * k + j] >= 0) ep->g_cnt[(int64_t)r * E + ep->g_sel[t * k + j]]++;
+            if (r != me) continue;
+            memcpy(sel + (int64_t)li * k, ep->g_sel + t * k, sizeof(int32_t) * (size_t)k);
+            memcpy(selw + (int64_t)li * k, ep->g_selw + t * k, sizeof(float) * (size_t)k);
+        }
+    } else {
+        int32_t *mine = (int32_t *)(void *)ep->g_send;
+        memset(mine, 0, sizeof(int32_t) * (size_t)E);
+        for (int64_t i = 0; i < n * k; i++)
+            if (sel[i] >= 0) mine[sel[i]]++;
+        for (int r = 0; r < P; r++) ep->g_bytes[r] = (int)(sizeof(int32_t) * (size_t)E);
+        st = moetax_dist_allgather(D, mine, ep->g_cnt, ep->g_bytes, il, "replicas' counts");
+        if (st) goto out;
+    }
+    for (int64_t e = 0; e < E; e++) {
+        ep->g_count[e] = 0;
+        for (int r = 0; r < P; r++) ep->g_count[e] += ep->g_cnt[(int64_t)r * E + e];
+    }
+    if (D->n_rep) {
+        const int H = D->H;
+        int32_t c[512];
+        moetax_dist_split(D, il, ep->g_count, ep->g_part);
+        for (int64_t e = 0; e < E; e++) {
+            ep->g_used[e] = 0;
+            if (D->n_hosts[(int64_t)il * E + e] == 1) continue;
+            for (int r = 0; r < P && r < 512; r++) c[r] = ep->g_cnt[(int64_t)r * E + e];
+            moetax_dist_flows(D, il, (int)e, c, ep->g_part + e * H, me, ep->g_flow + e * H);
+        }
+        moetax_dist_account(D, il, ep->g_count, ep->g_part);
+    }
+out:
+    fw_mark(w, prev);
+    return st;
 }
 
 /* Worker 0, once group g's records have arrived: the combine's exchange (partial sums of
@@ -786,11 +912,14 @@ static void moe_block_ep(struct worker *w, struct moe *b, int il) {
             route_tokens(s, b, wk, il, b->sel + slots, b->selw + slots);
             b->hist_n[il] = n;
             record_and_predict(s, b, il);
-            int64_t dropped = 0, rerouted = 0;
-            if (b->capacity_factor > 0 && isfinite(b->capacity_factor))
-                apply_capacity(s, b, il, b->sel + slots, b->selw + slots, &dropped, &rerouted);
         }
         fw_mark(w, MOETAX_PHASE_DISPATCH);
+        int64_t dropped = 0, rerouted = 0;
+        /* after an error (a rank that did not arrive) no more MPI: the step ends, the command aborts */
+        if (atomic_load(&s->err_status)) st = (moetax_status)atomic_load(&s->err_status);
+        if (ep->global && !st) st = ep_global(w, b, il, b->sel + slots, b->selw + slots, &dropped, &rerouted);
+        ep->dropped = dropped;
+        ep->rerouted = rerouted;
         memset(ep->cnt_e, 0, sizeof(int32_t) * (size_t)E);
         ep->cnt_slots = 0;
         ep->n_groups = ep->overlap ? EP_GROUPS : 1;
@@ -799,7 +928,8 @@ static void moe_block_ep(struct worker *w, struct moe *b, int il) {
             g->t0 = (int32_t)(n * gi / ep->n_groups);
             g->t1 = (int32_t)(n * (gi + 1) / ep->n_groups);
             ep_pack(s, b, il, g, b->sel + slots, b->selw + slots);
-            if (ep->overlap && !st) st = moetax_dist_a2a_post(b->dist, &g->xd);
+            g->pd = g->pc = false;
+            if (ep->overlap && !st) g->pd = !(st = moetax_dist_a2a_post(b->dist, &g->xd));
         }
         if (!ep->overlap && !st) st = ep_exchange(w, b, &ep->g[0].xd);
         if (st) fw_fail(s, st);
@@ -827,15 +957,16 @@ static void moe_block_ep(struct worker *w, struct moe *b, int il) {
         for (int gi = 0; gi < ep->n_groups; gi++) {
             struct ep_group *g = &ep->g[gi];
             if (w->ith == 0) { /* in the unit's first phase, before its barrier: see ep_unit */
-                moetax_status st = ep_exchange(w, b, &g->xd);
+                moetax_status st = g->pd ? ep_exchange(w, b, &g->xd) : MOETAX_OK; /* not posted: failed before */
                 if (st) fw_fail(s, st);
                 ep->u_n = 0;
-                if (!st) ep_unit_set(b, g, false, d);
+                if (!st && g->pd) ep_unit_set(b, g, false, d);
             }
             ep_unit(w, b, il);
             if (w->ith == 0) {
                 ep_prep_combine(s, b, il, g);
-                moetax_status st = atomic_load(&s->err_status) ? MOETAX_OK : moetax_dist_a2a_post(b->dist, &g->xc);
+                moetax_status st = MOETAX_OK;
+                if (g->pd && !atomic_load(&s->err_status)) g->pc = !(st = moetax_dist_a2a_post(b->dist, &g->xc));
                 if (st) fw_fail(s, st);
             }
         }
@@ -843,7 +974,7 @@ static void moe_block_ep(struct worker *w, struct moe *b, int il) {
         if (w->ith == 0) {
             ep->u_n = 0;
             ep_unit_set(b, &ep->g[0], true, d);
-            ep_unit_set(b, &ep->g[0], false, d);
+            if (!atomic_load(&s->err_status)) ep_unit_set(b, &ep->g[0], false, d);
         }
         ep_unit(w, b, il);
     }
@@ -858,22 +989,26 @@ static void moe_block_ep(struct worker *w, struct moe *b, int il) {
     }
     if (w->ith == 0) {
         moetax_status st = MOETAX_OK;
-        if (!ep->overlap) {
+        if (!ep->overlap && !atomic_load(&s->err_status)) {
             ep_prep_combine(s, b, il, &ep->g[0]);
             st = ep_exchange(w, b, &ep->g[0].xc);
-        } else
-            for (int gi = 0; gi < ep->n_groups && !st; gi++) st = ep_exchange(w, b, &ep->g[gi].xc);
+        } else if (ep->overlap)
+            for (int gi = 0; gi < ep->n_groups && !st; gi++) st = ep->g[gi].pc ? ep_exchange(w, b, &ep->g[gi].xc) : MOETAX_OK;
         if (st) fw_fail(s, st);
         if (moetax_ledger_enabled(s->ledger)) {
             const struct moetax_layer *ll = &s->m->layers[il];
             const double eb = (double)(ll->gate_exps.row_bytes + ll->up_exps.row_bytes) * (double)hp->n_ff_exp +
                               (double)ll->down_exps.mat_bytes;
-            int32_t na = 0, mx = 0;
+            /* this rank's expert work; with the global view (replicas, a capacity factor) the
+             * step's over every rank, as the replicated dispatch and the single process book it */
+            const int32_t *ce = ep->global ? ep->g_count : ep->cnt_e;
+            int32_t na = 0, mx = 0, asg = 0;
             for (int32_t e = 0; e < E; e++) {
-                na += ep->cnt_e[e] > 0;
-                mx = ep->cnt_e[e] > mx ? ep->cnt_e[e] : mx;
+                na += ce[e] > 0;
+                mx = ce[e] > mx ? ce[e] : mx;
+                asg += ce[e];
             }
-            moetax_ledger_moe(s->ledger, il, na, mx, ep->cnt_slots, eb * na, 0, 0);
+            moetax_ledger_moe(s->ledger, il, na, mx, asg, eb * na, ep->dropped, ep->rerouted);
         }
     }
     fw_phase_end(w);
@@ -907,6 +1042,9 @@ static void ep_free(struct moe_ep *ep) {
     }
     free(ep->u_rec); free(ep->u_out); free(ep->u_sel); free(ep->u_selw);
     free(ep->eh); free(ep->eh_g); free(ep->ydown); free(ep->sh_out); free(ep->cnt_e);
+    free(ep->dest); free(ep->g_cnt); free(ep->g_count); free(ep->g_part); free(ep->g_flow); free(ep->g_used);
+    free(ep->g_router); free(ep->g_sel); free(ep->g_selw); free(ep->g_src); free(ep->g_send); free(ep->g_recv);
+    free(ep->g_bytes); free(ep->g_key);
     plan_free(&ep->plan);
     fw_act_free(&ep->a_exp, ep->row == EP_ROW_F32);
     fw_act_free(&ep->a_eh, false);
@@ -920,6 +1058,8 @@ static moetax_status ep_init(struct moe *b, const struct fw_step *s, const struc
     if (!ep) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     ep->P = (int)P;
     ep->overlap = D->overlap;
+    ep->cap = b->capacity_factor > 0 && isfinite(b->capacity_factor);
+    ep->global = ep->cap || D->n_rep;
     /* the row the experts read: Q8_0 / Q4_0 prepared rows when gate and up are both of that
      * type (as the local path prepares them), else the float row */
     enum moetax_type tg = MOETAX_TYPE_F32, tu = MOETAX_TYPE_F32;
@@ -963,6 +1103,22 @@ static moetax_status ep_init(struct moe *b, const struct fw_step *s, const struc
     A(ep->ydown, slots * d);
     A(ep->sh_out, U * d);
     A(ep->cnt_e, E);
+    const int64_t H = D->n_rep ? D->H : 1;
+    const bool cap = ep->cap;
+    A(ep->dest, U * k);
+    A(ep->g_cnt, P * E);
+    A(ep->g_count, E);
+    A(ep->g_part, E * H);
+    A(ep->g_flow, E * H);
+    A(ep->g_used, E);
+    A(ep->g_bytes, P);
+    A(ep->g_router, cap ? R * E : 1);
+    A(ep->g_sel, cap ? R * k : 1);
+    A(ep->g_selw, cap ? R * k : 1);
+    A(ep->g_src, cap ? 2 * R : 1);
+    A(ep->g_key, cap ? R : 1);
+    A(ep->g_send, (size_t)U * (size_t)(1 + E) * 4);
+    A(ep->g_recv, (size_t)R * (size_t)(1 + E) * 4);
 #undef A
     if (!st && !plan_alloc(&ep->plan, E, 2 * R * k, 1)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     if (!st) st = fw_act_alloc(m, &ep->a_exp, d, slots, ep->row == EP_ROW_F32);
@@ -1055,7 +1211,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
             fw_mark(w, MOETAX_PHASE_DISPATCH);
             int64_t dropped = 0, rerouted = 0;
             if (b->capacity_factor > 0 && isfinite(b->capacity_factor))
-                apply_capacity(s, b, il, b->sel + slots, b->selw + slots, &dropped, &rerouted);
+                apply_capacity(s, b, il, n, b->router, b->sel + slots, b->selw + slots, &dropped, &rerouted);
             plan(s, b, il, b->sel + slots, b->selw + slots, s->n, pl);
             record_plan(s, il, pl, dropped, rerouted);
             issue_reads(w, b, il, pl);
@@ -1291,10 +1447,14 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
     A(b->pred_p, 2 * E);
     A(b->wk, s->n_threads);
     A(b->cap_count, E);
-    A(b->cap_order, U * k);
-    A(b->cap_tot, U);
+    int64_t UP = U; /* the capacity's tokens: token-sharded, every rank's of the micro-batch */
+#ifdef MOETAX_WITH_MPI
+    if (p->dist && p->dist->size > 1 && p->dist->dispatch) UP = U * p->dist->size;
+#endif
+    A(b->cap_order, UP * k);
+    A(b->cap_tot, UP);
     A(b->cap_p, 2 * E);
-    for (int64_t t = 0; !st && t < U; t++) b->cap_tot[t] = -1;
+    for (int64_t t = 0; !st && t < UP; t++) b->cap_tot[t] = -1;
 #ifdef MOETAX_WITH_MPI
     if (p->dist && p->dist->size > 1 && hp->n_expert > 0) {
         b->dist = p->dist;

@@ -135,7 +135,11 @@ void moetax_report_free(struct moetax_report *r) {
     free(r->store);
     free(r->io);
     free(r->batches);
-    for (int i = 0; i < r->n_ranks; i++) moetax_report_free(r->ranks[i].r);
+    for (int i = 0; i < r->n_ranks; i++) {
+        moetax_report_free(r->ranks[i].r);
+        free(r->ranks[i].layer_sent);
+        free(r->ranks[i].layer_recv);
+    }
     free(r->ranks);
     free(r->rank_layers);
     agg_free(&r->all);
@@ -663,6 +667,25 @@ static moetax_status parse_ranks(struct moetax_report *r, const char *name, cons
                 *f[j] = json_number_value(v);
             }
             k->has_dist = true;
+            const json_t *ls = json_object_get(dj, "layer_bytes_sent"), *lr = json_object_get(dj, "layer_bytes_recv");
+            if (ls || lr) { /* optional: [n_layer] each */
+                char wk[128];
+                snprintf(wk, sizeof wk, "%s.layer_bytes_sent/recv", wd);
+                if (!json_is_array(ls) || !json_is_array(lr) || json_array_size(ls) != (size_t)r->n_layer ||
+                    json_array_size(lr) != (size_t)r->n_layer)
+                    return fmt_err(name, wk, "expected two arrays of n_layer numbers");
+                k->layer_sent = calloc((size_t)r->n_layer, sizeof(double));
+                k->layer_recv = calloc((size_t)r->n_layer, sizeof(double));
+                if (!k->layer_sent || !k->layer_recv) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+                for (int l = 0; l < r->n_layer; l++) {
+                    const json_t *a = json_array_get(ls, (size_t)l), *b = json_array_get(lr, (size_t)l);
+                    if (!json_is_number(a) || !json_is_number(b) || !(json_number_value(a) >= 0) ||
+                        !(json_number_value(b) >= 0) || !isfinite(json_number_value(a)) || !isfinite(json_number_value(b)))
+                        return fmt_err(name, wk, "expected finite numbers >= 0");
+                    k->layer_sent[l] = json_number_value(a);
+                    k->layer_recv[l] = json_number_value(b);
+                }
+            }
         }
     }
     int nm = 0;
@@ -686,6 +709,15 @@ static moetax_status parse_ranks(struct moetax_report *r, const char *name, cons
         }
         x->busy_mean_s = sum / NR;
         x->comm_wait_mean_s = cw / NR;
+        x->has_bytes = true;
+        x->bytes_max_rank = -1;
+        for (int i = 0; i < NR; i++) {
+            const struct moetax_report_rank *k = &r->ranks[i];
+            if (!k->layer_sent) { x->has_bytes = false; break; }
+            x->bytes_sent += k->layer_sent[l];
+            if (x->bytes_max_rank < 0 || k->layer_sent[l] > x->bytes_max_sent)
+                x->bytes_max_rank = i, x->bytes_max_sent = k->layer_sent[l], x->bytes_max_recv = k->layer_recv[l];
+        }
     }
     return MOETAX_OK;
 }

@@ -566,11 +566,13 @@ moetax_status moetax_report_write_html(const struct moetax_report *r, FILE *f) {
         fputs("</table>\n", f);
         if (r->n_rank_layers > 0) {
             fputs("<table><tr><th>MoE layer</th><th>slowest rank</th><th>its work ms</th><th>mean ms</th>"
-                  "<th>comm + wait ms per rank</th></tr>\n", f);
+                  "<th>comm + wait ms per rank</th><th>MB sent, all ranks (run)</th></tr>\n", f);
             for (int i = 0; i < r->n_rank_layers; i++) {
                 const struct moetax_report_rank_layer *x = &r->rank_layers[i];
-                fprintf(f, "<tr><td>%d</td><td>%d</td><td>%.3f</td><td>%.3f</td><td>%.3f</td></tr>\n", x->layer,
+                fprintf(f, "<tr><td>%d</td><td>%d</td><td>%.3f</td><td>%.3f</td><td>%.3f</td>", x->layer,
                         x->slowest, 1e3 * x->busy_max_s, 1e3 * x->busy_mean_s, 1e3 * x->comm_wait_mean_s);
+                if (x->has_bytes) fprintf(f, "<td>%.3f</td></tr>\n", 1e-6 * x->bytes_sent);
+                else fputs("<td>-</td></tr>\n", f);
             }
             fputs("</table>\n", f);
         }
