@@ -3,7 +3,9 @@
  *
  * Synchronization, all with C11 atomics on separate cache lines:
  *   run_gen   bumped by the caller to publish a run (fn, ctx, t_publish are
- *             written before it, read by workers after an acquire of it).
+ *             written before it, read by workers after an acquire of it); its
+ *             low bits hold the run's active worker count (moetax_pool_run_n),
+ *             so a worker reads a run's generation and count in one load.
  *   n_done    incremented by workers 1..n-1 when their fn returns; the caller
  *             joins when it reaches n-1 (then reads the workers' t_done).
  *   bar_count / bar_gen
@@ -39,6 +41,10 @@
 #endif
 
 #define POOL_CL 64
+/* run_gen: the generation above RUN_N_BITS, the run's active worker count below */
+#define RUN_N_BITS 10
+#define RUN_N_MASK ((1u << RUN_N_BITS) - 1)
+_Static_assert(MOETAX_POOL_MAX_THREADS <= (int)RUN_N_MASK, "the active count must fit run_gen's low bits");
 #define POOL_DEFAULT_SPIN_US 200
 
 struct pool_worker {
@@ -68,7 +74,9 @@ struct moetax_pool {
     moetax_pool_fn fn;
     void *ctx;
     uint64_t t_publish;
-    _Atomic int n_active; /* workers 0..n_active-1 run fn; the others sit the run out */
+    int n_active; /* the run's: workers 0..n_active-1 run fn, the others sit it out (also in
+                   * run_gen's low bits, which is what workers read; this copy is for the
+                   * barrier, read by the run's workers only) */
 
     moetax_pool_barrier_hook hook;
     void *hook_user;
@@ -185,14 +193,10 @@ static void *worker_main(void *arg) {
         /* sitting runs out (fewer active workers): sleep at once, do not spin on a CPU that the
          * active ones may need */
         wait_change_spin(p, &p->run_gen, seen, &p->run_sleepers, !sat_out);
-        /* the run's generation and its active count, read together: the caller does not wait for
+        /* the run's generation and its active count in one word: the caller does not wait for
          * workers that sit a run out, so it may publish the next run meanwhile */
-        int na;
-        for (;;) {
-            seen = atomic_load_explicit(&p->run_gen, memory_order_seq_cst);
-            na = atomic_load_explicit(&p->n_active, memory_order_seq_cst);
-            if (atomic_load_explicit(&p->run_gen, memory_order_seq_cst) == seen) break;
-        }
+        seen = atomic_load_explicit(&p->run_gen, memory_order_acquire);
+        const int na = (int)(seen & RUN_N_MASK);
         if (atomic_load_explicit(&p->stop, memory_order_acquire)) break;
         sat_out = w->ith >= na;
         if (sat_out) continue;
@@ -214,7 +218,7 @@ static void *worker_main(void *arg) {
 
 static void stop_workers(struct moetax_pool *p) {
     atomic_store_explicit(&p->stop, true, memory_order_release);
-    atomic_fetch_add_explicit(&p->run_gen, 1, memory_order_seq_cst);
+    atomic_fetch_add_explicit(&p->run_gen, RUN_N_MASK + 1, memory_order_seq_cst);
     wake_sleepers(&p->run_gen, &p->run_sleepers);
     for (int i = 1; i < p->n; i++)
         if (p->w[i].started) pthread_join(p->w[i].thread, NULL);
@@ -265,7 +269,7 @@ moetax_status moetax_pool_init(const struct moetax_pool_params *params, struct m
     atomic_init(&p->bar_gen, 0);
     atomic_init(&p->bar_sleepers, 0);
     atomic_init(&p->in_run, 0);
-    atomic_init(&p->n_active, n);
+    p->n_active = n;
     atomic_init(&p->stop, false);
     for (int i = 0; i < MOETAX_POOL_N_CHUNK_COUNTERS; i++) atomic_init(&p->chunk[i].v, 0);
     for (int i = 0; i < n; i++) {
@@ -329,12 +333,13 @@ void moetax_pool_run_n(struct moetax_pool *p, int n_active, moetax_pool_fn fn, v
 
     p->fn = fn;
     p->ctx = ctx;
-    atomic_store_explicit(&p->n_active, n, memory_order_seq_cst);
+    p->n_active = n;
     atomic_store_explicit(&p->n_done, 0, memory_order_relaxed); /* published by run_gen */
     uint64_t t0 = moetax_pool_now_ns();
     p->t_publish = t0;
-    if (n > 1) {
-        atomic_fetch_add_explicit(&p->run_gen, 1, memory_order_seq_cst);
+    if (n > 1) { /* the next generation, with n in the low bits (a run on the caller alone: none) */
+        const uint32_t g = atomic_load_explicit(&p->run_gen, memory_order_relaxed);
+        atomic_store_explicit(&p->run_gen, ((g >> RUN_N_BITS) + 1) << RUN_N_BITS | (uint32_t)n, memory_order_seq_cst);
         wake_sleepers(&p->run_gen, &p->run_sleepers);
     }
     w0->n_runs++;
@@ -362,13 +367,13 @@ void moetax_pool_barrier(struct moetax_pool *p, int ith) {
     uint64_t ta = moetax_pool_now_ns();
     w->busy_ns += ta > w->t_mark ? ta - w->t_mark : 0;
     uint64_t tr = ta;
-    if (atomic_load_explicit(&p->n_active, memory_order_relaxed) > 1) {
+    if (p->n_active > 1) {
         /* Read the generation before arriving: the last arrival's bump of
          * bar_gen is ordered after our fetch_add (release sequence of bar_count),
          * so this load cannot already see it. */
         uint32_t gen = atomic_load_explicit(&p->bar_gen, memory_order_acquire);
         if (atomic_fetch_add_explicit(&p->bar_count, 1, memory_order_acq_rel) ==
-            atomic_load_explicit(&p->n_active, memory_order_relaxed) - 1) {
+            p->n_active - 1) {
             atomic_store_explicit(&p->bar_count, 0, memory_order_relaxed);
             atomic_fetch_add_explicit(&p->bar_gen, 1, memory_order_seq_cst);
             wake_sleepers(&p->bar_gen, &p->bar_sleepers);
