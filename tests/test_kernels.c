@@ -225,6 +225,20 @@ static void test_matmul(void) {
                         test_matmul_case(q8 ? MOETAX_TYPE_Q8_0 : MOETAX_TYPE_Q4_0, g_rows[ri], 32 * nbs[ni],
                                          g_batches[bi]);
     }
+    /* k-quants (avx512: Q4_K/Q5_K/Q6_Kx8r in groups of 8 rows; batches in pairs of groups x tiles
+     * of 1..8 batch rows, 9..16 two even tiles, and more; a range's odd last group in 256-bit tiles of
+     * 1..4; the plain tail): row counts of one to five groups with and without a tail, batch sizes
+     * of every tile width, odd and past one tile, against the scalar reference */
+    {
+        static const enum moetax_type kts[] = {MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K};
+        static const int64_t k_rows[] = {8, 16, 21, 24, 40, 43};
+        static const int64_t k_batches[] = {4, 5, 6, 7, 9, 11, 12, 15, 16, 17, 23, 33};
+        for (size_t ti = 0; ti < 3; ti++)
+            for (int ci = 1; ci <= 2; ci++)
+                for (size_t ri = 0; ri < sizeof k_rows / sizeof k_rows[0]; ri++)
+                    for (size_t bi = 0; bi < sizeof k_batches / sizeof k_batches[0]; bi++)
+                        test_matmul_case(kts[ti], k_rows[ri], 256 * ci, k_batches[bi]);
+    }
     CHECK(moetax_act_size(MOETAX_TYPE_Q8_0, 33, 1) == 0);
     CHECK(moetax_act_size(MOETAX_TYPE_Q4_0, 48, 1) == 0);
     CHECK(moetax_act_size(MOETAX_TYPE_Q4_K, 256, 1) == sizeof(moetax_block_q8_k));

@@ -456,10 +456,19 @@ _Static_assert(KQ6_JB >= 1 && KQ6_JB <= 4, "tiles of 1..4 batch rows");
  * with more, one sub-block at a time (JB chains; the 32 vector registers hold the chains,
  * the sums S and the float accumulators). A range's odd last group takes the 256-bit tiles. */
 #define KQZ_JB 8
+#ifndef KQZ_W16
+#define KQZ_W16 1
+#endif
 
 /* acc + vpdpbusd(w, the 4 bytes at p in every lane), the broadcast embedded ({1to16}) */
 KQ5_INLINE __m512i dpbusd_b16(__m512i acc, __m512i w, const uint8_t *p) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
+    return acc;
+}
+
+/* acc + vpdpwssd(w, the int16 pair at p in every lane), the broadcast embedded ({1to16}) */
+KQ5_INLINE __m512i dpwssd_b16(__m512i acc, __m512i w, const int32_t *p) {
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
     return acc;
 }
 
@@ -508,6 +517,10 @@ KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, cons
     const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
     const size_t qs_off = five ? MOETAX_K_Q5KR8_QS_OFF : MOETAX_K_Q4KR8_QS_OFF;
     const bool side = JB <= 4; /* a chunk's two sub-blocks side by side */
+    /* Q4_K: a chain of 16 values is within int16 (|.| <= 16 * 15 * 128 = 30720), and the scale is
+     * an int32 of 0..63 (upper int16 zero), so vpdpwssd adds chain * scale exactly: one
+     * instruction for vpmulld + vpaddd. Q5_K's levels reach 31: 16 values could overflow. */
+    const bool W16 = KQZ_W16 && !five;
     const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f), m2 = _mm512_set1_epi32(0x03030303);
     const __m512i m4d = _mm512_set1_epi32(0x0f0f0f0f), mw = _mm512_set1_epi32(0x00ff00ff);
     const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
@@ -538,6 +551,8 @@ KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, cons
                 __m512i sA[4], sB[4];
 #pragma GCC unroll 4
                 for (int t = 0; t < JB; t++) sA[t] = sB[t] = _mm512_setzero_si512();
+                const __m512i scA = byte_lane_z(c < 2 ? sc03 : sc47, (2 * c) & 3);
+                const __m512i scB = byte_lane_z(c < 2 ? sc03 : sc47, (2 * c + 1) & 3);
 #pragma GCC unroll 8
                 for (int q = 0; q < 8; q++) {
                     const __m512i lo = q45z_levels(five, bA, bB, qs_off, 2 * c, q);
@@ -547,13 +562,18 @@ KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, cons
                         sA[t] = dpbusd_b16(sA[t], lo, (const uint8_t *)a[t]->qs + 64 * c + 4 * q);
                         sB[t] = dpbusd_b16(sB[t], hi, (const uint8_t *)a[t]->qs + 64 * c + 32 + 4 * q);
                     }
-                }
-                const __m512i scA = byte_lane_z(c < 2 ? sc03 : sc47, (2 * c) & 3);
-                const __m512i scB = byte_lane_z(c < 2 ? sc03 : sc47, (2 * c + 1) & 3);
+                    if (W16 && (q & 3) == 3) /* 16 values: into S by vpdpwssd, the chains from 0 */
 #pragma GCC unroll 4
-                for (int t = 0; t < JB; t++)
-                    S[t] = _mm512_add_epi32(S[t], _mm512_add_epi32(_mm512_mullo_epi32(sA[t], scA),
-                                                                   _mm512_mullo_epi32(sB[t], scB)));
+                        for (int t = 0; t < JB; t++) {
+                            S[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(S[t], sA[t], scA), sB[t], scB);
+                            sA[t] = sB[t] = _mm512_setzero_si512();
+                        }
+                }
+                if (!W16)
+#pragma GCC unroll 4
+                    for (int t = 0; t < JB; t++)
+                        S[t] = _mm512_add_epi32(S[t], _mm512_add_epi32(_mm512_mullo_epi32(sA[t], scA),
+                                                                       _mm512_mullo_epi32(sB[t], scB)));
             }
         } else {
 #pragma GCC unroll 8
@@ -561,16 +581,23 @@ KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, cons
                 __m512i s[KQZ_JB];
 #pragma GCC unroll 8
                 for (int t = 0; t < JB; t++) s[t] = _mm512_setzero_si512();
+                const __m512i scj = byte_lane_z(j < 4 ? sc03 : sc47, j & 3);
 #pragma GCC unroll 8
                 for (int q = 0; q < 8; q++) {
                     const __m512i l = q45z_levels(five, bA, bB, qs_off, j, q);
 #pragma GCC unroll 8
                     for (int t = 0; t < JB; t++)
                         s[t] = dpbusd_b16(s[t], l, (const uint8_t *)a[t]->qs + 32 * j + 4 * q);
-                }
-                const __m512i scj = byte_lane_z(j < 4 ? sc03 : sc47, j & 3);
+                    if (W16 && (q & 3) == 3)
 #pragma GCC unroll 8
-                for (int t = 0; t < JB; t++) S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(s[t], scj));
+                        for (int t = 0; t < JB; t++) {
+                            S[t] = _mm512_dpwssd_epi32(S[t], s[t], scj);
+                            s[t] = _mm512_setzero_si512();
+                        }
+                }
+                if (!W16)
+#pragma GCC unroll 8
+                    for (int t = 0; t < JB; t++) S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(s[t], scj));
             }
         }
         /* mins: int16 pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7) per lane */
@@ -588,11 +615,12 @@ KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, cons
             /* q8s[j] = bsums[2j] + bsums[2j+1], as int16 pairs (q0, q2), (q1, q3), (q4, q6), (q5, q7) */
             const __m128i qp =
                 _mm_shuffle_epi8(_mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)), pairs);
-            const __m512i qz = _mm512_broadcast_i32x4(qp);
-            __m512i M = _mm512_madd_epi16(p02, _mm512_shuffle_epi32(qz, (_MM_PERM_ENUM)0x00));
-            M = _mm512_dpwssd_epi32(M, p13, _mm512_shuffle_epi32(qz, (_MM_PERM_ENUM)0x55));
-            M = _mm512_dpwssd_epi32(M, p46, _mm512_shuffle_epi32(qz, (_MM_PERM_ENUM)0xAA));
-            M = _mm512_dpwssd_epi32(M, p57, _mm512_shuffle_epi32(qz, (_MM_PERM_ENUM)0xFF));
+            int32_t qa[4]; /* broadcast from memory by the vpdpwssd */
+            _mm_storeu_si128((__m128i *)qa, qp);
+            __m512i M = dpwssd_b16(_mm512_setzero_si512(), p02, qa);
+            M = dpwssd_b16(M, p13, qa + 1);
+            M = dpwssd_b16(M, p46, qa + 2);
+            M = dpwssd_b16(M, p57, qa + 3);
             const __m512 ad = _mm512_set1_ps(a[t]->d);
             acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(ad, dw), _mm512_cvtepi32_ps(S[t])));
             acc[t] = _mm512_sub_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(ad, dm), _mm512_cvtepi32_ps(M)));
@@ -688,12 +716,13 @@ KQ5_INLINE void q6z_tile(const int JB, const uint8_t *g0, const uint8_t *g1, con
             /* bsums as int16 pairs: dword 2k (bs[4k], bs[4k+2]), dword 2k+1 (bs[4k+1], bs[4k+3]) */
             const __m256i bsp = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)a[t]->bsums),
                                                     _mm256_broadcastsi128_si256(pairs));
-            const __m512i bz = _mm512_castsi256_si512(bsp);
+            int32_t qb[8]; /* broadcast from memory by the vpdpwssd */
+            _mm256_storeu_si256((__m256i *)qb, bsp);
             __m512i off = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                off = _mm512_dpwssd_epi32(off, ev[k], _mm512_permutexvar_epi32(_mm512_set1_epi32(2 * k), bz));
-                off = _mm512_dpwssd_epi32(off, od[k], _mm512_permutexvar_epi32(_mm512_set1_epi32(2 * k + 1), bz));
+                off = dpwssd_b16(off, ev[k], qb + 2 * k);
+                off = dpwssd_b16(off, od[k], qb + 2 * k + 1);
             }
             const __m512i sumi = _mm512_sub_epi32(S[t], _mm512_slli_epi32(off, 5));
             const __m512 ad = _mm512_set1_ps(a[t]->d);
