@@ -1,6 +1,8 @@
 /* matmul_kq_avx512.c - AVX-512 (F/BW/VL/DQ) + VNNI matmul of the k-quant
  * weights against block_q8_K activations (kernels.h) in the table's Q4_Kx8r /
- * Q5_Kx8r / Q6_Kx8r layouts (8 rows interleaved), any batch (below); a unit's
+ * Q5_Kx8r / Q6_Kx8r layouts (8 rows interleaved), any batch (below: decode on
+ * 256-bit tiles of one group; batches on 512-bit tiles of two groups x 1..8 batch
+ * rows, a range's odd last group on 256-bit tiles of 1..4); a unit's
  * plain tail (n_rows % 8 rows) as stored: decode here, batches the avx2 table's; Q3_K and Q2_K
  * as stored (decode and batches here). Compiled with the
  * avx512 flags; reached only through the avx512 table.
