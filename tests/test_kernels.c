@@ -225,6 +225,20 @@ static void test_matmul(void) {
                         test_matmul_case(q8 ? MOETAX_TYPE_Q8_0 : MOETAX_TYPE_Q4_0, g_rows[ri], 32 * nbs[ni],
                                          g_batches[bi]);
     }
+    /* k-quants (avx512: Q4_K/Q5_K/Q6_Kx8r in groups of 8 rows; batches in pairs of groups x tiles
+     * of 1..8 batch rows, 9..16 two even tiles, and more; a range's odd last group in 256-bit tiles of
+     * 1..4; the plain tail): row counts of one to five groups with and without a tail, batch sizes
+     * of every tile width, odd and past one tile, against the scalar reference */
+    {
+        static const enum moetax_type kts[] = {MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K};
+        static const int64_t k_rows[] = {8, 16, 21, 24, 40, 43};
+        static const int64_t k_batches[] = {4, 5, 6, 7, 9, 11, 12, 15, 16, 17, 23, 33};
+        for (size_t ti = 0; ti < 3; ti++)
+            for (int ci = 1; ci <= 2; ci++)
+                for (size_t ri = 0; ri < sizeof k_rows / sizeof k_rows[0]; ri++)
+                    for (size_t bi = 0; bi < sizeof k_batches / sizeof k_batches[0]; bi++)
+                        test_matmul_case(kts[ti], k_rows[ri], 256 * ci, k_batches[bi]);
+    }
     CHECK(moetax_act_size(MOETAX_TYPE_Q8_0, 33, 1) == 0);
     CHECK(moetax_act_size(MOETAX_TYPE_Q4_0, 48, 1) == 0);
     CHECK(moetax_act_size(MOETAX_TYPE_Q4_K, 256, 1) == sizeof(moetax_block_q8_k));
@@ -355,6 +369,41 @@ static int cmp_u8(const void *a, const void *b) { return (int)*(const uint8_t *)
 
 /* Repacking is a per-row permutation of the bytes that round-trips, in place or
  * not; tables that do not repack copy; the reference table reads the stored layout. */
+/* The SIMD tables' block_q8_K preparation gives the reference's bytes on the inputs where its
+ * steps could part from the scalar's: ties of +a and -a for the largest magnitude (the first
+ * one's sign), the largest value in every position, exact halves after scaling, all zeros, tiny
+ * values, a NaN or an infinity in a block (the scalar code's bytes), and random rows. */
+static void test_quantize_q8k(void) {
+    if (!g_simd) return;
+    enum { NB = 12, N = 256 * NB };
+    float *x = rand_vec(N, 2.0f);
+    x[3] = 5.0f, x[200] = -5.0f;            /* block 0: +a first */
+    x[256 + 7] = -5.0f, x[256 + 9] = 5.0f;  /* block 1: -a first */
+    x[2 * 256 + 255] = -9.0f;               /* block 2: the last value */
+    x[3 * 256] = 9.0f;                      /* block 3: the first */
+    for (int j = 0; j < 256; j++) x[4 * 256 + j] = j % 2 ? 0.0f : -0.0f;            /* block 4: zeros */
+    for (int j = 0; j < 256; j++) x[5 * 256 + j] = (float)(j % 201 - 100) + 0.5f; /* block 5: iscale 1, halves */
+    x[5 * 256 + 1] = -127.0f;
+    for (int j = 0; j < 256; j++) x[6 * 256 + j] *= 1e-40f;                         /* block 6: subnormal */
+    x[7 * 256 + 17] = NAN;                                                          /* block 7: a NaN */
+    x[8 * 256 + 100] = INFINITY;                                                    /* block 8: inf */
+    x[9 * 256 + 31] = -INFINITY, x[9 * 256 + 32] = NAN;
+    const size_t asz = moetax_act_size(MOETAX_TYPE_Q4_K, N, 1);
+    uint8_t *a = malloc(asz), *b = malloc(asz);
+    for (int ti = 0; ti < 3; ti++) {
+        const enum moetax_type t = ti == 2 ? MOETAX_TYPE_Q6_K : ti ? MOETAX_TYPE_Q2_K : MOETAX_TYPE_Q4_K;
+        memset(a, 0x55, asz), memset(b, 0xaa, asz);
+        moetax_kernels_ref()->quantize_act(t, x, N, N, 1, a);
+        g_simd->quantize_act(t, x, N, N, 1, b);
+        for (int i = 0; i < NB; i++)
+            CHECK_MSG(memcmp(a + i * sizeof(moetax_block_q8_k), b + i * sizeof(moetax_block_q8_k),
+                             sizeof(moetax_block_q8_k)) == 0,
+                      "%s quantize_act %s: q8_K block %d differs from the reference", g_simd->name,
+                      moetax_type_name(t), i);
+    }
+    free(x), free(a), free(b);
+}
+
 static void test_repack(void) {
     const struct moetax_kernels *ref = moetax_kernels_ref(), *avx = g_simd;
     CHECK(!ref->weights_repacked(MOETAX_TYPE_Q4_0) && !ref->weights_repacked(MOETAX_TYPE_Q8_0));
@@ -951,6 +1000,7 @@ int main(int argc, char **argv) {
         if (!(g_simd = simd[i])) continue;
         printf("test_kernels: table '%s' against the reference\n", g_simd->name);
         test_repack();
+        test_quantize_q8k();
         test_matmul();
         test_vec_ops();
         test_scatter_add();

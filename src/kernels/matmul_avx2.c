@@ -35,6 +35,7 @@
 #include "kernels_impl.h"
 
 #include <assert.h>
+#include <math.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -103,6 +104,76 @@ static void quantize_row_q4(const float *x, int64_t nb, uint8_t *out) {
     }
 }
 
+/* block_q8_K rows (k-quant weights): the bytes of moetax_quantize_row_q8_k_ref. Per super-block
+ * the largest |x| is found by vmaxps, then its first occurrence (the scalar scan keeps the first
+ * of equal magnitudes, so a tie of +a and -a takes the earlier sign) by a compare. iscale and d
+ * are the scalar's float expressions; each level is round-to-nearest-even of iscale * x (the
+ * scalar's 1.5 * 2^23 trick is that rounding for |v| < 2^22; here |v| <= 127 and a bit) by
+ * vcvtps2dq, capped at 127 as the scalar does; bsums are exact integer sums. A block with a NaN
+ * or an infinity, or whose iscale overflows (tiny values), is outside what these steps reproduce
+ * and takes the scalar code. */
+static void quantize_row_q8k(const float *x, moetax_block_q8_k *y, int64_t ncols) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < ncols / MOETAX_QK_K; i++, x += MOETAX_QK_K) {
+        __m256 am = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+        for (int j = 0; j < MOETAX_QK_K; j += 8) {
+            const __m256 v = _mm256_loadu_ps(x + j);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            am = _mm256_max_ps(am, _mm256_andnot_ps(sign, v));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float amax = _mm_cvtss_f32(m4);
+        if (_mm256_movemask_ps(bad) || !(amax <= 3.0e38f)) { /* NaN or inf: the scalar code */
+            moetax_quantize_row_q8_k_ref(x, y + i, MOETAX_QK_K);
+            continue;
+        }
+        if (!amax) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        float max = amax;
+        const __m256 amv = _mm256_set1_ps(amax);
+        for (int j = 0; j < MOETAX_QK_K; j += 8) {
+            const int mk = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), amv, _CMP_EQ_OQ));
+            if (mk) {
+                max = x[j + __builtin_ctz((unsigned)mk)];
+                break;
+            }
+        }
+        const float iscale = -127.f / max;
+        if (!(fabsf(iscale) <= 3.0e38f)) { /* max below ~4e-37: iscale overflows, the scalar code */
+            moetax_quantize_row_q8_k_ref(x, y + i, MOETAX_QK_K);
+            continue;
+        }
+        const __m256 is = _mm256_set1_ps(iscale);
+        const __m256i cap = _mm256_set1_epi32(127), one = _mm256_set1_epi16(1);
+        for (int j = 0; j < MOETAX_QK_K; j += 32) {
+            __m256i q[4];
+            for (int k = 0; k < 4; k++)
+                q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(is, _mm256_loadu_ps(x + j + 8 * k))), cap);
+            /* packs work per 128-bit lane: words (0 1 | 2 3 of q0/q1 lanes), then bytes; fix the order */
+            const __m256i w01 = _mm256_packs_epi32(q[0], q[1]), w23 = _mm256_packs_epi32(q[2], q[3]);
+            const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23),
+                                                          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(y[i].qs + j), b);
+            /* bsums of values j..j+15 and j+16..j+31: sum of the int16 words of each 16 */
+            const __m256i w = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(b));
+            const __m256i w2 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(b, 1));
+            __m256i s2 = _mm256_hadd_epi32(_mm256_madd_epi16(w, one), _mm256_madd_epi16(w2, one));
+            /* dwords: (w lane0: 2 sums, w2 lane0: 2 | w lane1: 2, w2 lane1: 2) */
+            s2 = _mm256_hadd_epi32(s2, s2);
+            /* dwords 0, 1: w lane 0, w2 lane 0; 4, 5: w lane 1, w2 lane 1 */
+            const int32_t a0 = _mm256_extract_epi32(s2, 0), a1 = _mm256_extract_epi32(s2, 1);
+            const int32_t c0 = _mm256_extract_epi32(s2, 4), c1 = _mm256_extract_epi32(s2, 5);
+            y[i].bsums[j / 16] = (int16_t)(a0 + c0);
+            y[i].bsums[j / 16 + 1] = (int16_t)(a1 + c1);
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
 void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t ldx, int64_t ncols,
                                 int64_t n_batch, void *xq) {
     const size_t row_bytes = moetax_k_act_row_bytes(wtype, ncols);
@@ -111,7 +182,7 @@ void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t 
         uint8_t *out = (uint8_t *)xq + (size_t)b * row_bytes;
         if (wtype == MOETAX_TYPE_Q8_0) quantize_row_q8(xr, ncols / 32, out);
         else if (wtype == MOETAX_TYPE_Q4_0) quantize_row_q4(xr, ncols / 32, out);
-        else if (moetax_k_act_is_k(wtype)) moetax_quantize_row_q8_k_ref(xr, (moetax_block_q8_k *)out, ncols);
+        else if (moetax_k_act_is_k(wtype)) quantize_row_q8k(xr, (moetax_block_q8_k *)out, ncols);
         else memcpy(out, xr, (size_t)ncols * sizeof(float));
     }
 }

@@ -1,6 +1,8 @@
 /* matmul_kq_avx512.c - AVX-512 (F/BW/VL/DQ) + VNNI matmul of the k-quant
  * weights against block_q8_K activations (kernels.h) in the table's Q4_Kx8r /
- * Q5_Kx8r / Q6_Kx8r layouts (8 rows interleaved), any batch (below); a unit's
+ * Q5_Kx8r / Q6_Kx8r layouts (8 rows interleaved), any batch (below: decode on
+ * 256-bit tiles of one group; batches on 512-bit tiles of two groups x 1..8 batch
+ * rows, a range's odd last group on 256-bit tiles of 1..4); a unit's
  * plain tail (n_rows % 8 rows) as stored: decode here, batches the avx2 table's; Q3_K and Q2_K
  * as stored (decode and batches here). Compiled with the
  * avx512 flags; reached only through the avx512 table.
@@ -443,6 +445,317 @@ Q6KR8_TILE(1) Q6KR8_TILE(2) Q6KR8_TILE(3) Q6KR8_TILE(4)
 static const q6kr8_fn k_q6kr8[4] = {q6kr8_tile_1, q6kr8_tile_2, q6kr8_tile_3, q6kr8_tile_4};
 _Static_assert(KQ6_JB >= 1 && KQ6_JB <= 4, "tiles of 1..4 batch rows");
 
+/* ---- Prefill tiles: two groups of 8 rows in 512-bit vectors x up to KQZ_JB batch rows ----
+ * Lanes 0-7 hold group A's 8 rows, lanes 8-15 group B's (two 32-byte loads joined), so
+ * one 4-byte activation broadcast ({1to16}, embedded in vpdpbusd) serves 16 rows, and a
+ * super-block of the two groups is decoded once per tile of JB (1..8) batch rows: the
+ * nibbles / 6-bit levels, the unpacked scales and mins and the F16 d / dmin. The integer
+ * steps are exact (the same sub-block sums times the same scales as the 256-bit tiles),
+ * and per lane the float steps are the 256-bit tiles' (so avx2's), in their order:
+ *   acc += (d_x * d_w) * (float)sumi;  acc -= (d_x * dmin_w) * (float)summ  (Q6_K: the first)
+ * so the results are bit-identical to the decode path and to the avx2 table.
+ * With JB <= 4 a chunk's two sub-blocks are summed side by side (2 JB chains, latency);
+ * with more, one sub-block at a time (JB chains; the 32 vector registers hold the chains,
+ * the sums S and the float accumulators). A range's odd last group takes the 256-bit tiles. */
+#define KQZ_JB 8
+#ifndef KQZ_W16
+#define KQZ_W16 1
+#endif
+
+/* acc + vpdpbusd(w, the 4 bytes at p in every lane), the broadcast embedded ({1to16}) */
+KQ5_INLINE __m512i dpbusd_b16(__m512i acc, __m512i w, const uint8_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
+    return acc;
+}
+
+/* acc + vpdpwssd(w, the int16 pair at p in every lane), the broadcast embedded ({1to16}) */
+KQ5_INLINE __m512i dpwssd_b16(__m512i acc, __m512i w, const int32_t *p) {
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
+    return acc;
+}
+
+/* 32 bytes at a (lanes 0-7) and 32 at b (lanes 8-15). */
+KQ5_INLINE __m512i kq_load_2x32(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
+/* The 8 F16 values at a and the 8 at b, widened. */
+KQ5_INLINE __m512 kq_cvtph_2x8(const uint8_t *a, const uint8_t *b) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                                   _mm_loadu_si128((const __m128i *)b), 1));
+}
+
+KQ5_INLINE __m512i byte_lane_z(__m512i v, int k) { /* byte k of each dword, zero-extended */
+    return k == 3 ? _mm512_srli_epi32(v, 24) : _mm512_and_si512(_mm512_srli_epi32(v, 8 * k), _mm512_set1_epi32(0xff));
+}
+
+KQ5_INLINE __m512i sbyte_lane_z(__m512i v, int k) { /* signed byte k of each dword, sign-extended */
+    return _mm512_srai_epi32(k == 3 ? v : _mm512_slli_epi32(v, 24 - 8 * k), 24);
+}
+
+KQ5_INLINE void store_2x8z(float *a, float *b, __m512 v) {
+    _mm256_storeu_ps(a, _mm512_castps512_ps256(v));
+    _mm256_storeu_ps(b, _mm512_extractf32x8_ps(v, 1));
+}
+
+/* Q4_K / Q5_K (five): the levels of sub-block j (chunk j / 2, high nibbles when j is odd) at
+ * 4-byte group q of both groups; Q5_K adds bit j of the group's qh bytes as 16. */
+KQ5_INLINE __m512i q45z_levels(const bool five, const uint8_t *bA, const uint8_t *bB, size_t qs_off, int j, int q) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const int c = j >> 1;
+    const __m512i v = kq_load_2x32(bA + qs_off + 256 * c + 32 * q, bB + qs_off + 256 * c + 32 * q);
+    const __m512i l = (j & 1) ? _mm512_srli_epi16(v, 4) : v;
+    if (!five) return _mm512_and_si512(l, m4);
+    const __m512i hq = kq_load_2x32(bA + MOETAX_K_Q5KR8_QH_OFF + 32 * q, bB + MOETAX_K_Q5KR8_QH_OFF + 32 * q);
+    /* bit j of each qh byte to bit 4 (16-bit shifts; the mask drops what crosses bytes) */
+    const __m512i b = _mm512_and_si512(j <= 4 ? _mm512_slli_epi16(hq, 4 - j) : _mm512_srli_epi16(hq, j - 4),
+                                       _mm512_set1_epi8(0x10));
+    return _mm512_ternarylogic_epi32(l, m4, b, 0xEA); /* (l & m4) | b */
+}
+
+KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq,
+                          size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy) {
+    const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
+    const size_t qs_off = five ? MOETAX_K_Q5KR8_QS_OFF : MOETAX_K_Q4KR8_QS_OFF;
+    const bool side = JB <= 4; /* a chunk's two sub-blocks side by side */
+    /* Q4_K: a chain of 16 values is within int16 (|.| <= 16 * 15 * 128 = 30720), and the scale is
+     * an int32 of 0..63 (upper int16 zero), so vpdpwssd adds chain * scale exactly: one
+     * instruction for vpmulld + vpaddd. Q5_K's levels reach 31: 16 values could overflow. */
+    const bool W16 = KQZ_W16 && !five;
+    const __m512i m6 = _mm512_set1_epi32(0x3f3f3f3f), m2 = _mm512_set1_epi32(0x03030303);
+    const __m512i m4d = _mm512_set1_epi32(0x0f0f0f0f), mw = _mm512_set1_epi32(0x00ff00ff);
+    const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    __m512 acc[KQZ_JB];
+#pragma GCC unroll 8
+    for (int t = 0; t < JB; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *bA = g0 + (size_t)i * bbytes, *bB = g1 + (size_t)i * bbytes;
+#pragma GCC unroll 22
+        for (int o = 0; o < (int)bbytes; o += 64) {
+            _mm_prefetch((const char *)bA + KQ_QPF + o, _MM_HINT_T0);
+            _mm_prefetch((const char *)bB + KQ_QPF + o, _MM_HINT_T0);
+        }
+        const moetax_block_q8_k *a[KQZ_JB];
+#pragma GCC unroll 8
+        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
+        const __m512i u0 = kq_load_2x32(bA + MOETAX_K_Q4KR8_SC_OFF, bB + MOETAX_K_Q4KR8_SC_OFF);
+        const __m512i u2 = kq_load_2x32(bA + MOETAX_K_Q4KR8_SC_OFF + 64, bB + MOETAX_K_Q4KR8_SC_OFF + 64);
+        const __m512i sc03 = _mm512_and_si512(u0, m6); /* bytes: scales 0..3 */
+        const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(u2, m4d),
+                                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), m2), 4));
+        __m512i S[KQZ_JB];
+#pragma GCC unroll 8
+        for (int t = 0; t < JB; t++) S[t] = _mm512_setzero_si512();
+        if (side) {
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                __m512i sA[4], sB[4];
+#pragma GCC unroll 4
+                for (int t = 0; t < JB; t++) sA[t] = sB[t] = _mm512_setzero_si512();
+                const __m512i scA = byte_lane_z(c < 2 ? sc03 : sc47, (2 * c) & 3);
+                const __m512i scB = byte_lane_z(c < 2 ? sc03 : sc47, (2 * c + 1) & 3);
+#pragma GCC unroll 8
+                for (int q = 0; q < 8; q++) {
+                    const __m512i lo = q45z_levels(five, bA, bB, qs_off, 2 * c, q);
+                    const __m512i hi = q45z_levels(five, bA, bB, qs_off, 2 * c + 1, q);
+#pragma GCC unroll 4
+                    for (int t = 0; t < JB; t++) {
+                        sA[t] = dpbusd_b16(sA[t], lo, (const uint8_t *)a[t]->qs + 64 * c + 4 * q);
+                        sB[t] = dpbusd_b16(sB[t], hi, (const uint8_t *)a[t]->qs + 64 * c + 32 + 4 * q);
+                    }
+                    if (W16 && (q & 3) == 3) /* 16 values: into S by vpdpwssd, the chains from 0 */
+#pragma GCC unroll 4
+                        for (int t = 0; t < JB; t++) {
+                            S[t] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(S[t], sA[t], scA), sB[t], scB);
+                            sA[t] = sB[t] = _mm512_setzero_si512();
+                        }
+                }
+                if (!W16)
+#pragma GCC unroll 4
+                    for (int t = 0; t < JB; t++)
+                        S[t] = _mm512_add_epi32(S[t], _mm512_add_epi32(_mm512_mullo_epi32(sA[t], scA),
+                                                                       _mm512_mullo_epi32(sB[t], scB)));
+            }
+        } else {
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                __m512i s[KQZ_JB];
+#pragma GCC unroll 8
+                for (int t = 0; t < JB; t++) s[t] = _mm512_setzero_si512();
+                const __m512i scj = byte_lane_z(j < 4 ? sc03 : sc47, j & 3);
+#pragma GCC unroll 8
+                for (int q = 0; q < 8; q++) {
+                    const __m512i l = q45z_levels(five, bA, bB, qs_off, j, q);
+#pragma GCC unroll 8
+                    for (int t = 0; t < JB; t++)
+                        s[t] = dpbusd_b16(s[t], l, (const uint8_t *)a[t]->qs + 32 * j + 4 * q);
+                    if (W16 && (q & 3) == 3)
+#pragma GCC unroll 8
+                        for (int t = 0; t < JB; t++) {
+                            S[t] = _mm512_dpwssd_epi32(S[t], s[t], scj);
+                            s[t] = _mm512_setzero_si512();
+                        }
+                }
+                if (!W16)
+#pragma GCC unroll 8
+                    for (int t = 0; t < JB; t++) S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(s[t], scj));
+            }
+        }
+        /* mins: int16 pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7) per lane */
+        const __m512i u1 = kq_load_2x32(bA + MOETAX_K_Q4KR8_SC_OFF + 32, bB + MOETAX_K_Q4KR8_SC_OFF + 32);
+        const __m512i mn03 = _mm512_and_si512(u1, m6);
+        const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m4d),
+                                             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m2), 4));
+        const __m512i p02 = _mm512_and_si512(mn03, mw), p13 = _mm512_and_si512(_mm512_srli_epi32(mn03, 8), mw);
+        const __m512i p46 = _mm512_and_si512(mn47, mw), p57 = _mm512_and_si512(_mm512_srli_epi32(mn47, 8), mw);
+        const __m512 dw = kq_cvtph_2x8(bA, bB);
+        const __m512 dm = kq_cvtph_2x8(bA + MOETAX_K_Q4KR8_DMIN_OFF, bB + MOETAX_K_Q4KR8_DMIN_OFF);
+#pragma GCC unroll 8
+        for (int t = 0; t < JB; t++) {
+            const __m256i bs = _mm256_loadu_si256((const __m256i *)a[t]->bsums);
+            /* q8s[j] = bsums[2j] + bsums[2j+1], as int16 pairs (q0, q2), (q1, q3), (q4, q6), (q5, q7) */
+            const __m128i qp =
+                _mm_shuffle_epi8(_mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)), pairs);
+            int32_t qa[4]; /* broadcast from memory by the vpdpwssd */
+            _mm_storeu_si128((__m128i *)qa, qp);
+            __m512i M = dpwssd_b16(_mm512_setzero_si512(), p02, qa);
+            M = dpwssd_b16(M, p13, qa + 1);
+            M = dpwssd_b16(M, p46, qa + 2);
+            M = dpwssd_b16(M, p57, qa + 3);
+            const __m512 ad = _mm512_set1_ps(a[t]->d);
+            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(ad, dw), _mm512_cvtepi32_ps(S[t])));
+            acc[t] = _mm512_sub_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(ad, dm), _mm512_cvtepi32_ps(M)));
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < JB; t++) store_2x8z(y0 + t * ldy, y1 + t * ldy, acc[t]);
+}
+
+/* Q6_K in Q6_Kx8r, two groups: sub-block j = 8h + 2k + ph (values 128h + 32k + 16ph ..
+ * + 15: the 4-byte groups p = 4ph .. 4ph + 3 of level vector k of half h), summed in its own
+ * chain per batch row and multiplied by the rows' int8 scale; the offset of 32 once per
+ * super-block (32 * sum_j sc_j * bsums_j, vpmaddwd of int16 scale pairs), as the 256-bit tile. */
+KQ5_INLINE __m512i q6z_levels(const uint8_t *bA, const uint8_t *bB, int h, int k, int p) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const size_t lo = MOETAX_K_Q6KR8_QL_OFF + 512 * h + 32 * p + (k & 1) * 256;
+    const size_t ho = MOETAX_K_Q6KR8_QH_OFF + 256 * h + 32 * p;
+    const __m512i l = kq_load_2x32(bA + lo, bB + lo), hq = kq_load_2x32(bA + ho, bB + ho);
+    const __m512i ls = k >= 2 ? _mm512_srli_epi16(l, 4) : l;
+    /* qh bits 2k, 2k + 1 to bits 4, 5 */
+    const __m512i hs = k == 0 ? _mm512_slli_epi16(hq, 4) : k == 1 ? _mm512_slli_epi16(hq, 2)
+                       : k == 2 ? hq : _mm512_srli_epi16(hq, 2);
+    return _mm512_ternarylogic_epi32(ls, m4, _mm512_and_si512(hs, m30), 0xEA);
+}
+
+KQ5_INLINE void q6z_tile(const int JB, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row,
+                         int64_t nb, float *y0, float *y1, int64_t ldy) {
+    const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    const bool side = JB <= 4; /* two sub-blocks (k, k + 1) side by side */
+    __m512 acc[KQZ_JB];
+#pragma GCC unroll 8
+    for (int t = 0; t < JB; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *bA = g0 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES, *bB = g1 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
+#pragma GCC unroll 27
+        for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64) {
+            _mm_prefetch((const char *)bA + KQ_QPF + o, _MM_HINT_T0);
+            _mm_prefetch((const char *)bB + KQ_QPF + o, _MM_HINT_T0);
+        }
+        const moetax_block_q8_k *a[KQZ_JB];
+#pragma GCC unroll 8
+        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
+        __m512i S[KQZ_JB];
+#pragma GCC unroll 8
+        for (int t = 0; t < JB; t++) S[t] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++)
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k += side ? 2 : 1)
+#pragma GCC unroll 2
+                for (int ph = 0; ph < 2; ph++) {
+                    __m512i s0[KQZ_JB], s1[4];
+#pragma GCC unroll 8
+                    for (int t = 0; t < JB; t++) s0[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int t = 0; t < 4; t++) s1[t] = _mm512_setzero_si512(); /* used when side */
+#pragma GCC unroll 4
+                    for (int pp = 0; pp < 4; pp++) {
+                        const int p = 4 * ph + pp;
+                        const __m512i v0 = q6z_levels(bA, bB, h, k, p);
+#pragma GCC unroll 8
+                        for (int t = 0; t < JB; t++)
+                            s0[t] = dpbusd_b16(s0[t], v0, (const uint8_t *)a[t]->qs + 128 * h + 32 * k + 4 * p);
+                        if (side) {
+                            const __m512i v1 = q6z_levels(bA, bB, h, k + 1, p);
+#pragma GCC unroll 4
+                            for (int t = 0; t < JB; t++)
+                                s1[t] = dpbusd_b16(s1[t], v1, (const uint8_t *)a[t]->qs + 128 * h + 32 * (k + 1) + 4 * p);
+                        }
+                    }
+                    const int j0 = 8 * h + 2 * k + ph, j1 = j0 + 2;
+                    const size_t so0 = MOETAX_K_Q6KR8_SC_OFF + 32 * (j0 >> 2), so1 = MOETAX_K_Q6KR8_SC_OFF + 32 * (j1 >> 2);
+                    const __m512i sc0 = sbyte_lane_z(kq_load_2x32(bA + so0, bB + so0), j0 & 3);
+#pragma GCC unroll 8
+                    for (int t = 0; t < JB; t++) S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(s0[t], sc0));
+                    if (side) {
+                        const __m512i sc1 = sbyte_lane_z(kq_load_2x32(bA + so1, bB + so1), j1 & 3);
+#pragma GCC unroll 4
+                        for (int t = 0; t < JB; t++) S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(s1[t], sc1));
+                    }
+                }
+        /* int16 scales: evens and odds of each dword (scale pairs (4k, 4k + 2), (4k + 1, 4k + 3)) */
+        __m512i ev[4], od[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m512i sk = kq_load_2x32(bA + MOETAX_K_Q6KR8_SC_OFF + 32 * k, bB + MOETAX_K_Q6KR8_SC_OFF + 32 * k);
+            ev[k] = _mm512_srai_epi16(_mm512_slli_epi16(sk, 8), 8);
+            od[k] = _mm512_srai_epi16(sk, 8);
+        }
+        const __m512 dw = kq_cvtph_2x8(bA, bB);
+#pragma GCC unroll 8
+        for (int t = 0; t < JB; t++) {
+            /* bsums as int16 pairs: dword 2k (bs[4k], bs[4k+2]), dword 2k+1 (bs[4k+1], bs[4k+3]) */
+            const __m256i bsp = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)a[t]->bsums),
+                                                    _mm256_broadcastsi128_si256(pairs));
+            int32_t qb[8]; /* broadcast from memory by the vpdpwssd */
+            _mm256_storeu_si256((__m256i *)qb, bsp);
+            __m512i off = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                off = dpwssd_b16(off, ev[k], qb + 2 * k);
+                off = dpwssd_b16(off, od[k], qb + 2 * k + 1);
+            }
+            const __m512i sumi = _mm512_sub_epi32(S[t], _mm512_slli_epi32(off, 5));
+            const __m512 ad = _mm512_set1_ps(a[t]->d);
+            acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(ad, dw), _mm512_cvtepi32_ps(sumi)));
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < JB; t++) store_2x8z(y0 + t * ldy, y1 + t * ldy, acc[t]);
+}
+
+typedef void (*kqz_fn)(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, float *y0,
+                       float *y1, int64_t ldy);
+#define KQZ_TILE(JB)                                                                                             \
+    static void q4kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
+                               float *y0, float *y1, int64_t ldy) {                                             \
+        q45z_tile(false, JB, g0, g1, xq, act_row, nb, y0, y1, ldy);                                             \
+    }                                                                                                           \
+    static void q5kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
+                               float *y0, float *y1, int64_t ldy) {                                             \
+        q45z_tile(true, JB, g0, g1, xq, act_row, nb, y0, y1, ldy);                                              \
+    }                                                                                                           \
+    static void q6kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
+                               float *y0, float *y1, int64_t ldy) {                                             \
+        q6z_tile(JB, g0, g1, xq, act_row, nb, y0, y1, ldy);                                                     \
+    }
+KQZ_TILE(1) KQZ_TILE(2) KQZ_TILE(3) KQZ_TILE(4) KQZ_TILE(5) KQZ_TILE(6) KQZ_TILE(7) KQZ_TILE(8)
+static const kqz_fn k_kqz[3][KQZ_JB] = {
+    {q4kz_tile_1, q4kz_tile_2, q4kz_tile_3, q4kz_tile_4, q4kz_tile_5, q4kz_tile_6, q4kz_tile_7, q4kz_tile_8},
+    {q5kz_tile_1, q5kz_tile_2, q5kz_tile_3, q5kz_tile_4, q5kz_tile_5, q5kz_tile_6, q5kz_tile_7, q5kz_tile_8},
+    {q6kz_tile_1, q6kz_tile_2, q6kz_tile_3, q6kz_tile_4, q6kz_tile_5, q6kz_tile_6, q6kz_tile_7, q6kz_tile_8}};
+
 /* ---- Q3_K / Q2_K as stored (no repacked layout), decode: 4 rows side by side ----
  * Bit-identical to matmul_kq_avx2.c's decode (and so its batch path): the same float steps on 4
  * lanes in the same order; the exact int32 sums formed as for Q6_K above: per 64 values one
@@ -651,7 +964,18 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
     const int jbmax = six ? KQ6_JB : KQ_JB;
     const int64_t nb = ncols / MOETAX_QK_K, gend = row1 - (row1 - row0) % R;
     const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
-    for (int64_t r = row0; r < gend; r += R)
+    const int ti = six ? 2 : wtype == MOETAX_TYPE_Q5_K ? 1 : 0;
+    int64_t r = row0;
+    if (n_batch > 1) /* pairs of adjacent groups in 512-bit vectors, tiles of up to KQZ_JB batch rows */
+        for (; r + 2 * R <= gend; r += 2 * R)
+            for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
+                const int64_t left = n_batch - j0, tiles = (left + KQZ_JB - 1) / KQZ_JB;
+                jb = (left + tiles - 1) / tiles; /* tiles of even size */
+                const uint8_t *g = w + (size_t)r * row_bytes, *xj = xq + (size_t)j0 * act_row;
+                k_kqz[ti][jb - 1](g, g + (size_t)R * row_bytes, xj, act_row, nb, y + j0 * ldy + r,
+                                  y + j0 * ldy + r + R, ldy);
+            }
+    for (; r < gend; r += R) /* decode, and a range's odd last group */
         for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
             const int64_t left = n_batch - j0, tiles = (left + jbmax - 1) / jbmax;
             jb = (left + tiles - 1) / tiles; /* tiles of even size */

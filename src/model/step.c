@@ -183,8 +183,20 @@ const void *fw_act_for(const struct act *a, enum moetax_type t) {
  * the k-quant matmul is batch-invariant (kernels.h), so the results equal those of one call
  * over prepared rows. The cost is one quantization of the rows per call (per row block and
  * expert), small against the weights' bytes; a prepared slot is the follow-up. */
+static void matmul_kq2(const struct fw_step *s, const struct moetax_weight *w, const char *wp,
+                       const struct moetax_weight *w2, const char *wp2, int64_t nrows, const struct act *a, int64_t b0,
+                       int64_t n, float *y, float *y2, int64_t ldy);
+
 static void matmul_kq(const struct fw_step *s, const struct moetax_weight *w, const char *wp, int64_t nrows,
                       const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
+    matmul_kq2(s, w, wp, NULL, NULL, nrows, a, b0, n, y, NULL, ldy);
+}
+
+/* The same for w and, when w2 is set (a k-quant weight of w's width: the same block_q8_K rows
+ * for any k-quant type), w2 into y2 from one preparation of the rows (gate and up). */
+static void matmul_kq2(const struct fw_step *s, const struct moetax_weight *w, const char *wp,
+                       const struct moetax_weight *w2, const char *wp2, int64_t nrows, const struct act *a, int64_t b0,
+                       int64_t n, float *y, float *y2, int64_t ldy) {
     enum { STACK = 64 * 1024 };
     _Alignas(64) unsigned char stack[STACK];
     const int64_t nc = w->ne[0];
@@ -200,6 +212,7 @@ static void matmul_kq(const struct fw_step *s, const struct moetax_weight *w, co
         const int64_t m = n - c < chunk ? n - c : chunk;
         s->K->quantize_act(w->type, a->x + (b0 + c) * a->ncols, a->ncols, nc, m, buf);
         s->K->matmul(w->type, wp, w->row_bytes, 0, nrows, nc, buf, m, y + c * ldy, ldy);
+        if (w2) s->K->matmul(w2->type, wp2, w2->row_bytes, 0, nrows, nc, buf, m, y2 + c * ldy, ldy);
     }
     if (buf != stack) free(buf);
 }
@@ -261,6 +274,19 @@ void fw_matmul_at(const struct fw_step *s, const struct moetax_weight *w, const 
 void fw_matmul(const struct fw_step *s, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
                const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
     fw_matmul_rel(s, w, mat, r0, r1, a, b0, n, y + r0, ldy);
+}
+
+void fw_matmul2_at(const struct fw_step *s, const struct moetax_weight *w, const void *mat,
+                   const struct moetax_weight *w2, const void *mat2, int64_t r0, int64_t r1, const struct act *a,
+                   int64_t b0, int64_t n, float *y, float *y2, int64_t ldy) {
+    if (r1 <= r0 || n <= 0) return;
+    if (is_kq(w->type) && is_kq(w2->type) && w->ne[0] == w2->ne[0]) {
+        matmul_kq2(s, w, (const char *)mat + (size_t)r0 * w->row_bytes, w2,
+                   (const char *)mat2 + (size_t)r0 * w2->row_bytes, r1 - r0, a, b0, n, y + r0, y2 + r0, ldy);
+        return;
+    }
+    fw_matmul_at(s, w, mat, r0, r1, a, b0, n, y, ldy);
+    fw_matmul_at(s, w2, mat2, r0, r1, a, b0, n, y2, ldy);
 }
 
 void fw_fail(struct fw_step *s, moetax_status st) {

@@ -163,6 +163,11 @@ void fw_matmul(const struct fw_step *s, const struct moetax_weight *w, int64_t m
 /* Same with the matrix given by its address (e.g. an expert held by the store). */
 void fw_matmul_at(const struct fw_step *s, const struct moetax_weight *w, const void *mat, int64_t r0, int64_t r1,
                   const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy);
+/* fw_matmul_at of w into y, then of w2 (rows r0..r1 too) into y2: k-quant weights of one width
+ * share one preparation of a's rows (gate and up); the same results as the two calls. */
+void fw_matmul2_at(const struct fw_step *s, const struct moetax_weight *w, const void *mat,
+                   const struct moetax_weight *w2, const void *mat2, int64_t r0, int64_t r1, const struct act *a,
+                   int64_t b0, int64_t n, float *y, float *y2, int64_t ldy);
 /* Same, writing y[b * ldy + (r - r0)]. */
 void fw_matmul_rel(const struct fw_step *s, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
                    const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy);

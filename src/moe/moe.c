@@ -818,8 +818,7 @@ static void ep_unit(struct worker *w, struct moe *b, int il) {
         float *g = ep->eh_g + (int64_t)pl->offset[e] * F, *u = ep->eh + (int64_t)pl->offset[e] * F;
         const void *wg, *wu, *wd;
         if (!expert_ptrs(w, b, il, e, &wg, &wu, &wd)) continue;
-        fw_matmul_at(s, &l->gate_exps, wg, f0, f1, &ep->a_exp, pl->offset[e], cnt, g, F);
-        fw_matmul_at(s, &l->up_exps, wu, f0, f1, &ep->a_exp, pl->offset[e], cnt, u, F);
+        fw_matmul2_at(s, &l->gate_exps, wg, &l->up_exps, wu, f0, f1, &ep->a_exp, pl->offset[e], cnt, g, u, F);
         for (int64_t i = 0; i < cnt; i++) K->silu_mul(u + i * F + f0, g + i * F + f0, u + i * F + f0, f1 - f0);
     }
     fw_phase_end(w);
@@ -891,8 +890,8 @@ static void moe_block_ep(struct worker *w, struct moe *b, int il) {
         } else if (r0 >= E64) {
             fw_mark(w, MOETAX_PHASE_SHARED);
             int64_t ra = r0 - E64, rb = r1 - E64;
-            fw_matmul(s, &l->gate_sh, 0, ra, rb, &s->a_in, 0, n, b->sh_hid, Fs);
-            fw_matmul(s, &l->up_sh, 0, ra, rb, &s->a_in, 0, n, b->sh_tmp, Fs);
+            fw_matmul2_at(s, &l->gate_sh, l->gate_sh.data, &l->up_sh, l->up_sh.data, ra, rb, &s->a_in, 0, n, b->sh_hid,
+                          b->sh_tmp, Fs);
             for (int64_t t = 0; t < n; t++)
                 K->silu_mul(b->sh_hid + t * Fs + ra, b->sh_hid + t * Fs + ra, b->sh_tmp + t * Fs + ra, rb - ra);
         }
@@ -1164,8 +1163,8 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         } else if (r0 >= E64) {
             fw_mark(w, MOETAX_PHASE_SHARED);
             int64_t ra = r0 - E64, rb = r1 - E64;
-            fw_matmul(s, &l->gate_sh, 0, ra, rb, ain, 0, n, b->sh_hid, Fs);
-            fw_matmul(s, &l->up_sh, 0, ra, rb, ain, 0, n, b->sh_tmp, Fs);
+            fw_matmul2_at(s, &l->gate_sh, l->gate_sh.data, &l->up_sh, l->up_sh.data, ra, rb, ain, 0, n, b->sh_hid,
+                          b->sh_tmp, Fs);
             for (int64_t t = 0; t < n; t++)
                 K->silu_mul(b->sh_hid + t * Fs + ra, b->sh_hid + t * Fs + ra, b->sh_tmp + t * Fs + ra, rb - ra);
         }
@@ -1278,8 +1277,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
             ai = ga;
             b0 = 0;
         }
-        fw_matmul_at(s, &l->gate_exps, wg, f0, f1, ai, b0, cnt, g, F);
-        fw_matmul_at(s, &l->up_exps, wu, f0, f1, ai, b0, cnt, u, F);
+        fw_matmul2_at(s, &l->gate_exps, wg, &l->up_exps, wu, f0, f1, ai, b0, cnt, g, u, F);
         for (int64_t i = 0; i < cnt; i++) K->silu_mul(u + i * F + f0, g + i * F + f0, u + i * F + f0, f1 - f0);
     }
     fw_phase_end(w);
