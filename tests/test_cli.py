@@ -148,6 +148,20 @@ def main():
               f"hit rate per use {x['use_hit_rate']} vs Belady's {x['belady_use_hit_rate']}")
     r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "1K"])
     check(r.returncode == 1 and "give at least" in r.stderr, f"tiny budget: {r.stderr}")
+    # the I/O engines give the same tokens; with io_uring refused (as a sandbox would) uring falls
+    # back to pread and says so in one line on stderr
+    outs = {}
+    for eng, env in (("pread", {}), ("uring", {}), ("uring", {"MOETAX_STORE_URING_FAIL": "EPERM"})):
+        r = run([mt, "run", "-m", model, "-p", "x", "-n", "8", "--temp", "0", "--expert-budget", "60%",
+                 "--io-engine", eng], env=dict(os.environ, **env))
+        notes = [x for x in r.stderr.splitlines() if x.startswith("moetax: expert store: io_uring unavailable")]
+        check(r.returncode == 0 and len(notes) == (1 if env else 0), f"run --io-engine {eng} {env}: {r.stderr}")
+        check(not env or (notes and "Operation not permitted" in notes[0] and "pread" in notes[0]),
+              f"fallback note: {notes}")
+        outs[(eng, bool(env))] = r.stdout
+    check(len(set(outs.values())) == 1, f"--io-engine pread / uring / uring refused: different output {outs}")
+    r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "60%", "--io-engine", "aio"])
+    check(r.returncode == 2 and "--io-engine must be pread or uring" in r.stderr, f"--io-engine aio: {r.stderr}")
     # a budget run's trace: its own file per budget, the store's reads on I/O worker tracks
     # (pid 1), its statistics in otherData; the report reads it (and skips the I/O tracks)
     tr = os.path.join(work, "cli_store_trace.json")

@@ -124,7 +124,7 @@ const char *moetax_store_policy_name(enum moetax_store_policy p) {
 }
 
 /* Measured on this project's disk (README, expert store): see moetax_store_io_engine_default. */
-static const enum moetax_store_io_engine default_engine = MOETAX_STORE_IO_PREAD;
+static const enum moetax_store_io_engine default_engine = MOETAX_STORE_IO_URING;
 
 const char *moetax_store_io_engine_name(enum moetax_store_io_engine e) {
     switch (e) {
@@ -393,8 +393,11 @@ static moetax_status start_engine(struct moetax_store *s) {
         s->rings = NULL;
         s->engine_fallback = true;
         s->engine_errno = -rc;
-        fprintf(stderr, "moetax: expert store: io_uring unavailable (%s: %s): reading with pread\n",
-                store_ring_built() ? "io_uring_queue_init" : "built without liburing", strerror(-rc));
+        const char *why = store_ring_built() ? "io_uring_queue_init" : "built without liburing";
+        const char *forced = getenv(store_ring_fail_env());
+        if (forced && *forced && strcmp(forced, "0") != 0) why = store_ring_fail_env();
+        fprintf(stderr, "moetax: expert store: io_uring unavailable (%s: %s): reading with pread\n", why,
+                strerror(-rc));
         return MOETAX_OK;
     }
     s->engine = MOETAX_STORE_IO_URING;
