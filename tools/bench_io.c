@@ -27,9 +27,10 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: moetax bench io [options]\n"
-            "Sequential and random read bandwidth (GB/s = 1e9 B/s) of a file for each request size and\n"
-            "queue depth (reader threads, one request in flight each), with O_DIRECT so the page cache\n"
-            "does not hide the device. This is what the expert store's read_gbps is compared with.\n"
+            "Sequential and random read bandwidth (GB/s = 1e9 B/s) of a file for each request size, queue\n"
+            "depth and I/O engine (pread: reader threads, one request in flight each; uring: one thread, qd\n"
+            "requests in flight on an io_uring), with O_DIRECT so the page cache does not hide the device.\n"
+            "This is what the expert store's read_gbps is compared with.\n"
             "\n"
             "options:\n"
             "  -f, --file FILE      read this file (e.g. the model); default: write a temporary file of\n"
@@ -453,6 +454,9 @@ int bench_io_main(int argc, char **argv) {
                         if (!json)
                             printf("%-6s %-6s %9lld %4d  (io_uring unavailable: %s)\n", pat ? "rand" : "seq", ename,
                                    (long long)req_kib[r], nt, strerror(rc));
+                        else
+                            fprintf(stderr, "moetax bench io: %s, %lld KiB, qd %d: skipped, io_uring unavailable: %s\n",
+                                    pat ? "rand" : "seq", (long long)req_kib[r], nt, strerror(rc));
                         free(c);
                         continue;
                     }

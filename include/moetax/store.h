@@ -283,12 +283,13 @@ struct moetax_store_stats {
                                           of the last cycle over the layers */
     uint64_t predicted_issued, predicted_used; /* the same for predicted prefetches */
     uint64_t predicted_loaded;         /* predicted prefetches whose read has completed */
-    uint64_t bytes_read, reads;        /* preads issued by the I/O workers (bytes incl. alignment) */
+    uint64_t bytes_read, reads;        /* reads issued by the I/O workers: preads, or io_uring SQEs
+                                          (bytes incl. alignment) */
     uint64_t loads;                    /* experts read (one or more reads each) */
     uint64_t evictions;                /* READY experts dropped to make room */
     uint64_t stall_ns;                 /* sum of the ns acquires waited */
-    uint64_t read_ns;                  /* sum of per-pread latencies */
-    uint64_t read_ns_max;              /* slowest pread */
+    uint64_t read_ns;                  /* sum of per-read latencies (uring: submission to completion) */
+    uint64_t read_ns_max;              /* slowest read */
     uint64_t io_busy_ns;               /* wall time at least one worker was loading */
     double read_gbps;                  /* bytes_read / io_busy_ns (1e9 B/s) */
     bool direct_io_active;             /* reads go through O_DIRECT */
@@ -316,7 +317,7 @@ enum moetax_store_read_kind {
 const char *moetax_store_read_kind_name(enum moetax_store_read_kind k); /* "demand", "known", "predicted" */
 struct moetax_store_read {
     uint64_t queued_ns, start_ns, end_ns; /* CLOCK_MONOTONIC: queued, read begun, resident (or failed) */
-    uint64_t read_ns;                     /* of that, in pread (checks and on_load are the rest) */
+    uint64_t read_ns;                     /* of that, in reads (checks and on_load are the rest) */
     uint64_t bytes;                       /* read from the file (spans, 4096-aligned) */
     int32_t layer, expert;
     int16_t io_thread;                    /* 0 .. n_io_threads - 1 */
