@@ -5,8 +5,9 @@
 #   test adds what the test suite needs; train what tools/train/ needs to retrain the default model
 set -euo pipefail
 mode=${1:-build}
-# libmicrohttpd: moetax serve; OpenMPI: expert parallelism (mpirun -np N moetax ...)
-pkgs=(gcc g++ make cmake pkg-config libjansson-dev libmicrohttpd-dev libopenmpi-dev openmpi-bin)
+# libmicrohttpd: moetax serve; OpenMPI: expert parallelism (mpirun -np N moetax ...);
+# liburing: the expert store's io_uring reads (--io-engine uring)
+pkgs=(gcc g++ make cmake pkg-config libjansson-dev libmicrohttpd-dev libopenmpi-dev openmpi-bin liburing-dev)
 if [ "$mode" = test ]; then
   # numpy for the independent reference (tests/ref), clang + compiler-rt for libFuzzer,
   # chromium to render the report's HTML page headless; curl and wrk: clients of moetax serve's tests

@@ -148,6 +148,33 @@ def main():
               f"hit rate per use {x['use_hit_rate']} vs Belady's {x['belady_use_hit_rate']}")
     r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "1K"])
     check(r.returncode == 1 and "give at least" in r.stderr, f"tiny budget: {r.stderr}")
+    # the I/O engines give the same tokens; with io_uring refused (as a sandbox would) uring falls
+    # back to pread and says so in one line on stderr
+    outs = {}
+    for eng, env in (("pread", {}), ("uring", {}), ("uring", {"MOETAX_STORE_URING_FAIL": "EPERM"})):
+        r = run([mt, "run", "-m", model, "-p", "x", "-n", "8", "--temp", "0", "--expert-budget", "60%",
+                 "--io-engine", eng], env=dict(os.environ, **env))
+        notes = [x for x in r.stderr.splitlines() if x.startswith("moetax: expert store: io_uring unavailable")]
+        # uring without the variable: a note only from a build without liburing or a kernel that refuses it
+        want = 1 if env else 0 if eng == "pread" else len(notes)
+        check(r.returncode == 0 and len(notes) == want and len(notes) <= 1, f"run --io-engine {eng} {env}: {r.stderr}")
+        check(not env or (notes and "Operation not permitted" in notes[0] and "pread" in notes[0]),
+              f"fallback note: {notes}")
+        outs[(eng, bool(env))] = r.stdout
+    check(len(set(outs.values())) == 1, f"--io-engine pread / uring / uring refused: different output {outs}")
+    r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "60%", "--io-engine", "aio"])
+    check(r.returncode == 2 and "--io-engine must be pread or uring" in r.stderr, f"--io-engine aio: {r.stderr}")
+    # bench io: both engines side by side, a row per case and engine
+    r = run([mt, "bench", "io", "-f", model, "--req-kib", "4,16", "--qd", "1,2", "--seconds", "0.2", "--json"])
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    ring = "io_uring unavailable" not in r.stderr  # else uring's cases are skipped, its store reads with pread
+    for eng in ("pread", "uring"):
+        for t in ("io_seq", "io_rand", "store_seq"):
+            n = 4 if ring else 8 if (eng == "pread" and t == "store_seq") else 4 if eng == "pread" else 0
+            got = [x for x in rows if x["test"] == t and x["engine"] == eng and x["gbps"] > 0 and x["bytes"] > 0]
+            check(r.returncode == 0 and len(got) == n, f"bench io {t} {eng}: {len(got)} rows, {r.stderr[-300:]}")
+    r = run([mt, "bench", "io", "-f", model, "--engine", "aio"])
+    check(r.returncode == 2 and "--engine" in r.stderr, f"bench io --engine aio: {r.stderr}")
     # a budget run's trace: its own file per budget, the store's reads on I/O worker tracks
     # (pid 1), its statistics in otherData; the report reads it (and skips the I/O tracks)
     tr = os.path.join(work, "cli_store_trace.json")

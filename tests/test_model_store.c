@@ -59,6 +59,52 @@ static int f_sig(void *u, int fd, uint64_t *size, uint64_t *mtime) {
     return moetax_store_vfs_default()->fstat_sig(u, fd, size, mtime);
 }
 static void f_close(void *u, int fd) { (void)u; close(fd); }
+/* the same fault for the io_uring engine, on what the ring read */
+static ssize_t f_result(void *u, int fd, void *buf, size_t n, uint64_t off, ssize_t res) {
+    struct fault *f = u;
+    (void)fd, (void)buf, (void)n, (void)off;
+    return atomic_fetch_add(&f->reads, 1) + 1 >= atomic_load(&f->fail_at) ? -EIO : res;
+}
+
+/* Both I/O engines at a 25% budget (reads and evictions on every step), O_DIRECT, 2 threads,
+ * prefetch on: the logits are the mapped run's bits, and the uring engine is the one reading
+ * when this build and kernel have it. */
+static void engines_case(struct moetax_model *m, const char *type, const float *ref) {
+    const int64_t V = m->hp.n_vocab;
+    const enum moetax_store_io_engine engines[2] = {MOETAX_STORE_IO_PREAD, MOETAX_STORE_IO_URING};
+    for (int k = 0; k < 2; k++) {
+        struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE, .budget_bytes = (uint64_t)1 << 40,
+                                         .io_engine = engines[k]};
+        struct moetax_store *s = NULL;
+        int ub = 64;
+        CHECK(moetax_model_store_open(m, &sp, ub, 0, &s, &ub) == MOETAX_OK);
+        uint64_t slot = s ? moetax_store_slot_bytes(s) : 1;
+        moetax_store_free(s);
+        s = NULL;
+        sp.budget_bytes = slot * (uint64_t)m->hp.n_expert * 2 / 4; /* 2 MoE layers */
+        ub = 64;
+        moetax_status st = moetax_model_store_open(m, &sp, ub, 0, &s, &ub);
+        CHECK_MSG(st == MOETAX_OK, "%s %s: %s", type, moetax_store_io_engine_name(engines[k]), moetax_last_error());
+        if (st) continue;
+        float *ref_ub = ub == 64 ? (float *)ref : run(m, NULL, 1, ub, false, &st);
+        float *got = run(m, s, 2, ub, true, &st);
+        CHECK_MSG(got && ref_ub && !memcmp(got, ref_ub, sizeof(float) * (size_t)(V * N_TOK)),
+                  "%s engine %s: %s", type, moetax_store_io_engine_name(engines[k]),
+                  got ? "logits differ from the resident run" : moetax_last_error());
+        struct moetax_store_stats ss;
+        moetax_store_get_stats(s, &ss);
+        CHECK(ss.evictions > 0 && ss.loads > 0);
+#ifdef MOETAX_WITH_URING
+        if (engines[k] == MOETAX_STORE_IO_URING)
+            CHECK_MSG(ss.io_engine == MOETAX_STORE_IO_URING || (ss.io_engine_fallback && ss.io_engine_errno == EPERM),
+                      "%s: the uring engine is not reading", type);
+#endif
+        if (engines[k] == MOETAX_STORE_IO_PREAD) CHECK(ss.io_engine == MOETAX_STORE_IO_PREAD);
+        if (ref_ub != ref) free(ref_ub);
+        free(got);
+        moetax_store_free(s);
+    }
+}
 
 /* A learned predictor (moetax/predict.h) fitted on one run through a 25% store, then driving its
  * prefetch: it only chooses what is read ahead, so the logits stay the mapped run's, and both it and
@@ -207,12 +253,13 @@ int main(int argc, char **argv) {
         CHECK(moetax_model_store_open(m, &small, ub, 0, &s, &ub) == MOETAX_ERR_ARG);
         CHECK_MSG(strstr(moetax_last_error(), "at least"), "message: %s", moetax_last_error());
         /* a read fault: clear error naming the expert and the file, and the next step retries */
-        for (int fail_at = 1; fail_at <= 3; fail_at++) {
+        for (int fail_at = 1; fail_at <= 6; fail_at++) { /* 4..6: the same with the uring engine */
             struct fault fl;
-            atomic_init(&fl.fail_at, fail_at);
+            atomic_init(&fl.fail_at, (fail_at - 1) % 3 + 1);
             atomic_init(&fl.reads, 0);
-            struct moetax_store_vfs vfs = {f_open, f_pread, f_sig, f_close, &fl};
-            struct moetax_store_params fp = {.budget_bytes = (uint64_t)1 << 30, .vfs = &vfs, .buffered_io = true};
+            struct moetax_store_vfs vfs = {f_open, f_pread, f_sig, f_close, &fl, f_result};
+            struct moetax_store_params fp = {.budget_bytes = (uint64_t)1 << 30, .vfs = &vfs, .buffered_io = true,
+                                             .io_engine = fail_at > 3 ? MOETAX_STORE_IO_URING : MOETAX_STORE_IO_PREAD};
             ub = 64;
             CHECK(moetax_model_store_open(m, &fp, ub, 0, &s, &ub) == MOETAX_OK);
             float *got = run(m, s, 2, ub, true, &st);
@@ -227,6 +274,7 @@ int main(int argc, char **argv) {
             free(got);
             moetax_store_free(s);
         }
+        if (ref) engines_case(m, types[ti], ref);
         predictor_case(m, types[ti]);
         free(ref);
         moetax_model_free(m);

@@ -5,7 +5,9 @@
  * threads; hand-computed hit/miss/eviction counts for LRU, LFU and LFRU at its
  * limits; NEXT-USE's victims (layer cycle against frequency, frequency against
  * recency, prefetch hints and stale prefetches) hand-computed; Belady against hand-computed and brute-force values; prefetch
- * accounting; faults injected through the VFS; budget checks. */
+ * accounting; faults injected through the VFS; budget checks; all of it again with the io_uring
+ * engine, which must read what pread reads, report a real short file as clearly, and fall back to
+ * pread when ring set-up fails. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -32,6 +34,8 @@ static struct reg g_reg[NL][NE];
 static uint8_t *g_file;
 static size_t g_size;
 static char g_path[1024];
+/* The I/O engine the stores of open_store read with (the suite runs under both). */
+static enum moetax_store_io_engine g_engine = MOETAX_STORE_IO_PREAD;
 
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -85,6 +89,7 @@ static bool same_bytes(int l, int e, const void **ptrs) {
 
 static moetax_status open_store(struct moetax_store_params p, struct moetax_store **out) {
     p.path = g_path;
+    if (p.io_engine == MOETAX_STORE_IO_DEFAULT) p.io_engine = g_engine;
     moetax_status st = moetax_store_init(&p, NL, NE, out);
     if (st != MOETAX_OK) return st;
     for (int l = 0; l < NL; l++)
@@ -530,6 +535,24 @@ static ssize_t f_pread(void *u, int fd, void *buf, size_t n, uint64_t off) {
     }
     return d->pread(d->user, fd, buf, n, off);
 }
+/* The same faults for the io_uring engine, applied to what the ring read (it has read n bytes
+ * at off, or failed with res < 0). */
+static ssize_t f_result(void *u, int fd, void *buf, size_t n, uint64_t off, ssize_t res) {
+    struct fault *f = u;
+    (void)fd;
+    atomic_fetch_add(&f->preads, 1);
+    uint64_t lo = atomic_load(&f->lo);
+    bool hit = off >= lo && off < atomic_load(&f->hi);
+    int mode = hit ? atomic_load(&f->mode) : F_NONE;
+    if (atomic_load(&f->mode) == F_SHORT && off > lo && off < lo + (1u << 20)) return 0; /* "end of file" */
+    if (mode == F_ERROR) return -EIO;
+    if (mode == F_LATENCY) sleep_ms(atomic_load(&f->delay_ms));
+    if (mode == F_SHORT && res > 0) {
+        res = (ssize_t)n / 2 < res ? (ssize_t)n / 2 : res;
+        memset(buf, 0, (size_t)res); /* and garbage: it must never be served */
+    }
+    return res;
+}
 static int f_sig(void *u, int fd, uint64_t *size, uint64_t *mtime) {
     struct fault *f = u;
     const struct moetax_store_vfs *d = moetax_store_vfs_default();
@@ -599,7 +622,7 @@ static void test_prefetch(uint64_t sb) {
     atomic_store(&f.mode, F_LATENCY);
     atomic_store(&f.hi, UINT64_MAX);
     atomic_store(&f.delay_ms, 30);
-    struct moetax_store_vfs vfs = {f_open, f_pread, f_sig, f_close, &f};
+    struct moetax_store_vfs vfs = {f_open, f_pread, f_sig, f_close, &f, f_result};
     CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 2 * sb, .vfs = &vfs}, &s), MOETAX_OK);
     moetax_store_prefetch(s, 0, pf, 1, true);
     CHECK_EQ_INT(moetax_store_acquire(s, 0, 3, ptrs, &waited), MOETAX_OK);
@@ -702,7 +725,7 @@ static void expect_ok(struct moetax_store *s, int l, int e) {
 
 static void test_faults(uint64_t sb) {
     struct fault f = {0};
-    struct moetax_store_vfs vfs = {f_open, f_pread, f_sig, f_close, &f};
+    struct moetax_store_vfs vfs = {f_open, f_pread, f_sig, f_close, &f, f_result};
     struct moetax_store *s = NULL;
     CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 3 * sb, .vfs = &vfs}, &s), MOETAX_OK);
     if (!s) return;
@@ -894,6 +917,93 @@ static void test_warm(uint64_t sb) {
     moetax_store_free(s);
 }
 
+/* ---- I/O engines ------------------------------------------------------------------------ */
+
+/* Acquire every expert, one at a time, through a store of the minimum budget (each read evicts),
+ * checking the bytes; the stats come back in *st. */
+static void read_all(struct moetax_store_params p, struct moetax_store_stats *st) {
+    struct moetax_store *s = NULL;
+    CHECK_EQ_INT(open_store(p, &s), MOETAX_OK);
+    if (!s) return;
+    for (int round = 0; round < 2; round++)
+        for (int l = 0; l < NL; l++)
+            for (int e = 0; e < NE; e++) expect_ok(s, l, e);
+    moetax_store_get_stats(s, st);
+    moetax_store_free(s);
+}
+
+/* A short file for real (no VFS): the model is cut inside layer 2's last expert after the
+ * store has opened it; both engines report a short read naming the file and the offset. */
+static void test_truncated(uint64_t sb, enum moetax_store_io_engine engine) {
+    struct moetax_store *s = NULL;
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 2 * sb, .io_engine = engine}, &s),
+                 MOETAX_OK);
+    if (!s) return;
+    const struct reg *r = &g_reg[2][NE - 1]; /* down (range 2) ends the file */
+    uint64_t cut = r->off[2] + r->size[2] / 2, span = r->off[2] & ~4095ull;
+    CHECK(truncate(g_path, (off_t)cut) == 0);
+    expect_io_error(s, 2, NE - 1, span, "short read");
+    char want[64];
+    snprintf(want, sizeof want, "(%llu of", (unsigned long long)(cut - span));
+    CHECK_MSG(has(moetax_last_error(), want), "engine %s: '%s' lacks '%s'", moetax_store_io_engine_name(engine),
+              moetax_last_error(), want);
+    moetax_store_free(s);
+    FILE *f = fopen(g_path, "wb"); /* whole again */
+    CHECK(f && fwrite(g_file, 1, g_size, f) == g_size);
+    if (f) fclose(f);
+}
+
+static void test_engines(uint64_t sb) {
+    struct moetax_store_stats sp = {0}, su = {0};
+    read_all((struct moetax_store_params){.budget_bytes = 4 * sb, .min_slots = 4, .io_engine = MOETAX_STORE_IO_PREAD},
+             &sp);
+    CHECK(sp.io_engine == MOETAX_STORE_IO_PREAD && !sp.io_engine_fallback);
+    read_all((struct moetax_store_params){.budget_bytes = 4 * sb, .min_slots = 4, .io_engine = MOETAX_STORE_IO_URING},
+             &su);
+#ifdef MOETAX_WITH_URING
+    /* this build has io_uring: the kernel must give a ring unless a sandbox refuses it */
+    CHECK_MSG(su.io_engine == MOETAX_STORE_IO_URING || (su.io_engine_fallback && su.io_engine_errno == EPERM),
+              "uring engine not active (fallback %d, errno %d)", su.io_engine_fallback, su.io_engine_errno);
+#else
+    CHECK(su.io_engine == MOETAX_STORE_IO_PREAD && su.io_engine_fallback && su.io_engine_errno == ENOSYS);
+#endif
+    /* the same loads, bytes and one request per span */
+    CHECK_EQ_INT(su.loads, sp.loads);
+    CHECK_EQ_INT(su.bytes_read, sp.bytes_read);
+    CHECK_EQ_INT(su.reads, sp.reads);
+    CHECK_EQ_INT(su.hits, sp.hits);
+
+    /* Ring set-up refused (as seccomp or an old kernel would): pread, flagged, same bytes. */
+    setenv("MOETAX_STORE_URING_FAIL", "EPERM", 1);
+    struct moetax_store_stats sf = {0};
+    read_all((struct moetax_store_params){.budget_bytes = 4 * sb, .min_slots = 4, .io_engine = MOETAX_STORE_IO_URING},
+             &sf);
+    unsetenv("MOETAX_STORE_URING_FAIL");
+    CHECK(sf.io_engine == MOETAX_STORE_IO_PREAD && sf.io_engine_fallback && sf.io_engine_errno == EPERM);
+    CHECK_EQ_INT(sf.bytes_read, sp.bytes_read);
+
+    /* A VFS that replaces pread and cannot see ring results is read with its pread. */
+    struct fault f = {0};
+    struct moetax_store_vfs vfs = {f_open, f_pread, f_sig, f_close, &f, NULL};
+    read_all((struct moetax_store_params){.budget_bytes = 4 * sb, .min_slots = 4, .io_engine = MOETAX_STORE_IO_URING,
+                                          .vfs = &vfs},
+             &sf);
+    CHECK(sf.io_engine == MOETAX_STORE_IO_PREAD && !sf.io_engine_fallback);
+    CHECK_EQ_INT((uint64_t)atomic_load(&f.preads), sf.reads + 1); /* + the O_DIRECT probe at open */
+
+    CHECK(!strcmp(moetax_store_io_engine_name(moetax_store_io_engine_default()), "pread") ||
+          !strcmp(moetax_store_io_engine_name(moetax_store_io_engine_default()), "uring"));
+    enum moetax_store_io_engine pe;
+    CHECK(moetax_store_io_engine_parse("uring", &pe) && pe == MOETAX_STORE_IO_URING);
+    CHECK(!moetax_store_io_engine_parse("aio", &pe));
+    struct moetax_store *s = NULL;
+    struct moetax_store_params bad = {.path = g_path, .io_engine = (enum moetax_store_io_engine)7};
+    CHECK_EQ_INT(moetax_store_init(&bad, NL, NE, &s), MOETAX_ERR_ARG);
+
+    test_truncated(sb, MOETAX_STORE_IO_PREAD);
+    test_truncated(sb, MOETAX_STORE_IO_URING);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     make_file();
@@ -907,6 +1017,14 @@ int main(int argc, char **argv) {
     test_read_log(sb);
     test_faults(sb);
     test_bytes(sb, 300);
+    test_engines(sb);
+    /* again with the io_uring engine (faults through the VFS's uring_result) */
+    g_engine = MOETAX_STORE_IO_URING;
+    test_prefetch(sb);
+    test_warm(sb);
+    test_read_log(sb);
+    test_faults(sb);
+    test_bytes(sb, 100);
     unlink(g_path);
     free(g_file);
     return tu_finish("test_store");

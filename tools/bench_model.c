@@ -590,12 +590,17 @@ int bench_model_main(int argc, char **argv) {
                 ob.lo.metrics = false; /* printed once, for the mapped run */
                 st = bench_model(model, pool, read_gbps, &ob, ti == nth - 1 && (ob.lo.json_path || ob.lo.trace_path), br);
                 if (st) break;
+                /* the uring engine has all spans of an expert in flight at once (gate, up, down) */
+                const enum moetax_store_io_engine eng =
+                    o.so.io_engine ? o.so.io_engine : moetax_store_io_engine_default();
+                const int ref_qd = (o.so.io_threads ? o.so.io_threads : 4) * (eng == MOETAX_STORE_IO_URING ? 3 : 1);
                 {
                     /* the device's random read bandwidth for the store's request size (one span of an
-                     * expert) and queue depth (its I/O threads), measured right after each budget's run:
-                     * a virtual disk's bandwidth drifts, so each budget is judged against its own reading */
-                    io_ref = bench_io_measure(model, br[1][0].req_bytes ? br[1][0].req_bytes : (1u << 18),
-                                              o.so.io_threads ? o.so.io_threads : 4, true, o.so.buffered, 2.0);
+                     * expert) and queue depth (the reads its I/O threads have in flight), measured right
+                     * after each budget's run: a virtual disk's bandwidth drifts, so each budget is
+                     * judged against its own reading */
+                    io_ref = bench_io_measure(model, br[1][0].req_bytes ? br[1][0].req_bytes : (1u << 18), ref_qd,
+                                              true, o.so.buffered, 2.0);
                 }
                 for (int i = 0; !st && i < o.ntg; i++) {
                     const struct result *b = &br[1][i];
@@ -619,7 +624,7 @@ int bench_model_main(int argc, char **argv) {
                                "(random %.0f KiB, qd %d); ideal max(mapped, read time) %.0f us: %.2fx of ideal; "
                                "hit rate %.0f%% = %.0f%% of Belady; per expert use %.0f%% = %.0f%% of Belady's %.0f%%, %.0f%% of the best static set's %.0f%% |\n",
                                t_b, t_res, b->store_gbps, io_ref > 0 ? 100 * b->store_gbps / io_ref : 0, io_ref,
-                               (double)(b->req_bytes ? b->req_bytes : (1u << 18)) / 1024, o.so.io_threads ? o.so.io_threads : 4,
+                               (double)(b->req_bytes ? b->req_bytes : (1u << 18)) / 1024, ref_qd,
                                ideal, t_b / ideal, 100 * b->hit_rate, b->belady > 0 ? 100 * b->hit_rate / b->belady : 0,
                                100 * b->use_hit, b->belady_use > 0 ? 100 * b->use_hit / b->belady_use : 0,
                                100 * b->belady_use, b->static_use > 0 ? 100 * b->use_hit / b->static_use : 0,

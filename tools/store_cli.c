@@ -32,6 +32,13 @@ bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool
         if (!*err) o->io_threads = (int)n;
         return true;
     }
+    if (cli_opt(argc, argv, i, NULL, "--io-engine", &v, err)) {
+        if (!*err && !moetax_store_io_engine_parse(v, &o->io_engine)) {
+            fprintf(stderr, "moetax: --io-engine must be pread or uring, not '%s'\n", v);
+            *err = true;
+        }
+        return true;
+    }
     if (cli_opt(argc, argv, i, NULL, "--warm", &o->warm, err)) return true;
     if (cli_opt(argc, argv, i, NULL, "--predictor", &o->predictor, err)) return true;
     if (!strcmp(argv[*i], "--no-prefetch")) { o->no_prefetch = true; return true; }
@@ -43,21 +50,29 @@ enum moetax_store_policy cli_store_policy(const struct cli_store_opts *o) {
     return o->policy_set ? o->policy : MOETAX_STORE_NEXT_USE;
 }
 
-const char *cli_store_help(void) {
+static const char *store_help_fmt(void) {
     return "  --expert-budget B    keep routed experts in an expert store of B bytes of RAM (e.g. 2G, 512M,\n"
-           "                       or 25% of the experts' total); the rest is read from the file on demand\n"
+           "                       or 25%% of the experts' total); the rest is read from the file on demand\n"
            "                       (O_DIRECT) and prefetched from the next layer's router prediction\n"
            "  --policy P           eviction: lru, lfu, lfru (frequency-weighted LRU) or next-use (expected\n"
            "                       next use from the layer cycle, the frequency and the prefetches; the default)\n"
            "  --no-prefetch        read each expert only when a work item needs it (no early reads of the\n"
            "                       layer's experts, no prediction for the next layer)\n"
            "  --buffered-io        read through the page cache instead of O_DIRECT\n"
-           "  --io-threads N       I/O workers, i.e. reads in flight (default 4)\n"
+           "  --io-threads N       I/O workers, i.e. experts read at once (default 4)\n"
+           "  --io-engine E        how they read: pread (one pread per span) or uring (io_uring: all spans of an\n"
+           "                       expert submitted at once; pread when io_uring is unavailable); default: %s\n"
            "  --warm PROFILE       a warm start from a routing profile (moetax profile): before the first\n"
            "                       token the store is filled with the experts the profile uses most, and\n"
            "                       the eviction policy takes its frequencies as a prior (16 tokens' weight)\n"
            "  --predictor FILE     prefetch from a learned predictor (moetax profile --fit-predictor) instead of\n"
            "                       the next layer's router on the current residual; the store's summary scores both\n";
+}
+
+const char *cli_store_help(void) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, store_help_fmt(), moetax_store_io_engine_name(moetax_store_io_engine_default()));
+    return buf;
 }
 
 uint64_t cli_store_expert_bytes(const struct moetax_model *m) {
@@ -130,7 +145,8 @@ bool cli_store_parse_budget(const char *s, uint64_t expert_bytes, uint64_t *out)
 moetax_status cli_store_open(const struct moetax_model *m, const struct cli_store_opts *o, uint64_t budget,
                              int *n_ubatch, struct moetax_store **out) {
     struct moetax_store_params p = {.budget_bytes = budget, .policy = cli_store_policy(o), .buffered_io = o->buffered,
-                                    .n_io_threads = o->io_threads, .read_log_cap = o->read_log_cap};
+                                    .n_io_threads = o->io_threads, .io_engine = o->io_engine,
+                                    .read_log_cap = o->read_log_cap};
     moetax_status st = moetax_model_store_open(m, &p, *n_ubatch, o->n_expert_used, out, n_ubatch);
 #ifdef MOETAX_WITH_MPI
     /* each rank fits its micro-batch to its own store: every rank steps with the smallest */
@@ -257,8 +273,9 @@ void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens) {
             (double)st.slot_bytes / (1 << 20),
             st.direct_io_active ? "O_DIRECT" : st.direct_io_fallback ? "buffered (O_DIRECT refused)" : "buffered",
             100 * hit, (unsigned long long)st.misses, (unsigned long long)st.acquires);
-    fprintf(f, "  reads: %.1f MiB in %llu requests, %.2f GB/s while reading", (double)st.bytes_read / (1 << 20),
-            (unsigned long long)st.reads, st.read_gbps);
+    fprintf(f, "  reads (%s%s): %.1f MiB in %llu requests, %.2f GB/s while reading",
+            moetax_store_io_engine_name(st.io_engine), st.io_engine_fallback ? ", io_uring unavailable" : "",
+            (double)st.bytes_read / (1 << 20), (unsigned long long)st.reads, st.read_gbps);
     if (tokens > 0) /* per token only when the caller knows how many tokens the store served */
         fprintf(f, "; %.2f MiB read and %.2f ms stalled per token", (double)st.bytes_read / (1 << 20) / (double)tokens,
                 1e-6 * (double)st.stall_ns / (double)tokens);

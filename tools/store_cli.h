@@ -18,6 +18,7 @@ struct cli_store_opts {
     bool no_prefetch;
     bool buffered;
     int io_threads;
+    enum moetax_store_io_engine io_engine; /* --io-engine; 0: the store's default */
     int64_t read_log_cap;  /* reads kept for the trace's I/O tracks (set with --trace); 0: none */
     const char *warm;      /* --warm PROFILE: fill the store from a routing profile and take it as the prior */
     const char *predictor; /* --predictor FILE: a learned predictor (moetax profile --fit-predictor) drives

@@ -37,8 +37,10 @@
  *   bio.c) take jobs from one queue of slots: a demand load (an acquire that
  *   missed) goes to the head, a prefetch to the tail; an acquire that finds
  *   its expert queued by a prefetch moves it to the head. A worker reads each
- *   span with one pread (looping only on a partial read), then checks that
- *   the file's size and mtime still match those seen at commit.
+ *   span with one pread (looping only on a partial read), or with the io_uring
+ *   engine submits all the expert's spans to its own ring at once (same
+ *   results, errors and retries), then checks that the file's size and mtime
+ *   still match those seen at commit.
  *
  *   Reads go through struct moetax_store_vfs (SQLite's VFS): tests inject
  *   errors, short reads, latency and a changed file signature.
@@ -145,10 +147,31 @@ struct moetax_store_vfs {
     int (*fstat_sig)(void *user, int fd, uint64_t *size, uint64_t *mtime_ns); /* file changed underneath? */
     void (*close)(void *user, int fd);
     void *user;
+    /* Optional, for the io_uring engine: the ring reads the descriptor open gave with the kernel's
+     * read, not with pread above; each completed read's result (bytes, 0 at end of file, or
+     * -errno) then passes through this and may be changed (tests inject errors and short reads
+     * here). A VFS other than the default one that leaves it NULL is read with pread. */
+    ssize_t (*uring_result)(void *user, int fd, void *buf, size_t n, uint64_t off, ssize_t res);
 };
 
 /* The POSIX one: open(2) with O_DIRECT when asked, pread(2), fstat(2), close(2). */
 const struct moetax_store_vfs *moetax_store_vfs_default(void);
+
+/* How the I/O workers read. PREAD: one pread(2) per span, one expert per worker at a time.
+ * URING: each worker has an io_uring (liburing) and submits all spans of its expert at once.
+ * DEFAULT is the one that measured faster (README, expert store). Without io_uring (a build
+ * without liburing, a kernel or sandbox that refuses it: io_uring_queue_init fails) URING
+ * reads with pread and says so on stderr once; stats.io_engine tells which one reads. */
+enum moetax_store_io_engine {
+    MOETAX_STORE_IO_DEFAULT = 0,
+    MOETAX_STORE_IO_PREAD = 1,
+    MOETAX_STORE_IO_URING = 2,
+};
+const char *moetax_store_io_engine_name(enum moetax_store_io_engine e); /* "default", "pread", "uring" */
+/* "pread", "uring" -> engine; false if unknown. */
+bool moetax_store_io_engine_parse(const char *s, enum moetax_store_io_engine *out);
+/* What DEFAULT stands for: MOETAX_STORE_IO_PREAD or MOETAX_STORE_IO_URING. */
+enum moetax_store_io_engine moetax_store_io_engine_default(void);
 
 struct moetax_store_params {
     const char *path;         /* the model file (copied) */
@@ -156,7 +179,8 @@ struct moetax_store_params {
     enum moetax_store_policy policy;
     bool buffered_io;         /* false (default): O_DIRECT, falling back to buffered reads with
                                  stats.direct_io_fallback set if the filesystem refuses it */
-    int n_io_threads;         /* I/O workers (requests in flight); 0: 4 */
+    int n_io_threads;         /* I/O workers (experts in flight); 0: 4 */
+    enum moetax_store_io_engine io_engine; /* how they read (see above) */
     int min_slots;            /* experts pinned at once by all threads (see INVARIANTS); 0: 1 */
     int64_t lfu_aging;        /* LFU, NEXT-USE: halve all counts every this many acquires; 0: 8 * keys
                                  (NEXT-USE: 32 * keys) */
@@ -259,16 +283,20 @@ struct moetax_store_stats {
                                           of the last cycle over the layers */
     uint64_t predicted_issued, predicted_used; /* the same for predicted prefetches */
     uint64_t predicted_loaded;         /* predicted prefetches whose read has completed */
-    uint64_t bytes_read, reads;        /* preads issued by the I/O workers (bytes incl. alignment) */
+    uint64_t bytes_read, reads;        /* reads issued by the I/O workers: preads, or io_uring SQEs
+                                          (bytes incl. alignment) */
     uint64_t loads;                    /* experts read (one or more reads each) */
     uint64_t evictions;                /* READY experts dropped to make room */
     uint64_t stall_ns;                 /* sum of the ns acquires waited */
-    uint64_t read_ns;                  /* sum of per-pread latencies */
-    uint64_t read_ns_max;              /* slowest pread */
+    uint64_t read_ns;                  /* sum of per-read latencies (uring: submission to completion) */
+    uint64_t read_ns_max;              /* slowest read */
     uint64_t io_busy_ns;               /* wall time at least one worker was loading */
     double read_gbps;                  /* bytes_read / io_busy_ns (1e9 B/s) */
     bool direct_io_active;             /* reads go through O_DIRECT */
     bool direct_io_fallback;           /* O_DIRECT was asked for but refused: buffered reads */
+    enum moetax_store_io_engine io_engine; /* the engine reading: PREAD or URING */
+    bool io_engine_fallback;           /* URING was asked for but a ring could not be set up: pread */
+    int io_engine_errno;               /* then why (io_uring_queue_init's error) */
     int n_slots;
     uint64_t slot_bytes;
     int resident;                      /* READY slots now */
@@ -289,7 +317,7 @@ enum moetax_store_read_kind {
 const char *moetax_store_read_kind_name(enum moetax_store_read_kind k); /* "demand", "known", "predicted" */
 struct moetax_store_read {
     uint64_t queued_ns, start_ns, end_ns; /* CLOCK_MONOTONIC: queued, read begun, resident (or failed) */
-    uint64_t read_ns;                     /* of that, in pread (checks and on_load are the rest) */
+    uint64_t read_ns;                     /* of that, in reads (checks and on_load are the rest) */
     uint64_t bytes;                       /* read from the file (spans, 4096-aligned) */
     int32_t layer, expert;
     int16_t io_thread;                    /* 0 .. n_io_threads - 1 */

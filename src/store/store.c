@@ -68,6 +68,10 @@ struct moetax_store {
     struct moetax_huge_buf mem; /* the slots (moetax_huge_alloc: the kernels stream experts from them) */
     struct slot *slots;
     struct store_io *io;
+    enum moetax_store_io_engine engine; /* PREAD or URING, fixed at commit */
+    bool engine_fallback;
+    int engine_errno;
+    struct store_ring **rings; /* URING: [n_io_threads], one per I/O worker */
 
     pthread_mutex_t mu;
     pthread_cond_t cv; /* any slot completed or unpinned (CLOCK_MONOTONIC) */
@@ -118,6 +122,28 @@ const char *moetax_store_policy_name(enum moetax_store_policy p) {
     }
     return "?";
 }
+
+/* Measured on this project's disk (README, expert store): see moetax_store_io_engine_default. */
+static const enum moetax_store_io_engine default_engine = MOETAX_STORE_IO_URING;
+
+const char *moetax_store_io_engine_name(enum moetax_store_io_engine e) {
+    switch (e) {
+    case MOETAX_STORE_IO_DEFAULT: return "default";
+    case MOETAX_STORE_IO_PREAD: return "pread";
+    case MOETAX_STORE_IO_URING: return "uring";
+    }
+    return "?";
+}
+
+bool moetax_store_io_engine_parse(const char *s, enum moetax_store_io_engine *out) {
+    if (!s) return false;
+    if (!strcmp(s, "pread")) *out = MOETAX_STORE_IO_PREAD;
+    else if (!strcmp(s, "uring")) *out = MOETAX_STORE_IO_URING;
+    else return false;
+    return true;
+}
+
+enum moetax_store_io_engine moetax_store_io_engine_default(void) { return default_engine; }
 
 bool moetax_store_policy_parse(const char *s, enum moetax_store_policy *out) {
     if (!s) return false;
@@ -176,6 +202,9 @@ moetax_status moetax_store_init(const struct moetax_store_params *p, int n_layer
     if (p->n_io_threads < 0 || p->n_io_threads > 64)
         return moetax_error(MOETAX_ERR_ARG, "expert store: n_io_threads %d out of range 0..64", p->n_io_threads);
     if (p->min_slots < 0) return moetax_error(MOETAX_ERR_ARG, "expert store: min_slots %d < 0", p->min_slots);
+    if (p->io_engine != MOETAX_STORE_IO_DEFAULT && p->io_engine != MOETAX_STORE_IO_PREAD &&
+        p->io_engine != MOETAX_STORE_IO_URING)
+        return moetax_error(MOETAX_ERR_ARG, "expert store: unknown I/O engine %d", (int)p->io_engine);
     if (p->lfu_aging < 0 || p->lfru_halflife < 0 || !(p->lfru_halflife == p->lfru_halflife))
         return moetax_error(MOETAX_ERR_ARG, "expert store: negative lfu_aging or lfru_halflife");
 
@@ -239,6 +268,9 @@ moetax_status moetax_store_init(const struct moetax_store_params *p, int n_layer
 void moetax_store_free(struct moetax_store *s) {
     if (!s) return;
     store_io_stop(s->io); /* joins: no worker touches the slots after this */
+    if (s->rings)
+        for (int t = 0; t < s->p.n_io_threads; t++) store_ring_free(s->rings[t]);
+    free(s->rings);
     if (s->pred_own) moetax_predictor_free(s->pred);
     if (s->fd >= 0) s->vfs->close(s->vfs->user, s->fd);
     moetax_huge_free(&s->mem);
@@ -343,6 +375,35 @@ int moetax_store_n_slots(const struct moetax_store *s) { return s->committed ? s
 
 static void io_job(void *ctx, int job, int worker);
 
+/* The I/O engine: with URING, one ring per worker, deep enough for an expert's spans. A VFS
+ * other than the default that cannot see ring results (no uring_result) is read with pread;
+ * a ring that cannot be set up gives pread, said once on stderr. */
+static moetax_status start_engine(struct moetax_store *s) {
+    enum moetax_store_io_engine e = s->p.io_engine == MOETAX_STORE_IO_DEFAULT ? default_engine : s->p.io_engine;
+    s->engine = MOETAX_STORE_IO_PREAD;
+    if (e != MOETAX_STORE_IO_URING) return MOETAX_OK;
+    if (s->vfs != moetax_store_vfs_default() && !s->vfs->uring_result) return MOETAX_OK;
+    s->rings = calloc((size_t)s->p.n_io_threads, sizeof *s->rings);
+    if (!s->rings) return moetax_error(MOETAX_ERR_NOMEM, "expert store: out of memory (rings)");
+    int rc = 0;
+    for (int t = 0; t < s->p.n_io_threads && !rc; t++) rc = store_ring_init(MOETAX_STORE_MAX_RANGES, &s->rings[t]);
+    if (rc) {
+        for (int t = 0; t < s->p.n_io_threads; t++) store_ring_free(s->rings[t]);
+        free(s->rings);
+        s->rings = NULL;
+        s->engine_fallback = true;
+        s->engine_errno = -rc;
+        const char *why = store_ring_built() ? "io_uring_queue_init" : "built without liburing";
+        const char *forced = getenv(store_ring_fail_env());
+        if (forced && *forced && strcmp(forced, "0") != 0) why = store_ring_fail_env();
+        fprintf(stderr, "moetax: expert store: io_uring unavailable (%s: %s): reading with pread\n", why,
+                strerror(-rc));
+        return MOETAX_OK;
+    }
+    s->engine = MOETAX_STORE_IO_URING;
+    return MOETAX_OK;
+}
+
 moetax_status moetax_store_commit(struct moetax_store *s) {
     if (s->committed) return moetax_error(MOETAX_ERR_ARG, "expert store: committed twice");
     if (s->n_registered == 0) return moetax_error(MOETAX_ERR_ARG, "expert store: no experts registered");
@@ -379,7 +440,8 @@ moetax_status moetax_store_commit(struct moetax_store *s) {
         s->slots[i].buf = s->mem.ptr + (size_t)i * sb;
         s->slots[i].key = -1;
     }
-    moetax_status st = store_io_start(s->p.n_io_threads, n_slots, io_job, s, &s->io);
+    moetax_status st = start_engine(s);
+    if (st == MOETAX_OK) st = store_io_start(s->p.n_io_threads, n_slots, io_job, s, &s->io);
     if (st != MOETAX_OK) {
         free(s->slots);
         moetax_huge_free(&s->mem);
@@ -407,11 +469,25 @@ static void io_job(void *ctx, int job, int worker) {
     char err[STORE_ERR_LEN];
     bool ok = true;
     uint64_t bytes = 0, reads = 0, rns = 0, rmax = 0;
+    struct store_ring_req rq[MOETAX_STORE_MAX_RANGES];
+    if (s->rings) { /* all spans in flight at once */
+        for (int k = 0; k < x->n_spans; k++)
+            rq[k] = (struct store_ring_req){.buf = sl->buf + x->span[k].pos, .len = x->span[k].len,
+                                            .need = x->span[k].need, .off = x->span[k].off};
+        store_ring_read(s->rings[worker], s->vfs, s->fd, rq, x->n_spans);
+    }
     for (int k = 0; k < x->n_spans && ok; k++) {
         const struct span *sp = &x->span[k];
         uint64_t ns;
         int calls;
-        int64_t r = store_io_read(s->vfs, s->fd, sl->buf + sp->pos, sp->len, sp->need, sp->off, &ns, &calls);
+        int64_t r;
+        if (s->rings) {
+            r = rq[k].res;
+            ns = rq[k].ns;
+            calls = rq[k].calls;
+        } else {
+            r = store_io_read(s->vfs, s->fd, sl->buf + sp->pos, sp->len, sp->need, sp->off, &ns, &calls);
+        }
         reads += (uint64_t)calls;
         rns += ns;
         if (ns > rmax) rmax = ns;
@@ -846,6 +922,9 @@ void moetax_store_get_stats(const struct moetax_store *cs, struct moetax_store_s
     out->read_gbps = busy ? (double)s->st.bytes_read / (double)busy : 0.0;
     out->direct_io_active = s->direct;
     out->direct_io_fallback = s->direct_fallback;
+    out->io_engine = s->committed ? s->engine : MOETAX_STORE_IO_PREAD;
+    out->io_engine_fallback = s->engine_fallback;
+    out->io_engine_errno = s->engine_errno;
     out->n_slots = s->committed ? s->n_slots : 0;
     out->slot_bytes = moetax_store_slot_bytes(s);
     int r = 0;

@@ -35,4 +35,37 @@ int64_t store_io_read(const struct moetax_store_vfs *vfs, int fd, void *buf, uin
 
 uint64_t store_now_ns(void); /* CLOCK_MONOTONIC */
 
+/* io_uring reads (uring.c): a ring per thread that reads through it, up to `depth` reads in
+ * flight on it. Built with liburing only (store_ring_built); without it, or when the kernel or
+ * a sandbox refuses io_uring, store_ring_init fails and the caller reads with pread. */
+struct store_ring;
+bool store_ring_built(void);
+/* The environment variable that makes store_ring_init fail (tests of the fallback): an errno
+ * number, EPERM or ENOMEM; any other non-empty value but "0" gives ENOSYS. */
+const char *store_ring_fail_env(void);
+/* 0 or -errno (-ENOSYS: no io_uring in this build or kernel; -EPERM: forbidden, e.g. seccomp). */
+int store_ring_init(unsigned depth, struct store_ring **out);
+void store_ring_free(struct store_ring *r);
+/* The streaming interface (bench io): queue a read of n bytes at off tagged `tag`, submit the
+ * queued ones, wait for one completion (*res: bytes or -errno, as the kernel gives it). */
+int store_ring_prep(struct store_ring *r, int fd, void *buf, size_t n, uint64_t off, uint64_t tag);
+int store_ring_submit(struct store_ring *r);
+int store_ring_wait(struct store_ring *r, uint64_t *tag, int *res);
+
+#define STORE_RING_MAX_REQS 16
+struct store_ring_req {
+    void *buf;
+    uint64_t len, need, off; /* as store_io_read's */
+    int64_t res;             /* out: as store_io_read's return */
+    uint64_t ns;             /* out: from the first submission to the request's end */
+    int calls;               /* out: SQEs it took */
+    bool done;               /* internal */
+};
+/* Read n (<= STORE_RING_MAX_REQS, <= the ring's depth) requests on fd, all in flight at once,
+ * each with store_io_read's meaning (EINTR/EAGAIN retried, a partial read resubmitted for the
+ * rest, `need` ends a span past end of file). Every completion passes through
+ * vfs->uring_result when the VFS has one. Returns when all are done. */
+void store_ring_read(struct store_ring *r, const struct moetax_store_vfs *vfs, int fd, struct store_ring_req *q,
+                     int n);
+
 #endif
