@@ -52,7 +52,7 @@ def floats(path):
 
 
 def main():
-    moetax, work = sys.argv[1], sys.argv[2]
+    moetax, work = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])  # the cases cd into subfolders
     work = os.path.join(work, "mpi")
     os.makedirs(work, exist_ok=True)
     if not shutil.which("mpirun"):
