@@ -129,12 +129,6 @@ struct stream {
     double t_sent;       /* monotonic seconds of the last event with text (0: none yet) */
 };
 
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void resp_init(const struct srv_http *h, const struct srv_req *r, bool chat, const char *id,
                       struct srv_api_resp *a) {
     memset(a, 0, sizeof *a);
@@ -175,7 +169,7 @@ static bool stream_fill(struct stream *s) {
         any = out_add(s, j);
         free(j);
         s->sent = r->len;
-        s->t_sent = mono_s();
+        s->t_sent = srv_now_s();
     }
     if (fin != SRV_FINISH_NONE && !any) {
         if (fin == SRV_FINISH_STOP || fin == SRV_FINISH_LENGTH) {
@@ -227,7 +221,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
          * the network stack once per step, which on a machine whose cores all decode takes a
          * core from the step each time. */
         const double iv = s->h->p.stream_interval_s;
-        if (iv > 0 && s->t_sent > 0 && mono_s() < s->t_sent + iv) {
+        if (iv > 0 && s->t_sent > 0 && srv_now_s() < s->t_sent + iv) {
             pthread_mutex_lock(&s->r->mu);
             srv_req_wait_until_locked(s->r, s->t_sent + iv);
             pthread_mutex_unlock(&s->r->mu);

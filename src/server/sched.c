@@ -21,7 +21,7 @@
 const double srv_hist_bounds[SRV_HIST_N] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                             0.1,   0.25,   0.5,   1.0,  2.5,   10.0};
 
-static double now_s(void) {
+double srv_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -130,7 +130,7 @@ static void req_publish(struct srv_req *r, size_t upto, enum srv_finish fin, con
     }
     if (fin != SRV_FINISH_NONE && r->finish == SRV_FINISH_NONE) {
         r->finish = fin;
-        r->t_end = now_s();
+        r->t_end = srv_now_s();
         if (err) snprintf(r->err, sizeof r->err, "%s", err);
         wake = true;
     }
@@ -331,7 +331,7 @@ moetax_status srv_sched_submit(struct srv_sched *s, struct srv_req *r) {
         return moetax_error(MOETAX_ERR_LIMIT, "every slot is busy and the queue is full (%d)", s->p.max_queue);
     }
     atomic_fetch_add(&r->refs, 1);
-    r->t_queued = now_s();
+    r->t_queued = srv_now_s();
     r->next = NULL;
     if (s->q_tail) s->q_tail->next = r;
     else s->q_head = r;
@@ -350,7 +350,7 @@ static void slot_release(struct srv_sched *s, int i, bool keep_cells) {
     if (keep_cells && !s->p.no_prefix_reuse && moetax_kvcache_seq_len(s->acct, i) > 0) {
         sl->state = SLOT_IDLE;
         sl->n_toks = moetax_kvcache_seq_len(s->acct, i); /* what the cache holds */
-        sl->t_idle = now_s();
+        sl->t_idle = srv_now_s();
     } else {
         kv_rm(s, i, 0, -1);
         sl->state = SLOT_FREE;
@@ -450,7 +450,7 @@ static bool admit_one(struct srv_sched *s, struct srv_req *r) {
     sl->admit_order = s->admit_counter++;
     moetax_sampler_free(sl->smp);
     sl->smp = NULL;
-    const double t = now_s();
+    const double t = srv_now_s();
     if (moetax_sampler_init(&r->sp, s->p.model->hp.n_vocab, &sl->smp) != MOETAX_OK) {
         req_publish(r, 0, SRV_FINISH_ERROR, moetax_last_error());
         sl->r = NULL; /* the queue's reference is dropped by admit() */
@@ -602,7 +602,7 @@ static void update_metrics(struct srv_sched *s, int seqs, int64_t tokens, bool d
         m->store_loads = ss.loads;
         m->store_bytes_read = ss.bytes_read;
     }
-    const double t = now_s();
+    const double t = srv_now_s();
     if (s->ring && (s->ring_n == 0 || t - s->ring[(s->ring_head + TAX_RING - 1) % TAX_RING].t >= 0.05)) {
         s->ring[s->ring_head] = (struct tax_snap){.t = t, .m = *m};
         s->ring_head = (s->ring_head + 1) % TAX_RING;
@@ -695,16 +695,16 @@ static bool step(struct srv_sched *s) {
     pthread_mutex_lock(&s->mmu);
     s->m.prompt_tokens_total += prompt_tokens;
     pthread_mutex_unlock(&s->mmu);
-    const double tnow = now_s();
+    const double tnow = srv_now_s();
     for (int k = 0; k < b->n_tokens; k++) {
         if (!b->logits[k]) continue;
         const int i = b->seq[k];
         struct slot *sl = &s->slots[i];
         if (sl->state != SLOT_ACTIVE) continue;
         sl->decoding = true;
-        const double ts = now_s();
+        const double ts = srv_now_s();
         const int32_t t = moetax_sampler_sample(sl->smp, moetax_ctx_logits_ith(s->ctx, k));
-        moetax_ledger_add(s->led, MOETAX_PHASE_SAMPLE, -1, now_s() - ts);
+        moetax_ledger_add(s->led, MOETAX_PHASE_SAMPLE, -1, srv_now_s() - ts);
         slot_token(s, i, t, tnow);
     }
     update_metrics(s, seqs, b->n_tokens, prompt_tokens == 0);
@@ -955,7 +955,7 @@ void srv_sched_metrics(struct srv_sched *s, struct srv_metrics *out) {
 char *srv_sched_tax_json(struct srv_sched *s, double window_s) {
     pthread_mutex_lock(&s->mmu);
     const struct srv_metrics now = s->m;
-    const double t = now_s();
+    const double t = srv_now_s();
     /* the oldest snapshot inside the window (or the oldest there is) */
     struct srv_metrics then = {0};
     double t_then = t;

@@ -109,6 +109,8 @@ void srv_req_wait_locked(struct srv_req *r, size_t have, int timeout_ms);
  * of the request, whichever is first; new text does not wake it (a stream's
  * pacing). Call with r->mu held. */
 void srv_req_wait_until_locked(struct srv_req *r, double until_s);
+/* CLOCK_MONOTONIC in seconds (the clock of the request's times and of until_s). */
+double srv_now_s(void);
 
 struct srv_sched_params {
     const struct moetax_model *model;      /* not owned */
