@@ -371,18 +371,27 @@ void moetax_quantize_row_q5_k_ref(const float *x, moetax_block_q5_k *y, int64_t 
     }
 }
 
-/* make_qx_quants with rmse_type 1 and no importance weights: a symmetric fit of n values to
- * -nmax..nmax-1 (stored + nmax), weights x^2, trying 18 scales around -nmax / max. */
-static float kq_make_qx(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
+/* The value of largest magnitude of x[0..n) (the first of ties) into *max; false, with L all
+ * zero, when every value is below KQ_GROUP_MAX_EPS (the fits below start from it). */
+static bool kq_signed_max(int n, const float *x, int8_t *L, float *max) {
+    float amax = 0;
+    *max = 0;
     for (int i = 0; i < n; i++) {
         float ax = fabsf(x[i]);
-        if (ax > amax) { amax = ax; max = x[i]; }
+        if (ax > amax) { amax = ax; *max = x[i]; }
     }
     if (amax < KQ_GROUP_MAX_EPS) {
         for (int i = 0; i < n; i++) L[i] = 0;
-        return 0.f;
+        return false;
     }
+    return true;
+}
+
+/* make_qx_quants with rmse_type 1 and no importance weights: a symmetric fit of n values to
+ * -nmax..nmax-1 (stored + nmax), weights x^2, trying 18 scales around -nmax / max. */
+static float kq_make_qx(int n, int nmax, const float *x, int8_t *L) {
+    float max;
+    if (!kq_signed_max(n, x, L, &max)) return 0.f;
     float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
@@ -497,15 +506,8 @@ void moetax_quantize_row_q2_k_ref(const float *x, moetax_block_q2_k *y, int64_t 
 /* make_q3_quants with do_rmse: a symmetric fit of n values to -nmax..nmax-1 (returned + nmax),
  * weights x^2, then up to 5 passes moving single levels while that improves sumlx^2 / suml2. */
 static float kq_make_q3(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        float ax = fabsf(x[i]);
-        if (ax > amax) { amax = ax; max = x[i]; }
-    }
-    if (amax < KQ_GROUP_MAX_EPS) {
-        for (int i = 0; i < n; i++) L[i] = 0;
-        return 0.f;
-    }
+    float max;
+    if (!kq_signed_max(n, x, L, &max)) return 0.f;
     const float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
