@@ -518,16 +518,24 @@ static int f_open(void *u, const char *path, bool direct, int *fd) {
     const struct moetax_store_vfs *d = moetax_store_vfs_default();
     return d->open(d->user, path, direct, fd);
 }
-static ssize_t f_pread(void *u, int fd, void *buf, size_t n, uint64_t off) {
-    struct fault *f = u;
-    const struct moetax_store_vfs *d = moetax_store_vfs_default();
+/* One read at off: counts it, and says which fault applies to it (F_NONE: none); *eof when a
+ * short file ends there. F_ERROR and F_LATENCY are the caller's to apply. */
+static int f_mode(struct fault *f, uint64_t off, bool *eof) {
     atomic_fetch_add(&f->preads, 1);
     uint64_t lo = atomic_load(&f->lo);
     bool hit = off >= lo && off < atomic_load(&f->hi);
+    *eof = atomic_load(&f->mode) == F_SHORT && off > lo && off < lo + (1u << 20);
     int mode = hit ? atomic_load(&f->mode) : F_NONE;
-    if (atomic_load(&f->mode) == F_SHORT && off > lo && off < lo + (1u << 20)) return 0; /* "end of file" */
-    if (mode == F_ERROR) return -EIO;
     if (mode == F_LATENCY) sleep_ms(atomic_load(&f->delay_ms));
+    return mode;
+}
+static ssize_t f_pread(void *u, int fd, void *buf, size_t n, uint64_t off) {
+    struct fault *f = u;
+    const struct moetax_store_vfs *d = moetax_store_vfs_default();
+    bool eof;
+    int mode = f_mode(f, off, &eof);
+    if (eof) return 0; /* "end of file" */
+    if (mode == F_ERROR) return -EIO;
     if (mode == F_SHORT) {
         ssize_t r = d->pread(d->user, fd, buf, n / 2, off);
         if (r > 0) memset(buf, 0, (size_t)r); /* and garbage: it must never be served */
@@ -540,13 +548,10 @@ static ssize_t f_pread(void *u, int fd, void *buf, size_t n, uint64_t off) {
 static ssize_t f_result(void *u, int fd, void *buf, size_t n, uint64_t off, ssize_t res) {
     struct fault *f = u;
     (void)fd;
-    atomic_fetch_add(&f->preads, 1);
-    uint64_t lo = atomic_load(&f->lo);
-    bool hit = off >= lo && off < atomic_load(&f->hi);
-    int mode = hit ? atomic_load(&f->mode) : F_NONE;
-    if (atomic_load(&f->mode) == F_SHORT && off > lo && off < lo + (1u << 20)) return 0; /* "end of file" */
+    bool eof;
+    int mode = f_mode(f, off, &eof);
+    if (eof) return 0; /* "end of file" */
     if (mode == F_ERROR) return -EIO;
-    if (mode == F_LATENCY) sleep_ms(atomic_load(&f->delay_ms));
     if (mode == F_SHORT && res > 0) {
         res = (ssize_t)n / 2 < res ? (ssize_t)n / 2 : res;
         memset(buf, 0, (size_t)res); /* and garbage: it must never be served */
