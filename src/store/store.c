@@ -63,6 +63,7 @@ struct moetax_store {
     struct expert *ex; /* [n_keys], immutable spans after commit */
 
     bool committed;
+    bool warming;     /* moetax_store_warm: fill empty slots only, never evict what it read */
     uint64_t slot_bytes;
     int n_slots;
     struct moetax_huge_buf mem; /* the slots (moetax_huge_alloc: the kernels stream experts from them) */
@@ -664,6 +665,7 @@ static int take_slot(struct moetax_store *s) {
             best = i;
             break;
         }
+        if (s->warming) continue;
         struct victim_key k = victim_key(s, sl);
         if (best < 0 || victim_less(k, bk)) {
             best = i;
@@ -840,9 +842,15 @@ void moetax_store_release(struct moetax_store *s, int layer, int e) {
 
 moetax_status moetax_store_warm(struct moetax_store *s, const int32_t *layers, const int32_t *experts, int n) {
     if (!s->committed) return moetax_error(MOETAX_ERR_ARG, "expert store: warm start before commit");
+    /* the ranked experts into empty slots only: one whose read has already finished is not a
+     * victim for a lower-ranked one (with fast reads, e.g. io_uring, it would be) */
+    pthread_mutex_lock(&s->mu);
+    s->warming = true;
+    pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < n; i++) moetax_store_prefetch(s, layers[i], &experts[i], 1, false);
     moetax_status st = MOETAX_OK;
     pthread_mutex_lock(&s->mu);
+    s->warming = false;
     while (s->pending > 0) pthread_cond_wait(&s->cv, &s->mu);
     for (int i = 0; i < s->n_slots && !st; i++)
         if (s->slots[i].state == SLOT_ERROR) st = moetax_error(MOETAX_ERR_IO, "%s", s->slots[i].err);
