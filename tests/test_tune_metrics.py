@@ -94,6 +94,16 @@ def main():
     check("TTFT ms" in r2.stdout and "p99 ms" in r2.stdout and "TPOT p50" in r2.stdout, "the table shows TTFT and TPOT")
     check("explain (ledger" in r2.stdout and "TTFT (32-token prompt)" in r2.stdout and "wall per token" in r2.stdout,
           f"--explain shows TTFT, TPOT and the phases against the wall: {r2.stdout[-800:]}")
+    # --max-kl bounds the recommendation too (the log reused): 0 leaves exact configurations only
+    rk = run(base + ["--json", "--log", log, "--max-kl", "0"])
+    krows = rows_of(rk)
+    krec = [x for x in krows if x.get("recommended")]
+    check(rk.returncode == 0 and len(krec) == 1 and krec[0]["kl"] == 0,
+          f"--max-kl 0 recommends an exact configuration: rc {rk.returncode} {krec} {rk.stderr[-300:]}")
+    check(any(x.get("kl", 0) > 0 for x in krows),
+          "the front has lossy configurations for --max-kl to exclude (else that check could not fail)")
+    rb = run(base + ["--max-kl", "-1"])
+    check(rb.returncode == 2 and "--max-kl" in rb.stderr, f"--max-kl -1: a usage error: {rb.returncode} {rb.stderr[-200:]}")
     # an older tune's log: its speed entries without the new fields; quality reused, speeds measured again
     old = os.path.join(work, "tune_metrics_old.log")
     with open(old, "w") as f:

@@ -18,7 +18,7 @@
  * beside it TTFT (the prefill of --prompt tokens, every sequence's together), per-sequence TPOT
  * p50/p99 (each decode step's own timestamps), and the ledger's decode phases per token and tax
  * share. The log carries all of them; a speed entry of an older tune without them is measured
- * again (its quality entries are reused). --max-tpot bounds the recommendation's p99 TPOT.
+ * again (its quality entries are reused). --max-tpot bounds the recommendation's p99 TPOT, --max-kl its KL.
  *
  * A configuration fits when its footprint (bench's RSS bound: the resident weights with the
  * experts at their precision, or the store's budget instead of them, + KV + overhead) is
@@ -60,7 +60,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax tune [-m FILE] [--time 10m] [--max-quality-loss 1%%] [--workload decode|batch:N]\n"
                "                   [--memory SIZE] [--calib TEXT|DIR] [-o CONFIG.json] [--html PAGE] [--log FILE]\n"
-               "                   [--prompt N] [--max-tpot MS] [--explain] [--json]\n\n"
+               "                   [--prompt N] [--max-tpot MS] [--max-kl X] [--explain] [--json]\n\n"
                "Sweeps the levers that apply (threads, routed experts per token from the file's k down to k/2,\n"
                "--no-mmap, the experts' precision (--expert-type q8_0/q4_0), under --memory the expert store, and\n"
                "for batch:N the batch size (N, N/2, .. 1) and the capacity factor (off, 1.25, 1.0; overflow dropped\n"
@@ -77,6 +77,9 @@ static void usage(FILE *f) {
                "  --memory SIZE     only configurations whose footprint fits SIZE (4G, 512M) are on the front\n"
                "  --prompt N        the workload's prompt length: TTFT is its prefill, decode runs after it (64)\n"
                "  --max-tpot MS     recommend only a configuration whose per-sequence p99 TPOT is within MS\n"
+               "  --max-kl X        recommend only a configuration whose mean KL divergence from the exact\n"
+               "                    distributions is at most X (nats; 0: exact ones only). The perplexity bound\n"
+               "                    alone can pass a lossy lever whose change is within the text's noise\n"
                "  --log FILE        one line per measurement; a rerun reuses them (default: tune.log beside -o)\n"
                "  -o FILE           write the recommendation as a configuration (--config FILE elsewhere)\n"
                "  --html PAGE       the results and the front as one page\n"
@@ -783,6 +786,7 @@ int cmd_tune(int argc, char **argv) {
     double time_s = 600, max_loss = 0.01;
     int batch = 1, prompt = 64;
     double max_tpot = 0; /* --max-tpot MS (p99); 0: none */
+    double max_kl = -1;  /* --max-kl X; < 0: none */
     bool explain = false, json = false;
     for (int i = 1; i < argc; i++) {
         bool err = false;
@@ -823,6 +827,12 @@ int cmd_tune(int argc, char **argv) {
             if (err || !end || (*end && strcmp(end, "ms")) || !(x > 0))
                 return cli_usage_error("tune", "--max-tpot: milliseconds (e.g. 20ms)");
             max_tpot = x;
+        } else if (cli_opt(argc, argv, &i, NULL, "--max-kl", &v, &err)) {
+            char *end = NULL;
+            const double x = err ? -1 : strtod(v, &end);
+            if (err || !end || *end || !(x >= 0 && x <= 100))
+                return cli_usage_error("tune", "--max-kl: a divergence in nats, 0..100 (e.g. 0.01)");
+            max_kl = x;
         } else if (!strcmp(argv[i], "--explain")) explain = true;
         else if (!strcmp(argv[i], "--json")) json = true;
         else return cli_usage_error("tune", "unknown option '%s'", argv[i]);
@@ -1151,7 +1161,8 @@ int cmd_tune(int argc, char **argv) {
             if (j != i && res[j].stage == 3 && res[j].fits && res[j].ratio >= r->ratio && res[j].kl <= r->kl &&
                 (res[j].ratio > r->ratio || res[j].kl < r->kl))
                 r->pareto = false;
-        if (r->dppl <= max_loss && r->fits && (!max_tpot || r->p99_ms <= max_tpot) && (!rec || r->ratio > rec->ratio))
+        if (r->dppl <= max_loss && r->fits && (!max_tpot || r->p99_ms <= max_tpot) && (max_kl < 0 || r->kl <= max_kl) &&
+            (!rec || r->ratio > rec->ratio))
             rec = r;
     }
     /* within 2% of the default is noise on these machines: then the default is the recommendation */
@@ -1227,11 +1238,13 @@ int cmd_tune(int argc, char **argv) {
                def.threads, (long long)K, batch > 1 ? " at the full batch" : "", prompt);
     }
     if (!rec) {
-        char tp[64] = "";
+        char tp[64] = "", kl[64] = "";
         if (max_tpot) snprintf(tp, sizeof tp, "has a p99 TPOT within %.3g ms and ", max_tpot);
-        st = moetax_error(MOETAX_ERR_LIMIT, "no configuration measured in stage 3 %s%skeeps the perplexity within %.2f%% of "
-                          "the exact one (raise --max-quality-loss%s%s or --time)", memory ? "fits --memory and " : "", tp,
-                          100 * max_loss, memory ? ", --memory" : "", max_tpot ? ", --max-tpot" : "");
+        if (max_kl >= 0) snprintf(kl, sizeof kl, "has a KL within %.3g and ", max_kl);
+        st = moetax_error(MOETAX_ERR_LIMIT, "no configuration measured in stage 3 %s%s%skeeps the perplexity within %.2f%% of "
+                          "the exact one (raise --max-quality-loss%s%s%s or --time)", memory ? "fits --memory and " : "", tp, kl,
+                          100 * max_loss, memory ? ", --memory" : "", max_tpot ? ", --max-tpot" : "",
+                          max_kl >= 0 ? ", --max-kl" : "");
         goto done;
     }
     {
@@ -1244,7 +1257,7 @@ int cmd_tune(int argc, char **argv) {
                 cfg_name(&def, dn, sizeof dn);
                 printf("\nrecommendation: the default configuration (%s): no configuration within %.1f%% of its "
                        "perplexity%s measured faster by more than noise (best %s at %.3fx)\n", dn, 100 * max_loss,
-                       max_tpot ? " and --max-tpot" : "", name, best->ratio);
+                       max_tpot || max_kl >= 0 ? " and the other bounds" : "", name, best->ratio);
             }
             else
                 printf("\nrecommendation: %s: %.2fx the default's decode speed, perplexity %+.2f%%, KL %.3g, top-1 %.1f%%\n",
