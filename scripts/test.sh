@@ -17,9 +17,26 @@ stage() { # name, command...
 exclude=(-LE mpi)
 [ "${MOETAX_SLOW:-0}" = 1 ] || exclude=(-LE 'slow|mpi')
 
-build() { # dir, cmake args...
+build() { # dir, cmake args... [-- targets...]
   local dir=$1; shift
-  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null && cmake --build "$dir" -j"$jobs" 2>&1 | grep -E "warning|error" ; test "${PIPESTATUS[0]}" -eq 0
+  local args=() targets=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
+  [ $# -gt 0 ] && { shift; targets=("$@"); }
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "${args[@]}" >/dev/null || return 1
+  [ ${#targets[@]} -gt 0 ] && targets=(--target "${targets[@]}")
+  cmake --build "$dir" -j"$jobs" "${targets[@]}" 2>&1 | grep -E "warning|error"
+  test "${PIPESTATUS[0]}" -eq 0
+}
+# the build targets of the tests carrying a label: the C tests' own binaries and moetax (which every test runs)
+label_targets() { # dir, label
+  echo moetax
+  ctest --test-dir "$1" -N -L "$2" | sed -n 's/^ *Test *#[0-9]*: *//p' | grep -v '_py$' | grep -v '^ref_'
+}
+built_for() { # dir label cmake args...: configure, then build only what that label's tests run
+  local dir=$1 label=$2; shift 2
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null || return 1
+  mapfile -t t < <(label_targets "$dir" "$label")
+  build "$dir" "$@" -- "${t[@]}"
 }
 
 stage "build (release)" build build
@@ -27,15 +44,16 @@ stage "ctest (release)" ctest --test-dir build --output-on-failure -j"$jobs" "${
 # expert parallelism: mpirun -np 1/2 oversubscribed, alone (its ranks spin while they wait);
 # not under the sanitizers (OpenMPI's own allocations are reported as leaks)
 stage "ctest mpi (release)" ctest --test-dir build --output-on-failure -L mpi
-stage "build (asan+ubsan)" build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETAX_SANITIZE=address,undefined
+stage "build (asan+ubsan)" built_for build-asan unit -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETAX_SANITIZE=address,undefined
 stage "ctest unit (asan+ubsan)" ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit
-stage "build (tsan)" build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETAX_SANITIZE=thread
+stage "build (tsan)" built_for build-tsan threads -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETAX_SANITIZE=thread
 stage "ctest threads (tsan)" ctest --test-dir build-tsan --output-on-failure -L threads
 
 fuzz() { # the GGUF reader, the model loader (hyper-parameters, tensors, tokenizer) and the server's request
-         # parsing, the time split between them
+         # parsing, the time split between them; the seeds come from the release build's moetax
   build build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DMOETAX_FUZZ=ON \
-      -DMOETAX_SANITIZE=fuzzer-no-link,address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo || return 1
+      -DMOETAX_SANITIZE=fuzzer-no-link,address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -- fuzz_gguf fuzz_model fuzz_api || return 1
   local part=$(( ${MOETAX_FUZZ_SECONDS:-60} / 3 ))
   tests/fuzz_run.sh build-fuzz/tests/fuzz_gguf ./build/moetax build-fuzz/corpus "$part" 65536 || return 1
   tests/fuzz_run.sh build-fuzz/tests/fuzz_model ./build/moetax build-fuzz/corpus-model "$part" 131072 || return 1
@@ -44,6 +62,7 @@ fuzz() { # the GGUF reader, the model loader (hyper-parameters, tensors, tokeniz
       build-fuzz/corpus-api 2>&1 | tail -5
   test "${PIPESTATUS[0]}" -eq 0 || return 1
   [ "${MOETAX_SLOW:-0}" = 1 ] || return 0
+  cmake --build build-fuzz -j"$jobs" --target moetax >/dev/null || return 1 # the long runs' seeds
   ctest --test-dir build-fuzz --output-on-failure -L slow -R '^fuzz_'
 }
 stage "fuzz gguf reader, model loader, server requests" fuzz
