@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kernels_impl.h"
+#include "kq_rows.h"
 #include "moetax/types.h"
 
 #define KQ_BT 4 /* batch rows per pass over a row's decoded blocks */
@@ -295,19 +296,16 @@ static void kq_decode_rows(enum moetax_type wtype, const uint8_t *w, size_t row_
                         : three ? offsetof(moetax_block_q3_k, d)
                                 : 0;
     for (int64_t r = row0; r < row1; r += 4) {
-        const int nr = row1 - r < 4 ? (int)(row1 - r) : 4;
-        const uint8_t *wr[4];
-        for (int k = 0; k < 4; k++) wr[k] = w + (size_t)(r + (k < nr ? k : nr - 1)) * row_bytes;
+        struct kq_rows4 g;
+        kq_rows4_init(&g, w, row_bytes, r, row1);
+        const uint8_t *const *wr = g.w;
         __m128 acc = _mm_setzero_ps();
         for (int64_t i = 0; i < nb; i++) {
             const moetax_block_q8_k *a = x + i;
             const size_t off = (size_t)i * bsz;
-            for (int k = 0; k < 4; k++) _mm_prefetch((const char *)wr[k] + off + 4 * bsz, _MM_HINT_T0);
+            kq_rows4_prefetch(&g, bsz);
             const __m128 ad = _mm_set1_ps(a->d);
-            const __m128 dw = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + doff)],
-                                          moetax_k_fp16_table[ld16(wr[1] + off + doff)],
-                                          moetax_k_fp16_table[ld16(wr[2] + off + doff)],
-                                          moetax_k_fp16_table[ld16(wr[3] + off + doff)]);
+            const __m128 dw = kq_rows4_f16(&g, off + doff);
             if (three) {
                 const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
                 const __m128i si = hsum4_i32(dot_q3k(wr[0] + off, a, bs), dot_q3k(wr[1] + off, a, bs),
@@ -321,11 +319,7 @@ static void kq_decode_rows(enum moetax_type wtype, const uint8_t *w, size_t row_
                 dot_q2k(wr[2] + off, a, bs, &s2, &m2);
                 dot_q2k(wr[3] + off, a, bs, &s3, &m3);
                 const __m128i si = hsum4_i32(s0, s1, s2, s3), mi = hsum4_i32(m0, m1, m2, m3);
-                const size_t mo = offsetof(moetax_block_q2_k, dmin);
-                const __m128 dm = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + mo)],
-                                              moetax_k_fp16_table[ld16(wr[1] + off + mo)],
-                                              moetax_k_fp16_table[ld16(wr[2] + off + mo)],
-                                              moetax_k_fp16_table[ld16(wr[3] + off + mo)]);
+                const __m128 dm = kq_rows4_f16(&g, off + offsetof(moetax_block_q2_k, dmin));
                 acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dw), _mm_cvtepi32_ps(si)));
                 acc = _mm_sub_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dm), _mm_cvtepi32_ps(mi)));
             } else if (six) {
@@ -344,17 +338,12 @@ static void kq_decode_rows(enum moetax_type wtype, const uint8_t *w, size_t row_
                 dot_q45k(wr[3] + off, five, a, q8s, &s3, &m3);
                 const __m128i si = hsum4_i32(s0, s1, s2, s3);
                 const __m128i mi = _mm_hadd_epi32(_mm_hadd_epi32(m0, m1), _mm_hadd_epi32(m2, m3));
-                const __m128 dm = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + 2)],
-                                              moetax_k_fp16_table[ld16(wr[1] + off + 2)],
-                                              moetax_k_fp16_table[ld16(wr[2] + off + 2)],
-                                              moetax_k_fp16_table[ld16(wr[3] + off + 2)]);
+                const __m128 dm = kq_rows4_f16(&g, off + 2);
                 acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dw), _mm_cvtepi32_ps(si)));
                 acc = _mm_sub_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dm), _mm_cvtepi32_ps(mi)));
             }
         }
-        float o[4];
-        _mm_storeu_ps(o, acc);
-        for (int k = 0; k < nr; k++) y[r + k] = o[k];
+        kq_rows4_store(&g, acc, y + r);
     }
 }
 
