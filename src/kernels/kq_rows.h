@@ -6,10 +6,8 @@
  * the way from memory: each block step prefetches, into L2 (prefetcht1), the bytes
  * KQ_ROWS_PFD ahead of the group of 4 rows after the current one, as one linear
  * stream through the row range (4 rows of a plain matrix are contiguous, and a block
- * step consumes 4 blocks of them), and never past the range's end. The L1 prefetch
- * of one line per row and block that it replaces (prefetcht0, 4 blocks ahead) covered
- * a third to half of a row's lines and left Q6_K at 0.2-0.3 of a plain read (avx2,
- * Zen 4, 1 thread). */
+ * step consumes 4 blocks of them), and never past the range's end. (One L1 prefetch
+ * per row and block, a few blocks ahead, covered only part of each row's lines.) */
 #ifndef MOETAX_KQ_ROWS_H
 #define MOETAX_KQ_ROWS_H
 

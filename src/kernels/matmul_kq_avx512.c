@@ -213,10 +213,10 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
 #endif
 /* Decode (one batch row) streams its weights once at the memory's rate: it prefetches
  * KQ_PFD bytes ahead of where it reads, into L2 (prefetcht1), never past the end of its
- * row range (pfe). Measured on Zen 4 (1 thread, 256 MiB of 256 x 1024 Q6_K experts): the
- * L1 prefetch (prefetcht0) two super-blocks ahead left Q6_Kx8r at 0.36-0.45 of a plain
- * read, no prefetch at all at 0.33, prefetcht1 13 KB ahead at 0.84-0.93: the lines wait
- * in L2 without holding the L1's miss buffers that the demand loads need. */
+ * row range (pfe). An L1 prefetch (prefetcht0) a few super-blocks ahead left Q6_Kx8r's
+ * decode far below a plain read of the same bytes, no better than no prefetch at all: the
+ * lines wait in L2 without holding the L1's miss buffers that the demand loads need, and
+ * the distance covers the memory's latency at full rate (commit messages: measurements). */
 #ifndef KQ_PFD
 #define KQ_PFD 12288
 #endif
@@ -776,11 +776,12 @@ static const kqz_fn k_kqz[3][KQZ_JB] = {
 /* ---- Q3_K / Q2_K as stored (no repacked layout), decode: 4 rows side by side ----
  * Bit-identical to matmul_kq_avx2.c's decode (and so its batch path): the same float steps on 4
  * lanes in the same order; the exact int32 sums formed as for Q6_K above: per 64 values one
- * 512-bit vector of unsigned levels (Q3_K: q + 4 in 0..7, Q2_K: 0..3; lower 256 bits values
- * 64p..64p+31, upper 64p+32..64p+63), vpdpbusd against the activations (each int32 lane 4 values
- * of one 16-value sub-block, at most 4 * 7 * 128 = 3584), two such vectors packed to int16
- * exactly (vpackssdw) and vpdpwssd with the sub-blocks' int16 scales (scale_idx6's order). The
- * offsets: Q3_K subtracts 4 * sum_j sc_j bsums[j]; Q2_K's mins m_j * bsums[j] go to dmin's term. */
+ * 512-bit vector of unsigned levels (Q3_K: q + 4 in 0..7, Q2_K: 0..3; decode: lower 256 bits
+ * values 32m..32m+31, upper 128+32m.., so one 64-byte load of qs serves all four; batches:
+ * 64p..64p+31 and 64p+32..), vpdpbusd against the activations (each int32 lane 4 values of one
+ * 16-value sub-block), two such vectors packed to int16 exactly (vpackssdw) and vpdpwssd with
+ * the sub-blocks' int16 scales. The offsets: Q3_K subtracts 4 * sum_j sc_j bsums[j]; Q2_K's
+ * mins m_j * bsums[j] go to dmin's term. */
 KQ5_INLINE __m128i q3k_scales_512(const uint8_t *p) { /* 16 int8 scales - 32 (byte j: scale j) */
     uint32_t a[3];
     memcpy(a, p, 12);
@@ -790,28 +791,44 @@ KQ5_INLINE __m128i q3k_scales_512(const uint8_t *p) { /* 16 int8 scales - 32 (by
     return _mm_sub_epi8(_mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0), _mm_set1_epi8(32));
 }
 
-/* sum over a super-block of sc_j * level * x (int32 x 8), levels of vector j = 2 bits 2(j%4) of
- * qs[32(j/4)..] (| bit j of hm << 2 for Q3_K) */
-KQ5_INLINE __m256i dot_q23_512(const uint8_t *qs, const uint8_t *hm, __m128i sc8, const __m512i A[4], __m512i ix0,
-                               __m512i ix1) {
-    const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
-    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
-    const __m512i H = hm ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)hm)) : _mm512_setzero_si512();
+/* vpermw indices of the int16 scales for vpdpwssd with vpackssdw(D_a, D_b) (decode below):
+ * 128-bit lane l of D_m holds the 4-value sums of sub-block 2m + (l & 1) + 8 (l >> 1). */
+KQ5_INLINE __m512i scale_idx23(int a, int b) {
+    short e[32];
+    for (int l = 0; l < 4; l++)
+        for (int i = 0; i < 8; i++) e[8 * l + i] = (short)(2 * (i < 4 ? a : b) + (l & 1) + 8 * (l >> 1));
+    return _mm512_loadu_si512((const void *)e);
+}
+
+/* 4 * (sum over a super-block of sc_j * level * x) in int32 x 8 (every lane a multiple of 4).
+ * Q = the 64 qs bytes: its lower half (qs[0..31]) holds values 32m + l at bits 2m, the upper
+ * half (qs[32..63]) values 128 + 32m + l, so the levels of A[m] = [x(32m..) | x(128 + 32m..)]
+ * are (Q >> 2m) & 3; for odd m they are kept in place, as 4 * level (Q & 12, Q >> 4 & 12), and
+ * the even m's scales are taken 4 times instead: one 16-bit shift per row and super-block.
+ * Q3_K (hm: its 32 hmask bytes) adds 4 (4 * 4) where bit m (upper half: 4 + m) of hmask[l]
+ * is set, by a byte test into a mask register and a masked add. */
+KQ5_INLINE __m256i dot_q23_512(const uint8_t *qs, const uint8_t *hm, __m128i sc8, const __m512i A[4], __m512i ix02,
+                               __m512i ix13) {
+    const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    const __m512i Q = _mm512_loadu_si512((const void *)qs), Q4 = _mm512_srli_epi16(Q, 4);
+    __m512i L[4] = {_mm512_and_si512(Q, m3), _mm512_and_si512(Q, m12), _mm512_and_si512(Q4, m3),
+                    _mm512_and_si512(Q4, m12)};
+    if (hm) {
+        const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)hm));
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; m++) {
+            const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << m)), _mm256_set1_epi8((char)(16 << m)), 1);
+            L[m] = _mm512_mask_add_epi8(L[m], _mm512_test_epi8_mask(H, bit), L[m], _mm512_set1_epi8(m & 1 ? 16 : 4));
+        }
+    }
     __m512i D[4];
 #pragma GCC unroll 4
-    for (int p = 0; p < 4; p++) {
-        const __m512i R = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * (p / 2))));
-        const int k0 = 2 * (p % 2), j0 = 2 * p;
-        const __m512i cq = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * k0)), _mm256_set1_epi16((short)(2 * k0 + 2)), 1);
-        __m512i L = _mm512_and_si512(_mm512_srlv_epi16(R, cq), m3);
-        if (hm) {
-            const __m512i ch = _mm512_inserti64x4(_mm512_set1_epi16((short)j0), _mm256_set1_epi16((short)(j0 + 1)), 1);
-            L = _mm512_or_si512(L, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, ch), one), 2));
-        }
-        D[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), L, A[p]);
-    }
-    __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(D[0], D[1]), _mm512_permutexvar_epi16(ix0, sc16));
-    s = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(D[2], D[3]), _mm512_permutexvar_epi16(ix1, sc16));
+    for (int m = 0; m < 4; m++) D[m] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), L[m], A[m]);
+    /* |D| <= 4 * 28 * 128: the packs are exact */
+    __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(D[0], D[2]),
+                                    _mm512_permutexvar_epi16(ix02, _mm512_castsi256_si512(_mm256_slli_epi16(sc16, 2))));
+    s = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(D[1], D[3]), _mm512_permutexvar_epi16(ix13, _mm512_castsi256_si512(sc16)));
     return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
 }
 
@@ -822,7 +839,7 @@ static void kq23_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_
     const size_t doff = three ? offsetof(moetax_block_q3_k, d) : offsetof(moetax_block_q2_k, d);
     const size_t qoff = three ? offsetof(moetax_block_q3_k, qs) : offsetof(moetax_block_q2_k, qs);
     const size_t mo = offsetof(moetax_block_q2_k, dmin);
-    const __m512i ix0 = scale_idx6(0), ix1 = scale_idx6(8);
+    const __m512i ix02 = scale_idx23(0, 2), ix13 = scale_idx23(1, 3);
     for (int64_t r = row0; r < row1; r += 4) {
         struct kq_rows4 g;
         kq_rows4_init(&g, w, row_bytes, r, row1);
@@ -836,19 +853,23 @@ static void kq23_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_
             const __m128 dw = kq_rows4_f16(&g, off + doff);
             const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
             __m512i A[4];
-            for (int p = 0; p < 4; p++) A[p] = _mm512_loadu_si512((const void *)(a->qs + 64 * p));
+#pragma GCC unroll 4
+            for (int m = 0; m < 4; m++)
+                A[m] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a->qs + 32 * m))),
+                                          _mm256_loadu_si256((const __m256i *)(a->qs + 128 + 32 * m)), 1);
             __m256i S[4], M[4];
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 const uint8_t *bp = wr[k] + off;
                 if (three) {
                     const __m128i sc8 = q3k_scales_512(bp + offsetof(moetax_block_q3_k, scales));
                     const __m256i corr = _mm256_madd_epi16(bs, _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), 2));
-                    S[k] = _mm256_sub_epi32(dot_q23_512(bp + qoff, bp, sc8, A, ix0, ix1), corr);
+                    S[k] = _mm256_sub_epi32(_mm256_srai_epi32(dot_q23_512(bp + qoff, bp, sc8, A, ix02, ix13), 2), corr);
                 } else {
                     const __m128i raw = _mm_loadu_si128((const __m128i *)bp);
                     const __m128i sc8 = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
                     M[k] = _mm256_madd_epi16(bs, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f))));
-                    S[k] = dot_q23_512(bp + qoff, NULL, sc8, A, ix0, ix1);
+                    S[k] = _mm256_srai_epi32(dot_q23_512(bp + qoff, NULL, sc8, A, ix02, ix13), 2);
                 }
             }
             const __m128i si = hsum4_i32(S[0], S[1], S[2], S[3]);
