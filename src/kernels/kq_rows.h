@@ -36,6 +36,13 @@ static inline __attribute__((always_inline)) void kq_rows4_init(struct kq_rows4 
     g->pfe = (uintptr_t)(w + (size_t)row1 * row_bytes);
 }
 
+/* Into L2, the lines of [a, b): a decode's first KQ_ROWS_PFD bytes at its start, so that they
+ * come in together rather than one demand miss after another (the steady-state prefetch
+ * starts that far ahead). */
+static inline void kq_prefetch_span_l2(const uint8_t *a, const uint8_t *b) {
+    for (uintptr_t p = (uintptr_t)a & ~(uintptr_t)63; p < (uintptr_t)b; p += 64) _mm_prefetch((const char *)p, _MM_HINT_T1);
+}
+
 /* One block step of bsz-byte blocks: the next 4 * bsz bytes of the stream into L2. */
 static inline __attribute__((always_inline)) void kq_rows4_prefetch(struct kq_rows4 *g, size_t bsz) {
     uintptr_t a = g->pf, b = a + 4 * bsz;

@@ -295,6 +295,8 @@ static void kq_decode_rows(enum moetax_type wtype, const uint8_t *w, size_t row_
                         : two ? offsetof(moetax_block_q2_k, d)
                         : three ? offsetof(moetax_block_q3_k, d)
                                 : 0;
+    const uint8_t *w0 = w + (size_t)row0 * row_bytes, *we = w + (size_t)row1 * row_bytes;
+    kq_prefetch_span_l2(w0, we - w0 > 4 * (ptrdiff_t)row_bytes + KQ_ROWS_PFD ? w0 + 4 * row_bytes + KQ_ROWS_PFD : we);
     for (int64_t r = row0; r < row1; r += 4) {
         struct kq_rows4 g;
         kq_rows4_init(&g, w, row_bytes, r, row1);

@@ -141,6 +141,8 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
      * Q6_K half h: A = [v(4h) | v(4h+1)] (scales 8h..8h+3 by 16 values), B = [v(4h+2) | v(4h+3)] */
     const __m512i ix0 = six ? scale_idx6(0) : scale_idx(0, 2, 1, 3);
     const __m512i ix1 = six ? scale_idx6(8) : scale_idx(4, 6, 5, 7);
+    const uint8_t *w0 = w + (size_t)row0 * row_bytes, *we = w + (size_t)row1 * row_bytes;
+    kq_prefetch_span_l2(w0, we - w0 > 4 * (ptrdiff_t)row_bytes + KQ_ROWS_PFD ? w0 + 4 * row_bytes + KQ_ROWS_PFD : we);
     for (int64_t r = row0; r < row1; r += 4) {
         struct kq_rows4 g;
         kq_rows4_init(&g, w, row_bytes, r, row1);
@@ -840,6 +842,8 @@ static void kq23_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_
     const size_t qoff = three ? offsetof(moetax_block_q3_k, qs) : offsetof(moetax_block_q2_k, qs);
     const size_t mo = offsetof(moetax_block_q2_k, dmin);
     const __m512i ix02 = scale_idx23(0, 2), ix13 = scale_idx23(1, 3);
+    const uint8_t *w0 = w + (size_t)row0 * row_bytes, *we = w + (size_t)row1 * row_bytes;
+    kq_prefetch_span_l2(w0, we - w0 > 4 * (ptrdiff_t)row_bytes + KQ_ROWS_PFD ? w0 + 4 * row_bytes + KQ_ROWS_PFD : we);
     for (int64_t r = row0; r < row1; r += 4) {
         struct kq_rows4 g;
         kq_rows4_init(&g, w, row_bytes, r, row1);
@@ -996,6 +1000,10 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
     const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
     const int ti = six ? 2 : wtype == MOETAX_TYPE_Q5_K ? 1 : 0;
     const uint8_t *pfe = w + (size_t)row1 * row_bytes;
+    if (n_batch == 1) { /* decode's first KQ_PFD bytes at once (kq_rows.h) */
+        const uint8_t *w0 = w + (size_t)row0 * row_bytes;
+        kq_prefetch_span_l2(w0, pfe - w0 > KQ_PFD ? w0 + KQ_PFD : pfe);
+    }
     int64_t r = row0;
     if (n_batch > 1) /* pairs of adjacent groups in 512-bit vectors, tiles of up to KQZ_JB batch rows */
         for (; r + 2 * R <= gend; r += 2 * R)
