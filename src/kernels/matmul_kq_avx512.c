@@ -784,14 +784,19 @@ static const kqz_fn k_kqz[3][KQZ_JB] = {
  * 16-value sub-block), two such vectors packed to int16 exactly (vpackssdw) and vpdpwssd with
  * the sub-blocks' int16 scales. The offsets: Q3_K subtracts 4 * sum_j sc_j bsums[j]; Q2_K's
  * mins m_j * bsums[j] go to dmin's term. */
-KQ5_INLINE __m128i q3k_scales_512(const uint8_t *p) { /* 16 int8 scales - 32 (byte j: scale j) */
-    uint32_t a[3];
-    memcpy(a, p, 12);
-    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u, t = a[2];
-    const uint32_t u0 = (a[0] & m4) | ((t & m2) << 4), u1 = (a[1] & m4) | (((t >> 2) & m2) << 4);
-    const uint32_t u2 = ((a[0] >> 4) & m4) | (((t >> 4) & m2) << 4), u3 = ((a[1] >> 4) & m4) | (((t >> 6) & m2) << 4);
-    return _mm_sub_epi8(_mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0), _mm_set1_epi8(32));
+/* The 16 Q3_K scales minus 32 (byte j: scale j) from the packed scales[12] at p (ggml's 32-bit
+ * mask steps, on the 4 dwords at once). The 16 bytes loaded end with the block's d: they start 2
+ * bytes before p, in the block's qs, so no byte past the block is read. */
+KQ5_INLINE __m128i q3k_scales_512(const uint8_t *p) {
+    const __m128i v = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(p - 2)), 2); /* a0, a1, tmp, d */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, 0x44), _mm_setr_epi32(0, 0, 4, 4)),
+                                     _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, 0xaa), _mm_setr_epi32(0, 2, 4, 6)),
+                                     _mm_set1_epi8(0x03));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
 }
+_Static_assert(offsetof(moetax_block_q3_k, scales) >= 2 && offsetof(moetax_block_q3_k, scales) + 14 <= sizeof(moetax_block_q3_k),
+               "q3k_scales_512 reads scales - 2 .. scales + 13 within the block");
 
 /* vpermw indices of the int16 scales for vpdpwssd with vpackssdw(D_a, D_b) (decode below):
  * 128-bit lane l of D_m holds the 4-value sums of sub-block 2m + (l & 1) + 8 (l >> 1). */
