@@ -192,6 +192,19 @@ KQ_INLINE void dot_q45k(const uint8_t *bp, bool five, const moetax_block_q8_k *a
     *s_out = s;
 }
 
+/* int16 scales of values 32j..32j+31 from the 16 int16 scales sc16: low 128 bits sc[2j], high
+ * sc[2j+1]. One in-lane byte shuffle of the 128-bit half holding them, broadcast (the compiler
+ * keeps the two broadcasts of a super-block), instead of a shuffle and a widening per vector. */
+KQ_INLINE __m256i kq_sc_pair(__m256i sc16, int j) {
+    const __m256i half = _mm256_permute4x64_epi64(sc16, j < 4 ? 0x44 : 0xee);
+    const int w0 = (2 * j) & 7, w1 = (2 * j + 1) & 7; /* words within the half */
+    const __m256i idx = _mm256_setr_epi8(2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1,
+                                         2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1,
+                                         2 * w1, 2 * w1 + 1, 2 * w1, 2 * w1 + 1, 2 * w1, 2 * w1 + 1, 2 * w1, 2 * w1 + 1,
+                                         2 * w1, 2 * w1 + 1, 2 * w1, 2 * w1 + 1, 2 * w1, 2 * w1 + 1, 2 * w1, 2 * w1 + 1);
+    return _mm256_shuffle_epi8(half, idx);
+}
+
 /* Q6_K: sum of sc_j * (q - 32) * x over the super-block (int32 x 8). */
 KQ_INLINE __m256i dot_q6k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bsums) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x03);
@@ -216,29 +229,19 @@ KQ_INLINE __m256i dot_q6k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
             const int j = 4 * h + v; /* values 32j..32j+31: scales 2j (low 128 bits), 2j+1 (high) */
-            const __m128i sb = _mm_shuffle_epi8(sc8, _mm_set_epi8(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
-                                                                  2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j,
-                                                                  2 * j, 2 * j, 2 * j, 2 * j, 2 * j));
             const __m256i av = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[v], av), _mm256_cvtepi8_epi16(sb)));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[v], av), kq_sc_pair(sc16, j)));
         }
     }
     return s;
 }
 
-/* int16 scales of values 32j..32j+31 from 16 int8 scales: low 128 bits sc[2j], high sc[2j+1]. */
-KQ_INLINE __m256i kq_sc_pair(__m128i sc8, int j) {
-    const __m128i sb = _mm_shuffle_epi8(sc8, _mm_set_epi8(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
-                                                          2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j,
-                                                          2 * j, 2 * j, 2 * j, 2 * j, 2 * j));
-    return _mm256_cvtepi8_epi16(sb);
-}
 
 /* Q2_K: sum of sc_j * q * x (int32 x 8) and of the mins' m_j * bsums[j] (int32 x 8). */
 KQ_INLINE void dot_q2k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bsums, __m256i *s_out,
                        __m256i *m_out) {
     const __m128i raw = _mm_loadu_si128((const __m128i *)bp);
-    const __m128i sc8 = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+    const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0f)));
     *m_out = _mm256_madd_epi16(bsums, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f))));
     const uint8_t *qs = bp + offsetof(moetax_block_q2_k, qs);
     const __m256i m3 = _mm256_set1_epi8(3);
@@ -251,7 +254,7 @@ KQ_INLINE void dot_q2k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bs
             const int j = 4 * h + k;
             const __m256i q = _mm256_and_si256(_mm256_srli_epi16(raw_q, 2 * k), m3);
             const __m256i av = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), kq_sc_pair(sc8, j)));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), kq_sc_pair(sc16, j)));
         }
     }
     *s_out = s;
@@ -259,9 +262,9 @@ KQ_INLINE void dot_q2k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bs
 
 /* Q3_K: sum of (s_j - 32) * q * x over the super-block, q = level - 4 (int32 x 8). */
 KQ_INLINE __m256i dot_q3k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bsums) {
-    const __m128i sc8 = q3k_scales_v(bp + offsetof(moetax_block_q3_k, scales));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(q3k_scales_v(bp + offsetof(moetax_block_q3_k, scales)));
     /* the offset 4: sum_j 4 sc_j bsums[j] */
-    __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(bsums, _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), 2)));
+    __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(bsums, _mm256_slli_epi16(sc16, 2)));
     const __m256i hm = _mm256_loadu_si256((const __m256i *)bp);
     const uint8_t *qs = bp + offsetof(moetax_block_q3_k, qs);
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
@@ -274,7 +277,7 @@ KQ_INLINE __m256i dot_q3k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i
             const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, j), one);
             const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw_q, 2 * k), m3), _mm256_slli_epi16(hb, 2));
             const __m256i av = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), kq_sc_pair(sc8, j)));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), kq_sc_pair(sc16, j)));
         }
     }
     return s;
