@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kernels_impl.h"
+#include "kq_rows.h"
 #include "moetax/types.h"
 
 #define KQ_BT 4 /* batch rows per pass over a row's decoded blocks */
@@ -191,6 +192,19 @@ KQ_INLINE void dot_q45k(const uint8_t *bp, bool five, const moetax_block_q8_k *a
     *s_out = s;
 }
 
+/* int16 scales of values 32j..32j+31 from the 16 int16 scales sc16: low 128 bits sc[2j], high
+ * sc[2j+1]. One in-lane byte shuffle of the 128-bit half holding them, broadcast (the compiler
+ * keeps the two broadcasts of a super-block), instead of a shuffle and a widening per vector. */
+KQ_INLINE __m256i kq_sc_pair(__m256i sc16, int j) {
+    const __m256i half = _mm256_permute4x64_epi64(sc16, j < 4 ? 0x44 : 0xee);
+    const int w0 = (2 * j) & 7, w1 = (2 * j + 1) & 7; /* words within the half */
+    const __m256i idx = _mm256_setr_epi8(2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1,
+                                         2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1,
+                                         2 * w1, 2 * w1 + 1, 2 * w1, 2 * w1 + 1, 2 * w1, 2 * w1 + 1, 2 * w1, 2 * w1 + 1,
+                                         2 * w1, 2 * w1 + 1, 2 * w1, 2 * w1 + 1, 2 * w1, 2 * w1 + 1, 2 * w1, 2 * w1 + 1);
+    return _mm256_shuffle_epi8(half, idx);
+}
+
 /* Q6_K: sum of sc_j * (q - 32) * x over the super-block (int32 x 8). */
 KQ_INLINE __m256i dot_q6k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bsums) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x03);
@@ -215,29 +229,19 @@ KQ_INLINE __m256i dot_q6k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i
 #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) {
             const int j = 4 * h + v; /* values 32j..32j+31: scales 2j (low 128 bits), 2j+1 (high) */
-            const __m128i sb = _mm_shuffle_epi8(sc8, _mm_set_epi8(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
-                                                                  2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j,
-                                                                  2 * j, 2 * j, 2 * j, 2 * j, 2 * j));
             const __m256i av = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[v], av), _mm256_cvtepi8_epi16(sb)));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[v], av), kq_sc_pair(sc16, j)));
         }
     }
     return s;
 }
 
-/* int16 scales of values 32j..32j+31 from 16 int8 scales: low 128 bits sc[2j], high sc[2j+1]. */
-KQ_INLINE __m256i kq_sc_pair(__m128i sc8, int j) {
-    const __m128i sb = _mm_shuffle_epi8(sc8, _mm_set_epi8(2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
-                                                          2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j, 2 * j, 2 * j,
-                                                          2 * j, 2 * j, 2 * j, 2 * j, 2 * j));
-    return _mm256_cvtepi8_epi16(sb);
-}
 
 /* Q2_K: sum of sc_j * q * x (int32 x 8) and of the mins' m_j * bsums[j] (int32 x 8). */
 KQ_INLINE void dot_q2k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bsums, __m256i *s_out,
                        __m256i *m_out) {
     const __m128i raw = _mm_loadu_si128((const __m128i *)bp);
-    const __m128i sc8 = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+    const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0f)));
     *m_out = _mm256_madd_epi16(bsums, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f))));
     const uint8_t *qs = bp + offsetof(moetax_block_q2_k, qs);
     const __m256i m3 = _mm256_set1_epi8(3);
@@ -250,7 +254,7 @@ KQ_INLINE void dot_q2k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bs
             const int j = 4 * h + k;
             const __m256i q = _mm256_and_si256(_mm256_srli_epi16(raw_q, 2 * k), m3);
             const __m256i av = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), kq_sc_pair(sc8, j)));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), kq_sc_pair(sc16, j)));
         }
     }
     *s_out = s;
@@ -258,9 +262,9 @@ KQ_INLINE void dot_q2k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bs
 
 /* Q3_K: sum of (s_j - 32) * q * x over the super-block, q = level - 4 (int32 x 8). */
 KQ_INLINE __m256i dot_q3k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i bsums) {
-    const __m128i sc8 = q3k_scales_v(bp + offsetof(moetax_block_q3_k, scales));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(q3k_scales_v(bp + offsetof(moetax_block_q3_k, scales)));
     /* the offset 4: sum_j 4 sc_j bsums[j] */
-    __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(bsums, _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), 2)));
+    __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(bsums, _mm256_slli_epi16(sc16, 2)));
     const __m256i hm = _mm256_loadu_si256((const __m256i *)bp);
     const uint8_t *qs = bp + offsetof(moetax_block_q3_k, qs);
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
@@ -273,7 +277,7 @@ KQ_INLINE __m256i dot_q3k(const uint8_t *bp, const moetax_block_q8_k *a, __m256i
             const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, j), one);
             const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw_q, 2 * k), m3), _mm256_slli_epi16(hb, 2));
             const __m256i av = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * j));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), kq_sc_pair(sc8, j)));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), kq_sc_pair(sc16, j)));
         }
     }
     return s;
@@ -294,20 +298,19 @@ static void kq_decode_rows(enum moetax_type wtype, const uint8_t *w, size_t row_
                         : two ? offsetof(moetax_block_q2_k, d)
                         : three ? offsetof(moetax_block_q3_k, d)
                                 : 0;
+    const uint8_t *w0 = w + (size_t)row0 * row_bytes, *we = w + (size_t)row1 * row_bytes;
+    kq_prefetch_span_l2(w0, we - w0 > 4 * (ptrdiff_t)row_bytes + KQ_ROWS_PFD ? w0 + 4 * row_bytes + KQ_ROWS_PFD : we);
     for (int64_t r = row0; r < row1; r += 4) {
-        const int nr = row1 - r < 4 ? (int)(row1 - r) : 4;
-        const uint8_t *wr[4];
-        for (int k = 0; k < 4; k++) wr[k] = w + (size_t)(r + (k < nr ? k : nr - 1)) * row_bytes;
+        struct kq_rows4 g;
+        kq_rows4_init(&g, w, row_bytes, r, row1);
+        const uint8_t *const *wr = g.w;
         __m128 acc = _mm_setzero_ps();
         for (int64_t i = 0; i < nb; i++) {
             const moetax_block_q8_k *a = x + i;
             const size_t off = (size_t)i * bsz;
-            for (int k = 0; k < 4; k++) _mm_prefetch((const char *)wr[k] + off + 4 * bsz, _MM_HINT_T0);
+            kq_rows4_prefetch(&g, bsz);
             const __m128 ad = _mm_set1_ps(a->d);
-            const __m128 dw = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + doff)],
-                                          moetax_k_fp16_table[ld16(wr[1] + off + doff)],
-                                          moetax_k_fp16_table[ld16(wr[2] + off + doff)],
-                                          moetax_k_fp16_table[ld16(wr[3] + off + doff)]);
+            const __m128 dw = kq_rows4_f16(&g, off + doff);
             if (three) {
                 const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
                 const __m128i si = hsum4_i32(dot_q3k(wr[0] + off, a, bs), dot_q3k(wr[1] + off, a, bs),
@@ -321,11 +324,7 @@ static void kq_decode_rows(enum moetax_type wtype, const uint8_t *w, size_t row_
                 dot_q2k(wr[2] + off, a, bs, &s2, &m2);
                 dot_q2k(wr[3] + off, a, bs, &s3, &m3);
                 const __m128i si = hsum4_i32(s0, s1, s2, s3), mi = hsum4_i32(m0, m1, m2, m3);
-                const size_t mo = offsetof(moetax_block_q2_k, dmin);
-                const __m128 dm = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + mo)],
-                                              moetax_k_fp16_table[ld16(wr[1] + off + mo)],
-                                              moetax_k_fp16_table[ld16(wr[2] + off + mo)],
-                                              moetax_k_fp16_table[ld16(wr[3] + off + mo)]);
+                const __m128 dm = kq_rows4_f16(&g, off + offsetof(moetax_block_q2_k, dmin));
                 acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dw), _mm_cvtepi32_ps(si)));
                 acc = _mm_sub_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dm), _mm_cvtepi32_ps(mi)));
             } else if (six) {
@@ -344,17 +343,12 @@ static void kq_decode_rows(enum moetax_type wtype, const uint8_t *w, size_t row_
                 dot_q45k(wr[3] + off, five, a, q8s, &s3, &m3);
                 const __m128i si = hsum4_i32(s0, s1, s2, s3);
                 const __m128i mi = _mm_hadd_epi32(_mm_hadd_epi32(m0, m1), _mm_hadd_epi32(m2, m3));
-                const __m128 dm = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + 2)],
-                                              moetax_k_fp16_table[ld16(wr[1] + off + 2)],
-                                              moetax_k_fp16_table[ld16(wr[2] + off + 2)],
-                                              moetax_k_fp16_table[ld16(wr[3] + off + 2)]);
+                const __m128 dm = kq_rows4_f16(&g, off + 2);
                 acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dw), _mm_cvtepi32_ps(si)));
                 acc = _mm_sub_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dm), _mm_cvtepi32_ps(mi)));
             }
         }
-        float o[4];
-        _mm_storeu_ps(o, acc);
-        for (int k = 0; k < nr; k++) y[r + k] = o[k];
+        kq_rows4_store(&g, acc, y + r);
     }
 }
 

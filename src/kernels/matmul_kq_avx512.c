@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "kernels_impl.h"
+#include "kq_rows.h"
 #include "moetax/types.h"
 
 #define KQ5_INLINE static inline __attribute__((always_inline))
@@ -140,20 +141,19 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
      * Q6_K half h: A = [v(4h) | v(4h+1)] (scales 8h..8h+3 by 16 values), B = [v(4h+2) | v(4h+3)] */
     const __m512i ix0 = six ? scale_idx6(0) : scale_idx(0, 2, 1, 3);
     const __m512i ix1 = six ? scale_idx6(8) : scale_idx(4, 6, 5, 7);
+    const uint8_t *w0 = w + (size_t)row0 * row_bytes, *we = w + (size_t)row1 * row_bytes;
+    kq_prefetch_span_l2(w0, we - w0 > 4 * (ptrdiff_t)row_bytes + KQ_ROWS_PFD ? w0 + 4 * row_bytes + KQ_ROWS_PFD : we);
     for (int64_t r = row0; r < row1; r += 4) {
-        const int nr = row1 - r < 4 ? (int)(row1 - r) : 4;
-        const uint8_t *wr[4];
-        for (int k = 0; k < 4; k++) wr[k] = w + (size_t)(r + (k < nr ? k : nr - 1)) * row_bytes;
+        struct kq_rows4 g;
+        kq_rows4_init(&g, w, row_bytes, r, row1);
+        const uint8_t *const *wr = g.w;
         __m128 acc = _mm_setzero_ps();
         for (int64_t i = 0; i < nb; i++) {
             const moetax_block_q8_k *a = x + i;
             const size_t off = (size_t)i * bsz;
-            for (int k = 0; k < 4; k++) _mm_prefetch((const char *)wr[k] + off + 4 * bsz, _MM_HINT_T0);
+            kq_rows4_prefetch(&g, bsz);
             const __m128 ad = _mm_set1_ps(a->d);
-            const __m128 dw = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + doff)],
-                                          moetax_k_fp16_table[ld16(wr[1] + off + doff)],
-                                          moetax_k_fp16_table[ld16(wr[2] + off + doff)],
-                                          moetax_k_fp16_table[ld16(wr[3] + off + doff)]);
+            const __m128 dw = kq_rows4_f16(&g, off + doff);
             const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
             if (six) {
                 __m512i A[2][2];
@@ -186,17 +186,12 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
                 dot_q45k_512(wr[3] + off, five, A, q8s, ix0, ix1, &s3, &m3);
                 const __m128i si = hsum4_i32(s0, s1, s2, s3);
                 const __m128i mi = _mm_hadd_epi32(_mm_hadd_epi32(m0, m1), _mm_hadd_epi32(m2, m3));
-                const __m128 dm = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + 2)],
-                                              moetax_k_fp16_table[ld16(wr[1] + off + 2)],
-                                              moetax_k_fp16_table[ld16(wr[2] + off + 2)],
-                                              moetax_k_fp16_table[ld16(wr[3] + off + 2)]);
+                const __m128 dm = kq_rows4_f16(&g, off + 2);
                 acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dw), _mm_cvtepi32_ps(si)));
                 acc = _mm_sub_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dm), _mm_cvtepi32_ps(mi)));
             }
         }
-        float o[4];
-        _mm_storeu_ps(o, acc);
-        for (int k = 0; k < nr; k++) y[r + k] = o[k];
+        kq_rows4_store(&g, acc, y + r);
     }
 }
 
@@ -216,8 +211,24 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
 
 #define KQ_JB 4 /* batch rows per Q4_Kx8r tile */
 #ifndef KQ_QPF
-#define KQ_QPF 2304 /* bytes ahead in a group's stream: two super-blocks */
+#define KQ_QPF 2304 /* bytes ahead in a group's stream: two super-blocks (batch tiles, into L1) */
 #endif
+/* Decode (one batch row) streams its weights once at the memory's rate: it prefetches
+ * KQ_PFD bytes ahead of where it reads, into L2 (prefetcht1), never past the end of its
+ * row range (pfe). An L1 prefetch (prefetcht0) a few super-blocks ahead left Q6_Kx8r's
+ * decode far below a plain read of the same bytes, no better than no prefetch at all: the
+ * lines wait in L2 without holding the L1's miss buffers that the demand loads need, and
+ * the distance covers the memory's latency at full rate (commit messages: measurements). */
+#ifndef KQ_PFD
+#define KQ_PFD 12288
+#endif
+
+/* Prefetch into L2 the lines of [p + KQ_PFD, p + KQ_PFD + n) that lie below pfe. */
+KQ5_INLINE void kq_prefetch_l2(const uint8_t *p, size_t n, const uint8_t *pfe) {
+    uintptr_t a = (uintptr_t)p + KQ_PFD, b = a + n;
+    if (b > (uintptr_t)pfe) b = (uintptr_t)pfe;
+    for (; a < b; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T1);
+}
 
 /* acc + vpdpbusd(w, the 4 bytes at p in every lane), the broadcast embedded ({1to8}) */
 KQ5_INLINE __m256i dpbusd_b8(__m256i acc, __m256i w, const uint8_t *p) {
@@ -235,7 +246,7 @@ KQ5_INLINE __m256i byte_lane(__m256i v, int k) { /* byte k of each dword, zero-e
 /* five: Q5_Kx8r (the qh bits add 16 to a level: bit 2c of qh[l] to value 64c + l, bit 2c + 1
  * to 64c + 32 + l) */
 KQ5_INLINE void q4kr8_tile(const bool five, const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row,
-                           int64_t nb, float *y, int64_t ldy) {
+                           int64_t nb, float *y, int64_t ldy, const uint8_t *pfe) {
     const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
     const size_t qs_off = five ? MOETAX_K_Q5KR8_QS_OFF : MOETAX_K_Q4KR8_QS_OFF;
     const __m256i m10 = _mm256_set1_epi8(0x10);
@@ -250,8 +261,10 @@ KQ5_INLINE void q4kr8_tile(const bool five, const int JB, const uint8_t *g, cons
     for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *blk = g + (size_t)i * bbytes;
+        if (JB == 1) kq_prefetch_l2(blk, bbytes, pfe);
+        else
 #pragma GCC unroll 22
-        for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
+            for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
         const moetax_block_q8_k *a[KQ_JB];
 #pragma GCC unroll 4
         for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
@@ -328,15 +341,17 @@ KQ5_INLINE void q4kr8_tile(const bool five, const int JB, const uint8_t *g, cons
     for (int t = 0; t < JB; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
 }
 
-typedef void (*q4kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y, int64_t ldy);
+/* pfe: the end of the calling range's bytes (decode prefetches stop there) */
+typedef void (*q4kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y, int64_t ldy,
+                         const uint8_t *pfe);
 #define Q4KR8_TILE(JB)                                                                                           \
     static void q4kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
-                                int64_t ldy) {                                                                  \
-        q4kr8_tile(false, JB, g, xq, act_row, nb, y, ldy);                                                      \
+                                int64_t ldy, const uint8_t *pfe) {                                              \
+        q4kr8_tile(false, JB, g, xq, act_row, nb, y, ldy, pfe);                                                 \
     }                                                                                                           \
     static void q5kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
-                                int64_t ldy) {                                                                  \
-        q4kr8_tile(true, JB, g, xq, act_row, nb, y, ldy);                                                       \
+                                int64_t ldy, const uint8_t *pfe) {                                              \
+        q4kr8_tile(true, JB, g, xq, act_row, nb, y, ldy, pfe);                                                  \
     }
 Q4KR8_TILE(1) Q4KR8_TILE(2) Q4KR8_TILE(3) Q4KR8_TILE(4)
 static const q4kr8_fn k_q4kr8[KQ_JB] = {q4kr8_tile_1, q4kr8_tile_2, q4kr8_tile_3, q4kr8_tile_4};
@@ -359,7 +374,7 @@ KQ5_INLINE __m256i sbyte_lane(__m256i v, int k) { /* signed byte k of each dword
 
 
 KQ5_INLINE void q6kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,
-                           int64_t ldy) {
+                           int64_t ldy, const uint8_t *pfe) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     /* bsums as int16 pairs: dword 2k (bs[4k], bs[4k+2]), dword 2k+1 (bs[4k+1], bs[4k+3]) */
     const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7,
@@ -369,8 +384,11 @@ KQ5_INLINE void q6kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, si
     for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *blk = g + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
+        if (JB == 1) kq_prefetch_l2(blk, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
+        else
 #pragma GCC unroll 27
-        for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
+            for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64)
+                _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
         const moetax_block_q8_k *a[KQ6_JB];
 #pragma GCC unroll 4
         for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
@@ -435,11 +453,12 @@ KQ5_INLINE void q6kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, si
     for (int t = 0; t < JB; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
 }
 
-typedef void (*q6kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y, int64_t ldy);
+typedef void (*q6kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y, int64_t ldy,
+                         const uint8_t *pfe);
 #define Q6KR8_TILE(JB)                                                                                           \
     static void q6kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
-                                int64_t ldy) {                                                                  \
-        q6kr8_tile(JB, g, xq, act_row, nb, y, ldy);                                                             \
+                                int64_t ldy, const uint8_t *pfe) {                                              \
+        q6kr8_tile(JB, g, xq, act_row, nb, y, ldy, pfe);                                                        \
     }
 Q6KR8_TILE(1) Q6KR8_TILE(2) Q6KR8_TILE(3) Q6KR8_TILE(4)
 static const q6kr8_fn k_q6kr8[4] = {q6kr8_tile_1, q6kr8_tile_2, q6kr8_tile_3, q6kr8_tile_4};
@@ -759,42 +778,64 @@ static const kqz_fn k_kqz[3][KQZ_JB] = {
 /* ---- Q3_K / Q2_K as stored (no repacked layout), decode: 4 rows side by side ----
  * Bit-identical to matmul_kq_avx2.c's decode (and so its batch path): the same float steps on 4
  * lanes in the same order; the exact int32 sums formed as for Q6_K above: per 64 values one
- * 512-bit vector of unsigned levels (Q3_K: q + 4 in 0..7, Q2_K: 0..3; lower 256 bits values
- * 64p..64p+31, upper 64p+32..64p+63), vpdpbusd against the activations (each int32 lane 4 values
- * of one 16-value sub-block, at most 4 * 7 * 128 = 3584), two such vectors packed to int16
- * exactly (vpackssdw) and vpdpwssd with the sub-blocks' int16 scales (scale_idx6's order). The
- * offsets: Q3_K subtracts 4 * sum_j sc_j bsums[j]; Q2_K's mins m_j * bsums[j] go to dmin's term. */
-KQ5_INLINE __m128i q3k_scales_512(const uint8_t *p) { /* 16 int8 scales - 32 (byte j: scale j) */
-    uint32_t a[3];
-    memcpy(a, p, 12);
-    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u, t = a[2];
-    const uint32_t u0 = (a[0] & m4) | ((t & m2) << 4), u1 = (a[1] & m4) | (((t >> 2) & m2) << 4);
-    const uint32_t u2 = ((a[0] >> 4) & m4) | (((t >> 4) & m2) << 4), u3 = ((a[1] >> 4) & m4) | (((t >> 6) & m2) << 4);
-    return _mm_sub_epi8(_mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0), _mm_set1_epi8(32));
+ * 512-bit vector of unsigned levels (Q3_K: q + 4 in 0..7, Q2_K: 0..3; decode: lower 256 bits
+ * values 32m..32m+31, upper 128+32m.., so one 64-byte load of qs serves all four; batches:
+ * 64p..64p+31 and 64p+32..), vpdpbusd against the activations (each int32 lane 4 values of one
+ * 16-value sub-block), two such vectors packed to int16 exactly (vpackssdw) and vpdpwssd with
+ * the sub-blocks' int16 scales. The offsets: Q3_K subtracts 4 * sum_j sc_j bsums[j]; Q2_K's
+ * mins m_j * bsums[j] go to dmin's term. */
+/* The 16 Q3_K scales minus 32 (byte j: scale j) from the packed scales[12] at p (ggml's 32-bit
+ * mask steps, on the 4 dwords at once). The 16 bytes loaded end with the block's d: they start 2
+ * bytes before p, in the block's qs, so no byte past the block is read. */
+KQ5_INLINE __m128i q3k_scales_512(const uint8_t *p) {
+    const __m128i v = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(p - 2)), 2); /* a0, a1, tmp, d */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, 0x44), _mm_setr_epi32(0, 0, 4, 4)),
+                                     _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, 0xaa), _mm_setr_epi32(0, 2, 4, 6)),
+                                     _mm_set1_epi8(0x03));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
+}
+_Static_assert(offsetof(moetax_block_q3_k, scales) >= 2 && offsetof(moetax_block_q3_k, scales) + 14 <= sizeof(moetax_block_q3_k),
+               "q3k_scales_512 reads scales - 2 .. scales + 13 within the block");
+
+/* vpermw indices of the int16 scales for vpdpwssd with vpackssdw(D_a, D_b) (decode below):
+ * 128-bit lane l of D_m holds the 4-value sums of sub-block 2m + (l & 1) + 8 (l >> 1). */
+KQ5_INLINE __m512i scale_idx23(int a, int b) {
+    short e[32];
+    for (int l = 0; l < 4; l++)
+        for (int i = 0; i < 8; i++) e[8 * l + i] = (short)(2 * (i < 4 ? a : b) + (l & 1) + 8 * (l >> 1));
+    return _mm512_loadu_si512((const void *)e);
 }
 
-/* sum over a super-block of sc_j * level * x (int32 x 8), levels of vector j = 2 bits 2(j%4) of
- * qs[32(j/4)..] (| bit j of hm << 2 for Q3_K) */
-KQ5_INLINE __m256i dot_q23_512(const uint8_t *qs, const uint8_t *hm, __m128i sc8, const __m512i A[4], __m512i ix0,
-                               __m512i ix1) {
-    const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
-    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
-    const __m512i H = hm ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)hm)) : _mm512_setzero_si512();
+/* 4 * (sum over a super-block of sc_j * level * x) in int32 x 8 (every lane a multiple of 4).
+ * Q = the 64 qs bytes: its lower half (qs[0..31]) holds values 32m + l at bits 2m, the upper
+ * half (qs[32..63]) values 128 + 32m + l, so the levels of A[m] = [x(32m..) | x(128 + 32m..)]
+ * are (Q >> 2m) & 3; for odd m they are kept in place, as 4 * level (Q & 12, Q >> 4 & 12), and
+ * the even m's scales are taken 4 times instead: one 16-bit shift per row and super-block.
+ * Q3_K (hm: its 32 hmask bytes) adds 4 (4 * 4) where bit m (upper half: 4 + m) of hmask[l]
+ * is set, by a byte test into a mask register and a masked add. */
+KQ5_INLINE __m256i dot_q23_512(const uint8_t *qs, const uint8_t *hm, __m128i sc8, const __m512i A[4], __m512i ix02,
+                               __m512i ix13) {
+    const __m512i m3 = _mm512_set1_epi8(3), m12 = _mm512_set1_epi8(12);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    const __m512i Q = _mm512_loadu_si512((const void *)qs), Q4 = _mm512_srli_epi16(Q, 4);
+    __m512i L[4] = {_mm512_and_si512(Q, m3), _mm512_and_si512(Q, m12), _mm512_and_si512(Q4, m3),
+                    _mm512_and_si512(Q4, m12)};
+    if (hm) {
+        const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)hm));
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; m++) {
+            const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << m)), _mm256_set1_epi8((char)(16 << m)), 1);
+            L[m] = _mm512_mask_add_epi8(L[m], _mm512_test_epi8_mask(H, bit), L[m], _mm512_set1_epi8(m & 1 ? 16 : 4));
+        }
+    }
     __m512i D[4];
 #pragma GCC unroll 4
-    for (int p = 0; p < 4; p++) {
-        const __m512i R = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * (p / 2))));
-        const int k0 = 2 * (p % 2), j0 = 2 * p;
-        const __m512i cq = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * k0)), _mm256_set1_epi16((short)(2 * k0 + 2)), 1);
-        __m512i L = _mm512_and_si512(_mm512_srlv_epi16(R, cq), m3);
-        if (hm) {
-            const __m512i ch = _mm512_inserti64x4(_mm512_set1_epi16((short)j0), _mm256_set1_epi16((short)(j0 + 1)), 1);
-            L = _mm512_or_si512(L, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, ch), one), 2));
-        }
-        D[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), L, A[p]);
-    }
-    __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(D[0], D[1]), _mm512_permutexvar_epi16(ix0, sc16));
-    s = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(D[2], D[3]), _mm512_permutexvar_epi16(ix1, sc16));
+    for (int m = 0; m < 4; m++) D[m] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), L[m], A[m]);
+    /* |D| <= 4 * 28 * 128: the packs are exact */
+    __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_packs_epi32(D[0], D[2]),
+                                    _mm512_permutexvar_epi16(ix02, _mm512_castsi256_si512(_mm256_slli_epi16(sc16, 2))));
+    s = _mm512_dpwssd_epi32(s, _mm512_packs_epi32(D[1], D[3]), _mm512_permutexvar_epi16(ix13, _mm512_castsi256_si512(sc16)));
     return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
 }
 
@@ -805,52 +846,50 @@ static void kq23_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_
     const size_t doff = three ? offsetof(moetax_block_q3_k, d) : offsetof(moetax_block_q2_k, d);
     const size_t qoff = three ? offsetof(moetax_block_q3_k, qs) : offsetof(moetax_block_q2_k, qs);
     const size_t mo = offsetof(moetax_block_q2_k, dmin);
-    const __m512i ix0 = scale_idx6(0), ix1 = scale_idx6(8);
+    const __m512i ix02 = scale_idx23(0, 2), ix13 = scale_idx23(1, 3);
+    const uint8_t *w0 = w + (size_t)row0 * row_bytes, *we = w + (size_t)row1 * row_bytes;
+    kq_prefetch_span_l2(w0, we - w0 > 4 * (ptrdiff_t)row_bytes + KQ_ROWS_PFD ? w0 + 4 * row_bytes + KQ_ROWS_PFD : we);
     for (int64_t r = row0; r < row1; r += 4) {
-        const int nr = row1 - r < 4 ? (int)(row1 - r) : 4;
-        const uint8_t *wr[4];
-        for (int k = 0; k < 4; k++) wr[k] = w + (size_t)(r + (k < nr ? k : nr - 1)) * row_bytes;
+        struct kq_rows4 g;
+        kq_rows4_init(&g, w, row_bytes, r, row1);
+        const uint8_t *const *wr = g.w;
         __m128 acc = _mm_setzero_ps();
         for (int64_t i = 0; i < nb; i++) {
             const moetax_block_q8_k *a = x + i;
             const size_t off = (size_t)i * bsz;
-            for (int k = 0; k < 4; k++) _mm_prefetch((const char *)wr[k] + off + 4 * bsz, _MM_HINT_T0);
+            kq_rows4_prefetch(&g, bsz);
             const __m128 ad = _mm_set1_ps(a->d);
-            const __m128 dw = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + doff)],
-                                          moetax_k_fp16_table[ld16(wr[1] + off + doff)],
-                                          moetax_k_fp16_table[ld16(wr[2] + off + doff)],
-                                          moetax_k_fp16_table[ld16(wr[3] + off + doff)]);
+            const __m128 dw = kq_rows4_f16(&g, off + doff);
             const __m256i bs = _mm256_loadu_si256((const __m256i *)a->bsums);
             __m512i A[4];
-            for (int p = 0; p < 4; p++) A[p] = _mm512_loadu_si512((const void *)(a->qs + 64 * p));
+#pragma GCC unroll 4
+            for (int m = 0; m < 4; m++)
+                A[m] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a->qs + 32 * m))),
+                                          _mm256_loadu_si256((const __m256i *)(a->qs + 128 + 32 * m)), 1);
             __m256i S[4], M[4];
+#pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
                 const uint8_t *bp = wr[k] + off;
                 if (three) {
                     const __m128i sc8 = q3k_scales_512(bp + offsetof(moetax_block_q3_k, scales));
                     const __m256i corr = _mm256_madd_epi16(bs, _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), 2));
-                    S[k] = _mm256_sub_epi32(dot_q23_512(bp + qoff, bp, sc8, A, ix0, ix1), corr);
+                    S[k] = _mm256_sub_epi32(_mm256_srai_epi32(dot_q23_512(bp + qoff, bp, sc8, A, ix02, ix13), 2), corr);
                 } else {
                     const __m128i raw = _mm_loadu_si128((const __m128i *)bp);
                     const __m128i sc8 = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
                     M[k] = _mm256_madd_epi16(bs, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f))));
-                    S[k] = dot_q23_512(bp + qoff, NULL, sc8, A, ix0, ix1);
+                    S[k] = _mm256_srai_epi32(dot_q23_512(bp + qoff, NULL, sc8, A, ix02, ix13), 2);
                 }
             }
             const __m128i si = hsum4_i32(S[0], S[1], S[2], S[3]);
             acc = _mm_add_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dw), _mm_cvtepi32_ps(si)));
             if (!three) {
                 const __m128i mi = hsum4_i32(M[0], M[1], M[2], M[3]);
-                const __m128 dm = _mm_setr_ps(moetax_k_fp16_table[ld16(wr[0] + off + mo)],
-                                              moetax_k_fp16_table[ld16(wr[1] + off + mo)],
-                                              moetax_k_fp16_table[ld16(wr[2] + off + mo)],
-                                              moetax_k_fp16_table[ld16(wr[3] + off + mo)]);
+                const __m128 dm = kq_rows4_f16(&g, off + mo);
                 acc = _mm_sub_ps(acc, _mm_mul_ps(_mm_mul_ps(ad, dm), _mm_cvtepi32_ps(mi)));
             }
         }
-        float o[4];
-        _mm_storeu_ps(o, acc);
-        for (int k = 0; k < nr; k++) y[r + k] = o[k];
+        kq_rows4_store(&g, acc, y + r);
     }
 }
 
@@ -965,6 +1004,11 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
     const int64_t nb = ncols / MOETAX_QK_K, gend = row1 - (row1 - row0) % R;
     const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
     const int ti = six ? 2 : wtype == MOETAX_TYPE_Q5_K ? 1 : 0;
+    const uint8_t *pfe = w + (size_t)row1 * row_bytes;
+    if (n_batch == 1) { /* decode's first KQ_PFD bytes at once (kq_rows.h) */
+        const uint8_t *w0 = w + (size_t)row0 * row_bytes;
+        kq_prefetch_span_l2(w0, pfe - w0 > KQ_PFD ? w0 + KQ_PFD : pfe);
+    }
     int64_t r = row0;
     if (n_batch > 1) /* pairs of adjacent groups in 512-bit vectors, tiles of up to KQZ_JB batch rows */
         for (; r + 2 * R <= gend; r += 2 * R)
@@ -980,9 +1024,9 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
             const int64_t left = n_batch - j0, tiles = (left + jbmax - 1) / jbmax;
             jb = (left + tiles - 1) / tiles; /* tiles of even size */
             const uint8_t *g = w + (size_t)r * row_bytes, *xj = xq + (size_t)j0 * act_row;
-            if (six) k_q6kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy);
-            else if (wtype == MOETAX_TYPE_Q5_K) k_q5kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy);
-            else k_q4kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy);
+            if (six) k_q6kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy, pfe);
+            else if (wtype == MOETAX_TYPE_Q5_K) k_q5kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy, pfe);
+            else k_q4kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy, pfe);
         }
     if (gend == row1) return;
     if (n_batch == 1) /* the unit's plain tail */
