@@ -634,6 +634,27 @@ ALWAYS_INLINE float f_hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* f_hsum8 of each half of a0..a3 (4 rows x 2 batch rows), each the same three adds of the
+ * same lanes in the same order, 8 sums at once: lanes 0-3 the first half's (rows 0..3),
+ * lanes 4-7 the second half's. Stage 1 adds lanes i and i + 4 of each half (f_hsum8's
+ * lo128 + hi128), stage 2 lanes i and i + 2 of those (+ movehl), stage 3 lanes 0 and 1
+ * (+ movehdup); float adds commute bit for bit, so only the pairs matter. */
+ALWAYS_INLINE __m512 hsum8_4x2(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    /* stage 1: groups of 4 lanes: (a0 h0) (a0 h1) (a1 h0) (a1 h1); the same of a2, a3 */
+    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const __m512 s01 = _mm512_add_ps(_mm512_permutex2var_ps(a0, lo, a1), _mm512_permutex2var_ps(a0, hi, a1));
+    const __m512 s23 = _mm512_add_ps(_mm512_permutex2var_ps(a2, lo, a3), _mm512_permutex2var_ps(a2, hi, a3));
+    /* stage 2: pairs of lanes in the order (h0 r0) (h0 r1) (h0 r2) (h0 r3) (h1 r0) .. (h1 r3);
+     * (h, r) sits in group h (r 0), 2 + h (r 1) of s01, the same of s23 (r 2, 3: + 16) */
+    const __m512i l2 = _mm512_setr_epi32(0, 1, 8, 9, 16, 17, 24, 25, 4, 5, 12, 13, 20, 21, 28, 29);
+    const __m512i h2 = _mm512_setr_epi32(2, 3, 10, 11, 18, 19, 26, 27, 6, 7, 14, 15, 22, 23, 30, 31);
+    const __m512 u = _mm512_add_ps(_mm512_permutex2var_ps(s01, l2, s23), _mm512_permutex2var_ps(s01, h2, s23));
+    /* stage 3: even lanes hold the sums; gather them into lanes 0-7 */
+    const __m512 t = _mm512_add_ps(u, _mm512_movehdup_ps(u));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0), t);
+}
+
 /* RB rows (stride rb) x JP pairs of batch rows (2 JP - odd rows; an odd last row is
  * paired with itself and stored once) over columns [k0, k1). */
 ALWAYS_INLINE void tile_f2(enum moetax_type t, const int RB, const int JP, const uint8_t *w, size_t rb,
@@ -664,6 +685,21 @@ ALWAYS_INLINE void tile_f2(enum moetax_type t, const int RB, const int JP, const
 #pragma GCC unroll 4
             for (int p = 0; p < JP; p++) acc[r][p] = _mm512_fmadd_ps(wv, xv[p], acc[r][p]);
         }
+    }
+    if (RB == 4 && k == k1) { /* no scalar tail: the 8 sums of a pair at once, the same adds */
+#pragma GCC unroll 4
+        for (int p = 0; p < JP; p++) {
+            const __m512 v = hsum8_4x2(acc[0][p], acc[1][p], acc[2][p], acc[3][p]);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * p + h;
+                if (j >= nj) break;
+                __m128 s = h ? _mm512_extractf32x4_ps(v, 1) : _mm512_castps512_ps128(v);
+                if (add) s = _mm_add_ps(_mm_loadu_ps(y + j * ldy), s);
+                _mm_storeu_ps(y + j * ldy, s);
+            }
+        }
+        return;
     }
 #pragma GCC unroll 4
     for (int r = 0; r < RB; r++)
