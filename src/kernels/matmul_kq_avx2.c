@@ -196,7 +196,8 @@ KQ_INLINE void dot_q45k(const uint8_t *bp, bool five, const moetax_block_q8_k *a
  * sc[2j+1]. One in-lane byte shuffle of the 128-bit half holding them, broadcast (the compiler
  * keeps the two broadcasts of a super-block), instead of a shuffle and a widening per vector. */
 KQ_INLINE __m256i kq_sc_pair(__m256i sc16, int j) {
-    const __m256i half = _mm256_permute4x64_epi64(sc16, j < 4 ? 0x44 : 0xee);
+    /* two immediates, not one chosen at run time: an immediate must be one before unrolling (-O1) */
+    const __m256i half = j < 4 ? _mm256_permute4x64_epi64(sc16, 0x44) : _mm256_permute4x64_epi64(sc16, 0xee);
     const int w0 = (2 * j) & 7, w1 = (2 * j + 1) & 7; /* words within the half */
     const __m256i idx = _mm256_setr_epi8(2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1,
                                          2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1, 2 * w0, 2 * w0 + 1,
