@@ -3,7 +3,10 @@
 """test_mpi_args.py - ranks that would compute different things are stopped at start-up
 (src/dist/gather.h, moetax_dist_same_command): an MPMD line giving one rank another option, or
 another MOETAX_MPI_* setting, makes every rank exit non-zero within a bounded time, and the rank
-that differs names the argument; the same command runs. SKIP without mpirun or an MPI build.
+that differs names the argument; the same command runs. The default dispatch follows the batch
+(src/dist/dist.h, moetax_dist_default_dispatch): bench --batch 64 (or run --parallel 64) is
+token-sharded, --batch 32,64 and a chosen mode (--ep-dispatch replicated,
+MOETAX_MPI_DISPATCH=replicated) are not. SKIP without mpirun or an MPI build.
 
 usage: test_mpi_args.py MOETAX_BIN WORKDIR
 """
@@ -49,6 +52,25 @@ def main():
     check(r.returncode != 0 and "runs another command than rank 0" in r.stderr and "--ep-dispatch" in r.stderr,
           f"an --ep-dispatch on one rank only is named (the options main() takes out are checked too): "
           f"{r.stderr[-600:]}")
+    # the default dispatch of a batch: token-sharded from 64 sequences (the exit summary says which ran)
+    bench = [moetax, "bench", "-m", MODEL, "-p", "2", "-n", "1", "-t", "1", "-r", "1", "--no-mem"]
+    for opts, env, want in ((["--batch", "64"], [], "alltoall"), (["--batch=128,64"], [], "alltoall"),
+                            (["--batch", "32,64"], [], "replicated"),
+                            (["--batch", "64", "--ep-dispatch", "replicated"], [], "replicated"),
+                            (["--batch", "64"], ["-x", "MOETAX_MPI_DISPATCH=replicated"], "replicated")):
+        r = mpirun(["-np", "2"] + env + bench + opts)
+        got = "alltoall" if "exchanges (alltoall dispatch" in r.stderr else \
+              "replicated" if "combines (gather)" in r.stderr else "?"
+        check(r.returncode == 0 and got == want, f"bench {' '.join(env + opts)}: the {want} dispatch ({got}): "
+              f"{r.stderr[-400:]}")
+    prompts = os.path.join(sys.argv[2], "args-prompts.txt")
+    os.makedirs(sys.argv[2], exist_ok=True)
+    with open(prompts, "w") as f:
+        f.write("def f(x):\nimport os\n")
+    r = mpirun(["-np", "2", moetax, "run", "-m", MODEL, "-f", prompts, "--parallel", "64", "-n", "2", "--temp", "0",
+                "-t", "1"])
+    check(r.returncode == 0 and "exchanges (alltoall dispatch" in r.stderr, f"run --parallel 64: the alltoall "
+          f"dispatch: {r.stderr[-400:]}")
     return summary()
 
 

@@ -40,6 +40,33 @@ static void on_signal(int sig) {
     raise(sig);
 }
 
+#ifdef MOETAX_WITH_MPI
+/* The sequences a command decodes together, as its options say: bench --batch LIST (its smallest),
+ * run / perplexity --parallel N; 1 otherwise (one sequence, serve's varying batches, a bad value:
+ * the command reports that itself). */
+static int64_t batch_of(int argc, char **argv) {
+    const char *opt = !strcmp(argv[1], "bench") ? "--batch"
+                    : !strcmp(argv[1], "run") || !strcmp(argv[1], "perplexity") ? "--parallel" : NULL;
+    const size_t n = opt ? strlen(opt) : 0;
+    const char *v = NULL;
+    for (int a = 2; opt && a < argc; a++) {
+        if (!strcmp(argv[a], opt) && a + 1 < argc) v = argv[a + 1];
+        else if (!strncmp(argv[a], opt, n) && argv[a][n] == '=') v = argv[a] + n + 1;
+    }
+    if (!v) return 1;
+    int64_t lo = 0;
+    for (const char *p = v; *p;) {
+        char *end;
+        const long long b = strtoll(p, &end, 10);
+        if (end == p || b < 1) return 1;
+        lo = lo && lo < b ? lo : b;
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return 1;
+    }
+    return lo ? lo : 1;
+}
+#endif
+
 int main(int argc, char **argv) {
     static const int sigs[] = {SIGINT, SIGTERM};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
@@ -125,6 +152,8 @@ int main(int argc, char **argv) {
                 moetax_dist_finalize(0);
                 return 2;
             }
+            /* none chosen: the token-sharded dispatch for batches where it measured faster (src/dist/dist.h) */
+            if (!offline && moetax_dist_world()) moetax_dist_default_dispatch(batch_of(argc, argv));
             int rc = k_commands[i].fn(argc - 1, argv + 1);
             moetax_dist_finalize(rc);
             return rc;

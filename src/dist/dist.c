@@ -14,6 +14,7 @@
 
 static struct moetax_dist *g_world;
 static const char *g_placement; /* --placement FILE */
+static bool g_dispatch_chosen;  /* --ep-dispatch / --ep-overlap or MOETAX_MPI_DISPATCH / _OVERLAP given */
 
 void moetax_dist_set_placement(const char *path) { g_placement = path; }
 static moetax_status place_experts(struct moetax_dist *d, struct moetax_model *m);
@@ -61,6 +62,7 @@ int moetax_dist_init(int *argc, char ***argv) {
         MPI_Finalize();
         return 1;
     }
+    g_dispatch_chosen = (dm && *dm) || ovl; /* else moetax_dist_default_dispatch may pick alltoall */
     /* only rank 0 writes results; errors stay on each rank's stderr */
     if (d->rank > 0 && !freopen("/dev/null", "w", stdout)) fprintf(stderr, "moetax: rank %d: cannot silence stdout\n", d->rank);
     return 0;
@@ -68,6 +70,7 @@ int moetax_dist_init(int *argc, char ***argv) {
 
 int moetax_dist_set_dispatch(const char *mode, bool overlap) {
     struct moetax_dist *d = g_world;
+    g_dispatch_chosen = true;
     if (!strcmp(mode, "alltoall")) d->dispatch = true;
     else if (!strcmp(mode, "replicated")) d->dispatch = false;
     else {
@@ -85,6 +88,13 @@ int moetax_dist_set_dispatch(const char *mode, bool overlap) {
         d->overlap = false;
     }
     return 0;
+}
+
+void moetax_dist_default_dispatch(int64_t n_seq) {
+    struct moetax_dist *d = g_world;
+    if (!d || g_dispatch_chosen || d->size < 2) return;
+    d->dispatch = n_seq >= MOETAX_DIST_A2A_MIN_SEQ;
+    d->overlap = false;
 }
 
 /* this process's peak RSS (VmHWM of /proc/self/status) in bytes; 0 if unknown */
@@ -119,7 +129,7 @@ void moetax_dist_finalize(int rc) {
         fprintf(stderr, "moetax: rank %d of %d: %llu global views (replicas' counts or the capacity's router logits, one "
                 "gather per MoE layer and micro-batch), %.3f MB sent + received (in the totals above)\n", d->rank, d->size,
                 (unsigned long long)d->n_global, (double)d->bytes_global / 1e6);
-    else if (d->size > 1 && d->n_collectives)
+    else if (d->size > 1 && d->n_collectives && !d->dispatch)
         fprintf(stderr, "moetax: rank %d of %d: %llu combines (%s), %.3f MB sent, %.3f MB received (%.1f KB per "
                 "combine), comm %.3f s, wait %.3f s (MPI_Barrier before each)\n", d->rank, d->size,
                 (unsigned long long)d->n_collectives, d->combine ? "allreduce" : "gather", (double)d->bytes_sent / 1e6,

@@ -48,12 +48,21 @@
  *   (the exit summary says how much beyond its own); with one, only the profile's replicas.
  *   With the token-sharded dispatch (below) a rank sees only its own tokens, so each MoE layer
  *   first gathers every rank's per-expert counts (E ints from each rank: one small
- *   MPI_Iallgatherv per layer and micro-batch, booked to `wait`); every rank then splits the
+ *   MPI_Iallgatherv per layer and micro-batch, booked to `wait`). Since every rank then knows the
+ *   micro-batch's own counts before anything is sent, the layer's hosts are planned from them
+ *   (moetax_dist_plan_now: the same greedy, the loads being the counts themselves, without the
+ *   EPLB fallback; between equally loaded ranks the one whose own tokens use the expert most),
+ *   as DeepSeek-V3's decoding computes its redundant experts' routing on the fly before each
+ *   layer's all-to-all; --ep-replan then has no effect. Replicas planned between steps from past
+ *   counts (the replicated dispatch's way, which must plan before it routes) gave none to the first
+ *   step and only a forecast to the others: the trained model, bench --batch 8 on held-out text,
+ *   np 4, R 8: busiest rank's excess 34.7% -> 21.0% planned between steps, -> 6.6% from the
+ *   micro-batch's counts (np 2: 10.0% -> 1.3%, -> 0.01%). Every rank then splits the
  *   global counts over the hosts exactly as above and derives the same flows: a host keeps its
  *   own tokens' assignments up to its part (no transfer), the rest fill the other hosts' parts,
  *   ranks in order (moetax_dist_flows). Each token still goes once to each rank that computes
- *   one of its assignments. The counts booked are the same on every rank, so the re-plan needs
- *   no message either.
+ *   one of its assignments. The counts booked are the same on every rank, so the plans need
+ *   no message either. With --ep-load the plan may use only the replicas the profile mapped.
  *
  *   Capacity factor (--capacity-factor C): the replicated dispatch routes every token on every
  *   rank and applies the single process's rule (src/moe/moe.c, apply_capacity) to the same
@@ -69,7 +78,8 @@
  *   tensor table differ from rank 0's is an error naming both. MPI errors return (not abort);
  *   a command that ends with an error calls MPI_Abort so that no rank is left waiting.
  *
- *   Token-sharded dispatch (MOETAX_MPI_DISPATCH=alltoall or --ep-dispatch alltoall), as
+ *   Token-sharded dispatch (MOETAX_MPI_DISPATCH=alltoall or --ep-dispatch alltoall; without either,
+ *   and without --ep-overlap, the default for commands of 64 or more sequences: moetax_dist_default_dispatch), as
  *   DeepSeek-V3's inference and DeepEP do: rank r runs the embedding, attention (its own KV
  *   cells), the dense layers, the router, the shared experts and the head only for the batch's
  *   sequences with seq % P == r (the context, src/model/forward.c, picks them from rank 0's
@@ -141,8 +151,9 @@ struct moetax_dist {
      * layer; the replicated dispatch's combine books to the layer its barrier named, cur_layer) */
     uint64_t *layer_sent, *layer_recv;
     int n_layer_b, cur_layer;
-    /* replicas of hot experts (replicated dispatch only; see "Replication" above): up to n_rep
-     * extra hosts per MoE layer, re-planned every `replan` steps from `load` */
+    /* replicas of hot experts (see "Replication" above): up to n_rep extra hosts per MoE layer,
+     * re-planned every `replan` steps from `load` (token-sharded: per layer and micro-batch from
+     * its gathered counts; n_replans counts those plans) */
     int n_rep, replan, H;     /* H: the most hosts an expert can have, min(n_rep, P - 1) + 1 */
     int n_layer, n_expert;
     uint8_t *is_moe;          /* [n_layer] */
@@ -205,6 +216,14 @@ moetax_status moetax_dist_allreduce(struct moetax_dist *d, float *x, int64_t n);
 /* Every rank's *v becomes the smallest of all ranks' (st: this rank's result so far; a rank's
  * error is returned as is, and the others get one naming it). */
 moetax_status moetax_dist_agree_min(moetax_status st, int *v);
+/* The default dispatch when none was chosen (no --ep-dispatch / --ep-overlap, no MOETAX_MPI_DISPATCH /
+ * MOETAX_MPI_OVERLAP), from the command's batch: token-sharded (alltoall) for n_seq >= MOETAX_DIST_A2A_MIN_SEQ
+ * sequences decoded together, else replicated (exact). Measured (small Q8_0, np 2, 1 thread per rank,
+ * batch decode, alternating pairs, this 2-core machine at load 2-12 from other jobs): alltoall /
+ * replicated tokens/s, paired medians B 8 0.77 (8 pairs), B 16 0.90 (15), B 32 0.96 (13), B 64 1.12
+ * (19, 13 of them above 1), B 128 1.41 (8 of 8); a quiet machine, an earlier session: B 64 1.44. */
+enum { MOETAX_DIST_A2A_MIN_SEQ = 64 };
+void moetax_dist_default_dispatch(int64_t n_seq);
 /* --ep-dispatch MODE (alltoall | replicated) and --ep-overlap, after init; 0 or an error printed. */
 int moetax_dist_set_dispatch(const char *mode, bool overlap);
 /* The test hook MOETAX_MPI_TEST_STALL=R:S: rank R sleeps S seconds, once. */
@@ -264,6 +283,10 @@ moetax_status moetax_dist_replicas_init(struct moetax_dist *d, const struct moet
 /* Worker 0 at the start of each step: every `replan` steps the hosts are planned again. */
 void moetax_dist_step(struct moetax_dist *d);
 void moetax_dist_replan(struct moetax_dist *d);
+/* Token-sharded dispatch, worker 0, before the split: layer il's hosts for this micro-batch from
+ * its global counts [E] (every rank has them from the layer's gather, so every rank plans the
+ * same) and each rank's own share of them, local [P, E] (ties go to the rank that keeps them). */
+void moetax_dist_plan_now(struct moetax_dist *d, int il, const int32_t *count, const int32_t *local);
 /* A micro-batch's split of layer il: count [E] slots per expert -> part [E, H] slots per host. */
 void moetax_dist_split(const struct moetax_dist *d, int il, const int32_t *count, int32_t *part);
 /* Rank r's slots of expert e: [*lo, *lo + *cnt) within the expert's (0 if r is no host). */

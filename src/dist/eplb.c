@@ -79,9 +79,12 @@ static double rank_load(const struct moetax_dist *d, int il, const double *w, do
 /* Layer il's hosts from the loads w [E]: the owner first, then n_rep replicas (while an expert
  * with load can still take a host), each on the least-loaded rank that may hold the expert
  * (avail): first for the busiest rank's expert that lowers the expected busiest load most, when
- * none does for the expert with the largest load per host (EPLB's rule): its slots of each
- * micro-batch are then split to balance that micro-batch's own counts (moetax_dist_split). */
-static void plan_layer(struct moetax_dist *d, int il, const double *w) {
+ * none does (eplb_rule) for the expert with the largest load per host (EPLB's rule): its slots of
+ * each micro-batch are then split to balance that micro-batch's own counts (moetax_dist_split).
+ * local [P, E] (or NULL): how many of each expert's assignments come from each rank's own tokens;
+ * between equally loaded ranks the one with most of them takes the replica (it keeps those, the
+ * token-sharded dispatch sends them nowhere). */
+static void plan_layer(struct moetax_dist *d, int il, const double *w, bool eplb_rule, const int32_t *local) {
     const int E = d->n_expert, H = d->H, P = d->size;
     double lr[1024], nl[1024];
     for (int e = 0; e < E; e++) {
@@ -101,11 +104,14 @@ static void plan_layer(struct moetax_dist *d, int il, const double *w) {
             bool on_busy = false;
             for (int j = 0; j < nh; j++) on_busy |= d->hosts[ie * H + j] == busy;
             if (!on_busy || nh >= H || w[e] <= 0) continue;
-            int t = -1; /* the least-loaded rank that may take it */
+            int t = -1; /* the least-loaded rank that may take it (ties: most of e's own assignments) */
             for (int r = 0; r < P; r++) {
                 bool host = false;
                 for (int j = 0; j < nh; j++) host |= d->hosts[ie * H + j] == r;
-                if (!host && d->avail[ie * P + r] && (t < 0 || lr[r] < lr[t])) t = r;
+                if (host || !d->avail[ie * P + r]) continue;
+                if (t < 0 || (!local && lr[r] < lr[t]) || (local && lr[r] < lr[t] - 1e-9) ||
+                    (local && lr[r] <= lr[t] + 1e-9 && local[(size_t)r * E + e] > local[(size_t)t * E + e]))
+                    t = r;
             }
             if (t < 0) continue;
             /* the loads with e on nh + 1 hosts */
@@ -116,7 +122,7 @@ static void plan_layer(struct moetax_dist *d, int il, const double *w) {
             for (int r = 0; r < P; r++) m2 = nl[r] > m2 ? nl[r] : m2;
             if (m2 < best_mx - 1e-9) best_mx = m2, best_e = e, best_t = t;
         }
-        if (best_e < 0) { /* else (EPLB): the hottest share per host anywhere, to the least-loaded rank */
+        if (best_e < 0 && eplb_rule) { /* else (EPLB): the hottest share per host anywhere, to the least-loaded rank */
             double bw = 0;
             for (int e = 0; e < E; e++) {
                 const size_t ie = (size_t)il * E + e;
@@ -144,7 +150,7 @@ void moetax_dist_replan(struct moetax_dist *d) {
     for (int il = 0; il < d->n_layer; il++) {
         if (!d->is_moe[il]) continue;
         for (int e = 0; e < E; e++) w[e] = (double)d->load[(size_t)il * E + e];
-        plan_layer(d, il, w);
+        plan_layer(d, il, w, true, NULL);
         /* recent steps weigh most: the counts halve at every plan (the same sequences' next tokens
          * tend to use the same experts; measured: halving beat cumulative counts on held-out text) */
         for (int e = 0; e < E; e++) d->load[(size_t)il * E + e] /= 2;
@@ -155,6 +161,10 @@ void moetax_dist_replan(struct moetax_dist *d) {
 
 void moetax_dist_step(struct moetax_dist *d) {
     if (!d->n_rep) return;
+    if (d->dispatch) { /* token-sharded: every layer's micro-batch is planned from its own counts (plan_now) */
+        d->steps++;
+        return;
+    }
     if (d->steps > 0 && d->steps % (uint64_t)d->replan == 0) moetax_dist_replan(d);
     d->steps++;
 }
@@ -222,6 +232,17 @@ moetax_status moetax_dist_replicas_init(struct moetax_dist *d, const struct moet
         }
     }
     return MOETAX_OK;
+}
+
+void moetax_dist_plan_now(struct moetax_dist *d, int il, const int32_t *count, const int32_t *local) {
+    const int E = d->n_expert;
+    double w[4096];
+    if (E > 4096) return; /* keeps the last plan */
+    for (int e = 0; e < E; e++) w[e] = count[e];
+    /* no EPLB fallback: these are the loads themselves, a replica that does not lower the
+     * busiest rank's would only split tokens over more ranks (more records) */
+    plan_layer(d, il, w, false, local);
+    d->n_replans++;
 }
 
 void moetax_dist_split(const struct moetax_dist *d, int il, const int32_t *count, int32_t *part) {
@@ -331,10 +352,13 @@ void moetax_dist_replicas_summary(const struct moetax_dist *d) {
         for (int e = 0; d->is_moe[il] && e < d->n_expert; e++) nrep += d->n_hosts[(size_t)il * d->n_expert + e] - 1;
     const double mean = d->work_total ? (double)d->work_total / d->size : 0;
     const double with = mean > 0 ? (double)d->work_max / mean : 0, without = mean > 0 ? (double)d->work_max_base / mean : 0;
-    fprintf(stderr, "moetax: rank %d of %d: replicas (--ep-replicas %d, re-planned every %d steps, %llu times%s): "
+    char how[96];
+    if (d->dispatch) snprintf(how, sizeof how, "planned for each layer's micro-batch from its gathered counts");
+    else snprintf(how, sizeof how, "re-planned every %d steps", d->replan);
+    fprintf(stderr, "moetax: rank %d of %d: replicas (--ep-replicas %d, %s, %llu times%s): "
             "%d now; expert work over %llu layer plans, %llu assignments: busiest rank %llu = %.4f x the mean with "
             "replicas, %llu = %.4f x without (excess %.2f%% -> %.2f%%; an even split of every plan: %.4f); this rank %llu; it maps %d experts beyond its "
-            "own (%.2f MiB)\n", d->rank, d->size, d->n_rep, d->replan, (unsigned long long)d->n_replans,
+            "own (%.2f MiB)\n", d->rank, d->size, d->n_rep, how, (unsigned long long)d->n_replans,
             g_load ? ", profile prior" : "", nrep, (unsigned long long)d->n_planned,
             (unsigned long long)d->work_total, (unsigned long long)d->work_max, with,
             (unsigned long long)d->work_max_base, without, 100 * (without - 1), 100 * (with - 1),

@@ -696,6 +696,7 @@ static moetax_status ep_global(struct worker *w, struct moe *b, int il, int32_t 
     if (D->n_rep) {
         const int H = D->H;
         int32_t c[512];
+        moetax_dist_plan_now(D, il, ep->g_count, ep->g_cnt); /* this micro-batch's replicas */
         moetax_dist_split(D, il, ep->g_count, ep->g_part);
         for (int64_t e = 0; e < E; e++) {
             ep->g_used[e] = 0;
