@@ -1130,6 +1130,18 @@ static moetax_status ep_init(struct moe *b, const struct fw_step *s, const struc
 static void moe_block_ep(struct worker *w, struct moe *b, int il) { (void)w; (void)b; (void)il; }
 #endif
 
+/* (own_route) this worker's share of the n tokens' shared-expert hidden rows, prepared
+ * (quantized) for the shared down projection, booked as shared */
+static void shared_hidden_prep(struct worker *w, struct moe *b, int64_t Fs) {
+    struct fw_step *s = w->s;
+    int64_t r0, r1;
+    fw_mark(w, MOETAX_PHASE_SHARED);
+    struct act ah = fw_act_view(&b->a_sh, b->sh_hid, Fs, s->n);
+    fw_act_publish(w, &b->a_sh, &ah);
+    fw_split(w, s->n, 1, &r0, &r1);
+    fw_act_prep(s, &ah, r0, r1);
+}
+
 /* The shared experts' down projections of output rows [d0, d1) for the n tokens (prepared
  * hidden ahid), added into the residual; qwen2moe gates each token's by sigmoid(gate_inp_shexp
  * . xg), xg the ffn-normed float rows (NULL: no gate). */
@@ -1163,18 +1175,13 @@ static void moe_down_batch(struct worker *w, struct moe *b, int il, const struct
     struct fw_step *s = w->s;
     const struct moetax_hparams *hp = &s->m->hp;
     const struct moetax_layer *l = &s->m->layers[il];
-    const int64_t n = s->n, d = hp->n_embd, F = hp->n_ff_exp;
+    const int64_t d = hp->n_embd, F = hp->n_ff_exp;
     const int64_t Fs = l->gate_sh.data ? l->gate_sh.ne[1] : 0;
     float *yd = b->ydown; /* [n*k, d] */
-    int64_t r0, r1;
 
     fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
     if (own_route && Fs) { /* the shared hidden (phase 2 prepares it otherwise) */
-        fw_mark(w, MOETAX_PHASE_SHARED);
-        struct act ah = fw_act_view(&b->a_sh, b->sh_hid, Fs, n);
-        fw_act_publish(w, &b->a_sh, &ah);
-        fw_split(w, n, 1, &r0, &r1);
-        fw_act_prep(s, &ah, r0, r1);
+        shared_hidden_prep(w, b, Fs);
         fw_mark(w, MOETAX_PHASE_EXPERT);
     }
     struct act v = fw_act_view(&b->a_eh, b->eh, F, pl->n_slots);
@@ -1373,13 +1380,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         fw_act_publish(w, &b->a_eh, &v);
         fw_split(w, pl->n_slots, 1, &r0, &r1);
         fw_act_prep(s, &v, r0, r1);
-        if (own_route && Fs) { /* the shared hidden (phase 2 prepares it otherwise) */
-            fw_mark(w, MOETAX_PHASE_SHARED);
-            struct act ah = fw_act_view(&b->a_sh, b->sh_hid, Fs, n);
-            fw_act_publish(w, &b->a_sh, &ah);
-            fw_split(w, n, 1, &r0, &r1);
-            fw_act_prep(s, &ah, r0, r1);
-        }
+        if (own_route && Fs) shared_hidden_prep(w, b, Fs); /* phase 2 prepares it otherwise */
         fw_phase_end(w);
         fw_phase_begin(w, MOETAX_PHASE_EXPERT, il);
     } else {
