@@ -1,13 +1,20 @@
-// ctest-labels: unit
+// ctest-labels: unit;model
 /* test_predict.c - the learned expert predictor (moetax/predict.h): a fit recovers a map the
- * router guess does not know and beats it on fresh samples; the file round-trips bit for bit;
- * short, damaged or inconsistent files are refused with the field named, never a crash. */
+ * router guess does not know and beats it on fresh samples; the file round-trips bit for bit,
+ * with and without a hidden layer (version 2), and a version 1 file still loads; the evaluation
+ * follows its definition; short, damaged or inconsistent files are refused with the field named,
+ * never a crash; in the engine a predictor with a hidden layer, the route features and a margin
+ * driving a 25% store's prefetch leaves every logit's bits as they are without a store, and its
+ * extra experts are scored. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe/predict.h"
+#include "moetax/model.h"
 #include "moetax/predict.h"
+#include "moetax/store.h"
 #include "testutil.h"
 
 enum { D = 16, E = 8, K = 2, L = 4 };
@@ -186,7 +193,10 @@ static void file_roundtrip_and_damage(const struct moetax_predictor *p) {
         {"magic", "magic"}, {"version", "version"}, {"n_expert_used > n_expert", "n_expert_used"},
         {"n_feat", "n_feat"}, {"n_pairs huge", "n_pairs"}, {"a weight flipped", "checksum"},
         {"checksum flipped", "checksum"}, {"pair layer out of range", "pair layer"}, {"nan weight", "weight"},
-        {"ahead 3", "ahead"},
+        {"ahead 3", "ahead"}, {"n_hidden huge", "n_hidden"}, {"margin negative", "margin"},
+        {"margin nan", "margin"}, {"features: an unknown bit", "features"}, {"version 0", "version"},
+        {"version 1 with a hidden layer", "n_hidden"}, {"version 1 with a margin", "margin"},
+        {"version 1 with FEAT_ROUTE", "features"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         memcpy(b, good, n);
@@ -198,7 +208,7 @@ static void file_roundtrip_and_damage(const struct moetax_predictor *p) {
         case 2: m = n - 1; break;
         case 3: m = n; break; /* written with an extra byte below */
         case 4: b[0] = 'X'; break;
-        case 5: put32(b + 8, 2); break;
+        case 5: put32(b + 8, 3); break;
         case 6: put32(b + 24, E + 1); break;
         case 7: put32(b + 36, D); break;
         case 8: put32(b + 40, 0xffffffffu); break;
@@ -207,6 +217,14 @@ static void file_roundtrip_and_damage(const struct moetax_predictor *p) {
         case 11: put32(b + MOETAX_PREDICT_HEADER_BYTES, 99); fix_sum = true; break;
         case 12: put32(b + MOETAX_PREDICT_HEADER_BYTES + MOETAX_PREDICT_PAIR_HEADER_BYTES + 8, 0x7fc00000u); fix_sum = true; break;
         case 13: put32(b + 28, 3); break;
+        case 14: put32(b + 44, MOETAX_PREDICT_HIDDEN_MAX + 1); break;
+        case 15: put32(b + 60, 0xbf800000u); break; /* -1.0f */
+        case 16: put32(b + 60, 0x7fc00000u); break;
+        case 17: put32(b + 32, MOETAX_PREDICT_FEAT_CUR | 8); break;
+        case 18: put32(b + 8, 0); break;
+        case 19: put32(b + 8, 1); put32(b + 44, 1); break;
+        case 20: put32(b + 8, 1); put32(b + 60, 0x3f800000u); break;
+        case 21: put32(b + 8, 1); put32(b + 32, MOETAX_PREDICT_FEAT_CUR | MOETAX_PREDICT_FEAT_ROUTE); break;
         }
         if (fix_sum) { /* FNV-1a 64 of everything before the checksum, as the writer does */
             uint64_t h = 0xcbf29ce484222325ull;
@@ -235,6 +253,249 @@ static void file_roundtrip_and_damage(const struct moetax_predictor *p) {
     free(good);
 }
 
+/* A version 1 file (the same bytes with version 1: no hidden layer, no margin) loads as the same
+ * predictor; a newer version is refused saying so. */
+static void version1_loads(const struct moetax_predictor *p) {
+    const char *path = tu_path("predict_v2.pred");
+    CHECK(moetax_predictor_write(p, path) == MOETAX_OK);
+    size_t n = 0;
+    unsigned char *b = read_all(path, &n);
+    if (!b || n < MOETAX_PREDICT_HEADER_BYTES + 8) {
+        free(b);
+        CHECK(false);
+        return;
+    }
+    put32(b + 8, 1);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i + 8 < n; i++) { h ^= b[i]; h *= 0x100000001b3ull; }
+    for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
+    const char *v1 = write_bytes("predict_v1.pred", b, n);
+    struct moetax_predictor *q = NULL;
+    CHECK_MSG(moetax_predictor_load(v1, &q) == MOETAX_OK, "a version 1 file: %s", moetax_last_error());
+    if (q) {
+        CHECK_EQ_INT(q->n_hidden, 0);
+        CHECK(q->margin == 0);
+        const float *wp = moetax_predictor_weights(p, 1, 1), *wq = moetax_predictor_weights(q, 1, 1);
+        CHECK(wp && wq && !memcmp(wp, wq, sizeof(float) * E * (D + 1)));
+    }
+    moetax_predictor_free(q);
+    put32(b + 8, 3);
+    h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i + 8 < n; i++) { h ^= b[i]; h *= 0x100000001b3ull; }
+    for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
+    const char *v3 = write_bytes("predict_v3.pred", b, n);
+    q = NULL;
+    CHECK(moetax_predictor_load(v3, &q) == MOETAX_ERR_FORMAT && !q);
+    CHECK_MSG(strstr(moetax_last_error(), "newer than this moetax reads"), "%s", moetax_last_error());
+    free(b);
+}
+
+/* A predictor with a hidden layer and the route features: evaluation is W f + W2 relu(W1 f + b1);
+ * the file round-trips every weight and the margin bit for bit; a hidden weight that is not finite
+ * is refused, at its offset. */
+static void hidden_layer(void) {
+    enum { HID = 5 };
+    const int moe[3] = {1, 2, 3};
+    const uint32_t feat = MOETAX_PREDICT_FEAT_CUR | MOETAX_PREDICT_FEAT_PREV | MOETAX_PREDICT_FEAT_ROUTE;
+    struct moetax_predictor *p = NULL;
+    CHECK(moetax_predictor_new_hidden("hid", L, D, E, K, moe, 3, 1, feat, MOETAX_PREDICT_HIDDEN_MAX + 1, &p) ==
+          MOETAX_ERR_ARG && !p);
+    CHECK(moetax_predictor_new_hidden("hid", L, D, E, K, moe, 3, 1, feat, HID, &p) == MOETAX_OK);
+    if (!p) return;
+    const int F = 2 * D + 2 * E + 1;
+    CHECK_EQ_INT(p->n_feat, F);
+    CHECK_EQ_INT(moetax_predictor_n_feat(D, E, feat), F);
+    const float *w1, *b1, *w2;
+    CHECK(!moetax_predictor_hidden(p, 1, 1, &w1, &b1, &w2)); /* no weights yet */
+    for (int l = 1; l <= 2; l++) {
+        const int q = moetax_predictor_pair(p, l, 1);
+        p->have[q] = 1;
+        for (int i = 0; i < E * F; i++) p->w[(size_t)q * E * F + i] = 0.3f * nrand();
+        for (int i = 0; i < HID * F; i++) p->w1[(size_t)q * HID * F + i] = nrand();
+        for (int i = 0; i < HID; i++) p->b1[(size_t)q * HID + i] = nrand();
+        for (int i = 0; i < E * HID; i++) p->w2[(size_t)q * E * HID + i] = nrand();
+    }
+    p->margin = 0.125f;
+    p->tokens = 77;
+    CHECK(moetax_predictor_hidden(p, 2, 1, &w1, &b1, &w2) && w1 && b1 && w2);
+    float f[2 * D + 2 * E + 1], z[E], h[HID];
+    for (int i = 0; i < F; i++) f[i] = nrand();
+    moetax_predictor_eval(p, 2, 1, f, z, h);
+    const float *W = moetax_predictor_weights(p, 2, 1);
+    int relu_zero = 0;
+    for (int e = 0; e < E; e++) {
+        double want = 0;
+        for (int i = 0; i < F; i++) want += (double)W[e * F + i] * f[i];
+        for (int j = 0; j < HID; j++) {
+            double a = b1[j];
+            for (int i = 0; i < F; i++) a += (double)w1[j * F + i] * f[i];
+            relu_zero += e == 0 && a <= 0;
+            want += (a > 0 ? a : 0) * w2[e * HID + j];
+        }
+        CHECK_MSG(fabs(want - z[e]) < 1e-4 * (1 + fabs(want)), "expert %d: z %g, want %g", e, z[e], want);
+    }
+    CHECK_MSG(relu_zero > 0 && relu_zero < HID, "the relu both cut and passed (%d of %d cut)", relu_zero, HID);
+    const char *path = tu_path("predict_hidden.pred");
+    CHECK_MSG(moetax_predictor_write(p, path) == MOETAX_OK, "%s", moetax_last_error());
+    struct moetax_predictor *q = NULL;
+    CHECK_MSG(moetax_predictor_load(path, &q) == MOETAX_OK, "%s", moetax_last_error());
+    if (q) {
+        CHECK_EQ_INT(q->n_hidden, HID);
+        CHECK_EQ_INT(q->features, feat);
+        CHECK(q->margin == 0.125f);
+        CHECK_EQ_INT(q->tokens, 77);
+        for (int l = 1; l <= 2; l++) {
+            const float *a1, *a2, *a3, *c1, *c2, *c3;
+            CHECK(moetax_predictor_hidden(p, l, 1, &a1, &a2, &a3) && moetax_predictor_hidden(q, l, 1, &c1, &c2, &c3));
+            if (!c1) continue;
+            CHECK(!memcmp(a1, c1, sizeof(float) * HID * F) && !memcmp(a2, c2, sizeof(float) * HID) &&
+                  !memcmp(a3, c3, sizeof(float) * E * HID));
+            CHECK(!memcmp(moetax_predictor_weights(p, l, 1), moetax_predictor_weights(q, l, 1), sizeof(float) * E * F));
+        }
+        CHECK(!moetax_predictor_hidden(q, 3, 1, &w1, &b1, &w2) && !w1 && !b1 && !w2); /* no pair after the last */
+    }
+    moetax_predictor_free(q);
+    size_t n = 0;
+    unsigned char *b = read_all(path, &n);
+    const size_t entry = MOETAX_PREDICT_PAIR_HEADER_BYTES + 4 * ((size_t)E * F + (size_t)HID * F + HID + (size_t)E * HID);
+    CHECK(b && n == MOETAX_PREDICT_HEADER_BYTES + 2 * entry + 8);
+    if (b && n == MOETAX_PREDICT_HEADER_BYTES + 2 * entry + 8) {
+        /* the last w2 weight of the second pair: NaN behind a valid checksum */
+        put32(b + MOETAX_PREDICT_HEADER_BYTES + 2 * entry - 4, 0x7f800000u);
+        uint64_t hh = 0xcbf29ce484222325ull;
+        for (size_t i = 0; i + 8 < n; i++) { hh ^= b[i]; hh *= 0x100000001b3ull; }
+        for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(hh >> (8 * i));
+        const char *bp = write_bytes("predict_hidden_bad.pred", b, n);
+        q = NULL;
+        CHECK(moetax_predictor_load(bp, &q) == MOETAX_ERR_FORMAT && !q);
+        char want[32];
+        snprintf(want, sizeof want, "offset %zu", MOETAX_PREDICT_HEADER_BYTES + 2 * entry - 4);
+        CHECK_MSG(strstr(moetax_last_error(), "weight") && strstr(moetax_last_error(), want), "%s (wanted %s)",
+                  moetax_last_error(), want);
+        /* one byte short */
+        bp = write_bytes("predict_hidden_bad.pred", b, n - 1);
+        CHECK(moetax_predictor_load(bp, &q) == MOETAX_ERR_FORMAT && !q && strstr(moetax_last_error(), "size"));
+    }
+    free(b);
+    moetax_predictor_free(p);
+}
+
+enum { N_TOK = 24 };
+
+/* logits of a prefill of 8 tokens then 16 decode steps (teacher-forced) */
+static float *run_model(struct moetax_model *m, struct moetax_store *store, int threads, int ubatch) {
+    struct moetax_ctx_params cp = {.n_ctx = 64, .n_threads = threads, .n_ubatch = ubatch, .store = store};
+    struct moetax_ctx *c;
+    if (moetax_ctx_init(m, &cp, &c)) return NULL;
+    const int64_t V = m->hp.n_vocab;
+    float *l = calloc((size_t)(V * N_TOK), sizeof(float));
+    int32_t t[N_TOK];
+    for (int i = 0; i < N_TOK; i++) t[i] = (int32_t)((i * 53 + 7) % V);
+    moetax_status st = l ? moetax_ctx_eval(c, t, 8, l, true) : MOETAX_ERR_NOMEM;
+    for (int i = 8; !st && i < N_TOK; i++) st = moetax_ctx_eval(c, t + i, 1, l + i * V, false);
+    moetax_ctx_free(c);
+    if (st) {
+        free(l);
+        return NULL;
+    }
+    return l;
+}
+
+static void engine(void) {
+    const char *path = tu_path("predict_model.gguf");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s gen --preset tiny-v3 --experts 16 --expert-ff 64 -o %s >/dev/null 2>&1", tu_moetax_bin,
+             path);
+    CHECK_EQ_INT(tu_run(cmd, NULL), 0);
+    struct moetax_model *m = NULL;
+    if (moetax_model_load(path, &m) != MOETAX_OK) {
+        CHECK_MSG(0, "%s", moetax_last_error());
+        return;
+    }
+    int moe[64], n_moe = 0;
+    for (int l = 0; l < m->hp.n_layer && n_moe < 64; l++)
+        if (m->layers[l].is_moe) moe[n_moe++] = l;
+    const int64_t V = m->hp.n_vocab, Em = m->hp.n_expert, k = m->hp.n_expert_used;
+    enum { HID = 24 };
+    struct moetax_predictor *p = NULL;
+    CHECK(moetax_predictor_new_hidden("t", m->hp.n_layer, m->hp.n_embd, (int)Em, (int)k, moe, n_moe, 2,
+                                      MOETAX_PREDICT_FEAT_ALL, HID, &p) == MOETAX_OK);
+    struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE, .budget_bytes = (uint64_t)1 << 40};
+    struct moetax_store *s = NULL;
+    int ub = 64;
+    CHECK(moetax_model_store_open(m, &sp, ub, 0, &s, &ub) == MOETAX_OK);
+    const uint64_t slot = s ? moetax_store_slot_bytes(s) : 1;
+    moetax_store_free(s);
+    s = NULL;
+    sp.budget_bytes = slot * (uint64_t)Em * (uint64_t)n_moe / 4;
+    ub = 64;
+    CHECK_MSG(moetax_model_store_open(m, &sp, ub, 0, &s, &ub) == MOETAX_OK, "%s", moetax_last_error());
+    /* the reference: the mapped run with the micro-batch the budget allows (batching changes rounding) */
+    float *ref = run_model(m, NULL, 1, ub);
+    CHECK(ref != NULL);
+    if (p && s && ref) {
+        /* random weights: a wrong guess is as good as a right one for this test (only what is read
+         * ahead may change); the margin makes extra experts */
+        const int F = p->n_feat;
+        for (int q = 0; q < p->n_layer * p->ahead; q++) {
+            if (p->target[q] < 0) continue;
+            p->have[q] = 1;
+            for (int i = 0; i < Em * F; i++) p->w[(size_t)q * Em * F + i] = 0.2f * nrand();
+            for (int i = 0; i < HID * F; i++) p->w1[(size_t)q * HID * F + i] = 0.2f * nrand();
+            for (int i = 0; i < HID; i++) p->b1[(size_t)q * HID + i] = 0.1f * nrand();
+            for (int i = 0; i < Em * HID; i++) p->w2[(size_t)q * Em * HID + i] = 0.2f * nrand();
+        }
+        p->margin = 0.05f;
+        moetax_store_set_predictor(s, p, false);
+        for (int threads = 1; threads <= 2; threads++) {
+            moetax_predictor_score_reset(p);
+            float *got = run_model(m, s, threads, ub);
+            CHECK_MSG(got && !memcmp(got, ref, sizeof(float) * (size_t)(V * N_TOK)),
+                      "threads %d: logits with a hidden-layer predictor and a margin differ from the mapped run", threads);
+            free(got);
+            struct moetax_predict_score r = moetax_predictor_total(p, MOETAX_PREDICT_ROUTER, 1);
+            struct moetax_predict_score l = moetax_predictor_total(p, MOETAX_PREDICT_LEARNED, 1);
+            CHECK_EQ_INT(r.tokens, (uint64_t)N_TOK * (uint64_t)(n_moe - 1));
+            CHECK_EQ_INT(l.tokens, r.tokens);
+            CHECK_EQ_INT(r.predicted, r.tokens * (uint64_t)k);
+            CHECK_MSG(l.predicted > l.tokens * (uint64_t)k && l.predicted <= 2 * l.tokens * (uint64_t)k &&
+                          l.hits <= l.actual && l.actual == l.tokens * (uint64_t)k,
+                      "threads %d: learned predicted %llu for %llu tokens, hits %llu of %llu", threads,
+                      (unsigned long long)l.predicted, (unsigned long long)l.tokens, (unsigned long long)l.hits,
+                      (unsigned long long)l.actual);
+        }
+        /* new weights (weights_gen bumped): the router itself as the linear map, no hidden term, no
+         * margin: the learned guess is then the router guess but for roundings (the engine's Q8_0
+         * copies), so the engine must have prepared the new weights */
+        for (int q = 0; q < p->n_layer * p->ahead; q++) {
+            if (p->target[q] < 0) continue;
+            const int T = p->target[q];
+            float *G = malloc(sizeof(float) * (size_t)(Em * m->hp.n_embd));
+            CHECK(G && moe_predict_router_rows(m, T, G));
+            for (int e = 0; G && e < Em; e++)
+                for (int i = 0; i < F; i++) p->w[((size_t)q * Em + e) * F + i] = i < m->hp.n_embd ? G[e * m->hp.n_embd + i] : 0;
+            free(G);
+            memset(p->w2 + (size_t)q * Em * HID, 0, sizeof(float) * (size_t)(Em * HID));
+        }
+        p->margin = 0;
+        p->weights_gen++;
+        moetax_predictor_score_reset(p);
+        float *got = run_model(m, s, 1, ub);
+        CHECK(got && !memcmp(got, ref, sizeof(float) * (size_t)(V * N_TOK)));
+        free(got);
+        struct moetax_predict_score r = moetax_predictor_total(p, MOETAX_PREDICT_ROUTER, 1);
+        struct moetax_predict_score l = moetax_predictor_total(p, MOETAX_PREDICT_LEARNED, 1);
+        CHECK_MSG(l.predicted == r.predicted && l.hits + 2 >= r.hits && r.hits + 2 >= l.hits,
+                  "the router as the learned map: hits %llu of %llu, the router guess's %llu", (unsigned long long)l.hits,
+                  (unsigned long long)l.predicted, (unsigned long long)r.hits);
+        moetax_store_set_predictor(s, NULL, false);
+    }
+    moetax_store_free(s);
+    moetax_predictor_free(p);
+    free(ref);
+    moetax_model_free(m);
+}
+
 static void args(void) {
     struct moetax_predictor *p = NULL;
     const int moe[2] = {0, 1};
@@ -261,7 +522,10 @@ int main(int argc, char **argv) {
     if (p) {
         beats_router(p, G, Wstar);
         file_roundtrip_and_damage(p);
+        version1_loads(p);
     }
+    hidden_layer();
+    engine();
     moetax_predictor_free(p);
     free(G);
     free(Wstar);

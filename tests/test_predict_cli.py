@@ -5,6 +5,10 @@ default model: `profile --fit-predictor` writes P.pred beside P.json; `profile -
 it against the router guess on other text; `run --expert-budget 25% --predictor` gives the very
 text of the run without a store and prints both predictors' scores; a damaged predictor file is a
 clear error naming the file (exit status 1, no crash); a predictor for another shape is refused.
+`profile --dump-features` writes rows that tools/train/fit_predictor.py (PyTorch; skipped without
+it) fits a hidden-layer predictor from; the engine's score of that file on other text is the
+script's own, to the token, with and without a margin (extra experts: precision below recall);
+it drives a run's prefetch with the run's very text.
 
 usage: test_predict_cli.py MOETAX_BIN WORKDIR
 """
@@ -75,6 +79,46 @@ def main():
     check(rc == 0, "gen tiny-v3: %s" % err[-300:])
     rc, out, err = run([moetax, "run", "-m", gen, "-p", "a", "-n", "2", "--expert-budget", "50%", "--predictor", pred])
     check(rc == 1 and "pcli.pred" in err and "the model has" in err, "another model's predictor: rc %d, %s" % (rc, err[-300:]))
+
+    # feature rows, the PyTorch fit of a hidden layer, and the engine scoring the same file
+    feat, hfeat = os.path.join(work, "pcli.feat"), os.path.join(work, "pcli_h.feat")
+    rc, out, err = run([moetax, "profile", "-f", fit_text, "-o", os.path.join(work, "pcli3.json"), "--dump-features", feat,
+                        "--max-tokens", "1500", "-t", "2"])
+    check(rc == 0 and "feature rows (1500 tokens x 5 MoE layers)" in err and os.path.getsize(feat) > 1500 * 5 * 1184,
+          "profile --dump-features: rc %d: %s" % (rc, err[-400:]))
+    rc, out, err = run([moetax, "profile", "-f", other_text, "-o", os.path.join(work, "pcli4.json"), "--dump-features",
+                        hfeat, "--max-tokens", "600", "-t", "2"])
+    check(rc == 0, "profile --dump-features (held-out): rc %d: %s" % (rc, err[-400:]))
+    try:
+        import torch  # noqa: F401
+        have_torch = True
+    except ImportError:
+        have_torch = False
+        print("test_predict_cli: no PyTorch: the fit_predictor.py case is skipped")
+    if have_torch and rc == 0:
+        hpred = os.path.join(work, "pcli_h.pred")
+        p = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "train", "fit_predictor.py"), feat, "-o", hpred,
+                            "--heldout", hfeat, "--hidden", "32", "--epochs", "2", "--margins", "0.01", "--threads", "2"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+        check(p.returncode == 0 and os.path.exists(hpred), "fit_predictor.py: rc %d: %s" % (p.returncode, p.stderr[-600:]))
+        import re
+        got = {}
+        for m in re.finditer(r"margin ([0-9.]+): precision ([0-9.]+)%, recall ([0-9.]+)%", p.stdout):
+            got[float(m.group(1))] = (float(m.group(2)), float(m.group(3)))
+        check(0.0 in got and 0.01 in got, "fit_predictor.py reports held-out precision/recall: %s" % p.stdout[-600:])
+        for mg in (0.0, 0.01):
+            rc, out, err = run([moetax, "profile", "-f", other_text, "-o", os.path.join(work, "pcli5.json"),
+                                "--predictor", hpred, "--predictor-margin", str(mg), "--max-tokens", "600", "-t", "2"])
+            m = re.search(r"1 layer ahead.*learned P ([0-9.]+)% R ([0-9.]+)%", err)
+            check(rc == 0 and m, "profile --predictor (hidden layer, margin %g): rc %d: %s" % (mg, rc, err[-600:]))
+            if m and mg in got:
+                P, R = float(m.group(1)), float(m.group(2))
+                check(abs(P - got[mg][0]) <= 0.15 and abs(R - got[mg][1]) <= 0.15,
+                      "margin %g: the engine's P %.1f R %.1f, the script's P %.1f R %.1f" % (mg, P, R, *got[mg]))
+                check((P < R) == (mg > 0) or P == R == 100, "margin %g: precision %.1f, recall %.1f" % (mg, P, R))
+        rc2, out2, err2 = run([moetax, "run"] + prompt + ["--expert-budget", "25%", "--predictor", hpred])
+        check(rc2 == 0 and out2 == out0, "the text with the hidden-layer predictor is the run's without: %r vs %r" % (
+            out0, out2))
 
     print("test_predict_cli: %s" % ("FAIL (%d)" % len(FAILS) if FAILS else "ok"))
     return 1 if FAILS else 0

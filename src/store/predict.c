@@ -11,7 +11,7 @@
 #include "moetax/outfile.h"
 
 static const char MAGIC[8] = {'M', 'T', 'X', 'P', 'R', 'E', 'D', 0};
-enum { VERSION = 1 };
+enum { VERSION = MOETAX_PREDICT_VERSION };
 
 const char *moetax_predict_kind_name(enum moetax_predict_kind k) {
     switch (k) {
@@ -24,16 +24,22 @@ const char *moetax_predict_kind_name(enum moetax_predict_kind k) {
 
 static int n_pairs_of(const struct moetax_predictor *p) { return p->n_layer * p->ahead; }
 
-moetax_status moetax_predictor_new(const char *model, int n_layer, int n_embd, int n_expert, int n_expert_used,
-                                   const int *moe_layers, int n_moe, int ahead, uint32_t features,
-                                   struct moetax_predictor **out) {
+int moetax_predictor_n_feat(int n_embd, int n_expert, uint32_t features) {
+    return n_embd * ((features & MOETAX_PREDICT_FEAT_PREV) ? 2 : 1) + ((features & MOETAX_PREDICT_FEAT_ROUTE) ? 2 * n_expert : 0) +
+           1;
+}
+
+moetax_status moetax_predictor_new_hidden(const char *model, int n_layer, int n_embd, int n_expert,
+                                          int n_expert_used, const int *moe_layers, int n_moe, int ahead,
+                                          uint32_t features, int n_hidden, struct moetax_predictor **out) {
     *out = NULL;
     if (n_layer < 1 || n_layer > 4096 || n_embd < 1 || n_embd > 1 << 16 || n_expert < 1 || n_expert > 1 << 16 ||
         n_expert_used < 1 || n_expert_used > n_expert || ahead < 1 || ahead > MOETAX_PREDICT_AHEAD_MAX ||
-        !(features & MOETAX_PREDICT_FEAT_CUR) || (features & ~(uint32_t)3) || n_moe < 0 || n_moe > n_layer)
+        !(features & MOETAX_PREDICT_FEAT_CUR) || (features & ~(uint32_t)MOETAX_PREDICT_FEAT_ALL) || n_moe < 0 ||
+        n_moe > n_layer || n_hidden < 0 || n_hidden > MOETAX_PREDICT_HIDDEN_MAX)
         return moetax_error(MOETAX_ERR_ARG,
-                            "predictor: %d layers, width %d, %d experts (%d used), %d ahead, features %u: out of range",
-                            n_layer, n_embd, n_expert, n_expert_used, ahead, features);
+                            "predictor: %d layers, width %d, %d experts (%d used), %d ahead, features %u, %d hidden: "
+                            "out of range", n_layer, n_embd, n_expert, n_expert_used, ahead, features, n_hidden);
     for (int i = 0; i < n_moe; i++)
         if (moe_layers[i] < 0 || moe_layers[i] >= n_layer || (i > 0 && moe_layers[i] <= moe_layers[i - 1]))
             return moetax_error(MOETAX_ERR_ARG, "predictor: MoE layers must ascend within 0..%d", n_layer - 1);
@@ -46,17 +52,26 @@ moetax_status moetax_predictor_new(const char *model, int n_layer, int n_embd, i
     p->n_expert_used = n_expert_used;
     p->ahead = ahead;
     p->features = features;
-    p->n_feat = n_embd * ((features & MOETAX_PREDICT_FEAT_PREV) ? 2 : 1) + 1;
+    p->n_feat = moetax_predictor_n_feat(n_embd, n_expert, features);
+    p->n_hidden = n_hidden;
     p->use = true;
-    const size_t np = (size_t)n_pairs_of(p);
+    const size_t np = (size_t)n_pairs_of(p), H = (size_t)n_hidden, F = (size_t)p->n_feat, E = (size_t)n_expert;
     p->target = malloc(sizeof(int32_t) * np);
     p->have = calloc(np, 1);
-    p->w = calloc(np * (size_t)n_expert * (size_t)p->n_feat, sizeof(float));
+    p->w = calloc(np * E * F, sizeof(float));
     p->score = calloc((size_t)MOETAX_PREDICT_KINDS * np, sizeof *p->score);
-    if (!p->target || !p->have || !p->w || !p->score) {
+    bool ok = p->target && p->have && p->w && p->score;
+    if (ok && H) {
+        p->w1 = calloc(np * H * F, sizeof(float));
+        p->b1 = calloc(np * H, sizeof(float));
+        p->w2 = calloc(np * E * H, sizeof(float));
+        ok = p->w1 && p->b1 && p->w2;
+    }
+    if (!ok) {
         moetax_predictor_free(p);
-        return moetax_error(MOETAX_ERR_NOMEM, "out of memory for a predictor of %d layers x %d experts x %d features",
-                            n_layer, n_expert, p->n_feat);
+        return moetax_error(MOETAX_ERR_NOMEM,
+                            "out of memory for a predictor of %d layers x %d experts x %d features (%d hidden)", n_layer,
+                            n_expert, (int)F, n_hidden);
     }
     for (size_t i = 0; i < np; i++) p->target[i] = -1;
     for (int i = 0; i < n_moe; i++)
@@ -65,12 +80,22 @@ moetax_status moetax_predictor_new(const char *model, int n_layer, int n_embd, i
     return MOETAX_OK;
 }
 
+moetax_status moetax_predictor_new(const char *model, int n_layer, int n_embd, int n_expert, int n_expert_used,
+                                   const int *moe_layers, int n_moe, int ahead, uint32_t features,
+                                   struct moetax_predictor **out) {
+    return moetax_predictor_new_hidden(model, n_layer, n_embd, n_expert, n_expert_used, moe_layers, n_moe, ahead, features,
+                                       0, out);
+}
+
 void moetax_predictor_free(struct moetax_predictor *p) {
     if (!p) return;
     if (p->run_free) p->run_free(p->run);
     free(p->target);
     free(p->have);
     free(p->w);
+    free(p->w1);
+    free(p->b1);
+    free(p->w2);
     free(p->xtx);
     free(p->xty);
     free(p->fit_n);
@@ -82,6 +107,40 @@ const float *moetax_predictor_weights(const struct moetax_predictor *p, int laye
     if (!p || layer < 0 || layer >= p->n_layer || a < 1 || a > p->ahead) return NULL;
     const int q = moetax_predictor_pair(p, layer, a);
     return p->have[q] ? p->w + (size_t)q * (size_t)p->n_expert * (size_t)p->n_feat : NULL;
+}
+
+bool moetax_predictor_hidden(const struct moetax_predictor *p, int layer, int a, const float **w1, const float **b1,
+                             const float **w2) {
+    *w1 = *b1 = *w2 = NULL;
+    if (!p || !p->n_hidden || !moetax_predictor_weights(p, layer, a)) return false;
+    const size_t q = (size_t)moetax_predictor_pair(p, layer, a), H = (size_t)p->n_hidden;
+    *w1 = p->w1 + q * H * (size_t)p->n_feat;
+    *b1 = p->b1 + q * H;
+    *w2 = p->w2 + q * (size_t)p->n_expert * H;
+    return true;
+}
+
+void moetax_predictor_eval(const struct moetax_predictor *p, int layer, int a, const float *f, float *z,
+                           float *scratch) {
+    const float *W = moetax_predictor_weights(p, layer, a), *w1, *b1, *w2;
+    const int F = p->n_feat, E = p->n_expert, H = p->n_hidden;
+    for (int e = 0; e < E; e++) {
+        float acc = 0;
+        if (W)
+            for (int i = 0; i < F; i++) acc += W[(size_t)e * F + i] * f[i];
+        z[e] = acc;
+    }
+    if (!moetax_predictor_hidden(p, layer, a, &w1, &b1, &w2)) return;
+    for (int h = 0; h < H; h++) {
+        float acc = b1[h];
+        for (int i = 0; i < F; i++) acc += w1[(size_t)h * F + i] * f[i];
+        scratch[h] = acc > 0 ? acc : 0;
+    }
+    for (int e = 0; e < E; e++) {
+        float acc = 0;
+        for (int h = 0; h < H; h++) acc += w2[(size_t)e * H + h] * scratch[h];
+        z[e] += acc;
+    }
 }
 
 /* ---- fitting ------------------------------------------------------------------------------ */
@@ -238,6 +297,7 @@ moetax_status moetax_predictor_fit_solve(struct moetax_predictor *p, double lamb
     }
     free(A);
     free(B);
+    p->weights_gen++;
     if (!st) {
         p->lambda = (float)lambda;
         p->tokens = tokens;
@@ -296,8 +356,10 @@ static void header_bytes(const struct moetax_predictor *p, uint32_t n_pairs, uns
     put32(h + 32, p->features);
     put32(h + 36, (uint32_t)p->n_feat);
     put32(h + 40, n_pairs);
+    put32(h + 44, (uint32_t)p->n_hidden);
     put64(h + 48, p->tokens);
     put32(h + 56, fbits(p->lambda));
+    put32(h + 60, fbits(p->margin));
     memcpy(h + 64, p->model, strnlen(p->model, 63));
 }
 
@@ -312,8 +374,9 @@ moetax_status moetax_predictor_write(const struct moetax_predictor *p, const cha
     header_bytes(p, n_pairs, h);
     uint64_t sum = fnv1a(FNV_OFFSET, h, sizeof h);
     bool ok = fwrite(h, 1, sizeof h, f) == sizeof h;
-    const size_t row = (size_t)p->n_expert * (size_t)p->n_feat;
-    unsigned char *buf = malloc(row * 4);
+    const size_t row = (size_t)p->n_expert * (size_t)p->n_feat, H = (size_t)p->n_hidden;
+    const size_t vals = row + H * ((size_t)p->n_feat + 1 + (size_t)p->n_expert);
+    unsigned char *buf = malloc(vals * 4);
     if (!buf) ok = false;
     for (int q = 0; ok && q < n_pairs_of(p); q++) {
         if (!p->have[q]) continue;
@@ -323,8 +386,16 @@ moetax_status moetax_predictor_write(const struct moetax_predictor *p, const cha
         put32(ph + 8, (uint32_t)p->target[q]);
         const float *w = p->w + (size_t)q * row;
         for (size_t i = 0; i < row; i++) put32(buf + 4 * i, fbits(w[i]));
-        sum = fnv1a(fnv1a(sum, ph, sizeof ph), buf, row * 4);
-        ok = fwrite(ph, 1, sizeof ph, f) == sizeof ph && fwrite(buf, 1, row * 4, f) == row * 4;
+        if (H) {
+            const float *parts[3] = {p->w1 + (size_t)q * H * (size_t)p->n_feat, p->b1 + (size_t)q * H,
+                                     p->w2 + (size_t)q * (size_t)p->n_expert * H};
+            const size_t len[3] = {H * (size_t)p->n_feat, H, (size_t)p->n_expert * H};
+            size_t at = row;
+            for (int k = 0; k < 3; k++)
+                for (size_t i = 0; i < len[k]; i++, at++) put32(buf + 4 * at, fbits(parts[k][i]));
+        }
+        sum = fnv1a(fnv1a(sum, ph, sizeof ph), buf, vals * 4);
+        ok = fwrite(ph, 1, sizeof ph, f) == sizeof ph && fwrite(buf, 1, vals * 4, f) == vals * 4;
     }
     free(buf);
     unsigned char tail[8];
@@ -356,25 +427,37 @@ moetax_status moetax_predictor_load(const char *path, struct moetax_predictor **
         st = bad(path, 0, "size", "larger than 16 GiB: not a predictor");
     unsigned char h[MOETAX_PREDICT_HEADER_BYTES];
     if (!st && fread(h, 1, sizeof h, f) != sizeof h) st = moetax_error(MOETAX_ERR_IO, "%s: read error", path);
-    uint32_t n_layer = 0, n_embd = 0, E = 0, k = 0, ahead = 0, features = 0, n_feat = 0, n_pairs = 0;
+    uint32_t version = 0, n_layer = 0, n_embd = 0, E = 0, k = 0, ahead = 0, features = 0, n_feat = 0, n_pairs = 0,
+             H = 0;
     if (!st) {
+        version = get32(h + 8);
         n_layer = get32(h + 12), n_embd = get32(h + 16), E = get32(h + 20), k = get32(h + 24);
         ahead = get32(h + 28), features = get32(h + 32), n_feat = get32(h + 36), n_pairs = get32(h + 40);
+        H = get32(h + 44);
+        const float lambda = bitsf(get32(h + 56)), margin = bitsf(get32(h + 60));
+        const uint32_t known = version == 1 ? 3u : (uint32_t)MOETAX_PREDICT_FEAT_ALL;
         if (memcmp(h, MAGIC, 8)) st = bad(path, 0, "magic", "not a moetax predictor (expected \"MTXPRED\")");
-        else if (get32(h + 8) != VERSION) st = bad(path, 8, "version", "expected 1");
+        else if (version != 1 && version != 2)
+            st = bad(path, 8, "version", version > 2 ? "newer than this moetax reads (1 or 2): refit the predictor or update"
+                                                     : "expected 1 or 2");
         else if (n_layer < 1 || n_layer > 4096) st = bad(path, 12, "n_layer", "out of range 1..4096");
         else if (n_embd < 1 || n_embd > 1 << 16) st = bad(path, 16, "n_embd", "out of range 1..65536");
         else if (E < 1 || E > 1 << 16) st = bad(path, 20, "n_expert", "out of range 1..65536");
         else if (k < 1 || k > E) st = bad(path, 24, "n_expert_used", "out of range 1..n_expert");
         else if (ahead < 1 || ahead > MOETAX_PREDICT_AHEAD_MAX) st = bad(path, 28, "ahead", "out of range 1..2");
-        else if (!(features & MOETAX_PREDICT_FEAT_CUR) || (features & ~3u)) st = bad(path, 32, "features", "unknown bits");
-        else if (n_feat != n_embd * ((features & MOETAX_PREDICT_FEAT_PREV) ? 2 : 1) + 1)
-            st = bad(path, 36, "n_feat", "does not match n_embd and features");
+        else if (!(features & MOETAX_PREDICT_FEAT_CUR) || (features & ~known)) st = bad(path, 32, "features", "unknown bits");
+        else if (n_feat != (uint32_t)moetax_predictor_n_feat((int)n_embd, (int)E, features))
+            st = bad(path, 36, "n_feat", "does not match n_embd, n_expert and features");
         else if (n_pairs > n_layer * ahead) st = bad(path, 40, "n_pairs", "more than n_layer x ahead");
-        else if (!isfinite(bitsf(get32(h + 56))) || bitsf(get32(h + 56)) < 0) st = bad(path, 56, "lambda", "not a number >= 0");
+        else if (H > (version == 1 ? 0u : (uint32_t)MOETAX_PREDICT_HIDDEN_MAX))
+            st = bad(path, 44, "n_hidden", version == 1 ? "expected 0 (reserved in version 1)" : "out of range 0..4096");
+        else if (!isfinite(lambda) || lambda < 0) st = bad(path, 56, "lambda", "not a number >= 0");
+        else if (!isfinite(margin) || margin < 0 || (version == 1 && get32(h + 60)))
+            st = bad(path, 60, "margin", version == 1 ? "expected 0 (reserved in version 1)" : "not a number >= 0");
         else if (!memchr(h + 64, 0, 64)) st = bad(path, 64, "model", "not NUL-terminated");
     }
-    const uint64_t row = (uint64_t)E * n_feat * 4, entry = MOETAX_PREDICT_PAIR_HEADER_BYTES + row;
+    const uint64_t vals = (uint64_t)E * n_feat + (uint64_t)H * ((uint64_t)n_feat + 1 + E);
+    const uint64_t entry = MOETAX_PREDICT_PAIR_HEADER_BYTES + vals * 4;
     if (!st && (uint64_t)size != MOETAX_PREDICT_HEADER_BYTES + (uint64_t)n_pairs * entry + 8) {
         char what[160];
         snprintf(what, sizeof what, "the file has %lld bytes, the header implies %llu (%u pairs of %llu bytes)",
@@ -397,7 +480,8 @@ moetax_status moetax_predictor_load(const char *path, struct moetax_predictor **
         char model[64];
         memcpy(model, h + 64, 64);
         /* the pairs' targets come from the entries, not from a layer list */
-        st = moetax_predictor_new(model, (int)n_layer, (int)n_embd, (int)E, (int)k, NULL, 0, (int)ahead, features, &p);
+        st = moetax_predictor_new_hidden(model, (int)n_layer, (int)n_embd, (int)E, (int)k, NULL, 0, (int)ahead, features,
+                                         (int)H, &p);
     }
     for (uint32_t i = 0; !st && i < n_pairs; i++) {
         const unsigned char *e = data + (uint64_t)i * entry;
@@ -409,17 +493,27 @@ moetax_status moetax_predictor_load(const char *path, struct moetax_predictor **
         if (get32(e + 12) != 0) { st = bad(path, off + 12, "pair reserved", "expected 0"); break; }
         const int q = moetax_predictor_pair(p, (int)layer, (int)a);
         if (p->have[q]) { st = bad(path, off, "pair", "duplicate (layer, ahead)"); break; }
-        float *w = p->w + (size_t)q * E * n_feat;
-        for (uint64_t j = 0; j < (uint64_t)E * n_feat; j++) {
-            w[j] = bitsf(get32(e + MOETAX_PREDICT_PAIR_HEADER_BYTES + 4 * j));
-            if (!isfinite(w[j])) { st = bad(path, off + MOETAX_PREDICT_PAIR_HEADER_BYTES + 4 * j, "weight", "not finite"); break; }
-        }
+        float *dst[4] = {p->w + (size_t)q * E * n_feat, H ? p->w1 + (size_t)q * H * n_feat : NULL,
+                         H ? p->b1 + (size_t)q * H : NULL, H ? p->w2 + (size_t)q * E * H : NULL};
+        const uint64_t len[4] = {(uint64_t)E * n_feat, (uint64_t)H * n_feat, H, (uint64_t)E * H};
+        uint64_t o = 0;
+        for (int part = 0; part < 4 && !st; part++)
+            for (uint64_t j = 0; j < len[part]; j++, o++) {
+                const float v = bitsf(get32(e + MOETAX_PREDICT_PAIR_HEADER_BYTES + 4 * o));
+                if (!isfinite(v)) {
+                    st = bad(path, off + MOETAX_PREDICT_PAIR_HEADER_BYTES + 4 * o, "weight", "not finite");
+                    break;
+                }
+                dst[part][j] = v;
+            }
+        if (st) break;
         p->have[q] = 1;
         p->target[q] = (int32_t)target;
     }
     if (!st) {
         p->tokens = get64(h + 48);
         p->lambda = bitsf(get32(h + 56));
+        p->margin = bitsf(get32(h + 60));
     }
     free(data);
     if (st) {
