@@ -74,8 +74,7 @@
  * QPF_NEAR ahead into L1. Such a tile takes 2-8x decode's time per weight byte, so
  * decode's distance (QPF512 into L1) covers too little of the memory latency, and each
  * line it asks for holds one of the L1's few miss buffers for the whole trip to DRAM
- * (single thread, 35 experts of 256x1024 from DRAM, far-paired tiles: 8 batch rows
- * 10.3 -> 15.9 GB/s, 2-4 rows 13.4 -> 20 GB/s). */
+ * (measured: see the commit that added it). */
 #ifndef QPF_FAR
 #define QPF_FAR 4096
 #endif
@@ -368,8 +367,7 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
                  * half, so that the tiles read two long sequential streams (decode: 256-bit tiles,
                  * as fast as one 512-bit vector there; batches: the two groups in one 512-bit
                  * vector). Adjacent groups (2i, 2i + 1) made each stream skip every other group's
-                 * bytes, which the hardware prefetcher does not follow: single thread, 35 experts of
-                 * 256x1024 from DRAM, 2 batch rows 8.2 -> 14.8 GB/s, 8 rows 6.3 -> 10 (down). */
+                 * bytes, which the hardware prefetcher does not follow. */
                 for (int64_t i = 0; i < np; i++) {
                     const int64_t ra = p0 + i * R, rb = ra + np * R;
                     const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};

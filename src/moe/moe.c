@@ -1165,10 +1165,9 @@ static void shared_down_block(struct worker *w, struct moe *b, const struct moet
  *   6. one work item per block of output rows: the block's combine (every slot, in slot
  *      order: experts ascending), then the shared experts' down projection of the block.
  * Barriers as before (gate/up | 5 | 6). Down items per block of 64 output rows across all
- * experts, as decode runs them, read each expert's down matrix in pieces of 64 rows (17 KiB
- * at d 1024 x F 256): short streams that the prefetchers barely start on before they end
- * (single thread, 35 experts of 1024 x 256 from DRAM, one token each: 10.6 GB/s in pieces
- * of 64 rows, 20.8 whole). The results are the same bits: every output element is computed
+ * experts, as decode runs them, read each expert's down matrix in pieces of 64 rows: short
+ * streams that the prefetchers barely start on before they end (whole matrices stream about
+ * twice as fast). The results are the same bits: every output element is computed
  * by one matmul call whatever its row range (kernels.h), and the combine's order is unchanged. */
 static void moe_down_batch(struct worker *w, struct moe *b, int il, const struct plan *pl, bool own_route,
                            const struct act *anorm) {
