@@ -18,6 +18,7 @@ usage: test_tune_metrics.py MOETAX_BIN WORKDIR
 """
 import json
 import math
+import re
 import os
 import subprocess
 import sys
@@ -94,6 +95,11 @@ def main():
     check("TTFT ms" in r2.stdout and "p99 ms" in r2.stdout and "TPOT p50" in r2.stdout, "the table shows TTFT and TPOT")
     check("explain (ledger" in r2.stdout and "TTFT (32-token prompt)" in r2.stdout and "wall per token" in r2.stdout,
           f"--explain shows TTFT, TPOT and the phases against the wall: {r2.stdout[-800:]}")
+    m = re.search(r"routed experts' own phases .*? are ([0-9.]+)% of the default's: through them\s+the expert levers "
+                  r"\(top-k, expert type, store\) give at most ([0-9.]+)x", r2.stdout)
+    check(m is not None and 0 < float(m.group(1)) < 100 and
+          abs(float(m.group(2)) - 1 / (1 - float(m.group(1)) / 100)) < 0.02,
+          f"--explain bounds what the expert levers can give by their phases' share: {r2.stdout[-800:]}")
     # --max-kl bounds the recommendation too (the log reused): 0 leaves exact configurations only
     rk = run(base + ["--json", "--log", log, "--max-kl", "0"])
     krows = rows_of(rk)

@@ -462,9 +462,13 @@ static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps,
 /* Paired ratio: `pairs` alternations of the default d and c; the median of c/d (aggregate tokens/s),
  * and of c's tokens/s, TTFT, TPOT p50/p99; c's phases, tax share and wall per token from the pair of
  * the median ratio. */
+/* stage 3 takes as many pairs as half of the time left allows, so that a longer --time buys a steadier median */
+#define TUNE_MAX_PAIRS 15
+
 static moetax_status speed(struct tune *t, const struct tcfg *d, struct tres *r, int pairs, int steps) {
-    double ratios[8], tpss[8], ttft[8], p50[8], p99[8];
-    struct smeas ms[8];
+    double ratios[TUNE_MAX_PAIRS], tpss[TUNE_MAX_PAIRS], ttft[TUNE_MAX_PAIRS], p50[TUNE_MAX_PAIRS], p99[TUNE_MAX_PAIRS];
+    struct smeas ms[TUNE_MAX_PAIRS];
+    if (pairs > TUNE_MAX_PAIRS) pairs = TUNE_MAX_PAIRS;
     moetax_status st = MOETAX_OK;
     for (int i = 0; i < pairs && !st; i++) {
         struct smeas sd;
@@ -475,7 +479,7 @@ static moetax_status speed(struct tune *t, const struct tcfg *d, struct tres *r,
     }
     if (st) return st;
     int mi = 0; /* the pair of the median ratio */
-    double sorted[8];
+    double sorted[TUNE_MAX_PAIRS];
     memcpy(sorted, ratios, sizeof(double) * (size_t)pairs);
     r->ratio = cli_percentile(sorted, pairs, 0.5);
     for (int i = 0; i < pairs; i++)
@@ -1021,7 +1025,7 @@ int cmd_tune(int argc, char **argv) {
             model, nres, (long long)t.n_calib, (long long)t.n_short, batch > 1 ? "batch:" : "decode ", batch, time_s);
     /* speed runs long enough to beat the timer's and the machine's noise: steps for ~0.15 s of the
      * default (stage 2 takes one pair, stage 3 three) */
-    int steps2 = 32, steps3 = 64;
+    int steps2 = 32, steps3 = 64, pairs3 = 3;
     {
         struct smeas sm;
         if ((st = speed_once(&t, &def, 32, &sm))) goto done;
@@ -1065,6 +1069,8 @@ int cmd_tune(int argc, char **argv) {
     int nlive = 0, nfit_live = 0;
     if (!live) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     const double loss2 = 2 * max_loss + 0.002;
+    double pair2_s = 0; /* wall time of the stage-2 pairs measured (not reused from the log) */
+    int n_pair2 = 0;
     for (int i = 0; i < nres && !st; i++) {
         char nm[128];
         cfg_name(&res[i].c, nm, sizeof nm);
@@ -1072,7 +1078,10 @@ int cmd_tune(int argc, char **argv) {
         const bool must = is_default(&res[i].c, &def) || (!fits && res[i].fits && !nfit_live);
         if (res[i].stage < 1 || res[i].dppl > loss2 || (cli_now() > t.t_end && !must && !log_find(&t, "speed", 2, nm)))
             continue;
+        const int reused0 = t.reused;
+        const double ts0 = cli_now();
         if ((st = speed_logged(&t, &def, &res[i], 1, steps2, 2))) break;
+        if (t.reused == reused0) pair2_s += cli_now() - ts0, n_pair2++;
         res[i].stage = 2;
         live[nlive++] = &res[i];
         nfit_live += res[i].fits && !is_default(&res[i].c, &def);
@@ -1117,6 +1126,14 @@ int cmd_tune(int argc, char **argv) {
         int ncand = 0;
         for (int i = 0; i < nlive; i++) ncand += live[i]->tier > 0 && live[i]->fits;
         const int keep_c = ncand / 2 > 3 ? ncand / 2 : (ncand < 3 ? ncand : 3);
+        /* pairs: 3, or as many as half of the time left allows for the default and keep_c candidates (a stage-2 pair's
+         * measured time scaled to stage 3's steps; the other half is for the long quality runs and the margin) */
+        if (n_pair2) {
+            const double pair3_s = pair2_s / n_pair2 * (double)steps3 / steps2;
+            const double left = t.t_end - cli_now();
+            const int fit = (int)(0.5 * left / (pair3_s * (keep_c + 1)));
+            pairs3 = fit < 3 ? 3 : fit > TUNE_MAX_PAIRS ? TUNE_MAX_PAIRS : fit;
+        }
         bool cut = false;
         for (int i = 0, taken = 0; i < nlive && !st; i++) {
             struct tres *r = live[i];
@@ -1134,7 +1151,7 @@ int cmd_tune(int argc, char **argv) {
                 if (&res[j] != r && res[j].q_long && same_quality(&res[j].c, &r->c)) same = &res[j];
             if (same) { r->kl = same->kl; r->top1 = same->top1; r->ppl = same->ppl; r->dppl = same->dppl; r->q_long = true; }
             else if ((st = quality_logged(&t, r, t.n_calib, true, 3))) break;
-            if ((st = speed_logged(&t, &def, r, 3, steps3, 3))) break;
+            if ((st = speed_logged(&t, &def, r, pairs3, steps3, 3))) break;
             r->stage = 3;
             cli_progress_update(&pr, done_n += 2);
         }
@@ -1231,11 +1248,12 @@ int cmd_tune(int argc, char **argv) {
         if (q0)
             printf("  (%d configurations not measured: half of --time spent before their quality (%d measurements); "
                    "a longer --time or a rerun with this --log goes on)\n", q0, n_qcut);
-        printf("\n  speed: paired ratio of decode tokens/s (all sequences) against the default (t%d k%lld%s), run alternately;\n"
+        printf("\n  speed: paired ratio of decode tokens/s (all sequences) against the default (t%d k%lld%s), run alternately\n"
+               "  (stage 2 one pair of %d steps, stage 3 the median of %d pairs of %d steps);\n"
                "  TTFT: the prefill of a %d-token prompt (each sequence's, together); TPOT: a decode step's time (each\n"
                "  sequence gets one token per step), p50 and p99 of the steps; KL: mean divergence of the next-token\n"
                "  distributions from the exact ones; perplexity: its change; tax: the ledger's tax phases' share\n",
-               def.threads, (long long)K, batch > 1 ? " at the full batch" : "", prompt);
+               def.threads, (long long)K, batch > 1 ? " at the full batch" : "", steps2, pairs3, steps3, prompt);
     }
     if (!rec) {
         char tp[64] = "", kl[64] = "";
@@ -1276,6 +1294,18 @@ int cmd_tune(int argc, char **argv) {
             printf("  %-14s %9.1f -> %9.1f  (the phases' sum; wall per token %.1f -> %.1f)\n", "all", sa, sb,
                    dres->step_us, rec->step_us);
             printf("  tax share %.1f%% -> %.1f%%\n", 100 * dres->tax, 100 * rec->tax);
+            if (sa > 0) { /* Amdahl: what the expert levers could give at most, from the default's own phases */
+                const enum moetax_phase ex[] = {MOETAX_PHASE_ROUTE, MOETAX_PHASE_DISPATCH, MOETAX_PHASE_LOAD,
+                                                MOETAX_PHASE_EXPERT, MOETAX_PHASE_COMBINE};
+                double e = 0;
+                for (size_t i = 0; i < sizeof ex / sizeof *ex; i++) e += dres->phase_us[ex[i]];
+                printf("  the routed experts' own phases (route, dispatch, load, expert, combine) are %.1f%% of the "
+                       "default's: through them\n  the expert levers (top-k, expert type, store) give at most %.2fx even at no "
+                       "cost; the rest: attention %.1f%%,\n  wait %.1f%% (barriers; the expert levers shrink it too), "
+                       "shared experts %.1f%%\n",
+                       100 * e / sa, e < sa ? sa / (sa - e) : 0.0, 100 * dres->phase_us[MOETAX_PHASE_ATTN] / sa,
+                       100 * dres->phase_us[MOETAX_PHASE_WAIT] / sa, 100 * dres->phase_us[MOETAX_PHASE_SHARED] / sa);
+            }
             printf("  TTFT (%d-token prompt%s) %.2f -> %.2f ms; TPOT p50 %.3f -> %.3f ms, p99 %.3f -> %.3f ms\n", prompt,
                    batch > 1 ? "s, prefilled together" : "", dres->ttft_ms, rec->ttft_ms, dres->p50_ms, rec->p50_ms,
                    dres->p99_ms, rec->p99_ms);
