@@ -253,19 +253,17 @@ static void store_vs_mapped(const char *path) {
     if (moetax_model_load(path, &m)) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
     const size_t bytes = sizeof(float) * (size_t)(m->hp.n_vocab * 24);
     float *ref = store_run(m, NULL, 1, 64);
-    struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE, .budget_bytes = (uint64_t)1 << 40};
-    struct moetax_store *probe = NULL;
-    int ub = 64;
-    CHECK(moetax_model_store_open(m, &sp, ub, 0, &probe, &ub) == MOETAX_OK);
-    const uint64_t slot = probe ? moetax_store_slot_bytes(probe) : 1;
-    moetax_store_free(probe);
+    struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE};
+    const uint64_t slot0 = tu_store_slot_bytes(m, &sp);
+    CHECK(slot0 > 0);
+    const uint64_t slot = slot0 ? slot0 : 1;
     const uint64_t all = slot * (uint64_t)m->hp.n_expert * (uint64_t)m->hp.n_layer;
     const uint64_t budgets[] = {all, all / 4, slot * (uint64_t)m->hp.n_expert_used};
     for (int bi = 0; ref && bi < 3; bi++)
         for (int threads = 1; threads <= 2; threads++) {
             struct moetax_store *s = NULL;
             sp.budget_bytes = budgets[bi];
-            ub = 64;
+            int ub = 64;
             if (moetax_model_store_open(m, &sp, ub, 0, &s, &ub)) { CHECK_MSG(0, "%s", moetax_last_error()); continue; }
             /* a budget too small for a 64-token micro-batch shrinks it: the mapped run with the same */
             float *ref_ub = ub == 64 ? ref : store_run(m, NULL, 1, ub);

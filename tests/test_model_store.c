@@ -73,16 +73,12 @@ static void engines_case(struct moetax_model *m, const char *type, const float *
     const int64_t V = m->hp.n_vocab;
     const enum moetax_store_io_engine engines[2] = {MOETAX_STORE_IO_PREAD, MOETAX_STORE_IO_URING};
     for (int k = 0; k < 2; k++) {
-        struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE, .budget_bytes = (uint64_t)1 << 40,
-                                         .io_engine = engines[k]};
+        struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE, .io_engine = engines[k]};
         struct moetax_store *s = NULL;
+        const uint64_t slot = tu_store_slot_bytes(m, &sp);
+        CHECK(slot > 0);
+        sp.budget_bytes = (slot ? slot : 1) * (uint64_t)m->hp.n_expert * 2 / 4; /* 2 MoE layers */
         int ub = 64;
-        CHECK(moetax_model_store_open(m, &sp, ub, 0, &s, &ub) == MOETAX_OK);
-        uint64_t slot = s ? moetax_store_slot_bytes(s) : 1;
-        moetax_store_free(s);
-        s = NULL;
-        sp.budget_bytes = slot * (uint64_t)m->hp.n_expert * 2 / 4; /* 2 MoE layers */
-        ub = 64;
         moetax_status st = moetax_model_store_open(m, &sp, ub, 0, &s, &ub);
         CHECK_MSG(st == MOETAX_OK, "%s %s: %s", type, moetax_store_io_engine_name(engines[k]), moetax_last_error());
         if (st) continue;
@@ -119,15 +115,12 @@ static void predictor_case(struct moetax_model *m, const char *type) {
     if (!p) return;
     CHECK(moetax_predictor_fit_begin(p) == MOETAX_OK);
     p->use = false;
-    struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE, .budget_bytes = (uint64_t)1 << 40};
+    struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE};
     struct moetax_store *s = NULL;
+    const uint64_t slot = tu_store_slot_bytes(m, &sp);
+    CHECK(slot > 0);
+    sp.budget_bytes = (slot ? slot : 1) * (uint64_t)m->hp.n_expert * (uint64_t)n_moe / 4;
     int ub = 64;
-    CHECK(moetax_model_store_open(m, &sp, ub, 0, &s, &ub) == MOETAX_OK);
-    const uint64_t slot = s ? moetax_store_slot_bytes(s) : 1;
-    moetax_store_free(s);
-    s = NULL;
-    sp.budget_bytes = slot * (uint64_t)m->hp.n_expert * (uint64_t)n_moe / 4;
-    ub = 64;
     moetax_status st = moetax_model_store_open(m, &sp, ub, 0, &s, &ub);
     CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
     float *ref = s ? run(m, NULL, 1, ub, false, &st) : NULL;
@@ -209,17 +202,14 @@ int main(int argc, char **argv) {
                     for (int pf = 0; pf < 2; pf++) {
                         struct moetax_store_params sp = {.policy = pols[pi], .budget_bytes = 1};
                         /* budget: a fraction of all experts, or 0 = the minimum for one token */
-                        struct moetax_store *probe = NULL;
-                        int ub = 64;
-                        sp.budget_bytes = (uint64_t)1 << 40;
-                        CHECK(moetax_model_store_open(m, &sp, ub, 0, &probe, &ub) == MOETAX_OK);
-                        uint64_t slot = probe ? moetax_store_slot_bytes(probe) : 1;
-                        moetax_store_free(probe);
+                        uint64_t slot = tu_store_slot_bytes(m, &sp);
+                        CHECK(slot > 0);
+                        if (!slot) slot = 1;
                         uint64_t all = slot * (uint64_t)m->hp.n_expert * 2; /* 2 MoE layers */
                         sp.budget_bytes = fracs[fi] > 0 ? (uint64_t)(fracs[fi] * (double)all)
                                                         : slot * (uint64_t)m->hp.n_expert_used;
                         struct moetax_store *s = NULL;
-                        ub = 64;
+                        int ub = 64;
                         st = moetax_model_store_open(m, &sp, ub, 0, &s, &ub);
                         CHECK_MSG(st == MOETAX_OK, "store %.0f%%: %s", 100 * fracs[fi], moetax_last_error());
                         if (st) continue;

@@ -420,15 +420,12 @@ static void engine(void) {
     struct moetax_predictor *p = NULL;
     CHECK(moetax_predictor_new_hidden("t", m->hp.n_layer, m->hp.n_embd, (int)Em, (int)k, moe, n_moe, 2,
                                       MOETAX_PREDICT_FEAT_ALL, HID, &p) == MOETAX_OK);
-    struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE, .budget_bytes = (uint64_t)1 << 40};
+    struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE};
     struct moetax_store *s = NULL;
+    const uint64_t slot = tu_store_slot_bytes(m, &sp);
+    CHECK(slot > 0);
+    sp.budget_bytes = (slot ? slot : 1) * (uint64_t)Em * (uint64_t)n_moe / 4;
     int ub = 64;
-    CHECK(moetax_model_store_open(m, &sp, ub, 0, &s, &ub) == MOETAX_OK);
-    const uint64_t slot = s ? moetax_store_slot_bytes(s) : 1;
-    moetax_store_free(s);
-    s = NULL;
-    sp.budget_bytes = slot * (uint64_t)Em * (uint64_t)n_moe / 4;
-    ub = 64;
     CHECK_MSG(moetax_model_store_open(m, &sp, ub, 0, &s, &ub) == MOETAX_OK, "%s", moetax_last_error());
     /* the reference: the mapped run with the micro-batch the budget allows (batching changes rounding) */
     float *ref = run_model(m, NULL, 1, ub);

@@ -1,5 +1,8 @@
 #include "testutil.h"
 
+#include "moetax/model.h"
+#include "moetax/store.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,4 +61,15 @@ int tu_run(const char *cmd, char **out) {
     if (out) *out = buf; else free(buf);
     if (st == -1) return -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+uint64_t tu_store_slot_bytes(const struct moetax_model *m, const struct moetax_store_params *sp) {
+    struct moetax_store_params p = *sp;
+    p.budget_bytes = (uint64_t)1 << 40;
+    struct moetax_store *s = NULL;
+    int ub = 64;
+    if (moetax_model_store_open(m, &p, ub, 0, &s, &ub) != MOETAX_OK || !s) return 0;
+    const uint64_t slot = moetax_store_slot_bytes(s);
+    moetax_store_free(s);
+    return slot;
 }

@@ -36,4 +36,10 @@ const char *tu_path(const char *name);
 /* Run a shell command, return its exit status (or -1). Output captured to *out (malloc'd) if out != NULL. */
 int tu_run(const char *cmd, char **out);
 
+struct moetax_model;
+struct moetax_store_params;
+/* The bytes of one expert slot of m's store with these parameters (a store opened with an unlimited budget
+ * and freed); 0 where it cannot open, with moetax_last_error() saying why. Tests size budgets from it. */
+uint64_t tu_store_slot_bytes(const struct moetax_model *m, const struct moetax_store_params *sp);
+
 #endif
