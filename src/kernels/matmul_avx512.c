@@ -32,9 +32,11 @@
  * two long sequential runs, and batch tiles prefetch further ahead, into L2
  * (prefetch_blk). Per lane the float chain is unchanged, so 512-bit lanes give
  * the same bits as 256-bit ones. A range's odd last group takes the 256-bit tile
- * (one group x JB). Decode (one batch row) stays on 256-bit tiles, Q8_0 pairing
+ * (one group x JB). Decode (one batch row) stays on 256-bit tiles, pairing
  * group i of the range's first half with group i of its second half (two
- * sequential streams per core, as the avx2 Q8_0 path): there 512-bit vectors
+ * sequential streams per core, as the avx2 Q8_0 path; Q4_0 on one stream read
+ * DRAM at about half the plain read's rate on an Intel Xeon whose per-core
+ * bandwidth is latency-bound, and at the read's rate from L3): there 512-bit vectors
  * measured slower (L2-resident experts), the joins of two groups' loads costing
  * more than the shared broadcasts save with one batch row. The 512-bit tiles with
  * JB <= 2 (and the 256-bit ones with JB <= 4) sum each (row, batch row) block in
@@ -396,86 +398,96 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
 /* Q4_0 x8r                                                                 */
 /* ------------------------------------------------------------------------ */
 
-/* One group of 8 rows (Q4_0x8r) x JB batch rows over blocks [b0, b0 + kn). */
-ALWAYS_INLINE void q4r8_tile(const int JB, const uint8_t *g, const uint8_t *act, size_t act_row, int64_t nb,
-                             int64_t b0, int64_t kn, float *y, int64_t ldy, bool first) {
+/* G groups (1 or 2: g[0], g[1]) of 8 rows (Q4_0x8r) x JB batch rows over blocks
+ * [b0, b0 + kn); y[gi][j * ldy + 0..7]. G = 2 (decode) reads two streams at once. */
+ALWAYS_INLINE void q4r8_tile(const int G, const int JB, const uint8_t *const *g, const uint8_t *act, size_t act_row,
+                             int64_t nb, int64_t b0, int64_t kn, float *const *y, int64_t ldy, bool first) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
-    __m256 acc[JB_MAX];
+    __m256 acc[2][JB_MAX];
+#pragma GCC unroll 2
+    for (int gi = 0; gi < G; gi++)
 #pragma GCC unroll 8
-    for (int j = 0; j < JB; j++) acc[j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy);
+        for (int j = 0; j < JB; j++) acc[gi][j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y[gi] + j * ldy);
     for (int64_t bb = 0; bb < kn; bb++) {
         const int64_t b = b0 + bb;
-        const uint8_t *blk = g + (size_t)b * MOETAX_K_Q4R8_BLOCK_BYTES;
-        prefetch_blk(blk, MOETAX_K_Q4R8_BLOCK_BYTES, JB);
-        __m256i lo[4], hi[4];
+#pragma GCC unroll 2
+        for (int gi = 0; gi < G; gi++) {
+            const uint8_t *blk = g[gi] + (size_t)b * MOETAX_K_Q4R8_BLOCK_BYTES;
+            prefetch_blk(blk, MOETAX_K_Q4R8_BLOCK_BYTES, JB);
+            __m256i lo[4], hi[4];
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4R8_QS_OFF + 32 * c));
-            lo[c] = _mm256_and_si256(v, m4);
-            hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-        if (JB <= 4) {
-            __m256i ia[JB_MAX][2];
-#pragma GCC unroll 8
-            for (int j = 0; j < JB; j++) {
-                int32_t sx;
-                memcpy(&sx, act + (size_t)j * act_row + s_off + (size_t)b * 4, 4);
-                ia[j][0] = _mm256_set1_epi32(-sx);
-                ia[j][1] = _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4R8_QS_OFF + 32 * c));
+                lo[c] = _mm256_and_si256(v, m4);
+                hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             }
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++)
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            if (JB <= 4) {
+                __m256i ia[JB_MAX][2];
 #pragma GCC unroll 8
                 for (int j = 0; j < JB; j++) {
-                    const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
-                    ia[j][0] = _mm256_dpbusd_epi32(ia[j][0], lo[c], bcast32(xq + 4 * c));
-                    ia[j][1] = _mm256_dpbusd_epi32(ia[j][1], hi[c], bcast32(xq + 16 + 4 * c));
+                    int32_t sx;
+                    memcpy(&sx, act + (size_t)j * act_row + s_off + (size_t)b * 4, 4);
+                    ia[j][0] = _mm256_set1_epi32(-sx);
+                    ia[j][1] = _mm256_setzero_si256();
                 }
-#pragma GCC unroll 8
-            for (int j = 0; j < JB; j++) {
-                const __m256i s = _mm256_add_epi32(ia[j][0], ia[j][1]);
-                const __m256 dx = _mm256_broadcast_ss((const float *)(act + (size_t)j * act_row + d_off) + b);
-                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc[j]);
-            }
-        } else {
-            __m256i ia[JB_MAX];
-#pragma GCC unroll 8
-            for (int j = 0; j < JB; j++) {
-                int32_t sx;
-                memcpy(&sx, act + (size_t)j * act_row + s_off + (size_t)b * 4, 4);
-                ia[j] = _mm256_set1_epi32(-sx);
-            }
 #pragma GCC unroll 4
-            for (int c = 0; c < 4; c++)
+                for (int c = 0; c < 4; c++)
+#pragma GCC unroll 8
+                    for (int j = 0; j < JB; j++) {
+                        const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
+                        ia[j][0] = _mm256_dpbusd_epi32(ia[j][0], lo[c], bcast32(xq + 4 * c));
+                        ia[j][1] = _mm256_dpbusd_epi32(ia[j][1], hi[c], bcast32(xq + 16 + 4 * c));
+                    }
 #pragma GCC unroll 8
                 for (int j = 0; j < JB; j++) {
-                    const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
-                    ia[j] = _mm256_dpbusd_epi32(ia[j], lo[c], bcast32(xq + 4 * c));
-                    ia[j] = _mm256_dpbusd_epi32(ia[j], hi[c], bcast32(xq + 16 + 4 * c));
+                    const __m256i s = _mm256_add_epi32(ia[j][0], ia[j][1]);
+                    const __m256 dx = _mm256_broadcast_ss((const float *)(act + (size_t)j * act_row + d_off) + b);
+                    acc[gi][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc[gi][j]);
                 }
+            } else {
+                __m256i ia[JB_MAX];
 #pragma GCC unroll 8
-            for (int j = 0; j < JB; j++) {
-                const __m256 dx = _mm256_broadcast_ss((const float *)(act + (size_t)j * act_row + d_off) + b);
-                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[j]), _mm256_mul_ps(dw, dx), acc[j]);
+                for (int j = 0; j < JB; j++) {
+                    int32_t sx;
+                    memcpy(&sx, act + (size_t)j * act_row + s_off + (size_t)b * 4, 4);
+                    ia[j] = _mm256_set1_epi32(-sx);
+                }
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++)
+#pragma GCC unroll 8
+                    for (int j = 0; j < JB; j++) {
+                        const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
+                        ia[j] = _mm256_dpbusd_epi32(ia[j], lo[c], bcast32(xq + 4 * c));
+                        ia[j] = _mm256_dpbusd_epi32(ia[j], hi[c], bcast32(xq + 16 + 4 * c));
+                    }
+#pragma GCC unroll 8
+                for (int j = 0; j < JB; j++) {
+                    const __m256 dx = _mm256_broadcast_ss((const float *)(act + (size_t)j * act_row + d_off) + b);
+                    acc[gi][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[j]), _mm256_mul_ps(dw, dx), acc[gi][j]);
+                }
             }
         }
     }
+#pragma GCC unroll 2
+    for (int gi = 0; gi < G; gi++)
 #pragma GCC unroll 8
-    for (int j = 0; j < JB; j++) _mm256_storeu_ps(y + j * ldy, acc[j]);
+        for (int j = 0; j < JB; j++) _mm256_storeu_ps(y[gi] + j * ldy, acc[gi][j]);
 }
 
-typedef void (*q4r8_fn)(const uint8_t *g, const uint8_t *act, size_t act_row, int64_t nb, int64_t b0, int64_t kn,
-                        float *y, int64_t ldy, bool first);
-#define Q4R8_TILE(JB)                                                                                            \
-    static void q4r8_tile_##JB(const uint8_t *g, const uint8_t *act, size_t act_row, int64_t nb, int64_t b0,    \
-                               int64_t kn, float *y, int64_t ldy, bool first) {                                 \
-        q4r8_tile(JB, g, act, act_row, nb, b0, kn, y, ldy, first);                                              \
+typedef void (*q4r8_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, int64_t b0,
+                        int64_t kn, float *const *y, int64_t ldy, bool first);
+#define Q4R8_TILE(G, JB)                                                                                          \
+    static void q4r8_tile_##G##x##JB(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,    \
+                                     int64_t b0, int64_t kn, float *const *y, int64_t ldy, bool first) {         \
+        q4r8_tile(G, JB, g, act, act_row, nb, b0, kn, y, ldy, first);                                           \
     }
-Q4R8_TILE(1) Q4R8_TILE(2) Q4R8_TILE(3) Q4R8_TILE(4) Q4R8_TILE(5) Q4R8_TILE(6) Q4R8_TILE(7) Q4R8_TILE(8)
-static const q4r8_fn k_q4r8[JB_MAX] = {q4r8_tile_1, q4r8_tile_2, q4r8_tile_3, q4r8_tile_4,
-                                       q4r8_tile_5, q4r8_tile_6, q4r8_tile_7, q4r8_tile_8};
+Q4R8_TILE(2, 1)
+Q4R8_TILE(1, 1) Q4R8_TILE(1, 2) Q4R8_TILE(1, 3) Q4R8_TILE(1, 4)
+Q4R8_TILE(1, 5) Q4R8_TILE(1, 6) Q4R8_TILE(1, 7) Q4R8_TILE(1, 8)
+static const q4r8_fn k_q4r8[JB_MAX] = {q4r8_tile_1x1, q4r8_tile_1x2, q4r8_tile_1x3, q4r8_tile_1x4,
+                                       q4r8_tile_1x5, q4r8_tile_1x6, q4r8_tile_1x7, q4r8_tile_1x8};
 
 /* Two groups of 8 rows (Q4_0x8r; g[0] in lanes 0-7, g[1] in lanes 8-15) x JB batch
  * rows over blocks [b0, b0 + kn); NC int32 chains per batch row (1 or 2). */
@@ -573,19 +585,22 @@ static void matmul_q4(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
                 jb = n_batch == 1 ? 1 : next_jb(n_batch - j0);
                 const uint8_t *aj = act + (size_t)j0 * act_row;
                 float *yj = y + j0 * ldy;
-                int64_t r = p0;
-                if (n_batch > 1) { /* two groups in one 512-bit vector: i and i + np (as matmul_q8) */
-                    const int64_t np = (pg - p0) / R / 2;
-                    for (int64_t i = 0; i < np; i++) {
-                        const int64_t ra = p0 + i * R, rb = ra + np * R;
-                        const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
-                        float *yy[2] = {yj + ra, yj + rb};
-                        k_q4z[jb - 1](gg, aj, act_row, nb, b0, kn, yy, ldy, b0 == 0);
-                    }
-                    r = p0 + 2 * np * R;
+                /* groups i and i + np together (as matmul_q8): decode on 256-bit tiles of the
+                 * two (two sequential streams per core), batches in one 512-bit vector */
+                const int64_t np = (pg - p0) / R / 2;
+                for (int64_t i = 0; i < np; i++) {
+                    const int64_t ra = p0 + i * R, rb = ra + np * R;
+                    const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
+                    float *yy[2] = {yj + ra, yj + rb};
+                    if (n_batch == 1) q4r8_tile_2x1(gg, aj, act_row, nb, b0, kn, yy, ldy, b0 == 0);
+                    else k_q4z[jb - 1](gg, aj, act_row, nb, b0, kn, yy, ldy, b0 == 0);
                 }
-                for (; r < pg; r += R)
-                    k_q4r8[jb - 1](w + (size_t)r * row_bytes, aj, act_row, nb, b0, kn, yj + r, ldy, b0 == 0);
+                int64_t r = p0 + 2 * np * R;
+                for (; r < pg; r += R) {
+                    const uint8_t *g1[1] = {w + (size_t)r * row_bytes};
+                    float *y1[1] = {yj + r};
+                    k_q4r8[jb - 1](g1, aj, act_row, nb, b0, kn, y1, ldy, b0 == 0);
+                }
                 for (r = pg; r < p1; r++)
                     for (int j = 0; j < jb; j++) {
                         float *yo = yj + j * ldy + r;
