@@ -245,9 +245,9 @@ KQ5_INLINE __m256i byte_lane(__m256i v, int k) { /* byte k of each dword, zero-e
 
 /* five: Q5_Kx8r (the qh bits add 16 to a level: bit 2c of qh[l] to value 64c + l, bit 2c + 1
  * to 64c + 32 + l) */
-KQ5_INLINE void q4kr8_tile(const bool five, const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row,
-                           int64_t nb, float *y, int64_t ldy, const uint8_t *pfe) {
-    const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
+/* One super-block (blk) of one group x JB batch rows (a[t]): acc[t] += its terms. */
+KQ5_INLINE void q4kr8_blk(const bool five, const int JB, const uint8_t *blk, const moetax_block_q8_k *const *a,
+                          __m256 *acc) {
     const size_t qs_off = five ? MOETAX_K_Q5KR8_QS_OFF : MOETAX_K_Q4KR8_QS_OFF;
     const __m256i m10 = _mm256_set1_epi8(0x10);
     enum { NC = 2 }; /* int32 chains per (sub-block, batch row) with JB <= 2: groups 0-3 and 4-7 */
@@ -256,18 +256,7 @@ KQ5_INLINE void q4kr8_tile(const bool five, const int JB, const uint8_t *g, cons
     const __m256i m2 = _mm256_set1_epi32(0x03030303), m4d = _mm256_set1_epi32(0x0f0f0f0f);
     const __m256i mw = _mm256_set1_epi32(0x00ff00ff);
     const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
-    __m256 acc[KQ_JB];
-#pragma GCC unroll 4
-    for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *blk = g + (size_t)i * bbytes;
-        if (JB == 1) kq_prefetch_l2(blk, bbytes, pfe);
-        else
-#pragma GCC unroll 22
-            for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
-        const moetax_block_q8_k *a[KQ_JB];
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
+    {
         const __m256i u0 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF));
         const __m256i u1 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF + 32));
         const __m256i u2 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF + 64));
@@ -337,8 +326,54 @@ KQ5_INLINE void q4kr8_tile(const bool five, const int JB, const uint8_t *g, cons
             acc[t] = _mm256_sub_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dm), _mm256_cvtepi32_ps(M)));
         }
     }
+}
+
+KQ5_INLINE void q4kr8_tile(const bool five, const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row,
+                           int64_t nb, float *y, int64_t ldy, const uint8_t *pfe) {
+    const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
+    __m256 acc[KQ_JB];
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *blk = g + (size_t)i * bbytes;
+        if (JB == 1) kq_prefetch_l2(blk, bbytes, pfe);
+        else
+#pragma GCC unroll 22
+            for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
+        const moetax_block_q8_k *a[KQ_JB];
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
+        q4kr8_blk(five, JB, blk, a, acc);
+    }
 #pragma GCC unroll 4
     for (int t = 0; t < JB; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+}
+
+/* Decode of two groups (ga, gb) side by side, super-block i of each in turn: two sequential
+ * streams per core (one stream read DRAM at about half a plain read's rate on an Intel Xeon
+ * whose per-core bandwidth is latency-bound). Each group's float chain is q4kr8_tile's. */
+KQ5_INLINE void q4kr8_dec2(const bool five, const uint8_t *ga, const uint8_t *gb, const uint8_t *xq, int64_t nb,
+                           float *ya, float *yb, const uint8_t *pfe) {
+    const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *ba = ga + (size_t)i * bbytes, *bb = gb + (size_t)i * bbytes;
+        kq_prefetch_l2(ba, bbytes, pfe);
+        kq_prefetch_l2(bb, bbytes, pfe);
+        const moetax_block_q8_k *a[1] = {(const moetax_block_q8_k *)xq + i};
+        q4kr8_blk(five, 1, ba, a, acc);
+        q4kr8_blk(five, 1, bb, a, acc + 1);
+    }
+    _mm256_storeu_ps(ya, acc[0]);
+    _mm256_storeu_ps(yb, acc[1]);
+}
+static void q4kr8_dec2_4(const uint8_t *ga, const uint8_t *gb, const uint8_t *xq, int64_t nb, float *ya, float *yb,
+                         const uint8_t *pfe) {
+    q4kr8_dec2(false, ga, gb, xq, nb, ya, yb, pfe);
+}
+static void q4kr8_dec2_5(const uint8_t *ga, const uint8_t *gb, const uint8_t *xq, int64_t nb, float *ya, float *yb,
+                         const uint8_t *pfe) {
+    q4kr8_dec2(true, ga, gb, xq, nb, ya, yb, pfe);
 }
 
 /* pfe: the end of the calling range's bytes (decode prefetches stop there) */
@@ -373,25 +408,13 @@ KQ5_INLINE __m256i sbyte_lane(__m256i v, int k) { /* signed byte k of each dword
 }
 
 
-KQ5_INLINE void q6kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,
-                           int64_t ldy, const uint8_t *pfe) {
+/* One super-block (blk) of one group x JB batch rows (a[t]): acc[t] += its terms. */
+KQ5_INLINE void q6kr8_blk(const int JB, const uint8_t *blk, const moetax_block_q8_k *const *a, __m256 *acc) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     /* bsums as int16 pairs: dword 2k (bs[4k], bs[4k+2]), dword 2k+1 (bs[4k+1], bs[4k+3]) */
     const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7,
                                            8, 9, 12, 13, 10, 11, 14, 15);
-    __m256 acc[KQ6_JB];
-#pragma GCC unroll 4
-    for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *blk = g + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
-        if (JB == 1) kq_prefetch_l2(blk, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
-        else
-#pragma GCC unroll 27
-            for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64)
-                _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
-        const moetax_block_q8_k *a[KQ6_JB];
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
+    {
         __m256i S[KQ6_JB];
 #pragma GCC unroll 4
         for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
@@ -449,8 +472,43 @@ KQ5_INLINE void q6kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, si
             acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
         }
     }
+}
+
+KQ5_INLINE void q6kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,
+                           int64_t ldy, const uint8_t *pfe) {
+    __m256 acc[KQ6_JB];
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *blk = g + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
+        if (JB == 1) kq_prefetch_l2(blk, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
+        else
+#pragma GCC unroll 27
+            for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64)
+                _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
+        const moetax_block_q8_k *a[KQ6_JB];
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
+        q6kr8_blk(JB, blk, a, acc);
+    }
 #pragma GCC unroll 4
     for (int t = 0; t < JB; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+}
+
+/* Decode of two groups side by side, as q4kr8_dec2. */
+static void q6kr8_dec2(const uint8_t *ga, const uint8_t *gb, const uint8_t *xq, int64_t nb, float *ya, float *yb,
+                       const uint8_t *pfe) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *ba = ga + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES, *bb = gb + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
+        kq_prefetch_l2(ba, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
+        kq_prefetch_l2(bb, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
+        const moetax_block_q8_k *a[1] = {(const moetax_block_q8_k *)xq + i};
+        q6kr8_blk(1, ba, a, acc);
+        q6kr8_blk(1, bb, a, acc + 1);
+    }
+    _mm256_storeu_ps(ya, acc[0]);
+    _mm256_storeu_ps(yb, acc[1]);
 }
 
 typedef void (*q6kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y, int64_t ldy,
@@ -1019,7 +1077,21 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
                 k_kqz[ti][jb - 1](g, g + (size_t)R * row_bytes, xj, act_row, nb, y + j0 * ldy + r,
                                   y + j0 * ldy + r + R, ldy);
             }
-    for (; r < gend; r += R) /* decode, and a range's odd last group */
+    if (n_batch == 1) { /* decode: group i of the range's first half beside group i of its second */
+        const int64_t np = (gend - r) / R / 2;
+        const size_t half = (size_t)(np * R) * row_bytes;
+        const uint8_t *w0 = w + (size_t)r * row_bytes;
+        kq_prefetch_span_l2(w0 + half, w0 + half + (half > KQ_PFD ? KQ_PFD : half));
+        for (int64_t i = 0; i < np; i++) {
+            const int64_t ra = r + i * R, rb = ra + np * R;
+            const uint8_t *ga = w + (size_t)ra * row_bytes, *gb = w + (size_t)rb * row_bytes;
+            if (six) q6kr8_dec2(ga, gb, xq, nb, y + ra, y + rb, pfe);
+            else if (wtype == MOETAX_TYPE_Q5_K) q4kr8_dec2_5(ga, gb, xq, nb, y + ra, y + rb, pfe);
+            else q4kr8_dec2_4(ga, gb, xq, nb, y + ra, y + rb, pfe);
+        }
+        r += 2 * np * R;
+    }
+    for (; r < gend; r += R) /* batches' odd last group; decode's odd last group */
         for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
             const int64_t left = n_batch - j0, tiles = (left + jbmax - 1) / jbmax;
             jb = (left + tiles - 1) / tiles; /* tiles of even size */
