@@ -223,12 +223,13 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
 #define KQ_PFD 12288
 #endif
 
-/* Prefetch into L2 the lines of [p + KQ_PFD, p + KQ_PFD + n) that lie below pfe. */
-KQ5_INLINE void kq_prefetch_l2(const uint8_t *p, size_t n, const uint8_t *pfe) {
-    uintptr_t a = (uintptr_t)p + KQ_PFD, b = a + n;
+/* Prefetch into L2 the lines of [p + d, p + d + n) that lie below pfe. */
+KQ5_INLINE void kq_prefetch_l2_at(const uint8_t *p, size_t d, size_t n, const uint8_t *pfe) {
+    uintptr_t a = (uintptr_t)p + d, b = a + n;
     if (b > (uintptr_t)pfe) b = (uintptr_t)pfe;
     for (; a < b; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T1);
 }
+KQ5_INLINE void kq_prefetch_l2(const uint8_t *p, size_t n, const uint8_t *pfe) { kq_prefetch_l2_at(p, KQ_PFD, n, pfe); }
 
 /* acc + vpdpbusd(w, the 4 bytes at p in every lane), the broadcast embedded ({1to8}) */
 KQ5_INLINE __m256i dpbusd_b8(__m256i acc, __m256i w, const uint8_t *p) {
@@ -536,6 +537,9 @@ _Static_assert(KQ6_JB >= 1 && KQ6_JB <= 4, "tiles of 1..4 batch rows");
  * with the bsums' pairs broadcast from memory. Per lane the float steps are avx2's, in
  * its order: acc += (d_x * d_w) * (float)sumi (Q2_K: acc -= (d_x * dmin_w) * (float)summ). */
 #define KQ23_JB 4 /* batch rows per Q2_Kx8r / Q3_Kx8r tile */
+#ifndef KQ23_PFD
+#define KQ23_PFD 4096
+#endif
 
 /* acc + vpdpwssd(w, the int16 pair at p in every lane), the broadcast embedded ({1to8}) */
 KQ5_INLINE __m256i dpwssd_b8(__m256i acc, __m256i w, const int32_t *p) {
@@ -663,7 +667,7 @@ KQ5_INLINE void q23r8_tile(const bool three, const int JB, const uint8_t *g, con
     for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *blk = g + (size_t)i * bbytes;
-        if (JB == 1) kq_prefetch_l2(blk, bbytes, pfe);
+        if (JB == 1) kq_prefetch_l2_at(blk, KQ23_PFD, bbytes, pfe);
         else
 #pragma GCC unroll 14
             for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
@@ -674,31 +678,6 @@ KQ5_INLINE void q23r8_tile(const bool three, const int JB, const uint8_t *g, con
     }
 #pragma GCC unroll 4
     for (int t = 0; t < JB; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
-}
-
-/* Decode of two groups side by side, as q4kr8_dec2. */
-KQ5_INLINE void q23r8_dec2(const bool three, const uint8_t *ga, const uint8_t *gb, const uint8_t *xq, int64_t nb,
-                           float *ya, float *yb, const uint8_t *pfe) {
-    const size_t bbytes = three ? MOETAX_K_Q3KR8_BLOCK_BYTES : MOETAX_K_Q2KR8_BLOCK_BYTES;
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *ba = ga + (size_t)i * bbytes, *bb = gb + (size_t)i * bbytes;
-        kq_prefetch_l2(ba, bbytes, pfe);
-        kq_prefetch_l2(bb, bbytes, pfe);
-        const moetax_block_q8_k *a[1] = {(const moetax_block_q8_k *)xq + i};
-        q23r8_blk(three, 1, ba, a, acc);
-        q23r8_blk(three, 1, bb, a, acc + 1);
-    }
-    _mm256_storeu_ps(ya, acc[0]);
-    _mm256_storeu_ps(yb, acc[1]);
-}
-static void q2kr8_dec2(const uint8_t *ga, const uint8_t *gb, const uint8_t *xq, int64_t nb, float *ya, float *yb,
-                       const uint8_t *pfe) {
-    q23r8_dec2(false, ga, gb, xq, nb, ya, yb, pfe);
-}
-static void q3kr8_dec2(const uint8_t *ga, const uint8_t *gb, const uint8_t *xq, int64_t nb, float *ya, float *yb,
-                       const uint8_t *pfe) {
-    q23r8_dec2(true, ga, gb, xq, nb, ya, yb, pfe);
 }
 
 #define Q23KR8_TILE(JB)                                                                                          \
@@ -1025,6 +1004,163 @@ static const kqz_fn k_kqz[3][KQZ_JB] = {
     {q5kz_tile_1, q5kz_tile_2, q5kz_tile_3, q5kz_tile_4, q5kz_tile_5, q5kz_tile_6, q5kz_tile_7, q5kz_tile_8},
     {q6kz_tile_1, q6kz_tile_2, q6kz_tile_3, q6kz_tile_4, q6kz_tile_5, q6kz_tile_6, q6kz_tile_7, q6kz_tile_8}};
 
+/* Q2_Kx8r / Q3_Kx8r, two groups in 512-bit vectors (q23r8_blk's steps on 16 lanes): the levels of
+ * level vector k of 4-byte group p of half h of both groups (bA: lanes 0-7, bB: 8-15). */
+KQ5_INLINE __m512i q23z_level(const bool three, const uint8_t *bA, const uint8_t *bB, int h, int p, int k) {
+    const size_t qo = (three ? MOETAX_K_Q3KR8_QS_OFF : MOETAX_K_Q2KR8_QS_OFF) + 32 * (8 * h + p);
+    const __m512i v = kq_load_2x32(bA + qo, bB + qo);
+    if (!three) return _mm512_and_si512(v, _mm512_set1_epi8((char)(3 << 2 * k)));
+    const size_t ho = MOETAX_K_Q3KR8_HM_OFF + 32 * p;
+    const __m512i hq = kq_load_2x32(bA + ho, bB + ho);
+    const int t = k == 3 ? 6 : 2 * k + 2, sb = 4 * h + k, d = t - sb; /* hmask bit sb to bit t */
+    const __m512i hs = d > 0 ? _mm512_slli_epi16(hq, d) : d < 0 ? _mm512_srli_epi16(hq, -d) : hq;
+    const __m512i lo = k == 3 ? _mm512_srli_epi16(v, 2) : v;
+    return _mm512_ternarylogic_epi32(lo, _mm512_set1_epi8((char)(k == 3 ? 0x30 : 3 << 2 * k)),
+                                     _mm512_and_si512(hs, _mm512_set1_epi8((char)(1 << t))), 0xEA);
+}
+
+/* One super-block of two groups (bA, bB) x JB batch rows (a[t]): acc[t] += its terms. With JB <= 2
+ * a group's four level vectors serve 4 JB chains at once; with more, one sub-block at a time (JB
+ * chains; the levels' loads repeat, from L1). */
+KQ5_INLINE void q23z_blk(const bool three, const int JB, const uint8_t *bA, const uint8_t *bB,
+                         const moetax_block_q8_k *const *a, __m512 *acc) {
+    __m512i U[4];
+    if (three) {
+        const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi8(32);
+        const __m512i a0 = kq_load_2x32(bA + MOETAX_K_Q3KR8_SC_OFF, bB + MOETAX_K_Q3KR8_SC_OFF);
+        const __m512i a1 = kq_load_2x32(bA + MOETAX_K_Q3KR8_SC_OFF + 32, bB + MOETAX_K_Q3KR8_SC_OFF + 32);
+        const __m512i a2 = kq_load_2x32(bA + MOETAX_K_Q3KR8_SC_OFF + 64, bB + MOETAX_K_Q3KR8_SC_OFF + 64);
+        U[0] = _mm512_ternarylogic_epi32(a0, m4, _mm512_and_si512(_mm512_slli_epi32(a2, 4), m30), 0xEA);
+        U[1] = _mm512_ternarylogic_epi32(a1, m4, _mm512_and_si512(_mm512_slli_epi32(a2, 2), m30), 0xEA);
+        U[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(a0, 4), m4, _mm512_and_si512(a2, m30), 0xEA);
+        U[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(a1, 4), m4,
+                                         _mm512_and_si512(_mm512_srli_epi32(a2, 2), m30), 0xEA);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) U[k] = _mm512_sub_epi8(U[k], c32);
+    } else {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            U[k] = kq_load_2x32(bA + MOETAX_K_Q2KR8_SC_OFF + 32 * k, bB + MOETAX_K_Q2KR8_SC_OFF + 32 * k);
+    }
+    const bool side = JB <= 2;
+    __m512i S[KQZ_JB];
+#pragma GCC unroll 8
+    for (int t = 0; t < JB; t++) S[t] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++)
+#pragma GCC unroll 2
+        for (int s = 0; s < 2; s++)
+#pragma GCC unroll 4
+            for (int k0 = 0; k0 < 4; k0 += side ? 4 : 1) {
+                const int nk = side ? 4 : 1;
+                __m512i cs[KQZ_JB][4];
+#pragma GCC unroll 8
+                for (int t = 0; t < JB; t++)
+                    for (int k = 0; k < nk; k++) cs[t][k] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int pp = 0; pp < 4; pp++) {
+                    const int p = 4 * s + pp;
+#pragma GCC unroll 4
+                    for (int k = 0; k < nk; k++) {
+                        const __m512i L = q23z_level(three, bA, bB, h, p, k0 + k);
+#pragma GCC unroll 8
+                        for (int t = 0; t < JB; t++)
+                            cs[t][k] = dpbusd_b16(cs[t][k], L, (const uint8_t *)a[t]->qs + 128 * h + 32 * (k0 + k) + 4 * p);
+                    }
+                }
+#pragma GCC unroll 4
+                for (int k = 0; k < nk; k++) {
+                    const int kk = k0 + k, j = 8 * h + 2 * kk + s, b = j & 3;
+                    const int sh = three ? (kk == 3 ? 2 : 6 - 2 * kk) : 6 - 2 * kk;
+                    __m512i scj;
+                    if (three) scj = _mm512_slli_epi32(sbyte_lane_z(U[j >> 2], b), sh);
+                    else {
+                        const __m512i f = 8 * b >= sh ? _mm512_srli_epi32(U[j >> 2], 8 * b - sh)
+                                                      : _mm512_slli_epi32(U[j >> 2], sh - 8 * b);
+                        scj = _mm512_and_si512(f, _mm512_set1_epi32(0xf << sh));
+                    }
+#pragma GCC unroll 8
+                    for (int t = 0; t < JB; t++) S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(cs[t][k], scj));
+                }
+            }
+    __m512i ev[4], od[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        if (three) {
+            ev[k] = _mm512_srai_epi16(_mm512_slli_epi16(U[k], 8), 8);
+            od[k] = _mm512_srai_epi16(U[k], 8);
+        } else {
+            ev[k] = _mm512_and_si512(_mm512_srli_epi32(U[k], 4), _mm512_set1_epi32(0x000f000f));
+            od[k] = _mm512_and_si512(_mm512_srli_epi32(U[k], 12), _mm512_set1_epi32(0x000f000f));
+        }
+    }
+    const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    const __m512 dw = kq_cvtph_2x8(bA, bB);
+    const __m512 dm = three ? _mm512_setzero_ps() : kq_cvtph_2x8(bA + MOETAX_K_Q2KR8_DMIN_OFF, bB + MOETAX_K_Q2KR8_DMIN_OFF);
+#pragma GCC unroll 8
+    for (int t = 0; t < JB; t++) {
+        const __m256i bsp = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)a[t]->bsums),
+                                                _mm256_broadcastsi128_si256(pairs));
+        int32_t qb[8]; /* broadcast from memory by the vpdpwssd */
+        _mm256_storeu_si256((__m256i *)qb, bsp);
+        __m512i c = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            c = dpwssd_b16(c, ev[k], qb + 2 * k);
+            c = dpwssd_b16(c, od[k], qb + 2 * k + 1);
+        }
+        const __m512i sumi = three ? _mm512_sub_epi32(_mm512_srai_epi32(S[t], 6), _mm512_slli_epi32(c, 2))
+                                   : _mm512_srai_epi32(S[t], 6);
+        const __m512 ad = _mm512_set1_ps(a[t]->d);
+        acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(ad, dw), _mm512_cvtepi32_ps(sumi)));
+        if (!three) acc[t] = _mm512_sub_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(ad, dm), _mm512_cvtepi32_ps(c)));
+    }
+}
+
+/* Two groups (g0, g1) x JB batch rows; JB == 1 (decode) prefetches into L2 below pfe, as the 256-bit
+ * decode does, batches KQ_QPF bytes ahead into L1. */
+KQ5_INLINE void q23z_tile(const bool three, const int JB, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq,
+                          size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {
+    const size_t bbytes = three ? MOETAX_K_Q3KR8_BLOCK_BYTES : MOETAX_K_Q2KR8_BLOCK_BYTES;
+    __m512 acc[KQZ_JB];
+#pragma GCC unroll 8
+    for (int t = 0; t < JB; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *bA = g0 + (size_t)i * bbytes, *bB = g1 + (size_t)i * bbytes;
+        if (JB == 1) {
+            kq_prefetch_l2_at(bA, KQ23_PFD, bbytes, pfe);
+            kq_prefetch_l2_at(bB, KQ23_PFD, bbytes, pfe);
+        } else
+#pragma GCC unroll 14
+            for (int o = 0; o < (int)bbytes; o += 64) {
+                _mm_prefetch((const char *)bA + KQ_QPF + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)bB + KQ_QPF + o, _MM_HINT_T0);
+            }
+        const moetax_block_q8_k *a[KQZ_JB];
+#pragma GCC unroll 8
+        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
+        q23z_blk(three, JB, bA, bB, a, acc);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < JB; t++) store_2x8z(y0 + t * ldy, y1 + t * ldy, acc[t]);
+}
+
+typedef void (*kq23z_fn)(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb,
+                         float *y0, float *y1, int64_t ldy, const uint8_t *pfe);
+#define KQ23Z_TILE(JB)                                                                                           \
+    static void q2kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
+                               float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                         \
+        q23z_tile(false, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                        \
+    }                                                                                                           \
+    static void q3kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
+                               float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                         \
+        q23z_tile(true, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                         \
+    }
+KQ23Z_TILE(1) KQ23Z_TILE(2) KQ23Z_TILE(3) KQ23Z_TILE(4) KQ23Z_TILE(5) KQ23Z_TILE(6) KQ23Z_TILE(7) KQ23Z_TILE(8)
+static const kq23z_fn k_kq23z[2][KQZ_JB] = {
+    {q2kz_tile_1, q2kz_tile_2, q2kz_tile_3, q2kz_tile_4, q2kz_tile_5, q2kz_tile_6, q2kz_tile_7, q2kz_tile_8},
+    {q3kz_tile_1, q3kz_tile_2, q3kz_tile_3, q3kz_tile_4, q3kz_tile_5, q3kz_tile_6, q3kz_tile_7, q3kz_tile_8}};
+
 /* ---- Q3_K / Q2_K as stored (no repacked layout), decode: 4 rows side by side ----
  * Bit-identical to matmul_kq_avx2.c's decode (and so its batch path): the same float steps on 4
  * lanes in the same order; the exact int32 sums formed as for Q6_K above: per 64 values one
@@ -1263,15 +1399,23 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
     void (*dec2)(const uint8_t *, const uint8_t *, const uint8_t *, int64_t, float *, float *, const uint8_t *) =
         six                           ? q6kr8_dec2
         : wtype == MOETAX_TYPE_Q5_K   ? q4kr8_dec2_5
-        : wtype == MOETAX_TYPE_Q2_K   ? q2kr8_dec2
-        : wtype == MOETAX_TYPE_Q3_K   ? q3kr8_dec2
                                       : q4kr8_dec2_4;
     const uint8_t *pfe = w + (size_t)row1 * row_bytes;
-    if (n_batch == 1) { /* decode's first KQ_PFD bytes at once (kq_rows.h) */
+    const size_t pfd = q23 ? KQ23_PFD : KQ_PFD; /* decode's prefetch distance */
+    if (n_batch == 1) { /* decode's first pfd bytes at once (kq_rows.h) */
         const uint8_t *w0 = w + (size_t)row0 * row_bytes;
-        kq_prefetch_span_l2(w0, pfe - w0 > KQ_PFD ? w0 + KQ_PFD : pfe);
+        kq_prefetch_span_l2(w0, pfe - w0 > (ptrdiff_t)pfd ? w0 + pfd : pfe);
     }
     int64_t r = row0;
+    if (q23 && n_batch > 1) /* pairs of adjacent groups in 512-bit vectors, tiles of up to KQZ_JB batch rows */
+        for (; r + 2 * R <= gend; r += 2 * R)
+            for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
+                const int64_t left = n_batch - j0, tiles_n = (left + KQZ_JB - 1) / KQZ_JB;
+                jb = (left + tiles_n - 1) / tiles_n; /* tiles of even size */
+                const uint8_t *g = w + (size_t)r * row_bytes, *xj = xq + (size_t)j0 * act_row;
+                k_kq23z[wtype == MOETAX_TYPE_Q3_K][jb - 1](g, g + (size_t)R * row_bytes, xj, act_row, nb,
+                                                           y + j0 * ldy + r, y + j0 * ldy + r + R, ldy, pfe);
+            }
     if (n_batch > 1 && !q23) /* pairs of adjacent groups in 512-bit vectors, tiles of up to KQZ_JB batch rows */
         for (; r + 2 * R <= gend; r += 2 * R)
             for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
@@ -1285,10 +1429,12 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
         const int64_t np = (gend - r) / R / 2;
         const size_t half = (size_t)(np * R) * row_bytes;
         const uint8_t *w0 = w + (size_t)r * row_bytes;
-        kq_prefetch_span_l2(w0 + half, w0 + half + (half > KQ_PFD ? KQ_PFD : half));
+        kq_prefetch_span_l2(w0 + half, w0 + half + (half > pfd ? pfd : half));
         for (int64_t i = 0; i < np; i++) {
             const int64_t ra = r + i * R, rb = ra + np * R;
-            dec2(w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes, xq, nb, y + ra, y + rb, pfe);
+            const uint8_t *ga = w + (size_t)ra * row_bytes, *gb = w + (size_t)rb * row_bytes;
+            if (q23) k_kq23z[wtype == MOETAX_TYPE_Q3_K][0](ga, gb, xq, act_row, nb, y + ra, y + rb, 0, pfe);
+            else dec2(ga, gb, xq, nb, y + ra, y + rb, pfe);
         }
         r += 2 * np * R;
     }
