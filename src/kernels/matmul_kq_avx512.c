@@ -1,10 +1,10 @@
 /* matmul_kq_avx512.c - AVX-512 (F/BW/VL/DQ) + VNNI matmul of the k-quant
- * weights against block_q8_K activations (kernels.h) in the table's Q4_Kx8r /
- * Q5_Kx8r / Q6_Kx8r layouts (8 rows interleaved), any batch (below: decode on
- * 256-bit tiles of one group; batches on 512-bit tiles of two groups x 1..8 batch
- * rows, a range's odd last group on 256-bit tiles of 1..4); a unit's
- * plain tail (n_rows % 8 rows) as stored: decode here, batches the avx2 table's; Q3_K and Q2_K
- * as stored (decode and batches here). Compiled with the
+ * weights against block_q8_K activations (kernels.h) in the table's Q2_Kx8r ..
+ * Q6_Kx8r layouts (8 rows interleaved), any batch (below: Q4_K/Q5_K/Q6_K decode on
+ * 256-bit tiles of one group, Q2_K/Q3_K decode on 512-bit tiles of two; batches on
+ * 512-bit tiles of two groups x 1..8 batch rows, a range's odd last group on 256-bit
+ * tiles of 1..4); a unit's plain tail (n_rows % 8 rows) as stored: decode here,
+ * batches here (Q2_K/Q3_K) or the avx2 table's (the others). Compiled with the
  * avx512 flags; reached only through the avx512 table.
  *
  * The plain-layout decode (a unit's plain tail) is
@@ -528,7 +528,8 @@ _Static_assert(KQ6_JB >= 1 && KQ6_JB <= 4, "tiles of 1..4 batch rows");
  * 2-bit levels of values 128h + 32k + l at bits 2k, 2k+1 (k = 0..3); Q3_K's hmask group p
  * adds 4 to them where bit 4h + k is set. The levels are kept in place, times 4^k (Q3_K:
  * 1, 4, 16, 16, its k = 3 shifted down by 2 so that the high bit stays in the byte), one
- * AND (Q3_K: AND, shift and OR of the high bit) per level vector, and each sub-block's
+ * AND per level vector (Q3_K: the hmask bit shifted to its place, masked and ORed in by
+ * one vpternlogd), and each sub-block's
  * scale is taken that much less than 64 times (a shift of the scale, once per group and
  * sub-block): S = 64 * sum_j sc_j * sum(level * x), exact in int32 (|S| <= 64 * 256 * 7 *
  * 32 * 127), and sumi = S >> 6. Sub-block j = 8h + 2k + p / 4 sums in its own chain per
@@ -537,6 +538,8 @@ _Static_assert(KQ6_JB >= 1 && KQ6_JB <= 4, "tiles of 1..4 batch rows");
  * with the bsums' pairs broadcast from memory. Per lane the float steps are avx2's, in
  * its order: acc += (d_x * d_w) * (float)sumi (Q2_K: acc -= (d_x * dmin_w) * (float)summ). */
 #define KQ23_JB 4 /* batch rows per Q2_Kx8r / Q3_Kx8r tile */
+/* Decode's prefetch distance (bytes ahead of each stream, into L2) for Q2_K/Q3_K: shorter than
+ * KQ_PFD, which left their decode further below a plain read (commit messages: measurements). */
 #ifndef KQ23_PFD
 #define KQ23_PFD 4096
 #endif
@@ -1161,7 +1164,7 @@ static const kq23z_fn k_kq23z[2][KQZ_JB] = {
     {q2kz_tile_1, q2kz_tile_2, q2kz_tile_3, q2kz_tile_4, q2kz_tile_5, q2kz_tile_6, q2kz_tile_7, q2kz_tile_8},
     {q3kz_tile_1, q3kz_tile_2, q3kz_tile_3, q3kz_tile_4, q3kz_tile_5, q3kz_tile_6, q3kz_tile_7, q3kz_tile_8}};
 
-/* ---- Q3_K / Q2_K as stored (no repacked layout), decode: 4 rows side by side ----
+/* ---- Q3_K / Q2_K as stored (a unit's plain tail), decode: 4 rows side by side ----
  * Bit-identical to matmul_kq_avx2.c's decode (and so its batch path): the same float steps on 4
  * lanes in the same order; the exact int32 sums formed as for Q6_K above: per 64 values one
  * 512-bit vector of unsigned levels (Q3_K: q + 4 in 0..7, Q2_K: 0..3; decode: lower 256 bits
@@ -1279,7 +1282,7 @@ static void kq23_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_
     }
 }
 
-/* Q3_K / Q2_K batches (as stored): one row's super-block decoded once (levels, permuted scales,
+/* Q3_K / Q2_K batches (as stored: a unit's plain tail): one row's super-block decoded once (levels, permuted scales,
  * offset coefficients) for up to KQ23_BT batch rows, each output's float chain that of
  * matmul_kq_avx2.c's batch path (acc += (d_x * d_w) * (float)sumi; Q2_K: acc -= (d_x * dmin_w) *
  * (float)summ), super-blocks in order: the same bits as avx2's and as the decode above. */
