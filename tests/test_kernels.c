@@ -228,7 +228,8 @@ static void test_matmul(void) {
     }
     /* k-quants (avx512: every k-quant's x8r in groups of 8 rows; Q4_K/Q5_K/Q6_K batches in pairs of
      * groups x tiles of 1..8 batch rows, 9..16 two even tiles, and more; a range's odd last group, and
-     * every Q2_K/Q3_K group, in 256-bit tiles of 1..4; the plain tail): row counts of one to five groups with and without a tail, batch sizes
+     * every Q2_K/Q3_K group, in 256-bit tiles of 1..4; the plain tail): row counts of one to five groups
+     * with and without a tail, batch sizes
      * of every tile width, odd and past one tile, against the scalar reference */
     {
         static const enum moetax_type kts[] = {MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K,
@@ -379,8 +380,10 @@ static void unrepack_q2kr8(const uint8_t *src, uint8_t *dst, int64_t rows, int64
                 uint8_t *o = dst + (size_t)(r + k) * rb + (size_t)b * bs;
                 memcpy(o + offsetof(moetax_block_q2_k, d), g + 2 * k, 2);
                 memcpy(o + offsetof(moetax_block_q2_k, dmin), g + 16 + 2 * k, 2);
-                for (int d = 0; d < 4; d++) memcpy(o + offsetof(moetax_block_q2_k, scales) + 4 * d, g + 32 + 32 * d + 4 * k, 4);
-                for (int q = 0; q < 16; q++) memcpy(o + offsetof(moetax_block_q2_k, qs) + 4 * q, g + 160 + 32 * q + 4 * k, 4);
+                for (int d = 0; d < 4; d++)
+                    memcpy(o + offsetof(moetax_block_q2_k, scales) + 4 * d, g + 32 + 32 * d + 4 * k, 4);
+                for (int q = 0; q < 16; q++)
+                    memcpy(o + offsetof(moetax_block_q2_k, qs) + 4 * q, g + 160 + 32 * q + 4 * k, 4);
             }
         }
     memcpy(dst + (size_t)r * rb, src + (size_t)r * rb, (size_t)(rows - r) * rb);
@@ -398,9 +401,12 @@ static void unrepack_q3kr8(const uint8_t *src, uint8_t *dst, int64_t rows, int64
             for (int k = 0; k < 8; k++) {
                 uint8_t *o = dst + (size_t)(r + k) * rb + (size_t)b * bs;
                 memcpy(o + offsetof(moetax_block_q3_k, d), g + 2 * k, 2);
-                for (int d = 0; d < 3; d++) memcpy(o + offsetof(moetax_block_q3_k, scales) + 4 * d, g + 16 + 32 * d + 4 * k, 4);
-                for (int q = 0; q < 16; q++) memcpy(o + offsetof(moetax_block_q3_k, qs) + 4 * q, g + 112 + 32 * q + 4 * k, 4);
-                for (int q = 0; q < 8; q++) memcpy(o + offsetof(moetax_block_q3_k, hmask) + 4 * q, g + 624 + 32 * q + 4 * k, 4);
+                for (int d = 0; d < 3; d++)
+                    memcpy(o + offsetof(moetax_block_q3_k, scales) + 4 * d, g + 16 + 32 * d + 4 * k, 4);
+                for (int q = 0; q < 16; q++)
+                    memcpy(o + offsetof(moetax_block_q3_k, qs) + 4 * q, g + 112 + 32 * q + 4 * k, 4);
+                for (int q = 0; q < 8; q++)
+                    memcpy(o + offsetof(moetax_block_q3_k, hmask) + 4 * q, g + 624 + 32 * q + 4 * k, 4);
             }
         }
     memcpy(dst + (size_t)r * rb, src + (size_t)r * rb, (size_t)(rows - r) * rb);

@@ -100,7 +100,7 @@ moetax_status cli_config_scan(int argc, char **argv, struct cli_config *c) {
     for (int i = 1; i < argc && !st; i++)
         if (!strcmp(argv[i], "--expert-type")) {
             if (i + 1 >= argc || !cli_expert_type_parse(argv[i + 1], &c->expert_type))
-                st = moetax_error(MOETAX_ERR_ARG, "--expert-type: expected q8_0, q4_0, f16, bf16, q2_k, q3_k, q4_k, q5_k or q6_k%s%s",
+                st = moetax_error(MOETAX_ERR_ARG, "--expert-type: expected q8_0, q4_0, f16, bf16, q2_k..q6_k%s%s",
                                   i + 1 < argc ? ", not " : "", i + 1 < argc ? argv[i + 1] : "");
         }
     return st;

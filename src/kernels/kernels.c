@@ -157,7 +157,8 @@ void moetax_k_repack_group_q6kr8(void *dst, const void *src, int64_t nb) {
 void moetax_k_repack_group_q2kr8(void *dst, const void *src, int64_t nb) {
     enum { R = MOETAX_K_Q2KR8_ROWS, BB = MOETAX_K_Q2KR8_BLOCK_BYTES };
     _Static_assert(BB == R * sizeof(moetax_block_q2_k), "a group block has the size of its 8 blocks");
-    _Static_assert(MOETAX_K_Q2KR8_SC_OFF == 2 * 2 * R && MOETAX_K_Q2KR8_QS_OFF == MOETAX_K_Q2KR8_SC_OFF + 4 * R * 4,
+    _Static_assert(MOETAX_K_Q2KR8_SC_OFF == 2 * 2 * R &&
+                       MOETAX_K_Q2KR8_QS_OFF == MOETAX_K_Q2KR8_SC_OFF + 4 * R * 4,
                    "d, dmin, 4 dwords of scales x 8 rows, then qs");
     _Static_assert(MOETAX_K_Q2KR8_QS_OFF + 16 * R * 4 == BB, "then 16 groups x 8 rows x 4 bytes of qs");
     const size_t bs = sizeof(moetax_block_q2_k), rb = (size_t)nb * bs;
@@ -169,10 +170,9 @@ void moetax_k_repack_group_q2kr8(void *dst, const void *src, int64_t nb) {
             const uint8_t *blk = s + (size_t)r * rb + (size_t)b * bs;
             memcpy(o + 2 * r, blk + offsetof(moetax_block_q2_k, d), 2);
             memcpy(o + MOETAX_K_Q2KR8_DMIN_OFF + 2 * r, blk + offsetof(moetax_block_q2_k, dmin), 2);
-            for (int k = 0; k < 4; k++)
-                memcpy(o + MOETAX_K_Q2KR8_SC_OFF + 32 * k + 4 * r, blk + offsetof(moetax_block_q2_k, scales) + 4 * k, 4);
-            for (int g = 0; g < 16; g++)
-                memcpy(o + MOETAX_K_Q2KR8_QS_OFF + 32 * g + 4 * r, blk + offsetof(moetax_block_q2_k, qs) + 4 * g, 4);
+            const uint8_t *sc = blk + offsetof(moetax_block_q2_k, scales), *qs = blk + offsetof(moetax_block_q2_k, qs);
+            for (int k = 0; k < 4; k++) memcpy(o + MOETAX_K_Q2KR8_SC_OFF + 32 * k + 4 * r, sc + 4 * k, 4);
+            for (int g = 0; g < 16; g++) memcpy(o + MOETAX_K_Q2KR8_QS_OFF + 32 * g + 4 * r, qs + 4 * g, 4);
         }
     }
 }
@@ -180,7 +180,8 @@ void moetax_k_repack_group_q2kr8(void *dst, const void *src, int64_t nb) {
 void moetax_k_repack_group_q3kr8(void *dst, const void *src, int64_t nb) {
     enum { R = MOETAX_K_Q3KR8_ROWS, BB = MOETAX_K_Q3KR8_BLOCK_BYTES };
     _Static_assert(BB == R * sizeof(moetax_block_q3_k), "a group block has the size of its 8 blocks");
-    _Static_assert(MOETAX_K_Q3KR8_SC_OFF == 2 * R && MOETAX_K_Q3KR8_QS_OFF == MOETAX_K_Q3KR8_SC_OFF + 3 * R * 4 &&
+    _Static_assert(MOETAX_K_Q3KR8_SC_OFF == 2 * R &&
+                       MOETAX_K_Q3KR8_QS_OFF == MOETAX_K_Q3KR8_SC_OFF + 3 * R * 4 &&
                        MOETAX_K_Q3KR8_HM_OFF == MOETAX_K_Q3KR8_QS_OFF + 16 * R * 4,
                    "d, 3 dwords of packed scales x 8 rows, 16 groups of qs x 8 rows, then hmask");
     _Static_assert(MOETAX_K_Q3KR8_HM_OFF + 8 * R * 4 == BB, "then 8 groups x 8 rows x 4 bytes of hmask");
@@ -192,12 +193,11 @@ void moetax_k_repack_group_q3kr8(void *dst, const void *src, int64_t nb) {
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = s + (size_t)r * rb + (size_t)b * bs;
             memcpy(o + 2 * r, blk + offsetof(moetax_block_q3_k, d), 2);
-            for (int k = 0; k < 3; k++)
-                memcpy(o + MOETAX_K_Q3KR8_SC_OFF + 32 * k + 4 * r, blk + offsetof(moetax_block_q3_k, scales) + 4 * k, 4);
-            for (int g = 0; g < 16; g++)
-                memcpy(o + MOETAX_K_Q3KR8_QS_OFF + 32 * g + 4 * r, blk + offsetof(moetax_block_q3_k, qs) + 4 * g, 4);
-            for (int p = 0; p < 8; p++)
-                memcpy(o + MOETAX_K_Q3KR8_HM_OFF + 32 * p + 4 * r, blk + offsetof(moetax_block_q3_k, hmask) + 4 * p, 4);
+            const uint8_t *sc = blk + offsetof(moetax_block_q3_k, scales), *qs = blk + offsetof(moetax_block_q3_k, qs);
+            const uint8_t *hm = blk + offsetof(moetax_block_q3_k, hmask);
+            for (int k = 0; k < 3; k++) memcpy(o + MOETAX_K_Q3KR8_SC_OFF + 32 * k + 4 * r, sc + 4 * k, 4);
+            for (int g = 0; g < 16; g++) memcpy(o + MOETAX_K_Q3KR8_QS_OFF + 32 * g + 4 * r, qs + 4 * g, 4);
+            for (int p = 0; p < 8; p++) memcpy(o + MOETAX_K_Q3KR8_HM_OFF + 32 * p + 4 * r, hm + 4 * p, 4);
         }
     }
 }

@@ -229,7 +229,9 @@ KQ5_INLINE void kq_prefetch_l2_at(const uint8_t *p, size_t d, size_t n, const ui
     if (b > (uintptr_t)pfe) b = (uintptr_t)pfe;
     for (; a < b; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T1);
 }
-KQ5_INLINE void kq_prefetch_l2(const uint8_t *p, size_t n, const uint8_t *pfe) { kq_prefetch_l2_at(p, KQ_PFD, n, pfe); }
+KQ5_INLINE void kq_prefetch_l2(const uint8_t *p, size_t n, const uint8_t *pfe) {
+    kq_prefetch_l2_at(p, KQ_PFD, n, pfe);
+}
 
 /* acc + vpdpbusd(w, the 4 bytes at p in every lane), the broadcast embedded ({1to8}) */
 KQ5_INLINE __m256i dpbusd_b8(__m256i acc, __m256i w, const uint8_t *p) {
@@ -527,16 +529,16 @@ _Static_assert(KQ6_JB >= 1 && KQ6_JB <= 4, "tiles of 1..4 batch rows");
  * A 4-byte group g of qs (half h = g / 8, values l = 4p..4p+3 with p = g % 8) holds the
  * 2-bit levels of values 128h + 32k + l at bits 2k, 2k+1 (k = 0..3); Q3_K's hmask group p
  * adds 4 to them where bit 4h + k is set. The levels are kept in place, times 4^k (Q3_K:
- * 1, 4, 16, 16, its k = 3 shifted down by 2 so that the high bit stays in the byte), one
- * AND per level vector (Q3_K: the hmask bit shifted to its place, masked and ORed in by
- * one vpternlogd), and each sub-block's
- * scale is taken that much less than 64 times (a shift of the scale, once per group and
- * sub-block): S = 64 * sum_j sc_j * sum(level * x), exact in int32 (|S| <= 64 * 256 * 7 *
- * 32 * 127), and sumi = S >> 6. Sub-block j = 8h + 2k + p / 4 sums in its own chain per
- * batch row (|.| <= 16 * 192 * 127), multiplied by its scale (vpmulld). The mins (Q2_K)
- * and the offset 4 * sum_j sc_j * bsums_j (Q3_K) are vpdpwssd of the rows' int16 pairs
- * with the bsums' pairs broadcast from memory. Per lane the float steps are avx2's, in
- * its order: acc += (d_x * d_w) * (float)sumi (Q2_K: acc -= (d_x * dmin_w) * (float)summ). */
+ * 1, 4, 16, 16, its k = 3 shifted down by 2 so that the high bit stays in the byte): one
+ * AND per level vector (Q3_K: the hmask bit shifted to its place, masked, and ORed in by
+ * one vpternlogd). Each sub-block's scale is taken that much less than 64 times (a shift
+ * of the scale, once per group and sub-block): S = 64 * sum_j sc_j * sum(level * x), exact
+ * in int32 (|S| <= 64 * 256 * 7 * 32 * 127), and sumi = S >> 6. Sub-block j = 8h + 2k + p / 4
+ * sums in its own chain per batch row (|.| <= 16 * 192 * 127), multiplied by its scale
+ * (vpmulld). The mins (Q2_K) and the offset 4 * sum_j sc_j * bsums_j (Q3_K) are vpdpwssd
+ * of the rows' int16 pairs with the bsums' pairs broadcast from memory. Per lane the float
+ * steps are avx2's, in its order: acc += (d_x * d_w) * (float)sumi (Q2_K: then acc -=
+ * (d_x * dmin_w) * (float)summ). Decode takes 512-bit tiles of two groups (q23z_tile below). */
 #define KQ23_JB 4 /* batch rows per Q2_Kx8r / Q3_Kx8r tile */
 /* Decode's prefetch distance (bytes ahead of each stream, into L2) for Q2_K/Q3_K: shorter than
  * KQ_PFD, which left their decode further below a plain read (commit messages: measurements). */
@@ -580,7 +582,8 @@ KQ5_INLINE void q23r8_blk(const bool three, const int JB, const uint8_t *blk, co
         for (int k = 0; k < 4; k++) U[k] = _mm256_sub_epi8(U[k], c32);
     } else {
 #pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) U[k] = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q2KR8_SC_OFF + 32 * k));
+        for (int k = 0; k < 4; k++)
+            U[k] = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q2KR8_SC_OFF + 32 * k));
     }
     __m256i S[KQ23_JB];
 #pragma GCC unroll 4
@@ -597,8 +600,9 @@ KQ5_INLINE void q23r8_blk(const bool three, const int JB, const uint8_t *blk, co
             for (int pp = 0; pp < 4; pp++) {
                 const int p = 4 * s + pp;
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * (8 * h + p)));
-                const __m256i hq = three ? _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_HM_OFF + 32 * p))
-                                         : _mm256_setzero_si256();
+                const __m256i hq =
+                    three ? _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_HM_OFF + 32 * p))
+                          : _mm256_setzero_si256();
                 __m256i L[4];
 #pragma GCC unroll 4
                 for (int k = 0; k < 4; k++) L[k] = q23r8_level(three, v, hq, h, k);
@@ -1067,8 +1071,10 @@ KQ5_INLINE void q23z_blk(const bool three, const int JB, const uint8_t *bA, cons
                     for (int k = 0; k < nk; k++) {
                         const __m512i L = q23z_level(three, bA, bB, h, p, k0 + k);
 #pragma GCC unroll 8
-                        for (int t = 0; t < JB; t++)
-                            cs[t][k] = dpbusd_b16(cs[t][k], L, (const uint8_t *)a[t]->qs + 128 * h + 32 * (k0 + k) + 4 * p);
+                        for (int t = 0; t < JB; t++) {
+                            const uint8_t *x = (const uint8_t *)a[t]->qs + 128 * h + 32 * (k0 + k) + 4 * p;
+                            cs[t][k] = dpbusd_b16(cs[t][k], L, x);
+                        }
                     }
                 }
 #pragma GCC unroll 4
@@ -1099,7 +1105,8 @@ KQ5_INLINE void q23z_blk(const bool three, const int JB, const uint8_t *bA, cons
     }
     const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
     const __m512 dw = kq_cvtph_2x8(bA, bB);
-    const __m512 dm = three ? _mm512_setzero_ps() : kq_cvtph_2x8(bA + MOETAX_K_Q2KR8_DMIN_OFF, bB + MOETAX_K_Q2KR8_DMIN_OFF);
+    const __m512 dm = three ? _mm512_setzero_ps()
+                            : kq_cvtph_2x8(bA + MOETAX_K_Q2KR8_DMIN_OFF, bB + MOETAX_K_Q2KR8_DMIN_OFF);
 #pragma GCC unroll 8
     for (int t = 0; t < JB; t++) {
         const __m256i bsp = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)a[t]->bsums),
