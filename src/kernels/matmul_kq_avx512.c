@@ -618,7 +618,13 @@ KQ5_INLINE void q23r8_blk(const bool three, const int JB, const uint8_t *blk, co
                 const int j = 8 * h + 2 * k + s, b = j & 3; /* the sub-block; its scale's byte in U[j / 4] */
                 const int sh = three ? (k == 3 ? 2 : 6 - 2 * k) : 6 - 2 * k; /* 64 / the levels' factor */
                 __m256i scj;
-                if (three) scj = _mm256_slli_epi32(sbyte_lane(U[j >> 2], b), sh);
+                if (three) { /* byte b to the top of each lane (vpshufb, zeros below), then down */
+                    const __m256i ix = _mm256_setr_epi32(0x00808080 | b << 24, 0x00808080 | (4 + b) << 24,
+                                                         0x00808080 | (8 + b) << 24, 0x00808080 | (12 + b) << 24,
+                                                         0x00808080 | b << 24, 0x00808080 | (4 + b) << 24,
+                                                         0x00808080 | (8 + b) << 24, 0x00808080 | (12 + b) << 24);
+                    scj = _mm256_srai_epi32(_mm256_shuffle_epi8(U[j >> 2], ix), 24 - sh);
+                }
                 else { /* the low nibble of byte b, times 2^sh */
                     const __m256i f = 8 * b >= sh ? _mm256_srli_epi32(U[j >> 2], 8 * b - sh)
                                                   : _mm256_slli_epi32(U[j >> 2], sh - 8 * b);
@@ -1082,7 +1088,11 @@ KQ5_INLINE void q23z_blk(const bool three, const int JB, const uint8_t *bA, cons
                     const int kk = k0 + k, j = 8 * h + 2 * kk + s, b = j & 3;
                     const int sh = three ? (kk == 3 ? 2 : 6 - 2 * kk) : 6 - 2 * kk;
                     __m512i scj;
-                    if (three) scj = _mm512_slli_epi32(sbyte_lane_z(U[j >> 2], b), sh);
+                    if (three) { /* byte b to the top of each lane (vpshufb, zeros below), then down */
+                        const __m512i ix = _mm512_set4_epi32(0x00808080 | (12 + b) << 24, 0x00808080 | (8 + b) << 24,
+                                                             0x00808080 | (4 + b) << 24, 0x00808080 | b << 24);
+                        scj = _mm512_srai_epi32(_mm512_shuffle_epi8(U[j >> 2], ix), 24 - sh);
+                    }
                     else {
                         const __m512i f = 8 * b >= sh ? _mm512_srli_epi32(U[j >> 2], 8 * b - sh)
                                                       : _mm512_slli_epi32(U[j >> 2], sh - 8 * b);
