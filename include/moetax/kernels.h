@@ -135,10 +135,12 @@
  *           each with the unit's last n_rows % 8 rows plain. A qs group
  *           holds the 2-bit levels of 4 values of each of 8 rows at 4 bit
  *           offsets (values 128h + 32k + l, l = 4p..4p+3, for group g = 8h + p,
- *           at bits 2k), so one AND per level vector (in place, times 4^k) feeds
- *           vpdpbusd; a scale dword holds 4 sub-blocks' scales of one row
- *           (Q2_K: low nibble, min in the high one; Q3_K: ggml's packing,
- *           unpacked for the 8 rows at once with its 32-bit mask steps).
+ *           at bits 2k; Q3_K's hm group p has their high bits at bit 4h + k),
+ *           so one AND per level vector (in place, times 4^k) feeds vpdpbusd
+ *           with 4 activation bytes broadcast; a scale dword holds 4 sub-blocks'
+ *           scales of one row (Q2_K: low nibble, min in the high one; Q3_K:
+ *           ggml's packing, unpacked for the 8 rows at once with its 32-bit
+ *           mask steps).
  *           Weights repacked for one table must not be given to another
  *           (Q8_0 and k-quant layouts differ).
  *   ROW RANGES. A call's rows [row0, row1) are relative to w: for a type
