@@ -3,6 +3,7 @@
  * against the scalar reference, the avx512 table's Q8_0/Q4_0 bits against the
  * avx2 table's, and the references against naive double-precision formulas. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,15 +226,17 @@ static void test_matmul(void) {
                         test_matmul_case(q8 ? MOETAX_TYPE_Q8_0 : MOETAX_TYPE_Q4_0, g_rows[ri], 32 * nbs[ni],
                                          g_batches[bi]);
     }
-    /* k-quants (avx512: Q4_K/Q5_K/Q6_Kx8r in groups of 8 rows; batches in pairs of groups x tiles
-     * of 1..8 batch rows, 9..16 two even tiles, and more; a range's odd last group in 256-bit tiles of
-     * 1..4; the plain tail): row counts of one to five groups with and without a tail, batch sizes
+    /* k-quants (avx512: every k-quant's x8r in groups of 8 rows; Q4_K/Q5_K/Q6_K batches in pairs of
+     * groups x tiles of 1..8 batch rows, 9..16 two even tiles, and more; a range's odd last group, and
+     * every Q2_K/Q3_K group, in 256-bit tiles of 1..4; the plain tail): row counts of one to five groups
+     * with and without a tail, batch sizes
      * of every tile width, odd and past one tile, against the scalar reference */
     {
-        static const enum moetax_type kts[] = {MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K};
+        static const enum moetax_type kts[] = {MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K,
+                                               MOETAX_TYPE_Q2_K, MOETAX_TYPE_Q3_K};
         static const int64_t k_rows[] = {8, 16, 21, 24, 40, 43};
         static const int64_t k_batches[] = {4, 5, 6, 7, 9, 11, 12, 15, 16, 17, 23, 33};
-        for (size_t ti = 0; ti < 3; ti++)
+        for (size_t ti = 0; ti < sizeof kts / sizeof kts[0]; ti++)
             for (int ci = 1; ci <= 2; ci++)
                 for (size_t ri = 0; ri < sizeof k_rows / sizeof k_rows[0]; ri++)
                     for (size_t bi = 0; bi < sizeof k_batches / sizeof k_batches[0]; bi++)
@@ -365,6 +368,50 @@ static void unrepack_q6kr8(const uint8_t *src, uint8_t *dst, int64_t rows, int64
     memcpy(dst + (size_t)r * rb, src + (size_t)r * rb, (size_t)(rows - r) * rb);
 }
 
+/* The inverse of the avx512 table's Q2_K repack (kernels.h: groups of 8 rows; per super-block
+ * d[8], dmin[8], the 16 scale bytes as 4 dwords x 8 rows, then 16 four-byte groups of qs x 8 rows). */
+static void unrepack_q2kr8(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t nb) {
+    const size_t bs = sizeof(moetax_block_q2_k), rb = (size_t)nb * bs, gb = 8 * bs;
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *g = src + (size_t)r * rb + (size_t)b * gb;
+            for (int k = 0; k < 8; k++) {
+                uint8_t *o = dst + (size_t)(r + k) * rb + (size_t)b * bs;
+                memcpy(o + offsetof(moetax_block_q2_k, d), g + 2 * k, 2);
+                memcpy(o + offsetof(moetax_block_q2_k, dmin), g + 16 + 2 * k, 2);
+                for (int d = 0; d < 4; d++)
+                    memcpy(o + offsetof(moetax_block_q2_k, scales) + 4 * d, g + 32 + 32 * d + 4 * k, 4);
+                for (int q = 0; q < 16; q++)
+                    memcpy(o + offsetof(moetax_block_q2_k, qs) + 4 * q, g + 160 + 32 * q + 4 * k, 4);
+            }
+        }
+    memcpy(dst + (size_t)r * rb, src + (size_t)r * rb, (size_t)(rows - r) * rb);
+}
+
+/* The inverse of the avx512 table's Q3_K repack (kernels.h: groups of 8 rows; per super-block
+ * d[8], the 12 packed scale bytes as 3 dwords x 8 rows, 16 four-byte groups of qs x 8 rows, then
+ * 8 four-byte groups of hmask x 8 rows). */
+static void unrepack_q3kr8(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t nb) {
+    const size_t bs = sizeof(moetax_block_q3_k), rb = (size_t)nb * bs, gb = 8 * bs;
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *g = src + (size_t)r * rb + (size_t)b * gb;
+            for (int k = 0; k < 8; k++) {
+                uint8_t *o = dst + (size_t)(r + k) * rb + (size_t)b * bs;
+                memcpy(o + offsetof(moetax_block_q3_k, d), g + 2 * k, 2);
+                for (int d = 0; d < 3; d++)
+                    memcpy(o + offsetof(moetax_block_q3_k, scales) + 4 * d, g + 16 + 32 * d + 4 * k, 4);
+                for (int q = 0; q < 16; q++)
+                    memcpy(o + offsetof(moetax_block_q3_k, qs) + 4 * q, g + 112 + 32 * q + 4 * k, 4);
+                for (int q = 0; q < 8; q++)
+                    memcpy(o + offsetof(moetax_block_q3_k, hmask) + 4 * q, g + 624 + 32 * q + 4 * k, 4);
+            }
+        }
+    memcpy(dst + (size_t)r * rb, src + (size_t)r * rb, (size_t)(rows - r) * rb);
+}
+
 static int cmp_u8(const void *a, const void *b) { return (int)*(const uint8_t *)a - (int)*(const uint8_t *)b; }
 
 /* Repacking is a per-row permutation of the bytes that round-trips, in place or
@@ -416,8 +463,7 @@ static void test_repack(void) {
         CHECK(memcmp(a, w, rb * rows) == 0);
         if (avx) {
             const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 ||
-                            (is_kq(t) && t != MOETAX_TYPE_Q3_K && t != MOETAX_TYPE_Q2_K &&
-                             strcmp(avx->name, "avx512") == 0); /* Q4_K/Q5_K/Q6_Kx8r; Q3_K/Q2_K plain */
+                            (is_kq(t) && strcmp(avx->name, "avx512") == 0); /* Q2_K..Q6_Kx8r */
             CHECK(avx->weights_repacked(t) == rp);
             moetax_kernels_repack(avx, t, a, w, rows, ncols);
             if (!rp) CHECK(memcmp(a, w, rb * rows) == 0);
@@ -459,11 +505,13 @@ static void test_repack(void) {
                 CHECK(memcmp(back, a, n) == 0);
                 free(w), free(a), free(back), free(s1), free(s2);
             }
-    /* Q4_Kx8r, Q5_Kx8r, Q6_Kx8r (avx512): round trip, a permutation, the plain tail untouched, in place the same */
-    for (int ki = 0; ki < 3; ki++)
+    /* Q2_Kx8r .. Q6_Kx8r (avx512): round trip, a permutation, the plain tail untouched, in place the same */
+    static const enum moetax_type kr8[] = {MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K, MOETAX_TYPE_Q2_K,
+                                           MOETAX_TYPE_Q3_K};
+    for (int ki = 0; ki < 5; ki++)
         for (int64_t nb = 1; nb <= 5; nb += 2)
             for (size_t ui = 0; ui < sizeof unit_rows / sizeof unit_rows[0]; ui++) {
-                const enum moetax_type t = ki == 2 ? MOETAX_TYPE_Q6_K : ki ? MOETAX_TYPE_Q5_K : MOETAX_TYPE_Q4_K;
+                const enum moetax_type t = kr8[ki];
                 if (!avx->weights_repacked(t)) continue;
                 const int64_t rows = unit_rows[ui], ncols = 256 * nb;
                 size_t rb;
@@ -471,8 +519,10 @@ static void test_repack(void) {
                 const size_t n = rb * (size_t)rows;
                 uint8_t *a = malloc(n), *back = malloc(n), *s1 = malloc(n), *s2 = malloc(n);
                 CHECK(moetax_kernels_repack(avx, t, a, w, rows, ncols) == MOETAX_OK);
-                if (ki == 2) unrepack_q6kr8(a, back, rows, nb);
-                else if (ki) unrepack_q5kr8(a, back, rows, nb);
+                if (t == MOETAX_TYPE_Q6_K) unrepack_q6kr8(a, back, rows, nb);
+                else if (t == MOETAX_TYPE_Q5_K) unrepack_q5kr8(a, back, rows, nb);
+                else if (t == MOETAX_TYPE_Q2_K) unrepack_q2kr8(a, back, rows, nb);
+                else if (t == MOETAX_TYPE_Q3_K) unrepack_q3kr8(a, back, rows, nb);
                 else unrepack_q4kr8(a, back, rows, nb);
                 CHECK_MSG(memcmp(back, w, n) == 0, "%s repack rows=%lld nb=%lld does not round-trip",
                           moetax_type_name(t), (long long)rows, (long long)nb);

@@ -6,7 +6,8 @@
  * to Q8_0 for comparison:
  *   - prefill logits == step-by-step decode logits, bit for bit, with 1 and 2 threads;
  *   - a batch of sequences (struct moetax_batch) == each sequence alone, bit for bit;
- *   - the avx512 table's logits == the avx2 table's, bit for bit (moetax eval, 1 and 2 threads);
+ *   - the avx512 table's logits == the avx2 table's, bit for bit (moetax eval, 1 and 2 threads),
+ *     also for the Q8_0 model with --expert-type q2_k / q3_k;
  *   - Q3_K, Q2_K: the avx2 table's logits within KQ_REF_REL of the ref table's;
  *   - logits within a stated distance of the F32 model's: the distance relative to the
  *     largest F32 logit, no more than KQ_DIST_MAX times the Q8_0 model's (Q8_0 is the
@@ -153,8 +154,9 @@ static void batch_vs_alone(const char *path, int threads) {
 
 /* The avx512 table reads k-quants in its own 8-row layouts (repacked at load; kernels.h): the
  * model's logits (prefill and greedy decode, 1 and 2 threads) are the avx2 table's, bit for
- * bit. Skipped, and said, where the CPU lacks either table. */
-static void tables_agree(const char *path, const char *type) {
+ * bit. With expert_type (e.g. "q2_k") the routed experts are re-quantized at load
+ * (--expert-type), then repacked. Skipped, and said, where the CPU lacks either table. */
+static void tables_agree(const char *path, const char *type, const char *expert_type) {
     if (!moetax_kernels_avx2() || !moetax_kernels_avx512()) {
         printf("test_kquant: CPU lacks avx2 or avx512: %s avx512 vs avx2 model logits skipped\n", type);
         return;
@@ -162,11 +164,13 @@ static void tables_agree(const char *path, const char *type) {
     for (int threads = 1; threads <= 2; threads++) {
         char out[2][2600], cmd[8192];
         for (int k = 0; k < 2; k++) {
-            snprintf(out[k], sizeof out[k], "%s.%s.%d.f32", path, k ? "avx512" : "avx2", threads);
+            snprintf(out[k], sizeof out[k], "%s.%s%s.%d.f32", path, expert_type ? expert_type : "",
+                     k ? "avx512" : "avx2", threads);
             snprintf(cmd, sizeof cmd,
                      "MOETAX_KERNELS=%s %s eval -m %s --tokens 5,17,33,2,91,7,64,3,12 --decode 6 -t %d --out %s "
-                     ">/dev/null 2>&1",
-                     k ? "avx512" : "avx2", tu_moetax_bin, path, threads, out[k]);
+                     "%s%s >/dev/null 2>&1",
+                     k ? "avx512" : "avx2", tu_moetax_bin, path, threads, out[k], expert_type ? "--expert-type " : "",
+                     expert_type ? expert_type : "");
             CHECK_EQ_INT(tu_run(cmd, NULL), 0);
         }
         snprintf(cmd, sizeof cmd, "cmp -s %s %s", out[0], out[1]);
@@ -243,9 +247,11 @@ int main(int argc, char **argv) {
         prefill_vs_step(kq[i]);
         batch_vs_alone(kq[i], 1);
         batch_vs_alone(kq[i], 2);
-        tables_agree(kq[i], g_types[i].type);
+        tables_agree(kq[i], g_types[i].type, NULL);
         if (g_types[i].type[1] == '3' || g_types[i].type[1] == '2') ref_vs_avx2(kq[i], g_types[i].type);
     }
+    tables_agree(q8, "q8_0 experts as q2_k", "q2_k"); /* --expert-type q2_k / q3_k: re-quantized, repacked */
+    tables_agree(q8, "q8_0 experts as q3_k", "q3_k");
     /* distance to the F32 model */
     int32_t t[NTOK];
     int64_t V = 0;

@@ -48,8 +48,8 @@ void cli_config_store(const struct cli_config *c, struct cli_store_opts *o);
 bool cli_config_opt(int argc, char **argv, int *i, bool *err);
 #define CLI_CONFIG_HELP \
     "  --config FILE        defaults from a configuration (moetax tune -o FILE); options given here win\n" \
-    "  --expert-type TYPE   routed experts re-quantized in memory at load (q8_0, q4_0; also f16, bf16, q4_k,\n" \
-    "                       q5_k, q6_k), the rest as stored; not with --expert-budget\n"
+    "  --expert-type TYPE   routed experts re-quantized in memory at load (q8_0, q4_0; also f16, bf16,\n" \
+    "                       q2_k..q6_k), the rest as stored; not with --expert-budget\n"
 /* TYPE of --expert-type or of the "expert_type" key: a target routed experts can take */
 bool cli_expert_type_parse(const char *s, enum moetax_type *out);
 

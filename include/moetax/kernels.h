@@ -67,7 +67,8 @@
  *   from w + (r - r % G) * row_bytes (G: 8 for Q4_0, 4 for Q8_0; below).
  *   Rows read any other way (moetax_to_float,
  *   e.g. the token embedding) must stay as stored.
- *     ref:  every type as stored. (k-quants are read as stored by ref and avx2.)
+ *     ref:  every type as stored. (Every k-quant is read as stored by ref and avx2; avx512
+ *           reads all five in x8r layouts, below.)
  *     avx2: Q4_0 in "Q4_0x8r", eight rows interleaved: rows 8i..8i+7 of a
  *           unit (the same 8 * row_bytes bytes) hold, for each block b in
  *           order, 144 bytes (the size of 8 block_q4_0):
@@ -117,6 +118,29 @@
  *             uint8  qh[2][8][8][4]         half h, group p, row r: bytes
  *                                           32h+4p..32h+4p+3 of the row's qh
  *           and the unit's last n_rows % 8 rows stay plain block_q6_k.
+ *           Q2_K in "Q2_Kx8r", 672 bytes (8 block_q2_k) per super-block:
+ *             uint16 d[8], uint16 dmin[8]   F16 scales of rows 0..7
+ *             uint8  sc[4][8][4]            dword k, row r: bytes 4k..4k+3 of
+ *                                           the row's scales[16]
+ *             uint8  qs[16][8][4]           group g, row r: bytes 4g..4g+3 of
+ *                                           the row's qs
+ *           and Q3_K in "Q3_Kx8r", 880 bytes (8 block_q3_k) per super-block:
+ *             uint16 d[8]                   F16 scales of rows 0..7
+ *             uint8  sc[3][8][4]            dword k, row r: bytes 4k..4k+3 of
+ *                                           the row's packed scales[12]
+ *             uint8  qs[16][8][4]           group g, row r: bytes 4g..4g+3 of
+ *                                           the row's qs
+ *             uint8  hm[8][8][4]            group p, row r: bytes 4p..4p+3 of
+ *                                           the row's hmask
+ *           each with the unit's last n_rows % 8 rows plain. A qs group
+ *           holds the 2-bit levels of 4 values of each of 8 rows at 4 bit
+ *           offsets (values 128h + 32k + l, l = 4p..4p+3, for group g = 8h + p,
+ *           at bits 2k; Q3_K's hm group p has their high bits at bit 4h + k),
+ *           so one AND per level vector (in place, times 4^k) feeds vpdpbusd
+ *           with 4 activation bytes broadcast; a scale dword holds 4 sub-blocks'
+ *           scales of one row (Q2_K: low nibble, min in the high one; Q3_K:
+ *           ggml's packing, unpacked for the 8 rows at once with its 32-bit
+ *           mask steps).
  *           Weights repacked for one table must not be given to another
  *           (Q8_0 and k-quant layouts differ).
  *   ROW RANGES. A call's rows [row0, row1) are relative to w: for a type
@@ -131,9 +155,9 @@
  *   - Q8_0 / Q4_0: ncols must be a multiple of 32, Q2_K..Q6_K of 256
  *     (moetax_act_size returns 0 otherwise and matmul must not be called).
  *     F32/F16/BF16: any ncols >= 1.
- *   - k-quants: the avx512 table's (Q4_K/Q5_K/Q6_Kx8r, any n_batch; a
- *     unit's plain tail, and Q2_K/Q3_K, which stay as stored: decode its
- *     own, batches avx2's) are its own (VNNI,
+ *   - k-quants: the avx512 table's kernels (Q2_K..Q6_Kx8r, any n_batch; a
+ *     unit's plain tail: decode its own, batches its own for Q2_K/Q3_K and
+ *     avx2's for the others) are its own (VNNI,
  *     matmul_kq_avx512.c: other exact int32 sums, avx2's float steps per
  *     output unchanged), so the two tables are bit-identical; avx2 keeps, for every output, the float chain
  *     above (the same for any n_batch or row split: batch-invariant). Its

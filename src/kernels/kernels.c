@@ -154,19 +154,66 @@ void moetax_k_repack_group_q6kr8(void *dst, const void *src, int64_t nb) {
     }
 }
 
+void moetax_k_repack_group_q2kr8(void *dst, const void *src, int64_t nb) {
+    enum { R = MOETAX_K_Q2KR8_ROWS, BB = MOETAX_K_Q2KR8_BLOCK_BYTES };
+    _Static_assert(BB == R * sizeof(moetax_block_q2_k), "a group block has the size of its 8 blocks");
+    _Static_assert(MOETAX_K_Q2KR8_SC_OFF == 2 * 2 * R &&
+                       MOETAX_K_Q2KR8_QS_OFF == MOETAX_K_Q2KR8_SC_OFF + 4 * R * 4,
+                   "d, dmin, 4 dwords of scales x 8 rows, then qs");
+    _Static_assert(MOETAX_K_Q2KR8_QS_OFF + 16 * R * 4 == BB, "then 16 groups x 8 rows x 4 bytes of qs");
+    const size_t bs = sizeof(moetax_block_q2_k), rb = (size_t)nb * bs;
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = d + (size_t)b * BB;
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * bs;
+            memcpy(o + 2 * r, blk + offsetof(moetax_block_q2_k, d), 2);
+            memcpy(o + MOETAX_K_Q2KR8_DMIN_OFF + 2 * r, blk + offsetof(moetax_block_q2_k, dmin), 2);
+            const uint8_t *sc = blk + offsetof(moetax_block_q2_k, scales), *qs = blk + offsetof(moetax_block_q2_k, qs);
+            for (int k = 0; k < 4; k++) memcpy(o + MOETAX_K_Q2KR8_SC_OFF + 32 * k + 4 * r, sc + 4 * k, 4);
+            for (int g = 0; g < 16; g++) memcpy(o + MOETAX_K_Q2KR8_QS_OFF + 32 * g + 4 * r, qs + 4 * g, 4);
+        }
+    }
+}
+
+void moetax_k_repack_group_q3kr8(void *dst, const void *src, int64_t nb) {
+    enum { R = MOETAX_K_Q3KR8_ROWS, BB = MOETAX_K_Q3KR8_BLOCK_BYTES };
+    _Static_assert(BB == R * sizeof(moetax_block_q3_k), "a group block has the size of its 8 blocks");
+    _Static_assert(MOETAX_K_Q3KR8_SC_OFF == 2 * R &&
+                       MOETAX_K_Q3KR8_QS_OFF == MOETAX_K_Q3KR8_SC_OFF + 3 * R * 4 &&
+                       MOETAX_K_Q3KR8_HM_OFF == MOETAX_K_Q3KR8_QS_OFF + 16 * R * 4,
+                   "d, 3 dwords of packed scales x 8 rows, 16 groups of qs x 8 rows, then hmask");
+    _Static_assert(MOETAX_K_Q3KR8_HM_OFF + 8 * R * 4 == BB, "then 8 groups x 8 rows x 4 bytes of hmask");
+    const size_t bs = sizeof(moetax_block_q3_k), rb = (size_t)nb * bs;
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *o = d + (size_t)b * BB;
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * bs;
+            memcpy(o + 2 * r, blk + offsetof(moetax_block_q3_k, d), 2);
+            const uint8_t *sc = blk + offsetof(moetax_block_q3_k, scales), *qs = blk + offsetof(moetax_block_q3_k, qs);
+            const uint8_t *hm = blk + offsetof(moetax_block_q3_k, hmask);
+            for (int k = 0; k < 3; k++) memcpy(o + MOETAX_K_Q3KR8_SC_OFF + 32 * k + 4 * r, sc + 4 * k, 4);
+            for (int g = 0; g < 16; g++) memcpy(o + MOETAX_K_Q3KR8_QS_OFF + 32 * g + 4 * r, qs + 4 * g, 4);
+            for (int p = 0; p < 8; p++) memcpy(o + MOETAX_K_Q3KR8_HM_OFF + 32 * p + 4 * r, hm + 4 * p, 4);
+        }
+    }
+}
+
 static const struct moetax_kernels k_avx512;
 
-/* avx512: Q4_0x8r, Q8_0x8r, Q4_Kx8r, Q5_Kx8r and Q6_Kx8r */
+/* avx512: Q4_0x8r, Q8_0x8r and every k-quant's x8r (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) */
 static bool repacked_avx512(enum moetax_type t) {
-    return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K ||
-           t == MOETAX_TYPE_Q6_K;
+    return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || moetax_k_act_is_k(t);
 }
 
 moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_type t, void *dst, const void *src,
                                     int64_t n_rows, int64_t ncols) {
     const size_t rb = moetax_row_size(t, ncols);
     if (n_rows <= 0 || rb == 0) return MOETAX_OK;
-    /* the repacked layouts: Q4_0x8r (avx2, avx512), Q8_0x4r (avx2), Q8_0x8r, Q4_K/Q5_K/Q6_Kx8r (avx512),
+    /* the repacked layouts: Q4_0x8r (avx2, avx512), Q8_0x4r (avx2), Q8_0x8r, Q2_K..Q6_Kx8r (avx512),
      * groups of R rows */
     if ((t != MOETAX_TYPE_Q4_0 && t != MOETAX_TYPE_Q8_0 && !moetax_k_act_is_k(t)) ||
         !k->weights_repacked ||
@@ -177,6 +224,8 @@ moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_
     const bool q8x8 = t == MOETAX_TYPE_Q8_0 && k == &k_avx512;
     const int R = t == MOETAX_TYPE_Q4_0 ? MOETAX_K_Q4R8_ROWS
                   : t == MOETAX_TYPE_Q4_K ? MOETAX_K_Q4KR8_ROWS
+                  : t == MOETAX_TYPE_Q2_K ? MOETAX_K_Q2KR8_ROWS
+                  : t == MOETAX_TYPE_Q3_K ? MOETAX_K_Q3KR8_ROWS
                   : moetax_k_act_is_k(t) ? MOETAX_K_Q6KR8_ROWS
                   : q8x8                ? MOETAX_K_Q8R8_ROWS
                                         : MOETAX_K_Q8R4_ROWS;
@@ -184,6 +233,8 @@ moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_
                                                    : t == MOETAX_TYPE_Q4_K ? moetax_k_repack_group_q4kr8
                                                    : t == MOETAX_TYPE_Q5_K ? moetax_k_repack_group_q5kr8
                                                    : t == MOETAX_TYPE_Q6_K ? moetax_k_repack_group_q6kr8
+                                                   : t == MOETAX_TYPE_Q2_K ? moetax_k_repack_group_q2kr8
+                                                   : t == MOETAX_TYPE_Q3_K ? moetax_k_repack_group_q3kr8
                                                    : q8x8               ? moetax_k_repack_group_q8r8
                                                                         : moetax_k_repack_group_q8r4;
     const int64_t bpr = moetax_k_act_is_k(t) ? ncols / MOETAX_QK_K : ncols / 32; /* blocks per row */
@@ -262,7 +313,7 @@ static const struct moetax_kernels k_avx512 = {
     .name = "avx512",
     .quantize_act = moetax_k_quantize_act_avx2,
     .matmul = moetax_k_matmul_avx512,
-    .weights_repacked = repacked_avx512, /* Q4_0x8r, Q8_0x8r, Q4_K/Q5_K/Q6_Kx8r */
+    .weights_repacked = repacked_avx512, /* Q4_0x8r, Q8_0x8r, Q2_K..Q6_Kx8r */
     .rmsnorm = moetax_k_rmsnorm_avx2,
     .softmax = moetax_k_softmax_avx2,
     .sigmoid = moetax_k_sigmoid_avx2,

@@ -90,6 +90,27 @@ void moetax_k_repack_group_q5kr8(void *dst, const void *src, int64_t nb);
 #define MOETAX_K_Q6KR8_QH_OFF 1168
 void moetax_k_repack_group_q6kr8(void *dst, const void *src, int64_t nb);
 
+/* Q2_Kx8r (avx512): per group of 8 rows and super-block, uint16 d[8], uint16 dmin[8],
+ * uint8 sc[4][8][4] (dword k of row r's 16 scale bytes at 32 + 32 k + 4 r), then
+ * qs[16][8][4] (group g, row r: bytes 4 g .. + 3 of the row's qs). */
+#define MOETAX_K_Q2KR8_ROWS 8
+#define MOETAX_K_Q2KR8_BLOCK_BYTES 672 /* 8 * sizeof(moetax_block_q2_k) */
+#define MOETAX_K_Q2KR8_DMIN_OFF 16
+#define MOETAX_K_Q2KR8_SC_OFF 32
+#define MOETAX_K_Q2KR8_QS_OFF 160
+void moetax_k_repack_group_q2kr8(void *dst, const void *src, int64_t nb);
+
+/* Q3_Kx8r (avx512): per group of 8 rows and super-block, uint16 d[8], uint8
+ * sc[3][8][4] (dword k of row r's 12 packed scale bytes at 16 + 32 k + 4 r),
+ * qs[16][8][4] (group g, row r: bytes 4 g .. + 3 of the row's qs), then
+ * hm[8][8][4] (group p, row r: bytes 4 p .. + 3 of the row's hmask). */
+#define MOETAX_K_Q3KR8_ROWS 8
+#define MOETAX_K_Q3KR8_BLOCK_BYTES 880 /* 8 * sizeof(moetax_block_q3_k) */
+#define MOETAX_K_Q3KR8_SC_OFF 16
+#define MOETAX_K_Q3KR8_QS_OFF 112
+#define MOETAX_K_Q3KR8_HM_OFF 624
+void moetax_k_repack_group_q3kr8(void *dst, const void *src, int64_t nb);
+
 /* Shared tables (kernels.c): fp16 -> fp32 for every bit pattern. */
 extern float moetax_k_fp16_table[1 << 16];
 void moetax_k_tables_init(void);
@@ -104,8 +125,8 @@ void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t 
 /* k-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) against block_q8_K activations (matmul_kq_avx2.c). */
 void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                              int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
-/* The same for the avx512 table (matmul_kq_avx512.c), bit-identical to avx2's: Q4_K/Q5_K/Q6_K in their x8r
- * layouts (a plain tail: one batch row on VNNI, batches avx2's); Q2_K/Q3_K as stored, decode and batches on VNNI. */
+/* The same for the avx512 table (matmul_kq_avx512.c), bit-identical to avx2's: every k-quant in its x8r
+ * layout (a plain tail: one batch row on VNNI; batches: Q2_K/Q3_K on VNNI, the others avx2's). */
 void moetax_k_matmul_kq_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                                int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
 void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,

@@ -1,10 +1,10 @@
 /* matmul_kq_avx512.c - AVX-512 (F/BW/VL/DQ) + VNNI matmul of the k-quant
- * weights against block_q8_K activations (kernels.h) in the table's Q4_Kx8r /
- * Q5_Kx8r / Q6_Kx8r layouts (8 rows interleaved), any batch (below: decode on
- * 256-bit tiles of one group; batches on 512-bit tiles of two groups x 1..8 batch
- * rows, a range's odd last group on 256-bit tiles of 1..4); a unit's
- * plain tail (n_rows % 8 rows) as stored: decode here, batches the avx2 table's; Q3_K and Q2_K
- * as stored (decode and batches here). Compiled with the
+ * weights against block_q8_K activations (kernels.h) in the table's Q2_Kx8r ..
+ * Q6_Kx8r layouts (8 rows interleaved), any batch (below: Q4_K/Q5_K/Q6_K decode on
+ * 256-bit tiles of one group, Q2_K/Q3_K decode on 512-bit tiles of two; batches on
+ * 512-bit tiles of two groups x 1..8 batch rows, a range's odd last group on 256-bit
+ * tiles of 1..4); a unit's plain tail (n_rows % 8 rows) as stored: decode here,
+ * batches here (Q2_K/Q3_K) or the avx2 table's (the others). Compiled with the
  * avx512 flags; reached only through the avx512 table.
  *
  * The plain-layout decode (a unit's plain tail) is
@@ -223,11 +223,14 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
 #define KQ_PFD 12288
 #endif
 
-/* Prefetch into L2 the lines of [p + KQ_PFD, p + KQ_PFD + n) that lie below pfe. */
-KQ5_INLINE void kq_prefetch_l2(const uint8_t *p, size_t n, const uint8_t *pfe) {
-    uintptr_t a = (uintptr_t)p + KQ_PFD, b = a + n;
+/* Prefetch into L2 the lines of [p + d, p + d + n) that lie below pfe. */
+KQ5_INLINE void kq_prefetch_l2_at(const uint8_t *p, size_t d, size_t n, const uint8_t *pfe) {
+    uintptr_t a = (uintptr_t)p + d, b = a + n;
     if (b > (uintptr_t)pfe) b = (uintptr_t)pfe;
     for (; a < b; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T1);
+}
+KQ5_INLINE void kq_prefetch_l2(const uint8_t *p, size_t n, const uint8_t *pfe) {
+    kq_prefetch_l2_at(p, KQ_PFD, n, pfe);
 }
 
 /* acc + vpdpbusd(w, the 4 bytes at p in every lane), the broadcast embedded ({1to8}) */
@@ -521,6 +524,187 @@ typedef void (*q6kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, in
 Q6KR8_TILE(1) Q6KR8_TILE(2) Q6KR8_TILE(3) Q6KR8_TILE(4)
 static const q6kr8_fn k_q6kr8[4] = {q6kr8_tile_1, q6kr8_tile_2, q6kr8_tile_3, q6kr8_tile_4};
 _Static_assert(KQ6_JB >= 1 && KQ6_JB <= 4, "tiles of 1..4 batch rows");
+
+/* ---- Q2_K in Q2_Kx8r, Q3_K in Q3_Kx8r: 8 rows in the 8 int32 lanes, as Q6_Kx8r ----
+ * A 4-byte group g of qs (half h = g / 8, values l = 4p..4p+3 with p = g % 8) holds the
+ * 2-bit levels of values 128h + 32k + l at bits 2k, 2k+1 (k = 0..3); Q3_K's hmask group p
+ * adds 4 to them where bit 4h + k is set. The levels are kept in place, times 4^k (Q3_K:
+ * 1, 4, 16, 16, its k = 3 shifted down by 2 so that the high bit stays in the byte): one
+ * AND per level vector (Q3_K: the hmask bit shifted to its place, masked, and ORed in by
+ * one vpternlogd). Each sub-block's scale is taken that much less than 64 times (a shift
+ * of the scale, once per group and sub-block): S = 64 * sum_j sc_j * sum(level * x), exact
+ * in int32 (|S| <= 64 * 256 * 7 * 32 * 127), and sumi = S >> 6. Sub-block j = 8h + 2k + p / 4
+ * sums in its own chain per batch row (|.| <= 16 * 192 * 127), multiplied by its scale
+ * (vpmulld). The mins (Q2_K) and the offset 4 * sum_j sc_j * bsums_j (Q3_K) are vpdpwssd
+ * of the rows' int16 pairs with the bsums' pairs broadcast from memory. Per lane the float
+ * steps are avx2's, in its order: acc += (d_x * d_w) * (float)sumi (Q2_K: then acc -=
+ * (d_x * dmin_w) * (float)summ). Decode takes 512-bit tiles of two groups (q23z_tile below). */
+#define KQ23_JB 4 /* batch rows per Q2_Kx8r / Q3_Kx8r tile */
+/* Decode's prefetch distance (bytes ahead of each stream, into L2) for Q2_K/Q3_K: shorter than
+ * KQ_PFD, which left their decode further below a plain read (commit messages: measurements). */
+#ifndef KQ23_PFD
+#define KQ23_PFD 4096
+#endif
+
+/* acc + vpdpwssd(w, the int16 pair at p in every lane), the broadcast embedded ({1to8}) */
+KQ5_INLINE __m256i dpwssd_b8(__m256i acc, __m256i w, const int32_t *p) {
+    __asm__("vpdpwssd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
+    return acc;
+}
+
+/* The level vector k of a qs group v (half h; Q3_K: its hmask group hq), times 4^k (Q3_K's k = 3: 16). */
+KQ5_INLINE __m256i q23r8_level(const bool three, __m256i v, __m256i hq, int h, int k) {
+    if (!three) return _mm256_and_si256(v, _mm256_set1_epi8((char)(3 << 2 * k)));
+    const int t = k == 3 ? 6 : 2 * k + 2, sb = 4 * h + k, d = t - sb; /* hmask bit sb to bit t */
+    const __m256i hs = d > 0 ? _mm256_slli_epi16(hq, d) : d < 0 ? _mm256_srli_epi16(hq, -d) : hq;
+    const __m256i lo = k == 3 ? _mm256_srli_epi16(v, 2) : v; /* low bits at 2k (k = 3: at 4) */
+    return or_and(lo, _mm256_set1_epi8((char)(k == 3 ? 0x30 : 3 << 2 * k)),
+                  _mm256_and_si256(hs, _mm256_set1_epi8((char)(1 << t))));
+}
+
+/* One super-block (blk) of one group x JB batch rows (a[t]): acc[t] += its terms. */
+KQ5_INLINE void q23r8_blk(const bool three, const int JB, const uint8_t *blk, const moetax_block_q8_k *const *a,
+                          __m256 *acc) {
+    const size_t qs_off = three ? MOETAX_K_Q3KR8_QS_OFF : MOETAX_K_Q2KR8_QS_OFF;
+    /* U[k]: scales 4k..4k+3 in the bytes of each lane; Q2_K as stored (low nibble: scale, high:
+     * min), Q3_K unpacked (ggml's 32-bit mask steps) minus 32, signed */
+    __m256i U[4];
+    if (three) {
+        const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
+        const __m256i a0 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_SC_OFF));
+        const __m256i a1 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_SC_OFF + 32));
+        const __m256i a2 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_SC_OFF + 64));
+        U[0] = or_and(a0, m4, _mm256_and_si256(_mm256_slli_epi32(a2, 4), m30));
+        U[1] = or_and(a1, m4, _mm256_and_si256(_mm256_slli_epi32(a2, 2), m30));
+        U[2] = or_and(_mm256_srli_epi32(a0, 4), m4, _mm256_and_si256(a2, m30));
+        U[3] = or_and(_mm256_srli_epi32(a1, 4), m4, _mm256_and_si256(_mm256_srli_epi32(a2, 2), m30));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) U[k] = _mm256_sub_epi8(U[k], c32);
+    } else {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            U[k] = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q2KR8_SC_OFF + 32 * k));
+    }
+    __m256i S[KQ23_JB];
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++)
+#pragma GCC unroll 2
+        for (int s = 0; s < 2; s++) {
+            __m256i cs[KQ23_JB][4];
+#pragma GCC unroll 4
+            for (int t = 0; t < JB; t++)
+                for (int k = 0; k < 4; k++) cs[t][k] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int pp = 0; pp < 4; pp++) {
+                const int p = 4 * s + pp;
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * (8 * h + p)));
+                const __m256i hq =
+                    three ? _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_HM_OFF + 32 * p))
+                          : _mm256_setzero_si256();
+                __m256i L[4];
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) L[k] = q23r8_level(three, v, hq, h, k);
+#pragma GCC unroll 4
+                for (int t = 0; t < JB; t++) {
+                    const uint8_t *x = (const uint8_t *)a[t]->qs + 128 * h + 4 * p;
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) cs[t][k] = dpbusd_b8(cs[t][k], L[k], x + 32 * k);
+                }
+            }
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const int j = 8 * h + 2 * k + s, b = j & 3; /* the sub-block; its scale's byte in U[j / 4] */
+                const int sh = three ? (k == 3 ? 2 : 6 - 2 * k) : 6 - 2 * k; /* 64 / the levels' factor */
+                __m256i scj;
+                if (three) { /* byte b to the top of each lane (vpshufb, zeros below), then down */
+                    const __m256i ix = _mm256_setr_epi32(0x00808080 | b << 24, 0x00808080 | (4 + b) << 24,
+                                                         0x00808080 | (8 + b) << 24, 0x00808080 | (12 + b) << 24,
+                                                         0x00808080 | b << 24, 0x00808080 | (4 + b) << 24,
+                                                         0x00808080 | (8 + b) << 24, 0x00808080 | (12 + b) << 24);
+                    scj = _mm256_srai_epi32(_mm256_shuffle_epi8(U[j >> 2], ix), 24 - sh);
+                }
+                else { /* the low nibble of byte b, times 2^sh */
+                    const __m256i f = 8 * b >= sh ? _mm256_srli_epi32(U[j >> 2], 8 * b - sh)
+                                                  : _mm256_slli_epi32(U[j >> 2], sh - 8 * b);
+                    scj = _mm256_and_si256(f, _mm256_set1_epi32(0xf << sh));
+                }
+#pragma GCC unroll 4
+                for (int t = 0; t < JB; t++) S[t] = _mm256_add_epi32(S[t], _mm256_mullo_epi32(cs[t][k], scj));
+            }
+        }
+    /* int16 pairs of the rows' coefficients of the bsums: dword 2k (c_4k, c_4k+2), 2k+1 (c_4k+1, c_4k+3);
+     * Q2_K the mins, Q3_K the signed scales */
+    __m256i ev[4], od[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        if (three) {
+            ev[k] = _mm256_srai_epi16(_mm256_slli_epi16(U[k], 8), 8);
+            od[k] = _mm256_srai_epi16(U[k], 8);
+        } else {
+            ev[k] = _mm256_and_si256(_mm256_srli_epi32(U[k], 4), _mm256_set1_epi32(0x000f000f));
+            od[k] = _mm256_and_si256(_mm256_srli_epi32(U[k], 12), _mm256_set1_epi32(0x000f000f));
+        }
+    }
+    const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+    const __m256 dm = three ? _mm256_setzero_ps()
+                            : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + MOETAX_K_Q2KR8_DMIN_OFF)));
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) {
+        /* bsums as int16 pairs: dword 2k (bs[4k], bs[4k+2]), dword 2k+1 (bs[4k+1], bs[4k+3]) */
+        const __m256i bsp = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)a[t]->bsums),
+                                                _mm256_broadcastsi128_si256(pairs));
+        int32_t qb[8]; /* broadcast from memory by the vpdpwssd */
+        _mm256_storeu_si256((__m256i *)qb, bsp);
+        __m256i c = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            c = dpwssd_b8(c, ev[k], qb + 2 * k);
+            c = dpwssd_b8(c, od[k], qb + 2 * k + 1);
+        }
+        const __m256i sumi = three ? _mm256_sub_epi32(_mm256_srai_epi32(S[t], 6), _mm256_slli_epi32(c, 2))
+                                   : _mm256_srai_epi32(S[t], 6);
+        const __m256 ad = _mm256_set1_ps(a[t]->d);
+        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
+        if (!three) acc[t] = _mm256_sub_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dm), _mm256_cvtepi32_ps(c)));
+    }
+}
+
+KQ5_INLINE void q23r8_tile(const bool three, const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row,
+                           int64_t nb, float *y, int64_t ldy, const uint8_t *pfe) {
+    const size_t bbytes = three ? MOETAX_K_Q3KR8_BLOCK_BYTES : MOETAX_K_Q2KR8_BLOCK_BYTES;
+    __m256 acc[KQ23_JB];
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *blk = g + (size_t)i * bbytes;
+        if (JB == 1) kq_prefetch_l2_at(blk, KQ23_PFD, bbytes, pfe);
+        else
+#pragma GCC unroll 14
+            for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
+        const moetax_block_q8_k *a[KQ23_JB];
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
+        q23r8_blk(three, JB, blk, a, acc);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
+}
+
+#define Q23KR8_TILE(JB)                                                                                          \
+    static void q2kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
+                                int64_t ldy, const uint8_t *pfe) {                                              \
+        q23r8_tile(false, JB, g, xq, act_row, nb, y, ldy, pfe);                                                 \
+    }                                                                                                           \
+    static void q3kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
+                                int64_t ldy, const uint8_t *pfe) {                                              \
+        q23r8_tile(true, JB, g, xq, act_row, nb, y, ldy, pfe);                                                  \
+    }
+Q23KR8_TILE(1) Q23KR8_TILE(2) Q23KR8_TILE(3) Q23KR8_TILE(4)
+static const q4kr8_fn k_q2kr8[KQ23_JB] = {q2kr8_tile_1, q2kr8_tile_2, q2kr8_tile_3, q2kr8_tile_4};
+static const q4kr8_fn k_q3kr8[KQ23_JB] = {q3kr8_tile_1, q3kr8_tile_2, q3kr8_tile_3, q3kr8_tile_4};
 
 /* ---- Prefill tiles: two groups of 8 rows in 512-bit vectors x up to KQZ_JB batch rows ----
  * Lanes 0-7 hold group A's 8 rows, lanes 8-15 group B's (two 32-byte loads joined), so
@@ -833,7 +1017,171 @@ static const kqz_fn k_kqz[3][KQZ_JB] = {
     {q5kz_tile_1, q5kz_tile_2, q5kz_tile_3, q5kz_tile_4, q5kz_tile_5, q5kz_tile_6, q5kz_tile_7, q5kz_tile_8},
     {q6kz_tile_1, q6kz_tile_2, q6kz_tile_3, q6kz_tile_4, q6kz_tile_5, q6kz_tile_6, q6kz_tile_7, q6kz_tile_8}};
 
-/* ---- Q3_K / Q2_K as stored (no repacked layout), decode: 4 rows side by side ----
+/* Q2_Kx8r / Q3_Kx8r, two groups in 512-bit vectors (q23r8_blk's steps on 16 lanes): the levels of
+ * level vector k of 4-byte group p of half h of both groups (bA: lanes 0-7, bB: 8-15). */
+KQ5_INLINE __m512i q23z_level(const bool three, const uint8_t *bA, const uint8_t *bB, int h, int p, int k) {
+    const size_t qo = (three ? MOETAX_K_Q3KR8_QS_OFF : MOETAX_K_Q2KR8_QS_OFF) + 32 * (8 * h + p);
+    const __m512i v = kq_load_2x32(bA + qo, bB + qo);
+    if (!three) return _mm512_and_si512(v, _mm512_set1_epi8((char)(3 << 2 * k)));
+    const size_t ho = MOETAX_K_Q3KR8_HM_OFF + 32 * p;
+    const __m512i hq = kq_load_2x32(bA + ho, bB + ho);
+    const int t = k == 3 ? 6 : 2 * k + 2, sb = 4 * h + k, d = t - sb; /* hmask bit sb to bit t */
+    const __m512i hs = d > 0 ? _mm512_slli_epi16(hq, d) : d < 0 ? _mm512_srli_epi16(hq, -d) : hq;
+    const __m512i lo = k == 3 ? _mm512_srli_epi16(v, 2) : v;
+    return _mm512_ternarylogic_epi32(lo, _mm512_set1_epi8((char)(k == 3 ? 0x30 : 3 << 2 * k)),
+                                     _mm512_and_si512(hs, _mm512_set1_epi8((char)(1 << t))), 0xEA);
+}
+
+/* One super-block of two groups (bA, bB) x JB batch rows (a[t]): acc[t] += its terms. With JB <= 2
+ * a group's four level vectors serve 4 JB chains at once; with more, one sub-block at a time (JB
+ * chains; the levels' loads repeat, from L1). */
+KQ5_INLINE void q23z_blk(const bool three, const int JB, const uint8_t *bA, const uint8_t *bB,
+                         const moetax_block_q8_k *const *a, __m512 *acc) {
+    __m512i U[4];
+    if (three) {
+        const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), c32 = _mm512_set1_epi8(32);
+        const __m512i a0 = kq_load_2x32(bA + MOETAX_K_Q3KR8_SC_OFF, bB + MOETAX_K_Q3KR8_SC_OFF);
+        const __m512i a1 = kq_load_2x32(bA + MOETAX_K_Q3KR8_SC_OFF + 32, bB + MOETAX_K_Q3KR8_SC_OFF + 32);
+        const __m512i a2 = kq_load_2x32(bA + MOETAX_K_Q3KR8_SC_OFF + 64, bB + MOETAX_K_Q3KR8_SC_OFF + 64);
+        U[0] = _mm512_ternarylogic_epi32(a0, m4, _mm512_and_si512(_mm512_slli_epi32(a2, 4), m30), 0xEA);
+        U[1] = _mm512_ternarylogic_epi32(a1, m4, _mm512_and_si512(_mm512_slli_epi32(a2, 2), m30), 0xEA);
+        U[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(a0, 4), m4, _mm512_and_si512(a2, m30), 0xEA);
+        U[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(a1, 4), m4,
+                                         _mm512_and_si512(_mm512_srli_epi32(a2, 2), m30), 0xEA);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) U[k] = _mm512_sub_epi8(U[k], c32);
+    } else {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++)
+            U[k] = kq_load_2x32(bA + MOETAX_K_Q2KR8_SC_OFF + 32 * k, bB + MOETAX_K_Q2KR8_SC_OFF + 32 * k);
+    }
+    const bool side = JB <= 2;
+    __m512i S[KQZ_JB];
+#pragma GCC unroll 8
+    for (int t = 0; t < JB; t++) S[t] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++)
+#pragma GCC unroll 2
+        for (int s = 0; s < 2; s++)
+#pragma GCC unroll 4
+            for (int k0 = 0; k0 < 4; k0 += side ? 4 : 1) {
+                const int nk = side ? 4 : 1;
+                __m512i cs[KQZ_JB][4];
+#pragma GCC unroll 8
+                for (int t = 0; t < JB; t++)
+                    for (int k = 0; k < nk; k++) cs[t][k] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int pp = 0; pp < 4; pp++) {
+                    const int p = 4 * s + pp;
+#pragma GCC unroll 4
+                    for (int k = 0; k < nk; k++) {
+                        const __m512i L = q23z_level(three, bA, bB, h, p, k0 + k);
+#pragma GCC unroll 8
+                        for (int t = 0; t < JB; t++) {
+                            const uint8_t *x = (const uint8_t *)a[t]->qs + 128 * h + 32 * (k0 + k) + 4 * p;
+                            cs[t][k] = dpbusd_b16(cs[t][k], L, x);
+                        }
+                    }
+                }
+#pragma GCC unroll 4
+                for (int k = 0; k < nk; k++) {
+                    const int kk = k0 + k, j = 8 * h + 2 * kk + s, b = j & 3;
+                    const int sh = three ? (kk == 3 ? 2 : 6 - 2 * kk) : 6 - 2 * kk;
+                    __m512i scj;
+                    if (three) { /* byte b to the top of each lane (vpshufb, zeros below), then down */
+                        const __m512i ix = _mm512_set4_epi32(0x00808080 | (12 + b) << 24, 0x00808080 | (8 + b) << 24,
+                                                             0x00808080 | (4 + b) << 24, 0x00808080 | b << 24);
+                        scj = _mm512_srai_epi32(_mm512_shuffle_epi8(U[j >> 2], ix), 24 - sh);
+                    }
+                    else {
+                        const __m512i f = 8 * b >= sh ? _mm512_srli_epi32(U[j >> 2], 8 * b - sh)
+                                                      : _mm512_slli_epi32(U[j >> 2], sh - 8 * b);
+                        scj = _mm512_and_si512(f, _mm512_set1_epi32(0xf << sh));
+                    }
+#pragma GCC unroll 8
+                    for (int t = 0; t < JB; t++) S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(cs[t][k], scj));
+                }
+            }
+    __m512i ev[4], od[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        if (three) {
+            ev[k] = _mm512_srai_epi16(_mm512_slli_epi16(U[k], 8), 8);
+            od[k] = _mm512_srai_epi16(U[k], 8);
+        } else {
+            ev[k] = _mm512_and_si512(_mm512_srli_epi32(U[k], 4), _mm512_set1_epi32(0x000f000f));
+            od[k] = _mm512_and_si512(_mm512_srli_epi32(U[k], 12), _mm512_set1_epi32(0x000f000f));
+        }
+    }
+    const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    const __m512 dw = kq_cvtph_2x8(bA, bB);
+    const __m512 dm = three ? _mm512_setzero_ps()
+                            : kq_cvtph_2x8(bA + MOETAX_K_Q2KR8_DMIN_OFF, bB + MOETAX_K_Q2KR8_DMIN_OFF);
+#pragma GCC unroll 8
+    for (int t = 0; t < JB; t++) {
+        const __m256i bsp = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)a[t]->bsums),
+                                                _mm256_broadcastsi128_si256(pairs));
+        int32_t qb[8]; /* broadcast from memory by the vpdpwssd */
+        _mm256_storeu_si256((__m256i *)qb, bsp);
+        __m512i c = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            c = dpwssd_b16(c, ev[k], qb + 2 * k);
+            c = dpwssd_b16(c, od[k], qb + 2 * k + 1);
+        }
+        const __m512i sumi = three ? _mm512_sub_epi32(_mm512_srai_epi32(S[t], 6), _mm512_slli_epi32(c, 2))
+                                   : _mm512_srai_epi32(S[t], 6);
+        const __m512 ad = _mm512_set1_ps(a[t]->d);
+        acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(ad, dw), _mm512_cvtepi32_ps(sumi)));
+        if (!three) acc[t] = _mm512_sub_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(ad, dm), _mm512_cvtepi32_ps(c)));
+    }
+}
+
+/* Two groups (g0, g1) x JB batch rows; JB == 1 (decode) prefetches into L2 below pfe, as the 256-bit
+ * decode does, batches KQ_QPF bytes ahead into L1. */
+KQ5_INLINE void q23z_tile(const bool three, const int JB, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq,
+                          size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {
+    const size_t bbytes = three ? MOETAX_K_Q3KR8_BLOCK_BYTES : MOETAX_K_Q2KR8_BLOCK_BYTES;
+    __m512 acc[KQZ_JB];
+#pragma GCC unroll 8
+    for (int t = 0; t < JB; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *bA = g0 + (size_t)i * bbytes, *bB = g1 + (size_t)i * bbytes;
+        if (JB == 1) {
+            kq_prefetch_l2_at(bA, KQ23_PFD, bbytes, pfe);
+            kq_prefetch_l2_at(bB, KQ23_PFD, bbytes, pfe);
+        } else
+#pragma GCC unroll 14
+            for (int o = 0; o < (int)bbytes; o += 64) {
+                _mm_prefetch((const char *)bA + KQ_QPF + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)bB + KQ_QPF + o, _MM_HINT_T0);
+            }
+        const moetax_block_q8_k *a[KQZ_JB];
+#pragma GCC unroll 8
+        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
+        q23z_blk(three, JB, bA, bB, a, acc);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < JB; t++) store_2x8z(y0 + t * ldy, y1 + t * ldy, acc[t]);
+}
+
+typedef void (*kq23z_fn)(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb,
+                         float *y0, float *y1, int64_t ldy, const uint8_t *pfe);
+#define KQ23Z_TILE(JB)                                                                                           \
+    static void q2kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
+                               float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                         \
+        q23z_tile(false, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                        \
+    }                                                                                                           \
+    static void q3kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
+                               float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                         \
+        q23z_tile(true, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                         \
+    }
+KQ23Z_TILE(1) KQ23Z_TILE(2) KQ23Z_TILE(3) KQ23Z_TILE(4) KQ23Z_TILE(5) KQ23Z_TILE(6) KQ23Z_TILE(7) KQ23Z_TILE(8)
+static const kq23z_fn k_kq23z[2][KQZ_JB] = {
+    {q2kz_tile_1, q2kz_tile_2, q2kz_tile_3, q2kz_tile_4, q2kz_tile_5, q2kz_tile_6, q2kz_tile_7, q2kz_tile_8},
+    {q3kz_tile_1, q3kz_tile_2, q3kz_tile_3, q3kz_tile_4, q3kz_tile_5, q3kz_tile_6, q3kz_tile_7, q3kz_tile_8}};
+
+/* ---- Q3_K / Q2_K as stored (a unit's plain tail), decode: 4 rows side by side ----
  * Bit-identical to matmul_kq_avx2.c's decode (and so its batch path): the same float steps on 4
  * lanes in the same order; the exact int32 sums formed as for Q6_K above: per 64 values one
  * 512-bit vector of unsigned levels (Q3_K: q + 4 in 0..7, Q2_K: 0..3; decode: lower 256 bits
@@ -951,7 +1299,7 @@ static void kq23_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_
     }
 }
 
-/* Q3_K / Q2_K batches (as stored): one row's super-block decoded once (levels, permuted scales,
+/* Q3_K / Q2_K batches (as stored: a unit's plain tail): one row's super-block decoded once (levels, permuted scales,
  * offset coefficients) for up to KQ23_BT batch rows, each output's float chain that of
  * matmul_kq_avx2.c's batch path (acc += (d_x * d_w) * (float)sumi; Q2_K: acc -= (d_x * dmin_w) *
  * (float)summ), super-blocks in order: the same bits as avx2's and as the decode above. */
@@ -1051,28 +1399,48 @@ static void kq23_batch_512(enum moetax_type wtype, const uint8_t *w, size_t row_
     }
 }
 
-/* Q4_K, Q5_K or Q6_K (*_Kx8r): groups of 8 rows x tiles of batch rows; the unit's plain tail
- * as stored (decode: the 4-row path above; batches: avx2's). */
+/* Any k-quant in its x8r layout: groups of 8 rows x tiles of batch rows; the unit's plain tail as
+ * stored (decode: the 4-row paths above; batches: Q2_K/Q3_K the VNNI path above, the others avx2's). */
 static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1,
                          int64_t ncols, const uint8_t *xq, int64_t n_batch, float *y, int64_t ldy) {
     enum { R = MOETAX_K_Q4KR8_ROWS };
-    _Static_assert(MOETAX_K_Q4KR8_ROWS == MOETAX_K_Q6KR8_ROWS, "one row group (Q5_Kx8r: Q4_Kx8r's)");
-    const bool six = wtype == MOETAX_TYPE_Q6_K;
-    const int jbmax = six ? KQ6_JB : KQ_JB;
+    _Static_assert(MOETAX_K_Q4KR8_ROWS == MOETAX_K_Q6KR8_ROWS && MOETAX_K_Q2KR8_ROWS == R && MOETAX_K_Q3KR8_ROWS == R,
+                   "one row group (Q5_Kx8r: Q4_Kx8r's)");
+    const bool six = wtype == MOETAX_TYPE_Q6_K, q23 = wtype == MOETAX_TYPE_Q2_K || wtype == MOETAX_TYPE_Q3_K;
+    const int jbmax = six ? KQ6_JB : q23 ? KQ23_JB : KQ_JB;
     const int64_t nb = ncols / MOETAX_QK_K, gend = row1 - (row1 - row0) % R;
     const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
     const int ti = six ? 2 : wtype == MOETAX_TYPE_Q5_K ? 1 : 0;
+    const q4kr8_fn *tiles = six                           ? k_q6kr8
+                            : wtype == MOETAX_TYPE_Q5_K   ? k_q5kr8
+                            : wtype == MOETAX_TYPE_Q2_K   ? k_q2kr8
+                            : wtype == MOETAX_TYPE_Q3_K   ? k_q3kr8
+                                                          : k_q4kr8;
+    void (*dec2)(const uint8_t *, const uint8_t *, const uint8_t *, int64_t, float *, float *, const uint8_t *) =
+        six                           ? q6kr8_dec2
+        : wtype == MOETAX_TYPE_Q5_K   ? q4kr8_dec2_5
+                                      : q4kr8_dec2_4;
     const uint8_t *pfe = w + (size_t)row1 * row_bytes;
-    if (n_batch == 1) { /* decode's first KQ_PFD bytes at once (kq_rows.h) */
+    const size_t pfd = q23 ? KQ23_PFD : KQ_PFD; /* decode's prefetch distance */
+    if (n_batch == 1) { /* decode's first pfd bytes at once (kq_rows.h) */
         const uint8_t *w0 = w + (size_t)row0 * row_bytes;
-        kq_prefetch_span_l2(w0, pfe - w0 > KQ_PFD ? w0 + KQ_PFD : pfe);
+        kq_prefetch_span_l2(w0, pfe - w0 > (ptrdiff_t)pfd ? w0 + pfd : pfe);
     }
     int64_t r = row0;
-    if (n_batch > 1) /* pairs of adjacent groups in 512-bit vectors, tiles of up to KQZ_JB batch rows */
+    if (q23 && n_batch > 1) /* pairs of adjacent groups in 512-bit vectors, tiles of up to KQZ_JB batch rows */
         for (; r + 2 * R <= gend; r += 2 * R)
             for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
-                const int64_t left = n_batch - j0, tiles = (left + KQZ_JB - 1) / KQZ_JB;
-                jb = (left + tiles - 1) / tiles; /* tiles of even size */
+                const int64_t left = n_batch - j0, tiles_n = (left + KQZ_JB - 1) / KQZ_JB;
+                jb = (left + tiles_n - 1) / tiles_n; /* tiles of even size */
+                const uint8_t *g = w + (size_t)r * row_bytes, *xj = xq + (size_t)j0 * act_row;
+                k_kq23z[wtype == MOETAX_TYPE_Q3_K][jb - 1](g, g + (size_t)R * row_bytes, xj, act_row, nb,
+                                                           y + j0 * ldy + r, y + j0 * ldy + r + R, ldy, pfe);
+            }
+    if (n_batch > 1 && !q23) /* pairs of adjacent groups in 512-bit vectors, tiles of up to KQZ_JB batch rows */
+        for (; r + 2 * R <= gend; r += 2 * R)
+            for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
+                const int64_t left = n_batch - j0, tiles_n = (left + KQZ_JB - 1) / KQZ_JB;
+                jb = (left + tiles_n - 1) / tiles_n; /* tiles of even size */
                 const uint8_t *g = w + (size_t)r * row_bytes, *xj = xq + (size_t)j0 * act_row;
                 k_kqz[ti][jb - 1](g, g + (size_t)R * row_bytes, xj, act_row, nb, y + j0 * ldy + r,
                                   y + j0 * ldy + r + R, ldy);
@@ -1081,28 +1449,29 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
         const int64_t np = (gend - r) / R / 2;
         const size_t half = (size_t)(np * R) * row_bytes;
         const uint8_t *w0 = w + (size_t)r * row_bytes;
-        kq_prefetch_span_l2(w0 + half, w0 + half + (half > KQ_PFD ? KQ_PFD : half));
+        kq_prefetch_span_l2(w0 + half, w0 + half + (half > pfd ? pfd : half));
         for (int64_t i = 0; i < np; i++) {
             const int64_t ra = r + i * R, rb = ra + np * R;
             const uint8_t *ga = w + (size_t)ra * row_bytes, *gb = w + (size_t)rb * row_bytes;
-            if (six) q6kr8_dec2(ga, gb, xq, nb, y + ra, y + rb, pfe);
-            else if (wtype == MOETAX_TYPE_Q5_K) q4kr8_dec2_5(ga, gb, xq, nb, y + ra, y + rb, pfe);
-            else q4kr8_dec2_4(ga, gb, xq, nb, y + ra, y + rb, pfe);
+            if (q23) k_kq23z[wtype == MOETAX_TYPE_Q3_K][0](ga, gb, xq, act_row, nb, y + ra, y + rb, 0, pfe);
+            else dec2(ga, gb, xq, nb, y + ra, y + rb, pfe);
         }
         r += 2 * np * R;
     }
-    for (; r < gend; r += R) /* batches' odd last group; decode's odd last group */
+    for (; r < gend; r += R) /* batches' odd last group (Q2_K/Q3_K: every group); decode's odd last group */
         for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
-            const int64_t left = n_batch - j0, tiles = (left + jbmax - 1) / jbmax;
-            jb = (left + tiles - 1) / tiles; /* tiles of even size */
-            const uint8_t *g = w + (size_t)r * row_bytes, *xj = xq + (size_t)j0 * act_row;
-            if (six) k_q6kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy, pfe);
-            else if (wtype == MOETAX_TYPE_Q5_K) k_q5kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy, pfe);
-            else k_q4kr8[jb - 1](g, xj, act_row, nb, y + j0 * ldy + r, ldy, pfe);
+            const int64_t left = n_batch - j0, tiles_n = (left + jbmax - 1) / jbmax;
+            jb = (left + tiles_n - 1) / tiles_n; /* tiles of even size */
+            tiles[jb - 1](w + (size_t)r * row_bytes, xq + (size_t)j0 * act_row, act_row, nb, y + j0 * ldy + r, ldy,
+                          pfe);
         }
     if (gend == row1) return;
-    if (n_batch == 1) /* the unit's plain tail */
+    if (n_batch == 1 && q23) /* the unit's plain tail */
+        kq23_decode_rows_512(wtype, w, row_bytes, gend, row1, nb, (const moetax_block_q8_k *)xq, y);
+    else if (n_batch == 1)
         kq_decode_rows_512(wtype, w, row_bytes, gend, row1, nb, (const moetax_block_q8_k *)xq, y);
+    else if (q23)
+        kq23_batch_512(wtype, w, row_bytes, gend, row1, nb, xq, act_row, n_batch, y, ldy);
     else
         moetax_k_matmul_kq_avx2(wtype, w, row_bytes, gend, row1, ncols, xq, n_batch, y, ldy);
 }
@@ -1110,25 +1479,8 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
 void moetax_k_matmul_kq_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                                int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
-    if (wtype == MOETAX_TYPE_Q4_K || wtype == MOETAX_TYPE_Q5_K || wtype == MOETAX_TYPE_Q6_K) { /* *_Kx8r */
+    if (moetax_k_act_is_k(wtype)) { /* *_Kx8r */
         assert(row0 % MOETAX_K_Q4KR8_ROWS == 0); /* ROW RANGES, kernels.h */
         matmul_kq_x8(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols, (const uint8_t *)xq, n_batch, y, ldy);
-        return;
     }
-    if ((wtype == MOETAX_TYPE_Q3_K || wtype == MOETAX_TYPE_Q2_K) && n_batch == 1) { /* as stored */
-        kq23_decode_rows_512(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols / MOETAX_QK_K,
-                             (const moetax_block_q8_k *)xq, y);
-        return;
-    }
-    if (wtype == MOETAX_TYPE_Q3_K || wtype == MOETAX_TYPE_Q2_K) {
-        kq23_batch_512(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols / MOETAX_QK_K, (const uint8_t *)xq,
-                       moetax_k_act_row_bytes(wtype, ncols), n_batch, y, ldy);
-        return;
-    }
-    if (n_batch == 1) {
-        kq_decode_rows_512(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols / MOETAX_QK_K,
-                           (const moetax_block_q8_k *)xq, y);
-        return;
-    }
-    moetax_k_matmul_kq_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
 }
