@@ -158,6 +158,42 @@ static void predictor_case(struct moetax_model *m, const char *type) {
     moetax_predictor_free(p);
 }
 
+/* The store's read-ahead (store.h, READ-AHEAD): off, one and two layers ahead, the router guess's
+ * offers (a precision floor low enough that they are read) only choose what is read early, so the
+ * logits stay the mapped run's; with it on, offers are made and some are read. */
+static void read_ahead_case(struct moetax_model *m, const char *type) {
+    int n_moe = 0;
+    for (int l = 0; l < m->hp.n_layer; l++) n_moe += m->layers[l].is_moe;
+    const int depths[3] = {MOETAX_STORE_READ_AHEAD_OFF, 1, 2};
+    for (int di = 0; di < 3; di++)
+        for (int threads = 1; threads <= 2; threads++) {
+            struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE, .read_ahead = depths[di],
+                                             .read_ahead_min_precision = 0.01};
+            const uint64_t slot = tu_store_slot_bytes(m, &sp);
+            CHECK(slot > 0);
+            sp.budget_bytes = (slot ? slot : 1) * (uint64_t)m->hp.n_expert * (uint64_t)n_moe / 4;
+            struct moetax_store *s = NULL;
+            int ub = 64;
+            moetax_status st = moetax_model_store_open(m, &sp, ub, 0, &s, &ub);
+            CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+            if (st) continue;
+            float *ref = run(m, NULL, 1, ub, false, &st);
+            float *got = ref ? run(m, s, threads, ub, true, &st) : NULL;
+            CHECK_MSG(got && !memcmp(got, ref, sizeof(float) * (size_t)(m->hp.n_vocab * N_TOK)),
+                      "%s read-ahead %d threads %d: logits differ from the mapped run", type, depths[di], threads);
+            struct moetax_store_stats ss;
+            moetax_store_get_stats(s, &ss);
+            if (depths[di] > 0) {
+                CHECK_MSG(ss.ahead_offered > 0 && ss.ahead_issued > 0, "%s read-ahead %d: %llu offered, %llu read",
+                          type, depths[di], (unsigned long long)ss.ahead_offered, (unsigned long long)ss.ahead_issued);
+                CHECK(ss.ahead_used <= ss.ahead_issued && ss.ahead_issued <= ss.predicted_issued);
+            } else CHECK_EQ_INT(ss.ahead_offered, 0);
+            free(ref);
+            free(got);
+            moetax_store_free(s);
+        }
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     char path[512];
@@ -266,6 +302,7 @@ int main(int argc, char **argv) {
         }
         if (ref) engines_case(m, types[ti], ref);
         predictor_case(m, types[ti]);
+        read_ahead_case(m, types[ti]);
         free(ref);
         moetax_model_free(m);
     }
@@ -277,6 +314,7 @@ int main(int argc, char **argv) {
         struct moetax_model *m;
         if (moetax_model_load(path, &m) == MOETAX_OK) {
             predictor_case(m, "q8_0, 5 layers");
+            read_ahead_case(m, "q8_0, 5 layers");
             moetax_model_free(m);
         } else CHECK_MSG(0, "%s", moetax_last_error());
     }
