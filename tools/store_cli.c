@@ -78,7 +78,7 @@ static const char *store_help_fmt(void) {
            "  --no-prefetch        read each expert only when a work item needs it (no early reads of the\n"
            "                       layer's experts, no prediction for the next layer)\n"
            "  --read-ahead N|off   decoding, read the predicted experts of up to N layers ahead (1 or 2; default\n"
-           "                       %d) in the disk's idle time: those whose kind of guess (distance, score\n"
+           "                       %s) in the disk's idle time: those whose kind of guess (distance, score\n"
            "                       margin) has been right at least --read-ahead-min of the time on this run,\n"
            "                       most precise first, while the bytes queued stay below what the disk reads\n"
            "                       in one layer's compute time (both measured); off: only the next layer's,\n"
@@ -97,7 +97,10 @@ static const char *store_help_fmt(void) {
 
 const char *cli_store_help(void) {
     static char buf[4096];
-    snprintf(buf, sizeof buf, store_help_fmt(), MOETAX_STORE_READ_AHEAD_DEFAULT, MOETAX_STORE_READ_AHEAD_MIN_PRECISION,
+    char ra[16];
+    if (MOETAX_STORE_READ_AHEAD_DEFAULT > 0) snprintf(ra, sizeof ra, "%d", (int)MOETAX_STORE_READ_AHEAD_DEFAULT);
+    else snprintf(ra, sizeof ra, "off");
+    snprintf(buf, sizeof buf, store_help_fmt(), ra, MOETAX_STORE_READ_AHEAD_MIN_PRECISION,
              moetax_store_io_engine_name(moetax_store_io_engine_default()));
     return buf;
 }

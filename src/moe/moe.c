@@ -386,7 +386,18 @@ static void record_and_predict(const struct fw_step *s, struct moe *b, int il) {
     if (routing_rec)
         moetax_ledger_routing(s->ledger, il, s->n, b->sel + slots, b->selw + slots,
                               b->pred_ok[il] ? b->pred + slots : NULL);
-    if (b->read_ahead > 0 && s->n == 1) moe_ra_score(&b->ra, il, b->sel + slots, (int)b->k);
+    if (b->read_ahead > 0 && s->n == 1) {
+        moe_ra_score(&b->ra, il, b->sel + slots, (int)b->k);
+        /* the guesses below take two router products: this layer's experts are queued first
+         * (issue_reads queues them again: a no-op) */
+        int32_t mine[256];
+        int nm = 0;
+        for (int64_t j = 0; j < b->k && nm < 256; j++) {
+            const int32_t e = b->sel[slots + j];
+            if (e >= 0 && (!b->owner || b->owner[(int64_t)il * s->m->hp.n_expert + e] == b->rank)) mine[nm++] = e;
+        }
+        moetax_store_prefetch(b->store, il, mine, nm, false);
+    }
     if (routing_rec || (b->store && b->prefetch)) predict_next(s, b, il);
     if (b->store) moe_predict_learned(s, b, il);
 }
