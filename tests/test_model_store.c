@@ -138,11 +138,20 @@ static void predictor_case(struct moetax_model *m, const char *type) {
     CHECK(moetax_predictor_weights(p, moe[0], 1) != NULL);
     CHECK_EQ_INT(p->tokens, N_TOK);
     p->use = true;
-    for (int threads = 1; ref && threads <= 2; threads++) {
+    /* again through a store with the read-ahead two layers on (the learned guesses offered with
+     * their margins, read by precision): the same logits, the same scores */
+    struct moetax_store_params sp2 = sp;
+    sp2.read_ahead = 2;
+    sp2.read_ahead_min_precision = 0.01;
+    struct moetax_store *s2 = NULL;
+    int ub2 = 64;
+    CHECK(moetax_model_store_open(m, &sp2, ub2, 0, &s2, &ub2) == MOETAX_OK && ub2 == ub);
+    if (s2) moetax_store_set_predictor(s2, p, false);
+    for (int threads = 1; ref && threads <= 4; threads++) {
         moetax_predictor_score_reset(p);
-        got = run(m, s, threads, ub, true, &st);
+        got = run(m, threads > 2 ? s2 : s, threads > 2 ? threads - 2 : threads, ub, true, &st);
         CHECK_MSG(got && !memcmp(got, ref, sizeof(float) * (size_t)(V * N_TOK)),
-                  "%s threads %d: logits with the learned predictor differ from the mapped run", type, threads);
+                  "%s run %d (3, 4: read-ahead 2): logits with the learned predictor differ from the mapped run", type, threads);
         free(got);
         struct moetax_predict_score r = moetax_predictor_total(p, MOETAX_PREDICT_ROUTER, 1);
         struct moetax_predict_score l = moetax_predictor_total(p, MOETAX_PREDICT_LEARNED, 1);
@@ -152,6 +161,13 @@ static void predictor_case(struct moetax_model *m, const char *type) {
         CHECK_EQ_INT(moetax_predictor_total(p, MOETAX_PREDICT_LEARNED, 2).tokens,
                      n_moe > 2 ? (uint64_t)N_TOK * (uint64_t)(n_moe - 2) : 0);
     }
+    if (s2) {
+        struct moetax_store_stats ss;
+        moetax_store_get_stats(s2, &ss);
+        CHECK_MSG(ss.ahead_offered > 0 && ss.ahead_issued > 0, "%s: read-ahead with the predictor: %llu offered, %llu read",
+                  type, (unsigned long long)ss.ahead_offered, (unsigned long long)ss.ahead_issued);
+    }
+    moetax_store_free(s2);
     for (int i = 0; i < n_moe; i++) free(router[moe[i]]);
     free(ref);
     moetax_store_free(s);
