@@ -138,11 +138,20 @@ static void predictor_case(struct moetax_model *m, const char *type) {
     CHECK(moetax_predictor_weights(p, moe[0], 1) != NULL);
     CHECK_EQ_INT(p->tokens, N_TOK);
     p->use = true;
-    for (int threads = 1; ref && threads <= 2; threads++) {
+    /* again through a store with the read-ahead two layers on (the learned guesses offered with
+     * their margins, read by precision): the same logits, the same scores */
+    struct moetax_store_params sp2 = sp;
+    sp2.read_ahead = 2;
+    sp2.read_ahead_min_precision = 0.01;
+    struct moetax_store *s2 = NULL;
+    int ub2 = 64;
+    CHECK(moetax_model_store_open(m, &sp2, ub2, 0, &s2, &ub2) == MOETAX_OK && ub2 == ub);
+    if (s2) moetax_store_set_predictor(s2, p, false);
+    for (int threads = 1; ref && threads <= 4; threads++) {
         moetax_predictor_score_reset(p);
-        got = run(m, s, threads, ub, true, &st);
+        got = run(m, threads > 2 ? s2 : s, threads > 2 ? threads - 2 : threads, ub, true, &st);
         CHECK_MSG(got && !memcmp(got, ref, sizeof(float) * (size_t)(V * N_TOK)),
-                  "%s threads %d: logits with the learned predictor differ from the mapped run", type, threads);
+                  "%s run %d (3, 4: read-ahead 2): logits with the learned predictor differ from the mapped run", type, threads);
         free(got);
         struct moetax_predict_score r = moetax_predictor_total(p, MOETAX_PREDICT_ROUTER, 1);
         struct moetax_predict_score l = moetax_predictor_total(p, MOETAX_PREDICT_LEARNED, 1);
@@ -152,10 +161,53 @@ static void predictor_case(struct moetax_model *m, const char *type) {
         CHECK_EQ_INT(moetax_predictor_total(p, MOETAX_PREDICT_LEARNED, 2).tokens,
                      n_moe > 2 ? (uint64_t)N_TOK * (uint64_t)(n_moe - 2) : 0);
     }
+    if (s2) {
+        struct moetax_store_stats ss;
+        moetax_store_get_stats(s2, &ss);
+        CHECK_MSG(ss.ahead_offered > 0 && ss.ahead_issued > 0, "%s: read-ahead with the predictor: %llu offered, %llu read",
+                  type, (unsigned long long)ss.ahead_offered, (unsigned long long)ss.ahead_issued);
+    }
+    moetax_store_free(s2);
     for (int i = 0; i < n_moe; i++) free(router[moe[i]]);
     free(ref);
     moetax_store_free(s);
     moetax_predictor_free(p);
+}
+
+/* The store's read-ahead (store.h, READ-AHEAD): off, one and two layers ahead, the router guess's
+ * offers (a precision floor low enough that they are read) only choose what is read early, so the
+ * logits stay the mapped run's; with it on, offers are made and some are read. */
+static void read_ahead_case(struct moetax_model *m, const char *type) {
+    int n_moe = 0;
+    for (int l = 0; l < m->hp.n_layer; l++) n_moe += m->layers[l].is_moe;
+    const int depths[3] = {MOETAX_STORE_READ_AHEAD_OFF, 1, 2};
+    for (int di = 0; di < 3; di++)
+        for (int threads = 1; threads <= 2; threads++) {
+            struct moetax_store_params sp = {.policy = MOETAX_STORE_NEXT_USE, .read_ahead = depths[di],
+                                             .read_ahead_min_precision = 0.01};
+            const uint64_t slot = tu_store_slot_bytes(m, &sp);
+            CHECK(slot > 0);
+            sp.budget_bytes = (slot ? slot : 1) * (uint64_t)m->hp.n_expert * (uint64_t)n_moe / 4;
+            struct moetax_store *s = NULL;
+            int ub = 64;
+            moetax_status st = moetax_model_store_open(m, &sp, ub, 0, &s, &ub);
+            CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+            if (st) continue;
+            float *ref = run(m, NULL, 1, ub, false, &st);
+            float *got = ref ? run(m, s, threads, ub, true, &st) : NULL;
+            CHECK_MSG(got && !memcmp(got, ref, sizeof(float) * (size_t)(m->hp.n_vocab * N_TOK)),
+                      "%s read-ahead %d threads %d: logits differ from the mapped run", type, depths[di], threads);
+            struct moetax_store_stats ss;
+            moetax_store_get_stats(s, &ss);
+            if (depths[di] > 0) {
+                CHECK_MSG(ss.ahead_offered > 0 && ss.ahead_issued > 0, "%s read-ahead %d: %llu offered, %llu read",
+                          type, depths[di], (unsigned long long)ss.ahead_offered, (unsigned long long)ss.ahead_issued);
+                CHECK(ss.ahead_used <= ss.ahead_issued && ss.ahead_issued <= ss.predicted_issued);
+            } else CHECK_EQ_INT(ss.ahead_offered, 0);
+            free(ref);
+            free(got);
+            moetax_store_free(s);
+        }
 }
 
 int main(int argc, char **argv) {
@@ -266,6 +318,7 @@ int main(int argc, char **argv) {
         }
         if (ref) engines_case(m, types[ti], ref);
         predictor_case(m, types[ti]);
+        read_ahead_case(m, types[ti]);
         free(ref);
         moetax_model_free(m);
     }
@@ -277,6 +330,7 @@ int main(int argc, char **argv) {
         struct moetax_model *m;
         if (moetax_model_load(path, &m) == MOETAX_OK) {
             predictor_case(m, "q8_0, 5 layers");
+            read_ahead_case(m, "q8_0, 5 layers");
             moetax_model_free(m);
         } else CHECK_MSG(0, "%s", moetax_last_error());
     }

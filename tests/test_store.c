@@ -922,6 +922,83 @@ static void test_warm(uint64_t sb) {
     moetax_store_free(s);
 }
 
+/* ---- read-ahead -------------------------------------------------------------------------- */
+
+static void touch(struct moetax_store *s, int l, int e) {
+    const void *ptrs[4] = {0};
+    CHECK_EQ_INT(moetax_store_acquire(s, l, e, ptrs, NULL), MOETAX_OK);
+    CHECK(same_bytes(l, e, ptrs));
+    moetax_store_release(s, l, e);
+}
+
+/* The read-ahead list: nothing is read before the store has measured a cycle (the disk's room is
+ * unknown); then the list is read in order as the queue empties (each completion starts the next),
+ * its reads count as predicted prefetches and as its own; an expert resident when offered is not
+ * read again; an item whose layer's pass has begun is dropped unread, as are items a new list
+ * replaces. Out-of-range parameters are refused. */
+static void test_read_ahead(uint64_t sb) {
+    struct moetax_store *s = NULL;
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 8 * sb, .policy = MOETAX_STORE_NEXT_USE},
+                            &s), MOETAX_OK);
+    if (!s) return;
+    CHECK_EQ_INT(moetax_store_read_ahead_depth(s), MOETAX_STORE_READ_AHEAD_DEFAULT);
+    const int32_t l1[3] = {1, 1, 2}, e1[3] = {3, 4, 5};
+    moetax_store_read_ahead(s, l1, e1, 3);
+    struct moetax_store_stats st;
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.ahead_offered, 3);
+    CHECK_EQ_INT(st.ahead_issued, 0); /* no cycle seen yet: no room known */
+    CHECK_EQ_INT(st.loads, 0);
+    /* two passes over the layers' first one: a cycle with reads, and time that no acquire waited */
+    for (int l = 0; l < NL; l++) {
+        touch(s, l, 0);
+        sleep_ms(2);
+    }
+    touch(s, 0, 0);
+    moetax_store_get_stats(s, &st);
+    const uint64_t loads0 = st.loads;
+    CHECK_EQ_INT(loads0, NL);
+    moetax_store_read_ahead(s, l1, e1, 3); /* the unread items of the first list are replaced */
+    wait_loads(s, loads0 + 3);
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.ahead_issued, 3);
+    CHECK_EQ_INT(st.predicted_issued, 3);
+    CHECK_EQ_INT(st.ahead_stale, 3);
+    uint64_t waited = 1;
+    const void *ptrs[4] = {0};
+    CHECK_EQ_INT(moetax_store_acquire(s, 1, 3, ptrs, &waited), MOETAX_OK);
+    CHECK(same_bytes(1, 3, ptrs));
+    CHECK_EQ_INT(waited, 0);
+    /* layer 1's pass is under way: an item for it is stale, one for layer 2 is read */
+    const int32_t l2[2] = {1, 2}, e2[2] = {6, 6};
+    moetax_store_read_ahead(s, l2, e2, 2);
+    wait_loads(s, loads0 + 4);
+    moetax_store_release(s, 1, 3);
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.ahead_issued, 4);
+    CHECK_EQ_INT(st.ahead_stale, 4);
+    CHECK_EQ_INT(st.ahead_used, 1);
+    CHECK_EQ_INT(st.predicted_used, 1);
+    /* resident: offered, not read */
+    moetax_store_read_ahead(s, l1, e1, 3);
+    sleep_ms(5);
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.ahead_offered, 11);
+    CHECK_EQ_INT(st.ahead_issued, 4);
+    CHECK_EQ_INT(st.loads, loads0 + 4);
+    touch(s, 2, 5);
+    touch(s, 2, 6);
+    moetax_store_get_stats(s, &st);
+    CHECK_EQ_INT(st.ahead_used, 3);
+    CHECK_EQ_INT(st.misses, NL); /* only the first pass's reads were waited for */
+    moetax_store_free(s);
+
+    struct moetax_store_params bad = {.path = g_path, .budget_bytes = sb, .read_ahead = MOETAX_STORE_READ_AHEAD_MAX + 1};
+    CHECK_EQ_INT(moetax_store_init(&bad, NL, NE, &s), MOETAX_ERR_ARG);
+    bad = (struct moetax_store_params){.path = g_path, .budget_bytes = sb, .read_ahead_min_precision = 1.5};
+    CHECK_EQ_INT(moetax_store_init(&bad, NL, NE, &s), MOETAX_ERR_ARG);
+}
+
 /* ---- I/O engines ------------------------------------------------------------------------ */
 
 /* Acquire every expert, one at a time, through a store of the minimum budget (each read evicts),
@@ -1019,6 +1096,7 @@ int main(int argc, char **argv) {
     test_belady();
     test_prefetch(sb);
     test_warm(sb);
+    test_read_ahead(sb);
     test_read_log(sb);
     test_faults(sb);
     test_bytes(sb, 300);
@@ -1027,6 +1105,7 @@ int main(int argc, char **argv) {
     g_engine = MOETAX_STORE_IO_URING;
     test_prefetch(sb);
     test_warm(sb);
+    test_read_ahead(sb);
     test_read_log(sb);
     test_faults(sb);
     test_bytes(sb, 100);

@@ -105,6 +105,8 @@ struct result {
     double phase_us[MOETAX_PHASE_COUNT];                         /* ledger us per token by phase */
     /* with an expert store (decode tests) */
     double hit_rate, belady, precision, recall, read_mib_per_token, store_gbps, rss_mib, budget_mib;
+    int read_ahead;                   /* the store's read-ahead depth (-1: off) */
+    double ahead_per_token, ahead_precision; /* its reads per token, the share of them used */
     double use_hit, belady_use; /* per expert use (one per layer pass): share needing no read; < 0: unknown */
     double rss_bound_mib;       /* slots + non-expert weights + KV cache + CLI_RSS_OVERHEAD_BYTES */
     bool rss_peak;              /* rss_mib is the run's peak (else the RSS at its end) */
@@ -235,6 +237,10 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                  * cold cache, so they compare like with like) */
                 rr->hit_rate = ss1.acquires ? (double)ss1.hits / (double)ss1.acquires : 0;
                 rr->precision = pi ? (double)pu / (double)pi : 0;
+                rr->read_ahead = moetax_store_read_ahead_depth(store);
+                const uint64_t ai = ss1.ahead_issued - ss0.ahead_issued, au = ss1.ahead_used - ss0.ahead_used;
+                rr->ahead_per_token = (double)ai / (double)(n * o->reps);
+                rr->ahead_precision = ai ? (double)au / (double)ai : 0;
                 /* recall: of the experts that had to be read, the share a prediction had fetched */
                 uint64_t demand = loads > pi ? loads - pi : 0;
                 rr->recall = pu + demand ? (double)pu / (double)(pu + demand) : 0;
@@ -297,9 +303,11 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             char test[32];
             snprintf(test, sizeof test, "%s%lld", kind ? "tg" : "pp", (long long)n);
             if (o->json && rr->has_store && kind)
-                st = cli_json_print(stdout, cli_jobj("osiosbooooooooooobooooo",
+                st = cli_json_print(stdout, cli_jobj("osiosbiooooooooooooobooooo",
                     "model", cli_jstr(base), "test", test, "threads", threads, "expert_budget_mib", cli_jnum(rr->budget_mib),
                     "policy", moetax_store_policy_name(cli_store_policy(&o->so)), "prefetch", !o->so.no_prefetch,
+                    "read_ahead", rr->read_ahead, "ahead_reads_per_token", cli_jnum(rr->ahead_per_token),
+                    "ahead_precision", cli_jnum(rr->ahead_precision),
                     "tokens_per_s", cli_jnum(rr->tps), "hit_rate", cli_jnum(rr->hit_rate), "belady_hit_rate",
                     cli_jnum(rr->belady), "prefetch_precision", cli_jnum(rr->precision), "prefetch_recall",
                     cli_jnum(rr->recall), "read_mib_per_token", cli_jnum(rr->read_mib_per_token), "store_read_gbps",
@@ -313,7 +321,9 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 printf("| %s | %d | %s | budget %.0f MiB (%s, %s) | %.2f t/s | hit %.1f%% (Belady %.1f%%), per use %.1f%% (Belady %.1f%%, static %.1f%%) | prefetch P %.0f%% R %.0f%% |"
                        " %.2f MiB read/token at %.2f GB/s | tax %.1f%% | %s %.0f MiB (bound %.0f) |\n",
                        base, threads, test, rr->budget_mib, moetax_store_policy_name(cli_store_policy(&o->so)),
-                       o->so.no_prefetch ? "no prefetch" : "prefetch", rr->tps, 100 * rr->hit_rate, 100 * rr->belady,
+                       o->so.no_prefetch ? "no prefetch" : rr->read_ahead > 1 ? "prefetch, read-ahead 2"
+                                                         : rr->read_ahead == 1 ? "prefetch, read-ahead 1" : "prefetch, read-ahead off",
+                       rr->tps, 100 * rr->hit_rate, 100 * rr->belady,
                        100 * rr->use_hit, 100 * rr->belady_use, 100 * rr->static_use,
                        100 * rr->precision, 100 * rr->recall, rr->read_mib_per_token, rr->store_gbps, 100 * rr->tax_share,
                        rr->rss_peak ? "peak RSS" : "RSS", rr->rss_mib, rr->rss_bound_mib);

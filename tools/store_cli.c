@@ -39,6 +39,25 @@ bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool
         }
         return true;
     }
+    if (cli_opt(argc, argv, i, NULL, "--read-ahead", &v, err)) {
+        int64_t n;
+        if (!*err && !strcmp(v, "off")) o->read_ahead = MOETAX_STORE_READ_AHEAD_OFF;
+        else if (!*err && cli_parse_i64(v, &n) && n >= 1 && n <= MOETAX_STORE_READ_AHEAD_MAX) o->read_ahead = (int)n;
+        else if (!*err) {
+            fprintf(stderr, "moetax: --read-ahead must be off or 1..%d, not '%s'\n", MOETAX_STORE_READ_AHEAD_MAX, v);
+            *err = true;
+        }
+        return true;
+    }
+    if (cli_opt(argc, argv, i, NULL, "--read-ahead-min", &v, err)) {
+        double x;
+        if (!*err && (!cli_parse_f64(v, &x) || !(x > 0 && x <= 1))) {
+            fprintf(stderr, "moetax: --read-ahead-min must be a precision above 0 and at most 1, not '%s'\n", v);
+            *err = true;
+        }
+        if (!*err) o->read_ahead_min = x;
+        return true;
+    }
     if (cli_opt(argc, argv, i, NULL, "--warm", &o->warm, err)) return true;
     if (cli_opt(argc, argv, i, NULL, "--predictor", &o->predictor, err)) return true;
     if (!strcmp(argv[*i], "--no-prefetch")) { o->no_prefetch = true; return true; }
@@ -58,6 +77,13 @@ static const char *store_help_fmt(void) {
            "                       next use from the layer cycle, the frequency and the prefetches; the default)\n"
            "  --no-prefetch        read each expert only when a work item needs it (no early reads of the\n"
            "                       layer's experts, no prediction for the next layer)\n"
+           "  --read-ahead N|off   decoding, read the predicted experts of up to N layers ahead (1 or 2; default\n"
+           "                       %s) in the disk's idle time: those whose kind of guess (distance, score\n"
+           "                       margin) has been right at least --read-ahead-min of the time on this run,\n"
+           "                       most precise first, while the bytes queued stay below what the disk reads\n"
+           "                       in one layer's compute time (both measured); off: only the next layer's,\n"
+           "                       dropped while the I/O threads are busy or the disk was busy most of a token\n"
+           "  --read-ahead-min P   that precision (default %.2f)\n"
            "  --buffered-io        read through the page cache instead of O_DIRECT\n"
            "  --io-threads N       I/O workers, i.e. experts read at once (default 4)\n"
            "  --io-engine E        how they read: pread (one pread per span) or uring (io_uring: all spans of an\n"
@@ -71,7 +97,11 @@ static const char *store_help_fmt(void) {
 
 const char *cli_store_help(void) {
     static char buf[4096];
-    snprintf(buf, sizeof buf, store_help_fmt(), moetax_store_io_engine_name(moetax_store_io_engine_default()));
+    char ra[16];
+    if (MOETAX_STORE_READ_AHEAD_DEFAULT > 0) snprintf(ra, sizeof ra, "%d", (int)MOETAX_STORE_READ_AHEAD_DEFAULT);
+    else snprintf(ra, sizeof ra, "off");
+    snprintf(buf, sizeof buf, store_help_fmt(), ra, MOETAX_STORE_READ_AHEAD_MIN_PRECISION,
+             moetax_store_io_engine_name(moetax_store_io_engine_default()));
     return buf;
 }
 
@@ -146,7 +176,8 @@ moetax_status cli_store_open(const struct moetax_model *m, const struct cli_stor
                              int *n_ubatch, struct moetax_store **out) {
     struct moetax_store_params p = {.budget_bytes = budget, .policy = cli_store_policy(o), .buffered_io = o->buffered,
                                     .n_io_threads = o->io_threads, .io_engine = o->io_engine,
-                                    .read_log_cap = o->read_log_cap};
+                                    .read_log_cap = o->read_log_cap, .read_ahead = o->read_ahead,
+                                    .read_ahead_min_precision = o->read_ahead_min};
     moetax_status st = moetax_model_store_open(m, &p, *n_ubatch, o->n_expert_used, out, n_ubatch);
 #ifdef MOETAX_WITH_MPI
     /* each rank fits its micro-batch to its own store: every rank steps with the smallest */
@@ -283,6 +314,12 @@ void cli_store_summary(FILE *f, const struct moetax_store *s, int64_t tokens) {
     fprintf(f, "  prefetch: %llu predicted reads, precision %.1f%%; %llu wasted, %llu dropped, %llu late\n",
             (unsigned long long)st.predicted_issued, 100 * prec, (unsigned long long)st.prefetch_wasted,
             (unsigned long long)st.prefetch_dropped, (unsigned long long)st.prefetch_late);
+    if (st.ahead_offered) /* the read-ahead list's share of them */
+        fprintf(f, "  read-ahead: %llu of %llu offered experts read, %llu of those used (%.1f%%), %llu dropped unread\n",
+                (unsigned long long)st.ahead_issued, (unsigned long long)st.ahead_offered,
+                (unsigned long long)st.ahead_used,
+                st.ahead_issued ? 100.0 * (double)st.ahead_used / (double)st.ahead_issued : 0.0,
+                (unsigned long long)st.ahead_stale);
     cli_predictor_summary(f, moetax_store_predictor(s), NULL);
 }
 

@@ -16,6 +16,8 @@ struct cli_store_opts {
     bool policy_set;
     int n_expert_used;     /* the context's top-k (--experts-used); 0: the model's */
     bool no_prefetch;
+    int read_ahead;        /* --read-ahead: layers ahead, MOETAX_STORE_READ_AHEAD_OFF; 0: the store's default */
+    double read_ahead_min; /* --read-ahead-min; 0: the store's default */
     bool buffered;
     int io_threads;
     enum moetax_store_io_engine io_engine; /* --io-engine; 0: the store's default */

@@ -196,6 +196,14 @@ struct moetax_store_params {
      * expert must not overlap then. Must not fail; runs without the store's lock. NULL: none. */
     void (*on_load)(void *user, int layer, int e, void *const *ptrs, const uint64_t *sizes, int n_ranges);
     void *on_load_user;
+    /* How the engine's prefetch reads predictions (see READ-AHEAD below): 1..MOETAX_STORE_READ_AHEAD_MAX
+     * layers ahead through the read-ahead list; MOETAX_STORE_READ_AHEAD_OFF: the next layer's only,
+     * through moetax_store_prefetch's rules; 0: MOETAX_STORE_READ_AHEAD_DEFAULT. The store only keeps
+     * it for the engine (moetax_store_read_ahead_depth). */
+    int read_ahead;
+    /* A prediction goes on the list only when guesses like it (same distance, similar score
+     * margin) were right at least this often on this run; 0: MOETAX_STORE_READ_AHEAD_MIN_PRECISION. */
+    double read_ahead_min_precision;
 };
 
 struct moetax_store;
@@ -237,6 +245,30 @@ int moetax_store_n_slots(const struct moetax_store *s); /* 0 before commit */
  * 9.4 MiB a token instead of 6.0 and decoded at 72 instead of 85 tokens/s. */
 #define MOETAX_STORE_PREDICT_MAX_IO_BUSY 0.5
 void moetax_store_prefetch(struct moetax_store *s, int layer, const int32_t *experts, int n, bool predicted);
+
+/* READ-AHEAD. Predictions fill the disk's idle time, however many layers ahead they are for:
+ * moetax_store_read_ahead replaces the store's read-ahead list (up to MOETAX_STORE_READ_AHEAD_LIST
+ * experts, most confident first) and the store starts the list's reads in order, now and each
+ * time a read completes, while the bytes queued or in flight stay below the disk's room: what it
+ * reads in one layer's compute time. Both are measured by the store on this run: the read rate as
+ * bytes read over the time a read was in flight, a layer's compute time as a cycle's time during
+ * which no acquire waited, divided by the layers in the cycle (smoothed over cycles); so no read
+ * from the list starts before one cycle (a decoded token) has been seen. An item whose layer's
+ * pass has begun is dropped (its layer's own reads are queued by then; counted as ahead_stale),
+ * as are the items a new list replaces before they were read. Reads from the list count as
+ * predicted prefetches (predicted_issued / predicted_used) and on their own (ahead_*). Experts
+ * offered that are resident or in flight are marked as needed soon (next-use keeps them).
+ * The engine (src/moe/readahead.c) offers, on each MoE layer of a decoded token, the predicted
+ * experts of the next read_ahead layers whose kind of guess has been right at least
+ * read_ahead_min_precision of the time on this run, ordered by that precision. */
+/* The default, two layers ahead, measured faster than OFF while reads bound the step; on a machine
+ * whose cores were busy with other work it did not (README, expert store). */
+enum { MOETAX_STORE_READ_AHEAD_OFF = -1, MOETAX_STORE_READ_AHEAD_MAX = 2, MOETAX_STORE_READ_AHEAD_DEFAULT = 2 };
+#define MOETAX_STORE_READ_AHEAD_LIST 64
+#define MOETAX_STORE_READ_AHEAD_MIN_PRECISION 0.7
+void moetax_store_read_ahead(struct moetax_store *s, const int32_t *layers, const int32_t *experts, int n);
+int moetax_store_read_ahead_depth(const struct moetax_store *s);              /* params.read_ahead, resolved */
+double moetax_store_read_ahead_min_precision(const struct moetax_store *s);   /* likewise */
 
 /* A warm start (before the first acquire): read experts[i] of layers[i], in that order,
  * into free slots, and wait until every read is done. Reads past the free slots are
@@ -283,6 +315,10 @@ struct moetax_store_stats {
                                           of the last cycle over the layers */
     uint64_t predicted_issued, predicted_used; /* the same for predicted prefetches */
     uint64_t predicted_loaded;         /* predicted prefetches whose read has completed */
+    uint64_t ahead_offered;            /* experts offered to the read-ahead list (distinct per list) */
+    uint64_t ahead_issued, ahead_used; /* reads started from it, and of those acquired before eviction */
+    uint64_t ahead_stale;              /* items dropped unread: their layer's pass began, or a new list
+                                          replaced them */
     uint64_t bytes_read, reads;        /* reads issued by the I/O workers: preads, or io_uring SQEs
                                           (bytes incl. alignment) */
     uint64_t loads;                    /* experts read (one or more reads each) */

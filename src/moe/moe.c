@@ -37,6 +37,7 @@
 #include <time.h>
 
 #include "moe/moe.h"
+#include "moetax/predict.h"
 #include "moetax/store.h"
 #ifdef MOETAX_WITH_MPI
 #include "dist/dist.h"
@@ -321,24 +322,58 @@ static void copy_prepared_row(const struct fw_step *s, const struct act *a, int6
     }
 }
 
+/* The router guess: the experts layer T would pick for token t when its router is applied to
+ * the token's residual now, into idx [k]; with margins (optional) also their score margins
+ * (moe/readahead.h). */
+static void router_guess(const struct fw_step *s, struct moe *b, int T, int64_t t, int32_t *idx, float *margins) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *nl = &s->m->layers[T];
+    const int64_t d = hp->n_embd, E = hp->n_expert, k = b->k;
+    s->K->rmsnorm(b->pred_x, s->x + t * d, nl->ffn_norm, d, hp->rms_eps);
+    struct act a = {.x = b->pred_x, .ncols = d, .n = 1, .q8 = b->pred_q, .q4 = b->pred_q};
+    if (nl->gate_inp.type == MOETAX_TYPE_Q8_0 || nl->gate_inp.type == MOETAX_TYPE_Q4_0)
+        s->K->quantize_act(nl->gate_inp.type, b->pred_x, d, d, 1, b->pred_q);
+    fw_matmul(s, &nl->gate_inp, 0, 0, E, &a, 0, 1, b->pred_logits, E);
+    float wdummy[256];
+    route_token(s->K, hp, k, nl->exp_probs_b, b->pred_logits, b->pred_p, b->pred_p + E, idx, wdummy);
+    if (margins) moe_ra_margins(b->pred_p + E, E, idx, k, margins);
+}
+
+void moe_offer(struct moe *b, int64_t E, int T, int a, const int32_t *experts, const float *margins, int n) {
+    int32_t e[512];
+    float m[512];
+    int j = 0;
+    for (int i = 0; i < n && j < 512; i++) {
+        if (experts[i] < 0 || experts[i] >= E || (b->owner && b->owner[(int64_t)T * E + experts[i]] != b->rank))
+            continue;
+        e[j] = experts[i];
+        m[j++] = margins[i];
+    }
+    moe_ra_offer(&b->ra, T, a, e, m, j);
+}
+
 /* Experts layer il+1 would pick when its router is applied to the current
- * residual (what a cross-layer prefetcher would predict); for the report. */
+ * residual (what a cross-layer prefetcher would predict); for the report. Decoding with the
+ * read-ahead, also the offers of the router guess for il + 1 and, read_ahead >= 2, il + 2 (where
+ * no learned predictor makes that one). */
 static void predict_next(const struct fw_step *s, struct moe *b, int il) {
     const struct moetax_hparams *hp = &s->m->hp;
-    if (il + 1 >= hp->n_layer || !s->m->layers[il + 1].is_moe) return;
-    const struct moetax_layer *nl = &s->m->layers[il + 1];
-    const int64_t d = hp->n_embd, E = hp->n_expert, k = b->k;
-    for (int64_t t = 0; t < s->n; t++) {
-        s->K->rmsnorm(b->pred_x, s->x + t * d, nl->ffn_norm, d, hp->rms_eps);
-        struct act a = {.x = b->pred_x, .ncols = d, .n = 1, .q8 = b->pred_q, .q4 = b->pred_q};
-        if (nl->gate_inp.type == MOETAX_TYPE_Q8_0 || nl->gate_inp.type == MOETAX_TYPE_Q4_0)
-            s->K->quantize_act(nl->gate_inp.type, b->pred_x, d, d, 1, b->pred_q);
-        fw_matmul(s, &nl->gate_inp, 0, 0, E, &a, 0, 1, b->pred_logits, E);
-        float wdummy[256];
-        route_token(s->K, hp, k, nl->exp_probs_b, b->pred_logits, b->pred_p, b->pred_p + E,
-                    b->pred + ((int64_t)(il + 1) * s->n_ubatch + t) * k, wdummy);
+    const int64_t k = b->k;
+    const bool ra = b->read_ahead > 0 && b->prefetch && s->n == 1 && k <= 256;
+    float mg[256];
+    if (il + 1 < hp->n_layer && s->m->layers[il + 1].is_moe) {
+        for (int64_t t = 0; t < s->n; t++)
+            router_guess(s, b, il + 1, t, b->pred + ((int64_t)(il + 1) * s->n_ubatch + t) * k, ra ? mg : NULL);
+        b->pred_ok[il + 1] = true;
+        if (ra) moe_offer(b, hp->n_expert, il + 1, 1, b->pred + (int64_t)(il + 1) * s->n_ubatch * k, mg, (int)k);
     }
-    b->pred_ok[il + 1] = true;
+    if (ra && b->read_ahead >= 2 && il + 2 < hp->n_layer && s->m->layers[il + 2].is_moe) {
+        const struct moetax_predictor *p = moetax_store_predictor(b->store);
+        if (p && p->use && p->n_layer == hp->n_layer && moetax_predictor_weights(p, il, 2)) return;
+        int32_t idx[256];
+        router_guess(s, b, il + 2, 0, idx, mg);
+        moe_offer(b, hp->n_expert, il + 2, 2, idx, mg, (int)k);
+    }
 }
 
 #include "moe/predict.h" /* the store's learned predictor (moe_predict_learned) */
@@ -351,6 +386,18 @@ static void record_and_predict(const struct fw_step *s, struct moe *b, int il) {
     if (routing_rec)
         moetax_ledger_routing(s->ledger, il, s->n, b->sel + slots, b->selw + slots,
                               b->pred_ok[il] ? b->pred + slots : NULL);
+    if (b->read_ahead > 0 && s->n == 1) {
+        moe_ra_score(&b->ra, il, b->sel + slots, (int)b->k);
+        /* the guesses below take two router products: this layer's experts are queued first
+         * (issue_reads queues them again: a no-op) */
+        int32_t mine[256];
+        int nm = 0;
+        for (int64_t j = 0; j < b->k && nm < 256; j++) {
+            const int32_t e = b->sel[slots + j];
+            if (e >= 0 && (!b->owner || b->owner[(int64_t)il * s->m->hp.n_expert + e] == b->rank)) mine[nm++] = e;
+        }
+        moetax_store_prefetch(b->store, il, mine, nm, false);
+    }
     if (routing_rec || (b->store && b->prefetch)) predict_next(s, b, il);
     if (b->store) moe_predict_learned(s, b, il);
 }
@@ -367,7 +414,10 @@ static void issue_reads(struct worker *w, struct moe *b, int il, const struct pl
          * Without prefetch each expert is read only when a work item needs it. */
         fw_mark(w, MOETAX_PHASE_LOAD);
         moetax_store_prefetch(b->store, il, pl->mine, pl->n_mine, false); /* this rank's experts only */
-        if (il + 1 < hp->n_layer && b->pred_ok[il + 1]) {
+        if (b->read_ahead > 0 && n == 1) {
+            /* decoding: the offers for the next layers, by confidence, as the disk has room */
+            moe_ra_issue(&b->ra, b->store, il, b->read_ahead);
+        } else if (il + 1 < hp->n_layer && b->pred_ok[il + 1]) {
             /* the cross-layer prediction, ranked by recent-token history: first the predicted
              * experts that layer il + 1 also chose for the last micro-batch (b->sel still holds
              * that routing: this step has not reached il + 1), then the other predicted ones,
@@ -1464,6 +1514,7 @@ static int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
 
 void moe_step_begin(struct moe *b, const struct fw_step *s) {
     memset(b->pred_ok, 0, sizeof(bool) * (size_t)s->m->hp.n_layer);
+    if (b->read_ahead > 0) moe_ra_reset(&b->ra);
 #ifdef MOETAX_WITH_MPI
     if (b->dist && b->dist->n_rep) moetax_dist_step(b->dist); /* the replicas' re-plan, between steps */
 #endif
@@ -1497,6 +1548,8 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
     b->k = p->k;
     b->store = p->store;
     b->prefetch = p->prefetch;
+    b->read_ahead = p->store && p->prefetch ? moetax_store_read_ahead_depth(p->store) : 0;
+    if (b->read_ahead < 0) b->read_ahead = 0;
     b->capacity_factor = p->capacity_factor;
     b->reroute = p->reroute;
     b->n_threads = s->n_threads;
@@ -1547,6 +1600,7 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
     }
 #endif
     if (!st && !plan_alloc(&b->plan, E, U * k, H)) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    if (!st && b->read_ahead > 0) st = moe_ra_init(&b->ra, (int)L, (int)k);
     if (!st && !(b->pred_q = aligned_alloc(64, (moetax_act_size(MOETAX_TYPE_Q4_0, (d + 31) / 32 * 32, 1) + 63) / 64 * 64)))
         st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     if (!st) st = fw_act_alloc(m, &b->a_sh, Fs, U, false);
@@ -1580,6 +1634,7 @@ void moe_free(struct moe *b) {
     ep_free(b->ep);
 #endif
     plan_free(&b->plan);
+    moe_ra_free(&b->ra);
     fw_act_free(&b->a_sh, false);
     fw_act_free(&b->a_exp, true);
     fw_act_free(&b->a_eh, false);

@@ -5,6 +5,7 @@
 #define MOETAX_MOE_H
 
 #include "model/step.h"
+#include "moe/readahead.h"
 
 struct moetax_store;
 struct moetax_dist;
@@ -50,6 +51,10 @@ struct moe {
     int32_t k;                  /* routed experts per token */
     struct moetax_store *store; /* optional, not owned */
     bool prefetch;              /* with a store: prefetch the next layer's predicted experts */
+    int read_ahead;             /* with prefetch: layers ahead that decode's predictions are offered to the
+                                 * store's read-ahead list (moe/readahead.h); 0: the next layer's through
+                                 * moetax_store_prefetch instead */
+    struct moe_ra ra;           /* read_ahead > 0: the offers and their scores */
     float *router;              /* [U, E] router logits */
     float *sh_hid, *sh_tmp;     /* [U, Fs] shared experts' hidden, up (scratch) */
     float *eh;                  /* [U*k, F] expert hidden */
@@ -105,5 +110,9 @@ void moe_step_begin(struct moe *b, const struct fw_step *s);
  * ffn-normed s->xn prepared in s->a_in (a batch), adds the block's output
  * into s->x; phases as in moe.c, ends with a barrier. */
 void moe_block(struct worker *w, struct moe *b, int il);
+/* Decoding with the read-ahead (b->read_ahead > 0): offer experts [n] (-1 skipped) of layer T,
+ * predicted from a layers before it, with their margins (moe/readahead.h); this rank's only,
+ * with a world. */
+void moe_offer(struct moe *b, int64_t E, int T, int a, const int32_t *experts, const float *margins, int n);
 
 #endif

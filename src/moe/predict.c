@@ -58,6 +58,7 @@ struct run {
     int32_t *idx;           /* [2k] */
     int32_t *list;          /* [E + U * 2k] distinct experts, a prediction two ahead or the extras */
     int32_t *extra;         /* [U][k] the margin's extra experts of the prefetch's prediction, -1: none */
+    float *mg;              /* [2k] decoding with the read-ahead: the offered experts' margins */
     /* one token per micro-batch (decode): the predictions made for layer T one layer ahead (the
      * router guess of moe.c and the learned one, with its extras), kept to be scored when T
      * routes instead of computed again (the features are the same) */
@@ -103,6 +104,7 @@ static void run_free(void *v) {
     free(r->idx);
     free(r->list);
     free(r->extra);
+    free(r->mg);
     free(r->saved_router);
     free(r->saved_learned);
     free(r->saved_n);
@@ -204,11 +206,12 @@ static struct run *run_get(struct moetax_predictor *p, const struct fw_step *s, 
     r->idx = malloc(sizeof(int32_t) * (size_t)(2 * r->k));
     r->list = malloc(sizeof(int32_t) * (size_t)(r->E + 2 * r->U * r->k));
     r->extra = malloc(sizeof(int32_t) * (size_t)(r->U * r->k));
+    r->mg = calloc((size_t)(2 * r->k), sizeof(float));
     r->saved_router = malloc(sizeof(int32_t) * (size_t)(r->L * r->k));
     r->saved_learned = malloc(sizeof(int32_t) * (size_t)(r->L * 2 * r->k));
     r->saved_n = calloc((size_t)r->L, sizeof(int32_t));
     r->saved_stamp = calloc((size_t)r->L, sizeof(uint64_t));
-    bool ok = r->cur && r->old && r->router && r->feat && r->z && r->p && r->zb && r->zt && r->hb && r->idx && r->list && r->extra &&
+    bool ok = r->cur && r->old && r->router && r->feat && r->z && r->p && r->zb && r->zt && r->hb && r->idx && r->list && r->extra && r->mg &&
               r->saved_router && r->saved_learned && r->saved_n && r->saved_stamp;
     for (int l = 0; ok && l < r->L; l++) {
         if (!m->layers[l].is_moe) continue;
@@ -323,12 +326,14 @@ static void group_limit(const struct fw_step *s, const struct run *r, float *sc)
 /* Experts of layer T from logits z, as the router selects them (moe.c route_token), into idx [k];
  * with margin > 0 also up to k more into extra [k] (-1 after the last): the experts of the groups
  * the router keeps, outside idx, whose score is within margin of idx's k-th. Returns the extras'
- * count. */
+ * count. With mg (optional, [2k]): the read-ahead's score margins (moe/readahead.h) of idx, then
+ * of the extras (their score minus the k-th's, <= 0). */
 static int select_experts(const struct fw_step *s, const struct run *r, int T, const float *z, float margin,
-                          int32_t *idx, int32_t *extra) {
+                          int32_t *idx, int32_t *extra, float *mg) {
     float *sc = selection_scores(s, r, T, z);
     group_limit(s, r, sc);
     s->K->topk(sc, r->E, r->k, idx, NULL);
+    if (mg) moe_ra_margins(sc, r->E, idx, r->k, mg);
     if (!(margin > 0) || !extra) return 0;
     const float kth = sc[idx[r->k - 1]];
     for (int64_t j = 0; j < r->k; j++) sc[idx[j]] = -INFINITY; /* the chosen ones out of the running */
@@ -339,6 +344,7 @@ static int select_experts(const struct fw_step *s, const struct run *r, int T, c
             if (sc[e] >= kth - margin && (best < 0 || sc[e] > sc[best])) best = e;
         if (best < 0) break;
         extra[m] = (int32_t)best;
+        if (mg) mg[r->k + m] = sc[best] - kth;
         sc[best] = -INFINITY;
     }
     for (int j = m; j < r->k; j++) extra[j] = -1;
@@ -423,25 +429,32 @@ static void prefetch_rows(const struct moe *b, struct run *r, int layer, const i
     if (n) moetax_store_prefetch(b->store, layer, r->list, n, predicted);
 }
 
-/* Deeper prefetch: the learned guess for the MoE layer two ahead of il, read only while the I/O
- * workers have room (the store drops a prediction when every worker is busy or the disk was busy
- * most of the last token) and while that distance's guesses have been mostly right on this run
- * (MOE_PREDICT_TWO_AHEAD_MIN_PRECISION over at least 16 scored tokens). Its reads are queued
- * after those the nearer layers need: this layer's known experts, then the guess for il + 1
- * (with its extras), which the block would queue next anyway (a repeated request for an expert
- * in flight or resident is a no-op). */
+/* Deeper prefetch: the learned guess for the MoE layer two ahead of il. Decoding with the store's
+ * read-ahead (b->read_ahead >= 2) it is offered there, with its margins: the read-ahead reads it as
+ * the disk has room and as far as guesses like it have been right. Otherwise (a batch, or the
+ * read-ahead off) it is read only while the I/O workers have room (the store drops a prediction
+ * when every worker is busy or the disk was busy most of the last token) and while that
+ * distance's guesses have been mostly right on this run (MOE_PREDICT_TWO_AHEAD_MIN_PRECISION over
+ * at least 16 scored tokens), queued after those the nearer layers need: this layer's known
+ * experts, then the guess for il + 1 (with its extras), which the block would queue next anyway
+ * (a repeated request for an expert in flight or resident is a no-op). */
 #define MOE_PREDICT_TWO_AHEAD_MIN_PRECISION 0.6
 static void prefetch_two_ahead(const struct fw_step *s, struct moe *b, struct moetax_predictor *p, struct run *r,
                                int il) {
     if (!moetax_predictor_weights(p, il, 2) || !b->prefetch) return;
     const int q2 = moetax_predictor_pair(p, il, 2), T2 = p->target[q2], nq = p->n_layer * p->ahead;
     const struct moetax_predict_score *sc = &p->score[(size_t)MOETAX_PREDICT_LEARNED * (size_t)nq + (size_t)q2];
-    if (T2 < 0 || sc->tokens < 16 || (double)sc->hits < MOE_PREDICT_TWO_AHEAD_MIN_PRECISION * (double)sc->predicted) return;
     const int64_t n = s->n, d = r->d, E = r->E, k = r->k, F = r->F, U = s->n_ubatch;
+    const bool ra = b->read_ahead >= 2 && n == 1;
+    if (T2 < 0) return;
+    if (!ra && (sc->tokens < 16 || (double)sc->hits < MOE_PREDICT_TWO_AHEAD_MIN_PRECISION * (double)sc->predicted))
+        return;
     int32_t *sel2 = r->list + E; /* [n][2k] */
-    prefetch_rows(b, r, il, b->sel + (int64_t)il * U * k, n * k, false);
-    prefetch_rows(b, r, il + 1, b->pred + (int64_t)(il + 1) * U * k, n * k, true);
-    prefetch_rows(b, r, il + 1, r->extra, n * k, true);
+    if (!ra) {
+        prefetch_rows(b, r, il, b->sel + (int64_t)il * U * k, n * k, false);
+        prefetch_rows(b, r, il + 1, b->pred + (int64_t)(il + 1) * U * k, n * k, true);
+        prefetch_rows(b, r, il + 1, r->extra, n * k, true);
+    }
     for (int64_t t = 0; t < n; t++) {
         const int64_t pi = find_row(&r->cur[T2], s->seq[t], s->pos[t] - 1, r->cur[T2].n);
         features(s, p, r, T2, s->x + t * d, pi >= 0 ? r->cur[T2].x + pi * d : NULL, b->sel + ((int64_t)il * U + t) * k,
@@ -449,8 +462,9 @@ static void prefetch_two_ahead(const struct fw_step *s, struct moe *b, struct mo
     }
     predict_logits(s, p, r, il, 2, r->feat, n, r->zb);
     for (int64_t t = 0; t < n; t++)
-        select_experts(s, r, T2, r->zb + t * E, p->margin, sel2 + t * 2 * k, sel2 + t * 2 * k + k);
-    prefetch_rows(b, r, T2, sel2, n * 2 * k, true);
+        select_experts(s, r, T2, r->zb + t * E, p->margin, sel2 + t * 2 * k, sel2 + t * 2 * k + k, ra ? r->mg : NULL);
+    if (ra) moe_offer(b, E, T2, 2, sel2, r->mg, (int)(2 * k));
+    else prefetch_rows(b, r, T2, sel2, n * 2 * k, true);
 }
 
 /* ---- the feature file (profile --dump-features) ------------------------------------------- */
@@ -607,13 +621,13 @@ void moe_predict_learned(const struct fw_step *s, struct moe *b, int il) {
             float *f = r->feat + t * F;
             features(s, p, r, il, rs->x + t * d, prev, rs->sel + t * k, rs->z + t * E, f);
             matvec(s, r->router[il], E, d, d, f, r->z); /* the router guess: T's router on the normed row */
-            select_experts(s, r, il, r->z, 0, r->idx, NULL);
+            select_experts(s, r, il, r->z, 0, r->idx, NULL, NULL);
             score(sr, r->idx, k, actual + t * k, k);
         }
         if (Wq) {
             predict_logits(s, p, r, src, a, r->feat, n, r->zb);
             for (int64_t t = 0; t < n; t++) {
-                const int m = select_experts(s, r, il, r->zb + t * E, p->margin, r->idx, r->idx + k);
+                const int m = select_experts(s, r, il, r->zb + t * E, p->margin, r->idx, r->idx + k, NULL);
                 score(sl, r->idx, k + m, actual + t * k, k);
             }
         }
@@ -634,10 +648,16 @@ void moe_predict_learned(const struct fw_step *s, struct moe *b, int il) {
                  r->feat + t * F);
     }
     predict_logits(s, p, r, il, 1, r->feat, n, r->zb);
+    const bool ra = b->read_ahead > 0 && n == 1 && b->prefetch;
     for (int64_t t = 0; t < n; t++) {
-        n_extra += select_experts(s, r, T, r->zb + t * E, p->margin, pred + t * k, r->extra + t * k);
+        n_extra += select_experts(s, r, T, r->zb + t * E, p->margin, pred + t * k, r->extra + t * k, ra ? r->mg : NULL);
         if (!(p->margin > 0))
             for (int64_t j = 0; j < k; j++) r->extra[t * k + j] = -1;
+    }
+    if (ra) { /* the learned guess, extras included, in place of the router guess's offer */
+        memcpy(r->idx, pred, sizeof(int32_t) * (size_t)k);
+        memcpy(r->idx + k, r->extra, sizeof(int32_t) * (size_t)k);
+        moe_offer(b, E, T, 1, r->idx, r->mg, (int)(2 * k));
     }
     if (n == 1) {
         int32_t *sv = r->saved_learned + T * 2 * k;
@@ -648,7 +668,7 @@ void moe_predict_learned(const struct fw_step *s, struct moe *b, int il) {
         r->saved_n[T] = m;
         r->saved_stamp[T] = r->stamp;
     }
-    if (n_extra && b->prefetch) { /* in the order the block reads: this layer, the top-k guess, the extras */
+    if (n_extra && b->prefetch && !ra) { /* in the order the block reads: this layer, the top-k guess, the extras */
         prefetch_rows(b, r, T, pred, n * k, true);
         prefetch_rows(b, r, T, r->extra, n * k, true);
     }

@@ -43,6 +43,7 @@ struct slot {
     int32_t key;       /* -1: none */
     uint8_t state;
     bool pf, pf_pred;  /* loaded by a (predicted) prefetch and not acquired since */
+    bool pf_ahead;     /* ... started from the read-ahead list (moetax_store_read_ahead) */
     uint8_t kind;      /* of the load in progress or last done (enum moetax_store_read_kind) */
     uint64_t queued_ns; /* when that load was queued */
     int32_t pins;
@@ -95,6 +96,15 @@ struct moetax_store {
      * with experts to the next; a decoded token): < 0 until one cycle has been seen */
     uint64_t cyc_t0, cyc_busy0;
     double cyc_util;
+    /* read-ahead (moetax_store_read_ahead): the disk's room is what it reads in one layer's
+     * compute time, both measured here: bytes of the loads queued or in flight, wall time with
+     * an acquire waiting, and per cycle the time no acquire waited, per layer (smoothed) */
+    uint64_t queued_bytes;
+    int n_waiting;
+    uint64_t wait_start, wait_ns, cyc_wait0;
+    double layer_ns;   /* 0 until a cycle has been seen */
+    struct ahead_item { int32_t key; uint64_t pass; } *ahead; /* [MOETAX_STORE_READ_AHEAD_LIST] */
+    int n_ahead, ahead_pos; /* items in the list, the next to read */
     struct moetax_store_stats st;
 
     struct moetax_predictor *pred; /* moetax_store_set_predictor */
@@ -206,6 +216,12 @@ moetax_status moetax_store_init(const struct moetax_store_params *p, int n_layer
     if (p->io_engine != MOETAX_STORE_IO_DEFAULT && p->io_engine != MOETAX_STORE_IO_PREAD &&
         p->io_engine != MOETAX_STORE_IO_URING)
         return moetax_error(MOETAX_ERR_ARG, "expert store: unknown I/O engine %d", (int)p->io_engine);
+    if (p->read_ahead < MOETAX_STORE_READ_AHEAD_OFF || p->read_ahead > MOETAX_STORE_READ_AHEAD_MAX)
+        return moetax_error(MOETAX_ERR_ARG, "expert store: read_ahead %d out of range -1..%d", p->read_ahead,
+                            MOETAX_STORE_READ_AHEAD_MAX);
+    if (!(p->read_ahead_min_precision >= 0 && p->read_ahead_min_precision <= 1))
+        return moetax_error(MOETAX_ERR_ARG, "expert store: read_ahead_min_precision %g outside 0..1",
+                            p->read_ahead_min_precision);
     if (p->lfu_aging < 0 || p->lfru_halflife < 0 || !(p->lfru_halflife == p->lfru_halflife))
         return moetax_error(MOETAX_ERR_ARG, "expert store: negative lfu_aging or lfru_halflife");
 
@@ -217,6 +233,8 @@ moetax_status moetax_store_init(const struct moetax_store_params *p, int n_layer
     s->p.vfs = s->vfs;
     if (s->p.n_io_threads == 0) s->p.n_io_threads = 4; /* measured: qd 4 gets ~90% of this disk's random-read bandwidth, qd 2 ~65% */
     if (s->p.min_slots == 0) s->p.min_slots = 1;
+    if (s->p.read_ahead == 0) s->p.read_ahead = MOETAX_STORE_READ_AHEAD_DEFAULT;
+    if (s->p.read_ahead_min_precision == 0) s->p.read_ahead_min_precision = MOETAX_STORE_READ_AHEAD_MIN_PRECISION;
     s->n_layer = n_layer;
     s->n_expert = n_expert;
     s->n_keys = n_layer * n_expert;
@@ -245,7 +263,8 @@ moetax_status moetax_store_init(const struct moetax_store_params *p, int n_layer
     s->pass_w = calloc((size_t)n_layer, sizeof *s->pass_w);
     s->lrank = calloc((size_t)n_layer, sizeof *s->lrank);
     if (s->p.read_log_cap > 0) s->rlog = calloc((size_t)s->p.read_log_cap, sizeof *s->rlog);
-    if (!s->path || !s->ex || !s->lheld || !s->passes || !s->pass_w || !s->lrank ||
+    s->ahead = calloc(MOETAX_STORE_READ_AHEAD_LIST, sizeof *s->ahead);
+    if (!s->path || !s->ex || !s->lheld || !s->passes || !s->pass_w || !s->lrank || !s->ahead ||
         (s->p.read_log_cap > 0 && !s->rlog)) {
         moetax_store_free(s);
         return moetax_error(MOETAX_ERR_NOMEM, "expert store: out of memory");
@@ -283,6 +302,7 @@ void moetax_store_free(struct moetax_store *s) {
     free(s->lrank);
     free(s->trace);
     free(s->rlog);
+    free(s->ahead);
     free(s->path);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
@@ -375,6 +395,7 @@ uint64_t moetax_store_min_budget(const struct moetax_store *s, int min_slots) {
 int moetax_store_n_slots(const struct moetax_store *s) { return s->committed ? s->n_slots : 0; }
 
 static void io_job(void *ctx, int job, int worker);
+static void ahead_pump(struct moetax_store *s);
 
 /* The I/O engine: with URING, one ring per worker, deep enough for an expert's spans. A VFS
  * other than the default that cannot see ring results (no uring_result) is read with pread;
@@ -539,6 +560,7 @@ static void io_job(void *ctx, int job, int worker) {
     s->st.loads++;
     if (sl->kind == MOETAX_STORE_READ_PREDICTED) s->st.predicted_loaded++;
     s->pending--;
+    s->queued_bytes -= x->bytes;
     if (--s->io_active == 0) s->st.io_busy_ns += store_now_ns() - s->io_busy_start;
     if (ok) {
         sl->state = SLOT_READY;
@@ -546,6 +568,7 @@ static void io_job(void *ctx, int job, int worker) {
         sl->state = SLOT_ERROR;
         memcpy(sl->err, err, sizeof err);
     }
+    ahead_pump(s);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
 }
@@ -562,9 +585,18 @@ static uint64_t io_busy_until(const struct moetax_store *s, uint64_t t) {
 /* A pass over the cycle's first layer begins: the I/O busy share of the cycle that ends. */
 static void cycle_mark(struct moetax_store *s) {
     uint64_t t = store_now_ns(), busy = io_busy_until(s, t);
-    if (s->cyc_t0 && t > s->cyc_t0) s->cyc_util = (double)(busy - s->cyc_busy0) / (double)(t - s->cyc_t0);
+    uint64_t waited = s->wait_ns + (s->n_waiting > 0 && t > s->wait_start ? t - s->wait_start : 0);
+    if (s->cyc_t0 && t > s->cyc_t0) {
+        s->cyc_util = (double)(busy - s->cyc_busy0) / (double)(t - s->cyc_t0);
+        /* the cycle's time with no acquire waiting, per layer: what the layers compute. Smoothed
+         * (a quarter per cycle): one token on a shared machine is noisy */
+        const uint64_t w = waited - s->cyc_wait0, c = t - s->cyc_t0;
+        const double per = (double)(c > w ? c - w : 0) / (double)(s->n_cycle > 0 ? s->n_cycle : 1);
+        s->layer_ns = s->layer_ns > 0 ? 0.75 * s->layer_ns + 0.25 * per : per;
+    }
     s->cyc_t0 = t;
     s->cyc_busy0 = busy;
+    s->cyc_wait0 = waited;
 }
 
 static void policy_touch(struct moetax_store *s, int layer, struct expert *x) {
@@ -683,7 +715,7 @@ static int take_slot(struct moetax_store *s) {
     }
     sl->key = -1;
     sl->state = SLOT_EMPTY;
-    sl->pf = sl->pf_pred = false;
+    sl->pf = sl->pf_pred = sl->pf_ahead = false;
     return best;
 }
 
@@ -698,6 +730,7 @@ static void start_load(struct moetax_store *s, int i, int key, bool demand) {
     sl->queued_ns = store_now_ns();
     s->ex[key].slot = i;
     s->pending++;
+    s->queued_bytes += s->ex[key].bytes;
     store_io_push(s->io, i, demand);
 }
 
@@ -771,7 +804,7 @@ moetax_status moetax_store_acquire(struct moetax_store *s, int layer, int e, con
                     break;
                 }
                 /* an earlier failure (another acquire's or a prefetch's): retry the read */
-                sl->pf = sl->pf_pred = false;
+                sl->pf = sl->pf_pred = sl->pf_ahead = false;
                 start_load(s, i, key, true);
                 my_seq = sl->seq;
             } else if (sl->state == SLOT_LOADING) {
@@ -796,7 +829,10 @@ moetax_status moetax_store_acquire(struct moetax_store *s, int layer, int e, con
                               s->p.io_timeout_ms);
             break;
         }
-        if (t_wait == 0) t_wait = store_now_ns();
+        if (t_wait == 0) {
+            t_wait = store_now_ns();
+            if (s->n_waiting++ == 0) s->wait_start = t_wait;
+        }
         if (s->p.io_timeout_ms > 0) {
             if (pthread_cond_timedwait(&s->cv, &s->mu, &deadline) == ETIMEDOUT) timed_out = true;
         } else {
@@ -804,6 +840,7 @@ moetax_status moetax_store_acquire(struct moetax_store *s, int layer, int e, con
         }
     }
     uint64_t waited = t_wait ? store_now_ns() - t_wait : 0;
+    if (t_wait && --s->n_waiting == 0) s->wait_ns += t_wait + waited - s->wait_start;
     if (t_wait) {
         s->st.misses++;
         s->st.stall_ns += waited;
@@ -815,8 +852,9 @@ moetax_status moetax_store_acquire(struct moetax_store *s, int layer, int e, con
         if (sl->pf) {
             s->st.prefetch_used++;
             if (sl->pf_pred) s->st.predicted_used++;
+            if (sl->pf_ahead) s->st.ahead_used++;
             if (t_wait) s->st.prefetch_late++;
-            sl->pf = sl->pf_pred = false;
+            sl->pf = sl->pf_pred = sl->pf_ahead = false;
         }
         sl->last_use = s->now;
         ptrs_of(s, x, sl, ptrs);
@@ -905,12 +943,78 @@ void moetax_store_prefetch(struct moetax_store *s, int layer, const int32_t *exp
         }
         s->slots[i].pf = true;
         s->slots[i].pf_pred = predicted;
+        s->slots[i].pf_ahead = false;
         start_load(s, i, key, false);
         s->st.prefetch_issued++;
         if (predicted) s->st.predicted_issued++;
     }
     pthread_mutex_unlock(&s->mu);
 }
+
+/* The disk's room (under the lock): bytes it reads in one layer's compute time, at the read rate
+ * measured so far (bytes over the time a read was in flight); 0 until both are measured. */
+static double ahead_room(const struct moetax_store *s) {
+    const uint64_t busy = io_busy_until(s, store_now_ns());
+    if (!busy || !(s->layer_ns > 0)) return 0;
+    return (double)s->st.bytes_read / (double)busy * s->layer_ns;
+}
+
+/* Read from the read-ahead list while the bytes queued or in flight are below the disk's room
+ * (under the lock). An item whose layer's pass has begun is stale: that layer's own reads are
+ * queued by then, and a wrong guess would only take the disk from them. */
+static void ahead_pump(struct moetax_store *s) {
+    if (s->ahead_pos >= s->n_ahead) return;
+    const double room = ahead_room(s);
+    while (s->ahead_pos < s->n_ahead && (double)s->queued_bytes < room) {
+        const struct ahead_item it = s->ahead[s->ahead_pos++];
+        const int layer = it.key / s->n_expert;
+        struct expert *x = &s->ex[it.key];
+        if (s->passes[layer] >= it.pass) {
+            s->st.ahead_stale++;
+            continue;
+        }
+        if (x->slot >= 0) continue; /* read meanwhile (or failed: the acquire retries it) */
+        const int i = take_slot(s);
+        if (i < 0) {
+            s->st.prefetch_dropped++;
+            continue;
+        }
+        x->hint = it.pass;
+        s->slots[i].pf = s->slots[i].pf_pred = s->slots[i].pf_ahead = true;
+        start_load(s, i, it.key, false);
+        s->st.prefetch_issued++;
+        s->st.predicted_issued++;
+        s->st.ahead_issued++;
+    }
+}
+
+void moetax_store_read_ahead(struct moetax_store *s, const int32_t *layers, const int32_t *experts, int n) {
+    if (!s->committed) return;
+    pthread_mutex_lock(&s->mu);
+    s->st.ahead_stale += (uint64_t)(s->n_ahead - s->ahead_pos); /* replaced before they were read */
+    s->n_ahead = s->ahead_pos = 0;
+    for (int k = 0; k < n && s->n_ahead < MOETAX_STORE_READ_AHEAD_LIST; k++) {
+        const int layer = layers[k], e = experts[k];
+        if (layer < 0 || layer >= s->n_layer || e < 0 || e >= s->n_expert) continue;
+        const int key = layer * s->n_expert + e;
+        struct expert *x = &s->ex[key];
+        if (!x->registered) continue;
+        bool dup = false;
+        for (int j = 0; j < s->n_ahead && !dup; j++) dup = s->ahead[j].key == key;
+        if (dup) continue;
+        s->st.ahead_offered++;
+        if (x->slot >= 0) { /* resident or in flight: needed soon, as a prefetch says (next-use) */
+            x->hint = pass_ahead(s, layer);
+            continue;
+        }
+        s->ahead[s->n_ahead++] = (struct ahead_item){.key = key, .pass = pass_ahead(s, layer)};
+    }
+    ahead_pump(s);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int moetax_store_read_ahead_depth(const struct moetax_store *s) { return s->p.read_ahead; }
+double moetax_store_read_ahead_min_precision(const struct moetax_store *s) { return s->p.read_ahead_min_precision; }
 
 void moetax_store_set_predictor(struct moetax_store *s, struct moetax_predictor *p, bool own) {
     if (s->pred_own && s->pred != p) moetax_predictor_free(s->pred);
