@@ -69,6 +69,12 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb) {
     }
 }
 
+/* The x8r layouts' common step: n consecutive dwords of row r's field f go to dword j of row r
+ * in the 8-row interleave at o (o + 32 j + 4 r), j = 0..n-1. */
+static void x8r_dwords(uint8_t *o, int r, const uint8_t *f, int n) {
+    for (int j = 0; j < n; j++) memcpy(o + 32 * j + 4 * r, f + 4 * j, 4);
+}
+
 void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb) {
     enum { R = MOETAX_K_Q8R8_ROWS, BB = MOETAX_K_Q8R8_BLOCK_BYTES };
     _Static_assert(BB == R * sizeof(moetax_block_q8_0), "a group block has the size of its 8 blocks");
@@ -81,7 +87,7 @@ void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb) {
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = s + (size_t)r * rb + (size_t)b * sizeof(moetax_block_q8_0);
             memcpy(o + 2 * r, blk, 2);
-            for (int c = 0; c < 8; c++) memcpy(o + MOETAX_K_Q8R8_QS_OFF + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
+            x8r_dwords(o + MOETAX_K_Q8R8_QS_OFF, r, blk + 2, 8);
         }
     }
 }
@@ -99,10 +105,8 @@ void moetax_k_repack_group_q4kr8(void *dst, const void *src, int64_t nb) {
             const uint8_t *blk = s + (size_t)r * rb + (size_t)b * sizeof(moetax_block_q4_k);
             memcpy(o + 2 * r, blk, 2);
             memcpy(o + MOETAX_K_Q4KR8_DMIN_OFF + 2 * r, blk + 2, 2);
-            for (int k = 0; k < 3; k++) memcpy(o + MOETAX_K_Q4KR8_SC_OFF + 32 * k + 4 * r, blk + 4 + 4 * k, 4);
-            for (int c = 0; c < 4; c++)
-                for (int q = 0; q < 8; q++)
-                    memcpy(o + MOETAX_K_Q4KR8_QS_OFF + 256 * c + 32 * q + 4 * r, blk + 16 + 32 * c + 4 * q, 4);
+            x8r_dwords(o + MOETAX_K_Q4KR8_SC_OFF, r, blk + 4, 3);
+            x8r_dwords(o + MOETAX_K_Q4KR8_QS_OFF, r, blk + 16, 32);
         }
     }
 }
@@ -120,11 +124,9 @@ void moetax_k_repack_group_q5kr8(void *dst, const void *src, int64_t nb) {
             const uint8_t *blk = s + (size_t)r * rb + (size_t)b * bs;
             memcpy(o + 2 * r, blk, 2);
             memcpy(o + MOETAX_K_Q4KR8_DMIN_OFF + 2 * r, blk + 2, 2);
-            for (int k = 0; k < 3; k++) memcpy(o + MOETAX_K_Q4KR8_SC_OFF + 32 * k + 4 * r, blk + 4 + 4 * k, 4);
-            for (int q = 0; q < 8; q++) memcpy(o + MOETAX_K_Q5KR8_QH_OFF + 32 * q + 4 * r, blk + 16 + 4 * q, 4);
-            for (int c = 0; c < 4; c++)
-                for (int q = 0; q < 8; q++)
-                    memcpy(o + MOETAX_K_Q5KR8_QS_OFF + 256 * c + 32 * q + 4 * r, blk + 48 + 32 * c + 4 * q, 4);
+            x8r_dwords(o + MOETAX_K_Q4KR8_SC_OFF, r, blk + 4, 3);
+            x8r_dwords(o + MOETAX_K_Q5KR8_QH_OFF, r, blk + 16, 8);
+            x8r_dwords(o + MOETAX_K_Q5KR8_QS_OFF, r, blk + 48, 32);
         }
     }
 }
@@ -141,15 +143,9 @@ void moetax_k_repack_group_q6kr8(void *dst, const void *src, int64_t nb) {
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = s + (size_t)r * rb + (size_t)b * bs;
             memcpy(o + 2 * r, blk + offsetof(moetax_block_q6_k, d), 2);
-            for (int k = 0; k < 4; k++)
-                memcpy(o + MOETAX_K_Q6KR8_SC_OFF + 32 * k + 4 * r, blk + offsetof(moetax_block_q6_k, scales) + 4 * k, 4);
-            for (int h = 0; h < 2; h++) {
-                for (int g = 0; g < 16; g++)
-                    memcpy(o + MOETAX_K_Q6KR8_QL_OFF + 512 * h + 32 * g + 4 * r, blk + 64 * h + 4 * g, 4);
-                for (int q = 0; q < 8; q++)
-                    memcpy(o + MOETAX_K_Q6KR8_QH_OFF + 256 * h + 32 * q + 4 * r,
-                           blk + offsetof(moetax_block_q6_k, qh) + 32 * h + 4 * q, 4);
-            }
+            x8r_dwords(o + MOETAX_K_Q6KR8_SC_OFF, r, blk + offsetof(moetax_block_q6_k, scales), 4);
+            x8r_dwords(o + MOETAX_K_Q6KR8_QL_OFF, r, blk + offsetof(moetax_block_q6_k, ql), 32);
+            x8r_dwords(o + MOETAX_K_Q6KR8_QH_OFF, r, blk + offsetof(moetax_block_q6_k, qh), 16);
         }
     }
 }
@@ -171,8 +167,8 @@ void moetax_k_repack_group_q2kr8(void *dst, const void *src, int64_t nb) {
             memcpy(o + 2 * r, blk + offsetof(moetax_block_q2_k, d), 2);
             memcpy(o + MOETAX_K_Q2KR8_DMIN_OFF + 2 * r, blk + offsetof(moetax_block_q2_k, dmin), 2);
             const uint8_t *sc = blk + offsetof(moetax_block_q2_k, scales), *qs = blk + offsetof(moetax_block_q2_k, qs);
-            for (int k = 0; k < 4; k++) memcpy(o + MOETAX_K_Q2KR8_SC_OFF + 32 * k + 4 * r, sc + 4 * k, 4);
-            for (int g = 0; g < 16; g++) memcpy(o + MOETAX_K_Q2KR8_QS_OFF + 32 * g + 4 * r, qs + 4 * g, 4);
+            x8r_dwords(o + MOETAX_K_Q2KR8_SC_OFF, r, sc, 4);
+            x8r_dwords(o + MOETAX_K_Q2KR8_QS_OFF, r, qs, 16);
         }
     }
 }
@@ -195,9 +191,9 @@ void moetax_k_repack_group_q3kr8(void *dst, const void *src, int64_t nb) {
             memcpy(o + 2 * r, blk + offsetof(moetax_block_q3_k, d), 2);
             const uint8_t *sc = blk + offsetof(moetax_block_q3_k, scales), *qs = blk + offsetof(moetax_block_q3_k, qs);
             const uint8_t *hm = blk + offsetof(moetax_block_q3_k, hmask);
-            for (int k = 0; k < 3; k++) memcpy(o + MOETAX_K_Q3KR8_SC_OFF + 32 * k + 4 * r, sc + 4 * k, 4);
-            for (int g = 0; g < 16; g++) memcpy(o + MOETAX_K_Q3KR8_QS_OFF + 32 * g + 4 * r, qs + 4 * g, 4);
-            for (int p = 0; p < 8; p++) memcpy(o + MOETAX_K_Q3KR8_HM_OFF + 32 * p + 4 * r, hm + 4 * p, 4);
+            x8r_dwords(o + MOETAX_K_Q3KR8_SC_OFF, r, sc, 3);
+            x8r_dwords(o + MOETAX_K_Q3KR8_QS_OFF, r, qs, 16);
+            x8r_dwords(o + MOETAX_K_Q3KR8_HM_OFF, r, hm, 8);
         }
     }
 }
