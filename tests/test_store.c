@@ -931,6 +931,48 @@ static void touch(struct moetax_store *s, int l, int e) {
     moetax_store_release(s, l, e);
 }
 
+/* holds_all: true only once every registered expert is resident in a budget that holds them all
+ * (then nothing can be evicted and the engine stops predicting for prefetch); a budget one slot
+ * short never gets there however many experts are read; a warm start of every expert gets there
+ * before the first acquire. */
+static void test_holds_all(uint64_t sb) {
+    struct moetax_store *s = NULL;
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = (uint64_t)(NL * NE) * sb}, &s), MOETAX_OK);
+    if (!s) return;
+    CHECK(!moetax_store_holds_all(s));
+    for (int l = 0; l < NL; l++)
+        for (int e = 0; e < NE; e++) {
+            CHECK_MSG(!moetax_store_holds_all(s), "holds_all before expert (%d, %d) was read", l, e);
+            touch(s, l, e);
+        }
+    CHECK(moetax_store_holds_all(s));
+    touch(s, 0, 0); /* a hit keeps it */
+    CHECK(moetax_store_holds_all(s));
+    moetax_store_free(s);
+
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = (uint64_t)(NL * NE - 1) * sb}, &s), MOETAX_OK);
+    if (!s) return;
+    CHECK_EQ_INT(moetax_store_n_slots(s), NL * NE - 1);
+    for (int pass = 0; pass < 2; pass++)
+        for (int l = 0; l < NL; l++)
+            for (int e = 0; e < NE; e++) {
+                touch(s, l, e);
+                CHECK_MSG(!moetax_store_holds_all(s), "holds_all with one slot short, after (%d, %d)", l, e);
+            }
+    moetax_store_free(s);
+
+    CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = (uint64_t)(NL * NE) * sb}, &s), MOETAX_OK);
+    if (!s) return;
+    int32_t wl[NL * NE], we[NL * NE];
+    for (int i = 0; i < NL * NE; i++) wl[i] = i / NE, we[i] = i % NE;
+    CHECK_EQ_INT(moetax_store_warm(s, wl, we, NL * NE - 1), MOETAX_OK);
+    CHECK(!moetax_store_holds_all(s));
+    CHECK_EQ_INT(moetax_store_warm(s, wl + NL * NE - 1, we + NL * NE - 1, 1), MOETAX_OK);
+    CHECK(moetax_store_holds_all(s));
+    moetax_store_free(s);
+}
+
+
 /* The read-ahead list: nothing is read before the store has measured a cycle (the disk's room is
  * unknown); then the list is read in order as the queue empties (each completion starts the next),
  * its reads count as predicted prefetches and as its own; an expert resident when offered is not
@@ -1096,6 +1138,7 @@ int main(int argc, char **argv) {
     test_belady();
     test_prefetch(sb);
     test_warm(sb);
+    test_holds_all(sb);
     test_read_ahead(sb);
     test_read_log(sb);
     test_faults(sb);

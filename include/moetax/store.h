@@ -232,6 +232,10 @@ moetax_status moetax_store_commit(struct moetax_store *s);
 uint64_t moetax_store_slot_bytes(const struct moetax_store *s);
 uint64_t moetax_store_min_budget(const struct moetax_store *s, int min_slots);
 int moetax_store_n_slots(const struct moetax_store *s); /* 0 before commit */
+/* True once every registered expert is resident and the budget holds them all (no slot can be
+ * evicted any more): nothing is left to read, so the engine stops predicting for prefetch.
+ * Lock-free; may lag a completing read by a moment. */
+bool moetax_store_holds_all(const struct moetax_store *s);
 
 /* Non-blocking: queue reads for the experts of `layer` that are neither
  * resident nor in flight. `predicted` marks prefetches from a prediction (for

@@ -352,6 +352,14 @@ void moe_offer(struct moe *b, int64_t E, int T, int a, const int32_t *experts, c
     moe_ra_offer(&b->ra, T, a, e, m, j);
 }
 
+/* Decoding's prefetch work: the router guesses for the store, the read-ahead's offers and the
+ * queued reads. Skipped once the store holds every expert it registered (nothing is left to
+ * read: a budget of the whole model, after its first reads), unless a learned predictor rides on
+ * the store (it scores itself against the router guess, as `profile` does on a full store). */
+static bool prefetching(const struct moe *b) {
+    return b->store && b->prefetch && (!moetax_store_holds_all(b->store) || moetax_store_predictor(b->store));
+}
+
 /* Experts layer il+1 would pick when its router is applied to the current
  * residual (what a cross-layer prefetcher would predict); for the report. Decoding with the
  * read-ahead, also the offers of the router guess for il + 1 and, read_ahead >= 2, il + 2 (where
@@ -359,7 +367,7 @@ void moe_offer(struct moe *b, int64_t E, int T, int a, const int32_t *experts, c
 static void predict_next(const struct fw_step *s, struct moe *b, int il) {
     const struct moetax_hparams *hp = &s->m->hp;
     const int64_t k = b->k;
-    const bool ra = b->read_ahead > 0 && b->prefetch && s->n == 1 && k <= 256;
+    const bool ra = b->read_ahead > 0 && prefetching(b) && s->n == 1 && k <= 256;
     float mg[256];
     if (il + 1 < hp->n_layer && s->m->layers[il + 1].is_moe) {
         for (int64_t t = 0; t < s->n; t++)
@@ -386,7 +394,8 @@ static void record_and_predict(const struct fw_step *s, struct moe *b, int il) {
     if (routing_rec)
         moetax_ledger_routing(s->ledger, il, s->n, b->sel + slots, b->selw + slots,
                               b->pred_ok[il] ? b->pred + slots : NULL);
-    if (b->read_ahead > 0 && s->n == 1) {
+    const bool pf = prefetching(b);
+    if (b->read_ahead > 0 && s->n == 1 && pf) {
         moe_ra_score(&b->ra, il, b->sel + slots, (int)b->k);
         /* the guesses below take two router products: this layer's experts are queued first
          * (issue_reads queues them again: a no-op) */
@@ -398,7 +407,7 @@ static void record_and_predict(const struct fw_step *s, struct moe *b, int il) {
         }
         moetax_store_prefetch(b->store, il, mine, nm, false);
     }
-    if (routing_rec || (b->store && b->prefetch)) predict_next(s, b, il);
+    if (routing_rec || pf) predict_next(s, b, il);
     if (b->store) moe_predict_learned(s, b, il);
 }
 
@@ -408,7 +417,7 @@ static void issue_reads(struct worker *w, struct moe *b, int il, const struct pl
     struct fw_step *s = w->s;
     const struct moetax_hparams *hp = &s->m->hp;
     const int64_t E = hp->n_expert, k = b->k, n = s->n;
-    if (b->store && b->prefetch) {
+    if (prefetching(b)) {
         /* reads for all of this layer's experts now, in parallel (other items proceed while
          * they load), then the experts the next layer's router predicts from this residual.
          * Without prefetch each expert is read only when a work item needs it. */

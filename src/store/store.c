@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,8 @@ struct moetax_store {
     bool warming;     /* moetax_store_warm: fill empty slots only, never evict what it read */
     uint64_t slot_bytes;
     int n_slots;
+    int n_ready;               /* slots READY (under mu) */
+    _Atomic bool holds_all;    /* n_ready == n_registered == n_slots (moetax_store_holds_all) */
     struct moetax_huge_buf mem; /* the slots (moetax_huge_alloc: the kernels stream experts from them) */
     struct slot *slots;
     struct store_io *io;
@@ -393,6 +396,9 @@ uint64_t moetax_store_min_budget(const struct moetax_store *s, int min_slots) {
 }
 
 int moetax_store_n_slots(const struct moetax_store *s) { return s->committed ? s->n_slots : 0; }
+bool moetax_store_holds_all(const struct moetax_store *s) {
+    return atomic_load_explicit(&((struct moetax_store *)s)->holds_all, memory_order_acquire);
+}
 
 static void io_job(void *ctx, int job, int worker);
 static void ahead_pump(struct moetax_store *s);
@@ -564,6 +570,8 @@ static void io_job(void *ctx, int job, int worker) {
     if (--s->io_active == 0) s->st.io_busy_ns += store_now_ns() - s->io_busy_start;
     if (ok) {
         sl->state = SLOT_READY;
+        if (++s->n_ready == s->n_registered && s->n_slots == s->n_registered)
+            atomic_store_explicit(&s->holds_all, true, memory_order_release);
     } else {
         sl->state = SLOT_ERROR;
         memcpy(sl->err, err, sizeof err);
@@ -708,6 +716,8 @@ static int take_slot(struct moetax_store *s) {
     struct slot *sl = &s->slots[best];
     if (sl->key >= 0) {
         if (sl->state == SLOT_READY) {
+            s->n_ready--;
+            atomic_store_explicit(&s->holds_all, false, memory_order_relaxed);
             s->st.evictions++;
             if (sl->pf) s->st.prefetch_wasted++;
         }
