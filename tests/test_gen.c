@@ -7,6 +7,7 @@
 
 #include "moetax/gen.h"
 #include "moetax/gguf.h"
+#include "moetax/tokenizer.h"
 #include "testutil.h"
 
 struct shape {
@@ -87,6 +88,30 @@ static void check_model(const char *path, const struct shape *s, enum moetax_typ
     uint32_t bos = 0, eos = 0;
     CHECK(moetax_gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &bos) == MOETAX_OK && bos < (uint32_t)s->vocab);
     CHECK(moetax_gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &eos) == MOETAX_OK && eos < (uint32_t)s->vocab);
+    /* every id but BOS/EOS decodes to text (a random model's samples show in a stream), and text
+     * never encodes to the made-up words past the merges (ids > EOS) */
+    struct moetax_tokenizer *tk = NULL;
+    CHECK_EQ_INT(moetax_tokenizer_load(g, &tk), MOETAX_OK);
+    if (tk) {
+        int empty = 0, control = 0;
+        for (int32_t id = 0; id < s->vocab; id++) {
+            char buf[64];
+            const int nb = moetax_tokenizer_token_to_bytes(tk, id, buf, sizeof buf);
+            if (moetax_tokenizer_token_type(tk, id) == MOETAX_TOKEN_TYPE_CONTROL) control++;
+            else empty += nb <= 0;
+        }
+        CHECK_EQ_INT(control, 2);
+        CHECK_EQ_INT(empty, 0);
+        static const char text[] = "def main(argv=None):\n    for i in range(10):\n        print(i) # quick brown fox\n"
+                                   "The bakelo and the gidafe zz qq 12345 {}[]<>";
+        int32_t ids[256];
+        int64_t n = 0;
+        CHECK_EQ_INT(moetax_tokenizer_encode(tk, text, sizeof text - 1, false, ids, 256, &n), MOETAX_OK);
+        int past = 0;
+        for (int64_t i = 0; i < n; i++) past += ids[i] > (int32_t)eos;
+        CHECK_MSG(n > 10 && past == 0, "%lld ids, %d past EOS", (long long)n, past);
+        moetax_tokenizer_free(tk);
+    }
 
     const enum moetax_type F32 = MOETAX_TYPE_F32;
     int n_expected = 3;

@@ -7,7 +7,8 @@
  * built-in English + Python text (a word: an optional leading space and a run
  * of letters, digits, or other symbols; whitespace runs alone). Ties between
  * equally frequent pairs go to the pair that sorts first, so the result is
- * deterministic.
+ * deterministic. Ids past the merges and the two control tokens are made-up words that no
+ * merge makes (see below).
  */
 #include "moetax/gen.h"
 
@@ -180,11 +181,26 @@ moetax_status moetax_gen_vocab_build(int n_vocab, struct moetax_gen_vocab *v) {
     v->eos_id = n_tok + 1;
     if (!(v->tokens[n_tok] = strdup("<|begin_of_text|>")) || !(v->tokens[n_tok + 1] = strdup("<|end_of_text|>"))) goto nomem;
     v->token_type[n_tok] = v->token_type[n_tok + 1] = 3;
+    /* the rest: made-up words (a space, then three consonant-vowel syllables spelling the id
+     * in base 75), normal tokens that no merge makes, so that text never encodes to them but
+     * every id a random model samples decodes to text (a server's stream shows each token) */
+    static const char cons[] = "bdfghjklmnprstv", vow[] = "aeiou";
     for (int t = n_tok + 2; t < n_vocab; t++) {
         char buf[32];
-        snprintf(buf, sizeof buf, "<|unused_%d|>", t);
+        for (int salt = 0;; salt++) {
+            int x = t + salt * 1000003, o = 0;
+            o += put_utf8(buf, byte_to_cp(' '));
+            for (int syl = 0; syl < 3 || x > 0; syl++, x /= 75) {
+                buf[o++] = cons[(x % 75) / 5];
+                buf[o++] = vow[(x % 75) % 5];
+            }
+            buf[o] = 0;
+            int dup = 0;
+            for (int u = 0; u < n_tok + 2 && !dup; u++) dup = !strcmp(v->tokens[u], buf); /* the others differ */
+            if (!dup) break;
+        }
         if (!(v->tokens[t] = strdup(buf))) goto nomem;
-        v->token_type[t] = 5;
+        v->token_type[t] = 1;
     }
     for (int w = 0; w < n_words; w++) free(words[w].sym);
     free(words);
