@@ -24,6 +24,7 @@ architecture), and its tokenizer against the Python tokenizer that trained it.
 usage: test_trained_model.py MOETAX_BIN WORKDIR
 """
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -169,7 +170,8 @@ def main():
 
     # perplexity over three held-out files (sanitized: one)
     pdir = os.path.join(work, "ppl")
-    os.makedirs(pdir, exist_ok=True)
+    shutil.rmtree(pdir, ignore_errors=True)  # only this run's files (perplexity reads the whole folder)
+    os.makedirs(pdir)
     chosen = sorted(held, key=lambda x: len(x[1]))[len(held) // 2:len(held) // 2 + (1 if SANITIZED else 3)]
     for rel, text in chosen:
         with open(os.path.join(pdir, rel.replace(os.sep, "__")), "w", encoding="utf-8", newline="") as f:
