@@ -552,5 +552,17 @@ int main(int argc, char **argv) {
     batch_vs_alone(mx, 0, 3);
     batch_vs_alone(mxf, 2e-5f, 64);
     random_schedules(mx, 0, 4);
+    /* 512 wide (embd), 8 experts: a batch's down projections go in pieces of 256 rows when an
+     * expert has more than 1/8 of the slots (moe.c, down_pieces), the hidden rows prepared by the
+     * expert's last gate/up block: the same bits as each sequence alone (Q4_0: repacked row groups) */
+    char mw[512], mw4[512];
+    snprintf(mw, sizeof mw, "%s", tu_path("batch_mixtral_wide_q8_0.gguf"));
+    snprintf(mw4, sizeof mw4, "%s", tu_path("batch_mixtral_wide_q4_0.gguf"));
+    CHECK_EQ_INT(gen("--arch mixtral --preset tiny --type q8_0 --embd 512 --heads 8 --heads-kv 2 --head-dim 64", mw), 0);
+    CHECK_EQ_INT(gen("--arch mixtral --preset tiny --type q4_0 --embd 512 --heads 8 --heads-kv 2 --head-dim 64 --seed 5",
+                     mw4), 0);
+    batch_vs_alone(mw, 0, 64);
+    batch_vs_alone(mw4, 0, 64);
+    random_schedules(mw, 0, 5);
     return tu_finish("test_batch");
 }

@@ -31,6 +31,7 @@
  * prepare and down phases, and one partial sum per record goes back.
  */
 #include <math.h>
+#include <stdio.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1217,6 +1218,27 @@ static void shared_down_block(struct worker *w, struct moe *b, const struct moet
     }
 }
 
+/* A batch's down projections in pieces of whole 64-row blocks, so that no expert's item is larger
+ * than about a quarter of a worker's share of the phase: with few experts and many tokens (Mixtral's
+ * 8 at a long prefill, 2 per token) one item per expert left workers idle while the busiest
+ * expert's ran (8 items for 16 threads). Pieces of an expert: ceil(4 nth cnt / slots), at most
+ * d / 256 (pieces of at least 256 rows keep their streams long). Writes the running sum of pieces
+ * per active expert into ends[n_mine] and returns the total; n_mine when nothing is split (then
+ * each item prepares its expert's hidden rows, as before; split, the last gate/up block of each
+ * expert does it in phase 4, b->gu_done). Every worker computes the same (plans are the same). */
+static int64_t down_pieces(const struct plan *pl, int nth, int64_t d, int32_t *ends) {
+    int64_t total = 0, slots = 0;
+    for (int32_t i = 0; i < pl->n_mine; i++) slots += pl->m_cnt[i];
+    const int64_t maxp = d / 256 > 1 ? d / 256 : 1;
+    for (int32_t i = 0; i < pl->n_mine; i++) {
+        int64_t np = slots > 0 ? (4 * (int64_t)nth * pl->m_cnt[i] + slots - 1) / slots : 1;
+        np = np < 1 ? 1 : np > maxp ? maxp : np;
+        total += np;
+        ends[i] = (int32_t)total;
+    }
+    return total;
+}
+
 /* Phases 5 and 6 of a batch (n > 1, one process), after gate/up's barrier:
  *   5. one work item per active expert: it prepares the expert's hidden rows (its slots of
  *      b->a_eh, disjoint from every other expert's) and runs the expert's whole down
@@ -1243,14 +1265,27 @@ static void moe_down_batch(struct worker *w, struct moe *b, int il, const struct
         fw_mark(w, MOETAX_PHASE_EXPERT);
     }
     struct act v = fw_act_view(&b->a_eh, b->eh, F, pl->n_slots);
-    for (int64_t it; (it = fw_chunk(w, pl->n_mine, 1)) >= 0;) {
-        const int32_t e = pl->mine[it], o0 = pl->m_off[it], c = pl->m_cnt[it];
+    int32_t *ends = b->wk[w->ith].plan.fill; /* scratch [E]: the plans are made */
+    const int64_t n_items = down_pieces(pl, w->nth, d, ends);
+    const bool split = n_items > pl->n_mine;
+    for (int64_t it, mi = 0; (it = fw_chunk(w, n_items, 1)) >= 0;) {
+        mi = 0;
+        while (ends[mi] <= it) mi++;
+        const int64_t np = ends[mi] - (mi ? ends[mi - 1] : 0), pc = it - (mi ? ends[mi - 1] : 0);
+        const int32_t e = pl->mine[mi], o0 = pl->m_off[mi], c = pl->m_cnt[mi];
+        if (split && pc == 0) /* for the next layer (phase 4 counted every block, read error or not) */
+            atomic_store_explicit(&b->gu_done[mi], 0, memory_order_relaxed);
         const void *wg, *wu, *wd;
         if (!expert_ptrs(w, b, il, e, &wg, &wu, &wd)) continue;
-        fw_mark(w, MOETAX_PHASE_DISPATCH);
-        fw_act_prep(s, &v, o0, o0 + c);
-        fw_mark(w, MOETAX_PHASE_EXPERT);
-        fw_matmul_at(s, &l->down_exps, wd, 0, d, &v, o0, c, yd + (int64_t)o0 * d, d);
+        if (!split) {
+            fw_mark(w, MOETAX_PHASE_DISPATCH);
+            fw_act_prep(s, &v, o0, o0 + c);
+            fw_mark(w, MOETAX_PHASE_EXPERT);
+        }
+        /* piece pc of np: whole 64-row blocks (kernels.h, ROW RANGES) */
+        const int64_t nb64 = (d + 63) / 64, r0 = nb64 * pc / np * 64, r1 = nb64 * (pc + 1) / np * 64 < d
+                                                                             ? nb64 * (pc + 1) / np * 64 : d;
+        fw_matmul_at(s, &l->down_exps, wd, r0, r1, &v, o0, c, yd + (int64_t)o0 * d, d);
     }
     fw_phase_end(w);
 
@@ -1401,6 +1436,8 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     else fw_mark(w, MOETAX_PHASE_EXPERT);
     const int64_t bf = F >= 256 ? 256 : F; /* gate/up rows per work item: a multiple of 64 (kernels.h, ROW RANGES) */
     const int64_t nbf = (F + bf - 1) / bf;
+    /* a batch whose down projections go in pieces prepares each expert's hidden rows here */
+    const bool split_down = n > 1 && !b->dist && down_pieces(pl, w->nth, d, wk->plan.fill) > pl->n_mine;
     /* this rank's active experts (all without a world) */
     for (int64_t it; (it = fw_chunk(w, (int64_t)pl->n_mine * nbf, 1)) >= 0;) {
         const int64_t mi = it / nbf;
@@ -1421,6 +1458,13 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         }
         fw_matmul2_at(s, &l->gate_exps, wg, &l->up_exps, wu, f0, f1, ai, b0, cnt, g, u, F);
         for (int64_t i = 0; i < cnt; i++) K->silu_mul(u + i * F + f0, g + i * F + f0, u + i * F + f0, f1 - f0);
+        if (split_down && atomic_fetch_add_explicit(&b->gu_done[mi], 1, memory_order_acq_rel) == nbf - 1) {
+            /* the expert's last block: its hidden rows are whole, prepare them for the down pieces */
+            fw_mark(w, MOETAX_PHASE_DISPATCH);
+            struct act v = fw_act_view(&b->a_eh, b->eh, F, pl->n_slots);
+            fw_act_prep(s, &v, pl->m_off[mi], pl->m_off[mi] + cnt);
+            fw_mark(w, MOETAX_PHASE_EXPERT);
+        }
     }
     fw_phase_end(w);
 
@@ -1584,6 +1628,7 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
     A(b->pred, L * U * k);
     A(b->pred_ok, L);
     A(b->hist_n, L);
+    A(b->gu_done, E);
     A(b->pred_x, d);
     A(b->pred_logits, E);
     A(b->pred_p, 2 * E);
@@ -1635,7 +1680,7 @@ moetax_status moe_init(struct moe *b, const struct fw_step *s, const struct moe_
 
 void moe_free(struct moe *b) {
     free(b->router); free(b->sh_hid); free(b->sh_tmp); free(b->eh); free(b->eh_g); free(b->ydown);
-    free(b->sel); free(b->selw); free(b->pred); free(b->pred_ok); free(b->hist_n);
+    free(b->sel); free(b->selw); free(b->pred); free(b->pred_ok); free(b->hist_n); free((void *)b->gu_done);
     free(b->pred_x); free(b->pred_logits); free(b->pred_p); free(b->pred_q);
     free(b->cap_count); free(b->cap_order); free(b->cap_tot); free(b->cap_p);
     free(b->slot_lo); free(b->partial); free(b->gbuf);

@@ -4,6 +4,8 @@
 #ifndef MOETAX_MOE_H
 #define MOETAX_MOE_H
 
+#include <stdatomic.h>
+
 #include "model/step.h"
 #include "moe/readahead.h"
 
@@ -60,6 +62,9 @@ struct moe {
     float *eh;                  /* [U*k, F] expert hidden */
     float *eh_g;                /* [U*k, F] expert gate (scratch) */
     float *ydown;               /* [U*k, d] expert down outputs */
+    _Atomic int32_t *gu_done;   /* [E] a batch whose down projections are split (moe.c, down_pieces):
+                                 * gate/up blocks done per active expert; the last one prepares the
+                                 * expert's hidden rows. Zero outside the two phases */
     struct act a_sh;            /* slot for the shared hidden */
     struct act a_exp;           /* slot for expert inputs (gathered) */
     struct act a_eh;            /* slot for expert hidden */
