@@ -1243,6 +1243,8 @@ static int64_t down_pieces(const struct plan *pl, int nth, int64_t d, int32_t *e
  *   5. one work item per active expert: it prepares the expert's hidden rows (its slots of
  *      b->a_eh, disjoint from every other expert's) and runs the expert's whole down
  *      projection into its rows of ydown; (own_route) the shared hidden is prepared too.
+ *      With few experts and many tokens, pieces of an expert's down rows instead (down_pieces;
+ *      the hidden rows were prepared by the expert's last gate/up block).
  *   6. one work item per block of output rows: the block's combine (every slot, in slot
  *      order: experts ascending), then the shared experts' down projection of the block.
  * Barriers as before (gate/up | 5 | 6). Down items per block of 64 output rows across all
