@@ -32,6 +32,13 @@ def main():
     for mode in ("mem", "kernels"):
         h = run([mt, "bench", mode, "--help"])
         check(h.returncode == 0 and "usage" in h.stdout, f"moetax bench {mode} --help")
+    # bench mem --json: the read bandwidth, the barrier and the empty pool run per thread count
+    r = run([mt, "bench", "mem", "--size-mib", "64", "-r", "1", "-t", "1,2", "--barrier-iters", "200", "--json"])
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    kinds = sorted((o["test"], o["threads"]) for o in rows)
+    check(r.returncode == 0 and kinds == sorted((k, t) for k in ("mem_read", "barrier", "pool_run") for t in (1, 2)),
+          f"bench mem --json: rc {r.returncode}, {kinds}")
+    check(all(o["median_ns"] > 0 for o in rows if o["test"] in ("barrier", "pool_run")), "bench mem: ns > 0")
     # bench kernels --json: one object per case with the documented fields (a small, quick run)
     r = run([mt, "bench", "kernels", "--size-mib", "8", "-r", "1", "-t", "1", "--types", "q4_0,f32",
              "--cases", "matrix,batch", "--json"])

@@ -355,6 +355,16 @@ static void test_errors_and_bench(void) {
     CHECK_EQ_INT(moetax_pool_bench_barrier(pool, 2000, &ns), MOETAX_OK);
     printf("barrier round trip, %d threads: median %.0f ns\n", moetax_pool_n_threads(pool), ns);
     CHECK(ns > 0 && isfinite(ns));
+    CHECK_EQ_INT(moetax_pool_bench_run(pool, 0, &ns), MOETAX_ERR_ARG);
+    CHECK_EQ_INT(moetax_pool_bench_run(NULL, 10, &ns), MOETAX_ERR_ARG);
+    struct moetax_pool_worker_stats st0, st1;
+    moetax_pool_stats(pool, 0, &st0);
+    ns = -1;
+    CHECK_EQ_INT(moetax_pool_bench_run(pool, 2000, &ns), MOETAX_OK);
+    moetax_pool_stats(pool, 0, &st1);
+    printf("empty run, %d threads: median %.0f ns\n", moetax_pool_n_threads(pool), ns);
+    CHECK(ns > 0 && isfinite(ns));
+    CHECK(st1.n_runs - st0.n_runs >= 2000); /* the runs happened (after a warm-up) */
     moetax_pool_free(pool);
 
     CHECK_EQ_INT(moetax_pool_init(&(struct moetax_pool_params){.n_threads = 1}, &pool), MOETAX_OK);

@@ -17,17 +17,19 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: moetax bench mem [options]\n"
             "Read bandwidth of this machine (median of repeats, GB/s = 1e9 B/s) over a buffer far\n"
-            "larger than the last-level cache, and the thread pool's barrier round trip.\n"
+            "larger than the last-level cache, the thread pool's barrier round trip, and an empty pool run\n"
+            "(publish, wake-up, join: what `bench kernels`' expert case pays once per matrix).\n"
             "\n"
             "options:\n"
             "  -t, --threads LIST     thread counts, e.g. 1,2 (default: 1..%ld, the online CPUs)\n"
             "      --size-mib N       buffer size in MiB (default 1024)\n"
             "  -r, --reps N           timed passes per thread count, median reported (default 7)\n"
-            "      --barrier-iters N  barriers timed per thread count (default 20000)\n"
+            "      --barrier-iters N  barriers (and empty runs) timed per thread count (default 20000)\n"
             "      --pin              pin worker i to CPU i\n"
             "      --json             one JSON object per line:\n"
             "                           {\"test\":\"mem_read\",\"threads\",\"bytes\",\"gbps\",...}\n"
             "                           {\"test\":\"barrier\",\"threads\",\"iters\",\"median_ns\"}\n"
+            "                           {\"test\":\"pool_run\",\"threads\",\"iters\",\"median_ns\"}\n"
             "  -h, --help             this text\n",
             n > 0 ? n : 1);
 }
@@ -79,7 +81,7 @@ int bench_mem_main(int argc, char **argv) {
     if (!json) {
         printf("read bandwidth: %lld MiB buffer, median of %lld passes (kernel %s)\n", (long long)size_mib,
                (long long)reps, moetax_membw_kernel_name());
-        printf("%8s %12s %10s %10s %10s %16s\n", "threads", "bytes", "GB/s", "min", "max", "barrier ns");
+        printf("%8s %12s %10s %10s %10s %16s %12s\n", "threads", "bytes", "GB/s", "min", "max", "barrier ns", "run ns");
     }
     cli_progress prog;
     cli_progress_init(&prog, "bench mem", (uint64_t)n_t);
@@ -96,8 +98,9 @@ int bench_mem_main(int argc, char **argv) {
             moetax_pool_free(pool);
             return cli_fail(cmd, st);
         }
-        double bar_ns = 0;
+        double bar_ns = 0, run_ns = 0;
         st = moetax_pool_bench_barrier(pool, (int)barrier_iters, &bar_ns);
+        if (st == MOETAX_OK) st = moetax_pool_bench_run(pool, (int)barrier_iters, &run_ns);
         moetax_pool_free(pool);
         if (st != MOETAX_OK) return cli_fail(cmd, st);
 
@@ -108,9 +111,11 @@ int bench_mem_main(int argc, char **argv) {
                    r.threads, r.bytes, r.reps, r.kernel, r.gbps_median, r.gbps_min, r.gbps_max);
             printf("{\"test\":\"barrier\",\"threads\":%d,\"iters\":%lld,\"median_ns\":%.1f}\n", r.threads,
                    (long long)barrier_iters, bar_ns);
+            printf("{\"test\":\"pool_run\",\"threads\":%d,\"iters\":%lld,\"median_ns\":%.1f}\n", r.threads,
+                   (long long)barrier_iters, run_ns);
         } else {
-            printf("%8d %12zu %10.2f %10.2f %10.2f %16.0f\n", r.threads, r.bytes, r.gbps_median, r.gbps_min,
-                   r.gbps_max, bar_ns);
+            printf("%8d %12zu %10.2f %10.2f %10.2f %16.0f %12.0f\n", r.threads, r.bytes, r.gbps_median, r.gbps_min,
+                   r.gbps_max, bar_ns, run_ns);
         }
         fflush(stdout);
     }

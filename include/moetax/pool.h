@@ -117,6 +117,10 @@ uint64_t moetax_pool_now_ns(void);
 /* Barrier round trip: nth workers pass iters barriers back to back (hot); the
  * median time per barrier seen by worker 0, in ns. iters >= 1. */
 moetax_status moetax_pool_bench_barrier(struct moetax_pool *pool, int iters, double *median_ns);
+/* Run round trip: the caller runs an empty fn on all workers iters times back to back (the
+ * publish, the wake-up and the join of moetax_pool_run); the median ns per run over batches of
+ * 64 runs. Outside a run; iters >= 1. */
+moetax_status moetax_pool_bench_run(struct moetax_pool *pool, int iters, double *median_ns);
 
 #ifdef __cplusplus
 }

@@ -500,3 +500,26 @@ moetax_status moetax_pool_bench_barrier(struct moetax_pool *pool, int iters, dou
     free(d);
     return MOETAX_OK;
 }
+
+static void bench_run_fn(void *ctx, int ith, int nth) {
+    (void)ctx, (void)ith, (void)nth;
+}
+
+moetax_status moetax_pool_bench_run(struct moetax_pool *pool, int iters, double *median_ns) {
+    if (!pool || !median_ns || iters < 1)
+        return moetax_error(MOETAX_ERR_ARG, "moetax_pool_bench_run: need a pool, iters >= 1 (got %d)", iters);
+    enum { BATCH = 64 };
+    const int nb = (iters + BATCH - 1) / BATCH;
+    double *d = malloc(sizeof(double) * (size_t)nb);
+    if (!d) return moetax_error(MOETAX_ERR_NOMEM, "moetax_pool_bench_run: out of memory");
+    for (int i = 0; i < (iters < 1000 ? iters : 1000); i++) moetax_pool_run(pool, bench_run_fn, NULL); /* warm */
+    for (int b = 0; b < nb; b++) {
+        const uint64_t t0 = moetax_pool_now_ns();
+        for (int i = 0; i < BATCH; i++) moetax_pool_run(pool, bench_run_fn, NULL);
+        d[b] = (double)(moetax_pool_now_ns() - t0) / BATCH;
+    }
+    qsort(d, (size_t)nb, sizeof(double), cmp_double);
+    *median_ns = nb % 2 ? d[nb / 2] : 0.5 * (d[nb / 2 - 1] + d[nb / 2]);
+    free(d);
+    return MOETAX_OK;
+}
