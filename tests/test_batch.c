@@ -493,17 +493,6 @@ static void adapt_threads_same(const char *path) {
     moetax_model_free(m);
 }
 
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-#ifndef UNDER_TSAN
-#define UNDER_TSAN 0
-#endif
-
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     kvcache_ops();
@@ -573,7 +562,7 @@ int main(int argc, char **argv) {
     CHECK_EQ_INT(gen("--arch mixtral --preset tiny --type q4_0 --embd 512 --heads 8 --heads-kv 2 --head-dim 64 --seed 5",
                      mw4), 0);
     batch_vs_alone(mw, 0, 64);
-    if (!UNDER_TSAN) { /* ThreadSanitizer: the Q8_0 file covers the pieces' threading (~25 s more each) */
+    if (!TU_UNDER_TSAN) { /* ThreadSanitizer: the Q8_0 file covers the pieces' threading (~25 s more each) */
         batch_vs_alone(mw4, 0, 64);
         random_schedules(mw, 0, 5);
     }

@@ -210,17 +210,6 @@ static void read_ahead_case(struct moetax_model *m, const char *type) {
         }
 }
 
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-#ifndef UNDER_TSAN
-#define UNDER_TSAN 0
-#endif
-
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     char path[512];
@@ -234,7 +223,7 @@ int main(int argc, char **argv) {
     for (int ti = 0; ti < 4; ti++) {
         /* under ThreadSanitizer two of the files (Q8_0, and Q4_0 with a fused gate_up: both
          * layouts' repack paths); the store's threading is the same for every type */
-        if (UNDER_TSAN && (ti == 1 || ti == 2)) continue;
+        if (TU_UNDER_TSAN && (ti == 1 || ti == 2)) continue;
         char cmd[1024];
         snprintf(cmd, sizeof cmd, "%s gen --preset tiny-v3 --type %s --experts 16 %s -o %s >/dev/null 2>&1",
                  tu_moetax_bin, types[ti], extra[ti], path);
@@ -251,7 +240,7 @@ int main(int argc, char **argv) {
         /* under ThreadSanitizer (the `threads` stage, ~10x slower) two policies: the locking and
          * the slot life cycle are the same for all four, only the victim's score differs, and
          * the release build runs all four */
-        const size_t n_pols = UNDER_TSAN ? 2 : sizeof pols / sizeof pols[0];
+        const size_t n_pols = TU_UNDER_TSAN ? 2 : sizeof pols / sizeof pols[0];
         for (size_t fi = 0; ref && fi < sizeof fracs / sizeof fracs[0]; fi++) {
             for (size_t pi = 0; pi < n_pols; pi++) {
                 for (int threads = 1; threads <= 2; threads++) {

@@ -26,6 +26,19 @@ int tu_finish(const char *name); /* prints a summary, returns the exit code */
     __FILE__, __LINE__, #a, #b, _a, _b); } } while (0)
 
 /* xorshift64* RNG */
+/* 1 in a ThreadSanitizer build (gcc's __SANITIZE_THREAD__, clang's __has_feature): tests that
+ * run ~10x slower there may check fewer cases that differ only outside threading. */
+#if defined(__SANITIZE_THREAD__)
+#define TU_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TU_UNDER_TSAN 1
+#endif
+#endif
+#ifndef TU_UNDER_TSAN
+#define TU_UNDER_TSAN 0
+#endif
+
 typedef struct tu_rng { uint64_t s; } tu_rng;
 uint64_t tu_rand_u64(tu_rng *r);
 float tu_rand_uniform(tu_rng *r); /* [0,1) */
