@@ -31,7 +31,6 @@
  * prepare and down phases, and one partial sum per record goes back.
  */
 #include <math.h>
-#include <stdio.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1270,8 +1269,8 @@ static void moe_down_batch(struct worker *w, struct moe *b, int il, const struct
     int32_t *ends = b->wk[w->ith].plan.fill; /* scratch [E]: the plans are made */
     const int64_t n_items = down_pieces(pl, w->nth, d, ends);
     const bool split = n_items > pl->n_mine;
-    for (int64_t it, mi = 0; (it = fw_chunk(w, n_items, 1)) >= 0;) {
-        mi = 0;
+    for (int64_t it; (it = fw_chunk(w, n_items, 1)) >= 0;) {
+        int64_t mi = 0;
         while (ends[mi] <= it) mi++;
         const int64_t np = ends[mi] - (mi ? ends[mi - 1] : 0), pc = it - (mi ? ends[mi - 1] : 0);
         const int32_t e = pl->mine[mi], o0 = pl->m_off[mi], c = pl->m_cnt[mi];
@@ -1285,8 +1284,8 @@ static void moe_down_batch(struct worker *w, struct moe *b, int il, const struct
             fw_mark(w, MOETAX_PHASE_EXPERT);
         }
         /* piece pc of np: whole 64-row blocks (kernels.h, ROW RANGES) */
-        const int64_t nb64 = (d + 63) / 64, r0 = nb64 * pc / np * 64, r1 = nb64 * (pc + 1) / np * 64 < d
-                                                                             ? nb64 * (pc + 1) / np * 64 : d;
+        const int64_t nb64 = (d + 63) / 64, r0 = nb64 * pc / np * 64, r1e = nb64 * (pc + 1) / np * 64;
+        const int64_t r1 = r1e < d ? r1e : d;
         fw_matmul_at(s, &l->down_exps, wd, r0, r1, &v, o0, c, yd + (int64_t)o0 * d, d);
     }
     fw_phase_end(w);
