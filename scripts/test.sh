@@ -40,7 +40,7 @@ stage "ctest mpi (release)" ctest --test-dir build --output-on-failure -L mpi
 stage "build (asan+ubsan)" built_for build-asan unit -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETAX_SANITIZE=address,undefined
 stage "ctest unit (asan+ubsan)" ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit
 stage "build (tsan)" built_for build-tsan threads -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETAX_SANITIZE=thread
-stage "ctest threads (tsan)" ctest --test-dir build-tsan --output-on-failure -L threads
+stage "ctest threads (tsan)" ctest --test-dir build-tsan --output-on-failure -j"$jobs" -L threads
 
 fuzz() { # the GGUF reader, the model loader (hyper-parameters, tensors, tokenizer) and the server's request
          # parsing, side by side (each fuzzer is one process), each for half of MOETAX_FUZZ_SECONDS (default 60):
