@@ -1,4 +1,5 @@
 // ctest-labels: unit;model;threads
+// ctest-cost: 20
 /* test_batch.c - many sequences in one context: the paged KV cache's memory
  * operations, and batched decoding against each sequence run alone.
  *

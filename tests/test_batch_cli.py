@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 # ctest-labels: unit;model
+# ctest-cost: 25
 """test_batch_cli.py - many sequences from the command line: run --parallel gives
 each prompt the greedy completion it gets alone (continuous batching with fewer
 slots than prompts), bench --batch rows (the batch tax fields and their bounds),

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 # ctest-labels: unit
+# ctest-cost: 18
 """test_cli_safety.py - what the CLI promises about its outputs and inputs (issue 21,
 the CLI side): output paths that are not regular files are refused and left alone
 (a device node, a FIFO, a directory), a symbolic link is followed and kept, quantize

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 # ctest-labels: mpi
+# ctest-cost: 47
 """test_eplb.py - replicas of hot experts (--ep-replicas R, src/dist/eplb.c) in the default
 replicated dispatch and in the token-sharded one (--ep-dispatch alltoall, with and without
 --ep-overlap: greedy tokens, logits to float rounding, the same work counts): np 2 and np 4, prefill and step by step, with --ep-replicas (and

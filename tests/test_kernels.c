@@ -1,4 +1,5 @@
 // ctest-labels: unit
+// ctest-cost: 60
 /* test_kernels.c - every SIMD table (avx2, avx512: each the machine supports)
  * against the scalar reference, the avx512 table's Q8_0/Q4_0 bits against the
  * avx2 table's, and the references against naive double-precision formulas. */

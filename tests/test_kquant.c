@@ -1,4 +1,5 @@
 // ctest-labels: unit;model
+// ctest-cost: 17
 /* test_kquant.c - a model with k-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) in the engine.
  *
  * A tiny-v3 model made 256 wide (so its projections are whole 256-value super-blocks) in

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 # ctest-labels: unit;model
+# ctest-cost: 16
 """test_model_ref.py - moetax's logits against the independent NumPy reference
 (tests/ref/deepseek2_ref.py, qwen3moe_ref.py, qwen2moe_ref.py, olmoe_ref.py, mixtral_ref.py; float64,
 its own GGUF reader) on tiny V2-style, V3-style, qwen3moe, qwen2moe, olmoe and Mixtral (llama) models: the prompt (one

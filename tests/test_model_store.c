@@ -1,4 +1,5 @@
 // ctest-labels: unit;model;threads
+// ctest-cost: 48
 /* test_model_store.c - the forward pass with routed experts read through the
  * expert store: for every budget (all experts down to one token's worth), each
  * policy, with and without prefetch, 1 and 2 threads, prefill and decode, the

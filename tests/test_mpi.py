@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 # ctest-labels: mpi
+# ctest-cost: 40
 """test_mpi.py - expert parallelism over MPI (src/dist/dist.h), oversubscribed on one machine:
 np 1 and np 2 give the single process's greedy tokens and bit-identical logits (the default,
 exact combine) on the tiny preset and the trained default model, prefill and step by step;

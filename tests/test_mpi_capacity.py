@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 # ctest-labels: mpi
+# ctest-cost: 31
 """test_mpi_capacity.py - the capacity factor under mpirun (src/dist/dist.h, "Capacity factor"):
 - bench --batch 8 --capacity-factor 1 --ledger L, np 2, replicated and token-sharded (alltoall, with
   and without --ep-overlap): every rank's ledger books the same dropped and

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 # ctest-labels: unit;model
+# ctest-cost: 31
 """test_predict_cli.py - the learned expert predictor from the command line, on the committed
 default model: `profile --fit-predictor` writes P.pred beside P.json; `profile --predictor` scores
 it against the router guess on other text; `run --expert-budget 25% --predictor` gives the very

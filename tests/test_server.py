@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 # ctest-labels: unit;model;threads
+# ctest-cost: 63
 """test_server.py - `moetax serve` end to end on 127.0.0.1 with the default model.
 
 Usage: test_server.py MOETAX WORKDIR. Standard library + curl only. Every server is

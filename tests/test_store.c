@@ -1,4 +1,5 @@
 // ctest-labels: unit;threads
+// ctest-cost: 19
 /* test_store.c - the expert store: byte-exact experts from a synthetic file
  * (32-aligned, not 4096-aligned ranges; the last expert ends at end of file)
  * under every policy and budgets from "all fit" down to the minimum, from two

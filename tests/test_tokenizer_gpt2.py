@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 # ctest-labels: unit
+# ctest-cost: 12
 """test_tokenizer_gpt2.py - moetax's byte-level BPE tokenizer against the Python reference
 (tools/train/bpe.py: GPT-2's pre-tokenizer regex run by the `regex` module), through
 `moetax tokenize` on GGUF files that hold only tokenizer metadata.

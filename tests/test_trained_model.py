@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 # ctest-labels: unit;model
+# ctest-cost: 60
 """test_trained_model.py - the committed default model (a deepseek2 MoE trained by
 tools/train/ on Python source) in moetax against the PyTorch implementation that
 trained it (tools/train/model.py, a second, independent implementation of the

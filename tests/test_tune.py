@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 # ctest-labels: model
+# ctest-cost: 49
 """test_tune.py - moetax tune on the default model: the results' shape, the Pareto front
 non-dominated, the recommendation within the quality bound (or the default), its
 configuration read back by run/bench/perplexity/serve's --config, and malformed

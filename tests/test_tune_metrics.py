@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 # ctest-labels: model
+# ctest-cost: 58
 """test_tune_metrics.py - what moetax tune measures per configuration besides the speed ratio, and
 the batch workload, on the committed trained model with a short --time:
 
