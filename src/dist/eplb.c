@@ -354,7 +354,8 @@ void moetax_dist_replicas_summary(const struct moetax_dist *d) {
     const double with = mean > 0 ? (double)d->work_max / mean : 0, without = mean > 0 ? (double)d->work_max_base / mean : 0;
     char how[96];
     if (d->dispatch) snprintf(how, sizeof how, "planned for each layer's micro-batch from its gathered counts");
-    else snprintf(how, sizeof how, "re-planned every %d steps", d->replan);
+    else snprintf(how, sizeof how, "planned for each layer's micro-batch from its counts, single tokens' re-planned every %d steps",
+                  d->replan);
     fprintf(stderr, "moetax: rank %d of %d: replicas (--ep-replicas %d, %s, %llu times%s): "
             "%d now; expert work over %llu layer plans, %llu assignments: busiest rank %llu = %.4f x the mean with "
             "replicas, %llu = %.4f x without (excess %.2f%% -> %.2f%%; an even split of every plan: %.4f); this rank %llu; it maps %d experts beyond its "

@@ -265,6 +265,10 @@ static void plan(const struct fw_step *s, const struct moe *b, int il, const int
     pl->n_mine = 0;
 #ifdef MOETAX_WITH_MPI
     if (b->dist && b->dist->n_rep && !b->ep) { /* replicas: this rank's part of each expert it hosts */
+        /* a batch (worker 0 alone plans it): the layer's hosts from this micro-batch's own counts,
+         * which every rank has (each routes every token), so every rank plans the same, no message;
+         * one token (every worker plans its own copy): the hosts planned between steps */
+        if (n > 1) moetax_dist_plan_now(b->dist, il, pl->count, NULL);
         moetax_dist_split(b->dist, il, pl->count, pl->part);
         for (int32_t a = 0; a < pl->n_active; a++) {
             const int32_t e = pl->active[a];
