@@ -33,19 +33,17 @@
  *   between two barriers of the step. The ledger books an MPI_Barrier just before the
  *   collective to `wait` (this rank waiting for the slowest), the collective itself to `comm`.
  *
- *   Replication (--ep-replicas R, EPLB-style): per MoE layer up to R
- *   extra hosts for the hottest experts, chosen greedily, each on the least-loaded rank that has
- *   its weights: first for the busiest rank's expert while that lowers the busiest rank's
- *   expected load, from the assignments counted so far (--ep-load PROFILE: a routing profile's
- *   frequencies first; the counts halve at every plan, so recent steps weigh most), then
- *   (EPLB's rule) for the experts with the largest load per host, planned again every K steps
- *   (--ep-replan K, default 1). Every
- *   rank routes every token, so every rank makes the same plan: no message. A batch (n > 1: worker
- *   0 plans the step's slots) is planned for each layer from its own counts after it routes
- *   (moetax_dist_plan_now, below), the plan between steps serving single tokens, which every
- *   worker plans in its own copy without a barrier (trained model, all 37 held-out files,
- *   perplexity --parallel 8, np 4, R 8: busiest rank's excess 54.3% -> 26.5% planned between
- *   steps, -> 14.8% per micro-batch). A micro-batch's
+ *   Replication (--ep-replicas R, EPLB-style): per MoE layer up to R extra hosts for the hottest
+ *   experts, chosen greedily, each on the least-loaded rank that has its weights, for the busiest
+ *   rank's expert while that lowers the busiest rank's load. Every rank routes every token, so once
+ *   it has routed, every rank has the micro-batch's exact counts and plans the same from them: no
+ *   message (moetax_dist_plan_micro, into the plan's own arrays: for one token every worker plans
+ *   its own copy, without a barrier; D's arrays hold the latest plan, for the exit summary). With
+ *   --ep-load PROFILE only the replicas planned once from the profile's frequencies (then EPLB's
+ *   rule: the largest load per host) are mapped and may be used. --ep-replan K has no effect: it
+ *   was the period of plans made between steps from the counts so far (trained model, all 37
+ *   held-out files, perplexity --parallel 8, np 4, R 8: busiest rank's excess 54.3% -> 26.5%
+ *   planned between steps, -> 14.8% per micro-batch). A micro-batch's
  *   slots of a replicated expert are split between its hosts (each slot, most-used expert first,
  *   to the host with the fewest slots of the layer so far), each host computing a contiguous
  *   part; the gather puts every row back in slot order, so the logits stay bit-identical.
@@ -288,18 +286,31 @@ moetax_status moetax_dist_replicas_init(struct moetax_dist *d, const struct moet
 /* Worker 0 at the start of each step: every `replan` steps the hosts are planned again. */
 void moetax_dist_step(struct moetax_dist *d);
 void moetax_dist_replan(struct moetax_dist *d);
-/* Worker 0, before the split: layer il's hosts for this micro-batch from its global counts [E]
- * (token-sharded: every rank has them from the layer's gather; replicated: every rank routed every
- * token; so every rank plans the same) and each rank's own share of them, local [P, E] (ties go to
- * the rank that keeps them; NULL in the replicated dispatch, where no rank keeps any). */
+/* Token-sharded dispatch, worker 0, before the split: layer il's hosts for this micro-batch from
+ * its global counts [E] (every rank has them from the layer's gather, so every rank plans the
+ * same) and each rank's own share of them, local [P, E] (ties go to the rank that keeps them). */
 void moetax_dist_plan_now(struct moetax_dist *d, int il, const int32_t *count, const int32_t *local);
-/* A micro-batch's split of layer il: count [E] slots per expert -> part [E, H] slots per host. */
+/* Replicated dispatch, any worker, each into its own arrays (a token's workers plan without a
+ * barrier): layer il's hosts for this micro-batch from its counts [E] (every rank routed every
+ * token, so every rank and worker plans the same), nh [E] and hosts [E, H], and its split, part
+ * [E, H]. D's own arrays are not touched (worker 0 copies its plan there in account_in). */
+void moetax_dist_plan_micro(const struct moetax_dist *d, int il, const int32_t *count, int32_t *nh, int32_t *hosts,
+                            int32_t *part);
+/* A micro-batch's split of layer il: count [E] slots per expert -> part [E, H] slots per host
+ * (_in: over the layer's hosts nh [E], hosts [E, H] given; else D's). */
 void moetax_dist_split(const struct moetax_dist *d, int il, const int32_t *count, int32_t *part);
+void moetax_dist_split_in(const struct moetax_dist *d, const int32_t *nh, const int32_t *hosts, const int32_t *count,
+                          int32_t *part);
 /* Rank r's slots of expert e: [*lo, *lo + *cnt) within the expert's (0 if r is no host). */
 void moetax_dist_host_range(const struct moetax_dist *d, int il, int e, const int32_t *part, int r, int32_t *lo,
                             int32_t *cnt);
-/* Worker 0, once per (micro-batch, MoE layer): the loads and the work counts. */
+void moetax_dist_host_range_in(const struct moetax_dist *d, const int32_t *nh, const int32_t *hosts, int e,
+                               const int32_t *part, int r, int32_t *lo, int32_t *cnt);
+/* Worker 0, once per (micro-batch, MoE layer): the loads and the work counts (_in: of a plan in
+ * the given arrays, which then become layer il's latest in D, for the exit summary). */
 void moetax_dist_account(struct moetax_dist *d, int il, const int32_t *count, const int32_t *part);
+void moetax_dist_account_in(struct moetax_dist *d, int il, const int32_t *nh, const int32_t *hosts,
+                            const int32_t *count, const int32_t *part);
 /* Token-sharded dispatch with replicas: expert e of layer il has c[r] assignments from each
  * rank r's tokens and the split gave its hosts part [H] slots (moetax_dist_split of the global
  * counts): how many of rank `me`'s go to each host, flow [H] (host order). Each host keeps its

@@ -64,12 +64,14 @@ static int settings(struct moetax_dist *d) {
     return 0;
 }
 
-static double rank_load(const struct moetax_dist *d, int il, const double *w, double *lr) {
+/* A layer's hosts: nh [E] hosts per expert, hosts [E, H] (D's own plan, or a micro-batch's copy). */
+static double rank_load(const struct moetax_dist *d, const int32_t *nhs, const int32_t *hosts, const double *w,
+                        double *lr) {
     const int E = d->n_expert, H = d->H, P = d->size;
     for (int r = 0; r < P; r++) lr[r] = 0;
     for (int e = 0; e < E; e++) {
-        const int nh = d->n_hosts[il * E + e];
-        for (int j = 0; j < nh; j++) lr[d->hosts[((size_t)il * E + e) * H + j]] += w[e] / nh;
+        const int nh = nhs[e];
+        for (int j = 0; j < nh; j++) lr[hosts[(size_t)e * H + j]] += w[e] / nh;
     }
     double mx = 0;
     for (int r = 0; r < P; r++) mx = lr[r] > mx ? lr[r] : mx;
@@ -84,30 +86,31 @@ static double rank_load(const struct moetax_dist *d, int il, const double *w, do
  * local [P, E] (or NULL): how many of each expert's assignments come from each rank's own tokens;
  * between equally loaded ranks the one with most of them takes the replica (it keeps those, the
  * token-sharded dispatch sends them nowhere). */
-static void plan_layer(struct moetax_dist *d, int il, const double *w, bool eplb_rule, const int32_t *local) {
+static void plan_layer(const struct moetax_dist *d, int il, const double *w, bool eplb_rule, const int32_t *local,
+                       int32_t *nhs, int32_t *hosts) {
     const int E = d->n_expert, H = d->H, P = d->size;
     double lr[1024], nl[1024];
     for (int e = 0; e < E; e++) {
-        d->n_hosts[il * E + e] = 1;
-        d->hosts[((size_t)il * E + e) * H] = d->owner[(size_t)il * E + e];
+        nhs[e] = 1;
+        hosts[(size_t)e * H] = d->owner[(size_t)il * E + e];
     }
     if (P > 1024) return;
     for (int i = 0; i < d->n_rep; i++) {
-        const double mx = rank_load(d, il, w, lr);
+        const double mx = rank_load(d, nhs, hosts, w, lr);
         int busy = 0;
         for (int r = 1; r < P; r++) busy = lr[r] > lr[busy] ? r : busy;
         int best_e = -1, best_t = -1;
         double best_mx = mx;
         for (int e = 0; e < E; e++) {
             const size_t ie = (size_t)il * E + e;
-            const int nh = d->n_hosts[ie];
+            const int nh = nhs[e];
             bool on_busy = false;
-            for (int j = 0; j < nh; j++) on_busy |= d->hosts[ie * H + j] == busy;
+            for (int j = 0; j < nh; j++) on_busy |= hosts[(size_t)e * H + j] == busy;
             if (!on_busy || nh >= H || w[e] <= 0) continue;
             int t = -1; /* the least-loaded rank that may take it (ties: most of e's own assignments) */
             for (int r = 0; r < P; r++) {
                 bool host = false;
-                for (int j = 0; j < nh; j++) host |= d->hosts[ie * H + j] == r;
+                for (int j = 0; j < nh; j++) host |= hosts[(size_t)e * H + j] == r;
                 if (host || !d->avail[ie * P + r]) continue;
                 if (t < 0 || (!local && lr[r] < lr[t]) || (local && lr[r] < lr[t] - 1e-9) ||
                     (local && lr[r] <= lr[t] + 1e-9 && local[(size_t)r * E + e] > local[(size_t)t * E + e]))
@@ -116,7 +119,7 @@ static void plan_layer(struct moetax_dist *d, int il, const double *w, bool eplb
             if (t < 0) continue;
             /* the loads with e on nh + 1 hosts */
             memcpy(nl, lr, sizeof(double) * (size_t)P);
-            for (int j = 0; j < nh; j++) nl[d->hosts[ie * H + j]] -= w[e] / nh - w[e] / (nh + 1);
+            for (int j = 0; j < nh; j++) nl[hosts[(size_t)e * H + j]] -= w[e] / nh - w[e] / (nh + 1);
             nl[t] += w[e] / (nh + 1);
             double m2 = 0;
             for (int r = 0; r < P; r++) m2 = nl[r] > m2 ? nl[r] : m2;
@@ -126,20 +129,19 @@ static void plan_layer(struct moetax_dist *d, int il, const double *w, bool eplb
             double bw = 0;
             for (int e = 0; e < E; e++) {
                 const size_t ie = (size_t)il * E + e;
-                const int nh = d->n_hosts[ie];
+                const int nh = nhs[e];
                 if (nh >= H || w[e] / nh <= bw) continue;
                 int t = -1;
                 for (int r = 0; r < P; r++) {
                     bool host = false;
-                    for (int j = 0; j < nh; j++) host |= d->hosts[ie * H + j] == r;
+                    for (int j = 0; j < nh; j++) host |= hosts[(size_t)e * H + j] == r;
                     if (!host && d->avail[ie * P + r] && (t < 0 || lr[r] < lr[t])) t = r;
                 }
                 if (t >= 0) bw = w[e] / nh, best_e = e, best_t = t;
             }
         }
         if (best_e < 0) break;
-        const size_t ie = (size_t)il * E + best_e;
-        d->hosts[ie * H + d->n_hosts[ie]++] = best_t;
+        hosts[(size_t)best_e * H + nhs[best_e]++] = best_t;
     }
 }
 
@@ -150,7 +152,7 @@ void moetax_dist_replan(struct moetax_dist *d) {
     for (int il = 0; il < d->n_layer; il++) {
         if (!d->is_moe[il]) continue;
         for (int e = 0; e < E; e++) w[e] = (double)d->load[(size_t)il * E + e];
-        plan_layer(d, il, w, true, NULL);
+        plan_layer(d, il, w, true, NULL, d->n_hosts + (size_t)il * E, d->hosts + (size_t)il * E * d->H);
         /* recent steps weigh most: the counts halve at every plan (the same sequences' next tokens
          * tend to use the same experts; measured: halving beat cumulative counts on held-out text) */
         for (int e = 0; e < E; e++) d->load[(size_t)il * E + e] /= 2;
@@ -160,13 +162,9 @@ void moetax_dist_replan(struct moetax_dist *d) {
 }
 
 void moetax_dist_step(struct moetax_dist *d) {
-    if (!d->n_rep) return;
-    if (d->dispatch) { /* token-sharded: every layer's micro-batch is planned from its own counts (plan_now) */
-        d->steps++;
-        return;
-    }
-    if (d->steps > 0 && d->steps % (uint64_t)d->replan == 0) moetax_dist_replan(d);
-    d->steps++;
+    /* every layer's micro-batch is planned from its own counts (token-sharded: plan_now; replicated:
+     * plan_micro): nothing to plan between steps */
+    if (d->n_rep) d->steps++;
 }
 
 moetax_status moetax_dist_replicas_init(struct moetax_dist *d, const struct moetax_model *m, uint8_t *own) {
@@ -241,21 +239,40 @@ void moetax_dist_plan_now(struct moetax_dist *d, int il, const int32_t *count, c
     for (int e = 0; e < E; e++) w[e] = count[e];
     /* no EPLB fallback: these are the loads themselves, a replica that does not lower the
      * busiest rank's would only split tokens over more ranks (more records) */
-    plan_layer(d, il, w, false, local);
+    plan_layer(d, il, w, false, local, d->n_hosts + (size_t)il * E, d->hosts + (size_t)il * E * d->H);
     d->n_replans++;
 }
 
+void moetax_dist_plan_micro(const struct moetax_dist *d, int il, const int32_t *count, int32_t *nh, int32_t *hosts,
+                            int32_t *part) {
+    const int E = d->n_expert;
+    double w[4096];
+    if (E > 4096) { /* the plan made between steps */
+        memcpy(nh, d->n_hosts + (size_t)il * E, sizeof(int32_t) * (size_t)E);
+        memcpy(hosts, d->hosts + (size_t)il * E * d->H, sizeof(int32_t) * (size_t)E * (size_t)d->H);
+    } else {
+        for (int e = 0; e < E; e++) w[e] = count[e];
+        plan_layer(d, il, w, false, NULL, nh, hosts); /* as plan_now: the loads themselves */
+    }
+    moetax_dist_split_in(d, nh, hosts, count, part);
+}
+
 void moetax_dist_split(const struct moetax_dist *d, int il, const int32_t *count, int32_t *part) {
+    moetax_dist_split_in(d, d->n_hosts + (size_t)il * d->n_expert, d->hosts + (size_t)il * d->n_expert * d->H, count,
+                         part);
+}
+
+void moetax_dist_split_in(const struct moetax_dist *d, const int32_t *nhs, const int32_t *hosts, const int32_t *count,
+                          int32_t *part) {
     const int E = d->n_expert, H = d->H, P = d->size;
     int64_t lr[1024] = {0};
     int32_t order[4096];
     int n = 0;
     for (int e = 0; e < E; e++) {
-        const size_t ie = (size_t)il * E + e;
         for (int j = 0; j < H; j++) part[e * H + j] = 0;
-        if (d->n_hosts[ie] == 1 || P > 1024 || E > 4096) {
+        if (nhs[e] == 1 || P > 1024 || E > 4096) {
             part[e * H] = count[e];
-            lr[d->hosts[ie * H] % 1024] += count[e];
+            lr[hosts[(size_t)e * H] % 1024] += count[e];
         } else if (count[e]) {
             order[n++] = e;
         }
@@ -270,14 +287,14 @@ void moetax_dist_split(const struct moetax_dist *d, int il, const int32_t *count
         }
     for (int i = 0; i < n; i++) {
         const int e = order[i];
-        const size_t ie = (size_t)il * E + e;
-        const int nh = d->n_hosts[ie];
+        const int nh = nhs[e];
+        const int32_t *h = hosts + (size_t)e * H;
         for (int32_t c = 0; c < count[e]; c++) {
             int bj = 0;
             for (int j = 1; j < nh; j++)
-                if (lr[d->hosts[ie * H + j]] < lr[d->hosts[ie * H + bj]]) bj = j;
+                if (lr[h[j]] < lr[h[bj]]) bj = j;
             part[e * H + bj]++;
-            lr[d->hosts[ie * H + bj]]++;
+            lr[h[bj]]++;
         }
     }
 }
@@ -309,12 +326,17 @@ void moetax_dist_flows(const struct moetax_dist *d, int il, int e, const int32_t
 
 void moetax_dist_host_range(const struct moetax_dist *d, int il, int e, const int32_t *part, int r, int32_t *lo,
                             int32_t *cnt) {
-    const size_t ie = (size_t)il * d->n_expert + e;
+    moetax_dist_host_range_in(d, d->n_hosts + (size_t)il * d->n_expert, d->hosts + (size_t)il * d->n_expert * d->H, e,
+                              part, r, lo, cnt);
+}
+
+void moetax_dist_host_range_in(const struct moetax_dist *d, const int32_t *nhs, const int32_t *hosts, int e,
+                               const int32_t *part, int r, int32_t *lo, int32_t *cnt) {
     int32_t acc = 0;
     *lo = 0;
     *cnt = 0;
-    for (int j = 0; j < d->n_hosts[ie]; j++) {
-        if (d->hosts[ie * d->H + j] == r) {
+    for (int j = 0; j < nhs[e]; j++) {
+        if (hosts[(size_t)e * d->H + j] == r) {
             *lo = acc;
             *cnt = part[e * d->H + j];
             return;
@@ -324,15 +346,26 @@ void moetax_dist_host_range(const struct moetax_dist *d, int il, int e, const in
 }
 
 void moetax_dist_account(struct moetax_dist *d, int il, const int32_t *count, const int32_t *part) {
+    moetax_dist_account_in(d, il, d->n_hosts + (size_t)il * d->n_expert, d->hosts + (size_t)il * d->n_expert * d->H,
+                           count, part);
+}
+
+void moetax_dist_account_in(struct moetax_dist *d, int il, const int32_t *nhs, const int32_t *hosts,
+                            const int32_t *count, const int32_t *part) {
     const int E = d->n_expert, H = d->H, P = d->size;
     if (P > 1024) return;
     int64_t lr[1024] = {0}, lb[1024] = {0}, tot = 0;
+    if (nhs != d->n_hosts + (size_t)il * E) { /* a micro-batch's own plan: the layer's latest, for the summary */
+        memcpy(d->n_hosts + (size_t)il * E, nhs, sizeof(int32_t) * (size_t)E);
+        memcpy(d->hosts + (size_t)il * E * H, hosts, sizeof(int32_t) * (size_t)E * (size_t)H);
+        d->n_replans++;
+    }
     for (int e = 0; e < E; e++) {
         const size_t ie = (size_t)il * E + e;
         if (!count[e]) continue;
         tot += count[e];
         lb[d->owner[ie]] += count[e];
-        for (int j = 0; j < d->n_hosts[ie]; j++) lr[d->hosts[ie * H + j]] += part[e * H + j];
+        for (int j = 0; j < nhs[e]; j++) lr[hosts[(size_t)e * H + j]] += part[e * H + j];
         d->load[ie] += (uint64_t)count[e];
     }
     int64_t mr = 0, mb = 0;
@@ -353,9 +386,7 @@ void moetax_dist_replicas_summary(const struct moetax_dist *d) {
     const double mean = d->work_total ? (double)d->work_total / d->size : 0;
     const double with = mean > 0 ? (double)d->work_max / mean : 0, without = mean > 0 ? (double)d->work_max_base / mean : 0;
     char how[96];
-    if (d->dispatch) snprintf(how, sizeof how, "planned for each layer's micro-batch from its gathered counts");
-    else snprintf(how, sizeof how, "planned for each layer's micro-batch from its counts, single tokens' re-planned every %d steps",
-                  d->replan);
+    snprintf(how, sizeof how, "planned for each layer's micro-batch from its %scounts", d->dispatch ? "gathered " : "");
     fprintf(stderr, "moetax: rank %d of %d: replicas (--ep-replicas %d, %s, %llu times%s): "
             "%d now; expert work over %llu layer plans, %llu assignments: busiest rank %llu = %.4f x the mean with "
             "replicas, %llu = %.4f x without (excess %.2f%% -> %.2f%%; an even split of every plan: %.4f); this rank %llu; it maps %d experts beyond its "

@@ -265,15 +265,14 @@ static void plan(const struct fw_step *s, const struct moe *b, int il, const int
     pl->n_mine = 0;
 #ifdef MOETAX_WITH_MPI
     if (b->dist && b->dist->n_rep && !b->ep) { /* replicas: this rank's part of each expert it hosts */
-        /* a batch (worker 0 alone plans it): the layer's hosts from this micro-batch's own counts,
-         * which every rank has (each routes every token), so every rank plans the same, no message;
-         * one token (every worker plans its own copy): the hosts planned between steps */
-        if (n > 1) moetax_dist_plan_now(b->dist, il, pl->count, NULL);
-        moetax_dist_split(b->dist, il, pl->count, pl->part);
+        /* the layer's hosts from this micro-batch's own counts, which every rank has (each routes
+         * every token), so every rank plans the same, no message; into the plan's own arrays (one
+         * token: every worker plans its own copy, without a barrier) */
+        moetax_dist_plan_micro(b->dist, il, pl->count, pl->rep_nh, pl->rep_hosts, pl->part);
         for (int32_t a = 0; a < pl->n_active; a++) {
             const int32_t e = pl->active[a];
             int32_t lo, c;
-            moetax_dist_host_range(b->dist, il, e, pl->part, b->rank, &lo, &c);
+            moetax_dist_host_range_in(b->dist, pl->rep_nh, pl->rep_hosts, e, pl->part, b->rank, &lo, &c);
             if (!c) continue;
             pl->m_off[pl->n_mine] = pl->offset[e] + lo;
             pl->m_cnt[pl->n_mine] = c;
@@ -481,7 +480,7 @@ static void dist_exchange(struct worker *w, struct moe *b, int il, const struct 
         moetax_status st = moetax_dist_barrier(D, il);
         fw_mark(w, MOETAX_PHASE_COMM);
         const int64_t d = s->m->hp.n_embd;
-        if (!st && D->n_rep) moetax_dist_account(D, il, pl->count, pl->part); /* the work counts */
+        if (!st && D->n_rep) moetax_dist_account_in(D, il, pl->rep_nh, pl->rep_hosts, pl->count, pl->part); /* the work counts */
         if (!st && b->partial) st = moetax_dist_allreduce(D, b->partial, s->n * d);
         else if (!st) {
             /* rank r's rows: its active experts' slots, ascending. Contiguous ranges: slots
@@ -494,7 +493,7 @@ static void dist_exchange(struct worker *w, struct moe *b, int il, const struct 
                     b->slot_lo[r] = acc;
                     for (int32_t ai = 0; ai < pl->n_active; ai++) {
                         int32_t lo, c;
-                        moetax_dist_host_range(D, il, pl->active[ai], pl->part, r, &lo, &c);
+                        moetax_dist_host_range_in(D, pl->rep_nh, pl->rep_hosts, pl->active[ai], pl->part, r, &lo, &c);
                         acc += c;
                     }
                 }
@@ -510,7 +509,7 @@ static void dist_exchange(struct worker *w, struct moe *b, int il, const struct 
                     for (int32_t ai = 0; ai < pl->n_active; ai++) {
                         const int32_t e = pl->active[ai];
                         int32_t lo, c;
-                        moetax_dist_host_range(D, il, e, pl->part, r, &lo, &c);
+                        moetax_dist_host_range_in(D, pl->rep_nh, pl->rep_hosts, e, pl->part, r, &lo, &c);
                         if (c && r != D->rank)
                             memcpy(b->ydown + (int64_t)(pl->offset[e] + lo) * d, b->gbuf + o * d,
                                    sizeof(float) * (size_t)(c * d));
@@ -1574,7 +1573,7 @@ void moe_step_begin(struct moe *b, const struct fw_step *s) {
     memset(b->pred_ok, 0, sizeof(bool) * (size_t)s->m->hp.n_layer);
     if (b->read_ahead > 0) moe_ra_reset(&b->ra);
 #ifdef MOETAX_WITH_MPI
-    if (b->dist && b->dist->n_rep) moetax_dist_step(b->dist); /* the replicas' re-plan, between steps */
+    if (b->dist && b->dist->n_rep) moetax_dist_step(b->dist); /* the replicas' step count */
 #endif
 }
 
@@ -1582,7 +1581,9 @@ static bool plan_alloc(struct plan *pl, int64_t E, int64_t slots, int64_t H) {
     pl->m_off = calloc((size_t)E, sizeof(int32_t));
     pl->m_cnt = calloc((size_t)E, sizeof(int32_t));
     pl->part = calloc((size_t)(E * H), sizeof(int32_t));
-    if (!pl->m_off || !pl->m_cnt || !pl->part) return false;
+    pl->rep_nh = calloc((size_t)E, sizeof(int32_t));
+    pl->rep_hosts = calloc((size_t)(E * H), sizeof(int32_t));
+    if (!pl->m_off || !pl->m_cnt || !pl->part || !pl->rep_nh || !pl->rep_hosts) return false;
     pl->active = calloc((size_t)E, sizeof(int32_t));
     pl->count = calloc((size_t)E, sizeof(int32_t));
     pl->offset = calloc((size_t)E, sizeof(int32_t));
@@ -1594,7 +1595,7 @@ static bool plan_alloc(struct plan *pl, int64_t E, int64_t slots, int64_t H) {
 }
 
 static void plan_free(struct plan *pl) {
-    free(pl->m_off); free(pl->m_cnt); free(pl->part);
+    free(pl->m_off); free(pl->m_cnt); free(pl->part); free(pl->rep_nh); free(pl->rep_hosts);
     free(pl->active); free(pl->count); free(pl->offset); free(pl->fill); free(pl->mine); free(pl->slot_token); free(pl->slot_w);
 }
 

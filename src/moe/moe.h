@@ -28,6 +28,8 @@ struct plan {
     int32_t *m_off, *m_cnt; /* [E] the slots of mine[i] this rank computes: all of the expert's, or
                              * its part of a replicated expert's (src/dist/eplb.c) */
     int32_t *part;         /* [E, H] slots per host of each expert (replicas only) */
+    int32_t *rep_nh;       /* [E] replicated dispatch: this micro-batch's hosts per expert (eplb.c, */
+    int32_t *rep_hosts;    /* [E, H] moetax_dist_plan_micro) and the hosts themselves */
 };
 
 /* per-worker state of the MoE block */
