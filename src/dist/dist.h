@@ -301,9 +301,8 @@ void moetax_dist_plan_micro(const struct moetax_dist *d, int il, const int32_t *
 void moetax_dist_split(const struct moetax_dist *d, int il, const int32_t *count, int32_t *part);
 void moetax_dist_split_in(const struct moetax_dist *d, const int32_t *nh, const int32_t *hosts, const int32_t *count,
                           int32_t *part);
-/* Rank r's slots of expert e: [*lo, *lo + *cnt) within the expert's (0 if r is no host). */
-void moetax_dist_host_range(const struct moetax_dist *d, int il, int e, const int32_t *part, int r, int32_t *lo,
-                            int32_t *cnt);
+/* Rank r's slots of expert e: [*lo, *lo + *cnt) within the expert's (0 if r is no host), over the
+ * layer's hosts nh [E], hosts [E, H] that the split used. */
 void moetax_dist_host_range_in(const struct moetax_dist *d, const int32_t *nh, const int32_t *hosts, int e,
                                const int32_t *part, int r, int32_t *lo, int32_t *cnt);
 /* Worker 0, once per (micro-batch, MoE layer): the loads and the work counts (_in: of a plan in

@@ -324,12 +324,6 @@ void moetax_dist_flows(const struct moetax_dist *d, int il, int e, const int32_t
         }
 }
 
-void moetax_dist_host_range(const struct moetax_dist *d, int il, int e, const int32_t *part, int r, int32_t *lo,
-                            int32_t *cnt) {
-    moetax_dist_host_range_in(d, d->n_hosts + (size_t)il * d->n_expert, d->hosts + (size_t)il * d->n_expert * d->H, e,
-                              part, r, lo, cnt);
-}
-
 void moetax_dist_host_range_in(const struct moetax_dist *d, const int32_t *nhs, const int32_t *hosts, int e,
                                const int32_t *part, int r, int32_t *lo, int32_t *cnt) {
     int32_t acc = 0;
