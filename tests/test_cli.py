@@ -7,6 +7,7 @@ fields llama-bench users compare), quantize, and clear errors for bad input.
 usage: test_cli.py MOETAX_BIN WORKDIR
 """
 import json
+import re
 import os
 import subprocess
 import sys
@@ -81,6 +82,14 @@ def main():
         args = [mt, "run"] + (bad if bad[0] == "-m" else ["-m", model] + bad)
         r = run(args)
         check(r.returncode in (1, 2) and want in r.stderr, f"run {bad}: rc {r.returncode}, stderr {r.stderr!r}")
+    # a context too small: the message says the -c given was rounded up to whole blocks, and what -c is enough
+    r = run([mt, "run", "-m", model, "-c", "4", "-p", "a b", "-n", "40"])
+    need = re.search(r"give -c (\d+) or more", r.stderr)
+    check(r.returncode == 1 and "-c 4, rounded up to whole KV cache blocks" in r.stderr and need is not None,
+          f"run -c 4 -n 40: {r.returncode} {r.stderr[-300:]!r}")
+    if need:
+        r2 = run([mt, "run", "-m", model, "-c", need.group(1), "-p", "a b", "-n", "40"])
+        check(r2.returncode == 0, f"run -c {need.group(1)} (the size the message named): {r2.returncode} {r2.stderr[-300:]!r}")
 
     # eval
     out = os.path.join(work, "cli_logits.f32")

@@ -275,8 +275,12 @@ int cmd_run(int argc, char **argv) {
         goto done;
     if (n_prompt == 0) { st = moetax_error(MOETAX_ERR_ARG, "the prompt is empty"); goto done; }
     if (n_prompt + n_predict > moetax_ctx_n_ctx(c)) {
-        st = moetax_error(MOETAX_ERR_LIMIT, "prompt (%lld tokens) + -n %lld exceeds the context of %lld positions; use -c",
-                          (long long)n_prompt, (long long)n_predict, (long long)moetax_ctx_n_ctx(c));
+        char why[80] = ""; /* the cache holds whole blocks: a given -c may have been rounded up */
+        if (n_ctx > 0 && n_ctx != moetax_ctx_n_ctx(c))
+            snprintf(why, sizeof why, " (-c %lld, rounded up to whole KV cache blocks)", (long long)n_ctx);
+        st = moetax_error(MOETAX_ERR_LIMIT, "prompt (%lld tokens) + -n %lld exceeds the context of %lld positions%s; "
+                          "give -c %lld or more", (long long)n_prompt, (long long)n_predict,
+                          (long long)moetax_ctx_n_ctx(c), why, (long long)(n_prompt + n_predict));
         goto done;
     }
     if (echo) { fputs(prompt, txt); fflush(txt); }
