@@ -156,7 +156,7 @@ def main():
             s = check_counts(what, np, r, ntok)
             if mode and np == 2 and opts == ["--ep-replicas", "4"] and 0 in s:
                 # one token per step: its 4 assignments planned per layer (each worker its own copy); planned
-                # between steps from the counts so far they cut 53.9% to 36.1% (a third of the excess)
+                # between steps from the counts so far they cut only about a third of the excess
                 x = s[0]
                 cut = (x["base_x"] - x["busy_x"]) / (x["base_x"] - 1) if x["base_x"] > 1 else 1
                 check(cut >= 0.5, f"{what}: single tokens' replicas cut the busiest rank's excess by at least half "
@@ -172,8 +172,7 @@ def main():
     bench = [moetax, "bench", "-m", MODEL, "-f", srcs[0], "--batch", "8", "-p", "32", "-n", "16", "-t", "1", "-r", "1"]
     lpath = os.path.join(work, "ledger.json")
     # np 4: both dispatches plan a batch's replicas per layer and micro-batch from its own counts (planned
-    # between steps, alltoall's first prefill, one micro-batch, had none: 34.7% -> 21.0%, a 39% cut; the
-    # replicated dispatch's forecast gave 38.3% -> 17.3%, 55%)
+    # between steps, alltoall's first prefill, one micro-batch, had none, and both cut less: README)
     for np, disp in ((2, ["--ep-dispatch", "alltoall"]), (2, []), (4, ["--ep-dispatch", "alltoall"]), (4, [])):
         r = mpirun(np, bench + ["--ep-replicas", "8", "--ledger", lpath] + disp, timeout=300)
         what = f"bench --batch 8 np {np} --ep-replicas 8 {' '.join(disp)}".strip()

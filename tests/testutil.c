@@ -34,7 +34,7 @@ uint64_t tu_rand_u64(tu_rng *r) {
 float tu_rand_uniform(tu_rng *r) { return (float)(tu_rand_u64(r) >> 40) / 16777216.0f; }
 
 /* Standard normal samples: drawn (by r) from a fixed table of 2^20 Box-Muller values made once
- * per process. Box-Muller per call (logf, cosf) took about 60% of test_kernels under ASan. */
+ * per process. Box-Muller per call (logf, cosf) was most of test_kernels' time under ASan. */
 enum { TU_NORMAL_BITS = 20 };
 static float *tu_normal_table;
 static void tu_normal_init(void) {

@@ -41,9 +41,8 @@
  *   its own copy, without a barrier; D's arrays hold the latest plan, for the exit summary). With
  *   --ep-load PROFILE only the replicas planned once from the profile's frequencies (then EPLB's
  *   rule: the largest load per host) are mapped and may be used. --ep-replan K has no effect: it
- *   was the period of plans made between steps from the counts so far (trained model, all 37
- *   held-out files, perplexity --parallel 8, np 4, R 8: busiest rank's excess 54.3% -> 26.5%
- *   planned between steps, -> 14.8% per micro-batch). A micro-batch's
+ *   was the period of plans made between steps from the counts so far, which balanced less (the
+ *   README has the counts). A micro-batch's
  *   slots of a replicated expert are split between its hosts (each slot, most-used expert first,
  *   to the host with the fewest slots of the layer so far), each host computing a contiguous
  *   part; the gather puts every row back in slot order, so the logits stay bit-identical.
@@ -162,7 +161,7 @@ struct moetax_dist {
     uint8_t *is_moe;          /* [n_layer] */
     int32_t *hosts;           /* [n_layer, E, H] ranks computing expert e (hosts[0]: its owner) */
     int32_t *n_hosts;         /* [n_layer, E] */
-    uint64_t *load;           /* [n_layer, E] assignments seen (a profile's prior, then this run's) */
+    uint64_t *load;           /* [n_layer, E] a profile's frequencies (--ep-load), for the plan of what to map */
     uint8_t *avail;           /* [n_layer, E, P] rank r has expert e's weights (may host it) */
     uint64_t steps, n_replans;
     int n_extra;              /* experts this rank maps beyond its own */

@@ -247,9 +247,8 @@ void moetax_dist_plan_micro(const struct moetax_dist *d, int il, const int32_t *
                             int32_t *part) {
     const int E = d->n_expert;
     double w[4096];
-    if (E > 4096) { /* the plan made between steps */
-        memcpy(nh, d->n_hosts + (size_t)il * E, sizeof(int32_t) * (size_t)E);
-        memcpy(hosts, d->hosts + (size_t)il * E * d->H, sizeof(int32_t) * (size_t)E * (size_t)d->H);
+    if (E > 4096) { /* beyond the loads' array: no replicas, each expert on its owner */
+        for (int e = 0; e < E; e++) nh[e] = 1, hosts[(size_t)e * d->H] = d->owner[(size_t)il * E + e];
     } else {
         for (int e = 0; e < E; e++) w[e] = count[e];
         plan_layer(d, il, w, false, NULL, nh, hosts); /* as plan_now: the loads themselves */
@@ -360,7 +359,6 @@ void moetax_dist_account_in(struct moetax_dist *d, int il, const int32_t *nhs, c
         tot += count[e];
         lb[d->owner[ie]] += count[e];
         for (int j = 0; j < nhs[e]; j++) lr[hosts[(size_t)e * H + j]] += part[e * H + j];
-        d->load[ie] += (uint64_t)count[e];
     }
     int64_t mr = 0, mb = 0;
     for (int r = 0; r < P; r++) mr = lr[r] > mr ? lr[r] : mr, mb = lb[r] > mb ? lb[r] : mb;

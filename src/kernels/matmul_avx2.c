@@ -105,8 +105,7 @@ ALWAYS_INLINE __m256 hmax8x8(const __m256 *m) {
 /* Q8_0 rows, 8 blocks at a time: their 8 maxima in one vector, then d = amax / 127, 1 / d, the
  * F16 rounding of d (vcvtps2ph, ties to even: the bits of moetax_fp32_to_fp16 for every number)
  * and back, each once for the 8 blocks. quantize_block's steps one block at a time had a chain of
- * two divisions and a call per block (~80 cycles a block on the Intel VM; a batch's activations
- * spent about 6% of the step there). The same bytes (test_kernels against the reference). */
+ * two divisions and a call per block. The same bytes (test_kernels against the reference). */
 static void quantize_row_q8(const float *x, int64_t nb, uint8_t *out) {
     float *d = (float *)(out + moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb));
     const __m256 sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
