@@ -264,7 +264,7 @@ def main():
         for rd in range(a.rounds):
             # a prefix of their own in every round (and for the one client apart from the eight), so
             # that the server's prefix reuse never skips a prefill an earlier request made: rounds
-            # after the first had measured the long prompt's TTFT at ~40 ms instead of ~600
+            # after the first had measured the long prompt's TTFT far below its real prefill time
             rp = [f"r{rd}a {q}" for q in prompts[:1]], [f"r{rd}b {q}" for q in prompts]
             long_rd = f"r{rd} {long_prompt}"
             e1 = bench_engine(a.moetax, a.model, a.threads, 1, p_tok, a.n)

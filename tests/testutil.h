@@ -27,7 +27,7 @@ int tu_finish(const char *name); /* prints a summary, returns the exit code */
 
 /* xorshift64* RNG */
 /* 1 in a ThreadSanitizer build (gcc's __SANITIZE_THREAD__, clang's __has_feature): tests that
- * run ~10x slower there may check fewer cases that differ only outside threading. */
+ * run many times slower there may check fewer cases that differ only outside threading. */
 #if defined(__SANITIZE_THREAD__)
 #define TU_UNDER_TSAN 1
 #elif defined(__has_feature)
