@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fuzz_run.sh FUZZER MOETAX CORPUS SECONDS [MAX_LEN] - run one libFuzzer target for SECONDS from
 # CORPUS, seeding it first (when empty) with small generated models: tiny and tiny-v3 in f32, q8_0
-# and q4_0 (2 layers, d 32), and a 1-layer q4_0 one of 26 KiB. Used by scripts/test.sh (briefly)
+# and q4_0 (2 layers, d 32), a 1-layer q4_0 one of 26 KiB, and qwen3moe, qwen2moe, olmoe and
+# Mixtral files in q8_0 and q4_0 (2 layers, d 32, 51-94 KiB). Used by scripts/test.sh (briefly)
 # and by the CTests fuzz_*_long (label slow).
 set -uo pipefail
 fuzzer=$1 moetax=$2 corpus=$3 seconds=$4 max_len=${5:-131072}
@@ -16,6 +17,14 @@ if [ -z "$(ls -A "$corpus")" ]; then
   done
   "$moetax" gen --preset tiny --type q4_0 --layers 1 --experts 4 --experts-used 2 "${small[@]}" \
       -o "$corpus/tiny-1layer-q4_0.gguf" >/dev/null 2>&1 || exit 1
+  # the other architectures (grouped-query attention, q/k norms, biases, a gated shared expert)
+  for arch in qwen3moe qwen2moe olmoe mixtral; do
+    extra=(); [ $arch = qwen2moe ] && extra=(--heads 4 --head-dim 8 --shared-ff 32)
+    for t in q8_0 q4_0; do
+      "$moetax" gen --preset tiny --arch $arch --type $t --layers 2 "${small[@]}" "${extra[@]}" \
+          -o "$corpus/$arch-$t.gguf" >/dev/null 2>&1 || exit 1
+    done
+  done
 fi
 "$fuzzer" -max_total_time="$seconds" -max_len="$max_len" -rss_limit_mb=2048 -print_final_stats=1 "$corpus" 2>&1 | tail -5
 exit "${PIPESTATUS[0]}"
