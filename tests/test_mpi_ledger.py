@@ -3,7 +3,7 @@
 """test_mpi_ledger.py - the ledger and trace of `mpirun -np 2 moetax bench` (tools/ledger_cli.c):
 rank 0 writes one ledger with every rank's ("ranks", each with its transfer counters, equal to
 what the rank printed at exit and consistent across ranks) and one Chrome trace with a process
-per rank on one clock; each rank's bytes per layer add up to its totals (MoE layers only, one
+per rank on one clock, each with a track of its exchanges whose bytes per layer are the ledger's; each rank's bytes per layer add up to its totals (MoE layers only, one
 rank's sent the other's received); `moetax report` shows the ranks, the bytes and the slowest rank
 and the bytes per MoE layer (text, JSON and HTML), still reads the merged trace, and names the field of a merged ledger
 that is wrong. Both dispatch modes. SKIP without mpirun or an MPI build.
@@ -92,6 +92,21 @@ def main():
             ov = min(b0, b1) - max(a0, a1)
             check(ov > 0.5 * min(b0 - a0, b1 - a1), f"{mode}: the ranks' spans line up in time "
                   f"([{a0:.0f}, {b0:.0f}] vs [{a1:.0f}, {b1:.0f}] us)")
+        # each rank's exchanges as a track of its own: their bytes are the ledger's, layer by layer
+        for k in ranks:
+            pid = 100 * k["rank"] + 2
+            procs = [e["args"]["name"] for e in ev if e.get("name") == "process_name" and e.get("pid") == pid]
+            xs = [e for e in ev if e.get("pid") == pid and e.get("name") == "exchange" and e.get("ph") == "X"]
+            check(procs == [f"rank {k['rank']}: MPI exchanges"] and xs and
+                  all(e.get("cat") == "comm" and e["dur"] >= 0 for e in xs),
+                  f"{mode}: rank {k['rank']}'s exchanges in the trace: process {procs}, {len(xs)} spans")
+            by = [[0, 0] for _ in range(d["n_layer"])]
+            for e in xs:
+                by[e["args"]["layer"]][0] += e["args"]["bytes_sent"]
+                by[e["args"]["layer"]][1] += e["args"]["bytes_recv"]
+            check([b[0] for b in by] == k["dist"]["layer_bytes_sent"] and [b[1] for b in by] == k["dist"]["layer_bytes_recv"],
+                  f"{mode}: rank {k['rank']}'s exchanges in the trace carry its bytes per layer: {by} vs "
+                  f"{k['dist']['layer_bytes_sent']} {k['dist']['layer_bytes_recv']}")
         # report: text and JSON
         rt = run([moetax, "report", led])
         check(rt.returncode == 0 and "ranks (mpirun -np 2" in rt.stdout and "the rank that works longest" in rt.stdout,

@@ -44,6 +44,14 @@ moetax_status cli_ledger_new(const struct moetax_model *m, int threads, const st
         .n_expert_used = o && o->n_expert_used ? o->n_expert_used : m->hp.n_expert_used,
     };
     if (!(o && o->routing)) p.routing_window = 0;
+#ifdef MOETAX_WITH_MPI
+    /* the trace shows each rank's exchanges (write_trace): as many records as the ledger's spans */
+    struct moetax_dist *D = moetax_dist_world();
+    if (D && p.trace_cap > 0 && !D->xrec_cap) {
+        moetax_status st = moetax_dist_keep_exchanges(D, p.trace_cap / 8);
+        if (st) return st;
+    }
+#endif
     return moetax_ledger_init(&p, out);
 }
 
@@ -69,13 +77,10 @@ void cli_ledger_summary(FILE *f, const struct moetax_ledger *l, bool decode_only
  * the checks and repacking), named by what asked for it (demand: an acquire missed;
  * known: the routing's early reads; predicted), with its layer, expert, bytes, MB/s of
  * the preads alone and the time it waited in the queue. */
-static moetax_status write_trace(const struct moetax_ledger *l, const char *path, const struct moetax_store *store,
-                                 const char *store_json) {
+static moetax_status write_trace_io(const struct moetax_ledger *l, const char *path, const struct moetax_store *store,
+                                    struct moetax_trace_extra *x0) {
     int64_t n = store ? moetax_store_reads(store, NULL, 0, NULL) : 0;
-    if (n <= 0) {
-        struct moetax_trace_extra x = {.other_json = store_json};
-        return moetax_ledger_write_trace_ex(l, path, &x);
-    }
+    if (n <= 0) return moetax_ledger_write_trace_ex(l, path, x0);
     struct moetax_store_read *r = malloc(sizeof *r * (size_t)n);
     struct moetax_trace_span *sp = malloc(sizeof *sp * (size_t)n);
     if (!r || !sp) {
@@ -109,12 +114,58 @@ static moetax_status write_trace(const struct moetax_ledger *l, const char *path
     }
     char proc[96];
     snprintf(proc, sizeof proc, "expert store reads (%llu older not kept)", (unsigned long long)dropped);
-    struct moetax_trace_extra x = {.process = dropped ? proc : "expert store reads", .track_names = np,
-                                   .n_tracks = tracks, .spans = sp, .n_spans = n, .other_json = store_json};
+    struct moetax_trace_extra x = *x0;
+    x.process = dropped ? proc : "expert store reads";
+    x.track_names = np;
+    x.n_tracks = tracks;
+    x.spans = sp;
+    x.n_spans = n;
     moetax_status st = moetax_ledger_write_trace_ex(l, path, &x);
     free(r);
     free(sp);
     return st;
+}
+
+/* The trace (write_trace_io); under mpirun with records kept (cli_ledger_new asks for them with
+ * --trace) also this rank's exchanges as a process of their own (pid 2: `moetax report` reads
+ * pid 0's spans as the phases): a span per exchange, gather or combine from its counts to its
+ * last byte, with its layer and this rank's bytes. */
+static moetax_status write_trace(const struct moetax_ledger *l, const char *path, const struct moetax_store *store,
+                                 const char *store_json) {
+    struct moetax_trace_extra x = {.other_json = store_json};
+#ifdef MOETAX_WITH_MPI
+    const struct moetax_dist *D = moetax_dist_world();
+    uint64_t dropped = 0;
+    const int64_t n = D ? moetax_dist_exchanges(D, NULL, 0, &dropped) : 0;
+    if (n > 0) {
+        struct moetax_dist_xrec *r = malloc(sizeof *r * (size_t)n);
+        struct moetax_trace_span *sp = malloc(sizeof *sp * (size_t)n);
+        if (!r || !sp) {
+            free(r);
+            free(sp);
+            return moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory for the trace's exchanges", path);
+        }
+        const int64_t kept = moetax_dist_exchanges(D, r, n, NULL);
+        for (int64_t i = 0; i < kept; i++) {
+            const double us = 1e-3 * (double)(r[i].t1 > r[i].t0 ? r[i].t1 - r[i].t0 : 0);
+            sp[i] = (struct moetax_trace_span){.t0 = r[i].t0, .t1 = r[i].t1, .name = "exchange", .cat = "comm"};
+            snprintf(sp[i].args, sizeof sp[i].args,
+                     "\"layer\": %d, \"bytes_sent\": %llu, \"bytes_recv\": %llu, \"mb_per_s\": %.1f", r[i].layer,
+                     (unsigned long long)r[i].sent, (unsigned long long)r[i].recv,
+                     us > 0 ? (double)(r[i].sent + r[i].recv) / us : 0.0);
+        }
+        char name[96];
+        snprintf(name, sizeof name, "MPI exchanges (%llu older not kept)", (unsigned long long)dropped);
+        x.process2 = dropped ? name : "MPI exchanges";
+        x.spans2 = sp;
+        x.n_spans2 = kept;
+        moetax_status st = write_trace_io(l, path, store, &x);
+        free(r);
+        free(sp);
+        return st;
+    }
+#endif
+    return write_trace_io(l, path, store, &x);
 }
 
 #ifdef MOETAX_WITH_MPI

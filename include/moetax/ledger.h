@@ -157,7 +157,7 @@ moetax_status moetax_ledger_write_json(const struct moetax_ledger *l, const stru
                                        const char *path);
 moetax_status moetax_ledger_write_trace(const struct moetax_ledger *l, const char *path);
 /* Tracks beside the workers', e.g. the expert store's reads: spans of a second process
- * (pid 1, named `process`) on threads named track_names[track]. Times are
+ * (pid 1, named `process`) on threads named track_names[track], and of a third (pid 2). Times are
  * CLOCK_MONOTONIC ns like the ledger's; args is written as the members of the span's
  * "args" object (e.g. "\"layer\": 3, \"expert\": 7"). other_json (optional) is written
  * into the trace's otherData as "store". Strings are written as given, unescaped: no
@@ -175,6 +175,11 @@ struct moetax_trace_extra {
     const struct moetax_trace_span *spans;
     int64_t n_spans;
     const char *other_json;
+    /* optional: a third process (pid 2, named process2, one thread; e.g. an MPI rank's
+     * exchanges) with these spans (their `track` is ignored) */
+    const char *process2;
+    const struct moetax_trace_span *spans2;
+    int64_t n_spans2;
 };
 moetax_status moetax_ledger_write_trace_ex(const struct moetax_ledger *l, const char *path,
                                            const struct moetax_trace_extra *x);

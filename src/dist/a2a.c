@@ -64,6 +64,7 @@ static moetax_status a2a_run(struct moetax_dist *d, struct moetax_dist_a2a *x, b
     const int P = d->size, me = d->rank;
     moetax_dist_test_stall(d);
     uint64_t t0 = moetax_ledger_now();
+    x->t_begin = t0;
     x->scount[me] = 0;
     MPI_Request req;
     int rc = MPI_Ialltoall(x->scount, 1, MPI_INT, x->rcount, 1, MPI_INT, MPI_COMM_WORLD, &req);
@@ -127,7 +128,7 @@ static moetax_status a2a_run(struct moetax_dist *d, struct moetax_dist_a2a *x, b
 static void a2a_account(struct moetax_dist *d, const struct moetax_dist_a2a *x) {
     d->bytes_sent += x->bytes_sent;
     d->bytes_recv += x->bytes_recv;
-    moetax_dist_book_layer(d, x->layer, x->bytes_sent, x->bytes_recv);
+    moetax_dist_book_layer(d, x->layer, x->t_begin, x->t_begin + x->ns_wait + x->ns_comm, x->bytes_sent, x->bytes_recv);
     d->ns_comm += x->ns_comm;
     d->ns_wait += x->ns_wait;
     d->n_collectives++;
@@ -221,7 +222,7 @@ moetax_status moetax_dist_allgather(struct moetax_dist *d, const void *mine, voi
     d->ns_wait += moetax_ledger_now() - t0;
     d->bytes_sent += (uint64_t)bytes[d->rank] * (uint64_t)(d->size - 1);
     d->bytes_recv += (uint64_t)(off - bytes[d->rank]);
-    moetax_dist_book_layer(d, il, (uint64_t)bytes[d->rank] * (uint64_t)(d->size - 1), (uint64_t)(off - bytes[d->rank]));
+    moetax_dist_book_layer(d, il, t0, moetax_ledger_now(), (uint64_t)bytes[d->rank] * (uint64_t)(d->size - 1), (uint64_t)(off - bytes[d->rank]));
     d->n_global++;
     d->bytes_global += (uint64_t)bytes[d->rank] * (uint64_t)(d->size - 1) + (uint64_t)(off - bytes[d->rank]);
     return st;

@@ -143,6 +143,7 @@ void moetax_dist_finalize(int rc) {
     free(g_world->owner);
     free(g_world->layer_sent);
     free(g_world->layer_recv);
+    free(g_world->xrec);
     moetax_dist_replicas_free(g_world);
     free(g_world->counts);
     free(g_world->displs);
@@ -445,10 +446,36 @@ void moetax_dist_test_stall(const struct moetax_dist *d) {
     stalled = true;
 }
 
-void moetax_dist_book_layer(struct moetax_dist *d, int il, uint64_t sent, uint64_t recv) {
+void moetax_dist_book_layer(struct moetax_dist *d, int il, uint64_t t0, uint64_t t1, uint64_t sent, uint64_t recv) {
+    if (d->xrec_cap > 0) {
+        const int64_t i = atomic_fetch_add_explicit(&d->xrec_n, 1, memory_order_relaxed);
+        d->xrec[i % d->xrec_cap] =
+            (struct moetax_dist_xrec){.t0 = t0, .t1 = t1, .sent = sent, .recv = recv, .layer = il};
+    }
     if (il < 0 || il >= d->n_layer_b) return;
     d->layer_sent[il] += sent;
     d->layer_recv[il] += recv;
+}
+
+moetax_status moetax_dist_keep_exchanges(struct moetax_dist *d, int64_t cap) {
+    free(d->xrec);
+    d->xrec = NULL;
+    d->xrec_cap = 0;
+    atomic_store(&d->xrec_n, 0);
+    if (cap <= 0) return MOETAX_OK;
+    if (!(d->xrec = calloc((size_t)cap, sizeof *d->xrec)))
+        return moetax_error(MOETAX_ERR_NOMEM, "rank %d: out of memory for %lld exchange records", d->rank, (long long)cap);
+    d->xrec_cap = cap;
+    return MOETAX_OK;
+}
+
+int64_t moetax_dist_exchanges(const struct moetax_dist *d, struct moetax_dist_xrec *out, int64_t cap,
+                              uint64_t *dropped) {
+    const int64_t n = atomic_load(&d->xrec_n), kept = n < d->xrec_cap ? n : d->xrec_cap;
+    if (dropped) *dropped = (uint64_t)(n - kept);
+    if (out)
+        for (int64_t i = 0; i < kept && i < cap; i++) out[i] = d->xrec[(n - kept + i) % d->xrec_cap];
+    return kept;
 }
 
 moetax_status moetax_dist_barrier(struct moetax_dist *d, int il) {
@@ -496,7 +523,7 @@ moetax_status moetax_dist_gather_rows(struct moetax_dist *d, float *y, int64_t l
     const uint64_t own = (uint64_t)d->counts[d->rank] * sizeof(float);
     d->bytes_sent += own * (uint64_t)(d->size - 1);
     d->bytes_recv += (uint64_t)total * sizeof(float) - own;
-    moetax_dist_book_layer(d, d->cur_layer, own * (uint64_t)(d->size - 1), (uint64_t)total * sizeof(float) - own);
+    moetax_dist_book_layer(d, d->cur_layer, t0, moetax_ledger_now(), own * (uint64_t)(d->size - 1), (uint64_t)total * sizeof(float) - own);
     d->n_collectives++;
     return rc == MPI_SUCCESS ? MOETAX_OK : mpi_fail(rc, "MPI_Allgatherv (combine)");
 }
@@ -510,7 +537,7 @@ moetax_status moetax_dist_allreduce(struct moetax_dist *d, float *x, int64_t n) 
     const uint64_t b = (uint64_t)n * sizeof(float) * 2 * (uint64_t)(d->size - 1) / (uint64_t)d->size;
     d->bytes_sent += b;
     d->bytes_recv += b;
-    moetax_dist_book_layer(d, d->cur_layer, b, b);
+    moetax_dist_book_layer(d, d->cur_layer, t0, moetax_ledger_now(), b, b);
     d->n_collectives++;
     return rc == MPI_SUCCESS ? MOETAX_OK : mpi_fail(rc, "MPI_Allreduce (combine)");
 }

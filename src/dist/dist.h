@@ -153,6 +153,11 @@ struct moetax_dist {
      * layer; the replicated dispatch's combine books to the layer its barrier named, cur_layer) */
     uint64_t *layer_sent, *layer_recv;
     int n_layer_b, cur_layer;
+    /* with --trace (moetax_dist_keep_exchanges): every booked exchange, gather and combine as a
+     * record, the last xrec_cap of them in a ring (xrec_n: records booked) */
+    struct moetax_dist_xrec *xrec;
+    int64_t xrec_cap;
+    _Atomic int64_t xrec_n;
     /* replicas of hot experts (see "Replication" above): up to n_rep extra hosts per MoE layer,
      * re-planned every `replan` steps from `load` (token-sharded: per layer and micro-batch from
      * its gathered counts; n_replans counts those plans) */
@@ -211,8 +216,22 @@ moetax_status moetax_dist_sync_batch(struct moetax_dist *d, int64_t *n, const in
 moetax_status moetax_dist_barrier(struct moetax_dist *d, int il);
 /* Allgatherv of rows [slot_lo[r], slot_lo[r + 1]) of y [*, ld] from each rank r, in place. */
 moetax_status moetax_dist_gather_rows(struct moetax_dist *d, float *y, int64_t ld, const int64_t *slot_lo);
-/* Book bytes sent / received to layer il (ignored outside [0, n_layer_b)). */
-void moetax_dist_book_layer(struct moetax_dist *d, int il, uint64_t sent, uint64_t recv);
+/* Book bytes sent / received to layer il (ignored outside [0, n_layer_b)) by an exchange of
+ * [t0, t1] (moetax_ledger_now); kept as a record too when the records are on. */
+void moetax_dist_book_layer(struct moetax_dist *d, int il, uint64_t t0, uint64_t t1, uint64_t sent, uint64_t recv);
+/* One exchange (MPI_Alltoall[v] records, a gather, a combine's Allgatherv or Allreduce) of one
+ * layer: [t0, t1] in the ledger's clock, this rank's bytes. */
+struct moetax_dist_xrec {
+    uint64_t t0, t1, sent, recv;
+    int32_t layer;
+};
+/* Keep the last cap exchanges as records from now on (for --trace); 0 stops. */
+moetax_status moetax_dist_keep_exchanges(struct moetax_dist *d, int64_t cap);
+/* The kept records, oldest first, copied into out[cap] (when out); returns how many are kept
+ * (at most xrec_cap) and, in *dropped, how many older ones the ring has overwritten. Call it
+ * when no exchange runs. */
+int64_t moetax_dist_exchanges(const struct moetax_dist *d, struct moetax_dist_xrec *out, int64_t cap,
+                              uint64_t *dropped);
 /* In-place MPI_Allreduce(SUM) of x [n]. */
 moetax_status moetax_dist_allreduce(struct moetax_dist *d, float *x, int64_t n);
 /* Every rank's *v becomes the smallest of all ranks' (st: this rank's result so far; a rank's
@@ -253,6 +272,7 @@ struct moetax_dist_a2a {
     moetax_status st;
     _Atomic int state; /* 0 posted, 1 counts exchanged (every rank is here), 2 done */
     uint64_t ns_wait, ns_comm, bytes_sent, bytes_recv;
+    uint64_t t_begin; /* when its counts began (moetax_ledger_now) */
 };
 /* Room for an exchange's requests (free()), NULL without memory. */
 void *moetax_dist_a2a_requests(const struct moetax_dist *d);

@@ -519,9 +519,11 @@ moetax_status moetax_ledger_write_trace_ex(const struct moetax_ledger *l, const 
             if (s->t0 < tmin) tmin = s->t0;
         }
     }
-    const int64_t nx = x && x->spans ? x->n_spans : 0;
+    const int64_t nx = x && x->spans ? x->n_spans : 0, no = x && x->spans2 && x->process2 ? x->n_spans2 : 0;
     for (int64_t i = 0; i < nx; i++)
         if (x->spans[i].t0 < tmin) tmin = x->spans[i].t0;
+    for (int64_t i = 0; i < no; i++)
+        if (x->spans2[i].t0 < tmin) tmin = x->spans2[i].t0;
     fprintf(f, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"producer\": \"moetax\", \"spans\": %lld, \"dropped_spans\": %lld, "
                "\"t0_ns\": %llu%s%s},\n \"traceEvents\": [\n", (long long)total, (long long)dropped,
             (unsigned long long)(tmin == UINT64_MAX ? 0 : tmin), x && x->other_json ? ", \"store\": " : "",
@@ -554,6 +556,16 @@ moetax_status moetax_ledger_write_trace_ex(const struct moetax_ledger *l, const 
                    "\"tid\": %d, \"args\": {%s}}",
                 s->name, s->cat, 1e-3 * (double)(s->t0 - tmin), 1e-3 * (double)(s->t1 > s->t0 ? s->t1 - s->t0 : 0), s->track,
                 s->args);
+    }
+    if (no > 0)
+        fprintf(f, ",\n  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 2, \"tid\": 0, \"args\": {\"name\": \"%s\"}}"
+                   ",\n  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 2, \"tid\": 0, \"args\": {\"name\": \"%s\"}}",
+                x->process2, x->process2);
+    for (int64_t i = 0; i < no; i++) {
+        const struct moetax_trace_span *s = &x->spans2[i];
+        fprintf(f, ",\n  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 2, "
+                   "\"tid\": 0, \"args\": {%s}}",
+                s->name, s->cat, 1e-3 * (double)(s->t0 - tmin), 1e-3 * (double)(s->t1 > s->t0 ? s->t1 - s->t0 : 0), s->args);
     }
     fputs("\n ]}\n", f);
     return moetax_outfile_commit(out);
