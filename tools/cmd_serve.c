@@ -44,6 +44,7 @@ static void on_stop_signal(int sig) {
     if (g_sig_pipe[1] >= 0) (void)!write(g_sig_pipe[1], &b, 1);
 }
 
+#ifdef MOETAX_WITH_MPI /* only mpirun's serve installs it (the stop thread itself serves both) */
 static bool install_stop_pipe(void) {
     if (pipe(g_sig_pipe) != 0) return false;
     struct sigaction sa = {0};
@@ -52,6 +53,7 @@ static bool install_stop_pipe(void) {
     sa.sa_flags = SA_RESTART;
     return sigaction(SIGINT, &sa, NULL) == 0 && sigaction(SIGTERM, &sa, NULL) == 0;
 }
+#endif
 
 struct stop_waiter {
     struct srv_http *http;
