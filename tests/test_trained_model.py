@@ -81,17 +81,28 @@ def torch_greedy(model, ids, n):
 
 @torch.no_grad()
 def torch_ppl(model, docs, ctx, stride):
-    nll, n = 0.0, 0
+    """Sliding windows as `moetax perplexity` scores them; windows of the same length go through
+    the model as one batch (each row is its own sequence from position 0, as one at a time)."""
+    wins = []  # (ids of the window, first scored index in it, scored targets)
     for ids in docs:
         scored_to, begin = 1, 0
         while scored_to < len(ids):
             end = min(begin + ctx, len(ids))
-            lp = torch.log_softmax(model(torch.tensor([ids[begin:end]]))[0], dim=-1)
-            for j in range(scored_to, end):
-                nll -= float(lp[j - 1 - begin, ids[j]])
-                n += 1
+            wins.append((ids[begin:end], scored_to - begin, ids[scored_to:end]))
             scored_to = end
             begin += stride
+    nll, n = 0.0, 0
+    by_len = {}
+    for w in wins:
+        by_len.setdefault(len(w[0]), []).append(w)
+    for group in by_len.values():
+        for c0 in range(0, len(group), 16):
+            chunk = group[c0:c0 + 16]
+            lp = torch.log_softmax(model(torch.tensor([w[0] for w in chunk])), dim=-1)
+            for b, (_, first, targets) in enumerate(chunk):
+                for i, t in enumerate(targets):
+                    nll -= float(lp[b, first + i - 1, t])
+                    n += 1
     return float(np.exp(nll / n)), n
 
 
