@@ -19,7 +19,7 @@ out = os.path.join(WORK, "bench_serve.json")
 if os.path.exists(out):
     os.unlink(out)
 r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_serve.py"), "--moetax", MOETAX,
-                    "--rounds", "1", "--clients", "2", "-n", "12", "-p", "8", "--long-prompt", "96",
+                    "--rounds", "1", "--pairs", "2", "--clients", "2", "-n", "12", "-p", "8", "--long-prompt", "96",
                     "--json", out], capture_output=True, text=True, timeout=600)
 print(r.stdout[-3000:], r.stderr[-3000:])
 fails = []
@@ -37,6 +37,8 @@ else:
     for k in ("one_tps", "many_tps", "engine_tps_1", "engine_tps_many", "one_tpot_ms", "long_ttft_ms"):
         if isinstance(med.get(k), (int, float)) and not med[k] > 0:
             fails.append(f"medians.{k} = {med[k]} is not positive")
+    if d.get("pairs") != 2 or med.get("one_requests") != 2:
+        fails.append(f"--pairs 2: {d.get('pairs')} pairs, {med.get('one_requests')} one-client requests in the round")
     if d["long_prompt_tokens"] < 80:
         fails.append(f"the long prompt has {d['long_prompt_tokens']} tokens, asked 96")
     if med.get("long_during_n", 0) < 1:
