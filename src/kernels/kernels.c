@@ -304,7 +304,8 @@ static const struct moetax_kernels k_avx2 = {
     .fp32_to_bf16 = moetax_k_fp32_to_bf16_avx2,
 };
 
-/* The avx2 table with Q8_0 / Q4_0 matmul on AVX-512 VNNI (matmul_avx512.c); the rest is avx2's. */
+/* The avx2 table with the matmuls (Q8_0 / Q4_0 / k-quants on AVX-512 VNNI, F32/F16/BF16 batches) and the
+ * attention's weighted sum on AVX-512 (matmul_avx512.c); the rest is avx2's. */
 static const struct moetax_kernels k_avx512 = {
     .name = "avx512",
     .quantize_act = moetax_k_quantize_act_avx2,
@@ -320,7 +321,7 @@ static const struct moetax_kernels k_avx512 = {
     .scatter_add = moetax_k_scatter_add_avx2,
     .dot = moetax_k_dot_avx2,
     .axpy = moetax_k_axpy_avx2,
-    .wsum = moetax_k_wsum_avx2,
+    .wsum = moetax_k_wsum_avx512,
     .scale = moetax_k_scale_avx2,
     .fp16_to_fp32 = moetax_k_fp16_to_fp32_avx2,
     .fp32_to_fp16 = moetax_k_fp32_to_fp16_avx2,

@@ -168,6 +168,8 @@ void moetax_k_axpy_avx2(float *y, float a, const float *x, int64_t n);
 void moetax_k_scale_avx2(float *x, float a, int64_t n);
 void moetax_k_wsum_avx2(float *out, int64_t ld_out, const float *p, int64_t ld_p, int64_t nh, const float *v,
                         int64_t ld_v, int64_t np, int64_t n, bool acc);
+void moetax_k_wsum_avx512(float *out, int64_t ld_out, const float *p, int64_t ld_p, int64_t nh, const float *v,
+                          int64_t ld_v, int64_t np, int64_t n, bool acc);
 void moetax_k_fp16_to_fp32_avx2(const uint16_t *x, float *y, int64_t n);
 void moetax_k_fp32_to_fp16_avx2(const float *x, uint16_t *y, int64_t n);
 void moetax_k_bf16_to_fp32_avx2(const uint16_t *x, float *y, int64_t n);

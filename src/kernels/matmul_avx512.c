@@ -803,3 +803,77 @@ void moetax_k_matmul_avx512(enum moetax_type wtype, const void *w, size_t row_by
         break;
     }
 }
+
+/* ------------------------------------------------------------------------ */
+/* wsum                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* The avx2 table's wsum (ops_avx2.c) with 512-bit rows: HB heads (1-4) x VB vectors of 16 columns
+ * (1-4; the last one masked to `tail` columns when tail < 16) over rows [j0, j1); per element the
+ * same chain o = fma(p_j, v_j, o) in row order, so the bits are avx2's and the reference's. */
+ALWAYS_INLINE void wsum_tile512(const int HB, const int VB, float *out, int64_t ld_out, const float *p, int64_t ld_p,
+                                const float *v, int64_t ld_v, int64_t j0, int64_t j1, bool cont, __mmask16 last) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int h = 0; h < HB; h++)
+#pragma GCC unroll 4
+        for (int k = 0; k < VB; k++) {
+            const __mmask16 m = k == VB - 1 ? last : (__mmask16)0xffff;
+            acc[h][k] = cont ? _mm512_maskz_loadu_ps(m, out + h * ld_out + 16 * k) : _mm512_setzero_ps();
+        }
+    for (int64_t j = j0; j < j1; j++) {
+        __m512 vv[4];
+#pragma GCC unroll 4
+        for (int k = 0; k < VB; k++)
+            vv[k] = _mm512_maskz_loadu_ps(k == VB - 1 ? last : (__mmask16)0xffff, v + j * ld_v + 16 * k);
+#pragma GCC unroll 4
+        for (int h = 0; h < HB; h++) {
+            const __m512 ph = _mm512_set1_ps(p[h * ld_p + j]);
+#pragma GCC unroll 4
+            for (int k = 0; k < VB; k++) acc[h][k] = _mm512_fmadd_ps(ph, vv[k], acc[h][k]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < HB; h++)
+#pragma GCC unroll 4
+        for (int k = 0; k < VB; k++)
+            _mm512_mask_storeu_ps(out + h * ld_out + 16 * k, k == VB - 1 ? last : (__mmask16)0xffff, acc[h][k]);
+}
+
+typedef void (*wsum512_fn)(float *, int64_t, const float *, int64_t, const float *, int64_t, int64_t, int64_t, bool,
+                           __mmask16);
+#define WSUM512(HB, VB)                                                                                           \
+    static void wsum512_##HB##x##VB(float *out, int64_t ld_out, const float *p, int64_t ld_p, const float *v,      \
+                                    int64_t ld_v, int64_t j0, int64_t j1, bool cont, __mmask16 last) {             \
+        wsum_tile512(HB, VB, out, ld_out, p, ld_p, v, ld_v, j0, j1, cont, last);                                  \
+    }
+WSUM512(1, 1) WSUM512(2, 1) WSUM512(3, 1) WSUM512(4, 1) WSUM512(1, 2) WSUM512(2, 2) WSUM512(3, 2) WSUM512(4, 2)
+WSUM512(1, 3) WSUM512(2, 3) WSUM512(3, 3) WSUM512(4, 3) WSUM512(1, 4) WSUM512(2, 4) WSUM512(3, 4) WSUM512(4, 4)
+/* [vectors - 1][heads - 1] */
+static const wsum512_fn k_wsum512[4][4] = {{wsum512_1x1, wsum512_2x1, wsum512_3x1, wsum512_4x1},
+                                           {wsum512_1x2, wsum512_2x2, wsum512_3x2, wsum512_4x2},
+                                           {wsum512_1x3, wsum512_2x3, wsum512_3x3, wsum512_4x3},
+                                           {wsum512_1x4, wsum512_2x4, wsum512_3x4, wsum512_4x4}};
+
+/* Rows in chunks that stay in L2 while every (heads, columns) tile passes over them, as avx2's;
+ * a tile continues its chain from out, so the chunking changes no bit. */
+enum { WSUM512_J = 128 };
+
+void moetax_k_wsum_avx512(float *out, int64_t ld_out, const float *p, int64_t ld_p, int64_t nh, const float *v,
+                          int64_t ld_v, int64_t np, int64_t n, bool acc) {
+    if (acc && np == 0) return;
+    for (int64_t j0 = 0; j0 < np || j0 == 0; j0 += WSUM512_J) {
+        const bool cont = acc || j0 > 0;
+        const int64_t j1 = np - j0 < WSUM512_J ? np : j0 + WSUM512_J;
+        for (int64_t h0 = 0; h0 < nh; h0 += 4) {
+            const int hb = nh - h0 < 4 ? (int)(nh - h0) : 4;
+            for (int64_t c = 0; c < n; c += 64) {
+                const int64_t w = n - c < 64 ? n - c : 64; /* columns of this tile */
+                const int vb = (int)((w + 15) / 16);
+                const __mmask16 last = (__mmask16)(w % 16 ? (1u << (w % 16)) - 1u : 0xffffu);
+                k_wsum512[vb - 1][hb - 1](out + h0 * ld_out + c, ld_out, p + h0 * ld_p, ld_p, v + c, ld_v, j0, j1, cont,
+                                          last);
+            }
+        }
+    }
+}
