@@ -467,7 +467,7 @@ def test_dashboard(s):
 def test_second_server():
     """--api-key, 503 with a full queue, the chat endpoint with --chat-template chatml, a stream's
     pacing (--stream-interval)."""
-    s = Server("--api-key", "sekrit", "--parallel", "1", "--max-queue", "1", "--chat-template", "chatml",
+    s = Server("--api-key", "sekrit", "--parallel", "1", "--max-queue", "2", "--chat-template", "chatml",
                "--stream-interval", "40", name="key")
     try:
         check(s.request("GET", "/health")[0] == 200, "/health needs no key")
@@ -507,12 +507,19 @@ def test_second_server():
         check(chat_tokens("<|endoftext|>") == chat_tokens("") + 1, "<|endoftext|> in a chat prompt is one token")
         st, _, j = s.post("/v1/completions", {"prompt": "<|endoftext|>", "max_tokens": 1}, headers=auth)
         check(st == 200 and j["usage"]["prompt_tokens"] > 2, f"<|endoftext|> in a completion prompt is text: {j}")
-        # one slot, a queue of one: the third request is 503 with Retry-After
+        # one slot, a queue of two: a request whose client goes away leaves the queue even behind a
+        # live one (it held a place that a live client got 503 for); a full queue is 503 + Retry-After
         long = {"prompt": PROMPTS[1], "max_tokens": 200, "temperature": 0, "stream": True}
         results = []
 
         def bg():
             results.append(s.stream("/v1/completions", long, headers=auth)[0])
+
+        def deferred(n):
+            deadline = time.time() + 10
+            while time.time() < deadline and s.metrics_auth(auth)["llamacpp:requests_deferred"] != n:
+                time.sleep(0.01)
+            return s.metrics_auth(auth)["llamacpp:requests_deferred"]
 
         t1 = threading.Thread(target=bg)
         t1.start()
@@ -521,13 +528,22 @@ def test_second_server():
             time.sleep(0.01)
         t2 = threading.Thread(target=bg)
         t2.start()
-        while time.time() < deadline and s.metrics_auth(auth)["llamacpp:requests_deferred"] < 1:
-            time.sleep(0.01)
+        check(deferred(1) == 1, "the second request waits in the queue")
+        gone = json.dumps(dict(long, prompt="gone")).encode()
+        sk = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(gone), gone))
+        check(deferred(2) == 2, "a third request waits behind it")
+        sk.close()
+        check(deferred(1) == 1, "the third one's client went away: it left the queue from behind the second")
+        t3 = threading.Thread(target=bg)
+        t3.start()
+        check(deferred(2) == 2, "so a new request takes its place instead of a 503")
         st, h, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=auth)
         check(st == 503 and "Retry-After" in h, f"full queue: {st} {h}")
-        t1.join(60)
-        t2.join(60)
-        check(results == [200, 200], f"the running and the queued request: {results}")
+        for t in (t1, t2, t3):
+            t.join(60)
+        check(results == [200, 200, 200], f"the running and the queued requests: {results}")
         s.cells_back_auth = True
     finally:
         rc = s.stop()
@@ -536,9 +552,9 @@ def test_second_server():
 
 def test_store_server(refs):
     """An expert store of 25% of the experts and F16 cells: greedy completions equal `moetax run` with
-    the same cells, alone and four at once; /metrics counts the store's reads; GET /tax sums the
+    the same cells, alone and four at once (--max-queue 0: taken while slots are free); /metrics counts the store's reads; GET /tax sums the
     window (phases, tax share, the store's hit rate); a bad window is a 400."""
-    s = Server("--parallel", "4", "--expert-budget", "25%", "--cache-type", "f16", name="store")
+    s = Server("--parallel", "4", "--expert-budget", "25%", "--cache-type", "f16", "--max-queue", "0", name="store")
     try:
         ref16 = []
         for p in PROMPTS[:4]:
@@ -569,6 +585,12 @@ def test_store_server(refs):
               and tax["phase_s"]["expert"] > 0 and tax["store"] is not None and 0 <= tax["store"]["hit_rate"] <= 1,
               f"/tax: {st} {tax}")
         check(s.request("GET", "/tax?window=0")[0] == 400, "/tax?window=0: 400")
+        # idle longer than the window: nothing in it (it had read the totals since start over 0 s)
+        time.sleep(1.3)
+        st, _, data = s.request("GET", "/tax?window=1")
+        tax = json.loads(data) if st == 200 else {}
+        check(st == 200 and tax.get("steps") == 0 and tax.get("tokens") == 0 and 0.99 <= tax.get("window_s", 0) <= 1.01,
+              f"/tax?window=1 after 1.3 s idle: {st} {tax}")
         # llama-server's ignore_eos: max_tokens tokens whatever the model says
         st, _, j = s.post("/v1/completions", {"prompt": "x = 1\n", "max_tokens": 40, "temperature": 0, "ignore_eos": True})
         check(st == 200 and j["usage"]["completion_tokens"] == 40 and j["choices"][0]["finish_reason"] == "length",

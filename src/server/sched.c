@@ -224,6 +224,7 @@ struct srv_sched {
     pthread_cond_t cv;
     struct srv_req *q_head, *q_tail;
     int q_len;
+    atomic_int n_active;    /* slots running a request (the scheduler writes it, submit reads it) */
     bool stopping, stopped, started;
     pthread_t thread;
 
@@ -244,6 +245,7 @@ struct srv_sched {
     /* /tax: the metrics after each step (at most one every 50 ms), a ring */
     struct tax_snap { double t; struct srv_metrics m; } *ring;
     int ring_n, ring_head; /* entries; next slot */
+    double t_start;        /* srv_now_s() at init: the metrics were zero then */
 };
 
 enum { TAX_RING = 4096 };
@@ -324,9 +326,13 @@ moetax_status srv_sched_submit(struct srv_sched *s, struct srv_req *r) {
     pthread_mutex_lock(&s->mu);
     if (s->stopping) {
         pthread_mutex_unlock(&s->mu);
-        return moetax_error(MOETAX_ERR_ARG, "the server is shutting down");
+        return moetax_error(MOETAX_ERR_LIMIT, "the server is shutting down");
     }
-    if (s->q_len >= s->p.max_queue) {
+    /* the queue holds max_queue requests beyond the free slots: requests that arrive during one
+     * step wait in it for the next admission even while slots are free (--max-queue 0: a request
+     * is taken only when a slot is free for it) */
+    const int free_slots = s->p.n_parallel - atomic_load(&s->n_active);
+    if (s->q_len >= s->p.max_queue + (free_slots > 0 ? free_slots : 0)) {
         pthread_mutex_unlock(&s->mu);
         return moetax_error(MOETAX_ERR_LIMIT, "every slot is busy and the queue is full (%d)", s->p.max_queue);
     }
@@ -345,6 +351,7 @@ moetax_status srv_sched_submit(struct srv_sched *s, struct srv_req *r) {
 /* Give up a slot's request; its cells stay for reuse (idle) or go. */
 static void slot_release(struct srv_sched *s, int i, bool keep_cells) {
     struct slot *sl = &s->slots[i];
+    if (sl->state == SLOT_ACTIVE) atomic_fetch_sub(&s->n_active, 1);
     if (sl->r) srv_req_unref(sl->r);
     sl->r = NULL;
     if (keep_cells && !s->p.no_prefix_reuse && moetax_kvcache_seq_len(s->acct, i) > 0) {
@@ -441,6 +448,7 @@ static bool admit_one(struct srv_sched *s, struct srv_req *r) {
     }
     struct slot *sl = &s->slots[dst];
     sl->state = SLOT_ACTIVE;
+    atomic_fetch_add(&s->n_active, 1);
     sl->r = r;
     memcpy(sl->toks, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
     sl->n_toks = r->n_prompt;
@@ -468,8 +476,25 @@ static bool admit_one(struct srv_sched *s, struct srv_req *r) {
     return true;
 }
 
-/* Queue -> slots, under s->mu. */
+static void account_finish(struct srv_sched *s, struct srv_req *r);
+
+/* Queue -> slots, under s->mu. Requests whose clients went away leave the queue wherever they are
+ * (behind a head that waits for cells they would otherwise hold places that live clients get
+ * 503 for). */
 static void admit(struct srv_sched *s) {
+    for (struct srv_req **pp = &s->q_head, *r; (r = *pp);) {
+        if (!atomic_load(&r->cancel)) {
+            pp = &r->next;
+            continue;
+        }
+        req_publish(r, 0, SRV_FINISH_CANCELLED, "the client went away");
+        account_finish(s, r);
+        *pp = r->next;
+        s->q_len--;
+        srv_req_unref(r); /* the queue's reference */
+    }
+    s->q_tail = NULL;
+    for (struct srv_req *r = s->q_head; r; r = r->next) s->q_tail = r;
     while (s->q_head) {
         struct srv_req *r = s->q_head;
         if (atomic_load(&r->cancel)) {
@@ -480,7 +505,10 @@ static void admit(struct srv_sched *s) {
         s->q_head = r->next;
         if (!s->q_head) s->q_tail = NULL;
         s->q_len--;
-        if (r->finish != SRV_FINISH_NONE) srv_req_unref(r); /* not admitted: drop the queue's reference */
+        if (r->finish != SRV_FINISH_NONE) { /* not admitted (gone, or no sampler): drop the queue's reference */
+            account_finish(s, r);
+            srv_req_unref(r);
+        }
     }
 }
 
@@ -518,9 +546,13 @@ static void slot_token(struct srv_sched *s, int i, int32_t t, double tnow) {
         fin = SRV_FINISH_STOP;
         upto = r->gen_len;
     } else {
-        char piece[256];
-        const int nb = moetax_tokenizer_token_to_bytes(s->p.tok, t, piece, sizeof piece);
-        if (nb > 0 && !buf_append(&r->gen, &r->gen_len, &r->gen_cap, piece, (size_t)nb)) {
+        char small[256], *piece = small;
+        int nb = moetax_tokenizer_token_to_bytes(s->p.tok, t, small, sizeof small);
+        if (nb < 0 && (piece = malloc((size_t)-nb))) /* a token longer than the buffer: -nb bytes */
+            nb = moetax_tokenizer_token_to_bytes(s->p.tok, t, piece, -nb);
+        const bool oom = !piece || (nb > 0 && !buf_append(&r->gen, &r->gen_len, &r->gen_cap, piece, (size_t)nb));
+        if (piece != small) free(piece);
+        if (oom) {
             req_publish(r, r->len, SRV_FINISH_ERROR, "out of memory");
             account_finish(s, r);
             slot_release(s, i, false);
@@ -747,6 +779,7 @@ static void sched_loop(struct srv_sched *s) {
         struct srv_req *r = s->q_head;
         s->q_head = r->next;
         req_publish(r, 0, SRV_FINISH_CANCELLED, "the server is shutting down");
+        account_finish(s, r);
         srv_req_unref(r);
     }
     s->q_tail = NULL;
@@ -793,6 +826,7 @@ static moetax_status sched_init(const struct srv_sched_params *p, struct srv_sch
                                    .adapt_threads = p->adapt_threads};
     moetax_status st;
     if (!(s->ring = calloc(TAX_RING, sizeof *s->ring))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto fail; }
+    s->t_start = srv_now_s();
     if ((st = moetax_ctx_init(p->model, &cp, &s->ctx))) goto fail;
     s->kv = s->acct = moetax_ctx_kv(s->ctx);
     s->bs = moetax_kvcache_block_size(s->kv);
@@ -956,18 +990,25 @@ char *srv_sched_tax_json(struct srv_sched *s, double window_s) {
     pthread_mutex_lock(&s->mmu);
     const struct srv_metrics now = s->m;
     const double t = srv_now_s();
-    /* the oldest snapshot inside the window (or the oldest there is) */
+    /* the metrics when the window began: the newest snapshot at or before its start (snapshots
+     * follow steps, so nothing ran between it and the start but at most one 50 ms gap's steps);
+     * none: zeros at the server's start, or the oldest snapshot once the ring has wrapped. The
+     * window is then what the server has lived of it (an idle server: its whole window, with
+     * nothing in it; it had read the totals since start over a window of 0 s) */
     struct srv_metrics then = {0};
-    double t_then = t;
-    for (int i = 0; i < s->ring_n; i++) {
+    double t_then = s->t_start;
+    bool found = false;
+    for (int i = s->ring_n - 1; i >= 0 && !found; i--) {
         const struct tax_snap *x = &s->ring[(s->ring_head + TAX_RING - s->ring_n + i) % TAX_RING];
-        if (t - x->t <= window_s) {
-            then = x->m;
-            t_then = x->t;
-            break;
-        }
+        if (t - x->t >= window_s) then = x->m, t_then = x->t, found = true;
+    }
+    if (!found && s->ring_n == TAX_RING) {
+        const struct tax_snap *x = &s->ring[s->ring_head]; /* the oldest */
+        then = x->m;
+        t_then = x->t;
     }
     pthread_mutex_unlock(&s->mmu);
+    if (t - t_then > window_s) t_then = t - window_s;
     double ph[MOETAX_PHASE_COUNT], total = 0, tax = 0;
     json_t *phases = json_object();
     for (int p = 0; p < MOETAX_PHASE_COUNT; p++) {

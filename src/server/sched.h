@@ -119,7 +119,7 @@ struct srv_sched_params {
     int64_t n_ctx;                         /* KV cells in all */
     int n_threads;                         /* 0: online CPUs */
     int n_expert_used;                     /* 0: the model's */
-    int max_queue;                         /* requests waiting for a slot before 503 */
+    int max_queue;                         /* requests waiting beyond the free slots before 503 */
     int prefill_chunk;                     /* prompt tokens per step, all sequences together */
     bool no_prefix_reuse;                  /* free a finished sequence's cells at once */
     bool adapt_threads;                    /* moetax_ctx_params.adapt_threads */
