@@ -42,11 +42,11 @@ def check(cond, msg):
 
 
 class Server:
-    def __init__(self, *args, name="main"):
+    def __init__(self, *args, name="main", env=None):
         self.log_path = os.path.join(WORK, f"serve-{name}.log")
         self.log = open(self.log_path, "w+b")
         self.p = subprocess.Popen([MOETAX, "serve", "-m", MODEL, "--host", "127.0.0.1", "--port", "0", "-t", "2",
-                                   *args], stdout=self.log, stderr=self.log)
+                                   *args], stdout=self.log, stderr=self.log, env=dict(os.environ, **(env or {})))
         deadline = time.time() + 60
         self.port = None
         while time.time() < deadline and self.port is None:
@@ -467,7 +467,7 @@ def test_dashboard(s):
 def test_second_server():
     """--api-key, 503 with a full queue, the chat endpoint with --chat-template chatml, a stream's
     pacing (--stream-interval)."""
-    s = Server("--api-key", "sekrit", "--parallel", "1", "--max-queue", "2", "--chat-template", "chatml",
+    s = Server("--api-key", "sekrit", "--parallel", "1", "--max-queue", "1", "--chat-template", "chatml",
                "--stream-interval", "40", name="key")
     try:
         check(s.request("GET", "/health")[0] == 200, "/health needs no key")
@@ -507,19 +507,12 @@ def test_second_server():
         check(chat_tokens("<|endoftext|>") == chat_tokens("") + 1, "<|endoftext|> in a chat prompt is one token")
         st, _, j = s.post("/v1/completions", {"prompt": "<|endoftext|>", "max_tokens": 1}, headers=auth)
         check(st == 200 and j["usage"]["prompt_tokens"] > 2, f"<|endoftext|> in a completion prompt is text: {j}")
-        # one slot, a queue of two: a request whose client goes away leaves the queue even behind a
-        # live one (it held a place that a live client got 503 for); a full queue is 503 + Retry-After
+        # one slot, a queue of one: the third request is 503 with Retry-After
         long = {"prompt": PROMPTS[1], "max_tokens": 200, "temperature": 0, "stream": True}
         results = []
 
         def bg():
             results.append(s.stream("/v1/completions", long, headers=auth)[0])
-
-        def deferred(n):
-            deadline = time.time() + 10
-            while time.time() < deadline and s.metrics_auth(auth)["llamacpp:requests_deferred"] != n:
-                time.sleep(0.01)
-            return s.metrics_auth(auth)["llamacpp:requests_deferred"]
 
         t1 = threading.Thread(target=bg)
         t1.start()
@@ -528,26 +521,64 @@ def test_second_server():
             time.sleep(0.01)
         t2 = threading.Thread(target=bg)
         t2.start()
-        check(deferred(1) == 1, "the second request waits in the queue")
-        gone = json.dumps(dict(long, prompt="gone")).encode()
-        sk = socket.create_connection(("127.0.0.1", s.port), timeout=30)
-        sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekrit\r\n"
-                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(gone), gone))
-        check(deferred(2) == 2, "a third request waits behind it")
-        sk.close()
-        check(deferred(1) == 1, "the third one's client went away: it left the queue from behind the second")
-        t3 = threading.Thread(target=bg)
-        t3.start()
-        check(deferred(2) == 2, "so a new request takes its place instead of a 503")
+        while time.time() < deadline and s.metrics_auth(auth)["llamacpp:requests_deferred"] < 1:
+            time.sleep(0.01)
         st, h, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=auth)
         check(st == 503 and "Retry-After" in h, f"full queue: {st} {h}")
-        for t in (t1, t2, t3):
-            t.join(60)
-        check(results == [200, 200, 200], f"the running and the queued requests: {results}")
+        t1.join(60)
+        t2.join(60)
+        check(results == [200, 200], f"the running and the queued request: {results}")
         s.cells_back_auth = True
     finally:
         rc = s.stop()
         check(rc == 0, f"the second server exited {rc}")
+
+
+def test_queue():
+    """One slot kept busy (MOETAX_TEST_STEP_DELAY_US: 3 ms a step), a queue of two: a request whose
+    client goes away leaves the queue from behind a live one (it held a place that a live client got
+    503 for), a new request takes its place, and a full queue is 503 + Retry-After."""
+    s = Server("--parallel", "1", "--max-queue", "2", name="queue", env={"MOETAX_TEST_STEP_DELAY_US": "3000"})
+    try:
+        long = {"prompt": PROMPTS[1], "max_tokens": 200, "temperature": 0, "stream": True, "ignore_eos": True}
+        results = []
+
+        def bg():
+            results.append(s.stream("/v1/completions", long)[0])
+
+        def deferred(n):
+            deadline = time.time() + 10
+            while time.time() < deadline and s.metrics()["llamacpp:requests_deferred"] != n:
+                time.sleep(0.01)
+            return s.metrics()["llamacpp:requests_deferred"]
+
+        t1 = threading.Thread(target=bg)
+        t1.start()
+        deadline = time.time() + 10
+        while time.time() < deadline and s.metrics()["llamacpp:requests_processing"] < 1:
+            time.sleep(0.01)
+        t2 = threading.Thread(target=bg)
+        t2.start()
+        check(deferred(1) == 1, "the second request waits in the queue")
+        gone = json.dumps(dict(long, prompt="gone")).encode()
+        sk = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+        sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(gone), gone))
+        check(deferred(2) == 2, "a third request waits behind it")
+        sk.close()
+        check(deferred(1) == 1 and t1.is_alive(), "the third one's client went away: it left the queue from "
+              "behind the second while the first still ran")
+        t3 = threading.Thread(target=bg)
+        t3.start()
+        check(deferred(2) == 2, "so a new request takes its place instead of a 503")
+        st, h, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2})
+        check(st == 503 and "Retry-After" in h and t1.is_alive(), f"full queue while the first still runs: {st} {h}")
+        for t in (t1, t2, t3):
+            t.join(60)
+        check(results == [200, 200, 200], f"the running and the queued requests: {results}")
+    finally:
+        rc = s.stop()
+        check(rc == 0, f"the queue server exited {rc}")
 
 
 def test_store_server(refs):
@@ -690,6 +721,7 @@ def main():
         if s.p.poll() is None:
             s.stop()
     test_second_server()
+    test_queue()
     test_store_server(refs)
     print(f"test_server: {CHECKS} checks, {len(FAILS)} failed, {time.time() - t0:.1f} s")
     return 1 if FAILS else 0

@@ -634,8 +634,13 @@ static void update_metrics(struct srv_sched *s, int seqs, int64_t tokens, bool d
         m->store_loads = ss.loads;
         m->store_bytes_read = ss.bytes_read;
     }
+    /* a new snapshot at most every 50 ms; in between the newest one is brought up to date, so that
+     * every snapshot holds the metrics at its own time */
     const double t = srv_now_s();
-    if (s->ring && (s->ring_n == 0 || t - s->ring[(s->ring_head + TAX_RING - 1) % TAX_RING].t >= 0.05)) {
+    struct tax_snap *last = s->ring && s->ring_n ? &s->ring[(s->ring_head + TAX_RING - 1) % TAX_RING] : NULL;
+    if (last && t - last->t < 0.05) {
+        *last = (struct tax_snap){.t = t, .m = *m};
+    } else if (s->ring) {
         s->ring[s->ring_head] = (struct tax_snap){.t = t, .m = *m};
         s->ring_head = (s->ring_head + 1) % TAX_RING;
         if (s->ring_n < TAX_RING) s->ring_n++;
@@ -828,6 +833,10 @@ static moetax_status sched_init(const struct srv_sched_params *p, struct srv_sch
     if (!(s->ring = calloc(TAX_RING, sizeof *s->ring))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto fail; }
     s->t_start = srv_now_s();
     if ((st = moetax_ctx_init(p->model, &cp, &s->ctx))) goto fail;
+    {   /* tests: every step spins this long (a slot stays busy while a test lines up its queue) */
+        const char *dl = getenv("MOETAX_TEST_STEP_DELAY_US");
+        if (dl && atoi(dl) > 0) moetax_ctx_test_delay(s->ctx, MOETAX_PHASE_HEAD, (uint64_t)atoi(dl) * 1000u);
+    }
     s->kv = s->acct = moetax_ctx_kv(s->ctx);
     s->bs = moetax_kvcache_block_size(s->kv);
     s->blocks_all = moetax_kvcache_n_cells(s->kv) / s->bs;
@@ -991,7 +1000,7 @@ char *srv_sched_tax_json(struct srv_sched *s, double window_s) {
     const struct srv_metrics now = s->m;
     const double t = srv_now_s();
     /* the metrics when the window began: the newest snapshot at or before its start (snapshots
-     * follow steps, so nothing ran between it and the start but at most one 50 ms gap's steps);
+     * follow steps: nothing ran between it and the start);
      * none: zeros at the server's start, or the oldest snapshot once the ring has wrapped. The
      * window is then what the server has lived of it (an idle server: its whole window, with
      * nothing in it; it had read the totals since start over a window of 0 s) */
