@@ -55,11 +55,9 @@
  *   (moetax_dist_plan_now: the same greedy, the loads being the counts themselves, without the
  *   EPLB fallback; between equally loaded ranks the one whose own tokens use the expert most),
  *   as DeepSeek-V3's decoding computes its redundant experts' routing on the fly before each
- *   layer's all-to-all; --ep-replan then has no effect. Replicas planned between steps from past
- *   counts (the replicated dispatch's way, which must plan before it routes) gave none to the first
- *   step and only a forecast to the others: the trained model, bench --batch 8 on held-out text,
- *   np 4, R 8: busiest rank's excess 34.7% -> 21.0% planned between steps, -> 6.6% from the
- *   micro-batch's counts (np 2: 10.0% -> 1.3%, -> 0.01%). Every rank then splits the
+ *   layer's all-to-all. Replicas planned between steps from past counts (as both dispatches once
+ *   did) gave none to the first step and only a forecast to the others (the README has the busiest
+ *   rank's excess either way). Every rank then splits the
  *   global counts over the hosts exactly as above and derives the same flows: a host keeps its
  *   own tokens' assignments up to its part (no transfer), the rest fill the other hosts' parts,
  *   ranks in order (moetax_dist_flows). Each token still goes once to each rank that computes
@@ -159,8 +157,10 @@ struct moetax_dist {
     int64_t xrec_cap;
     _Atomic int64_t xrec_n;
     /* replicas of hot experts (see "Replication" above): up to n_rep extra hosts per MoE layer,
-     * re-planned every `replan` steps from `load` (token-sharded: per layer and micro-batch from
-     * its gathered counts; n_replans counts those plans) */
+     * planned per layer and micro-batch from its own counts (replicated: plan_micro; token-sharded:
+     * plan_now from its gathered counts; n_replans counts those plans); hosts/n_hosts hold the
+     * start-up plan from `load` (a profile's frequencies, --ep-load), which decides what is mapped;
+     * `replan` is checked and kept but nothing is planned between steps */
     int n_rep, replan, H;     /* H: the most hosts an expert can have, min(n_rep, P - 1) + 1 */
     int n_layer, n_expert;
     uint8_t *is_moe;          /* [n_layer] */
@@ -302,7 +302,7 @@ int moetax_dist_set_replicas(const char *replicas, const char *replan, const cha
 /* At the placement: the settings, the first plan (from the profile), and the experts this rank
  * maps beyond its own added to own [n_layer, E]. */
 moetax_status moetax_dist_replicas_init(struct moetax_dist *d, const struct moetax_model *m, uint8_t *own);
-/* Worker 0 at the start of each step: every `replan` steps the hosts are planned again. */
+/* Worker 0 at the start of each step: counts the steps (every micro-batch plans its own hosts). */
 void moetax_dist_step(struct moetax_dist *d);
 void moetax_dist_replan(struct moetax_dist *d);
 /* Token-sharded dispatch, worker 0, before the split: layer il's hosts for this micro-batch from

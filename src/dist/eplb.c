@@ -174,6 +174,9 @@ moetax_status moetax_dist_replicas_init(struct moetax_dist *d, const struct moet
         if (g_load) return moetax_error(MOETAX_ERR_ARG, "--ep-load %s needs --ep-replicas R (R > 0)", g_load);
         return MOETAX_OK;
     }
+    moetax_dist_replicas_free(d); /* a model loaded before (its plan and mapped replicas) */
+    d->n_extra = 0;
+    d->extra_bytes = 0;
     d->n_layer = L;
     d->n_expert = E;
     d->H = (d->n_rep < P - 1 ? d->n_rep : P - 1) + 1;
@@ -202,7 +205,6 @@ moetax_status moetax_dist_replicas_init(struct moetax_dist *d, const struct moet
         }
         moetax_profile_free(p);
         if (st) return st;
-        for (size_t i = 0; i < (size_t)L * E; i++) d->avail[i * P + d->owner[i]] = 1;
         /* every rank may take any expert while the profile's plan is made, then only those */
         memset(d->avail, 1, (size_t)L * E * P);
         moetax_dist_replan(d);
