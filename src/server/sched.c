@@ -726,8 +726,16 @@ static bool step(struct srv_sched *s) {
     }
     if (s->shadow) { /* the batch into the books (every rank took its own share) */
         st = moetax_kvcache_reserve(s->shadow, b->seq, b->pos, b->n_tokens);
-        if (st) fprintf(stderr, "moetax serve: the KV books refuse a step the ranks took: %s\n", moetax_last_error());
-        else moetax_kvcache_commit(s->shadow, b->seq, b->pos, b->n_tokens);
+        if (st) { /* the books no longer match the ranks' caches: the running requests end (a slot still
+                   * prefilling would wait forever for books that never reach its position) */
+            char msg[256];
+            snprintf(msg, sizeof msg, "the KV books refuse a step the ranks took: %s", moetax_last_error());
+            fprintf(stderr, "moetax serve: %s\n", msg);
+            fail_all(s, SRV_FINISH_ERROR, msg);
+            update_metrics(s, 0, 0, false);
+            return true;
+        }
+        moetax_kvcache_commit(s->shadow, b->seq, b->pos, b->n_tokens);
     }
     pthread_mutex_lock(&s->mmu);
     s->m.prompt_tokens_total += prompt_tokens;
