@@ -576,6 +576,11 @@ def test_queue():
         for t in (t1, t2, t3):
             t.join(60)
         check(results == [200, 200, 200], f"the running and the queued requests: {results}")
+        # /tax over the last second of ~2 s of steps: some of them, not all
+        short, whole = (json.loads(s.request("GET", f"/tax?window={w}")[2]) for w in (1, 600))
+        check(0 < short.get("steps", 0) < whole.get("steps", 0) and abs(short.get("window_s", 0) - 1) < 0.01,
+              f"/tax?window=1 right after the requests: {short.get('steps')} of {whole.get('steps')} steps, "
+              f"window {short.get('window_s')}")
     finally:
         rc = s.stop()
         check(rc == 0, f"the queue server exited {rc}")

@@ -246,6 +246,7 @@ struct srv_sched {
     struct tax_snap { double t; struct srv_metrics m; } *ring;
     int ring_n, ring_head; /* entries; next slot */
     double t_start;        /* srv_now_s() at init: the metrics were zero then */
+    double t_newest;       /* when the newest snapshot was begun (its t is its latest update) */
 };
 
 enum { TAX_RING = 4096 };
@@ -637,13 +638,13 @@ static void update_metrics(struct srv_sched *s, int seqs, int64_t tokens, bool d
     /* a new snapshot at most every 50 ms; in between the newest one is brought up to date, so that
      * every snapshot holds the metrics at its own time */
     const double t = srv_now_s();
-    struct tax_snap *last = s->ring && s->ring_n ? &s->ring[(s->ring_head + TAX_RING - 1) % TAX_RING] : NULL;
-    if (last && t - last->t < 0.05) {
-        *last = (struct tax_snap){.t = t, .m = *m};
+    if (s->ring && s->ring_n && t - s->t_newest < 0.05) {
+        s->ring[(s->ring_head + TAX_RING - 1) % TAX_RING] = (struct tax_snap){.t = t, .m = *m};
     } else if (s->ring) {
         s->ring[s->ring_head] = (struct tax_snap){.t = t, .m = *m};
         s->ring_head = (s->ring_head + 1) % TAX_RING;
         if (s->ring_n < TAX_RING) s->ring_n++;
+        s->t_newest = t;
     }
     pthread_mutex_unlock(&s->mmu);
 }
