@@ -473,9 +473,10 @@ int64_t moetax_dist_exchanges(const struct moetax_dist *d, struct moetax_dist_xr
                               uint64_t *dropped) {
     const int64_t n = atomic_load(&d->xrec_n), kept = n < d->xrec_cap ? n : d->xrec_cap;
     if (dropped) *dropped = (uint64_t)(n - kept);
-    if (out)
-        for (int64_t i = 0; i < kept && i < cap; i++) out[i] = d->xrec[(n - kept + i) % d->xrec_cap];
-    return kept;
+    if (!out) return kept;
+    const int64_t m = kept < cap ? kept : cap; /* the newest m */
+    for (int64_t i = 0; i < m; i++) out[i] = d->xrec[(n - m + i) % d->xrec_cap];
+    return m;
 }
 
 moetax_status moetax_dist_barrier(struct moetax_dist *d, int il) {

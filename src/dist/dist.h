@@ -227,9 +227,9 @@ struct moetax_dist_xrec {
 };
 /* Keep the last cap exchanges as records from now on (for --trace); 0 stops. */
 moetax_status moetax_dist_keep_exchanges(struct moetax_dist *d, int64_t cap);
-/* The kept records, oldest first, copied into out[cap] (when out); returns how many are kept
- * (at most xrec_cap) and, in *dropped, how many older ones the ring has overwritten. Call it
- * when no exchange runs. */
+/* The kept records: without out, how many (at most xrec_cap); with out, the newest min(that, cap)
+ * copied there oldest first, and how many were copied. *dropped: how many older ones the ring
+ * has overwritten. Call it when no exchange runs. */
 int64_t moetax_dist_exchanges(const struct moetax_dist *d, struct moetax_dist_xrec *out, int64_t cap,
                               uint64_t *dropped);
 /* In-place MPI_Allreduce(SUM) of x [n]. */
