@@ -3,7 +3,8 @@
 
 Usage:
   python3 scripts/bench_serve.py [--moetax build/moetax] [-m MODEL] [-t 2] [--rounds 3]
-                                 [--clients 8] [--pairs 5] [-n 96] [--long-prompt 512] [--json OUT]
+                                 [--clients 8] [--pairs 5] [-n 96] [--long-prompt 512] [--pin]
+                                 [--json OUT]
 
 Standard library only (any python3). Starts one server (`--parallel CLIENTS`, 127.0.0.1, a free
 port) and measures, in alternating rounds so that a drifting machine hits every figure alike:
@@ -35,6 +36,10 @@ and prints per round and the medians:
                    (--prefill-chunk tokens of the engine's ppN time per token: `bench -p CHUNK`);
                    target: the raise <= one chunk
 
+--pin puts the server and the engine's runs on the first T CPUs and this script (the clients) on the
+rest, so that server_cost is the server's own (its HTTP thread shares the server's CPUs) and not
+also the clients' CPU time; it needs more CPUs than -t (2 cores: -t 1).
+
 Nothing here asserts a figure: these are measurements, printed with the medians of the rounds.
 """
 import argparse
@@ -60,13 +65,22 @@ def pct(xs, q):
     return s[i]
 
 
+PIN = None  # --pin: (CPUs of the server and the engine, CPUs of this script's clients)
+
+
+def pinned():
+    """preexec_fn of the server and the engine runs: the first CPU set of --pin."""
+    if PIN:
+        os.sched_setaffinity(0, PIN[0])
+
+
 class Server:
     def __init__(self, exe, model, threads, parallel, extra, log_dir):
         self.log_path = os.path.join(log_dir, "serve.log")
         self.log = open(self.log_path, "w+b")
         self.p = subprocess.Popen([exe, "serve", "-m", model, "--host", "127.0.0.1", "--port", "0", "-t",
                                    str(threads), "--parallel", str(parallel), *extra],
-                                  stdout=self.log, stderr=self.log)
+                                  stdout=self.log, stderr=self.log, preexec_fn=pinned)
         self.port = None
         deadline = time.time() + 120
         while time.time() < deadline and self.port is None:
@@ -184,7 +198,7 @@ def aggregate(outs):
 def bench_engine(exe, model, threads, batch, p, n):
     cmd = [exe, "bench", "-m", model, "--batch", str(batch), "-p", str(p), "-n", str(n), "-t", str(threads),
            "-r", "1", "--json", "--no-mem"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pinned)
     if r.returncode != 0:
         sys.exit(f"bench_serve: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
@@ -194,7 +208,7 @@ def bench_engine(exe, model, threads, batch, p, n):
 def bench_pp(exe, model, threads, chunk):
     cmd = [exe, "bench", "-m", model, "-p", str(chunk), "-n", "0", "-t", str(threads), "-r", "3", "--json",
            "--no-mem"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pinned)
     if r.returncode != 0:
         sys.exit(f"bench_serve: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
@@ -233,11 +247,21 @@ def main():
     ap.add_argument("--prefill-chunk", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="the clients' sampling temperature (seed 1; default 0, greedy)")
+    ap.add_argument("--pin", action="store_true",
+                    help="the server and the engine on the first -t CPUs, this script's clients on the others "
+                         "(the server's own cost without the clients' CPU time; needs more CPUs than -t)")
     ap.add_argument("--json", help="write the rounds and medians here")
     ap.add_argument("serve_args", nargs="*", help="after --: more `moetax serve` options")
     a = ap.parse_args()
-    global TEMPERATURE
+    global TEMPERATURE, PIN
     TEMPERATURE = a.temperature
+    if a.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) <= a.threads:
+            sys.exit(f"bench_serve: --pin needs more CPUs than -t {a.threads} (this process may use {len(cpus)})")
+        PIN = (set(cpus[:a.threads]), set(cpus[a.threads:]))
+        os.sched_setaffinity(0, PIN[1])
+        print(f"pinned: server and engine on CPUs {sorted(PIN[0])}, clients on {sorted(PIN[1])}")
     if a.rounds < 1 or a.clients < 2 or a.n < 2 or a.pairs < 1:
         sys.exit("bench_serve: --rounds must be >= 1, --clients >= 2, -n >= 2 and --pairs >= 1")
     words = ("def return self import class for while yield lambda async await with try except raise "

@@ -45,6 +45,12 @@ else:
         fails.append("no decoding gap fell inside the long prompt's prefill")
     if "medians of 1 rounds" not in r.stdout:
         fails.append("no summary line")
+# --pin with as many threads as CPUs leaves the clients none: refused, said so
+ncpu = len(os.sched_getaffinity(0))
+rp = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_serve.py"), "--moetax", MOETAX, "--pin",
+                     "-t", str(ncpu)], capture_output=True, text=True, timeout=120)
+if rp.returncode == 0 or "--pin needs more CPUs" not in rp.stderr:
+    fails.append(f"--pin -t {ncpu}: exit {rp.returncode}, {rp.stderr[-300:]!r}")
 for f in fails:
     print("FAIL:", f)
 print("test_bench_serve:", "FAIL" if fails else "ok")
