@@ -168,8 +168,10 @@ static bool stream_fill(struct stream *s) {
         char *j = srv_api_chunk_json(&a, false, false);
         any = out_add(s, j);
         free(j);
-        s->sent = r->len;
-        s->t_sent = srv_now_s();
+        if (any) { /* else (out of memory) the text stays unsent and the next fill tries again */
+            s->sent = r->len;
+            s->t_sent = srv_now_s();
+        }
     }
     if (fin != SRV_FINISH_NONE && !any) {
         if (fin == SRV_FINISH_STOP || fin == SRV_FINISH_LENGTH) {
