@@ -153,6 +153,9 @@ def main():
                 check(r.returncode == 0 and close(read(got), read(ref)), f"{what}: logits within 1e-4 of their range")
             else:
                 check(r.returncode == 0 and read(got) == read(ref), f"{what}: logits bit-identical")
+            if "--ep-replan" in opts or "MOETAX_MPI_REPLAN" in env:
+                check(r.stderr.count("REPLAN has no effect" if env else "--ep-replan has no effect") == 1,
+                      f"{what}: rank 0 warns once that the replan period does nothing ({r.stderr[-300:]})")
             s = check_counts(what, np, r, ntok)
             if mode and np == 2 and opts == ["--ep-replicas", "4"] and 0 in s:
                 # one token per step: its 4 assignments planned per layer (each worker its own copy); planned

@@ -38,6 +38,9 @@ int moetax_dist_set_replicas(const char *replicas, const char *replan, const cha
                 fprintf(stderr, "moetax: --ep-replan '%s': expected a whole number of steps >= 1\n", replan);
             return 1;
         }
+        if (rank == 0) /* kept so that command lines that had it still run */
+            fprintf(stderr, "moetax: warning: --ep-replan has no effect: every MoE layer plans its replicas from each "
+                    "micro-batch's own counts\n");
     }
     if (load) g_load = load;
     return 0;
@@ -58,6 +61,9 @@ static int settings(struct moetax_dist *d) {
             if (d->rank == 0) fprintf(stderr, "moetax: MOETAX_MPI_REPLAN=%s: expected a whole number of steps >= 1\n", v);
             return 1;
         }
+        if (d->rank == 0)
+            fprintf(stderr, "moetax: warning: MOETAX_MPI_REPLAN has no effect: every MoE layer plans its replicas from "
+                    "each micro-batch's own counts\n");
     }
     d->n_rep = g_replicas > 0 ? g_replicas : 0;
     d->replan = g_replan > 0 ? g_replan : 1;
