@@ -120,6 +120,21 @@ def main():
     check(r.returncode == 0 and "of them in 2 MiB pages" in r.stderr, f"bench prints the weights' paging: {r.stderr}")
     r = run([mt, "bench", "-m", model, "-r", "0"])
     check(r.returncode == 2, "bench -r 0 is refused")
+    # -d: the tests run after that many tokens in the cache, which neither the timing nor the ledger sees
+    led = os.path.join(work, "cli_depth.ledger.json")
+    r = run([mt, "bench", "-m", model, "-p", "4", "-n", "3", "-d", "48", "-r", "2", "-t", "1", "--json", "--no-mem",
+             "--ledger", led])
+    dr = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    check(r.returncode == 0 and [x["test"] for x in dr] == ["pp4 @ d48", "tg3 @ d48"] and
+          all(x["depth"] == 48 and x["tokens_per_s"] > 0 for x in dr), f"bench -d 48: {r.stderr[-300:]} {dr}")
+    if r.returncode == 0:
+        steps = json.load(open(led))["steps"]
+        check(steps and min(x["pos"] for x in steps) == 48 and max(x["tokens"] for x in steps) == 4,
+              f"bench -d 48: the ledger has only the tests' steps, from position 48: "
+              f"{[(x['pos'], x['tokens']) for x in steps]}")
+    for bad in (["-d", "-1"], ["-d", "8", "--batch", "2"]):
+        r = run([mt, "bench", "-m", model] + bad)
+        check(r.returncode == 2, f"bench {' '.join(bad)} is refused: {r.stderr[-200:]}")
     # run-time top-k: more experts per token, more active bytes; beyond the group limit refused
     r = run([mt, "bench", "-m", model, "-p", "0", "-n", "4", "-r", "1", "-t", "1", "--json", "--no-mem",
              "--experts-used", "3"])

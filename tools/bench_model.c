@@ -35,6 +35,10 @@ static void usage(FILE *f) {
                "  -n LIST        generation lengths for decode tests tgN (default 32; 0 = none)\n"
                "  -t LIST        thread counts (default: online CPUs)\n"
                "  -r N           repetitions, the median is reported (default 5)\n"
+               "  -d N           depth: N tokens in the sequence's KV cache before each test, prefilled untimed\n"
+               "                 and outside the ledger (llama-bench's -d; tests named 'tg32 @ d4096'): decode and\n"
+               "                 prefill at a long context, where attention's reads of the cache add to the\n"
+               "                 weights' (GB/s and the roofline count the weights only)\n"
                "  --json         one JSON object per test: test, threads, tokens_per_s, tpot_p50_ms, tpot_p99_ms,\n"
                "                 active_bytes_per_token, gbps, read_gbps, roofline_ratio, paired_ratio, us_per_layer,\n"
                "                 tax_share, ledger_overhead, weights_huge_share (the share of the resident weights in\n"
@@ -86,6 +90,7 @@ struct opts {
     int64_t pp[16], tg[16];
     int npp, ntg;
     int64_t reps;
+    int64_t depth;       /* -d: tokens in the sequence's cache before each test (llama-bench's -d) */
     bool json, mem;
     struct cli_ledger_opts lo;
     struct cli_store_opts so;
@@ -131,7 +136,8 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     int64_t max_tok = 1;
     for (int i = 0; i < o->npp; i++) if (o->pp[i] > max_tok) max_tok = o->pp[i];
     for (int i = 0; i < o->ntg; i++) if (o->tg[i] + 1 > max_tok) max_tok = o->tg[i] + 1;
-    int32_t *toks = malloc(sizeof(int32_t) * (size_t)max_tok);
+    const int64_t D = o->depth;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(max_tok + D)); /* [D depth tokens][the test's] */
     float *logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
     double *times = malloc(sizeof(double) * (size_t)(max_tok * o->reps + 1));
     double *times_off = malloc(sizeof(double) * (size_t)(max_tok * o->reps + 1));
@@ -147,9 +153,9 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     }
     if (read_gbps > 0 && !o->budget && o->ntg > 0 && (st = moetax_membw_probe_new(pool, (size_t)512 << 20, &probe)))
         goto done;
-    for (int64_t i = 0; i < max_tok; i++)
+    for (int64_t i = 0; i < max_tok + D; i++)
         toks[i] = o->text ? o->text[i % o->n_text] : (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
-    struct moetax_ctx_params cp = {.n_ctx = (int32_t)max_tok + 1, .pool = pool, .n_expert_used = o->experts_used,
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)(max_tok + D) + 1, .pool = pool, .n_expert_used = o->experts_used,
                                    .kv_type = o->kv_type, .adapt_threads = o->adapt_threads};
     uint64_t budget = 0;
     if (o->budget) {
@@ -189,21 +195,26 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 double bw = 0;
                 /* each repetition its own tokens: the same ones again would find the expert
                  * store holding exactly what they route to (the repetition before loaded it) */
-                for (int64_t i = 0; i < max_tok; i++)
-                    toks[i] = o->text ? o->text[((r + 1) * max_tok + i) % o->n_text]
+                for (int64_t i = 0; i < max_tok + D; i++)
+                    toks[i] = o->text ? o->text[((r + 1) * (max_tok + D) + i) % o->n_text]
                                       : (int32_t)((i * 7919 + 13 + (r + 1) * 104729) % m->hp.n_vocab);
+                moetax_ctx_reset(c);
+                if (D > 0) { /* the depth: in the cache before the test, neither timed nor in the ledger */
+                    moetax_ledger_enable(led, false);
+                    if ((st = moetax_ctx_eval(c, toks, D, logits, false))) break;
+                }
                 if (probe && kind == 1 && r >= 0) moetax_membw_probe_pass(probe, &bw);
                 moetax_ledger_enable(led, true);
-                moetax_ctx_reset(c);
+                const int32_t *tt = toks + D;
                 double t0 = cli_now();
                 if (kind == 0) {
-                    st = moetax_ctx_eval(c, toks, n, logits, false);
+                    st = moetax_ctx_eval(c, tt, n, logits, false);
                 } else {
                     for (int64_t j = 0; j < n && !st; j++) {
                         bool on = r < 0 || ((j + r) % 2 == 0);
                         moetax_ledger_enable(led, on);
                         double a = cli_now();
-                        st = moetax_ctx_eval(c, toks + j, 1, logits, false);
+                        st = moetax_ctx_eval(c, tt + j, 1, logits, false);
                         double dtj = cli_now() - a;
                         if (r >= 0) {
                             if (on) times[nt++] = dtj;
@@ -300,8 +311,9 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             double gbps = kind ? active * rr->tps / 1e9 : 0;
             double ratio = kind && read_gbps > 0 ? gbps / read_gbps : 0;
             rr->us_layer = 1e6 / rr->tps / m->hp.n_layer;
-            char test[32];
-            snprintf(test, sizeof test, "%s%lld", kind ? "tg" : "pp", (long long)n);
+            char test[48];
+            if (D > 0) snprintf(test, sizeof test, "%s%lld @ d%lld", kind ? "tg" : "pp", (long long)n, (long long)D);
+            else snprintf(test, sizeof test, "%s%lld", kind ? "tg" : "pp", (long long)n);
             if (o->json && rr->has_store && kind)
                 st = cli_json_print(stdout, cli_jobj("osiosbiooooooooooooobooooo",
                     "model", cli_jstr(base), "test", test, "threads", threads, "expert_budget_mib", cli_jnum(rr->budget_mib),
@@ -328,14 +340,14 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                        100 * rr->precision, 100 * rr->recall, rr->read_mib_per_token, rr->store_gbps, 100 * rr->tax_share,
                        rr->rss_peak ? "peak RSS" : "RSS", rr->rss_mib, rr->rss_bound_mib);
             else if (o->json)
-                st = cli_json_print(stdout, cli_jobj("osiooooooooooooIob",
+                st = cli_json_print(stdout, cli_jobj("osiooooooooooooIobI",
                     "model", cli_jstr(base), "test", test, "threads", threads, "tokens_per_s", cli_jnum(rr->tps),
                     "tpot_p50_ms", cli_jnum(rr->p50), "tpot_p99_ms", cli_jnum(rr->p99), "active_bytes_per_token",
                     cli_jnum(active), "gbps", cli_jnum(gbps), "read_gbps", cli_jnum(read_gbps), "roofline_ratio",
                     cli_jnum(ratio), "paired_ratio", cli_jnum(rr->paired), "us_per_layer", cli_jnum(rr->us_layer),
                     "tax_share", cli_jnum(rr->tax_share), "tax_us_per_token", cli_jnum(rr->tax_us), "ledger_overhead",
                     cli_jnum(kind ? rr->overhead : 0.0), "reps", (json_int_t)o->reps, "weights_huge_share",
-                    cli_jnum(huge_share), "no_mmap", o->no_mmap));
+                    cli_jnum(huge_share), "no_mmap", o->no_mmap, "depth", (json_int_t)D));
             else if (kind)
                 printf("| %s | %d | %s | %.2f | %.3f | %.3f | %.2f | %.2f | %.1f%% | %.1f%% | %.1f | %.1f%% | %+.1f%% |\n",
                        base, threads, test, rr->tps, rr->p50, rr->p99, gbps, read_gbps, 100 * ratio, 100 * rr->paired,
@@ -445,6 +457,7 @@ static moetax_status bench_check_upfront(const char *model, const char *twin, co
         int64_t longest = 0;
         for (int i = 0; i < o->npp; i++) longest = o->pp[i] > longest ? o->pp[i] : longest;
         for (int i = 0; i < o->ntg; i++) longest = o->tg[i] + 1 > longest ? o->tg[i] + 1 : longest;
+        longest += o->depth;
         if (!k && !moetax_gguf_get_u32(g, key, &n_ctx) && n_ctx > 0 && longest > (int64_t)n_ctx)
             fprintf(stderr, "moetax bench: warning: a test of %lld positions is longer than the %u the model was "
                     "trained on: the speed is measured (on a KV cache that large), the outputs mean nothing\n",
@@ -484,6 +497,9 @@ int bench_model_main(int argc, char **argv) {
             if (err || (o.ntg = cli_parse_int_list(v, o.tg, 16)) < 0) return cli_usage_error("bench", "-n: expected a list like 32,128");
         } else if (cli_opt(argc, argv, &i, "-t", "--threads", &v, &err)) {
             if (err || (nth = cli_parse_threads("bench", v, th, 16)) < 0) return 2;
+        } else if (cli_opt(argc, argv, &i, "-d", "--depth", &v, &err)) {
+            if (err || !cli_parse_i64(v, &o.depth) || o.depth < 0 || o.depth > (1 << 24))
+                return cli_usage_error("bench", "-d: the tokens before each test, 0..16777216");
         } else if (cli_opt(argc, argv, &i, "-r", "--repetitions", &v, &err)) {
             if (err || !cli_parse_i64(v, &o.reps) || o.reps < 1 || o.reps > 1000) return cli_usage_error("bench", "-r: 1..1000");
         } else if (!strcmp(argv[i], "--json")) o.json = true;
@@ -528,6 +544,7 @@ int bench_model_main(int argc, char **argv) {
         bo.text = text_ids;
         bo.n_text = o.n_text;
     }
+    if (bo.n_batch && o.depth) return cli_usage_error("bench", "-d goes with the ppN/tgN tests, not --batch");
     if (bo.n_batch) { /* B sequences together: its own table */
         if (!model) return cli_usage_error("bench", "no model given (-m FILE)");
         if (twin || o.so.budgets || o.lo.metrics)
