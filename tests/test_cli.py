@@ -132,7 +132,7 @@ def main():
         check(steps and min(x["pos"] for x in steps) == 48 and max(x["tokens"] for x in steps) == 4,
               f"bench -d 48: the ledger has only the tests' steps, from position 48: "
               f"{[(x['pos'], x['tokens']) for x in steps]}")
-    for bad in (["-d", "-1"], ["-d", "8", "--batch", "2"]):
+    for bad in (["-d", "-1"], ["-d", "8", "--batch", "2"], ["-d", "8", "--expert-budget", "50%"]):
         r = run([mt, "bench", "-m", model] + bad)
         check(r.returncode == 2, f"bench {' '.join(bad)} is refused: {r.stderr[-200:]}")
     # run-time top-k: more experts per token, more active bytes; beyond the group limit refused

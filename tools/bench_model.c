@@ -545,6 +545,8 @@ int bench_model_main(int argc, char **argv) {
         bo.n_text = o.n_text;
     }
     if (bo.n_batch && o.depth) return cli_usage_error("bench", "-d goes with the ppN/tgN tests, not --batch");
+    /* the store's figures (hit rate, MiB read per token) would count the depth's reads too */
+    if (o.depth && o.so.budgets) return cli_usage_error("bench", "-d does not combine with --expert-budget yet");
     if (bo.n_batch) { /* B sequences together: its own table */
         if (!model) return cli_usage_error("bench", "no model given (-m FILE)");
         if (twin || o.so.budgets || o.lo.metrics)
