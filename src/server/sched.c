@@ -242,7 +242,8 @@ struct srv_sched {
 
     pthread_mutex_t mmu;    /* metrics */
     struct srv_metrics m;
-    /* /tax: the metrics after each step (at most one every 50 ms), a ring */
+    /* /tax: snapshots of the metrics, one begun at most every 50 ms and kept up to date by the steps
+     * until the next is begun (so each holds the metrics at its own time t), a ring */
     struct tax_snap { double t; struct srv_metrics m; } *ring;
     int ring_n, ring_head; /* entries; next slot */
     double t_start;        /* srv_now_s() at init: the metrics were zero then */
