@@ -289,8 +289,10 @@ def test_errors(s):
     st, j = status({"messages": [{"role": "user", "content": "hi"}]}, path="/v1/chat/completions")
     check(st == 400 and "/v1/completions" in j["error"]["message"], f"chat without a template: {st} {j}")
     check(status(None, path="/v2/nothing", method="GET")[0] == 404, "unknown path: 404")
-    check(status(None, path="/v1/completions", method="GET")[0] == 405, "GET /v1/completions: 405")
-    check(status(b"{}", path="/health", method="POST")[0] == 405, "POST /health: 405")
+    for path, method, body, allow in (("/v1/completions", "GET", None, "POST"), ("/health", "POST", b"{}", "GET, HEAD")):
+        st, h, data = s.request(method, path, body)
+        check(st == 405 and h.get("Allow") == allow and allow in json.loads(data)["error"]["message"],
+              f"{method} {path}: 405 with Allow: {allow} ({st} {h.get('Allow')!r} {data[:120]!r})")
     # bodies over --max-body (64K here): with Content-Length, chunked, and a 100 MB one refused unread
     st, j = status(json.dumps({"prompt": "x" * 70000}).encode())
     check(st == 413, f"a 70 KB body: {st}")

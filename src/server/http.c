@@ -39,7 +39,8 @@ struct conn {
 
 enum route { R_NONE = 0, R_PAGE, R_HEALTH, R_MODELS, R_METRICS, R_TAX, R_COMPLETIONS, R_CHAT };
 
-static int route_of(const char *url, const char *method, int *status) {
+/* The route of (url, method); none: *status is 404, or 405 with *allow the methods the url takes. */
+static int route_of(const char *url, const char *method, int *status, const char **allow) {
     static const struct { const char *url, *method; int r; } table[] = {
         {"/", "GET", R_PAGE},                 {"/index.html", "GET", R_PAGE},
         {"/health", "GET", R_HEALTH},         {"/v1/health", "GET", R_HEALTH},
@@ -53,6 +54,7 @@ static int route_of(const char *url, const char *method, int *status) {
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         if (strcmp(url, table[i].url) != 0) continue;
         known = true;
+        *allow = strcmp(table[i].method, "GET") == 0 ? "GET, HEAD" : table[i].method;
         if (strcmp(method, table[i].method) == 0 || (strcmp(method, "HEAD") == 0 && strcmp(table[i].method, "GET") == 0))
             return table[i].r;
     }
@@ -60,7 +62,15 @@ static int route_of(const char *url, const char *method, int *status) {
     return R_NONE;
 }
 
+static enum MHD_Result send_text_allow(struct MHD_Connection *c, int status, const char *ctype, char *text, size_t len,
+                                       const char *allow);
 static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *ctype, char *text, size_t len) {
+    return send_text_allow(c, status, ctype, text, len, NULL);
+}
+
+/* With allow (a 405): its Allow header. */
+static enum MHD_Result send_text_allow(struct MHD_Connection *c, int status, const char *ctype, char *text, size_t len,
+                                       const char *allow) {
     if (!text) {
         static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}";
         struct MHD_Response *r = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
@@ -75,7 +85,7 @@ static enum MHD_Result send_text(struct MHD_Connection *c, int status, const cha
     MHD_add_response_header(r, "Content-Type", ctype);
     if (status == 503) MHD_add_response_header(r, "Retry-After", "1");
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
-    if (status == 405) MHD_add_response_header(r, "Allow", "GET, POST");
+    if (status == 405 && allow) MHD_add_response_header(r, "Allow", allow);
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ok;
@@ -399,12 +409,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     struct conn *cs = *con_cls;
     if (!cs) { /* headers only: decide what can be decided now */
         int status = 0;
-        const int route = route_of(url, method, &status);
+        const char *allow = NULL;
+        const int route = route_of(url, method, &status, &allow);
         if (!(cs = calloc(1, sizeof *cs))) return MHD_NO;
         *con_cls = cs;
         cs->route = route;
         cs->responded = true; /* unless it goes on below */
-        if (route == R_NONE) return send_error(c, status, status == 404 ? "no such endpoint" : "method not allowed");
+        if (route == R_NONE && status == 405) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "method not allowed (this endpoint takes %s)", allow);
+            char *j = srv_api_error_json(msg, srv_api_error_type(405), 405);
+            return send_text_allow(c, 405, "application/json", j, j ? strlen(j) : 0, allow);
+        }
+        if (route == R_NONE) return send_error(c, status, "no such endpoint");
         if (route != R_HEALTH && route != R_PAGE && !auth_ok(h, c))
             return send_error(c, 401, "a valid API key is required: send \"Authorization: Bearer KEY\"");
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
