@@ -629,6 +629,10 @@ def test_store_server(refs):
         tax = json.loads(data) if st == 200 else {}
         check(st == 200 and tax.get("steps") == 0 and tax.get("tokens") == 0 and 0.99 <= tax.get("window_s", 0) <= 1.01,
               f"/tax?window=1 after 1.3 s idle: {st} {tax}")
+        # "created" is the request's time (Unix seconds), not the server's start
+        t_req = int(time.time())
+        st, _, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 1})
+        check(st == 200 and t_req <= j["created"] <= int(time.time()), f"created {j.get('created')} vs {t_req}")
         # llama-server's ignore_eos: max_tokens tokens whatever the model says
         st, _, j = s.post("/v1/completions", {"prompt": "x = 1\n", "max_tokens": 40, "temperature": 0, "ignore_eos": True})
         check(st == 200 and j["usage"]["completion_tokens"] == 40 and j["choices"][0]["finish_reason"] == "length",

@@ -145,7 +145,7 @@ static void resp_init(const struct srv_http *h, const struct srv_req *r, bool ch
     a->chat = chat;
     a->id = id;
     a->model = h->p.model_name;
-    a->created = h->created;
+    a->created = r->created;
     a->prompt_tokens = r->n_prompt;
     a->completion_tokens = r->n_gen;
     a->cached_tokens = r->n_reused;

@@ -54,6 +54,7 @@ struct srv_req *srv_req_new(const int32_t *prompt, int64_t n_prompt) {
     if (!r->prompt) { free(r); return NULL; }
     if (n_prompt > 0) memcpy(r->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
     r->n_prompt = n_prompt;
+    r->created = (int64_t)time(NULL);
     r->sp = moetax_sampler_default_params();
     pthread_mutex_init(&r->mu, NULL);
     pthread_condattr_t ca;

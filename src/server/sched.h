@@ -86,6 +86,7 @@ struct srv_req {
     enum srv_finish finish;
     char err[256];
     double t_queued, t_admitted, t_first, t_end; /* monotonic seconds */
+    int64_t created;            /* Unix seconds when it arrived (the answer's "created") */
 
     atomic_bool cancel;         /* set by the HTTP side: the client went away */
     atomic_int refs;
