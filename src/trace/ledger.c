@@ -495,6 +495,18 @@ moetax_status moetax_ledger_write_trace(const struct moetax_ledger *l, const cha
     return moetax_ledger_write_trace_ex(l, path, NULL);
 }
 
+/* Spans of the extra processes (moetax_trace_extra) as "X" events of process pid, on thread tid
+ * (< 0: each span's own track). */
+static void write_extra_spans(FILE *f, const struct moetax_trace_span *sp, int64_t n, int pid, int tid, uint64_t tmin) {
+    for (int64_t i = 0; i < n; i++) {
+        const struct moetax_trace_span *s = &sp[i];
+        fprintf(f, ",\n  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, "
+                   "\"tid\": %d, \"args\": {%s}}",
+                s->name, s->cat, 1e-3 * (double)(s->t0 - tmin), 1e-3 * (double)(s->t1 > s->t0 ? s->t1 - s->t0 : 0), pid,
+                tid < 0 ? s->track : tid, s->args);
+    }
+}
+
 moetax_status moetax_ledger_write_trace_ex(const struct moetax_ledger *l, const char *path,
                                            const struct moetax_trace_extra *x) {
     if (!l->spans) return moetax_error(MOETAX_ERR_ARG, "the ledger was created without a trace buffer");
@@ -550,23 +562,12 @@ moetax_status moetax_ledger_write_trace_ex(const struct moetax_ledger *l, const 
             fprintf(f, ",\n  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
                     t, x->track_names[t]);
     }
-    for (int64_t i = 0; i < nx; i++) {
-        const struct moetax_trace_span *s = &x->spans[i];
-        fprintf(f, ",\n  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 1, "
-                   "\"tid\": %d, \"args\": {%s}}",
-                s->name, s->cat, 1e-3 * (double)(s->t0 - tmin), 1e-3 * (double)(s->t1 > s->t0 ? s->t1 - s->t0 : 0), s->track,
-                s->args);
-    }
+    write_extra_spans(f, x ? x->spans : NULL, nx, 1, -1, tmin);
     if (no > 0)
         fprintf(f, ",\n  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 2, \"tid\": 0, \"args\": {\"name\": \"%s\"}}"
                    ",\n  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 2, \"tid\": 0, \"args\": {\"name\": \"%s\"}}",
                 x->process2, x->process2);
-    for (int64_t i = 0; i < no; i++) {
-        const struct moetax_trace_span *s = &x->spans2[i];
-        fprintf(f, ",\n  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 2, "
-                   "\"tid\": 0, \"args\": {%s}}",
-                s->name, s->cat, 1e-3 * (double)(s->t0 - tmin), 1e-3 * (double)(s->t1 > s->t0 ? s->t1 - s->t0 : 0), s->args);
-    }
+    write_extra_spans(f, x ? x->spans2 : NULL, no, 2, 0, tmin);
     fputs("\n ]}\n", f);
     return moetax_outfile_commit(out);
 }
