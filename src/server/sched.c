@@ -485,8 +485,10 @@ static void account_finish(struct srv_sched *s, struct srv_req *r);
  * (behind a head that waits for cells they would otherwise hold places that live clients get
  * 503 for). */
 static void admit(struct srv_sched *s) {
+    struct srv_req *last = NULL;
     for (struct srv_req **pp = &s->q_head, *r; (r = *pp);) {
         if (!atomic_load(&r->cancel)) {
+            last = r;
             pp = &r->next;
             continue;
         }
@@ -496,19 +498,14 @@ static void admit(struct srv_sched *s) {
         s->q_len--;
         srv_req_unref(r); /* the queue's reference */
     }
-    s->q_tail = NULL;
-    for (struct srv_req *r = s->q_head; r; r = r->next) s->q_tail = r;
-    while (s->q_head) {
+    s->q_tail = last;
+    /* (a client that goes meanwhile: its request is admitted, and the next step frees its slot) */
+    while (s->q_head && admit_one(s, s->q_head)) {
         struct srv_req *r = s->q_head;
-        if (atomic_load(&r->cancel)) {
-            req_publish(r, 0, SRV_FINISH_CANCELLED, "the client went away");
-        } else if (!admit_one(s, r)) {
-            break;
-        }
         s->q_head = r->next;
         if (!s->q_head) s->q_tail = NULL;
         s->q_len--;
-        if (r->finish != SRV_FINISH_NONE) { /* not admitted (gone, or no sampler): drop the queue's reference */
+        if (r->finish != SRV_FINISH_NONE) { /* not admitted (no sampler): drop the queue's reference */
             account_finish(s, r);
             srv_req_unref(r);
         }
