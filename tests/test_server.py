@@ -716,6 +716,7 @@ def main():
         return 0
     t0 = time.time()
     refs = [run_greedy(p, N_PRED) for p in PROMPTS]
+    print(f"  references (moetax run): {time.time() - t0:.2f} s", flush=True)
     s = Server("--parallel", "8", "--max-body", "64K")
     try:
         for name, fn in [("basic", lambda: test_basic(s, refs)), ("concurrent", lambda: test_concurrent(s, refs)),
@@ -731,9 +732,11 @@ def main():
     finally:
         if s.p.poll() is None:
             s.stop()
-    test_second_server()
-    test_queue()
-    test_store_server(refs)
+    for name, fn in [("second server", test_second_server), ("queue", test_queue),
+                     ("store server", lambda: test_store_server(refs))]:
+        t = time.time()
+        fn()
+        print(f"  {name}: {time.time() - t:.2f} s", flush=True)
     print(f"test_server: {CHECKS} checks, {len(FAILS)} failed, {time.time() - t0:.1f} s")
     return 1 if FAILS else 0
 
