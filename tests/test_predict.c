@@ -18,6 +18,9 @@
 #include "testutil.h"
 
 enum { D = 16, E = 8, K = 2, L = 4 };
+/* the model the predictors below are for: MoE layers 1, 2, 3 */
+static const bool IS_MOE[L] = {false, true, true, true};
+static const struct moetax_predict_model MODEL = {L, D, E, IS_MOE};
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static double urand(void) { /* xorshift64*, [0, 1) */
@@ -152,7 +155,7 @@ static void file_roundtrip_and_damage(const struct moetax_predictor *p) {
     const char *path = tu_path("predict_rt.pred");
     CHECK_MSG(moetax_predictor_write(p, path) == MOETAX_OK, "%s", moetax_last_error());
     struct moetax_predictor *q = NULL;
-    CHECK_MSG(moetax_predictor_load(path, &q) == MOETAX_OK, "%s", moetax_last_error());
+    CHECK_MSG(moetax_predictor_load(path, &MODEL, &q) == MOETAX_OK, "%s", moetax_last_error());
     if (q) {
         CHECK_EQ_INT(q->n_layer, L);
         CHECK_EQ_INT(q->n_embd, D);
@@ -196,7 +199,8 @@ static void file_roundtrip_and_damage(const struct moetax_predictor *p) {
         {"ahead 3", "ahead"}, {"n_hidden huge", "n_hidden"}, {"margin negative", "margin"},
         {"margin nan", "margin"}, {"features: an unknown bit", "features"}, {"version 0", "version"},
         {"version 1 with a hidden layer", "n_hidden"}, {"version 1 with a margin", "margin"},
-        {"version 1 with FEAT_ROUTE", "features"},
+        {"version 1 with FEAT_ROUTE", "features"}, {"no pairs", "n_pairs"},
+        {"a pair's target two MoE layers on at distance 1", "pair target"}, {"a pair of a dense layer", "pair layer"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         memcpy(b, good, n);
@@ -225,6 +229,9 @@ static void file_roundtrip_and_damage(const struct moetax_predictor *p) {
         case 19: put32(b + 8, 1); put32(b + 44, 1); break;
         case 20: put32(b + 8, 1); put32(b + 60, 0x3f800000u); break;
         case 21: put32(b + 8, 1); put32(b + 32, MOETAX_PREDICT_FEAT_CUR | MOETAX_PREDICT_FEAT_ROUTE); break;
+        case 22: put32(b + 40, 0); break;
+        case 23: put32(b + MOETAX_PREDICT_HEADER_BYTES + 8, 3); fix_sum = true; break; /* pair (1, 1): 2 */
+        case 24: put32(b + MOETAX_PREDICT_HEADER_BYTES, 0); fix_sum = true; break;
         }
         if (fix_sum) { /* FNV-1a 64 of everything before the checksum, as the writer does */
             uint64_t h = 0xcbf29ce484222325ull;
@@ -240,7 +247,7 @@ static void file_roundtrip_and_damage(const struct moetax_predictor *p) {
             free(b2);
         } else bp = write_bytes("predict_bad.pred", b, m);
         struct moetax_predictor *r = NULL;
-        moetax_status st = moetax_predictor_load(bp, &r);
+        moetax_status st = moetax_predictor_load(bp, &MODEL, &r);
         CHECK_MSG(st == MOETAX_ERR_FORMAT && r == NULL && strstr(moetax_last_error(), cases[c].field) &&
                       strstr(moetax_last_error(), "predict_bad.pred"),
                   "%s: status %s, message '%s' (wanted '%s')", cases[c].what, moetax_status_name(st), moetax_last_error(),
@@ -248,7 +255,29 @@ static void file_roundtrip_and_damage(const struct moetax_predictor *p) {
         moetax_predictor_free(r);
     }
     struct moetax_predictor *r = NULL;
-    CHECK(moetax_predictor_load(tu_path("predict_missing.pred"), &r) == MOETAX_ERR_IO && r == NULL);
+    CHECK(moetax_predictor_load(tu_path("predict_missing.pred"), &MODEL, &r) == MOETAX_ERR_IO && r == NULL);
+    /* another model: refused by its shape, naming both */
+    const struct moetax_predict_model wider = {L, D + 1, E, IS_MOE};
+    CHECK(moetax_predictor_load(path, &wider, &r) == MOETAX_ERR_ARG && r == NULL);
+    CHECK_MSG(strstr(moetax_last_error(), "width 16") && strstr(moetax_last_error(), "the model has 4, 17, 8"), "%s",
+              moetax_last_error());
+    /* a header alone that asks for the largest shape (4096 layers, 65536 experts, 2 ahead, no pairs):
+     * refused before anything of that size is allocated */
+    memset(b, 0, MOETAX_PREDICT_HEADER_BYTES + 8);
+    memcpy(b, good, 8);
+    put32(b + 8, 2), put32(b + 12, 4096), put32(b + 16, 65536), put32(b + 20, 65536), put32(b + 24, 1);
+    put32(b + 28, 2), put32(b + 32, MOETAX_PREDICT_FEAT_CUR), put32(b + 36, 65537);
+    for (int big_pairs = 0; big_pairs <= 1; big_pairs++) {
+        put32(b + 40, (uint32_t)big_pairs);
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (size_t i = 0; i < MOETAX_PREDICT_HEADER_BYTES; i++) { h ^= b[i]; h *= 0x100000001b3ull; }
+        for (int i = 0; i < 8; i++) b[MOETAX_PREDICT_HEADER_BYTES + i] = (unsigned char)(h >> (8 * i));
+        const char *hp = write_bytes("predict_huge.pred", b, MOETAX_PREDICT_HEADER_BYTES + 8);
+        moetax_status st = moetax_predictor_load(hp, &MODEL, &r);
+        CHECK_MSG(st != MOETAX_OK && r == NULL && strstr(moetax_last_error(), "predict_huge.pred") &&
+                      strstr(moetax_last_error(), big_pairs ? "the model has" : "n_pairs"),
+                  "%d pairs: %s", big_pairs, moetax_last_error());
+    }
     free(b);
     free(good);
 }
@@ -271,7 +300,7 @@ static void version1_loads(const struct moetax_predictor *p) {
     for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
     const char *v1 = write_bytes("predict_v1.pred", b, n);
     struct moetax_predictor *q = NULL;
-    CHECK_MSG(moetax_predictor_load(v1, &q) == MOETAX_OK, "a version 1 file: %s", moetax_last_error());
+    CHECK_MSG(moetax_predictor_load(v1, &MODEL, &q) == MOETAX_OK, "a version 1 file: %s", moetax_last_error());
     if (q) {
         CHECK_EQ_INT(q->n_hidden, 0);
         CHECK(q->margin == 0);
@@ -285,7 +314,7 @@ static void version1_loads(const struct moetax_predictor *p) {
     for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
     const char *v3 = write_bytes("predict_v3.pred", b, n);
     q = NULL;
-    CHECK(moetax_predictor_load(v3, &q) == MOETAX_ERR_FORMAT && !q);
+    CHECK(moetax_predictor_load(v3, &MODEL, &q) == MOETAX_ERR_FORMAT && !q);
     CHECK_MSG(strstr(moetax_last_error(), "newer than this moetax reads"), "%s", moetax_last_error());
     free(b);
 }
@@ -338,7 +367,7 @@ static void hidden_layer(void) {
     const char *path = tu_path("predict_hidden.pred");
     CHECK_MSG(moetax_predictor_write(p, path) == MOETAX_OK, "%s", moetax_last_error());
     struct moetax_predictor *q = NULL;
-    CHECK_MSG(moetax_predictor_load(path, &q) == MOETAX_OK, "%s", moetax_last_error());
+    CHECK_MSG(moetax_predictor_load(path, &MODEL, &q) == MOETAX_OK, "%s", moetax_last_error());
     if (q) {
         CHECK_EQ_INT(q->n_hidden, HID);
         CHECK_EQ_INT(q->features, feat);
@@ -367,14 +396,14 @@ static void hidden_layer(void) {
         for (int i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(hh >> (8 * i));
         const char *bp = write_bytes("predict_hidden_bad.pred", b, n);
         q = NULL;
-        CHECK(moetax_predictor_load(bp, &q) == MOETAX_ERR_FORMAT && !q);
+        CHECK(moetax_predictor_load(bp, &MODEL, &q) == MOETAX_ERR_FORMAT && !q);
         char want[32];
         snprintf(want, sizeof want, "offset %zu", MOETAX_PREDICT_HEADER_BYTES + 2 * entry - 4);
         CHECK_MSG(strstr(moetax_last_error(), "weight") && strstr(moetax_last_error(), want), "%s (wanted %s)",
                   moetax_last_error(), want);
         /* one byte short */
         bp = write_bytes("predict_hidden_bad.pred", b, n - 1);
-        CHECK(moetax_predictor_load(bp, &q) == MOETAX_ERR_FORMAT && !q && strstr(moetax_last_error(), "size"));
+        CHECK(moetax_predictor_load(bp, &MODEL, &q) == MOETAX_ERR_FORMAT && !q && strstr(moetax_last_error(), "size"));
     }
     free(b);
     moetax_predictor_free(p);

@@ -152,10 +152,10 @@ int cmd_profile(int argc, char **argv) {
             if (fit && (st = moetax_predictor_fit_begin(pred))) goto done;
             pred->use = false;
         } else {
-            if ((st = moetax_predictor_load(pred_in, &pred))) goto done;
             bool is_moe[4096] = {false};
             for (int l = 0; l < m->hp.n_layer && l < 4096; l++) is_moe[l] = m->layers[l].is_moe;
-            if ((st = moetax_predictor_check(pred, pred_in, m->hp.n_layer, m->hp.n_embd, m->hp.n_expert, is_moe))) goto done;
+            const struct moetax_predict_model pm = {m->hp.n_layer, m->hp.n_embd, m->hp.n_expert, is_moe};
+            if ((st = moetax_predictor_load(pred_in, &pm, &pred))) goto done;
             if (margin >= 0) pred->margin = (float)margin;
         }
         if (dump_out && (st = moe_predict_dump_open(pred, m, dump_out))) goto done;

@@ -243,16 +243,12 @@ moetax_status cli_store_warm(const struct moetax_model *m, struct moetax_store *
 
 moetax_status cli_store_predictor(const struct moetax_model *m, struct moetax_store *s, const char *path) {
     struct moetax_predictor *p;
-    moetax_status st = moetax_predictor_load(path, &p);
-    if (st) return st;
     bool is_moe[4096] = {false};
     for (int l = 0; l < m->hp.n_layer && l < 4096; l++) is_moe[l] = m->layers[l].is_moe;
-    if (m->hp.n_layer > 4096) st = moetax_error(MOETAX_ERR_ARG, "--predictor: more than 4096 layers");
-    if (!st) st = moetax_predictor_check(p, path, m->hp.n_layer, m->hp.n_embd, m->hp.n_expert, is_moe);
-    if (st) {
-        moetax_predictor_free(p);
-        return st;
-    }
+    if (m->hp.n_layer > 4096) return moetax_error(MOETAX_ERR_ARG, "--predictor: more than 4096 layers");
+    const struct moetax_predict_model pm = {m->hp.n_layer, m->hp.n_embd, m->hp.n_expert, is_moe};
+    moetax_status st = moetax_predictor_load(path, &pm, &p);
+    if (st) return st;
     moetax_store_set_predictor(s, p, true);
     return MOETAX_OK;
 }

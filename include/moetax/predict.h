@@ -180,7 +180,16 @@ void moetax_predictor_fit_add(struct moetax_predictor *p, int layer, int a, cons
 moetax_status moetax_predictor_fit_solve(struct moetax_predictor *p, double lambda, const float *const *router);
 
 moetax_status moetax_predictor_write(const struct moetax_predictor *p, const char *path);
-moetax_status moetax_predictor_load(const char *path, struct moetax_predictor **out);
+/* The model a predictor is loaded for: is_moe [n_layer]. */
+struct moetax_predict_model {
+    int n_layer, n_embd, n_expert;
+    const bool *is_moe;
+};
+/* Load a predictor written for `model`: the header's shape is compared with the model's before
+ * anything is allocated (MOETAX_ERR_ARG names what differs), and every pair must predict the a-th
+ * MoE layer after a MoE layer (MOETAX_ERR_FORMAT names the offset and field). */
+moetax_status moetax_predictor_load(const char *path, const struct moetax_predict_model *model,
+                                    struct moetax_predictor **out);
 /* Does it fit a model: n_layer, n_embd, n_expert the same, every target a MoE layer (is_moe
  * [n_layer]). MOETAX_ERR_ARG names what differs. */
 moetax_status moetax_predictor_check(const struct moetax_predictor *p, const char *path, int n_layer, int n_embd,

@@ -412,7 +412,15 @@ static moetax_status bad(const char *path, uint64_t off, const char *field, cons
     return moetax_error(MOETAX_ERR_FORMAT, "%s: offset %llu: %s: %s", path, (unsigned long long)off, field, what);
 }
 
-moetax_status moetax_predictor_load(const char *path, struct moetax_predictor **out) {
+/* the a-th MoE layer after layer `layer` of the model, -1 if none */
+static int moe_after(const struct moetax_predict_model *m, int layer, int a) {
+    for (int l = layer + 1; l < m->n_layer; l++)
+        if (m->is_moe[l] && --a == 0) return l;
+    return -1;
+}
+
+moetax_status moetax_predictor_load(const char *path, const struct moetax_predict_model *model,
+                                    struct moetax_predictor **out) {
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return moetax_error(MOETAX_ERR_IO, "%s: cannot open the predictor", path);
@@ -455,6 +463,12 @@ moetax_status moetax_predictor_load(const char *path, struct moetax_predictor **
         else if (!isfinite(margin) || margin < 0 || (version == 1 && get32(h + 60)))
             st = bad(path, 60, "margin", version == 1 ? "expected 0 (reserved in version 1)" : "not a number >= 0");
         else if (!memchr(h + 64, 0, 64)) st = bad(path, 64, "model", "not NUL-terminated");
+        else if (n_pairs == 0) st = bad(path, 40, "n_pairs", "0: the predictor has nothing to predict");
+        else if (n_layer != (uint32_t)model->n_layer || n_embd != (uint32_t)model->n_embd ||
+                 E != (uint32_t)model->n_expert)
+            st = moetax_error(MOETAX_ERR_ARG, "%s: a predictor for %u layers, width %u, %u experts (%.63s); the model "
+                              "has %d, %d, %d", path, n_layer, n_embd, E, (const char *)h + 64, model->n_layer,
+                              model->n_embd, model->n_expert);
     }
     const uint64_t vals = (uint64_t)E * n_feat + (uint64_t)H * ((uint64_t)n_feat + 1 + E);
     const uint64_t entry = MOETAX_PREDICT_PAIR_HEADER_BYTES + vals * 4;
@@ -477,10 +491,10 @@ moetax_status moetax_predictor_load(const char *path, struct moetax_predictor **
     }
     struct moetax_predictor *p = NULL;
     if (!st) {
-        char model[64];
-        memcpy(model, h + 64, 64);
+        char name[64];
+        memcpy(name, h + 64, 64);
         /* the pairs' targets come from the entries, not from a layer list */
-        st = moetax_predictor_new_hidden(model, (int)n_layer, (int)n_embd, (int)E, (int)k, NULL, 0, (int)ahead, features,
+        st = moetax_predictor_new_hidden(name, (int)n_layer, (int)n_embd, (int)E, (int)k, NULL, 0, (int)ahead, features,
                                          (int)H, &p);
     }
     for (uint32_t i = 0; !st && i < n_pairs; i++) {
@@ -489,7 +503,15 @@ moetax_status moetax_predictor_load(const char *path, struct moetax_predictor **
         const uint32_t layer = get32(e), a = get32(e + 4), target = get32(e + 8);
         if (layer >= n_layer) { st = bad(path, off, "pair layer", "out of range"); break; }
         if (a < 1 || a > ahead) { st = bad(path, off + 4, "pair ahead", "out of range 1..ahead"); break; }
-        if (target <= layer || target >= n_layer) { st = bad(path, off + 8, "pair target", "not a later layer"); break; }
+        if (!model->is_moe[layer]) { st = bad(path, off, "pair layer", "not a MoE layer of the model"); break; }
+        const int want = moe_after(model, (int)layer, (int)a);
+        if ((int)target != want) {
+            char what[128];
+            if (want < 0) snprintf(what, sizeof what, "layer %u, but the model has no MoE layer %u after layer %u", target, a, layer);
+            else snprintf(what, sizeof what, "layer %u, but the MoE layer %u after layer %u is layer %d", target, a, layer, want);
+            st = bad(path, off + 8, "pair target", what);
+            break;
+        }
         if (get32(e + 12) != 0) { st = bad(path, off + 12, "pair reserved", "expected 0"); break; }
         const int q = moetax_predictor_pair(p, (int)layer, (int)a);
         if (p->have[q]) { st = bad(path, off, "pair", "duplicate (layer, ahead)"); break; }
