@@ -56,21 +56,44 @@ static void counts_and_roundtrip(void) {
 static void malformed(void) {
     static const struct { const char *text, *field; } cases[] = {
         {"{\"moetax_profile\": 2}", "moetax_profile"},
-        {"{\"moetax_profile\": 1, \"n_layer\": 2, \"n_expert\": 2, \"n_expert_used\": 1, \"layers\": "
+        {"{\"moetax_profile\": 1, \"n_layer\": 2, \"n_expert\": 2, \"n_expert_used\": 1, \"tokens\": 3, \"layers\": "
          "[{\"layer\": 0, \"freq\": [1, 2]}, {\"layer\": 1, \"freq\": [1]}], \"transitions\": "
          "[{\"counts\": [[0, 0], [0, 0]]}]}", "layers[1].freq"},
-        {"{\"moetax_profile\": 1, \"n_layer\": 2, \"n_expert\": 2, \"n_expert_used\": 1, \"layers\": "
+        {"{\"moetax_profile\": 1, \"n_layer\": 2, \"n_expert\": 2, \"n_expert_used\": 1, \"tokens\": 3, \"layers\": "
          "[{\"layer\": 0, \"freq\": [1, 2]}, {\"layer\": 1, \"freq\": [1, -1]}], \"transitions\": "
          "[{\"counts\": [[0, 0], [0, 0]]}]}", "layers[1].freq"},
-        {"{\"moetax_profile\": 1, \"n_layer\": 2, \"n_expert\": 2, \"n_expert_used\": 1, \"layers\": "
+        {"{\"moetax_profile\": 1, \"n_layer\": 2, \"n_expert\": 2, \"n_expert_used\": 1, \"tokens\": 3, \"layers\": "
          "[{\"layer\": 1, \"freq\": [1, 2]}, {\"layer\": 0, \"freq\": [1, 1]}], \"transitions\": "
          "[{\"counts\": [[0, 0], [0, 0]]}]}", "ascending"},
-        {"{\"moetax_profile\": 1, \"n_layer\": 2, \"n_expert\": 2, \"n_expert_used\": 1, \"layers\": "
+        {"{\"moetax_profile\": 1, \"n_layer\": 2, \"n_expert\": 2, \"n_expert_used\": 1, \"tokens\": 3, \"layers\": "
          "[{\"layer\": 0, \"freq\": [1, 2]}, {\"layer\": 1, \"freq\": [1, 1]}], \"transitions\": []}", "transitions"},
-        {"{\"moetax_profile\": 1, \"n_layer\": 2, \"n_expert\": 2, \"n_expert_used\": 1, \"layers\": "
+        {"{\"moetax_profile\": 1, \"n_layer\": 2, \"n_expert\": 2, \"n_expert_used\": 1, \"tokens\": 3, \"layers\": "
          "[{\"layer\": 0, \"freq\": [1, 2]}, {\"layer\": 1, \"freq\": [1, 1]}], \"transitions\": "
          "[{\"counts\": [[0, 0]]}]}", "transitions[0].counts"},
         {"{\"moetax_profile\": 1, ", "not valid JSON"},
+        /* a layer that is not an integer (it read as layer 0) */
+        {"{\"moetax_profile\": 1, \"n_layer\": 3, \"n_expert\": 2, \"n_expert_used\": 1, \"tokens\": 3, \"layers\": "
+         "[{\"layer\": 2.0, \"freq\": [1, 2]}], \"transitions\": []}", "layers[0].layer"},
+        {"{\"moetax_profile\": 1, \"n_layer\": 3, \"n_expert\": 2, \"n_expert_used\": 1, \"tokens\": 3, \"layers\": "
+         "[{\"layer\": \"2\", \"freq\": [1, 2]}], \"transitions\": []}", "layers[0].layer"},
+        {"{\"moetax_profile\": 1, \"n_layer\": 3, \"n_expert\": \"2\", \"n_expert_used\": 1, \"tokens\": 3, "
+         "\"layers\": [{\"layer\": 2, \"freq\": [1, 2]}], \"transitions\": []}", "n_expert"},
+        {"{\"moetax_profile\": 1, \"n_layer\": 3, \"n_expert\": 2, \"n_expert_used\": 1, \"layers\": "
+         "[{\"layer\": 2, \"freq\": [1, 2]}], \"transitions\": []}", "tokens"},
+        /* more routings than the tokens allow; counts whose sum overflows 64 bits */
+        {"{\"moetax_profile\": 1, \"n_layer\": 3, \"n_expert\": 2, \"n_expert_used\": 1, \"tokens\": 2, \"layers\": "
+         "[{\"layer\": 2, \"freq\": [1, 2]}], \"transitions\": []}", "layers[0].freq: the counts add up"},
+        {"{\"moetax_profile\": 1, \"n_layer\": 3, \"n_expert\": 2, \"n_expert_used\": 1, \"tokens\": 3, \"layers\": "
+         "[{\"layer\": 2, \"freq\": [9000000000000000000, 9000000000000000000]}], \"transitions\": []}",
+         "layers[0].freq: the counts add up"},
+        {"{\"moetax_profile\": 1, \"n_layer\": 2, \"n_expert\": 2, \"n_expert_used\": 1, \"tokens\": 3, \"layers\": "
+         "[{\"layer\": 0, \"freq\": [1, 2]}, {\"layer\": 1, \"freq\": [1, 1]}], \"transitions\": "
+         "[{\"counts\": [[2, 1], [0, 1]]}]}", "transitions[0].counts: the counts add up"},
+        /* 65536 experts with arrays of 2: refused by shape, before E x E counts are allocated */
+        {"{\"moetax_profile\": 1, \"n_layer\": 2, \"n_expert\": 65536, \"n_expert_used\": 1, \"tokens\": 3, "
+         "\"layers\": [{\"layer\": 0, \"freq\": [1, 2]}, {\"layer\": 1, \"freq\": [1, 1]}], \"transitions\": "
+         "[{\"counts\": [[0, 0], [0, 0]]}]}", "layers[0].freq: expected an array of 65536 counts"},
+        {"[1, 2]", "top level"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *path = tu_path("profile_bad.json");

@@ -528,8 +528,9 @@ int cmd_report(int argc, char **argv) {
         const bool is_profile = probe && json_object_get(probe, "moetax_profile");
         json_decref(probe);
         if (is_profile) {
+            const int rc = report_profile(path, text, len, json, html);
             free(text);
-            return report_profile(path, json, html);
+            return rc;
         }
     }
     struct moetax_report *r;

@@ -6,7 +6,8 @@
 
 #include "moetax/profile.h"
 
-/* Text (or --json) on stdout and optionally the HTML page; the exit code. */
-int report_profile(const char *path, bool json, const char *html);
+/* The profile in text[0..len) (read from path, "-" for stdin): text (or --json) on stdout and
+ * optionally the HTML page; the exit code. */
+int report_profile(const char *path, const char *text, size_t len, bool json, const char *html);
 
 #endif

@@ -194,6 +194,16 @@ moetax_status cli_store_open(const struct moetax_model *m, const struct cli_stor
     return st;
 }
 
+struct ranked {
+    double share;
+    int32_t q; /* MoE layer x E + expert */
+};
+
+static int most_used_first(const void *a, const void *b) { /* ties: the profile's order */
+    const struct ranked *x = a, *y = b;
+    return x->share != y->share ? (x->share < y->share) - (x->share > y->share) : (x->q > y->q) - (x->q < y->q);
+}
+
 /* The share of a layer's tokens that use an expert, from a profile; the experts ranked by it,
  * all layers together, fill the store's slots (most used first); the shares are the prior. */
 moetax_status cli_store_warm(const struct moetax_model *m, struct moetax_store *s, const char *path) {
@@ -207,26 +217,28 @@ moetax_status cli_store_warm(const struct moetax_model *m, struct moetax_store *
         moetax_profile_free(p);
         return st;
     }
+    for (int mi = 0; mi < p->n_moe; mi++)
+        if (!m->layers[p->moe_layer[mi]].is_moe) {
+            st = moetax_error(MOETAX_ERR_ARG, "--warm %s: layers[%d] is layer %d, not a MoE layer of the model", path, mi,
+                              p->moe_layer[mi]);
+            moetax_profile_free(p);
+            return st;
+        }
     const int n = p->n_moe * E;
     double *share = malloc(sizeof(double) * (size_t)n);
-    int32_t *order = malloc(sizeof(int32_t) * (size_t)n), *layers = malloc(sizeof(int32_t) * (size_t)n);
-    int32_t *experts = malloc(sizeof(int32_t) * (size_t)n);
+    struct ranked *order = malloc(sizeof *order * (size_t)n);
+    int32_t *layers = malloc(sizeof(int32_t) * (size_t)n), *experts = malloc(sizeof(int32_t) * (size_t)n);
     if (!share || !order || !layers || !experts) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     for (int q = 0; !st && q < n; q++) {
         share[q] = (double)p->freq[q] / (double)p->tokens;
-        order[q] = q;
+        order[q] = (struct ranked){share[q], q};
     }
-    for (int q = 1; !st && q < n; q++) { /* insertion sort, most used first (n is small: layers x experts) */
-        int32_t v = order[q];
-        int r = q - 1;
-        while (r >= 0 && share[order[r]] < share[v]) { order[r + 1] = order[r]; r--; }
-        order[r + 1] = v;
-    }
+    if (!st) qsort(order, (size_t)n, sizeof *order, most_used_first);
     int fill = 0; /* the most used of this process's own experts (all of them without mpirun) */
     for (int q = 0; !st && q < n && fill < moetax_store_n_slots(s); q++)
-        if (moetax_model_expert_owned(m, p->moe_layer[order[q] / E], order[q] % E)) {
-            layers[fill] = p->moe_layer[order[q] / E];
-            experts[fill++] = order[q] % E;
+        if (moetax_model_expert_owned(m, p->moe_layer[order[q].q / E], order[q].q % E)) {
+            layers[fill] = p->moe_layer[order[q].q / E];
+            experts[fill++] = order[q].q % E;
         }
     for (int mi = 0; !st && mi < p->n_moe; mi++) {
         const double w = p->tokens < 16 ? (double)p->tokens : 16.0; /* a light prior: live counts soon outweigh it */

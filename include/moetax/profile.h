@@ -28,6 +28,7 @@
 #ifndef MOETAX_PROFILE_H
 #define MOETAX_PROFILE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "moetax/status.h"
@@ -57,8 +58,11 @@ void moetax_profile_free(struct moetax_profile *p);
  * an expert < 0, a dropped assignment, is skipped). */
 moetax_status moetax_profile_add(struct moetax_profile *p, int64_t n, const int32_t *const *experts);
 moetax_status moetax_profile_write(const struct moetax_profile *p, const char *path);
-/* Read and check a profile (shapes, non-negative counts); errors name the field. */
+/* Read and check a profile (types, shapes, non-negative counts within what its tokens allow);
+ * errors name the file and the field. */
 moetax_status moetax_profile_load(const char *path, struct moetax_profile **out);
+/* The same from text in memory; name is what the errors call it. */
+moetax_status moetax_profile_parse(const char *text, size_t len, const char *name, struct moetax_profile **out);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,7 @@
 #include "moetax/profile.h"
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,26 +118,117 @@ static moetax_status bad(const char *path, const char *where, const char *what) 
     return moetax_error(MOETAX_ERR_FORMAT, "%s: %s: %s", path, where, what);
 }
 
-/* n non-negative integers of array a into v */
-static moetax_status get_row(const char *path, const char *where, const json_t *a, int64_t n, int64_t *v) {
-    if (!json_is_array(a) || (int64_t)json_array_size(a) != n) {
-        char what[64];
-        snprintf(what, sizeof what, "expected an array of %lld counts", (long long)n);
-        return bad(path, where, what);
+/* Is a an array of n entries, each (cols > 0) an array of cols? Checked before anything of that
+ * size is allocated. */
+static moetax_status shape(const char *path, const char *where, const json_t *a, int64_t n, int64_t cols) {
+    bool ok = json_is_array(a) && (int64_t)json_array_size(a) == n;
+    for (int64_t i = 0; ok && cols > 0 && i < n; i++) {
+        const json_t *r = json_array_get(a, (size_t)i);
+        ok = json_is_array(r) && (int64_t)json_array_size(r) == cols;
     }
+    if (ok) return MOETAX_OK;
+    char what[96];
+    if (cols > 0) snprintf(what, sizeof what, "expected an array of %lld arrays of %lld counts", (long long)n, (long long)cols);
+    else snprintf(what, sizeof what, "expected an array of %lld counts", (long long)n);
+    return bad(path, where, what);
+}
+
+/* n counts of array a (its shape checked) into v; each >= 0, their running total within *left */
+static moetax_status get_row(const char *path, const char *where, const json_t *a, int64_t n, int64_t *v,
+                             int64_t *left, const char *bound) {
     for (int64_t i = 0; i < n; i++) {
         const json_t *x = json_array_get(a, (size_t)i);
         if (!json_is_integer(x) || json_integer_value(x) < 0) return bad(path, where, "expected counts >= 0");
         v[i] = json_integer_value(x);
+        if (v[i] > *left) {
+            char what[160];
+            snprintf(what, sizeof what, "the counts add up to more than %s allows", bound);
+            return bad(path, where, what);
+        }
+        *left -= v[i];
     }
     return MOETAX_OK;
 }
 
-static moetax_status get_matrix(const char *path, const char *where, const json_t *a, int64_t n, int64_t *v) {
-    if (!json_is_array(a) || (int64_t)json_array_size(a) != n) return bad(path, where, "expected an E x E array");
+static moetax_status get_matrix(const char *path, const char *where, const json_t *a, int64_t n, int64_t *v,
+                                int64_t limit, const char *bound) {
     moetax_status st = MOETAX_OK;
-    for (int64_t i = 0; i < n && !st; i++) st = get_row(path, where, json_array_get(a, (size_t)i), n, v + i * n);
+    for (int64_t i = 0; i < n && !st; i++)
+        st = get_row(path, where, json_array_get(a, (size_t)i), n, v + i * n, &limit, bound);
     return st;
+}
+
+/* an integer member within lo..hi */
+static moetax_status get_int(const char *path, const json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *v) {
+    const json_t *x = json_object_get(o, key);
+    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi) {
+        char what[96];
+        snprintf(what, sizeof what, "expected an integer in %lld..%lld", (long long)lo, (long long)hi);
+        return bad(path, key, what);
+    }
+    *v = json_integer_value(x);
+    return MOETAX_OK;
+}
+
+static moetax_status from_json(const json_t *o, const char *path, struct moetax_profile **out) {
+    moetax_status st = MOETAX_OK;
+    struct moetax_profile *p = NULL;
+    int64_t version = 0, E = 0, k = 0, L = 0, tokens = 0;
+    const json_t *layers = json_object_get(o, "layers"), *trans = json_object_get(o, "transitions");
+    if (!json_is_object(o)) st = bad(path, "top level", "expected an object");
+    else if (get_int(path, o, "moetax_profile", 1, 1, &version)) st = bad(path, "moetax_profile", "expected 1");
+    else if ((st = get_int(path, o, "n_layer", 1, 1 << 16, &L)) || (st = get_int(path, o, "n_expert", 1, 1 << 16, &E)) ||
+             (st = get_int(path, o, "n_expert_used", 1, E, &k)) ||
+             (st = get_int(path, o, "tokens", 0, (int64_t)1 << 40, &tokens))) {
+    } else if (!json_is_array(layers) || json_array_size(layers) < 1 || (int64_t)json_array_size(layers) > L)
+        st = bad(path, "layers", "expected an array of 1..n_layer MoE layers");
+    else if (!json_is_array(trans) || json_array_size(trans) + 1 != json_array_size(layers))
+        st = bad(path, "transitions", "expected one per pair of consecutive MoE layers");
+    const int n_moe = st ? 0 : (int)json_array_size(layers);
+    int *ml = st ? NULL : malloc(sizeof(int) * (size_t)n_moe);
+    if (!st && !ml) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    char w[64];
+    for (int m = 0; !st && m < n_moe; m++) { /* the layers and every array's shape, before allocating */
+        const json_t *l = json_array_get(layers, (size_t)m), *x = json_object_get(l, "layer"), *co = json_object_get(l, "co");
+        snprintf(w, sizeof w, "layers[%d].layer", m);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= L ||
+            (m > 0 && json_integer_value(x) <= ml[m - 1]))
+            st = bad(path, w, "expected ascending integer layers within 0..n_layer-1");
+        else ml[m] = (int)json_integer_value(x);
+        snprintf(w, sizeof w, "layers[%d].freq", m);
+        if (!st) st = shape(path, w, json_object_get(l, "freq"), E, 0);
+        snprintf(w, sizeof w, "layers[%d].co", m);
+        if (!st && E <= MOETAX_PROFILE_CO_MAX && co && !json_is_null(co)) st = shape(path, w, co, E, E);
+        snprintf(w, sizeof w, "transitions[%d].counts", m);
+        if (!st && m + 1 < n_moe) st = shape(path, w, json_object_get(json_array_get(trans, (size_t)m), "counts"), E, E);
+    }
+    const char *model = json_string_value(json_object_get(o, "model"));
+    if (!st) st = moetax_profile_new(model, (int)L, ml, n_moe, (int)E, (int)k, &p);
+    /* every token adds k to a layer's frequencies and at most k x k to its co-occurrences and
+     * transitions: larger totals are damage (and would overflow the report's sums) */
+    const int64_t per_layer = tokens * k, per_pair = k && tokens > INT64_MAX / (k * k) ? INT64_MAX : tokens * k * k;
+    for (int m = 0; !st && m < n_moe; m++) {
+        const json_t *l = json_array_get(layers, (size_t)m), *co = json_object_get(l, "co");
+        int64_t left = per_layer;
+        snprintf(w, sizeof w, "layers[%d].freq", m);
+        st = get_row(path, w, json_object_get(l, "freq"), E, p->freq + m * E, &left, "tokens x n_expert_used");
+        snprintf(w, sizeof w, "layers[%d].co", m);
+        if (!st && p->co && co && !json_is_null(co))
+            st = get_matrix(path, w, co, E, p->co + m * E * E, per_pair, "tokens x n_expert_used^2");
+    }
+    for (int m = 0; !st && m + 1 < n_moe; m++) {
+        snprintf(w, sizeof w, "transitions[%d].counts", m);
+        st = get_matrix(path, w, json_object_get(json_array_get(trans, (size_t)m), "counts"), E, p->trans + m * E * E,
+                        per_pair, "tokens x n_expert_used^2");
+    }
+    if (!st) p->tokens = tokens;
+    free(ml);
+    if (st) {
+        moetax_profile_free(p);
+        return st;
+    }
+    *out = p;
+    return MOETAX_OK;
 }
 
 moetax_status moetax_profile_load(const char *path, struct moetax_profile **out) {
@@ -144,49 +236,17 @@ moetax_status moetax_profile_load(const char *path, struct moetax_profile **out)
     json_error_t je;
     json_t *o = json_load_file(path, 0, &je);
     if (!o) return moetax_error(MOETAX_ERR_FORMAT, "%s: line %d: not valid JSON: %s", path, je.line, je.text);
-    moetax_status st = MOETAX_OK;
-    struct moetax_profile *p = NULL;
-    const json_t *layers = json_object_get(o, "layers"), *trans = json_object_get(o, "transitions");
-    const json_int_t E = json_integer_value(json_object_get(o, "n_expert"));
-    const json_int_t k = json_integer_value(json_object_get(o, "n_expert_used"));
-    const json_int_t L = json_integer_value(json_object_get(o, "n_layer"));
-    if (json_integer_value(json_object_get(o, "moetax_profile")) != 1) st = bad(path, "moetax_profile", "expected 1");
-    else if (!json_is_array(layers) || json_array_size(layers) < 1) st = bad(path, "layers", "expected an array of MoE layers");
-    else if (E < 1 || E > 1 << 16 || k < 1 || k > E || L < 1 || L > 1 << 16)
-        st = bad(path, "n_expert / n_expert_used / n_layer", "out of range");
-    else if (!json_is_array(trans) || json_array_size(trans) + 1 != json_array_size(layers))
-        st = bad(path, "transitions", "expected one per pair of consecutive MoE layers");
-    const int n_moe = st ? 0 : (int)json_array_size(layers);
-    int *ml = st ? NULL : malloc(sizeof(int) * (size_t)n_moe);
-    if (!st && !ml) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
-    for (int m = 0; !st && m < n_moe; m++) {
-        const json_int_t l = json_integer_value(json_object_get(json_array_get(layers, (size_t)m), "layer"));
-        if (l < 0 || l >= L || (m > 0 && l <= ml[m - 1])) st = bad(path, "layers[].layer", "expected ascending layers");
-        else ml[m] = (int)l;
-    }
-    const char *model = json_string_value(json_object_get(o, "model"));
-    if (!st) st = moetax_profile_new(model, (int)L, ml, n_moe, (int)E, (int)k, &p);
-    for (int m = 0; !st && m < n_moe; m++) {
-        const json_t *l = json_array_get(layers, (size_t)m);
-        char w[64];
-        snprintf(w, sizeof w, "layers[%d].freq", m);
-        st = get_row(path, w, json_object_get(l, "freq"), E, p->freq + m * E);
-        const json_t *co = json_object_get(l, "co");
-        snprintf(w, sizeof w, "layers[%d].co", m);
-        if (!st && p->co && co && !json_is_null(co)) st = get_matrix(path, w, co, E, p->co + m * E * E);
-    }
-    for (int m = 0; !st && m + 1 < n_moe; m++) {
-        char w[64];
-        snprintf(w, sizeof w, "transitions[%d].counts", m);
-        st = get_matrix(path, w, json_object_get(json_array_get(trans, (size_t)m), "counts"), E, p->trans + m * E * E);
-    }
-    if (!st) p->tokens = json_integer_value(json_object_get(o, "tokens"));
-    free(ml);
+    moetax_status st = from_json(o, path, out);
     json_decref(o);
-    if (st) {
-        moetax_profile_free(p);
-        return st;
-    }
-    *out = p;
-    return MOETAX_OK;
+    return st;
+}
+
+moetax_status moetax_profile_parse(const char *text, size_t len, const char *name, struct moetax_profile **out) {
+    *out = NULL;
+    json_error_t je;
+    json_t *o = json_loadb(text, len, 0, &je);
+    if (!o) return moetax_error(MOETAX_ERR_FORMAT, "%s: line %d: not valid JSON: %s", name, je.line, je.text);
+    moetax_status st = from_json(o, name, out);
+    json_decref(o);
+    return st;
 }
