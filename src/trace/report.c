@@ -14,7 +14,7 @@
 #define P MOETAX_PHASE_COUNT
 #define MAX_WORKERS 65536
 #define MAX_LAYERS 100000
-#define MAX_EXPERTS 1000000
+#define MAX_EXPERTS 65536
 
 /* ---- small helpers ----------------------------------------------------------------- */
 
@@ -284,24 +284,49 @@ static moetax_status parse_store(struct moetax_report *r, const char *name, cons
     return MOETAX_OK;
 }
 
+/* Where each batch size's row is in r->batches while the steps are read (rows are appended in
+ * the order sizes first appear, and sorted at the end). */
+struct batch_rows {
+    int32_t *row; /* [cap]: batch size -> row + 1, 0 for none */
+    int64_t cap;
+    int n_alloc; /* rows allocated in r->batches */
+};
+
+static int by_batch(const void *a, const void *b) {
+    const struct moetax_report_batch *x = a, *y = b;
+    return (x->batch > y->batch) - (x->batch < y->batch);
+}
+
 /* A decode step into its batch size's row (steps[].batch, 1 when absent; steps[].moe optional). */
-static moetax_status add_batch_step(struct moetax_report *r, const char *name, const char *where, const json_t *s,
-                                    int64_t tokens, double wall, const double *lrow, const double *other) {
+static moetax_status add_batch_step(struct moetax_report *r, struct batch_rows *rows, const char *name,
+                                    const char *where, const json_t *s, int64_t tokens, double wall, const double *lrow,
+                                    const double *other) {
     int64_t batch = 1;
     moetax_status st;
     if (json_object_get(s, "batch") && (st = key_int(name, where, s, "batch", 1, 1 << 20, &batch))) return st;
-    int i = 0;
-    while (i < r->n_batches && r->batches[i].batch < batch) i++;
-    if (i == r->n_batches || r->batches[i].batch != batch) {
-        struct moetax_report_batch *nb = realloc(r->batches, sizeof *nb * (size_t)(r->n_batches + 1));
-        if (!nb) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
-        r->batches = nb;
-        memmove(nb + i + 1, nb + i, sizeof *nb * (size_t)(r->n_batches - i));
-        memset(&nb[i], 0, sizeof nb[i]);
-        nb[i].batch = batch;
-        r->n_batches++;
+    if (batch >= rows->cap) {
+        int64_t cap = rows->cap ? rows->cap : 64;
+        while (cap <= batch) cap *= 2;
+        int32_t *nr = realloc(rows->row, sizeof *nr * (size_t)cap);
+        if (!nr) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        memset(nr + rows->cap, 0, sizeof *nr * (size_t)(cap - rows->cap));
+        rows->row = nr;
+        rows->cap = cap;
     }
-    struct moetax_report_batch *b = &r->batches[i];
+    if (!rows->row[batch]) {
+        if (r->n_batches == rows->n_alloc) {
+            const int n = rows->n_alloc ? 2 * rows->n_alloc : 8;
+            struct moetax_report_batch *nb = realloc(r->batches, sizeof *nb * (size_t)n);
+            if (!nb) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+            r->batches = nb;
+            rows->n_alloc = n;
+        }
+        struct moetax_report_batch *nb = r->batches;
+        memset(&nb[r->n_batches], 0, sizeof *nb);
+        nb[r->n_batches].batch = batch;
+        rows->row[batch] = ++r->n_batches;
+    }
+    struct moetax_report_batch *b = &r->batches[rows->row[batch] - 1];
     b->steps++;
     b->tokens += tokens;
     b->wall_s += wall;
@@ -342,6 +367,7 @@ static moetax_status parse_steps(struct moetax_report *r, const struct ledger_ct
     if (!lrow || !busy || !wait) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     double best = -1;
     bool best_decode = false;
+    struct batch_rows brows = {0};
     for (size_t i = 0; !st && i < json_array_size(steps); i++) {
         const json_t *s = json_array_get(steps, i);
         char where[64];
@@ -364,7 +390,7 @@ static moetax_status parse_steps(struct moetax_report *r, const struct ledger_ct
         memset(busy, 0, sizeof(double) * (size_t)r->n_workers);
         memset(wait, 0, sizeof(double) * (size_t)r->n_workers);
         if ((st = get_rows(c, where, s, lrow, other, busy, wait))) break;
-        if (decode && (st = add_batch_step(r, c->name, where, s, tokens, wall, lrow, other))) break;
+        if (decode && (st = add_batch_step(r, &brows, c->name, where, s, tokens, wall, lrow, other))) break;
         /* timeline: the slowest decode step; the slowest step if there is no decode step */
         if ((decode && (!best_decode || wall > best)) || (!decode && !best_decode && wall > best)) {
             best = wall;
@@ -379,6 +405,8 @@ static moetax_status parse_steps(struct moetax_report *r, const struct ledger_ct
             memcpy(t->layer_phase_s, lrow, sizeof(double) * rows);
         }
     }
+    free(brows.row);
+    if (r->n_batches > 1) qsort(r->batches, (size_t)r->n_batches, sizeof *r->batches, by_batch);
     free(lrow);
     free(busy);
     free(wait);
@@ -401,9 +429,10 @@ static int distinct_inter(const int32_t *a, int na, const int32_t *b, int nb, in
     return inter;
 }
 
-/* An array of T expert sets (each null or k ids in [0, E)) -> ids [T*k], valid [T]. */
+/* An array of T expert sets (each null or k ids in [0, E), distinct if asked: a token's routing;
+ * a prediction may repeat one) -> ids [T*k], valid [T]. */
 static moetax_status get_sets(const char *name, const char *where, const json_t *v, size_t T, int k, int E,
-                              int32_t *ids, uint8_t *valid) {
+                              bool distinct, int32_t *ids, uint8_t *valid) {
     if (!json_is_array(v)) return fmt_err(name, where, v ? "expected an array of expert sets" : "missing");
     if (json_array_size(v) != T) {
         char msg[96];
@@ -427,6 +456,8 @@ static moetax_status get_sets(const char *name, const char *where, const json_t 
             snprintf(wj, sizeof wj, "%s[%d]", w, j);
             moetax_status st = get_int(name, wj, json_array_get(s, (size_t)j), 0, E - 1, &id);
             if (st) return st;
+            for (int i = 0; distinct && i < j; i++)
+                if (ids[t * (size_t)k + (size_t)i] == id) return fmt_err(name, wj, "an expert listed twice in one set");
             ids[t * (size_t)k + (size_t)j] = (int32_t)id;
         }
         valid[t] = 1;
@@ -434,8 +465,19 @@ static moetax_status get_sets(const char *name, const char *where, const json_t 
     return MOETAX_OK;
 }
 
+struct ranked {
+    int64_t n;
+    int32_t e;
+};
+
+static int busiest_first(const void *a, const void *b) { /* ties: lower id first */
+    const struct ranked *x = a, *y = b;
+    return x->n != y->n ? (x->n < y->n) - (x->n > y->n) : (x->e > y->e) - (x->e < y->e);
+}
+
 static void layer_stats(struct moetax_report_routing_layer *L, size_t T, int k, int E, const int32_t *step,
-                        const int32_t *ex, const uint8_t *ev, const int32_t *pr, const uint8_t *pv, int64_t *tmp) {
+                        const int32_t *ex, const uint8_t *ev, const int32_t *pr, const uint8_t *pv, int64_t *tmp,
+                        struct ranked *rank) {
     L->tokens = 0;
     for (size_t t = 0; t < T; t++) {
         if (!ev[t]) continue;
@@ -457,44 +499,35 @@ static void layer_stats(struct moetax_report_routing_layer *L, size_t T, int k, 
     if (!L->tokens) L->load_min = L->load_max = L->load_mean = NAN;
     /* hottest experts (ties: lower id first) and the busiest quarter's share */
     for (int h = 0; h < MOETAX_REPORT_N_HOT; h++) { L->hot[h] = -1; L->hot_n[h] = 0; }
-    for (int e = 0; e < E; e++) tmp[e] = L->load[e];
-    int quarter = (E + 3) / 4;
+    for (int e = 0; e < E; e++) rank[e] = (struct ranked){L->load[e], e};
+    qsort(rank, (size_t)E, sizeof *rank, busiest_first);
+    const int quarter = (E + 3) / 4;
     double top = 0;
-    for (int q = 0; q < quarter; q++) {
-        int b = -1;
-        for (int e = 0; e < E; e++)
-            if (tmp[e] >= 0 && (b < 0 || tmp[e] > tmp[b])) b = e;
-        if (b < 0) break;
-        if (q < MOETAX_REPORT_N_HOT && tmp[b] > 0) { L->hot[q] = b; L->hot_n[q] = tmp[b]; }
-        top += (double)tmp[b];
-        tmp[b] = -1;
-    }
-    for (int q = quarter; q < MOETAX_REPORT_N_HOT && q < E; q++) {
-        int b = -1;
-        for (int e = 0; e < E; e++)
-            if (tmp[e] >= 0 && (b < 0 || tmp[e] > tmp[b])) b = e;
-        if (b < 0 || tmp[b] == 0) break;
-        L->hot[q] = b;
-        L->hot_n[q] = tmp[b];
-        tmp[b] = -1;
+    for (int q = 0; q < quarter; q++) top += (double)rank[q].n;
+    for (int q = 0; q < MOETAX_REPORT_N_HOT && q < E && rank[q].n > 0; q++) {
+        L->hot[q] = rank[q].e;
+        L->hot_n[q] = rank[q].n;
     }
     L->top_quarter_share = sum > 0 ? top / sum : NAN;
-    /* batch imbalance over runs of tokens of the same step */
+    /* batch imbalance over runs of tokens of the same step (tmp all 0 between runs) */
     double bsum = 0;
     L->n_batches = 0;
+    for (int e = 0; e < E; e++) tmp[e] = 0;
     for (size_t t0 = 0; t0 < T;) {
         size_t t1 = t0;
         while (t1 < T && step[t1] == step[t0]) t1++;
-        int64_t n = 0;
-        for (int e = 0; e < E; e++) tmp[e] = 0;
+        int64_t n = 0, mx = 0;
         for (size_t t = t0; t < t1; t++) {
             if (!ev[t]) continue;
             n++;
-            for (int j = 0; j < k; j++) tmp[ex[t * (size_t)k + (size_t)j]]++;
+            for (int j = 0; j < k; j++) {
+                const int64_t c = ++tmp[ex[t * (size_t)k + (size_t)j]];
+                if (c > mx) mx = c;
+            }
         }
+        for (size_t t = t0; t < t1; t++)
+            for (int j = 0; ev[t] && j < k; j++) tmp[ex[t * (size_t)k + (size_t)j]] = 0;
         if (n >= 2) {
-            int64_t mx = 0;
-            for (int e = 0; e < E; e++) if (tmp[e] > mx) mx = tmp[e];
             bsum += (double)mx / ((double)n * k / E);
             L->n_batches++;
         }
@@ -556,8 +589,10 @@ static moetax_status parse_routing(struct moetax_report *r, const char *name, co
             *pr = malloc(sizeof(int32_t) * (T * (size_t)k + 1));
     uint8_t *ev = malloc(T + 1), *pv = malloc(T + 1);
     int64_t *tmp = malloc(sizeof(int64_t) * (size_t)E);
+    struct ranked *rank = malloc(sizeof *rank * (size_t)E);
+    bool *seen = calloc((size_t)r->n_layer + 1, sizeof(bool));
     if (R) R->layers = calloc(nl + 1, sizeof *R->layers);
-    if (!R || !R->layers || !step || !ex || !pr || !ev || !pv || !tmp) {
+    if (!R || !R->layers || !step || !ex || !pr || !ev || !pv || !tmp || !rank || !seen) {
         st = moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory for the routing section", name);
         goto done;
     }
@@ -573,6 +608,12 @@ static moetax_status parse_routing(struct moetax_report *r, const char *name, co
         struct moetax_report_routing_layer *L = &R->layers[R->n_layers];
         int64_t layer;
         if ((st = key_int(name, where, lo, "layer", 0, r->n_layer - 1, &layer))) goto done;
+        if (seen[layer]) {
+            snprintf(w, sizeof w, "%s.layer", where);
+            st = fmt_err(name, w, "a layer listed twice");
+            goto done;
+        }
+        seen[layer] = true;
         L->layer = (int)layer;
         const json_t *sv = json_object_get(lo, "step");
         snprintf(w, sizeof w, "%s.step", where);
@@ -588,18 +629,18 @@ static moetax_status parse_routing(struct moetax_report *r, const char *name, co
             step[t] = (int32_t)s;
         }
         snprintf(w, sizeof w, "%s.experts", where);
-        if ((st = get_sets(name, w, json_object_get(lo, "experts"), T, k, E, ex, ev))) goto done;
+        if ((st = get_sets(name, w, json_object_get(lo, "experts"), T, k, E, true, ex, ev))) goto done;
         const json_t *wv = json_object_get(lo, "weights");
         snprintf(w, sizeof w, "%s.weights", where);
         if (wv && !json_is_array(wv) && !json_is_null(wv)) { st = fmt_err(name, w, "expected an array"); goto done; }
         const json_t *pj = json_object_get(lo, "predicted");
         bool has_pred = pj && !json_is_null(pj);
         snprintf(w, sizeof w, "%s.predicted", where);
-        if (has_pred && (st = get_sets(name, w, pj, T, k, E, pr, pv))) goto done;
+        if (has_pred && (st = get_sets(name, w, pj, T, k, E, false, pr, pv))) goto done;
         L->load = calloc((size_t)E, sizeof(int64_t));
         if (!L->load) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
         R->n_layers++;
-        layer_stats(L, T, k, E, step, ex, ev, has_pred ? pr : NULL, pv, tmp);
+        layer_stats(L, T, k, E, step, ex, ev, has_pred ? pr : NULL, pv, tmp, rank);
     }
     R->load_cv = mean_over_layers(R, offsetof(struct moetax_report_routing_layer, load_cv));
     R->top_quarter_share = mean_over_layers(R, offsetof(struct moetax_report_routing_layer, top_quarter_share));
@@ -618,7 +659,7 @@ done:
         free(R->layers);
         free(R);
     }
-    free(step); free(ex); free(pr); free(ev); free(pv); free(tmp);
+    free(step); free(ex); free(pr); free(ev); free(pv); free(tmp); free(rank); free(seen);
     return st;
 }
 

@@ -1,0 +1,205 @@
+#!/usr/bin/python3
+# ctest-labels: unit
+"""test_hostile_files.py - damaged or crafted side files (predictors, routing profiles, ledgers)
+through the commands that read them: each is refused quickly with a message naming the file and
+the field, with no signal and no sanitizer report, and the valid files still work.
+
+- a predictor whose header asks for the largest shape (4096 layers x 65536 experts) with no
+  pairs, or one pair: refused before anything of that size is allocated; a predictor of another
+  model; a pair whose target is not the next MoE layer.
+- a routing profile with a layer that is not an integer, a dense layer (--warm), counts that add
+  up past 64 bits (report), and `report -` reading a profile from stdin.
+- a ledger with 65536 experts and 64 routed layers (the report's ranking was quadratic in the
+  experts), a layer listed twice, an expert listed twice in one token's set, decode steps whose
+  batch sizes come in descending order.
+Registered like every tests/test_*.py: the ASan build's test runs the ASan binary.
+
+usage: test_hostile_files.py MOETAX_BIN WORKDIR
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
+
+BIN, WORK = os.path.abspath(sys.argv[1]), sys.argv[2]
+os.makedirs(WORK, exist_ok=True)
+os.chdir(WORK)
+SANITIZER = ("runtime error", "AddressSanitizer", "LeakSanitizer", "UndefinedBehaviorSanitizer")
+
+
+def run(args, stdin=None, timeout=60):
+    try:
+        p = subprocess.run([BIN] + args, input=stdin, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+def refused(what, args, wants, stdin=None, timeout=60):
+    """a non-zero exit without a signal or sanitizer report, the message naming every string in wants"""
+    r = run(args, stdin, timeout)
+    if r is None:
+        check(False, "%s: still running after %d s" % (what, timeout))
+        return
+    rc, _, err = r
+    bad = [s for s in SANITIZER if s in err]
+    check(rc > 0 and not bad and all(w in err for w in wants),
+          "%s: exit %d, wanted a refusal naming %s; stderr: %s" % (what, rc, wants, err.strip()[-400:]))
+
+
+def works(what, args, stdin=None):
+    r = run(args, stdin)
+    ok = r is not None and r[0] == 0 and not any(s in r[2] for s in SANITIZER)
+    check(ok, "%s: %s" % (what, "timed out" if r is None else "exit %d: %s" % (r[0], r[2].strip()[-400:])))
+    return r[1] if ok else ""
+
+
+def write(name, data):
+    with open(name, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+    return name
+
+
+def fnv1a(b):
+    h = 0xcbf29ce484222325
+    for c in b:
+        h = ((h ^ c) * 0x100000001b3) & 0xffffffffffffffff
+    return h
+
+
+def resum(b):
+    """the predictor's trailing FNV-1a 64 of everything before it, as the writer does"""
+    return b[:-8] + struct.pack("<Q", fnv1a(b[:-8]))
+
+
+# ---- the files: the tiny model (layer 0 dense, MoE layers 1 and 2), its profile and predictor ----
+works("gen", ["gen", "--preset", "tiny", "-o", "tiny.gguf"])
+write("text.txt", "def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n" * 3)
+works("profile", ["profile", "-m", "tiny.gguf", "-f", "text.txt", "-o", "prof.json", "--fit-predictor"])
+RUN = ["run", "-m", "tiny.gguf", "-p", "hello", "-n", "2", "--expert-budget", "160K"]
+works("run --predictor (valid)", RUN + ["--predictor", "prof.pred"])
+works("run --warm (valid)", RUN + ["--warm", "prof.json"])
+
+# ---- predictors ----------------------------------------------------------------------------------
+good = open("prof.pred", "rb").read()
+head = bytearray(good[:128] + b"\0" * 8)
+struct.pack_into("<IIIIIIIII", head, 8, 2, 4096, 65536, 65536, 1, 2, 1, 65537, 0)  # version .. n_pairs
+struct.pack_into("<I", head, 44, 0)  # no hidden layer
+refused("a 136-byte predictor asking for 4096 layers x 65536 experts, no pairs",
+        RUN + ["--predictor", write("huge0.pred", resum(bytes(head)))], ["huge0.pred", "n_pairs"], timeout=30)
+struct.pack_into("<I", head, 40, 1)
+refused("the same with one pair", RUN + ["--predictor", write("huge1.pred", resum(bytes(head)))],
+        ["huge1.pred", "4096 layers", "the model has 3"], timeout=30)
+works("gen another model", ["gen", "--preset", "tiny", "--embd", "96", "-o", "wide.gguf"])
+refused("a predictor of another model", ["run", "-m", "wide.gguf", "-p", "hi", "-n", "1", "--expert-budget", "300K",
+                                         "--predictor", "prof.pred"], ["prof.pred", "the model has"])
+# the first pair is (layer 1, 1 ahead) -> layer 2; make it predict layer 1 ahead -> 3 (no such MoE layer)
+n_pairs = struct.unpack_from("<I", good, 40)[0]
+check(n_pairs >= 1 and struct.unpack_from("<III", good, 128) == (1, 1, 2),
+      "the fitted predictor's first pair: %s" % (struct.unpack_from("<III", good, 128),))
+bad = bytearray(good)
+struct.pack_into("<I", bad, 128 + 8, 1)
+refused("a pair predicting an earlier layer", RUN + ["--predictor", write("back.pred", resum(bytes(bad)))],
+        ["back.pred", "offset 136", "pair target"])
+struct.pack_into("<II", bad, 128, 0, 1)
+struct.pack_into("<I", bad, 128 + 8, 1)
+refused("a pair of the dense layer 0", RUN + ["--predictor", write("dense.pred", resum(bytes(bad)))],
+        ["dense.pred", "offset 128", "pair layer", "not a MoE layer"])
+
+# ---- profiles ------------------------------------------------------------------------------------
+prof = json.load(open("prof.json"))
+check([l["layer"] for l in prof["layers"]] == [1, 2], "the profile's layers: %s" % [l["layer"] for l in prof["layers"]])
+
+
+def variant(name, edit):
+    d = json.loads(json.dumps(prof))
+    edit(d)
+    return write(name, json.dumps(d))
+
+
+p = variant("layer_real.json", lambda d: d["layers"][1].update(layer=2.0))
+refused("--warm: a layer written 2.0", RUN + ["--warm", p], ["layer_real.json", "layers[1].layer"])
+refused("report: a layer written 2.0", ["report", p], ["layer_real.json", "layers[1].layer"])
+p = variant("layer_str.json", lambda d: d["layers"][0].update(layer="1"))
+refused("report: a layer written \"1\"", ["report", p], ["layers[0].layer"])
+p = variant("dense.json", lambda d: d["layers"][0].update(layer=0))
+refused("--warm: a profile of the dense layer 0", RUN + ["--warm", p], ["dense.json", "layer 0", "not a MoE layer"])
+p = variant("overflow.json", lambda d: d["layers"][0].update(freq=[2 ** 62] * len(d["layers"][0]["freq"])))
+refused("report: counts past 64 bits", ["report", p], ["overflow.json", "layers[0].freq", "add up"])
+p = variant("no_tokens.json", lambda d: d.pop("tokens"))
+refused("report: no token count", ["report", p], ["no_tokens.json", "tokens"])
+by_path = works("report PROFILE", ["report", "prof.json"])
+by_stdin = works("report - < PROFILE", ["report", "-"], stdin=open("prof.json", "rb").read())
+check(by_stdin and by_stdin.replace("moetax report: -", "moetax report: prof.json") == by_path,
+      "report - differs from report prof.json:\n%s\n%s" % (by_stdin[:300], by_path[:300]))
+refused("report --max-input-bytes of a profile", ["report", "--max-input-bytes", "100", "prof.json"], ["prof.json"])
+
+# ---- ledgers -------------------------------------------------------------------------------------
+works("a ledger", ["run", "-m", "tiny.gguf", "-p", "hello world", "-n", "8", "-t", "2", "--ledger", "led.json",
+                   "--routing-stats"])
+led = json.load(open("led.json"))
+
+
+def lvariant(name, edit):
+    d = json.loads(json.dumps(led))
+    edit(d)
+    return write(name, json.dumps(d))
+
+
+def many_experts(d):
+    d["n_expert"] = 65536
+    d["n_layer"] = 64
+    layer = d["routing"]["layers"][0]
+    d["routing"]["layers"] = [dict(layer, layer=i) for i in range(64)]
+
+    def pad(o):  # every per-layer table to 64 rows
+        if isinstance(o, dict):
+            for key, v in o.items():
+                if key == "layer_phase_s" and isinstance(v, list):
+                    o[key] = v + [v[-1]] * (64 - len(v))
+                else:
+                    pad(v)
+        elif isinstance(o, list):
+            for v in o:
+                pad(v)
+    pad(d)
+
+
+p = lvariant("many.json", many_experts)
+rep = run(["report", "--json", p], timeout=30)  # the quadratic ranking took minutes
+ok = rep is not None and rep[0] == 0 and not any(s in rep[2] for s in SANITIZER)
+check(ok, "report of 64 layers x 65536 experts: %s" % ("still running after 30 s" if rep is None else rep[2][-400:]))
+if ok:
+    r = json.loads(rep[1])["routing"]
+    check(len(r["layers"]) == 64 and r["layers"][0]["hottest"] == r["layers"][63]["hottest"],
+          "the 64 copies of a layer differ: %s" % [(x["layer"], x["hottest"]) for x in r["layers"][:2]])
+p = lvariant("million.json", lambda d: d.update(n_expert=1000000))
+refused("a ledger of a million experts", ["report", p], ["million.json", "n_expert"])
+p = lvariant("twice.json", lambda d: d["routing"]["layers"].append(d["routing"]["layers"][0]))
+refused("a routing layer listed twice", ["report", p], ["twice.json", "routing.layers[2].layer", "twice"])
+
+
+def same_expert(d):
+    d["routing"]["layers"][0]["experts"][3] = [5, 5]
+
+
+p = lvariant("same.json", same_expert)
+refused("an expert twice in a token's set", ["report", p], ["same.json", "routing.layers[0].experts[3][1]", "twice"])
+
+
+def batches(d):
+    dec = [s for s in d["steps"] if s["kind"] == "decode"]
+    for i, s in enumerate(dec):
+        s["batch"] = [7, 5, 3, 7, 2, 1, 5][i % 7]
+
+
+rep = works("report of steps whose batch sizes descend", ["report", "--json", lvariant("batches.json", batches)])
+if rep:
+    got = [b["batch"] for b in json.loads(rep)["batches"]]
+    check(got == [1, 2, 3, 5, 7], "batch rows: %s (wanted 1 2 3 5 7)" % got)
+
+sys.exit(summary())
