@@ -1,11 +1,13 @@
 /* dist.c - the MPI world of one moetax command, placement, the load check, the batch
  * broadcast and the combine's collectives (see dist.h). */
+#include <errno.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dist/dist.h"
@@ -213,16 +215,91 @@ moetax_status moetax_dist_model_loaded(moetax_status st, struct moetax_model **m
     return st;
 }
 
+/* A placement file is text of one short line per MoE layer; a larger file is refused before it is
+ * parsed (a device such as /dev/zero never ends). A line may hold DIST_PLACEMENT_LINE_MAX bytes of
+ * spaces and comment plus DIST_PLACEMENT_RANK_BYTES per expert (a rank of up to 10 digits and a space). */
+#define DIST_PLACEMENT_MAX_BYTES ((size_t)16 << 20)
+#define DIST_PLACEMENT_LINE_MAX ((size_t)64 << 10)
+#define DIST_PLACEMENT_RANK_BYTES 12
+
+/* the 1-based line of byte off in text */
+static int placement_line_of(const char *text, size_t off) {
+    int ln = 1;
+    for (const char *q = text; (q = memchr(q, '\n', (size_t)(text + off - q))); q++) ln++;
+    return ln;
+}
+
+/* The whole placement file at path in a malloc'd, NUL-terminated buffer: text only (a NUL byte is an
+ * error naming its line and offset), at most DIST_PLACEMENT_MAX_BYTES, each line at most line_max
+ * bytes (fgets would cut a longer one and take its tail for a line of its own). */
+static moetax_status read_placement_text(const char *path, size_t line_max, char **text) {
+    *text = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return moetax_error(MOETAX_ERR_IO, "--placement %s: cannot open it: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(f);
+        return moetax_error(MOETAX_ERR_IO, "--placement %s: is a directory, not a placement file", path);
+    }
+    const size_t max = DIST_PLACEMENT_MAX_BYTES;
+    size_t cap = 1 << 12, n = 0;
+    char *buf = malloc(cap + 1);
+    moetax_status st = buf ? MOETAX_OK : moetax_error(MOETAX_ERR_NOMEM, "--placement %s: out of memory", path);
+    while (!st) {
+        if (n == cap) {
+            const size_t grown = cap * 2 < max + 1 ? cap * 2 : max + 1;
+            char *nb = realloc(buf, grown + 1);
+            if (!nb) { st = moetax_error(MOETAX_ERR_NOMEM, "--placement %s: out of memory", path); break; }
+            buf = nb;
+            cap = grown;
+        }
+        size_t want = cap - n;
+        if (want > max + 1 - n) want = max + 1 - n; /* one byte past the limit tells */
+        const size_t r = fread(buf + n, 1, want, f);
+        const char *nul = memchr(buf + n, 0, r);
+        n += r;
+        if (nul) {
+            const size_t off = (size_t)(nul - buf);
+            st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: a NUL byte at byte offset %zu (a placement "
+                              "file is text)", path, placement_line_of(buf, off), off);
+        } else if (n > max) {
+            st = moetax_error(MOETAX_ERR_LIMIT, "--placement %s: more than %zu bytes (%zu MiB); a placement file "
+                              "has one line per MoE layer", path, max, max >> 20);
+        } else if (r == 0) {
+            break;
+        }
+    }
+    if (!st && ferror(f)) st = moetax_error(MOETAX_ERR_IO, "--placement %s: cannot read it: %s", path, strerror(errno));
+    fclose(f);
+    for (size_t a = 0; !st && a < n;) { /* every line within line_max */
+        const char *e = memchr(buf + a, '\n', n - a);
+        const size_t b = e ? (size_t)(e - buf) : n;
+        if (b - a > line_max)
+            st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: the line is too long (%zu bytes from byte offset "
+                              "%zu, at most %zu)", path, placement_line_of(buf, a), b - a, a, line_max);
+        a = b + 1;
+    }
+    if (st) { free(buf); return st; }
+    buf[n] = 0;
+    *text = buf;
+    return MOETAX_OK;
+}
+
 /* the placement file (see moetax_dist_set_placement) into d->owner */
 static moetax_status read_placement(struct moetax_dist *d, const struct moetax_model *m, const char *path) {
     const int L = m->hp.n_layer, E = m->hp.n_expert;
-    FILE *f = fopen(path, "r");
-    if (!f) return moetax_error(MOETAX_ERR_IO, "--placement %s: cannot open it", path);
+    const size_t line_max = DIST_PLACEMENT_LINE_MAX + (size_t)E * DIST_PLACEMENT_RANK_BYTES;
+    char *text = NULL;
+    moetax_status st = read_placement_text(path, line_max, &text);
+    if (st) return st;
     int32_t *all = malloc(sizeof(int32_t) * (size_t)E);
     bool *set = calloc((size_t)L, sizeof(bool)), have_all = false;
-    moetax_status st = all && set ? MOETAX_OK : moetax_error(MOETAX_ERR_NOMEM, "out of memory");
-    char line[65536];
-    for (int ln = 1; !st && fgets(line, sizeof line, f); ln++) {
+    if (!all || !set) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    char *next = text;
+    for (int ln = 1; !st && next; ln++) {
+        char *line = next, *nl = strchr(line, '\n');
+        next = nl ? nl + 1 : NULL;
+        if (nl) *nl = 0;
         char *h = strchr(line, '#'), *p = line, *end;
         if (h) *h = 0;
         while (*p == ' ' || *p == '\t') p++;
@@ -272,7 +349,7 @@ static moetax_status read_placement(struct moetax_dist *d, const struct moetax_m
                                          "no '*' line)", path, il);
         else memcpy(d->owner + (size_t)il * (size_t)E, all, sizeof(int32_t) * (size_t)E);
     }
-    fclose(f);
+    free(text);
     free(all);
     free(set);
     return st;
