@@ -238,6 +238,15 @@ moetax_status cli_read_file(const char *path, uint64_t max_bytes, char **text, s
     return MOETAX_OK;
 }
 
+moetax_status cli_check_no_nul(const char *path, const char *text, size_t len) {
+    const char *nul = memchr(text, 0, len);
+    if (!nul) return MOETAX_OK;
+    size_t line = 1;
+    for (const char *q = text; (q = memchr(q, '\n', (size_t)(nul - q))); q++) line++;
+    return moetax_error(MOETAX_ERR_FORMAT, "'%s': a NUL byte at byte offset %zu (line %zu); a text file may not "
+                        "contain NUL bytes", path, (size_t)(nul - text), line);
+}
+
 bool cli_max_input_opt(const char *cmd, int argc, char **argv, int *i, uint64_t *max_bytes, bool *err) {
     const char *v = NULL;
     if (!cli_opt(argc, argv, i, NULL, "--max-input-bytes", &v, err)) return false;

@@ -59,6 +59,9 @@ double cli_percentile(double *v, int n, double p);
  * *out[*n_out] strings to free (and the array). */
 moetax_status cli_list_inputs(const char *path, char ***out, int *n_out);
 moetax_status cli_read_file(const char *path, uint64_t max_bytes, char **text, size_t *len);
+/* MOETAX_ERR_FORMAT naming path, the byte offset and the line of the first NUL byte among text's len
+ * bytes: for a file read with cli_read_file whose text is then used as a C string (a NUL would cut it). */
+moetax_status cli_check_no_nul(const char *path, const char *text, size_t len);
 /* --max-input-bytes SIZE (256M, 1G; at least 1): true if argv[*i] is it; a bad
  * value prints a usage error for cmd and sets *err. */
 bool cli_max_input_opt(const char *cmd, int argc, char **argv, int *i, uint64_t *max_bytes, bool *err);
