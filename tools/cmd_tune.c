@@ -39,6 +39,8 @@
  * recommendation as a configuration run/bench/perplexity/serve read with --config;
  * --html a page with the front as an SVG chart. */
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +82,8 @@ static void usage(FILE *f) {
                "  --max-kl X        recommend only a configuration whose mean KL divergence from the exact\n"
                "                    distributions is at most X (nats; 0: exact ones only). The perplexity bound\n"
                "                    alone can pass a lossy lever whose change is within the text's noise\n"
-               "  --log FILE        one line per measurement; a rerun reuses them (default: tune.log beside -o)\n"
+               "  --log FILE        one line per measurement; a rerun reuses them (default: tune.log beside -o;\n"
+               "                    /dev/null: none); a file tune did not write is refused, left as it is\n"
                "  -o FILE           write the recommendation as a configuration (--config FILE elsewhere)\n"
                "  --html PAGE       the results and the front as one page\n"
                "  --explain         the ledger's phases per token of the default and the recommendation, TTFT,\n"
@@ -525,8 +528,136 @@ static uint32_t hash_tokens(const int32_t *v, int64_t n) { /* FNV-1a over the to
     return h;
 }
 
-/* Open the log: the entries of an existing one whose header matches (model path, size, mtime,
- * calibration tokens and hash, workload) are kept for reuse; another header is refused. */
+/* ---- reading the log back: only what tune wrote is reused or appended to ---- */
+
+/* A log line is one small JSON object (a speed entry, the longest, carries some thirty numbers): a longer
+ * line, or a NUL byte, means the file is not a log tune wrote. */
+#define TUNE_LOG_LINE_MAX 65536
+/* Times in a log entry: beyond a day is damage, not a measurement. */
+#define TUNE_LOG_DAY_MS 8.64e7
+#define TUNE_LOG_DAY_US 8.64e10
+
+enum log_line_status { LOG_LINE_OK, LOG_LINE_NUL, LOG_LINE_LONG, LOG_LINE_IO };
+
+/* The next line of f into buf (TUNE_LOG_LINE_MAX + 1 bytes; *n = 0 at the end of the file), its newline
+ * included where it has one (*nl). At most TUNE_LOG_LINE_MAX bytes are read for a line that is longer. */
+static enum log_line_status log_getline(FILE *f, char *buf, size_t *n, bool *nl) {
+    *n = 0;
+    *nl = false;
+    int c;
+    while ((c = getc(f)) != EOF) {
+        if (c == 0) return LOG_LINE_NUL;
+        if (*n == TUNE_LOG_LINE_MAX) return LOG_LINE_LONG;
+        buf[(*n)++] = (char)c;
+        if (c == '\n') { *nl = true; break; }
+    }
+    buf[*n] = 0;
+    return ferror(f) ? LOG_LINE_IO : LOG_LINE_OK;
+}
+
+/* The key whose value Jansson stopped in (a NaN, a number out of range), to name the field: the last "key":
+ * before byte pos of the line (a log line is one flat object); "" when there is none. */
+static void log_key_before(const char *s, size_t len, size_t pos, char *out, size_t n) {
+    out[0] = 0;
+    for (size_t i = pos < len ? pos : len; i >= 2; i--) {
+        if (s[i - 1] != ':' || s[i - 2] != '"') continue;
+        const size_t e = i - 2;
+        size_t b = e;
+        while (b > 0 && s[b - 1] != '"') b--;
+        if (b == 0) return;
+        size_t k = 0;
+        for (; k + 1 < n && b + k < e; k++) out[k] = s[b + k] >= 0x20 && s[b + k] < 0x7f ? s[b + k] : '?';
+        out[k] = 0;
+        return;
+    }
+}
+
+/* --log /dev/null: nothing kept, nothing reused */
+static bool is_null_device(const struct stat *sb) {
+    struct stat nb;
+    return S_ISCHR(sb->st_mode) && !stat("/dev/null", &nb) && S_ISCHR(nb.st_mode) && nb.st_rdev == sb->st_rdev;
+}
+
+/* Read an existing log (fd) into t->logged: its first line the header `hdr` (its keys compared: another
+ * tuning's log is refused), then one entry a line. *cut: where a last line cut by an
+ * interruption (no newline, not JSON) starts, else -1; *nl_missing: the last line lacks its newline. */
+static moetax_status log_read(struct tune *t, const char *path, int fd, const json_t *hdr, bool *have_hdr, off_t *cut,
+                              bool *nl_missing) {
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        close(fd);
+        return moetax_error(MOETAX_ERR_IO, "--log %s: cannot read: %s", path, strerror(errno));
+    }
+    char *buf = malloc(TUNE_LOG_LINE_MAX + 1);
+    moetax_status st = buf ? MOETAX_OK : moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    const char *untouched = "not a log tune wrote, so it is left untouched: give another --log";
+    long line = 0;
+    off_t off = 0;
+    while (!st) {
+        size_t n;
+        bool nl;
+        const enum log_line_status ls = log_getline(f, buf, &n, &nl);
+        line++;
+        if (ls == LOG_LINE_NUL)
+            st = moetax_error(MOETAX_ERR_FORMAT, "--log %s: line %ld holds a NUL byte (at offset %lld): %s", path,
+                              line, (long long)(off + (off_t)n), untouched);
+        else if (ls == LOG_LINE_LONG)
+            st = moetax_error(MOETAX_ERR_FORMAT, "--log %s: line %ld is longer than %d bytes, the most a log line may "
+                              "be: %s", path, line, TUNE_LOG_LINE_MAX, untouched);
+        else if (ls == LOG_LINE_IO)
+            st = moetax_error(MOETAX_ERR_IO, "--log %s: cannot read line %ld: %s", path, line, strerror(errno));
+        if (st || !n) break;
+        json_error_t je;
+        json_t *o = json_loadb(buf, n, JSON_REJECT_DUPLICATES, &je);
+        if (!o) {
+            if (*have_hdr && !nl && buf[0] == '{') { *cut = off; break; } /* the last entry, cut by an interruption */
+            char key[48], in[64] = "";
+            log_key_before(buf, n, (size_t)je.position, key, sizeof key);
+            if (key[0]) snprintf(in, sizeof in, ", in \"%s\"", key);
+            st = *have_hdr ? moetax_error(MOETAX_ERR_FORMAT, "--log %s: line %ld is not valid JSON (%s, column %d%s): the log "
+                                          "is damaged; remove that line to measure it again, or give another --log",
+                                          path, line, je.text, je.column, in)
+                           : moetax_error(MOETAX_ERR_FORMAT, "--log %s: line 1 is not valid JSON (%s, column %d): %s", path,
+                                          je.text, je.column, untouched);
+            break;
+        }
+        if (!*have_hdr) { /* the header: what was tuned */
+            if (!json_is_object(o) || !json_object_get(o, "moetax_tune_log"))
+                st = moetax_error(MOETAX_ERR_FORMAT, "--log %s: line 1 is not a tune log's header (it has no "
+                                  "\"moetax_tune_log\"): %s", path, untouched);
+            const char *keys[] = {"moetax_tune_log", "model", "model_size", "model_mtime", "calib_tokens",
+                                  "calib_hash", "workload"};
+            for (size_t k = 0; k < sizeof keys / sizeof *keys && !st; k++)
+                if (!json_equal(json_object_get(o, keys[k]), json_object_get(hdr, keys[k]))) {
+                    char *a = json_dumps(json_object_get(o, keys[k]), JSON_ENCODE_ANY),
+                         *b = json_dumps(json_object_get(hdr, keys[k]), JSON_ENCODE_ANY);
+                    st = moetax_error(MOETAX_ERR_ARG, "--log %s is of another tuning (%s %.200s there, %.200s now): "
+                                      "not mixed; give another --log or remove it", path, keys[k], a ? a : "none",
+                                      b ? b : "none");
+                    free(a);
+                    free(b);
+                }
+            json_decref(o);
+            *have_hdr = true;
+        } else {
+            json_t **nv = realloc(t->logged, sizeof *nv * (size_t)(t->n_logged + 1));
+            if (!nv) { json_decref(o); st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
+            t->logged = nv;
+            t->logged[t->n_logged++] = o;
+        }
+        *nl_missing = !nl;
+        off += (off_t)n;
+    }
+    free(buf);
+    fclose(f);
+    return st;
+}
+
+/* Open the log: the entries of an existing one whose header matches (model path, size, mtime, calibration
+ * tokens and hash, workload) are kept for reuse; another header is refused. Only a log tune wrote is read
+ * and appended to: a directory, a device (but the null device: no log), a FIFO, a socket, and a file whose
+ * first line is not a log's header or whose lines are not its entries are refused and left as they are.
+ * All of it before anything is measured. */
 static moetax_status log_open(struct tune *t, const char *path) {
     struct stat sb;
     if (stat(t->model_path, &sb)) return moetax_error(MOETAX_ERR_IO, "%s: cannot stat", t->model_path);
@@ -537,47 +668,52 @@ static moetax_status log_open(struct tune *t, const char *path) {
     json_t *hdr = json_pack("{s:i,s:s,s:I,s:I,s:I,s:s,s:s}", "moetax_tune_log", 1, "model", t->model_path, "model_size",
                             (json_int_t)sb.st_size, "model_mtime", (json_int_t)sb.st_mtime, "calib_tokens",
                             (json_int_t)t->n_calib, "calib_hash", hash, "workload", wl);
-    FILE *f = fopen(path, "r");
+    if (!hdr) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     moetax_status st = MOETAX_OK;
-    bool have_hdr = false;
-    if (f) {
-        char *line = NULL;
-        size_t cap = 0;
-        while (!st && getline(&line, &cap, f) > 0) {
-            json_t *o = json_loads(line, 0, NULL);
-            if (!o) continue; /* a line cut by an interruption */
-            if (!have_hdr) {
-                have_hdr = true;
-                const char *keys[] = {"moetax_tune_log", "model", "model_size", "model_mtime", "calib_tokens",
-                                      "calib_hash", "workload"};
-                for (size_t k = 0; k < sizeof keys / sizeof *keys && !st; k++)
-                    if (!json_equal(json_object_get(o, keys[k]), json_object_get(hdr, keys[k]))) {
-                        char *a = json_dumps(json_object_get(o, keys[k]), JSON_ENCODE_ANY),
-                             *b = json_dumps(json_object_get(hdr, keys[k]), JSON_ENCODE_ANY);
-                        st = moetax_error(MOETAX_ERR_ARG, "--log %s is of another tuning (%s %s there, %s now): not "
-                                          "mixed; give another --log or remove it", path, keys[k], a ? a : "none",
-                                          b ? b : "none");
-                        free(a);
-                        free(b);
-                    }
-                json_decref(o);
-                continue;
-            }
-            json_t **nv = realloc(t->logged, sizeof *nv * (size_t)(t->n_logged + 1));
-            if (!nv) { json_decref(o); st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
-            t->logged = nv;
-            t->logged[t->n_logged++] = o;
-        }
-        free(line);
-        fclose(f);
+    bool have_hdr = false, nl_missing = false;
+    off_t cut = -1;
+    struct stat lb;
+    /* O_NONBLOCK: opening a FIFO that has no writer would wait for one */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    const bool exists = fd >= 0;
+    if (fd < 0 && errno != ENOENT) st = moetax_error(MOETAX_ERR_IO, "--log %s: cannot open: %s", path, strerror(errno));
+    else if (exists && fstat(fd, &lb)) st = moetax_error(MOETAX_ERR_IO, "--log %s: cannot stat: %s", path, strerror(errno));
+    else if (exists && S_ISDIR(lb.st_mode))
+        st = moetax_error(MOETAX_ERR_ARG, "--log %s is a directory: give the path of a file (the log: one JSON line "
+                          "per measurement)", path);
+    else if (exists && is_null_device(&lb)) { /* no log kept */
+        close(fd);
+        json_decref(hdr);
+        return MOETAX_OK;
+    } else if (exists && !S_ISREG(lb.st_mode))
+        st = moetax_error(MOETAX_ERR_ARG, "--log %s is not a regular file (a device, FIFO or socket): give the path "
+                          "of a file (the log: one JSON line per measurement), or /dev/null for none", path);
+    if (exists && st) close(fd);
+    else if (exists) st = log_read(t, path, fd, hdr, &have_hdr, &cut, &nl_missing); /* closes fd */
+    if (!st) { /* appended to: the file that was read (not one put in its place meanwhile), or a new one */
+        int wfd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | (exists ? 0 : O_CREAT | O_EXCL), 0666);
+        struct stat wb;
+        if (wfd < 0) st = moetax_error(MOETAX_ERR_IO, "--log %s: cannot open for appending: %s", path, strerror(errno));
+        else if (fstat(wfd, &wb) || !S_ISREG(wb.st_mode) ||
+                 (exists && (wb.st_dev != lb.st_dev || wb.st_ino != lb.st_ino)))
+            st = moetax_error(MOETAX_ERR_IO, "--log %s changed while it was read: not appended to", path);
+        else if (cut >= 0 && ftruncate(wfd, cut))
+            st = moetax_error(MOETAX_ERR_IO, "--log %s: cannot drop its cut last line: %s", path, strerror(errno));
+        else if (!(t->log = fdopen(wfd, "a")))
+            st = moetax_error(MOETAX_ERR_IO, "--log %s: cannot open for appending: %s", path, strerror(errno));
+        if (st && wfd >= 0) close(wfd);
     }
-    if (!st && !(t->log = fopen(path, "a"))) st = moetax_error(MOETAX_ERR_IO, "--log %s: cannot open for appending", path);
+    if (!st && cut >= 0)
+        fprintf(stderr, "moetax tune: --log %s: its last line, cut by an interrupted run (no newline, not JSON), "
+                "dropped\n", path);
+    else if (!st && nl_missing) fputc('\n', t->log); /* the last line ended without its newline: the next one starts */
     if (!st && !have_hdr) {
         char *s = json_dumps(hdr, JSON_COMPACT);
         fprintf(t->log, "%s\n", s ? s : "{}");
         free(s);
-        fflush(t->log);
     }
+    if (!st && (fflush(t->log) || ferror(t->log)))
+        st = moetax_error(MOETAX_ERR_IO, "--log %s: cannot write: %s", path, strerror(errno));
     json_decref(hdr);
     return st;
 }
