@@ -8,6 +8,8 @@ whose entries are damaged, on the tiny generated model:
   exit status non-zero, the file (or folder) left byte for byte as it was, the message naming the
   path (and the line and the bound where there is one), before anything is measured and without
   hanging (every run has a timeout);
+- entries with a reused field missing, a string, NaN, negative or absurd: refused, the message
+  naming the line and the field, the log unchanged, before anything is measured;
 - a log tune wrote is still reused, and one whose last line an interruption cut still resumes (the
   cut line dropped, every line of the result JSON).
 
@@ -144,6 +146,41 @@ def main():
     refused("a NUL byte", variant("nul.log", (head + lines[1] + "\n" + lines[2][:20] + "\0" + lines[2][20:] + "\n")
                                    .encode(), "wb"), ["line 3", "NUL byte"])
 
+    # ---- damaged entries (bug 4): each refused naming its line and field -------------------------------
+    def damaged(name, idx, edit, field, raw=None):
+        ls = list(lines)
+        e = json.loads(ls[idx])
+        edit(e)
+        ls[idx] = raw(e) if raw else json.dumps(e)
+        p = variant("".join(c if c.isalnum() else "_" for c in name) + ".log", "\n".join(ls) + "\n")
+        refused(name, p, ["--log " + p, f"line {idx + 1}", f'"{field}"'])
+
+    def setk(k, v):
+        return lambda e: e.__setitem__(k, v)
+
+    def pop(k):
+        return lambda e: e.pop(k)
+
+    damaged("quality: kl missing", qi, pop("kl"), "kl")
+    damaged("quality: kl a string", qi, setk("kl", "0.01"), "kl")
+    damaged("quality: kl NaN", qi, setk("kl", float("nan")), "kl")
+    damaged("quality: kl negative", qi, setk("kl", -0.5), "kl")
+    damaged("quality: top1 above 1", qi, setk("top1", 7.0), "top1")
+    damaged("quality: ppl_change null", qi, setk("ppl_change", None), "ppl_change")
+    damaged("speed: speed_ratio missing", si, pop("speed_ratio"), "speed_ratio")
+    damaged("speed: tokens_per_s a string", si, setk("tokens_per_s", "fast"), "tokens_per_s")
+    damaged("speed: speed_ratio absurd", si, setk("speed_ratio", 1e300), "speed_ratio")
+    damaged("speed: speed_ratio Infinity", si, setk("speed_ratio", float("inf")), "speed_ratio")
+    damaged("speed: ttft_ms negative", si, setk("ttft_ms", -1.0), "ttft_ms")
+    damaged("speed: step_us missing (the other new fields there)", si, pop("step_us"), "step_us")
+    damaged("speed: prompt a string", si, setk("prompt", "16"), "prompt")
+    damaged("speed: a phase NaN", si, lambda e: e["phase_us"].__setitem__(2, float("nan")), "phase_us")
+    damaged("speed: a phase negative", si, lambda e: e["phase_us"].__setitem__(2, -3.0), "phase_us[2]")
+    damaged("speed: phases cut short", si, lambda e: e["phase_us"].pop(), "phase_us")
+    damaged("speed: stage a string", si, setk("stage", "2"), "stage")
+    damaged("an entry of no known kind", si, setk("kind", "speedy"), "kind")
+    damaged("config not a string", si, setk("config", 4), "config")
+    damaged("a line cut in the middle", si, lambda e: None, "kind", raw=lambda e: '{"kind": "spe')
     return summary()
 
 

@@ -572,6 +572,98 @@ static void log_key_before(const char *s, size_t len, size_t pos, char *out, siz
     }
 }
 
+/* What a field holds, for a message: missing, its number, its string (cut, printable), or its JSON type. */
+static void log_describe(const json_t *v, char *out, size_t n) {
+    if (!v) snprintf(out, n, "missing");
+    else if (json_is_number(v)) snprintf(out, n, "%.17g", json_number_value(v));
+    else if (json_is_string(v)) {
+        char s[41];
+        const char *x = json_string_value(v);
+        size_t k = 0;
+        for (; k + 1 < sizeof s && x[k]; k++) s[k] = x[k] >= 0x20 && x[k] < 0x7f ? x[k] : '?';
+        s[k] = 0;
+        snprintf(out, n, "the string \"%s\"%s", s, x[k] ? "..." : "");
+    } else if (json_is_array(v)) snprintf(out, n, "an array of %zu", json_array_size(v));
+    else snprintf(out, n, "%s", json_is_object(v) ? "an object" : json_is_boolean(v) ? "a boolean" : "null");
+}
+
+static moetax_status log_bad(const char *path, long line, const char *key, const json_t *v, const char *expected) {
+    char got[96];
+    log_describe(v, got, sizeof got);
+    return moetax_error(MOETAX_ERR_FORMAT, "--log %s: line %ld: \"%s\" is %s, expected %s: the log is damaged (tune "
+                        "writes no such entry); remove that line to measure it again, or give another --log", path,
+                        line, key, got, expected);
+}
+
+/* A number an entry's reuse reads: present, a JSON number, finite, within [lo, hi] (above lo when lo_open). */
+static moetax_status log_num(const char *path, long line, const char *key, const json_t *v, double lo, double hi,
+                             bool lo_open) {
+    const double x = json_number_value(v);
+    if (json_is_number(v) && isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi) return MOETAX_OK;
+    char want[80];
+    if (isinf(hi)) snprintf(want, sizeof want, "a finite number %s %g", lo_open ? ">" : ">=", lo);
+    else snprintf(want, sizeof want, "a number in %c%g, %g]", lo_open ? '(' : '[', lo, hi);
+    return log_bad(path, line, key, v, want);
+}
+
+/* An entry of the log, as quality_logged / speed_logged write it: what log_find matches (kind, stage, config)
+ * and every field that their reuse reads, each present, of its type and in its range. A speed entry of an
+ * older tune (none of ttft_ms, tpot_p50_ms, step_us, prompt: before they were logged) is matched only, to be
+ * measured again (t->stale), so its other fields are not read and not checked. */
+static moetax_status log_check_entry(const char *path, long line, const json_t *o) {
+    if (!json_is_object(o)) {
+        char got[96];
+        log_describe(o, got, sizeof got);
+        return moetax_error(MOETAX_ERR_FORMAT, "--log %s: line %ld is %s, expected an entry (a JSON object): the log "
+                            "is damaged; remove that line, or give another --log", path, line, got);
+    }
+    const json_t *v = json_object_get(o, "kind");
+    const char *kind = json_string_value(v);
+    const bool is_speed = kind && !strcmp(kind, "speed");
+    if (!kind || (!is_speed && strcmp(kind, "quality"))) return log_bad(path, line, "kind", v, "\"quality\" or \"speed\"");
+    v = json_object_get(o, "stage");
+    const json_int_t stage = json_integer_value(v);
+    if (!json_is_integer(v) || (stage != 3 && stage != (is_speed ? 2 : 1)))
+        return log_bad(path, line, "stage", v, is_speed ? "2 or 3 (a speed entry)" : "1 or 3 (a quality entry)");
+    v = json_object_get(o, "config");
+    if (!json_is_string(v) || !json_string_length(v) || json_string_length(v) >= 128)
+        return log_bad(path, line, "config", v, "a configuration's name (1 to 127 characters)");
+    moetax_status st = MOETAX_OK;
+    if (!is_speed) {
+        static const struct { const char *key; double lo, hi; bool lo_open; } q[] = {
+            {"kl", 0, 1e6, false}, {"top1", 0, 1, false}, {"ppl", 1, INFINITY, false}, {"ppl_change", -1, INFINITY, true}};
+        for (size_t i = 0; !st && i < sizeof q / sizeof *q; i++)
+            st = log_num(path, line, q[i].key, json_object_get(o, q[i].key), q[i].lo, q[i].hi, q[i].lo_open);
+        return st;
+    }
+    const char *newer[] = {"ttft_ms", "tpot_p50_ms", "step_us", "prompt"};
+    bool any = false;
+    for (size_t i = 0; i < sizeof newer / sizeof *newer; i++) any |= json_object_get(o, newer[i]) != NULL;
+    if (!any) return MOETAX_OK;
+    v = json_object_get(o, "prompt");
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1024)
+        return log_bad(path, line, "prompt", v, "an integer in 1..1024 (--prompt)");
+    static const struct { const char *key; double lo, hi; bool lo_open; } s[] = {
+        {"speed_ratio", 0, 1e6, true}, {"tokens_per_s", 0, 1e9, true}, {"tax_share", 0, 1, false},
+        {"p99_ms", 0, TUNE_LOG_DAY_MS, false}, {"tpot_p50_ms", 0, TUNE_LOG_DAY_MS, false},
+        {"ttft_ms", 0, TUNE_LOG_DAY_MS, false}, {"step_us", 0, TUNE_LOG_DAY_US, false}};
+    for (size_t i = 0; !st && i < sizeof s / sizeof *s; i++)
+        st = log_num(path, line, s[i].key, json_object_get(o, s[i].key), s[i].lo, s[i].hi, s[i].lo_open);
+    if (st) return st;
+    v = json_object_get(o, "phase_us"); /* the ledger's phases, in enum moetax_phase's order */
+    if (!json_is_array(v) || json_array_size(v) != MOETAX_PHASE_COUNT) {
+        char want[64];
+        snprintf(want, sizeof want, "an array of %d numbers (the ledger's phases)", MOETAX_PHASE_COUNT);
+        return log_bad(path, line, "phase_us", v, want);
+    }
+    for (int p = 0; !st && p < MOETAX_PHASE_COUNT; p++) {
+        char key[32];
+        snprintf(key, sizeof key, "phase_us[%d]", p);
+        st = log_num(path, line, key, json_array_get(v, (size_t)p), 0, TUNE_LOG_DAY_US, false);
+    }
+    return st;
+}
+
 /* --log /dev/null: nothing kept, nothing reused */
 static bool is_null_device(const struct stat *sb) {
     struct stat nb;
@@ -579,7 +671,7 @@ static bool is_null_device(const struct stat *sb) {
 }
 
 /* Read an existing log (fd) into t->logged: its first line the header `hdr` (its keys compared: another
- * tuning's log is refused), then one entry a line. *cut: where a last line cut by an
+ * tuning's log is refused), then one entry a line (log_check_entry). *cut: where a last line cut by an
  * interruption (no newline, not JSON) starts, else -1; *nl_missing: the last line lacks its newline. */
 static moetax_status log_read(struct tune *t, const char *path, int fd, const json_t *hdr, bool *have_hdr, off_t *cut,
                               bool *nl_missing) {
@@ -639,6 +731,8 @@ static moetax_status log_read(struct tune *t, const char *path, int fd, const js
                 }
             json_decref(o);
             *have_hdr = true;
+        } else if ((st = log_check_entry(path, line, o))) {
+            json_decref(o);
         } else {
             json_t **nv = realloc(t->logged, sizeof *nv * (size_t)(t->n_logged + 1));
             if (!nv) { json_decref(o); st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
@@ -718,22 +812,21 @@ static moetax_status log_open(struct tune *t, const char *path) {
     return st;
 }
 
-/* The logged measurement of `name` at `stage`. A speed entry of an older tune (no TTFT, TPOT p50 or
- * per-token wall: before they were measured) is not reused: that configuration is measured again
- * (t->stale counts them, said at the end); its quality entries still are. */
+/* The logged measurement of `name` at `stage` (log_read checked every entry). A speed entry of an older
+ * tune (no TTFT, TPOT p50 or per-token wall: before they were measured) or of another --prompt is not
+ * reused: that configuration is measured again (t->stale counts them, said at the end); its quality
+ * entries still are. */
 static json_t *log_find(struct tune *t, const char *kind, int stage, const char *name) {
     for (int i = t->n_logged - 1; i >= 0; i--) {
         json_t *o = t->logged[i];
-        if (!strcmp(json_string_value(json_object_get(o, "kind")) ? json_string_value(json_object_get(o, "kind")) : "", kind) &&
-            json_integer_value(json_object_get(o, "stage")) == stage &&
-            json_string_value(json_object_get(o, "config")) && !strcmp(json_string_value(json_object_get(o, "config")), name)) {
-            if (!strcmp(kind, "speed") && (!json_is_number(json_object_get(o, "ttft_ms")) ||
-                                           !json_is_number(json_object_get(o, "tpot_p50_ms")) ||
-                                           !json_is_number(json_object_get(o, "step_us")) ||
-                                           json_integer_value(json_object_get(o, "prompt")) != t->prompt))
-                return NULL;
-            return o;
-        }
+        if (strcmp(json_string_value(json_object_get(o, "kind")), kind) ||
+            json_integer_value(json_object_get(o, "stage")) != stage ||
+            strcmp(json_string_value(json_object_get(o, "config")), name))
+            continue;
+        if (!strcmp(kind, "speed") && (!json_object_get(o, "ttft_ms") ||
+                                       json_integer_value(json_object_get(o, "prompt")) != t->prompt))
+            return NULL;
+        return o;
     }
     return NULL;
 }
