@@ -155,6 +155,10 @@ int cmd_profile(int argc, char **argv) {
             bool is_moe[4096] = {false};
             for (int l = 0; l < m->hp.n_layer && l < 4096; l++) is_moe[l] = m->layers[l].is_moe;
             const struct moetax_predict_model pm = {m->hp.n_layer, m->hp.n_embd, m->hp.n_expert, is_moe};
+            if (m->hp.n_layer > 4096) {
+                st = moetax_error(MOETAX_ERR_ARG, "--predictor: more than 4096 layers");
+                goto done;
+            }
             if ((st = moetax_predictor_load(pred_in, &pm, &pred))) goto done;
             if (margin >= 0) pred->margin = (float)margin;
         }

@@ -463,7 +463,6 @@ moetax_status moetax_predictor_load(const char *path, const struct moetax_predic
         else if (!isfinite(margin) || margin < 0 || (version == 1 && get32(h + 60)))
             st = bad(path, 60, "margin", version == 1 ? "expected 0 (reserved in version 1)" : "not a number >= 0");
         else if (!memchr(h + 64, 0, 64)) st = bad(path, 64, "model", "not NUL-terminated");
-        else if (n_pairs == 0) st = bad(path, 40, "n_pairs", "0: the predictor has nothing to predict");
         else if (n_layer != (uint32_t)model->n_layer || n_embd != (uint32_t)model->n_embd ||
                  E != (uint32_t)model->n_expert)
             st = moetax_error(MOETAX_ERR_ARG, "%s: a predictor for %u layers, width %u, %u experts (%.63s); the model "
