@@ -67,14 +67,26 @@ static void heat(FILE *f, const int64_t *v, int rows, int cols, double x0, doubl
     }
 }
 
+static void html_text(FILE *f, const char *s) { /* s as HTML text */
+    for (; *s; s++) {
+        if (*s == '<') fputs("&lt;", f);
+        else if (*s == '>') fputs("&gt;", f);
+        else if (*s == '&') fputs("&amp;", f);
+        else if (*s == '"') fputs("&quot;", f);
+        else fputc(*s, f);
+    }
+}
+
 static moetax_status write_html(const struct moetax_profile *p, const char *path, FILE *f) {
     const int E = p->n_expert;
     fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>moetax routing profile</title>\n"
           "<style>body{font-family:sans-serif;margin:24px;color:#222}.tick{font-size:10px;fill:#444}"
           "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}"
           ".note{color:#555;font-size:13px}</style></head><body>\n<h1>Routing profile</h1>\n", f);
-    fprintf(f, "<p class=\"note\">%s: %lld tokens, %d MoE layers, %d experts, %d used per token.</p>\n", p->model,
-            (long long)p->tokens, p->n_moe, E, p->n_expert_used);
+    fputs("<p class=\"note\">", f);
+    html_text(f, p->model);
+    fprintf(f, ": %lld tokens, %d MoE layers, %d experts, %d used per token.</p>\n", (long long)p->tokens, p->n_moe, E,
+            p->n_expert_used);
     fputs("<h2>Experts by layer</h2>\n<p class=\"note\">Routings of each expert (darker: more; square-root "
           "scale). A column that stays dark is an expert worth keeping resident.</p>\n", f);
     const double cw = E > 128 ? 3 : E > 64 ? 6 : 12, ch = 14, x0 = 70, y0 = 10;

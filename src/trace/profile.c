@@ -202,8 +202,11 @@ static moetax_status from_json(const json_t *o, const char *path, struct moetax_
         snprintf(w, sizeof w, "transitions[%d].counts", m);
         if (!st && m + 1 < n_moe) st = shape(path, w, json_object_get(json_array_get(trans, (size_t)m), "counts"), E, E);
     }
-    const char *model = json_string_value(json_object_get(o, "model"));
-    if (!st) st = moetax_profile_new(model, (int)L, ml, n_moe, (int)E, (int)k, &p);
+    const json_t *mj = json_object_get(o, "model");
+    if (!st && mj && !json_is_string(mj)) st = bad(path, "model", "expected a string (the model's file name)");
+    if (!st) st = moetax_profile_new(json_string_value(mj), (int)L, ml, n_moe, (int)E, (int)k, &p);
+    for (char *c = p ? p->model : NULL; c && *c; c++) /* printed by report: no control bytes on a terminal */
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
     /* every token adds k to a layer's frequencies and at most k x k to its co-occurrences and
      * transitions: larger totals are damage (and would overflow the report's sums) */
     const int64_t per_layer = tokens * k, per_pair = k && tokens > INT64_MAX / (k * k) ? INT64_MAX : tokens * k * k;
