@@ -90,7 +90,7 @@ head = bytearray(good[:128] + b"\0" * 8)
 struct.pack_into("<IIIIIIIII", head, 8, 2, 4096, 65536, 65536, 1, 2, 1, 65537, 0)  # version .. n_pairs
 struct.pack_into("<I", head, 44, 0)  # no hidden layer
 refused("a 136-byte predictor asking for 4096 layers x 65536 experts, no pairs",
-        RUN + ["--predictor", write("huge0.pred", resum(bytes(head)))], ["huge0.pred", "n_pairs"], timeout=30)
+        RUN + ["--predictor", write("huge0.pred", resum(bytes(head)))], ["huge0.pred", "the model has 3"], timeout=30)
 struct.pack_into("<I", head, 40, 1)
 refused("the same with one pair", RUN + ["--predictor", write("huge1.pred", resum(bytes(head)))],
         ["huge1.pred", "4096 layers", "the model has 3"], timeout=30)
@@ -109,6 +109,13 @@ struct.pack_into("<II", bad, 128, 0, 1)
 struct.pack_into("<I", bad, 128 + 8, 1)
 refused("a pair of the dense layer 0", RUN + ["--predictor", write("dense.pred", resum(bytes(bad)))],
         ["dense.pred", "offset 128", "pair layer", "not a MoE layer"])
+
+# a model with one MoE layer: its fitted predictor has no pairs, and still loads (it predicts nothing)
+works("gen one MoE layer", ["gen", "--preset", "tiny", "--layers", "2", "--dense-lead", "1", "-o", "one.gguf"])
+works("its profile", ["profile", "-m", "one.gguf", "-f", "text.txt", "-o", "one.json", "--fit-predictor"])
+check(struct.unpack_from("<I", open("one.pred", "rb").read(), 40)[0] == 0, "the one-layer predictor has no pairs")
+works("run --predictor with no pairs", ["run", "-m", "one.gguf", "-p", "hi", "-n", "2", "--expert-budget", "160K",
+                                        "--predictor", "one.pred"])
 
 # ---- profiles ------------------------------------------------------------------------------------
 prof = json.load(open("prof.json"))
@@ -132,6 +139,13 @@ p = variant("overflow.json", lambda d: d["layers"][0].update(freq=[2 ** 62] * le
 refused("report: counts past 64 bits", ["report", p], ["overflow.json", "layers[0].freq", "add up"])
 p = variant("no_tokens.json", lambda d: d.pop("tokens"))
 refused("report: no token count", ["report", p], ["no_tokens.json", "tokens"])
+p = variant("model_num.json", lambda d: d.update(model=7))
+refused("report: a model name that is a number", ["report", p], ["model_num.json", "model"])
+p = variant("model_html.json", lambda d: d.update(model="<script>alert(1)</script>\x1b[2J"))
+out = works("report: a model name with markup and an escape", ["report", p, "--html", "model_html.html"])
+page = open("model_html.html").read() if os.path.exists("model_html.html") else ""
+check("<script>" not in page and "&lt;script&gt;" in page, "the page escapes the model's name")
+check("\x1b" not in out and "<script>alert(1)</script>?[2J" in out, "the text report prints the name without the escape")
 by_path = works("report PROFILE", ["report", "prof.json"])
 by_stdin = works("report - < PROFILE", ["report", "-"], stdin=open("prof.json", "rb").read())
 check(by_stdin and by_stdin.replace("moetax report: -", "moetax report: prof.json") == by_path,
@@ -150,23 +164,24 @@ def lvariant(name, edit):
     return write(name, json.dumps(d))
 
 
+def pad(o, n):  # every per-layer table of a ledger to n rows
+    if isinstance(o, dict):
+        for key, v in o.items():
+            if key == "layer_phase_s" and isinstance(v, list):
+                o[key] = v + [v[-1]] * (n - len(v))
+            else:
+                pad(v, n)
+    elif isinstance(o, list):
+        for v in o:
+            pad(v, n)
+
+
 def many_experts(d):
     d["n_expert"] = 65536
     d["n_layer"] = 64
     layer = d["routing"]["layers"][0]
     d["routing"]["layers"] = [dict(layer, layer=i) for i in range(64)]
-
-    def pad(o):  # every per-layer table to 64 rows
-        if isinstance(o, dict):
-            for key, v in o.items():
-                if key == "layer_phase_s" and isinstance(v, list):
-                    o[key] = v + [v[-1]] * (64 - len(v))
-                else:
-                    pad(v)
-        elif isinstance(o, list):
-            for v in o:
-                pad(v)
-    pad(d)
+    pad(d, 64)
 
 
 p = lvariant("many.json", many_experts)
@@ -177,6 +192,26 @@ if ok:
     r = json.loads(rep[1])["routing"]
     check(len(r["layers"]) == 64 and r["layers"][0]["hottest"] == r["layers"][63]["hottest"],
           "the 64 copies of a layer differ: %s" % [(x["layer"], x["hottest"]) for x in r["layers"][:2]])
+def step_tokens(d):
+    for st in d["steps"]:
+        st["tokens"] = 6 * 10 ** 18
+
+
+p = lvariant("tokens.json", step_tokens)
+refused("steps of 6e18 tokens (their sum overflowed)", ["report", p], ["tokens.json", "tokens"])
+p = lvariant("bigk.json", lambda d: d.update(n_expert=32768, n_expert_used=32768))
+refused("32768 experts used per token", ["report", p], ["bigk.json", "n_expert_used"])
+
+
+def empty_layers(d):  # 300 routed layers of 65536 experts and no tokens: 300 x 65536 counts
+    d.update(n_expert=65536, n_layer=300)
+    pad(d, 300)
+    d["routing"] = {"tokens": 0, "first_token": 0, "layers": [{"layer": i, "step": [], "experts": []} for i in range(300)]}
+
+
+p = lvariant("empty_layers.json", empty_layers)
+refused("300 empty routing layers of 65536 experts", ["report", p], ["empty_layers.json", "routing.layers", "counts"],
+        timeout=30)
 p = lvariant("million.json", lambda d: d.update(n_expert=1000000))
 refused("a ledger of a million experts", ["report", p], ["million.json", "n_expert"])
 p = lvariant("twice.json", lambda d: d["routing"]["layers"].append(d["routing"]["layers"][0]))

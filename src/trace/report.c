@@ -13,8 +13,14 @@
 
 #define P MOETAX_PHASE_COUNT
 #define MAX_WORKERS 65536
-#define MAX_LAYERS 100000
+#define MAX_LAYERS 4096
 #define MAX_EXPERTS 65536
+#define MAX_EXPERTS_USED 256 /* as the model loader */
+/* a step's counts (tokens, MoE layer passes, assignments): their sums over the steps a file can hold stay
+ * far from overflowing */
+#define MAX_STEP_COUNT ((int64_t)1 << 32)
+/* the routing section's per-expert counts over all its layers */
+#define MAX_ROUTING_COUNTS ((int64_t)1 << 24)
 
 /* ---- small helpers ----------------------------------------------------------------- */
 
@@ -345,7 +351,7 @@ static moetax_status add_batch_step(struct moetax_report *r, struct batch_rows *
     int64_t v[5];
     const char *keys[5] = {"layers", "experts", "assignments", "dropped", "rerouted"};
     for (int k = 0; k < 5; k++)
-        if ((st = key_int(name, w, mo, keys[k], 0, INT64_MAX, &v[k]))) return st;
+        if ((st = key_int(name, w, mo, keys[k], 0, MAX_STEP_COUNT, &v[k]))) return st;
     double eb, imb;
     if ((st = key_sec(name, w, mo, "expert_bytes", &eb)) || (st = key_sec(name, w, mo, "imbalance_sum", &imb))) return st;
     b->moe_layers += v[0];
@@ -376,7 +382,7 @@ static moetax_status parse_steps(struct moetax_report *r, const struct ledger_ct
         int64_t step, tokens;
         double wall, other[P] = {0};
         if ((st = key_int(c->name, where, s, "step", 0, INT64_MAX, &step))) break;
-        if ((st = key_int(c->name, where, s, "tokens", 0, INT64_MAX, &tokens))) break;
+        if ((st = key_int(c->name, where, s, "tokens", 0, MAX_STEP_COUNT, &tokens))) break;
         if ((st = key_sec(c->name, where, s, "wall_s", &wall))) break;
         const char *kind = json_string_value(json_object_get(s, "kind"));
         char w[96];
@@ -499,12 +505,14 @@ static void layer_stats(struct moetax_report_routing_layer *L, size_t T, int k, 
     if (!L->tokens) L->load_min = L->load_max = L->load_mean = NAN;
     /* hottest experts (ties: lower id first) and the busiest quarter's share */
     for (int h = 0; h < MOETAX_REPORT_N_HOT; h++) { L->hot[h] = -1; L->hot_n[h] = 0; }
-    for (int e = 0; e < E; e++) rank[e] = (struct ranked){L->load[e], e};
-    qsort(rank, (size_t)E, sizeof *rank, busiest_first);
+    int used = 0; /* the experts with a load: at most tokens x k of them */
+    for (int e = 0; e < E; e++)
+        if (L->load[e] > 0) rank[used++] = (struct ranked){L->load[e], e};
+    qsort(rank, (size_t)used, sizeof *rank, busiest_first);
     const int quarter = (E + 3) / 4;
     double top = 0;
-    for (int q = 0; q < quarter; q++) top += (double)rank[q].n;
-    for (int q = 0; q < MOETAX_REPORT_N_HOT && q < E && rank[q].n > 0; q++) {
+    for (int q = 0; q < quarter && q < used; q++) top += (double)rank[q].n;
+    for (int q = 0; q < MOETAX_REPORT_N_HOT && q < used; q++) {
         L->hot[q] = rank[q].e;
         L->hot_n[q] = rank[q].n;
     }
@@ -584,6 +592,12 @@ static moetax_status parse_routing(struct moetax_report *r, const char *name, co
         return fmt_err(name, "n_expert_used", "must be in [1, n_expert] when there is a routing section");
     const int E = r->n_expert, k = r->n_expert_used;
     const size_t T = (size_t)tokens, nl = json_array_size(layers);
+    if ((int64_t)nl * E > MAX_ROUTING_COUNTS) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "%zu layers of %d experts: more than the %lld counts a report holds", nl, E,
+                 (long long)MAX_ROUTING_COUNTS);
+        return fmt_err(name, "routing.layers", msg);
+    }
     struct moetax_report_routing *R = calloc(1, sizeof *R);
     int32_t *step = malloc(sizeof(int32_t) * (T + 1)), *ex = malloc(sizeof(int32_t) * (T * (size_t)k + 1)),
             *pr = malloc(sizeof(int32_t) * (T * (size_t)k + 1));
@@ -774,7 +788,7 @@ static moetax_status parse_ledger(struct moetax_report *r, const char *name, con
     if ((st = key_int(name, "", root, "threads", 1, MAX_WORKERS, &W))) return st;
     if ((st = key_int(name, "", root, "n_layer", 0, MAX_LAYERS, &L))) return st;
     if (json_object_get(root, "n_expert") && (st = key_int(name, "", root, "n_expert", 0, MAX_EXPERTS, &E))) return st;
-    if (json_object_get(root, "n_expert_used") && (st = key_int(name, "", root, "n_expert_used", 0, MAX_EXPERTS, &K)))
+    if (json_object_get(root, "n_expert_used") && (st = key_int(name, "", root, "n_expert_used", 0, MAX_EXPERTS_USED, &K)))
         return st;
     r->n_workers = (int)W;
     r->n_layer = (int)L;
@@ -984,7 +998,7 @@ static moetax_status parse_trace(struct moetax_report *r, const char *name, cons
             goto fail;
         x.layer = (int)layer;
         x.tokens = 1;
-        if (json_object_get(args, "tokens") && (st = key_int(name, w, args, "tokens", 1, INT64_MAX, &x.tokens)))
+        if (json_object_get(args, "tokens") && (st = key_int(name, w, args, "tokens", 1, MAX_STEP_COUNT, &x.tokens)))
             goto fail;
         if (tid > max_tid) max_tid = tid;
         if (layer > max_layer) max_layer = layer;
