@@ -1,5 +1,6 @@
 #!/usr/bin/python3
 # ctest-labels: unit
+# ctest-cost: 40
 """test_hostile_tunelog.py - `moetax tune --log FILE` given a file that is not its log, or a log
 whose entries are damaged, on the tiny generated model:
 
@@ -131,6 +132,15 @@ def main():
     except ValueError:
         ok = False
     check(ok, "after the cut line was dropped every line of the log is JSON")
+
+    # an older tune appended its next entry to the line an interruption had cut (no newline first): that
+    # entry is read, the cut part skipped
+    resumed = os.path.join(work, "resumed.log")
+    with open(resumed, "w") as f:
+        f.write("\n".join(lines[:si] + ['{"kind":"speed","stage":2,"con' + lines[si]] + lines[si + 1:]) + "\n")
+    rc, err, dt = run(tune + ["--log", resumed], 300)
+    check(rc == 0 and f"line {si + 1} begins with a line an interrupted run cut" in err and "reused from" in err and
+          not any(x in err for x in SAN), f"an older tune's cut-and-resumed line: rc {rc}: {err[-400:]}")
 
     # ---- over-long lines and NUL bytes (bug 3) ---------------------------------------------------------
     def variant(name, body, mode="w"):

@@ -229,6 +229,7 @@ struct tune {
     double ref_ppl[2];          /* exact perplexity on the short and the long text */
     double t_end;
     FILE *log;                  /* --log: one JSON line per measurement (appended) */
+    const char *log_path;
     json_t **logged;            /* the entries of the log read at the start */
     int n_logged, reused;
 };
@@ -701,6 +702,12 @@ static moetax_status log_read(struct tune *t, const char *path, int fd, const js
         if (st || !n) break;
         json_error_t je;
         json_t *o = json_loadb(buf, n, JSON_REJECT_DUPLICATES, &je);
+        const char *resumed = *have_hdr && !o && buf[0] == '{' ? strstr(buf + 1, "{\"kind\"") : NULL;
+        if (resumed) { /* an older tune appended its next entry to a line an interruption had cut: that entry */
+            o = json_loadb(resumed, n - (size_t)(resumed - buf), JSON_REJECT_DUPLICATES, &je);
+            if (o) fprintf(stderr, "moetax tune: --log %s: line %ld begins with a line an interrupted run cut: that "
+                           "part skipped\n", path, line);
+        }
         if (!o) {
             if (*have_hdr && !nl && buf[0] == '{') { *cut = off; break; } /* the last entry, cut by an interruption */
             char key[48], in[64] = "";
@@ -831,12 +838,24 @@ static json_t *log_find(struct tune *t, const char *kind, int stage, const char 
     return NULL;
 }
 
-static void log_put(struct tune *t, json_t *o) {
+/* Append a measurement of `name` to the log: only an entry that log_read would take back (a value that
+ * is not a finite number cannot be written as JSON, and a later run would refuse the log); a write that
+ * fails stops the log. Either is said on stderr: the measurement itself stands. */
+static void log_put(struct tune *t, json_t *o, const char *name) {
     if (t->log) {
-        char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
-        if (s) fprintf(t->log, "%s\n", s);
-        free(s);
-        fflush(t->log);
+        if (!o || log_check_entry(t->log_path, 0, o)) {
+            fprintf(stderr, "moetax tune: --log %s: the measurement of '%s' is not logged (a value that is not a "
+                    "finite number, or outside what a log holds)\n", t->log_path, name);
+        } else {
+            char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
+            if (!s || fprintf(t->log, "%s\n", s) < 0 || fflush(t->log)) {
+                fprintf(stderr, "moetax tune: --log %s: cannot write (%s): the log stops here; the rest is measured "
+                        "but not logged\n", t->log_path, s ? strerror(errno) : "out of memory");
+                fclose(t->log);
+                t->log = NULL;
+            }
+            free(s);
+        }
     }
     json_decref(o);
 }
@@ -867,7 +886,8 @@ static moetax_status quality_logged(struct tune *t, struct tres *r, int64_t n, b
     moetax_status st = quality(t, r, n, is_long);
     if (!st)
         log_put(t, json_pack("{s:s,s:i,s:s,s:I,s:f,s:f,s:f,s:f}", "kind", "quality", "stage", stage, "config", name,
-                             "tokens", (json_int_t)n, "kl", r->kl, "top1", r->top1, "ppl", r->ppl, "ppl_change", r->dppl));
+                             "tokens", (json_int_t)n, "kl", r->kl, "top1", r->top1, "ppl", r->ppl, "ppl_change", r->dppl),
+                name);
     return st;
 }
 
@@ -902,11 +922,13 @@ static moetax_status speed_logged(struct tune *t, const struct tcfg *d, struct t
         json_t *e = json_pack("{s:s,s:i,s:s,s:i,s:i,s:f,s:f,s:f,s:f,s:o}", "kind", "speed", "stage", stage, "config", name,
                               "pairs", pairs, "steps", steps, "speed_ratio", r->ratio, "tokens_per_s", r->tps, "tax_share",
                               r->tax, "p99_ms", r->p99_ms, "phase_us", ph);
-        json_object_set_new(e, "tpot_p50_ms", json_real(r->p50_ms));
-        json_object_set_new(e, "ttft_ms", json_real(r->ttft_ms));
-        json_object_set_new(e, "step_us", json_real(r->step_us));
-        json_object_set_new(e, "prompt", json_integer(t->prompt));
-        log_put(t, e);
+        if (e) { /* a value that is not finite is left out here, and log_put refuses the entry */
+            json_object_set_new(e, "tpot_p50_ms", json_real(r->p50_ms));
+            json_object_set_new(e, "ttft_ms", json_real(r->ttft_ms));
+            json_object_set_new(e, "step_us", json_real(r->step_us));
+            json_object_set_new(e, "prompt", json_integer(t->prompt));
+        }
+        log_put(t, e, name);
     }
     return st;
 }
@@ -1092,6 +1114,7 @@ int cmd_tune(int argc, char **argv) {
         else snprintf(logbuf, sizeof logbuf, "tune.log");
         logp = logbuf;
     }
+    t.log_path = logp;
     if ((st = log_open(&t, logp))) goto done;
     t.n_short = t.n_calib / 4 > 128 ? t.n_calib / 4 : (t.n_calib < 128 ? t.n_calib : 128);
     const int64_t V = m0->hp.n_vocab, K = m0->hp.n_expert_used;
