@@ -108,6 +108,12 @@ def placements(moetax, tiny, work):
     rc, err, maps = placement(moetax, tiny, long_line)
     refused("a placement line past the bound", rc, err, "long-line.txt:1:", "too long")
 
+    # binary junk after the ranks: named, but printable (an escape sequence stays off the terminal)
+    junk = write(os.path.join(work, "junk.txt"), b"*: 0 1 0 1 0 1 0 1 \x1b[2J\x07x\n")
+    rc, err, _ = placement(moetax, tiny, junk)
+    refused("control bytes in a placement line", rc, err, "junk.txt:1:", "'?[2J?x' is not a rank")
+    check("\x1b" not in err and "\x07" not in err, f"the message carries no control bytes: {err[-200:]!r}")
+
     # a directory: once read as an empty map ("MoE layer 1 is not placed")
     rc, err, _ = placement(moetax, tiny, work)
     refused("a directory as --placement", rc, err, work, "directory")

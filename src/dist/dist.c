@@ -336,7 +336,13 @@ static moetax_status read_placement(struct moetax_dist *d, const struct moetax_m
             p = end;
         }
         while (!st && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-        if (!st && *p) st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: '%.20s' is not a rank", path, ln, p);
+        if (!st && *p) {
+            char shown[21]; /* what is there, printable: a binary file's bytes stay off the terminal */
+            size_t k = 0;
+            for (; k + 1 < sizeof shown && p[k]; k++) shown[k] = p[k] >= 0x20 && p[k] < 0x7f ? p[k] : '?';
+            shown[k] = 0;
+            st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: '%s' is not a rank", path, ln, shown);
+        }
         if (!st && n != E)
             st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: %d ranks, but every one of the %d experts needs "
                               "exactly one", path, ln, n, E);
