@@ -524,7 +524,8 @@ int bench_model_main(int argc, char **argv) {
             char *end = NULL;
             double cf = err ? -1 : !strcmp(v, "inf") ? INFINITY : strtod(v, &end);
             if (cf == INFINITY) end = (char *)"";
-            if (err || !end || *end || !(cf > 0)) return cli_usage_error("bench", "--capacity-factor: expected a number > 0 (inf: off)");
+            if (err || !end || *end || !(cf > 0) || !cli_capacity_factor_ok(&cf))
+                return cli_usage_error("bench", "--capacity-factor: expected a number >= 1e-38 (inf: off)");
             bo.capacity_factor = (float)cf;
         } else if (cli_opt(argc, argv, &i, NULL, "--overflow", &v, &err)) {
             if (err || (strcmp(v, "drop") && strcmp(v, "reroute")))
@@ -581,10 +582,17 @@ int bench_model_main(int argc, char **argv) {
     if (!model) return cli_usage_error("bench", "no model given (-m FILE); for the machine alone see 'moetax bench mem'");
     /* a 0 in a list means "none of this kind" */
     int k = 0;
-    for (int i = 0; i < o.npp; i++) { if (o.pp[i] < 0) return cli_usage_error("bench", "-p values must be >= 0"); if (o.pp[i]) o.pp[k++] = o.pp[i]; }
+    /* each within -d's range: the tests' tokens (and -d before them) are allocated and counted in int32 */
+    for (int i = 0; i < o.npp; i++) {
+        if (o.pp[i] < 0 || o.pp[i] > (1 << 24)) return cli_usage_error("bench", "-p values must be within 0..16777216");
+        if (o.pp[i]) o.pp[k++] = o.pp[i];
+    }
     o.npp = k;
     k = 0;
-    for (int i = 0; i < o.ntg; i++) { if (o.tg[i] < 0) return cli_usage_error("bench", "-n values must be >= 0"); if (o.tg[i]) o.tg[k++] = o.tg[i]; }
+    for (int i = 0; i < o.ntg; i++) {
+        if (o.tg[i] < 0 || o.tg[i] > (1 << 24)) return cli_usage_error("bench", "-n values must be within 0..16777216");
+        if (o.tg[i]) o.tg[k++] = o.tg[i];
+    }
     o.ntg = k;
     if (nth == 0) { th[0] = 0; nth = 1; }
     moetax_status st = bench_check_upfront(model, twin, &o);

@@ -4,6 +4,7 @@
 #include "moetax/pool.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -245,6 +246,12 @@ moetax_status cli_check_no_nul(const char *path, const char *text, size_t len) {
     for (const char *q = text; (q = memchr(q, '\n', (size_t)(nul - q))); q++) line++;
     return moetax_error(MOETAX_ERR_FORMAT, "'%s': a NUL byte at byte offset %zu (line %zu); a text file may not "
                         "contain NUL bytes", path, (size_t)(nul - text), line);
+}
+
+bool cli_capacity_factor_ok(double *c) {
+    if (*c > 0 && *c < FLT_MIN) return false;
+    if (*c > FLT_MAX) *c = INFINITY;
+    return true;
 }
 
 bool cli_max_input_opt(const char *cmd, int argc, char **argv, int *i, uint64_t *max_bytes, bool *err) {

@@ -35,8 +35,10 @@ moetax_status cli_config_load(const char *path, struct cli_config *c) {
         else c->experts_used = (int)json_integer_value(v);
     }
     if (!st && (v = json_object_get(o, "capacity_factor")) && !json_is_null(v)) {
-        if (!json_is_number(v) || json_number_value(v) < 0) st = bad(path, "capacity_factor", "expected a number >= 0");
-        else c->capacity_factor = json_number_value(v);
+        double cf = json_number_value(v);
+        if (!json_is_number(v) || cf < 0 || !cli_capacity_factor_ok(&cf))
+            st = bad(path, "capacity_factor", "expected 0 (off) or a number >= 1e-38");
+        else c->capacity_factor = cf;
     }
     if (!st && (v = json_object_get(o, "overflow")) && !json_is_null(v)) {
         const char *s = json_string_value(v);
