@@ -19,6 +19,8 @@
 /* a step's counts (tokens, MoE layer passes, assignments): their sums over the steps a file can hold stay
  * far from overflowing */
 #define MAX_STEP_COUNT ((int64_t)1 << 32)
+/* a time: seconds in a ledger, microseconds in a trace (1e15 us: 31 years) */
+#define MAX_TIME 1e15
 /* the routing section's per-expert counts over all its layers */
 #define MAX_ROUTING_COUNTS ((int64_t)1 << 24)
 
@@ -39,6 +41,11 @@ static moetax_status get_sec(const char *name, const char *where, const json_t *
     if (!json_is_number(v)) return fmt_err(name, where, v ? "expected a number" : "missing");
     double d = json_number_value(v);
     if (!isfinite(d)) return fmt_err(name, where, "not a finite number");
+    if (d > MAX_TIME) { /* their sums stay finite */
+        char msg[96];
+        snprintf(msg, sizeof msg, "%g is beyond any time a run records (%g)", d, MAX_TIME);
+        return fmt_err(name, where, msg);
+    }
     if (d < 0) {
         char msg[96];
         snprintf(msg, sizeof msg, "negative time %g", d);
@@ -274,8 +281,8 @@ static moetax_status parse_store(struct moetax_report *r, const char *name, cons
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         const json_t *v = json_object_get(o, nums[i].key);
         if (!v) continue;
-        if (!json_is_number(v) || json_number_value(v) < 0)
-            return moetax_error(MOETAX_ERR_FORMAT, "%s: store.%s: expected a number >= 0", name, nums[i].key);
+        if (!json_is_number(v) || !(json_number_value(v) >= 0 && json_number_value(v) <= 1e18))
+            return moetax_error(MOETAX_ERR_FORMAT, "%s: store.%s: expected a number within 0..1e18", name, nums[i].key);
         *nums[i].v = json_number_value(v);
     }
     const json_t *v = json_object_get(o, "n_slots");
@@ -863,8 +870,22 @@ static int dbl_cmp(const void *a, const void *b) {
     return x < y ? -1 : (x > y);
 }
 
+/* The time windows wv [n][2] (sorted, disjoint; before[w]: their length before window w) cover
+ * before x. */
+static double covered(const double *wv, const double *before, size_t n, double x) {
+    size_t lo = 0, hi = n; /* the windows starting at or before x: [0, lo) */
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (wv[2 * mid] <= x) lo = mid + 1;
+        else hi = mid;
+    }
+    if (!lo) return 0;
+    const double in = (x < wv[2 * lo - 1] ? x : wv[2 * lo - 1]) - wv[2 * lo - 2];
+    return before[lo - 1] + in;
+}
+
 /* The reads against the steps: busy time (a read in flight) and read time inside each step's
- * [t0, t1] (us), over steps given as sorted, disjoint windows. */
+ * [t0, t1] (us). */
 static moetax_status io_summary(struct moetax_report *r, struct iov *io, size_t nio, const double *win, size_t nwin) {
     struct moetax_report_io *o = calloc(1, sizeof *o);
     double *d = malloc(sizeof *d * (nio + 1));
@@ -882,24 +903,43 @@ static moetax_status io_summary(struct moetax_report *r, struct iov *io, size_t 
     qsort(d, nio, sizeof *d, dbl_cmp);
     o->median_read_ms = nio ? 1e-3 * (nio % 2 ? d[nio / 2] : 0.5 * (d[nio / 2 - 1] + d[nio / 2])) : 0;
     free(d);
-    size_t j0 = 0; /* reads before window w's start that end before it are done with */
-    for (size_t w = 0; w < nwin; w++) {
-        const double a = win[2 * w], b = win[2 * w + 1];
-        double cur0 = 0, cur1 = -1; /* the busy interval being merged */
-        while (j0 < nio && io[j0].ts + io[j0].dur <= a && io[j0].ts < a) j0++;
-        for (size_t j = j0; j < nio && io[j].ts < b; j++) {
-            double s0 = io[j].ts > a ? io[j].ts : a, s1 = io[j].ts + io[j].dur < b ? io[j].ts + io[j].dur : b;
-            if (s1 <= s0) continue;
-            o->inflight_s += 1e-6 * (s1 - s0);
-            if (s0 > cur1) {
-                if (cur1 > cur0) o->busy_s += 1e-6 * (cur1 - cur0);
-                cur0 = s0;
-                cur1 = s1;
-            } else if (s1 > cur1) cur1 = s1;
-        }
-        if (cur1 > cur0) o->busy_s += 1e-6 * (cur1 - cur0);
-        o->wall_s += 1e-6 * (b - a);
+    /* the windows sorted and merged (a valid trace's are already in order and disjoint), and the time
+     * they cover before each one's start: covered(x) is then a binary search, so reads x windows is
+     * never walked (one long read once made every window scan every read before it) */
+    double *wv = malloc(sizeof *wv * (2 * nwin + 1)), *before = malloc(sizeof *before * (nwin + 1));
+    if (!wv || !before) {
+        free(wv);
+        free(before);
+        free(o);
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     }
+    memcpy(wv, win, sizeof *wv * 2 * nwin);
+    qsort(wv, nwin, 2 * sizeof *wv, dbl_cmp); /* by start */
+    size_t nw = 0;
+    for (size_t w = 0; w < nwin; w++) {
+        if (nw && wv[2 * w] <= wv[2 * nw - 1]) {
+            if (wv[2 * w + 1] > wv[2 * nw - 1]) wv[2 * nw - 1] = wv[2 * w + 1];
+            continue;
+        }
+        wv[2 * nw] = wv[2 * w], wv[2 * nw + 1] = wv[2 * w + 1];
+        nw++;
+    }
+    before[0] = 0;
+    for (size_t w = 0; w < nw; w++) before[w + 1] = before[w] + (wv[2 * w + 1] - wv[2 * w]);
+    o->wall_s = 1e-6 * before[nw];
+    /* reads, merged into busy stretches as they go (sorted by start above) */
+    double cur0 = 0, cur1 = -INFINITY;
+    for (size_t j = 0; j <= nio; j++) {
+        const double s0 = j < nio ? io[j].ts : INFINITY, s1 = j < nio ? io[j].ts + io[j].dur : INFINITY;
+        if (j < nio) o->inflight_s += 1e-6 * (covered(wv, before, nw, s1) - covered(wv, before, nw, s0));
+        if (s0 > cur1) {
+            if (cur1 > cur0) o->busy_s += 1e-6 * (covered(wv, before, nw, cur1) - covered(wv, before, nw, cur0));
+            cur0 = s0;
+            cur1 = s1;
+        } else if (s1 > cur1) cur1 = s1;
+    }
+    free(wv);
+    free(before);
     r->io = o;
     return MOETAX_OK;
 }
@@ -954,7 +994,8 @@ static moetax_status parse_trace(struct moetax_report *r, const char *name, cons
             const char *cat = json_string_value(json_object_get(e, "cat"));
             const json_t *ts = json_object_get(e, "ts"), *dur = json_object_get(e, "dur");
             if (ph && !strcmp(ph, "X") && cat && !strcmp(cat, "io") && json_is_number(ts) && json_is_number(dur) &&
-                json_number_value(dur) >= 0) {
+                json_number_value(dur) >= 0 && json_number_value(dur) <= MAX_TIME &&
+                fabs(json_number_value(ts)) <= MAX_TIME) {
                 struct iov v = {.ts = json_number_value(ts), .dur = json_number_value(dur), .kind = 0};
                 if (nm && !strncmp(nm, "known", 5)) v.kind = 1;
                 else if (nm && !strncmp(nm, "predicted", 9)) v.kind = 2;

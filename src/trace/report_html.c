@@ -67,7 +67,10 @@ static void fmt_num(char *buf, size_t n, double v) {
 static void x_axis(FILE *f, double x0, double y, double w, double max, const char *label) {
     double step = nice_step(max, 6);
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" class=\"ax\"/>\n", x0, y, x0 + w, y);
-    for (double v = 0; v <= max * 1.0001 && max > 0; v += step) {
+    /* counted ticks: with a max near DBL_MAX, max * 1.0001 and v reach inf and a loop on v never ended */
+    for (int i = 0; i <= 64 && max > 0 && isfinite(max) && isfinite(step); i++) {
+        const double v = i * step;
+        if (v > max * 1.0001) break;
         double x = x0 + w * v / max;
         char t[32];
         fmt_num(t, sizeof t, v);
