@@ -190,6 +190,12 @@ static int inspect_ranks(const char *path, int n_ranks, int64_t n_ctx, bool kv_f
     const struct moetax_gguf *g = m->gguf;
     const int32_t E = hp->n_expert;
     const int L = hp->n_layer, P = n_ranks;
+    /* the tables and loops below go over layers x experts x ranks */
+    if ((int64_t)L * (E > 0 ? E : 1) * P > ((int64_t)1 << 26)) {
+        moetax_model_free(m);
+        return cli_usage_error("inspect", "--ranks %d: %d layers x %d experts x %d ranks is more than this view "
+                               "handles (2^26); a rank past the routed experts' count would own none", P, L, E, P);
+    }
     /* owner [L, E] and what each rank maps, has [L, E, P] */
     int32_t *owner = calloc((size_t)L * (size_t)(E > 0 ? E : 1), sizeof *owner);
     uint8_t *has = calloc((size_t)L * (size_t)(E > 0 ? E : 1) * (size_t)P, 1);
