@@ -1068,8 +1068,9 @@ int cmd_tune(int argc, char **argv) {
             if (err || !end || *end || !(x >= 0 && x < 10)) return cli_usage_error("tune", "--max-quality-loss: e.g. 1%% or 0.01");
             max_loss = x;
         } else if (cli_opt(argc, argv, &i, NULL, "--workload", &v, &err)) {
+            int64_t nb = 0;
             if (!err && !strcmp(v, "decode")) batch = 1;
-            else if (!err && !strncmp(v, "batch:", 6) && atoi(v + 6) >= 1 && atoi(v + 6) <= 256) batch = atoi(v + 6);
+            else if (!err && !strncmp(v, "batch:", 6) && cli_parse_i64(v + 6, &nb) && nb >= 1 && nb <= 256) batch = (int)nb;
             else return cli_usage_error("tune", "--workload: decode or batch:N (N in 1..256)");
         } else if (cli_opt(argc, argv, &i, NULL, "--prompt", &v, &err)) {
             char *end = NULL;
