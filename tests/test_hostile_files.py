@@ -237,4 +237,52 @@ if rep:
     got = [b["batch"] for b in json.loads(rep)["batches"]]
     check(got == [1, 2, 3, 5, 7], "batch rows: %s (wanted 1 2 3 5 7)" % got)
 
+# ---- numbers past what a run records, in ledgers and traces; command-line counts -------------------
+
+
+def huge_times(d):
+    for st in d["steps"]:
+        st["wall_s"] = 1.7e308
+
+
+refused("a ledger's step of 1.7e308 s (report --html looped on an infinite axis, filling the disk)",
+        ["report", lvariant("huge_times.json", huge_times), "--html", "huge_times.html"],
+        ["huge_times.json", "steps[0].wall_s", "beyond"], timeout=30)
+check(not [f for f in os.listdir(".") if f.startswith("huge_times.html")], "no page (or temporary page) is left")
+write("huge_dur.json", json.dumps({"traceEvents": [{"ph": "X", "name": "attn", "ts": 0, "dur": 1.7976e308, "pid": 0,
+                                                     "tid": 0, "args": {"layer": 0, "step": 0}}]}))
+refused("a trace span of 1.7976e308 us", ["report", "huge_dur.json", "--html", "huge_dur.html"],
+        ["huge_dur.json", "dur", "beyond"], timeout=30)
+# one store read across every step and many short ones before them: each step's window once scanned
+# every read before it; the busy and in-flight time are the steps' whole time (the long read covers it)
+N = 50000
+ev = [{"ph": "X", "cat": "io", "name": "demand read", "pid": 1, "tid": 0, "ts": 0, "dur": 1e12}]
+ev += [{"ph": "X", "cat": "io", "name": "demand read", "pid": 1, "tid": 0, "ts": i + 1, "dur": 0.5} for i in range(N)]
+ev += [{"ph": "X", "name": "attn", "pid": 0, "tid": 0, "ts": N + 10 + 2 * i, "dur": 1, "args": {"layer": 0, "step": i}}
+       for i in range(N)]
+write("reads.json", json.dumps({"traceEvents": ev}))
+rep = run(["report", "--json", "reads.json"], timeout=120)
+ok = rep is not None and rep[0] == 0 and not any(x in rep[2] for x in SANITIZER)
+check(ok, "report of %d reads and %d steps: %s" % (N + 1, N, "still running" if rep is None else rep[2][-300:]))
+if ok:
+    io = json.loads(rep[1])["io"]
+    check(abs(io["busy_share"] - 1) < 1e-9 and abs(io["mean_in_flight"] - 1) < 1e-9,
+          "one read across every step: busy share and mean in flight 1: %s" % io)
+refused("bench -p 2^62 (its token buffer's size wrapped: a heap overflow)",
+        ["bench", "-m", "tiny.gguf", "-p", "4611686018427387904", "-r", "1"], ["-p values"])
+refused("bench -n 2^63-1", ["bench", "-m", "tiny.gguf", "-n", "9223372036854775807", "-r", "1"], ["-n values"])
+refused("--capacity-factor 1e-300 (its float was 0: off)",
+        ["perplexity", "-m", "tiny.gguf", "-f", "text.txt", "--capacity-factor", "1e-300"], ["--capacity-factor"])
+write("tiny_cf.json", json.dumps({"moetax_config": 1, "capacity_factor": 1e-300}))
+refused("a configuration's capacity factor 1e-300", ["perplexity", "-m", "tiny.gguf", "-f", "text.txt", "--config",
+                                                     "tiny_cf.json"], ["tiny_cf.json", "capacity_factor"])
+refused("tune --workload batch:12abc", ["tune", "-m", "tiny.gguf", "--workload", "batch:12abc"], ["--workload"])
+refused("tune --workload batch:4294967297", ["tune", "-m", "tiny.gguf", "--workload", "batch:4294967297"],
+        ["--workload"])
+works("gen 8 layers of 256 experts", ["gen", "--arch", "mixtral", "--preset", "tiny", "--layers", "8", "--experts", "256",
+                                      "--embd", "16", "--expert-ff", "8", "--heads", "2", "--heads-kv", "1", "--head-dim",
+                                      "8", "--vocab", "300", "-o", "w8.gguf"])
+refused("inspect --ranks 65536 of 8 x 256 experts (tables of layers x experts x ranks)",
+        ["inspect", "w8.gguf", "--ranks", "65536"], ["--ranks 65536", "2^26"], timeout=30)
+
 sys.exit(summary())
