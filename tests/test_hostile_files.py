@@ -276,6 +276,12 @@ refused("--capacity-factor 1e-300 (its float was 0: off)",
 write("tiny_cf.json", json.dumps({"moetax_config": 1, "capacity_factor": 1e-300}))
 refused("a configuration's capacity factor 1e-300", ["perplexity", "-m", "tiny.gguf", "-f", "text.txt", "--config",
                                                      "tiny_cf.json"], ["tiny_cf.json", "capacity_factor"])
+write("dup_key.json", '{"moetax_config": 1, "threads": 2, "threads": 1}')
+refused("a configuration with a key twice", ["perplexity", "-m", "tiny.gguf", "-f", "text.txt", "--config",
+                                             "dup_key.json"], ["dup_key.json", "duplicate"])
+refused("--config /dev/zero", ["perplexity", "-m", "tiny.gguf", "-f", "text.txt", "--config", "/dev/zero"],
+        ["/dev/zero", "not a configuration"], timeout=30)
+refused("--config DIR", ["perplexity", "-m", "tiny.gguf", "-f", "text.txt", "--config", "."], ["directory"])
 refused("tune --workload batch:12abc", ["tune", "-m", "tiny.gguf", "--workload", "batch:12abc"], ["--workload"])
 refused("tune --workload batch:4294967297", ["tune", "-m", "tiny.gguf", "--workload", "batch:4294967297"],
         ["--workload"])

@@ -16,8 +16,17 @@ static moetax_status bad(const char *path, const char *key, const char *what) {
 
 moetax_status cli_config_load(const char *path, struct cli_config *c) {
     memset(c, 0, sizeof *c);
+    /* a configuration is a few hundred bytes: read within a bound (a directory or /dev/zero is said as
+     * such), and a key given twice is an error, not the last one winning */
+    char *text = NULL;
+    size_t len = 0;
+    moetax_status rst = cli_read_file(path, (uint64_t)1 << 20, &text, &len);
+    if (rst == MOETAX_ERR_LIMIT)
+        return moetax_error(rst, "%s: more than 1 MiB: not a configuration (a file moetax tune -o wrote)", path);
+    if (rst) return rst; /* cannot read it, or a directory: said by cli_read_file */
     json_error_t je;
-    json_t *o = json_load_file(path, 0, &je);
+    json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    free(text);
     if (!o) return moetax_error(MOETAX_ERR_FORMAT, "%s: line %d: not a valid configuration (JSON): %s", path, je.line,
                                 je.text);
     moetax_status st = MOETAX_OK;
