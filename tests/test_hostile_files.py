@@ -271,6 +271,12 @@ if ok:
 refused("bench -p 2^62 (its token buffer's size wrapped: a heap overflow)",
         ["bench", "-m", "tiny.gguf", "-p", "4611686018427387904", "-r", "1"], ["-p values"])
 refused("bench -n 2^63-1", ["bench", "-m", "tiny.gguf", "-n", "9223372036854775807", "-r", "1"], ["-n values"])
+refused("bench --batch 2 -p 2^62 (B x tokens overflowed, cast to int32)",
+        ["bench", "-m", "tiny.gguf", "--batch", "2", "-p", "4611686018427387904", "-n", "4", "-r", "1"], ["-p values"])
+works("--capacity-factor 1e-40 (a float above 0: each expert takes one assignment)",
+      ["perplexity", "-m", "tiny.gguf", "-f", "text.txt", "--capacity-factor", "1e-40"])
+refused("--config - (a configuration from standard input)", ["run", "-m", "tiny.gguf", "-p", "hi", "-n", "1",
+                                                             "--config", "-"], ["--config", "'-'"])
 refused("--capacity-factor 1e-300 (its float was 0: off)",
         ["perplexity", "-m", "tiny.gguf", "-f", "text.txt", "--capacity-factor", "1e-300"], ["--capacity-factor"])
 write("tiny_cf.json", json.dumps({"moetax_config": 1, "capacity_factor": 1e-300}))

@@ -525,7 +525,7 @@ int bench_model_main(int argc, char **argv) {
             double cf = err ? -1 : !strcmp(v, "inf") ? INFINITY : strtod(v, &end);
             if (cf == INFINITY) end = (char *)"";
             if (err || !end || *end || !(cf > 0) || !cli_capacity_factor_ok(&cf))
-                return cli_usage_error("bench", "--capacity-factor: expected a number >= 1e-38 (inf: off)");
+                return cli_usage_error("bench", "--capacity-factor: expected a number >= 1e-45 (inf: off)");
             bo.capacity_factor = (float)cf;
         } else if (cli_opt(argc, argv, &i, NULL, "--overflow", &v, &err)) {
             if (err || (strcmp(v, "drop") && strcmp(v, "reroute")))
@@ -545,6 +545,12 @@ int bench_model_main(int argc, char **argv) {
         bo.text = text_ids;
         bo.n_text = o.n_text;
     }
+    /* each within -d's range, --batch's too: the tests' tokens (and -d before them) are allocated and
+     * counted in int32 */
+    for (int i = 0; i < o.npp; i++)
+        if (o.pp[i] < 0 || o.pp[i] > (1 << 24)) return cli_usage_error("bench", "-p values must be within 0..16777216");
+    for (int i = 0; i < o.ntg; i++)
+        if (o.tg[i] < 0 || o.tg[i] > (1 << 24)) return cli_usage_error("bench", "-n values must be within 0..16777216");
     if (bo.n_batch && o.depth) return cli_usage_error("bench", "-d goes with the ppN/tgN tests, not --batch");
     /* the store's figures (hit rate, MiB read per token) would count the depth's reads too */
     if (o.depth && o.so.budgets) return cli_usage_error("bench", "-d does not combine with --expert-budget yet");
@@ -582,17 +588,10 @@ int bench_model_main(int argc, char **argv) {
     if (!model) return cli_usage_error("bench", "no model given (-m FILE); for the machine alone see 'moetax bench mem'");
     /* a 0 in a list means "none of this kind" */
     int k = 0;
-    /* each within -d's range: the tests' tokens (and -d before them) are allocated and counted in int32 */
-    for (int i = 0; i < o.npp; i++) {
-        if (o.pp[i] < 0 || o.pp[i] > (1 << 24)) return cli_usage_error("bench", "-p values must be within 0..16777216");
-        if (o.pp[i]) o.pp[k++] = o.pp[i];
-    }
+    for (int i = 0; i < o.npp; i++) if (o.pp[i]) o.pp[k++] = o.pp[i];
     o.npp = k;
     k = 0;
-    for (int i = 0; i < o.ntg; i++) {
-        if (o.tg[i] < 0 || o.tg[i] > (1 << 24)) return cli_usage_error("bench", "-n values must be within 0..16777216");
-        if (o.tg[i]) o.tg[k++] = o.tg[i];
-    }
+    for (int i = 0; i < o.ntg; i++) if (o.tg[i]) o.tg[k++] = o.tg[i];
     o.ntg = k;
     if (nth == 0) { th[0] = 0; nth = 1; }
     moetax_status st = bench_check_upfront(model, twin, &o);

@@ -249,7 +249,7 @@ moetax_status cli_check_no_nul(const char *path, const char *text, size_t len) {
 }
 
 bool cli_capacity_factor_ok(double *c) {
-    if (*c > 0 && *c < FLT_MIN) return false;
+    if (*c > 0 && (float)*c == 0) return false; /* below half of the smallest float (about 7e-46) */
     if (*c > FLT_MAX) *c = INFINITY;
     return true;
 }

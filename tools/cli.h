@@ -23,7 +23,7 @@ bool cli_flag(char **argv, int i, const char *s, const char *l);
 
 bool cli_parse_i64(const char *s, int64_t *out);
 /* A capacity factor (> 0, or 0 for off where the caller allows it) for the engine's float: false for
- * 0 < *c < FLT_MIN (the float would be 0, which is off); above FLT_MAX it becomes inf (off). */
+ * a *c > 0 whose float is 0 (which is off); above FLT_MAX it becomes inf (off). */
 bool cli_capacity_factor_ok(double *c);
 /* --experts-used K: a count in 1..256 (the model checks its own limit later); false otherwise. */
 bool cli_parse_experts_used(const char *s, int *out);

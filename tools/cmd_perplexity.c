@@ -215,7 +215,7 @@ int cmd_perplexity(int argc, char **argv) {
         } else if (cli_opt(argc, argv, &i, NULL, "--capacity-factor", &v, &err)) {
             if (!err && !strcmp(v, "inf")) capf = INFINITY;
             else if (err || !cli_parse_f64(v, &capf) || !(capf > 0) || !cli_capacity_factor_ok(&capf))
-                return cli_usage_error("perplexity", "--capacity-factor needs a number >= 1e-38 (inf: off)");
+                return cli_usage_error("perplexity", "--capacity-factor needs a number >= 1e-45 (inf: off)");
         } else if (cli_opt(argc, argv, &i, NULL, "--overflow", &v, &err)) {
             if (err || (strcmp(v, "drop") && strcmp(v, "reroute")))
                 return cli_usage_error("perplexity", "--overflow: expected drop or reroute");

@@ -20,10 +20,15 @@ moetax_status cli_config_load(const char *path, struct cli_config *c) {
      * such), and a key given twice is an error, not the last one winning */
     char *text = NULL;
     size_t len = 0;
+    if (!strcmp(path, "-")) return moetax_error(MOETAX_ERR_ARG, "--config: a file, not '-' (standard input)");
     moetax_status rst = cli_read_file(path, (uint64_t)1 << 20, &text, &len);
     if (rst == MOETAX_ERR_LIMIT)
         return moetax_error(rst, "%s: more than 1 MiB: not a configuration (a file moetax tune -o wrote)", path);
-    if (rst) return rst; /* cannot read it, or a directory: said by cli_read_file */
+    if (rst) { /* cannot read it, or a directory */
+        char why[512];
+        snprintf(why, sizeof why, "%s", moetax_last_error());
+        return moetax_error(rst, "--config: %s", why);
+    }
     json_error_t je;
     json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     free(text);
@@ -46,7 +51,7 @@ moetax_status cli_config_load(const char *path, struct cli_config *c) {
     if (!st && (v = json_object_get(o, "capacity_factor")) && !json_is_null(v)) {
         double cf = json_number_value(v);
         if (!json_is_number(v) || cf < 0 || !cli_capacity_factor_ok(&cf))
-            st = bad(path, "capacity_factor", "expected 0 (off) or a number >= 1e-38");
+            st = bad(path, "capacity_factor", "expected 0 (off) or a number >= 1e-45");
         else c->capacity_factor = cf;
     }
     if (!st && (v = json_object_get(o, "overflow")) && !json_is_null(v)) {

@@ -43,7 +43,7 @@ static moetax_status get_sec(const char *name, const char *where, const json_t *
     if (!isfinite(d)) return fmt_err(name, where, "not a finite number");
     if (d > MAX_TIME) { /* their sums stay finite */
         char msg[96];
-        snprintf(msg, sizeof msg, "%g is beyond any time a run records (%g)", d, MAX_TIME);
+        snprintf(msg, sizeof msg, "%g is beyond anything a run records (%g)", d, MAX_TIME);
         return fmt_err(name, where, msg);
     }
     if (d < 0) {
@@ -1000,7 +1000,8 @@ static moetax_status parse_trace(struct moetax_report *r, const char *name, cons
                 if (nm && !strncmp(nm, "known", 5)) v.kind = 1;
                 else if (nm && !strncmp(nm, "predicted", 9)) v.kind = 2;
                 const json_t *b = json_object_get(json_object_get(e, "args"), "bytes");
-                v.bytes = json_is_number(b) ? json_number_value(b) : 0;
+                v.bytes = json_is_number(b) && json_number_value(b) >= 0 && json_number_value(b) <= MAX_TIME
+                              ? json_number_value(b) : 0; /* a read's bytes, within what the sums keep finite */
                 IO[nio++] = v;
             }
             continue;

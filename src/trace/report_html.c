@@ -71,7 +71,7 @@ static void x_axis(FILE *f, double x0, double y, double w, double max, const cha
     for (int i = 0; i <= 64 && max > 0 && isfinite(max) && isfinite(step); i++) {
         const double v = i * step;
         if (v > max * 1.0001) break;
-        double x = x0 + w * v / max;
+        double x = x0 + w * (v / max);
         char t[32];
         fmt_num(t, sizeof t, v);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" class=\"ax\"/>"
