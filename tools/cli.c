@@ -224,8 +224,12 @@ moetax_status cli_read_file(const char *path, uint64_t max_bytes, char **text, s
         size_t r = fread(buf + n, 1, want, f);
         n += r;
         if (n > max_bytes) {
-            st = moetax_error(MOETAX_ERR_LIMIT, "'%s': more than %.0f MiB of text (%llu bytes; --max-input-bytes "
-                              "raises the limit)", path, (double)max_bytes / (1 << 20), (unsigned long long)max_bytes);
+            if (max_bytes >= (1 << 20))
+                st = moetax_error(MOETAX_ERR_LIMIT, "'%s': more than %.0f MiB of text (%llu bytes; --max-input-bytes "
+                                  "raises the limit)", path, (double)max_bytes / (1 << 20), (unsigned long long)max_bytes);
+            else
+                st = moetax_error(MOETAX_ERR_LIMIT, "'%s': more than %llu bytes of text (--max-input-bytes raises the "
+                                  "limit)", path, (unsigned long long)max_bytes);
             break;
         }
         if (r == 0) break;
