@@ -429,8 +429,8 @@ static moetax_status bench_check_upfront(const char *model, const char *twin, co
     moetax_status st = cli_store_check_budgets(o->so.budgets, true);
     if (!st && o->json && o->lo.metrics)
         st = moetax_error(MOETAX_ERR_ARG, "--json and --metrics both print on stdout: use one");
-    const char *outs[2] = {o->lo.json_path, o->lo.trace_path};
-    if (!st) st = cli_check_outputs(outs, 2);
+    const char *outs[2] = {o->lo.json_path, o->lo.trace_path}, *ins[2] = {model, twin};
+    if (!st) st = cli_check_io(outs, 2, ins, 2);
     if (!st && o->so.budgets && (o->lo.json_path || o->lo.trace_path)) {
         char list[256], lpath[1024], tpath[1024];
         snprintf(list, sizeof list, "%s", o->so.budgets);

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -292,6 +293,43 @@ moetax_status cli_check_outputs(const char *const *paths, int n) {
         if (st) return st;
     }
     return MOETAX_OK;
+}
+
+/* path with its folder resolved (./x, dir/../x and x are one name), into out; the path itself if the
+ * folder cannot be resolved */
+static void cli_canonical(const char *path, char *out, size_t n) {
+    const char *slash = strrchr(path, '/');
+    char dir[PATH_MAX], real[PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
+    if (realpath(dir, real)) snprintf(out, n, "%s/%s", real, slash ? slash + 1 : path);
+    else snprintf(out, n, "%s", path);
+}
+
+/* a and b name the same file: by device and inode when both exist, else by their resolved names */
+static bool cli_same_path(const char *a, const char *b) {
+    bool same = false;
+    struct stat sa, sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0) return moetax_same_file(a, b, &same) == MOETAX_OK && same;
+    char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
+    cli_canonical(a, ca, sizeof ca);
+    cli_canonical(b, cb, sizeof cb);
+    return !strcmp(ca, cb);
+}
+
+moetax_status cli_check_io(const char *const *outs, int n_out, const char *const *ins, int n_in) {
+    moetax_status st = cli_check_outputs(outs, n_out);
+    for (int k = 0; !st && k < n_out; k++) {
+        if (!outs[k]) continue;
+        for (int i = 0; !st && i < n_in; i++)
+            if (ins[i] && cli_same_path(ins[i], outs[k]))
+                st = moetax_error(MOETAX_ERR_ARG, "the output %s is the input %s: writing it would replace it", outs[k],
+                                  ins[i]);
+        for (int j = 0; !st && j < k; j++)
+            if (outs[j] && cli_same_path(outs[j], outs[k]))
+                st = moetax_error(MOETAX_ERR_ARG, "the outputs %s and %s are the same file: one would replace the "
+                                  "other", outs[j], outs[k]);
+    }
+    return st;
 }
 
 moetax_status cli_check_logits(const float *row, int64_t n, int64_t pos) {

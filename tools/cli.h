@@ -99,6 +99,10 @@ moetax_status cli_check_logits(const float *row, int64_t n, int64_t pos);
 /* Check each output path given (NULL entries skipped) can be written, before the work
  * starts: moetax_outfile_check. */
 moetax_status cli_check_outputs(const char *const *paths, int n);
+/* cli_check_outputs, and no output is one of the inputs ins[0..n_in) or another output (by device and
+ * inode where the file exists, else by name): MOETAX_ERR_ARG naming both (an output in place of its
+ * input would replace it). NULL entries are skipped. */
+moetax_status cli_check_io(const char *const *outs, int n_out, const char *const *ins, int n_in);
 
 /* The default model: a small DeepSeek-style MoE trained on Python source (tools/train/,
  * models/README.md), committed in the repository. */

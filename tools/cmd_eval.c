@@ -40,7 +40,8 @@ int cmd_eval(int argc, char **argv) {
         else if (cli_opt(argc, argv, &i, NULL, "--tokens", &toks, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, "-o", "--out", &out, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, NULL, "--decode", &v, &err)) {
-            if (err || !cli_parse_i64(v, &n_decode) || n_decode < 0) return cli_usage_error("eval", "--decode needs a count >= 0");
+            if (err || !cli_parse_i64(v, &n_decode) || n_decode < 0 || n_decode > (1 << 24))
+                return cli_usage_error("eval", "--decode needs a count in 0..16777216");
         } else if (cli_opt(argc, argv, &i, "-t", "--threads", &v, &err)) {
             if (err || !cli_parse_i64(v, &n_threads) || n_threads < 1 || n_threads > 512)
                 return cli_usage_error("eval", "-t needs a thread count in 1..512");
@@ -60,10 +61,13 @@ int cmd_eval(int argc, char **argv) {
     if (!model) return cli_usage_error("eval", "no model given (-m FILE)");
     if (!toks) return cli_usage_error("eval", "no tokens given (--tokens 1,2,3)");
     moetax_status st;
-    if (out && (st = moetax_outfile_check(out, 0))) return cli_usage_error("eval", "%s", moetax_last_error());
+    const char *outs[1] = {out}, *ins[1] = {model};
+    if ((st = cli_check_io(outs, 1, ins, 1))) return cli_usage_error("eval", "%s", moetax_last_error());
     int64_t tk[4096];
     int n = cli_parse_int_list(toks, tk, 4096);
-    if (n <= 0) return cli_usage_error("eval", "--tokens: expected a comma-separated list of token ids");
+    if (n <= 0) return cli_usage_error("eval", "--tokens: expected a comma-separated list of at most 4096 token ids");
+    for (int i = 0; i < n; i++) /* the model's vocabulary is checked once it is loaded; an int32 first */
+        if (tk[i] < 0 || tk[i] > INT32_MAX) return cli_usage_error("eval", "--tokens: %lld is not a token id", (long long)tk[i]);
     struct moetax_model *m;
     st = moetax_model_load_ex(model, &mp, &m);
     if (st) return cli_fail("eval", st);

@@ -108,9 +108,10 @@ int cmd_profile(int argc, char **argv) {
     int n_outs = 1;
     if (fit) outs[n_outs++] = pred_out;
     if (dump_out) outs[n_outs++] = dump_out;
-    moetax_status st = cli_check_outputs(outs, n_outs);
-    if (st) return cli_usage_error("profile", "%s", moetax_last_error());
     if (!model) model = cli_default_model_path();
+    const char *ins[2] = {model, input};
+    moetax_status st = cli_check_io(outs, n_outs, ins, 2);
+    if (st) return cli_usage_error("profile", "%s", moetax_last_error());
     char **files = NULL;
     int n_files = 0;
     if ((st = cli_list_inputs(input, &files, &n_files))) return cli_fail("profile", st);

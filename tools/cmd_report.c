@@ -517,7 +517,8 @@ int cmd_report(int argc, char **argv) {
     }
     if (!path) return cli_usage_error("report", "no file given (a ledger from --ledger or a trace from --trace)");
     moetax_status st;
-    if (html && (st = moetax_outfile_check(html, 0))) return cli_usage_error("report", "%s", moetax_last_error());
+    const char *outs[1] = {html}, *ins[1] = {strcmp(path, "-") ? path : NULL};
+    if ((st = cli_check_io(outs, 1, ins, 1))) return cli_usage_error("report", "%s", moetax_last_error());
     /* read here, with a limit (the library's loader reads any length) */
     char *text;
     size_t len;

@@ -152,8 +152,8 @@ int cmd_run(int argc, char **argv) {
     }
     /* every option and output path is checked before the work starts */
     moetax_status st = cli_store_check_budgets(so.budgets, false);
-    const char *outputs[] = {lo.json_path, lo.trace_path};
-    if (!st) st = cli_check_outputs(outputs, 2);
+    const char *outputs[] = {lo.json_path, lo.trace_path}, *inputs[] = {model ? model : cli_default_model_path(), pfile};
+    if (!st) st = cli_check_io(outputs, 2, inputs, 2);
     if (!st && json && lo.metrics)
         st = moetax_error(MOETAX_ERR_ARG, "--json and --metrics both print on stdout: use one");
     if (st) return cli_usage_error("run", "%s", moetax_last_error());

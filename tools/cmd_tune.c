@@ -1093,10 +1093,10 @@ int cmd_tune(int argc, char **argv) {
         else if (!strcmp(argv[i], "--json")) json = true;
         else return cli_usage_error("tune", "unknown option '%s'", argv[i]);
     }
-    const char *outs[2] = {out, html};
-    moetax_status st = cli_check_outputs(outs, 2);
-    if (st) return cli_usage_error("tune", "%s", moetax_last_error());
     if (!model) model = cli_default_model_path();
+    const char *outs[2] = {out, html}, *ins[2] = {model, calib};
+    moetax_status st = cli_check_io(outs, 2, ins, 2);
+    if (st) return cli_usage_error("tune", "%s", moetax_last_error());
     struct tune t = {.model_path = model, .batch = batch, .prompt = prompt, .window = 128};
     const double t0 = cli_now();
     t.t_end = t0 + time_s;
