@@ -116,9 +116,10 @@ def main():
     have_tmpfs = root and mount_tmpfs(small, "512k")
     big_dir = small if have_tmpfs else work  # the old writer filled the disk: give it a small one
     t0 = time.time()
-    r = run([mt, "gen", "--preset", "tiny", "--heads", "1073741824", "-o", os.path.join(big_dir, "huge.gguf")], timeout=120)
+    # 2^24 heads: 180 G parameters, 688 GiB of f32 (2^30 heads are now refused by the parameter cap first)
+    r = run([mt, "gen", "--preset", "tiny", "--heads", "16777216", "-o", os.path.join(big_dir, "huge.gguf")], timeout=120)
     check(r.returncode == 1 and "free" in r.stderr and time.time() - t0 < 60 and not tmp_left(big_dir),
-          f"gen --heads 1073741824 refused before writing: {r.stderr}")
+          f"gen --heads 16777216 refused before writing: {r.stderr}")
     if have_tmpfs:
         keep = os.path.join(small, "keep.gguf")
         with open(keep, "w") as f:

@@ -292,6 +292,12 @@ int cmd_gen(int argc, char **argv) {
     uint64_t n_params, n_bytes;
     moetax_gen_size(&p, &n_params, &n_bytes);
     /* the output can be written and the weights fit on its file system: before any work */
+    if (n_params > MOETAX_GEN_MAX_PARAMS)
+        return cli_usage_error("gen", "%s: the shape has %s%.4g parameters: more than the %.4g a generated model may "
+                               "have", preset, n_params == UINT64_MAX ? "over " : "", (double)n_params,
+                               (double)MOETAX_GEN_MAX_PARAMS);
+    const char *outs[1] = {out}, *ins[1] = {twin_of};
+    if (twin_of && (st = cli_check_io(outs, 1, ins, 1))) return cli_usage_error("gen", "%s", moetax_last_error());
     if ((st = moetax_outfile_check(out, n_bytes))) {
         fprintf(stderr, "moetax gen: %s%s: %.1f M parameters, %.1f MiB of %s weights\n", p.dense_twin ? "dense twin of " : "",
                 preset, (double)n_params / 1e6, (double)n_bytes / (1 << 20), moetax_type_name(p.wtype));

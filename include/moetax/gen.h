@@ -121,6 +121,9 @@ const char *moetax_gen_twin_arch_gguf(enum moetax_gen_arch arch);
 moetax_status moetax_gen_validate(const struct moetax_gen_params *p);
 /* Total parameter count and file size (bytes of tensor data). */
 void moetax_gen_size(const struct moetax_gen_params *p, uint64_t *n_params, uint64_t *n_bytes);
+/* the most parameters a generated model may have (2^40: above any real MoE model); moetax_gen_write
+ * refuses more, and moetax_gen_size saturates at UINT64_MAX instead of wrapping */
+#define MOETAX_GEN_MAX_PARAMS ((uint64_t)1 << 40)
 
 typedef void (*moetax_gen_progress_fn)(void *user, uint64_t bytes_done, uint64_t bytes_total);
 moetax_status moetax_gen_write(const struct moetax_gen_params *p, const char *path,

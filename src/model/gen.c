@@ -490,17 +490,26 @@ static moetax_status build_tensors(const struct moetax_gen_params *p, struct ten
     return MOETAX_OK;
 }
 
-static uint64_t tensor_bytes(const struct gen_tensor *t) {
-    return moetax_row_size(t->type, t->ne[0]) * (uint64_t)t->ne[1] * (uint64_t)t->ne[2];
+/* a x b x c, or UINT64_MAX where it overflows */
+static uint64_t mul3_sat(uint64_t a, uint64_t b, uint64_t c) {
+    uint64_t ab, abc;
+    return __builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc) ? UINT64_MAX : abc;
 }
 
+static uint64_t add_sat(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+static uint64_t tensor_bytes(const struct gen_tensor *t) {
+    return mul3_sat(moetax_row_size(t->type, t->ne[0]), (uint64_t)t->ne[1], (uint64_t)t->ne[2]);
+}
+
+/* saturated at UINT64_MAX: the dimensions are bounded one by one, not their products */
 void moetax_gen_size(const struct moetax_gen_params *p, uint64_t *n_params, uint64_t *n_bytes) {
     struct tensor_list l = {.p = p};
     *n_params = *n_bytes = 0;
     if (build_tensors(p, &l) == MOETAX_OK)
         for (int i = 0; i < l.n; i++) {
-            *n_params += (uint64_t)(l.t[i].ne[0] * l.t[i].ne[1] * l.t[i].ne[2]);
-            *n_bytes += tensor_bytes(&l.t[i]);
+            *n_params = add_sat(*n_params, mul3_sat((uint64_t)l.t[i].ne[0], (uint64_t)l.t[i].ne[1], (uint64_t)l.t[i].ne[2]));
+            *n_bytes = add_sat(*n_bytes, tensor_bytes(&l.t[i]));
         }
     free(l.t);
 }
@@ -721,6 +730,12 @@ moetax_status moetax_gen_write(const struct moetax_gen_params *p, const char *pa
                                void *user) {
     moetax_status st = moetax_gen_validate(p);
     if (st) return st;
+    uint64_t n_params, n_bytes;
+    moetax_gen_size(p, &n_params, &n_bytes);
+    if (n_params > MOETAX_GEN_MAX_PARAMS)
+        return moetax_error(MOETAX_ERR_ARG, "the shape has %s%.4g parameters: more than the %.4g a generated model "
+                            "may have", n_params == UINT64_MAX ? "over " : "", (double)n_params,
+                            (double)MOETAX_GEN_MAX_PARAMS);
     struct tensor_list l = {.p = p};
     struct moetax_gguf_writer *w = NULL;
     float *vals = NULL;
