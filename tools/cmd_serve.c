@@ -202,7 +202,9 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_flag(argv, i, NULL, "--adapt-threads")) adapt = true;
         else return cli_usage_error("serve", "unknown option '%s' (see --help)", argv[i]);
     }
-    if (api_key && !*api_key) api_key = NULL;
+    /* an empty key (--api-key "$UNSET") would have turned the check off without a word */
+    if (api_key && !*api_key) return cli_usage_error("serve", "--api-key (or $MOETAX_API_KEY) is empty: give a key, or "
+                                                     "neither for a server without one");
     {
         moetax_status bst = cli_store_check_budgets(so.budgets, false);
         if (bst) return cli_usage_error("serve", "%s", moetax_last_error());
