@@ -46,28 +46,26 @@ int moetax_dist_set_replicas(const char *replicas, const char *replan, const cha
     return 0;
 }
 
-/* The replicas' settings from the options or MOETAX_MPI_REPLICAS / MOETAX_MPI_REPLAN. */
-static int settings(struct moetax_dist *d) {
+/* The replicas' settings from the options or MOETAX_MPI_REPLICAS / MOETAX_MPI_REPLAN; a bad value is
+ * every rank's error (a message printed by rank 0 alone could be lost when another rank ends the job
+ * first). */
+static moetax_status settings(struct moetax_dist *d) {
     if (g_replicas < 0 && getenv("MOETAX_MPI_REPLICAS") && *getenv("MOETAX_MPI_REPLICAS")) {
         const char *v = getenv("MOETAX_MPI_REPLICAS");
-        if ((g_replicas = parse_count(v, 0, 4096)) < 0) {
-            if (d->rank == 0) fprintf(stderr, "moetax: MOETAX_MPI_REPLICAS=%s: expected a whole number, 0 to 4096\n", v);
-            return 1;
-        }
+        if ((g_replicas = parse_count(v, 0, 4096)) < 0)
+            return moetax_error(MOETAX_ERR_ARG, "MOETAX_MPI_REPLICAS=%.40s: expected a whole number, 0 to 4096", v);
     }
     if (g_replan < 0 && getenv("MOETAX_MPI_REPLAN") && *getenv("MOETAX_MPI_REPLAN")) {
         const char *v = getenv("MOETAX_MPI_REPLAN");
-        if ((g_replan = parse_count(v, 1, 1 << 30)) < 0) {
-            if (d->rank == 0) fprintf(stderr, "moetax: MOETAX_MPI_REPLAN=%s: expected a whole number of steps >= 1\n", v);
-            return 1;
-        }
+        if ((g_replan = parse_count(v, 1, 1 << 30)) < 0)
+            return moetax_error(MOETAX_ERR_ARG, "MOETAX_MPI_REPLAN=%.40s: expected a whole number of steps >= 1", v);
         if (d->rank == 0)
             fprintf(stderr, "moetax: warning: MOETAX_MPI_REPLAN has no effect: every MoE layer plans its replicas from "
                     "each micro-batch's own counts\n");
     }
     d->n_rep = g_replicas > 0 ? g_replicas : 0;
     d->replan = g_replan > 0 ? g_replan : 1;
-    return 0;
+    return MOETAX_OK;
 }
 
 /* A layer's hosts: nh [E] hosts per expert, hosts [E, H] (D's own plan, or a micro-batch's copy). */
@@ -175,7 +173,8 @@ void moetax_dist_step(struct moetax_dist *d) {
 
 moetax_status moetax_dist_replicas_init(struct moetax_dist *d, const struct moetax_model *m, uint8_t *own) {
     const int L = m->hp.n_layer, E = m->hp.n_expert, P = d->size;
-    if (settings(d)) return moetax_error(MOETAX_ERR_ARG, "bad replica settings (see above)");
+    moetax_status st = settings(d);
+    if (st) return st;
     if (!d->n_rep) {
         if (g_load) return moetax_error(MOETAX_ERR_ARG, "--ep-load %s needs --ep-replicas R (R > 0)", g_load);
         return MOETAX_OK;
@@ -194,7 +193,6 @@ moetax_status moetax_dist_replicas_init(struct moetax_dist *d, const struct moet
     if (!d->is_moe || !d->hosts || !d->n_hosts || !d->load || !d->avail)
         return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     for (int il = 0; il < L; il++) d->is_moe[il] = m->layers[il].is_moe;
-    moetax_status st = MOETAX_OK;
     if (g_load) { /* the profile's frequencies are the prior load; only its planned replicas are mapped */
         struct moetax_profile *p = NULL;
         st = moetax_profile_load(g_load, &p);
