@@ -297,4 +297,30 @@ works("gen 8 layers of 256 experts", ["gen", "--arch", "mixtral", "--preset", "t
 refused("inspect --ranks 65536 of 8 x 256 experts (tables of layers x experts x ranks)",
         ["inspect", "w8.gguf", "--ranks", "65536"], ["--ranks 65536", "2^26"], timeout=30)
 
+# ---- an output in place of an input: refused, the input left as it was --------------------------------
+import shutil  # noqa: E402
+shutil.copy("tiny.gguf", "victim.gguf")
+before = open("victim.gguf", "rb").read()
+for what, args in [
+        ("eval --out MODEL", ["eval", "-m", "victim.gguf", "--tokens", "1,2", "--out", "victim.gguf"]),
+        ("run --ledger MODEL", ["run", "-m", "victim.gguf", "-p", "hi", "-n", "1", "--ledger", "victim.gguf"]),
+        ("run --trace ./MODEL", ["run", "-m", "victim.gguf", "-p", "hi", "-n", "1", "--trace", "./victim.gguf"]),
+        ("bench --ledger MODEL", ["bench", "-m", "victim.gguf", "-n", "2", "-r", "1", "--ledger", "victim.gguf"]),
+        ("profile -o MODEL", ["profile", "-m", "victim.gguf", "-f", "text.txt", "-o", "victim.gguf"]),
+        ("gen --dense-twin-of MODEL -o MODEL", ["gen", "--dense-twin-of", "victim.gguf", "-o", "victim.gguf"])]:
+    refused(what, args, ["victim.gguf", "is the input"])
+check(open("victim.gguf", "rb").read() == before, "the model is left as it was")
+refused("report LEDGER --html LEDGER", ["report", "led.json", "--html", "led.json"], ["led.json", "is the input"])
+refused("run --ledger A --trace ./A", ["run", "-m", "tiny.gguf", "-p", "hi", "-n", "1", "--ledger", "same.json",
+                                      "--trace", "./same.json"], ["same.json", "the same file"])
+refused("profile -o P --predictor-out P", ["profile", "-m", "tiny.gguf", "-f", "text.txt", "-o", "pp.out",
+                                           "--fit-predictor", "--predictor-out", "pp.out"], ["pp.out", "the same file"])
+refused("eval --tokens 4294967297 (read as token 1)", ["eval", "-m", "tiny.gguf", "--tokens", "4294967297,1"],
+        ["4294967297"])
+refused("serve --api-key '' (authentication silently off)", ["serve", "-m", "tiny.gguf", "--api-key", ""], ["--api-key"],
+        timeout=30)
+refused("gen with 2^30 heads of 2^30 dims (its size overflowed: UBSan)",
+        ["gen", "--preset", "tiny", "--heads", "1073741824", "--nope", "1073741824", "-o", "huge.gguf"], ["parameters"])
+check(not os.path.exists("huge.gguf"), "no file is written for a shape too large")
+
 sys.exit(summary())
