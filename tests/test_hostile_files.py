@@ -323,4 +323,16 @@ refused("gen with 2^30 heads of 2^30 dims (its size overflowed: UBSan)",
         ["gen", "--preset", "tiny", "--heads", "1073741824", "--nope", "1073741824", "-o", "huge.gguf"], ["parameters"])
 check(not os.path.exists("huge.gguf"), "no file is written for a shape too large")
 
+# quantize to q4_k of 36-column rows: the message names the type each tensor gets (it said q8_0 and wrote f16)
+works("gen 36 columns", ["gen", "--preset", "tiny", "--embd", "36", "--heads", "4", "-o", "odd36.gguf"])
+q = run(["quantize", "odd36.gguf", "odd36q.gguf", "q4_k"])
+ins = run(["inspect", "odd36q.gguf"])
+said = {}  # tensor -> the type its message names
+for line in (q[2] if q else "").splitlines():
+    if line.startswith("moetax quantize: ") and line.endswith(" instead"):
+        said[line.split(": ")[1]] = line.split()[-2]
+written = {f[0]: f[1] for f in (x.split() for x in (ins[1] if ins else "").splitlines()) if len(f) > 1 and f[0] in said}
+check(q is not None and q[0] == 0 and said.get("token_embd.weight") == "f16" and written == said,
+      "quantize names the type each fallback is written as: said %s, written %s" % (said, written))
+
 sys.exit(summary())

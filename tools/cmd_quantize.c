@@ -23,7 +23,8 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax quantize [--experts-only] IN.gguf OUT.gguf TYPE\n\n"
                "TYPE: f32 f16 bf16 q8_0 q4_0 q2_k q3_k q4_k q5_k q6_k. Routers, norms, biases and 1-D tensors stay f32;\n"
-               "k-quant tensors whose rows are not a multiple of 256 become q8_0 (each named on stderr).\n"
+               "k-quant tensors whose rows are not a multiple of 256 become q8_0, and rows that 32 does not\n"
+               "divide f16 (each named on stderr).\n"
                "  --experts-only  convert the routed expert tensors only, the rest copied as stored (what\n"
                "                  run/bench/eval --expert-type TYPE compute in memory)\n");
 }
@@ -99,12 +100,15 @@ int cmd_quantize(int argc, char **argv) {
         }
         enum moetax_type ty = keep_f32(t) ? MOETAX_TYPE_F32 : to;
         if (experts_only && (!moetax_tensor_is_routed_expert(t) || t->type == to)) ty = t->type; /* as stored */
-        if (t->ne[0] % moetax_type_blck_size(ty) && moetax_type_blck_size(ty) == 256) {
-            fprintf(stderr, "moetax quantize: %s: %lld columns are not a multiple of 256 (%s): q8_0 instead\n", name,
-                    (long long)t->ne[0], moetax_type_name(ty));
-            ty = MOETAX_TYPE_Q8_0;
-        }
+        /* rows that the type's blocks do not divide: a k-quant falls back to q8_0, then (or a 32-block
+         * type) to f16; the final type is named once */
+        const enum moetax_type want = ty;
+        if (t->ne[0] % moetax_type_blck_size(ty) && moetax_type_blck_size(ty) == 256) ty = MOETAX_TYPE_Q8_0;
         if (t->ne[0] % moetax_type_blck_size(ty)) ty = MOETAX_TYPE_F16;
+        if (ty != want)
+            fprintf(stderr, "moetax quantize: %s: %lld columns are not a multiple of %lld (%s): %s instead\n", name,
+                    (long long)t->ne[0], (long long)moetax_type_blck_size(want), moetax_type_name(want),
+                    moetax_type_name(ty));
         types[i] = ty;
         if (t->ne[0] > max_ne0) max_ne0 = t->ne[0];
         if ((st = moetax_gguf_writer_add_tensor(w, name, ty, t->n_dims, t->ne))) goto done;
