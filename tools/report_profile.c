@@ -15,6 +15,7 @@
 #include "cli.h"
 #include "report_profile.h"
 #include "moetax/outfile.h"
+#include "moetax/report.h"
 
 static int cmp_desc(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -67,16 +68,6 @@ static void heat(FILE *f, const int64_t *v, int rows, int cols, double x0, doubl
     }
 }
 
-static void html_text(FILE *f, const char *s) { /* s as HTML text */
-    for (; *s; s++) {
-        if (*s == '<') fputs("&lt;", f);
-        else if (*s == '>') fputs("&gt;", f);
-        else if (*s == '&') fputs("&amp;", f);
-        else if (*s == '"') fputs("&quot;", f);
-        else fputc(*s, f);
-    }
-}
-
 static moetax_status write_html(const struct moetax_profile *p, const char *path, FILE *f) {
     const int E = p->n_expert;
     fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>moetax routing profile</title>\n"
@@ -84,7 +75,7 @@ static moetax_status write_html(const struct moetax_profile *p, const char *path
           "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}"
           ".note{color:#555;font-size:13px}</style></head><body>\n<h1>Routing profile</h1>\n", f);
     fputs("<p class=\"note\">", f);
-    html_text(f, p->model);
+    moetax_report_html_text(f, p->model);
     fprintf(f, ": %lld tokens, %d MoE layers, %d experts, %d used per token.</p>\n", (long long)p->tokens, p->n_moe, E,
             p->n_expert_used);
     fputs("<h2>Experts by layer</h2>\n<p class=\"note\">Routings of each expert (darker: more; square-root "

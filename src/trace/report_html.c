@@ -33,7 +33,7 @@ static const char *k_color[P] = {
 
 static const char *pname(int p) { return moetax_phase_name((enum moetax_phase)p); }
 
-static void esc(FILE *f, const char *s) {
+void moetax_report_html_text(FILE *f, const char *s) {
     for (; s && *s; s++) {
         switch (*s) {
         case '&': fputs("&amp;", f); break;
@@ -79,7 +79,7 @@ static void x_axis(FILE *f, double x0, double y, double w, double max, const cha
                 x, y, x, y + 4, x, y + 16, t);
     }
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" class=\"axl\" text-anchor=\"middle\">", x0 + w / 2, y + 32);
-    esc(f, label);
+    moetax_report_html_text(f, label);
     fputs("</text>\n", f);
 }
 
@@ -97,9 +97,9 @@ static void legend(FILE *f, double x, double y, const bool *show) {
 static void svg_open(FILE *f, double w, double h, const char *title) {
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 %.0f %.0f\" width=\"%.0f\" height=\"%.0f\" "
                "role=\"img\" aria-label=\"", w, h, w, h);
-    esc(f, title);
+    moetax_report_html_text(f, title);
     fputs("\">\n<title>", f);
-    esc(f, title);
+    moetax_report_html_text(f, title);
     fputs("</title>\n", f);
 }
 
@@ -359,11 +359,11 @@ static void batch_section(FILE *f, const struct moetax_report *r) {
 
 static void card(FILE *f, const char *label, const char *value, const char *note) {
     fputs("<div class=\"card\"><div class=\"lab\">", f);
-    esc(f, label);
+    moetax_report_html_text(f, label);
     fputs("</div><div class=\"val\">", f);
-    esc(f, value);
+    moetax_report_html_text(f, value);
     fputs("</div><div class=\"note\">", f);
-    esc(f, note);
+    moetax_report_html_text(f, note);
     fputs("</div></div>\n", f);
 }
 
@@ -385,7 +385,7 @@ moetax_status moetax_report_write_html(const struct moetax_report *r, FILE *f) {
     double share = moetax_report_tax_share(a), total = moetax_report_phase_total(a);
     fputs("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
           "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>moetax report: ", f);
-    esc(f, r->path);
+    moetax_report_html_text(f, r->path);
     fputs("</title>\n<style>\n"
           "body{font-family:system-ui,-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;max-width:1160px;"
           "color:#222;background:#fff;padding:0 16px}\n"
@@ -403,9 +403,9 @@ moetax_status moetax_report_write_html(const struct moetax_report *r, FILE *f) {
           "svg .lane{fill:#f4f4f4}\n"
           "p.note{font-size:13px;color:#555;margin:4px 0}ul.verdict{font-size:14px}\n"
           "</style>\n</head>\n<body>\n<h1>moetax report</h1>\n<div class=\"sub\">", f);
-    esc(f, r->path);
+    moetax_report_html_text(f, r->path);
     fprintf(f, " &middot; %s", r->source == MOETAX_REPORT_SOURCE_LEDGER ? "ledger" : "Chrome trace");
-    if (r->model[0]) { fputs(" &middot; model ", f); esc(f, r->model); }
+    if (r->model[0]) { fputs(" &middot; model ", f); moetax_report_html_text(f, r->model); }
     fprintf(f, " &middot; %d workers &middot; %d layers", r->n_workers, r->n_layer);
     if (r->n_expert) fprintf(f, " &middot; %d experts, %d used per token", r->n_expert, r->n_expert_used);
     fprintf(f, " &middot; breakdowns over %s</div>\n", scope);
