@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
-from checks import check, summary  # noqa: E402
+from checks import SLOW, check, long_skipped, summary  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "models", "pycode-20m-q8_0.gguf")
@@ -48,6 +48,9 @@ def bench_check(mt, work, rows, c):
     bench on a quiet machine); a default recommendation: the front configurations benched likewise"""
     rec = [o for o in rows if o.get("recommended")]
     check(len(rec) == 1, f"one recommended row: {len(rec)}")
+    if not SLOW:
+        long_skipped("the recommendation re-measured by bench (printed, not asserted)")
+        return
     ncpu = os.cpu_count()
     is_default = (c["experts_used"] == 4 and c["threads"] == ncpu and not c["no_mmap"] and not c.get("expert_budget")
                   and not c.get("expert_type"))
