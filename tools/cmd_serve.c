@@ -100,6 +100,11 @@ static void usage(FILE *f) {
             "                         0: a request is taken only while a slot is free)\n"
             "  --max-body BYTES       largest request body (default 1M; sizes like 64K); larger is 413\n"
             "  --max-conn N           connections at once (default 256)\n"
+            "  --read-timeout S       a request must arrive whole (headers and body) within S seconds of its\n"
+            "                         connection's accept or previous answer, else the connection is closed,\n"
+            "                         however it trickles in (default 30; 0: no deadline)\n"
+            "  -to, --timeout S       close a connection that sends and receives nothing for S seconds; time\n"
+            "                         spent generating its answer does not count (default 120; 0: never)\n"
             "  --prefill-chunk N      prompt tokens per step, all sequences together (default 64)\n"
             "  --default-max-tokens N max_tokens when a request gives none (default 256; at most what fits)\n"
             "  --stream-interval MS   a stream sends at most one event per MS milliseconds, with the text of\n"
@@ -134,7 +139,7 @@ int cmd_serve(int argc, char **argv) {
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("MOETAX_API_KEY"), *tmpl_name = NULL;
     int64_t port = 8080, parallel = 4, n_ctx = 0, n_threads = 0, max_queue = 64, max_conn = 256, chunk = 64;
-    int64_t default_max = 256;
+    int64_t default_max = 256, read_timeout = 30, idle_timeout = 120;
     double stream_iv_ms = 2;
     bool adapt = false;
     uint64_t max_body = 1 << 20;
@@ -174,6 +179,16 @@ int cmd_serve(int argc, char **argv) {
         INT_OPT(NULL, "--prefill-chunk", chunk, 1, 4096)
         INT_OPT(NULL, "--default-max-tokens", default_max, 1, 1 << 24)
 #undef INT_OPT
+        else if (cli_opt(argc, argv, &i, NULL, "--read-timeout", &v, &err)) {
+            if (err || !cli_parse_i64(v, &iv) || iv < 0 || iv > 86400)
+                return cli_usage_error("serve", "--read-timeout: expected whole seconds in 0..86400 (0: no deadline)");
+            read_timeout = iv;
+        }
+        else if (cli_opt(argc, argv, &i, "-to", "--timeout", &v, &err)) {
+            if (err || !cli_parse_i64(v, &iv) || iv < 0 || iv > 86400)
+                return cli_usage_error("serve", "--timeout: expected whole seconds in 0..86400 (0: never)");
+            idle_timeout = iv;
+        }
         else if (cli_opt(argc, argv, &i, NULL, "--stream-interval", &v, &err)) {
             if (err || !cli_parse_f64(v, &stream_iv_ms) || !(stream_iv_ms >= 0 && stream_iv_ms <= 1000))
                 return cli_usage_error("serve", "--stream-interval: expected milliseconds in 0..1000");
@@ -289,7 +304,8 @@ int cmd_serve(int argc, char **argv) {
     struct srv_http_params hp = {.host = host, .port = (int)port, .api_key = api_key, .max_body = (size_t)max_body,
                                  .max_conn = (int)max_conn, .model_name = base ? base + 1 : model, .sched = sched,
                                  .tok = tok, .tmpl = tmpl, .specials = specials, .default_max_tokens = default_max,
-                                 .stream_interval_s = stream_iv_ms * 1e-3};
+                                 .stream_interval_s = stream_iv_ms * 1e-3, .read_timeout_s = (double)read_timeout,
+                                 .idle_timeout_s = (unsigned)idle_timeout};
     if ((st = srv_http_start(&hp, &http))) goto done;
     fprintf(stderr, "moetax serve: %s, %d slots, %lld KV cells, %lld positions per request, chat template %s\n", model,
             (int)parallel, (long long)srv_sched_n_ctx(sched), (long long)srv_sched_max_seq(sched), srv_chat_name(tmpl));

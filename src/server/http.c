@@ -17,6 +17,7 @@
 
 #include "server/api.h"
 #include "server/dashboard.h"
+#include "server/deadline.h"
 #include "server/metrics.h"
 #include "server/special_tokens.h"
 
@@ -26,6 +27,7 @@ struct srv_http {
     int port;
     int64_t created;
     atomic_ullong next_id;
+    struct srv_deadline *dl; /* the request deadline (NULL: --read-timeout 0) */
 };
 
 /* Per connection (con_cls): the body as it arrives. */
@@ -112,6 +114,28 @@ static bool client_gone(struct MHD_Connection *c) {
         return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
     }
     return false;
+}
+
+/* Restart libmicrohttpd's idle clock for c (its connection timeout), which only sends and
+ * receives reset: time the server spends generating is not the client being idle. From c's own
+ * thread only. Setting the timeout to 0 and back is the way 0.9.75's API offers (setting it from
+ * 0 takes "now" as the last activity). */
+static void idle_clock_restart(const struct srv_http *h, struct MHD_Connection *c) {
+    if (!h->p.idle_timeout_s) return;
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->p.idle_timeout_s);
+}
+
+/* c's request deadline entry (NULL: none) */
+static struct srv_deadline_conn *deadline_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* c's request is complete, or an answer to it is about to be queued: it is no longer subject
+ * to the request deadline. False when the deadline has already shut it down. */
+static bool request_in(struct srv_http *h, struct MHD_Connection *c) {
+    return !h->dl || srv_deadline_busy(h->dl, deadline_of(c));
 }
 
 static bool auth_ok(const struct srv_http *h, struct MHD_Connection *c) {
@@ -218,6 +242,7 @@ static bool stream_fill(struct stream *s) {
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     struct stream *s = cls;
     (void)pos;
+    const double t_enter = srv_now_s();
     for (;;) {
         if (s->out_off < s->out_len) {
             size_t n = s->out_len - s->out_off;
@@ -225,6 +250,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             memcpy(buf, s->out + s->out_off, n);
             s->out_off += n;
             if (s->out_off == s->out_len) s->out_off = s->out_len = 0;
+            /* a wait here (a queue, a long prefill) must not count as the client's idle time:
+             * libmicrohttpd checks its timeout before it sends these bytes. The timeout is whole
+             * seconds (at least 1), so a shorter wait cannot reach it. */
+            if (srv_now_s() - t_enter >= 0.5) idle_clock_restart(s->h, s->c);
             return (ssize_t)n;
         }
         if (s->done) return MHD_CONTENT_READER_END_OF_STREAM;
@@ -384,6 +413,7 @@ static enum MHD_Result handle_models(struct srv_http *h, struct MHD_Connection *
 static enum MHD_Result handle_metrics(struct srv_http *h, struct MHD_Connection *c) {
     struct srv_metrics m;
     srv_sched_metrics(h->p.sched, &m);
+    m.http_read_timeouts = h->dl ? srv_deadline_n_cut(h->dl) : 0;
     size_t n = 0;
     char *t = srv_metrics_text(&m, &n);
     return send_text(c, 200, "text/plain; version=0.0.4", t, n);
@@ -415,6 +445,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = cs;
         cs->route = route;
         cs->responded = true; /* unless it goes on below */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        const bool denied = route != R_NONE && route != R_HEALTH && route != R_PAGE && !auth_ok(h, c);
+        const bool over = cl && strtoull(cl, NULL, 10) > h->p.max_body;
+        /* answered from the headers alone (libmicrohttpd reads no more of the request): the answer
+         * is on its way, which the request deadline must not cut */
+        if ((route == R_NONE || denied || over) && !request_in(h, c)) return MHD_NO;
         if (route == R_NONE && status == 405) {
             char msg[96];
             snprintf(msg, sizeof msg, "method not allowed (this endpoint takes %s)", allow);
@@ -422,10 +458,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return send_text_allow(c, 405, "application/json", j, j ? strlen(j) : 0, allow);
         }
         if (route == R_NONE) return send_error(c, status, "no such endpoint");
-        if (route != R_HEALTH && route != R_PAGE && !auth_ok(h, c))
-            return send_error(c, 401, "a valid API key is required: send \"Authorization: Bearer KEY\"");
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > h->p.max_body) {
+        if (denied) return send_error(c, 401, "a valid API key is required: send \"Authorization: Bearer KEY\"");
+        if (over) {
             cs->too_big = true;
             char msg[160];
             snprintf(msg, sizeof msg, "the body is larger than the server's limit of %zu bytes (--max-body)", h->p.max_body);
@@ -459,6 +493,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    /* the whole request is in (the final call): from here no deadline cuts it */
+    if (!request_in(h, c)) return MHD_NO;
     if (cs->too_big) {
         char msg[160];
         snprintf(msg, sizeof msg, "the body is larger than the server's limit of %zu bytes (--max-body)", h->p.max_body);
@@ -488,12 +524,33 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls; (void)c; (void)toe;
+    struct srv_http *h = cls;
+    (void)toe;
+    /* the answer has gone (or the connection is closing): a kept-alive connection waits for its
+     * next request, which gets a deadline of its own */
+    if (h->dl) srv_deadline_wait(h->dl, deadline_of(c));
     struct conn *cs = *con_cls;
     if (!cs) return;
     free(cs->body);
     free(cs);
     *con_cls = NULL;
+}
+
+/* Connections open and close (libmicrohttpd's NOTIFY_CONNECTION; registered with a request
+ * deadline only). STARTED runs in the daemon's thread before the connection's own thread
+ * starts; 0.9.75 calls CLOSED after joining that thread and before it closes the socket
+ * (MHD_cleanup_connections, and new_connection_process_'s failure path): so the entry leaves
+ * the deadline's list while its descriptor is still this connection's (see deadline.h). */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    struct srv_http *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? srv_deadline_add(h->dl, ci->connect_fd) : NULL;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        srv_deadline_remove(h->dl, *socket_context);
+        *socket_context = NULL;
+    }
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -524,14 +581,22 @@ moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **
         free(h);
         return moetax_error(MOETAX_ERR_ARG, "--host %s: not a numeric IPv4 or IPv6 address", p->host);
     }
+    if (p->read_timeout_s > 0) {
+        moetax_status st = srv_deadline_start(p->read_timeout_s, &h->dl);
+        if (st) { free(h); return st; }
+    }
+    /* the connection notifications only with a deadline (an absent option ends the list early) */
     h->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
                             (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_conn,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_THREAD_STACK_SIZE,
+                            MHD_OPTION_CONNECTION_TIMEOUT, p->idle_timeout_s, MHD_OPTION_THREAD_STACK_SIZE,
                             (size_t)(512 << 10), MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_END);
+                            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
+                            h->dl ? MHD_OPTION_NOTIFY_CONNECTION : MHD_OPTION_END, on_connection, h, MHD_OPTION_END);
     if (!h->d) {
+        const int e = errno;
+        srv_deadline_stop(h->dl);
         free(h);
-        return moetax_error(MOETAX_ERR_IO, "cannot listen on %s port %d: %s", p->host, p->port, strerror(errno));
+        return moetax_error(MOETAX_ERR_IO, "cannot listen on %s port %d: %s", p->host, p->port, strerror(e));
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
     h->port = di ? di->port : p->port;
@@ -557,6 +622,7 @@ void srv_http_drain(struct srv_http *h, int timeout_ms) {
 
 void srv_http_stop(struct srv_http *h) {
     if (!h) return;
-    MHD_stop_daemon(h->d);
+    MHD_stop_daemon(h->d); /* every connection's CLOSED has removed its deadline entry */
+    srv_deadline_stop(h->dl);
     free(h);
 }

@@ -22,7 +22,12 @@
  *   says so, else when the body passes the limit; the rest is discarded);
  *   every request but GET /health and GET / (the dashboard page, which asks for
  *   the key itself) needs "Authorization: Bearer KEY" when a key is set (401
- *   otherwise); a full queue is 503 with Retry-After.
+ *   otherwise); a full queue is 503 with Retry-After. A request must arrive
+ *   whole within read_timeout_s (server/deadline.h: the connection is shut
+ *   down otherwise, however it trickles, so max_conn slow clients cannot hold
+ *   every slot); a connection idle for idle_timeout_s is closed
+ *   (libmicrohttpd's connection timeout, which the time spent generating does
+ *   not count towards).
  */
 #ifndef MOETAX_SERVER_HTTP_H
 #define MOETAX_SERVER_HTTP_H
@@ -50,6 +55,13 @@ struct srv_http_params {
     int64_t default_max_tokens;
     double stream_interval_s;  /* a stream sends at most one event per interval (the text of every
                                 * token since the last one); 0: an event per step */
+    double read_timeout_s;     /* a request must arrive complete (headers and body) within this
+                                * many seconds of its connection starting to wait for it: its
+                                * accept, or the end of the previous answer (server/deadline.h);
+                                * else the connection is closed. 0: no deadline */
+    unsigned idle_timeout_s;   /* a connection that neither sends nor receives a byte for this many
+                                * seconds (time spent generating its answer excluded) is closed.
+                                * 0: never */
 };
 
 struct srv_http;

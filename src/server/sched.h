@@ -192,6 +192,8 @@ struct srv_metrics {
     uint64_t store_acquires, store_hits, store_loads, store_bytes_read;
     double store_stall_s;            /* the ledger's load phase */
     struct srv_hist ttft, tpot;
+    uint64_t http_read_timeouts;     /* set by the HTTP side: connections shut down for missing the
+                                      * request deadline (--read-timeout) */
 };
 void srv_sched_metrics(struct srv_sched *s, struct srv_metrics *out);
 
