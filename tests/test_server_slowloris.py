@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # ctest-labels: unit;model;threads
 # ctest-cost: 20
-"""test_server_slowloris.py - `moetax serve`'s request deadline and idle timeout.
+"""test_server_slowloris.py - `moetax serve`'s request deadline, idle timeout and half-closed clients.
 
 Usage: test_server_slowloris.py MOETAX WORKDIR. Standard library only; servers on 127.0.0.1, port 0.
 
@@ -13,6 +13,10 @@ Usage: test_server_slowloris.py MOETAX WORKDIR. Standard library only; servers o
     at the deadline.
   - --timeout: an idle connection is closed; a stream that waited in the queue longer than the
     timeout is not (the time the server spends is not the client being idle).
+  - A client that half-closes (shutdown(SHUT_WR), as `nc -N` does) after its request gets its whole
+    stream; a stream's client that closes while its request waits in the queue leaves the queue at
+    once; a half-closed client of a non-streaming request is taken as gone (on the wire its FIN is a
+    close's, and nothing can be written before the answer to tell them apart).
   - bad --read-timeout / --timeout values are usage errors naming the option.
 """
 import http.client
@@ -291,6 +295,59 @@ def test_not_cut(s):
           f"{res.get('slow_sent', 0):.2f} s; an idle kept-alive connection closed after {idle and round(idle, 2)} s")
 
 
+def test_half_close(s):
+    """shutdown(SHUT_WR) after the request: a stream still gets everything."""
+    sk = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+    sk.sendall(raw_request({"prompt": "class A:", "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+                            "stream": True}))
+    sk.shutdown(socket.SHUT_WR)
+    got, end = read_all(sk, 30)
+    sk.close()
+    check(got.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in got and got.count(b'"text"') >= 2,
+          f"a half-closed client's stream: {end}, {len(got)} bytes, ends {got[-60:]!r}")
+    # a half-closed non-streaming client cannot be told from one that left: its request is cancelled
+    before = s.metrics()["moetax_requests_cancelled_total"]
+    sk = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+    sk.sendall(raw_request({"prompt": "class B:", "max_tokens": LONG, "temperature": 0, "ignore_eos": True}))
+    sk.shutdown(socket.SHUT_WR)
+    got, end = read_all(sk, 30)
+    sk.close()
+    n = s.wait_metric("moetax_requests_cancelled_total", before + 1, 5)
+    check(got == b"" and n == before + 1, f"a half-closed non-streaming client is taken as gone: got {got[:40]!r}, "
+                                          f"{n - before} requests cancelled")
+
+
+def test_gone_from_queue(s):
+    """Both slots busy; a queued stream's client reads the response's headers and closes (a FIN, as a
+    half-close's): the comment written to it draws a reset, and the request leaves the queue at once."""
+    def bg(prompt):
+        c = s.conn()
+        c.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+                  body=json.dumps({"prompt": prompt, "max_tokens": 100, "ignore_eos": True, "stream": True}))
+        stream_events(c.getresponse())
+        c.close()
+
+    ts = [threading.Thread(target=bg, args=(p,)) for p in ("a = 1\n", "b = 2\n")]
+    for t in ts:
+        t.start()
+    check(s.wait_metric("llamacpp:requests_processing", 2, 10) == 2, "two requests run")
+    sk = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+    sk.sendall(raw_request({"prompt": "c = 3\n", "max_tokens": 8, "stream": True}))
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += sk.recv(4096)
+    check(s.wait_metric("llamacpp:requests_deferred", 1, 5) == 1, "the third waits in the queue")
+    t0 = time.time()
+    sk.close()
+    left = s.wait_metric("llamacpp:requests_deferred", 0, 2 * SLOW)
+    took = time.time() - t0
+    check(left == 0 and any(t.is_alive() for t in ts),
+          f"the queued stream whose client closed left the queue while the others ran: deferred {left} "
+          f"after {took:.2f} s")
+    for t in ts:
+        t.join(60 * SLOW)
+
+
 def test_idle_timeout():
     """--timeout 1 (and no request deadline): an idle connection is closed; a stream that waits in the
     queue longer than that, and the one before it, are not."""
@@ -355,7 +412,8 @@ def main():
     s = Server("--max-conn", str(MAX_CONN), "--read-timeout", str(READ_TIMEOUT), "--timeout", "60", "--parallel", "2",
                name="deadline", env={"MOETAX_TEST_STEP_DELAY_US": "20000"})
     try:
-        for name, fn in (("slowloris", lambda: test_slowloris(s)), ("not cut", lambda: test_not_cut(s))):
+        for name, fn in (("slowloris", lambda: test_slowloris(s)), ("not cut", lambda: test_not_cut(s)),
+                         ("half-close", lambda: test_half_close(s)), ("gone from the queue", lambda: test_gone_from_queue(s))):
             t = time.time()
             fn()
             print(f"  {name}: {time.time() - t:.2f} s", flush=True)

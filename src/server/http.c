@@ -101,19 +101,29 @@ static enum MHD_Result send_error(struct MHD_Connection *c, int status, const ch
     return send_json(c, status, srv_api_error_json(msg, srv_api_error_type(status), status));
 }
 
-/* The peer closed its end (or the socket failed). */
-static bool client_gone(struct MHD_Connection *c) {
+enum peer {
+    PEER_HERE,      /* nothing to say: still connected */
+    PEER_SENT_FIN,  /* it will send no more: closed, or only half-closed (shutdown(SHUT_WR)) */
+    PEER_GONE,      /* reset, or both directions shut: nothing we write can arrive */
+};
+
+/* What the client's socket says, without waiting. A FIN is the same on the wire whether the
+ * peer closed its socket or only its sending half; the difference shows only once we write:
+ * a closed peer answers with a reset (POLLHUP | POLLERR here), a half-closed one takes it. */
+static enum peer peer_state(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return false;
+    if (!ci) return PEER_HERE;
     struct pollfd pf = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&pf, 1, 0) <= 0) return false;
-    if (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+    if (poll(&pf, 1, 0) <= 0) return PEER_HERE;
+    if (pf.revents & (POLLHUP | POLLERR | POLLNVAL)) return PEER_GONE;
+    if (pf.revents & POLLRDHUP) return PEER_SENT_FIN;
     if (pf.revents & POLLIN) {
         char b;
         const ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        if (n == 0) return PEER_SENT_FIN;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return PEER_GONE;
     }
-    return false;
+    return PEER_HERE;
 }
 
 /* Restart libmicrohttpd's idle clock for c (its connection timeout), which only sends and
@@ -156,6 +166,7 @@ struct stream {
     struct MHD_Connection *c;
     struct srv_req *r;
     bool chat, include_usage, done;
+    bool probed;         /* the client sent a FIN: a comment went out to see whether it is still there */
     char id[48];
     size_t sent;         /* bytes of r->text sent */
     char *out;           /* pending SSE bytes */
@@ -268,9 +279,22 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&s->r->mu);
         }
         if (stream_fill(s)) continue;
-        if (client_gone(s->c)) {
+        const enum peer ps = peer_state(s->c);
+        if (ps == PEER_GONE) {
             srv_req_cancel(s->r);
             return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (ps == PEER_SENT_FIN && !s->probed) {
+            /* closed, or half-closed (nc -N) and still reading? An SSE comment, which clients
+             * ignore, tells: a closed peer resets the connection (PEER_GONE at the next look),
+             * a half-closed one takes it and gets the rest of its stream. */
+            static const char probe[] = ":\n\n";
+            if (max >= sizeof probe - 1) {
+                s->probed = true;
+                memcpy(buf, probe, sizeof probe - 1);
+                if (srv_now_s() - t_enter >= 0.5) idle_clock_restart(s->h, s->c);
+                return (ssize_t)(sizeof probe - 1);
+            }
         }
         pthread_mutex_lock(&s->r->mu);
         srv_req_wait_locked(s->r, s->sent, 50);
@@ -369,7 +393,9 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
         srv_req_wait_locked(r, SIZE_MAX, 50);
         if (r->finish != SRV_FINISH_NONE) break;
         pthread_mutex_unlock(&r->mu);
-        const bool gone = client_gone(c);
+        /* nothing can be written before the answer's status line, so a FIN cannot be told from
+         * a close here: a client that half-closes is taken as gone (as Go's net/http and hyper do) */
+        const bool gone = peer_state(c) != PEER_HERE;
         pthread_mutex_lock(&r->mu);
         if (gone) {
             pthread_mutex_unlock(&r->mu);

@@ -14,9 +14,14 @@
  *   sleeping thread, needs no wake-up path from the scheduler into MHD, and the
  *   order of events per connection stays in one function. While it waits (and
  *   while a non-streaming request waits for its end) the thread polls its
- *   socket every 50 ms: a peer that closed (POLLRDHUP/POLLHUP, or a zero-byte
- *   peek) cancels the request, so its cells are freed at the next step, also
- *   during a long prefill when no bytes are being written.
+ *   socket every 50 ms, so a client that went away is noticed and its request
+ *   cancelled (its cells freed at the next step), also during a long prefill
+ *   when no bytes are being written: a reset (POLLHUP/POLLERR) is gone. A FIN
+ *   (POLLRDHUP, or a zero-byte peek) is the same for a peer that closed and one
+ *   that only half-closed (shutdown(SHUT_WR)) and still reads: a stream then
+ *   writes one SSE comment (":"), which a closed peer answers with a reset
+ *   and a half-closed one takes, and goes on; a non-streaming request, which
+ *   can write nothing before its answer, takes the FIN as gone.
  *
  *   Limits: bodies over max_body bytes are 413 (at once when Content-Length
  *   says so, else when the body passes the limit; the rest is discarded);
