@@ -141,7 +141,7 @@ class Server:
             time.sleep(0.05)
         return check(False, f"{what}: KV cells not back: active {m.get('moetax_kv_cells_active')}, used "
                             f"{m.get('moetax_kv_cells_used')}, cached {m.get('moetax_kv_cells_cached')}, processing "
-                            f"{m.get('llamacpp:requests_processing')}")
+                            f"{m.get('llamacpp:requests_processing')}, deferred {m.get('llamacpp:requests_deferred')}")
 
     def stop(self, timeout=20):
         if self.p.poll() is None:
