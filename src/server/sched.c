@@ -225,6 +225,7 @@ struct srv_sched {
     pthread_cond_t cv;
     struct srv_req *q_head, *q_tail;
     int q_len;
+    bool q_changed;         /* requests left the queue since the metrics' last snapshot (scheduler only) */
     atomic_int n_active;    /* slots running a request (the scheduler writes it, submit reads it) */
     bool stopping, stopped, started;
     pthread_t thread;
@@ -496,6 +497,7 @@ static void admit(struct srv_sched *s) {
         account_finish(s, r);
         *pp = r->next;
         s->q_len--;
+        s->q_changed = true;
         srv_req_unref(r); /* the queue's reference */
     }
     s->q_tail = last;
@@ -602,6 +604,7 @@ static void update_metrics(struct srv_sched *s, int seqs, int64_t tokens, bool d
     moetax_ledger_moe_totals(s->led, true, &ms);
     pthread_mutex_lock(&s->mu);
     const int deferred = s->q_len;
+    s->q_changed = false;
     pthread_mutex_unlock(&s->mu);
     pthread_mutex_lock(&s->mmu);
     if (seqs > 0) {
@@ -765,6 +768,15 @@ static void sched_loop(struct srv_sched *s) {
             bool busy = false;
             for (int i = 0; i < s->p.n_parallel; i++) busy |= s->slots[i].state == SLOT_ACTIVE;
             if (busy) break;
+            if (s->q_changed) {
+                /* the last step's snapshot still counts the requests whose clients went away that
+                 * admit() just took from the queue: idle, no step would refresh it (/metrics and
+                 * /tax showed them deferred until the next request) */
+                pthread_mutex_unlock(&s->mu);
+                update_metrics(s, 0, 0, false);
+                pthread_mutex_lock(&s->mu);
+                continue;
+            }
             if (!s->mirror) {
                 pthread_cond_wait(&s->cv, &s->mu);
                 continue;
