@@ -43,13 +43,13 @@ stage "build (tsan)" built_for build-tsan threads -DCMAKE_BUILD_TYPE=RelWithDebI
 stage "ctest threads (tsan)" ctest --test-dir build-tsan --output-on-failure -j"$jobs" -L threads
 
 fuzz() { # the GGUF reader, the model loader (hyper-parameters, tensors, tokenizer) and the server's request
-         # parsing, side by side (each fuzzer is one process), each for half of MOETAX_FUZZ_SECONDS (default 60):
+         # parsing, side by side (each fuzzer is one process), each for half of MOETAX_FUZZ_SECONDS (default 30):
          # on 2 cores that is the CPU time of running them one after the other for a third each; the seeds
          # come from the release build's moetax
   build build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DMOETAX_FUZZ=ON \
       -DMOETAX_SANITIZE=fuzzer-no-link,address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -- fuzzers || return 1
-  local part=$(( ${MOETAX_FUZZ_SECONDS:-60} / 2 )) f pids=() rc=0
+  local part=$(( ${MOETAX_FUZZ_SECONDS:-30} / 2 )) f pids=() rc=0
   tests/fuzz_run.sh build-fuzz/tests/fuzz_gguf ./build/moetax build-fuzz/corpus "$part" 65536 \
       >build-fuzz/fuzz_gguf.out 2>&1 & pids+=($!)
   tests/fuzz_run.sh build-fuzz/tests/fuzz_model ./build/moetax build-fuzz/corpus-model "$part" 131072 \

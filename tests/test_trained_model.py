@@ -109,6 +109,11 @@ def torch_ppl(model, docs, ctx, stride):
 def main():
     binary, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
+    if SANITIZED and not SLOW:
+        # its paths (tokenize, eval, perplexity, run on the default model) run under the sanitizers in
+        # test_cli, test_model_ref, test_tokenizer_gpt2 and the server tests; the numbers are this test's
+        long_skipped("the trained model against PyTorch under the sanitizers")
+        return summary()
     if not os.path.exists(MODEL):
         raise SystemExit("FAIL: the default model %s is missing (it is committed; git checkout it)" % MODEL)
     r = G.GGUFReader(MODEL)
