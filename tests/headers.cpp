@@ -13,5 +13,6 @@
 #include "moetax/store.h"
 #include "moetax/predict.h"
 #include "moetax/outfile.h"
+#include "moetax/readfile.h"
 
 int main() { return moetax_status_name(MOETAX_OK)[0] == 'M' ? 0 : 1; }

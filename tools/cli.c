@@ -2,6 +2,7 @@
 #include "moetax/model.h"
 #include "moetax/outfile.h"
 #include "moetax/pool.h"
+#include "moetax/readfile.h"
 
 #include <errno.h>
 #include <float.h>
@@ -198,59 +199,18 @@ const char *cli_default_model_path(void) {
 }
 
 moetax_status cli_read_file(const char *path, uint64_t max_bytes, char **text, size_t *len) {
-    *text = NULL;
-    *len = 0;
     if (!max_bytes) max_bytes = CLI_MAX_INPUT_DEFAULT;
-    bool std_in = !strcmp(path, "-");
-    FILE *f = std_in ? stdin : fopen(path, "rb");
-    if (!f) return moetax_error(MOETAX_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        if (!std_in) fclose(f);
-        return moetax_error(MOETAX_ERR_ARG, "'%s' is a directory, not a file", path);
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    moetax_status st = MOETAX_OK;
-    for (;;) {
-        if (!buf) { st = moetax_error(MOETAX_ERR_NOMEM, "'%s': out of memory", path); break; }
-        if (n + 1 >= cap) { /* room for the NUL */
-            char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
-            if (!nb) { free(buf); buf = NULL; continue; }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t want = cap - 1 - n;
-        if (want > max_bytes + 1 - n) want = (size_t)(max_bytes + 1 - n); /* one byte past the limit tells */
-        size_t r = fread(buf + n, 1, want, f);
-        n += r;
-        if (n > max_bytes) {
-            if (max_bytes >= (1 << 20))
-                st = moetax_error(MOETAX_ERR_LIMIT, "'%s': more than %.0f MiB of text (%llu bytes; --max-input-bytes "
-                                  "raises the limit)", path, (double)max_bytes / (1 << 20), (unsigned long long)max_bytes);
-            else
-                st = moetax_error(MOETAX_ERR_LIMIT, "'%s': more than %llu bytes of text (--max-input-bytes raises the "
-                                  "limit)", path, (unsigned long long)max_bytes);
-            break;
-        }
-        if (r == 0) break;
-    }
-    if (!st && ferror(f)) st = moetax_error(MOETAX_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
-    if (!std_in) fclose(f);
-    if (st) { free(buf); return st; }
-    buf[n] = 0;
-    *text = buf;
-    *len = n;
-    return MOETAX_OK;
-}
-
-moetax_status cli_check_no_nul(const char *path, const char *text, size_t len) {
-    const char *nul = memchr(text, 0, len);
-    if (!nul) return MOETAX_OK;
-    size_t line = 1;
-    for (const char *q = text; (q = memchr(q, '\n', (size_t)(nul - q))); q++) line++;
-    return moetax_error(MOETAX_ERR_FORMAT, "'%s': a NUL byte at byte offset %zu (line %zu); a text file may not "
-                        "contain NUL bytes", path, (size_t)(nul - text), line);
+    const bool std_in = !strcmp(path, "-");
+    const struct moetax_readfile_params p = {.max_bytes = max_bytes < SIZE_MAX ? (size_t)max_bytes : SIZE_MAX,
+                                             .name = std_in ? "standard input" : path};
+    const moetax_status st =
+        std_in ? moetax_readfile_stream(stdin, &p, text, len) : moetax_readfile_path(path, &p, text, len);
+    if (st != MOETAX_ERR_LIMIT) return st;
+    if (max_bytes >= (1 << 20))
+        return moetax_error(st, "%s: more than %.0f MiB of text (%llu bytes; --max-input-bytes raises the limit)", p.name,
+                            (double)max_bytes / (1 << 20), (unsigned long long)max_bytes);
+    return moetax_error(st, "%s: more than %llu bytes of text (--max-input-bytes raises the limit)", p.name,
+                        (unsigned long long)max_bytes);
 }
 
 bool cli_capacity_factor_ok(double *c) {

@@ -51,20 +51,17 @@ double cli_now(void); /* monotonic seconds */
 /* The p-quantile (0..1, nearest rank) of v[0..n), sorting v in place; 0 when n <= 0. */
 double cli_percentile(double *v, int n, double p);
 
-/* The whole file at path ("-": standard input) in a malloc'd buffer with a
- * NUL after its *len bytes (the bytes may hold NULs too), at most max_bytes of
- * it (0: CLI_MAX_INPUT_DEFAULT): more is MOETAX_ERR_LIMIT, naming the file and
- * --max-input-bytes (a device such as /dev/zero never ends). A directory is
- * MOETAX_ERR_ARG; MOETAX_ERR_IO names the file and the system's reason;
- * MOETAX_ERR_NOMEM. */
+/* The whole file at path ("-": standard input) through moetax_readfile (moetax/readfile.h): a
+ * malloc'd buffer with a NUL after its *len bytes (the bytes may hold NULs too), at most max_bytes of
+ * it (0: CLI_MAX_INPUT_DEFAULT): more is MOETAX_ERR_LIMIT, naming the file and --max-input-bytes (a
+ * device such as /dev/zero never ends). A directory is MOETAX_ERR_ARG; MOETAX_ERR_IO names the file
+ * and the system's reason; MOETAX_ERR_NOMEM. moetax_readfile_check_text then says whether the text
+ * may be used as a C string. */
 #define CLI_MAX_INPUT_DEFAULT ((uint64_t)256 << 20)
 /* path itself, or the regular files in the folder path (sorted by name, hidden files skipped):
  * *out[*n_out] strings to free (and the array). */
 moetax_status cli_list_inputs(const char *path, char ***out, int *n_out);
 moetax_status cli_read_file(const char *path, uint64_t max_bytes, char **text, size_t *len);
-/* MOETAX_ERR_FORMAT naming path, the byte offset and the line of the first NUL byte among text's len
- * bytes: for a file read with cli_read_file whose text is then used as a C string (a NUL would cut it). */
-moetax_status cli_check_no_nul(const char *path, const char *text, size_t len);
 /* --max-input-bytes SIZE (256M, 1G; at least 1): true if argv[*i] is it; a bad
  * value prints a usage error for cmd and sets *err. */
 bool cli_max_input_opt(const char *cmd, int argc, char **argv, int *i, uint64_t *max_bytes, bool *err);

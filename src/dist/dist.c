@@ -1,18 +1,17 @@
 /* dist.c - the MPI world of one moetax command, placement, the load check, the batch
  * broadcast and the combine's collectives (see dist.h). */
-#include <errno.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
 #include <time.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dist/dist.h"
 #include "moetax/gguf.h"
 #include "moetax/ledger.h"
+#include "moetax/readfile.h"
 
 static struct moetax_dist *g_world;
 static const char *g_placement; /* --placement FILE */
@@ -233,56 +232,28 @@ static int placement_line_of(const char *text, size_t off) {
  * error naming its line and offset), at most DIST_PLACEMENT_MAX_BYTES, each line at most line_max
  * bytes (fgets would cut a longer one and take its tail for a line of its own). */
 static moetax_status read_placement_text(const char *path, size_t line_max, char **text) {
-    *text = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return moetax_error(MOETAX_ERR_IO, "--placement %s: cannot open it: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        fclose(f);
-        return moetax_error(MOETAX_ERR_IO, "--placement %s: is a directory, not a placement file", path);
-    }
+    char name[1024];
+    snprintf(name, sizeof name, "--placement %s", path);
+    size_t n;
     const size_t max = DIST_PLACEMENT_MAX_BYTES;
-    size_t cap = 1 << 12, n = 0;
-    char *buf = malloc(cap + 1);
-    moetax_status st = buf ? MOETAX_OK : moetax_error(MOETAX_ERR_NOMEM, "--placement %s: out of memory", path);
-    while (!st) {
-        if (n == cap) {
-            const size_t grown = cap * 2 < max + 1 ? cap * 2 : max + 1;
-            char *nb = realloc(buf, grown + 1);
-            if (!nb) { st = moetax_error(MOETAX_ERR_NOMEM, "--placement %s: out of memory", path); break; }
-            buf = nb;
-            cap = grown;
-        }
-        size_t want = cap - n;
-        if (want > max + 1 - n) want = max + 1 - n; /* one byte past the limit tells */
-        const size_t r = fread(buf + n, 1, want, f);
-        const char *nul = memchr(buf + n, 0, r);
-        n += r;
-        if (nul) {
-            const size_t off = (size_t)(nul - buf);
-            st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: a NUL byte at byte offset %zu (a placement "
-                              "file is text)", path, placement_line_of(buf, off), off);
-        } else if (n > max) {
-            st = moetax_error(MOETAX_ERR_LIMIT, "--placement %s: more than %zu bytes (%zu MiB); a placement file "
-                              "has one line per MoE layer", path, max, max >> 20);
-        } else if (r == 0) {
-            break;
-        }
-    }
-    if (!st && ferror(f)) st = moetax_error(MOETAX_ERR_IO, "--placement %s: cannot read it: %s", path, strerror(errno));
-    fclose(f);
+    const struct moetax_readfile_params rp = {.max_bytes = max, .text = true, .name = name};
+    moetax_status st = moetax_readfile_path(path, &rp, text, &n);
+    if (st == MOETAX_ERR_LIMIT)
+        return moetax_error(st, "--placement %s: more than %zu bytes (%zu MiB); a placement file has one line per "
+                            "MoE layer", path, max, max >> 20);
     for (size_t a = 0; !st && a < n;) { /* every line within line_max */
-        const char *e = memchr(buf + a, '\n', n - a);
-        const size_t b = e ? (size_t)(e - buf) : n;
+        const char *e = memchr(*text + a, '\n', n - a);
+        const size_t b = e ? (size_t)(e - *text) : n;
         if (b - a > line_max)
             st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: the line is too long (%zu bytes from byte offset "
-                              "%zu, at most %zu)", path, placement_line_of(buf, a), b - a, a, line_max);
+                              "%zu, at most %zu)", path, placement_line_of(*text, a), b - a, a, line_max);
         a = b + 1;
     }
-    if (st) { free(buf); return st; }
-    buf[n] = 0;
-    *text = buf;
-    return MOETAX_OK;
+    if (st) {
+        free(*text);
+        *text = NULL;
+    }
+    return st;
 }
 
 /* the placement file (see moetax_dist_set_placement) into d->owner */

@@ -3,8 +3,8 @@
  * fold it into a struct moetax_report (see include/moetax/report.h).
  */
 #include "moetax/report.h"
+#include "moetax/readfile.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stddef.h>
@@ -1165,25 +1165,12 @@ moetax_status moetax_report_parse(const char *text, size_t len, const char *name
 
 moetax_status moetax_report_load(const char *path, const struct moetax_report_params *p, struct moetax_report **out) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return moetax_error(MOETAX_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, len = 0, n;
-    char *buf = malloc(cap);
-    while (buf && (n = fread(buf + len, 1, cap - len, f)) > 0) {
-        len += n;
-        if (len == cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) { free(buf); buf = NULL; break; }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    bool err = ferror(f);
-    fclose(f);
-    if (!buf) return moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory reading the file", path);
-    if (err) { free(buf); return moetax_error(MOETAX_ERR_IO, "%s: read error", path); }
-    if (len == 0) { free(buf); return moetax_error(MOETAX_ERR_FORMAT, "%s: the file is empty", path); }
-    moetax_status st = moetax_report_parse(buf, len, path, p, out);
+    char *buf;
+    size_t len;
+    moetax_status st = moetax_readfile_path(path, NULL, &buf, &len);
+    if (st) return st;
+    if (len == 0) st = moetax_error(MOETAX_ERR_FORMAT, "%s: the file is empty", path);
+    else st = moetax_report_parse(buf, len, path, p, out);
     free(buf);
     return st;
 }
