@@ -1,6 +1,8 @@
 // ctest-labels: unit
 /* test_profile.c - routing profiles: the counts' invariants on known routings, the
- * file round trip, and malformed files refused with the field named. */
+ * file round trip, and malformed files refused with the field named, by the loader and from a
+ * parsed document (moetax_profile_from_json, what `report` uses). */
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +52,17 @@ static void counts_and_roundtrip(void) {
         CHECK(!memcmp(q->trans, p->trans, sizeof(int64_t) * 2 * E * E));
     }
     moetax_profile_free(q);
+    /* the same from the parsed document */
+    json_t *doc = json_load_file(path, 0, NULL);
+    q = NULL;
+    CHECK(doc && moetax_profile_from_json(doc, "doc", &q) == MOETAX_OK);
+    if (q) {
+        CHECK(!strcmp(q->model, "m") && q->tokens == 3 && q->n_moe == 3);
+        CHECK(!memcmp(q->freq, p->freq, sizeof(int64_t) * 3 * E));
+        CHECK(!memcmp(q->trans, p->trans, sizeof(int64_t) * 2 * E * E));
+    }
+    moetax_profile_free(q);
+    json_decref(doc);
     moetax_profile_free(p);
 }
 
@@ -106,6 +119,14 @@ static void malformed(void) {
         CHECK_MSG(st != MOETAX_OK && p == NULL && strstr(moetax_last_error(), cases[i].field),
                   "case %zu: %s (wanted %s)", i, moetax_last_error(), cases[i].field);
         moetax_profile_free(p);
+        json_t *doc = json_loads(cases[i].text, 0, NULL);
+        if (!doc) continue; /* the case of text that is not JSON */
+        p = (struct moetax_profile *)1;
+        st = moetax_profile_from_json(doc, "doc.json", &p);
+        CHECK_MSG(st == MOETAX_ERR_FORMAT && p == NULL && strstr(moetax_last_error(), "doc.json: ") &&
+                      strstr(moetax_last_error(), cases[i].field),
+                  "case %zu from the document: %s (wanted %s)", i, moetax_last_error(), cases[i].field);
+        json_decref(doc);
     }
 }
 

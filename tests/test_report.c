@@ -220,6 +220,26 @@ static void test_ledger(void) {
         CHECK_NEAR(moetax_report_sel(r)->worker_wait_s[1], 0.0015);
         moetax_report_free(r);
     }
+    /* the same from a parsed document, which stays as it was; other documents refused by name */
+    json_t *doc = json_loads(text, 0, NULL);
+    CHECK(doc != NULL);
+    st = moetax_report_from_json(doc, "doc", &dp, &r);
+    CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+    if (r) {
+        CHECK(!strcmp(r->path, "doc") && moetax_report_sel(r) == &r->decode);
+        CHECK_NEAR(moetax_report_tax_share(moetax_report_sel(r)), 0.5);
+        moetax_report_free(r);
+    }
+    CHECK(doc && doc->refcount == 1 && json_object_get(doc, "moetax_ledger"));
+    json_decref(doc);
+    doc = json_pack("[i]", 1);
+    CHECK(moetax_report_from_json(doc, "arr", NULL, &r) == MOETAX_ERR_FORMAT && r == NULL &&
+          strstr(moetax_last_error(), "arr: expected a JSON object"));
+    json_decref(doc);
+    doc = json_pack("{s:i}", "moetax_profile", 1);
+    CHECK(moetax_report_from_json(doc, "prof", NULL, &r) == MOETAX_ERR_FORMAT && r == NULL &&
+          strstr(moetax_last_error(), "prof: neither a moetax ledger"));
+    json_decref(doc);
     free(text);
 }
 

@@ -527,19 +527,21 @@ int cmd_report(int argc, char **argv) {
         free(text);
         return cli_fail("report", moetax_error(MOETAX_ERR_FORMAT, "%s: the file is empty", path));
     }
-    if (strstr(text, "\"moetax_profile\"")) { /* a routing profile (moetax profile), not a ledger */
-        json_t *probe = json_loadb(text, len, 0, NULL);
-        const bool is_profile = probe && json_object_get(probe, "moetax_profile");
-        json_decref(probe);
-        if (is_profile) {
-            const int rc = report_profile(path, text, len, json, html);
-            free(text);
-            return rc;
-        }
+    /* parsed once: a routing profile (moetax profile) goes to its reader, a ledger or trace to the report's */
+    json_error_t je;
+    json_t *root = json_loadb(text, len, 0, &je);
+    free(text);
+    if (!root)
+        return cli_fail("report", moetax_error(MOETAX_ERR_FORMAT, "%s: not valid JSON: line %d, column %d: %s", path,
+                                               je.line, je.column, je.text));
+    if (json_is_object(root) && json_object_get(root, "moetax_profile")) {
+        const int rc = report_profile(path, root, json, html);
+        json_decref(root);
+        return rc;
     }
     struct moetax_report *r;
-    st = moetax_report_parse(text, len, path, &p, &r);
-    free(text);
+    st = moetax_report_from_json(root, path, &p, &r);
+    json_decref(root);
     if (st) return cli_fail("report", st);
     if (html) { /* a temporary file renamed into place */
         struct moetax_outfile *of;

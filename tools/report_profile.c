@@ -115,9 +115,9 @@ static moetax_status write_html(const struct moetax_profile *p, const char *path
     return ferror(f) ? moetax_error(MOETAX_ERR_IO, "writing the HTML page failed") : MOETAX_OK;
 }
 
-int report_profile(const char *path, const char *text, size_t len, bool json, const char *html) {
+int report_profile(const char *path, const json_t *doc, bool json, const char *html) {
     struct moetax_profile *p;
-    moetax_status st = moetax_profile_parse(text, len, path, &p);
+    moetax_status st = moetax_profile_from_json(doc, path, &p);
     if (st) return cli_fail("report", st);
     if (html) {
         struct moetax_outfile *of;

@@ -4,10 +4,12 @@
 
 #include <stdbool.h>
 
+#include <jansson.h>
+
 #include "moetax/profile.h"
 
-/* The profile in text[0..len) (read from path, "-" for stdin): text (or --json) on stdout and
- * optionally the HTML page; the exit code. */
-int report_profile(const char *path, const char *text, size_t len, bool json, const char *html);
+/* The profile in doc, the JSON document read from path ("-" for stdin): text (or --json) on stdout
+ * and optionally the HTML page; the exit code. */
+int report_profile(const char *path, const json_t *doc, bool json, const char *html);
 
 #endif

@@ -61,8 +61,10 @@ moetax_status moetax_profile_write(const struct moetax_profile *p, const char *p
 /* Read and check a profile (types, shapes, non-negative counts within what its tokens allow);
  * errors name the file and the field. */
 moetax_status moetax_profile_load(const char *path, struct moetax_profile **out);
-/* The same from text in memory; name is what the errors call it. */
-moetax_status moetax_profile_parse(const char *text, size_t len, const char *name, struct moetax_profile **out);
+/* The same from a parsed JSON document (a Jansson json_t, e.g. one `report` has read and found a
+ * "moetax_profile" key in); name is what the errors call it. The document is only read. */
+struct json_t;
+moetax_status moetax_profile_from_json(const struct json_t *doc, const char *name, struct moetax_profile **out);
 
 #ifdef __cplusplus
 }

@@ -213,6 +213,11 @@ moetax_status moetax_report_load(const char *path, const struct moetax_report_pa
 /* The same from text in memory; `name` is used in messages. */
 moetax_status moetax_report_parse(const char *text, size_t len, const char *name, const struct moetax_report_params *p,
                                   struct moetax_report **out);
+/* The same from a parsed JSON document (a Jansson json_t), which is only read: for a caller that has
+ * parsed the file already to tell a ledger from another kind (`report` of a routing profile). */
+struct json_t;
+moetax_status moetax_report_from_json(const struct json_t *doc, const char *name, const struct moetax_report_params *p,
+                                      struct moetax_report **out);
 void moetax_report_free(struct moetax_report *r);
 
 /* The group the breakdowns use: decode if decode_only, else all. */

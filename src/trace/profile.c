@@ -170,7 +170,8 @@ static moetax_status get_int(const char *path, const json_t *o, const char *key,
     return MOETAX_OK;
 }
 
-static moetax_status from_json(const json_t *o, const char *path, struct moetax_profile **out) {
+moetax_status moetax_profile_from_json(const json_t *o, const char *path, struct moetax_profile **out) {
+    *out = NULL;
     moetax_status st = MOETAX_OK;
     struct moetax_profile *p = NULL;
     int64_t version = 0, E = 0, k = 0, L = 0, tokens = 0;
@@ -239,17 +240,7 @@ moetax_status moetax_profile_load(const char *path, struct moetax_profile **out)
     json_error_t je;
     json_t *o = json_load_file(path, 0, &je);
     if (!o) return moetax_error(MOETAX_ERR_FORMAT, "%s: line %d: not valid JSON: %s", path, je.line, je.text);
-    moetax_status st = from_json(o, path, out);
-    json_decref(o);
-    return st;
-}
-
-moetax_status moetax_profile_parse(const char *text, size_t len, const char *name, struct moetax_profile **out) {
-    *out = NULL;
-    json_error_t je;
-    json_t *o = json_loadb(text, len, 0, &je);
-    if (!o) return moetax_error(MOETAX_ERR_FORMAT, "%s: line %d: not valid JSON: %s", name, je.line, je.text);
-    moetax_status st = from_json(o, name, out);
+    moetax_status st = moetax_profile_from_json(o, path, out);
     json_decref(o);
     return st;
 }

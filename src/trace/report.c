@@ -1130,15 +1130,10 @@ fail:
 
 /* ---- entry points ------------------------------------------------------------------- */
 
-moetax_status moetax_report_parse(const char *text, size_t len, const char *name, const struct moetax_report_params *p,
-                                  struct moetax_report **out) {
+moetax_status moetax_report_from_json(const json_t *root, const char *name, const struct moetax_report_params *p,
+                                     struct moetax_report **out) {
     *out = NULL;
     if (!name) name = "(memory)";
-    json_error_t jerr;
-    json_t *root = json_loadb(text, len, 0, &jerr);
-    if (!root)
-        return moetax_error(MOETAX_ERR_FORMAT, "%s: not valid JSON: line %d, column %d: %s", name, jerr.line,
-                            jerr.column, jerr.text);
     moetax_status st;
     struct moetax_report *r = NULL;
     if (!json_is_object(root)) {
@@ -1154,13 +1149,26 @@ moetax_status moetax_report_parse(const char *text, size_t len, const char *name
                           "%s: neither a moetax ledger (no \"moetax_ledger\" key) nor a Chrome trace (no \"traceEvents\")",
                           name);
     }
-    json_decref(root);
     if (st) {
         moetax_report_free(r);
         return st;
     }
     *out = r;
     return MOETAX_OK;
+}
+
+moetax_status moetax_report_parse(const char *text, size_t len, const char *name, const struct moetax_report_params *p,
+                                  struct moetax_report **out) {
+    *out = NULL;
+    if (!name) name = "(memory)";
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, 0, &jerr);
+    if (!root)
+        return moetax_error(MOETAX_ERR_FORMAT, "%s: not valid JSON: line %d, column %d: %s", name, jerr.line,
+                            jerr.column, jerr.text);
+    const moetax_status st = moetax_report_from_json(root, name, p, out);
+    json_decref(root);
+    return st;
 }
 
 moetax_status moetax_report_load(const char *path, const struct moetax_report_params *p, struct moetax_report **out) {
