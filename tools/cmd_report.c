@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "core/printable.h"
 #include "moetax/outfile.h"
 #include "moetax/report.h"
 #include "report_profile.h"
@@ -218,7 +219,11 @@ static void print_text(FILE *f, const struct moetax_report *r) {
     const struct moetax_report_agg *a = moetax_report_sel(r);
     const char *scope = r->decode_only ? "decode steps" : "all steps";
     fprintf(f, "moetax report: %s (%s", r->path, r->source == MOETAX_REPORT_SOURCE_LEDGER ? "ledger" : "Chrome trace");
-    if (r->model[0]) fprintf(f, ", model %s", r->model);
+    if (r->model[0]) { /* a name from the file: its control bytes stay off the terminal */
+        char model[sizeof r->model];
+        moetax_printable(model, sizeof model, r->model, SIZE_MAX, 0);
+        fprintf(f, ", model %s", model);
+    }
     fprintf(f, ", %d workers, %d layers", r->n_workers, r->n_layer);
     if (r->n_expert) fprintf(f, ", %d experts, %d used", r->n_expert, r->n_expert_used);
     fprintf(f, ")\n");

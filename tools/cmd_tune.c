@@ -53,6 +53,7 @@
 #include "cli.h"
 #include "commands.h"
 #include "config_cli.h"
+#include "core/printable.h"
 #include "moetax/ledger.h"
 #include "moetax/model.h"
 #include "moetax/outfile.h"
@@ -566,9 +567,7 @@ static void log_key_before(const char *s, size_t len, size_t pos, char *out, siz
         size_t b = e;
         while (b > 0 && s[b - 1] != '"') b--;
         if (b == 0) return;
-        size_t k = 0;
-        for (; k + 1 < n && b + k < e; k++) out[k] = s[b + k] >= 0x20 && s[b + k] < 0x7f ? s[b + k] : '?';
-        out[k] = 0;
+        moetax_printable(out, n, s + b, e - b, MOETAX_PRINTABLE_ASCII);
         return;
     }
 }
@@ -580,9 +579,7 @@ static void log_describe(const json_t *v, char *out, size_t n) {
     else if (json_is_string(v)) {
         char s[41];
         const char *x = json_string_value(v);
-        size_t k = 0;
-        for (; k + 1 < sizeof s && x[k]; k++) s[k] = x[k] >= 0x20 && x[k] < 0x7f ? x[k] : '?';
-        s[k] = 0;
+        const size_t k = moetax_printable(s, sizeof s, x, SIZE_MAX, MOETAX_PRINTABLE_ASCII);
         snprintf(out, n, "the string \"%s\"%s", s, x[k] ? "..." : "");
     } else if (json_is_array(v)) snprintf(out, n, "an array of %zu", json_array_size(v));
     else snprintf(out, n, "%s", json_is_object(v) ? "an object" : json_is_boolean(v) ? "a boolean" : "null");

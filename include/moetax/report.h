@@ -230,7 +230,7 @@ double moetax_report_phase_total(const struct moetax_report_agg *a);
 
 /* The self-contained HTML page (inline CSS and SVG, no scripts). */
 moetax_status moetax_report_write_html(const struct moetax_report *r, FILE *f);
-/* s as HTML text (& < > " ' escaped, control bytes but newline and tab as '?'): for pages that
+/* s as HTML text (& < > " ' escaped, control bytes but newline and tab, and DEL, as '?'): for pages that
  * show names from a file. */
 void moetax_report_html_text(FILE *f, const char *s);
 

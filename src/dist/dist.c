@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/printable.h"
 #include "dist/dist.h"
 #include "moetax/gguf.h"
 #include "moetax/ledger.h"
@@ -309,9 +310,7 @@ static moetax_status read_placement(struct moetax_dist *d, const struct moetax_m
         while (!st && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
         if (!st && *p) {
             char shown[21]; /* what is there, printable: a binary file's bytes stay off the terminal */
-            size_t k = 0;
-            for (; k + 1 < sizeof shown && p[k]; k++) shown[k] = p[k] >= 0x20 && p[k] < 0x7f ? p[k] : '?';
-            shown[k] = 0;
+            moetax_printable(shown, sizeof shown, p, SIZE_MAX, MOETAX_PRINTABLE_ASCII);
             st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: '%s' is not a rank", path, ln, shown);
         }
         if (!st && n != E)

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/printable.h"
 #include "moetax/outfile.h"
 
 moetax_status moetax_profile_new(const char *model, int n_layer, const int *moe_layers, int n_moe, int n_expert,
@@ -206,8 +207,8 @@ moetax_status moetax_profile_from_json(const json_t *o, const char *path, struct
     const json_t *mj = json_object_get(o, "model");
     if (!st && mj && !json_is_string(mj)) st = bad(path, "model", "expected a string (the model's file name)");
     if (!st) st = moetax_profile_new(json_string_value(mj), (int)L, ml, n_moe, (int)E, (int)k, &p);
-    for (char *c = p ? p->model : NULL; c && *c; c++) /* printed by report: no control bytes on a terminal */
-        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';
+    if (p) /* printed by report: no control bytes on a terminal */
+        moetax_printable(p->model, sizeof p->model, p->model, SIZE_MAX, 0);
     /* every token adds k to a layer's frequencies and at most k x k to its co-occurrences and
      * transitions: larger totals are damage (and would overflow the report's sums) */
     const int64_t per_layer = tokens * k, per_pair = k && tokens > INT64_MAX / (k * k) ? INT64_MAX : tokens * k * k;

@@ -6,6 +6,7 @@
  * Hover titles (<title> in SVG) give exact values without JavaScript.
  */
 #include "moetax/report.h"
+#include "core/printable.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -42,7 +43,7 @@ void moetax_report_html_text(FILE *f, const char *s) {
         case '"': fputs("&quot;", f); break;
         case '\'': fputs("&#39;", f); break;
         default:
-            if ((unsigned char)*s < 0x20 && *s != '\n' && *s != '\t') fputc('?', f);
+            if (moetax_is_control((unsigned char)*s) && *s != '\n' && *s != '\t') fputc('?', f);
             else fputc(*s, f);
         }
     }
