@@ -190,10 +190,6 @@ struct moetax_predict_model {
  * MoE layer after a MoE layer (MOETAX_ERR_FORMAT names the offset and field). */
 moetax_status moetax_predictor_load(const char *path, const struct moetax_predict_model *model,
                                     struct moetax_predictor **out);
-/* Does it fit a model: n_layer, n_embd, n_expert the same, every target a MoE layer (is_moe
- * [n_layer]). MOETAX_ERR_ARG names what differs. */
-moetax_status moetax_predictor_check(const struct moetax_predictor *p, const char *path, int n_layer, int n_embd,
-                                     int n_expert, const bool *is_moe);
 /* Sum of a kind's scores over the pairs at distance a (0: all distances). */
 struct moetax_predict_score moetax_predictor_total(const struct moetax_predictor *p, enum moetax_predict_kind kind,
                                                    int a);

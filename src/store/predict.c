@@ -545,18 +545,6 @@ moetax_status moetax_predictor_load(const char *path, const struct moetax_predic
     return MOETAX_OK;
 }
 
-moetax_status moetax_predictor_check(const struct moetax_predictor *p, const char *path, int n_layer, int n_embd,
-                                     int n_expert, const bool *is_moe) {
-    if (p->n_layer != n_layer || p->n_embd != n_embd || p->n_expert != n_expert)
-        return moetax_error(MOETAX_ERR_ARG, "%s: a predictor for %d layers, width %d, %d experts (%s); the model has "
-                            "%d, %d, %d", path, p->n_layer, p->n_embd, p->n_expert, p->model, n_layer, n_embd, n_expert);
-    for (int q = 0; q < n_pairs_of(p); q++)
-        if (p->have[q] && (!is_moe[q / p->ahead] || !is_moe[p->target[q]]))
-            return moetax_error(MOETAX_ERR_ARG, "%s: predicts layer %d from layer %d, not both MoE layers of the model",
-                                path, p->target[q], q / p->ahead);
-    return MOETAX_OK;
-}
-
 struct moetax_predict_score moetax_predictor_total(const struct moetax_predictor *p, enum moetax_predict_kind kind,
                                                    int a) {
     struct moetax_predict_score s = {0};
