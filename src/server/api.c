@@ -103,12 +103,47 @@ static int parse_stop(json_t *o, struct srv_api_req *r, char *err, size_t cap) {
     return 0;
 }
 
+/* The body's objects and arrays, and its values (array elements and object members: a non-empty
+ * container's first one, then one per comma), outside strings, against the limits (api.h). Strings are
+ * scanned as Jansson lexes them, so the counts are exact for all that Jansson would parse of the body
+ * before it found an error. */
+static int json_budget(const char *body, size_t len, char *err, size_t cap) {
+    size_t containers = 0, values = 0;
+    bool in_string = false, opened = false; /* opened: a container began, its first value not yet seen */
+    for (size_t i = 0; i < len; i++) {
+        const char ch = body[i];
+        if (in_string) {
+            if (ch == '\\') i++;
+            else if (ch == '"') in_string = false;
+            continue;
+        }
+        if (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r') continue;
+        if (opened && ch != '}' && ch != ']') values++;
+        opened = false;
+        if (ch == '"') {
+            in_string = true;
+        } else if (ch == '{' || ch == '[') {
+            if (++containers > SRV_MAX_JSON_CONTAINERS)
+                return fail(err, cap, "the body holds more than %d JSON objects and arrays (refused unparsed)",
+                            SRV_MAX_JSON_CONTAINERS);
+            opened = true;
+        } else if (ch == ',') {
+            values++;
+        }
+        if (values > SRV_MAX_JSON_VALUES)
+            return fail(err, cap, "the body holds more than %d JSON values (array elements and object members; "
+                        "refused unparsed)", SRV_MAX_JSON_VALUES);
+    }
+    return 0;
+}
+
 int srv_api_parse(const char *body, size_t len, bool chat, struct srv_api_req *r, char *err, size_t cap) {
     memset(r, 0, sizeof *r);
     r->chat = chat;
     r->max_tokens = -1;
     r->sp = moetax_sampler_default_params();
     r->sp.repeat_penalty = 1.0f;
+    if (json_budget(body, len, err, cap)) return 400;
     json_error_t je;
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!o) return fail(err, cap, "the body is not valid JSON (line %d, column %d: %s)", je.line, je.column, je.text);
@@ -123,7 +158,7 @@ int srv_api_parse(const char *body, size_t len, bool chat, struct srv_api_req *r
             goto done;
         }
         const size_t n = json_array_size(v);
-        if (n > 4096) { rc = fail(err, cap, "'messages' has more than 4096 entries"); goto done; }
+        if (n > SRV_MAX_MESSAGES) { rc = fail(err, cap, "'messages' has more than %d entries", SRV_MAX_MESSAGES); goto done; }
         if (!(r->msgs = calloc(n, sizeof *r->msgs))) { rc = fail(err, cap, "out of memory"); goto done; }
         for (size_t i = 0; i < n; i++) {
             json_t *m = json_array_get(v, i), *role = json_object_get(m, "role");

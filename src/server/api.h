@@ -14,6 +14,13 @@
  *   (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05); temperature 0 is
  *   greedy. Without a seed each request gets a fresh one.
  *
+ *   Before Jansson sees a body, one pass over its bytes counts its objects and
+ *   arrays and its values (array elements and object members), outside
+ *   strings: past SRV_MAX_JSON_CONTAINERS or
+ *   SRV_MAX_JSON_VALUES it is a 400 unparsed. Jansson spends a few hundred
+ *   bytes on each empty object, so a body of "{}," within --max-body would
+ *   otherwise cost some eighty times its size in heap while it is parsed.
+ *
  *   Responses are built with Jansson; generated text goes through
  *   srv_utf8_sanitize first (bytes that are not valid UTF-8 become U+FFFD),
  *   since JSON strings must be valid UTF-8.
@@ -29,6 +36,10 @@
 
 #include "server/chat_template.h"
 #include "server/sched.h"
+
+/* The limits of the pre-parse count: four objects or arrays and sixteen values per message at the
+ * most messages a chat request may have, far more than a real request needs. */
+enum { SRV_MAX_MESSAGES = 4096, SRV_MAX_JSON_CONTAINERS = 4 * SRV_MAX_MESSAGES, SRV_MAX_JSON_VALUES = 16 * SRV_MAX_MESSAGES };
 
 struct srv_api_req {
     bool chat;

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+# ctest-labels: unit;model
+# ctest-cost: 8
+"""test_server_hostile.py - `moetax serve` against requests built to hurt it, over raw sockets.
+
+Usage: test_server_hostile.py MOETAX WORKDIR. Standard library only; one server on 127.0.0.1, port 0
+(--chat-template chatml, --read-timeout 1, MOETAX_SERVE_DEBUG=1 so libmicrohttpd's own messages reach its
+log).
+
+  - a body of a million bytes made of empty objects (or of numbers) is refused with a 400 before it is
+    parsed, and does not raise the server's peak memory (VmHWM) by the 80 bytes per body byte that
+    Jansson's objects cost; brackets inside strings are not counted, and a request with a few thousand
+    messages still passes.
+"""
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
+from checks import SANITIZERS  # noqa: E402  (tests/ref/checks.py)
+
+MOETAX = os.path.abspath(sys.argv[1])
+WORK = os.path.abspath(sys.argv[2])
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = os.path.join(REPO, "models", "pycode-20m-q8_0.gguf")
+FAILS = []
+CHECKS = 0
+READ_TIMEOUT = 1
+
+
+def check(cond, msg):
+    global CHECKS
+    CHECKS += 1
+    if not cond:
+        FAILS.append(msg)
+        print("FAIL:", msg, flush=True)
+    return cond
+
+
+class Server:
+    def __init__(self, *args, name):
+        self.log_path = os.path.join(WORK, f"serve-hostile-{name}.log")
+        self.log = open(self.log_path, "w+b")
+        self.p = subprocess.Popen([MOETAX, "serve", "-m", MODEL, "--host", "127.0.0.1", "--port", "0", "-t", "1",
+                                   *args], stdout=self.log, stderr=self.log,
+                                  env=dict(os.environ, MOETAX_SERVE_DEBUG="1"))
+        deadline = time.time() + 60
+        self.port = None
+        while time.time() < deadline and self.port is None and self.p.poll() is None:
+            m = re.search(rb"listening on http://127\.0\.0\.1:(\d+)", self.output())
+            if m:
+                self.port = int(m.group(1))
+            else:
+                time.sleep(0.05)
+        if self.port is None:
+            sys.exit(f"moetax serve did not start: {self.output().decode(errors='replace')}")
+
+    def output(self):
+        with open(self.log_path, "rb") as f:
+            return f.read()
+
+    def hwm_kib(self):
+        """The server's peak resident memory so far (VmHWM), KiB."""
+        with open(f"/proc/{self.p.pid}/status") as f:
+            return int(re.search(r"VmHWM:\s*(\d+) kB", f.read()).group(1))
+
+    def exchange(self, data, timeout=10):
+        """Send data on a new connection; the responses that come back, and whether the server then
+        closed the connection (see read_responses)."""
+        sk = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        try:
+            sk.sendall(data)
+        except OSError:
+            pass
+        try:
+            return read_responses(sk, timeout)
+        finally:
+            sk.close()
+
+    def metrics(self):
+        (st, _, body), = self.exchange(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")[0]
+        return {k: float(v) for k, v in (l.rsplit(" ", 1) for l in body.decode().splitlines()
+                                         if l and not l.startswith("#"))}
+
+    def healthy(self):
+        try:
+            r, _ = self.exchange(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            return bool(r) and r[0][0] == 200
+        except OSError:
+            return False
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.terminate()
+        try:
+            rc = self.p.wait(20)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            rc = self.p.wait()
+        self.log.close()
+        return rc
+
+
+def read_responses(sk, timeout):
+    """Parse HTTP responses off sk until the server closes it or sends nothing more for `timeout` s:
+    ([(status, headers, body)], closed)."""
+    buf, out, closed = b"", [], False
+    sk.settimeout(timeout)
+
+    def more():
+        nonlocal buf, closed
+        if closed:
+            return False
+        try:
+            d = sk.recv(65536)
+        except socket.timeout:
+            return False
+        except OSError:
+            closed = True
+            return False
+        if not d:
+            closed = True
+            return False
+        buf += d
+        return True
+
+    while True:
+        while b"\r\n\r\n" not in buf:
+            if not more():
+                return out, closed
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        headers = {}
+        for l in lines[1:]:
+            k, v = l.split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+        body = b""
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            while True:
+                while b"\r\n" not in buf:
+                    if not more():
+                        return out + [(status, headers, body)], closed
+                size_line, buf = buf.split(b"\r\n", 1)
+                n = int(size_line.split(b";")[0], 16)
+                while len(buf) < n + 2:
+                    if not more():
+                        return out + [(status, headers, body + buf)], closed
+                body, buf = body + buf[:n], buf[n + 2:]
+                if n == 0:
+                    break
+        else:
+            n = int(headers.get("content-length", "0"))
+            while len(buf) < n:
+                if not more():
+                    break
+            body, buf = buf[:n], buf[n:]
+        out.append((status, headers, body))
+        if not buf and not more():
+            return out, closed
+
+
+def post(path, body, extra=b"", keep_alive=False):
+    """A POST request's bytes (Connection: close unless keep_alive); extra: more header lines."""
+    if not isinstance(body, bytes):
+        body = json.dumps(body).encode()
+    if not keep_alive:
+        extra += b"Connection: close\r\n"
+    return (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s"
+            % (path.encode(), extra, len(body), body))
+
+
+def error_message(resp):
+    """The message of a {"error": {"message", "type", "code"}} body ('' when it is not one)."""
+    try:
+        e = json.loads(resp[2])["error"]
+        return e["message"] if {"message", "type", "code"} <= set(e) else ""
+    except (ValueError, KeyError, TypeError, IndexError):
+        return ""
+
+
+def test_json_containers(s):
+    """A megabyte of empty objects (or numbers) is a 400 before Jansson parses it."""
+    junk = b"[" + b"{}," * 340000 + b"{}]"
+    body = b'{"prompt": "x", "max_tokens": 1, "junk": %s}' % junk
+    r, _ = s.exchange(post("/v1/completions", body))
+    msg = error_message(r[0]) if r else ""
+    check(r and r[0][0] == 400 and "objects and arrays" in msg,
+          f"a {len(body) >> 10} KiB body of empty objects: {r[0][0] if r else None} {msg!r}")
+    body = b'{"prompt": "x", "max_tokens": 1, "junk": [%s0]}' % (b"0," * 500000)
+    r, _ = s.exchange(post("/v1/completions", body))
+    msg = error_message(r[0]) if r else ""
+    check(r and r[0][0] == 400 and "values" in msg, f"a body of 500000 numbers: {r[0][0] if r else None} {msg!r}")
+    # the peak memory of 4 such requests at once
+    before = s.hwm_kib()
+    res = []
+    ts = [threading.Thread(target=lambda: res.append(s.exchange(post("/v1/completions", junk)))) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    grew = (s.hwm_kib() - before) >> 10
+    check(len(res) == 4 and all(r and r[0][0] == 400 for r, _ in res), f"4 bodies of empty objects at once: {res}")
+    if not SANITIZERS:  # the sanitizers' allocator keeps freed memory in quarantine
+        check(grew < 40, f"4 bodies of 1 MB of empty objects at once raised the server's peak memory by {grew} MiB")
+    print(f"  4 x 1 MB of empty objects at once: VmHWM +{grew} MiB")
+    # brackets, commas and escaped quotes inside strings are not counted
+    r, _ = s.exchange(post("/v1/completions", {"prompt": '{[,\\"' * 20000, "max_tokens": 1}))
+    check(r and r[0][0] in (200, 400) and "JSON" not in error_message(r[0]),
+          f"a prompt of 100000 brackets, commas and quotes: {r[0][0] if r else None} {error_message(r[0]) if r else ''}")
+    # what a real request needs still passes: 2048 messages, each with a content part
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": [{"type": "text", "text": "a"}]}
+            for i in range(2048)]
+    r, _ = s.exchange(post("/v1/chat/completions", {"messages": msgs, "max_tokens": 1}))
+    check(r and r[0][0] in (200, 400) and "objects and arrays" not in error_message(r[0]),
+          f"2048 messages with content parts: {r[0][0] if r else None} {error_message(r[0]) if r else ''}")
+
+
+def main():
+    os.makedirs(WORK, exist_ok=True)
+    probe = subprocess.run([MOETAX, "serve", "--port", "-1"], capture_output=True, text=True, timeout=60)
+    if "built without libmicrohttpd" in probe.stderr:
+        print("SKIP: this moetax was built without libmicrohttpd")
+        return 0
+    t0 = time.time()
+    s = Server("--chat-template", "chatml", "--read-timeout", str(READ_TIMEOUT), "--parallel", "2", name="main")
+    try:
+        for name, fn in (("json containers", test_json_containers),):
+            t = time.time()
+            fn(s)
+            print(f"  {name}: {time.time() - t:.2f} s", flush=True)
+        check(s.healthy(), "the server does not answer /health after the hostile requests")
+    finally:
+        check(s.stop() == 0, "the server did not exit 0")
+    print(f"test_server_hostile: {CHECKS} checks, {len(FAILS)} failed, {time.time() - t0:.1f} s")
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
