@@ -611,13 +611,15 @@ moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **
         moetax_status st = srv_deadline_start(p->read_timeout_s, &h->dl);
         if (st) { free(h); return st; }
     }
-    /* the connection notifications only with a deadline (an absent option ends the list early) */
-    h->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
-                            (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_conn,
-                            MHD_OPTION_CONNECTION_TIMEOUT, p->idle_timeout_s, MHD_OPTION_THREAD_STACK_SIZE,
-                            (size_t)(512 << 10), MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
-                            h->dl ? MHD_OPTION_NOTIFY_CONNECTION : MHD_OPTION_END, on_connection, h, MHD_OPTION_END);
+    /* the logger first (libmicrohttpd warns otherwise, and reports what goes wrong with the options
+     * before it on stderr); the connection notifications only with a deadline (an absent option ends
+     * the list early) */
+    h->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
+                            on_mhd_log, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)p->max_conn, MHD_OPTION_CONNECTION_TIMEOUT, p->idle_timeout_s,
+                            MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 << 10), MHD_OPTION_NOTIFY_COMPLETED,
+                            on_completed, h, h->dl ? MHD_OPTION_NOTIFY_CONNECTION : MHD_OPTION_END, on_connection, h,
+                            MHD_OPTION_END);
     if (!h->d) {
         const int e = errno;
         srv_deadline_stop(h->dl);
