@@ -11,6 +11,8 @@ log).
     parsed, and does not raise the server's peak memory (VmHWM) by the 80 bytes per body byte that
     Jansson's objects cost; brackets inside strings are not counted, and a request with a few thousand
     messages still passes.
+  - two Content-Length headers (equal or not) are refused (400) and the connection closed: a request
+    pipelined after them is not answered.
   - libmicrohttpd says nothing while the server starts (with MOETAX_SERVE_DEBUG=1).
 """
 import json
@@ -223,6 +225,35 @@ def test_json_containers(s):
           f"2048 messages with content parts: {r[0][0] if r else None} {error_message(r[0]) if r else ''}")
 
 
+def test_framing(s):
+    """Bodies whose length two readers could take differently (request smuggling): a 400 and the
+    connection closed, so the bytes after it are never a request."""
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    body = json.dumps({"prompt": "x", "max_tokens": 1}).encode()
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    cases = (
+        ("two equal Content-Lengths", b"Content-Length: %d\r\nContent-Length: %d\r\n\r\n%s" % (len(body), len(body), body),
+         400, "Content-Length"),
+        ("two different Content-Lengths", b"Content-Length: %d\r\ncontent-length: 5\r\n\r\n%s" % (len(body), body),
+         400, "Content-Length"),
+    )
+    for name, rest, want, word in cases:
+        t0 = time.time()
+        r, closed = s.exchange(head + rest + health, timeout=5)
+        took = time.time() - t0
+        check(len(r) == 1 and r[0][0] == want and word in error_message(r[0]) and r[0][1].get("connection") == "close"
+              and closed and took < READ_TIMEOUT,
+              f"{name}: want one {want} naming {word} and the connection closed at once, got "
+              f"{[(x[0], error_message(x)) for x in r]}, {'closed' if closed else 'open'} after {took:.2f} s")
+    # one Content-Length, or chunked alone, is still fine on a kept-alive connection
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    r, _ = s.exchange(head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body) + health, timeout=5)
+    check([x[0] for x in r] == [200, 200], f"a request and /health on one connection: {[x[0] for x in r]}")
+    r, _ = s.exchange(head + b"Transfer-Encoding: chunked\r\n\r\n%s" % chunked + health, timeout=5)
+    check([x[0] for x in r] == [200, 200], f"a chunked request and /health on one connection: {[x[0] for x in r]}")
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
     probe = subprocess.run([MOETAX, "serve", "--port", "-1"], capture_output=True, text=True, timeout=60)
@@ -235,7 +266,7 @@ def main():
     noise = [l for l in s.startup.decode(errors="replace").splitlines() if not l.startswith("moetax serve: ")]
     check(not noise, f"the server's start-up output, besides its own lines: {noise}")
     try:
-        for name, fn in (("json containers", test_json_containers),):
+        for name, fn in (("json containers", test_json_containers), ("framing", test_framing)):
             t = time.time()
             fn(s)
             print(f"  {name}: {time.time() - t:.2f} s", flush=True)

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <stdarg.h>
 #include <time.h>
@@ -64,15 +65,20 @@ static int route_of(const char *url, const char *method, int *status, const char
     return R_NONE;
 }
 
-static enum MHD_Result send_text_allow(struct MHD_Connection *c, int status, const char *ctype, char *text, size_t len,
-                                       const char *allow);
+/* How an answer goes out beyond its status and body. */
+struct send_opts {
+    const char *allow; /* a 405: its Allow header */
+    bool close;        /* "Connection: close": the connection ends after this answer */
+};
+
+static enum MHD_Result send_text_opts(struct MHD_Connection *c, int status, const char *ctype, char *text, size_t len,
+                                      struct send_opts o);
 static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *ctype, char *text, size_t len) {
-    return send_text_allow(c, status, ctype, text, len, NULL);
+    return send_text_opts(c, status, ctype, text, len, (struct send_opts){0});
 }
 
-/* With allow (a 405): its Allow header. */
-static enum MHD_Result send_text_allow(struct MHD_Connection *c, int status, const char *ctype, char *text, size_t len,
-                                       const char *allow) {
+static enum MHD_Result send_text_opts(struct MHD_Connection *c, int status, const char *ctype, char *text, size_t len,
+                                      struct send_opts o) {
     if (!text) {
         static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}";
         struct MHD_Response *r = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
@@ -87,7 +93,8 @@ static enum MHD_Result send_text_allow(struct MHD_Connection *c, int status, con
     MHD_add_response_header(r, "Content-Type", ctype);
     if (status == 503) MHD_add_response_header(r, "Retry-After", "1");
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
-    if (status == 405 && allow) MHD_add_response_header(r, "Allow", allow);
+    if (status == 405 && o.allow) MHD_add_response_header(r, "Allow", o.allow);
+    if (o.close) MHD_add_response_header(r, "Connection", "close");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ok;
@@ -99,6 +106,12 @@ static enum MHD_Result send_json(struct MHD_Connection *c, int status, char *jso
 
 static enum MHD_Result send_error(struct MHD_Connection *c, int status, const char *msg) {
     return send_json(c, status, srv_api_error_json(msg, srv_api_error_type(status), status));
+}
+
+/* An error after which the connection closes: what follows on it cannot be trusted to be a request. */
+static enum MHD_Result send_error_close(struct MHD_Connection *c, int status, const char *msg) {
+    char *j = srv_api_error_json(msg, srv_api_error_type(status), status);
+    return send_text_opts(c, status, "application/json", j, j ? strlen(j) : 0, (struct send_opts){.close = true});
 }
 
 enum peer {
@@ -146,6 +159,31 @@ static struct srv_deadline_conn *deadline_of(struct MHD_Connection *c) {
  * to the request deadline. False when the deadline has already shut it down. */
 static bool request_in(struct srv_http *h, struct MHD_Connection *c) {
     return !h->dl || srv_deadline_busy(h->dl, deadline_of(c));
+}
+
+/* The headers that frame a request's body. */
+struct framing {
+    int n_length;               /* Content-Length headers */
+};
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    struct framing *f = cls;
+    (void)kind;
+    (void)value;
+    if (strcasecmp(key, "Content-Length") == 0) f->n_length++;
+    return MHD_YES;
+}
+
+/* Why the request's framing is refused (NULL: it is not), with the status in *status. Two parties that
+ * read the body's length from different headers (a proxy in front that takes the last Content-Length,
+ * libmicrohttpd, which takes the first) would see different requests on the same bytes: request
+ * smuggling. RFC 9112 6.3 makes such a request an error that closes the connection. */
+static const char *framing_error(struct MHD_Connection *c, int *status) {
+    struct framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
+    *status = 400;
+    if (f.n_length > 1) return "more than one Content-Length header: the body's length is ambiguous";
+    return NULL;
 }
 
 static bool auth_ok(const struct srv_http *h, struct MHD_Connection *c) {
@@ -471,6 +509,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = cs;
         cs->route = route;
         cs->responded = true; /* unless it goes on below */
+        int framing_status;
+        const char *framing = framing_error(c, &framing_status);
+        if (framing) return request_in(h, c) ? send_error_close(c, framing_status, framing) : MHD_NO;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         const bool denied = route != R_NONE && route != R_HEALTH && route != R_PAGE && !auth_ok(h, c);
         const bool over = cl && strtoull(cl, NULL, 10) > h->p.max_body;
@@ -481,7 +522,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             char msg[96];
             snprintf(msg, sizeof msg, "method not allowed (this endpoint takes %s)", allow);
             char *j = srv_api_error_json(msg, srv_api_error_type(405), 405);
-            return send_text_allow(c, 405, "application/json", j, j ? strlen(j) : 0, allow);
+            return send_text_opts(c, 405, "application/json", j, j ? strlen(j) : 0, (struct send_opts){.allow = allow});
         }
         if (route == R_NONE) return send_error(c, status, "no such endpoint");
         if (denied) return send_error(c, 401, "a valid API key is required: send \"Authorization: Bearer KEY\"");
