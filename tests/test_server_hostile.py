@@ -11,7 +11,8 @@ log).
     parsed, and does not raise the server's peak memory (VmHWM) by the 80 bytes per body byte that
     Jansson's objects cost; brackets inside strings are not counted, and a request with a few thousand
     messages still passes.
-  - two Content-Length headers (equal or not) are refused (400) and the connection closed: a request
+  - two Content-Length headers (equal or not), Content-Length with Transfer-Encoding: chunked, and a
+    transfer coding other than chunked are refused (400, 501) and the connection closed: a request
     pipelined after them is not answered.
   - libmicrohttpd says nothing while the server starts (with MOETAX_SERVE_DEBUG=1).
 """
@@ -226,8 +227,8 @@ def test_json_containers(s):
 
 
 def test_framing(s):
-    """Bodies whose length two readers could take differently (request smuggling): a 400 and the
-    connection closed, so the bytes after it are never a request."""
+    """Bodies whose length two readers could take differently (request smuggling): a 400 (501 for an
+    unknown transfer coding) and the connection closed, so the bytes after it are never a request."""
     health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
     body = json.dumps({"prompt": "x", "max_tokens": 1}).encode()
     chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
@@ -237,6 +238,11 @@ def test_framing(s):
          400, "Content-Length"),
         ("two different Content-Lengths", b"Content-Length: %d\r\ncontent-length: 5\r\n\r\n%s" % (len(body), body),
          400, "Content-Length"),
+        ("Content-Length and chunked", b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n%s" % (len(body), chunked),
+         400, "Transfer-Encoding"),
+        ("chunked and Content-Length", b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n%s" % chunked,
+         400, "Transfer-Encoding"),
+        ("a transfer coding other than chunked", b"Transfer-Encoding: gzip\r\n\r\n%s" % body, 501, "chunked"),
     )
     for name, rest, want, word in cases:
         t0 = time.time()

@@ -163,26 +163,34 @@ static bool request_in(struct srv_http *h, struct MHD_Connection *c) {
 
 /* The headers that frame a request's body. */
 struct framing {
-    int n_length;               /* Content-Length headers */
+    int n_length, n_encoding;   /* Content-Length and Transfer-Encoding headers */
+    const char *encoding;       /* the last Transfer-Encoding */
 };
 
 static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
     struct framing *f = cls;
     (void)kind;
-    (void)value;
     if (strcasecmp(key, "Content-Length") == 0) f->n_length++;
+    else if (strcasecmp(key, "Transfer-Encoding") == 0) { f->n_encoding++; f->encoding = value; }
     return MHD_YES;
 }
 
 /* Why the request's framing is refused (NULL: it is not), with the status in *status. Two parties that
- * read the body's length from different headers (a proxy in front that takes the last Content-Length,
- * libmicrohttpd, which takes the first) would see different requests on the same bytes: request
+ * read the body's length from different headers (a proxy in front, libmicrohttpd, which takes the first
+ * Content-Length and prefers Transfer-Encoding) would see different requests on the same bytes: request
  * smuggling. RFC 9112 6.3 makes such a request an error that closes the connection. */
 static const char *framing_error(struct MHD_Connection *c, int *status) {
     struct framing f = {0};
     MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
     *status = 400;
     if (f.n_length > 1) return "more than one Content-Length header: the body's length is ambiguous";
+    if (f.n_length && f.n_encoding)
+        return "both Content-Length and Transfer-Encoding: the body's length is ambiguous (RFC 9112 6.3)";
+    if (f.n_encoding > 1) return "more than one Transfer-Encoding header";
+    if (f.n_encoding && (!f.encoding || strcasecmp(f.encoding, "chunked") != 0)) {
+        *status = 501;
+        return "Transfer-Encoding other than chunked is not supported";
+    }
     return NULL;
 }
 
