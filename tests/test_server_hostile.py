@@ -14,6 +14,8 @@ log).
   - two Content-Length headers (equal or not), Content-Length with Transfer-Encoding: chunked, and a
     transfer coding other than chunked are refused (400, 501) and the connection closed: a request
     pipelined after them is not answered.
+  - a request with 32.2 KB of headers gets its answer (it ran and got none in a 32 KiB memory pool);
+    40 KB of headers, or 300 headers, are a 431 before anything runs (prompt tokens unchanged).
   - libmicrohttpd says nothing while the server starts (with MOETAX_SERVE_DEBUG=1).
 """
 import json
@@ -260,6 +262,32 @@ def test_framing(s):
     check([x[0] for x in r] == [200, 200], f"a chunked request and /health on one connection: {[x[0] for x in r]}")
 
 
+def test_big_headers(s):
+    """Headers that nearly fill libmicrohttpd's memory pool left no room for the answer: the request ran
+    its whole generation and then got nothing. Now headers under the limit get their answer, headers
+    over it a 431 before anything runs, and the server stays healthy."""
+    def one(name, hdrs, stream=False):
+        before = s.metrics()["llamacpp:prompt_tokens_total"]
+        r, closed = s.exchange(post("/v1/completions", {"prompt": "def f(", "max_tokens": 4, "stream": stream},
+                                    extra=hdrs), timeout=10)
+        ran = s.metrics()["llamacpp:prompt_tokens_total"] - before
+        return r, closed, ran
+
+    for stream in (False, True):
+        r, _, _ = one("32.2 KB", b"X-Pad: " + b"a" * 32200 + b"\r\n", stream)
+        check(len(r) == 1 and r[0][0] == 200 and (b"[DONE]" in r[0][2] if stream else json.loads(r[0][2])["choices"]),
+              f"a request with 32.2 KB of headers (stream {stream}): {[(x[0], x[2][:80]) for x in r]}")
+    for name, hdrs, ours in (("40 KB of headers", b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 990) for i in range(40)), True),
+                             ("300 headers", b"".join(b"X-P%d: a\r\n" % i for i in range(300)), True),
+                             ("200 KB of headers", b"X-Pad: " + b"a" * 200000 + b"\r\n", False)):
+        r, closed, ran = one(name, hdrs)
+        # past the memory pool libmicrohttpd answers its own 431 (HTML)
+        check(len(r) == 1 and r[0][0] == 431 and (not ours or "headers" in error_message(r[0])) and closed
+              and ran == 0, f"a request with {name}: {[(x[0], x[2][:80]) for x in r]}, "
+                            f"{'closed' if closed else 'open'}, prompt tokens +{ran}")
+    check(s.healthy(), "after requests with big headers: /health")
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
     probe = subprocess.run([MOETAX, "serve", "--port", "-1"], capture_output=True, text=True, timeout=60)
@@ -272,7 +300,8 @@ def main():
     noise = [l for l in s.startup.decode(errors="replace").splitlines() if not l.startswith("moetax serve: ")]
     check(not noise, f"the server's start-up output, besides its own lines: {noise}")
     try:
-        for name, fn in (("json containers", test_json_containers), ("framing", test_framing)):
+        for name, fn in (("json containers", test_json_containers), ("framing", test_framing),
+                         ("big headers", test_big_headers)):
             t = time.time()
             fn(s)
             print(f"  {name}: {time.time() - t:.2f} s", flush=True)

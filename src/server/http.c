@@ -161,27 +161,45 @@ static bool request_in(struct srv_http *h, struct MHD_Connection *c) {
     return !h->dl || srv_deadline_busy(h->dl, deadline_of(c));
 }
 
-/* The headers that frame a request's body. */
-struct framing {
+/* libmicrohttpd's memory pool per connection (its default is 32 KiB) holds the request line, the
+ * headers, the read buffer, and last, once the work is done, the answer's header and chunk buffer:
+ * headers that fill the pool leave no room for the answer, and the connection then closes without
+ * one. So the headers are held well below the pool: 431 past either limit, their bytes or their
+ * count (each header costs a list entry in the pool too). The body streams through the read buffer
+ * to on_request, which keeps it outside the pool (--max-body). */
+enum { SRV_MHD_POOL_BYTES = 128 << 10, SRV_MAX_HEADER_BYTES = 32 << 10, SRV_MAX_HEADERS = 256 };
+
+/* What a request's headers add up to. */
+struct head_stats {
+    size_t n, bytes;            /* headers; their names' and values' bytes with ": " and CRLF */
     int n_length, n_encoding;   /* Content-Length and Transfer-Encoding headers */
     const char *encoding;       /* the last Transfer-Encoding */
 };
 
-static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
-    struct framing *f = cls;
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    struct head_stats *f = cls;
     (void)kind;
+    f->n++;
+    f->bytes += strlen(key) + (value ? strlen(value) : 0) + 4;
     if (strcasecmp(key, "Content-Length") == 0) f->n_length++;
     else if (strcasecmp(key, "Transfer-Encoding") == 0) { f->n_encoding++; f->encoding = value; }
     return MHD_YES;
 }
 
-/* Why the request's framing is refused (NULL: it is not), with the status in *status. Two parties that
- * read the body's length from different headers (a proxy in front, libmicrohttpd, which takes the first
- * Content-Length and prefers Transfer-Encoding) would see different requests on the same bytes: request
- * smuggling. RFC 9112 6.3 makes such a request an error that closes the connection. */
-static const char *framing_error(struct MHD_Connection *c, int *status) {
-    struct framing f = {0};
-    MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
+/* Why the request's headers are refused (NULL: they are not), with the status in *status, into
+ * msg[cap]. Framing: two parties that read the body's length from different headers (a proxy in front,
+ * libmicrohttpd, which takes the first Content-Length and prefers Transfer-Encoding) would see
+ * different requests on the same bytes: request smuggling. RFC 9112 6.3 makes such a request an error
+ * that closes the connection. */
+static const char *headers_error(struct MHD_Connection *c, const char *url, int *status, char *msg, size_t cap) {
+    struct head_stats f = {.bytes = strlen(url)};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &f);
+    *status = 431;
+    if (f.bytes > SRV_MAX_HEADER_BYTES || f.n > SRV_MAX_HEADERS) {
+        snprintf(msg, cap, "the request has %zu headers of %zu bytes (with the URL): the server takes at most %d "
+                 "headers and %d bytes", f.n, f.bytes, SRV_MAX_HEADERS, SRV_MAX_HEADER_BYTES);
+        return msg;
+    }
     *status = 400;
     if (f.n_length > 1) return "more than one Content-Length header: the body's length is ambiguous";
     if (f.n_length && f.n_encoding)
@@ -517,9 +535,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = cs;
         cs->route = route;
         cs->responded = true; /* unless it goes on below */
-        int framing_status;
-        const char *framing = framing_error(c, &framing_status);
-        if (framing) return request_in(h, c) ? send_error_close(c, framing_status, framing) : MHD_NO;
+        int head_status;
+        char head_msg[192];
+        const char *head_err = headers_error(c, url, &head_status, head_msg, sizeof head_msg);
+        if (head_err) return request_in(h, c) ? send_error_close(c, head_status, head_err) : MHD_NO;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         const bool denied = route != R_NONE && route != R_HEALTH && route != R_PAGE && !auth_ok(h, c);
         const bool over = cl && strtoull(cl, NULL, 10) > h->p.max_body;
@@ -664,7 +683,8 @@ moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **
      * before it on stderr); the connection notifications only with a deadline (an absent option ends
      * the list early) */
     h->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
-                            on_mhd_log, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
+                            on_mhd_log, h, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_MHD_POOL_BYTES,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
                             (unsigned)p->max_conn, MHD_OPTION_CONNECTION_TIMEOUT, p->idle_timeout_s,
                             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 << 10), MHD_OPTION_NOTIFY_COMPLETED,
                             on_completed, h, h->dl ? MHD_OPTION_NOTIFY_CONNECTION : MHD_OPTION_END, on_connection, h,
