@@ -16,6 +16,8 @@ log).
     pipelined after them is not answered.
   - a request with 32.2 KB of headers gets its answer (it ran and got none in a 32 KiB memory pool);
     40 KB of headers, or 300 headers, are a 431 before anything runs (prompt tokens unchanged).
+  - a chunked body that passes --max-body gets its 413 at once, and the connection closed, while the
+    client goes on sending (it came only after the last chunk).
   - libmicrohttpd says nothing while the server starts (with MOETAX_SERVE_DEBUG=1).
 """
 import json
@@ -37,6 +39,7 @@ MODEL = os.path.join(REPO, "models", "pycode-20m-q8_0.gguf")
 FAILS = []
 CHECKS = 0
 READ_TIMEOUT = 1
+MAX_BODY = 1 << 20  # --max-body's default
 
 
 def check(cond, msg):
@@ -288,6 +291,31 @@ def test_big_headers(s):
     check(s.healthy(), "after requests with big headers: /health")
 
 
+def test_chunked_over(s):
+    """A chunked body past --max-body: a 413 as soon as it passes, and the connection closed, while the
+    client is still sending (and goes on sending, as a naive one does)."""
+    sk = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n")
+    piece = b"a" * (64 << 10)
+    try:
+        for _ in range(MAX_BODY // len(piece) + 1):
+            sk.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        t0 = time.time()
+        for _ in range(4):  # the client does not look yet: 256 KiB more, and no last chunk
+            sk.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        r, closed = read_responses(sk, 5)
+        took = time.time() - t0
+    except OSError as e:
+        r, closed, took = [], f"{e.__class__.__name__}", 0
+    sk.close()
+    check(len(r) == 1 and r[0][0] == 413 and "--max-body" in error_message(r[0])
+          and r[0][1].get("connection") == "close" and closed is True and took < READ_TIMEOUT,
+          f"a chunked body past --max-body: {[(x[0], error_message(x)) for x in r]}, closed {closed} after "
+          f"{took:.2f} s (want a 413 and a close at once)")
+    check(s.healthy(), "after a chunked body past --max-body: /health")
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
     probe = subprocess.run([MOETAX, "serve", "--port", "-1"], capture_output=True, text=True, timeout=60)
@@ -301,7 +329,7 @@ def main():
     check(not noise, f"the server's start-up output, besides its own lines: {noise}")
     try:
         for name, fn in (("json containers", test_json_containers), ("framing", test_framing),
-                         ("big headers", test_big_headers)):
+                         ("big headers", test_big_headers), ("chunked body over the limit", test_chunked_over)):
             t = time.time()
             fn(s)
             print(f"  {name}: {time.time() - t:.2f} s", flush=True)

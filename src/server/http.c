@@ -36,7 +36,6 @@ struct conn {
     char *body;
     size_t len, cap;
     int route;
-    bool too_big;
     bool responded; /* a response is queued: ignore the rest of the body */
 };
 
@@ -522,6 +521,52 @@ static enum MHD_Result handle_tax(struct srv_http *h, struct MHD_Connection *c) 
     return send_json(c, 200, srv_sched_tax_json(h->p.sched, window));
 }
 
+/* How long refuse_mid_body reads and drops what the client still sends after its answer. */
+enum { LINGER_MS = 1000 };
+
+/* Milliseconds left until the monotonic time `until` (seconds), at least 0. */
+static int ms_left(double until) {
+    const double left = until - srv_now_s();
+    return left > 0 ? (int)(left * 1000) + 1 : 0;
+}
+
+/* An error answered while the body is still arriving, and the connection closed. libmicrohttpd (0.9.75)
+ * takes an answer only with the headers or once the request is whole, so this one is written to the
+ * socket here, with "Connection: close"; then the sending half is shut and what the client still sends
+ * is read and dropped until it closes, for at most LINGER_MS (a close with unread bytes sends a reset,
+ * which can destroy the answer before the client has read it); then MHD_NO closes the connection. */
+static enum MHD_Result refuse_mid_body(struct srv_http *h, struct MHD_Connection *c, int status, const char *msg) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci || !request_in(h, c)) return MHD_NO;
+    const int fd = ci->connect_fd;
+    char *j = srv_api_error_json(msg, srv_api_error_type(status), status);
+    const char *reason = MHD_get_reason_phrase_for((unsigned)status);
+    char *out = NULL;
+    const int n = asprintf(&out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                           "Connection: close\r\n\r\n%s", status, reason && *reason ? reason : "Error",
+                           j ? strlen(j) : 0, j ? j : "");
+    free(j);
+    const double until = srv_now_s() + LINGER_MS / 1000.0;
+    for (size_t off = 0; n > 0 && off < (size_t)n;) { /* the socket may be non-blocking: wait for room */
+        const ssize_t w = send(fd, out + off, (size_t)n - off, MSG_NOSIGNAL);
+        if (w > 0) { off += (size_t)w; continue; }
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        if (poll(&pf, 1, ms_left(until)) <= 0) break;
+    }
+    if (n > 0) free(out);
+    (void)shutdown(fd, SHUT_WR);
+    for (;;) {
+        char drop[4096];
+        const ssize_t r = recv(fd, drop, sizeof drop, MSG_DONTWAIT);
+        if (r > 0) continue;
+        if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (poll(&pf, 1, ms_left(until)) <= 0) break;
+    }
+    return MHD_NO;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     struct srv_http *h = cls;
@@ -554,7 +599,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (route == R_NONE) return send_error(c, status, "no such endpoint");
         if (denied) return send_error(c, 401, "a valid API key is required: send \"Authorization: Bearer KEY\"");
         if (over) {
-            cs->too_big = true;
             char msg[160];
             snprintf(msg, sizeof msg, "the body is larger than the server's limit of %zu bytes (--max-body)", h->p.max_body);
             return send_error(c, 413, msg);
@@ -564,37 +608,29 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (cs->responded) { *upload_size = 0; return MHD_YES; }
     if (*upload_size) {
-        if (!cs->too_big) {
-            if (cs->len + *upload_size > h->p.max_body) {
-                cs->too_big = true;
-                free(cs->body);
-                cs->body = NULL;
-                cs->len = cs->cap = 0;
-            } else {
-                if (cs->len + *upload_size + 1 > cs->cap) {
-                    size_t cap = (cs->len + *upload_size + 1) * 2;
-                    if (cap > h->p.max_body + 1) cap = h->p.max_body + 1;
-                    char *b = realloc(cs->body, cap);
-                    if (!b) return MHD_NO;
-                    cs->body = b;
-                    cs->cap = cap;
-                }
-                memcpy(cs->body + cs->len, upload, *upload_size);
-                cs->len += *upload_size;
-                cs->body[cs->len] = 0;
-            }
+        if (cs->len + *upload_size > h->p.max_body) { /* a chunked body (a Content-Length was checked above) */
+            char msg[160];
+            snprintf(msg, sizeof msg, "the body is larger than the server's limit of %zu bytes (--max-body)",
+                     h->p.max_body);
+            cs->responded = true;
+            return refuse_mid_body(h, c, 413, msg);
         }
+        if (cs->len + *upload_size + 1 > cs->cap) {
+            size_t cap = (cs->len + *upload_size + 1) * 2;
+            if (cap > h->p.max_body + 1) cap = h->p.max_body + 1;
+            char *b = realloc(cs->body, cap);
+            if (!b) return MHD_NO;
+            cs->body = b;
+            cs->cap = cap;
+        }
+        memcpy(cs->body + cs->len, upload, *upload_size);
+        cs->len += *upload_size;
+        cs->body[cs->len] = 0;
         *upload_size = 0;
         return MHD_YES;
     }
     /* the whole request is in (the final call): from here no deadline cuts it */
     if (!request_in(h, c)) return MHD_NO;
-    if (cs->too_big) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "the body is larger than the server's limit of %zu bytes (--max-body)", h->p.max_body);
-        cs->responded = true;
-        return send_error(c, 413, msg);
-    }
     cs->responded = true;
     switch (cs->route) {
     case R_HEALTH: return send_json(c, 200, strdup("{\"status\":\"ok\"}"));

@@ -25,9 +25,10 @@
  *
  *   Limits: headers of more than 32 KiB or 256 lines are 431 before anything
  *   runs (http.c: so that libmicrohttpd's 128 KiB pool per connection keeps
- *   room for the answer); bodies over max_body bytes are 413 (at once when
- *   Content-Length says so, else when the body passes the limit; the rest is
- *   discarded);
+ *   room for the answer); bodies over max_body bytes are 413 and close the
+ *   connection, at once when Content-Length says so, else (chunked) as soon as
+ *   the body passes the limit (http.c writes that answer itself: libmicrohttpd
+ *   takes none while a body arrives);
  *   every request but GET /health and GET / (the dashboard page, which asks for
  *   the key itself) needs "Authorization: Bearer KEY" when a key is set (401
  *   otherwise); a full queue is 503 with Retry-After. A request must arrive
