@@ -1,7 +1,8 @@
 // ctest-labels: unit;threads
 /* test_deadline.c - the request deadline's sweeper (src/server/deadline.h) on socket pairs:
  * a waiting connection is shut down at its deadline and not before, a busy one never, a fresh
- * wait restarts the clock, a removed one is left alone, and busy after a cut says so. */
+ * wait restarts the clock, a removed one is left alone, and busy after a cut says so; a cut counts
+ * as a request cut short when one had begun since the connection started waiting, else as idle. */
 #include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -52,11 +53,14 @@ int main(int argc, char **argv) {
     CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, a) == 0 && socketpair(AF_UNIX, SOCK_STREAM, 0, b) == 0 &&
           socketpair(AF_UNIX, SOCK_STREAM, 0, c) == 0 && socketpair(AF_UNIX, SOCK_STREAM, 0, e) == 0);
 
-    /* a waits, b turns busy, c waits again halfway (a fresh clock), e is removed */
+    /* a waits (with a request begun), b turns busy, c waits again halfway (a fresh clock, and its
+     * request begun before then no longer counts), e is removed */
     const double t0 = now_s();
     struct srv_deadline_conn *ea = srv_deadline_add(d, a[0]), *eb = srv_deadline_add(d, b[0]);
     struct srv_deadline_conn *ec = srv_deadline_add(d, c[0]), *ee = srv_deadline_add(d, e[0]);
     CHECK(ea && eb && ec && ee);
+    srv_deadline_started(d, ea);
+    srv_deadline_started(d, ec);
     CHECK(srv_deadline_busy(d, eb));
     srv_deadline_remove(d, ee);
     sleep_s(T / 2);
@@ -72,17 +76,22 @@ int main(int argc, char **argv) {
               "a restarted clock: end of file %.3f s after the restart, want %.3f", now_s() - t_c, T);
     CHECK(!srv_deadline_busy(d, ea)); /* too late: the caller drops the request */
     srv_deadline_wait(d, ea);         /* a cut connection gets no new clock */
-    CHECK_EQ_INT(srv_deadline_n_cut(d), 2);
+    uint64_t n_cut, n_idle;
+    srv_deadline_counts(d, &n_cut, &n_idle);
+    CHECK(n_cut == 1 && n_idle == 1);
 
     /* busy and removed ones were never touched */
     sleep_s(T + slack);
     CHECK(open_now(b[1]) && open_now(e[1]));
-    CHECK_EQ_INT(srv_deadline_n_cut(d), 2);
+    srv_deadline_counts(d, &n_cut, &n_idle);
+    CHECK(n_cut == 1 && n_idle == 1);
     /* busy, then done: it waits for its next request and is cut at that one's deadline */
     srv_deadline_wait(d, eb);
     const double t_b = now_s();
     CHECK(eof_after(b[1], 2 * T + slack) >= 0 && now_s() - t_b >= T - 0.01);
-    CHECK_EQ_INT(srv_deadline_n_cut(d), 3);
+    srv_deadline_counts(d, &n_cut, &n_idle);
+    CHECK(n_cut == 1 && n_idle == 2); /* no request after its answer: idle */
+    srv_deadline_started(d, NULL);
     CHECK(srv_deadline_busy(d, NULL)); /* no entry (out of memory at add): never cut */
     srv_deadline_remove(d, ea);
     srv_deadline_remove(d, eb);

@@ -18,6 +18,9 @@ log).
     40 KB of headers, or 300 headers, are a 431 before anything runs (prompt tokens unchanged).
   - a chunked body that passes --max-body gets its 413 at once, and the connection closed, while the
     client goes on sending (it came only after the last chunk).
+  - of three connections closed by --read-timeout (one silent, one kept alive after an answer, one with
+    a request begun), moetax_http_read_timeouts_total counts the last and moetax_http_idle_closed_total
+    the others; serve --help says that the deadline closes an idle kept-alive connection.
   - libmicrohttpd says nothing while the server starts (with MOETAX_SERVE_DEBUG=1).
 """
 import json
@@ -316,6 +319,30 @@ def test_chunked_over(s):
     check(s.healthy(), "after a chunked body past --max-body: /health")
 
 
+def test_read_timeout_counts(s):
+    """--read-timeout closes a connection that sent nothing, one that is kept alive and idle after an
+    answer, and one whose request began but did not finish: only the last is a read timeout in
+    /metrics; the other two are idle connections closed."""
+    m0 = s.metrics()
+    socks = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(3)]
+    nothing, kept, begun = socks
+    kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    begun.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n")
+    res = [read_responses(sk, READ_TIMEOUT + 3) for sk in socks]
+    for sk in socks:
+        sk.close()
+    check(all(closed for _, closed in res) and [len(r) for r, _ in res] == [0, 1, 0],
+          f"three connections closed by the deadline: {[([x[0] for x in r], closed) for r, closed in res]}")
+    m = s.metrics()
+    cut = m["moetax_http_read_timeouts_total"] - m0["moetax_http_read_timeouts_total"]
+    idle = m.get("moetax_http_idle_closed_total", 0) - m0.get("moetax_http_idle_closed_total", 0)
+    check(cut == 1 and idle == 2, f"read timeouts +{cut} (want 1: the request begun), idle connections closed "
+                                  f"+{idle} (want 2)")
+    h = subprocess.run([MOETAX, "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
+    check(re.search(r"--read-timeout S[^-]*kept-alive", h) is not None,
+          "serve --help does not say that --read-timeout closes an idle kept-alive connection")
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
     probe = subprocess.run([MOETAX, "serve", "--port", "-1"], capture_output=True, text=True, timeout=60)
@@ -329,7 +356,8 @@ def main():
     check(not noise, f"the server's start-up output, besides its own lines: {noise}")
     try:
         for name, fn in (("json containers", test_json_containers), ("framing", test_framing),
-                         ("big headers", test_big_headers), ("chunked body over the limit", test_chunked_over)):
+                         ("big headers", test_big_headers), ("chunked body over the limit", test_chunked_over),
+                         ("read timeout counts", test_read_timeout_counts)):
             t = time.time()
             fn(s)
             print(f"  {name}: {time.time() - t:.2f} s", flush=True)

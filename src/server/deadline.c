@@ -19,6 +19,7 @@ struct srv_deadline_conn {
     struct srv_deadline_conn *prev, *next; /* the waiting list (DL_WAITING only) */
     int fd;
     enum dl_state state;
+    bool started;   /* a request's first line has arrived since it started waiting */
     double t_start; /* monotonic seconds: when it started waiting */
 };
 
@@ -30,7 +31,8 @@ struct srv_deadline {
     struct srv_deadline_conn *head, *tail; /* waiting entries, oldest clock first */
     bool sleeping_idle; /* the sweeper waits with no deadline: a new waiting entry must wake it */
     bool stop;
-    uint64_t n_cut;
+    uint64_t n_cut;  /* shut down with a request begun */
+    uint64_t n_idle; /* shut down with none */
 };
 
 static double now_s(void) {
@@ -58,6 +60,7 @@ static void list_unlink(struct srv_deadline *d, struct srv_deadline_conn *e) {
 /* Caller holds mu: e starts waiting now (at the tail: its deadline is the latest). */
 static void start_waiting(struct srv_deadline *d, struct srv_deadline_conn *e) {
     e->state = DL_WAITING;
+    e->started = false;
     e->t_start = now_s();
     list_push(d, e);
     if (d->sleeping_idle) {
@@ -75,7 +78,8 @@ static void *sweeper(void *arg) {
         while ((e = d->head) && e->t_start + d->timeout_s <= now) {
             list_unlink(d, e);
             e->state = DL_CUT;
-            d->n_cut++;
+            if (e->started) d->n_cut++;
+            else d->n_idle++;
             /* the HTTP layer's thread for this connection wakes to end of file and closes it;
              * the descriptor is still open: it is removed from here before it is closed */
             (void)shutdown(e->fd, SHUT_RDWR);
@@ -155,6 +159,13 @@ bool srv_deadline_busy(struct srv_deadline *d, struct srv_deadline_conn *e) {
     return ok;
 }
 
+void srv_deadline_started(struct srv_deadline *d, struct srv_deadline_conn *e) {
+    if (!e) return;
+    pthread_mutex_lock(&d->mu);
+    e->started = true;
+    pthread_mutex_unlock(&d->mu);
+}
+
 void srv_deadline_wait(struct srv_deadline *d, struct srv_deadline_conn *e) {
     if (!e) return;
     pthread_mutex_lock(&d->mu);
@@ -171,9 +182,9 @@ void srv_deadline_remove(struct srv_deadline *d, struct srv_deadline_conn *e) {
     free(e);
 }
 
-uint64_t srv_deadline_n_cut(struct srv_deadline *d) {
+void srv_deadline_counts(struct srv_deadline *d, uint64_t *n_cut, uint64_t *n_idle) {
     pthread_mutex_lock(&d->mu);
-    const uint64_t n = d->n_cut;
+    *n_cut = d->n_cut;
+    *n_idle = d->n_idle;
     pthread_mutex_unlock(&d->mu);
-    return n;
 }

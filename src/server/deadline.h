@@ -16,7 +16,10 @@
  *   an answer is on its way (never cut while busy: a long generation or
  *   stream), srv_deadline_wait when the answer has gone and the next request
  *   may come (waiting again, a fresh clock), srv_deadline_remove before its
- *   socket is closed. One sweeper thread sleeps until the earliest deadline
+ *   socket is closed; srv_deadline_started when a request's first line has
+ *   arrived, which tells a request cut short from a connection that was idle
+ *   (a new one that sent nothing, a kept-alive one after its answer) in the
+ *   counts. One sweeper thread sleeps until the earliest deadline
  *   and shuts down (shutdown(SHUT_RDWR), never close: the socket belongs to
  *   the HTTP layer) the sockets of the connections still waiting past it; the
  *   HTTP layer then sees end of file and closes them itself.
@@ -58,12 +61,16 @@ struct srv_deadline_conn *srv_deadline_add(struct srv_deadline *d, int fd);
  * srv_deadline_wait. False when the sweeper had already shut it down (too
  * late: the caller drops the request). A NULL e is never cut: true. */
 bool srv_deadline_busy(struct srv_deadline *d, struct srv_deadline_conn *e);
+/* A request has begun on it (its first line is in): if it is cut now, it counts as a request cut
+ * short, not as an idle connection closed. Until the next srv_deadline_wait. e may be NULL. */
+void srv_deadline_started(struct srv_deadline *d, struct srv_deadline_conn *e);
 /* Its answer has gone: waiting for the next request, a fresh clock from now. */
 void srv_deadline_wait(struct srv_deadline *d, struct srv_deadline_conn *e);
 /* Forget it (before its socket is closed); e may be NULL. */
 void srv_deadline_remove(struct srv_deadline *d, struct srv_deadline_conn *e);
 
-/* Connections shut down for missing their deadline, since the start. */
-uint64_t srv_deadline_n_cut(struct srv_deadline *d);
+/* Connections shut down for missing their deadline, since the start: *n_cut with a request begun,
+ * *n_idle with none. */
+void srv_deadline_counts(struct srv_deadline *d, uint64_t *n_cut, uint64_t *n_idle);
 
 #endif

@@ -502,7 +502,7 @@ static enum MHD_Result handle_models(struct srv_http *h, struct MHD_Connection *
 static enum MHD_Result handle_metrics(struct srv_http *h, struct MHD_Connection *c) {
     struct srv_metrics m;
     srv_sched_metrics(h->p.sched, &m);
-    m.http_read_timeouts = h->dl ? srv_deadline_n_cut(h->dl) : 0;
+    if (h->dl) srv_deadline_counts(h->dl, &m.http_read_timeouts, &m.http_idle_closed);
     size_t n = 0;
     char *t = srv_metrics_text(&m, &n);
     return send_text(c, 200, "text/plain; version=0.0.4", t, n);
@@ -683,6 +683,16 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     }
 }
 
+/* A request's first line has arrived (libmicrohttpd's URI logger; registered with a request deadline
+ * only): a cut from here on is a request cut short, not an idle connection closed. Its result is the
+ * request's first con_cls, which on_request expects NULL. */
+static void *on_request_line(void *cls, const char *uri, struct MHD_Connection *c) {
+    struct srv_http *h = cls;
+    (void)uri;
+    srv_deadline_started(h->dl, deadline_of(c));
+    return NULL;
+}
+
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
     if (getenv("MOETAX_SERVE_DEBUG")) vfprintf(stderr, fmt, ap);
@@ -716,15 +726,15 @@ moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **
         if (st) { free(h); return st; }
     }
     /* the logger first (libmicrohttpd warns otherwise, and reports what goes wrong with the options
-     * before it on stderr); the connection notifications only with a deadline (an absent option ends
-     * the list early) */
+     * before it on stderr); the connection notifications and the request line's only with a deadline
+     * (an absent option ends the list early) */
     h->d = MHD_start_daemon(flags, (uint16_t)p->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
                             on_mhd_log, h, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_MHD_POOL_BYTES,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
                             (unsigned)p->max_conn, MHD_OPTION_CONNECTION_TIMEOUT, p->idle_timeout_s,
                             MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 << 10), MHD_OPTION_NOTIFY_COMPLETED,
                             on_completed, h, h->dl ? MHD_OPTION_NOTIFY_CONNECTION : MHD_OPTION_END, on_connection, h,
-                            MHD_OPTION_END);
+                            MHD_OPTION_URI_LOG_CALLBACK, on_request_line, h, MHD_OPTION_END);
     if (!h->d) {
         const int e = errno;
         srv_deadline_stop(h->dl);

@@ -192,8 +192,10 @@ struct srv_metrics {
     uint64_t store_acquires, store_hits, store_loads, store_bytes_read;
     double store_stall_s;            /* the ledger's load phase */
     struct srv_hist ttft, tpot;
-    uint64_t http_read_timeouts;     /* set by the HTTP side: connections shut down for missing the
-                                      * request deadline (--read-timeout) */
+    uint64_t http_read_timeouts;     /* set by the HTTP side: connections shut down by the request
+                                      * deadline (--read-timeout) with a request begun (its first line) */
+    uint64_t http_idle_closed;       /* ... and with none: new ones that sent no request line, kept-alive
+                                      * ones idle after an answer */
 };
 void srv_sched_metrics(struct srv_sched *s, struct srv_metrics *out);
 
