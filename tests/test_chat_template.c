@@ -129,5 +129,20 @@ int main(int argc, char **argv) {
     char *o = srv_chat_render(SRV_CHAT_CHATML, conv + 1, 1, false, NULL);
     CHECK(o && strcmp(o, "<|im_start|>user\nHello<|im_end|>\n") == 0);
     free(o);
+    /* roles: the four known ones (by length: "user\0x" is not "user"); tool only where a turn is written
+     * with its role's name, every template's rendering of a tool message otherwise being another turn's */
+    CHECK(srv_chat_role_known("tool", 4) && srv_chat_role_known("system", 6));
+    CHECK(!srv_chat_role_known("developer", 9) && !srv_chat_role_known("user\0x", 6) && !srv_chat_role_known("", 0));
+    for (int t = 1; t < SRV_CHAT_COUNT; t++) {
+        const enum srv_chat_tmpl tt = (enum srv_chat_tmpl)t;
+        CHECK(srv_chat_role_ok(tt, "system") && srv_chat_role_ok(tt, "user") && srv_chat_role_ok(tt, "assistant"));
+        CHECK(!srv_chat_role_ok(tt, "robot"));
+        const struct srv_chat_msg tool[] = {{"user", "q"}, {"tool", "TOOL-OUT"}};
+        char *r = srv_chat_render(tt, tool, 2, true, NULL);
+        const bool named = r && strstr(r, "TOOL-OUT") && strstr(r, "tool"); /* the role's name, lower case */
+        CHECK_MSG(srv_chat_role_ok(tt, "tool") == named, "%s: role tool %s, rendered %s", srv_chat_name(tt),
+                  srv_chat_role_ok(tt, "tool") ? "taken" : "refused", r ? r : "(null)");
+        free(r);
+    }
     return tu_finish("test_chat_template");
 }

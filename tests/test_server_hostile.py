@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 # ctest-labels: unit;model
-# ctest-cost: 8
+# ctest-cost: 3
 """test_server_hostile.py - `moetax serve` against requests built to hurt it, over raw sockets.
 
-Usage: test_server_hostile.py MOETAX WORKDIR. Standard library only; one server on 127.0.0.1, port 0
-(--chat-template chatml, --read-timeout 1, MOETAX_SERVE_DEBUG=1 so libmicrohttpd's own messages reach its
-log).
+Usage: test_server_hostile.py MOETAX WORKDIR. Standard library only; servers on 127.0.0.1, port 0: one with
+--chat-template chatml and --read-timeout 1 for most cases, one with --chat-template mistral-v7 (both with
+MOETAX_SERVE_DEBUG=1, so that libmicrohttpd's own messages reach their logs).
 
   - a body of a million bytes made of empty objects (or of numbers) is refused with a 400 before it is
     parsed, and does not raise the server's peak memory (VmHWM) by the 80 bytes per body byte that
@@ -21,6 +21,9 @@ log).
   - of three connections closed by --read-timeout (one silent, one kept alive after an answer, one with
     a request begun), moetax_http_read_timeouts_total counts the last and moetax_http_idle_closed_total
     the others; serve --help says that the deadline closes an idle kept-alive connection.
+  - a chat message's role must be system, user, assistant or tool (400 naming messages[i].role), and
+    tool only with a template that writes it (ChatML, not Mistral v7); content that spells a control
+    token becomes that token, a completion's prompt stays plain text (as the README says).
   - libmicrohttpd says nothing while the server starts (with MOETAX_SERVE_DEBUG=1).
 """
 import json
@@ -343,6 +346,33 @@ def test_read_timeout_counts(s):
           "serve --help does not say that --read-timeout closes an idle kept-alive connection")
 
 
+def chat(s, msgs, **kw):
+    r, _ = s.exchange(post("/v1/chat/completions", dict({"messages": msgs, "max_tokens": 1, "temperature": 0}, **kw)))
+    return (r[0][0], error_message(r[0]), json.loads(r[0][2]) if r[0][0] == 200 else None) if r else (None, "", None)
+
+
+def test_roles(s, mistral):
+    """A message role the template cannot render is a 400 naming the field; tool only where a template
+    writes the role's name (ChatML here; not Mistral, which took it for the assistant)."""
+    for role in ("robot", "developer", "User", ""):
+        st, msg, _ = chat(s, [{"role": "user", "content": "hi"}, {"role": role, "content": "x"}])
+        check(st == 400 and "messages[1].role" in msg, f"role {role!r}: {st} {msg!r}")
+    for role in ("system", "user", "assistant", "tool"):
+        st, msg, _ = chat(s, [{"role": role, "content": "x"}, {"role": "user", "content": "hi"}])
+        check(st == 200, f"role {role!r} with ChatML: {st} {msg!r}")
+    st, msg, _ = chat(mistral, [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}])
+    check(st == 400 and "messages[1].role" in msg and "mistral-v7" in msg, f"role 'tool' with mistral-v7: {st} {msg!r}")
+    st, msg, _ = chat(mistral, [{"role": "user", "content": "hi"}])
+    check(st == 200, f"a user message with mistral-v7: {st} {msg!r}")
+    # what the README says: message content that spells a control token becomes that token, as in
+    # llama-server (this model has one: <|endoftext|>); a completion's prompt is plain text
+    n = [chat(s, [{"role": "user", "content": c}])[2]["usage"]["prompt_tokens"] for c in ("<|endoftext|>", "<|endoftexx|>")]
+    check(n[0] < n[1] - 3, f"a message spelling <|endoftext|>: {n[0]} prompt tokens, one that does not: {n[1]}")
+    r, _ = s.exchange(post("/v1/completions", {"prompt": "<|endoftext|>", "max_tokens": 1}))
+    check(r and r[0][0] == 200 and json.loads(r[0][2])["usage"]["prompt_tokens"] > 3,
+          f"a completion's prompt <|endoftext|> is plain text: {r[0][2][:200] if r else None}")
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
     probe = subprocess.run([MOETAX, "serve", "--port", "-1"], capture_output=True, text=True, timeout=60)
@@ -351,11 +381,13 @@ def main():
         return 0
     t0 = time.time()
     s = Server("--chat-template", "chatml", "--read-timeout", str(READ_TIMEOUT), "--parallel", "2", name="main")
+    mistral = Server("--chat-template", "mistral-v7", "--parallel", "1", name="mistral")
     # libmicrohttpd said nothing while it started (its logger was not the first option: a warning)
     noise = [l for l in s.startup.decode(errors="replace").splitlines() if not l.startswith("moetax serve: ")]
     check(not noise, f"the server's start-up output, besides its own lines: {noise}")
     try:
         for name, fn in (("json containers", test_json_containers), ("framing", test_framing),
+                         ("roles", lambda s: test_roles(s, mistral)),
                          ("big headers", test_big_headers), ("chunked body over the limit", test_chunked_over),
                          ("read timeout counts", test_read_timeout_counts)):
             t = time.time()
@@ -364,6 +396,7 @@ def main():
         check(s.healthy(), "the server does not answer /health after the hostile requests")
     finally:
         check(s.stop() == 0, "the server did not exit 0")
+        check(mistral.stop() == 0, "the mistral-v7 server did not exit 0")
     print(f"test_server_hostile: {CHECKS} checks, {len(FAILS)} failed, {time.time() - t0:.1f} s")
     return 1 if FAILS else 0
 

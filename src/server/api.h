@@ -4,8 +4,8 @@
  * DESIGN
  *   srv_api_parse reads the body of POST /v1/completions or
  *   /v1/chat/completions: prompt (a string, or an array of one string) or
- *   messages ([{role, content}], content a string or an array of
- *   {"type": "text", "text"} parts), max_tokens (chat also
+ *   messages ([{role, content}], role system, user, assistant or tool, content
+ *   a string or an array of {"type": "text", "text"} parts), max_tokens (chat also
  *   max_completion_tokens), temperature, top_p, top_k, min_p, seed, stop (a
  *   string or an array of at most SRV_MAX_STOP non-empty strings), stream,
  *   stream_options.include_usage, n (1 only). Unknown fields are ignored; a

@@ -26,6 +26,20 @@ const char *srv_chat_name(enum srv_chat_tmpl t) {
     return t > SRV_CHAT_UNKNOWN && t < SRV_CHAT_COUNT ? names[t] : "unknown";
 }
 
+static const char *const roles[] = {"system", "user", "assistant", "tool"};
+
+bool srv_chat_role_known(const char *role, size_t len) {
+    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
+        if (strlen(roles[i]) == len && memcmp(role, roles[i], len) == 0) return true;
+    return false;
+}
+
+bool srv_chat_role_ok(enum srv_chat_tmpl t, const char *role) {
+    if (!srv_chat_role_known(role, strlen(role))) return false;
+    if (strcmp(role, "tool") != 0) return true;
+    return t == SRV_CHAT_CHATML || t == SRV_CHAT_PHI3 || t == SRV_CHAT_LLAMA3; /* the role's name is written */
+}
+
 enum srv_chat_tmpl srv_chat_detect(const char *tmpl) {
     if (!tmpl) return SRV_CHAT_UNKNOWN;
     for (int t = 1; t < SRV_CHAT_COUNT; t++)

@@ -21,6 +21,11 @@
  *     "<｜Assistant｜>", "<｜User｜>" and "<｜end▁of▁sentence｜>"  DeepSeek-V3
  *   Anything else is SRV_CHAT_UNKNOWN. The BOS token is not part of the
  *   rendering (the tokenizer adds it when the model asks for one).
+ *
+ *   Roles: system, user and assistant render in every template; tool only in
+ *   those that write a turn's role by name (ChatML, Phi-3, Llama-3): the
+ *   Llama-2 and Mistral rules take every other role for the assistant and the
+ *   DeepSeek ones drop it, so a server refuses those instead (srv_chat_role_ok).
  */
 #ifndef MOETAX_SERVER_CHAT_TEMPLATE_H
 #define MOETAX_SERVER_CHAT_TEMPLATE_H
@@ -51,6 +56,10 @@ struct srv_chat_msg {
     const char *content; /* NUL-terminated */
 };
 
+/* role[len] is one of the roles a chat message may have: system, user, assistant, tool. */
+bool srv_chat_role_known(const char *role, size_t len);
+/* t renders a message of this (known) role as that role's turn. */
+bool srv_chat_role_ok(enum srv_chat_tmpl t, const char *role);
 /* The template a Jinja source (or a name: "chatml", "llama3", "deepseek3", ...) is. */
 enum srv_chat_tmpl srv_chat_detect(const char *tmpl);
 /* Its name ("chatml", "llama2-sys", "mistral-v7", "deepseek2", ...); "unknown". */

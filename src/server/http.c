@@ -382,6 +382,13 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
         return send_error(c, 400, "this model has no chat template moetax knows (tokenizer.chat_template is missing or "
                                   "not recognised): use /v1/completions with a plain prompt instead");
     if (srv_api_parse(cs->body ? cs->body : "", cs->len, chat, &q, err, sizeof err)) return send_error(c, 400, err);
+    for (int i = 0; i < q.n_msgs; i++) {
+        if (srv_chat_role_ok(h->p.tmpl, q.msgs[i].role)) continue;
+        snprintf(err, sizeof err, "'messages[%d].role' is \"%s\", for which the %s chat template has no turn (it takes "
+                 "system, user and assistant)", i, q.msgs[i].role, srv_chat_name(h->p.tmpl));
+        srv_api_req_free(&q);
+        return send_error(c, 400, err);
+    }
     char *text = q.prompt;
     size_t text_len = q.prompt_len;
     char *rendered = NULL;
