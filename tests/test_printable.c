@@ -20,6 +20,13 @@ static void copies(void) {
     CHECK(moetax_printable(d, sizeof d, "caf\xc3\xa9 \xff", SIZE_MAX, MOETAX_PRINTABLE_ASCII) == 7);
     CHECK_MSG(!strcmp(d, "caf?? ?"), "%s", d);
     CHECK(moetax_printable(d, sizeof d, "\x1b\x7f", SIZE_MAX, MOETAX_PRINTABLE_ASCII) == 2 && !strcmp(d, "??"));
+    /* C1 controls in UTF-8 (U+009B CSI, U+009D OSC, U+009C ST): both bytes '?'; U+00A0, U+00E9 kept */
+    CHECK(moetax_printable(d, sizeof d, "x\xc2\x9b" "2J\xc2\x9d" "0;t\xc2\x9cy", SIZE_MAX, 0) == 13);
+    CHECK_MSG(!strcmp(d, "x??2J??0;t??y"), "%s", d);
+    CHECK(moetax_printable(d, sizeof d, "\xc2\xa0\xc3\xa9\xc2\x80", SIZE_MAX, 0) == 6);
+    CHECK_MSG(!strcmp(d, "\xc2\xa0\xc3\xa9??"), "%s", d);
+    /* the source's bound cuts the pair: its first byte alone is kept (an incomplete sequence) */
+    CHECK(moetax_printable(d, sizeof d, "a\xc2\x9b", 2, 0) == 2 && !strcmp(d, "a\xc2"));
 }
 
 static void bounds(void) {

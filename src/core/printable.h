@@ -1,8 +1,9 @@
 /*
  * printable.h - bytes from a file or a client made safe to show: on a terminal, in an error message, in
  * an HTML page. A control byte (below 0x20) or DEL (0x7f) could move the cursor, clear the screen or
- * retitle the window, so each becomes '?'; with MOETAX_PRINTABLE_ASCII so does every byte from 0x80
- * (a binary file's bytes; names from JSON, valid UTF-8, keep theirs).
+ * retitle the window, so each becomes '?', and so do both bytes of a C1 control's UTF-8 form
+ * (U+0080..U+009F, 0xc2 0x80..0x9f: U+009B is CSI to some terminals); with MOETAX_PRINTABLE_ASCII every
+ * byte from 0x80 becomes '?' (a binary file's bytes; names from JSON, valid UTF-8, keep the rest).
  *
  * INVARIANTS
  *   - dst is always NUL-terminated (dst_size >= 1) and holds at most dst_size - 1 bytes.
