@@ -166,16 +166,19 @@ int srv_api_parse(const char *body, size_t len, bool chat, struct srv_api_req *r
                 rc = fail(err, cap, "'messages[%zu]' must be an object with a string 'role'", i);
                 goto done;
             }
-            if (!srv_chat_role_known(json_string_value(role), json_string_length(role))) {
-                rc = fail(err, cap, "'messages[%zu].role' must be system, user, assistant or tool (got \"%.40s\")", i,
-                          json_string_value(role));
+            const char *rname = json_string_value(role);
+            size_t rlen = json_string_length(role);
+            if (rlen == 9 && !memcmp(rname, "developer", 9)) rname = "system", rlen = 6; /* OpenAI's newer name */
+            if (!srv_chat_role_known(rname, rlen)) {
+                rc = fail(err, cap, "'messages[%zu].role' must be system, developer (taken as system), user, "
+                          "assistant or tool (got \"%.40s\")", i, json_string_value(role));
                 goto done;
             }
             char *content = NULL;
             if ((rc = content_text(field(m, "content"), (int)i, &content, err, cap))) goto done;
             r->msgs[i].content = content;
             r->n_msgs++;
-            if (!(r->msgs[i].role = dup_n(json_string_value(role), json_string_length(role)))) {
+            if (!(r->msgs[i].role = dup_n(rname, rlen))) {
                 rc = fail(err, cap, "out of memory");
                 goto done;
             }

@@ -39,7 +39,9 @@
 
 /* The limits of the pre-parse count: four objects or arrays and sixteen values per message at the
  * most messages a chat request may have, far more than a real request needs. */
-enum { SRV_MAX_MESSAGES = 4096, SRV_MAX_JSON_CONTAINERS = 4 * SRV_MAX_MESSAGES, SRV_MAX_JSON_VALUES = 16 * SRV_MAX_MESSAGES };
+/* The JSON limits leave room for SRV_MAX_MESSAGES messages with a few content parts each, and for what agents
+ * send beside them and the server ignores (tools' JSON schemas): 8 containers and 64 values per message. */
+enum { SRV_MAX_MESSAGES = 4096, SRV_MAX_JSON_CONTAINERS = 8 * SRV_MAX_MESSAGES, SRV_MAX_JSON_VALUES = 64 * SRV_MAX_MESSAGES };
 
 struct srv_api_req {
     bool chat;

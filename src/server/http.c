@@ -168,21 +168,42 @@ static bool request_in(struct srv_http *h, struct MHD_Connection *c) {
  * to on_request, which keeps it outside the pool (--max-body). */
 enum { SRV_MHD_POOL_BYTES = 128 << 10, SRV_MAX_HEADER_BYTES = 32 << 10, SRV_MAX_HEADERS = 256 };
 
-/* What a request's headers add up to. */
+/* What a request's headers add up to: libmicrohttpd keeps a list entry in the pool for every header,
+ * every cookie of a Cookie header (and a copy of that header), every argument of the URL's query and
+ * every trailer of a chunked body, so all of them count. */
 struct head_stats {
-    size_t n, bytes;            /* headers; their names' and values' bytes with ": " and CRLF */
+    size_t n, bytes;            /* entries; their names' and values' bytes with ": " and CRLF */
     int n_length, n_encoding;   /* Content-Length and Transfer-Encoding headers */
+    int n_bad_name;             /* header names with a space or tab ("Content-Length : 4") */
     const char *encoding;       /* the last Transfer-Encoding */
 };
 
+/* The kinds counted against the limits: the request's, and at the final call its trailers too. */
+#define HEAD_KINDS (MHD_HEADER_KIND | MHD_COOKIE_KIND | MHD_GET_ARGUMENT_KIND)
+
 static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
     struct head_stats *f = cls;
-    (void)kind;
     f->n++;
     f->bytes += strlen(key) + (value ? strlen(value) : 0) + 4;
-    if (strcasecmp(key, "Content-Length") == 0) f->n_length++;
+    if (kind != MHD_HEADER_KIND) return MHD_YES;
+    /* libmicrohttpd keeps whitespace before the colon in the name (0.9.75, by default), where it no
+     * longer matches Content-Length or Transfer-Encoding; RFC 9112 5.1 makes it a 400 */
+    if (strpbrk(key, " \t")) f->n_bad_name++;
+    else if (strcasecmp(key, "Content-Length") == 0) f->n_length++;
     else if (strcasecmp(key, "Transfer-Encoding") == 0) { f->n_encoding++; f->encoding = value; }
     return MHD_YES;
+}
+
+/* The 431 for entries of `kinds` past the limits (NULL: within them), into msg[cap]. */
+static const char *head_limits(struct MHD_Connection *c, const char *url, int kinds, struct head_stats *f,
+                               char *msg, size_t cap) {
+    *f = (struct head_stats){.bytes = strlen(url)};
+    MHD_get_connection_values(c, (enum MHD_ValueKind)kinds, count_header, f);
+    if (f->bytes <= SRV_MAX_HEADER_BYTES && f->n <= SRV_MAX_HEADERS) return NULL;
+    snprintf(msg, cap, "the request has %zu headers, cookies, query arguments and trailers of %zu bytes (with the "
+             "URL): the server takes at most %d of them and %d bytes", f->n, f->bytes, SRV_MAX_HEADERS,
+             SRV_MAX_HEADER_BYTES);
+    return msg;
 }
 
 /* Why the request's headers are refused (NULL: they are not), with the status in *status, into
@@ -191,15 +212,11 @@ static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const ch
  * different requests on the same bytes: request smuggling. RFC 9112 6.3 makes such a request an error
  * that closes the connection. */
 static const char *headers_error(struct MHD_Connection *c, const char *url, int *status, char *msg, size_t cap) {
-    struct head_stats f = {.bytes = strlen(url)};
-    MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &f);
+    struct head_stats f;
     *status = 431;
-    if (f.bytes > SRV_MAX_HEADER_BYTES || f.n > SRV_MAX_HEADERS) {
-        snprintf(msg, cap, "the request has %zu headers of %zu bytes (with the URL): the server takes at most %d "
-                 "headers and %d bytes", f.n, f.bytes, SRV_MAX_HEADERS, SRV_MAX_HEADER_BYTES);
-        return msg;
-    }
+    if (head_limits(c, url, HEAD_KINDS, &f, msg, cap)) return msg;
     *status = 400;
+    if (f.n_bad_name) return "a header name holds a space or tab (RFC 9112 5.1): the request's framing is ambiguous";
     if (f.n_length > 1) return "more than one Content-Length header: the body's length is ambiguous";
     if (f.n_length && f.n_encoding)
         return "both Content-Length and Transfer-Encoding: the body's length is ambiguous (RFC 9112 6.3)";
@@ -548,10 +565,13 @@ static enum MHD_Result refuse_mid_body(struct srv_http *h, struct MHD_Connection
     const int fd = ci->connect_fd;
     char *j = srv_api_error_json(msg, srv_api_error_type(status), status);
     const char *reason = MHD_get_reason_phrase_for((unsigned)status);
-    char *out = NULL;
-    const int n = asprintf(&out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                           "Connection: close\r\n\r\n%s", status, reason && *reason ? reason : "Error",
-                           j ? strlen(j) : 0, j ? j : "");
+    char *out = NULL, date[64] = "";
+    const time_t now = time(NULL);
+    struct tm tm;
+    if (gmtime_r(&now, &tm)) strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm); /* C locale */
+    const int n = asprintf(&out, "HTTP/1.1 %d %s\r\nDate: %s\r\nContent-Type: application/json\r\n"
+                           "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", status,
+                           reason && *reason ? reason : "Error", date, j ? strlen(j) : 0, j ? j : "");
     free(j);
     const double until = srv_now_s() + LINGER_MS / 1000.0;
     for (size_t off = 0; n > 0 && off < (size_t)n;) { /* the socket may be non-blocking: wait for room */
@@ -588,7 +608,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cs->route = route;
         cs->responded = true; /* unless it goes on below */
         int head_status;
-        char head_msg[192];
+        char head_msg[256];
         const char *head_err = headers_error(c, url, &head_status, head_msg, sizeof head_msg);
         if (head_err) return request_in(h, c) ? send_error_close(c, head_status, head_err) : MHD_NO;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -639,6 +659,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     /* the whole request is in (the final call): from here no deadline cuts it */
     if (!request_in(h, c)) return MHD_NO;
     cs->responded = true;
+    { /* a chunked body's trailers take pool space as headers do */
+        struct head_stats f;
+        char msg[256];
+        if (head_limits(c, url, HEAD_KINDS | MHD_FOOTER_KIND, &f, msg, sizeof msg))
+            return send_error_close(c, 431, msg);
+    }
     switch (cs->route) {
     case R_HEALTH: return send_json(c, 200, strdup("{\"status\":\"ok\"}"));
     case R_PAGE: {

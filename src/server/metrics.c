@@ -80,7 +80,7 @@ char *srv_metrics_text(const struct srv_metrics *m, size_t *len) {
            "Requests begun (their first line in) but not complete within --read-timeout: connection closed.",
            (double)m->http_read_timeouts);
     metric(f, "moetax_http_idle_closed_total", "counter",
-           "Connections closed by --read-timeout before a request began (new, or kept alive after an answer).",
+           "Connections closed by --read-timeout before a request line had arrived whole (new, or kept alive after an answer).",
            (double)m->http_idle_closed);
     hist(f, "moetax_ttft_seconds", "Time to first token (queued to first token).", &m->ttft);
     hist(f, "moetax_tpot_seconds", "Time per output token after the first.", &m->tpot);
