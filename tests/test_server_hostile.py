@@ -297,10 +297,12 @@ def test_big_headers(s):
     its whole generation and then got nothing. Now headers under the limit get their answer, headers
     over it a 431 before anything runs, and the server stays healthy."""
     def one(name, hdrs, stream=False, path="/v1/completions", raw=None):
-        before = s.metrics()["moetax_requests_total"]
+        # prompt tokens are counted when the prompt is prefilled, before the answer (a finished request
+        # is counted after it, so moetax_requests_total can lag the client), at least 1 for a cached prompt
+        before = s.metrics()["llamacpp:prompt_tokens_total"]
         req = raw or post(path, {"prompt": "def f(", "max_tokens": 4, "stream": stream}, extra=hdrs)
         r, closed = s.exchange(req, timeout=10)
-        ran = s.metrics()["moetax_requests_total"] - before
+        ran = s.metrics()["llamacpp:prompt_tokens_total"] - before
         return r, closed, ran
 
     for stream in (False, True):
@@ -314,7 +316,7 @@ def test_big_headers(s):
         # past the memory pool libmicrohttpd answers its own 431 (HTML)
         check(len(r) == 1 and r[0][0] == 431 and (not ours or "headers" in error_message(r[0])) and closed
               and ran == 0, f"a request with {name}: {[(x[0], x[2][:80]) for x in r]}, "
-                            f"{'closed' if closed else 'open'}, requests run +{ran}")
+                            f"{'closed' if closed else 'open'}, prompt tokens +{ran}")
     # libmicrohttpd keeps every cookie, query argument and trailer in the pool too: before, ~2000 query
     # arguments, ~1700 cookies or ~1800 trailers ran the request and left no room for its answer
     # (our 431 while they are past the limits but fit the pool; past the pool libmicrohttpd answers its own
@@ -333,10 +335,10 @@ def test_big_headers(s):
             check(closed and ran == 0 and (not ours or (len(r) == 1 and r[0][0] == 431
                                                         and "headers" in error_message(r[0]))),
                   f"a request with {name}: {[(x[0], x[2][:80]) for x in r]}, {'closed' if closed else 'open'}, "
-                  f"requests run +{ran} (want {'our 431 and ' if ours else ''}nothing run)")
+                  f"prompt tokens +{ran} (want {'our 431 and ' if ours else ''}nothing run)")
     r, _, ran = one("a few query arguments and cookies", b"Cookie: a=1; b=2\r\n", path="/v1/completions?x=1&y=2")
-    check(len(r) == 1 and r[0][0] == 200 and ran == 1, f"a request with a few query arguments and cookies: "
-                                                      f"{[(x[0], x[2][:80]) for x in r]}, run +{ran}")
+    check(len(r) == 1 and r[0][0] == 200 and ran >= 1, f"a request with a few query arguments and cookies: "
+                                                      f"{[(x[0], x[2][:80]) for x in r]}, prompt tokens +{ran}")
     check(s.healthy(), "after requests with big headers: /health")
 
 
