@@ -12,7 +12,7 @@
 #include "dist/dist.h"
 #include "moetax/ledger.h"
 
-enum { A2A_TAG = 7101 };
+enum { A2A_TAG = 7101, A2A_TAG_COUNTS = 7102 };
 
 static moetax_status a2a_fail(const struct moetax_dist *d, int rc, const char *what) {
     char s[MPI_MAX_ERROR_STRING];
@@ -32,16 +32,16 @@ static long a2a_nap_ns(void) {
     return ns;
 }
 
-/* Poll req until done or MOETAX_MPI_TIMEOUT seconds (default 60; 0: no limit). On the
- * communication thread the poll sleeps between tests so that it leaves the core to the
- * compute workers (this machine runs more threads than cores). */
-static moetax_status a2a_poll(struct moetax_dist *d, MPI_Request *req, int il, const char *what, bool nap) {
+/* Poll the n requests req[] until all are done or MOETAX_MPI_TIMEOUT seconds (default 60; 0: no
+ * limit). On the communication thread the poll sleeps between tests so that it leaves the core to
+ * the compute workers (this machine runs more threads than cores). */
+static moetax_status a2a_poll(struct moetax_dist *d, int n, MPI_Request *req, int il, const char *what, bool nap) {
     const char *to = getenv("MOETAX_MPI_TIMEOUT");
     const double limit = to && *to ? atof(to) : 60.0;
     const uint64_t t0 = moetax_ledger_now();
     int done = 0, rc = MPI_SUCCESS;
     for (int spin = 0; rc == MPI_SUCCESS;) {
-        rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        rc = MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
         if (done || rc != MPI_SUCCESS) break;
         if (limit > 0 && (double)(moetax_ledger_now() - t0) / 1e9 > limit) {
             char late[256];
@@ -57,18 +57,28 @@ static moetax_status a2a_poll(struct moetax_dist *d, MPI_Request *req, int il, c
     return rc == MPI_SUCCESS ? MOETAX_OK : a2a_fail(d, rc, what);
 }
 
-/* The exchange itself, on the calling thread: counts (MPI_Ialltoall, booked to wait: it
- * completes when the slowest rank has reached this exchange), then the payload
- * (MPI_Ialltoallv, booked to comm). Self-sends are not passed to MPI. */
+/* The exchange itself, on the calling thread: counts (booked to wait: they complete when the
+ * slowest rank has reached this exchange), then the payload (booked to comm). Self-sends are not
+ * passed to MPI. Both go point to point, one message per peer and direction: the counts too,
+ * where an MPI_Ialltoall of one int polled with MPI_Test, and a persistent MPIX_Alltoall_init,
+ * measured slower (README, Expert parallelism). MPI_THREAD_SERIALIZED keeps every rank's
+ * exchanges in one order, and messages between two ranks with one tag arrive in the order they
+ * were sent, so exchange k's counts meet exchange k's receives. */
 static moetax_status a2a_run(struct moetax_dist *d, struct moetax_dist_a2a *x, bool nap) {
     const int P = d->size, me = d->rank;
     moetax_dist_test_stall(d);
     uint64_t t0 = moetax_ledger_now();
     x->t_begin = t0;
-    x->scount[me] = 0;
-    MPI_Request req;
-    int rc = MPI_Ialltoall(x->scount, 1, MPI_INT, x->rcount, 1, MPI_INT, MPI_COMM_WORLD, &req);
-    moetax_status st = rc == MPI_SUCCESS ? a2a_poll(d, &req, x->layer, x->what, nap) : a2a_fail(d, rc, "MPI_Ialltoall");
+    x->scount[me] = x->rcount[me] = 0;
+    MPI_Request *rq = x->req;
+    if (!rq) return moetax_error(MOETAX_ERR_INTERNAL, "rank %d: an exchange without requests", me);
+    int rc = MPI_SUCCESS, nc = 0;
+    for (int r = 0; r < P && rc == MPI_SUCCESS; r++)
+        if (r != me) rc = MPI_Irecv(&x->rcount[r], 1, MPI_INT, r, A2A_TAG_COUNTS, MPI_COMM_WORLD, &rq[nc++]);
+    for (int r = 0; r < P && rc == MPI_SUCCESS; r++)
+        if (r != me) rc = MPI_Isend(&x->scount[r], 1, MPI_INT, r, A2A_TAG_COUNTS, MPI_COMM_WORLD, &rq[nc++]);
+    moetax_status st =
+        rc == MPI_SUCCESS ? a2a_poll(d, nc, rq, x->layer, x->what, nap) : a2a_fail(d, rc, "MPI_Isend/Irecv (counts)");
     uint64_t t1 = moetax_ledger_now();
     x->ns_wait = t1 - t0;
     atomic_store_explicit(&x->state, 1, memory_order_release);
@@ -84,8 +94,6 @@ static moetax_status a2a_run(struct moetax_dist *d, struct moetax_dist_a2a *x, b
         sent += x->scount[r];
         if (x->rcount[r] && (int64_t)x->rdispl[r] + x->rcount[r] > end) end = (int64_t)x->rdispl[r] + x->rcount[r];
     }
-    MPI_Request *rq = x->req;
-    if (!rq) return moetax_error(MOETAX_ERR_INTERNAL, "rank %d: an exchange without requests", me);
     if (end > x->rcap)
         return moetax_error(MOETAX_ERR_LIMIT, "rank %d: layer %d's %s: %lld bytes arrive, the buffer holds %lld", me,
                             x->layer, x->what, (long long)end, (long long)x->rcap);
@@ -218,7 +226,7 @@ moetax_status moetax_dist_allgather(struct moetax_dist *d, const void *mine, voi
     const uint64_t t0 = moetax_ledger_now();
     MPI_Request req;
     int rc = MPI_Iallgatherv(mine, bytes[d->rank], MPI_BYTE, all, d->counts, d->displs, MPI_BYTE, MPI_COMM_WORLD, &req);
-    moetax_status st = rc == MPI_SUCCESS ? a2a_poll(d, &req, il, what, false) : a2a_fail(d, rc, "MPI_Iallgatherv");
+    moetax_status st = rc == MPI_SUCCESS ? a2a_poll(d, 1, &req, il, what, false) : a2a_fail(d, rc, "MPI_Iallgatherv");
     d->ns_wait += moetax_ledger_now() - t0;
     d->bytes_sent += (uint64_t)bytes[d->rank] * (uint64_t)(d->size - 1);
     d->bytes_recv += (uint64_t)(off - bytes[d->rank]);
