@@ -52,6 +52,17 @@ def main():
     check(r.returncode != 0 and "runs another command than rank 0" in r.stderr and "--ep-dispatch" in r.stderr,
           f"an --ep-dispatch on one rank only is named (the options main() takes out are checked too): "
           f"{r.stderr[-600:]}")
+    # MOETAX_MPI_* numbers that are not numbers in range stop every rank at start-up, each saying so
+    # (MOETAX_MPI_TIMEOUT=abc read as 0 turned the hang timeout off; -5 too); an empty one is the default
+    for var, val in (("MOETAX_MPI_TIMEOUT", "abc"), ("MOETAX_MPI_TIMEOUT", "-5"), ("MOETAX_MPI_NAP_US", "2000000"),
+                     ("MOETAX_MPI_COMBINE", "sum")):
+        r = mpirun(["-np", "2", "-x", f"{var}={val}"] + ev + ["1"], timeout=60)
+        said = [k for k in (0, 1) if f"rank {k}: {var}={val}: expected" in r.stderr]
+        check(r.returncode != 0 and said == [0, 1], f"{var}={val}: every rank stops and says why (ranks {said}): "
+              f"{r.stderr[-400:]}")
+    for var, val in (("MOETAX_MPI_TIMEOUT", "2.5"), ("MOETAX_MPI_NAP_US", "")):
+        r = mpirun(["-np", "2", "-x", f"{var}={val}"] + ev + ["1"], timeout=60)
+        check(r.returncode == 0, f"{var}={val!r} runs: {r.stderr[-400:]}")
     # the default dispatch of a batch: token-sharded from 64 sequences (the exit summary says which ran)
     bench = [moetax, "bench", "-m", MODEL, "-p", "2", "-n", "1", "-t", "1", "-r", "1", "--no-mem"]
     for opts, env, want in ((["--batch", "64"], [], "alltoall"), (["--batch=128,64"], [], "alltoall"),

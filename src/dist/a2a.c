@@ -21,23 +21,11 @@ static moetax_status a2a_fail(const struct moetax_dist *d, int rc, const char *w
     return moetax_error(MOETAX_ERR_IO, "rank %d: %s failed: %s", d->rank, what, s);
 }
 
-/* The communication thread's nap between polls: MOETAX_MPI_NAP_US (default 20; 0: yield only) */
-static long a2a_nap_ns(void) {
-    static long ns = -1;
-    if (ns < 0) {
-        const char *e = getenv("MOETAX_MPI_NAP_US");
-        ns = e && *e ? atol(e) * 1000 : 20000;
-        if (ns < 0 || ns > 999999999) ns = 20000;
-    }
-    return ns;
-}
-
-/* Poll the n requests req[] until all are done or MOETAX_MPI_TIMEOUT seconds (default 60; 0: no
+/* Poll the n requests req[] until all are done or d->timeout_s seconds (MOETAX_MPI_TIMEOUT; 0: no
  * limit). On the communication thread the poll sleeps between tests so that it leaves the core to
  * the compute workers (this machine runs more threads than cores). */
 static moetax_status a2a_poll(struct moetax_dist *d, int n, MPI_Request *req, int il, const char *what, bool nap) {
-    const char *to = getenv("MOETAX_MPI_TIMEOUT");
-    const double limit = to && *to ? atof(to) : 60.0;
+    const double limit = d->timeout_s;
     const uint64_t t0 = moetax_ledger_now();
     int done = 0, rc = MPI_SUCCESS;
     for (int spin = 0; rc == MPI_SUCCESS;) {
@@ -49,8 +37,8 @@ static moetax_status a2a_poll(struct moetax_dist *d, int n, MPI_Request *req, in
             return moetax_error(MOETAX_ERR_IO, "rank %d of %d: waited more than %g s (MOETAX_MPI_TIMEOUT) in layer %d's "
                                 "%s: rank(s) %s did not arrive", d->rank, d->size, limit, il, what, late[0] ? late : "?");
         }
-        if (nap && ++spin > 64 && a2a_nap_ns()) {
-            struct timespec ts = {0, a2a_nap_ns()};
+        if (nap && ++spin > 64 && d->nap_ns) {
+            struct timespec ts = {0, d->nap_ns};
             nanosleep(&ts, NULL);
         } else sched_yield();
     }
@@ -120,8 +108,8 @@ static moetax_status a2a_run(struct moetax_dist *d, struct moetax_dist_a2a *x, b
             int done = 0;
             rc = MPI_Testall(nq, rq, &done, MPI_STATUSES_IGNORE);
             if (rc != MPI_SUCCESS || done) break;
-            if (++spin > 64 && a2a_nap_ns()) {
-                struct timespec ts = {0, a2a_nap_ns()};
+            if (++spin > 64 && d->nap_ns) {
+                struct timespec ts = {0, d->nap_ns};
                 nanosleep(&ts, NULL);
             } else sched_yield();
         }

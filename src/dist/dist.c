@@ -1,5 +1,7 @@
 /* dist.c - the MPI world of one moetax command, placement, the load check, the batch
  * broadcast and the combine's collectives (see dist.h). */
+#include <errno.h>
+#include <math.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,24 @@ static bool g_dispatch_chosen;  /* --ep-dispatch / --ep-overlap or MOETAX_MPI_DI
 void moetax_dist_set_placement(const char *path) { g_placement = path; }
 static moetax_status place_experts(struct moetax_dist *d, struct moetax_model *m);
 static moetax_status read_placement(struct moetax_dist *d, const struct moetax_model *m, const char *path);
+
+/* A MOETAX_MPI_* number: def when unset or empty, else the whole string a finite number in [0, max];
+ * false when it is not, said by every rank (a message from rank 0 alone is lost when another rank
+ * ends the job first). */
+static bool env_number(int rank, const char *name, double def, double max, const char *expected, double *out) {
+    const char *v = getenv(name);
+    *out = def;
+    if (!v || !*v) return true;
+    char *end;
+    errno = 0;
+    const double x = strtod(v, &end);
+    if (end == v || *end || errno || !isfinite(x) || x < 0 || x > max) {
+        fprintf(stderr, "moetax: rank %d: %s=%.40s: expected %s\n", rank, name, v, expected);
+        return false;
+    }
+    *out = x;
+    return true;
+}
 
 static bool under_mpirun(void) {
     /* OpenMPI's mpirun (and PMIx launchers) set these; a plain `moetax` never joins MPI */
@@ -47,12 +67,21 @@ int moetax_dist_init(int *argc, char ***argv) {
     d->counts = calloc((size_t)d->size, sizeof(int));
     d->displs = calloc((size_t)d->size, sizeof(int));
     const char *cm = getenv("MOETAX_MPI_COMBINE");
+    double nap_us = 0;
     if (cm && !strcmp(cm, "allreduce")) d->combine = MOETAX_DIST_COMBINE_ALLREDUCE;
     else if (cm && *cm && strcmp(cm, "gather")) {
-        if (d->rank == 0) fprintf(stderr, "moetax: MOETAX_MPI_COMBINE=%s: expected gather or allreduce\n", cm);
+        fprintf(stderr, "moetax: rank %d: MOETAX_MPI_COMBINE=%.40s: expected gather or allreduce\n", d->rank, cm);
         MPI_Finalize();
         return 1;
     }
+    if (!env_number(d->rank, "MOETAX_MPI_TIMEOUT", 60, 1e6, "seconds, a number from 0 (no limit) to 1000000",
+                    &d->timeout_s) ||
+        !env_number(d->rank, "MOETAX_MPI_NAP_US", 20, 999999, "microseconds, a number from 0 (no nap) to 999999",
+                    &nap_us)) {
+        MPI_Finalize();
+        return 1;
+    }
+    d->nap_ns = (long)(nap_us * 1000);
     if (provided < MPI_THREAD_FUNNELED && d->rank == 0)
         fprintf(stderr, "moetax: warning: MPI gives thread level %d, FUNNELED wanted\n", provided);
     d->thread_level = provided;
@@ -534,9 +563,8 @@ int64_t moetax_dist_exchanges(const struct moetax_dist *d, struct moetax_dist_xr
 
 moetax_status moetax_dist_barrier(struct moetax_dist *d, int il) {
     d->cur_layer = il;
-    const char *to = getenv("MOETAX_MPI_TIMEOUT");
     moetax_dist_test_stall(d);
-    const double limit = to && *to ? atof(to) : 60.0;
+    const double limit = d->timeout_s;
     const int P = d->size;
     if (P > DIST_REQ_MAX / 2)
         return moetax_error(MOETAX_ERR_LIMIT, "rank %d: %d ranks: the barrier handles at most %d", d->rank, P, DIST_REQ_MAX / 2);

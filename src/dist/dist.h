@@ -143,6 +143,11 @@ struct moetax_dist {
      * back per (token, remote expert)); the time worker 0 was blocked on an exchange */
     bool dispatch, overlap;
     int thread_level; /* what MPI_Init_thread gave */
+    /* MOETAX_MPI_TIMEOUT (seconds a wait may last, default 60; 0: no limit) and MOETAX_MPI_NAP_US
+     * (the communication thread's nap between polls, default 20 us; 0: sched_yield only), read
+     * and checked once at init: a value that is not a number in range stops every rank there */
+    double timeout_s;
+    long nap_ns;
     uint64_t a2a_bytes_rank, a2a_bytes_expert, ns_blocked, n_records, bytes_logits, ns_logits;
     /* the layers' global views (replicas' counts, a capacity factor's router logits: alltoall
      * only): gathers and their bytes (sent + received; also in bytes_sent / bytes_recv) */
