@@ -26,6 +26,7 @@ import urllib.parse
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
 from checks import SANITIZERS, SLOW, long_skipped  # noqa: E402  (tests/ref/checks.py)
+from serve_proc import serve_built  # noqa: E402  (tests/ref/serve_proc.py)
 
 MOETAX = os.path.abspath(sys.argv[1])
 WORK = os.path.abspath(sys.argv[2])
@@ -716,9 +717,7 @@ def test_sigterm(s):
 
 def main():
     os.makedirs(WORK, exist_ok=True)
-    probe = subprocess.run([MOETAX, "serve", "--port", "-1"], capture_output=True, text=True, timeout=60)
-    if "built without libmicrohttpd" in probe.stderr:
-        print("SKIP: this moetax was built without libmicrohttpd")
+    if not serve_built(MOETAX):
         return 0
     t0 = time.time()
     refs = [run_greedy(p, N_PRED) for p in PROMPTS]

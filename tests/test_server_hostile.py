@@ -36,54 +36,20 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
-from checks import SANITIZERS  # noqa: E402  (tests/ref/checks.py)
+from checks import SANITIZERS, check, summary  # noqa: E402  (tests/ref/checks.py)
+from serve_proc import ServeProc, serve_built  # noqa: E402  (tests/ref/serve_proc.py)
 
 MOETAX = os.path.abspath(sys.argv[1])
 WORK = os.path.abspath(sys.argv[2])
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(REPO, "models", "pycode-20m-q8_0.gguf")
-FAILS = []
-CHECKS = 0
 READ_TIMEOUT = 1
 MAX_BODY = 1 << 20  # --max-body's default
 
 
-def check(cond, msg):
-    global CHECKS
-    CHECKS += 1
-    if not cond:
-        FAILS.append(msg)
-        print("FAIL:", msg, flush=True)
-    return cond
-
-
-class Server:
+class Server(ServeProc):
     def __init__(self, *args, name):
-        self.log_path = os.path.join(WORK, f"serve-hostile-{name}.log")
-        self.log = open(self.log_path, "w+b")
-        self.p = subprocess.Popen([MOETAX, "serve", "-m", MODEL, "--host", "127.0.0.1", "--port", "0", "-t", "1",
-                                   *args], stdout=self.log, stderr=self.log,
-                                  env=dict(os.environ, MOETAX_SERVE_DEBUG="1"))
-        deadline = time.time() + 60
-        self.port = None
-        while time.time() < deadline and self.port is None and self.p.poll() is None:
-            m = re.search(rb"listening on http://127\.0\.0\.1:(\d+)", self.output())
-            if m:
-                self.port = int(m.group(1))
-            else:
-                time.sleep(0.05)
-        if self.port is None:
-            sys.exit(f"moetax serve did not start: {self.output().decode(errors='replace')}")
-        self.startup = self.output()
-
-    def output(self):
-        with open(self.log_path, "rb") as f:
-            return f.read()
-
-    def hwm_kib(self):
-        """The server's peak resident memory so far (VmHWM), KiB."""
-        with open(f"/proc/{self.p.pid}/status") as f:
-            return int(re.search(r"VmHWM:\s*(\d+) kB", f.read()).group(1))
+        super().__init__(MOETAX, MODEL, WORK, f"hostile-{name}", *args, env={"MOETAX_SERVE_DEBUG": "1"})
 
     def exchange(self, data, timeout=10):
         """Send data on a new connection; the responses that come back, and whether the server then
@@ -98,28 +64,12 @@ class Server:
         finally:
             sk.close()
 
-    def metrics(self):
-        (st, _, body), = self.exchange(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")[0]
-        return {k: float(v) for k, v in (l.rsplit(" ", 1) for l in body.decode().splitlines()
-                                         if l and not l.startswith("#"))}
-
     def healthy(self):
         try:
             r, _ = self.exchange(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             return bool(r) and r[0][0] == 200
         except OSError:
             return False
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.terminate()
-        try:
-            rc = self.p.wait(20)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            rc = self.p.wait()
-        self.log.close()
-        return rc
 
 
 def read_responses(sk, timeout):
@@ -428,9 +378,7 @@ def test_roles(s, mistral):
 
 def main():
     os.makedirs(WORK, exist_ok=True)
-    probe = subprocess.run([MOETAX, "serve", "--port", "-1"], capture_output=True, text=True, timeout=60)
-    if "built without libmicrohttpd" in probe.stderr:
-        print("SKIP: this moetax was built without libmicrohttpd")
+    if not serve_built(MOETAX):
         return 0
     t0 = time.time()
     s = Server("--chat-template", "chatml", "--read-timeout", str(READ_TIMEOUT), "--parallel", "2", name="main")
@@ -450,8 +398,8 @@ def main():
     finally:
         check(s.stop() == 0, "the server did not exit 0")
         check(mistral.stop() == 0, "the mistral-v7 server did not exit 0")
-    print(f"test_server_hostile: {CHECKS} checks, {len(FAILS)} failed, {time.time() - t0:.1f} s")
-    return 1 if FAILS else 0
+    print(f"test_server_hostile: {time.time() - t0:.1f} s")
+    return summary()
 
 
 if __name__ == "__main__":

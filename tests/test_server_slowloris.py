@@ -22,7 +22,6 @@ Usage: test_server_slowloris.py MOETAX WORKDIR. Standard library only; servers o
 import http.client
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -30,7 +29,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
-from checks import SANITIZERS, long_skipped  # noqa: E402  (tests/ref/checks.py)
+from checks import SANITIZERS, check, long_skipped, summary  # noqa: E402  (tests/ref/checks.py)
+from serve_proc import ServeProc, serve_built  # noqa: E402  (tests/ref/serve_proc.py)
 from checks import SLOW as LONG_CHECKS  # noqa: E402
 
 MOETAX = os.path.abspath(sys.argv[1])
@@ -38,47 +38,11 @@ WORK = os.path.abspath(sys.argv[2])
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(REPO, "models", "pycode-20m-q8_0.gguf")
 SLOW = 4 if os.environ.get("MOETAX_SANITIZED") == "1" else 1  # margins (not deadlines) under the sanitizers
-FAILS = []
-CHECKS = 0
 
 
-def check(cond, msg):
-    global CHECKS
-    CHECKS += 1
-    if not cond:
-        FAILS.append(msg)
-        print("FAIL:", msg, flush=True)
-    return cond
-
-
-class Server:
+class Server(ServeProc):
     def __init__(self, *args, name, env=None):
-        self.log_path = os.path.join(WORK, f"serve-slowloris-{name}.log")
-        self.log = open(self.log_path, "w+b")
-        self.p = subprocess.Popen([MOETAX, "serve", "-m", MODEL, "--host", "127.0.0.1", "--port", "0", "-t", "1",
-                                   *args], stdout=self.log, stderr=self.log, env=dict(os.environ, **(env or {})))
-        deadline = time.time() + 60
-        self.port = None
-        while time.time() < deadline and self.port is None and self.p.poll() is None:
-            with open(self.log_path, "rb") as f:
-                m = re.search(rb"listening on http://127\.0\.0\.1:(\d+)", f.read())
-            if m:
-                self.port = int(m.group(1))
-            else:
-                time.sleep(0.05)
-        if self.port is None:
-            with open(self.log_path, "rb") as f:
-                sys.exit(f"moetax serve did not start: {f.read().decode(errors='replace')}")
-
-    def conn(self, timeout=60):
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-
-    def metrics(self):
-        c = self.conn()
-        c.request("GET", "/metrics")
-        data = c.getresponse().read().decode()
-        c.close()
-        return {k: float(v) for k, v in (l.rsplit(" ", 1) for l in data.splitlines() if l and not l.startswith("#"))}
+        super().__init__(MOETAX, MODEL, WORK, f"slowloris-{name}", *args, env=env)
 
     def wait_metric(self, name, want, timeout):
         deadline = time.time() + timeout
@@ -89,17 +53,6 @@ class Server:
                 return v
             time.sleep(0.02)
         return v
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.terminate()
-        try:
-            rc = self.p.wait(20)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            rc = self.p.wait()
-        self.log.close()
-        return rc
 
 
 def raw_request(body, path="/v1/completions"):
@@ -407,9 +360,7 @@ def test_option_errors():
 
 def main():
     os.makedirs(WORK, exist_ok=True)
-    probe = subprocess.run([MOETAX, "serve", "--port", "-1"], capture_output=True, text=True, timeout=60)
-    if "built without libmicrohttpd" in probe.stderr:
-        print("SKIP: this moetax was built without libmicrohttpd")
+    if not serve_built(MOETAX):
         return 0
     t0 = time.time()
     test_option_errors()
@@ -435,8 +386,8 @@ def main():
     else:
         test_idle_timeout()
         print(f"  idle timeout: {time.time() - t:.2f} s", flush=True)
-    print(f"test_server_slowloris: {CHECKS} checks, {len(FAILS)} failed, {time.time() - t0:.1f} s")
-    return 1 if FAILS else 0
+    print(f"test_server_slowloris: {time.time() - t0:.1f} s")
+    return summary()
 
 
 if __name__ == "__main__":
