@@ -127,18 +127,21 @@ def main():
         r = run([mt, "gen", "--preset", "tiny", "-o", keep])  # 1 MiB of weights on a 512 KiB tmpfs
         check(r.returncode == 1 and "free" in r.stderr and open(keep).read() == "keep" and not tmp_left(small),
               f"gen onto a file system too small: refused, the old file kept: {r.stderr}")
-    p = subprocess.Popen([mt, "gen", "--preset", "small", "--type", "q4_0", "-o", os.path.join(work, "killed.gguf")],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    for _ in range(200):  # until the temporary file exists
-        if tmp_left(work) or p.poll() is not None:
-            break
-        time.sleep(0.05)
-    seen = bool(tmp_left(work))
-    p.send_signal(signal.SIGTERM)
-    p.wait(timeout=60)
-    p.stderr.close()
-    check(seen and p.returncode == -signal.SIGTERM and not tmp_left(work) and not os.path.exists(os.path.join(work, "killed.gguf")),
-          f"SIGTERM during gen: rc {p.returncode}, temporary files {tmp_left(work)}")
+    # SIGTERM, and the other signals that end a process (SIGHUP: a closed terminal; it left the
+    # temporary file before)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        p = subprocess.Popen([mt, "gen", "--preset", "small", "--type", "q4_0", "-o", os.path.join(work, "killed.gguf")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for _ in range(200):  # until the temporary file exists
+            if tmp_left(work) or p.poll() is not None:
+                break
+            time.sleep(0.05)
+        seen = bool(tmp_left(work))
+        p.send_signal(sig)
+        p.wait(timeout=60)
+        p.stderr.close()
+        check(seen and p.returncode == -sig and not tmp_left(work) and not os.path.exists(os.path.join(work, "killed.gguf")),
+              f"{sig.name} during gen: rc {p.returncode}, temporary files {tmp_left(work)}")
 
     # ---- item 8: outputs and options checked before the work starts ---------------------------
     missing = os.path.join(work, "missing", "dir", "x.json")
@@ -235,6 +238,14 @@ def main():
     r = run([mt, "bench", "-m", model, "-p", "600", "-n", "0", "-r", "1", "--no-mem"])
     check(r.returncode == 0 and "longer than the 512" in r.stderr, f"bench -p 600 on a 512-token model warns: {r.stderr}")
     check(not tmp_left(work), f"no temporary files left at the end: {tmp_left(work)}")
+    # ---- results on standard output that cannot be written (a full disk): an error, not exit 0 ------
+    if os.path.exists("/dev/full"):
+        for args in ([mt, "run", "-m", model, "-p", "def f(", "-n", "8", "-t", "1"], [mt, "inspect", model],
+                     [mt, "tokenize", "-m", model, "-p", "def f(x):"]):
+            with open("/dev/full", "w") as full:
+                r = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+            check(r.returncode != 0 and "cannot write" in r.stderr and "No space left" in r.stderr,
+                  f"{' '.join(args[1:2])} > /dev/full: rc {r.returncode}, {r.stderr[-300:]!r}")
     return summary()
 
 

@@ -1,4 +1,5 @@
 /* main.c - `moetax <subcommand>`: dispatch from the table in commands.h. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,8 +33,9 @@ static void usage(FILE *f) {
         fprintf(f, "  %-10s %s\n", k_commands[i].name, k_commands[i].help);
 }
 
-/* SIGINT/SIGTERM: remove the temporary files of outputs not yet complete, then die
- * of the signal as before (the targets keep their old content). */
+/* A signal that ends the process (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ, ...): remove
+ * the temporary files of outputs not yet complete, then die of the signal as before (the targets
+ * keep their old content). */
 static void on_signal(int sig) {
     moetax_outfile_cleanup_signal();
     signal(sig, SIG_DFL);
@@ -67,8 +69,18 @@ static int64_t batch_of(int argc, char **argv) {
 }
 #endif
 
+/* The results went to standard output: a write that failed there (a full disk, /dev/full) is the
+ * command's failure, said, and not an exit status 0 with the output cut short. */
+static int stdout_checked(int rc) {
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    const int e = errno;
+    fprintf(stderr, "moetax: cannot write standard output: %s\n", e ? strerror(e) : "a write failed");
+    return rc ? rc : 1;
+}
+
 int main(int argc, char **argv) {
-    static const int sigs[] = {SIGINT, SIGTERM};
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ, SIGUSR1, SIGUSR2, SIGALRM};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
         struct sigaction sa = {0}, old;
         sa.sa_handler = on_signal;
@@ -154,14 +166,14 @@ int main(int argc, char **argv) {
             }
             /* none chosen: the token-sharded dispatch for batches where it measured faster (src/dist/dist.h) */
             if (!offline && moetax_dist_world()) moetax_dist_default_dispatch(batch_of(argc, argv));
-            int rc = k_commands[i].fn(argc - 1, argv + 1);
+            int rc = stdout_checked(k_commands[i].fn(argc - 1, argv + 1));
             moetax_dist_finalize(rc);
             return rc;
 #else
             if (getenv("OMPI_COMM_WORLD_SIZE") && strcmp(getenv("OMPI_COMM_WORLD_SIZE"), "1"))
                 fprintf(stderr, "moetax: built without MPI (Debian: libopenmpi-dev): each of the %s processes "
                                 "runs alone\n", getenv("OMPI_COMM_WORLD_SIZE"));
-            return k_commands[i].fn(argc - 1, argv + 1);
+            return stdout_checked(k_commands[i].fn(argc - 1, argv + 1));
 #endif
         }
     fprintf(stderr, "moetax: unknown command '%s'\n\n", argv[1]);
