@@ -177,6 +177,13 @@ def main():
         # no policy, prefetching or not, reads less than Belady's MIN on the same uses and slots
         check(0 <= x["use_hit_rate"] <= x["belady_use_hit_rate"] + 1e-9 <= 1 + 1e-9,
               f"hit rate per use {x['use_hit_rate']} vs Belady's {x['belady_use_hit_rate']}")
+    # a list longer than 256 bytes: every budget runs (a fixed buffer cut it, and dropped the last ones)
+    budgets = ",".join(["100%"] * 60 + ["60%"])
+    r = run([mt, "bench", "-m", model, "-p", "0", "-n", "1", "-r", "1", "--json", "--no-mem", "--expert-budget",
+             budgets, "--buffered-io"])
+    last = [json.loads(x).get("expert_budget") for x in r.stdout.splitlines() if '"store_tg' in x]
+    check(r.returncode == 0 and len(last) == 61 and last[-1] == "60%",
+          f"bench --expert-budget of 61 items ({len(budgets)} bytes): {len(last)} rows, the last {last[-1:]}")
     r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "1K"])
     check(r.returncode == 1 and "give at least" in r.stderr, f"tiny budget: {r.stderr}")
     # the I/O engines give the same tokens; with io_uring refused (as a sandbox would) uring falls

@@ -432,13 +432,14 @@ static moetax_status bench_check_upfront(const char *model, const char *twin, co
     const char *outs[2] = {o->lo.json_path, o->lo.trace_path}, *ins[2] = {model, twin};
     if (!st) st = cli_check_io(outs, 2, ins, 2);
     if (!st && o->so.budgets && (o->lo.json_path || o->lo.trace_path)) {
-        char list[256], lpath[1024], tpath[1024];
-        snprintf(list, sizeof list, "%s", o->so.budgets);
+        char lpath[1024], tpath[1024], *list = strdup(o->so.budgets); /* the list whole, however long */
+        if (!list) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
         for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && !st; tok = strtok_r(NULL, ",", &save)) {
             const char *bo[2] = {o->lo.json_path ? budget_path(lpath, sizeof lpath, o->lo.json_path, tok) : NULL,
                                  o->lo.trace_path ? budget_path(tpath, sizeof tpath, o->lo.trace_path, tok) : NULL};
             st = cli_check_outputs(bo, 2);
         }
+        free(list);
     }
     for (int k = 0; k < 2 && !st; k++) {
         const char *path = k ? twin : model;
@@ -611,10 +612,11 @@ int bench_model_main(int argc, char **argv) {
         /* the same tests with routed experts behind the expert store, one run per budget */
         if (!st && o.so.budgets) {
             double io_ref = 0;
-            char list[256];
-            snprintf(list, sizeof list, "%s", o.so.budgets);
+            char *list = strdup(o.so.budgets); /* the list whole, however long (a cut dropped budgets) */
+            if (!list) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
             int nb = 0;
-            for (char *tok = strtok(list, ","); tok && !st; tok = strtok(NULL, ",")) {
+            for (char *save = NULL, *tok = list ? strtok_r(list, ",", &save) : NULL; tok && !st;
+                 tok = strtok_r(NULL, ",", &save)) {
                 struct opts ob = o;
                 ob.budget = tok;
                 ob.npp = 0; /* decode only: the store's figures are per decoded token */
@@ -668,6 +670,7 @@ int bench_model_main(int argc, char **argv) {
                 }
                 nb++;
             }
+            free(list);
         }
         if (!st && twin) {
             struct opts ot = o;
