@@ -11,6 +11,7 @@ import re
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
 from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
@@ -213,6 +214,19 @@ def main():
             check(r.returncode == 0 and len(got) == n, f"bench io {t} {eng}: {len(got)} rows, {r.stderr[-300:]}")
     r = run([mt, "bench", "io", "-f", model, "--engine", "aio"])
     check(r.returncode == 2 and "--engine" in r.stderr, f"bench io --engine aio: {r.stderr}")
+    # not a regular file: said (a device or directory read as 0 bytes: every case skipped, exit 0)
+    for f, extra in (("/dev/null", ["--buffered"]), (work, ["--buffered"]), (work, [])):
+        r = run([mt, "bench", "io", "-f", f, *extra])
+        check(r.returncode == 1 and "not a regular file" in r.stderr, f"bench io -f {f} {extra}: {r.stderr}")
+    # its own temporary file is gone at once: SIGTERM while it is written leaves nothing
+    iod = os.path.join(work, "bench_io_kill")
+    os.makedirs(iod, exist_ok=True)
+    p = subprocess.Popen([mt, "bench", "io", "--size-mib", "4000"], cwd=iod, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    p.terminate()
+    p.wait(timeout=60)
+    check(not os.listdir(iod), f"bench io killed while writing its file: left {os.listdir(iod)}")
     # a budget run's trace: its own file per budget, the store's reads on I/O worker tracks
     # (pid 1), its statistics in otherData; the report reads it (and skips the I/O tracks)
     tr = os.path.join(work, "cli_store_trace.json")

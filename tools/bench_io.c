@@ -381,25 +381,34 @@ int bench_io_main(int argc, char **argv) {
     }
 
     char tmp[64] = "";
+    int fd = -1, open_err = 0;
     if (!file) {
+        /* the temporary file is opened for reading and unlinked before it is written: the descriptors
+         * keep it, and a signal or a crash during the write leaves nothing behind */
         snprintf(tmp, sizeof tmp, "moetax-bench-io-XXXXXX");
         int wfd = mkstemp(tmp);
         if (wfd < 0)
             return cli_fail(cmd, moetax_error(MOETAX_ERR_IO, "cannot create a temporary file in the current "
                                                              "directory: %s", strerror(errno)));
-        int rc = write_file(wfd, (uint64_t)size_mib << 20);
-        if (!rc) posix_fadvise(wfd, 0, 0, POSIX_FADV_DONTNEED);
+        fd = open(tmp, O_RDONLY | O_CLOEXEC | (buffered ? 0 : O_DIRECT));
+        open_err = errno;
+        unlink(tmp);
+        int rc = fd < 0 ? 0 : write_file(wfd, (uint64_t)size_mib << 20);
+        if (!rc && fd >= 0) posix_fadvise(wfd, 0, 0, POSIX_FADV_DONTNEED);
         close(wfd);
         if (rc) {
-            unlink(tmp);
+            close(fd);
             return cli_fail(cmd, moetax_error(MOETAX_ERR_IO, "%s: cannot write %lld MiB: %s", tmp,
                                               (long long)size_mib, strerror(rc)));
         }
         file = tmp;
+    } else {
+        struct stat fsb; /* a directory cannot be opened with O_DIRECT: say what it is, not that */
+        if (stat(file, &fsb) == 0 && S_ISDIR(fsb.st_mode))
+            return cli_fail(cmd, moetax_error(MOETAX_ERR_ARG, "%s: not a regular file (a directory)", file));
+        fd = open(file, O_RDONLY | O_CLOEXEC | (buffered ? 0 : O_DIRECT));
+        open_err = errno;
     }
-    int fd = open(file, O_RDONLY | O_CLOEXEC | (buffered ? 0 : O_DIRECT));
-    int open_err = errno;
-    if (tmp[0]) unlink(tmp); /* the open descriptor keeps it until the end */
     if (fd < 0)
         return cli_fail(cmd, moetax_error(MOETAX_ERR_IO, "%s: cannot open%s: %s%s", file,
                                           buffered ? "" : " with O_DIRECT", strerror(open_err),
@@ -409,6 +418,11 @@ int bench_io_main(int argc, char **argv) {
     if (fstat(fd, &sb) != 0) {
         close(fd);
         return cli_fail(cmd, moetax_error(MOETAX_ERR_IO, "%s: cannot stat: %s", file, strerror(errno)));
+    }
+    if (!S_ISREG(sb.st_mode)) { /* a directory or a device read as a file of 0 bytes: every case skipped */
+        close(fd);
+        return cli_fail(cmd, moetax_error(MOETAX_ERR_ARG, "%s: not a regular file (%s)", file,
+                                          S_ISDIR(sb.st_mode) ? "a directory" : "a device, FIFO or socket"));
     }
     uint64_t size = (uint64_t)sb.st_size;
 
