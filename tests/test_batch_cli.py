@@ -185,6 +185,9 @@ def main():
                        (["perplexity", "-f", txt, "--overflow", "sideways"], "--overflow")):
         r = run([mt] + args)
         check(r.returncode == 2 and want in r.stderr, f"{' '.join(args)}: rc {r.returncode}, {r.stderr.strip()}")
+    # a context of B x (-p + -n) cells beyond int32 (it wrapped: "batch capacity 0")
+    r = run([mt, "bench", "-m", tiny, "--batch", "256", "-p", "16777216", "-n", "1", "-r", "1", "--no-mem", "-t", "1"])
+    check(r.returncode == 1 and "more than a context holds" in r.stderr, f"bench --batch 256 -p 2^24: {r.stderr.strip()}")
     return summary()
 
 

@@ -39,6 +39,9 @@ static moetax_status one_batch(const struct moetax_model *m, const char *base, s
     const int threads = moetax_pool_n_threads(pool);
     const int k = o->experts_used ? o->experts_used : m->hp.n_expert_used;
     const int64_t bs = MOETAX_KV_BLOCK_DEFAULT, per_seq = (np + ng + 1 + bs - 1) / bs * bs; /* whole blocks */
+    if (B * per_seq > INT32_MAX || B * (np > 1 ? np : 1) > INT32_MAX) /* the context's and the batch's int32 sizes */
+        return moetax_error(MOETAX_ERR_LIMIT, "--batch %d x (-p %lld + -n %lld) is %lld cells, more than a context "
+                            "holds (%d)", B, (long long)np, (long long)ng, (long long)(B * per_seq), INT32_MAX);
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(B * per_seq), .pool = pool, .n_seq_max = B,
                                    .n_ubatch = B < 64 ? 64 : B > 512 ? 512 : B, .n_expert_used = o->experts_used,
                                    .kv_type = o->kv_type,
