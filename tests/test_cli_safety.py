@@ -176,6 +176,18 @@ def main():
         # the ledger may fit, the trace does not: no file is truncated
         check(r.returncode == 1 and "No space" in r.stderr and not os.path.exists(trace) and not tmp_left(full)
               and (not os.path.exists(led) or is_json(open(led).read())), f"run --trace on a full disk: {r.stderr[-300:]}")
+        # report --html on a full disk names the page and the reason (it said "writing the HTML page failed")
+        led2, page = os.path.join(work, "run2.json"), os.path.join(full, "page.html")
+        r = run([mt, "run", "-m", model, "-p", "def f(x):", "-n", "40", "--ignore-eos", "--ledger", led2])
+        filler = os.path.join(full, "filler")
+        with open(filler, "wb") as f:  # leave a few KiB: less than the page
+            try:
+                f.write(b"\0" * (56 << 10))
+            except OSError:
+                pass
+        r = run([mt, "report", led2, "--html", page])
+        check(r.returncode == 1 and page in r.stderr and "No space" in r.stderr and not os.path.exists(page)
+              and not tmp_left(full), f"report --html on a full disk: {r.stderr[-300:]}")
         umount(full)
     else:
         print("SKIP: full-disk cases (no tmpfs)")

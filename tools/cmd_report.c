@@ -551,7 +551,12 @@ int cmd_report(int argc, char **argv) {
     if (html) { /* a temporary file renamed into place */
         struct moetax_outfile *of;
         if (!(st = moetax_outfile_open(html, &of))) {
-            if ((st = moetax_report_write_html(r, moetax_outfile_file(of)))) moetax_outfile_abort(of);
+            if ((st = moetax_report_write_html(r, moetax_outfile_file(of)))) {
+                char why[512]; /* the page's path with the reason */
+                snprintf(why, sizeof why, "%s", moetax_last_error());
+                moetax_outfile_abort(of);
+                st = moetax_error(st, "%s: %s", html, why);
+            }
             else st = moetax_outfile_commit(of);
         }
         if (st) { moetax_report_free(r); return cli_fail("report", st); }

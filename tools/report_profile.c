@@ -5,6 +5,7 @@
  * routings (a static cache's ceiling), and how much of the next layer's routings the k
  * most frequent successors of each expert cover (a transition table's ceiling as a
  * predictor). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,7 +113,10 @@ static moetax_status write_html(const struct moetax_profile *p, const char *path
     free(labels);
     free(lp);
     (void)path;
-    return ferror(f) ? moetax_error(MOETAX_ERR_IO, "writing the HTML page failed") : MOETAX_OK;
+    const int e = fflush(f) ? errno : 0; /* the failed write again, with its reason */
+    return e || ferror(f) ? moetax_error(MOETAX_ERR_IO, "%s: writing the HTML page failed%s%s", path, e ? ": " : "",
+                                         e ? strerror(e) : "")
+                          : MOETAX_OK;
 }
 
 int report_profile(const char *path, const json_t *doc, bool json, const char *html) {

@@ -19,6 +19,7 @@
  */
 #include "moe/predict.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -541,8 +542,10 @@ moetax_status moe_predict_dump_close(struct moetax_predictor *p, bool commit, ui
     if (records) *records = D->records;
     moetax_status st = MOETAX_OK;
     if (commit && !D->ok) {
+        const int e = fflush(D->f) ? errno : 0; /* the failed write again, with its reason */
+        st = moetax_error(MOETAX_ERR_IO, "%s: writing the feature file failed%s%s", moetax_outfile_target(D->o),
+                          e ? ": " : "", e ? strerror(e) : "");
         moetax_outfile_abort(D->o);
-        st = moetax_error(MOETAX_ERR_IO, "writing the feature file failed (disk full?)");
     } else if (commit) st = moetax_outfile_commit(D->o);
     else moetax_outfile_abort(D->o);
     free(D);
