@@ -185,6 +185,8 @@ def main():
     last = [json.loads(x).get("expert_budget") for x in r.stdout.splitlines() if '"store_tg' in x]
     check(r.returncode == 0 and len(last) == 61 and last[-1] == "60%",
           f"bench --expert-budget of 61 items ({len(budgets)} bytes): {len(last)} rows, the last {last[-1:]}")
+    r = run([mt, "bench", "-m", model, "-p", "8", "-n", "0", "-r", "1", "--no-mem", "--expert-budget", "50%"])
+    check(r.returncode != 0 and "decoding" in r.stderr, f"bench -n 0 --expert-budget (measured nothing): {r.stderr}")
     r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "1K"])
     check(r.returncode == 1 and "give at least" in r.stderr, f"tiny budget: {r.stderr}")
     # the I/O engines give the same tokens; with io_uring refused (as a sandbox would) uring falls

@@ -427,6 +427,10 @@ static const char *budget_path(char *buf, size_t cap, const char *path, const ch
  * (one per budget too), the twin, and test lengths beyond the model's trained context. */
 static moetax_status bench_check_upfront(const char *model, const char *twin, const struct opts *o) {
     moetax_status st = cli_store_check_budgets(o->so.budgets, true);
+    int64_t most_tg = 0;
+    for (int i = 0; i < o->ntg; i++) most_tg = o->tg[i] > most_tg ? o->tg[i] : most_tg;
+    if (!st && o->so.budgets && most_tg < 1) /* the budgets' runs decode only: they would measure nothing */
+        st = moetax_error(MOETAX_ERR_ARG, "--expert-budget measures decoding: give -n of 1 or more");
     if (!st && o->json && o->lo.metrics)
         st = moetax_error(MOETAX_ERR_ARG, "--json and --metrics both print on stdout: use one");
     const char *outs[2] = {o->lo.json_path, o->lo.trace_path}, *ins[2] = {model, twin};
