@@ -189,6 +189,18 @@ def main():
     check(r.returncode != 0 and "decoding" in r.stderr, f"bench -n 0 --expert-budget (measured nothing): {r.stderr}")
     r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "1K"])
     check(r.returncode == 1 and "give at least" in r.stderr, f"tiny budget: {r.stderr}")
+    # a budget in % is a share of the slots every expert needs (each slot the largest expert as aligned
+    # spans, larger than its bytes in the file): 100% holds every routed expert, 50% half of them
+    pycode = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "pycode-20m-q8_0.gguf")
+    for m_, pct in ((pycode, 100), (model, 100), (model, 50)):
+        d = json.loads(run([mt, "inspect", m_, "--json"]).stdout)
+        arch = d["metadata"]["general.architecture"]
+        n_moe = sum(1 for t in d["tensors"] if t["name"].endswith(("ffn_down_exps.weight")))
+        want = n_moe * d["metadata"][arch + ".expert_count"] * pct // 100
+        r = run([mt, "run", "-m", m_, "-p", "x", "-n", "2", "--expert-budget", f"{pct}%"])
+        got = re.search(r"expert store: (\d+) slots", r.stderr)
+        check(r.returncode == 0 and got and int(got.group(1)) == want,
+              f"run {os.path.basename(m_)} --expert-budget {pct}%: {want} slots wanted, {r.stderr[-400:]}")
     # the I/O engines give the same tokens; with io_uring refused (as a sandbox would) uring falls
     # back to pread and says so in one line on stderr
     outs = {}

@@ -208,7 +208,7 @@ int cmd_run(int argc, char **argv) {
                                    .adapt_threads = adapt};
     if (so.budgets) {
         uint64_t budget;
-        if (!cli_store_parse_budget(so.budgets, cli_store_expert_bytes(m), &budget)) {
+        if (!cli_store_parse_budget(so.budgets, moetax_model_store_bytes_all(m), &budget)) {
             st = moetax_error(MOETAX_ERR_ARG, "--expert-budget: '%s' is not a size (2G, 512M) or a percentage (25%%)", so.budgets);
             goto done;
         }

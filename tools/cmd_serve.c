@@ -270,7 +270,7 @@ int cmd_serve(int argc, char **argv) {
     if (so.budgets) { /* routed experts behind an expert store of this budget */
         uint64_t budget;
         so.n_expert_used = k_ctx;
-        if (!cli_store_parse_budget(so.budgets, cli_store_expert_bytes(m), &budget)) {
+        if (!cli_store_parse_budget(so.budgets, moetax_model_store_bytes_all(m), &budget)) {
             st = moetax_error(MOETAX_ERR_ARG, "--expert-budget: '%s' is not a size (2G, 512M) or a percentage (25%%)",
                               so.budgets);
             goto done;

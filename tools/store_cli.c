@@ -70,9 +70,10 @@ enum moetax_store_policy cli_store_policy(const struct cli_store_opts *o) {
 }
 
 static const char *store_help_fmt(void) {
-    return "  --expert-budget B    keep routed experts in an expert store of B bytes of RAM (e.g. 2G, 512M,\n"
-           "                       or 25%% of the experts' total); the rest is read from the file on demand\n"
-           "                       (O_DIRECT) and prefetched from the next layer's router prediction\n"
+    return "  --expert-budget B    keep routed experts in an expert store of B bytes of RAM (e.g. 2G, 512M, or\n"
+           "                       25%% of the slots every expert needs: 100%% holds them all); the rest is read\n"
+           "                       from the file on demand (O_DIRECT) and prefetched from the next layer's\n"
+           "                       router prediction\n"
            "  --policy P           eviction: lru, lfu, lfru (frequency-weighted LRU) or next-use (expected\n"
            "                       next use from the layer cycle, the frequency and the prefetches; the default)\n"
            "  --no-prefetch        read each expert only when a work item needs it (no early reads of the\n"
@@ -129,8 +130,8 @@ static moetax_status check_budget(const char *s) {
             return moetax_error(MOETAX_ERR_ARG, "--expert-budget: '%s' is not a percentage (e.g. 25%%)", s);
         if (pct <= 0 || pct > CLI_BUDGET_MAX_PCT)
             return moetax_error(MOETAX_ERR_ARG,
-                                "--expert-budget: %s is out of range: a share of the routed experts' bytes above 0%% "
-                                "and at most %.0f%% (100%% holds every expert)", s, CLI_BUDGET_MAX_PCT);
+                                "--expert-budget: %s is out of range: a share of the store that holds every routed "
+                                "expert, above 0%% and at most %.0f%% (100%% holds every expert)", s, CLI_BUDGET_MAX_PCT);
         return MOETAX_OK;
     }
     uint64_t b;
@@ -157,7 +158,7 @@ moetax_status cli_store_check_budgets(const char *budgets, bool list) {
     }
 }
 
-bool cli_store_parse_budget(const char *s, uint64_t expert_bytes, uint64_t *out) {
+bool cli_store_parse_budget(const char *s, uint64_t all, uint64_t *out) {
     size_t n = strlen(s);
     if (n > 1 && s[n - 1] == '%') {
         char buf[32];
@@ -166,7 +167,7 @@ bool cli_store_parse_budget(const char *s, uint64_t expert_bytes, uint64_t *out)
         memcpy(buf, s, n - 1);
         buf[n - 1] = 0;
         if (!cli_parse_f64(buf, &pct) || pct <= 0 || pct > CLI_BUDGET_MAX_PCT) return false;
-        *out = (uint64_t)((double)expert_bytes * pct / 100.0);
+        *out = (uint64_t)((double)all * pct / 100.0);
         return true;
     }
     return cli_parse_size(s, out) && *out > 0;

@@ -32,13 +32,15 @@ const char *cli_store_help(void);
 /* The eviction policy: --policy, or the default (next-use: the best hit rate in every deterministic
  * case measured, issue 6's notes). */
 enum moetax_store_policy cli_store_policy(const struct cli_store_opts *o);
-/* Total bytes of the routed experts of a model. */
+/* Total bytes of the routed experts of a model, as in the file (a store's slots are larger: see
+ * moetax_model_store_bytes_all). */
 uint64_t cli_store_expert_bytes(const struct moetax_model *m);
 /* Check the syntax and range of --expert-budget before any work: one budget, or a
  * comma-separated list when list is true. MOETAX_ERR_ARG names the item and why. */
 moetax_status cli_store_check_budgets(const char *budgets, bool list);
-/* Parse one budget ("2G", "512M", "50%") against the experts' total; false if invalid. */
-bool cli_store_parse_budget(const char *s, uint64_t expert_bytes, uint64_t *out);
+/* Parse one budget ("2G", "512M", "50%"); a percentage is of `all`, the budget that holds every expert
+ * (moetax_model_store_bytes_all), so 100% does; false if invalid. */
+bool cli_store_parse_budget(const char *s, uint64_t all, uint64_t *out);
 /* Open the store for a budget; *n_ubatch is fitted to it. */
 moetax_status cli_store_open(const struct moetax_model *m, const struct cli_store_opts *o, uint64_t budget,
                              int *n_ubatch, struct moetax_store **out);

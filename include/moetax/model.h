@@ -247,6 +247,10 @@ struct moetax_store_params;
 moetax_status moetax_model_store_open(const struct moetax_model *m, const struct moetax_store_params *sp,
                                       int n_ubatch, int n_expert_used, struct moetax_store **out,
                                       int *n_ubatch_out);
+/* The budget of an expert store that holds every routed expert this process reads: that many slots,
+ * each the size moetax_model_store_open gives them (the largest expert, as 4096-aligned spans). 0 when
+ * the model has no routed experts or they cannot be registered. A budget in % is a share of this. */
+uint64_t moetax_model_store_bytes_all(const struct moetax_model *m);
 /* Check a run-time top-k for this model: 1..n_expert, and no more than the
  * experts of the groups a token may use (group-limited routing). 0 means the
  * model's expert_used_count and is always valid. MOETAX_ERR_ARG names the

@@ -808,6 +808,48 @@ moetax_status moetax_model_check_experts_used(const struct moetax_model *m, int 
     return MOETAX_OK;
 }
 
+/* Register every routed expert this process reads (the rows of gate/up/down of each, as file ranges);
+ * *n_out (optional) counts them. */
+static moetax_status store_add_experts(const struct moetax_model *m, struct moetax_store *s, int64_t *n_out) {
+    moetax_status st = MOETAX_OK;
+    int64_t n_added = 0;
+    for (int il = 0; !st && il < m->hp.n_layer; il++) {
+        const struct moetax_layer *l = &m->layers[il];
+        if (!l->is_moe) continue;
+        for (int e = 0; !st && e < m->hp.n_expert; e++) {
+            if (!moetax_model_expert_owned(m, il, e)) continue; /* another rank's */
+            uint64_t off[3], sz[3];
+            int n = 0;
+            const struct moetax_weight *ws[3] = {&l->gate_exps, &l->up_exps, &l->down_exps};
+            for (int i = 0; i < 3; i++) {
+                if (i == 1 && l->fused_gate_up) continue; /* gate_up: one range of 2F rows */
+                size_t bytes = ws[i]->mat_bytes; /* fused: gate_exps holds the 2F-row matrix */
+                const uint8_t *base = (const uint8_t *)ws[i]->file_data + (size_t)e * bytes;
+                off[n] = (uint64_t)(base - m->gguf->base);
+                sz[n] = bytes;
+                n++;
+            }
+            st = moetax_store_add_expert(s, il, e, off, sz, n);
+            n_added++;
+        }
+    }
+    if (n_out) *n_out = n_added;
+    return st;
+}
+
+uint64_t moetax_model_store_bytes_all(const struct moetax_model *m) {
+    if (m->hp.n_expert <= 0) return 0;
+    /* a store that is never committed: no file opened, no slots, no threads */
+    struct moetax_store_params p = {.path = m->gguf->path};
+    struct moetax_store *s = NULL;
+    int64_t n = 0;
+    moetax_status st = moetax_store_init(&p, m->hp.n_layer, m->hp.n_expert, &s);
+    if (!st) st = store_add_experts(m, s, &n);
+    uint64_t b = st ? 0 : moetax_store_slot_bytes(s) * (uint64_t)n;
+    moetax_store_free(s);
+    return b;
+}
+
 moetax_status moetax_model_store_open(const struct moetax_model *m, const struct moetax_store_params *sp,
                                       int n_ubatch, int n_expert_used, struct moetax_store **out,
                                       int *n_ubatch_out) {
@@ -867,25 +909,7 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
     p.min_slots = min_slots;
     struct moetax_store *s = NULL;
     moetax_status st = moetax_store_init(&p, hp->n_layer, hp->n_expert, &s);
-    for (int il = 0; !st && il < hp->n_layer; il++) {
-        const struct moetax_layer *l = &m->layers[il];
-        if (!l->is_moe) continue;
-        for (int e = 0; !st && e < hp->n_expert; e++) {
-            if (!moetax_model_expert_owned(m, il, e)) continue; /* another rank's */
-            uint64_t off[3], sz[3];
-            int n = 0;
-            const struct moetax_weight *ws[3] = {&l->gate_exps, &l->up_exps, &l->down_exps};
-            for (int i = 0; i < 3; i++) {
-                if (i == 1 && l->fused_gate_up) continue; /* gate_up: one range of 2F rows */
-                size_t bytes = ws[i]->mat_bytes; /* fused: gate_exps holds the 2F-row matrix */
-                const uint8_t *base = (const uint8_t *)ws[i]->file_data + (size_t)e * bytes;
-                off[n] = (uint64_t)(base - m->gguf->base);
-                sz[n] = bytes;
-                n++;
-            }
-            st = moetax_store_add_expert(s, il, e, off, sz, n);
-        }
-    }
+    if (!st) st = store_add_experts(m, s, NULL);
     if (!st) {
         /* fit the micro-batch to the budget: at most n_slots experts pinned at once */
         uint64_t slot = moetax_store_slot_bytes(s);
