@@ -158,6 +158,15 @@ def main():
               f"bench {extra} refused before its tests: {r.stderr} {r.stdout[:200]}")
     r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "10000%"])
     check(r.returncode == 2 and "out of range" in r.stderr, f"run --expert-budget 10000%: {r.stderr}")
+    # the store's options do nothing without a store: refused, naming the option and the budget it needs
+    nowhere = os.path.join(work, "nonexist")
+    for opt in (["--warm", nowhere], ["--predictor", nowhere], ["--read-ahead", "1"], ["--io-engine", "pread"],
+                ["--policy=lru"], ["--no-prefetch"], ["--buffered-io"], ["--io-threads", "2"], ["--read-ahead-min", "0.5"]):
+        name = opt[0].split("=")[0]
+        r = run([mt, "run", "-m", model, "-p", "x", "-n", "2"] + opt)
+        check(r.returncode == 2 and f"{name} needs --expert-budget" in r.stderr, f"run {opt} without a budget: {r.stderr}")
+    r = run([mt, "serve", "-m", model, "--port", "0", "--warm", nowhere], timeout=20)  # it used to start
+    check(r.returncode == 2 and "--warm needs --expert-budget" in r.stderr, f"serve --warm without a budget: {r.stderr}")
     r = run([mt, "eval", "-m", model, "--tokens", "1,2", "--out", missing])
     check(r.returncode == 2 and "missing/dir" in r.stderr and "greedy" not in r.stdout, f"eval --out /missing: {r.stderr}")
     r = run([mt, "report", os.path.join(work, "none.json"), "--html", missing])

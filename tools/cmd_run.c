@@ -152,7 +152,7 @@ int cmd_run(int argc, char **argv) {
 #undef F_OPT
     }
     /* every option and output path is checked before the work starts */
-    moetax_status st = cli_store_check_budgets(so.budgets, false);
+    moetax_status st = cli_store_check(&so, false);
     const char *outputs[] = {lo.json_path, lo.trace_path}, *inputs[] = {model ? model : cli_default_model_path(), pfile};
     if (!st) st = cli_check_io(outputs, 2, inputs, 2);
     if (!st && json && lo.metrics)

@@ -223,7 +223,7 @@ int cmd_serve(int argc, char **argv) {
     if (api_key && !*api_key) return cli_usage_error("serve", "--api-key (or $MOETAX_API_KEY) is empty: give a key, or "
                                                      "neither for a server without one");
     {
-        moetax_status bst = cli_store_check_budgets(so.budgets, false);
+        moetax_status bst = cli_store_check(&so, false);
         if (bst) return cli_usage_error("serve", "%s", moetax_last_error());
     }
     if (!model) model = cli_default_model_path();

@@ -12,7 +12,7 @@
 #include "dist/dist.h"
 #endif
 
-bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool *err) {
+static bool store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool *err) {
     const char *v = NULL;
     if (cli_opt(argc, argv, i, NULL, "--expert-budget", &o->budgets, err)) return true;
     if (cli_opt(argc, argv, i, NULL, "--policy", &v, err)) {
@@ -63,6 +63,21 @@ bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool
     if (!strcmp(argv[*i], "--no-prefetch")) { o->no_prefetch = true; return true; }
     if (!strcmp(argv[*i], "--buffered-io")) { o->buffered = true; return true; }
     return false;
+}
+
+bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool *err) {
+    const char *a = argv[*i];
+    if (!store_opt(argc, argv, i, o, err)) return false;
+    if (!o->given && strncmp(a, "--expert-budget", strlen("--expert-budget")) != 0) o->given = a;
+    return true;
+}
+
+moetax_status cli_store_check(const struct cli_store_opts *o, bool list) {
+    moetax_status st = cli_store_check_budgets(o->budgets, list);
+    if (!st && !o->budgets && o->given)
+        st = moetax_error(MOETAX_ERR_ARG, "%.*s needs --expert-budget: it is an option of the expert store, which "
+                          "holds the routed experts only with a budget", (int)strcspn(o->given, "="), o->given);
+    return st;
 }
 
 enum moetax_store_policy cli_store_policy(const struct cli_store_opts *o) {

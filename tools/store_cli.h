@@ -25,6 +25,8 @@ struct cli_store_opts {
     const char *warm;      /* --warm PROFILE: fill the store from a routing profile and take it as the prior */
     const char *predictor; /* --predictor FILE: a learned predictor (moetax profile --fit-predictor) drives
                               the prefetch; both it and the router guess are scored */
+    const char *given;     /* the first store option on the command line other than --expert-budget (as
+                              given, =VALUE included), for cli_store_check; NULL: none */
 };
 
 bool cli_store_opt(int argc, char **argv, int *i, struct cli_store_opts *o, bool *err);
@@ -38,6 +40,10 @@ uint64_t cli_store_expert_bytes(const struct moetax_model *m);
 /* Check the syntax and range of --expert-budget before any work: one budget, or a
  * comma-separated list when list is true. MOETAX_ERR_ARG names the item and why. */
 moetax_status cli_store_check_budgets(const char *budgets, bool list);
+/* cli_store_check_budgets on o->budgets, and a store option given without a budget (o->given: --warm,
+ * --predictor, --policy, ...; set only from the command line, not from --config) is MOETAX_ERR_ARG
+ * naming it: without a store it would do nothing. */
+moetax_status cli_store_check(const struct cli_store_opts *o, bool list);
 /* Parse one budget ("2G", "512M", "50%"); a percentage is of `all`, the budget that holds every expert
  * (moetax_model_store_bytes_all), so 100% does; false if invalid. */
 bool cli_store_parse_budget(const char *s, uint64_t all, uint64_t *out);
