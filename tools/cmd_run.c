@@ -30,7 +30,8 @@ static void usage(FILE *f) {
             "  -f, --file FILE      read the prompt from a file (with --parallel: one prompt per line)\n"
             "  --parallel N         decode the prompts of -f N at a time in one context (continuous batching:\n"
             "                       a sequence that ends frees its slot for the next prompt); each completion is\n"
-            "                       printed when it ends, then the aggregate speed and the batch's ledger\n"
+            "                       printed when it ends, then the aggregate speed and the batch's ledger;\n"
+            "                       not yet with --chat, -sys, --chat-template or --expert-budget\n"
             "  -n, --n-predict N    tokens to generate (default 64)\n"
             "  -t, --threads N      threads (default: online CPUs)\n"
             "  -c, --ctx N          KV cache cells, all sequences together, in blocks of 32 (default: min(model,\n"
@@ -175,10 +176,13 @@ int cmd_run(int argc, char **argv) {
     if (parallel) {
         if (!pfile) { free(text); return cli_usage_error("run", "--parallel needs -f FILE with one prompt per line"); }
         if (so.budgets) { free(text); return cli_usage_error("run", "--parallel does not combine with --expert-budget yet"); }
+        const char *chat_opt = chat ? "--chat" : sys_msg ? "-sys" : chat_tmpl ? "--chat-template" : NULL;
+        if (chat_opt) { free(text); return cli_usage_error("run", "--parallel does not combine with %s yet", chat_opt); }
         struct run_parallel_opts po = {.model = model, .prompts_path = pfile, .parallel = (int)parallel,
                                        .n_predict = n_predict, .n_threads = n_threads, .n_ctx = n_ctx,
                                        .experts_used = k_ctx, .no_mmap = mp.no_mmap, .expert_type = mp.expert_type, .ignore_eos = ignore_eos,
-                                       .echo = echo, .json = json, .sampler = sp, .lo = &lo, .kv_type = kv_type};
+                                       .echo = echo, .json = json, .sampler = sp, .lo = &lo, .kv_type = kv_type,
+                                       .check_finite = check_finite, .adapt_threads = adapt};
         lo.n_expert_used = k_ctx;
         st = run_parallel(&po, text);
         free(text);

@@ -97,6 +97,7 @@ moetax_status run_parallel(const struct run_parallel_opts *o, char *prompts_text
     const int64_t need = (int64_t)N * ((max_prompt + o->n_predict + bs - 1) / bs * bs);
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(o->n_ctx ? o->n_ctx : need), .n_threads = (int32_t)o->n_threads,
                                    .n_expert_used = o->experts_used, .n_seq_max = N, .kv_type = o->kv_type,
+                                   .check_finite = o->check_finite, .adapt_threads = o->adapt_threads,
                                    .n_ubatch = N < 64 ? 64 : N > 512 ? 512 : N}; /* a decode step in one micro-batch */
     if (o->n_ctx && o->n_ctx < max_prompt + o->n_predict) {
         st = moetax_error(MOETAX_ERR_LIMIT, "-c %lld cells cannot hold the longest prompt (%lld tokens) + -n %lld",

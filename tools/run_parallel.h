@@ -16,6 +16,7 @@ struct run_parallel_opts {
     int64_t n_predict, n_threads, n_ctx;
     int experts_used;
     bool no_mmap, ignore_eos, echo, json;
+    bool check_finite, adapt_threads; /* --check-finite, --adapt-threads (moetax_ctx_params) */
     enum moetax_type expert_type;  /* --expert-type (moetax_model_params) */
     struct moetax_sampler_params sampler;
     const struct cli_ledger_opts *lo;
