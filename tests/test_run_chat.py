@@ -5,7 +5,8 @@ system message first) rendered with a chat template; a model without
 tokenizer.chat_template (what `moetax gen` writes) is a clear error naming
 --chat-template; --chat-template chatml renders as ChatML and generates exactly what
 `run -p` of the rendered text does (greedy; the text has no control tokens in this
-vocabulary, so the server's control-token split leaves it as plain text).
+vocabulary, so the server's control-token split leaves it as plain text); --chat-template
+(run and serve) takes exactly one of the template names, anything else is a usage error listing them.
 
 usage: test_run_chat.py MOETAX_BIN WORKDIR
 """
@@ -33,6 +34,24 @@ def main():
           "no template: clear error: " + r.stderr[-300:])
     r = run(base + ["--chat-template", "nonesuch", "--chat", "-p", "hi"])
     check(r.returncode != 0 and "nonesuch" in r.stderr, "unknown --chat-template named: " + r.stderr[-200:])
+    # --chat-template takes a name, matched exactly: a near miss or a fragment of a template's source
+    # (which the model's template detection would have recognised) is a usage error listing every name
+    every = ["chatml", "llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "mistral-v1", "mistral-v3",
+             "mistral-v3-tekken", "mistral-v7", "phi3", "llama3", "deepseek2", "deepseek3"]
+    for bad in ("mistral-v8", "mistral", "x<|im_start|>"):
+        r = run(base + ["--chat", "--chat-template", bad, "-p", "hi"])
+        listed = r.stderr.split("the names are ")[-1].split("\n")[0].split(", ")
+        check(r.returncode == 2 and "not a template" in r.stderr and sorted(listed) == sorted(every),
+              f"--chat-template {bad!r}: {r.stderr[-400:]}")
+    for name in every:
+        r = run(base + ["--chat", "--chat-template", name, "-p", "hi", "-n", "1"])
+        check(r.returncode == 0, f"--chat-template {name}: {r.stderr[-300:]}")
+    try:
+        r = subprocess.run([mt, "serve", "-m", model, "--port", "0", "--chat-template", "mistral-v9"], capture_output=True,
+                           text=True, errors="replace", timeout=20)
+        check(r.returncode == 2 and "mistral-v9" in r.stderr and "mistral-v3-tekken" in r.stderr, f"serve: {r.stderr[-300:]}")
+    except subprocess.TimeoutExpired:
+        check(False, "serve --chat-template mistral-v9 started")
     r = run(base + ["-sys", "x", "-p", "hi"])
     check(r.returncode != 0 and "--chat" in r.stderr, "-sys without --chat: " + r.stderr[-200:])
     rendered = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

@@ -188,6 +188,12 @@ int cmd_run(int argc, char **argv) {
         free(text);
         return st ? cli_fail("run", st) : 0;
     }
+    if (chat_tmpl && srv_chat_by_name(chat_tmpl) == SRV_CHAT_UNKNOWN) {
+        char names[512];
+        free(text);
+        return cli_usage_error("run", "--chat-template %s: not a template moetax knows; the names are %s", chat_tmpl,
+                               srv_chat_names(names, sizeof names));
+    }
     struct moetax_model *m = NULL;
     struct moetax_tokenizer *tok = NULL;
     struct moetax_sampler *smp = NULL;
@@ -229,11 +235,7 @@ int cmd_run(int argc, char **argv) {
     if (chat) {
         enum srv_chat_tmpl ct = SRV_CHAT_UNKNOWN;
         if (chat_tmpl) {
-            if ((ct = srv_chat_detect(chat_tmpl)) == SRV_CHAT_UNKNOWN) {
-                st = moetax_error(MOETAX_ERR_ARG, "--chat-template %s: not a known template (chatml, llama2, llama2-sys, "
-                                  "llama3, phi3, mistral-v1, mistral-v3, mistral-v7, deepseek2, deepseek3)", chat_tmpl);
-                goto done;
-            }
+            ct = srv_chat_by_name(chat_tmpl); /* a known name: checked before the model was loaded */
         } else {
             const struct moetax_gguf_kv *kv = moetax_gguf_find_kv(m->gguf, "tokenizer.chat_template");
             if (!kv || kv->type != MOETAX_GGUF_TYPE_STRING) {

@@ -228,8 +228,10 @@ int cmd_serve(int argc, char **argv) {
     }
     if (!model) model = cli_default_model_path();
     enum srv_chat_tmpl tmpl = SRV_CHAT_UNKNOWN;
-    if (tmpl_name && (tmpl = srv_chat_detect(tmpl_name)) == SRV_CHAT_UNKNOWN)
-        return cli_usage_error("serve", "--chat-template %s: not a template moetax knows", tmpl_name);
+    char tmpl_names[512];
+    if (tmpl_name && (tmpl = srv_chat_by_name(tmpl_name)) == SRV_CHAT_UNKNOWN)
+        return cli_usage_error("serve", "--chat-template %s: not a template moetax knows; the names are %s", tmpl_name,
+                               srv_chat_names(tmpl_names, sizeof tmpl_names));
 
     /* SIGINT/SIGTERM are taken by sigwait below: blocked in every thread started from here on */
     sigset_t sigs;

@@ -2,6 +2,7 @@
 #include "server/chat_template.h"
 
 #include <ctype.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,23 @@ static const char *const names[SRV_CHAT_COUNT] = {
 
 const char *srv_chat_name(enum srv_chat_tmpl t) {
     return t > SRV_CHAT_UNKNOWN && t < SRV_CHAT_COUNT ? names[t] : "unknown";
+}
+
+enum srv_chat_tmpl srv_chat_by_name(const char *name) {
+    for (int t = 1; name && t < SRV_CHAT_COUNT; t++)
+        if (strcmp(name, names[t]) == 0) return (enum srv_chat_tmpl)t;
+    return SRV_CHAT_UNKNOWN;
+}
+
+const char *srv_chat_names(char *buf, size_t cap) {
+    size_t n = 0;
+    if (cap) buf[0] = 0;
+    for (int t = 1; t < SRV_CHAT_COUNT && n < cap; t++) {
+        int w = snprintf(buf + n, cap - n, "%s%s", t > 1 ? ", " : "", names[t]);
+        if (w < 0) break;
+        n += (size_t)w;
+    }
+    return buf;
 }
 
 static const char *const roles[] = {"system", "user", "assistant", "tool"};

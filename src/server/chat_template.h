@@ -62,6 +62,11 @@ bool srv_chat_role_known(const char *role, size_t len);
 bool srv_chat_role_ok(enum srv_chat_tmpl t, const char *role);
 /* The template a Jinja source (or a name: "chatml", "llama3", "deepseek3", ...) is. */
 enum srv_chat_tmpl srv_chat_detect(const char *tmpl);
+/* The template of exactly this name (srv_chat_name's), SRV_CHAT_UNKNOWN for any other string: for an
+ * option that takes a name, where srv_chat_detect's guess from a source would pick one for a typo. */
+enum srv_chat_tmpl srv_chat_by_name(const char *name);
+/* Every name, ", "-separated, into buf (truncated to cap); returns buf. */
+const char *srv_chat_names(char *buf, size_t cap);
 /* Its name ("chatml", "llama2-sys", "mistral-v7", "deepseek2", ...); "unknown". */
 const char *srv_chat_name(enum srv_chat_tmpl t);
 /* The prompt for n messages, ending with the assistant's turn when add_ass:
