@@ -73,6 +73,16 @@ def main():
     rc, out, err = run([moetax, "bench", "-m", os.path.join(ROOT, "models", "pycode-20m-q8_0.gguf"), "-p", "0", "-n", "4",
                         "-r", "1", "--no-mem", "--expert-budget", "25%", "--predictor", os.path.join(work, "nope.pred")])
     check(rc != 0 and rc < 128 and "nope.pred" in err, "a missing predictor: rc %d, %s" % (rc, err[-300:]))
+    # a missing file, a directory or a device as --predictor or --warm: the reader's own words, by name
+    nope, short = os.path.join(work, "nope.json"), ["-p", "a", "-n", "2", "--expert-budget", "25%"]
+    for opt, path, want in (("--predictor", work, "is a directory, not a predictor file"),
+                            ("--predictor", "/dev/null", "not a regular file"),
+                            ("--predictor", nope, "No such file or directory"),
+                            ("--warm", nope, "cannot open it: No such file or directory"),
+                            ("--warm", work, "is a directory"), ("--warm", "/dev/zero", "a NUL byte at byte offset 0")):
+        rc, out, err = run([moetax, "run"] + short + [opt, path])
+        check(rc == 1 and path + ":" in err and want in err and "JSON" not in err and "16 GiB" not in err,
+              "%s %s: rc %d, %s" % (opt, path, rc, err[-300:]))
 
     # a predictor of another shape (another width): refused naming both
     gen = os.path.join(work, "pcli_tiny.gguf")

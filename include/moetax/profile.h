@@ -59,7 +59,9 @@ void moetax_profile_free(struct moetax_profile *p);
 moetax_status moetax_profile_add(struct moetax_profile *p, int64_t n, const int32_t *const *experts);
 moetax_status moetax_profile_write(const struct moetax_profile *p, const char *path);
 /* Read and check a profile (types, shapes, non-negative counts within what its tokens allow);
- * errors name the file and the field. */
+ * errors name the file and the field. The file is read through moetax_readfile_path: a missing one
+ * is MOETAX_ERR_IO, a directory MOETAX_ERR_ARG, more than MOETAX_PROFILE_MAX_BYTES MOETAX_ERR_LIMIT. */
+#define MOETAX_PROFILE_MAX_BYTES ((size_t)1 << 30)
 moetax_status moetax_profile_load(const char *path, struct moetax_profile **out);
 /* The same from a parsed JSON document (a Jansson json_t, e.g. one `report` has read and found a
  * "moetax_profile" key in); name is what the errors call it. The document is only read. */

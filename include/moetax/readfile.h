@@ -1,8 +1,8 @@
 /*
  * moetax/readfile.h - a whole input in memory, within a byte limit: the placement map, the tools'
- * text inputs (prompt and text files, configurations) and report's input (a ledger, trace or profile)
- * are read through here. Not yet: moetax_profile_load (--warm, --ep-load) reads with Jansson's own
- * json_load_file, and tune's log with its own bounded line reader.
+ * text inputs (prompt and text files, configurations), report's input (a ledger, trace or profile)
+ * and routing profiles (moetax_profile_load: --warm, --ep-load) are read through here. Not yet: tune's
+ * log, with its own bounded line reader.
  *
  * DESIGN
  *   The input is read to its end, or to one byte past max_bytes: a regular file, a FIFO, a device or

@@ -11,6 +11,7 @@
 
 #include "core/printable.h"
 #include "moetax/outfile.h"
+#include "moetax/readfile.h"
 
 moetax_status moetax_profile_new(const char *model, int n_layer, const int *moe_layers, int n_moe, int n_expert,
                                  int n_expert_used, struct moetax_profile **out) {
@@ -238,10 +239,20 @@ moetax_status moetax_profile_from_json(const json_t *o, const char *path, struct
 
 moetax_status moetax_profile_load(const char *path, struct moetax_profile **out) {
     *out = NULL;
+    char *buf = NULL;
+    size_t len = 0;
+    /* through the reader: a missing file, a directory or a device get its messages, not Jansson's */
+    const struct moetax_readfile_params rp = {.max_bytes = MOETAX_PROFILE_MAX_BYTES, .text = true}; /* JSON holds no NUL */
+    moetax_status st = moetax_readfile_path(path, &rp, &buf, &len);
+    if (st == MOETAX_ERR_LIMIT)
+        return moetax_error(MOETAX_ERR_LIMIT, "%s: larger than %d MiB, the most a routing profile is read to", path,
+                            (int)(MOETAX_PROFILE_MAX_BYTES >> 20));
+    if (st) return st;
     json_error_t je;
-    json_t *o = json_load_file(path, 0, &je);
+    json_t *o = json_loadb(buf, len, 0, &je);
+    free(buf);
     if (!o) return moetax_error(MOETAX_ERR_FORMAT, "%s: line %d: not valid JSON: %s", path, je.line, je.text);
-    moetax_status st = moetax_profile_from_json(o, path, out);
+    st = moetax_profile_from_json(o, path, out);
     json_decref(o);
     return st;
 }
