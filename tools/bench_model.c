@@ -159,7 +159,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                                    .kv_type = o->kv_type, .adapt_threads = o->adapt_threads};
     uint64_t budget = 0;
     if (o->budget) {
-        if (!cli_store_parse_budget(o->budget, cli_store_expert_bytes(m), &budget)) {
+        if (!cli_store_parse_budget(o->budget, moetax_model_store_bytes_all(m), &budget)) {
             st = moetax_error(MOETAX_ERR_ARG, "--expert-budget: '%s' is not a size (2G, 512M) or a percentage (25%%)", o->budget);
             goto done;
         }
@@ -426,7 +426,7 @@ static const char *budget_path(char *buf, size_t cap, const char *path, const ch
 /* Everything that can be checked before the tests run: the budgets, the output paths
  * (one per budget too), the twin, and test lengths beyond the model's trained context. */
 static moetax_status bench_check_upfront(const char *model, const char *twin, const struct opts *o) {
-    moetax_status st = cli_store_check_budgets(o->so.budgets, true);
+    moetax_status st = cli_store_check(&o->so, true);
     int64_t most_tg = 0;
     for (int i = 0; i < o->ntg; i++) most_tg = o->tg[i] > most_tg ? o->tg[i] : most_tg;
     if (!st && o->so.budgets && most_tg < 1) /* the budgets' runs decode only: they would measure nothing */
