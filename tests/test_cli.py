@@ -187,6 +187,12 @@ def main():
           f"bench --expert-budget of 61 items ({len(budgets)} bytes): {len(last)} rows, the last {last[-1:]}")
     r = run([mt, "bench", "-m", model, "-p", "8", "-n", "0", "-r", "1", "--no-mem", "--expert-budget", "50%"])
     check(r.returncode != 0 and "decoding" in r.stderr, f"bench -n 0 --expert-budget (measured nothing): {r.stderr}")
+    # ... but a --config's budget (a tuned decode setting) does not stop a prefill-only run
+    cfg = os.path.join(work, "cli_budget_cfg.json")
+    with open(cfg, "w") as f:
+        json.dump({"moetax_config": 1, "expert_budget": "100%"}, f)
+    r = run([mt, "bench", "-m", model, "--config", cfg, "-p", "8", "-n", "0", "-r", "1", "--no-mem"])
+    check(r.returncode == 0 and "pp8" in r.stdout, f"bench --config (a budget) -p 8 -n 0: {r.stderr[-300:]}")
     r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "1K"])
     check(r.returncode == 1 and "give at least" in r.stderr, f"tiny budget: {r.stderr}")
     # a budget in % is a share of the slots every expert needs (each slot the largest expert as aligned
@@ -229,9 +235,15 @@ def main():
     r = run([mt, "bench", "io", "-f", model, "--engine", "aio"])
     check(r.returncode == 2 and "--engine" in r.stderr, f"bench io --engine aio: {r.stderr}")
     # not a regular file: said (a device or directory read as 0 bytes: every case skipped, exit 0)
-    for f, extra in (("/dev/null", ["--buffered"]), (work, ["--buffered"]), (work, [])):
-        r = run([mt, "bench", "io", "-f", f, *extra])
-        check(r.returncode == 1 and "not a regular file" in r.stderr, f"bench io -f {f} {extra}: {r.stderr}")
+    fifo = os.path.join(work, "bench_io.fifo")  # no writer: opening it would block
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    for f, extra in (("/dev/null", ["--buffered"]), ("/dev/zero", []), (fifo, []), (work, ["--buffered"]), (work, [])):
+        try:
+            r = subprocess.run([mt, "bench", "io", "-f", f, *extra], capture_output=True, text=True, timeout=30)
+            check(r.returncode == 1 and "not a regular file" in r.stderr, f"bench io -f {f} {extra}: {r.stderr}")
+        except subprocess.TimeoutExpired:
+            check(False, f"bench io -f {f} {extra}: blocked")
     # its own temporary file is gone at once: SIGTERM while it is written leaves nothing
     iod = os.path.join(work, "bench_io_kill")
     os.makedirs(iod, exist_ok=True)

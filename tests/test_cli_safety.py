@@ -28,6 +28,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
 from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
+from serve_proc import serve_built  # noqa: E402  (tests/ref/serve_proc.py)
 
 
 def run(args, timeout=300, **kw):
@@ -165,8 +166,9 @@ def main():
         name = opt[0].split("=")[0]
         r = run([mt, "run", "-m", model, "-p", "x", "-n", "2"] + opt)
         check(r.returncode == 2 and f"{name} needs --expert-budget" in r.stderr, f"run {opt} without a budget: {r.stderr}")
-    r = run([mt, "serve", "-m", model, "--port", "0", "--warm", nowhere], timeout=20)  # it used to start
-    check(r.returncode == 2 and "--warm needs --expert-budget" in r.stderr, f"serve --warm without a budget: {r.stderr}")
+    if serve_built(mt, "serve --warm without a budget"):
+        r = run([mt, "serve", "-m", model, "--port", "0", "--warm", nowhere], timeout=20)  # it used to start
+        check(r.returncode == 2 and "--warm needs --expert-budget" in r.stderr, f"serve --warm without a budget: {r.stderr}")
     r = run([mt, "eval", "-m", model, "--tokens", "1,2", "--out", missing])
     check(r.returncode == 2 and "missing/dir" in r.stderr and "greedy" not in r.stdout, f"eval --out /missing: {r.stderr}")
     r = run([mt, "report", os.path.join(work, "none.json"), "--html", missing])
@@ -197,6 +199,18 @@ def main():
         r = run([mt, "report", led2, "--html", page])
         check(r.returncode == 1 and page in r.stderr and "No space" in r.stderr and not os.path.exists(page)
               and not tmp_left(full), f"report --html on a full disk: {r.stderr[-300:]}")
+        # a routing profile's page names the page, not the profile; --dump-features says the reason
+        text, prof = os.path.join(work, "prof_text.txt"), os.path.join(work, "prof.json")
+        with open(text, "w") as f:
+            f.write("def f(x):\n    return x + 1\n" * 20)
+        r = run([mt, "profile", "-m", model, "-f", text, "-o", prof])
+        page2, feat = os.path.join(full, "prof.html"), os.path.join(full, "feat.bin")
+        r = run([mt, "report", prof, "--html", page2])
+        check(r.returncode == 1 and page2 in r.stderr and "No space" in r.stderr and not tmp_left(full),
+              f"report PROFILE --html on a full disk: {r.stderr[-300:]}")
+        r = run([mt, "profile", "-m", model, "-f", text, "-o", os.path.join(work, "prof2.json"), "--dump-features", feat])
+        check(r.returncode == 1 and feat in r.stderr and "No space" in r.stderr and not tmp_left(full),
+              f"profile --dump-features on a full disk: {r.stderr[-300:]}")
         umount(full)
     else:
         print("SKIP: full-disk cases (no tmpfs)")
@@ -278,7 +292,7 @@ def main():
     check(not tmp_left(work), f"no temporary files left at the end: {tmp_left(work)}")
     # ---- results on standard output that cannot be written (a full disk): an error, not exit 0 ------
     if os.path.exists("/dev/full"):
-        for args in ([mt, "run", "-m", model, "-p", "def f(", "-n", "8", "-t", "1"], [mt, "inspect", model],
+        for args in ([mt, "run", "-m", model, "-p", "def f(", "-n", "8", "-t", "1"], [mt, "inspect", model], [mt, "--help"],
                      [mt, "tokenize", "-m", model, "-p", "def f(x):"]):
             with open("/dev/full", "w") as full:
                 r = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)

@@ -226,6 +226,12 @@ def main():
     el = time.monotonic() - t0
     check(r.returncode != 0 and "rank(s) 1 did not arrive" in r.stderr and el < 20,
           f"alltoall: a stalled rank is named ({el:.1f} s): {r.stderr[-400:]}")
+    # with --ep-overlap the communication thread times out: its message reaches the command's error
+    # (it came out empty: "error: (MOETAX_ERR_IO)")
+    r = mpirun(2, [moetax, "eval", "-m", tiny, "--tokens", "1,2,3", "--decode", "2", "-t", "1", "--ep-dispatch", "alltoall",
+                   "--ep-overlap"], env=dict(ENV, MOETAX_MPI_TIMEOUT="2", MOETAX_MPI_TEST_STALL="1:30"), timeout=60)
+    check(r.returncode != 0 and "rank(s) 1 did not arrive" in r.stderr,
+          f"--ep-overlap: a stalled rank is named: {r.stderr[-400:]}")
 
     # a different model file on one rank: detected at start-up
     tiny2 = os.path.join(work, "tiny-v3.gguf")

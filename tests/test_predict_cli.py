@@ -75,7 +75,11 @@ def main():
     check(rc != 0 and rc < 128 and "nope.pred" in err, "a missing predictor: rc %d, %s" % (rc, err[-300:]))
     # a missing file, a directory or a device as --predictor or --warm: the reader's own words, by name
     nope, short = os.path.join(work, "nope.json"), ["-p", "a", "-n", "2", "--expert-budget", "25%"]
+    fifo = os.path.join(work, "pcli.fifo")  # no writer: opening it would block
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
     for opt, path, want in (("--predictor", work, "is a directory, not a predictor file"),
+                            ("--predictor", fifo, "not a regular file (a FIFO)"),
                             ("--predictor", "/dev/null", "not a regular file"),
                             ("--predictor", nope, "No such file or directory"),
                             ("--warm", nope, "cannot open it: No such file or directory"),

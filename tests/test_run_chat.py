@@ -16,6 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
 from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
+from serve_proc import serve_built  # noqa: E402  (tests/ref/serve_proc.py)
 
 
 def run(args):
@@ -47,9 +48,11 @@ def main():
         r = run(base + ["--chat", "--chat-template", name, "-p", "hi", "-n", "1"])
         check(r.returncode == 0, f"--chat-template {name}: {r.stderr[-300:]}")
     try:
-        r = subprocess.run([mt, "serve", "-m", model, "--port", "0", "--chat-template", "mistral-v9"], capture_output=True,
-                           text=True, errors="replace", timeout=20)
-        check(r.returncode == 2 and "mistral-v9" in r.stderr and "mistral-v3-tekken" in r.stderr, f"serve: {r.stderr[-300:]}")
+        if serve_built(mt, "serve --chat-template mistral-v9"):
+            r = subprocess.run([mt, "serve", "-m", model, "--port", "0", "--chat-template", "mistral-v9"],
+                               capture_output=True, text=True, errors="replace", timeout=20)
+            check(r.returncode == 2 and "mistral-v9" in r.stderr and "mistral-v3-tekken" in r.stderr,
+                  f"serve: {r.stderr[-300:]}")
     except subprocess.TimeoutExpired:
         check(False, "serve --chat-template mistral-v9 started")
     r = run(base + ["-sys", "x", "-p", "hi"])

@@ -403,9 +403,10 @@ int bench_io_main(int argc, char **argv) {
         }
         file = tmp;
     } else {
-        struct stat fsb; /* a directory cannot be opened with O_DIRECT: say what it is, not that */
-        if (stat(file, &fsb) == 0 && S_ISDIR(fsb.st_mode))
-            return cli_fail(cmd, moetax_error(MOETAX_ERR_ARG, "%s: not a regular file (a directory)", file));
+        struct stat fsb; /* before open: a FIFO blocks there, a directory or device fails O_DIRECT's way */
+        if (stat(file, &fsb) == 0 && !S_ISREG(fsb.st_mode))
+            return cli_fail(cmd, moetax_error(MOETAX_ERR_ARG, "%s: not a regular file (%s)", file,
+                                              S_ISDIR(fsb.st_mode) ? "a directory" : "a device, FIFO or socket"));
         fd = open(file, O_RDONLY | O_CLOEXEC | (buffered ? 0 : O_DIRECT));
         open_err = errno;
     }

@@ -599,6 +599,11 @@ int bench_model_main(int argc, char **argv) {
     for (int i = 0; i < o.ntg; i++) if (o.tg[i]) o.tg[k++] = o.tg[i];
     o.ntg = k;
     if (nth == 0) { th[0] = 0; nth = 1; }
+    /* a --config's budget (a tuned decode setting) does not stop a prefill-only run: its store runs,
+     * which decode only, are left out; one given here is checked (bench_check_upfront) */
+    bool decodes = false;
+    for (int i = 0; i < o.ntg; i++) decodes = decodes || o.tg[i] > 0;
+    if (cfg.loaded && o.so.budgets == cfg.expert_budget && !decodes) o.so.budgets = NULL;
     moetax_status st = bench_check_upfront(model, twin, &o);
     if (st) return cli_fail("bench", st);
     if (!o.json) printf("kernels: %s (MOETAX_KERNELS=ref|avx2|avx512 chooses)\n", moetax_kernels_get()->name);

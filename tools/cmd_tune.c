@@ -1160,7 +1160,8 @@ int cmd_tune(int argc, char **argv) {
                    (double)efoot[e] / (1 << 20), efoot[e] <= memory ? "fits" : "does not fit");
         /* the largest budget that fits (whole slots; at most the experts' size), 75% and 50% of it */
         const uint64_t maxb = memory > fixed ? memory - fixed : 0;
-        const uint64_t top = fits ? ebytes : (maxb < ebytes ? maxb : ebytes);
+        const uint64_t all = moetax_model_store_bytes_all(m0), cap = all ? all : ebytes; /* every expert's slot */
+        const uint64_t top = fits ? cap : (maxb < cap ? maxb : cap);
         const double share[3] = {1, 0.75, 0.5};
         for (int b = 0; b < 3; b++) {
             uint64_t bb = (uint64_t)((double)top * share[b]) / 4096 * 4096;

@@ -91,9 +91,9 @@ int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
-        return 0;
+        return stdout_checked(0);
     }
-    if (!strcmp(argv[1], "--version")) { printf("moetax 0.1.0\n"); return 0; }
+    if (!strcmp(argv[1], "--version")) { printf("moetax 0.1.0\n"); return stdout_checked(0); }
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         if (!strcmp(argv[1], k_commands[i].name)) {
 #ifdef MOETAX_WITH_MPI

@@ -114,7 +114,7 @@ static moetax_status write_html(const struct moetax_profile *p, const char *path
     free(lp);
     (void)path;
     const int e = fflush(f) ? errno : 0; /* the failed write again, with its reason */
-    return e || ferror(f) ? moetax_error(MOETAX_ERR_IO, "%s: writing the HTML page failed%s%s", path, e ? ": " : "",
+    return e || ferror(f) ? moetax_error(MOETAX_ERR_IO, "writing the HTML page failed%s%s", e ? ": " : "",
                                          e ? strerror(e) : "")
                           : MOETAX_OK;
 }
@@ -126,7 +126,12 @@ int report_profile(const char *path, const json_t *doc, bool json, const char *h
     if (html) {
         struct moetax_outfile *of;
         if (!(st = moetax_outfile_open(html, &of))) {
-            if ((st = write_html(p, path, moetax_outfile_file(of)))) moetax_outfile_abort(of);
+            if ((st = write_html(p, path, moetax_outfile_file(of)))) {
+                char why[512]; /* the page's path with the reason */
+                snprintf(why, sizeof why, "%s", moetax_last_error());
+                moetax_outfile_abort(of);
+                st = moetax_error(st, "%s: %s", html, why);
+            }
             else st = moetax_outfile_commit(of);
         }
         if (st) { moetax_profile_free(p); return cli_fail("report", st); }

@@ -157,6 +157,7 @@ static void *a2a_main(void *arg) {
         struct moetax_dist_a2a *x = g_ct.q[g_ct.head % A2A_QUEUE];
         pthread_mutex_unlock(&g_ct.mu);
         x->st = a2a_run(d, x, true);
+        if (x->st) snprintf(x->why, sizeof x->why, "%s", moetax_last_error());
         atomic_store_explicit(&x->state, 2, memory_order_release);
         pthread_mutex_lock(&g_ct.mu);
         g_ct.head++;
@@ -197,7 +198,7 @@ int moetax_dist_a2a_state(const struct moetax_dist_a2a *x) {
 
 moetax_status moetax_dist_a2a_done(struct moetax_dist *d, struct moetax_dist_a2a *x) {
     a2a_account(d, x);
-    return x->st;
+    return x->st ? moetax_error(x->st, "%s", x->why) : MOETAX_OK; /* the message, on the caller's thread */
 }
 
 moetax_status moetax_dist_allgather(struct moetax_dist *d, const void *mine, void *all, const int *bytes, int il,

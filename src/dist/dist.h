@@ -275,6 +275,7 @@ struct moetax_dist_a2a {
     void *arg;
     /* results */
     moetax_status st;
+    char why[256]; /* st's message, from the thread that ran the exchange (messages are per thread) */
     _Atomic int state; /* 0 posted, 1 counts exchanged (every rank is here), 2 done */
     uint64_t ns_wait, ns_comm, bytes_sent, bytes_recv;
     uint64_t t_begin; /* when its counts began (moetax_ledger_now) */

@@ -474,19 +474,27 @@ struct dump {
     struct moetax_outfile *o;
     FILE *f;
     bool ok;
+    int err; /* errno of the first write that failed */
     uint64_t records;
 };
 
-static void put32(FILE *f, uint32_t v, bool *ok) {
+/* n bytes to the file while every write so far went through; the first failure's errno kept */
+static void putb(struct dump *D, const void *p, size_t n) {
+    if (D->ok && fwrite(p, 1, n, D->f) != n) {
+        D->ok = false;
+        D->err = errno;
+    }
+}
+static void put32(struct dump *D, uint32_t v) {
     unsigned char b[4];
     for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
-    *ok = *ok && fwrite(b, 1, 4, f) == 4;
+    putb(D, b, 4);
 }
-static void putf(FILE *f, const float *x, int64_t n, bool *ok) {
-    for (int64_t i = 0; i < n && *ok; i++) {
+static void putf(struct dump *D, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n && D->ok; i++) {
         uint32_t u;
         memcpy(&u, &x[i], 4);
-        put32(f, u, ok);
+        put32(D, u);
     }
 }
 
@@ -505,30 +513,30 @@ moetax_status moe_predict_dump_open(struct moetax_predictor *p, const struct moe
     const int64_t d = hp->n_embd, E = hp->n_expert;
     uint32_t n_moe = 0;
     for (int l = 0; l < hp->n_layer; l++) n_moe += m->layers[l].is_moe;
-    D->ok = fwrite("MTXFEAT\0", 1, 8, D->f) == 8;
+    putb(D, "MTXFEAT\0", 8);
     const uint32_t h[9] = {1, (uint32_t)hp->n_layer, (uint32_t)d, (uint32_t)E, (uint32_t)p->n_expert_used,
                            (uint32_t)hp->gating_func, (uint32_t)(hp->n_expert_group > 1 ? hp->n_expert_group : 1),
                            (uint32_t)(hp->n_expert_group > 1 ? hp->n_expert_group_used : 1), n_moe};
-    for (int i = 0; i < 9; i++) put32(D->f, h[i], &D->ok);
-    putf(D->f, &hp->rms_eps, 1, &D->ok);
+    for (int i = 0; i < 9; i++) put32(D, h[i]);
+    putf(D, &hp->rms_eps, 1);
     char model[64] = {0};
     snprintf(model, sizeof model, "%s", p->model);
-    D->ok = D->ok && fwrite(model, 1, 64, D->f) == 64;
+    putb(D, model, 64);
     float *row = malloc(sizeof(float) * (size_t)(E * d + E));
-    if (!row) D->ok = false;
+    if (!row) D->ok = false, D->err = ENOMEM;
     for (int l = 0; D->ok && l < hp->n_layer; l++) {
         if (!m->layers[l].is_moe) continue;
-        put32(D->f, (uint32_t)l, &D->ok);
-        putf(D->f, m->layers[l].ffn_norm, d, &D->ok);
+        put32(D, (uint32_t)l);
+        putf(D, m->layers[l].ffn_norm, d);
         if (!moe_predict_router_rows(m, l, row)) {
             free(row);
             moetax_outfile_abort(D->o);
             free(D);
             return moetax_error(MOETAX_ERR_ARG, "--dump-features: layer %d's router is of a type that does not convert", l);
         }
-        putf(D->f, row, E * d, &D->ok);
+        putf(D, row, E * d);
         for (int64_t e = 0; e < E; e++) row[e] = m->layers[l].exp_probs_b ? m->layers[l].exp_probs_b[e] : 0.0f;
-        putf(D->f, row, E, &D->ok);
+        putf(D, row, E);
     }
     free(row);
     p->dump = D;
@@ -542,7 +550,7 @@ moetax_status moe_predict_dump_close(struct moetax_predictor *p, bool commit, ui
     if (records) *records = D->records;
     moetax_status st = MOETAX_OK;
     if (commit && !D->ok) {
-        const int e = fflush(D->f) ? errno : 0; /* the failed write again, with its reason */
+        const int e = D->err ? D->err : fflush(D->f) ? errno : 0;
         st = moetax_error(MOETAX_ERR_IO, "%s: writing the feature file failed%s%s", moetax_outfile_target(D->o),
                           e ? ": " : "", e ? strerror(e) : "");
         moetax_outfile_abort(D->o);
@@ -555,14 +563,14 @@ moetax_status moe_predict_dump_close(struct moetax_predictor *p, bool commit, ui
 static void dump_rows(const struct fw_step *s, const struct moe *b, struct dump *D, int il, int64_t E, int64_t k) {
     const int64_t d = s->m->hp.n_embd, U = s->n_ubatch;
     for (int64_t t = 0; t < s->n && D->ok; t++) {
-        put32(D->f, (uint32_t)il, &D->ok);
-        put32(D->f, (uint32_t)s->seq[t], &D->ok);
-        put32(D->f, (uint32_t)s->pos[t], &D->ok);
-        put32(D->f, (uint32_t)(s->tokens ? s->tokens[t] : -1), &D->ok);
-        putf(D->f, s->x + t * d, d, &D->ok);
-        putf(D->f, b->router + t * E, E, &D->ok);
+        put32(D, (uint32_t)il);
+        put32(D, (uint32_t)s->seq[t]);
+        put32(D, (uint32_t)s->pos[t]);
+        put32(D, (uint32_t)(s->tokens ? s->tokens[t] : -1));
+        putf(D, s->x + t * d, d);
+        putf(D, b->router + t * E, E);
         const int32_t *sel = b->sel + ((int64_t)il * U + t) * k;
-        for (int64_t j = 0; j < k; j++) put32(D->f, (uint32_t)sel[j], &D->ok);
+        for (int64_t j = 0; j < k; j++) put32(D, (uint32_t)sel[j]);
         D->records++;
     }
 }

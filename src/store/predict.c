@@ -424,6 +424,9 @@ static int moe_after(const struct moetax_predict_model *m, int layer, int a) {
 moetax_status moetax_predictor_load(const char *path, const struct moetax_predict_model *model,
                                     struct moetax_predictor **out) {
     *out = NULL;
+    struct stat pre; /* a FIFO would block in fopen: refused before it (the checks below say why) */
+    if (stat(path, &pre) == 0 && S_ISFIFO(pre.st_mode))
+        return moetax_error(MOETAX_ERR_ARG, "%s: not a regular file (a FIFO): a predictor is a file", path);
     FILE *f = fopen(path, "rb");
     if (!f) return moetax_error(MOETAX_ERR_IO, "%s: cannot open the predictor: %s", path, strerror(errno));
     unsigned char *data = NULL;

@@ -60,10 +60,10 @@ class ServeProc:
         return rc
 
 
-def serve_built(moetax):
-    """Whether this moetax has `serve` (libmicrohttpd); prints the test's SKIP line when not."""
+def serve_built(moetax, what="this test"):
+    """Whether this moetax has `serve` (libmicrohttpd); prints a SKIP line naming what is skipped when not."""
     probe = subprocess.run([moetax, "serve", "--port", "-1"], capture_output=True, text=True, timeout=60)
     if "built without libmicrohttpd" in probe.stderr:
-        print("SKIP: this moetax was built without libmicrohttpd")
+        print(f"SKIP ({what}): this moetax was built without libmicrohttpd")
         return False
     return True
