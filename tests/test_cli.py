@@ -187,6 +187,10 @@ def main():
           f"bench --expert-budget of 61 items ({len(budgets)} bytes): {len(last)} rows, the last {last[-1:]}")
     r = run([mt, "bench", "-m", model, "-p", "8", "-n", "0", "-r", "1", "--no-mem", "--expert-budget", "50%"])
     check(r.returncode != 0 and "decoding" in r.stderr, f"bench -n 0 --expert-budget (measured nothing): {r.stderr}")
+    # one budget twice with --ledger: both runs would write one file (the second over the first)
+    r = run([mt, "bench", "-m", model, "-p", "0", "-n", "1", "-r", "1", "--no-mem", "--expert-budget", "50%, 50%",
+             "--ledger", os.path.join(work, "cli_dup.json")])
+    check(r.returncode != 0 and "twice" in r.stderr, f"bench --expert-budget '50%, 50%' --ledger: {r.stderr}")
     # ... but a --config's budget (a tuned decode setting) does not stop a prefill-only run
     cfg = os.path.join(work, "cli_budget_cfg.json")
     with open(cfg, "w") as f:

@@ -438,11 +438,25 @@ static moetax_status bench_check_upfront(const char *model, const char *twin, co
     if (!st && o->so.budgets && (o->lo.json_path || o->lo.trace_path)) {
         char lpath[1024], tpath[1024], *list = strdup(o->so.budgets); /* the list whole, however long */
         if (!list) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        size_t n_items = 1;
+        for (const char *c = list; *c; c++) n_items += *c == ',';
+        char (*seen)[64] = calloc(n_items, sizeof *seen); /* the budgets' file-name parts so far: two equal
+                                                           * ones would write one file */
+        size_t n_seen = 0;
+        if (!seen) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
         for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && !st; tok = strtok_r(NULL, ",", &save)) {
             const char *bo[2] = {o->lo.json_path ? budget_path(lpath, sizeof lpath, o->lo.json_path, tok) : NULL,
                                  o->lo.trace_path ? budget_path(tpath, sizeof tpath, o->lo.trace_path, tok) : NULL};
-            st = cli_check_outputs(bo, 2);
+            char part[64];
+            budget_path(part, sizeof part, "", tok);
+            for (size_t i = 0; i < n_seen && !st; i++)
+                if (!strcmp(seen[i], part))
+                    st = moetax_error(MOETAX_ERR_ARG, "--expert-budget lists '%s' twice: each budget's run writes its "
+                                      "own --ledger / --trace file (%s)", tok, bo[0] ? bo[0] : bo[1]);
+            if (!st && n_seen < n_items) snprintf(seen[n_seen++], sizeof seen[0], "%s", part);
+            if (!st) st = cli_check_outputs(bo, 2);
         }
+        free(seen);
         free(list);
     }
     for (int k = 0; k < 2 && !st; k++) {
