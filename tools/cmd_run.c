@@ -164,7 +164,8 @@ int cmd_run(int argc, char **argv) {
     if (pfile) {
         size_t len;
         moetax_status rst = cli_read_file(pfile, max_input, &text, &len);
-        if (!rst && (rst = moetax_readfile_check_text(strcmp(pfile, "-") ? pfile : "standard input", text, len))) free(text); /* the prompts are C strings */
+        const char *pname = strcmp(pfile, "-") ? pfile : "standard input";
+        if (!rst && (rst = moetax_readfile_check_text(pname, text, len))) free(text); /* the prompts are C strings */
         if (rst) return cli_usage_error("run", "the prompt file: %s", moetax_last_error());
         prompt = text;
     }

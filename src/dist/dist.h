@@ -88,9 +88,10 @@
  *   tokens and packs one record per (token, destination rank that owns at least one of its
  *   experts): the token's prepared input row (Q8_0 / Q4_0 rows when the experts are of that
  *   type, else float rows) and the ids and weights of that rank's experts only. Counts first,
- *   then the records (moetax_dist_a2a: a message of its byte count to every other rank, then one
- *   of the bytes to every rank that has some, point to point); the owner computes its experts for every record it received and returns one
- *   weighted partial sum per record (an exchange back); the token's rank adds the partial
+ *   then the records (moetax_dist_a2a: a message of its byte count to every other rank, then
+ *   one of the bytes to every rank that has some, point to point); the owner computes its
+ *   experts for every record it received and returns one weighted partial sum per record (an
+ *   exchange back); the token's rank adds the partial
  *   sums in rank order, then the shared experts. Records for the rank itself never touch
  *   MPI. The logits of the tokens that want them are gathered to every rank (each rank's
  *   caller samples as the single process does, so the ranks' control flow stays the same).

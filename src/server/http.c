@@ -36,6 +36,7 @@ struct conn {
     char *body;
     size_t len, cap;
     int route;
+    bool chunked;   /* Transfer-Encoding: chunked: trailers may follow the body */
     bool responded; /* a response is queued: ignore the rest of the body */
 };
 
@@ -594,6 +595,12 @@ static enum MHD_Result refuse_mid_body(struct srv_http *h, struct MHD_Connection
     return MHD_NO;
 }
 
+/* The 413's message, into msg[cap]. */
+static const char *too_big_msg(const struct srv_http *h, char *msg, size_t cap) {
+    snprintf(msg, cap, "the body is larger than the server's limit of %zu bytes (--max-body)", h->p.max_body);
+    return msg;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     struct srv_http *h = cls;
@@ -611,6 +618,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         char head_msg[256];
         const char *head_err = headers_error(c, url, &head_status, head_msg, sizeof head_msg);
         if (head_err) return request_in(h, c) ? send_error_close(c, head_status, head_err) : MHD_NO;
+        cs->chunked = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding") != NULL; /* chunked */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         const bool denied = route != R_NONE && route != R_HEALTH && route != R_PAGE && !auth_ok(h, c);
         const bool over = cl && strtoull(cl, NULL, 10) > h->p.max_body;
@@ -627,8 +635,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (denied) return send_error(c, 401, "a valid API key is required: send \"Authorization: Bearer KEY\"");
         if (over) {
             char msg[160];
-            snprintf(msg, sizeof msg, "the body is larger than the server's limit of %zu bytes (--max-body)", h->p.max_body);
-            return send_error(c, 413, msg);
+            return send_error(c, 413, too_big_msg(h, msg, sizeof msg));
         }
         cs->responded = false;
         return MHD_YES;
@@ -637,10 +644,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_size) {
         if (cs->len + *upload_size > h->p.max_body) { /* a chunked body (a Content-Length was checked above) */
             char msg[160];
-            snprintf(msg, sizeof msg, "the body is larger than the server's limit of %zu bytes (--max-body)",
-                     h->p.max_body);
             cs->responded = true;
-            return refuse_mid_body(h, c, 413, msg);
+            return refuse_mid_body(h, c, 413, too_big_msg(h, msg, sizeof msg));
         }
         if (cs->len + *upload_size + 1 > cs->cap) {
             size_t cap = (cs->len + *upload_size + 1) * 2;
@@ -659,7 +664,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     /* the whole request is in (the final call): from here no deadline cuts it */
     if (!request_in(h, c)) return MHD_NO;
     cs->responded = true;
-    { /* a chunked body's trailers take pool space as headers do */
+    if (cs->chunked) { /* a chunked body's trailers take pool space as headers do */
         struct head_stats f;
         char msg[256];
         if (head_limits(c, url, HEAD_KINDS | MHD_FOOTER_KIND, &f, msg, sizeof msg))
