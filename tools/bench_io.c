@@ -420,11 +420,6 @@ int bench_io_main(int argc, char **argv) {
         close(fd);
         return cli_fail(cmd, moetax_error(MOETAX_ERR_IO, "%s: cannot stat: %s", file, strerror(errno)));
     }
-    if (!S_ISREG(sb.st_mode)) { /* a directory or a device read as a file of 0 bytes: every case skipped */
-        close(fd);
-        return cli_fail(cmd, moetax_error(MOETAX_ERR_ARG, "%s: not a regular file (%s)", file,
-                                          S_ISDIR(sb.st_mode) ? "a directory" : "a device, FIFO or socket"));
-    }
     uint64_t size = (uint64_t)sb.st_size;
 
     if (!json) {

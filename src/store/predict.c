@@ -424,28 +424,24 @@ static int moe_after(const struct moetax_predict_model *m, int layer, int a) {
 moetax_status moetax_predictor_load(const char *path, const struct moetax_predict_model *model,
                                     struct moetax_predictor **out) {
     *out = NULL;
-    struct stat pre; /* a FIFO would block in fopen: refused before it (the checks below say why) */
-    if (stat(path, &pre) == 0 && S_ISFIFO(pre.st_mode))
-        return moetax_error(MOETAX_ERR_ARG, "%s: not a regular file (a FIFO): a predictor is a file", path);
+    /* before fopen, by name: a FIFO would block in it, a directory opens and seeks to a size of its own */
+    struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return moetax_error(MOETAX_ERR_ARG, "%s: %s", path,
+                            S_ISDIR(sb.st_mode)    ? "is a directory, not a predictor file"
+                            : S_ISFIFO(sb.st_mode) ? "not a regular file (a FIFO): a predictor is a file"
+                                                   : "not a regular file (a device or socket): a predictor is a file");
     FILE *f = fopen(path, "rb");
     if (!f) return moetax_error(MOETAX_ERR_IO, "%s: cannot open the predictor: %s", path, strerror(errno));
     unsigned char *data = NULL;
     moetax_status st = MOETAX_OK;
     long size = -1;
-    struct stat sb;
-    /* a directory opens, and seeks to a size of its own: refused by name before that */
-    if (fstat(fileno(f), &sb) != 0) st = moetax_error(MOETAX_ERR_IO, "%s: cannot stat it: %s", path, strerror(errno));
-    else if (S_ISDIR(sb.st_mode)) st = moetax_error(MOETAX_ERR_ARG, "%s: is a directory, not a predictor file", path);
-    else if (!S_ISREG(sb.st_mode))
-        st = moetax_error(MOETAX_ERR_ARG, "%s: not a regular file (a device, FIFO or socket): a predictor is a file", path);
-    if (!st) {
-        if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-        if (size < 0 || fseek(f, 0, SEEK_SET) != 0) st = moetax_error(MOETAX_ERR_IO, "%s: not a seekable file", path);
-        else if ((uint64_t)size < MOETAX_PREDICT_HEADER_BYTES + 8)
-            st = bad(path, 0, "header", "the file is shorter than the 128-byte header and checksum");
-        else if ((uint64_t)size > ((uint64_t)1 << 34))
-            st = bad(path, 0, "size", "larger than 16 GiB: not a predictor");
-    }
+    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) st = moetax_error(MOETAX_ERR_IO, "%s: not a seekable file", path);
+    else if ((uint64_t)size < MOETAX_PREDICT_HEADER_BYTES + 8)
+        st = bad(path, 0, "header", "the file is shorter than the 128-byte header and checksum");
+    else if ((uint64_t)size > ((uint64_t)1 << 34))
+        st = bad(path, 0, "size", "larger than 16 GiB: not a predictor");
     unsigned char h[MOETAX_PREDICT_HEADER_BYTES];
     if (!st && fread(h, 1, sizeof h, f) != sizeof h) st = moetax_error(MOETAX_ERR_IO, "%s: read error", path);
     uint32_t version = 0, n_layer = 0, n_embd = 0, E = 0, k = 0, ahead = 0, features = 0, n_feat = 0, n_pairs = 0,
