@@ -427,9 +427,7 @@ static const char *budget_path(char *buf, size_t cap, const char *path, const ch
  * (one per budget too), the twin, and test lengths beyond the model's trained context. */
 static moetax_status bench_check_upfront(const char *model, const char *twin, const struct opts *o) {
     moetax_status st = cli_store_check(&o->so, true);
-    int64_t most_tg = 0;
-    for (int i = 0; i < o->ntg; i++) most_tg = o->tg[i] > most_tg ? o->tg[i] : most_tg;
-    if (!st && o->so.budgets && most_tg < 1) /* the budgets' runs decode only: they would measure nothing */
+    if (!st && o->so.budgets && !o->ntg) /* -n 0 (its zeros are dropped): the budgets' runs decode only */
         st = moetax_error(MOETAX_ERR_ARG, "--expert-budget measures decoding: give -n of 1 or more");
     if (!st && o->json && o->lo.metrics)
         st = moetax_error(MOETAX_ERR_ARG, "--json and --metrics both print on stdout: use one");
@@ -615,9 +613,7 @@ int bench_model_main(int argc, char **argv) {
     if (nth == 0) { th[0] = 0; nth = 1; }
     /* a --config's budget (a tuned decode setting) does not stop a prefill-only run: its store runs,
      * which decode only, are left out; one given here is checked (bench_check_upfront) */
-    bool decodes = false;
-    for (int i = 0; i < o.ntg; i++) decodes = decodes || o.tg[i] > 0;
-    if (cfg.loaded && o.so.budgets == cfg.expert_budget && !decodes) o.so.budgets = NULL;
+    if (cfg.loaded && o.so.budgets == cfg.expert_budget && !o.ntg) o.so.budgets = NULL;
     moetax_status st = bench_check_upfront(model, twin, &o);
     if (st) return cli_fail("bench", st);
     if (!o.json) printf("kernels: %s (MOETAX_KERNELS=ref|avx2|avx512 chooses)\n", moetax_kernels_get()->name);

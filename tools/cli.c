@@ -198,6 +198,12 @@ const char *cli_default_model_path(void) {
     return rel;
 }
 
+moetax_status cli_error_at(const char *path, moetax_status st) {
+    char why[512]; /* the message is rewritten: copied out of the buffer it lives in first */
+    snprintf(why, sizeof why, "%s", moetax_last_error());
+    return moetax_error(st, "%s: %s", path, why);
+}
+
 moetax_status cli_read_file(const char *path, uint64_t max_bytes, char **text, size_t *len) {
     if (!max_bytes) max_bytes = CLI_MAX_INPUT_DEFAULT;
     const bool std_in = !strcmp(path, "-");

@@ -61,6 +61,8 @@ double cli_percentile(double *v, int n, double p);
 /* path itself, or the regular files in the folder path (sorted by name, hidden files skipped):
  * *out[*n_out] strings to free (and the array). */
 moetax_status cli_list_inputs(const char *path, char ***out, int *n_out);
+/* st again, its message (moetax_last_error) prefixed with "path: " (a writer's error, said with the file). */
+moetax_status cli_error_at(const char *path, moetax_status st);
 moetax_status cli_read_file(const char *path, uint64_t max_bytes, char **text, size_t *len);
 /* --max-input-bytes SIZE (256M, 1G; at least 1): true if argv[*i] is it; a bad
  * value prints a usage error for cmd and sets *err. */

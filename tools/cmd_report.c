@@ -552,10 +552,8 @@ int cmd_report(int argc, char **argv) {
         struct moetax_outfile *of;
         if (!(st = moetax_outfile_open(html, &of))) {
             if ((st = moetax_report_write_html(r, moetax_outfile_file(of)))) {
-                char why[512]; /* the page's path with the reason */
-                snprintf(why, sizeof why, "%s", moetax_last_error());
+                st = cli_error_at(html, st); /* the page's path with the reason */
                 moetax_outfile_abort(of);
-                st = moetax_error(st, "%s: %s", html, why);
             }
             else st = moetax_outfile_commit(of);
         }

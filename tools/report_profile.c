@@ -127,10 +127,8 @@ int report_profile(const char *path, const json_t *doc, bool json, const char *h
         struct moetax_outfile *of;
         if (!(st = moetax_outfile_open(html, &of))) {
             if ((st = write_html(p, path, moetax_outfile_file(of)))) {
-                char why[512]; /* the page's path with the reason */
-                snprintf(why, sizeof why, "%s", moetax_last_error());
+                st = cli_error_at(html, st); /* the page's path with the reason */
                 moetax_outfile_abort(of);
-                st = moetax_error(st, "%s: %s", html, why);
             }
             else st = moetax_outfile_commit(of);
         }
