@@ -26,7 +26,7 @@ import urllib.parse
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref"))
 from checks import SANITIZERS, SLOW, long_skipped  # noqa: E402  (tests/ref/checks.py)
-from serve_proc import serve_built  # noqa: E402  (tests/ref/serve_proc.py)
+from serve_proc import ServeProc, serve_built  # noqa: E402  (tests/ref/serve_proc.py)
 
 MOETAX = os.path.abspath(sys.argv[1])
 WORK = os.path.abspath(sys.argv[2])
@@ -45,35 +45,16 @@ def check(cond, msg):
     return cond
 
 
-class Server:
+class Server(ServeProc):
     def __init__(self, *args, name="main", env=None):
-        self.log_path = os.path.join(WORK, f"serve-{name}.log")
-        self.log = open(self.log_path, "w+b")
-        self.p = subprocess.Popen([MOETAX, "serve", "-m", MODEL, "--host", "127.0.0.1", "--port", "0", "-t", "2",
-                                   *args], stdout=self.log, stderr=self.log, env=dict(os.environ, **(env or {})))
+        super().__init__(MOETAX, MODEL, WORK, name, *args, env=env, threads=2)
         deadline = time.time() + 60
-        self.port = None
-        while time.time() < deadline and self.port is None:
-            if self.p.poll() is not None:
-                break
-            with open(self.log_path, "rb") as f:
-                m = re.search(rb"listening on http://127\.0\.0\.1:(\d+)", f.read())
-            if m:
-                self.port = int(m.group(1))
-            else:
-                time.sleep(0.05)
-        if self.port is None:
-            with open(self.log_path, "rb") as f:
-                sys.exit(f"moetax serve did not start: {f.read().decode(errors='replace')}")
         while time.time() < deadline:  # /health answers
             try:
                 if self.request("GET", "/health")[0] == 200:
                     break
             except OSError:
                 time.sleep(0.05)
-
-    def conn(self, timeout=60):
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
 
     def request(self, method, path, body=None, headers=None, timeout=60):
         c = self.conn(timeout)

@@ -1,6 +1,5 @@
 """serve_proc.py - a `moetax serve` under test: started with the given options on 127.0.0.1 and a free
-port (--port 0; the port is read from its "listening on" line), one thread (-t 1) unless the options say
-otherwise, its stdout and stderr in WORKDIR/serve-NAME.log; its /metrics as a dict, its peak memory,
+port (--port 0; the port is read from its "listening on" line), `threads` threads (-t; default 1), its stdout and stderr in WORKDIR/serve-NAME.log; its /metrics as a dict, its peak memory,
 and stop() (SIGTERM, then SIGKILL after 20 s) with its exit status. A server that does not start within
 60 s ends the test with its output."""
 import http.client
@@ -12,10 +11,10 @@ import time
 
 
 class ServeProc:
-    def __init__(self, moetax, model, workdir, name, *args, env=None):
+    def __init__(self, moetax, model, workdir, name, *args, env=None, threads=1):
         self.log_path = os.path.join(workdir, f"serve-{name}.log")
         self.log = open(self.log_path, "w+b")
-        self.p = subprocess.Popen([moetax, "serve", "-m", model, "--host", "127.0.0.1", "--port", "0", "-t", "1",
+        self.p = subprocess.Popen([moetax, "serve", "-m", model, "--host", "127.0.0.1", "--port", "0", "-t", str(threads),
                                    *args], stdout=self.log, stderr=self.log, env=dict(os.environ, **(env or {})))
         deadline = time.time() + 60
         self.port = None
