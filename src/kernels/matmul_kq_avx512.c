@@ -1,9 +1,9 @@
 /* matmul_kq_avx512.c - AVX-512 (F/BW/VL/DQ) + VNNI matmul of the k-quant
  * weights against block_q8_K activations (kernels.h) in the table's Q2_Kx8r ..
- * Q6_Kx8r layouts (8 rows interleaved), any batch (below: Q4_K/Q5_K/Q6_K decode on
- * 256-bit tiles of one group, Q2_K/Q3_K decode on 512-bit tiles of two; batches on
- * 512-bit tiles of two groups x 1..8 batch rows, a range's odd last group on 256-bit
- * tiles of 1..4); a unit's plain tail (n_rows % 8 rows) as stored: decode here,
+ * Q6_Kx8r layouts (8 rows interleaved), any batch (below: decode on 512-bit tiles of
+ * two groups, group i of the range's first half beside group i of its second, and
+ * batches on 512-bit tiles of two adjacent groups x 1..8 batch rows; a range's odd
+ * last group on 256-bit tiles of 1..4); a unit's plain tail (n_rows % 8 rows) as stored: decode here,
  * batches here (Q2_K/Q3_K) or the avx2 table's (the others). Compiled with the
  * avx512 flags; reached only through the avx512 table.
  *
@@ -199,7 +199,12 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
  * As Q4_0x8r: a 32-byte load holds 4 bytes of each of 8 rows, so vpdpbusd against
  * 4 activation bytes broadcast to every lane adds into one lane per row, with no
  * horizontal sums; a sub-block's exact sum (|.| <= 32 * 15 * 127) is multiplied
- * by the row's 6-bit scale (vpmulld) and added up per super-block; the mins'
+ * by the row's 6-bit scale (vpmulld) and added up per super-block (Q4_K: the high
+ * nibbles are masked in place, 16 x the level, and the sum shifted back once per
+ * sub-block, exact since it is a multiple of 16; with two chains per sub-block each
+ * low chain of 16 values is within int16, |.| <= 16 * 15 * 128, so vpdpwssd against
+ * the scale, an int32 of 0..63 whose upper int16 is zero, adds chain x scale
+ * exactly in one instruction); the mins'
  * term is vpmaddwd of the rows' mins (int16 pairs) with the activation's bsum
  * pairs. The 8 rows' packed scales are unpacked together (ggml's 32-bit mask
  * trick on one dword per lane). Per lane the float steps are avx2's, in its
@@ -218,9 +223,13 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
  * row range (pfe). An L1 prefetch (prefetcht0) a few super-blocks ahead left Q6_Kx8r's
  * decode far below a plain read of the same bytes, no better than no prefetch at all: the
  * lines wait in L2 without holding the L1's miss buffers that the demand loads need, and
- * the distance covers the memory's latency at full rate (commit messages: measurements). */
+ * the distance covers the memory's latency at full rate. Every k-quant takes the same
+ * distance (4 KiB ahead of each stream; two streams per core): on an Intel Xeon, 12 KiB
+ * (chosen on Zen 4 against an L1 prefetch) left Q4_K/Q6_K decode further below a plain
+ * read than 3-8 KiB did, most with 2 threads, whose row ranges are shorter, each
+ * beginning with a burst of that many prefetches (commit messages: measurements). */
 #ifndef KQ_PFD
-#define KQ_PFD 12288
+#define KQ_PFD 4096
 #endif
 
 /* Prefetch into L2 the lines of [p + d, p + d + n) that lie below pfe. */
@@ -288,7 +297,7 @@ KQ5_INLINE void q4kr8_blk(const bool five, const int JB, const uint8_t *blk, con
                     hi = or_and(_mm256_srli_epi16(v, 4), m4, b1);
                 } else {
                     lo = _mm256_and_si256(v, m4);
-                    hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    hi = _mm256_andnot_si256(m4, v); /* 16 x the high levels, in place: no shift */
                 }
                 const int h = two ? q >> 2 : 0;
 #pragma GCC unroll 4
@@ -301,8 +310,15 @@ KQ5_INLINE void q4kr8_blk(const bool five, const int JB, const uint8_t *blk, con
             const __m256i scB = byte_lane(c < 2 ? sc03 : sc47, (2 * c + 1) & 3);
 #pragma GCC unroll 4
             for (int t = 0; t < JB; t++) {
+                if (!five && two) { /* each low chain (16 values) within int16: vpdpwssd, see above */
+                    S[t] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(S[t], sA[t][0], scA), sA[t][1], scA);
+                    const __m256i xb = _mm256_srai_epi32(_mm256_add_epi32(sB[t][0], sB[t][1]), 4);
+                    S[t] = _mm256_add_epi32(S[t], _mm256_mullo_epi32(xb, scB));
+                    continue;
+                }
                 const __m256i xa = two ? _mm256_add_epi32(sA[t][0], sA[t][1]) : sA[t][0];
-                const __m256i xb = two ? _mm256_add_epi32(sB[t][0], sB[t][1]) : sB[t][0];
+                __m256i xb = two ? _mm256_add_epi32(sB[t][0], sB[t][1]) : sB[t][0];
+                if (!five) xb = _mm256_srai_epi32(xb, 4); /* 16 x the high levels' sum: exact */
                 S[t] = _mm256_add_epi32(S[t], _mm256_add_epi32(_mm256_mullo_epi32(xa, scA), _mm256_mullo_epi32(xb, scB)));
             }
         }
@@ -350,33 +366,6 @@ KQ5_INLINE void q4kr8_tile(const bool five, const int JB, const uint8_t *g, cons
     }
 #pragma GCC unroll 4
     for (int t = 0; t < JB; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
-}
-
-/* Decode of two groups (ga, gb) side by side, super-block i of each in turn: two sequential
- * streams per core (one stream read DRAM at about half a plain read's rate on an Intel Xeon
- * whose per-core bandwidth is latency-bound). Each group's float chain is q4kr8_tile's. */
-KQ5_INLINE void q4kr8_dec2(const bool five, const uint8_t *ga, const uint8_t *gb, const uint8_t *xq, int64_t nb,
-                           float *ya, float *yb, const uint8_t *pfe) {
-    const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *ba = ga + (size_t)i * bbytes, *bb = gb + (size_t)i * bbytes;
-        kq_prefetch_l2(ba, bbytes, pfe);
-        kq_prefetch_l2(bb, bbytes, pfe);
-        const moetax_block_q8_k *a[1] = {(const moetax_block_q8_k *)xq + i};
-        q4kr8_blk(five, 1, ba, a, acc);
-        q4kr8_blk(five, 1, bb, a, acc + 1);
-    }
-    _mm256_storeu_ps(ya, acc[0]);
-    _mm256_storeu_ps(yb, acc[1]);
-}
-static void q4kr8_dec2_4(const uint8_t *ga, const uint8_t *gb, const uint8_t *xq, int64_t nb, float *ya, float *yb,
-                         const uint8_t *pfe) {
-    q4kr8_dec2(false, ga, gb, xq, nb, ya, yb, pfe);
-}
-static void q4kr8_dec2_5(const uint8_t *ga, const uint8_t *gb, const uint8_t *xq, int64_t nb, float *ya, float *yb,
-                         const uint8_t *pfe) {
-    q4kr8_dec2(true, ga, gb, xq, nb, ya, yb, pfe);
 }
 
 /* pfe: the end of the calling range's bytes (decode prefetches stop there) */
@@ -498,22 +487,6 @@ KQ5_INLINE void q6kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, si
     for (int t = 0; t < JB; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
 }
 
-/* Decode of two groups side by side, as q4kr8_dec2. */
-static void q6kr8_dec2(const uint8_t *ga, const uint8_t *gb, const uint8_t *xq, int64_t nb, float *ya, float *yb,
-                       const uint8_t *pfe) {
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *ba = ga + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES, *bb = gb + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
-        kq_prefetch_l2(ba, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
-        kq_prefetch_l2(bb, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
-        const moetax_block_q8_k *a[1] = {(const moetax_block_q8_k *)xq + i};
-        q6kr8_blk(1, ba, a, acc);
-        q6kr8_blk(1, bb, a, acc + 1);
-    }
-    _mm256_storeu_ps(ya, acc[0]);
-    _mm256_storeu_ps(yb, acc[1]);
-}
-
 typedef void (*q6kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y, int64_t ldy,
                          const uint8_t *pfe);
 #define Q6KR8_TILE(JB)                                                                                           \
@@ -540,11 +513,6 @@ _Static_assert(KQ6_JB >= 1 && KQ6_JB <= 4, "tiles of 1..4 batch rows");
  * steps are avx2's, in its order: acc += (d_x * d_w) * (float)sumi (Q2_K: then acc -=
  * (d_x * dmin_w) * (float)summ). Decode takes 512-bit tiles of two groups (q23z_tile below). */
 #define KQ23_JB 4 /* batch rows per Q2_Kx8r / Q3_Kx8r tile */
-/* Decode's prefetch distance (bytes ahead of each stream, into L2) for Q2_K/Q3_K: shorter than
- * KQ_PFD, which left their decode further below a plain read (commit messages: measurements). */
-#ifndef KQ23_PFD
-#define KQ23_PFD 4096
-#endif
 
 /* acc + vpdpwssd(w, the int16 pair at p in every lane), the broadcast embedded ({1to8}) */
 KQ5_INLINE __m256i dpwssd_b8(__m256i acc, __m256i w, const int32_t *p) {
@@ -680,7 +648,7 @@ KQ5_INLINE void q23r8_tile(const bool three, const int JB, const uint8_t *g, con
     for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *blk = g + (size_t)i * bbytes;
-        if (JB == 1) kq_prefetch_l2_at(blk, KQ23_PFD, bbytes, pfe);
+        if (JB == 1) kq_prefetch_l2_at(blk, KQ_PFD, bbytes, pfe);
         else
 #pragma GCC unroll 14
             for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
@@ -706,7 +674,7 @@ Q23KR8_TILE(1) Q23KR8_TILE(2) Q23KR8_TILE(3) Q23KR8_TILE(4)
 static const q4kr8_fn k_q2kr8[KQ23_JB] = {q2kr8_tile_1, q2kr8_tile_2, q2kr8_tile_3, q2kr8_tile_4};
 static const q4kr8_fn k_q3kr8[KQ23_JB] = {q3kr8_tile_1, q3kr8_tile_2, q3kr8_tile_3, q3kr8_tile_4};
 
-/* ---- Prefill tiles: two groups of 8 rows in 512-bit vectors x up to KQZ_JB batch rows ----
+/* ---- Tiles of two groups of 8 rows in 512-bit vectors x up to KQZ_JB batch rows ----
  * Lanes 0-7 hold group A's 8 rows, lanes 8-15 group B's (two 32-byte loads joined), so
  * one 4-byte activation broadcast ({1to16}, embedded in vpdpbusd) serves 16 rows, and a
  * super-block of the two groups is decoded once per tile of JB (1..8) batch rows: the
@@ -717,7 +685,12 @@ static const q4kr8_fn k_q3kr8[KQ23_JB] = {q3kr8_tile_1, q3kr8_tile_2, q3kr8_tile
  * so the results are bit-identical to the decode path and to the avx2 table.
  * With JB <= 4 a chunk's two sub-blocks are summed side by side (2 JB chains, latency);
  * with more, one sub-block at a time (JB chains; the 32 vector registers hold the chains,
- * the sums S and the float accumulators). A range's odd last group takes the 256-bit tiles. */
+ * the sums S and the float accumulators). A range's odd last group takes the 256-bit tiles.
+ * Decode (JB = 1) takes them too, prefetching KQ_PFD ahead into L2 like the 256-bit tiles:
+ * on an Intel Xeon, whose 256-bit vpdpbusd issues twice per cycle and the 512-bit one
+ * about once, they still decode faster from L2 than two groups on 256-bit tiles did, the
+ * nibbles, scales and F16 steps of both groups taking one instruction each (commit
+ * messages: measurements). */
 #define KQZ_JB 8
 #ifndef KQZ_W16
 #define KQZ_W16 1
@@ -776,7 +749,7 @@ KQ5_INLINE __m512i q45z_levels(const bool five, const uint8_t *bA, const uint8_t
 }
 
 KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq,
-                          size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy) {
+                          size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {
     const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
     const size_t qs_off = five ? MOETAX_K_Q5KR8_QS_OFF : MOETAX_K_Q4KR8_QS_OFF;
     const bool side = JB <= 4; /* a chunk's two sub-blocks side by side */
@@ -792,11 +765,15 @@ KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, cons
     for (int t = 0; t < JB; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * bbytes, *bB = g1 + (size_t)i * bbytes;
+        if (JB == 1) { /* decode: far ahead into L2, as the 256-bit tiles */
+            kq_prefetch_l2(bA, bbytes, pfe);
+            kq_prefetch_l2(bB, bbytes, pfe);
+        } else
 #pragma GCC unroll 22
-        for (int o = 0; o < (int)bbytes; o += 64) {
-            _mm_prefetch((const char *)bA + KQ_QPF + o, _MM_HINT_T0);
-            _mm_prefetch((const char *)bB + KQ_QPF + o, _MM_HINT_T0);
-        }
+            for (int o = 0; o < (int)bbytes; o += 64) {
+                _mm_prefetch((const char *)bA + KQ_QPF + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)bB + KQ_QPF + o, _MM_HINT_T0);
+            }
         const moetax_block_q8_k *a[KQZ_JB];
 #pragma GCC unroll 8
         for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
@@ -910,7 +887,7 @@ KQ5_INLINE __m512i q6z_levels(const uint8_t *bA, const uint8_t *bB, int h, int k
 }
 
 KQ5_INLINE void q6z_tile(const int JB, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row,
-                         int64_t nb, float *y0, float *y1, int64_t ldy) {
+                         int64_t nb, float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {
     const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
     const bool side = JB <= 4; /* two sub-blocks (k, k + 1) side by side */
     __m512 acc[KQZ_JB];
@@ -918,11 +895,15 @@ KQ5_INLINE void q6z_tile(const int JB, const uint8_t *g0, const uint8_t *g1, con
     for (int t = 0; t < JB; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES, *bB = g1 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
+        if (JB == 1) { /* decode: far ahead into L2, as the 256-bit tiles */
+            kq_prefetch_l2(bA, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
+            kq_prefetch_l2(bB, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
+        } else
 #pragma GCC unroll 27
-        for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64) {
-            _mm_prefetch((const char *)bA + KQ_QPF + o, _MM_HINT_T0);
-            _mm_prefetch((const char *)bB + KQ_QPF + o, _MM_HINT_T0);
-        }
+            for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64) {
+                _mm_prefetch((const char *)bA + KQ_QPF + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)bB + KQ_QPF + o, _MM_HINT_T0);
+            }
         const moetax_block_q8_k *a[KQZ_JB];
 #pragma GCC unroll 8
         for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
@@ -997,19 +978,19 @@ KQ5_INLINE void q6z_tile(const int JB, const uint8_t *g0, const uint8_t *g1, con
 }
 
 typedef void (*kqz_fn)(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, float *y0,
-                       float *y1, int64_t ldy);
+                       float *y1, int64_t ldy, const uint8_t *pfe);
 #define KQZ_TILE(JB)                                                                                             \
     static void q4kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
-                               float *y0, float *y1, int64_t ldy) {                                             \
-        q45z_tile(false, JB, g0, g1, xq, act_row, nb, y0, y1, ldy);                                             \
+                               float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                         \
+        q45z_tile(false, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                             \
     }                                                                                                           \
     static void q5kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
-                               float *y0, float *y1, int64_t ldy) {                                             \
-        q45z_tile(true, JB, g0, g1, xq, act_row, nb, y0, y1, ldy);                                              \
+                               float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                         \
+        q45z_tile(true, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                              \
     }                                                                                                           \
     static void q6kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
-                               float *y0, float *y1, int64_t ldy) {                                             \
-        q6z_tile(JB, g0, g1, xq, act_row, nb, y0, y1, ldy);                                                     \
+                               float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                         \
+        q6z_tile(JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                                     \
     }
 KQZ_TILE(1) KQZ_TILE(2) KQZ_TILE(3) KQZ_TILE(4) KQZ_TILE(5) KQZ_TILE(6) KQZ_TILE(7) KQZ_TILE(8)
 static const kqz_fn k_kqz[3][KQZ_JB] = {
@@ -1148,8 +1129,8 @@ KQ5_INLINE void q23z_tile(const bool three, const int JB, const uint8_t *g0, con
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * bbytes, *bB = g1 + (size_t)i * bbytes;
         if (JB == 1) {
-            kq_prefetch_l2_at(bA, KQ23_PFD, bbytes, pfe);
-            kq_prefetch_l2_at(bB, KQ23_PFD, bbytes, pfe);
+            kq_prefetch_l2_at(bA, KQ_PFD, bbytes, pfe);
+            kq_prefetch_l2_at(bB, KQ_PFD, bbytes, pfe);
         } else
 #pragma GCC unroll 14
             for (int o = 0; o < (int)bbytes; o += 64) {
@@ -1416,12 +1397,8 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
                             : wtype == MOETAX_TYPE_Q2_K   ? k_q2kr8
                             : wtype == MOETAX_TYPE_Q3_K   ? k_q3kr8
                                                           : k_q4kr8;
-    void (*dec2)(const uint8_t *, const uint8_t *, const uint8_t *, int64_t, float *, float *, const uint8_t *) =
-        six                           ? q6kr8_dec2
-        : wtype == MOETAX_TYPE_Q5_K   ? q4kr8_dec2_5
-                                      : q4kr8_dec2_4;
     const uint8_t *pfe = w + (size_t)row1 * row_bytes;
-    const size_t pfd = q23 ? KQ23_PFD : KQ_PFD; /* decode's prefetch distance */
+    const size_t pfd = KQ_PFD; /* decode's prefetch distance */
     if (n_batch == 1) { /* decode's first pfd bytes at once (kq_rows.h) */
         const uint8_t *w0 = w + (size_t)row0 * row_bytes;
         kq_prefetch_span_l2(w0, pfe - w0 > (ptrdiff_t)pfd ? w0 + pfd : pfe);
@@ -1443,7 +1420,7 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
                 jb = (left + tiles_n - 1) / tiles_n; /* tiles of even size */
                 const uint8_t *g = w + (size_t)r * row_bytes, *xj = xq + (size_t)j0 * act_row;
                 k_kqz[ti][jb - 1](g, g + (size_t)R * row_bytes, xj, act_row, nb, y + j0 * ldy + r,
-                                  y + j0 * ldy + r + R, ldy);
+                                  y + j0 * ldy + r + R, ldy, pfe);
             }
     if (n_batch == 1) { /* decode: group i of the range's first half beside group i of its second */
         const int64_t np = (gend - r) / R / 2;
@@ -1454,7 +1431,7 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
             const int64_t ra = r + i * R, rb = ra + np * R;
             const uint8_t *ga = w + (size_t)ra * row_bytes, *gb = w + (size_t)rb * row_bytes;
             if (q23) k_kq23z[wtype == MOETAX_TYPE_Q3_K][0](ga, gb, xq, act_row, nb, y + ra, y + rb, 0, pfe);
-            else dec2(ga, gb, xq, nb, y + ra, y + rb, pfe);
+            else k_kqz[ti][0](ga, gb, xq, act_row, nb, y + ra, y + rb, 0, pfe);
         }
         r += 2 * np * R;
     }
