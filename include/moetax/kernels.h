@@ -64,11 +64,12 @@
  *   halves of a fused gate_up matrix are two). Repacking keeps the unit's
  *   size and is a permutation of its bytes; row groups (below) never cross
  *   units, so row r of a unit stays within the bytes of its group of G rows
- *   from w + (r - r % G) * row_bytes (G: 8 for Q4_0, 4 for Q8_0; below).
+ *   from w + (r - r % G) * row_bytes (G: 8 for Q4_0 and the k-quants, 4 for avx2's Q8_0; below).
  *   Rows read any other way (moetax_to_float,
  *   e.g. the token embedding) must stay as stored.
- *     ref:  every type as stored. (Every k-quant is read as stored by ref and avx2; avx512
- *           reads all five in x8r layouts, below.)
+ *     ref:  every type as stored. (Every k-quant is read as stored by ref; avx2
+ *           reads Q4_K in avx512's Q4_Kx8r, below, and the other four as stored;
+ *           avx512 reads all five in x8r layouts, below.)
  *     avx2: Q4_0 in "Q4_0x8r", eight rows interleaved: rows 8i..8i+7 of a
  *           unit (the same 8 * row_bytes bytes) hold, for each block b in
  *           order, 144 bytes (the size of 8 block_q4_0):

@@ -59,7 +59,7 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb);
  * Q8_0x8r, from src to dst (no overlap). */
 void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb);
 
-/* Q4_Kx8r (avx512): per group of 8 rows and super-block, uint16 d[8], uint16
+/* Q4_Kx8r (avx2, avx512): per group of 8 rows and super-block, uint16 d[8], uint16
  * dmin[8], uint8 sc[3][8][4] (dword k of row r's 12 packed scale bytes at
  * 32 k + 4 r), then qs[4][8][8][4] (chunk c, 4-byte group q, row r: bytes
  * 32 c + 4 q .. + 3 of the row's qs). */
