@@ -72,7 +72,7 @@ void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb);
  * Q4_Kx8r, from src to dst (no overlap). */
 void moetax_k_repack_group_q4kr8(void *dst, const void *src, int64_t nb);
 
-/* Q5_Kx8r (avx512): Q4_Kx8r's d, dmin and scales, then qh[8][8][4] (group q, row
+/* Q5_Kx8r (avx2, avx512): Q4_Kx8r's d, dmin and scales, then qh[8][8][4] (group q, row
  * r: bytes 4 q .. + 3 of the row's qh) at 128, then Q4_Kx8r's qs at 384. */
 #define MOETAX_K_Q5KR8_BLOCK_BYTES 1408 /* 8 * sizeof(moetax_block_q5_k) */
 #define MOETAX_K_Q5KR8_QH_OFF 128

@@ -1,6 +1,6 @@
 /* matmul_kq_avx2.c - AVX2 matrix x vector(s) for the k-quant weights (Q2_K,
- * Q3_K, Q5_K, Q6_K as stored, Q4_K in Q4_Kx8r: below) against block_q8_K
- * activations (kernels.h).
+ * Q3_K, Q6_K as stored, Q4_K and Q5_K in Q4_Kx8r and Q5_Kx8r: below) against
+ * block_q8_K activations (kernels.h).
  *
  * Per weight super-block of 256 values the weights are decoded once into
  * eight 32-byte vectors of unsigned levels (Q2_K 0..3, Q3_K 0..7 i.e. q + 4,
@@ -354,11 +354,12 @@ static void kq_decode_rows(enum moetax_type wtype, const uint8_t *w, size_t row_
     }
 }
 
-/* ---- Q4_K in Q4_Kx8r (kernels.h, WEIGHT LAYOUTS): 8 rows in the 8 int32 lanes ----
+/* ---- Q4_K / Q5_K in Q4_Kx8r / Q5_Kx8r (kernels.h, WEIGHT LAYOUTS): 8 rows in the 8 int32 lanes ----
  * As Q4_0x8r (matmul_avx2.c): a 32-byte load holds 4 nibble bytes of each of 8 rows, so
  * pmaddubsw against 4 activation quants broadcast to every lane gives each row's two
  * pair sums in its own lane, with no horizontal sums. A sub-block's 8 such products sum
- * in int16 (|.| <= 8 * 2 * 15 * 128 = 30720), and pmaddwd against the rows' 6-bit scale,
+ * in int16 (|.| <= 8 * 2 * 15 * 128 = 30720; Q5_K, whose qh bits add 16 to a level, sums
+ * 4 at a time: 4 * 2 * 31 * 128 = 31744), and pmaddwd against the rows' 6-bit scale,
  * the same in both int16 halves of its lane, gives scale x the sub-block's sum in int32;
  * the mins' term is pmaddwd of the rows' mins (int16 pairs) with the activation's bsum
  * pairs (as the avx512 table's Q4_Kx8r tiles). The integer sums are exact, and per lane
@@ -383,9 +384,13 @@ KQ_INLINE __m256i kq8r_scale16(__m256i v, int k) {
     return _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(i));
 }
 
-KQ_INLINE void q4kr8_tile_avx2(const int G, const int JB, const uint8_t *const *g, const uint8_t *xq, size_t act_row,
-                               int64_t nb, float *const *y, int64_t ldy, const uint8_t *pfe) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m6 = _mm256_set1_epi32(0x3f3f3f3f);
+KQ_INLINE void q4kr8_tile_avx2(const bool five, const int G, const int JB, const uint8_t *const *g, const uint8_t *xq,
+                               size_t act_row, int64_t nb, float *const *y, int64_t ldy, const uint8_t *pfe) {
+    const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
+    const size_t qs_off = five ? MOETAX_K_Q5KR8_QS_OFF : MOETAX_K_Q4KR8_QS_OFF;
+    /* int16 sums of a sub-block's products: 8 groups of levels <= 15, or 4 of levels <= 31 (Q5_K) */
+    const int qn = five ? 4 : 8;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10), m6 = _mm256_set1_epi32(0x3f3f3f3f);
     const __m256i m2 = _mm256_set1_epi32(0x03030303), m4d = _mm256_set1_epi32(0x0f0f0f0f);
     const __m256i mw = _mm256_set1_epi32(0x00ff00ff);
     const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
@@ -400,14 +405,14 @@ KQ_INLINE void q4kr8_tile_avx2(const int G, const int JB, const uint8_t *const *
         for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
 #pragma GCC unroll 2
         for (int gi = 0; gi < G; gi++) {
-            const uint8_t *blk = g[gi] + (size_t)i * MOETAX_K_Q4KR8_BLOCK_BYTES;
+            const uint8_t *blk = g[gi] + (size_t)i * bbytes;
             if (JB == 1) {
-                uintptr_t pa = (uintptr_t)blk + KQ8R_PFD, pb = pa + MOETAX_K_Q4KR8_BLOCK_BYTES;
+                uintptr_t pa = (uintptr_t)blk + KQ8R_PFD, pb = pa + bbytes;
                 if (pb > (uintptr_t)pfe) pb = (uintptr_t)pfe;
                 for (; pa < pb; pa += 64) _mm_prefetch((const char *)pa, _MM_HINT_T1);
             } else
-#pragma GCC unroll 18
-                for (int o = 0; o < MOETAX_K_Q4KR8_BLOCK_BYTES; o += 64)
+#pragma GCC unroll 22
+                for (int o = 0; o < (int)bbytes; o += 64)
                     _mm_prefetch((const char *)blk + KQ8R_QPF + o, _MM_HINT_T0);
             const __m256i u0 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF));
             const __m256i u1 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF + 32));
@@ -420,27 +425,40 @@ KQ_INLINE void q4kr8_tile_avx2(const int G, const int JB, const uint8_t *const *
             for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
-                __m256i sA[KQ_BT], sB[KQ_BT];
-#pragma GCC unroll 4
-                for (int t = 0; t < JB; t++) sA[t] = sB[t] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                for (int q = 0; q < 8; q++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_QS_OFF + 256 * c + 32 * q));
-                    const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-#pragma GCC unroll 4
-                    for (int t = 0; t < JB; t++) {
-                        int32_t xa, xb;
-                        memcpy(&xa, a[t]->qs + 64 * c + 4 * q, 4);
-                        memcpy(&xb, a[t]->qs + 64 * c + 32 + 4 * q, 4);
-                        sA[t] = _mm256_add_epi16(sA[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xa)));
-                        sB[t] = _mm256_add_epi16(sB[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xb)));
-                    }
-                }
                 const __m256i scA = kq8r_scale16(c < 2 ? sc03 : sc47, (2 * c) & 3);
                 const __m256i scB = kq8r_scale16(c < 2 ? sc03 : sc47, (2 * c + 1) & 3);
+#pragma GCC unroll 2
+                for (int q0 = 0; q0 < 8; q0 += qn) {
+                    __m256i sA[KQ_BT], sB[KQ_BT];
 #pragma GCC unroll 4
-                for (int t = 0; t < JB; t++)
-                    S[t] = _mm256_add_epi32(S[t], _mm256_add_epi32(_mm256_madd_epi16(sA[t], scA), _mm256_madd_epi16(sB[t], scB)));
+                    for (int t = 0; t < JB; t++) sA[t] = sB[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                    for (int q = q0; q < q0 + qn; q++) {
+                        const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 256 * c + 32 * q));
+                        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        if (five) { /* bit 2c (lo) and 2c + 1 (hi) of each qh byte to bit 4 (16-bit shifts; the mask
+                                     * drops what crosses bytes) */
+                            const __m256i hq = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q5KR8_QH_OFF + 32 * q));
+                            const int k0 = 2 * c, k1 = 2 * c + 1;
+                            lo = _mm256_or_si256(lo, _mm256_and_si256(k0 <= 4 ? _mm256_slli_epi16(hq, 4 - k0)
+                                                                              : _mm256_srli_epi16(hq, k0 - 4), m10));
+                            hi = _mm256_or_si256(hi, _mm256_and_si256(k1 <= 4 ? _mm256_slli_epi16(hq, 4 - k1)
+                                                                              : _mm256_srli_epi16(hq, k1 - 4), m10));
+                        }
+#pragma GCC unroll 4
+                        for (int t = 0; t < JB; t++) {
+                            int32_t xa, xb;
+                            memcpy(&xa, a[t]->qs + 64 * c + 4 * q, 4);
+                            memcpy(&xb, a[t]->qs + 64 * c + 32 + 4 * q, 4);
+                            sA[t] = _mm256_add_epi16(sA[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xa)));
+                            sB[t] = _mm256_add_epi16(sB[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xb)));
+                        }
+                    }
+#pragma GCC unroll 4
+                    for (int t = 0; t < JB; t++)
+                        S[t] = _mm256_add_epi32(S[t], _mm256_add_epi32(_mm256_madd_epi16(sA[t], scA),
+                                                                       _mm256_madd_epi16(sB[t], scB)));
+                }
             }
             /* mins: int16 pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7) per lane */
             const __m256i mn03 = _mm256_and_si256(u1, m6);
@@ -474,20 +492,27 @@ KQ_INLINE void q4kr8_tile_avx2(const int G, const int JB, const uint8_t *const *
 
 typedef void (*q4kr8_avx2_fn)(const uint8_t *const *g, const uint8_t *xq, size_t act_row, int64_t nb, float *const *y,
                               int64_t ldy, const uint8_t *pfe);
-#define Q4KR8_AVX2(G, JB)                                                                                        \
+#define Q45KR8_AVX2(G, JB)                                                                                       \
     static void q4kr8_avx2_##G##x##JB(const uint8_t *const *g, const uint8_t *xq, size_t act_row, int64_t nb,     \
                                       float *const *y, int64_t ldy, const uint8_t *pfe) {                         \
-        q4kr8_tile_avx2(G, JB, g, xq, act_row, nb, y, ldy, pfe);                                                  \
+        q4kr8_tile_avx2(false, G, JB, g, xq, act_row, nb, y, ldy, pfe);                                           \
+    }                                                                                                             \
+    static void q5kr8_avx2_##G##x##JB(const uint8_t *const *g, const uint8_t *xq, size_t act_row, int64_t nb,     \
+                                      float *const *y, int64_t ldy, const uint8_t *pfe) {                         \
+        q4kr8_tile_avx2(true, G, JB, g, xq, act_row, nb, y, ldy, pfe);                                            \
     }
-Q4KR8_AVX2(2, 1) Q4KR8_AVX2(1, 1) Q4KR8_AVX2(1, 2) Q4KR8_AVX2(1, 3) Q4KR8_AVX2(1, 4)
-static const q4kr8_avx2_fn k_q4kr8_avx2[KQ_BT] = {q4kr8_avx2_1x1, q4kr8_avx2_1x2, q4kr8_avx2_1x3, q4kr8_avx2_1x4};
+Q45KR8_AVX2(2, 1) Q45KR8_AVX2(1, 1) Q45KR8_AVX2(1, 2) Q45KR8_AVX2(1, 3) Q45KR8_AVX2(1, 4)
+static const q4kr8_avx2_fn k_q45kr8_avx2[2][1 + KQ_BT] = {
+    {q4kr8_avx2_2x1, q4kr8_avx2_1x1, q4kr8_avx2_1x2, q4kr8_avx2_1x3, q4kr8_avx2_1x4},
+    {q5kr8_avx2_2x1, q5kr8_avx2_1x1, q5kr8_avx2_1x2, q5kr8_avx2_1x3, q5kr8_avx2_1x4}};
 
 /* Rows [row0, gend) of Q4_Kx8r groups (gend - row0 a multiple of 8): decode pairs group i of
  * the range's first half with group i of its second (two streams), an odd last group alone;
  * batches take tiles of up to KQ_BT batch rows, of even size, over each group. */
-static void q4kr8_rows_avx2(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t gend, int64_t nb, const uint8_t *xq,
-                            size_t act_row, int64_t n_batch, float *y, int64_t ldy, const uint8_t *pfe) {
+static void q4kr8_rows_avx2(bool five, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t gend, int64_t nb,
+                            const uint8_t *xq, size_t act_row, int64_t n_batch, float *y, int64_t ldy, const uint8_t *pfe) {
     enum { R = MOETAX_K_Q4KR8_ROWS };
+    const q4kr8_avx2_fn *tiles = k_q45kr8_avx2[five]; /* [0]: decode's two groups, [jb]: one group x jb */
     int64_t r = row0;
     if (n_batch == 1) {
         const int64_t np = (gend - r) / R / 2;
@@ -498,17 +523,17 @@ static void q4kr8_rows_avx2(const uint8_t *w, size_t row_bytes, int64_t row0, in
             const int64_t ra = r + i * R, rb = ra + np * R;
             const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
             float *yy[2] = {y + ra, y + rb};
-            q4kr8_avx2_2x1(gg, xq, act_row, nb, yy, ldy, pfe);
+            tiles[0](gg, xq, act_row, nb, yy, ldy, pfe);
         }
         r += 2 * np * R;
     }
     for (; r < gend; r += R)
         for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
-            const int64_t left = n_batch - j0, tiles = (left + KQ_BT - 1) / KQ_BT;
-            jb = (left + tiles - 1) / tiles;
+            const int64_t left = n_batch - j0, n_tiles = (left + KQ_BT - 1) / KQ_BT;
+            jb = (left + n_tiles - 1) / n_tiles;
             const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
             float *yy[1] = {y + j0 * ldy + r};
-            k_q4kr8_avx2[jb - 1](gg, xq + (size_t)j0 * act_row, act_row, nb, yy, ldy, pfe);
+            tiles[jb](gg, xq + (size_t)j0 * act_row, act_row, nb, yy, ldy, pfe);
         }
 }
 
@@ -521,10 +546,10 @@ void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_b
     const bool six = wtype == MOETAX_TYPE_Q6_K, five = wtype == MOETAX_TYPE_Q5_K;
     const bool two = wtype == MOETAX_TYPE_Q2_K, three = wtype == MOETAX_TYPE_Q3_K;
     const bool sub = six || three; /* the offset is in the integer sum; else dmin's term */
-    if (wtype == MOETAX_TYPE_Q4_K) { /* Q4_Kx8r groups, then the unit's plain tail (n_rows % 8 rows) */
+    if (wtype == MOETAX_TYPE_Q4_K || five) { /* Q4_Kx8r / Q5_Kx8r groups, then the unit's plain tail (n_rows % 8) */
         enum { R = MOETAX_K_Q4KR8_ROWS };
         const int64_t gend = row1 - (row1 - row0) % R;
-        q4kr8_rows_avx2((const uint8_t *)w, row_bytes, row0, gend, nb, (const uint8_t *)xq, act_row, n_batch, y, ldy,
+        q4kr8_rows_avx2(five, (const uint8_t *)w, row_bytes, row0, gend, nb, (const uint8_t *)xq, act_row, n_batch, y, ldy,
                         (const uint8_t *)w + (size_t)row1 * row_bytes);
         row0 = gend;
         if (row0 == row1) return;
