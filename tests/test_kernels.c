@@ -464,8 +464,8 @@ static void test_repack(void) {
         CHECK(memcmp(a, w, rb * rows) == 0);
         if (avx) {
             const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_K ||
-                            t == MOETAX_TYPE_Q5_K ||
-                            (is_kq(t) && strcmp(avx->name, "avx512") == 0); /* Q4_Kx8r, Q5_Kx8r; Q2_K..Q6_Kx8r */
+                            t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K || /* Q4_K..Q6_Kx8r; avx512 also Q2_K, Q3_K */
+                            (is_kq(t) && strcmp(avx->name, "avx512") == 0);
             CHECK(avx->weights_repacked(t) == rp);
             moetax_kernels_repack(avx, t, a, w, rows, ncols);
             if (!rp) CHECK(memcmp(a, w, rb * rows) == 0);

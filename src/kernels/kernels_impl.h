@@ -79,7 +79,7 @@ void moetax_k_repack_group_q4kr8(void *dst, const void *src, int64_t nb);
 #define MOETAX_K_Q5KR8_QS_OFF 384
 void moetax_k_repack_group_q5kr8(void *dst, const void *src, int64_t nb);
 
-/* Q6_Kx8r (avx512): per group of 8 rows and super-block, uint16 d[8], int8
+/* Q6_Kx8r (avx2, avx512): per group of 8 rows and super-block, uint16 d[8], int8
  * sc[4][8][4] (dword k of row r's 16 scales at 16 + 32 k + 4 r), ql[2][16][8][4]
  * (half h, group g, row r: bytes 64 h + 4 g .. + 3 of the row's ql), qh[2][8][8][4]
  * (half h, group p, row r: bytes 32 h + 4 p .. + 3 of the row's qh). */

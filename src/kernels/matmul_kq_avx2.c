@@ -1,6 +1,7 @@
-/* matmul_kq_avx2.c - AVX2 matrix x vector(s) for the k-quant weights (Q2_K,
- * Q3_K, Q6_K as stored, Q4_K and Q5_K in Q4_Kx8r and Q5_Kx8r: below) against
- * block_q8_K activations (kernels.h).
+/* matmul_kq_avx2.c - AVX2 matrix x vector(s) for the k-quant weights (Q2_K
+ * and Q3_K as stored; Q4_K, Q5_K and Q6_K in their x8r layouts, below, but for
+ * a unit's plain tail of n_rows % 8 rows) against block_q8_K activations
+ * (kernels.h).
  *
  * Per weight super-block of 256 values the weights are decoded once into
  * eight 32-byte vectors of unsigned levels (Q2_K 0..3, Q3_K 0..7 i.e. q + 4,
@@ -506,13 +507,13 @@ static const q4kr8_avx2_fn k_q45kr8_avx2[2][1 + KQ_BT] = {
     {q4kr8_avx2_2x1, q4kr8_avx2_1x1, q4kr8_avx2_1x2, q4kr8_avx2_1x3, q4kr8_avx2_1x4},
     {q5kr8_avx2_2x1, q5kr8_avx2_1x1, q5kr8_avx2_1x2, q5kr8_avx2_1x3, q5kr8_avx2_1x4}};
 
-/* Rows [row0, gend) of Q4_Kx8r groups (gend - row0 a multiple of 8): decode pairs group i of
+/* Rows [row0, gend) of x8r groups (gend - row0 a multiple of 8): decode pairs group i of
  * the range's first half with group i of its second (two streams), an odd last group alone;
  * batches take tiles of up to KQ_BT batch rows, of even size, over each group. */
-static void q4kr8_rows_avx2(bool five, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t gend, int64_t nb,
-                            const uint8_t *xq, size_t act_row, int64_t n_batch, float *y, int64_t ldy, const uint8_t *pfe) {
-    enum { R = MOETAX_K_Q4KR8_ROWS };
-    const q4kr8_avx2_fn *tiles = k_q45kr8_avx2[five]; /* [0]: decode's two groups, [jb]: one group x jb */
+static void kqr8_rows_avx2(const q4kr8_avx2_fn *tiles, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t gend,
+                           int64_t nb, const uint8_t *xq, size_t act_row, int64_t n_batch, float *y, int64_t ldy,
+                           const uint8_t *pfe) {
+    enum { R = MOETAX_K_Q4KR8_ROWS }; /* tiles[0]: decode's two groups, tiles[jb]: one group x jb */
     int64_t r = row0;
     if (n_batch == 1) {
         const int64_t np = (gend - r) / R / 2;
@@ -537,6 +538,127 @@ static void q4kr8_rows_avx2(bool five, const uint8_t *w, size_t row_bytes, int64
         }
 }
 
+/* ---- Q6_K in Q6_Kx8r (kernels.h, WEIGHT LAYOUTS): 8 rows in the 8 int32 lanes, as Q4_Kx8r ----
+ * Per half h and 4-byte group p (values l = 4p..4p+3 of the half) one load each of ql groups
+ * p and p + 8 and qh group p gives the four 6-bit level vectors of values 128h + 32k + l
+ * (k = 0..3: ql[l] low, ql[l+32] low, ql[l] high, ql[l+32] high nibbles, with qh bits 2k,
+ * 2k + 1 above them); sub-block 8h + 2k + p / 4 sums its products in int16 two groups at a
+ * time (2 * 2 * 63 * 128 <= 32767), then pmaddwd against the rows' int8 scale (sign-extended
+ * into both int16 halves of a lane) into int32. The offset of 32 is subtracted once per
+ * super-block: 32 * sum_j sc_j * bsums_j by pmaddwd of int16 scale pairs (as the avx512
+ * table's Q6_Kx8r tiles); per lane the float step is the plain decode's:
+ * acc += (d_x * d_w) * (float)sumi. */
+
+/* Scale byte b of each dword of v, sign-extended into both int16 halves of the dword. */
+KQ_INLINE __m256i kq8r_sscale16(__m256i v, int b) {
+    uint32_t e[4]; /* dword j of a 128-bit lane: its byte 4j + b into bytes 1 and 3, zero below */
+    for (int j = 0; j < 4; j++) e[j] = (uint32_t)(4 * j + b) * 0x01000100u | 0x00800080u;
+    const __m128i i = _mm_setr_epi32((int)e[0], (int)e[1], (int)e[2], (int)e[3]);
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(i)), 8);
+}
+
+KQ_INLINE void q6kr8_tile_avx2(const int G, const int JB, const uint8_t *const *g, const uint8_t *xq, size_t act_row,
+                               int64_t nb, float *const *y, int64_t ldy, const uint8_t *pfe) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    /* bsums as int16 pairs: dword 2k (bs[4k], bs[4k+2]), dword 2k+1 (bs[4k+1], bs[4k+3]) */
+    const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7,
+                                           8, 9, 12, 13, 10, 11, 14, 15);
+    __m256 acc[2][KQ_BT];
+#pragma GCC unroll 2
+    for (int gi = 0; gi < G; gi++)
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) acc[gi][t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const moetax_block_q8_k *a[KQ_BT];
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
+#pragma GCC unroll 2
+        for (int gi = 0; gi < G; gi++) {
+            const uint8_t *blk = g[gi] + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
+            if (JB == 1) {
+                uintptr_t pa = (uintptr_t)blk + KQ8R_PFD, pb = pa + MOETAX_K_Q6KR8_BLOCK_BYTES;
+                if (pb > (uintptr_t)pfe) pb = (uintptr_t)pfe;
+                for (; pa < pb; pa += 64) _mm_prefetch((const char *)pa, _MM_HINT_T1);
+            } else
+#pragma GCC unroll 27
+                for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64)
+                    _mm_prefetch((const char *)blk + KQ8R_QPF + o, _MM_HINT_T0);
+            __m256i S[KQ_BT];
+#pragma GCC unroll 4
+            for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++)
+#pragma GCC unroll 4
+                for (int p0 = 0; p0 < 8; p0 += 2) { /* two groups: half of sub-block 8h + 2k + p0 / 4 */
+                    __m256i cs[KQ_BT][4];
+#pragma GCC unroll 4
+                    for (int t = 0; t < JB; t++)
+                        for (int k = 0; k < 4; k++) cs[t][k] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+                    for (int p = p0; p < p0 + 2; p++) {
+                        const uint8_t *ql = blk + MOETAX_K_Q6KR8_QL_OFF + 512 * h + 32 * p;
+                        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+                        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 256));
+                        const __m256i hq =
+                            _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_QH_OFF + 256 * h + 32 * p));
+                        __m256i v[4];
+                        v[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hq, 4), m30));
+                        v[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hq, 2), m30));
+                        v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hq, m30));
+                        v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                               _mm256_and_si256(_mm256_srli_epi16(hq, 2), m30));
+#pragma GCC unroll 4
+                        for (int t = 0; t < JB; t++)
+#pragma GCC unroll 4
+                            for (int k = 0; k < 4; k++) {
+                                int32_t xv;
+                                memcpy(&xv, a[t]->qs + 128 * h + 32 * k + 4 * p, 4);
+                                cs[t][k] = _mm256_add_epi16(cs[t][k], _mm256_maddubs_epi16(v[k], _mm256_set1_epi32(xv)));
+                            }
+                    }
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) {
+                        const int j = 8 * h + 2 * k + p0 / 4; /* the sub-block */
+                        const __m256i scj = kq8r_sscale16(
+                            _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_SC_OFF + 32 * (j >> 2))), j & 3);
+#pragma GCC unroll 4
+                        for (int t = 0; t < JB; t++) S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(cs[t][k], scj));
+                    }
+                }
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+#pragma GCC unroll 4
+            for (int t = 0; t < JB; t++) {
+                const __m256i bsp = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)a[t]->bsums), pairs);
+                __m256i off = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    const __m256i sk = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_SC_OFF + 32 * k));
+                    const __m256i ev = _mm256_srai_epi16(_mm256_slli_epi16(sk, 8), 8), od = _mm256_srai_epi16(sk, 8);
+                    off = _mm256_add_epi32(off, _mm256_madd_epi16(ev, _mm256_permutevar8x32_epi32(bsp, _mm256_set1_epi32(2 * k))));
+                    off = _mm256_add_epi32(off,
+                                           _mm256_madd_epi16(od, _mm256_permutevar8x32_epi32(bsp, _mm256_set1_epi32(2 * k + 1))));
+                }
+                const __m256i sumi = _mm256_sub_epi32(S[t], _mm256_slli_epi32(off, 5));
+                const __m256 ad = _mm256_set1_ps(a[t]->d);
+                acc[gi][t] = _mm256_add_ps(acc[gi][t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int gi = 0; gi < G; gi++)
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) _mm256_storeu_ps(y[gi] + t * ldy, acc[gi][t]);
+}
+
+#define Q6KR8_AVX2(G, JB)                                                                                        \
+    static void q6kr8_avx2_##G##x##JB(const uint8_t *const *g, const uint8_t *xq, size_t act_row, int64_t nb,     \
+                                      float *const *y, int64_t ldy, const uint8_t *pfe) {                         \
+        q6kr8_tile_avx2(G, JB, g, xq, act_row, nb, y, ldy, pfe);                                                  \
+    }
+Q6KR8_AVX2(2, 1) Q6KR8_AVX2(1, 1) Q6KR8_AVX2(1, 2) Q6KR8_AVX2(1, 3) Q6KR8_AVX2(1, 4)
+static const q4kr8_avx2_fn k_q6kr8_avx2[1 + KQ_BT] = {q6kr8_avx2_2x1, q6kr8_avx2_1x1, q6kr8_avx2_1x2, q6kr8_avx2_1x3,
+                                                      q6kr8_avx2_1x4};
+
 void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                              int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
@@ -546,11 +668,13 @@ void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_b
     const bool six = wtype == MOETAX_TYPE_Q6_K, five = wtype == MOETAX_TYPE_Q5_K;
     const bool two = wtype == MOETAX_TYPE_Q2_K, three = wtype == MOETAX_TYPE_Q3_K;
     const bool sub = six || three; /* the offset is in the integer sum; else dmin's term */
-    if (wtype == MOETAX_TYPE_Q4_K || five) { /* Q4_Kx8r / Q5_Kx8r groups, then the unit's plain tail (n_rows % 8) */
+    if (wtype == MOETAX_TYPE_Q4_K || five || six) { /* x8r groups, then the unit's plain tail (n_rows % 8 rows) */
         enum { R = MOETAX_K_Q4KR8_ROWS };
+        _Static_assert(MOETAX_K_Q6KR8_ROWS == R, "one row group");
         const int64_t gend = row1 - (row1 - row0) % R;
-        q4kr8_rows_avx2(five, (const uint8_t *)w, row_bytes, row0, gend, nb, (const uint8_t *)xq, act_row, n_batch, y, ldy,
-                        (const uint8_t *)w + (size_t)row1 * row_bytes);
+        kqr8_rows_avx2(six ? k_q6kr8_avx2 : k_q45kr8_avx2[five], (const uint8_t *)w, row_bytes, row0, gend, nb,
+                       (const uint8_t *)xq, act_row, n_batch, y, ldy,
+                       (const uint8_t *)w + (size_t)row1 * row_bytes);
         row0 = gend;
         if (row0 == row1) return;
     }
