@@ -463,9 +463,7 @@ static void test_repack(void) {
         moetax_kernels_repack(ref, t, a, w, rows, ncols);
         CHECK(memcmp(a, w, rb * rows) == 0);
         if (avx) {
-            const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_K ||
-                            t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K || /* Q4_K..Q6_Kx8r; avx512 also Q2_K, Q3_K */
-                            (is_kq(t) && strcmp(avx->name, "avx512") == 0);
+            const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || is_kq(t); /* Q2_K..Q6_Kx8r */
             CHECK(avx->weights_repacked(t) == rp);
             moetax_kernels_repack(avx, t, a, w, rows, ncols);
             if (!rp) CHECK(memcmp(a, w, rb * rows) == 0);

@@ -67,10 +67,8 @@
  *   from w + (r - r % G) * row_bytes (G: 8 for Q4_0 and the k-quants, 4 for avx2's Q8_0; below).
  *   Rows read any other way (moetax_to_float,
  *   e.g. the token embedding) must stay as stored.
- *     ref:  every type as stored. (Every k-quant is read as stored by ref; avx2
- *           reads Q4_K, Q5_K and Q6_K in avx512's Q4_Kx8r, Q5_Kx8r and Q6_Kx8r,
- *           below, and Q2_K, Q3_K as stored; avx512 reads all five in x8r
- *           layouts, below.)
+ *     ref:  every type as stored. (Every k-quant is read as stored by ref;
+ *           avx2 and avx512 read all five in the x8r layouts below.)
  *     avx2: Q4_0 in "Q4_0x8r", eight rows interleaved: rows 8i..8i+7 of a
  *           unit (the same 8 * row_bytes bytes) hold, for each block b in
  *           order, 144 bytes (the size of 8 block_q4_0):

@@ -33,9 +33,9 @@ static bool repacked_none(enum moetax_type t) {
     return false;
 }
 
+/* avx2: Q4_0x8r, Q8_0x4r and every k-quant's x8r (the avx512 table's layouts) */
 static bool repacked_avx2(enum moetax_type t) {
-    return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K ||
-           t == MOETAX_TYPE_Q6_K;
+    return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || moetax_k_act_is_k(t);
 }
 
 void moetax_k_repack_group_q4r8(void *dst, const void *src, int64_t nb) {
@@ -212,8 +212,7 @@ moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_
                                     int64_t n_rows, int64_t ncols) {
     const size_t rb = moetax_row_size(t, ncols);
     if (n_rows <= 0 || rb == 0) return MOETAX_OK;
-    /* the repacked layouts: Q4_0x8r, Q4_Kx8r, Q5_Kx8r and Q6_Kx8r (avx2, avx512), Q8_0x4r (avx2), Q8_0x8r,
-     * Q2_Kx8r and Q3_Kx8r (avx512),
+    /* the repacked layouts: Q4_0x8r and Q2_K..Q6_Kx8r (avx2, avx512), Q8_0x4r (avx2), Q8_0x8r (avx512),
      * groups of R rows */
     if ((t != MOETAX_TYPE_Q4_0 && t != MOETAX_TYPE_Q8_0 && !moetax_k_act_is_k(t)) ||
         !k->weights_repacked ||

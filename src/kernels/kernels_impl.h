@@ -90,7 +90,7 @@ void moetax_k_repack_group_q5kr8(void *dst, const void *src, int64_t nb);
 #define MOETAX_K_Q6KR8_QH_OFF 1168
 void moetax_k_repack_group_q6kr8(void *dst, const void *src, int64_t nb);
 
-/* Q2_Kx8r (avx512): per group of 8 rows and super-block, uint16 d[8], uint16 dmin[8],
+/* Q2_Kx8r (avx2, avx512): per group of 8 rows and super-block, uint16 d[8], uint16 dmin[8],
  * uint8 sc[4][8][4] (dword k of row r's 16 scale bytes at 32 + 32 k + 4 r), then
  * qs[16][8][4] (group g, row r: bytes 4 g .. + 3 of the row's qs). */
 #define MOETAX_K_Q2KR8_ROWS 8
@@ -100,7 +100,7 @@ void moetax_k_repack_group_q6kr8(void *dst, const void *src, int64_t nb);
 #define MOETAX_K_Q2KR8_QS_OFF 160
 void moetax_k_repack_group_q2kr8(void *dst, const void *src, int64_t nb);
 
-/* Q3_Kx8r (avx512): per group of 8 rows and super-block, uint16 d[8], uint8
+/* Q3_Kx8r (avx2, avx512): per group of 8 rows and super-block, uint16 d[8], uint8
  * sc[3][8][4] (dword k of row r's 12 packed scale bytes at 16 + 32 k + 4 r),
  * qs[16][8][4] (group g, row r: bytes 4 g .. + 3 of the row's qs), then
  * hm[8][8][4] (group p, row r: bytes 4 p .. + 3 of the row's hmask). */

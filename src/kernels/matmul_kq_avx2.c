@@ -1,9 +1,9 @@
-/* matmul_kq_avx2.c - AVX2 matrix x vector(s) for the k-quant weights (Q2_K
- * and Q3_K as stored; Q4_K, Q5_K and Q6_K in their x8r layouts, below, but for
- * a unit's plain tail of n_rows % 8 rows) against block_q8_K activations
- * (kernels.h).
+/* matmul_kq_avx2.c - AVX2 matrix x vector(s) for the k-quant weights (Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K) against block_q8_K activations (kernels.h): in their
+ * x8r layouts (8 rows interleaved, repacked at load; below), and a unit's plain
+ * tail of n_rows % 8 rows as stored (first).
  *
- * Per weight super-block of 256 values the weights are decoded once into
+ * The plain tail: per weight super-block of 256 values the weights are decoded once into
  * eight 32-byte vectors of unsigned levels (Q2_K 0..3, Q3_K 0..7 i.e. q + 4,
  * Q4_K 0..15, Q5_K 0..31, Q6_K 0..63) and eight int16 scale vectors (the low 128 bits hold the scale of a
  * vector's first 16 values, the high 128 bits of its last 16), then reused
@@ -659,6 +659,172 @@ Q6KR8_AVX2(2, 1) Q6KR8_AVX2(1, 1) Q6KR8_AVX2(1, 2) Q6KR8_AVX2(1, 3) Q6KR8_AVX2(1
 static const q4kr8_avx2_fn k_q6kr8_avx2[1 + KQ_BT] = {q6kr8_avx2_2x1, q6kr8_avx2_1x1, q6kr8_avx2_1x2, q6kr8_avx2_1x3,
                                                       q6kr8_avx2_1x4};
 
+/* ---- Q2_K in Q2_Kx8r, Q3_K in Q3_Kx8r: 8 rows in the 8 int32 lanes, as Q6_Kx8r ----
+ * A 4-byte group g of qs (half h = g / 8, values l = 4p..4p+3 with p = g % 8) holds the 2-bit
+ * levels of values 128h + 32k + l at bits 2k, 2k+1 (k = 0..3); Q3_K's hmask group p adds 4
+ * where bit 4h + k is set (its levels are q + 4, 0..7). Level vectors k = 0, 2 are taken at
+ * bits 0-1 (k = 2 from the group shifted down by 4), k = 1, 3 in place at bits 2-3, times 4
+ * (Q3_K: the hmask bit shifted to the bit above them), so that pmaddubsw against broadcast
+ * activation quants never saturates and a sub-block's 4 groups sum in int16 (|.| <= 4 * 2 *
+ * 28 * 128); pmaddwd against the sub-block's scale times 4 / that factor (int16 in both
+ * halves of a lane) adds 4 * scale x the sub-block's sum into int32, exactly, and sumi is
+ * S >> 2. The mins (Q2_K) and Q3_K's offset 4 * sum_j sc_j * bsums_j are pmaddwd of the rows'
+ * int16 pairs with the bsums' pairs (as the avx512 table's tiles); per lane the float steps
+ * are the plain decode's: acc += (d_x * d_w) * (float)sumi (Q2_K: then acc -= (d_x * dmin_w) *
+ * (float)summ). */
+
+KQ_INLINE void q23r8_tile_avx2(const bool three, const int G, const int JB, const uint8_t *const *g, const uint8_t *xq,
+                               size_t act_row, int64_t nb, float *const *y, int64_t ldy, const uint8_t *pfe) {
+    const size_t bbytes = three ? MOETAX_K_Q3KR8_BLOCK_BYTES : MOETAX_K_Q2KR8_BLOCK_BYTES;
+    const size_t qs_off = three ? MOETAX_K_Q3KR8_QS_OFF : MOETAX_K_Q2KR8_QS_OFF;
+    const __m256i m3 = _mm256_set1_epi8(0x03), mc = _mm256_set1_epi8(0x0c);
+    const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7,
+                                           8, 9, 12, 13, 10, 11, 14, 15);
+    __m256 acc[2][KQ_BT];
+#pragma GCC unroll 2
+    for (int gi = 0; gi < G; gi++)
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) acc[gi][t] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const moetax_block_q8_k *a[KQ_BT];
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
+#pragma GCC unroll 2
+        for (int gi = 0; gi < G; gi++) {
+            const uint8_t *blk = g[gi] + (size_t)i * bbytes;
+            if (JB == 1) {
+                uintptr_t pa = (uintptr_t)blk + KQ8R_PFD, pb = pa + bbytes;
+                if (pb > (uintptr_t)pfe) pb = (uintptr_t)pfe;
+                for (; pa < pb; pa += 64) _mm_prefetch((const char *)pa, _MM_HINT_T1);
+            } else
+#pragma GCC unroll 14
+                for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ8R_QPF + o, _MM_HINT_T0);
+            /* U[k]: scales 4k..4k+3 in the bytes of each lane; Q2_K as stored (low nibble: scale,
+             * high: min), Q3_K unpacked (ggml's 32-bit mask steps) minus 32, signed */
+            __m256i U[4];
+            if (three) {
+                const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
+                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_SC_OFF));
+                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_SC_OFF + 32));
+                const __m256i a2 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_SC_OFF + 64));
+                U[0] = _mm256_or_si256(_mm256_and_si256(a0, m4), _mm256_and_si256(_mm256_slli_epi32(a2, 4), m30));
+                U[1] = _mm256_or_si256(_mm256_and_si256(a1, m4), _mm256_and_si256(_mm256_slli_epi32(a2, 2), m30));
+                U[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a0, 4), m4), _mm256_and_si256(a2, m30));
+                U[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a1, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi32(a2, 2), m30));
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) U[k] = _mm256_sub_epi8(U[k], c32);
+            } else {
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++)
+                    U[k] = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q2KR8_SC_OFF + 32 * k));
+            }
+            __m256i S[KQ_BT];
+#pragma GCC unroll 4
+            for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++)
+#pragma GCC unroll 2
+                for (int sb = 0; sb < 2; sb++) {
+                    __m256i cs[KQ_BT][4];
+#pragma GCC unroll 4
+                    for (int t = 0; t < JB; t++)
+                        for (int k = 0; k < 4; k++) cs[t][k] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                    for (int pp = 0; pp < 4; pp++) {
+                        const int p = 4 * sb + pp;
+                        const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * (8 * h + p)));
+                        const __m256i v4 = _mm256_srli_epi16(v, 4);
+                        __m256i L[4] = {_mm256_and_si256(v, m3), _mm256_and_si256(v, mc), _mm256_and_si256(v4, m3),
+                                        _mm256_and_si256(v4, mc)};
+                        if (three) { /* hmask bit 4h + k to bit 2 (k = 0, 2) or 4 (k = 1, 3) */
+                            const __m256i hq = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_HM_OFF + 32 * p));
+#pragma GCC unroll 4
+                            for (int k = 0; k < 4; k++) {
+                                const int d = (k & 1 ? 4 : 2) - (4 * h + k);
+                                const __m256i hs = d > 0 ? _mm256_slli_epi16(hq, d) : d < 0 ? _mm256_srli_epi16(hq, -d) : hq;
+                                L[k] = _mm256_or_si256(L[k], _mm256_and_si256(hs, _mm256_set1_epi8((char)(k & 1 ? 0x10 : 0x04))));
+                            }
+                        }
+#pragma GCC unroll 4
+                        for (int t = 0; t < JB; t++)
+#pragma GCC unroll 4
+                            for (int k = 0; k < 4; k++) {
+                                int32_t xv;
+                                memcpy(&xv, a[t]->qs + 128 * h + 32 * k + 4 * p, 4);
+                                cs[t][k] = _mm256_add_epi16(cs[t][k], _mm256_maddubs_epi16(L[k], _mm256_set1_epi32(xv)));
+                            }
+                    }
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) {
+                        const int j = 8 * h + 2 * k + sb, b = j & 3; /* the sub-block; its scale's byte in U[j / 4] */
+                        uint32_t e[4]; /* dword q of a 128-bit lane: its byte 4q + b into bytes 1 and 3, zero below */
+                        for (int q = 0; q < 4; q++) e[q] = (uint32_t)(4 * q + b) * 0x01000100u | 0x00800080u;
+                        const __m256i hi8 = _mm256_shuffle_epi8(
+                            U[j >> 2], _mm256_broadcastsi128_si256(_mm_setr_epi32((int)e[0], (int)e[1], (int)e[2], (int)e[3])));
+                        /* the scale times 4 / the levels' factor (4 for k odd), int16 in both halves */
+                        const __m256i scj = three ? _mm256_srai_epi16(hi8, k & 1 ? 8 : 6)
+                                                  : _mm256_srli_epi16(_mm256_slli_epi16(hi8, 4), k & 1 ? 12 : 10);
+#pragma GCC unroll 4
+                        for (int t = 0; t < JB; t++) S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(cs[t][k], scj));
+                    }
+                }
+            /* int16 pairs of the rows' coefficients of the bsums: dword 2k (c_4k, c_4k+2), 2k+1 (c_4k+1,
+             * c_4k+3); Q2_K the mins, Q3_K the signed scales */
+            __m256i ev[4], od[4];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                if (three) {
+                    ev[k] = _mm256_srai_epi16(_mm256_slli_epi16(U[k], 8), 8);
+                    od[k] = _mm256_srai_epi16(U[k], 8);
+                } else {
+                    ev[k] = _mm256_and_si256(_mm256_srli_epi32(U[k], 4), _mm256_set1_epi32(0x000f000f));
+                    od[k] = _mm256_and_si256(_mm256_srli_epi32(U[k], 12), _mm256_set1_epi32(0x000f000f));
+                }
+            }
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            const __m256 dm = three ? _mm256_setzero_ps()
+                                    : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + MOETAX_K_Q2KR8_DMIN_OFF)));
+#pragma GCC unroll 4
+            for (int t = 0; t < JB; t++) {
+                /* bsums as int16 pairs: dword 2k (bs[4k], bs[4k+2]), dword 2k+1 (bs[4k+1], bs[4k+3]) */
+                const __m256i bsp = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)a[t]->bsums), pairs);
+                __m256i c = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) {
+                    c = _mm256_add_epi32(c, _mm256_madd_epi16(ev[k], _mm256_permutevar8x32_epi32(bsp, _mm256_set1_epi32(2 * k))));
+                    c = _mm256_add_epi32(c, _mm256_madd_epi16(od[k],
+                                                              _mm256_permutevar8x32_epi32(bsp, _mm256_set1_epi32(2 * k + 1))));
+                }
+                const __m256i sumi = three ? _mm256_sub_epi32(_mm256_srai_epi32(S[t], 2), _mm256_slli_epi32(c, 2))
+                                           : _mm256_srai_epi32(S[t], 2);
+                const __m256 ad = _mm256_set1_ps(a[t]->d);
+                acc[gi][t] = _mm256_add_ps(acc[gi][t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
+                if (!three)
+                    acc[gi][t] = _mm256_sub_ps(acc[gi][t], _mm256_mul_ps(_mm256_mul_ps(ad, dm), _mm256_cvtepi32_ps(c)));
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int gi = 0; gi < G; gi++)
+#pragma GCC unroll 4
+        for (int t = 0; t < JB; t++) _mm256_storeu_ps(y[gi] + t * ldy, acc[gi][t]);
+}
+
+#define Q23KR8_AVX2(G, JB)                                                                                       \
+    static void q2kr8_avx2_##G##x##JB(const uint8_t *const *g, const uint8_t *xq, size_t act_row, int64_t nb,     \
+                                      float *const *y, int64_t ldy, const uint8_t *pfe) {                         \
+        q23r8_tile_avx2(false, G, JB, g, xq, act_row, nb, y, ldy, pfe);                                           \
+    }                                                                                                             \
+    static void q3kr8_avx2_##G##x##JB(const uint8_t *const *g, const uint8_t *xq, size_t act_row, int64_t nb,     \
+                                      float *const *y, int64_t ldy, const uint8_t *pfe) {                         \
+        q23r8_tile_avx2(true, G, JB, g, xq, act_row, nb, y, ldy, pfe);                                            \
+    }
+Q23KR8_AVX2(2, 1) Q23KR8_AVX2(1, 1) Q23KR8_AVX2(1, 2) Q23KR8_AVX2(1, 3) Q23KR8_AVX2(1, 4)
+static const q4kr8_avx2_fn k_q23kr8_avx2[2][1 + KQ_BT] = {
+    {q2kr8_avx2_2x1, q2kr8_avx2_1x1, q2kr8_avx2_1x2, q2kr8_avx2_1x3, q2kr8_avx2_1x4},
+    {q3kr8_avx2_2x1, q3kr8_avx2_1x1, q3kr8_avx2_1x2, q3kr8_avx2_1x3, q3kr8_avx2_1x4}};
+
 void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                              int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
@@ -668,11 +834,12 @@ void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_b
     const bool six = wtype == MOETAX_TYPE_Q6_K, five = wtype == MOETAX_TYPE_Q5_K;
     const bool two = wtype == MOETAX_TYPE_Q2_K, three = wtype == MOETAX_TYPE_Q3_K;
     const bool sub = six || three; /* the offset is in the integer sum; else dmin's term */
-    if (wtype == MOETAX_TYPE_Q4_K || five || six) { /* x8r groups, then the unit's plain tail (n_rows % 8 rows) */
+    { /* x8r groups, then the unit's plain tail (n_rows % 8 rows) */
         enum { R = MOETAX_K_Q4KR8_ROWS };
-        _Static_assert(MOETAX_K_Q6KR8_ROWS == R, "one row group");
+        _Static_assert(MOETAX_K_Q6KR8_ROWS == R && MOETAX_K_Q2KR8_ROWS == R && MOETAX_K_Q3KR8_ROWS == R, "one row group");
         const int64_t gend = row1 - (row1 - row0) % R;
-        kqr8_rows_avx2(six ? k_q6kr8_avx2 : k_q45kr8_avx2[five], (const uint8_t *)w, row_bytes, row0, gend, nb,
+        kqr8_rows_avx2(six ? k_q6kr8_avx2 : two || three ? k_q23kr8_avx2[three] : k_q45kr8_avx2[five],
+                       (const uint8_t *)w, row_bytes, row0, gend, nb,
                        (const uint8_t *)xq, act_row, n_batch, y, ldy,
                        (const uint8_t *)w + (size_t)row1 * row_bytes);
         row0 = gend;
