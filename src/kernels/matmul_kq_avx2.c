@@ -18,6 +18,7 @@
 
 #include "kernels_impl.h"
 #include "kq_rows.h"
+#include "kq_x8r.h"
 #include "moetax/types.h"
 
 #define KQ_BT 4 /* batch rows per pass over a row's decoded blocks */
@@ -355,46 +356,245 @@ static void kq_decode_rows(enum moetax_type wtype, const uint8_t *w, size_t row_
     }
 }
 
-/* ---- Q4_K / Q5_K in Q4_Kx8r / Q5_Kx8r (kernels.h, WEIGHT LAYOUTS): 8 rows in the 8 int32 lanes ----
- * As Q4_0x8r (matmul_avx2.c): a 32-byte load holds 4 nibble bytes of each of 8 rows, so
- * pmaddubsw against 4 activation quants broadcast to every lane gives each row's two
- * pair sums in its own lane, with no horizontal sums. A sub-block's 8 such products sum
- * in int16 (|.| <= 8 * 2 * 15 * 128 = 30720; Q5_K, whose qh bits add 16 to a level, sums
- * 4 at a time: 4 * 2 * 31 * 128 = 31744), and pmaddwd against the rows' 6-bit scale,
- * the same in both int16 halves of its lane, gives scale x the sub-block's sum in int32;
- * the mins' term is pmaddwd of the rows' mins (int16 pairs) with the activation's bsum
- * pairs (as the avx512 table's Q4_Kx8r tiles). The integer sums are exact, and per lane
- * the float steps are the plain decode's above, in its order:
- *   acc += (d_x * d_w) * (float)sumi;  acc -= (d_x * dmin_w) * (float)summ
- * so every batch size and row split gives the plain path's bits. A tile is G groups (1, or
- * 2 for decode: two streams sharing the broadcasts) x JB (1..KQ_BT) batch rows, the
- * groups' decoded nibbles serving every batch row. */
+/* ---- the x8r layouts (kernels.h, WEIGHT LAYOUTS): 8 rows in the 8 int32 lanes ----
+ * As Q4_0x8r (matmul_avx2.c): a 32-byte load holds 4 bytes of each of 8 rows, so pmaddubsw
+ * against 4 activation quants broadcast to every lane gives each row's two pair sums in its
+ * own lane, with no horizontal sums. A sub-block's products sum in int16 as long as they
+ * cannot overflow, then pmaddwd against the rows' scale (the same in both int16 halves of a
+ * lane) adds scale x sum into int32. The offsets (mins, Q3_K's 4, Q6_K's 32) are pmaddwd of
+ * the rows' int16 pairs with the activation's bsum pairs (kq_x8r.h). The integer sums are
+ * exact, and per lane the float steps are the plain decode's above, in its order:
+ *   acc += (d_x * d_w) * (float)sumi;  (Q2_K, Q4_K, Q5_K:) acc -= (d_x * dmin_w) * (float)summ
+ * so every batch size and row split gives the plain path's bits (and the avx512 table's). A
+ * tile is G groups (1, or 2 for decode: two streams sharing the broadcasts) x JB (1..KQ_BT)
+ * batch rows, the groups' decoded levels serving every batch row. */
 
 /* Decode's prefetch distance, bytes ahead of each stream, into L2 (as the avx512 table's) */
 #ifndef KQ8R_PFD
 #define KQ8R_PFD 4096
 #endif
-/* Batch tiles: bytes ahead into L1 (two super-blocks of a group) */
+/* Batch tiles: bytes ahead into L1 (about two super-blocks of a group) */
 #define KQ8R_QPF 2304
 
-/* Scale bytes k of each dword, as int16 in both halves of the dword (pmaddwd's pairs). */
-KQ_INLINE __m256i kq8r_scale16(__m256i v, int k) {
-    uint32_t e[4]; /* dword j of a 128-bit lane: its byte 4j + k, zero-extended, twice */
-    for (int j = 0; j < 4; j++) e[j] = (uint32_t)(4 * j + k) * 0x00010001u | 0x80008000u;
-    const __m128i i = _mm_setr_epi32((int)e[0], (int)e[1], (int)e[2], (int)e[3]);
-    return _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(i));
+/* pmaddubsw of levels v against the 4 activation quants at x, broadcast, added to s (int16) */
+KQ_INLINE __m256i kq8r_dot16(__m256i s, __m256i v, const int8_t *x) {
+    int32_t xv;
+    memcpy(&xv, x, 4);
+    return _mm256_add_epi16(s, _mm256_maddubs_epi16(v, _mm256_set1_epi32(xv)));
 }
 
-KQ_INLINE void q4kr8_tile_avx2(const bool five, const int G, const int JB, const uint8_t *const *g, const uint8_t *xq,
-                               size_t act_row, int64_t nb, float *const *y, int64_t ldy, const uint8_t *pfe) {
-    const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
+/* Byte b of each dword of v as int16 in both halves of the dword: zero-extended (hi8 false),
+ * or times 256 (hi8: in the high byte of each half, for an arithmetic shift down). */
+KQ_INLINE __m256i kq8r_byte16(__m256i v, int b, bool hi8) {
+    uint32_t e[4]; /* dword j of a 128-bit lane: its byte 4j + b into bytes 0 and 2 (hi8: 1 and 3) */
+    for (int j = 0; j < 4; j++)
+        e[j] = hi8 ? (uint32_t)(4 * j + b) * 0x01000100u | 0x00800080u : (uint32_t)(4 * j + b) * 0x00010001u | 0x80008000u;
+    return _mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(_mm_setr_epi32((int)e[0], (int)e[1], (int)e[2], (int)e[3])));
+}
+
+/* Q4_K / Q5_K (five): sub-blocks of 32 values, the low (chunk c's sub-block 2c) and high
+ * nibbles (2c + 1) of 8 groups; their products sum in int16 8 groups at a time (|.| <= 8 * 2 *
+ * 15 * 128 = 30720), Q5_K's, whose qh bits add 16 to a level, 4 at a time (4 * 2 * 31 * 128). */
+KQ_INLINE void q45r8_blk_avx2(const bool five, const int JB, const uint8_t *blk, const moetax_block_q8_k *const *a,
+                              __m256 *acc) {
     const size_t qs_off = five ? MOETAX_K_Q5KR8_QS_OFF : MOETAX_K_Q4KR8_QS_OFF;
-    /* int16 sums of a sub-block's products: 8 groups of levels <= 15, or 4 of levels <= 31 (Q5_K) */
     const int qn = five ? 4 : 8;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10), m6 = _mm256_set1_epi32(0x3f3f3f3f);
-    const __m256i m2 = _mm256_set1_epi32(0x03030303), m4d = _mm256_set1_epi32(0x0f0f0f0f);
-    const __m256i mw = _mm256_set1_epi32(0x00ff00ff);
-    const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m10 = _mm256_set1_epi8(0x10);
+    __m256i sc03, sc47;
+    kq8r_q45_scales(blk, &sc03, &sc47);
+    __m256i S[KQ_BT];
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const __m256i scA = kq8r_byte16(c < 2 ? sc03 : sc47, (2 * c) & 3, false);
+        const __m256i scB = kq8r_byte16(c < 2 ? sc03 : sc47, (2 * c + 1) & 3, false);
+#pragma GCC unroll 2
+        for (int q0 = 0; q0 < 8; q0 += qn) {
+            __m256i sA[KQ_BT], sB[KQ_BT];
+#pragma GCC unroll 4
+            for (int t = 0; t < JB; t++) sA[t] = sB[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int q = q0; q < q0 + qn; q++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 256 * c + 32 * q));
+                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (five) { /* bit 2c (lo) and 2c + 1 (hi) of each qh byte to bit 4 (16-bit shifts; the mask
+                             * drops what crosses bytes) */
+                    const __m256i hq = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q5KR8_QH_OFF + 32 * q));
+                    const int k0 = 2 * c, k1 = 2 * c + 1;
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(k0 <= 4 ? _mm256_slli_epi16(hq, 4 - k0)
+                                                                      : _mm256_srli_epi16(hq, k0 - 4), m10));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(k1 <= 4 ? _mm256_slli_epi16(hq, 4 - k1)
+                                                                      : _mm256_srli_epi16(hq, k1 - 4), m10));
+                }
+#pragma GCC unroll 4
+                for (int t = 0; t < JB; t++) {
+                    sA[t] = kq8r_dot16(sA[t], lo, a[t]->qs + 64 * c + 4 * q);
+                    sB[t] = kq8r_dot16(sB[t], hi, a[t]->qs + 64 * c + 32 + 4 * q);
+                }
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < JB; t++)
+                S[t] = _mm256_add_epi32(S[t], _mm256_add_epi32(_mm256_madd_epi16(sA[t], scA), _mm256_madd_epi16(sB[t], scB)));
+        }
+    }
+    __m256i mp[4];
+    kq8r_q45_min_pairs(blk, mp);
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + MOETAX_K_Q4KR8_DMIN_OFF)));
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) {
+        const __m256i M = kq8r_q45_mins(mp, a[t]);
+        const __m256 ad = _mm256_set1_ps(a[t]->d);
+        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(S[t])));
+        acc[t] = _mm256_sub_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dm), _mm256_cvtepi32_ps(M)));
+    }
+}
+
+/* Q6_K: per half h and 4-byte group p (values l = 4p..4p+3 of the half) one load each of ql
+ * groups p and p + 8 and qh group p gives the four 6-bit level vectors of values 128h + 32k +
+ * l (k = 0..3: ql[l] low, ql[l+32] low, ql[l] high, ql[l+32] high nibbles, with qh bits 2k,
+ * 2k + 1 above them); sub-block 8h + 2k + p / 4 sums in int16 two groups at a time (2 * 2 *
+ * 63 * 128), then pmaddwd against the rows' int8 scale, sign-extended; the offset of 32 once
+ * per super-block. */
+KQ_INLINE void q6r8_blk_avx2(const int JB, const uint8_t *blk, const moetax_block_q8_k *const *a, __m256 *acc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    __m256i S[KQ_BT];
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++)
+#pragma GCC unroll 4
+        for (int p0 = 0; p0 < 8; p0 += 2) { /* two groups: half of sub-block 8h + 2k + p0 / 4 */
+            __m256i cs[KQ_BT][4];
+#pragma GCC unroll 4
+            for (int t = 0; t < JB; t++)
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) cs[t][k] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+            for (int p = p0; p < p0 + 2; p++) {
+                const uint8_t *ql = blk + MOETAX_K_Q6KR8_QL_OFF + 512 * h + 32 * p;
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 256));
+                const __m256i hq = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_QH_OFF + 256 * h + 32 * p));
+                __m256i v[4];
+                v[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hq, 4), m30));
+                v[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hq, 2), m30));
+                v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hq, m30));
+                v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                       _mm256_and_si256(_mm256_srli_epi16(hq, 2), m30));
+#pragma GCC unroll 4
+                for (int t = 0; t < JB; t++)
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) cs[t][k] = kq8r_dot16(cs[t][k], v[k], a[t]->qs + 128 * h + 32 * k + 4 * p);
+            }
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const int j = 8 * h + 2 * k + p0 / 4; /* the sub-block */
+                const __m256i scj = _mm256_srai_epi16(
+                    kq8r_byte16(_mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_SC_OFF + 32 * (j >> 2))), j & 3, true),
+                    8);
+#pragma GCC unroll 4
+                for (int t = 0; t < JB; t++) S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(cs[t][k], scj));
+            }
+        }
+    __m256i ev[4], od[4];
+    kq8r_q6_coefs(blk, ev, od);
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) {
+        const __m256i off = kq8r_bsum_dot(ev, od, kq8r_bsum_pairs(a[t]));
+        const __m256i sumi = _mm256_sub_epi32(S[t], _mm256_slli_epi32(off, 5));
+        const __m256 ad = _mm256_set1_ps(a[t]->d);
+        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
+    }
+}
+
+/* Q2_K / Q3_K (three): a 4-byte group g of qs (half h = g / 8, values l = 4p..4p+3 with p = g
+ * % 8) holds the 2-bit levels of values 128h + 32k + l at bits 2k, 2k+1 (k = 0..3); Q3_K's
+ * hmask group p adds 4 where bit 4h + k is set (its levels are q + 4, 0..7). Level vectors
+ * k = 0, 2 are taken at bits 0-1 (k = 2 from the group shifted down by 4), k = 1, 3 in place
+ * at bits 2-3, times 4 (Q3_K: the hmask bit ORed in above them), so that pmaddubsw never
+ * saturates and a sub-block's 4 groups sum in int16 (|.| <= 4 * 2 * 28 * 128); pmaddwd
+ * against its scale times 4 / that factor adds 4 * scale x sum, and sumi is S >> 2. */
+KQ_INLINE void q23r8_blk_avx2(const bool three, const int JB, const uint8_t *blk, const moetax_block_q8_k *const *a,
+                              __m256 *acc) {
+    const size_t qs_off = three ? MOETAX_K_Q3KR8_QS_OFF : MOETAX_K_Q2KR8_QS_OFF;
+    const __m256i m3 = _mm256_set1_epi8(0x03), mc = _mm256_set1_epi8(0x0c);
+    __m256i U[4];
+    kq8r_q23_scales(three, blk, U);
+    __m256i S[KQ_BT];
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++)
+#pragma GCC unroll 2
+        for (int sb = 0; sb < 2; sb++) {
+            __m256i cs[KQ_BT][4];
+#pragma GCC unroll 4
+            for (int t = 0; t < JB; t++)
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) cs[t][k] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int pp = 0; pp < 4; pp++) {
+                const int p = 4 * sb + pp;
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * (8 * h + p)));
+                const __m256i v4 = _mm256_srli_epi16(v, 4);
+                __m256i L[4] = {_mm256_and_si256(v, m3), _mm256_and_si256(v, mc), _mm256_and_si256(v4, m3),
+                                _mm256_and_si256(v4, mc)};
+                if (three) { /* hmask bit 4h + k to bit 2 (k = 0, 2) or 4 (k = 1, 3) */
+                    const __m256i hq = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_HM_OFF + 32 * p));
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) {
+                        const int d = (k & 1 ? 4 : 2) - (4 * h + k);
+                        const __m256i hs = d > 0 ? _mm256_slli_epi16(hq, d) : d < 0 ? _mm256_srli_epi16(hq, -d) : hq;
+                        L[k] = _mm256_or_si256(L[k], _mm256_and_si256(hs, _mm256_set1_epi8((char)(k & 1 ? 0x10 : 0x04))));
+                    }
+                }
+#pragma GCC unroll 4
+                for (int t = 0; t < JB; t++)
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) cs[t][k] = kq8r_dot16(cs[t][k], L[k], a[t]->qs + 128 * h + 32 * k + 4 * p);
+            }
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                const int j = 8 * h + 2 * k + sb; /* the sub-block; its scale is byte j & 3 of U[j / 4] */
+                const __m256i hi8 = kq8r_byte16(U[j >> 2], j & 3, true);
+                /* the scale times 4 / the levels' factor (4 for k odd), int16 in both halves */
+                const __m256i scj = three ? _mm256_srai_epi16(hi8, k & 1 ? 8 : 6)
+                                          : _mm256_srli_epi16(_mm256_slli_epi16(hi8, 4), k & 1 ? 12 : 10);
+#pragma GCC unroll 4
+                for (int t = 0; t < JB; t++) S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(cs[t][k], scj));
+            }
+        }
+    __m256i ev[4], od[4];
+    kq8r_q23_coefs(three, U, ev, od);
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+    const __m256 dm =
+        three ? _mm256_setzero_ps() : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + MOETAX_K_Q2KR8_DMIN_OFF)));
+#pragma GCC unroll 4
+    for (int t = 0; t < JB; t++) {
+        const __m256i c = kq8r_bsum_dot(ev, od, kq8r_bsum_pairs(a[t]));
+        const __m256i sumi = three ? _mm256_sub_epi32(_mm256_srai_epi32(S[t], 2), _mm256_slli_epi32(c, 2))
+                                   : _mm256_srai_epi32(S[t], 2);
+        const __m256 ad = _mm256_set1_ps(a[t]->d);
+        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
+        if (!three) acc[t] = _mm256_sub_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dm), _mm256_cvtepi32_ps(c)));
+    }
+}
+
+enum { KQ8R_Q2, KQ8R_Q3, KQ8R_Q4, KQ8R_Q5, KQ8R_Q6 };
+
+/* G groups (g[0], g[1]) x JB batch rows (act_row apart from xq) over nb super-blocks of kind
+ * kt; y[gi][t * ldy + 0..7]. Decode (JB = 1) prefetches KQ8R_PFD ahead into L2, never past pfe;
+ * batch tiles KQ8R_QPF ahead into L1. */
+KQ_INLINE void kqr8_tile_avx2(const int kt, const int G, const int JB, const uint8_t *const *g, const uint8_t *xq,
+                              size_t act_row, int64_t nb, float *const *y, int64_t ldy, const uint8_t *pfe) {
+    const size_t bbytes = kt == KQ8R_Q2   ? MOETAX_K_Q2KR8_BLOCK_BYTES
+                          : kt == KQ8R_Q3 ? MOETAX_K_Q3KR8_BLOCK_BYTES
+                          : kt == KQ8R_Q4 ? MOETAX_K_Q4KR8_BLOCK_BYTES
+                          : kt == KQ8R_Q5 ? MOETAX_K_Q5KR8_BLOCK_BYTES
+                                          : MOETAX_K_Q6KR8_BLOCK_BYTES;
     __m256 acc[2][KQ_BT];
 #pragma GCC unroll 2
     for (int gi = 0; gi < G; gi++)
@@ -407,82 +607,18 @@ KQ_INLINE void q4kr8_tile_avx2(const bool five, const int G, const int JB, const
 #pragma GCC unroll 2
         for (int gi = 0; gi < G; gi++) {
             const uint8_t *blk = g[gi] + (size_t)i * bbytes;
-            if (JB == 1) {
-                uintptr_t pa = (uintptr_t)blk + KQ8R_PFD, pb = pa + bbytes;
-                if (pb > (uintptr_t)pfe) pb = (uintptr_t)pfe;
-                for (; pa < pb; pa += 64) _mm_prefetch((const char *)pa, _MM_HINT_T1);
-            } else
-#pragma GCC unroll 22
-                for (int o = 0; o < (int)bbytes; o += 64)
-                    _mm_prefetch((const char *)blk + KQ8R_QPF + o, _MM_HINT_T0);
-            const __m256i u0 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF));
-            const __m256i u1 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF + 32));
-            const __m256i u2 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF + 64));
-            const __m256i sc03 = _mm256_and_si256(u0, m6); /* bytes: scales 0..3 */
-            const __m256i sc47 = _mm256_or_si256(_mm256_and_si256(u2, m4d),
-                                                 _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), m2), 4));
-            __m256i S[KQ_BT];
+            if (JB == 1) kq8r_prefetch_l2(blk, KQ8R_PFD, bbytes, pfe);
+            else
+#pragma GCC unroll 27
+                for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ8R_QPF + o, _MM_HINT_T0);
+            __m256 ac[KQ_BT]; /* a local copy: the compiler keeps it in registers */
 #pragma GCC unroll 4
-            for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
+            for (int t = 0; t < JB; t++) ac[t] = acc[gi][t];
+            if (kt == KQ8R_Q2 || kt == KQ8R_Q3) q23r8_blk_avx2(kt == KQ8R_Q3, JB, blk, a, ac);
+            else if (kt == KQ8R_Q6) q6r8_blk_avx2(JB, blk, a, ac);
+            else q45r8_blk_avx2(kt == KQ8R_Q5, JB, blk, a, ac);
 #pragma GCC unroll 4
-            for (int c = 0; c < 4; c++) {
-                const __m256i scA = kq8r_scale16(c < 2 ? sc03 : sc47, (2 * c) & 3);
-                const __m256i scB = kq8r_scale16(c < 2 ? sc03 : sc47, (2 * c + 1) & 3);
-#pragma GCC unroll 2
-                for (int q0 = 0; q0 < 8; q0 += qn) {
-                    __m256i sA[KQ_BT], sB[KQ_BT];
-#pragma GCC unroll 4
-                    for (int t = 0; t < JB; t++) sA[t] = sB[t] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                    for (int q = q0; q < q0 + qn; q++) {
-                        const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 256 * c + 32 * q));
-                        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                        if (five) { /* bit 2c (lo) and 2c + 1 (hi) of each qh byte to bit 4 (16-bit shifts; the mask
-                                     * drops what crosses bytes) */
-                            const __m256i hq = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q5KR8_QH_OFF + 32 * q));
-                            const int k0 = 2 * c, k1 = 2 * c + 1;
-                            lo = _mm256_or_si256(lo, _mm256_and_si256(k0 <= 4 ? _mm256_slli_epi16(hq, 4 - k0)
-                                                                              : _mm256_srli_epi16(hq, k0 - 4), m10));
-                            hi = _mm256_or_si256(hi, _mm256_and_si256(k1 <= 4 ? _mm256_slli_epi16(hq, 4 - k1)
-                                                                              : _mm256_srli_epi16(hq, k1 - 4), m10));
-                        }
-#pragma GCC unroll 4
-                        for (int t = 0; t < JB; t++) {
-                            int32_t xa, xb;
-                            memcpy(&xa, a[t]->qs + 64 * c + 4 * q, 4);
-                            memcpy(&xb, a[t]->qs + 64 * c + 32 + 4 * q, 4);
-                            sA[t] = _mm256_add_epi16(sA[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xa)));
-                            sB[t] = _mm256_add_epi16(sB[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xb)));
-                        }
-                    }
-#pragma GCC unroll 4
-                    for (int t = 0; t < JB; t++)
-                        S[t] = _mm256_add_epi32(S[t], _mm256_add_epi32(_mm256_madd_epi16(sA[t], scA),
-                                                                       _mm256_madd_epi16(sB[t], scB)));
-                }
-            }
-            /* mins: int16 pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7) per lane */
-            const __m256i mn03 = _mm256_and_si256(u1, m6);
-            const __m256i mn47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4d),
-                                                 _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), m2), 4));
-            const __m256i p02 = _mm256_and_si256(mn03, mw), p13 = _mm256_and_si256(_mm256_srli_epi32(mn03, 8), mw);
-            const __m256i p46 = _mm256_and_si256(mn47, mw), p57 = _mm256_and_si256(_mm256_srli_epi32(mn47, 8), mw);
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-            const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + MOETAX_K_Q4KR8_DMIN_OFF)));
-#pragma GCC unroll 4
-            for (int t = 0; t < JB; t++) {
-                const __m256i bs = _mm256_loadu_si256((const __m256i *)a[t]->bsums);
-                /* q8s[j] = bsums[2j] + bsums[2j+1], as int16 pairs (q0, q2), (q1, q3), (q4, q6), (q5, q7) */
-                const __m256i qp = _mm256_castsi128_si256(
-                    _mm_shuffle_epi8(_mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)), pairs));
-                __m256i M = _mm256_madd_epi16(p02, _mm256_permutevar8x32_epi32(qp, _mm256_set1_epi32(0)));
-                M = _mm256_add_epi32(M, _mm256_madd_epi16(p13, _mm256_permutevar8x32_epi32(qp, _mm256_set1_epi32(1))));
-                M = _mm256_add_epi32(M, _mm256_madd_epi16(p46, _mm256_permutevar8x32_epi32(qp, _mm256_set1_epi32(2))));
-                M = _mm256_add_epi32(M, _mm256_madd_epi16(p57, _mm256_permutevar8x32_epi32(qp, _mm256_set1_epi32(3))));
-                const __m256 ad = _mm256_set1_ps(a[t]->d);
-                acc[gi][t] = _mm256_add_ps(acc[gi][t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(S[t])));
-                acc[gi][t] = _mm256_sub_ps(acc[gi][t], _mm256_mul_ps(_mm256_mul_ps(ad, dm), _mm256_cvtepi32_ps(M)));
-            }
+            for (int t = 0; t < JB; t++) acc[gi][t] = ac[t];
         }
     }
 #pragma GCC unroll 2
@@ -491,29 +627,30 @@ KQ_INLINE void q4kr8_tile_avx2(const bool five, const int G, const int JB, const
         for (int t = 0; t < JB; t++) _mm256_storeu_ps(y[gi] + t * ldy, acc[gi][t]);
 }
 
-typedef void (*q4kr8_avx2_fn)(const uint8_t *const *g, const uint8_t *xq, size_t act_row, int64_t nb, float *const *y,
-                              int64_t ldy, const uint8_t *pfe);
-#define Q45KR8_AVX2(G, JB)                                                                                       \
-    static void q4kr8_avx2_##G##x##JB(const uint8_t *const *g, const uint8_t *xq, size_t act_row, int64_t nb,     \
-                                      float *const *y, int64_t ldy, const uint8_t *pfe) {                         \
-        q4kr8_tile_avx2(false, G, JB, g, xq, act_row, nb, y, ldy, pfe);                                           \
-    }                                                                                                             \
-    static void q5kr8_avx2_##G##x##JB(const uint8_t *const *g, const uint8_t *xq, size_t act_row, int64_t nb,     \
-                                      float *const *y, int64_t ldy, const uint8_t *pfe) {                         \
-        q4kr8_tile_avx2(true, G, JB, g, xq, act_row, nb, y, ldy, pfe);                                            \
+typedef void (*kqr8_avx2_fn)(const uint8_t *const *g, const uint8_t *xq, size_t act_row, int64_t nb, float *const *y,
+                             int64_t ldy, const uint8_t *pfe);
+#define KQR8_AVX2(KT, G, JB)                                                                                     \
+    static void kqr8_avx2_##KT##_##G##x##JB(const uint8_t *const *g, const uint8_t *xq, size_t act_row,          \
+                                            int64_t nb, float *const *y, int64_t ldy, const uint8_t *pfe) {       \
+        kqr8_tile_avx2(KT, G, JB, g, xq, act_row, nb, y, ldy, pfe);                                               \
     }
-Q45KR8_AVX2(2, 1) Q45KR8_AVX2(1, 1) Q45KR8_AVX2(1, 2) Q45KR8_AVX2(1, 3) Q45KR8_AVX2(1, 4)
-static const q4kr8_avx2_fn k_q45kr8_avx2[2][1 + KQ_BT] = {
-    {q4kr8_avx2_2x1, q4kr8_avx2_1x1, q4kr8_avx2_1x2, q4kr8_avx2_1x3, q4kr8_avx2_1x4},
-    {q5kr8_avx2_2x1, q5kr8_avx2_1x1, q5kr8_avx2_1x2, q5kr8_avx2_1x3, q5kr8_avx2_1x4}};
+#define KQR8_AVX2_KIND(KT) KQR8_AVX2(KT, 2, 1) KQR8_AVX2(KT, 1, 1) KQR8_AVX2(KT, 1, 2) KQR8_AVX2(KT, 1, 3) KQR8_AVX2(KT, 1, 4)
+KQR8_AVX2_KIND(KQ8R_Q2) KQR8_AVX2_KIND(KQ8R_Q3) KQR8_AVX2_KIND(KQ8R_Q4) KQR8_AVX2_KIND(KQ8R_Q5) KQR8_AVX2_KIND(KQ8R_Q6)
+#define KQR8_AVX2_ROW(KT)                                                                                          \
+    {kqr8_avx2_##KT##_2x1, kqr8_avx2_##KT##_1x1, kqr8_avx2_##KT##_1x2, kqr8_avx2_##KT##_1x3, kqr8_avx2_##KT##_1x4}
+/* [kind][0]: decode's two groups, [kind][jb]: one group x jb batch rows */
+static const kqr8_avx2_fn k_kqr8_avx2[5][1 + KQ_BT] = {KQR8_AVX2_ROW(KQ8R_Q2), KQR8_AVX2_ROW(KQ8R_Q3),
+                                                       KQR8_AVX2_ROW(KQ8R_Q4), KQR8_AVX2_ROW(KQ8R_Q5),
+                                                       KQR8_AVX2_ROW(KQ8R_Q6)};
 
 /* Rows [row0, gend) of x8r groups (gend - row0 a multiple of 8): decode pairs group i of
  * the range's first half with group i of its second (two streams), an odd last group alone;
  * batches take tiles of up to KQ_BT batch rows, of even size, over each group. */
-static void kqr8_rows_avx2(const q4kr8_avx2_fn *tiles, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t gend,
+static void kqr8_rows_avx2(const kqr8_avx2_fn *tiles, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t gend,
                            int64_t nb, const uint8_t *xq, size_t act_row, int64_t n_batch, float *y, int64_t ldy,
                            const uint8_t *pfe) {
-    enum { R = MOETAX_K_Q4KR8_ROWS }; /* tiles[0]: decode's two groups, tiles[jb]: one group x jb */
+    enum { R = MOETAX_K_Q4KR8_ROWS };
+    _Static_assert(MOETAX_K_Q6KR8_ROWS == R && MOETAX_K_Q2KR8_ROWS == R && MOETAX_K_Q3KR8_ROWS == R, "one row group");
     int64_t r = row0;
     if (n_batch == 1) {
         const int64_t np = (gend - r) / R / 2;
@@ -538,293 +675,6 @@ static void kqr8_rows_avx2(const q4kr8_avx2_fn *tiles, const uint8_t *w, size_t 
         }
 }
 
-/* ---- Q6_K in Q6_Kx8r (kernels.h, WEIGHT LAYOUTS): 8 rows in the 8 int32 lanes, as Q4_Kx8r ----
- * Per half h and 4-byte group p (values l = 4p..4p+3 of the half) one load each of ql groups
- * p and p + 8 and qh group p gives the four 6-bit level vectors of values 128h + 32k + l
- * (k = 0..3: ql[l] low, ql[l+32] low, ql[l] high, ql[l+32] high nibbles, with qh bits 2k,
- * 2k + 1 above them); sub-block 8h + 2k + p / 4 sums its products in int16 two groups at a
- * time (2 * 2 * 63 * 128 <= 32767), then pmaddwd against the rows' int8 scale (sign-extended
- * into both int16 halves of a lane) into int32. The offset of 32 is subtracted once per
- * super-block: 32 * sum_j sc_j * bsums_j by pmaddwd of int16 scale pairs (as the avx512
- * table's Q6_Kx8r tiles); per lane the float step is the plain decode's:
- * acc += (d_x * d_w) * (float)sumi. */
-
-/* Scale byte b of each dword of v, sign-extended into both int16 halves of the dword. */
-KQ_INLINE __m256i kq8r_sscale16(__m256i v, int b) {
-    uint32_t e[4]; /* dword j of a 128-bit lane: its byte 4j + b into bytes 1 and 3, zero below */
-    for (int j = 0; j < 4; j++) e[j] = (uint32_t)(4 * j + b) * 0x01000100u | 0x00800080u;
-    const __m128i i = _mm_setr_epi32((int)e[0], (int)e[1], (int)e[2], (int)e[3]);
-    return _mm256_srai_epi16(_mm256_shuffle_epi8(v, _mm256_broadcastsi128_si256(i)), 8);
-}
-
-KQ_INLINE void q6kr8_tile_avx2(const int G, const int JB, const uint8_t *const *g, const uint8_t *xq, size_t act_row,
-                               int64_t nb, float *const *y, int64_t ldy, const uint8_t *pfe) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-    /* bsums as int16 pairs: dword 2k (bs[4k], bs[4k+2]), dword 2k+1 (bs[4k+1], bs[4k+3]) */
-    const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7,
-                                           8, 9, 12, 13, 10, 11, 14, 15);
-    __m256 acc[2][KQ_BT];
-#pragma GCC unroll 2
-    for (int gi = 0; gi < G; gi++)
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) acc[gi][t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        const moetax_block_q8_k *a[KQ_BT];
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
-#pragma GCC unroll 2
-        for (int gi = 0; gi < G; gi++) {
-            const uint8_t *blk = g[gi] + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
-            if (JB == 1) {
-                uintptr_t pa = (uintptr_t)blk + KQ8R_PFD, pb = pa + MOETAX_K_Q6KR8_BLOCK_BYTES;
-                if (pb > (uintptr_t)pfe) pb = (uintptr_t)pfe;
-                for (; pa < pb; pa += 64) _mm_prefetch((const char *)pa, _MM_HINT_T1);
-            } else
-#pragma GCC unroll 27
-                for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64)
-                    _mm_prefetch((const char *)blk + KQ8R_QPF + o, _MM_HINT_T0);
-            __m256i S[KQ_BT];
-#pragma GCC unroll 4
-            for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++)
-#pragma GCC unroll 4
-                for (int p0 = 0; p0 < 8; p0 += 2) { /* two groups: half of sub-block 8h + 2k + p0 / 4 */
-                    __m256i cs[KQ_BT][4];
-#pragma GCC unroll 4
-                    for (int t = 0; t < JB; t++)
-                        for (int k = 0; k < 4; k++) cs[t][k] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-                    for (int p = p0; p < p0 + 2; p++) {
-                        const uint8_t *ql = blk + MOETAX_K_Q6KR8_QL_OFF + 512 * h + 32 * p;
-                        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-                        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 256));
-                        const __m256i hq =
-                            _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_QH_OFF + 256 * h + 32 * p));
-                        __m256i v[4];
-                        v[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hq, 4), m30));
-                        v[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hq, 2), m30));
-                        v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hq, m30));
-                        v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                               _mm256_and_si256(_mm256_srli_epi16(hq, 2), m30));
-#pragma GCC unroll 4
-                        for (int t = 0; t < JB; t++)
-#pragma GCC unroll 4
-                            for (int k = 0; k < 4; k++) {
-                                int32_t xv;
-                                memcpy(&xv, a[t]->qs + 128 * h + 32 * k + 4 * p, 4);
-                                cs[t][k] = _mm256_add_epi16(cs[t][k], _mm256_maddubs_epi16(v[k], _mm256_set1_epi32(xv)));
-                            }
-                    }
-#pragma GCC unroll 4
-                    for (int k = 0; k < 4; k++) {
-                        const int j = 8 * h + 2 * k + p0 / 4; /* the sub-block */
-                        const __m256i scj = kq8r_sscale16(
-                            _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_SC_OFF + 32 * (j >> 2))), j & 3);
-#pragma GCC unroll 4
-                        for (int t = 0; t < JB; t++) S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(cs[t][k], scj));
-                    }
-                }
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-#pragma GCC unroll 4
-            for (int t = 0; t < JB; t++) {
-                const __m256i bsp = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)a[t]->bsums), pairs);
-                __m256i off = _mm256_setzero_si256();
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    const __m256i sk = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_SC_OFF + 32 * k));
-                    const __m256i ev = _mm256_srai_epi16(_mm256_slli_epi16(sk, 8), 8), od = _mm256_srai_epi16(sk, 8);
-                    off = _mm256_add_epi32(off, _mm256_madd_epi16(ev, _mm256_permutevar8x32_epi32(bsp, _mm256_set1_epi32(2 * k))));
-                    off = _mm256_add_epi32(off,
-                                           _mm256_madd_epi16(od, _mm256_permutevar8x32_epi32(bsp, _mm256_set1_epi32(2 * k + 1))));
-                }
-                const __m256i sumi = _mm256_sub_epi32(S[t], _mm256_slli_epi32(off, 5));
-                const __m256 ad = _mm256_set1_ps(a[t]->d);
-                acc[gi][t] = _mm256_add_ps(acc[gi][t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
-            }
-        }
-    }
-#pragma GCC unroll 2
-    for (int gi = 0; gi < G; gi++)
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) _mm256_storeu_ps(y[gi] + t * ldy, acc[gi][t]);
-}
-
-#define Q6KR8_AVX2(G, JB)                                                                                        \
-    static void q6kr8_avx2_##G##x##JB(const uint8_t *const *g, const uint8_t *xq, size_t act_row, int64_t nb,     \
-                                      float *const *y, int64_t ldy, const uint8_t *pfe) {                         \
-        q6kr8_tile_avx2(G, JB, g, xq, act_row, nb, y, ldy, pfe);                                                  \
-    }
-Q6KR8_AVX2(2, 1) Q6KR8_AVX2(1, 1) Q6KR8_AVX2(1, 2) Q6KR8_AVX2(1, 3) Q6KR8_AVX2(1, 4)
-static const q4kr8_avx2_fn k_q6kr8_avx2[1 + KQ_BT] = {q6kr8_avx2_2x1, q6kr8_avx2_1x1, q6kr8_avx2_1x2, q6kr8_avx2_1x3,
-                                                      q6kr8_avx2_1x4};
-
-/* ---- Q2_K in Q2_Kx8r, Q3_K in Q3_Kx8r: 8 rows in the 8 int32 lanes, as Q6_Kx8r ----
- * A 4-byte group g of qs (half h = g / 8, values l = 4p..4p+3 with p = g % 8) holds the 2-bit
- * levels of values 128h + 32k + l at bits 2k, 2k+1 (k = 0..3); Q3_K's hmask group p adds 4
- * where bit 4h + k is set (its levels are q + 4, 0..7). Level vectors k = 0, 2 are taken at
- * bits 0-1 (k = 2 from the group shifted down by 4), k = 1, 3 in place at bits 2-3, times 4
- * (Q3_K: the hmask bit shifted to the bit above them), so that pmaddubsw against broadcast
- * activation quants never saturates and a sub-block's 4 groups sum in int16 (|.| <= 4 * 2 *
- * 28 * 128); pmaddwd against the sub-block's scale times 4 / that factor (int16 in both
- * halves of a lane) adds 4 * scale x the sub-block's sum into int32, exactly, and sumi is
- * S >> 2. The mins (Q2_K) and Q3_K's offset 4 * sum_j sc_j * bsums_j are pmaddwd of the rows'
- * int16 pairs with the bsums' pairs (as the avx512 table's tiles); per lane the float steps
- * are the plain decode's: acc += (d_x * d_w) * (float)sumi (Q2_K: then acc -= (d_x * dmin_w) *
- * (float)summ). */
-
-KQ_INLINE void q23r8_tile_avx2(const bool three, const int G, const int JB, const uint8_t *const *g, const uint8_t *xq,
-                               size_t act_row, int64_t nb, float *const *y, int64_t ldy, const uint8_t *pfe) {
-    const size_t bbytes = three ? MOETAX_K_Q3KR8_BLOCK_BYTES : MOETAX_K_Q2KR8_BLOCK_BYTES;
-    const size_t qs_off = three ? MOETAX_K_Q3KR8_QS_OFF : MOETAX_K_Q2KR8_QS_OFF;
-    const __m256i m3 = _mm256_set1_epi8(0x03), mc = _mm256_set1_epi8(0x0c);
-    const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7,
-                                           8, 9, 12, 13, 10, 11, 14, 15);
-    __m256 acc[2][KQ_BT];
-#pragma GCC unroll 2
-    for (int gi = 0; gi < G; gi++)
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) acc[gi][t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        const moetax_block_q8_k *a[KQ_BT];
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
-#pragma GCC unroll 2
-        for (int gi = 0; gi < G; gi++) {
-            const uint8_t *blk = g[gi] + (size_t)i * bbytes;
-            if (JB == 1) {
-                uintptr_t pa = (uintptr_t)blk + KQ8R_PFD, pb = pa + bbytes;
-                if (pb > (uintptr_t)pfe) pb = (uintptr_t)pfe;
-                for (; pa < pb; pa += 64) _mm_prefetch((const char *)pa, _MM_HINT_T1);
-            } else
-#pragma GCC unroll 14
-                for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ8R_QPF + o, _MM_HINT_T0);
-            /* U[k]: scales 4k..4k+3 in the bytes of each lane; Q2_K as stored (low nibble: scale,
-             * high: min), Q3_K unpacked (ggml's 32-bit mask steps) minus 32, signed */
-            __m256i U[4];
-            if (three) {
-                const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
-                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_SC_OFF));
-                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_SC_OFF + 32));
-                const __m256i a2 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_SC_OFF + 64));
-                U[0] = _mm256_or_si256(_mm256_and_si256(a0, m4), _mm256_and_si256(_mm256_slli_epi32(a2, 4), m30));
-                U[1] = _mm256_or_si256(_mm256_and_si256(a1, m4), _mm256_and_si256(_mm256_slli_epi32(a2, 2), m30));
-                U[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a0, 4), m4), _mm256_and_si256(a2, m30));
-                U[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(a1, 4), m4),
-                                       _mm256_and_si256(_mm256_srli_epi32(a2, 2), m30));
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) U[k] = _mm256_sub_epi8(U[k], c32);
-            } else {
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++)
-                    U[k] = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q2KR8_SC_OFF + 32 * k));
-            }
-            __m256i S[KQ_BT];
-#pragma GCC unroll 4
-            for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-            for (int h = 0; h < 2; h++)
-#pragma GCC unroll 2
-                for (int sb = 0; sb < 2; sb++) {
-                    __m256i cs[KQ_BT][4];
-#pragma GCC unroll 4
-                    for (int t = 0; t < JB; t++)
-                        for (int k = 0; k < 4; k++) cs[t][k] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-                    for (int pp = 0; pp < 4; pp++) {
-                        const int p = 4 * sb + pp;
-                        const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * (8 * h + p)));
-                        const __m256i v4 = _mm256_srli_epi16(v, 4);
-                        __m256i L[4] = {_mm256_and_si256(v, m3), _mm256_and_si256(v, mc), _mm256_and_si256(v4, m3),
-                                        _mm256_and_si256(v4, mc)};
-                        if (three) { /* hmask bit 4h + k to bit 2 (k = 0, 2) or 4 (k = 1, 3) */
-                            const __m256i hq = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_HM_OFF + 32 * p));
-#pragma GCC unroll 4
-                            for (int k = 0; k < 4; k++) {
-                                const int d = (k & 1 ? 4 : 2) - (4 * h + k);
-                                const __m256i hs = d > 0 ? _mm256_slli_epi16(hq, d) : d < 0 ? _mm256_srli_epi16(hq, -d) : hq;
-                                L[k] = _mm256_or_si256(L[k], _mm256_and_si256(hs, _mm256_set1_epi8((char)(k & 1 ? 0x10 : 0x04))));
-                            }
-                        }
-#pragma GCC unroll 4
-                        for (int t = 0; t < JB; t++)
-#pragma GCC unroll 4
-                            for (int k = 0; k < 4; k++) {
-                                int32_t xv;
-                                memcpy(&xv, a[t]->qs + 128 * h + 32 * k + 4 * p, 4);
-                                cs[t][k] = _mm256_add_epi16(cs[t][k], _mm256_maddubs_epi16(L[k], _mm256_set1_epi32(xv)));
-                            }
-                    }
-#pragma GCC unroll 4
-                    for (int k = 0; k < 4; k++) {
-                        const int j = 8 * h + 2 * k + sb, b = j & 3; /* the sub-block; its scale's byte in U[j / 4] */
-                        uint32_t e[4]; /* dword q of a 128-bit lane: its byte 4q + b into bytes 1 and 3, zero below */
-                        for (int q = 0; q < 4; q++) e[q] = (uint32_t)(4 * q + b) * 0x01000100u | 0x00800080u;
-                        const __m256i hi8 = _mm256_shuffle_epi8(
-                            U[j >> 2], _mm256_broadcastsi128_si256(_mm_setr_epi32((int)e[0], (int)e[1], (int)e[2], (int)e[3])));
-                        /* the scale times 4 / the levels' factor (4 for k odd), int16 in both halves */
-                        const __m256i scj = three ? _mm256_srai_epi16(hi8, k & 1 ? 8 : 6)
-                                                  : _mm256_srli_epi16(_mm256_slli_epi16(hi8, 4), k & 1 ? 12 : 10);
-#pragma GCC unroll 4
-                        for (int t = 0; t < JB; t++) S[t] = _mm256_add_epi32(S[t], _mm256_madd_epi16(cs[t][k], scj));
-                    }
-                }
-            /* int16 pairs of the rows' coefficients of the bsums: dword 2k (c_4k, c_4k+2), 2k+1 (c_4k+1,
-             * c_4k+3); Q2_K the mins, Q3_K the signed scales */
-            __m256i ev[4], od[4];
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                if (three) {
-                    ev[k] = _mm256_srai_epi16(_mm256_slli_epi16(U[k], 8), 8);
-                    od[k] = _mm256_srai_epi16(U[k], 8);
-                } else {
-                    ev[k] = _mm256_and_si256(_mm256_srli_epi32(U[k], 4), _mm256_set1_epi32(0x000f000f));
-                    od[k] = _mm256_and_si256(_mm256_srli_epi32(U[k], 12), _mm256_set1_epi32(0x000f000f));
-                }
-            }
-            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-            const __m256 dm = three ? _mm256_setzero_ps()
-                                    : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + MOETAX_K_Q2KR8_DMIN_OFF)));
-#pragma GCC unroll 4
-            for (int t = 0; t < JB; t++) {
-                /* bsums as int16 pairs: dword 2k (bs[4k], bs[4k+2]), dword 2k+1 (bs[4k+1], bs[4k+3]) */
-                const __m256i bsp = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)a[t]->bsums), pairs);
-                __m256i c = _mm256_setzero_si256();
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    c = _mm256_add_epi32(c, _mm256_madd_epi16(ev[k], _mm256_permutevar8x32_epi32(bsp, _mm256_set1_epi32(2 * k))));
-                    c = _mm256_add_epi32(c, _mm256_madd_epi16(od[k],
-                                                              _mm256_permutevar8x32_epi32(bsp, _mm256_set1_epi32(2 * k + 1))));
-                }
-                const __m256i sumi = three ? _mm256_sub_epi32(_mm256_srai_epi32(S[t], 2), _mm256_slli_epi32(c, 2))
-                                           : _mm256_srai_epi32(S[t], 2);
-                const __m256 ad = _mm256_set1_ps(a[t]->d);
-                acc[gi][t] = _mm256_add_ps(acc[gi][t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
-                if (!three)
-                    acc[gi][t] = _mm256_sub_ps(acc[gi][t], _mm256_mul_ps(_mm256_mul_ps(ad, dm), _mm256_cvtepi32_ps(c)));
-            }
-        }
-    }
-#pragma GCC unroll 2
-    for (int gi = 0; gi < G; gi++)
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) _mm256_storeu_ps(y[gi] + t * ldy, acc[gi][t]);
-}
-
-#define Q23KR8_AVX2(G, JB)                                                                                       \
-    static void q2kr8_avx2_##G##x##JB(const uint8_t *const *g, const uint8_t *xq, size_t act_row, int64_t nb,     \
-                                      float *const *y, int64_t ldy, const uint8_t *pfe) {                         \
-        q23r8_tile_avx2(false, G, JB, g, xq, act_row, nb, y, ldy, pfe);                                           \
-    }                                                                                                             \
-    static void q3kr8_avx2_##G##x##JB(const uint8_t *const *g, const uint8_t *xq, size_t act_row, int64_t nb,     \
-                                      float *const *y, int64_t ldy, const uint8_t *pfe) {                         \
-        q23r8_tile_avx2(true, G, JB, g, xq, act_row, nb, y, ldy, pfe);                                            \
-    }
-Q23KR8_AVX2(2, 1) Q23KR8_AVX2(1, 1) Q23KR8_AVX2(1, 2) Q23KR8_AVX2(1, 3) Q23KR8_AVX2(1, 4)
-static const q4kr8_avx2_fn k_q23kr8_avx2[2][1 + KQ_BT] = {
-    {q2kr8_avx2_2x1, q2kr8_avx2_1x1, q2kr8_avx2_1x2, q2kr8_avx2_1x3, q2kr8_avx2_1x4},
-    {q3kr8_avx2_2x1, q3kr8_avx2_1x1, q3kr8_avx2_1x2, q3kr8_avx2_1x3, q3kr8_avx2_1x4}};
-
 void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                              int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
@@ -835,11 +685,9 @@ void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_b
     const bool two = wtype == MOETAX_TYPE_Q2_K, three = wtype == MOETAX_TYPE_Q3_K;
     const bool sub = six || three; /* the offset is in the integer sum; else dmin's term */
     { /* x8r groups, then the unit's plain tail (n_rows % 8 rows) */
-        enum { R = MOETAX_K_Q4KR8_ROWS };
-        _Static_assert(MOETAX_K_Q6KR8_ROWS == R && MOETAX_K_Q2KR8_ROWS == R && MOETAX_K_Q3KR8_ROWS == R, "one row group");
-        const int64_t gend = row1 - (row1 - row0) % R;
-        kqr8_rows_avx2(six ? k_q6kr8_avx2 : two || three ? k_q23kr8_avx2[three] : k_q45kr8_avx2[five],
-                       (const uint8_t *)w, row_bytes, row0, gend, nb,
+        const int64_t gend = row1 - (row1 - row0) % MOETAX_K_Q4KR8_ROWS;
+        const int kt = two ? KQ8R_Q2 : three ? KQ8R_Q3 : five ? KQ8R_Q5 : six ? KQ8R_Q6 : KQ8R_Q4;
+        kqr8_rows_avx2(k_kqr8_avx2[kt], (const uint8_t *)w, row_bytes, row0, gend, nb,
                        (const uint8_t *)xq, act_row, n_batch, y, ldy,
                        (const uint8_t *)w + (size_t)row1 * row_bytes);
         row0 = gend;

@@ -28,6 +28,7 @@
 
 #include "kernels_impl.h"
 #include "kq_rows.h"
+#include "kq_x8r.h"
 #include "moetax/types.h"
 
 #define KQ5_INLINE static inline __attribute__((always_inline))
@@ -232,15 +233,8 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
 #define KQ_PFD 4096
 #endif
 
-/* Prefetch into L2 the lines of [p + d, p + d + n) that lie below pfe. */
-KQ5_INLINE void kq_prefetch_l2_at(const uint8_t *p, size_t d, size_t n, const uint8_t *pfe) {
-    uintptr_t a = (uintptr_t)p + d, b = a + n;
-    if (b > (uintptr_t)pfe) b = (uintptr_t)pfe;
-    for (; a < b; a += 64) _mm_prefetch((const char *)a, _MM_HINT_T1);
-}
-KQ5_INLINE void kq_prefetch_l2(const uint8_t *p, size_t n, const uint8_t *pfe) {
-    kq_prefetch_l2_at(p, KQ_PFD, n, pfe);
-}
+/* Prefetch into L2 the lines of [p + KQ_PFD, p + KQ_PFD + n) that lie below pfe. */
+KQ5_INLINE void kq_prefetch_l2(const uint8_t *p, size_t n, const uint8_t *pfe) { kq8r_prefetch_l2(p, KQ_PFD, n, pfe); }
 
 /* acc + vpdpbusd(w, the 4 bytes at p in every lane), the broadcast embedded ({1to8}) */
 KQ5_INLINE __m256i dpbusd_b8(__m256i acc, __m256i w, const uint8_t *p) {
@@ -264,17 +258,10 @@ KQ5_INLINE void q4kr8_blk(const bool five, const int JB, const uint8_t *blk, con
     const __m256i m10 = _mm256_set1_epi8(0x10);
     enum { NC = 2 }; /* int32 chains per (sub-block, batch row) with JB <= 2: groups 0-3 and 4-7 */
     const bool two = JB <= 2;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m6 = _mm256_set1_epi32(0x3f3f3f3f);
-    const __m256i m2 = _mm256_set1_epi32(0x03030303), m4d = _mm256_set1_epi32(0x0f0f0f0f);
-    const __m256i mw = _mm256_set1_epi32(0x00ff00ff);
-    const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     {
-        const __m256i u0 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF));
-        const __m256i u1 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF + 32));
-        const __m256i u2 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4KR8_SC_OFF + 64));
-        const __m256i sc03 = _mm256_and_si256(u0, m6); /* bytes: scales 0..3 */
-        const __m256i sc47 = _mm256_or_si256(_mm256_and_si256(u2, m4d),
-                                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), m2), 4));
+        __m256i sc03, sc47; /* bytes: scales 0..3, 4..7 */
+        kq8r_q45_scales(blk, &sc03, &sc47);
         __m256i S[KQ_JB];
 #pragma GCC unroll 4
         for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
@@ -322,24 +309,13 @@ KQ5_INLINE void q4kr8_blk(const bool five, const int JB, const uint8_t *blk, con
                 S[t] = _mm256_add_epi32(S[t], _mm256_add_epi32(_mm256_mullo_epi32(xa, scA), _mm256_mullo_epi32(xb, scB)));
             }
         }
-        /* mins: int16 pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7) per lane */
-        const __m256i mn03 = _mm256_and_si256(u1, m6);
-        const __m256i mn47 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4d),
-                                             _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), m2), 4));
-        const __m256i p02 = _mm256_and_si256(mn03, mw), p13 = _mm256_and_si256(_mm256_srli_epi32(mn03, 8), mw);
-        const __m256i p46 = _mm256_and_si256(mn47, mw), p57 = _mm256_and_si256(_mm256_srli_epi32(mn47, 8), mw);
+        __m256i mp[4]; /* mins: int16 pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7) per lane */
+        kq8r_q45_min_pairs(blk, mp);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
         const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + MOETAX_K_Q4KR8_DMIN_OFF)));
 #pragma GCC unroll 4
         for (int t = 0; t < JB; t++) {
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)a[t]->bsums);
-            /* q8s[j] = bsums[2j] + bsums[2j+1], as int16 pairs (q0, q2), (q1, q3), (q4, q6), (q5, q7) */
-            const __m256i qp = _mm256_castsi128_si256(
-                _mm_shuffle_epi8(_mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)), pairs));
-            __m256i M = _mm256_madd_epi16(p02, _mm256_permutevar8x32_epi32(qp, _mm256_set1_epi32(0)));
-            M = _mm256_add_epi32(M, _mm256_madd_epi16(p13, _mm256_permutevar8x32_epi32(qp, _mm256_set1_epi32(1))));
-            M = _mm256_add_epi32(M, _mm256_madd_epi16(p46, _mm256_permutevar8x32_epi32(qp, _mm256_set1_epi32(2))));
-            M = _mm256_add_epi32(M, _mm256_madd_epi16(p57, _mm256_permutevar8x32_epi32(qp, _mm256_set1_epi32(3))));
+            const __m256i M = kq8r_q45_mins(mp, a[t]);
             const __m256 ad = _mm256_set1_ps(a[t]->d);
             acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(S[t])));
             acc[t] = _mm256_sub_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dm), _mm256_cvtepi32_ps(M)));
@@ -403,9 +379,6 @@ KQ5_INLINE __m256i sbyte_lane(__m256i v, int k) { /* signed byte k of each dword
 /* One super-block (blk) of one group x JB batch rows (a[t]): acc[t] += its terms. */
 KQ5_INLINE void q6kr8_blk(const int JB, const uint8_t *blk, const moetax_block_q8_k *const *a, __m256 *acc) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-    /* bsums as int16 pairs: dword 2k (bs[4k], bs[4k+2]), dword 2k+1 (bs[4k+1], bs[4k+3]) */
-    const __m256i pairs = _mm256_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7,
-                                           8, 9, 12, 13, 10, 11, 14, 15);
     {
         __m256i S[KQ6_JB];
 #pragma GCC unroll 4
@@ -447,18 +420,12 @@ KQ5_INLINE void q6kr8_blk(const int JB, const uint8_t *blk, const moetax_block_q
                     for (int t = 0; t < JB; t++) S[t] = _mm256_add_epi32(S[t], _mm256_mullo_epi32(cs[t][k], scj));
                 }
             }
+        __m256i ev[4], od[4];
+        kq8r_q6_coefs(blk, ev, od);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
 #pragma GCC unroll 4
         for (int t = 0; t < JB; t++) {
-            const __m256i bsp = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)a[t]->bsums), pairs);
-            __m256i off = _mm256_setzero_si256();
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                const __m256i sk = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_SC_OFF + 32 * k));
-                const __m256i ev = _mm256_srai_epi16(_mm256_slli_epi16(sk, 8), 8), od = _mm256_srai_epi16(sk, 8);
-                off = _mm256_add_epi32(off, _mm256_madd_epi16(ev, _mm256_permutevar8x32_epi32(bsp, _mm256_set1_epi32(2 * k))));
-                off = _mm256_add_epi32(off, _mm256_madd_epi16(od, _mm256_permutevar8x32_epi32(bsp, _mm256_set1_epi32(2 * k + 1))));
-            }
+            const __m256i off = kq8r_bsum_dot(ev, od, kq8r_bsum_pairs(a[t]));
             const __m256i sumi = _mm256_sub_epi32(S[t], _mm256_slli_epi32(off, 5));
             const __m256 ad = _mm256_set1_ps(a[t]->d);
             acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
@@ -534,25 +501,8 @@ KQ5_INLINE __m256i q23r8_level(const bool three, __m256i v, __m256i hq, int h, i
 KQ5_INLINE void q23r8_blk(const bool three, const int JB, const uint8_t *blk, const moetax_block_q8_k *const *a,
                           __m256 *acc) {
     const size_t qs_off = three ? MOETAX_K_Q3KR8_QS_OFF : MOETAX_K_Q2KR8_QS_OFF;
-    /* U[k]: scales 4k..4k+3 in the bytes of each lane; Q2_K as stored (low nibble: scale, high:
-     * min), Q3_K unpacked (ggml's 32-bit mask steps) minus 32, signed */
-    __m256i U[4];
-    if (three) {
-        const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), c32 = _mm256_set1_epi8(32);
-        const __m256i a0 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_SC_OFF));
-        const __m256i a1 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_SC_OFF + 32));
-        const __m256i a2 = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_SC_OFF + 64));
-        U[0] = or_and(a0, m4, _mm256_and_si256(_mm256_slli_epi32(a2, 4), m30));
-        U[1] = or_and(a1, m4, _mm256_and_si256(_mm256_slli_epi32(a2, 2), m30));
-        U[2] = or_and(_mm256_srli_epi32(a0, 4), m4, _mm256_and_si256(a2, m30));
-        U[3] = or_and(_mm256_srli_epi32(a1, 4), m4, _mm256_and_si256(_mm256_srli_epi32(a2, 2), m30));
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) U[k] = _mm256_sub_epi8(U[k], c32);
-    } else {
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++)
-            U[k] = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q2KR8_SC_OFF + 32 * k));
-    }
+    __m256i U[4]; /* scales 4k..4k+3 in the bytes of each lane (kq_x8r.h) */
+    kq8r_q23_scales(three, blk, U);
     __m256i S[KQ23_JB];
 #pragma GCC unroll 4
     for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
@@ -602,28 +552,15 @@ KQ5_INLINE void q23r8_blk(const bool three, const int JB, const uint8_t *blk, co
                 for (int t = 0; t < JB; t++) S[t] = _mm256_add_epi32(S[t], _mm256_mullo_epi32(cs[t][k], scj));
             }
         }
-    /* int16 pairs of the rows' coefficients of the bsums: dword 2k (c_4k, c_4k+2), 2k+1 (c_4k+1, c_4k+3);
-     * Q2_K the mins, Q3_K the signed scales */
+    /* int16 pairs of the rows' coefficients of the bsums: Q2_K the mins, Q3_K the signed scales */
     __m256i ev[4], od[4];
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
-        if (three) {
-            ev[k] = _mm256_srai_epi16(_mm256_slli_epi16(U[k], 8), 8);
-            od[k] = _mm256_srai_epi16(U[k], 8);
-        } else {
-            ev[k] = _mm256_and_si256(_mm256_srli_epi32(U[k], 4), _mm256_set1_epi32(0x000f000f));
-            od[k] = _mm256_and_si256(_mm256_srli_epi32(U[k], 12), _mm256_set1_epi32(0x000f000f));
-        }
-    }
-    const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
+    kq8r_q23_coefs(three, U, ev, od);
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
     const __m256 dm = three ? _mm256_setzero_ps()
                             : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + MOETAX_K_Q2KR8_DMIN_OFF)));
 #pragma GCC unroll 4
     for (int t = 0; t < JB; t++) {
-        /* bsums as int16 pairs: dword 2k (bs[4k], bs[4k+2]), dword 2k+1 (bs[4k+1], bs[4k+3]) */
-        const __m256i bsp = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)a[t]->bsums),
-                                                _mm256_broadcastsi128_si256(pairs));
+        const __m256i bsp = kq8r_bsum_pairs(a[t]);
         int32_t qb[8]; /* broadcast from memory by the vpdpwssd */
         _mm256_storeu_si256((__m256i *)qb, bsp);
         __m256i c = _mm256_setzero_si256();
@@ -648,7 +585,7 @@ KQ5_INLINE void q23r8_tile(const bool three, const int JB, const uint8_t *g, con
     for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *blk = g + (size_t)i * bbytes;
-        if (JB == 1) kq_prefetch_l2_at(blk, KQ_PFD, bbytes, pfe);
+        if (JB == 1) kq_prefetch_l2(blk, bbytes, pfe);
         else
 #pragma GCC unroll 14
             for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
@@ -1129,8 +1066,8 @@ KQ5_INLINE void q23z_tile(const bool three, const int JB, const uint8_t *g0, con
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * bbytes, *bB = g1 + (size_t)i * bbytes;
         if (JB == 1) {
-            kq_prefetch_l2_at(bA, KQ_PFD, bbytes, pfe);
-            kq_prefetch_l2_at(bB, KQ_PFD, bbytes, pfe);
+            kq_prefetch_l2(bA, bbytes, pfe);
+            kq_prefetch_l2(bB, bbytes, pfe);
         } else
 #pragma GCC unroll 14
             for (int o = 0; o < (int)bbytes; o += 64) {
