@@ -607,7 +607,7 @@ KQ_INLINE void kqr8_tile_avx2(const int kt, const int G, const int JB, const uin
 #pragma GCC unroll 2
         for (int gi = 0; gi < G; gi++) {
             const uint8_t *blk = g[gi] + (size_t)i * bbytes;
-            if (JB == 1) kq8r_prefetch_l2(blk, KQ8R_PFD, bbytes, pfe);
+            if (JB == 1) kq8r_prefetch_dec(blk, KQ8R_PFD, 0, bbytes, pfe);
             else
 #pragma GCC unroll 27
                 for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ8R_QPF + o, _MM_HINT_T0);

@@ -233,8 +233,15 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
 #define KQ_PFD 4096
 #endif
 
-/* Prefetch into L2 the lines of [p + KQ_PFD, p + KQ_PFD + n) that lie below pfe. */
-KQ5_INLINE void kq_prefetch_l2(const uint8_t *p, size_t n, const uint8_t *pfe) { kq8r_prefetch_l2(p, KQ_PFD, n, pfe); }
+/* ... and KQ_NEAR bytes ahead into L1 as well (kq8r_prefetch_dec): the lines are in L2 by
+ * then, so these prefetches hold the L1's miss buffers only briefly. */
+#ifndef KQ_NEAR
+#define KQ_NEAR 1024
+#endif
+/* Decode's prefetch for the n bytes of a block at p (stream end pfe). */
+KQ5_INLINE void kq_prefetch_dec(const uint8_t *p, size_t n, const uint8_t *pfe) {
+    kq8r_prefetch_dec(p, KQ_PFD, KQ_NEAR, n, pfe);
+}
 
 /* acc + vpdpbusd(w, the 4 bytes at p in every lane), the broadcast embedded ({1to8}) */
 KQ5_INLINE __m256i dpbusd_b8(__m256i acc, __m256i w, const uint8_t *p) {
@@ -331,7 +338,7 @@ KQ5_INLINE void q4kr8_tile(const bool five, const int JB, const uint8_t *g, cons
     for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *blk = g + (size_t)i * bbytes;
-        if (JB == 1) kq_prefetch_l2(blk, bbytes, pfe);
+        if (JB == 1) kq_prefetch_dec(blk, bbytes, pfe);
         else
 #pragma GCC unroll 22
             for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
@@ -440,7 +447,7 @@ KQ5_INLINE void q6kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, si
     for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *blk = g + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
-        if (JB == 1) kq_prefetch_l2(blk, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
+        if (JB == 1) kq_prefetch_dec(blk, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
         else
 #pragma GCC unroll 27
             for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64)
@@ -585,7 +592,7 @@ KQ5_INLINE void q23r8_tile(const bool three, const int JB, const uint8_t *g, con
     for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *blk = g + (size_t)i * bbytes;
-        if (JB == 1) kq_prefetch_l2(blk, bbytes, pfe);
+        if (JB == 1) kq_prefetch_dec(blk, bbytes, pfe);
         else
 #pragma GCC unroll 14
             for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
@@ -703,8 +710,8 @@ KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, cons
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * bbytes, *bB = g1 + (size_t)i * bbytes;
         if (JB == 1) { /* decode: far ahead into L2, as the 256-bit tiles */
-            kq_prefetch_l2(bA, bbytes, pfe);
-            kq_prefetch_l2(bB, bbytes, pfe);
+            kq_prefetch_dec(bA, bbytes, pfe);
+            kq_prefetch_dec(bB, bbytes, pfe);
         } else
 #pragma GCC unroll 22
             for (int o = 0; o < (int)bbytes; o += 64) {
@@ -833,8 +840,8 @@ KQ5_INLINE void q6z_tile(const int JB, const uint8_t *g0, const uint8_t *g1, con
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES, *bB = g1 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
         if (JB == 1) { /* decode: far ahead into L2, as the 256-bit tiles */
-            kq_prefetch_l2(bA, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
-            kq_prefetch_l2(bB, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
+            kq_prefetch_dec(bA, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
+            kq_prefetch_dec(bB, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
         } else
 #pragma GCC unroll 27
             for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64) {
@@ -1066,8 +1073,8 @@ KQ5_INLINE void q23z_tile(const bool three, const int JB, const uint8_t *g0, con
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * bbytes, *bB = g1 + (size_t)i * bbytes;
         if (JB == 1) {
-            kq_prefetch_l2(bA, bbytes, pfe);
-            kq_prefetch_l2(bB, bbytes, pfe);
+            kq_prefetch_dec(bA, bbytes, pfe);
+            kq_prefetch_dec(bB, bbytes, pfe);
         } else
 #pragma GCC unroll 14
             for (int o = 0; o < (int)bbytes; o += 64) {
