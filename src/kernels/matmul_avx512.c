@@ -85,17 +85,26 @@
 #endif
 
 /* Prefetch the block of n bytes at blk, QPF512 bytes ahead: one line per 64 bytes
- * (with the next block's, every line is touched); a batch tile (JB > 1) as above. */
-ALWAYS_INLINE void prefetch_blk(const uint8_t *blk, int n, int JB) {
+ * (with the next block's, every line is touched); a batch tile (JB > 1) as above. Q4_0's
+ * decode (far) also prefetches QPF_FAR ahead into L2: its L1 prefetches then find their
+ * lines there (a DRAM-resident model decodes faster, one inside the L3 somewhat slower;
+ * Q8_0's decode, measured the same way, did not gain, and the trained default model, a
+ * Q8_0 file inside the L3, lost: commit messages). */
+ALWAYS_INLINE void prefetch_blk(const uint8_t *blk, int n, int JB, bool far) {
     if (JB > 1) {
 #pragma GCC unroll 5
         for (int o = 0; o < n; o += 64) {
             _mm_prefetch((const char *)blk + QPF_FAR + o, _MM_HINT_T1);
             _mm_prefetch((const char *)blk + QPF_NEAR + o, _MM_HINT_T0);
         }
-    } else if (QPF512 > 0)
+    } else {
+        if (far)
 #pragma GCC unroll 5
-        for (int o = 0; o < n; o += 64) _mm_prefetch((const char *)blk + QPF512 + o, _MM_HINT_T0);
+            for (int o = 0; o < n; o += 64) _mm_prefetch((const char *)blk + QPF_FAR + o, _MM_HINT_T1);
+        if (QPF512 > 0)
+#pragma GCC unroll 5
+            for (int o = 0; o < n; o += 64) _mm_prefetch((const char *)blk + QPF512 + o, _MM_HINT_T0);
+    }
 }
 
 /* Sum of the 8 int32 lanes. */
@@ -200,7 +209,7 @@ ALWAYS_INLINE void q8r8_tile(const int G, const int JB, const uint8_t *const *g,
 #pragma GCC unroll 2
         for (int gi = 0; gi < G; gi++) {
             const uint8_t *blk = g[gi] + (size_t)b * MOETAX_K_Q8R8_BLOCK_BYTES;
-            prefetch_blk(blk, MOETAX_K_Q8R8_BLOCK_BYTES, JB);
+            prefetch_blk(blk, MOETAX_K_Q8R8_BLOCK_BYTES, JB, false);
             __m256i wv[8];
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++)
@@ -279,8 +288,8 @@ ALWAYS_INLINE void q8z_tile(const int JB, const int NC, const uint8_t *const *g,
     for (int64_t bb = 0; bb < kn; bb++) {
         const int64_t b = b0 + bb;
         const uint8_t *k0 = g[0] + (size_t)b * MOETAX_K_Q8R8_BLOCK_BYTES, *k1 = g[1] + (size_t)b * MOETAX_K_Q8R8_BLOCK_BYTES;
-        prefetch_blk(k0, MOETAX_K_Q8R8_BLOCK_BYTES, JB);
-        prefetch_blk(k1, MOETAX_K_Q8R8_BLOCK_BYTES, JB);
+        prefetch_blk(k0, MOETAX_K_Q8R8_BLOCK_BYTES, JB, false);
+        prefetch_blk(k1, MOETAX_K_Q8R8_BLOCK_BYTES, JB, false);
         __m512i wv[8];
 #pragma GCC unroll 8
         for (int c = 0; c < 8; c++)
@@ -414,7 +423,7 @@ ALWAYS_INLINE void q4r8_tile(const int G, const int JB, const uint8_t *const *g,
 #pragma GCC unroll 2
         for (int gi = 0; gi < G; gi++) {
             const uint8_t *blk = g[gi] + (size_t)b * MOETAX_K_Q4R8_BLOCK_BYTES;
-            prefetch_blk(blk, MOETAX_K_Q4R8_BLOCK_BYTES, JB);
+            prefetch_blk(blk, MOETAX_K_Q4R8_BLOCK_BYTES, JB, true);
             __m256i lo[4], hi[4];
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
@@ -501,8 +510,8 @@ ALWAYS_INLINE void q4z_tile(const int JB, const int NC, const uint8_t *const *g,
     for (int64_t bb = 0; bb < kn; bb++) {
         const int64_t b = b0 + bb;
         const uint8_t *k0 = g[0] + (size_t)b * MOETAX_K_Q4R8_BLOCK_BYTES, *k1 = g[1] + (size_t)b * MOETAX_K_Q4R8_BLOCK_BYTES;
-        prefetch_blk(k0, MOETAX_K_Q4R8_BLOCK_BYTES, JB);
-        prefetch_blk(k1, MOETAX_K_Q4R8_BLOCK_BYTES, JB);
+        prefetch_blk(k0, MOETAX_K_Q4R8_BLOCK_BYTES, JB, true);
+        prefetch_blk(k1, MOETAX_K_Q4R8_BLOCK_BYTES, JB, true);
         __m512i wv[8]; /* chunks 0-3: low nibbles (quants 4c..4c+3), 4-7: high (16 + 4c..) */
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++) {
