@@ -24,8 +24,10 @@ static void check_tensor(struct moetax_gguf *g, const char *name, int n_dims, in
     CHECK_MSG((int)t->n_dims == n_dims, "%s: n_dims %u, want %d", name, t->n_dims, n_dims);
     for (int i = 0; i < n_dims; i++)
         CHECK_MSG(t->ne[i] == ne[i], "%s: ne[%d] = %lld, want %lld", name, i, (long long)t->ne[i], (long long)ne[i]);
+    /* rows the blocks do not fit: a k-quant (256-value blocks) takes q8_0 where 32 fits, else f16 */
     enum moetax_type ty = want;
-    if (ty != MOETAX_TYPE_F32 && a % moetax_type_blck_size(ty)) ty = MOETAX_TYPE_F16;
+    if (ty != MOETAX_TYPE_F32 && a % moetax_type_blck_size(ty))
+        ty = moetax_type_blck_size(ty) == 256 && a % 32 == 0 ? MOETAX_TYPE_Q8_0 : MOETAX_TYPE_F16;
     CHECK_MSG(t->type == ty, "%s: type %s, want %s", name, moetax_type_name(t->type), moetax_type_name(ty));
 }
 
@@ -44,6 +46,17 @@ static void check_model(const char *path, const struct shape *s, enum moetax_typ
     if (st) return;
     char str[64];
     CHECK(moetax_gguf_get_str(g, "general.architecture", str, sizeof str) == MOETAX_OK && !strcmp(str, "deepseek2"));
+    /* llama_ftype as llama-quantize writes it: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q8_0 7, Q2_K 10, Q3_K_M 12,
+     * Q4_K_M 15, Q5_K_M 17, Q6_K 18, BF16 32 */
+    static const struct { enum moetax_type t; uint32_t ft; } fts[] = {
+        {MOETAX_TYPE_F32, 0}, {MOETAX_TYPE_F16, 1}, {MOETAX_TYPE_Q4_0, 2}, {MOETAX_TYPE_Q8_0, 7}, {MOETAX_TYPE_Q2_K, 10},
+        {MOETAX_TYPE_Q3_K, 12}, {MOETAX_TYPE_Q4_K, 15}, {MOETAX_TYPE_Q5_K, 17}, {MOETAX_TYPE_Q6_K, 18},
+        {MOETAX_TYPE_BF16, 32}};
+    uint32_t ftype = 0xffffffffu, want_ft = 0xfffffffeu;
+    for (size_t i = 0; i < sizeof fts / sizeof fts[0]; i++)
+        if (fts[i].t == wt) want_ft = fts[i].ft;
+    CHECK(moetax_gguf_get_u32(g, "general.file_type", &ftype) == MOETAX_OK);
+    CHECK_MSG(ftype == want_ft, "%s: general.file_type %u, want %u", moetax_type_name(wt), ftype, want_ft);
     CHECK_EQ_INT(u32(g, "embedding_length"), s->d);
     CHECK_EQ_INT(u32(g, "block_count"), s->L);
     CHECK_EQ_INT(u32(g, "attention.head_count"), s->H);
@@ -201,6 +214,19 @@ int main(int argc, char **argv) {
         snprintf(out, sizeof out, "%s", tu_path("gen_tiny.gguf"));
         CHECK_EQ_INT(run_gen(args, out), 0);
         check_model(out, &tiny, tys[t], false);
+    }
+    /* k-quants: rows of 256 values (--embd 256) take the type, the others (expert ff 32, kv lora 32,
+     * heads of 16..24) q8_0, as quantize does; general.file_type as llama-quantize writes it */
+    struct shape wide = tiny;
+    wide.d = 256;
+    const char *kts[] = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k"};
+    enum moetax_type ktys[] = {MOETAX_TYPE_Q2_K, MOETAX_TYPE_Q3_K, MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K};
+    for (int t = 0; t < 5; t++) {
+        char args[128], out[256];
+        snprintf(args, sizeof args, "--preset tiny --embd 256 --type %s", kts[t]);
+        snprintf(out, sizeof out, "%s", tu_path("gen_tiny_kq.gguf"));
+        CHECK_EQ_INT(run_gen(args, out), 0);
+        check_model(out, &wide, ktys[t], false);
     }
     struct shape v3 = tiny;
     v3.ql = 48; v3.G = 4; v3.Gu = 2;

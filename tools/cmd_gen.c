@@ -21,7 +21,9 @@ static void usage(FILE *f) {
             "  --preset NAME      deepseek2: tiny | tiny-v3 | small (default, ~416M params) | bench-v3 (~2.3G params,\n"
             "                     Q8_0); qwen3moe, qwen2moe, olmoe, mixtral: tiny | small (default)\n"
             "  -o, --output FILE  output path (default: models/<preset>-<type>.gguf)\n"
-            "  --type T           weight type: f32 f16 bf16 q8_0 q4_0 (router, norms, biases stay f32)\n"
+            "  --type T           weight type: f32 f16 bf16 q8_0 q4_0 q2_k q3_k q4_k q5_k q6_k (router, norms,\n"
+            "                     biases stay f32; rows a k-quant's 256-value blocks do not fit take q8_0, as\n"
+            "                     in quantize)\n"
             "  --seed N           RNG seed (default 42); same seed, same bytes\n"
             "  --dense-twin-of F  write the dense model with the same active parameters per token as MoE model F\n"
             "                     (qwen3moe -> qwen3, qwen2moe -> qwen2, Mixtral -> dense llama; olmoe -> olmoe\n"
@@ -279,7 +281,8 @@ int cmd_gen(int argc, char **argv) {
         p.name = "dense-twin";
     }
     if (type && !moetax_type_from_name(type, &p.wtype))
-        return cli_usage_error("gen", "--type: unknown type '%s' (f32, f16, bf16, q8_0, q4_0)", type);
+        return cli_usage_error("gen", "--type: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k)",
+                               type);
     if ((st = moetax_gen_validate(&p))) return cli_usage_error("gen", "%s", moetax_last_error());
     char def[256];
     if (!out) {

@@ -67,18 +67,7 @@ int cmd_quantize(int argc, char **argv) {
     enum moetax_type *types = calloc(g->n_tensors + 1, sizeof *types);
     if (!types) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
     if ((st = moetax_gguf_writer_init(pos[1], &w))) goto done;
-    /* llama_ftype: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q8_0 7, Q2_K 10, Q3_K_M 12, Q4_K_M 15, Q5_K_M 17, Q6_K 18,
-     * BF16 32 */
-    uint32_t ftype = to == MOETAX_TYPE_F32    ? 0
-                     : to == MOETAX_TYPE_F16  ? 1
-                     : to == MOETAX_TYPE_Q4_0 ? 2
-                     : to == MOETAX_TYPE_Q8_0 ? 7
-                     : to == MOETAX_TYPE_Q2_K ? 10
-                     : to == MOETAX_TYPE_Q3_K ? 12
-                     : to == MOETAX_TYPE_Q4_K ? 15
-                     : to == MOETAX_TYPE_Q5_K ? 17
-                     : to == MOETAX_TYPE_Q6_K ? 18
-                                              : 32;
+    const uint32_t ftype = moetax_type_llama_ftype(to);
     for (uint64_t i = 0; i < g->n_kv; i++) {
         const struct moetax_gguf_kv *kv = &g->kv[i];
         if (kv->key.len == 17 && !memcmp(kv->key.data, "general.file_type", 17) && !experts_only)
@@ -101,10 +90,9 @@ int cmd_quantize(int argc, char **argv) {
         enum moetax_type ty = keep_f32(t) ? MOETAX_TYPE_F32 : to;
         if (experts_only && (!moetax_tensor_is_routed_expert(t) || t->type == to)) ty = t->type; /* as stored */
         /* rows that the type's blocks do not divide: a k-quant falls back to q8_0, then (or a 32-block
-         * type) to f16; the final type is named once */
+         * type) to f16 (moetax_type_fit); the final type is named once */
         const enum moetax_type want = ty;
-        if (t->ne[0] % moetax_type_blck_size(ty) && moetax_type_blck_size(ty) == 256) ty = MOETAX_TYPE_Q8_0;
-        if (t->ne[0] % moetax_type_blck_size(ty)) ty = MOETAX_TYPE_F16;
+        ty = moetax_type_fit(ty, t->ne[0]);
         if (ty != want)
             fprintf(stderr, "moetax quantize: %s: %lld columns are not a multiple of %lld (%s): %s instead\n", name,
                     (long long)t->ne[0], (long long)moetax_type_blck_size(want), moetax_type_name(want),

@@ -188,6 +188,15 @@ const char *moetax_type_name(enum moetax_type t);
 bool moetax_type_from_name(const char *name, enum moetax_type *out);
 /* True for the types moetax computes with: F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. */
 bool moetax_type_supported(enum moetax_type t);
+/* The type a matrix with rows of ne0 values takes when a whole model is made of type t
+ * (quantize, gen): t where its blocks fit the rows; else a k-quant falls back to Q8_0 (as
+ * llama-quantize does for Q6_K; for the other k-quants it takes types moetax does not
+ * compute), and anything whose blocks still do not fit to F16. */
+enum moetax_type moetax_type_fit(enum moetax_type t, int64_t ne0);
+/* llama.cpp's general.file_type (llama_ftype) of a model made of type t, as llama-quantize
+ * --pure writes it: F32 0, F16 1, Q4_0 2, Q8_0 7, Q2_K 10, Q3_K 12 (Q3_K_M), Q4_K 15
+ * (Q4_K_M), Q5_K 17 (Q5_K_M), Q6_K 18, BF16 32. */
+uint32_t moetax_type_llama_ftype(enum moetax_type t);
 /* Bytes of a row of n values; 0 if n is not a multiple of the block size or
  * the size does not fit (moetax_tensor_nbytes with one dimension). */
 size_t moetax_row_size(enum moetax_type t, int64_t n);

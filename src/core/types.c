@@ -77,6 +77,28 @@ bool moetax_type_supported(enum moetax_type t) {
            t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K;
 }
 
+enum moetax_type moetax_type_fit(enum moetax_type t, int64_t ne0) {
+    const int64_t bs = moetax_type_blck_size(t);
+    if (bs > 0 && ne0 % bs == 0) return t;
+    if (bs == 256 && ne0 % 32 == 0) return MOETAX_TYPE_Q8_0;
+    return MOETAX_TYPE_F16;
+}
+
+uint32_t moetax_type_llama_ftype(enum moetax_type t) {
+    switch (t) {
+    case MOETAX_TYPE_F32: return 0;
+    case MOETAX_TYPE_F16: return 1;
+    case MOETAX_TYPE_Q4_0: return 2;
+    case MOETAX_TYPE_Q8_0: return 7;
+    case MOETAX_TYPE_Q2_K: return 10;
+    case MOETAX_TYPE_Q3_K: return 12;
+    case MOETAX_TYPE_Q4_K: return 15;
+    case MOETAX_TYPE_Q5_K: return 17;
+    case MOETAX_TYPE_Q6_K: return 18;
+    default: return 32; /* BF16 */
+    }
+}
+
 size_t moetax_row_size(enum moetax_type t, int64_t n) {
     uint64_t nb;
     if (n == 0) return 0;

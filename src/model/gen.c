@@ -355,7 +355,8 @@ moetax_status moetax_gen_validate(const struct moetax_gen_params *p) {
         snprintf(msg, sizeof msg, "%s", moetax_last_error());
         return moetax_error(MOETAX_ERR_ARG, "%s (options --eps, --rope-base, --yarn-factor, --scale)", msg);
     }
-    NEED(moetax_type_supported(p->wtype), "weight type %s is not one of f32, f16, bf16, q8_0, q4_0",
+    NEED(moetax_type_supported(p->wtype),
+         "weight type %s is not one of f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k",
          moetax_type_name(p->wtype));
 #undef NEED
     return MOETAX_OK;
@@ -398,10 +399,11 @@ static moetax_status add(struct tensor_list *l, enum init_kind init, float fan_i
     t->ne[2] = ne2;
     t->init = init;
     t->std = init == INIT_LINEAR || init == INIT_ROUTER ? 1.0f / sqrtf(fan_in) : init == INIT_EMBD ? 1.0f : 0.05f;
-    /* F32: norms, router, biases, 1-D; else the weight type, F16 if the blocks do not fit */
+    /* F32: norms, router, biases, 1-D; else the weight type where its blocks fit the rows, as
+     * quantize falls back (a k-quant to Q8_0, then F16: moetax_type_fit) */
     enum moetax_type wt = l->p->wtype;
     if (init == INIT_NORM || init == INIT_BIAS || init == INIT_ROUTER || n_dims == 1) wt = MOETAX_TYPE_F32;
-    else if (ne0 % moetax_type_blck_size(wt) != 0) wt = MOETAX_TYPE_F16;
+    else wt = moetax_type_fit(wt, ne0);
     t->type = wt;
     return MOETAX_OK;
 }
@@ -566,8 +568,7 @@ static moetax_status write_metadata(const struct moetax_gen_params *p, struct mo
 #define TRY(x) do { if ((st = (x))) goto out; } while (0)
     struct moetax_gen_vocab v;
     if ((st = moetax_gen_vocab_build(p->n_vocab, &v))) return st;
-    uint32_t ftype = p->wtype == MOETAX_TYPE_F32 ? 0 : p->wtype == MOETAX_TYPE_F16 ? 1 : p->wtype == MOETAX_TYPE_Q4_0 ? 2
-                   : p->wtype == MOETAX_TYPE_Q8_0 ? 7 : 32;
+    const uint32_t ftype = moetax_type_llama_ftype(p->wtype);
     bool has_moe = !p->dense_twin && p->n_layer_dense_lead < p->n_layer;
     int64_t H = p->n_head;
     TRY(moetax_gguf_writer_set_str(w, "general.architecture", arch));
