@@ -206,27 +206,20 @@ int main(int argc, char **argv) {
     tu_init(argc, argv);
     struct shape tiny = {.vocab = 512, .d = 64, .L = 3, .lead = 1, .ff = 128, .H = 4, .ql = 0, .kvl = 32,
                          .nope = 16, .rope = 8, .vh = 16, .E = 8, .k = 2, .S = 1, .F = 32};
-    const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0"};
-    enum moetax_type tys[] = {MOETAX_TYPE_F32, MOETAX_TYPE_F16, MOETAX_TYPE_BF16, MOETAX_TYPE_Q8_0, MOETAX_TYPE_Q4_0};
-    for (int t = 0; t < 5; t++) {
-        char args[128], out[256];
-        snprintf(args, sizeof args, "--preset tiny --type %s", types[t]);
-        snprintf(out, sizeof out, "%s", tu_path("gen_tiny.gguf"));
-        CHECK_EQ_INT(run_gen(args, out), 0);
-        check_model(out, &tiny, tys[t], false);
-    }
-    /* k-quants: rows of 256 values (--embd 256) take the type, the others (expert ff 32, kv lora 32,
-     * heads of 16..24) q8_0, as quantize does; general.file_type as llama-quantize writes it */
+    /* every weight type; k-quants with rows of 256 values (--embd 256), which take the type, while
+     * the others (expert ff 32, kv lora 32, heads of 16..24) take q8_0, as quantize does */
     struct shape wide = tiny;
     wide.d = 256;
-    const char *kts[] = {"q2_k", "q3_k", "q4_k", "q5_k", "q6_k"};
-    enum moetax_type ktys[] = {MOETAX_TYPE_Q2_K, MOETAX_TYPE_Q3_K, MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K};
-    for (int t = 0; t < 5; t++) {
+    const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"};
+    enum moetax_type tys[] = {MOETAX_TYPE_F32,  MOETAX_TYPE_F16,  MOETAX_TYPE_BF16, MOETAX_TYPE_Q8_0, MOETAX_TYPE_Q4_0,
+                              MOETAX_TYPE_Q2_K, MOETAX_TYPE_Q3_K, MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K};
+    for (int t = 0; t < 10; t++) {
+        const bool kq = moetax_type_blck_size(tys[t]) == 256;
         char args[128], out[256];
-        snprintf(args, sizeof args, "--preset tiny --embd 256 --type %s", kts[t]);
-        snprintf(out, sizeof out, "%s", tu_path("gen_tiny_kq.gguf"));
+        snprintf(args, sizeof args, "--preset tiny%s --type %s", kq ? " --embd 256" : "", types[t]);
+        snprintf(out, sizeof out, "%s", tu_path("gen_tiny.gguf"));
         CHECK_EQ_INT(run_gen(args, out), 0);
-        check_model(out, &wide, ktys[t], false);
+        check_model(out, kq ? &wide : &tiny, tys[t], false);
     }
     struct shape v3 = tiny;
     v3.ql = 48; v3.G = 4; v3.Gu = 2;
