@@ -100,6 +100,31 @@ KQ8R_INLINE void kq8r_q6_coefs(const uint8_t *blk, __m256i ev[4], __m256i od[4])
     }
 }
 
+/* Q6_Kx8r, half h, 4-byte group p (values l = 4p..4p+3 of the half): the four 6-bit level
+ * vectors of values 128h + 32k + l (k = 0..3: ql group p low nibbles, ql group p + 8 low,
+ * then their high nibbles, each with qh group p's bits 2k, 2k + 1 above them). */
+KQ8R_INLINE void kq8r_q6_levels(const uint8_t *blk, int h, int p, __m256i v[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const uint8_t *ql = blk + MOETAX_K_Q6KR8_QL_OFF + 512 * h + 32 * p;
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 256));
+    const __m256i hq = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_QH_OFF + 256 * h + 32 * p));
+    v[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hq, 4), m30));
+    v[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hq, 2), m30));
+    v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hq, m30));
+    v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hq, 2), m30));
+}
+
+/* Q6_K: acc + (d_x * d_w) * (float)sumi for one activation super-block a, where sumi = S minus
+ * the offset of 32 (32 * sum_j sc_j * bsums_j, the rows' scales as kq8r_q6_coefs' pairs). */
+KQ8R_INLINE __m256 kq8r_q6_acc(__m256 acc, __m256i S, const __m256i ev[4], const __m256i od[4],
+                               const moetax_block_q8_k *a, __m256 dw) {
+    const __m256i off = kq8r_bsum_dot(ev, od, kq8r_bsum_pairs(a));
+    const __m256i sumi = _mm256_sub_epi32(S, _mm256_slli_epi32(off, 5));
+    const __m256 ad = _mm256_set1_ps(a->d);
+    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
+}
+
 /* Q2_Kx8r / Q3_Kx8r: U[k], scales 4k..4k+3 in the bytes of each lane; Q2_K as stored (low
  * nibble: scale, high: min), Q3_K unpacked (ggml's 32-bit mask steps) minus 32, signed. */
 KQ8R_INLINE void kq8r_q23_scales(const bool three, const uint8_t *blk, __m256i U[4]) {

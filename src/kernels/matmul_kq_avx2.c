@@ -458,7 +458,6 @@ KQ_INLINE void q45r8_blk_avx2(const bool five, const int JB, const uint8_t *blk,
  * 63 * 128), then pmaddwd against the rows' int8 scale, sign-extended; the offset of 32 once
  * per super-block. */
 KQ_INLINE void q6r8_blk_avx2(const int JB, const uint8_t *blk, const moetax_block_q8_k *const *a, __m256 *acc) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     __m256i S[KQ_BT];
 #pragma GCC unroll 4
     for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
@@ -473,16 +472,8 @@ KQ_INLINE void q6r8_blk_avx2(const int JB, const uint8_t *blk, const moetax_bloc
                 for (int k = 0; k < 4; k++) cs[t][k] = _mm256_setzero_si256();
 #pragma GCC unroll 2
             for (int p = p0; p < p0 + 2; p++) {
-                const uint8_t *ql = blk + MOETAX_K_Q6KR8_QL_OFF + 512 * h + 32 * p;
-                const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 256));
-                const __m256i hq = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_QH_OFF + 256 * h + 32 * p));
                 __m256i v[4];
-                v[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hq, 4), m30));
-                v[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hq, 2), m30));
-                v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hq, m30));
-                v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                       _mm256_and_si256(_mm256_srli_epi16(hq, 2), m30));
+                kq8r_q6_levels(blk, h, p, v);
 #pragma GCC unroll 4
                 for (int t = 0; t < JB; t++)
 #pragma GCC unroll 4
@@ -502,12 +493,7 @@ KQ_INLINE void q6r8_blk_avx2(const int JB, const uint8_t *blk, const moetax_bloc
     kq8r_q6_coefs(blk, ev, od);
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
 #pragma GCC unroll 4
-    for (int t = 0; t < JB; t++) {
-        const __m256i off = kq8r_bsum_dot(ev, od, kq8r_bsum_pairs(a[t]));
-        const __m256i sumi = _mm256_sub_epi32(S[t], _mm256_slli_epi32(off, 5));
-        const __m256 ad = _mm256_set1_ps(a[t]->d);
-        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
-    }
+    for (int t = 0; t < JB; t++) acc[t] = kq8r_q6_acc(acc[t], S[t], ev, od, a[t], dw);
 }
 
 /* Q2_K / Q3_K (three): a 4-byte group g of qs (half h = g / 8, values l = 4p..4p+3 with p = g

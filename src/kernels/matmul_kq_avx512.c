@@ -385,7 +385,6 @@ KQ5_INLINE __m256i sbyte_lane(__m256i v, int k) { /* signed byte k of each dword
 
 /* One super-block (blk) of one group x JB batch rows (a[t]): acc[t] += its terms. */
 KQ5_INLINE void q6kr8_blk(const int JB, const uint8_t *blk, const moetax_block_q8_k *const *a, __m256 *acc) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     {
         __m256i S[KQ6_JB];
 #pragma GCC unroll 4
@@ -401,16 +400,8 @@ KQ5_INLINE void q6kr8_blk(const int JB, const uint8_t *blk, const moetax_block_q
 #pragma GCC unroll 4
                 for (int pp = 0; pp < 4; pp++) {
                     const int p = 4 * ph + pp;
-                    const uint8_t *ql = blk + MOETAX_K_Q6KR8_QL_OFF + 512 * h + 32 * p;
-                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 256));
-                    const __m256i hq =
-                        _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_QH_OFF + 256 * h + 32 * p));
                     __m256i v[4];
-                    v[0] = or_and(l0, m4, _mm256_and_si256(_mm256_slli_epi16(hq, 4), m30));
-                    v[1] = or_and(l1, m4, _mm256_and_si256(_mm256_slli_epi16(hq, 2), m30));
-                    v[2] = or_and(_mm256_srli_epi16(l0, 4), m4, _mm256_and_si256(hq, m30));
-                    v[3] = or_and(_mm256_srli_epi16(l1, 4), m4, _mm256_and_si256(_mm256_srli_epi16(hq, 2), m30));
+                    kq8r_q6_levels(blk, h, p, v);
 #pragma GCC unroll 4
                     for (int t = 0; t < JB; t++) {
                         const uint8_t *x = (const uint8_t *)a[t]->qs + 128 * h + 4 * p;
@@ -431,12 +422,7 @@ KQ5_INLINE void q6kr8_blk(const int JB, const uint8_t *blk, const moetax_block_q
         kq8r_q6_coefs(blk, ev, od);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
 #pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) {
-            const __m256i off = kq8r_bsum_dot(ev, od, kq8r_bsum_pairs(a[t]));
-            const __m256i sumi = _mm256_sub_epi32(S[t], _mm256_slli_epi32(off, 5));
-            const __m256 ad = _mm256_set1_ps(a[t]->d);
-            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
-        }
+        for (int t = 0; t < JB; t++) acc[t] = kq8r_q6_acc(acc[t], S[t], ev, od, a[t], dw);
     }
 }
 
