@@ -233,8 +233,9 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
 #define KQ_PFD 4096
 #endif
 
-/* ... and KQ_NEAR bytes ahead into L1 as well (kq8r_prefetch_dec): the lines are in L2 by
- * then, so these prefetches hold the L1's miss buffers only briefly. */
+/* ... and (Q4_K, Q5_K, Q6_K) KQ_NEAR bytes ahead into L1 as well (kq8r_prefetch_dec): the
+ * lines are in L2 by then, so these prefetches hold the L1's miss buffers only briefly.
+ * Q2_K/Q3_K decode did not gain from it and keeps the L2 prefetch alone. */
 #ifndef KQ_NEAR
 #define KQ_NEAR 1024
 #endif
@@ -578,7 +579,7 @@ KQ5_INLINE void q23r8_tile(const bool three, const int JB, const uint8_t *g, con
     for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *blk = g + (size_t)i * bbytes;
-        if (JB == 1) kq_prefetch_dec(blk, bbytes, pfe);
+        if (JB == 1) kq8r_prefetch_dec(blk, KQ_PFD, 0, bbytes, pfe);
         else
 #pragma GCC unroll 14
             for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
@@ -1059,8 +1060,8 @@ KQ5_INLINE void q23z_tile(const bool three, const int JB, const uint8_t *g0, con
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * bbytes, *bB = g1 + (size_t)i * bbytes;
         if (JB == 1) {
-            kq_prefetch_dec(bA, bbytes, pfe);
-            kq_prefetch_dec(bB, bbytes, pfe);
+            kq8r_prefetch_dec(bA, KQ_PFD, 0, bbytes, pfe);
+            kq8r_prefetch_dec(bB, KQ_PFD, 0, bbytes, pfe);
         } else
 #pragma GCC unroll 14
             for (int o = 0; o < (int)bbytes; o += 64) {
