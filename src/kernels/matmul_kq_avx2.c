@@ -369,7 +369,8 @@ static void kq_decode_rows(enum moetax_type wtype, const uint8_t *w, size_t row_
  * tile is G groups (1, or 2 for decode: two streams sharing the broadcasts) x JB (1..KQ_BT)
  * batch rows, the groups' decoded levels serving every batch row. */
 
-/* Decode's prefetch distance, bytes ahead of each stream, into L2 (as the avx512 table's) */
+/* Decode's prefetch distance, bytes ahead of each stream, into L2 (as the avx512 table's; no
+ * L1 prefetch besides: kq8r_prefetch_dec) */
 #ifndef KQ8R_PFD
 #define KQ8R_PFD 4096
 #endif
