@@ -3,8 +3,9 @@
  * Q6_Kx8r layouts (8 rows interleaved), any batch (below: decode on 512-bit tiles of
  * two groups, group i of the range's first half beside group i of its second, and
  * batches on 512-bit tiles of two adjacent groups x 1..8 batch rows; a range's odd
- * last group on 256-bit tiles of 1..4); a unit's plain tail (n_rows % 8 rows) as stored: decode here,
- * batches here (Q2_K/Q3_K) or the avx2 table's (the others). Compiled with the
+ * last group on the avx2 table's tiles, which read the same layouts and give the same
+ * bits); a unit's plain tail (n_rows % 8 rows) as stored: decode here, batches here
+ * (Q2_K/Q3_K) or the avx2 table's (the others). Compiled with the
  * avx512 flags; reached only through the avx512 table.
  *
  * The plain-layout decode (a unit's plain tail) is
@@ -28,7 +29,6 @@
 
 #include "kernels_impl.h"
 #include "kq_rows.h"
-#include "kq_x8r.h"
 #include "moetax/types.h"
 
 #define KQ5_INLINE static inline __attribute__((always_inline))
@@ -200,22 +200,13 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
  * As Q4_0x8r: a 32-byte load holds 4 bytes of each of 8 rows, so vpdpbusd against
  * 4 activation bytes broadcast to every lane adds into one lane per row, with no
  * horizontal sums; a sub-block's exact sum (|.| <= 32 * 15 * 127) is multiplied
- * by the row's 6-bit scale (vpmulld) and added up per super-block (Q4_K: the high
- * nibbles are masked in place, 16 x the level, and the sum shifted back once per
- * sub-block, exact since it is a multiple of 16; with two chains per sub-block each
- * low chain of 16 values is within int16, |.| <= 16 * 15 * 128, so vpdpwssd against
- * the scale, an int32 of 0..63 whose upper int16 is zero, adds chain x scale
- * exactly in one instruction); the mins'
- * term is vpmaddwd of the rows' mins (int16 pairs) with the activation's bsum
- * pairs. The 8 rows' packed scales are unpacked together (ggml's 32-bit mask
- * trick on one dword per lane). Per lane the float steps are avx2's, in its
- * order: acc += (d_x * d_w) * (float)sumi; acc -= (d_x * dmin_w) * (float)summ.
- * A tile is one group x JB (1..4) batch rows: the group's decoded nibbles serve
- * JB batch rows, and a group's bytes stay in L1 while the next tile of batch
- * rows passes over them. A unit's plain tail (n_rows % 8 rows) takes the
- * plain-layout paths (decode above, batches avx2's). */
+ * by the row's 6-bit scale and added up per super-block; the mins' term is
+ * vpmaddwd of the rows' mins (int16 pairs) with the activation's bsum pairs. The
+ * 8 rows' packed scales are unpacked together (ggml's 32-bit mask trick on one
+ * dword per lane, as matmul_kq_avx2.c does). Per lane the float steps are avx2's, in its order:
+ * acc += (d_x * d_w) * (float)sumi; acc -= (d_x * dmin_w) * (float)summ. The tiles
+ * below hold two groups in 512-bit vectors. */
 
-#define KQ_JB 4 /* batch rows per Q4_Kx8r tile */
 #ifndef KQ_QPF
 #define KQ_QPF 2304 /* bytes ahead in a group's stream: two super-blocks (batch tiles, into L1) */
 #endif
@@ -244,220 +235,13 @@ KQ5_INLINE void kq_prefetch_dec(const uint8_t *p, size_t n, const uint8_t *pfe) 
     kq8r_prefetch_dec(p, KQ_PFD, KQ_NEAR, n, pfe);
 }
 
-/* acc + vpdpbusd(w, the 4 bytes at p in every lane), the broadcast embedded ({1to8}) */
-KQ5_INLINE __m256i dpbusd_b8(__m256i acc, __m256i w, const uint8_t *p) {
-    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
-    return acc;
-}
-
-/* (a & m) | c */
-KQ5_INLINE __m256i or_and(__m256i a, __m256i m, __m256i c) { return _mm256_ternarylogic_epi32(a, m, c, 0xEA); }
-
-KQ5_INLINE __m256i byte_lane(__m256i v, int k) { /* byte k of each dword, zero-extended */
-    return k == 3 ? _mm256_srli_epi32(v, 24) : _mm256_and_si256(_mm256_srli_epi32(v, 8 * k), _mm256_set1_epi32(0xff));
-}
-
-/* five: Q5_Kx8r (the qh bits add 16 to a level: bit 2c of qh[l] to value 64c + l, bit 2c + 1
- * to 64c + 32 + l) */
-/* One super-block (blk) of one group x JB batch rows (a[t]): acc[t] += its terms. */
-KQ5_INLINE void q4kr8_blk(const bool five, const int JB, const uint8_t *blk, const moetax_block_q8_k *const *a,
-                          __m256 *acc) {
-    const size_t qs_off = five ? MOETAX_K_Q5KR8_QS_OFF : MOETAX_K_Q4KR8_QS_OFF;
-    const __m256i m10 = _mm256_set1_epi8(0x10);
-    enum { NC = 2 }; /* int32 chains per (sub-block, batch row) with JB <= 2: groups 0-3 and 4-7 */
-    const bool two = JB <= 2;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    {
-        __m256i sc03, sc47; /* bytes: scales 0..3, 4..7 */
-        kq8r_q45_scales(blk, &sc03, &sc47);
-        __m256i S[KQ_JB];
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            __m256i sA[KQ_JB][NC], sB[KQ_JB][NC];
-#pragma GCC unroll 4
-            for (int t = 0; t < JB; t++)
-                for (int h = 0; h < NC; h++) sA[t][h] = sB[t][h] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int q = 0; q < 8; q++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 256 * c + 32 * q));
-                __m256i lo, hi;
-                if (five) { /* bit k of each qh byte to bit 4 (16-bit shifts; the mask drops what crosses bytes) */
-                    const __m256i hq = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q5KR8_QH_OFF + 32 * q));
-                    const int k0 = 2 * c, k1 = 2 * c + 1;
-                    const __m256i b0 = _mm256_and_si256(k0 <= 4 ? _mm256_slli_epi16(hq, 4 - k0) : _mm256_srli_epi16(hq, k0 - 4), m10);
-                    const __m256i b1 = _mm256_and_si256(k1 <= 4 ? _mm256_slli_epi16(hq, 4 - k1) : _mm256_srli_epi16(hq, k1 - 4), m10);
-                    lo = or_and(v, m4, b0);
-                    hi = or_and(_mm256_srli_epi16(v, 4), m4, b1);
-                } else {
-                    lo = _mm256_and_si256(v, m4);
-                    hi = _mm256_andnot_si256(m4, v); /* 16 x the high levels, in place: no shift */
-                }
-                const int h = two ? q >> 2 : 0;
-#pragma GCC unroll 4
-                for (int t = 0; t < JB; t++) {
-                    sA[t][h] = dpbusd_b8(sA[t][h], lo, (const uint8_t *)a[t]->qs + 64 * c + 4 * q);
-                    sB[t][h] = dpbusd_b8(sB[t][h], hi, (const uint8_t *)a[t]->qs + 64 * c + 32 + 4 * q);
-                }
-            }
-            const __m256i scA = byte_lane(c < 2 ? sc03 : sc47, (2 * c) & 3);
-            const __m256i scB = byte_lane(c < 2 ? sc03 : sc47, (2 * c + 1) & 3);
-#pragma GCC unroll 4
-            for (int t = 0; t < JB; t++) {
-                if (!five && two) { /* each low chain (16 values) within int16: vpdpwssd, see above */
-                    S[t] = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(S[t], sA[t][0], scA), sA[t][1], scA);
-                    const __m256i xb = _mm256_srai_epi32(_mm256_add_epi32(sB[t][0], sB[t][1]), 4);
-                    S[t] = _mm256_add_epi32(S[t], _mm256_mullo_epi32(xb, scB));
-                    continue;
-                }
-                const __m256i xa = two ? _mm256_add_epi32(sA[t][0], sA[t][1]) : sA[t][0];
-                __m256i xb = two ? _mm256_add_epi32(sB[t][0], sB[t][1]) : sB[t][0];
-                if (!five) xb = _mm256_srai_epi32(xb, 4); /* 16 x the high levels' sum: exact */
-                S[t] = _mm256_add_epi32(S[t], _mm256_add_epi32(_mm256_mullo_epi32(xa, scA), _mm256_mullo_epi32(xb, scB)));
-            }
-        }
-        __m256i mp[4]; /* mins: int16 pairs (m0, m2), (m1, m3), (m4, m6), (m5, m7) per lane */
-        kq8r_q45_min_pairs(blk, mp);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + MOETAX_K_Q4KR8_DMIN_OFF)));
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) {
-            const __m256i M = kq8r_q45_mins(mp, a[t]);
-            const __m256 ad = _mm256_set1_ps(a[t]->d);
-            acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(S[t])));
-            acc[t] = _mm256_sub_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dm), _mm256_cvtepi32_ps(M)));
-        }
-    }
-}
-
-KQ5_INLINE void q4kr8_tile(const bool five, const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row,
-                           int64_t nb, float *y, int64_t ldy, const uint8_t *pfe) {
-    const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
-    __m256 acc[KQ_JB];
-#pragma GCC unroll 4
-    for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *blk = g + (size_t)i * bbytes;
-        if (JB == 1) kq_prefetch_dec(blk, bbytes, pfe);
-        else
-#pragma GCC unroll 22
-            for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
-        const moetax_block_q8_k *a[KQ_JB];
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
-        q4kr8_blk(five, JB, blk, a, acc);
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < JB; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
-}
-
-/* pfe: the end of the calling range's bytes (decode prefetches stop there) */
-typedef void (*q4kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y, int64_t ldy,
-                         const uint8_t *pfe);
-#define Q4KR8_TILE(JB)                                                                                           \
-    static void q4kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
-                                int64_t ldy, const uint8_t *pfe) {                                              \
-        q4kr8_tile(false, JB, g, xq, act_row, nb, y, ldy, pfe);                                                 \
-    }                                                                                                           \
-    static void q5kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
-                                int64_t ldy, const uint8_t *pfe) {                                              \
-        q4kr8_tile(true, JB, g, xq, act_row, nb, y, ldy, pfe);                                                  \
-    }
-Q4KR8_TILE(1) Q4KR8_TILE(2) Q4KR8_TILE(3) Q4KR8_TILE(4)
-static const q4kr8_fn k_q4kr8[KQ_JB] = {q4kr8_tile_1, q4kr8_tile_2, q4kr8_tile_3, q4kr8_tile_4};
-static const q4kr8_fn k_q5kr8[KQ_JB] = {q5kr8_tile_1, q5kr8_tile_2, q5kr8_tile_3, q5kr8_tile_4};
-
-/* ---- Q6_K in Q6_Kx8r: 8 rows in the 8 int32 lanes, as Q4_Kx8r ----
+/* ---- Q6_K in Q6_Kx8r: 8 rows in the 8 int32 lanes, as Q4_Kx8r (two groups a tile below) ----
  * Per half h and 4-byte group p (values l = 4p..4p+3 of the half) one load each of
  * ql groups p and p + 8 and qh group p gives the four 6-bit level vectors of
  * values 128h + 32k + l (k = 0..3: ql[l] low, ql[l+32] low, ql[l] high, ql[l+32]
  * high, with qh bits 2k, 2k+1); sub-block 8h + 2k + p / 4 sums in its own chain,
  * times the rows' int8 scale (vpmulld). The offset of 32 is subtracted once per
  * super-block: 32 * sum_j sc_j * bsums_j by vpmaddwd of int16 scale pairs. */
-#ifndef KQ6_JB
-#define KQ6_JB 4 /* batch rows per Q6_Kx8r tile (measured: 4 beats 3, whose B4 is two tiles of 2) */
-#endif
-
-KQ5_INLINE __m256i sbyte_lane(__m256i v, int k) { /* signed byte k of each dword, sign-extended */
-    return _mm256_srai_epi32(k == 3 ? v : _mm256_slli_epi32(v, 24 - 8 * k), 24);
-}
-
-
-/* One super-block (blk) of one group x JB batch rows (a[t]): acc[t] += its terms. */
-KQ5_INLINE void q6kr8_blk(const int JB, const uint8_t *blk, const moetax_block_q8_k *const *a, __m256 *acc) {
-    {
-        __m256i S[KQ6_JB];
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++)
-#pragma GCC unroll 2
-            for (int ph = 0; ph < 2; ph++) {
-                __m256i cs[KQ6_JB][4];
-#pragma GCC unroll 4
-                for (int t = 0; t < JB; t++)
-                    for (int k = 0; k < 4; k++) cs[t][k] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-                for (int pp = 0; pp < 4; pp++) {
-                    const int p = 4 * ph + pp;
-                    __m256i v[4];
-                    kq8r_q6_levels(blk, h, p, v);
-#pragma GCC unroll 4
-                    for (int t = 0; t < JB; t++) {
-                        const uint8_t *x = (const uint8_t *)a[t]->qs + 128 * h + 4 * p;
-#pragma GCC unroll 4
-                        for (int k = 0; k < 4; k++) cs[t][k] = dpbusd_b8(cs[t][k], v[k], x + 32 * k);
-                    }
-                }
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) {
-                    const int j = 8 * h + 2 * k + ph; /* the sub-block */
-                    const __m256i scj = sbyte_lane(
-                        _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q6KR8_SC_OFF + 32 * (j >> 2))), j & 3);
-#pragma GCC unroll 4
-                    for (int t = 0; t < JB; t++) S[t] = _mm256_add_epi32(S[t], _mm256_mullo_epi32(cs[t][k], scj));
-                }
-            }
-        __m256i ev[4], od[4];
-        kq8r_q6_coefs(blk, ev, od);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) acc[t] = kq8r_q6_acc(acc[t], S[t], ev, od, a[t], dw);
-    }
-}
-
-KQ5_INLINE void q6kr8_tile(const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,
-                           int64_t ldy, const uint8_t *pfe) {
-    __m256 acc[KQ6_JB];
-#pragma GCC unroll 4
-    for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *blk = g + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
-        if (JB == 1) kq_prefetch_dec(blk, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
-        else
-#pragma GCC unroll 27
-            for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64)
-                _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
-        const moetax_block_q8_k *a[KQ6_JB];
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
-        q6kr8_blk(JB, blk, a, acc);
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < JB; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
-}
-
-typedef void (*q6kr8_fn)(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y, int64_t ldy,
-                         const uint8_t *pfe);
-#define Q6KR8_TILE(JB)                                                                                           \
-    static void q6kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
-                                int64_t ldy, const uint8_t *pfe) {                                              \
-        q6kr8_tile(JB, g, xq, act_row, nb, y, ldy, pfe);                                                        \
-    }
-Q6KR8_TILE(1) Q6KR8_TILE(2) Q6KR8_TILE(3) Q6KR8_TILE(4)
-static const q6kr8_fn k_q6kr8[4] = {q6kr8_tile_1, q6kr8_tile_2, q6kr8_tile_3, q6kr8_tile_4};
-_Static_assert(KQ6_JB >= 1 && KQ6_JB <= 4, "tiles of 1..4 batch rows");
 
 /* ---- Q2_K in Q2_Kx8r, Q3_K in Q3_Kx8r: 8 rows in the 8 int32 lanes, as Q6_Kx8r ----
  * A 4-byte group g of qs (half h = g / 8, values l = 4p..4p+3 with p = g % 8) holds the
@@ -472,156 +256,25 @@ _Static_assert(KQ6_JB >= 1 && KQ6_JB <= 4, "tiles of 1..4 batch rows");
  * (vpmulld). The mins (Q2_K) and the offset 4 * sum_j sc_j * bsums_j (Q3_K) are vpdpwssd
  * of the rows' int16 pairs with the bsums' pairs broadcast from memory. Per lane the float
  * steps are avx2's, in its order: acc += (d_x * d_w) * (float)sumi (Q2_K: then acc -=
- * (d_x * dmin_w) * (float)summ). Decode takes 512-bit tiles of two groups (q23z_tile below). */
-#define KQ23_JB 4 /* batch rows per Q2_Kx8r / Q3_Kx8r tile */
-
-/* acc + vpdpwssd(w, the int16 pair at p in every lane), the broadcast embedded ({1to8}) */
-KQ5_INLINE __m256i dpwssd_b8(__m256i acc, __m256i w, const int32_t *p) {
-    __asm__("vpdpwssd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
-    return acc;
-}
-
-/* The level vector k of a qs group v (half h; Q3_K: its hmask group hq), times 4^k (Q3_K's k = 3: 16). */
-KQ5_INLINE __m256i q23r8_level(const bool three, __m256i v, __m256i hq, int h, int k) {
-    if (!three) return _mm256_and_si256(v, _mm256_set1_epi8((char)(3 << 2 * k)));
-    const int t = k == 3 ? 6 : 2 * k + 2, sb = 4 * h + k, d = t - sb; /* hmask bit sb to bit t */
-    const __m256i hs = d > 0 ? _mm256_slli_epi16(hq, d) : d < 0 ? _mm256_srli_epi16(hq, -d) : hq;
-    const __m256i lo = k == 3 ? _mm256_srli_epi16(v, 2) : v; /* low bits at 2k (k = 3: at 4) */
-    return or_and(lo, _mm256_set1_epi8((char)(k == 3 ? 0x30 : 3 << 2 * k)),
-                  _mm256_and_si256(hs, _mm256_set1_epi8((char)(1 << t))));
-}
-
-/* One super-block (blk) of one group x JB batch rows (a[t]): acc[t] += its terms. */
-KQ5_INLINE void q23r8_blk(const bool three, const int JB, const uint8_t *blk, const moetax_block_q8_k *const *a,
-                          __m256 *acc) {
-    const size_t qs_off = three ? MOETAX_K_Q3KR8_QS_OFF : MOETAX_K_Q2KR8_QS_OFF;
-    __m256i U[4]; /* scales 4k..4k+3 in the bytes of each lane (kq_x8r.h) */
-    kq8r_q23_scales(three, blk, U);
-    __m256i S[KQ23_JB];
-#pragma GCC unroll 4
-    for (int t = 0; t < JB; t++) S[t] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++)
-#pragma GCC unroll 2
-        for (int s = 0; s < 2; s++) {
-            __m256i cs[KQ23_JB][4];
-#pragma GCC unroll 4
-            for (int t = 0; t < JB; t++)
-                for (int k = 0; k < 4; k++) cs[t][k] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-            for (int pp = 0; pp < 4; pp++) {
-                const int p = 4 * s + pp;
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs_off + 32 * (8 * h + p)));
-                const __m256i hq =
-                    three ? _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q3KR8_HM_OFF + 32 * p))
-                          : _mm256_setzero_si256();
-                __m256i L[4];
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) L[k] = q23r8_level(three, v, hq, h, k);
-#pragma GCC unroll 4
-                for (int t = 0; t < JB; t++) {
-                    const uint8_t *x = (const uint8_t *)a[t]->qs + 128 * h + 4 * p;
-#pragma GCC unroll 4
-                    for (int k = 0; k < 4; k++) cs[t][k] = dpbusd_b8(cs[t][k], L[k], x + 32 * k);
-                }
-            }
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                const int j = 8 * h + 2 * k + s, b = j & 3; /* the sub-block; its scale's byte in U[j / 4] */
-                const int sh = three ? (k == 3 ? 2 : 6 - 2 * k) : 6 - 2 * k; /* 64 / the levels' factor */
-                __m256i scj;
-                if (three) { /* byte b to the top of each lane (vpshufb, zeros below), then down */
-                    const __m256i ix = _mm256_setr_epi32(0x00808080 | b << 24, 0x00808080 | (4 + b) << 24,
-                                                         0x00808080 | (8 + b) << 24, 0x00808080 | (12 + b) << 24,
-                                                         0x00808080 | b << 24, 0x00808080 | (4 + b) << 24,
-                                                         0x00808080 | (8 + b) << 24, 0x00808080 | (12 + b) << 24);
-                    scj = _mm256_srai_epi32(_mm256_shuffle_epi8(U[j >> 2], ix), 24 - sh);
-                }
-                else { /* the low nibble of byte b, times 2^sh */
-                    const __m256i f = 8 * b >= sh ? _mm256_srli_epi32(U[j >> 2], 8 * b - sh)
-                                                  : _mm256_slli_epi32(U[j >> 2], sh - 8 * b);
-                    scj = _mm256_and_si256(f, _mm256_set1_epi32(0xf << sh));
-                }
-#pragma GCC unroll 4
-                for (int t = 0; t < JB; t++) S[t] = _mm256_add_epi32(S[t], _mm256_mullo_epi32(cs[t][k], scj));
-            }
-        }
-    /* int16 pairs of the rows' coefficients of the bsums: Q2_K the mins, Q3_K the signed scales */
-    __m256i ev[4], od[4];
-    kq8r_q23_coefs(three, U, ev, od);
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
-    const __m256 dm = three ? _mm256_setzero_ps()
-                            : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + MOETAX_K_Q2KR8_DMIN_OFF)));
-#pragma GCC unroll 4
-    for (int t = 0; t < JB; t++) {
-        const __m256i bsp = kq8r_bsum_pairs(a[t]);
-        int32_t qb[8]; /* broadcast from memory by the vpdpwssd */
-        _mm256_storeu_si256((__m256i *)qb, bsp);
-        __m256i c = _mm256_setzero_si256();
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            c = dpwssd_b8(c, ev[k], qb + 2 * k);
-            c = dpwssd_b8(c, od[k], qb + 2 * k + 1);
-        }
-        const __m256i sumi = three ? _mm256_sub_epi32(_mm256_srai_epi32(S[t], 6), _mm256_slli_epi32(c, 2))
-                                   : _mm256_srai_epi32(S[t], 6);
-        const __m256 ad = _mm256_set1_ps(a[t]->d);
-        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dw), _mm256_cvtepi32_ps(sumi)));
-        if (!three) acc[t] = _mm256_sub_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(ad, dm), _mm256_cvtepi32_ps(c)));
-    }
-}
-
-KQ5_INLINE void q23r8_tile(const bool three, const int JB, const uint8_t *g, const uint8_t *xq, size_t act_row,
-                           int64_t nb, float *y, int64_t ldy, const uint8_t *pfe) {
-    const size_t bbytes = three ? MOETAX_K_Q3KR8_BLOCK_BYTES : MOETAX_K_Q2KR8_BLOCK_BYTES;
-    __m256 acc[KQ23_JB];
-#pragma GCC unroll 4
-    for (int t = 0; t < JB; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *blk = g + (size_t)i * bbytes;
-        if (JB == 1) kq8r_prefetch_dec(blk, KQ_PFD, 0, bbytes, pfe);
-        else
-#pragma GCC unroll 14
-            for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ_QPF + o, _MM_HINT_T0);
-        const moetax_block_q8_k *a[KQ23_JB];
-#pragma GCC unroll 4
-        for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
-        q23r8_blk(three, JB, blk, a, acc);
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < JB; t++) _mm256_storeu_ps(y + t * ldy, acc[t]);
-}
-
-#define Q23KR8_TILE(JB)                                                                                          \
-    static void q2kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
-                                int64_t ldy, const uint8_t *pfe) {                                              \
-        q23r8_tile(false, JB, g, xq, act_row, nb, y, ldy, pfe);                                                 \
-    }                                                                                                           \
-    static void q3kr8_tile_##JB(const uint8_t *g, const uint8_t *xq, size_t act_row, int64_t nb, float *y,       \
-                                int64_t ldy, const uint8_t *pfe) {                                              \
-        q23r8_tile(true, JB, g, xq, act_row, nb, y, ldy, pfe);                                                  \
-    }
-Q23KR8_TILE(1) Q23KR8_TILE(2) Q23KR8_TILE(3) Q23KR8_TILE(4)
-static const q4kr8_fn k_q2kr8[KQ23_JB] = {q2kr8_tile_1, q2kr8_tile_2, q2kr8_tile_3, q2kr8_tile_4};
-static const q4kr8_fn k_q3kr8[KQ23_JB] = {q3kr8_tile_1, q3kr8_tile_2, q3kr8_tile_3, q3kr8_tile_4};
+ * (d_x * dmin_w) * (float)summ). The tiles (q23z_tile below) hold two groups in 512-bit vectors. */
 
 /* ---- Tiles of two groups of 8 rows in 512-bit vectors x up to KQZ_JB batch rows ----
  * Lanes 0-7 hold group A's 8 rows, lanes 8-15 group B's (two 32-byte loads joined), so
  * one 4-byte activation broadcast ({1to16}, embedded in vpdpbusd) serves 16 rows, and a
  * super-block of the two groups is decoded once per tile of JB (1..8) batch rows: the
  * nibbles / 6-bit levels, the unpacked scales and mins and the F16 d / dmin. The integer
- * steps are exact (the same sub-block sums times the same scales as the 256-bit tiles),
- * and per lane the float steps are the 256-bit tiles' (so avx2's), in their order:
+ * steps are exact (the same sub-block sums times the same scales as avx2's tiles), and
+ * per lane the float steps are avx2's, in its order:
  *   acc += (d_x * d_w) * (float)sumi;  acc -= (d_x * dmin_w) * (float)summ  (Q6_K: the first)
  * so the results are bit-identical to the decode path and to the avx2 table.
  * With JB <= 4 a chunk's two sub-blocks are summed side by side (2 JB chains, latency);
  * with more, one sub-block at a time (JB chains; the 32 vector registers hold the chains,
- * the sums S and the float accumulators). A range's odd last group takes the 256-bit tiles.
- * Decode (JB = 1) takes them too, prefetching KQ_PFD ahead into L2 like the 256-bit tiles:
- * on an Intel Xeon, whose 256-bit vpdpbusd issues twice per cycle and the 512-bit one
- * about once, they still decode faster from L2 than two groups on 256-bit tiles did, the
- * nibbles, scales and F16 steps of both groups taking one instruction each (commit
- * messages: measurements). */
+ * the sums S and the float accumulators). A range's odd last group takes the avx2 table's
+ * tiles (same layouts, same bits). Decode (JB = 1) takes these tiles too, prefetching
+ * KQ_PFD ahead into L2: on an Intel Xeon, whose 256-bit vpdpbusd issues twice per cycle
+ * and the 512-bit one about once, they decode faster from L2 than two groups on 256-bit
+ * tiles did, the nibbles, scales and F16 steps of both groups taking one instruction each
+ * (commit messages: measurements). */
 #define KQZ_JB 8
 #ifndef KQZ_W16
 #define KQZ_W16 1
@@ -696,7 +349,7 @@ KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, cons
     for (int t = 0; t < JB; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * bbytes, *bB = g1 + (size_t)i * bbytes;
-        if (JB == 1) { /* decode: far ahead into L2, as the 256-bit tiles */
+        if (JB == 1) { /* decode: far ahead into L2 (and L1: kq_prefetch_dec) */
             kq_prefetch_dec(bA, bbytes, pfe);
             kq_prefetch_dec(bB, bbytes, pfe);
         } else
@@ -804,7 +457,7 @@ KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, cons
 /* Q6_K in Q6_Kx8r, two groups: sub-block j = 8h + 2k + ph (values 128h + 32k + 16ph ..
  * + 15: the 4-byte groups p = 4ph .. 4ph + 3 of level vector k of half h), summed in its own
  * chain per batch row and multiplied by the rows' int8 scale; the offset of 32 once per
- * super-block (32 * sum_j sc_j * bsums_j, vpmaddwd of int16 scale pairs), as the 256-bit tile. */
+ * super-block (32 * sum_j sc_j * bsums_j, vpmaddwd of int16 scale pairs), as the avx2 tiles. */
 KQ5_INLINE __m512i q6z_levels(const uint8_t *bA, const uint8_t *bB, int h, int k, int p) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const size_t lo = MOETAX_K_Q6KR8_QL_OFF + 512 * h + 32 * p + (k & 1) * 256;
@@ -826,7 +479,7 @@ KQ5_INLINE void q6z_tile(const int JB, const uint8_t *g0, const uint8_t *g1, con
     for (int t = 0; t < JB; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES, *bB = g1 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
-        if (JB == 1) { /* decode: far ahead into L2, as the 256-bit tiles */
+        if (JB == 1) { /* decode: far ahead into L2 (and L1: kq_prefetch_dec) */
             kq_prefetch_dec(bA, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
             kq_prefetch_dec(bB, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
         } else
@@ -929,7 +582,7 @@ static const kqz_fn k_kqz[3][KQZ_JB] = {
     {q5kz_tile_1, q5kz_tile_2, q5kz_tile_3, q5kz_tile_4, q5kz_tile_5, q5kz_tile_6, q5kz_tile_7, q5kz_tile_8},
     {q6kz_tile_1, q6kz_tile_2, q6kz_tile_3, q6kz_tile_4, q6kz_tile_5, q6kz_tile_6, q6kz_tile_7, q6kz_tile_8}};
 
-/* Q2_Kx8r / Q3_Kx8r, two groups in 512-bit vectors (q23r8_blk's steps on 16 lanes): the levels of
+/* Q2_Kx8r / Q3_Kx8r, two groups in 512-bit vectors (the steps above on 16 lanes): the levels of
  * level vector k of 4-byte group p of half h of both groups (bA: lanes 0-7, bB: 8-15). */
 KQ5_INLINE __m512i q23z_level(const bool three, const uint8_t *bA, const uint8_t *bB, int h, int p, int k) {
     const size_t qo = (three ? MOETAX_K_Q3KR8_QS_OFF : MOETAX_K_Q2KR8_QS_OFF) + 32 * (8 * h + p);
@@ -1319,15 +972,9 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
     _Static_assert(MOETAX_K_Q4KR8_ROWS == MOETAX_K_Q6KR8_ROWS && MOETAX_K_Q2KR8_ROWS == R && MOETAX_K_Q3KR8_ROWS == R,
                    "one row group (Q5_Kx8r: Q4_Kx8r's)");
     const bool six = wtype == MOETAX_TYPE_Q6_K, q23 = wtype == MOETAX_TYPE_Q2_K || wtype == MOETAX_TYPE_Q3_K;
-    const int jbmax = six ? KQ6_JB : q23 ? KQ23_JB : KQ_JB;
     const int64_t nb = ncols / MOETAX_QK_K, gend = row1 - (row1 - row0) % R;
     const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
     const int ti = six ? 2 : wtype == MOETAX_TYPE_Q5_K ? 1 : 0;
-    const q4kr8_fn *tiles = six                           ? k_q6kr8
-                            : wtype == MOETAX_TYPE_Q5_K   ? k_q5kr8
-                            : wtype == MOETAX_TYPE_Q2_K   ? k_q2kr8
-                            : wtype == MOETAX_TYPE_Q3_K   ? k_q3kr8
-                                                          : k_q4kr8;
     const uint8_t *pfe = w + (size_t)row1 * row_bytes;
     const size_t pfd = KQ_PFD; /* decode's prefetch distance */
     if (n_batch == 1) { /* decode's first pfd bytes at once (kq_rows.h) */
@@ -1366,13 +1013,8 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
         }
         r += 2 * np * R;
     }
-    for (; r < gend; r += R) /* batches' odd last group (Q2_K/Q3_K: every group); decode's odd last group */
-        for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
-            const int64_t left = n_batch - j0, tiles_n = (left + jbmax - 1) / jbmax;
-            jb = (left + tiles_n - 1) / tiles_n; /* tiles of even size */
-            tiles[jb - 1](w + (size_t)r * row_bytes, xq + (size_t)j0 * act_row, act_row, nb, y + j0 * ldy + r, ldy,
-                          pfe);
-        }
+    if (r < gend) /* a range's odd last group: the avx2 table's tiles, which read the same layouts (same bits) */
+        moetax_k_matmul_kq_avx2(wtype, w, row_bytes, r, gend, ncols, xq, n_batch, y, ldy);
     if (gend == row1) return;
     if (n_batch == 1 && q23) /* the unit's plain tail */
         kq23_decode_rows_512(wtype, w, row_bytes, gend, row1, nb, (const moetax_block_q8_k *)xq, y);
