@@ -142,6 +142,16 @@ def main():
     check({o["batch"] for o in off} == {1, 2, 4} and all(o["kl"] == 0 and o["top1"] == 1 and o["ppl_change"] == 0
                                                            for o in off),
           f"capacity factor off: the exact quality at every batch size: {[(o['config'], o['kl']) for o in off][:6]}")
+    # a lossy configuration whose logits do not depend on the batch size scores the same to the last bit
+    # at every size (the log keeps 17 digits; --json's 10 would hide a difference in summation order)
+    same = {}
+    for e in [json.loads(x) for x in open(blog)] if os.path.exists(blog) else []:
+        if e.get("kind") == "quality" and " cf 0 " in e["config"] + " ":
+            same.setdefault((e["stage"], re.sub(r" b[0-9]+$", "", e["config"])), []).append(e)
+    groups = [g for g in same.values() if len(g) > 1 and any(e["kl"] > 0 for e in g)]
+    check(groups and all(len({(e["kl"], e["ppl"], e["top1"]) for e in g}) == 1 for g in groups),
+          f"quality without a capacity factor is batch-invariant, lossy configurations too: "
+          f"{[[(e['config'], e['kl']) for e in g] for g in groups if len({e['kl'] for e in g}) > 1][:3]}")
     cf = [o for o in qual if o["capacity_factor"] > 0]
     check(cf and all(o["batch"] > 1 for o in cf), f"capacity factors swept at batch sizes > 1: {len(cf)}")
     # 4 sequences x 4 experts of 32, capacity ceil(C 16 / 32) = 1 per expert: tokens sharing an expert are dropped

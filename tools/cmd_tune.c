@@ -350,7 +350,9 @@ static void ref_row(void *u, int64_t j, const float *row) {
     r->n++;
 }
 
-struct q_u { struct tune *t; int64_t V; float *lp; double kl, nll; int64_t n, top1; };
+/* per token, summed in token order afterwards: the rows arrive in batch order, and a configuration
+ * whose logits do not depend on the batch size must score the same to the last bit at every size */
+struct q_u { struct tune *t; int64_t V; float *lp; double *kl, *nll; int64_t n, top1; };
 static void q_row(void *u, int64_t j, const float *row) {
     struct q_u *q = u;
     const float *p = q->t->ref + (size_t)j * (size_t)q->V;
@@ -362,23 +364,27 @@ static void q_row(void *u, int64_t j, const float *row) {
         if (p[v] > p[a]) a = v;
         if (q->lp[v] > q->lp[b]) b = v;
     }
-    q->kl += kl > 0 ? kl : 0;
+    q->kl[j] = kl > 0 ? kl : 0;
     q->top1 += a == b;
-    q->nll -= q->lp[q->t->calib[j + 1]];
+    q->nll[j] = -(double)q->lp[q->t->calib[j + 1]];
     q->n++;
 }
 
 /* Quality of c on the first n calibration tokens (n = n_short or n_calib). */
 static moetax_status quality(struct tune *t, struct tres *r, int64_t n, bool is_long) {
     const int64_t V = t->m[0][0]->hp.n_vocab;
-    struct q_u q = {.t = t, .V = V, .lp = malloc(sizeof(float) * (size_t)V)};
-    if (!q.lp) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
-    moetax_status st = run_windows(t, &r->c, n, q_row, &q);
-    free(q.lp);
+    const size_t nr = (size_t)(n > 0 ? n : 1);
+    struct q_u q = {.t = t, .V = V, .lp = malloc(sizeof(float) * (size_t)V), .kl = calloc(nr, sizeof(double)),
+                    .nll = calloc(nr, sizeof(double))};
+    moetax_status st = q.lp && q.kl && q.nll ? run_windows(t, &r->c, n, q_row, &q)
+                                             : moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    double kl = 0, nll = 0;
+    for (int64_t j = 0; !st && j < n; j++) kl += q.kl[j], nll += q.nll[j];
+    free(q.lp), free(q.kl), free(q.nll);
     if (st) return st;
-    r->kl = q.n ? q.kl / (double)q.n : 0;
+    r->kl = q.n ? kl / (double)q.n : 0;
     r->top1 = q.n ? (double)q.top1 / (double)q.n : 0;
-    r->ppl = exp(q.nll / (double)(q.n ? q.n : 1));
+    r->ppl = exp(nll / (double)(q.n ? q.n : 1));
     r->dppl = r->ppl / t->ref_ppl[is_long] - 1;
     r->q_long = is_long;
     return MOETAX_OK;
