@@ -49,6 +49,22 @@ def main():
     for o in rows:
         ok = all(k in o for k in ("type", "threads", "rows", "cols", "batch", "gbps", "roofline_ratio", "paired_ratio"))
         check(ok and o["gbps"] > 0 and o["paired_ratio"] > 0, f"bench kernels object {o}")
+    # --expert: the expert cases' shape and its transpose, which is skipped (and said so) where its rows
+    # are not whole blocks of the type
+    r = run([mt, "bench", "kernels", "--size-mib", "8", "-r", "1", "-t", "1", "--types", "q4_k,q8_0",
+             "--cases", "expert", "--expert", "384x1024", "--json"])
+    rows = [(o["type"], o["rows"], o["cols"]) for o in (json.loads(x) for x in r.stdout.splitlines() if x.startswith("{"))]
+    check(r.returncode == 0 and rows == [("q4_k", 384, 1024), ("q8_0", 384, 1024), ("q8_0", 1024, 384)],
+          f"bench kernels --expert 384x1024: rc {r.returncode}, {rows}")
+    r = run([mt, "bench", "kernels", "--size-mib", "8", "-r", "1", "-t", "1", "--types", "q4_k",
+             "--cases", "expert", "--expert", "384x1024"])
+    check(r.returncode == 0 and re.search(r"1024 x 384 +skipped: rows of 384 columns are not whole q4_k blocks", r.stdout),
+          f"bench kernels: a shape the type cannot hold is skipped, and said so: {r.stdout[-300:]}")
+    for bad in ("1408", "100x2048", "0x64", "2048x2048x1"):
+        r = run([mt, "bench", "kernels", "--expert", bad])
+        check(r.returncode == 2 and "--expert" in r.stderr, f"bench kernels --expert {bad}: a usage error: {r.stderr}")
+    r = run([mt, "bench", "kernels", "--size-mib", "8", "--expert", "2048x2048", "--types", "q8_0"])
+    check(r.returncode == 2 and "do not fit --size-mib 8" in r.stderr, f"bench kernels: experts too large: {r.stderr}")
     r = run([mt, "frobnicate"])
     check(r.returncode == 2 and "unknown command" in r.stderr, "unknown command")
 

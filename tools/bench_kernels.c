@@ -4,11 +4,13 @@
  *
  * Cases, per weight type and thread count:
  *   matrix   one [rows, cols] matrix filling --size-mib (cols = --cols), x 1 vector
- *   expert   expert-sized matrices (256x1024 and 1024x256, rows x cols) laid back
- *            to back through the whole buffer, one pool run per matrix (so the
- *            per-run synchronization is in the figure), x 1 vector
- *   group8   the same 256x1024 experts, 8 per pool run (each worker does its
- *            share of all 8 back to back)
+ *   expert   expert-sized matrices (--expert ROWSxCOLS, default DeepSeek-V2-Lite's
+ *            1408x2048 gate/up projection, and its transpose, the down projection,
+ *            where its rows hold whole blocks of the type) laid back to back through
+ *            the whole buffer, one pool run per matrix (so the per-run
+ *            synchronization is in the figure), x 1 vector
+ *   group8   the same experts (the first shape), 8 per pool run (each worker does
+ *            its share of all 8 back to back)
  *   batch    the matrix (a slice of it sized to ~2 GFLOP) x 8 and x 64 vectors (--batch LIST)
  * Times are medians of --reps timed runs after one warm-up. Each timed run is
  * paired with a plain streaming read (moetax_membw_sum, every worker its share)
@@ -55,6 +57,10 @@ static void usage(FILE *f) {
             "      --size-mib N     weight buffer in MiB (default 256)\n"
             "      --cols N         columns of the large matrix (default 4096)\n"
             "      --cases LIST     matrix,expert,group8,batch (default: all)\n"
+            "      --expert RxC     the expert cases' matrix, rows x columns (default 1408x2048,\n"
+            "                       DeepSeek-V2-Lite's gate/up projection; its transpose, the down\n"
+            "                       projection, runs too where its rows hold whole blocks of the\n"
+            "                       type; 256x1024 is the small preset's)\n"
             "      --batch LIST     batch rows of the batch case, 1..64 (default 8,64)\n"
             "      --pin            pin worker i to CPU i\n"
             "      --json           one JSON object per line and case:\n"
@@ -208,6 +214,7 @@ int bench_kernels_main(int argc, char **argv) {
                                             MOETAX_TYPE_Q4_0};
     int n_types = 5;
     int64_t reps = 7, size_mib = 256, cols = 4096;
+    int64_t erows = 1408, ecols = 2048; /* --expert */
     int cases = CASE_MATRIX | CASE_EXPERT | CASE_GROUP8 | CASE_BATCH;
     enum { BK_MAX_BATCHES = 16 };
     int64_t batches[BK_MAX_BATCHES] = {8, 64};
@@ -273,6 +280,14 @@ int bench_kernels_main(int argc, char **argv) {
                 else if (!strcmp(tok, "batch")) cases |= CASE_BATCH;
                 else return cli_usage_error(cmd, "unknown case '%s' (matrix, expert, group8, batch)", tok);
             }
+        } else if (cli_opt(argc, argv, &i, NULL, "--expert", &v, &err)) {
+            if (err) return 2;
+            const char *x = strchr(v, 'x');
+            char tmp[64];
+            snprintf(tmp, sizeof tmp, "%.*s", x ? (int)(x - v) : 0, v);
+            if (!x || !cli_parse_i64(tmp, &erows) || !cli_parse_i64(x + 1, &ecols) || erows < 32 || ecols < 32 ||
+                erows % 32 || ecols % 32 || erows > 65536 || ecols > 65536)
+                return cli_usage_error(cmd, "bad --expert '%s' (ROWSxCOLS, each a multiple of 32, 32..65536)", v);
         } else if (cli_flag(argv, i, NULL, "--pin")) {
             pin = true;
         } else if (cli_flag(argv, i, NULL, "--json")) {
@@ -288,21 +303,25 @@ int bench_kernels_main(int argc, char **argv) {
         for (int k = 0; k < n; k++) threads[n_t++] = k + 1;
     }
 
+    const size_t bytes = (size_t)size_mib << 20;
+    for (int ti = 0; ti < n_types; ti++) /* group8 takes 8 of the expert matrices per run */
+        if ((cases & (CASE_EXPERT | CASE_GROUP8)) && 8 * moetax_row_size(types[ti], ecols) * (size_t)erows > bytes)
+            return cli_usage_error(cmd, "--expert %lldx%lld: 8 %s matrices do not fit --size-mib %lld",
+                                   (long long)erows, (long long)ecols, moetax_type_name(types[ti]), (long long)size_mib);
     const struct moetax_kernels *k = moetax_kernels_get();
     out.kernel = k->name;
-    const size_t bytes = (size_t)size_mib << 20;
     uint8_t *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (buf == MAP_FAILED) return cli_fail(cmd, moetax_error(MOETAX_ERR_NOMEM, "mmap %zu bytes failed", bytes));
 #ifdef MADV_HUGEPAGE
     madvise(buf, bytes, MADV_HUGEPAGE);
 #endif
     /* activations: up to 64 rows of the widest case; y for the largest output */
-    const int64_t max_cols = cols > 1024 ? cols : 1024;
+    const int64_t emax = erows > ecols ? erows : ecols, max_cols = cols > emax ? cols : emax;
     float *x = malloc(sizeof(float) * (size_t)(BK_MAX_BATCH * max_cols));
     for (int64_t i = 0; i < BK_MAX_BATCH * max_cols; i++) x[i] = (float)((i * 7919) % 2001 - 1000) * 1e-3f;
     void *xq = malloc(moetax_act_size(MOETAX_TYPE_F32, max_cols, BK_MAX_BATCH)); /* the largest layout */
     /* y: the most rows x batch of any case (matrix rows, 8 experts, ~2 GFLOP batch slices) */
-    size_t y_floats = 8 * 1024 + (size_t)(2e9 / (2.0 * (double)cols));
+    size_t y_floats = 8 * (size_t)emax + (size_t)(2e9 / (2.0 * (double)cols));
     for (int ti = 0; ti < n_types; ti++) {
         const size_t r = bytes / moetax_row_size(types[ti], cols) + 1;
         if (r > y_floats) y_floats = r;
@@ -359,14 +378,23 @@ int bench_kernels_main(int argc, char **argv) {
                 report(&out, t, nth, "matrix", base.rows, cols, 1, 1, (double)mb, s, membw,
                        2.0 * (double)base.rows * (double)cols);
             }
-            static const int64_t shapes[2][2] = {{256, 1024}, {1024, 256}};
-            for (int sh = 0; sh < 2; sh++) {
+            const int64_t shapes[2][2] = {{erows, ecols}, {ecols, erows}};
+            for (int sh = 0; sh < 2 && (cases & (CASE_EXPERT | CASE_GROUP8)); sh++) {
                 struct mm_ctx e = base;
                 e.rows = shapes[sh][0];
                 e.cols = shapes[sh][1];
+                if (e.cols % moetax_type_blck_size(t)) {
+                    if (!out.json)
+                        printf("%-5s %3d  expert  %7lld x %-5lld  skipped: rows of %lld columns are not whole %s blocks "
+                               "(%lld values; files store such matrices in another type)\n",
+                               moetax_type_name(t), nth, (long long)e.rows, (long long)e.cols, (long long)e.cols,
+                               moetax_type_name(t), (long long)moetax_type_blck_size(t));
+                    continue;
+                }
                 e.row_bytes = moetax_row_size(t, e.cols);
                 e.mat_stride = e.row_bytes * (size_t)e.rows;
                 const int64_t n_exp = (int64_t)(bytes / e.mat_stride);
+
                 if ((cases & (CASE_EXPERT | CASE_GROUP8)) && (st = layout_weights(k, t, buf, bytes, e.cols, &laid_cols)))
                     goto case_fail;
                 k->quantize_act(t, x, e.cols, e.cols, 1, xq);
