@@ -603,6 +603,9 @@ ALWAYS_INLINE void tile_q8(const int RB, const int BB, const uint8_t *w, const u
  *
  * q4r8_group: the 8 rows of the group at g against BB (1..4) batch rows; the
  * weights of a block are decoded once for all BB. */
+#ifndef Q4R8_PF_FAR
+#define Q4R8_PF_FAR 4096
+#endif
 ALWAYS_INLINE void q4r8_group(const int BB, const uint8_t *g, int64_t nb, const uint8_t *act, size_t act_row,
                               float *y, int64_t ldy) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
@@ -616,6 +619,11 @@ ALWAYS_INLINE void q4r8_group(const int BB, const uint8_t *g, int64_t nb, const 
             _mm_prefetch((const char *)blk + QPF, QPF_HINT);
             _mm_prefetch((const char *)blk + QPF + 48, QPF_HINT);
             _mm_prefetch((const char *)blk + QPF + 96, QPF_HINT);
+        }
+        if (BB == 1) { /* decode, as the avx512 table's: Q4R8_PF_FAR ahead into L2 as well */
+            _mm_prefetch((const char *)blk + Q4R8_PF_FAR, _MM_HINT_T1);
+            _mm_prefetch((const char *)blk + Q4R8_PF_FAR + 48, _MM_HINT_T1);
+            _mm_prefetch((const char *)blk + Q4R8_PF_FAR + 96, _MM_HINT_T1);
         }
         __m256i s16[4];
 #pragma GCC unroll 4
