@@ -163,15 +163,17 @@ static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, in
                   (long long)rows, (long long)ncols, (long long)n_batch, bad);
 
         /* a sub-range of rows touches only those rows and gives the full call's values
-         * (bit-identical); types with row groups split at group boundaries (ROW RANGES) */
+         * (bit-identical); types with row groups split at group boundaries (ROW RANGES); the
+         * entry for streamed weights (matmul_stream) gives the same bits, whole and in ranges */
         const int64_t g = avx->weights_repacked(t) ? MOETAX_KERNELS_ROW_GROUP : 1;
-        const int64_t ranges[2][2] = {{g, g == 1 ? rows - 1 : rows}, {0, g == 1 ? rows - 1 : g}};
-        for (int ri = 0; ri < 2; ri++) {
-            const int64_t r0 = ranges[ri][0], r1 = ranges[ri][1];
-            if (!(r0 < r1 && r1 <= rows && (r1 < rows || g == 1 || ri == 0))) continue;
+        const int64_t ranges[3][2] = {{g, g == 1 ? rows - 1 : rows}, {0, g == 1 ? rows - 1 : g}, {0, rows}};
+        for (int ri = 0; ri < 6; ri++) {
+            const int64_t r0 = ranges[ri % 3][0], r1 = ranges[ri % 3][1];
+            if (!(r0 < r1 && r1 <= rows && (r1 < rows || g == 1 || ri % 3 != 1))) continue;
+            if (ri == 2) continue; /* the full call is y_avx itself */
             float *y_sub = malloc(sizeof(float) * (size_t)(ldy * n_batch + 1));
             for (int64_t i = 0; i < ldy * n_batch; i++) y_sub[i] = -777.0f;
-            avx->matmul(t, wa, rb, r0, r1, ncols, xq_ref, n_batch, y_sub, ldy);
+            (ri < 3 ? avx->matmul : avx->matmul_stream)(t, wa, rb, r0, r1, ncols, xq_ref, n_batch, y_sub, ldy);
             int diff = 0;
             for (int64_t b = 0; b < n_batch; b++)
                 for (int64_t r = 0; r < ldy; r++) {
@@ -179,8 +181,9 @@ static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, in
                     if (r >= r0 && r < r1) diff += v != y_avx[b * ldy + r];
                     else diff += v != -777.0f;
                 }
-            CHECK_MSG(diff == 0, "%s row range [%lld, %lld) of %lld %s: %d bad", avx->name, (long long)r0, (long long)r1,
-                      (long long)rows, moetax_type_name(t), diff);
+            CHECK_MSG(diff == 0, "%s%s row range [%lld, %lld) of %lld %s: %d bad", avx->name,
+                      ri < 3 ? "" : " matmul_stream", (long long)r0, (long long)r1, (long long)rows,
+                      moetax_type_name(t), diff);
             free(y_sub);
         }
         free(wa);
@@ -1040,6 +1043,10 @@ static void test_dispatch(void) {
     else if (!moetax_kernels_avx512())
         printf("test_kernels: CPU (or OS) lacks AVX-512 F/BW/VL/DQ + VNNI: AVX-512 comparisons skipped\n");
     printf("test_kernels: moetax_kernels_get() is '%s'\n", k->name);
+    /* streamed (matmul_stream) means larger than the last-level cache */
+    const uint64_t llc = moetax_cpu_llc_bytes();
+    CHECK(llc >= 1024 && moetax_cpu_llc_bytes() == llc);
+    CHECK(!moetax_kernels_streamed(llc) && moetax_kernels_streamed(llc + 1) && !moetax_kernels_streamed(0));
 }
 
 int main(int argc, char **argv) {

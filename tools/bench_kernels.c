@@ -20,7 +20,8 @@
  * figure taken once per case on a shared machine. Weights are in the
  * layout the engine hands to matmul: types the table reads repacked (Q4_0 and
  * Q8_0 with avx2 and avx512, kernels.h) are repacked once, before timing; bytes are counted as
- * stored (the repacked layout has the same size). */
+ * stored (the repacked layout has the same size). The calls are the table's matmul_stream,
+ * what a model larger than the last-level cache runs (kernels.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +47,8 @@ static void usage(FILE *f) {
             "Matrix x vector GB/s (weights as stored, 1e9 B/s) and its ratio to the read bandwidth\n"
             "measured in the same run, on a large matrix and on expert-sized matrices; GFLOP/s for\n"
             "batches of 8 and 64 rows. Medians of repeats. Weights are laid out as the engine hands\n"
-            "them to matmul (Q4_0/Q8_0 repacked once for the table, before timing; same bytes).\n"
+            "them to matmul (Q4_0/Q8_0 repacked once for the table, before timing; same bytes),\n"
+            "through the table's entry for weights streamed from memory (matmul_stream).\n"
             "The table is the CPU's best (printed first); MOETAX_KERNELS=ref|avx2|avx512 chooses\n"
             "one, MOETAX_FORCE_REF=1 the scalar reference kernels.\n"
             "\n"
@@ -99,7 +101,7 @@ static void mm_fn(void *p, int ith, int nth) {
     const struct mm_ctx *c = p;
     const int64_t r0 = split_rows(c->rows, ith, nth), r1 = split_rows(c->rows, ith + 1, nth);
     for (int m = 0; m < c->n_mats; m++)
-        c->k->matmul(c->t, c->w + (size_t)m * c->mat_stride, c->row_bytes, r0, r1, c->cols, c->xq, c->n_batch,
+        c->k->matmul_stream(c->t, c->w + (size_t)m * c->mat_stride, c->row_bytes, r0, r1, c->cols, c->xq, c->n_batch,
                      c->y + (size_t)m * (size_t)(c->n_batch * c->rows), c->rows);
 }
 

@@ -264,6 +264,13 @@ struct moetax_kernels {
      * W in this table's layout for wtype (see weights_repacked). */
     void (*matmul)(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                    int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
+    /* matmul, the same bits, for weights streamed from memory rather than read from the
+     * caches (a model larger than the last-level cache: moetax_kernels_streamed): some decode
+     * paths (avx2 Q8_0 and Q4_0, avx512 Q4_0) also prefetch far ahead into L2, which pays
+     * when the weights come from DRAM and only adds instructions when they are cached.
+     * Elsewhere the same function as matmul. */
+    void (*matmul_stream)(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                          int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
     /* True if matmul reads weights of type t in a repacked layout (WEIGHT
      * LAYOUTS): convert them with moetax_kernels_repack first. */
     bool (*weights_repacked)(enum moetax_type t);
@@ -318,6 +325,12 @@ struct moetax_kernels {
 const struct moetax_kernels *moetax_kernels_get(void);
 /* The scalar reference table. */
 const struct moetax_kernels *moetax_kernels_ref(void);
+/* The last-level cache's size in bytes (sysconf's level-3 figure, else sysfs's
+ * largest cache of CPU 0, else 32 MiB when neither is known). */
+uint64_t moetax_cpu_llc_bytes(void);
+/* Whether weights of this many bytes, read once per token, come from memory rather
+ * than the caches, so that matmul_stream suits them: more than moetax_cpu_llc_bytes(). */
+bool moetax_kernels_streamed(uint64_t weight_bytes);
 /* The AVX2/FMA/F16C table, or NULL if this CPU lacks any of them. */
 const struct moetax_kernels *moetax_kernels_avx2(void);
 /* The AVX-512 (F/BW/VL/DQ, VNNI) table, or NULL if this CPU or the OS's saved

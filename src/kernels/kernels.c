@@ -7,9 +7,11 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "moetax/types.h"
 
@@ -265,6 +267,7 @@ static const struct moetax_kernels k_ref = {
     .name = "ref",
     .quantize_act = moetax_k_quantize_act_ref,
     .matmul = moetax_k_matmul_ref,
+    .matmul_stream = moetax_k_matmul_ref,
     .weights_repacked = repacked_none,
     .rmsnorm = moetax_k_rmsnorm_ref,
     .softmax = moetax_k_softmax_ref,
@@ -288,6 +291,7 @@ static const struct moetax_kernels k_avx2 = {
     .name = "avx2",
     .quantize_act = moetax_k_quantize_act_avx2,
     .matmul = moetax_k_matmul_avx2,
+    .matmul_stream = moetax_k_matmul_avx2_stream,
     .weights_repacked = repacked_avx2,
     .rmsnorm = moetax_k_rmsnorm_avx2,
     .softmax = moetax_k_softmax_avx2,
@@ -313,6 +317,7 @@ static const struct moetax_kernels k_avx512 = {
     .name = "avx512",
     .quantize_act = moetax_k_quantize_act_avx2,
     .matmul = moetax_k_matmul_avx512,
+    .matmul_stream = moetax_k_matmul_avx512_stream,
     .weights_repacked = repacked_avx512, /* Q4_0x8r, Q8_0x8r, Q2_K..Q6_Kx8r */
     .rmsnorm = moetax_k_rmsnorm_avx2,
     .softmax = moetax_k_softmax_avx2,
@@ -400,6 +405,35 @@ const struct moetax_kernels *moetax_kernels_get(void) {
     pthread_once(&g_once, select_once);
     return g_best;
 }
+
+uint64_t moetax_cpu_llc_bytes(void) {
+    static _Atomic uint64_t cached;
+    uint64_t v = atomic_load(&cached);
+    if (v) return v;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (l3 > 0) v = (uint64_t)l3;
+#endif
+    if (!v) /* sysfs: the largest cache CPU 0 lists, e.g. "32768K" */
+        for (int i = 0; i < 8; i++) {
+            char path[80], buf[32];
+            snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+            FILE *f = fopen(path, "r");
+            if (!f) break;
+            unsigned long long n = 0;
+            char unit = 0;
+            if (fgets(buf, sizeof buf, f) && sscanf(buf, "%llu%c", &n, &unit) >= 1) {
+                const uint64_t b = (uint64_t)n * (unit == 'K' ? 1024u : unit == 'M' ? 1048576u : 1u);
+                if (b > v) v = b;
+            }
+            fclose(f);
+        }
+    if (!v) v = (uint64_t)32 << 20;
+    atomic_store(&cached, v);
+    return v;
+}
+
+bool moetax_kernels_streamed(uint64_t weight_bytes) { return weight_bytes > moetax_cpu_llc_bytes(); }
 
 const struct moetax_kernels *moetax_kernels_ref(void) {
     pthread_once(&g_once, select_once);

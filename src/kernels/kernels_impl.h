@@ -122,18 +122,24 @@ void moetax_k_matmul_ref(enum moetax_type wtype, const void *w, size_t row_bytes
                          int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
 void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t ldx, int64_t ncols,
                                 int64_t n_batch, void *xq);
-/* k-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) against block_q8_K activations (matmul_kq_avx2.c). */
+/* k-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) against block_q8_K activations (matmul_kq_avx2.c);
+ * far: weights streamed from memory (matmul_stream): the decode prefetches far ahead into L2. */
 void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
-                             int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
+                             int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy, bool far);
 /* The same for the avx512 table (matmul_kq_avx512.c), bit-identical to avx2's: every k-quant in its x8r
  * layout (a plain tail: one batch row on VNNI; batches: Q2_K/Q3_K on VNNI, the others avx2's). */
 void moetax_k_matmul_kq_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
-                               int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
+                               int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy, bool far);
 void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                           int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
+/* The same bits for weights streamed from memory (matmul_stream, kernels.h): prefetches further ahead. */
+void moetax_k_matmul_avx2_stream(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                                 int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
 /* Q8_0 (Q8_0x8r) and Q4_0 (Q4_0x8r) with VNNI; other types: moetax_k_matmul_avx2. */
 void moetax_k_matmul_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                             int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
+void moetax_k_matmul_avx512_stream(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                                   int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
 
 /* ---- vector ops ---- */
 void moetax_k_rmsnorm_ref(float *out, const float *x, const float *w, int64_t n, float eps);

@@ -250,6 +250,15 @@ void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t 
 #define QPF_HINT _MM_HINT_T0
 #endif
 
+/* Weights streamed from memory (moetax_k_matmul_avx2_stream: a model larger than the
+ * last-level cache, kernels.h) are also fetched PF_FAR bytes ahead into L2 by the Q8_0 and
+ * Q4_0 decode, so that the L1 prefetches QPF ahead find their lines there. Weights that
+ * stay in the caches between tokens go without it: for them the prefetch instructions
+ * are only added work (commit messages have the figures). */
+#ifndef PF_FAR
+#define PF_FAR 4096
+#endif
+
 /* F32/F16/BF16 rows are fetched the same number of columns ahead: QPF bytes of
  * 2-byte weights, half as many bytes of F32. Measured on `small` F32 decode (2
  * threads, 6 alternating pairs): 512 bytes ahead instead of 1024 gave a median
@@ -603,11 +612,8 @@ ALWAYS_INLINE void tile_q8(const int RB, const int BB, const uint8_t *w, const u
  *
  * q4r8_group: the 8 rows of the group at g against BB (1..4) batch rows; the
  * weights of a block are decoded once for all BB. */
-#ifndef Q4R8_PF_FAR
-#define Q4R8_PF_FAR 4096
-#endif
-ALWAYS_INLINE void q4r8_group(const int BB, const uint8_t *g, int64_t nb, const uint8_t *act, size_t act_row,
-                              float *y, int64_t ldy) {
+ALWAYS_INLINE void q4r8_group(const int BB, const bool far, const uint8_t *g, int64_t nb, const uint8_t *act,
+                              size_t act_row, float *y, int64_t ldy) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
     __m256 acc[4];
@@ -620,10 +626,10 @@ ALWAYS_INLINE void q4r8_group(const int BB, const uint8_t *g, int64_t nb, const 
             _mm_prefetch((const char *)blk + QPF + 48, QPF_HINT);
             _mm_prefetch((const char *)blk + QPF + 96, QPF_HINT);
         }
-        if (BB == 1) { /* decode, as the avx512 table's: Q4R8_PF_FAR ahead into L2 as well */
-            _mm_prefetch((const char *)blk + Q4R8_PF_FAR, _MM_HINT_T1);
-            _mm_prefetch((const char *)blk + Q4R8_PF_FAR + 48, _MM_HINT_T1);
-            _mm_prefetch((const char *)blk + Q4R8_PF_FAR + 96, _MM_HINT_T1);
+        if (far) { /* streamed weights (moetax_k_matmul_avx2_stream): PF_FAR ahead into L2 as well */
+            _mm_prefetch((const char *)blk + PF_FAR, _MM_HINT_T1);
+            _mm_prefetch((const char *)blk + PF_FAR + 48, _MM_HINT_T1);
+            _mm_prefetch((const char *)blk + PF_FAR + 96, _MM_HINT_T1);
         }
         __m256i s16[4];
 #pragma GCC unroll 4
@@ -661,9 +667,12 @@ ALWAYS_INLINE void q4r8_group(const int BB, const uint8_t *g, int64_t nb, const 
 #define Q4R8_GROUP(BB)                                                                                        \
     static void q4r8_group_##BB(const uint8_t *g, int64_t nb, const uint8_t *act, size_t act_row, float *y, \
                                 int64_t ldy) {                                                                \
-        q4r8_group(BB, g, nb, act, act_row, y, ldy);                                                          \
+        q4r8_group(BB, false, g, nb, act, act_row, y, ldy);                                                   \
     }
 Q4R8_GROUP(1) Q4R8_GROUP(2) Q4R8_GROUP(3) Q4R8_GROUP(4)
+static void q4r8_group_1_far(const uint8_t *g, int64_t nb, const uint8_t *act, size_t act_row, float *y, int64_t ldy) {
+    q4r8_group(1, true, g, nb, act, act_row, y, ldy);
+}
 static void (*const k_q4r8[4])(const uint8_t *, int64_t, const uint8_t *, size_t, float *, int64_t) = {
     q4r8_group_1, q4r8_group_2, q4r8_group_3, q4r8_group_4};
 
@@ -699,7 +708,7 @@ static float q4_plain_row(const uint8_t *w, int64_t nb, const uint8_t *a) {
  * 229-278 t/s in 6 alternating pairs (Zen 3, 2 threads): the kernel is bound by
  * its arithmetic, not by the reads in flight. */
 static void matmul_q4(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
-                      const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
+                      const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
     enum { R = MOETAX_K_Q4R8_ROWS };
     const int64_t nb = ncols / 32;
     const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q4_0, ncols);
@@ -707,7 +716,8 @@ static void matmul_q4(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
     for (; r + R <= row1; r += R)
         for (int64_t j = 0; j < n_batch; j += 4) {
             const int bb = n_batch - j < 4 ? (int)(n_batch - j) : 4;
-            k_q4r8[bb - 1](w + (size_t)r * row_bytes, nb, act + (size_t)j * act_row, act_row, y + j * ldy + r, ldy);
+            (far && bb == 1 ? q4r8_group_1_far : k_q4r8[bb - 1])(w + (size_t)r * row_bytes, nb, act + (size_t)j * act_row,
+                                                                 act_row, y + j * ldy + r, ldy);
         }
     for (; r < row1; r++)
         for (int64_t j = 0; j < n_batch; j++)
@@ -726,8 +736,8 @@ static const tile_q_fn k_tiles_q8[2][2] = {{tile_q8_0_1x1, tile_q8_0_1x2}, {tile
 
 /* One batch row against two groups of 4 rows, a and b, block by block: two
  * streams per core (see rows1_f). Each row's chain is tile_q8's (same bits). */
-static void tile_q8_pair(const uint8_t *wa, const uint8_t *wb, const uint8_t *act, int64_t nb, float *ya,
-                         float *yb) {
+ALWAYS_INLINE void tile_q8_pair(const bool far, const uint8_t *wa, const uint8_t *wb, const uint8_t *act, int64_t nb,
+                               float *ya, float *yb) {
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
     const __m256i ones = _mm256_set1_epi16(1);
     __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
@@ -741,6 +751,11 @@ static void tile_q8_pair(const uint8_t *wa, const uint8_t *wb, const uint8_t *ac
                 _mm_prefetch((const char *)blk + QPF, QPF_HINT);
                 _mm_prefetch((const char *)blk + QPF + 48, QPF_HINT);
                 _mm_prefetch((const char *)blk + QPF + 96, QPF_HINT);
+            }
+            if (far) { /* streamed weights, as Q4_0's */
+                _mm_prefetch((const char *)blk + PF_FAR, _MM_HINT_T1);
+                _mm_prefetch((const char *)blk + PF_FAR + 48, _MM_HINT_T1);
+                _mm_prefetch((const char *)blk + PF_FAR + 96, _MM_HINT_T1);
             }
             const __m128 dw = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)blk));
             __m256i t[4];
@@ -756,6 +771,14 @@ static void tile_q8_pair(const uint8_t *wa, const uint8_t *wb, const uint8_t *ac
     _mm_storeu_ps(ya, acc[0]);
     _mm_storeu_ps(yb, acc[1]);
 }
+static void tile_q8_pair_near(const uint8_t *wa, const uint8_t *wb, const uint8_t *act, int64_t nb, float *ya,
+                              float *yb) {
+    tile_q8_pair(false, wa, wb, act, nb, ya, yb);
+}
+static void tile_q8_pair_far(const uint8_t *wa, const uint8_t *wb, const uint8_t *act, int64_t nb, float *ya,
+                             float *yb) {
+    tile_q8_pair(true, wa, wb, act, nb, ya, yb);
+}
 
 #ifndef Q8_PAIRS /* -DQ8_PAIRS=0: one group at a time in decode (for A/B runs) */
 #define Q8_PAIRS 1
@@ -765,7 +788,7 @@ static void tile_q8_pair(const uint8_t *wa, const uint8_t *wb, const uint8_t *ac
  * the last multiple of 4 below row1 are the unit's plain tail). One batch row:
  * group i of the range's first half with group i of its second half. */
 static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
-                      const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
+                      const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
     enum { BBMAX = 2, R = MOETAX_K_Q8R4_ROWS };
     const int64_t nb = ncols / 32;
     const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q8_0, ncols);
@@ -773,7 +796,8 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
         const int64_t h = (row1 - row0) / R / 2;
         for (int64_t i = 0; i < h; i++) {
             const int64_t ra = row0 + i * R, rb = row0 + (h + i) * R;
-            tile_q8_pair(w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes, act, nb, y + ra, y + rb);
+            (far ? tile_q8_pair_far : tile_q8_pair_near)(w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes, act, nb,
+                                                         y + ra, y + rb);
         }
         row0 += 2 * h * R;
     }
@@ -1009,8 +1033,8 @@ static void qb_matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64
     }
 }
 
-void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
-                          int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
+static void matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                        int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy, bool far) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
     switch (wtype) {
     case MOETAX_TYPE_F32: matmul_f(0, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
@@ -1019,16 +1043,26 @@ void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_byte
     case MOETAX_TYPE_Q8_0:
         assert(row0 % MOETAX_K_Q8R4_ROWS == 0); /* ROW RANGES, kernels.h */
         if (n_batch >= QB_MIN) qb_matmul_q8(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
-        else matmul_q8(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        else matmul_q8(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
     case MOETAX_TYPE_Q4_0:
         assert(row0 % MOETAX_K_Q4R8_ROWS == 0); /* ROW RANGES, kernels.h */
-        matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
     case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K:
     case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:
-        moetax_k_matmul_kq_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        moetax_k_matmul_kq_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
     default: break;
     }
+}
+
+void moetax_k_matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                          int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
+    matmul_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, false);
+}
+
+void moetax_k_matmul_avx2_stream(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                                 int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
+    matmul_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, true);
 }

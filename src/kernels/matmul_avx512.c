@@ -86,10 +86,11 @@
 
 /* Prefetch the block of n bytes at blk, QPF512 bytes ahead: one line per 64 bytes
  * (with the next block's, every line is touched); a batch tile (JB > 1) as above. Q4_0's
- * decode (far) also prefetches QPF_FAR ahead into L2: its L1 prefetches then find their
- * lines there (a DRAM-resident model decodes faster, one inside the L3 somewhat slower;
- * Q8_0's decode, measured the same way, did not gain, and the trained default model, a
- * Q8_0 file inside the L3, lost: commit messages). */
+ * decode of streamed weights (far: moetax_k_matmul_avx512_stream, a model larger than the
+ * last-level cache, kernels.h) also prefetches QPF_FAR ahead into L2: its L1 prefetches then
+ * find their lines there (a model in DRAM decodes faster; for one inside the L3 the added
+ * instructions only cost, so its calls go without; Q8_0's decode did not gain from it:
+ * commit messages). */
 ALWAYS_INLINE void prefetch_blk(const uint8_t *blk, int n, int JB, bool far) {
     if (JB > 1) {
 #pragma GCC unroll 5
@@ -409,7 +410,7 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
 
 /* G groups (1 or 2: g[0], g[1]) of 8 rows (Q4_0x8r) x JB batch rows over blocks
  * [b0, b0 + kn); y[gi][j * ldy + 0..7]. G = 2 (decode) reads two streams at once. */
-ALWAYS_INLINE void q4r8_tile(const int G, const int JB, const uint8_t *const *g, const uint8_t *act, size_t act_row,
+ALWAYS_INLINE void q4r8_tile(const int G, const int JB, const bool far, const uint8_t *const *g, const uint8_t *act, size_t act_row,
                              int64_t nb, int64_t b0, int64_t kn, float *const *y, int64_t ldy, bool first) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
@@ -423,7 +424,7 @@ ALWAYS_INLINE void q4r8_tile(const int G, const int JB, const uint8_t *const *g,
 #pragma GCC unroll 2
         for (int gi = 0; gi < G; gi++) {
             const uint8_t *blk = g[gi] + (size_t)b * MOETAX_K_Q4R8_BLOCK_BYTES;
-            prefetch_blk(blk, MOETAX_K_Q4R8_BLOCK_BYTES, JB, true);
+            prefetch_blk(blk, MOETAX_K_Q4R8_BLOCK_BYTES, JB, far);
             __m256i lo[4], hi[4];
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
@@ -490,11 +491,20 @@ typedef void (*q4r8_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_
 #define Q4R8_TILE(G, JB)                                                                                          \
     static void q4r8_tile_##G##x##JB(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,    \
                                      int64_t b0, int64_t kn, float *const *y, int64_t ldy, bool first) {         \
-        q4r8_tile(G, JB, g, act, act_row, nb, b0, kn, y, ldy, first);                                           \
+        q4r8_tile(G, JB, false, g, act, act_row, nb, b0, kn, y, ldy, first);                                    \
     }
 Q4R8_TILE(2, 1)
 Q4R8_TILE(1, 1) Q4R8_TILE(1, 2) Q4R8_TILE(1, 3) Q4R8_TILE(1, 4)
 Q4R8_TILE(1, 5) Q4R8_TILE(1, 6) Q4R8_TILE(1, 7) Q4R8_TILE(1, 8)
+/* decode of streamed weights (matmul_stream) */
+static void q4r8_tile_far_2x1(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, int64_t b0,
+                              int64_t kn, float *const *y, int64_t ldy, bool first) {
+    q4r8_tile(2, 1, true, g, act, act_row, nb, b0, kn, y, ldy, first);
+}
+static void q4r8_tile_far_1x1(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, int64_t b0,
+                              int64_t kn, float *const *y, int64_t ldy, bool first) {
+    q4r8_tile(1, 1, true, g, act, act_row, nb, b0, kn, y, ldy, first);
+}
 static const q4r8_fn k_q4r8[JB_MAX] = {q4r8_tile_1x1, q4r8_tile_1x2, q4r8_tile_1x3, q4r8_tile_1x4,
                                        q4r8_tile_1x5, q4r8_tile_1x6, q4r8_tile_1x7, q4r8_tile_1x8};
 
@@ -580,7 +590,7 @@ static float q4_plain_row(const uint8_t *w, int64_t nb, const uint8_t *a, int64_
 }
 
 static void matmul_q4(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
-                      const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
+                      const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
     enum { R = MOETAX_K_Q4R8_ROWS };
     const int64_t nb = ncols / 32, gend = row1 - (row1 - row0) % R;
     const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q4_0, ncols);
@@ -601,14 +611,14 @@ static void matmul_q4(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
                     const int64_t ra = p0 + i * R, rb = ra + np * R;
                     const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
                     float *yy[2] = {yj + ra, yj + rb};
-                    if (n_batch == 1) q4r8_tile_2x1(gg, aj, act_row, nb, b0, kn, yy, ldy, b0 == 0);
+                    if (n_batch == 1) (far ? q4r8_tile_far_2x1 : q4r8_tile_2x1)(gg, aj, act_row, nb, b0, kn, yy, ldy, b0 == 0);
                     else k_q4z[jb - 1](gg, aj, act_row, nb, b0, kn, yy, ldy, b0 == 0);
                 }
                 int64_t r = p0 + 2 * np * R;
                 for (; r < pg; r += R) {
                     const uint8_t *g1[1] = {w + (size_t)r * row_bytes};
                     float *y1[1] = {yj + r};
-                    k_q4r8[jb - 1](g1, aj, act_row, nb, b0, kn, y1, ldy, b0 == 0);
+                    (far && jb == 1 ? q4r8_tile_far_1x1 : k_q4r8[jb - 1])(g1, aj, act_row, nb, b0, kn, y1, ldy, b0 == 0);
                 }
                 for (r = pg; r < p1; r++)
                     for (int j = 0; j < jb; j++) {
@@ -778,8 +788,8 @@ static void matmul_f2(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, 
     }
 }
 
-void moetax_k_matmul_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
-                            int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
+static void matmul_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                          int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy, bool far) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
     switch (wtype) {
     case MOETAX_TYPE_Q8_0:
@@ -788,7 +798,7 @@ void moetax_k_matmul_avx512(enum moetax_type wtype, const void *w, size_t row_by
         break;
     case MOETAX_TYPE_Q4_0:
         assert(row0 % MOETAX_K_Q4R8_ROWS == 0); /* ROW RANGES, kernels.h */
-        matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
     case MOETAX_TYPE_F32:
     case MOETAX_TYPE_F16:
@@ -797,7 +807,8 @@ void moetax_k_matmul_avx512(enum moetax_type wtype, const void *w, size_t row_by
             const int ti = wtype == MOETAX_TYPE_F32 ? 0 : wtype == MOETAX_TYPE_F16 ? 1 : 2;
             matmul_f2(ti, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
         } else { /* decode: the avx2 table's */
-            moetax_k_matmul_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+            (far ? moetax_k_matmul_avx2_stream : moetax_k_matmul_avx2)(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch,
+                                                                      y, ldy);
         }
         break;
     case MOETAX_TYPE_Q2_K:
@@ -805,12 +816,23 @@ void moetax_k_matmul_avx512(enum moetax_type wtype, const void *w, size_t row_by
     case MOETAX_TYPE_Q4_K:
     case MOETAX_TYPE_Q5_K:
     case MOETAX_TYPE_Q6_K: /* decode on VNNI, bit-identical to avx2's (kernels.h) */
-        moetax_k_matmul_kq_avx512(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        moetax_k_matmul_kq_avx512(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
     default:
-        moetax_k_matmul_avx2(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        (far ? moetax_k_matmul_avx2_stream : moetax_k_matmul_avx2)(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y,
+                                                                  ldy);
         break;
     }
+}
+
+void moetax_k_matmul_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                            int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
+    matmul_avx512(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, false);
+}
+
+void moetax_k_matmul_avx512_stream(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
+                                   int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
+    matmul_avx512(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, true);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -503,8 +503,9 @@ KQ8R_INLINE void kq8r_q23_coefs(const bool three, const __m256i U[4], __m256i ev
  * tile is G groups (1, or 2 for decode: two streams sharing the broadcasts) x JB (1..KQ_BT)
  * batch rows, the groups' decoded levels serving every batch row. */
 
-/* Decode's prefetch distance, bytes ahead of each stream, into L2 (as the avx512 table's; no
- * L1 prefetch besides: kq8r_prefetch_dec) */
+/* Decode's prefetch distance for weights streamed from memory (far: matmul_stream), bytes
+ * ahead of each stream, into L2 (as the avx512 table's; no L1 prefetch besides:
+ * kq8r_prefetch_dec); cached weights go without */
 #ifndef KQ8R_PFD
 #define KQ8R_PFD 4096
 #endif
@@ -797,7 +798,7 @@ static void kqr8_rows_avx2(const kqr8_avx2_fn *tiles, const uint8_t *w, size_t r
 }
 
 void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
-                             int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
+                             int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy, bool far) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
     const int64_t nb = ncols / MOETAX_QK_K;
     const size_t bsz = moetax_type_size(wtype);
@@ -808,9 +809,10 @@ void moetax_k_matmul_kq_avx2(enum moetax_type wtype, const void *w, size_t row_b
     { /* x8r groups, then the unit's plain tail (n_rows % 8 rows) */
         const int64_t gend = row1 - (row1 - row0) % MOETAX_K_Q4KR8_ROWS;
         const int kt = two ? KQ8R_Q2 : three ? KQ8R_Q3 : five ? KQ8R_Q5 : six ? KQ8R_Q6 : KQ8R_Q4;
+        /* cached weights: the decode's prefetch end at the range's start, so none is issued */
         kqr8_rows_avx2(k_kqr8_avx2[kt], (const uint8_t *)w, row_bytes, row0, gend, nb,
                        (const uint8_t *)xq, act_row, n_batch, y, ldy,
-                       (const uint8_t *)w + (size_t)row1 * row_bytes);
+                       (const uint8_t *)w + (size_t)(far ? row1 : row0) * row_bytes);
         row0 = gend;
         if (row0 == row1) return;
     }

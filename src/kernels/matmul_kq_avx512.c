@@ -210,9 +210,10 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
 #ifndef KQ_QPF
 #define KQ_QPF 2304 /* bytes ahead in a group's stream: two super-blocks (batch tiles, into L1) */
 #endif
-/* Decode (one batch row) streams its weights once at the memory's rate: it prefetches
- * KQ_PFD bytes ahead of where it reads, into L2 (prefetcht1), never past the end of its
- * row range (pfe). An L1 prefetch (prefetcht0) a few super-blocks ahead left Q6_Kx8r's
+/* Decode (one batch row) of weights streamed from memory (matmul_stream, kernels.h) reads
+ * them once at the memory's rate: it prefetches KQ_PFD bytes ahead of where it reads, into
+ * L2 (prefetcht1), never past the end of its row range (pfe); cached weights go without
+ * (for them those instructions are only added work). An L1 prefetch (prefetcht0) a few super-blocks ahead left Q6_Kx8r's
  * decode far below a plain read of the same bytes, no better than no prefetch at all: the
  * lines wait in L2 without holding the L1's miss buffers that the demand loads need, and
  * the distance covers the memory's latency at full rate. Every k-quant takes the same
@@ -967,7 +968,7 @@ static void kq23_batch_512(enum moetax_type wtype, const uint8_t *w, size_t row_
 /* Any k-quant in its x8r layout: groups of 8 rows x tiles of batch rows; the unit's plain tail as
  * stored (decode: the 4-row paths above; batches: Q2_K/Q3_K the VNNI path above, the others avx2's). */
 static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1,
-                         int64_t ncols, const uint8_t *xq, int64_t n_batch, float *y, int64_t ldy) {
+                         int64_t ncols, const uint8_t *xq, int64_t n_batch, float *y, int64_t ldy, bool far) {
     enum { R = MOETAX_K_Q4KR8_ROWS };
     _Static_assert(MOETAX_K_Q4KR8_ROWS == MOETAX_K_Q6KR8_ROWS && MOETAX_K_Q2KR8_ROWS == R && MOETAX_K_Q3KR8_ROWS == R,
                    "one row group (Q5_Kx8r: Q4_Kx8r's)");
@@ -975,7 +976,8 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
     const int64_t nb = ncols / MOETAX_QK_K, gend = row1 - (row1 - row0) % R;
     const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
     const int ti = six ? 2 : wtype == MOETAX_TYPE_Q5_K ? 1 : 0;
-    const uint8_t *pfe = w + (size_t)row1 * row_bytes;
+    /* the decode's L2 prefetches end here: cached weights (!far) take none, only the L1's */
+    const uint8_t *pfe = w + (size_t)(far ? row1 : row0) * row_bytes;
     const size_t pfd = KQ_PFD; /* decode's prefetch distance */
     if (n_batch == 1) { /* decode's first pfd bytes at once (kq_rows.h) */
         const uint8_t *w0 = w + (size_t)row0 * row_bytes;
@@ -1004,7 +1006,7 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
         const int64_t np = (gend - r) / R / 2;
         const size_t half = (size_t)(np * R) * row_bytes;
         const uint8_t *w0 = w + (size_t)r * row_bytes;
-        kq_prefetch_span_l2(w0 + half, w0 + half + (half > pfd ? pfd : half));
+        if (far) kq_prefetch_span_l2(w0 + half, w0 + half + (half > pfd ? pfd : half));
         for (int64_t i = 0; i < np; i++) {
             const int64_t ra = r + i * R, rb = ra + np * R;
             const uint8_t *ga = w + (size_t)ra * row_bytes, *gb = w + (size_t)rb * row_bytes;
@@ -1014,7 +1016,7 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
         r += 2 * np * R;
     }
     if (r < gend) /* a range's odd last group: the avx2 table's tiles, which read the same layouts (same bits) */
-        moetax_k_matmul_kq_avx2(wtype, w, row_bytes, r, gend, ncols, xq, n_batch, y, ldy);
+        moetax_k_matmul_kq_avx2(wtype, w, row_bytes, r, gend, ncols, xq, n_batch, y, ldy, far);
     if (gend == row1) return;
     if (n_batch == 1 && q23) /* the unit's plain tail */
         kq23_decode_rows_512(wtype, w, row_bytes, gend, row1, nb, (const moetax_block_q8_k *)xq, y);
@@ -1023,14 +1025,14 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
     else if (q23)
         kq23_batch_512(wtype, w, row_bytes, gend, row1, nb, xq, act_row, n_batch, y, ldy);
     else
-        moetax_k_matmul_kq_avx2(wtype, w, row_bytes, gend, row1, ncols, xq, n_batch, y, ldy);
+        moetax_k_matmul_kq_avx2(wtype, w, row_bytes, gend, row1, ncols, xq, n_batch, y, ldy, far);
 }
 
 void moetax_k_matmul_kq_avx512(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
-                               int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy) {
+                               int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy, bool far) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
     if (moetax_k_act_is_k(wtype)) { /* *_Kx8r */
         assert(row0 % MOETAX_K_Q4KR8_ROWS == 0); /* ROW RANGES, kernels.h */
-        matmul_kq_x8(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols, (const uint8_t *)xq, n_batch, y, ldy);
+        matmul_kq_x8(wtype, (const uint8_t *)w, row_bytes, row0, row1, ncols, (const uint8_t *)xq, n_batch, y, ldy, far);
     }
 }

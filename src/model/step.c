@@ -211,8 +211,8 @@ static void matmul_kq2(const struct fw_step *s, const struct moetax_weight *w, c
     for (int64_t c = 0; c < n; c += chunk) {
         const int64_t m = n - c < chunk ? n - c : chunk;
         s->K->quantize_act(w->type, a->x + (b0 + c) * a->ncols, a->ncols, nc, m, buf);
-        s->K->matmul(w->type, wp, w->row_bytes, 0, nrows, nc, buf, m, y + c * ldy, ldy);
-        if (w2) s->K->matmul(w2->type, wp2, w2->row_bytes, 0, nrows, nc, buf, m, y2 + c * ldy, ldy);
+        s->mm(w->type, wp, w->row_bytes, 0, nrows, nc, buf, m, y + c * ldy, ldy);
+        if (w2) s->mm(w2->type, wp2, w2->row_bytes, 0, nrows, nc, buf, m, y2 + c * ldy, ldy);
     }
     if (buf != stack) free(buf);
 }
@@ -242,11 +242,11 @@ static void matmul_prepared(const struct fw_step *s, const struct moetax_weight 
     const size_t xrow = moetax_act_size(w->type, w->ne[0], 1);
     xq += (size_t)b0 * xrow;
     if (!is_float(w->type) || !s->float_by_row) {
-        s->K->matmul(w->type, wp, w->row_bytes, 0, nrows, w->ne[0], xq, n, y, ldy);
+        s->mm(w->type, wp, w->row_bytes, 0, nrows, w->ne[0], xq, n, y, ldy);
         return;
     }
     for (int64_t b = 0; b < n; b++)
-        s->K->matmul(w->type, wp, w->row_bytes, 0, nrows, w->ne[0], xq + (size_t)b * xrow, 1, y + b * ldy, ldy);
+        s->mm(w->type, wp, w->row_bytes, 0, nrows, w->ne[0], xq + (size_t)b * xrow, 1, y + b * ldy, ldy);
 }
 
 void fw_matmul_rel(const struct fw_step *s, const struct moetax_weight *w, int64_t mat, int64_t r0, int64_t r1,
@@ -315,6 +315,8 @@ moetax_status fw_step_init(struct fw_step *s, const struct moetax_model *m, stru
     const struct moetax_hparams *hp = &m->hp;
     s->m = m;
     s->K = moetax_kernels_get();
+    const double wbytes = moetax_model_active_bytes_k(m, hp->n_expert > 0 ? (int)hp->n_expert : 0);
+    s->mm = moetax_kernels_streamed((uint64_t)wbytes) ? s->K->matmul_stream : s->K->matmul;
     s->pool = pool;
     s->n_threads = moetax_pool_n_threads(pool);
     s->n_ubatch = U;

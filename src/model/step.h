@@ -54,6 +54,10 @@ struct fw_own {
 struct fw_step {
     const struct moetax_model *m;
     const struct moetax_kernels *K;
+    /* the weights' matmul: K->matmul_stream for a model larger than the last-level cache
+     * (moetax_kernels_streamed), else K->matmul; the same bits either way */
+    void (*mm)(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+               const void *xq, int64_t n_batch, float *y, int64_t ldy);
     struct moetax_pool *pool;
     int n_threads;
     int64_t n_ubatch;      /* U: most tokens per micro-batch */
