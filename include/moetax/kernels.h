@@ -265,10 +265,10 @@ struct moetax_kernels {
     void (*matmul)(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                    int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
     /* matmul, the same bits, for weights streamed from memory rather than read from the
-     * caches (a model larger than the last-level cache: moetax_kernels_streamed): some decode
-     * paths (avx2 Q8_0 and Q4_0, avx512 Q4_0) also prefetch far ahead into L2, which pays
-     * when the weights come from DRAM and only adds instructions when they are cached.
-     * Elsewhere the same function as matmul. */
+     * caches (a model larger than the last-level cache: moetax_kernels_streamed): the SIMD
+     * tables' decode (one batch row) also prefetches 4 KiB ahead into L2 (Q8_0 on avx2 only;
+     * the rest on both), which pays when the weights come from DRAM and only adds
+     * instructions when they are cached. The ref table's is its matmul. */
     void (*matmul_stream)(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,
                           int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy);
     /* True if matmul reads weights of type t in a repacked layout (WEIGHT

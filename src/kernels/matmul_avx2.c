@@ -251,8 +251,8 @@ void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t 
 #endif
 
 /* Weights streamed from memory (moetax_k_matmul_avx2_stream: a model larger than the
- * last-level cache, kernels.h) are also fetched PF_FAR bytes ahead into L2 by the Q8_0 and
- * Q4_0 decode, so that the L1 prefetches QPF ahead find their lines there. Weights that
+ * last-level cache, kernels.h) are also fetched PF_FAR bytes ahead into L2 by the decode
+ * (Q8_0, Q4_0, and F32/F16/BF16 one or two rows at a time), so that the L1 prefetches QPF ahead find their lines there. Weights that
  * stay in the caches between tokens go without it: for them the prefetch instructions
  * are only added work (commit messages have the figures). */
 #ifndef PF_FAR
@@ -397,13 +397,17 @@ static bool f_one_row(int ti, int64_t ncols) {
  * columns a step, so the fma chain's latency does not bound it (one accumulator
  * held F16 at ~11 GB/s per core even from L2, about what a core has to stream
  * from memory with 2 threads). */
-ALWAYS_INLINE float row1_f(enum moetax_type t, const uint8_t *w, const float *x, int64_t ncols) {
+ALWAYS_INLINE float row1_f(enum moetax_type t, const bool far, const uint8_t *w, const float *x, int64_t ncols) {
     const size_t esz = t == MOETAX_TYPE_F32 ? 4 : 2;
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 32 <= ncols; k += 32) {
         _mm_prefetch((const char *)w + (size_t)k * esz + FPF(esz), QPF_HINT);
         if (esz == 4) _mm_prefetch((const char *)w + (size_t)k * esz + FPF(esz) + 64, QPF_HINT);
+        if (far) { /* streamed weights: PF_FAR ahead into L2 as well */
+            _mm_prefetch((const char *)w + (size_t)k * esz + PF_FAR, _MM_HINT_T1);
+            if (esz == 4) _mm_prefetch((const char *)w + (size_t)k * esz + PF_FAR + 64, _MM_HINT_T1);
+        }
         a0 = _mm256_fmadd_ps(load_w8(t, w, k), _mm256_loadu_ps(x + k), a0);
         a1 = _mm256_fmadd_ps(load_w8(t, w, k + 8), _mm256_loadu_ps(x + k + 8), a1);
         a2 = _mm256_fmadd_ps(load_w8(t, w, k + 16), _mm256_loadu_ps(x + k + 16), a2);
@@ -417,14 +421,22 @@ ALWAYS_INLINE float row1_f(enum moetax_type t, const uint8_t *w, const float *x,
 
 /* Two rows, a and b, each summed exactly as row1_f sums it (same accumulators,
  * same order: the same bits), sharing the activation loads. */
-ALWAYS_INLINE void row2_f(enum moetax_type t, const uint8_t *wa, const uint8_t *wb, const float *x, int64_t ncols,
-                          float *ya, float *yb) {
+ALWAYS_INLINE void row2_f(enum moetax_type t, const bool far, const uint8_t *wa, const uint8_t *wb, const float *x,
+                          int64_t ncols, float *ya, float *yb) {
     const size_t esz = t == MOETAX_TYPE_F32 ? 4 : 2;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     int64_t k = 0;
     for (; k + 32 <= ncols; k += 32) {
         _mm_prefetch((const char *)wa + (size_t)k * esz + FPF(esz), QPF_HINT);
         _mm_prefetch((const char *)wb + (size_t)k * esz + FPF(esz), QPF_HINT);
+        if (far) {
+            _mm_prefetch((const char *)wa + (size_t)k * esz + PF_FAR, _MM_HINT_T1);
+            _mm_prefetch((const char *)wb + (size_t)k * esz + PF_FAR, _MM_HINT_T1);
+            if (esz == 4) {
+                _mm_prefetch((const char *)wa + (size_t)k * esz + PF_FAR + 64, _MM_HINT_T1);
+                _mm_prefetch((const char *)wb + (size_t)k * esz + PF_FAR + 64, _MM_HINT_T1);
+            }
+        }
         if (esz == 4) {
             _mm_prefetch((const char *)wa + (size_t)k * esz + FPF(esz) + 64, QPF_HINT);
             _mm_prefetch((const char *)wb + (size_t)k * esz + FPF(esz) + 64, QPF_HINT);
@@ -461,8 +473,8 @@ ALWAYS_INLINE void row2_f(enum moetax_type t, const uint8_t *wa, const uint8_t *
 #define ROWS2 1
 #endif
 
-static void rows1_f(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
-                    const float *x, float *y) {
+ALWAYS_INLINE void rows1_f(int ti, const bool far, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1,
+                          int64_t ncols, const float *x, float *y) {
     if (ROWS2) {
         /* two streams per core: row i of the range's first half with row i of its second
          * half, each half one contiguous run */
@@ -470,29 +482,37 @@ static void rows1_f(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, in
         for (int64_t i = 0; i < h; i++) {
             const int64_t ra = row0 + i, rb = row0 + h + i;
             const uint8_t *wa = w + (size_t)ra * row_bytes, *wb = w + (size_t)rb * row_bytes;
-            if (ti == 0) row2_f(MOETAX_TYPE_F32, wa, wb, x, ncols, y + ra, y + rb);
-            else if (ti == 1) row2_f(MOETAX_TYPE_F16, wa, wb, x, ncols, y + ra, y + rb);
-            else row2_f(MOETAX_TYPE_BF16, wa, wb, x, ncols, y + ra, y + rb);
+            if (ti == 0) row2_f(MOETAX_TYPE_F32, far, wa, wb, x, ncols, y + ra, y + rb);
+            else if (ti == 1) row2_f(MOETAX_TYPE_F16, far, wa, wb, x, ncols, y + ra, y + rb);
+            else row2_f(MOETAX_TYPE_BF16, far, wa, wb, x, ncols, y + ra, y + rb);
         }
         row0 += 2 * h;
     }
     for (int64_t r = row0; r < row1; r++) {
         const uint8_t *wr = w + (size_t)r * row_bytes;
-        y[r] = ti == 0 ? row1_f(MOETAX_TYPE_F32, wr, x, ncols)
-               : ti == 1 ? row1_f(MOETAX_TYPE_F16, wr, x, ncols)
-                         : row1_f(MOETAX_TYPE_BF16, wr, x, ncols);
+        y[r] = ti == 0 ? row1_f(MOETAX_TYPE_F32, far, wr, x, ncols)
+               : ti == 1 ? row1_f(MOETAX_TYPE_F16, far, wr, x, ncols)
+                         : row1_f(MOETAX_TYPE_BF16, far, wr, x, ncols);
     }
+}
+static void rows1_f_near(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                         const float *x, float *y) {
+    rows1_f(ti, false, w, row_bytes, row0, row1, ncols, x, y);
+}
+static void rows1_f_far(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                        const float *x, float *y) {
+    rows1_f(ti, true, w, row_bytes, row0, row1, ncols, x, y);
 }
 
 /* With more batch rows than one tile holds, the columns are cut into chunks
  * whose RB weight rows stay in L1 (16 KiB) while every batch tile passes over
  * them, so weights come from memory once per call, not once per batch tile. */
 static void matmul_f(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
-                     const float *x, int64_t n_batch, float *y, int64_t ldy) {
+                     const float *x, int64_t n_batch, float *y, int64_t ldy, bool far) {
     enum { BBMAX = 3 };
     const int64_t kc = n_batch > BBMAX ? (ti == 0 ? 1024 : 2048) : ncols;
     if (n_batch == 1 && f_one_row(ti, ncols)) {
-        rows1_f(ti, w, row_bytes, row0, row1, ncols, x, y);
+        (far ? rows1_f_far : rows1_f_near)(ti, w, row_bytes, row0, row1, ncols, x, y);
         return;
     }
     for (int64_t r = row0; r < row1;) {
@@ -1037,9 +1057,9 @@ static void matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes,
                         int64_t ncols, const void *xq, int64_t n_batch, float *y, int64_t ldy, bool far) {
     if (row1 <= row0 || n_batch <= 0 || ncols <= 0) return;
     switch (wtype) {
-    case MOETAX_TYPE_F32: matmul_f(0, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
-    case MOETAX_TYPE_F16: matmul_f(1, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
-    case MOETAX_TYPE_BF16: matmul_f(2, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy); break;
+    case MOETAX_TYPE_F32: matmul_f(0, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far); break;
+    case MOETAX_TYPE_F16: matmul_f(1, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far); break;
+    case MOETAX_TYPE_BF16: matmul_f(2, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far); break;
     case MOETAX_TYPE_Q8_0:
         assert(row0 % MOETAX_K_Q8R4_ROWS == 0); /* ROW RANGES, kernels.h */
         if (n_batch >= QB_MIN) qb_matmul_q8(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
