@@ -329,7 +329,8 @@ const struct moetax_kernels *moetax_kernels_ref(void);
  * largest cache of CPU 0, else 32 MiB when neither is known). */
 uint64_t moetax_cpu_llc_bytes(void);
 /* Whether weights of this many bytes, read once per token, come from memory rather
- * than the caches, so that matmul_stream suits them: more than moetax_cpu_llc_bytes(). */
+ * than the caches, so that matmul_stream suits them: more than moetax_cpu_llc_bytes().
+ * MOETAX_STREAM=1 or 0 in the environment forces the answer. */
 bool moetax_kernels_streamed(uint64_t weight_bytes);
 /* The AVX2/FMA/F16C table, or NULL if this CPU lacks any of them. */
 const struct moetax_kernels *moetax_kernels_avx2(void);

@@ -433,7 +433,11 @@ uint64_t moetax_cpu_llc_bytes(void) {
     return v;
 }
 
-bool moetax_kernels_streamed(uint64_t weight_bytes) { return weight_bytes > moetax_cpu_llc_bytes(); }
+bool moetax_kernels_streamed(uint64_t weight_bytes) {
+    const char *e = getenv("MOETAX_STREAM"); /* "1" or "0" forces the choice (A/B runs; a VM's L3 figure) */
+    if (e && (!strcmp(e, "0") || !strcmp(e, "1"))) return e[0] == '1';
+    return weight_bytes > moetax_cpu_llc_bytes();
+}
 
 const struct moetax_kernels *moetax_kernels_ref(void) {
     pthread_once(&g_once, select_once);
