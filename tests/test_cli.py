@@ -83,6 +83,9 @@ def main():
         c = run([mt, "run", "-m", model, "-p", "def main(self):", "-n", "16", "--temp", "0", "--ignore-eos", "-t", "2"],
                 env=dict(os.environ, MOETAX_STREAM=v))
         check(c.returncode == 0 and c.stdout == a.stdout, f"MOETAX_STREAM={v}: the same greedy text: {c.stdout[-200:]}")
+    c = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "-t", "1"], env=dict(os.environ, MOETAX_STREAM="yes"))
+    check(c.returncode == 0 and "MOETAX_STREAM='yes' is not 0 or 1" in c.stderr,
+          f"MOETAX_STREAM=yes: a warning, not a failure: rc {c.returncode} {c.stderr[-300:]}")
     for key in ("prefill:", "decode:", "time to first token", "tax share"):
         check(key in a.stderr, f"run prints '{key}'")
     j = run([mt, "run", "-m", model, "-p", "x = 1", "-n", "4", "--json", "--no-display-prompt", "--ignore-eos"])

@@ -436,6 +436,9 @@ uint64_t moetax_cpu_llc_bytes(void) {
 bool moetax_kernels_streamed(uint64_t weight_bytes) {
     const char *e = getenv("MOETAX_STREAM"); /* "1" or "0" forces the choice (A/B runs; a VM's L3 figure) */
     if (e && (!strcmp(e, "0") || !strcmp(e, "1"))) return e[0] == '1';
+    static atomic_bool warned;
+    if (e && *e && !atomic_exchange(&warned, true)) /* as MOETAX_KERNELS: a warning, not a failure */
+        fprintf(stderr, "moetax: MOETAX_STREAM='%s' is not 0 or 1; ignored (the model's size decides)\n", e);
     return weight_bytes > moetax_cpu_llc_bytes();
 }
 
