@@ -47,25 +47,30 @@ static void cache_row(const struct fw_step *s, struct mla *a, struct mla_worker 
     if (a->f16) s->K->fp32_to_fp16(dst, cell, kvr);
 }
 
-/* Head h, every token of the micro-batch: Q_h = [W_kb[h] q_nope ; rope(q_pe)] into a->qabs
- * (one batched matmul, so W_kb[h] is read once per micro-batch; scratch wk->f, wk->q). */
-static void q_abs_head(const struct fw_step *s, struct mla *a, struct mla_worker *wk, int il, int64_t h) {
+/* Head h, tokens [t0, t1) of the micro-batch: Q_h = [W_kb[h] q_nope ; rope(q_pe)] into a->qabs
+ * (one batched matmul, so W_kb[h] is read once for them; scratch wk->f, wk->q). */
+static void q_abs_head_range(const struct fw_step *s, struct mla *a, struct mla_worker *wk, int il, int64_t h,
+                             int64_t t0, int64_t t1) {
     const struct moetax_hparams *hp = &s->m->hp;
     const struct moetax_layer *l = &s->m->layers[il];
-    const int64_t n = s->n, H = hp->n_head, nope = hp->n_embd_head_qk_nope, rope = hp->n_embd_head_qk_rope;
+    const int64_t n = t1 - t0, H = hp->n_head, nope = hp->n_embd_head_qk_nope, rope = hp->n_embd_head_qk_rope;
     const int64_t kvl = hp->kv_lora_rank, qrow = H * (nope + rope), kvr = a->kv_row;
     float *qn = wk->f; /* [n, nope] gathered q_nope of head h */
-    for (int64_t t = 0; t < n; t++) {
+    for (int64_t t = t0; t < t1; t++) {
         const float *qh = a->q + t * qrow + h * (nope + rope);
         float *Q = a->qabs + (t * H + h) * kvr;
         memcpy(Q + kvl, qh + nope, sizeof(float) * (size_t)rope);
         s->K->rope_cached(Q + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, a->ropecs + t * rope);
-        memcpy(qn + t * nope, qh, sizeof(float) * (size_t)nope);
+        memcpy(qn + (t - t0) * nope, qh, sizeof(float) * (size_t)nope);
     }
     struct act x = {.x = qn, .ncols = nope, .n = n, .q8 = wk->q, .q4 = wk->q, .cap_q8 = wk->nq, .cap_q4 = wk->nq};
     if (l->wk_b.type == MOETAX_TYPE_Q8_0 || l->wk_b.type == MOETAX_TYPE_Q4_0)
         s->K->quantize_act(l->wk_b.type, qn, nope, nope, n, wk->q);
-    fw_matmul(s, &l->wk_b, h, 0, kvl, &x, 0, n, a->qabs + h * kvr, H * kvr);
+    fw_matmul(s, &l->wk_b, h, 0, kvl, &x, 0, n, a->qabs + (t0 * H + h) * kvr, H * kvr);
+}
+
+static void q_abs_head(const struct fw_step *s, struct mla *a, struct mla_worker *wk, int il, int64_t h) {
+    q_abs_head_range(s, a, wk, il, h, 0, s->n);
 }
 
 void mla_rope_token(struct mla *a, const struct fw_step *s, int64_t t) {
@@ -78,6 +83,43 @@ void mla_rope_token(struct mla *a, const struct fw_step *s, int64_t t) {
     moetax_rope_cache(&rp, s->pos[t], a->ropecs + t * hp->n_embd_head_qk_rope);
 }
 
+/* Heads [h0, h1) of token t over its sequence's positions 0 .. pos (a->qabs made): the scores of
+ * each cache block's rows are one matmul with the heads as its batch, then o[h - h0][kvl] = the
+ * softmax-weighted sum of the rows' kv parts, one chain over the blocks (scratch wk->f: scores
+ * [heads][np_max], np_max > pos). */
+static void attend(const struct fw_step *s, struct mla *a, struct mla_worker *wk, int il, int64_t t, int64_t h0,
+                   int64_t h1, int64_t np_max, float *o) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_kernels *K = s->K;
+    const int64_t H = hp->n_head, kvl = hp->kv_lora_rank, kvr = a->kv_row, nh = h1 - h0, np = s->pos[t] + 1;
+    const int64_t bs = moetax_kvcache_block_size(a->kv);
+    float *sc = wk->f;
+    int32_t nblk;
+    const int32_t *blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk);
+    const float *Q = a->qabs + (t * H + h0) * kvr;
+    const enum moetax_type ct = a->f16 ? MOETAX_TYPE_F16 : MOETAX_TYPE_F32;
+    const size_t crow = (a->f16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)kvr;
+    for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
+        const int64_t nr = np - j0 < bs ? np - j0 : bs;
+        K->matmul(ct, moetax_kvcache_block_rows(a->kv, il, blk[b]), crow, 0, nr, kvr, Q, nh, sc + j0, np_max);
+    }
+    for (int64_t hh = 0; hh < nh; hh++) {
+        K->scale(sc + hh * np_max, hp->kq_scale, np);
+        K->softmax(sc + hh * np_max, np);
+    }
+    for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
+        const int64_t nr = np - j0 < bs ? np - j0 : bs;
+        const void *rows = moetax_kvcache_block_rows(a->kv, il, blk[b]);
+        if (a->f16) { /* the block's kv parts in float (the weighted sum reads float rows) */
+            for (int64_t r = 0; r < nr; r++) K->fp16_to_fp32((const uint16_t *)rows + r * kvr, wk->vb + r * kvl, kvl);
+            K->wsum(o, kvl, sc + j0, np_max, nh, wk->vb, kvl, nr, kvl, j0 > 0);
+        } else {
+            K->wsum(o, kvl, sc + j0, np_max, nh, rows, kvr, nr, kvl, j0 > 0);
+        }
+    }
+    (void)nblk;
+}
+
 void mla_attention(struct worker *w, struct mla *a, int il) {
     struct fw_step *s = w->s;
     const struct moetax_model *m = s->m;
@@ -86,7 +128,7 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
     const struct moetax_kernels *K = s->K;
     const int64_t n = s->n, d = hp->n_embd, H = hp->n_head, nope = hp->n_embd_head_qk_nope;
     const int64_t rope = hp->n_embd_head_qk_rope, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
-    const int64_t ql = hp->q_lora_rank, qrow = H * (nope + rope), kvr = a->kv_row;
+    const int64_t ql = hp->q_lora_rank, qrow = H * (nope + rope);
     int64_t r0, r1;
 
     /* 1: attn_norm, prepare (one token: each worker itself, in phase 2; see fw_norm_input) */
@@ -161,42 +203,16 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
      * accumulators (kernels.h, matmul_avx2.c) */
     const int64_t G1 = w->nth > 1 ? (H < 2 * w->nth ? H : 2 * w->nth) : 1; /* one token's */
     const int64_t G = n >= 2 * w->nth && H / G1 >= 2 ? 1 : G1;
-    const int64_t bs = moetax_kvcache_block_size(a->kv);
     int64_t np_max = 0;
     for (int64_t t = 0; t < n; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
-    float *sc = wk->f;                 /* [heads of a group][np_max] scores */
-    float *o1 = wk->f + H * np_max;    /* [heads of a group][kvl] (one token) */
+    float *o1 = wk->f + H * np_max; /* [heads of a group][kvl] (one token; the scores before it: attend) */
     for (int64_t it; (it = fw_chunk(w, n * G, 1)) >= 0;) {
         int64_t t = it / G, g = it % G;
         int64_t h0 = H * g / G, h1 = H * (g + 1) / G, nh = h1 - h0;
-        int64_t np = s->pos[t] + 1;
-        int32_t nblk;
-        const int32_t *blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk);
         if (fuse)
             for (int64_t h = h0; h < h1; h++) q_abs_head(s, a, wk, il, h);
-        const float *Q = a->qabs + (t * H + h0) * kvr;
-        const enum moetax_type ct = a->f16 ? MOETAX_TYPE_F16 : MOETAX_TYPE_F32;
-        const size_t crow = (a->f16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)kvr;
-        for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
-            const int64_t nr = np - j0 < bs ? np - j0 : bs;
-            K->matmul(ct, moetax_kvcache_block_rows(a->kv, il, blk[b]), crow, 0, nr, kvr, Q, nh, sc + j0, np_max);
-        }
-        for (int64_t hh = 0; hh < nh; hh++) {
-            K->scale(sc + hh * np_max, hp->kq_scale, np);
-            K->softmax(sc + hh * np_max, np);
-        }
         float *o = n == 1 ? o1 : a->oatt + (t * H + h0) * kvl;
-        for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
-            const int64_t nr = np - j0 < bs ? np - j0 : bs;
-            const void *rows = moetax_kvcache_block_rows(a->kv, il, blk[b]);
-            if (a->f16) { /* the block's kv parts in float (the weighted sum reads float rows) */
-                for (int64_t r = 0; r < nr; r++) K->fp16_to_fp32((const uint16_t *)rows + r * kvr, wk->vb + r * kvl, kvl);
-                K->wsum(o, kvl, sc + j0, np_max, nh, wk->vb, kvl, nr, kvl, j0 > 0);
-            } else {
-                K->wsum(o, kvl, sc + j0, np_max, nh, rows, kvr, nr, kvl, j0 > 0);
-            }
-        }
-        (void)nblk;
+        attend(s, a, wk, il, t, h0, h1, np_max, o);
         if (n > 1) continue;
         for (int64_t hh = 0; hh < nh; hh++) {
             int64_t h = h0 + hh;

@@ -316,7 +316,8 @@ moetax_status fw_step_init(struct fw_step *s, const struct moetax_model *m, stru
     s->m = m;
     s->K = moetax_kernels_get();
     const double wbytes = moetax_model_active_bytes_k(m, hp->n_expert > 0 ? (int)hp->n_expert : 0);
-    s->mm = moetax_kernels_streamed((uint64_t)wbytes) ? s->K->matmul_stream : s->K->matmul;
+    s->streamed = moetax_kernels_streamed((uint64_t)wbytes);
+    s->mm = s->streamed ? s->K->matmul_stream : s->K->matmul;
     s->pool = pool;
     s->n_threads = moetax_pool_n_threads(pool);
     s->n_ubatch = U;

@@ -58,6 +58,7 @@ struct fw_step {
      * (moetax_kernels_streamed), else K->matmul; the same bits either way */
     void (*mm)(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                const void *xq, int64_t n_batch, float *y, int64_t ldy);
+    bool streamed;         /* mm is K->matmul_stream: the weights come from memory, not the caches */
     struct moetax_pool *pool;
     int n_threads;
     int64_t n_ubatch;      /* U: most tokens per micro-batch */
