@@ -17,6 +17,9 @@
  * share of phase 2 (2 workers on DeepSeek shapes; not 16): phase 2's kv_a
  * item also writes the cache row, and each attention item makes its own
  * heads' q_abs. So 3 barriers (4 with q_lora, +1 without that fusion).
+ * A batch of one token per sequence in a model that stays in the caches goes
+ * token-parallel instead (mla_attention_tokens): each worker runs all of these
+ * steps for its own tokens, and only the end is a barrier.
  *
  * The cache is paged (moetax/kvcache.h): token t of sequence s at position p
  * writes its row into s's block for p and attends over s's positions 0..p,
@@ -120,7 +123,84 @@ static void attend(const struct fw_step *s, struct mla *a, struct mla_worker *wk
     (void)nblk;
 }
 
+/* Whether this micro-batch's attention runs token-parallel (mla_attention_tokens): a model in the
+ * caches (a streamed one would read the attention's weights once per worker), every token of its
+ * own sequence (so no token needs a cache row another worker writes), at least one token per
+ * worker and each worker's rows within its own slot (fw_own_fits). */
+static bool token_parallel(const struct worker *w, const struct mla *a) {
+    const struct fw_step *s = w->s;
+    const struct moetax_hparams *hp = &s->m->hp;
+    const int64_t n = s->n, nt = (n + w->nth - 1) / w->nth;
+    const int64_t wide = hp->n_embd > hp->q_lora_rank ? hp->n_embd : hp->q_lora_rank;
+    const int64_t hv = hp->n_head * hp->n_embd_head_v;
+    if (s->streamed || w->nth < 2 || n < w->nth || !fw_own_fits(nt, wide > hv ? wide : hv)) return false;
+    for (int64_t i = 1; i < n; i++)
+        for (int64_t j = 0; j < i; j++)
+            if (s->seq[i] == s->seq[j]) return false;
+    (void)a;
+    return true;
+}
+
+/* Token-parallel (token_parallel): each worker runs the whole attention of its own tokens (a
+ * static split), each matmul over them as a batch, with one barrier at the end instead of one per
+ * phase. The same bits as the phases below: the quantized matmuls are batch-invariant (kernels.h)
+ * and float weights go one row at a time in a quantized model (fw_matmul); a token's heads are
+ * one group when one token's groups there hold 2+ heads each (see phase 4), else the same groups. */
+static void mla_attention_tokens(struct worker *w, struct mla *a, int il) {
+    struct fw_step *s = w->s;
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t d = hp->n_embd, H = hp->n_head, nope = hp->n_embd_head_qk_nope;
+    const int64_t rope = hp->n_embd_head_qk_rope, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
+    const int64_t ql = hp->q_lora_rank, qrow = H * (nope + rope);
+    struct mla_worker *wk = &a->wk[w->ith];
+    int64_t t0, t1;
+    fw_split(w, s->n, 1, &t0, &t1);
+    const int64_t nt = t1 - t0;
+    fw_phase_begin(w, MOETAX_PHASE_NORM, il);
+    if (nt > 0) {
+        const struct act *ain = fw_own_rows(w, s->x + t0 * d, d, nt, l->attn_norm);
+        fw_mark(w, MOETAX_PHASE_ATTN);
+        const struct moetax_weight *wq = ql ? &l->wq_a : &l->wq;
+        const int64_t nq = wq->ne[1], nkv = l->wkv_a.ne[1];
+        fw_matmul(s, &l->wkv_a, 0, 0, nkv, ain, 0, nt, a->kva + t0 * nkv, nkv);
+        fw_matmul(s, wq, 0, 0, nq, ain, 0, nt, (ql ? a->qa : a->q) + t0 * nq, nq);
+        if (ql) {
+            const struct act *aq = fw_own_rows(w, a->qa + t0 * ql, ql, nt, l->q_a_norm);
+            fw_matmul(s, &l->wq_b, 0, 0, qrow, aq, 0, nt, a->q + t0 * qrow, qrow);
+        }
+        for (int64_t t = t0; t < t1; t++) cache_row(s, a, wk, il, t);
+        for (int64_t h = 0; h < H; h++) q_abs_head_range(s, a, wk, il, h, t0, t1);
+        const int64_t G1 = H < 2 * w->nth ? H : 2 * w->nth, G = H / G1 >= 2 ? 1 : G1;
+        int64_t np_max = 0;
+        for (int64_t t = t0; t < t1; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
+        for (int64_t t = t0; t < t1; t++)
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t h0 = H * g / G, h1 = H * (g + 1) / G;
+                attend(s, a, wk, il, t, h0, h1, np_max, a->oatt + (t * H + h0) * kvl);
+            }
+        for (int64_t h = 0; h < H; h++) { /* out_h = W_vb[h] o_h, the worker's tokens as one batch */
+            float *og = wk->f; /* [nt, kvl] gathered o of head h */
+            for (int64_t t = t0; t < t1; t++)
+                memcpy(og + (t - t0) * kvl, a->oatt + (t * H + h) * kvl, sizeof(float) * (size_t)kvl);
+            struct act x = {.x = og, .ncols = kvl, .n = nt, .q8 = wk->q, .q4 = wk->q, .cap_q8 = wk->nq, .cap_q4 = wk->nq};
+            if (l->wv_b.type == MOETAX_TYPE_Q8_0 || l->wv_b.type == MOETAX_TYPE_Q4_0)
+                s->K->quantize_act(l->wv_b.type, og, kvl, kvl, nt, wk->q);
+            fw_matmul(s, &l->wv_b, h, 0, vh, &x, 0, nt, a->attv + t0 * H * vh + h * vh, H * vh);
+        }
+        const struct act *aov = fw_own_rows(w, a->attv + t0 * H * vh, H * vh, nt, NULL);
+        fw_matmul(s, &l->wo, 0, 0, d, aov, 0, nt, a->out + t0 * d, d);
+        for (int64_t t = t0; t < t1; t++)
+            for (int64_t r = 0; r < d; r++) s->x[t * d + r] += a->out[t * d + r];
+    }
+    fw_phase_end(w);
+}
+
 void mla_attention(struct worker *w, struct mla *a, int il) {
+    if (token_parallel(w, a)) {
+        mla_attention_tokens(w, a, il);
+        return;
+    }
     struct fw_step *s = w->s;
     const struct moetax_model *m = s->m;
     const struct moetax_hparams *hp = &m->hp;
