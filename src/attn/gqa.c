@@ -91,14 +91,17 @@ static void cache_row(const struct fw_step *s, struct gqa *a, struct gqa_worker 
     if (a->f16) s->K->fp32_to_fp16(dst, cell, kvr);
 }
 
+static void attend(const struct fw_step *s, struct gqa *a, struct gqa_worker *wk, int il, int64_t t, int64_t g,
+                   int64_t h0, int64_t h1, int64_t np_max);
+static void gqa_out(struct worker *w, struct gqa *a, int il);
+
 void gqa_attention(struct worker *w, struct gqa *a, int il) {
     struct fw_step *s = w->s;
     const struct moetax_model *m = s->m;
     const struct moetax_hparams *hp = &m->hp;
     const struct moetax_layer *l = &m->layers[il];
-    const struct moetax_kernels *K = s->K;
     const int64_t n = s->n, d = hp->n_embd, H = hp->n_head, Hkv = hp->n_head_kv;
-    const int64_t hk = hp->n_embd_head_k, hv = hp->n_embd_head_v, kvr = a->kv_row, r = H / Hkv;
+    const int64_t hk = hp->n_embd_head_k, kvr = a->kv_row, r = H / Hkv;
     int64_t r0, r1;
 
     /* 1: attn_norm, prepare (one token: each worker itself, in phase 2; see fw_norm_input) */
@@ -160,46 +163,66 @@ void gqa_attention(struct worker *w, struct gqa *a, int il) {
                            ? ((2 * w->nth + Hkv - 1) / Hkv < r ? (2 * w->nth + Hkv - 1) / Hkv : r)
                            : 1; /* one token's; the bits stay only if its parts hold 2+ heads (mla.c) */
     const int64_t S = Hkv * n >= 2 * w->nth && (S1 == 1 || r / S1 >= 2) ? 1 : S1;
-    const int64_t bs = moetax_kvcache_block_size(a->kv);
     int64_t np_max = 0;
     for (int64_t t = 0; t < n; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
-    const enum moetax_type ct = a->f16 ? MOETAX_TYPE_F16 : MOETAX_TYPE_F32;
-    const size_t esz = a->f16 ? sizeof(uint16_t) : sizeof(float), crow = esz * (size_t)kvr;
     for (int64_t it; (it = fw_chunk(w, n * Hkv * S, 1)) >= 0;) {
         const int64_t t = it / (Hkv * S), g = it / S % Hkv, part = it % S;
-        const int64_t h0 = g * r + r * part / S, h1 = g * r + r * (part + 1) / S, nh = h1 - h0;
-        const int64_t np = s->pos[t] + 1;
-        float *q = a->q + t * H * hk;
-        if (fuse) norm_rope_heads(s, a, q, l->bq, l->attn_q_norm, h0, h1, t);
-        int32_t nblk;
-        const int32_t *blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk);
-        float *sc = wk->sc; /* [nh][np_max] */
-        for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
-            const int64_t nr = np - j0 < bs ? np - j0 : bs;
-            const char *rows = (const char *)moetax_kvcache_block_rows(a->kv, il, blk[b]) + esz * (size_t)(g * hk);
-            K->matmul(ct, rows, crow, 0, nr, hk, q + h0 * hk, nh, sc + j0, np_max);
-        }
-        for (int64_t hh = 0; hh < nh; hh++) {
-            K->scale(sc + hh * np_max, hp->kq_scale, np);
-            K->softmax(sc + hh * np_max, np);
-        }
-        float *o = a->attv + t * H * hv + h0 * hv;
-        for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
-            const int64_t nr = np - j0 < bs ? np - j0 : bs;
-            const char *rows = (const char *)moetax_kvcache_block_rows(a->kv, il, blk[b]) +
-                               esz * (size_t)(Hkv * hk + g * hv);
-            if (a->f16) {
-                for (int64_t rr = 0; rr < nr; rr++)
-                    K->fp16_to_fp32((const uint16_t *)rows + rr * kvr, wk->vb + rr * hv, hv);
-                K->wsum(o, hv, sc + j0, np_max, nh, wk->vb, hv, nr, hv, j0 > 0);
-            } else {
-                K->wsum(o, hv, sc + j0, np_max, nh, (const float *)rows, kvr, nr, hv, j0 > 0);
-            }
-        }
-        (void)nblk;
+        const int64_t h0 = g * r + r * part / S, h1 = g * r + r * (part + 1) / S;
+        if (fuse) norm_rope_heads(s, a, a->q + t * H * hk, l->bq, l->attn_q_norm, h0, h1, t);
+        attend(s, a, wk, il, t, g, h0, h1, np_max);
     }
     fw_phase_end(w);
+    gqa_out(w, a, il);
+}
 
+/* Heads [h0, h1) of token t (all of KV head g's, or a part of them) over its sequence's
+ * positions 0 .. pos (q made): the scores of each cache block are one matmul over the block's K
+ * rows of KV head g with the heads as its batch, then a->attv's heads = the softmax-weighted sum
+ * of the V rows, one chain over the blocks (scratch wk->sc: [heads][np_max], np_max > pos). */
+static void attend(const struct fw_step *s, struct gqa *a, struct gqa_worker *wk, int il, int64_t t, int64_t g,
+                   int64_t h0, int64_t h1, int64_t np_max) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_kernels *K = s->K;
+    const int64_t H = hp->n_head, Hkv = hp->n_head_kv, hk = hp->n_embd_head_k, hv = hp->n_embd_head_v;
+    const int64_t kvr = a->kv_row, nh = h1 - h0, np = s->pos[t] + 1, bs = moetax_kvcache_block_size(a->kv);
+    const enum moetax_type ct = a->f16 ? MOETAX_TYPE_F16 : MOETAX_TYPE_F32;
+    const size_t esz = a->f16 ? sizeof(uint16_t) : sizeof(float), crow = esz * (size_t)kvr;
+    float *q = a->q + t * H * hk;
+    int32_t nblk;
+    const int32_t *blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk);
+    float *sc = wk->sc; /* [nh][np_max] */
+    for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
+        const int64_t nr = np - j0 < bs ? np - j0 : bs;
+        const char *rows = (const char *)moetax_kvcache_block_rows(a->kv, il, blk[b]) + esz * (size_t)(g * hk);
+        K->matmul(ct, rows, crow, 0, nr, hk, q + h0 * hk, nh, sc + j0, np_max);
+    }
+    for (int64_t hh = 0; hh < nh; hh++) {
+        K->scale(sc + hh * np_max, hp->kq_scale, np);
+        K->softmax(sc + hh * np_max, np);
+    }
+    float *o = a->attv + t * H * hv + h0 * hv;
+    for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
+        const int64_t nr = np - j0 < bs ? np - j0 : bs;
+        const char *rows = (const char *)moetax_kvcache_block_rows(a->kv, il, blk[b]) +
+                           esz * (size_t)(Hkv * hk + g * hv);
+        if (a->f16) {
+            for (int64_t rr = 0; rr < nr; rr++)
+                K->fp16_to_fp32((const uint16_t *)rows + rr * kvr, wk->vb + rr * hv, hv);
+            K->wsum(o, hv, sc + j0, np_max, nh, wk->vb, hv, nr, hv, j0 > 0);
+        } else {
+            K->wsum(o, hv, sc + j0, np_max, nh, (const float *)rows, kvr, nr, hv, j0 > 0);
+        }
+    }
+    (void)nblk;
+}
+
+/* Phases 5 and 6 (see gqa_attention) */
+static void gqa_out(struct worker *w, struct gqa *a, int il) {
+    struct fw_step *s = w->s;
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t n = s->n, d = hp->n_embd, H = hp->n_head, hv = hp->n_embd_head_v;
+    int64_t r0, r1;
     /* 5: prepare the concatenated head outputs (one token: each worker itself, in phase 6) */
     const struct act *aov = &s->a_in;
     if (!fw_own_fits(n, H * hv)) {
