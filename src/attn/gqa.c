@@ -14,7 +14,9 @@
  * worker normalises / prepares the one row itself, fw_own_row), nor phase 3 when k+v are no
  * bigger than a worker's share of phase 2 and the q/k norm is per head: one item of phase 2
  * computes all of k and v and writes the cache row, and each attention item norms and ropes
- * its own heads' q. So 3 barriers (4 without that fusion).
+ * its own heads' q. So 3 barriers (4 without that fusion). A batch of one token per sequence
+ * in a model that stays in the caches goes token-parallel instead (gqa_attention_tokens), with
+ * one barrier.
  *
  * The cache is paged (moetax/kvcache.h): a token attends over its own sequence's blocks;
  * the scores of each block are one matmul over the block's K rows of KV head g (the cache
@@ -95,7 +97,64 @@ static void attend(const struct fw_step *s, struct gqa *a, struct gqa_worker *wk
                    int64_t h0, int64_t h1, int64_t np_max);
 static void gqa_out(struct worker *w, struct gqa *a, int il);
 
+/* Token-parallel, as mla.c's (mla_attention_tokens: when, and why the bits are the same): each
+ * worker runs the whole attention of its own tokens, each matmul over them as a batch, and only
+ * the end is a barrier. */
+static bool token_parallel(const struct worker *w) {
+    const struct fw_step *s = w->s;
+    const struct moetax_hparams *hp = &s->m->hp;
+    const int64_t n = s->n, nt = (n + w->nth - 1) / w->nth, hv = hp->n_head * hp->n_embd_head_v;
+    if (s->streamed || w->nth < 2 || n < w->nth || !fw_own_fits(nt, hp->n_embd > hv ? hp->n_embd : hv)) return false;
+    for (int64_t i = 1; i < n; i++)
+        for (int64_t j = 0; j < i; j++)
+            if (s->seq[i] == s->seq[j]) return false;
+    return true;
+}
+
+static void gqa_attention_tokens(struct worker *w, struct gqa *a, int il) {
+    struct fw_step *s = w->s;
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t d = hp->n_embd, H = hp->n_head, Hkv = hp->n_head_kv, hv = hp->n_embd_head_v;
+    const int64_t kvr = a->kv_row, r = H / Hkv;
+    struct gqa_worker *wk = &a->wk[w->ith];
+    int64_t t0, t1;
+    fw_split(w, s->n, 1, &t0, &t1);
+    const int64_t nt = t1 - t0;
+    fw_phase_begin(w, MOETAX_PHASE_NORM, il);
+    if (nt > 0) {
+        const struct act *ain = fw_own_rows(w, s->x + t0 * d, d, nt, l->attn_norm);
+        fw_mark(w, MOETAX_PHASE_ATTN);
+        const int64_t nq = l->wq.ne[1], nk = l->wk.ne[1], nv = l->wv.ne[1];
+        fw_matmul(s, &l->wq, 0, 0, nq, ain, 0, nt, a->q + t0 * nq, nq);
+        fw_matmul(s, &l->wk, 0, 0, nk, ain, 0, nt, a->kvp + t0 * kvr, kvr);
+        fw_matmul(s, &l->wv, 0, 0, nv, ain, 0, nt, a->kvp + t0 * kvr + nk, kvr);
+        for (int64_t t = t0; t < t1; t++) {
+            cache_row(s, a, wk, il, t);
+            q_token(s, a, il, t);
+        }
+        /* parts per KV head: one, unless one token's parts (gqa_attention) hold a single head */
+        const int64_t S1 = Hkv < 2 * w->nth ? ((2 * w->nth + Hkv - 1) / Hkv < r ? (2 * w->nth + Hkv - 1) / Hkv : r) : 1;
+        const int64_t S = S1 == 1 || r / S1 >= 2 ? 1 : S1;
+        int64_t np_max = 0;
+        for (int64_t t = t0; t < t1; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
+        for (int64_t t = t0; t < t1; t++)
+            for (int64_t g = 0; g < Hkv; g++)
+                for (int64_t part = 0; part < S; part++)
+                    attend(s, a, wk, il, t, g, g * r + r * part / S, g * r + r * (part + 1) / S, np_max);
+        const struct act *aov = fw_own_rows(w, a->attv + t0 * H * hv, H * hv, nt, NULL);
+        fw_matmul(s, &l->wo, 0, 0, d, aov, 0, nt, a->out + t0 * d, d);
+        for (int64_t t = t0; t < t1; t++)
+            for (int64_t rr = 0; rr < d; rr++) s->x[t * d + rr] += a->out[t * d + rr];
+    }
+    fw_phase_end(w);
+}
+
 void gqa_attention(struct worker *w, struct gqa *a, int il) {
+    if (token_parallel(w)) {
+        gqa_attention_tokens(w, a, il);
+        return;
+    }
     struct fw_step *s = w->s;
     const struct moetax_model *m = s->m;
     const struct moetax_hparams *hp = &m->hp;
