@@ -104,11 +104,8 @@ static bool token_parallel(const struct worker *w) {
     const struct fw_step *s = w->s;
     const struct moetax_hparams *hp = &s->m->hp;
     const int64_t n = s->n, nt = (n + w->nth - 1) / w->nth, hv = hp->n_head * hp->n_embd_head_v;
-    if (s->streamed || w->nth < 2 || n < w->nth || !fw_own_fits(nt, hp->n_embd > hv ? hp->n_embd : hv)) return false;
-    for (int64_t i = 1; i < n; i++)
-        for (int64_t j = 0; j < i; j++)
-            if (s->seq[i] == s->seq[j]) return false;
-    return true;
+    return s->one_per_seq && !s->streamed && w->nth > 1 && n >= w->nth &&
+           fw_own_fits(nt, hp->n_embd > hv ? hp->n_embd : hv);
 }
 
 static void gqa_attention_tokens(struct worker *w, struct gqa *a, int il) {

@@ -133,12 +133,8 @@ static bool token_parallel(const struct worker *w, const struct mla *a) {
     const int64_t n = s->n, nt = (n + w->nth - 1) / w->nth;
     const int64_t wide = hp->n_embd > hp->q_lora_rank ? hp->n_embd : hp->q_lora_rank;
     const int64_t hv = hp->n_head * hp->n_embd_head_v;
-    if (s->streamed || w->nth < 2 || n < w->nth || !fw_own_fits(nt, wide > hv ? wide : hv)) return false;
-    for (int64_t i = 1; i < n; i++)
-        for (int64_t j = 0; j < i; j++)
-            if (s->seq[i] == s->seq[j]) return false;
     (void)a;
-    return true;
+    return s->one_per_seq && !s->streamed && w->nth > 1 && n >= w->nth && fw_own_fits(nt, wide > hv ? wide : hv);
 }
 
 /* Token-parallel (token_parallel): each worker runs the whole attention of its own tokens (a

@@ -648,6 +648,7 @@ static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t
         moetax_pool_chunk_reset(c->pool, 0, 0);
         moetax_pool_chunk_reset(c->pool, 1, 0);
         const bool dec = one_per_sequence(s->seq, nb);
+        s->one_per_seq = dec;
         moetax_ledger_step_begin(s->ledger, nb, nb ? s->pos[0] : 0, !dec);
         moetax_ledger_step_batch(s->ledger, n_sequences(s->seq, nb));
         atomic_store(&s->err_status, 0);

@@ -70,6 +70,7 @@ struct fw_step {
     const int32_t *tokens; /* [n] */
     const int32_t *pos;    /* [n] position of each token in its sequence */
     const int32_t *seq;    /* [n] sequence id of each token */
+    bool one_per_seq;      /* no two tokens of the micro-batch belong to one sequence */
     /* token-sharded dispatch (src/dist/dist.h; else NULL): every rank's tokens in this
      * micro-batch [P], and each of this rank's tokens' index in the whole batch [n] */
     const int32_t *ep_n, *gidx;
