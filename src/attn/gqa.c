@@ -112,16 +112,13 @@ static void gqa_attention_tokens(struct worker *w, struct gqa *a, int il) {
     struct fw_step *s = w->s;
     const struct moetax_hparams *hp = &s->m->hp;
     const struct moetax_layer *l = &s->m->layers[il];
-    const int64_t d = hp->n_embd, H = hp->n_head, Hkv = hp->n_head_kv, hv = hp->n_embd_head_v;
+    const int64_t H = hp->n_head, Hkv = hp->n_head_kv, hv = hp->n_embd_head_v;
     const int64_t kvr = a->kv_row, r = H / Hkv;
     struct gqa_worker *wk = &a->wk[w->ith];
     int64_t t0, t1;
-    fw_split(w, s->n, 1, &t0, &t1);
+    const struct act *ain = fw_tokens_begin(w, il, l->attn_norm, &t0, &t1);
     const int64_t nt = t1 - t0;
-    fw_phase_begin(w, MOETAX_PHASE_NORM, il);
-    if (nt > 0) {
-        const struct act *ain = fw_own_rows(w, s->x + t0 * d, d, nt, l->attn_norm);
-        fw_mark(w, MOETAX_PHASE_ATTN);
+    if (ain) {
         const int64_t nq = l->wq.ne[1], nk = l->wk.ne[1], nv = l->wv.ne[1];
         fw_matmul(s, &l->wq, 0, 0, nq, ain, 0, nt, a->q + t0 * nq, nq);
         fw_matmul(s, &l->wk, 0, 0, nk, ain, 0, nt, a->kvp + t0 * kvr, kvr);
@@ -139,12 +136,8 @@ static void gqa_attention_tokens(struct worker *w, struct gqa *a, int il) {
             for (int64_t g = 0; g < Hkv; g++)
                 for (int64_t part = 0; part < S; part++)
                     attend(s, a, wk, il, t, g, g * r + r * part / S, g * r + r * (part + 1) / S, np_max);
-        const struct act *aov = fw_own_rows(w, a->attv + t0 * H * hv, H * hv, nt, NULL);
-        fw_matmul(s, &l->wo, 0, 0, d, aov, 0, nt, a->out + t0 * d, d);
-        for (int64_t t = t0; t < t1; t++)
-            for (int64_t rr = 0; rr < d; rr++) s->x[t * d + rr] += a->out[t * d + rr];
     }
-    fw_phase_end(w);
+    fw_tokens_end(w, &l->wo, a->attv, H * hv, a->out, t0, t1);
 }
 
 void gqa_attention(struct worker *w, struct gqa *a, int il) {

@@ -146,17 +146,14 @@ static void mla_attention_tokens(struct worker *w, struct mla *a, int il) {
     struct fw_step *s = w->s;
     const struct moetax_hparams *hp = &s->m->hp;
     const struct moetax_layer *l = &s->m->layers[il];
-    const int64_t d = hp->n_embd, H = hp->n_head, nope = hp->n_embd_head_qk_nope;
+    const int64_t H = hp->n_head, nope = hp->n_embd_head_qk_nope;
     const int64_t rope = hp->n_embd_head_qk_rope, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
     const int64_t ql = hp->q_lora_rank, qrow = H * (nope + rope);
     struct mla_worker *wk = &a->wk[w->ith];
     int64_t t0, t1;
-    fw_split(w, s->n, 1, &t0, &t1);
+    const struct act *ain = fw_tokens_begin(w, il, l->attn_norm, &t0, &t1);
     const int64_t nt = t1 - t0;
-    fw_phase_begin(w, MOETAX_PHASE_NORM, il);
-    if (nt > 0) {
-        const struct act *ain = fw_own_rows(w, s->x + t0 * d, d, nt, l->attn_norm);
-        fw_mark(w, MOETAX_PHASE_ATTN);
+    if (ain) {
         const struct moetax_weight *wq = ql ? &l->wq_a : &l->wq;
         const int64_t nq = wq->ne[1], nkv = l->wkv_a.ne[1];
         fw_matmul(s, &l->wkv_a, 0, 0, nkv, ain, 0, nt, a->kva + t0 * nkv, nkv);
@@ -184,12 +181,8 @@ static void mla_attention_tokens(struct worker *w, struct mla *a, int il) {
                 s->K->quantize_act(l->wv_b.type, og, kvl, kvl, nt, wk->q);
             fw_matmul(s, &l->wv_b, h, 0, vh, &x, 0, nt, a->attv + t0 * H * vh + h * vh, H * vh);
         }
-        const struct act *aov = fw_own_rows(w, a->attv + t0 * H * vh, H * vh, nt, NULL);
-        fw_matmul(s, &l->wo, 0, 0, d, aov, 0, nt, a->out + t0 * d, d);
-        for (int64_t t = t0; t < t1; t++)
-            for (int64_t r = 0; r < d; r++) s->x[t * d + r] += a->out[t * d + r];
     }
-    fw_phase_end(w);
+    fw_tokens_end(w, &l->wo, a->attv, H * vh, a->out, t0, t1);
 }
 
 void mla_attention(struct worker *w, struct mla *a, int il) {

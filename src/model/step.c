@@ -170,6 +170,30 @@ const struct act *fw_norm_input(struct worker *w, enum moetax_phase ph, enum moe
     return &w->s->a_in;
 }
 
+const struct act *fw_tokens_begin(struct worker *w, int layer, const float *norm_w, int64_t *t0, int64_t *t1) {
+    struct fw_step *s = w->s;
+    const int64_t d = s->m->hp.n_embd;
+    fw_split(w, s->n, 1, t0, t1);
+    fw_phase_begin(w, MOETAX_PHASE_NORM, layer);
+    if (*t1 <= *t0) return NULL;
+    const struct act *a = fw_own_rows(w, s->x + *t0 * d, d, *t1 - *t0, norm_w);
+    fw_mark(w, MOETAX_PHASE_ATTN);
+    return a;
+}
+
+void fw_tokens_end(struct worker *w, const struct moetax_weight *wo, const float *attv, int64_t width, float *out,
+                   int64_t t0, int64_t t1) {
+    struct fw_step *s = w->s;
+    const int64_t d = s->m->hp.n_embd;
+    if (t1 > t0) {
+        const struct act *aov = fw_own_rows(w, attv + t0 * width, width, t1 - t0, NULL);
+        fw_matmul(s, wo, 0, 0, d, aov, 0, t1 - t0, out + t0 * d, d);
+        for (int64_t t = t0; t < t1; t++)
+            for (int64_t r = 0; r < d; r++) s->x[t * d + r] += out[t * d + r];
+    }
+    fw_phase_end(w);
+}
+
 const void *fw_act_for(const struct act *a, enum moetax_type t) {
     if (t == MOETAX_TYPE_Q8_0) return a->q8;
     if (t == MOETAX_TYPE_Q4_0) return a->q4;

@@ -159,6 +159,14 @@ void fw_norm_rows(struct worker *w, float *dst, const float *src, const float *w
  * barrier. Returns the act. */
 const struct act *fw_norm_input(struct worker *w, enum moetax_phase ph, enum moetax_phase next, int layer, float *dst,
                                 const float *src, const float *weight, int64_t ncols);
+/* Token-parallel attention (attn/mla.c, attn/gqa.c): begins the layer's phase (ledger NORM, then
+ * ATTN) and gives this worker's tokens [*t0, *t1) (a static split) with their residual rows
+ * normalised by norm_w and prepared in its own slot (fw_own_rows); NULL when it has none. */
+const struct act *fw_tokens_begin(struct worker *w, int layer, const float *norm_w, int64_t *t0, int64_t *t1);
+/* ... and ends it: x += W_o attv for tokens [t0, t1) (attv [n, width], out [n, d] scratch), then the
+ * phase's barrier. */
+void fw_tokens_end(struct worker *w, const struct moetax_weight *wo, const float *attv, int64_t width, float *out,
+                   int64_t t0, int64_t t1);
 /* Prepare rows [t0, t1) of an activation (x set, ncols, n). */
 void fw_act_prep(const struct fw_step *s, struct act *a, int64_t t0, int64_t t1);
 /* The xq pointer for a weight type. */
