@@ -127,13 +127,12 @@ static void attend(const struct fw_step *s, struct mla *a, struct mla_worker *wk
  * caches (a streamed one would read the attention's weights once per worker), every token of its
  * own sequence (so no token needs a cache row another worker writes), at least one token per
  * worker and each worker's rows within its own slot (fw_own_fits). */
-static bool token_parallel(const struct worker *w, const struct mla *a) {
+static bool token_parallel(const struct worker *w) {
     const struct fw_step *s = w->s;
     const struct moetax_hparams *hp = &s->m->hp;
     const int64_t n = s->n, nt = (n + w->nth - 1) / w->nth;
     const int64_t wide = hp->n_embd > hp->q_lora_rank ? hp->n_embd : hp->q_lora_rank;
     const int64_t hv = hp->n_head * hp->n_embd_head_v;
-    (void)a;
     return s->one_per_seq && !s->streamed && w->nth > 1 && n >= w->nth && fw_own_fits(nt, wide > hv ? wide : hv);
 }
 
@@ -186,7 +185,7 @@ static void mla_attention_tokens(struct worker *w, struct mla *a, int il) {
 }
 
 void mla_attention(struct worker *w, struct mla *a, int il) {
-    if (token_parallel(w, a)) {
+    if (token_parallel(w)) {
         mla_attention_tokens(w, a, il);
         return;
     }
