@@ -235,6 +235,56 @@ def test_concurrent(s, refs):
     s.cells_back("prefix reuse")
 
 
+def test_pacing(s):
+    """8 streams at once on the default --stream-interval (2 ms): each waits 2 ms x 8/2 between events
+    (/metrics says so while they run, and each stream's events with text keep to it, with room for
+    the moments when fewer streams are open)."""
+    n_streams, seen = 8, []
+    times = [[] for _ in range(n_streams)]
+    status = [None] * n_streams
+
+    def one(i):
+        c = s.conn()
+        body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        c.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        status[i] = r.status
+        buf = b""
+        while True:
+            chunk = r.read1(65536)
+            if not chunk:
+                break
+            now = time.time()
+            buf += chunk
+            while b"\n\n" in buf:
+                ev, buf = buf.split(b"\n\n", 1)
+                if ev.startswith(b"data: {") and json.loads(ev[6:])["choices"][0].get("text"):
+                    times[i].append(now)
+        c.close()
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(n_streams)]
+    for t in ts:
+        t.start()
+    while any(t.is_alive() for t in ts) and not seen:
+        m = s.metrics()
+        if m.get("moetax_streams") == n_streams:
+            seen.append(m["moetax_stream_interval_seconds"])
+        time.sleep(0.002)
+    for t in ts:
+        t.join(120)
+    check(all(st == 200 for st in status), f"pacing: statuses {status}")
+    check(seen and abs(seen[0] - 0.002 * n_streams / 2) < 1e-9,
+          f"pacing: with {n_streams} streams /metrics should say an interval of {0.001 * n_streams} s: {seen}")
+    for i, tt in enumerate(times):
+        el = tt[-1] - tt[0] if tt else 0.0
+        check(1 <= len(tt) <= 3 + el / 0.004, f"pacing: stream {i}: {len(tt)} events with text in {el:.3f} s")
+    m = s.metrics()
+    check(m["moetax_streams"] == 0 and m["moetax_stream_interval_seconds"] == 0.002,
+          f"pacing: after the streams {m['moetax_streams']} streams, interval {m['moetax_stream_interval_seconds']}")
+    s.cells_back("pacing")
+
+
 def test_stop(s, refs):
     ref = refs[0]
     k = len(ref) // 2
@@ -706,6 +756,7 @@ def main():
     s = Server("--parallel", "8", "--max-body", "64K")
     try:
         for name, fn in [("basic", lambda: test_basic(s, refs)), ("concurrent", lambda: test_concurrent(s, refs)),
+                         ("pacing", lambda: test_pacing(s)),
                          ("stop", lambda: test_stop(s, refs)), ("errors", lambda: test_errors(s)),
                          ("disconnect", lambda: test_disconnect(s)), ("curl", lambda: test_curl(s, refs)),
                          ("idle+slow", lambda: test_idle_and_slow(s, refs)), ("wrk", lambda: test_wrk(s)),

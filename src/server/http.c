@@ -29,6 +29,7 @@ struct srv_http {
     int64_t created;
     atomic_ullong next_id;
     struct srv_deadline *dl; /* the request deadline (NULL: --read-timeout 0) */
+    atomic_int streams;      /* streams being written now (stream_interval stretches with them) */
 };
 
 /* Per connection (con_cls): the body as it arrives. */
@@ -331,6 +332,20 @@ static bool stream_fill(struct stream *s) {
     return any;
 }
 
+/* The pacing interval now: --stream-interval for one or two streams; with n > 2 streams at once
+ * n/2 times that (so that all streams together send at most two events per interval, whatever
+ * their number: each event is a send() and a wake-up of the client, which take cores from the
+ * steps), but no more than STREAM_INTERVAL_MAX_S (or the interval itself, where that is longer). */
+#define STREAM_INTERVAL_MAX_S 0.025
+static double stream_interval(struct srv_http *h) {
+    const double iv = h->p.stream_interval_s;
+    const int n = atomic_load(&h->streams);
+    if (!(iv > 0) || n <= 2) return iv;
+    double x = iv * (double)n / 2;
+    const double cap = iv > STREAM_INTERVAL_MAX_S ? iv : STREAM_INTERVAL_MAX_S;
+    return x < cap ? x : cap;
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     struct stream *s = cls;
     (void)pos;
@@ -353,7 +368,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
          * tokens of fast steps travel together instead of waking this thread, the client and
          * the network stack once per step, which on a machine whose cores all decode takes a
          * core from the step each time. */
-        const double iv = s->h->p.stream_interval_s;
+        const double iv = stream_interval(s->h);
         if (iv > 0 && s->t_sent > 0 && srv_now_s() < s->t_sent + iv) {
             pthread_mutex_lock(&s->r->mu);
             srv_req_wait_until_locked(s->r, s->t_sent + iv);
@@ -385,6 +400,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) {
     struct stream *s = cls;
+    atomic_fetch_sub(&s->h->streams, 1);
     srv_req_cancel(s->r); /* a no-op when it has finished */
     srv_req_unref(s->r);
     free(s->out);
@@ -456,6 +472,7 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
         struct stream *s = calloc(1, sizeof *s);
         if (!s) { srv_req_cancel(r); srv_req_unref(r); return send_error(c, 500, "out of memory"); }
         *s = (struct stream){.h = h, .c = c, .r = r, .chat = chat, .include_usage = include_usage};
+        atomic_fetch_add(&h->streams, 1); /* stream_free takes it back, also on the failures below */
         snprintf(s->id, sizeof s->id, "%s", id);
         if (chat) { /* OpenAI's first chunk: the role */
             struct srv_api_resp a;
@@ -528,6 +545,8 @@ static enum MHD_Result handle_metrics(struct srv_http *h, struct MHD_Connection 
     struct srv_metrics m;
     srv_sched_metrics(h->p.sched, &m);
     if (h->dl) srv_deadline_counts(h->dl, &m.http_read_timeouts, &m.http_idle_closed);
+    m.http_streams = atomic_load(&h->streams);
+    m.http_stream_interval_s = stream_interval(h);
     size_t n = 0;
     char *t = srv_metrics_text(&m, &n);
     return send_text(c, 200, "text/plain; version=0.0.4", t, n);

@@ -82,6 +82,11 @@ char *srv_metrics_text(const struct srv_metrics *m, size_t *len) {
     metric(f, "moetax_http_idle_closed_total", "counter",
            "Connections closed by --read-timeout before a request line had arrived whole (new, or kept alive after an answer).",
            (double)m->http_idle_closed);
+    metric(f, "moetax_streams", "gauge", "Streaming answers (server-sent events) being written now.", (double)m->http_streams);
+    metric(f, "moetax_stream_interval_seconds", "gauge",
+           "The least time between two events of a stream now: --stream-interval, times streams/2 with more than two "
+           "streams (at most 25 ms, or --stream-interval where that is longer).",
+           m->http_stream_interval_s);
     hist(f, "moetax_ttft_seconds", "Time to first token (queued to first token).", &m->ttft);
     hist(f, "moetax_tpot_seconds", "Time per output token after the first.", &m->tpot);
     if (fclose(f) != 0) { free(buf); return NULL; }

@@ -196,6 +196,9 @@ struct srv_metrics {
                                       * deadline (--read-timeout) with a request begun (its first line) */
     uint64_t http_idle_closed;       /* ... and with none: new ones that sent no request line, kept-alive
                                       * ones idle after an answer */
+    int http_streams;                /* ... streams being written now, and the pacing interval they get
+                                      * (--stream-interval, stretched with many streams: http.c) */
+    double http_stream_interval_s;
 };
 void srv_sched_metrics(struct srv_sched *s, struct srv_metrics *out);
 
