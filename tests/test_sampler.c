@@ -70,6 +70,34 @@ static void test_greedy(void) {
     CHECK_EQ_INT(moetax_sampler_sample(s, l), 1);
     moetax_sampler_free(s);
 
+    float nan0[6] = {NAN, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY}; /* nothing above -inf: id 0, as one compare per id in order */
+    CHECK_EQ_INT(moetax_sampler_sample(s, nan0), 0);
+    /* vocabularies of every size around the 16-wide blocks, with NaNs, infinities and ties: the
+     * first id of the largest value (what one compare per id in order gives) */
+    {
+        tu_rng rr = {17};
+        float v[200];
+        for (int trial = 0; trial < 3000; trial++) {
+            const int nv = 1 + trial % 200;
+            for (int i = 0; i < nv; i++) {
+                const uint32_t k = (uint32_t)(tu_rand_u64(&rr) % 16);
+                v[i] = k == 0 ? NAN : k == 1 ? -INFINITY : k == 2 && trial % 7 == 0 ? INFINITY
+                     : trial % 2 ? tu_rand_normal(&rr) /* half the trials: few values, many ties */
+                                 : (float)(int)(tu_rand_u64(&rr) % 9) - 4.0f;
+            }
+            int want = 0;
+            float best = -INFINITY;
+            for (int i = 0; i < nv; i++)
+                if (v[i] > best) { best = v[i]; want = i; }
+            struct moetax_sampler_params q = params(0.0f, 0, 1.0f, 0.0f, 1);
+            struct moetax_sampler *sv = make(&q, nv);
+            if (!sv) break;
+            const int got = moetax_sampler_sample(sv, v);
+            moetax_sampler_free(sv);
+            CHECK_MSG(got == want, "greedy over %d ids (trial %d): %d, want %d", nv, trial, got, want);
+            if (got != want) break;
+        }
+    }
     /* random vocabularies; filters do not change the argmax */
     tu_rng r = {11};
     int n = 50000;
