@@ -110,7 +110,7 @@ static void usage(FILE *f) {
             "  --prefill-chunk N      prompt tokens per step, all sequences together (default 64)\n"
             "  --default-max-tokens N max_tokens when a request gives none (default 256; at most what fits)\n"
             "  --stream-interval MS   a stream sends at most one event per MS milliseconds, with the text of\n"
-            "                         every token since the last one (default 2; 0: one event per step); the\n"
+            "                         every token since the last one (default 5; 0: one event per step); the\n"
             "                         first token and the end go at once. Steps faster than that (small models)\n"
             "                         then do not wake the client and the server's HTTP thread every token.\n"
             "                         With N > 2 streams at once each waits MS x N/2 (all of them together\n"
@@ -144,7 +144,7 @@ int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("MOETAX_API_KEY"), *tmpl_name = NULL;
     int64_t port = 8080, parallel = 4, n_ctx = 0, n_threads = 0, max_queue = 64, max_conn = 256, chunk = 64;
     int64_t default_max = 256, read_timeout = 30, idle_timeout = 120;
-    double stream_iv_ms = 2;
+    double stream_iv_ms = 5;
     bool adapt = false;
     uint64_t max_body = 1 << 20;
     int k_ctx = 0;

@@ -30,7 +30,21 @@ struct srv_http {
     atomic_ullong next_id;
     struct srv_deadline *dl; /* the request deadline (NULL: --read-timeout 0) */
     atomic_int streams;      /* streams being written now (stream_interval stretches with them) */
+    atomic_ullong cpu_ns;    /* the HTTP threads' CPU time, counted as requests complete (count_cpu) */
 };
+
+/* Add the calling thread's CPU time since it last came here to h->cpu_ns. libmicrohttpd runs each
+ * connection in a thread of its own, which calls this as each of its requests completes (and
+ * handle_metrics, so that a scrape counts itself); a thread's time after its last request (the
+ * close) is not counted. */
+static _Thread_local uint64_t tls_cpu_counted_ns;
+static void count_cpu(struct srv_http *h) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return;
+    const uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    if (now > tls_cpu_counted_ns) atomic_fetch_add(&h->cpu_ns, now - tls_cpu_counted_ns);
+    tls_cpu_counted_ns = now;
+}
 
 /* Per connection (con_cls): the body as it arrives. */
 struct conn {
@@ -545,6 +559,8 @@ static enum MHD_Result handle_metrics(struct srv_http *h, struct MHD_Connection 
     struct srv_metrics m;
     srv_sched_metrics(h->p.sched, &m);
     if (h->dl) srv_deadline_counts(h->dl, &m.http_read_timeouts, &m.http_idle_closed);
+    count_cpu(h);
+    m.http_cpu_s = (double)atomic_load(&h->cpu_ns) * 1e-9;
     m.http_streams = atomic_load(&h->streams);
     m.http_stream_interval_s = stream_interval(h);
     size_t n = 0;
@@ -716,6 +732,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     /* the answer has gone (or the connection is closing): a kept-alive connection waits for its
      * next request, which gets a deadline of its own */
     if (h->dl) srv_deadline_wait(h->dl, deadline_of(c));
+    count_cpu(h);
     struct conn *cs = *con_cls;
     if (!cs) return;
     free(cs->body);

@@ -82,6 +82,13 @@ char *srv_metrics_text(const struct srv_metrics *m, size_t *len) {
     metric(f, "moetax_http_idle_closed_total", "counter",
            "Connections closed by --read-timeout before a request line had arrived whole (new, or kept alive after an answer).",
            (double)m->http_idle_closed);
+    metric(f, "moetax_http_cpu_seconds_total", "counter",
+           "CPU time of the HTTP side's threads (requests read and parsed, prompts tokenized, answers and streams "
+           "written), counted as each request completes.",
+           m->http_cpu_s);
+    metric(f, "moetax_sched_seconds_total", "counter",
+           "The scheduler's time in steps outside the model (the batch, sampling, token text, stop strings, metrics).",
+           m->sched_s);
     metric(f, "moetax_streams", "gauge", "Streaming answers (server-sent events) being written now.", (double)m->http_streams);
     metric(f, "moetax_stream_interval_seconds", "gauge",
            "The least time between two events of a stream now: --stream-interval, times streams/2 with more than two "

@@ -219,6 +219,7 @@ struct srv_sched {
     struct slot *slots;
     int64_t max_seq, blocks_all, bs;
     struct moetax_batch batch;
+    double sched_s; /* srv_metrics.sched_s (the scheduler's thread only) */
     uint64_t admit_counter;
 
     pthread_mutex_t mu;     /* queue, stopping */
@@ -621,6 +622,7 @@ static void update_metrics(struct srv_sched *s, int seqs, int64_t tokens, bool d
     m->kv_cells_active = active_cells;
     memcpy(m->phase_s, ph, sizeof ph);
     m->wall_s = wall;
+    m->sched_s = s->sched_s;
     m->tax_share = moetax_ledger_tax_share(ph);
     m->decode_tokens = dtok;
     m->moe_layer_passes = ms.moe_layers;
@@ -653,6 +655,7 @@ static void update_metrics(struct srv_sched *s, int seqs, int64_t tokens, bool d
 
 /* One step: the batch of every running sequence; false when there was nothing to do. */
 static bool step(struct srv_sched *s) {
+    const double t_in = srv_now_s();
     const int N = s->p.n_parallel;
     struct moetax_batch *b = &s->batch;
     moetax_batch_clear(b);
@@ -703,6 +706,7 @@ static bool step(struct srv_sched *s) {
         update_metrics(s, 0, 0, false);
         return false;
     }
+    double t_dec = srv_now_s();
     moetax_status st = mirror_decode(s, b);
     if (!st) st = moetax_ctx_decode(s->ctx, b);
     if (st == MOETAX_ERR_LIMIT) {
@@ -713,6 +717,7 @@ static bool step(struct srv_sched *s) {
         st = mirror_decode(s, b);
         if (!st) st = moetax_ctx_decode(s->ctx, b);
     }
+    t_dec = srv_now_s() - t_dec;
     if (st != MOETAX_OK) {
         char msg[256];
         snprintf(msg, sizeof msg, "decode failed: %s", moetax_last_error());
@@ -755,6 +760,7 @@ static bool step(struct srv_sched *s) {
         moetax_ledger_add(s->led, MOETAX_PHASE_SAMPLE, -1, srv_now_s() - ts);
         slot_token(s, i, t, tnow);
     }
+    s->sched_s += srv_now_s() - t_in - t_dec;
     update_metrics(s, seqs, b->n_tokens, prompt_tokens == 0);
     return true;
 }

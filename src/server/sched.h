@@ -184,6 +184,9 @@ struct srv_metrics {
     int64_t kv_cells_cached;        /* cells of the blocks idle slots hold for reuse (shared ones counted per slot) */
     double phase_s[MOETAX_PHASE_COUNT]; /* all steps, averaged over workers */
     double wall_s;
+    double sched_s;                  /* the scheduler's time in steps outside the decode call (the
+                                      * batch, sampling, token text, stop strings, these metrics) */
+    double http_cpu_s;               /* set by the HTTP side: its threads' CPU time (http.c) */
     double tax_share;
     int64_t decode_tokens;           /* tokens of decode steps (batch size sum) */
     int64_t moe_layer_passes, moe_experts; /* decode steps: distinct experts summed over layer passes */
