@@ -76,8 +76,9 @@ class Server(ServeProc):
             j = None
         return st, h, j
 
-    def stream(self, path, obj, headers=None):
-        """POST with stream: true; the events (parsed JSON, or '[DONE]') in order."""
+    def stream(self, path, obj, headers=None, times=None):
+        """POST with stream: true; the events (parsed JSON, or '[DONE]') in order (times: a list that
+        gets each event's arrival time)."""
         c = self.conn()
         h = {"Content-Type": "application/json"}
         h.update(headers or {})
@@ -91,6 +92,7 @@ class Server(ServeProc):
             chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)
             if not chunk:
                 break
+            now = time.time()
             buf += chunk
             while b"\n\n" in buf:
                 ev, buf = buf.split(b"\n\n", 1)
@@ -98,6 +100,8 @@ class Server(ServeProc):
                     if line.startswith(b"data: "):
                         d = line[6:].decode()
                         events.append(d if d == "[DONE]" else json.loads(d))
+                        if times is not None:
+                            times.append(now)
         c.close()
         return r.status, r.getheader("Content-Type"), events
 
@@ -244,24 +248,12 @@ def test_pacing(s):
     status = [None] * n_streams
 
     def one(i):
-        c = s.conn()
         body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 200, "temperature": 0, "ignore_eos": True,
                 "stream": True}
-        c.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        status[i] = r.status
-        buf = b""
-        while True:
-            chunk = r.read1(65536)
-            if not chunk:
-                break
-            now = time.time()
-            buf += chunk
-            while b"\n\n" in buf:
-                ev, buf = buf.split(b"\n\n", 1)
-                if ev.startswith(b"data: {") and json.loads(ev[6:])["choices"][0].get("text"):
-                    times[i].append(now)
-        c.close()
+        at = []
+        status[i], _, ev = s.stream("/v1/completions", body, times=at)
+        if status[i] == 200:
+            times[i] = [t for e, t in zip(ev, at) if e != "[DONE]" and e["choices"][0].get("text")]
 
     m0 = s.metrics()
     ts = [threading.Thread(target=one, args=(i,)) for i in range(n_streams)]
