@@ -595,6 +595,10 @@ def test_queue():
         t2 = threading.Thread(target=bg)
         t2.start()
         check(deferred(1) == 1, "the second request waits in the queue")
+        m = s.metrics()
+        check(m["moetax_streams"] == 1 and m["moetax_stream_interval_seconds"] == 0.005,
+              f"a queued stream does not stretch the running one's pacing: {m['moetax_streams']} streams, "
+              f"{m['moetax_stream_interval_seconds']} s")
         gone = json.dumps(dict(long, prompt="gone")).encode()
         sk = socket.create_connection(("127.0.0.1", s.port), timeout=30)
         sk.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"

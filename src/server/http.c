@@ -29,7 +29,8 @@ struct srv_http {
     int64_t created;
     atomic_ullong next_id;
     struct srv_deadline *dl; /* the request deadline (NULL: --read-timeout 0) */
-    atomic_int streams;      /* streams being written now (stream_interval stretches with them) */
+    atomic_int streams;      /* streams being written now, from their first token (stream_interval
+                              * stretches with them; a request still queued does not count) */
     atomic_ullong cpu_ns;    /* the HTTP threads' CPU time, counted as requests complete (count_cpu) */
 };
 
@@ -268,6 +269,7 @@ struct stream {
     char *out;           /* pending SSE bytes */
     size_t out_len, out_off;
     double t_sent;       /* monotonic seconds of the last event with text (0: none yet) */
+    bool counted;        /* in h->streams: from its first event with text (not while queued) */
 };
 
 static void resp_init(const struct srv_http *h, const struct srv_req *r, bool chat, const char *id,
@@ -312,6 +314,10 @@ static bool stream_fill(struct stream *s) {
         if (any) { /* else (out of memory) the text stays unsent and the next fill tries again */
             s->sent = r->len;
             s->t_sent = srv_now_s();
+            if (!s->counted) {
+                s->counted = true;
+                atomic_fetch_add(&s->h->streams, 1);
+            }
         }
     }
     if (fin != SRV_FINISH_NONE && !any) {
@@ -414,7 +420,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void stream_free(void *cls) {
     struct stream *s = cls;
-    atomic_fetch_sub(&s->h->streams, 1);
+    if (s->counted) atomic_fetch_sub(&s->h->streams, 1);
     srv_req_cancel(s->r); /* a no-op when it has finished */
     srv_req_unref(s->r);
     free(s->out);
@@ -486,7 +492,6 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
         struct stream *s = calloc(1, sizeof *s);
         if (!s) { srv_req_cancel(r); srv_req_unref(r); return send_error(c, 500, "out of memory"); }
         *s = (struct stream){.h = h, .c = c, .r = r, .chat = chat, .include_usage = include_usage};
-        atomic_fetch_add(&h->streams, 1); /* stream_free takes it back, also on the failures below */
         snprintf(s->id, sizeof s->id, "%s", id);
         if (chat) { /* OpenAI's first chunk: the role */
             struct srv_api_resp a;

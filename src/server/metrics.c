@@ -89,7 +89,7 @@ char *srv_metrics_text(const struct srv_metrics *m, size_t *len) {
     metric(f, "moetax_sched_seconds_total", "counter",
            "The scheduler's time in steps outside the model (the batch, sampling, token text, stop strings, metrics).",
            m->sched_s);
-    metric(f, "moetax_streams", "gauge", "Streaming answers (server-sent events) being written now.", (double)m->http_streams);
+    metric(f, "moetax_streams", "gauge", "Streaming answers (server-sent events) being written now, from their first token.", (double)m->http_streams);
     metric(f, "moetax_stream_interval_seconds", "gauge",
            "The least time between two events of a stream now: --stream-interval, times streams/2 with more than two "
            "streams (at most 25 ms, or --stream-interval where that is longer).",
