@@ -63,7 +63,9 @@ struct srv_http_params {
     const struct srv_specials *specials; /* control tokens split out of chat prompts (may be NULL) */
     int64_t default_max_tokens;
     double stream_interval_s;  /* a stream sends at most one event per interval (the text of every
-                                * token since the last one); 0: an event per step */
+                                * token since the last one); 0: an event per step. With n > 2 streams
+                                * past their first token each waits n/2 intervals (at most 25 ms, or
+                                * the interval where that is longer; http.c, stream_interval) */
     double read_timeout_s;     /* a request must arrive complete (headers and body) within this
                                 * many seconds of its connection starting to wait for it: its
                                 * accept, or the end of the previous answer (server/deadline.h);

@@ -87,7 +87,7 @@ char *srv_metrics_text(const struct srv_metrics *m, size_t *len) {
            "written), counted as each request completes.",
            m->http_cpu_s);
     metric(f, "moetax_sched_seconds_total", "counter",
-           "The scheduler's time in steps outside the model (the batch, sampling, token text, stop strings, metrics).",
+           "The scheduler's time in steps outside the model (the batch, sampling, token text, stop strings, the metrics).",
            m->sched_s);
     metric(f, "moetax_streams", "gauge", "Streaming answers (server-sent events) being written now, from their first token.", (double)m->http_streams);
     metric(f, "moetax_stream_interval_seconds", "gauge",

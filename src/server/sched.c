@@ -760,8 +760,8 @@ static bool step(struct srv_sched *s) {
         moetax_ledger_add(s->led, MOETAX_PHASE_SAMPLE, -1, srv_now_s() - ts);
         slot_token(s, i, t, tnow);
     }
-    s->sched_s += srv_now_s() - t_in - t_dec;
     update_metrics(s, seqs, b->n_tokens, prompt_tokens == 0);
+    s->sched_s += srv_now_s() - t_in - t_dec; /* in the metrics from the next step's update on */
     return true;
 }
 

@@ -185,7 +185,8 @@ struct srv_metrics {
     double phase_s[MOETAX_PHASE_COUNT]; /* all steps, averaged over workers */
     double wall_s;
     double sched_s;                  /* the scheduler's time in steps outside the decode call (the
-                                      * batch, sampling, token text, stop strings, these metrics) */
+                                      * batch, sampling, token text, stop strings, these metrics; up to the
+                                      * step before) */
     double http_cpu_s;               /* set by the HTTP side: its threads' CPU time (http.c) */
     double tax_share;
     int64_t decode_tokens;           /* tokens of decode steps (batch size sum) */
