@@ -455,6 +455,49 @@ static void test_quantize_q8k(void) {
     free(x), free(a), free(b);
 }
 
+/* Q8_0 / Q4_0 activation rows of few blocks (attention's per-head rows, experts' hidden rows): the
+ * table quantizes 8 blocks at a time across rows. With rows apart in memory (ldx > ncols) and blocks
+ * of zeros and of exact halves after scaling at every position in the groups of 8, every row's bytes
+ * are the reference's; with blocks that hold an infinity or only subnormals (where the reference's
+ * float-to-int conversion is undefined and the tables' saturates), the rows quantized together are
+ * the bytes of the same rows quantized one at a time. (A block with a NaN gets bytes that depend on
+ * which operand of vmaxps its NaN meets, in rows of 8+ blocks before as now: not compared.) */
+static void test_quantize_q8_rows(void) {
+    if (!g_simd) return;
+    static const int64_t nbs[] = {1, 2, 3, 5, 8, 9};
+    for (int special = 0; special < 2; special++)
+        for (int q8 = 0; q8 < 2; q8++) {
+            const enum moetax_type t = q8 ? MOETAX_TYPE_Q8_0 : MOETAX_TYPE_Q4_0;
+            for (size_t ni = 0; ni < sizeof nbs / sizeof nbs[0]; ni++)
+                for (int64_t n = 1; n <= 11; n++) {
+                    const int64_t nb = nbs[ni], ncols = 32 * nb, ldx = ncols + 5, nblk = nb * n;
+                    float *x = rand_vec(ldx * n, 3.0f);
+                    for (int64_t g = 0; g < nblk; g++) { /* block g: row g / nb, block g % nb */
+                        float *blk = x + (g / nb) * ldx + (g % nb) * 32;
+                        switch ((g + n) % 9) {
+                        case 3: if (special) blk[(g * 5) % 32] = -INFINITY; break;
+                        case 5: for (int j = 0; j < 32; j++) blk[j] = j % 2 ? 0.0f : -0.0f; break;
+                        case 6: if (special) for (int j = 0; j < 32; j++) blk[j] *= 1e-40f; break;
+                        case 7: for (int j = 0; j < 32; j++) blk[j] = (float)(j - 16) * 127.0f / 16.0f + 0.5f; break;
+                        default: break;
+                        }
+                    }
+                    const size_t asz = moetax_act_size(t, ncols, n), rsz = moetax_act_size(t, ncols, 1);
+                    uint8_t *a = malloc(asz), *b = malloc(asz);
+                    memset(a, 0x55, asz), memset(b, 0xaa, asz);
+                    if (special)
+                        for (int64_t r = 0; r < n; r++) g_simd->quantize_act(t, x + r * ldx, ldx, ncols, 1, a + r * rsz);
+                    else
+                        moetax_kernels_ref()->quantize_act(t, x, ldx, ncols, n, a);
+                    g_simd->quantize_act(t, x, ldx, ncols, n, b);
+                    CHECK_MSG(memcmp(a, b, asz) == 0, "%s quantize_act %s: %lld rows of %lld blocks differ from %s",
+                              g_simd->name, moetax_type_name(t), (long long)n, (long long)nb,
+                              special ? "the rows one at a time" : "the reference");
+                    free(x), free(a), free(b);
+                }
+        }
+}
+
 static void test_repack(void) {
     const struct moetax_kernels *ref = moetax_kernels_ref(), *avx = g_simd;
     CHECK(!ref->weights_repacked(MOETAX_TYPE_Q4_0) && !ref->weights_repacked(MOETAX_TYPE_Q8_0));
@@ -1059,6 +1102,7 @@ int main(int argc, char **argv) {
         printf("test_kernels: table '%s' against the reference\n", g_simd->name);
         test_repack();
         test_quantize_q8k();
+        test_quantize_q8_rows();
         test_matmul();
         test_vec_ops();
         test_scatter_add();

@@ -87,7 +87,7 @@ ALWAYS_INLINE __m256i quantize_block(const float *xb, float *d_out) {
 }
 
 /* The 8 lanes of m[0..7] each reduced to their max: lane j of the result is max(m[j]). Max is
- * exact, so the order does not matter (NaN aside: quantize_row_q8 leaves such groups to
+ * exact, so the order does not matter (NaN aside: quantize_8blocks leaves such groups to
  * quantize_block). */
 ALWAYS_INLINE __m256 hmax8x8(const __m256 *m) {
     const __m256 a01 = _mm256_max_ps(_mm256_unpacklo_ps(m[0], m[1]), _mm256_unpackhi_ps(m[0], m[1]));
@@ -102,45 +102,68 @@ ALWAYS_INLINE __m256 hmax8x8(const __m256 *m) {
     return _mm256_max_ps(_mm256_permute2f128_ps(b03, b47, 0x20), _mm256_permute2f128_ps(b03, b47, 0x31));
 }
 
-/* Q8_0 rows, 8 blocks at a time: their 8 maxima in one vector, then d = amax / 127, 1 / d, the
- * F16 rounding of d (vcvtps2ph, ties to even: the bits of moetax_fp32_to_fp16 for every number)
- * and back, each once for the 8 blocks. quantize_block's steps one block at a time had a chain of
- * two divisions and a call per block. The same bytes (test_kernels against the reference). */
-static void quantize_row_q8(const float *x, int64_t nb, uint8_t *out) {
-    float *d = (float *)(out + moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb));
+/* Eight Q8_0 blocks (the floats at src[j], quants to q[j], d to d[j]), 8 at a time: their 8
+ * maxima in one vector, then d = amax / 127, 1 / d, the F16 rounding of d (vcvtps2ph, ties to
+ * even: the bits of moetax_fp32_to_fp16 for every number) and back, each once for the 8 blocks.
+ * quantize_block's steps one block at a time had a chain of two divisions and a call per block.
+ * The same bytes (test_kernels against the reference). */
+ALWAYS_INLINE void quantize_8blocks(const float *const *src, uint8_t *const *q, float *const *d) {
     const __m256 sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= nb; i += 8) {
-        const float *xb = x + i * 32;
-        __m256 m[8];
-        for (int j = 0; j < 8; j++) {
-            const float *b = xb + j * 32;
-            m[j] = _mm256_max_ps(
-                _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(b)), _mm256_andnot_ps(sign, _mm256_loadu_ps(b + 8))),
-                _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(b + 16)),
-                              _mm256_andnot_ps(sign, _mm256_loadu_ps(b + 24))));
-        }
-        const __m256 amax = hmax8x8(m);
-        if (_mm256_movemask_ps(_mm256_cmp_ps(amax, amax, _CMP_UNORD_Q))) { /* a NaN: block by block */
-            for (int j = 0; j < 8; j++)
-                _mm256_storeu_si256((__m256i *)(out + (i + j) * 32), quantize_block(xb + j * 32, &d[i + j]));
-            continue;
-        }
-        const __m256 dd = _mm256_div_ps(amax, _mm256_set1_ps(127.0f));
-        const __m256 nz = _mm256_cmp_ps(dd, zero, _CMP_NEQ_OQ);
-        const __m256 id = _mm256_and_ps(nz, _mm256_div_ps(_mm256_set1_ps(1.0f), dd));
-        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm256_cvtps_ph(dd, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-        float idv[8];
-        _mm256_storeu_ps(idv, id);
-        for (int j = 0; j < 8; j++)
-            _mm256_storeu_si256((__m256i *)(out + (i + j) * 32), quants_block(xb + j * 32, _mm256_set1_ps(idv[j])));
+    __m256 m[8];
+    for (int j = 0; j < 8; j++) {
+        const float *b = src[j];
+        m[j] = _mm256_max_ps(
+            _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(b)), _mm256_andnot_ps(sign, _mm256_loadu_ps(b + 8))),
+            _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(b + 16)),
+                          _mm256_andnot_ps(sign, _mm256_loadu_ps(b + 24))));
     }
-    for (; i < nb; i++) _mm256_storeu_si256((__m256i *)(out + i * 32), quantize_block(x + i * 32, &d[i]));
+    const __m256 amax = hmax8x8(m);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(amax, amax, _CMP_UNORD_Q))) { /* a NaN: block by block */
+        for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)q[j], quantize_block(src[j], d[j]));
+        return;
+    }
+    const __m256 dd = _mm256_div_ps(amax, _mm256_set1_ps(127.0f));
+    const __m256 nz = _mm256_cmp_ps(dd, zero, _CMP_NEQ_OQ);
+    const __m256 id = _mm256_and_ps(nz, _mm256_div_ps(_mm256_set1_ps(1.0f), dd));
+    float dv[8], idv[8];
+    _mm256_storeu_ps(dv, _mm256_cvtph_ps(_mm256_cvtps_ph(dd, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    _mm256_storeu_ps(idv, id);
+    for (int j = 0; j < 8; j++) {
+        *d[j] = dv[j];
+        _mm256_storeu_si256((__m256i *)q[j], quants_block(src[j], _mm256_set1_ps(idv[j])));
+    }
 }
 
-/* Q4_0 rows (kernels.h): the Q8_0 row, then s[i] = 8 * sum of block i's quants. */
-static void quantize_row_q4(const float *x, int64_t nb, uint8_t *out) {
-    quantize_row_q8(x, nb, out);
+/* Q8_0 rows of nb blocks each (row b's floats at x + b ldx, its prepared row at out + b row_bytes:
+ * kernels.h), 8 blocks at a time (quantize_8blocks), across rows where a row has fewer (the
+ * per-head rows of attention, experts' hidden rows), the last few one by one. */
+static void quantize_rows_q8(const float *x, int64_t ldx, int64_t nb, int64_t n_rows, uint8_t *out,
+                             size_t row_bytes) {
+    const size_t doff = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
+    int64_t left = nb * n_rows, b = 0, i = 0; /* blocks left; the next one: row b, block i */
+    for (; left >= 8; left -= 8) {
+        const float *src[8];
+        uint8_t *q[8];
+        float *d[8];
+        for (int j = 0; j < 8; j++) {
+            uint8_t *row = out + (size_t)b * row_bytes;
+            src[j] = x + b * ldx + i * 32;
+            q[j] = row + i * 32;
+            d[j] = (float *)(row + doff) + i;
+            if (++i == nb) { i = 0; b++; }
+        }
+        quantize_8blocks(src, q, d);
+    }
+    for (; left > 0; left--) {
+        uint8_t *row = out + (size_t)b * row_bytes;
+        _mm256_storeu_si256((__m256i *)(row + i * 32), quantize_block(x + b * ldx + i * 32, (float *)(row + doff) + i));
+        if (++i == nb) { i = 0; b++; }
+    }
+}
+
+/* Q4_0 rows (kernels.h): the Q8_0 row (made by quantize_rows_q8), then s[i] = 8 * sum of block i's
+ * quants. */
+static void sums_row_q4(int64_t nb, uint8_t *out) {
     int32_t *s = (int32_t *)(out + moetax_k_act_s_off(nb));
     const __m256i one8 = _mm256_set1_epi8(1), one16 = _mm256_set1_epi16(1);
     for (int64_t i = 0; i < nb; i++) {
@@ -227,12 +250,16 @@ static void quantize_row_q8k(const float *x, moetax_block_q8_k *y, int64_t ncols
 void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t ldx, int64_t ncols,
                                 int64_t n_batch, void *xq) {
     const size_t row_bytes = moetax_k_act_row_bytes(wtype, ncols);
+    if (wtype == MOETAX_TYPE_Q8_0 || wtype == MOETAX_TYPE_Q4_0) {
+        quantize_rows_q8(x, ldx, ncols / 32, n_batch, (uint8_t *)xq, row_bytes);
+        if (wtype == MOETAX_TYPE_Q4_0)
+            for (int64_t b = 0; b < n_batch; b++) sums_row_q4(ncols / 32, (uint8_t *)xq + (size_t)b * row_bytes);
+        return;
+    }
     for (int64_t b = 0; b < n_batch; b++) {
         const float *xr = x + b * ldx;
         uint8_t *out = (uint8_t *)xq + (size_t)b * row_bytes;
-        if (wtype == MOETAX_TYPE_Q8_0) quantize_row_q8(xr, ncols / 32, out);
-        else if (wtype == MOETAX_TYPE_Q4_0) quantize_row_q4(xr, ncols / 32, out);
-        else if (moetax_k_act_is_k(wtype)) quantize_row_q8k(xr, (moetax_block_q8_k *)out, ncols);
+        if (moetax_k_act_is_k(wtype)) quantize_row_q8k(xr, (moetax_block_q8_k *)out, ncols);
         else memcpy(out, xr, (size_t)ncols * sizeof(float));
     }
 }
