@@ -64,14 +64,14 @@ static void test_greedy(void) {
     CHECK_EQ_INT(moetax_sampler_sample(s, nan_l), 1);
     float ninf[6] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, NAN, -INFINITY};
     CHECK_EQ_INT(moetax_sampler_sample(s, ninf), 0);
+    float nan0[6] = {NAN, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY}; /* nothing above -inf: id 0, */
+    CHECK_EQ_INT(moetax_sampler_sample(s, nan0), 0);                            /* as one compare per id in order */
     moetax_sampler_free(s);
     p.temp = -1.0f; /* any temp <= 0 */
     s = make(&p, 6);
     CHECK_EQ_INT(moetax_sampler_sample(s, l), 1);
     moetax_sampler_free(s);
 
-    float nan0[6] = {NAN, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY}; /* nothing above -inf: id 0, as one compare per id in order */
-    CHECK_EQ_INT(moetax_sampler_sample(s, nan0), 0);
     /* vocabularies of every size around the 16-wide blocks, with NaNs, infinities and ties: the
      * first id of the largest value (what one compare per id in order gives) */
     {
