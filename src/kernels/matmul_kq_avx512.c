@@ -257,7 +257,11 @@ KQ5_INLINE void kq_prefetch_dec(const uint8_t *p, size_t n, const uint8_t *pfe) 
  * (vpmulld). The mins (Q2_K) and the offset 4 * sum_j sc_j * bsums_j (Q3_K) are vpdpwssd
  * of the rows' int16 pairs with the bsums' pairs broadcast from memory. Per lane the float
  * steps are avx2's, in its order: acc += (d_x * d_w) * (float)sumi (Q2_K: then acc -=
- * (d_x * dmin_w) * (float)summ). The tiles (q23z_tile below) hold two groups in 512-bit vectors. */
+ * (d_x * dmin_w) * (float)summ). The tiles (q23z_tile below) hold two groups in 512-bit vectors
+ * and take the chain's product with its scale by vpdpwssd instead: the chain shifted down by its
+ * factor (exact: a multiple of it; |.| <= 16 * 7 * 128 fits the lane's low int16) times the scale
+ * in the low int16 of a lane whose high int16 is zero (Q2_K: 64 sc_j, S as above; Q3_K: 256 sc_j
+ * by one vpshufb, |S| <= 256 * 16 * 32 * 14336 < 2^31, sumi = S >> 8): the same integers. */
 
 /* ---- Tiles of two groups of 8 rows in 512-bit vectors x up to KQZ_JB batch rows ----
  * Lanes 0-7 hold group A's 8 rows, lanes 8-15 group B's (two 32-byte loads joined), so
@@ -652,20 +656,23 @@ KQ5_INLINE void q23z_blk(const bool three, const int JB, const uint8_t *bA, cons
 #pragma GCC unroll 4
                 for (int k = 0; k < nk; k++) {
                     const int kk = k0 + k, j = 8 * h + 2 * kk + s, b = j & 3;
-                    const int sh = three ? (kk == 3 ? 2 : 6 - 2 * kk) : 6 - 2 * kk;
+                    /* the chain's sum without its factor 4^k (an exact shift: a multiple of it), in the
+                     * lane's low int16 (|.| <= 16 * 7 * 127), times the scale in the low int16 of scj (its
+                     * high int16 zero): one vpdpwssd instead of vpmulld and an add */
+                    const int cshift = three ? (kk == 0 ? 0 : kk == 1 ? 2 : 4) : 2 * kk;
                     __m512i scj;
-                    if (three) { /* byte b to the top of each lane (vpshufb, zeros below), then down */
-                        const __m512i ix = _mm512_set4_epi32(0x00808080 | (12 + b) << 24, 0x00808080 | (8 + b) << 24,
-                                                             0x00808080 | (4 + b) << 24, 0x00808080 | b << 24);
-                        scj = _mm512_srai_epi32(_mm512_shuffle_epi8(U[j >> 2], ix), 24 - sh);
-                    }
-                    else {
-                        const __m512i f = 8 * b >= sh ? _mm512_srli_epi32(U[j >> 2], 8 * b - sh)
-                                                      : _mm512_slli_epi32(U[j >> 2], sh - 8 * b);
-                        scj = _mm512_and_si512(f, _mm512_set1_epi32(0xf << sh));
+                    if (three) { /* signed byte b to byte 1 of each lane, zeros around it: 256 * sc_j */
+                        const __m512i ix = _mm512_set4_epi32((int)(0x80800080u | (12u + b) << 8), (int)(0x80800080u | (8u + b) << 8),
+                                                             (int)(0x80800080u | (4u + b) << 8), (int)(0x80800080u | (unsigned)b << 8));
+                        scj = _mm512_shuffle_epi8(U[j >> 2], ix);
+                    } else { /* the nibble to bits 6-9: 64 * sc_j */
+                        const __m512i f = 8 * b >= 6 ? _mm512_srli_epi32(U[j >> 2], 8 * b - 6)
+                                                     : _mm512_slli_epi32(U[j >> 2], 6 - 8 * b);
+                        scj = _mm512_and_si512(f, _mm512_set1_epi32(0xf << 6));
                     }
 #pragma GCC unroll 8
-                    for (int t = 0; t < JB; t++) S[t] = _mm512_add_epi32(S[t], _mm512_mullo_epi32(cs[t][k], scj));
+                    for (int t = 0; t < JB; t++)
+                        S[t] = _mm512_dpwssd_epi32(S[t], cshift ? _mm512_srai_epi32(cs[t][k], cshift) : cs[t][k], scj);
                 }
             }
     __m512i ev[4], od[4];
@@ -695,7 +702,7 @@ KQ5_INLINE void q23z_blk(const bool three, const int JB, const uint8_t *bA, cons
             c = dpwssd_b16(c, ev[k], qb + 2 * k);
             c = dpwssd_b16(c, od[k], qb + 2 * k + 1);
         }
-        const __m512i sumi = three ? _mm512_sub_epi32(_mm512_srai_epi32(S[t], 6), _mm512_slli_epi32(c, 2))
+        const __m512i sumi = three ? _mm512_sub_epi32(_mm512_srai_epi32(S[t], 8), _mm512_slli_epi32(c, 2))
                                    : _mm512_srai_epi32(S[t], 6);
         const __m512 ad = _mm512_set1_ps(a[t]->d);
         acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_mul_ps(ad, dw), _mm512_cvtepi32_ps(sumi)));
