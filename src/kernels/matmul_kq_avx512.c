@@ -657,7 +657,7 @@ KQ5_INLINE void q23z_blk(const bool three, const int JB, const uint8_t *bA, cons
                 for (int k = 0; k < nk; k++) {
                     const int kk = k0 + k, j = 8 * h + 2 * kk + s, b = j & 3;
                     /* the chain's sum without its factor 4^k (an exact shift: a multiple of it), in the
-                     * lane's low int16 (|.| <= 16 * 7 * 127), times the scale in the low int16 of scj (its
+                     * lane's low int16 (|.| <= 16 * 7 * 128), times the scale in the low int16 of scj (its
                      * high int16 zero): one vpdpwssd instead of vpmulld and an add */
                     const int cshift = three ? (kk == 0 ? 0 : kk == 1 ? 2 : 4) : 2 * kk;
                     __m512i scj;
