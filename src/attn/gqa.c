@@ -101,11 +101,9 @@ static void gqa_out(struct worker *w, struct gqa *a, int il);
  * worker runs the whole attention of its own tokens, each matmul over them as a batch, and only
  * the end is a barrier. */
 static bool token_parallel(const struct worker *w) {
-    const struct fw_step *s = w->s;
-    const struct moetax_hparams *hp = &s->m->hp;
-    const int64_t n = s->n, nt = (n + w->nth - 1) / w->nth, hv = hp->n_head * hp->n_embd_head_v;
-    return s->one_per_seq && !s->streamed && w->nth > 1 && n >= w->nth &&
-           fw_own_fits(nt, hp->n_embd > hv ? hp->n_embd : hv);
+    const struct moetax_hparams *hp = &w->s->m->hp;
+    const int64_t hv = hp->n_head * hp->n_embd_head_v;
+    return fw_tokens_parallel(w, hp->n_embd > hv ? hp->n_embd : hv);
 }
 
 static void gqa_attention_tokens(struct worker *w, struct gqa *a, int il) {

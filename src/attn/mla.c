@@ -76,6 +76,22 @@ static void q_abs_head(const struct fw_step *s, struct mla *a, struct mla_worker
     q_abs_head_range(s, a, wk, il, h, 0, s->n);
 }
 
+/* Head h, tokens [t0, t1): out_h = W_vb[h] o_h from a->oatt into a->attv (one batched matmul, so
+ * W_vb[h] is read once for them; scratch wk->f, wk->q). */
+static void v_b_head_range(const struct fw_step *s, struct mla *a, struct mla_worker *wk, int il, int64_t h,
+                           int64_t t0, int64_t t1) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t n = t1 - t0, H = hp->n_head, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
+    float *og = wk->f; /* [n, kvl] gathered o of head h */
+    for (int64_t t = t0; t < t1; t++)
+        memcpy(og + (t - t0) * kvl, a->oatt + (t * H + h) * kvl, sizeof(float) * (size_t)kvl);
+    struct act x = {.x = og, .ncols = kvl, .n = n, .q8 = wk->q, .q4 = wk->q, .cap_q8 = wk->nq, .cap_q4 = wk->nq};
+    if (l->wv_b.type == MOETAX_TYPE_Q8_0 || l->wv_b.type == MOETAX_TYPE_Q4_0)
+        s->K->quantize_act(l->wv_b.type, og, kvl, kvl, n, wk->q);
+    fw_matmul(s, &l->wv_b, h, 0, vh, &x, 0, n, a->attv + t0 * H * vh + h * vh, H * vh);
+}
+
 void mla_rope_token(struct mla *a, const struct fw_step *s, int64_t t) {
     const struct moetax_hparams *hp = &s->m->hp;
     const struct moetax_rope_params rp = {
@@ -123,17 +139,13 @@ static void attend(const struct fw_step *s, struct mla *a, struct mla_worker *wk
     (void)nblk;
 }
 
-/* Whether this micro-batch's attention runs token-parallel (mla_attention_tokens): a model in the
- * caches (a streamed one would read the attention's weights once per worker), every token of its
- * own sequence (so no token needs a cache row another worker writes), at least one token per
- * worker and each worker's rows within its own slot (fw_own_fits). */
+/* Whether this micro-batch's attention runs token-parallel (mla_attention_tokens; fw_tokens_parallel
+ * with the widest row a worker holds: the normed input, q_a's or the heads' outputs). */
 static bool token_parallel(const struct worker *w) {
-    const struct fw_step *s = w->s;
-    const struct moetax_hparams *hp = &s->m->hp;
-    const int64_t n = s->n, nt = (n + w->nth - 1) / w->nth;
+    const struct moetax_hparams *hp = &w->s->m->hp;
     const int64_t wide = hp->n_embd > hp->q_lora_rank ? hp->n_embd : hp->q_lora_rank;
     const int64_t hv = hp->n_head * hp->n_embd_head_v;
-    return s->one_per_seq && !s->streamed && w->nth > 1 && n >= w->nth && fw_own_fits(nt, wide > hv ? wide : hv);
+    return fw_tokens_parallel(w, wide > hv ? wide : hv);
 }
 
 /* Token-parallel (token_parallel): each worker runs the whole attention of its own tokens (a
@@ -171,15 +183,7 @@ static void mla_attention_tokens(struct worker *w, struct mla *a, int il) {
                 const int64_t h0 = H * g / G, h1 = H * (g + 1) / G;
                 attend(s, a, wk, il, t, h0, h1, np_max, a->oatt + (t * H + h0) * kvl);
             }
-        for (int64_t h = 0; h < H; h++) { /* out_h = W_vb[h] o_h, the worker's tokens as one batch */
-            float *og = wk->f; /* [nt, kvl] gathered o of head h */
-            for (int64_t t = t0; t < t1; t++)
-                memcpy(og + (t - t0) * kvl, a->oatt + (t * H + h) * kvl, sizeof(float) * (size_t)kvl);
-            struct act x = {.x = og, .ncols = kvl, .n = nt, .q8 = wk->q, .q4 = wk->q, .cap_q8 = wk->nq, .cap_q4 = wk->nq};
-            if (l->wv_b.type == MOETAX_TYPE_Q8_0 || l->wv_b.type == MOETAX_TYPE_Q4_0)
-                s->K->quantize_act(l->wv_b.type, og, kvl, kvl, nt, wk->q);
-            fw_matmul(s, &l->wv_b, h, 0, vh, &x, 0, nt, a->attv + t0 * H * vh + h * vh, H * vh);
-        }
+        for (int64_t h = 0; h < H; h++) v_b_head_range(s, a, wk, il, h, t0, t1);
     }
     fw_tokens_end(w, &l->wo, a->attv, H * vh, a->out, t0, t1);
 }
@@ -300,14 +304,7 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
     if (n > 1) {
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
         fw_split(w, H, 1, &r0, &r1); /* contiguous heads, as phase 3 */
-        for (int64_t h = r0; h < r1; h++) {
-            float *og = wk->f; /* [n, kvl] gathered o of head h */
-            for (int64_t t = 0; t < n; t++) memcpy(og + t * kvl, a->oatt + (t * H + h) * kvl, sizeof(float) * (size_t)kvl);
-            struct act x = {.x = og, .ncols = kvl, .n = n, .q8 = wk->q, .q4 = wk->q, .cap_q8 = wk->nq, .cap_q4 = wk->nq};
-            if (l->wv_b.type == MOETAX_TYPE_Q8_0 || l->wv_b.type == MOETAX_TYPE_Q4_0)
-                K->quantize_act(l->wv_b.type, og, kvl, kvl, n, wk->q);
-            fw_matmul(s, &l->wv_b, h, 0, vh, &x, 0, n, a->attv + h * vh, H * vh);
-        }
+        for (int64_t h = r0; h < r1; h++) v_b_head_range(s, a, wk, il, h, 0, n);
         fw_phase_end(w);
     }
 

@@ -170,6 +170,12 @@ const struct act *fw_norm_input(struct worker *w, enum moetax_phase ph, enum moe
     return &w->s->a_in;
 }
 
+bool fw_tokens_parallel(const struct worker *w, int64_t width) {
+    const struct fw_step *s = w->s;
+    const int64_t n = s->n;
+    return s->one_per_seq && !s->streamed && w->nth > 1 && n >= w->nth && fw_own_fits((n + w->nth - 1) / w->nth, width);
+}
+
 const struct act *fw_tokens_begin(struct worker *w, int layer, const float *norm_w, int64_t *t0, int64_t *t1) {
     struct fw_step *s = w->s;
     const int64_t d = s->m->hp.n_embd;

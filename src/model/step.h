@@ -159,7 +159,12 @@ void fw_norm_rows(struct worker *w, float *dst, const float *src, const float *w
  * barrier. Returns the act. */
 const struct act *fw_norm_input(struct worker *w, enum moetax_phase ph, enum moetax_phase next, int layer, float *dst,
                                 const float *src, const float *weight, int64_t ncols);
-/* Token-parallel attention (attn/mla.c, attn/gqa.c): begins the layer's phase (ledger NORM, then
+/* Whether a micro-batch's attention can run token-parallel (attn/mla.c, attn/gqa.c): a model in
+ * the caches (a streamed one would read the attention's weights once per worker), every token of
+ * its own sequence (so no token needs a cache row another worker writes), at least one token per
+ * worker, and each worker's rows of up to `width` floats within its own slot (fw_own_fits). */
+bool fw_tokens_parallel(const struct worker *w, int64_t width);
+/* Token-parallel attention: begins the layer's phase (ledger NORM, then
  * ATTN) and gives this worker's tokens [*t0, *t1) (a static split) with their residual rows
  * normalised by norm_w and prepared in its own slot (fw_own_rows); NULL when it has none. */
 const struct act *fw_tokens_begin(struct worker *w, int layer, const float *norm_w, int64_t *t0, int64_t *t1);
