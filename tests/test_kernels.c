@@ -291,7 +291,7 @@ static void unrepack_q8r4(const uint8_t *src, uint8_t *dst, int64_t rows, int64_
 }
 
 /* The inverse of the AVX-512 table's Q8_0 repack (groups of 8 rows: per block, F16 d of
- * rows 0..7, then 8 chunks x 8 rows x 4 quants; the last rows % 8 rows plain). */
+ * rows 0..7, then 8 chunks x 8 rows x 4 quants, each plus 128; the last rows % 8 rows plain). */
 static void unrepack_q8r8(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t nb) {
     const size_t rb = (size_t)nb * 34;
     int64_t r0 = 0;
@@ -302,6 +302,7 @@ static void unrepack_q8r8(const uint8_t *src, uint8_t *dst, int64_t rows, int64_
                 uint8_t *o = dst + (size_t)(r0 + r) * rb + (size_t)b * 34;
                 memcpy(o, blk + 2 * r, 2);
                 for (int c = 0; c < 8; c++) memcpy(o + 2 + 4 * c, blk + 16 + 32 * c + 4 * r, 4);
+                for (int i = 2; i < 34; i++) o[i] ^= 0x80; /* stored as w + 128 */
             }
         }
     memcpy(dst + (size_t)r0 * rb, src + (size_t)r0 * rb, (size_t)(rows - r0) * rb);
@@ -539,6 +540,10 @@ static void test_repack(void) {
                 CHECK_MSG(memcmp(back, w, n) == 0, "%s repack rows=%lld nb=%lld does not round-trip",
                           moetax_type_name(t), (long long)rows, (long long)nb);
                 memcpy(s1, w, n), memcpy(s2, a, n);
+                if (q8 && q8x8) /* Q8_0x8r stores each quant plus 128: flip them back */
+                    for (int64_t g = 0; g < rows / 8; g++)
+                        for (int64_t b = 0; b < nb; b++)
+                            for (int i = 16; i < 272; i++) s2[(size_t)g * 8 * rb + (size_t)b * 272 + i] ^= 0x80;
                 qsort(s1, n, 1, cmp_u8), qsort(s2, n, 1, cmp_u8);
                 CHECK_MSG(memcmp(s1, s2, n) == 0, "%s repack rows=%lld nb=%lld: not a permutation",
                           moetax_type_name(t), (long long)rows, (long long)nb);

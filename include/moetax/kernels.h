@@ -92,8 +92,10 @@
  *           interleaved as Q4_0x8r is: rows 8i..8i+7 of a unit hold, for each
  *           block b in order, 272 bytes (the size of 8 block_q8_0):
  *             uint16 d[8]           F16 scales of block b of rows 0..7
- *             int8   qs[8][8][4]    chunk c, row r: quants 4c..4c+3 of
- *                                   block b of row r
+ *             uint8  qs[8][8][4]    chunk c, row r: quants 4c..4c+3 of
+ *                                   block b of row r, each plus 128 (its
+ *                                   sign bit flipped: vpdpbusd's unsigned
+ *                                   operand as stored)
  *           and the unit's last n_rows % 8 rows stay plain block_q8_0. One
  *           32-byte load holds 4 quants of each of 8 rows, so VNNI's vpdpbusd
  *           against 4 activation quants broadcast to every lane adds into one

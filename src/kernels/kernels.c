@@ -94,6 +94,7 @@ void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb) {
             memcpy(o + 2 * r, blk, 2);
             x8r_dwords(o + MOETAX_K_Q8R8_QS_OFF, r, blk + 2, 8);
         }
+        for (int i = MOETAX_K_Q8R8_QS_OFF; i < BB; i++) o[i] ^= 0x80; /* w + 128: vpdpbusd's unsigned operand */
     }
 }
 

@@ -14,9 +14,10 @@
  * sums, with no horizontal sums. vpdpbusd takes one unsigned operand:
  *   Q4_0: the nibbles q (0..15) are unsigned already; sum((q - 8) x) =
  *         sum(q x) - s with the prepared s = 8 * sum(x), which seeds the lane.
- *   Q8_0: the weights w are made unsigned, w + 128 = w ^ 0x80 (once per block
- *         for all batch rows); sum(w x) = sum((w + 128) x) - 128 * sum(x), the
- *         second term computed once per call for each batch row and block.
+ *   Q8_0: the weights are stored unsigned, w + 128 = w ^ 0x80 (by the repack, so
+ *         the tiles load vpdpbusd's operand as it is); sum(w x) = sum((w + 128) x)
+ *         - 128 * sum(x), the second term computed once per call for each batch
+ *         row and block. (A unit's plain tail rows flip their bytes as they load them.)
  * The float steps are the avx2 table's canonical chain: per row and batch row,
  * acc = fma((float)S_b, d_w[b] * d_x[b], acc) over the blocks in order, from 0
  * (continued from y across column chunks). So every result is bit-identical to
@@ -199,7 +200,6 @@ ALWAYS_INLINE void q8r8_tile(const int G, const int JB, const uint8_t *const *g,
                              bool first) {
     enum { NC = 2 }; /* chains per (group, batch row) when JB <= 4 */
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
     __m256 acc[2][JB_MAX];
 #pragma GCC unroll 2
     for (int gi = 0; gi < G; gi++)
@@ -213,8 +213,7 @@ ALWAYS_INLINE void q8r8_tile(const int G, const int JB, const uint8_t *const *g,
             prefetch_blk(blk, MOETAX_K_Q8R8_BLOCK_BYTES, JB, false);
             __m256i wv[8];
 #pragma GCC unroll 8
-            for (int c = 0; c < 8; c++)
-                wv[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q8R8_QS_OFF + 32 * c)), flip);
+            for (int c = 0; c < 8; c++) wv[c] = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q8R8_QS_OFF + 32 * c));
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
             if (JB <= Q8_NC2_MAX) {
                 __m256i ia[JB_MAX][NC];
@@ -282,7 +281,6 @@ ALWAYS_INLINE void q8z_tile(const int JB, const int NC, const uint8_t *const *g,
                             int64_t nb, const int32_t *corr, int64_t b0, int64_t kn, float *const *y, int64_t ldy,
                             bool first) {
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
     __m512 acc[JB_MAX];
 #pragma GCC unroll 8
     for (int j = 0; j < JB; j++) acc[j] = first ? _mm512_setzero_ps() : load_2x8(y[0] + j * ldy, y[1] + j * ldy);
@@ -293,9 +291,7 @@ ALWAYS_INLINE void q8z_tile(const int JB, const int NC, const uint8_t *const *g,
         prefetch_blk(k1, MOETAX_K_Q8R8_BLOCK_BYTES, JB, false);
         __m512i wv[8];
 #pragma GCC unroll 8
-        for (int c = 0; c < 8; c++)
-            wv[c] = _mm512_xor_si512(load_2x32(k0 + MOETAX_K_Q8R8_QS_OFF + 32 * c, k1 + MOETAX_K_Q8R8_QS_OFF + 32 * c),
-                                     flip);
+        for (int c = 0; c < 8; c++) wv[c] = load_2x32(k0 + MOETAX_K_Q8R8_QS_OFF + 32 * c, k1 + MOETAX_K_Q8R8_QS_OFF + 32 * c);
         __m512i s0[JB_MAX], s1[JB_MAX];
 #pragma GCC unroll 8
         for (int j = 0; j < JB; j++) {
