@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels_impl.h" /* moetax_k_avx512_gfni: both variants of the avx512 table */
 #include "moetax/kernels.h"
 #include "moetax/types.h"
 #include "testutil.h"
@@ -1104,7 +1105,7 @@ int main(int argc, char **argv) {
     const struct moetax_kernels *simd[2] = {moetax_kernels_avx2(), moetax_kernels_avx512()};
     for (int i = 0; i < 2; i++) {
         if (!(g_simd = simd[i])) continue;
-        printf("test_kernels: table '%s' against the reference\n", g_simd->name);
+        printf("test_kernels: table '%s'%s%s against the reference\n", g_simd->name, *moetax_kernels_extras(g_simd) ? " with " : "", moetax_kernels_extras(g_simd));
         test_repack();
         test_quantize_q8k();
         test_quantize_q8_rows();
@@ -1121,6 +1122,19 @@ int main(int argc, char **argv) {
             test_matmul_vs_f32(all[i]);
         }
     test_matmul_avx512_vs_avx2();
+    /* the avx512 table's Q3_K/Q6_K tiles exist with and without GFNI: the run above took the
+     * CPU's, the one below the other (without GFNI, where the CPU has it) */
+    if (simd[1] && moetax_k_avx512_gfni) {
+        moetax_k_avx512_gfni = false;
+        printf("test_kernels: table 'avx512' without GFNI against the reference and avx2\n");
+        g_simd = simd[1];
+        test_matmul();
+        g_simd = NULL;
+        test_matmul_batch_invariance(simd[1]);
+        test_matmul_avx512_vs_avx2();
+        moetax_k_avx512_gfni = true;
+    } else if (simd[1])
+        printf("test_kernels: this CPU lacks GFNI: the avx512 table's GFNI tiles skipped\n");
     test_wsum();
     test_topk();
     test_rope();

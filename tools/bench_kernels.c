@@ -336,9 +336,10 @@ int bench_kernels_main(int argc, char **argv) {
     }
 
     if (!out.json) {
-        printf("kernels '%s', %lld MiB buffer, median of %lld runs; ratio = GB/s / read bandwidth of the same pool;\n"
+        printf("kernels '%s'%s%s, %lld MiB buffer, median of %lld runs; ratio = GB/s / read bandwidth of the same pool;\n"
                "paired = median of GB/s / a plain read of the same bytes just before each run\n",
-               k->name, (long long)size_mib, (long long)reps);
+               k->name, *moetax_kernels_extras(k) ? " with " : "", moetax_kernels_extras(k), (long long)size_mib,
+               (long long)reps);
         printf("%-5s %3s  %-7s %15s %5s %5s %10s %8s %6s %6s %9s\n", "type", "thr", "case", "rows x cols", "batch",
                "mats", "ms", "GB/s", "ratio", "paired", "GFLOP/s");
     }

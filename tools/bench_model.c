@@ -617,9 +617,10 @@ int bench_model_main(int argc, char **argv) {
     moetax_status st = bench_check_upfront(model, twin, &o);
     if (st) return cli_fail("bench", st);
     if (!o.json)
-        printf("kernels: %s (MOETAX_KERNELS=ref|avx2|avx512 chooses); a model larger than the %.0f MiB last-level "
+        printf("kernels: %s%s%s (MOETAX_KERNELS=ref|avx2|avx512 chooses); a model larger than the %.0f MiB last-level "
                "cache decodes with the streaming prefetch\n",
-               moetax_kernels_get()->name, (double)moetax_cpu_llc_bytes() / (1 << 20));
+               moetax_kernels_get()->name, *moetax_kernels_extras(moetax_kernels_get()) ? " with " : "",
+               moetax_kernels_extras(moetax_kernels_get()), (double)moetax_cpu_llc_bytes() / (1 << 20));
     if (!o.json)
         printf("| model | threads | test | t/s | TPOT p50 ms | TPOT p99 ms | GB/s | read GB/s | roofline | paired | us/layer | tax | ledger cost |\n"
                "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -11,7 +11,7 @@
     X(eval, "evaluate token ids and write the logits (for comparing against a reference)") \
     X(perplexity, "perplexity over a text file or a folder of files (sliding window, like llama-perplexity)") \
     X(tokenize, "encode text with a GGUF file's tokenizer and print the token ids or pieces") \
-    X(quantize, "convert a GGUF model's weights to another type (f16, bf16, q8_0, q4_0)") \
+    X(quantize, "convert a GGUF model's weights to another type (f16, bf16, q8_0, q4_0, q2_k..q6_k)") \
     X(profile, "run text through the model and write its routing profile (expert frequencies, transitions)") \
     X(tune, "choose the levers (threads, top-k, paging, expert precision, expert store, capacity factor) for this model and machine, quality measured") \
     X(report, "the bill of a run: tax share, phases, layers, workers, routing, from a ledger or trace (--html)") \

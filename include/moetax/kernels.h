@@ -339,6 +339,10 @@ const struct moetax_kernels *moetax_kernels_avx2(void);
 /* The AVX-512 (F/BW/VL/DQ, VNNI) table, or NULL if this CPU or the OS's saved
  * state (XCR0 opmask / ZMM bits 5-7) does not allow it. */
 const struct moetax_kernels *moetax_kernels_avx512(void);
+/* What the table k uses beyond its name, for the lines that say which table ran: "gfni" for the
+ * avx512 table on a CPU with GFNI (its Q3_K and Q6_K tiles; MOETAX_GFNI=0 in the environment
+ * turns it off), else "". */
+const char *moetax_kernels_extras(const struct moetax_kernels *k);
 
 /* Convert one unit (WEIGHT LAYOUTS) of n_rows rows of ncols values of type
  * t, back to back in the stored (GGUF) layout at src (row_bytes =

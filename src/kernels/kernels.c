@@ -377,6 +377,20 @@ static bool cpu_has_avx512_vnni(void) {
 #endif
 }
 
+/* GFNI (leaf 7 ecx bit 8); its vgf2p8affineqb on ZMM needs AVX-512 F besides. */
+static bool cpu_has_gfni(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7) return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    return c & (1u << 8);
+#else
+    return false;
+#endif
+}
+
+bool moetax_k_avx512_gfni;
+
 /* MOETAX_FORCE_REF (non-empty, not "0") forces ref; else MOETAX_KERNELS=ref|avx2|avx512 names a
  * table; one this CPU cannot run, or an unknown name, is a warning on stderr and the best table. */
 static void select_once(void) {
@@ -384,6 +398,8 @@ static void select_once(void) {
     g_has_avx2 = cpu_has_avx2_fma_f16c();
     g_has_avx512 = g_has_avx2 && cpu_has_avx512_vnni();
     g_best = g_has_avx512 ? &k_avx512 : g_has_avx2 ? &k_avx2 : &k_ref;
+    const char *gfni = getenv("MOETAX_GFNI"); /* "0": the avx512 table without GFNI (A/B runs, tests) */
+    moetax_k_avx512_gfni = g_has_avx512 && cpu_has_gfni() && !(gfni && strcmp(gfni, "0") == 0);
     const char *force = getenv("MOETAX_FORCE_REF");
     if (force && force[0] && strcmp(force, "0") != 0) {
         g_best = &k_ref;
@@ -456,6 +472,11 @@ const struct moetax_kernels *moetax_kernels_avx2(void) {
 const struct moetax_kernels *moetax_kernels_avx512(void) {
     pthread_once(&g_once, select_once);
     return g_has_avx512 ? &k_avx512 : NULL;
+}
+
+const char *moetax_kernels_extras(const struct moetax_kernels *k) {
+    pthread_once(&g_once, select_once);
+    return k == &k_avx512 && moetax_k_avx512_gfni ? "gfni" : "";
 }
 
 size_t moetax_act_size(enum moetax_type wtype, int64_t ncols, int64_t n_batch) {

@@ -297,6 +297,19 @@ KQ5_INLINE __m512i dpwssd_b16(__m512i acc, __m512i w, const int32_t *p) {
     return acc;
 }
 
+/* Each byte of x through the 8x8 bit matrix m (GFNI's vgf2p8affineqb, every qword of the matrix
+ * operand m): bit i of a result byte = parity(byte 7 - i of m & the byte of x). Inline assembly, so
+ * the file needs no -mgfni: only the tiles chosen when the CPU has GFNI (moetax_k_avx512_gfni,
+ * kernels.c) run it. */
+KQ5_INLINE __m512i gf_bits(__m512i x, uint64_t m) {
+    __m512i r;
+    __asm__("vgf2p8affineqb $0, %2, %1, %0" : "=v"(r) : "v"(x), "v"(_mm512_set1_epi64((long long)m)));
+    return r;
+}
+
+/* The matrix that moves bit `from` of each byte to bit `to` (the others cleared). */
+#define GF_MOVE(from, to) ((uint64_t)(1u << (from)) << (8 * (7 - (to))))
+
 /* 32 bytes at a (lanes 0-7) and 32 at b (lanes 8-15). */
 KQ5_INLINE __m512i kq_load_2x32(const uint8_t *a, const uint8_t *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
@@ -463,19 +476,20 @@ KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, cons
  * + 15: the 4-byte groups p = 4ph .. 4ph + 3 of level vector k of half h), summed in its own
  * chain per batch row and multiplied by the rows' int8 scale; the offset of 32 once per
  * super-block (32 * sum_j sc_j * bsums_j, vpmaddwd of int16 scale pairs), as the avx2 tiles. */
-KQ5_INLINE __m512i q6z_levels(const uint8_t *bA, const uint8_t *bB, int h, int k, int p) {
+KQ5_INLINE __m512i q6z_levels(const bool gf, const uint8_t *bA, const uint8_t *bB, int h, int k, int p) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const size_t lo = MOETAX_K_Q6KR8_QL_OFF + 512 * h + 32 * p + (k & 1) * 256;
     const size_t ho = MOETAX_K_Q6KR8_QH_OFF + 256 * h + 32 * p;
     const __m512i l = kq_load_2x32(bA + lo, bB + lo), hq = kq_load_2x32(bA + ho, bB + ho);
     const __m512i ls = k >= 2 ? _mm512_srli_epi16(l, 4) : l;
-    /* qh bits 2k, 2k + 1 to bits 4, 5 */
+    /* qh bits 2k, 2k + 1 to bits 4, 5 (GFNI: moved there alone, one instruction for shift and mask) */
+    if (gf) return _mm512_ternarylogic_epi32(ls, m4, gf_bits(hq, GF_MOVE(2 * k, 4) | GF_MOVE(2 * k + 1, 5)), 0xEA);
     const __m512i hs = k == 0 ? _mm512_slli_epi16(hq, 4) : k == 1 ? _mm512_slli_epi16(hq, 2)
                        : k == 2 ? hq : _mm512_srli_epi16(hq, 2);
     return _mm512_ternarylogic_epi32(ls, m4, _mm512_and_si512(hs, m30), 0xEA);
 }
 
-KQ5_INLINE void q6z_tile(const int JB, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row,
+KQ5_INLINE void q6z_tile(const int JB, const bool gf, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row,
                          int64_t nb, float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {
     const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
     const bool side = JB <= 4; /* two sub-blocks (k, k + 1) side by side */
@@ -513,12 +527,12 @@ KQ5_INLINE void q6z_tile(const int JB, const uint8_t *g0, const uint8_t *g1, con
 #pragma GCC unroll 4
                     for (int pp = 0; pp < 4; pp++) {
                         const int p = 4 * ph + pp;
-                        const __m512i v0 = q6z_levels(bA, bB, h, k, p);
+                        const __m512i v0 = q6z_levels(gf, bA, bB, h, k, p);
 #pragma GCC unroll 8
                         for (int t = 0; t < JB; t++)
                             s0[t] = dpbusd_b16(s0[t], v0, (const uint8_t *)a[t]->qs + 128 * h + 32 * k + 4 * p);
                         if (side) {
-                            const __m512i v1 = q6z_levels(bA, bB, h, k + 1, p);
+                            const __m512i v1 = q6z_levels(gf, bA, bB, h, k + 1, p);
 #pragma GCC unroll 4
                             for (int t = 0; t < JB; t++)
                                 s1[t] = dpbusd_b16(s1[t], v1, (const uint8_t *)a[t]->qs + 128 * h + 32 * (k + 1) + 4 * p);
@@ -579,33 +593,40 @@ typedef void (*kqz_fn)(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, 
     }                                                                                                           \
     static void q6kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
                                float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                         \
-        q6z_tile(JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                                     \
+        q6z_tile(JB, false, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                              \
+    }                                                                                                           \
+    static void q6kzg_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
+                                float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                        \
+        q6z_tile(JB, true, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                               \
     }
 KQZ_TILE(1) KQZ_TILE(2) KQZ_TILE(3) KQZ_TILE(4) KQZ_TILE(5) KQZ_TILE(6) KQZ_TILE(7) KQZ_TILE(8)
 static const kqz_fn k_kqz[3][KQZ_JB] = {
     {q4kz_tile_1, q4kz_tile_2, q4kz_tile_3, q4kz_tile_4, q4kz_tile_5, q4kz_tile_6, q4kz_tile_7, q4kz_tile_8},
     {q5kz_tile_1, q5kz_tile_2, q5kz_tile_3, q5kz_tile_4, q5kz_tile_5, q5kz_tile_6, q5kz_tile_7, q5kz_tile_8},
     {q6kz_tile_1, q6kz_tile_2, q6kz_tile_3, q6kz_tile_4, q6kz_tile_5, q6kz_tile_6, q6kz_tile_7, q6kz_tile_8}};
+static const kqz_fn k_q6kzg[KQZ_JB] = {q6kzg_tile_1, q6kzg_tile_2, q6kzg_tile_3, q6kzg_tile_4,
+                                       q6kzg_tile_5, q6kzg_tile_6, q6kzg_tile_7, q6kzg_tile_8};
 
 /* Q2_Kx8r / Q3_Kx8r, two groups in 512-bit vectors (the steps above on 16 lanes): the levels of
  * level vector k of 4-byte group p of half h of both groups (bA: lanes 0-7, bB: 8-15). */
-KQ5_INLINE __m512i q23z_level(const bool three, const uint8_t *bA, const uint8_t *bB, int h, int p, int k) {
+KQ5_INLINE __m512i q23z_level(const bool three, const bool gf, const uint8_t *bA, const uint8_t *bB, int h, int p, int k) {
     const size_t qo = (three ? MOETAX_K_Q3KR8_QS_OFF : MOETAX_K_Q2KR8_QS_OFF) + 32 * (8 * h + p);
     const __m512i v = kq_load_2x32(bA + qo, bB + qo);
     if (!three) return _mm512_and_si512(v, _mm512_set1_epi8((char)(3 << 2 * k)));
     const size_t ho = MOETAX_K_Q3KR8_HM_OFF + 32 * p;
     const __m512i hq = kq_load_2x32(bA + ho, bB + ho);
     const int t = k == 3 ? 6 : 2 * k + 2, sb = 4 * h + k, d = t - sb; /* hmask bit sb to bit t */
-    const __m512i hs = d > 0 ? _mm512_slli_epi16(hq, d) : d < 0 ? _mm512_srli_epi16(hq, -d) : hq;
     const __m512i lo = k == 3 ? _mm512_srli_epi16(v, 2) : v;
-    return _mm512_ternarylogic_epi32(lo, _mm512_set1_epi8((char)(k == 3 ? 0x30 : 3 << 2 * k)),
-                                     _mm512_and_si512(hs, _mm512_set1_epi8((char)(1 << t))), 0xEA);
+    const __m512i ml = _mm512_set1_epi8((char)(k == 3 ? 0x30 : 3 << 2 * k));
+    if (gf) return _mm512_ternarylogic_epi32(lo, ml, gf_bits(hq, GF_MOVE(sb, t)), 0xEA); /* moved there alone */
+    const __m512i hs = d > 0 ? _mm512_slli_epi16(hq, d) : d < 0 ? _mm512_srli_epi16(hq, -d) : hq;
+    return _mm512_ternarylogic_epi32(lo, ml, _mm512_and_si512(hs, _mm512_set1_epi8((char)(1 << t))), 0xEA);
 }
 
 /* One super-block of two groups (bA, bB) x JB batch rows (a[t]): acc[t] += its terms. With JB <= 2
  * a group's four level vectors serve 4 JB chains at once; with more, one sub-block at a time (JB
  * chains; the levels' loads repeat, from L1). */
-KQ5_INLINE void q23z_blk(const bool three, const int JB, const uint8_t *bA, const uint8_t *bB,
+KQ5_INLINE void q23z_blk(const bool three, const bool gf, const int JB, const uint8_t *bA, const uint8_t *bB,
                          const moetax_block_q8_k *const *a, __m512 *acc) {
     __m512i U[4];
     if (three) {
@@ -645,7 +666,7 @@ KQ5_INLINE void q23z_blk(const bool three, const int JB, const uint8_t *bA, cons
                     const int p = 4 * s + pp;
 #pragma GCC unroll 4
                     for (int k = 0; k < nk; k++) {
-                        const __m512i L = q23z_level(three, bA, bB, h, p, k0 + k);
+                        const __m512i L = q23z_level(three, gf, bA, bB, h, p, k0 + k);
 #pragma GCC unroll 8
                         for (int t = 0; t < JB; t++) {
                             const uint8_t *x = (const uint8_t *)a[t]->qs + 128 * h + 32 * (k0 + k) + 4 * p;
@@ -712,7 +733,7 @@ KQ5_INLINE void q23z_blk(const bool three, const int JB, const uint8_t *bA, cons
 
 /* Two groups (g0, g1) x JB batch rows; JB == 1 (decode) prefetches into L2 below pfe, as the 256-bit
  * decode does, batches KQ_QPF bytes ahead into L1. */
-KQ5_INLINE void q23z_tile(const bool three, const int JB, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq,
+KQ5_INLINE void q23z_tile(const bool three, const bool gf, const int JB, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq,
                           size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {
     const size_t bbytes = three ? MOETAX_K_Q3KR8_BLOCK_BYTES : MOETAX_K_Q2KR8_BLOCK_BYTES;
     __m512 acc[KQZ_JB];
@@ -732,7 +753,7 @@ KQ5_INLINE void q23z_tile(const bool three, const int JB, const uint8_t *g0, con
         const moetax_block_q8_k *a[KQZ_JB];
 #pragma GCC unroll 8
         for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
-        q23z_blk(three, JB, bA, bB, a, acc);
+        q23z_blk(three, gf, JB, bA, bB, a, acc);
     }
 #pragma GCC unroll 8
     for (int t = 0; t < JB; t++) store_2x8z(y0 + t * ldy, y1 + t * ldy, acc[t]);
@@ -743,16 +764,22 @@ typedef void (*kq23z_fn)(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq
 #define KQ23Z_TILE(JB)                                                                                           \
     static void q2kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
                                float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                         \
-        q23z_tile(false, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                        \
+        q23z_tile(false, false, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                 \
     }                                                                                                           \
     static void q3kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
                                float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                         \
-        q23z_tile(true, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                         \
+        q23z_tile(true, false, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                  \
+    }                                                                                                           \
+    static void q3kzg_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
+                                float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                        \
+        q23z_tile(true, true, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                   \
     }
 KQ23Z_TILE(1) KQ23Z_TILE(2) KQ23Z_TILE(3) KQ23Z_TILE(4) KQ23Z_TILE(5) KQ23Z_TILE(6) KQ23Z_TILE(7) KQ23Z_TILE(8)
 static const kq23z_fn k_kq23z[2][KQZ_JB] = {
     {q2kz_tile_1, q2kz_tile_2, q2kz_tile_3, q2kz_tile_4, q2kz_tile_5, q2kz_tile_6, q2kz_tile_7, q2kz_tile_8},
     {q3kz_tile_1, q3kz_tile_2, q3kz_tile_3, q3kz_tile_4, q3kz_tile_5, q3kz_tile_6, q3kz_tile_7, q3kz_tile_8}};
+static const kq23z_fn k_q3kzg[KQZ_JB] = {q3kzg_tile_1, q3kzg_tile_2, q3kzg_tile_3, q3kzg_tile_4,
+                                         q3kzg_tile_5, q3kzg_tile_6, q3kzg_tile_7, q3kzg_tile_8};
 
 /* ---- Q3_K / Q2_K as stored (a unit's plain tail), decode: 4 rows side by side ----
  * Bit-identical to matmul_kq_avx2.c's decode (and so its batch path): the same float steps on 4
@@ -983,6 +1010,9 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
     const int64_t nb = ncols / MOETAX_QK_K, gend = row1 - (row1 - row0) % R;
     const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
     const int ti = six ? 2 : wtype == MOETAX_TYPE_Q5_K ? 1 : 0;
+    /* Q3_K's and Q6_K's tiles with GFNI where the CPU has it (the same bits) */
+    const kq23z_fn *t23 = wtype == MOETAX_TYPE_Q3_K ? (moetax_k_avx512_gfni ? k_q3kzg : k_kq23z[1]) : k_kq23z[0];
+    const kqz_fn *tz = six && moetax_k_avx512_gfni ? k_q6kzg : k_kqz[ti];
     /* the decode's L2 prefetches end here: cached weights (!far) take none, only the L1's */
     const uint8_t *pfe = w + (size_t)(far ? row1 : row0) * row_bytes;
     const size_t pfd = KQ_PFD; /* decode's prefetch distance */
@@ -997,8 +1027,8 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
                 const int64_t left = n_batch - j0, tiles_n = (left + KQZ_JB - 1) / KQZ_JB;
                 jb = (left + tiles_n - 1) / tiles_n; /* tiles of even size */
                 const uint8_t *g = w + (size_t)r * row_bytes, *xj = xq + (size_t)j0 * act_row;
-                k_kq23z[wtype == MOETAX_TYPE_Q3_K][jb - 1](g, g + (size_t)R * row_bytes, xj, act_row, nb,
-                                                           y + j0 * ldy + r, y + j0 * ldy + r + R, ldy, pfe);
+                t23[jb - 1](g, g + (size_t)R * row_bytes, xj, act_row, nb, y + j0 * ldy + r, y + j0 * ldy + r + R,
+                            ldy, pfe);
             }
     if (n_batch > 1 && !q23) /* pairs of adjacent groups in 512-bit vectors, tiles of up to KQZ_JB batch rows */
         for (; r + 2 * R <= gend; r += 2 * R)
@@ -1006,8 +1036,8 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
                 const int64_t left = n_batch - j0, tiles_n = (left + KQZ_JB - 1) / KQZ_JB;
                 jb = (left + tiles_n - 1) / tiles_n; /* tiles of even size */
                 const uint8_t *g = w + (size_t)r * row_bytes, *xj = xq + (size_t)j0 * act_row;
-                k_kqz[ti][jb - 1](g, g + (size_t)R * row_bytes, xj, act_row, nb, y + j0 * ldy + r,
-                                  y + j0 * ldy + r + R, ldy, pfe);
+                tz[jb - 1](g, g + (size_t)R * row_bytes, xj, act_row, nb, y + j0 * ldy + r, y + j0 * ldy + r + R,
+                           ldy, pfe);
             }
     if (n_batch == 1) { /* decode: group i of the range's first half beside group i of its second */
         const int64_t np = (gend - r) / R / 2;
@@ -1017,8 +1047,8 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
         for (int64_t i = 0; i < np; i++) {
             const int64_t ra = r + i * R, rb = ra + np * R;
             const uint8_t *ga = w + (size_t)ra * row_bytes, *gb = w + (size_t)rb * row_bytes;
-            if (q23) k_kq23z[wtype == MOETAX_TYPE_Q3_K][0](ga, gb, xq, act_row, nb, y + ra, y + rb, 0, pfe);
-            else k_kqz[ti][0](ga, gb, xq, act_row, nb, y + ra, y + rb, 0, pfe);
+            if (q23) t23[0](ga, gb, xq, act_row, nb, y + ra, y + rb, 0, pfe);
+            else tz[0](ga, gb, xq, act_row, nb, y + ra, y + rb, 0, pfe);
         }
         r += 2 * np * R;
     }
