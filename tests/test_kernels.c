@@ -1122,7 +1122,7 @@ int main(int argc, char **argv) {
             test_matmul_vs_f32(all[i]);
         }
     test_matmul_avx512_vs_avx2();
-    /* the avx512 table's Q3_K/Q6_K tiles exist with and without GFNI: the run above took the
+    /* the avx512 table's Q3_K/Q5_K/Q6_K tiles exist with and without GFNI: the run above took the
      * CPU's, the one below the other (without GFNI, where the CPU has it) */
     if (simd[1] && moetax_k_avx512_gfni) {
         moetax_k_avx512_gfni = false;

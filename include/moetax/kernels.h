@@ -340,7 +340,7 @@ const struct moetax_kernels *moetax_kernels_avx2(void);
  * state (XCR0 opmask / ZMM bits 5-7) does not allow it. */
 const struct moetax_kernels *moetax_kernels_avx512(void);
 /* What the table k uses beyond its name, for the lines that say which table ran: "gfni" for the
- * avx512 table on a CPU with GFNI (its Q3_K and Q6_K tiles; MOETAX_GFNI=0 in the environment
+ * avx512 table on a CPU with GFNI (its Q3_K, Q5_K and Q6_K tiles; MOETAX_GFNI=0 in the environment
  * turns it off), else "". */
 const char *moetax_kernels_extras(const struct moetax_kernels *k);
 

@@ -113,7 +113,7 @@ void moetax_k_repack_group_q3kr8(void *dst, const void *src, int64_t nb);
 
 /* Shared tables (kernels.c): fp16 -> fp32 for every bit pattern. */
 extern float moetax_k_fp16_table[1 << 16];
-/* The avx512 table's Q3_K and Q6_K tiles use GFNI (vgf2p8affineqb): set once by the table's
+/* The avx512 table's Q3_K, Q5_K and Q6_K tiles use GFNI (vgf2p8affineqb): set once by the table's
  * selection (kernels.c) where the CPU has GFNI and MOETAX_GFNI is not "0"; the same bits either way. */
 extern bool moetax_k_avx512_gfni;
 void moetax_k_tables_init(void);

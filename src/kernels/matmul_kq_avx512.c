@@ -337,20 +337,22 @@ KQ5_INLINE void store_2x8z(float *a, float *b, __m512 v) {
 
 /* Q4_K / Q5_K (five): the levels of sub-block j (chunk j / 2, high nibbles when j is odd) at
  * 4-byte group q of both groups; Q5_K adds bit j of the group's qh bytes as 16. */
-KQ5_INLINE __m512i q45z_levels(const bool five, const uint8_t *bA, const uint8_t *bB, size_t qs_off, int j, int q) {
+KQ5_INLINE __m512i q45z_levels(const bool five, const bool gf, const uint8_t *bA, const uint8_t *bB, size_t qs_off,
+                               int j, int q) {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const int c = j >> 1;
     const __m512i v = kq_load_2x32(bA + qs_off + 256 * c + 32 * q, bB + qs_off + 256 * c + 32 * q);
     const __m512i l = (j & 1) ? _mm512_srli_epi16(v, 4) : v;
     if (!five) return _mm512_and_si512(l, m4);
     const __m512i hq = kq_load_2x32(bA + MOETAX_K_Q5KR8_QH_OFF + 32 * q, bB + MOETAX_K_Q5KR8_QH_OFF + 32 * q);
+    if (gf) return _mm512_ternarylogic_epi32(l, m4, gf_bits(hq, GF_MOVE(j, 4)), 0xEA); /* bit j alone to bit 4 */
     /* bit j of each qh byte to bit 4 (16-bit shifts; the mask drops what crosses bytes) */
     const __m512i b = _mm512_and_si512(j <= 4 ? _mm512_slli_epi16(hq, 4 - j) : _mm512_srli_epi16(hq, j - 4),
                                        _mm512_set1_epi8(0x10));
     return _mm512_ternarylogic_epi32(l, m4, b, 0xEA); /* (l & m4) | b */
 }
 
-KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq,
+KQ5_INLINE void q45z_tile(const bool five, const bool gf, const int JB, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq,
                           size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {
     const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
     const size_t qs_off = five ? MOETAX_K_Q5KR8_QS_OFF : MOETAX_K_Q4KR8_QS_OFF;
@@ -397,8 +399,8 @@ KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, cons
                 const __m512i scB = byte_lane_z(c < 2 ? sc03 : sc47, (2 * c + 1) & 3);
 #pragma GCC unroll 8
                 for (int q = 0; q < 8; q++) {
-                    const __m512i lo = q45z_levels(five, bA, bB, qs_off, 2 * c, q);
-                    const __m512i hi = q45z_levels(five, bA, bB, qs_off, 2 * c + 1, q);
+                    const __m512i lo = q45z_levels(five, gf, bA, bB, qs_off, 2 * c, q);
+                    const __m512i hi = q45z_levels(five, gf, bA, bB, qs_off, 2 * c + 1, q);
 #pragma GCC unroll 4
                     for (int t = 0; t < JB; t++) {
                         sA[t] = dpbusd_b16(sA[t], lo, (const uint8_t *)a[t]->qs + 64 * c + 4 * q);
@@ -426,7 +428,7 @@ KQ5_INLINE void q45z_tile(const bool five, const int JB, const uint8_t *g0, cons
                 const __m512i scj = byte_lane_z(j < 4 ? sc03 : sc47, j & 3);
 #pragma GCC unroll 8
                 for (int q = 0; q < 8; q++) {
-                    const __m512i l = q45z_levels(five, bA, bB, qs_off, j, q);
+                    const __m512i l = q45z_levels(five, gf, bA, bB, qs_off, j, q);
 #pragma GCC unroll 8
                     for (int t = 0; t < JB; t++)
                         s[t] = dpbusd_b16(s[t], l, (const uint8_t *)a[t]->qs + 32 * j + 4 * q);
@@ -585,11 +587,15 @@ typedef void (*kqz_fn)(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, 
 #define KQZ_TILE(JB)                                                                                             \
     static void q4kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
                                float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                         \
-        q45z_tile(false, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                             \
+        q45z_tile(false, false, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                      \
     }                                                                                                           \
     static void q5kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
                                float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                         \
-        q45z_tile(true, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                              \
+        q45z_tile(true, false, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                       \
+    }                                                                                                           \
+    static void q5kzg_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
+                                float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                        \
+        q45z_tile(true, true, JB, g0, g1, xq, act_row, nb, y0, y1, ldy, pfe);                                        \
     }                                                                                                           \
     static void q6kz_tile_##JB(const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row, int64_t nb, \
                                float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {                         \
@@ -604,6 +610,8 @@ static const kqz_fn k_kqz[3][KQZ_JB] = {
     {q4kz_tile_1, q4kz_tile_2, q4kz_tile_3, q4kz_tile_4, q4kz_tile_5, q4kz_tile_6, q4kz_tile_7, q4kz_tile_8},
     {q5kz_tile_1, q5kz_tile_2, q5kz_tile_3, q5kz_tile_4, q5kz_tile_5, q5kz_tile_6, q5kz_tile_7, q5kz_tile_8},
     {q6kz_tile_1, q6kz_tile_2, q6kz_tile_3, q6kz_tile_4, q6kz_tile_5, q6kz_tile_6, q6kz_tile_7, q6kz_tile_8}};
+static const kqz_fn k_q5kzg[KQZ_JB] = {q5kzg_tile_1, q5kzg_tile_2, q5kzg_tile_3, q5kzg_tile_4,
+                                       q5kzg_tile_5, q5kzg_tile_6, q5kzg_tile_7, q5kzg_tile_8};
 static const kqz_fn k_q6kzg[KQZ_JB] = {q6kzg_tile_1, q6kzg_tile_2, q6kzg_tile_3, q6kzg_tile_4,
                                        q6kzg_tile_5, q6kzg_tile_6, q6kzg_tile_7, q6kzg_tile_8};
 
@@ -1010,9 +1018,9 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
     const int64_t nb = ncols / MOETAX_QK_K, gend = row1 - (row1 - row0) % R;
     const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
     const int ti = six ? 2 : wtype == MOETAX_TYPE_Q5_K ? 1 : 0;
-    /* Q3_K's and Q6_K's tiles with GFNI where the CPU has it (the same bits) */
+    /* Q3_K's, Q5_K's and Q6_K's tiles with GFNI where the CPU has it (the same bits) */
     const kq23z_fn *t23 = wtype == MOETAX_TYPE_Q3_K ? (moetax_k_avx512_gfni ? k_q3kzg : k_kq23z[1]) : k_kq23z[0];
-    const kqz_fn *tz = six && moetax_k_avx512_gfni ? k_q6kzg : k_kqz[ti];
+    const kqz_fn *tz = !moetax_k_avx512_gfni ? k_kqz[ti] : six ? k_q6kzg : ti == 1 ? k_q5kzg : k_kqz[ti];
     /* the decode's L2 prefetches end here: cached weights (!far) take none, only the L1's */
     const uint8_t *pfe = w + (size_t)(far ? row1 : row0) * row_bytes;
     const size_t pfd = KQ_PFD; /* decode's prefetch distance */
