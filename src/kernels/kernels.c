@@ -1,11 +1,13 @@
-/* kernels.c - the kernel tables and their one-time selection from cpuid, plus
- * the ISA-independent helpers (activation sizes, RoPE angles). */
+/* kernels.c - the kernel tables and their one-time selection from cpuid, the weight repacks
+ * (their dword interleave with AVX2: only the AVX2 and AVX-512 tables read repacked weights),
+ * plus the ISA-independent helpers (activation sizes, RoPE angles). */
 #include "kernels_impl.h"
 
 #include <math.h>
 #include <pthread.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#include <immintrin.h>
 #endif
 #include <stdatomic.h>
 #include <stdio.h>
@@ -30,6 +32,94 @@ void moetax_k_tables_init(void) { pthread_once(&g_tables_once, tables_init_once)
 
 /* ---- weight layouts ---- */
 
+static bool g_has_avx2, g_has_avx512; /* set once by select_once (below), before any table is handed out */
+
+/* The x8r layouts' common step: for each of the 8 rows r, the n consecutive dwords at p[r] + off
+ * go to dword j of row r in the 8-row interleave at o (o + 32 j + 4 r), j = 0..n-1; flip: each
+ * byte with its sign bit flipped (Q8_0x8r). Eight dwords of the 8 rows are an 8x8 transpose of
+ * dwords: with AVX2 (every table that reads these layouts has it) 8 loads, 24 shuffles and 8
+ * stores, where a dword at a time made the repack of an expert read by the store cost about as
+ * much CPU time as the matmuls over it. */
+static void x8r_dwords_scalar(uint8_t *o, const uint8_t *const *p, size_t off, int j0, int n, bool flip) {
+    for (int r = 0; r < 8; r++)
+        for (int j = j0; j < n; j++) {
+            uint8_t *d = o + 32 * j + 4 * r;
+            memcpy(d, p[r] + off + 4 * (size_t)j, 4);
+            if (flip)
+                for (int i = 0; i < 4; i++) d[i] ^= 0x80;
+        }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#define X8R_AVX2 __attribute__((target("avx2"), always_inline)) static inline
+X8R_AVX2 __m256i x8r_ld(const uint8_t *const *p, int r, size_t o) { return _mm256_loadu_si256((const __m256i *)(p[r] + o)); }
+
+__attribute__((target("avx2"))) static void x8r_dwords_avx2(uint8_t *o, const uint8_t *const *p, size_t off, int n,
+                                                            bool flip) {
+    const __m256i fx = _mm256_set1_epi8(flip ? (char)0x80 : 0);
+    int j0 = 0;
+    for (; j0 + 8 <= n; j0 += 8) {
+        const size_t f = off + 4 * (size_t)j0;
+        const __m256i r0 = x8r_ld(p, 0, f), r1 = x8r_ld(p, 1, f), r2 = x8r_ld(p, 2, f), r3 = x8r_ld(p, 3, f);
+        const __m256i r4 = x8r_ld(p, 4, f), r5 = x8r_ld(p, 5, f), r6 = x8r_ld(p, 6, f), r7 = x8r_ld(p, 7, f);
+        /* rows (2i, 2i+1) x dwords (0, 1 | 4, 5) and (2, 3 | 6, 7) */
+        const __m256i t0 = _mm256_unpacklo_epi32(r0, r1), t1 = _mm256_unpackhi_epi32(r0, r1);
+        const __m256i t2 = _mm256_unpacklo_epi32(r2, r3), t3 = _mm256_unpackhi_epi32(r2, r3);
+        const __m256i t4 = _mm256_unpacklo_epi32(r4, r5), t5 = _mm256_unpackhi_epi32(r4, r5);
+        const __m256i t6 = _mm256_unpacklo_epi32(r6, r7), t7 = _mm256_unpackhi_epi32(r6, r7);
+        /* rows 0-3 (u0-u3) and 4-7 (u4-u7) x dword k | k + 4 */
+        const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+        const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+        const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+        const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+        __m256i *d = (__m256i *)(o + 32 * j0);
+        _mm256_storeu_si256(d + 0, _mm256_xor_si256(_mm256_permute2x128_si256(u0, u4, 0x20), fx));
+        _mm256_storeu_si256(d + 1, _mm256_xor_si256(_mm256_permute2x128_si256(u1, u5, 0x20), fx));
+        _mm256_storeu_si256(d + 2, _mm256_xor_si256(_mm256_permute2x128_si256(u2, u6, 0x20), fx));
+        _mm256_storeu_si256(d + 3, _mm256_xor_si256(_mm256_permute2x128_si256(u3, u7, 0x20), fx));
+        _mm256_storeu_si256(d + 4, _mm256_xor_si256(_mm256_permute2x128_si256(u0, u4, 0x31), fx));
+        _mm256_storeu_si256(d + 5, _mm256_xor_si256(_mm256_permute2x128_si256(u1, u5, 0x31), fx));
+        _mm256_storeu_si256(d + 6, _mm256_xor_si256(_mm256_permute2x128_si256(u2, u6, 0x31), fx));
+        _mm256_storeu_si256(d + 7, _mm256_xor_si256(_mm256_permute2x128_si256(u3, u7, 0x31), fx));
+    }
+    if (j0 + 4 <= n) { /* four dwords: rows r and r + 4 side by side in one vector, one 4x4 transpose */
+        const size_t f = off + 4 * (size_t)j0;
+#define X8R_PAIR(r) _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(p[(r) + 4] + f)), _mm_loadu_si128((const __m128i *)(p[r] + f)))
+        const __m256i a0 = X8R_PAIR(0), a1 = X8R_PAIR(1), a2 = X8R_PAIR(2), a3 = X8R_PAIR(3);
+#undef X8R_PAIR
+        const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
+        const __m256i t2 = _mm256_unpacklo_epi32(a2, a3), t3 = _mm256_unpackhi_epi32(a2, a3);
+        __m256i *d = (__m256i *)(o + 32 * j0);
+        _mm256_storeu_si256(d + 0, _mm256_xor_si256(_mm256_unpacklo_epi64(t0, t2), fx));
+        _mm256_storeu_si256(d + 1, _mm256_xor_si256(_mm256_unpackhi_epi64(t0, t2), fx));
+        _mm256_storeu_si256(d + 2, _mm256_xor_si256(_mm256_unpacklo_epi64(t1, t3), fx));
+        _mm256_storeu_si256(d + 3, _mm256_xor_si256(_mm256_unpackhi_epi64(t1, t3), fx));
+        j0 += 4;
+    }
+    x8r_dwords_scalar(o, p, off, j0, n, flip);
+}
+#endif
+
+static void x8r_dwords(uint8_t *o, const uint8_t *const *p, size_t off, int n, bool flip) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (g_has_avx2) {
+        x8r_dwords_avx2(o, p, off, n, flip);
+        return;
+    }
+#endif
+    x8r_dwords_scalar(o, p, off, 0, n, flip);
+}
+
+/* The 8 rows' blocks b (block size bs, row size rb) at src. */
+static void x8r_rows(const uint8_t **p, const uint8_t *src, size_t rb, int64_t b, size_t bs) {
+    for (int r = 0; r < 8; r++) p[r] = src + (size_t)r * rb + (size_t)b * bs;
+}
+
+/* The 8 rows' 2 bytes at p[r] + off (an F16 scale) to o + 2 r. */
+static void x8r_halves(uint8_t *o, const uint8_t *const *p, size_t off) {
+    for (int r = 0; r < 8; r++) memcpy(o + 2 * r, p[r] + off, 2);
+}
+
 static bool repacked_none(enum moetax_type t) {
     (void)t;
     return false;
@@ -49,11 +139,10 @@ void moetax_k_repack_group_q4r8(void *dst, const void *src, int64_t nb) {
     uint8_t *d = dst;
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *o = d + (size_t)b * BB;
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * sizeof(moetax_block_q4_0);
-            memcpy(o + 2 * r, blk, 2);
-            for (int c = 0; c < 4; c++) memcpy(o + MOETAX_K_Q4R8_QS_OFF + 32 * c + 4 * r, blk + 2 + 4 * c, 4);
-        }
+        const uint8_t *p[R];
+        x8r_rows(p, s, rb, b, sizeof(moetax_block_q4_0));
+        x8r_halves(o, p, 0);
+        x8r_dwords(o + MOETAX_K_Q4R8_QS_OFF, p, 2, 4, false);
     }
 }
 
@@ -74,11 +163,6 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb) {
     }
 }
 
-/* The x8r layouts' common step: n consecutive dwords of row r's field f go to dword j of row r
- * in the 8-row interleave at o (o + 32 j + 4 r), j = 0..n-1. */
-static void x8r_dwords(uint8_t *o, int r, const uint8_t *f, int n) {
-    for (int j = 0; j < n; j++) memcpy(o + 32 * j + 4 * r, f + 4 * j, 4);
-}
 
 void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb) {
     enum { R = MOETAX_K_Q8R8_ROWS, BB = MOETAX_K_Q8R8_BLOCK_BYTES };
@@ -89,12 +173,10 @@ void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb) {
     uint8_t *d = dst;
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *o = d + (size_t)b * BB;
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * sizeof(moetax_block_q8_0);
-            memcpy(o + 2 * r, blk, 2);
-            x8r_dwords(o + MOETAX_K_Q8R8_QS_OFF, r, blk + 2, 8);
-        }
-        for (int i = MOETAX_K_Q8R8_QS_OFF; i < BB; i++) o[i] ^= 0x80; /* w + 128: vpdpbusd's unsigned operand */
+        const uint8_t *p[R];
+        x8r_rows(p, s, rb, b, sizeof(moetax_block_q8_0));
+        x8r_halves(o, p, 0);
+        x8r_dwords(o + MOETAX_K_Q8R8_QS_OFF, p, 2, 8, true); /* w + 128: vpdpbusd's unsigned operand */
     }
 }
 
@@ -107,13 +189,12 @@ void moetax_k_repack_group_q4kr8(void *dst, const void *src, int64_t nb) {
     uint8_t *d = dst;
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *o = d + (size_t)b * BB;
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * sizeof(moetax_block_q4_k);
-            memcpy(o + 2 * r, blk, 2);
-            memcpy(o + MOETAX_K_Q4KR8_DMIN_OFF + 2 * r, blk + 2, 2);
-            x8r_dwords(o + MOETAX_K_Q4KR8_SC_OFF, r, blk + 4, 3);
-            x8r_dwords(o + MOETAX_K_Q4KR8_QS_OFF, r, blk + 16, 32);
-        }
+        const uint8_t *p[R];
+        x8r_rows(p, s, rb, b, sizeof(moetax_block_q4_k));
+        x8r_halves(o, p, 0);
+        x8r_halves(o + MOETAX_K_Q4KR8_DMIN_OFF, p, 2);
+        x8r_dwords(o + MOETAX_K_Q4KR8_SC_OFF, p, 4, 3, false);
+        x8r_dwords(o + MOETAX_K_Q4KR8_QS_OFF, p, 16, 32, false);
     }
 }
 
@@ -126,14 +207,13 @@ void moetax_k_repack_group_q5kr8(void *dst, const void *src, int64_t nb) {
     uint8_t *d = dst;
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *o = d + (size_t)b * BB;
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * bs;
-            memcpy(o + 2 * r, blk, 2);
-            memcpy(o + MOETAX_K_Q4KR8_DMIN_OFF + 2 * r, blk + 2, 2);
-            x8r_dwords(o + MOETAX_K_Q4KR8_SC_OFF, r, blk + 4, 3);
-            x8r_dwords(o + MOETAX_K_Q5KR8_QH_OFF, r, blk + 16, 8);
-            x8r_dwords(o + MOETAX_K_Q5KR8_QS_OFF, r, blk + 48, 32);
-        }
+        const uint8_t *p[R];
+        x8r_rows(p, s, rb, b, bs);
+        x8r_halves(o, p, 0);
+        x8r_halves(o + MOETAX_K_Q4KR8_DMIN_OFF, p, 2);
+        x8r_dwords(o + MOETAX_K_Q4KR8_SC_OFF, p, 4, 3, false);
+        x8r_dwords(o + MOETAX_K_Q5KR8_QH_OFF, p, 16, 8, false);
+        x8r_dwords(o + MOETAX_K_Q5KR8_QS_OFF, p, 48, 32, false);
     }
 }
 
@@ -146,13 +226,12 @@ void moetax_k_repack_group_q6kr8(void *dst, const void *src, int64_t nb) {
     uint8_t *d = dst;
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *o = d + (size_t)b * BB;
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * bs;
-            memcpy(o + 2 * r, blk + offsetof(moetax_block_q6_k, d), 2);
-            x8r_dwords(o + MOETAX_K_Q6KR8_SC_OFF, r, blk + offsetof(moetax_block_q6_k, scales), 4);
-            x8r_dwords(o + MOETAX_K_Q6KR8_QL_OFF, r, blk + offsetof(moetax_block_q6_k, ql), 32);
-            x8r_dwords(o + MOETAX_K_Q6KR8_QH_OFF, r, blk + offsetof(moetax_block_q6_k, qh), 16);
-        }
+        const uint8_t *p[R];
+        x8r_rows(p, s, rb, b, bs);
+        x8r_halves(o, p, offsetof(moetax_block_q6_k, d));
+        x8r_dwords(o + MOETAX_K_Q6KR8_SC_OFF, p, offsetof(moetax_block_q6_k, scales), 4, false);
+        x8r_dwords(o + MOETAX_K_Q6KR8_QL_OFF, p, offsetof(moetax_block_q6_k, ql), 32, false);
+        x8r_dwords(o + MOETAX_K_Q6KR8_QH_OFF, p, offsetof(moetax_block_q6_k, qh), 16, false);
     }
 }
 
@@ -168,14 +247,12 @@ void moetax_k_repack_group_q2kr8(void *dst, const void *src, int64_t nb) {
     uint8_t *d = dst;
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *o = d + (size_t)b * BB;
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * bs;
-            memcpy(o + 2 * r, blk + offsetof(moetax_block_q2_k, d), 2);
-            memcpy(o + MOETAX_K_Q2KR8_DMIN_OFF + 2 * r, blk + offsetof(moetax_block_q2_k, dmin), 2);
-            const uint8_t *sc = blk + offsetof(moetax_block_q2_k, scales), *qs = blk + offsetof(moetax_block_q2_k, qs);
-            x8r_dwords(o + MOETAX_K_Q2KR8_SC_OFF, r, sc, 4);
-            x8r_dwords(o + MOETAX_K_Q2KR8_QS_OFF, r, qs, 16);
-        }
+        const uint8_t *p[R];
+        x8r_rows(p, s, rb, b, bs);
+        x8r_halves(o, p, offsetof(moetax_block_q2_k, d));
+        x8r_halves(o + MOETAX_K_Q2KR8_DMIN_OFF, p, offsetof(moetax_block_q2_k, dmin));
+        x8r_dwords(o + MOETAX_K_Q2KR8_SC_OFF, p, offsetof(moetax_block_q2_k, scales), 4, false);
+        x8r_dwords(o + MOETAX_K_Q2KR8_QS_OFF, p, offsetof(moetax_block_q2_k, qs), 16, false);
     }
 }
 
@@ -192,15 +269,12 @@ void moetax_k_repack_group_q3kr8(void *dst, const void *src, int64_t nb) {
     uint8_t *d = dst;
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *o = d + (size_t)b * BB;
-        for (int r = 0; r < R; r++) {
-            const uint8_t *blk = s + (size_t)r * rb + (size_t)b * bs;
-            memcpy(o + 2 * r, blk + offsetof(moetax_block_q3_k, d), 2);
-            const uint8_t *sc = blk + offsetof(moetax_block_q3_k, scales), *qs = blk + offsetof(moetax_block_q3_k, qs);
-            const uint8_t *hm = blk + offsetof(moetax_block_q3_k, hmask);
-            x8r_dwords(o + MOETAX_K_Q3KR8_SC_OFF, r, sc, 3);
-            x8r_dwords(o + MOETAX_K_Q3KR8_QS_OFF, r, qs, 16);
-            x8r_dwords(o + MOETAX_K_Q3KR8_HM_OFF, r, hm, 8);
-        }
+        const uint8_t *p[R];
+        x8r_rows(p, s, rb, b, bs);
+        x8r_halves(o, p, offsetof(moetax_block_q3_k, d));
+        x8r_dwords(o + MOETAX_K_Q3KR8_SC_OFF, p, offsetof(moetax_block_q3_k, scales), 3, false);
+        x8r_dwords(o + MOETAX_K_Q3KR8_QS_OFF, p, offsetof(moetax_block_q3_k, qs), 16, false);
+        x8r_dwords(o + MOETAX_K_Q3KR8_HM_OFF, p, offsetof(moetax_block_q3_k, hmask), 8, false);
     }
 }
 
@@ -339,7 +413,6 @@ static const struct moetax_kernels k_avx512 = {
 };
 
 static const struct moetax_kernels *g_best;
-static bool g_has_avx2, g_has_avx512;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 /* cpuid: AVX2 (leaf 7 ebx bit 5), FMA and F16C (leaf 1 ecx bits 12, 29), and the OS saving YMM
