@@ -38,8 +38,7 @@ static bool g_has_avx2, g_has_avx512; /* set once by select_once (below), before
  * go to dword j of row r in the 8-row interleave at o (o + 32 j + 4 r), j = 0..n-1; flip: each
  * byte with its sign bit flipped (Q8_0x8r). Eight dwords of the 8 rows are an 8x8 transpose of
  * dwords: with AVX2 (every table that reads these layouts has it) 8 loads, 24 shuffles and 8
- * stores, where a dword at a time made the repack of an expert read by the store cost about as
- * much CPU time as the matmuls over it. */
+ * stores instead of 64 dword copies (the model's load and the expert store repack with it). */
 static void x8r_dwords_scalar(uint8_t *o, const uint8_t *const *p, size_t off, int j0, int n, bool flip) {
     for (int r = 0; r < 8; r++)
         for (int j = j0; j < n; j++) {
@@ -52,7 +51,9 @@ static void x8r_dwords_scalar(uint8_t *o, const uint8_t *const *p, size_t off, i
 
 #if defined(__x86_64__) || defined(__i386__)
 #define X8R_AVX2 __attribute__((target("avx2"), always_inline)) static inline
-X8R_AVX2 __m256i x8r_ld(const uint8_t *const *p, int r, size_t o) { return _mm256_loadu_si256((const __m256i *)(p[r] + o)); }
+X8R_AVX2 __m256i x8r_ld(const uint8_t *const *p, int r, size_t o) {
+    return _mm256_loadu_si256((const __m256i *)(p[r] + o));
+}
 
 __attribute__((target("avx2"))) static void x8r_dwords_avx2(uint8_t *o, const uint8_t *const *p, size_t off, int n,
                                                             bool flip) {
@@ -84,7 +85,8 @@ __attribute__((target("avx2"))) static void x8r_dwords_avx2(uint8_t *o, const ui
     }
     if (j0 + 4 <= n) { /* four dwords: rows r and r + 4 side by side in one vector, one 4x4 transpose */
         const size_t f = off + 4 * (size_t)j0;
-#define X8R_PAIR(r) _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(p[(r) + 4] + f)), _mm_loadu_si128((const __m128i *)(p[r] + f)))
+#define X8R_PAIR(r) \
+    _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(p[(r) + 4] + f)), _mm_loadu_si128((const __m128i *)(p[r] + f)))
         const __m256i a0 = X8R_PAIR(0), a1 = X8R_PAIR(1), a2 = X8R_PAIR(2), a3 = X8R_PAIR(3);
 #undef X8R_PAIR
         const __m256i t0 = _mm256_unpacklo_epi32(a0, a1), t1 = _mm256_unpackhi_epi32(a0, a1);
@@ -162,7 +164,6 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb) {
         }
     }
 }
-
 
 void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb) {
     enum { R = MOETAX_K_Q8R8_ROWS, BB = MOETAX_K_Q8R8_BLOCK_BYTES };

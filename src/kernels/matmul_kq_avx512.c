@@ -352,8 +352,9 @@ KQ5_INLINE __m512i q45z_levels(const bool five, const bool gf, const uint8_t *bA
     return _mm512_ternarylogic_epi32(l, m4, b, 0xEA); /* (l & m4) | b */
 }
 
-KQ5_INLINE void q45z_tile(const bool five, const bool gf, const int JB, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq,
-                          size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {
+KQ5_INLINE void q45z_tile(const bool five, const bool gf, const int JB, const uint8_t *g0, const uint8_t *g1,
+                          const uint8_t *xq, size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy,
+                          const uint8_t *pfe) {
     const size_t bbytes = five ? MOETAX_K_Q5KR8_BLOCK_BYTES : MOETAX_K_Q4KR8_BLOCK_BYTES;
     const size_t qs_off = five ? MOETAX_K_Q5KR8_QS_OFF : MOETAX_K_Q4KR8_QS_OFF;
     const bool side = JB <= 4; /* a chunk's two sub-blocks side by side */
@@ -491,8 +492,8 @@ KQ5_INLINE __m512i q6z_levels(const bool gf, const uint8_t *bA, const uint8_t *b
     return _mm512_ternarylogic_epi32(ls, m4, _mm512_and_si512(hs, m30), 0xEA);
 }
 
-KQ5_INLINE void q6z_tile(const int JB, const bool gf, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq, size_t act_row,
-                         int64_t nb, float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {
+KQ5_INLINE void q6z_tile(const int JB, const bool gf, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq,
+                         size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {
     const __m128i pairs = _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15);
     const bool side = JB <= 4; /* two sub-blocks (k, k + 1) side by side */
     __m512 acc[KQZ_JB];
@@ -617,7 +618,8 @@ static const kqz_fn k_q6kzg[KQZ_JB] = {q6kzg_tile_1, q6kzg_tile_2, q6kzg_tile_3,
 
 /* Q2_Kx8r / Q3_Kx8r, two groups in 512-bit vectors (the steps above on 16 lanes): the levels of
  * level vector k of 4-byte group p of half h of both groups (bA: lanes 0-7, bB: 8-15). */
-KQ5_INLINE __m512i q23z_level(const bool three, const bool gf, const uint8_t *bA, const uint8_t *bB, int h, int p, int k) {
+KQ5_INLINE __m512i q23z_level(const bool three, const bool gf, const uint8_t *bA, const uint8_t *bB, int h, int p,
+                              int k) {
     const size_t qo = (three ? MOETAX_K_Q3KR8_QS_OFF : MOETAX_K_Q2KR8_QS_OFF) + 32 * (8 * h + p);
     const __m512i v = kq_load_2x32(bA + qo, bB + qo);
     if (!three) return _mm512_and_si512(v, _mm512_set1_epi8((char)(3 << 2 * k)));
@@ -741,8 +743,9 @@ KQ5_INLINE void q23z_blk(const bool three, const bool gf, const int JB, const ui
 
 /* Two groups (g0, g1) x JB batch rows; JB == 1 (decode) prefetches into L2 below pfe, as the 256-bit
  * decode does, batches KQ_QPF bytes ahead into L1. */
-KQ5_INLINE void q23z_tile(const bool three, const bool gf, const int JB, const uint8_t *g0, const uint8_t *g1, const uint8_t *xq,
-                          size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy, const uint8_t *pfe) {
+KQ5_INLINE void q23z_tile(const bool three, const bool gf, const int JB, const uint8_t *g0, const uint8_t *g1,
+                          const uint8_t *xq, size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy,
+                          const uint8_t *pfe) {
     const size_t bbytes = three ? MOETAX_K_Q3KR8_BLOCK_BYTES : MOETAX_K_Q2KR8_BLOCK_BYTES;
     __m512 acc[KQZ_JB];
 #pragma GCC unroll 8
