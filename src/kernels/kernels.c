@@ -39,7 +39,8 @@ static bool g_has_avx2, g_has_avx512; /* set once by select_once (below), before
  * byte with its sign bit flipped (Q8_0x8r). Eight dwords of the 8 rows are an 8x8 transpose of
  * dwords: with AVX2 (every table that reads these layouts has it) 8 loads, 24 shuffles and 8
  * stores instead of 64 dword copies (the model's load and the expert store repack with it). */
-static void x8r_dwords_scalar(uint8_t *o, const uint8_t *const *p, size_t off, int j0, int n, bool flip) {
+static inline __attribute__((always_inline)) void x8r_dwords_scalar(uint8_t *o, const uint8_t *const *p, size_t off,
+                                                                   int j0, int n, bool flip) {
     for (int r = 0; r < 8; r++)
         for (int j = j0; j < n; j++) {
             uint8_t *d = o + 32 * j + 4 * r;
@@ -132,19 +133,87 @@ static bool repacked_avx2(enum moetax_type t) {
     return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || moetax_k_act_is_k(t);
 }
 
-void moetax_k_repack_group_q4r8(void *dst, const void *src, int64_t nb) {
-    enum { R = MOETAX_K_Q4R8_ROWS, BB = MOETAX_K_Q4R8_BLOCK_BYTES };
-    _Static_assert(BB == R * sizeof(moetax_block_q4_0), "a group block has the size of its 8 blocks");
-    _Static_assert(MOETAX_K_Q4R8_QS_OFF + 4 * R * 4 == BB, "scales + 4 chunks of 8 rows x 4 bytes");
-    const size_t rb = (size_t)nb * sizeof(moetax_block_q4_0);
-    const uint8_t *s = src;
-    uint8_t *d = dst;
+
+/* The x8r layouts (kernels_impl.h): per group of 8 rows and block, each row's F16 halves (n == 0)
+ * and dword fields (n dwords) from offset src of its block to offset dst of the group's block. */
+struct x8r_field {
+    uint16_t dst, src;
+    uint8_t n;
+};
+struct x8r_layout {
+    size_t bs, gbs; /* a row's block, the group's block (8 x bs) */
+    bool flip;      /* Q8_0x8r: each quant plus 128 */
+    int nf;
+    struct x8r_field f[5];
+};
+#define X8R_OFF(blk, f) offsetof(moetax_block_##blk, f)
+static const struct x8r_layout k_x8r_q4_0 = {sizeof(moetax_block_q4_0), MOETAX_K_Q4R8_BLOCK_BYTES, false, 2,
+                                             {{0, X8R_OFF(q4_0, d), 0}, {MOETAX_K_Q4R8_QS_OFF, X8R_OFF(q4_0, qs), 4}}};
+static const struct x8r_layout k_x8r_q8_0 = {sizeof(moetax_block_q8_0), MOETAX_K_Q8R8_BLOCK_BYTES, true, 2,
+                                             {{0, X8R_OFF(q8_0, d), 0}, {MOETAX_K_Q8R8_QS_OFF, X8R_OFF(q8_0, qs), 8}}};
+static const struct x8r_layout k_x8r_q4_k = {sizeof(moetax_block_q4_k), MOETAX_K_Q4KR8_BLOCK_BYTES, false, 4,
+                                             {{0, X8R_OFF(q4_k, d), 0},
+                                              {MOETAX_K_Q4KR8_DMIN_OFF, X8R_OFF(q4_k, dmin), 0},
+                                              {MOETAX_K_Q4KR8_SC_OFF, X8R_OFF(q4_k, scales), 3},
+                                              {MOETAX_K_Q4KR8_QS_OFF, X8R_OFF(q4_k, qs), 32}}};
+static const struct x8r_layout k_x8r_q5_k = {sizeof(moetax_block_q5_k), MOETAX_K_Q5KR8_BLOCK_BYTES, false, 5,
+                                             {{0, X8R_OFF(q5_k, d), 0},
+                                              {MOETAX_K_Q4KR8_DMIN_OFF, X8R_OFF(q5_k, dmin), 0},
+                                              {MOETAX_K_Q4KR8_SC_OFF, X8R_OFF(q5_k, scales), 3},
+                                              {MOETAX_K_Q5KR8_QH_OFF, X8R_OFF(q5_k, qh), 8},
+                                              {MOETAX_K_Q5KR8_QS_OFF, X8R_OFF(q5_k, qs), 32}}};
+static const struct x8r_layout k_x8r_q6_k = {sizeof(moetax_block_q6_k), MOETAX_K_Q6KR8_BLOCK_BYTES, false, 4,
+                                             {{0, X8R_OFF(q6_k, d), 0},
+                                              {MOETAX_K_Q6KR8_SC_OFF, X8R_OFF(q6_k, scales), 4},
+                                              {MOETAX_K_Q6KR8_QL_OFF, X8R_OFF(q6_k, ql), 32},
+                                              {MOETAX_K_Q6KR8_QH_OFF, X8R_OFF(q6_k, qh), 16}}};
+static const struct x8r_layout k_x8r_q2_k = {sizeof(moetax_block_q2_k), MOETAX_K_Q2KR8_BLOCK_BYTES, false, 4,
+                                             {{0, X8R_OFF(q2_k, d), 0},
+                                              {MOETAX_K_Q2KR8_DMIN_OFF, X8R_OFF(q2_k, dmin), 0},
+                                              {MOETAX_K_Q2KR8_SC_OFF, X8R_OFF(q2_k, scales), 4},
+                                              {MOETAX_K_Q2KR8_QS_OFF, X8R_OFF(q2_k, qs), 16}}};
+static const struct x8r_layout k_x8r_q3_k = {sizeof(moetax_block_q3_k), MOETAX_K_Q3KR8_BLOCK_BYTES, false, 4,
+                                             {{0, X8R_OFF(q3_k, d), 0},
+                                              {MOETAX_K_Q3KR8_SC_OFF, X8R_OFF(q3_k, scales), 3},
+                                              {MOETAX_K_Q3KR8_QS_OFF, X8R_OFF(q3_k, qs), 16},
+                                              {MOETAX_K_Q3KR8_HM_OFF, X8R_OFF(q3_k, hmask), 8}}};
+#undef X8R_OFF
+/* each layout's block is its 8 rows' blocks, and its fields end where kernels_impl.h says */
+#define X8R_SIZE(L, blk) \
+    _Static_assert(MOETAX_K_##L##_BLOCK_BYTES == 8 * sizeof(moetax_block_##blk), #L ": 8 blocks of " #blk)
+X8R_SIZE(Q4R8, q4_0);
+X8R_SIZE(Q8R8, q8_0);
+X8R_SIZE(Q4KR8, q4_k);
+X8R_SIZE(Q5KR8, q5_k);
+X8R_SIZE(Q6KR8, q6_k);
+X8R_SIZE(Q2KR8, q2_k);
+X8R_SIZE(Q3KR8, q3_k);
+#undef X8R_SIZE
+_Static_assert(MOETAX_K_Q4R8_QS_OFF + 4 * 8 * 4 == MOETAX_K_Q4R8_BLOCK_BYTES, "scales + 4 chunks of 8 rows x 4 bytes");
+_Static_assert(MOETAX_K_Q8R8_QS_OFF + 8 * 8 * 4 == MOETAX_K_Q8R8_BLOCK_BYTES, "scales + 8 chunks of 8 rows x 4 quants");
+_Static_assert(MOETAX_K_Q4KR8_QS_OFF + 4 * 8 * 8 * 4 == MOETAX_K_Q4KR8_BLOCK_BYTES, "scales + 4 x 8 groups x 8 rows");
+_Static_assert(MOETAX_K_Q5KR8_QS_OFF + 4 * 8 * 8 * 4 == MOETAX_K_Q5KR8_BLOCK_BYTES, "scales, qh, then qs");
+_Static_assert(MOETAX_K_Q6KR8_QH_OFF + 2 * 8 * 8 * 4 == MOETAX_K_Q6KR8_BLOCK_BYTES, "d, scales, ql, then qh");
+_Static_assert(MOETAX_K_Q2KR8_SC_OFF == 2 * 2 * 8 && MOETAX_K_Q2KR8_QS_OFF == MOETAX_K_Q2KR8_SC_OFF + 4 * 8 * 4 &&
+                   MOETAX_K_Q2KR8_QS_OFF + 16 * 8 * 4 == MOETAX_K_Q2KR8_BLOCK_BYTES,
+               "d, dmin, 4 dwords of scales x 8 rows, then 16 groups x 8 rows x 4 bytes of qs");
+_Static_assert(MOETAX_K_Q3KR8_SC_OFF == 2 * 8 && MOETAX_K_Q3KR8_QS_OFF == MOETAX_K_Q3KR8_SC_OFF + 3 * 8 * 4 &&
+                   MOETAX_K_Q3KR8_HM_OFF == MOETAX_K_Q3KR8_QS_OFF + 16 * 8 * 4 &&
+                   MOETAX_K_Q3KR8_HM_OFF + 8 * 8 * 4 == MOETAX_K_Q3KR8_BLOCK_BYTES,
+               "d, 3 dwords of packed scales, 16 groups of qs, then 8 of hmask, each x 8 rows");
+
+/* One group of 8 rows of nb blocks (row stride nb x bs) in layout L, from src to dst (no overlap). */
+static void x8r_group(const struct x8r_layout *L, void *dst, const void *src, int64_t nb) {
+    const size_t rb = (size_t)nb * L->bs;
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t *o = d + (size_t)b * BB;
-        const uint8_t *p[R];
-        x8r_rows(p, s, rb, b, sizeof(moetax_block_q4_0));
-        x8r_halves(o, p, 0);
-        x8r_dwords(o + MOETAX_K_Q4R8_QS_OFF, p, 2, 4, false);
+        uint8_t *o = (uint8_t *)dst + (size_t)b * L->gbs;
+        const uint8_t *p[8];
+        x8r_rows(p, src, rb, b, L->bs);
+        for (int i = 0; i < L->nf; i++) {
+            const struct x8r_field *f = &L->f[i];
+            if (f->n) x8r_dwords(o + f->dst, p, f->src, f->n, L->flip);
+            else x8r_halves(o + f->dst, p, f->src);
+        }
     }
 }
 
@@ -165,125 +234,23 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb) {
     }
 }
 
-void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb) {
-    enum { R = MOETAX_K_Q8R8_ROWS, BB = MOETAX_K_Q8R8_BLOCK_BYTES };
-    _Static_assert(BB == R * sizeof(moetax_block_q8_0), "a group block has the size of its 8 blocks");
-    _Static_assert(MOETAX_K_Q8R8_QS_OFF + 8 * R * 4 == BB, "scales + 8 chunks of 8 rows x 4 quants");
-    const size_t rb = (size_t)nb * sizeof(moetax_block_q8_0);
-    const uint8_t *s = src;
-    uint8_t *d = dst;
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *o = d + (size_t)b * BB;
-        const uint8_t *p[R];
-        x8r_rows(p, s, rb, b, sizeof(moetax_block_q8_0));
-        x8r_halves(o, p, 0);
-        x8r_dwords(o + MOETAX_K_Q8R8_QS_OFF, p, 2, 8, true); /* w + 128: vpdpbusd's unsigned operand */
-    }
-}
 
-void moetax_k_repack_group_q4kr8(void *dst, const void *src, int64_t nb) {
-    enum { R = MOETAX_K_Q4KR8_ROWS, BB = MOETAX_K_Q4KR8_BLOCK_BYTES };
-    _Static_assert(BB == R * sizeof(moetax_block_q4_k), "a group block has the size of its 8 blocks");
-    _Static_assert(MOETAX_K_Q4KR8_QS_OFF + 4 * 8 * R * 4 == BB, "scales + 4 chunks x 8 groups x 8 rows x 4 bytes");
-    const size_t rb = (size_t)nb * sizeof(moetax_block_q4_k);
-    const uint8_t *s = src;
-    uint8_t *d = dst;
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *o = d + (size_t)b * BB;
-        const uint8_t *p[R];
-        x8r_rows(p, s, rb, b, sizeof(moetax_block_q4_k));
-        x8r_halves(o, p, 0);
-        x8r_halves(o + MOETAX_K_Q4KR8_DMIN_OFF, p, 2);
-        x8r_dwords(o + MOETAX_K_Q4KR8_SC_OFF, p, 4, 3, false);
-        x8r_dwords(o + MOETAX_K_Q4KR8_QS_OFF, p, 16, 32, false);
-    }
-}
 
-void moetax_k_repack_group_q5kr8(void *dst, const void *src, int64_t nb) {
-    enum { R = MOETAX_K_Q4KR8_ROWS, BB = MOETAX_K_Q5KR8_BLOCK_BYTES };
-    _Static_assert(BB == R * sizeof(moetax_block_q5_k), "a group block has the size of its 8 blocks");
-    _Static_assert(MOETAX_K_Q5KR8_QS_OFF + 4 * 8 * R * 4 == BB, "scales, qh, then qs");
-    const size_t bs = sizeof(moetax_block_q5_k), rb = (size_t)nb * bs;
-    const uint8_t *s = src;
-    uint8_t *d = dst;
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *o = d + (size_t)b * BB;
-        const uint8_t *p[R];
-        x8r_rows(p, s, rb, b, bs);
-        x8r_halves(o, p, 0);
-        x8r_halves(o + MOETAX_K_Q4KR8_DMIN_OFF, p, 2);
-        x8r_dwords(o + MOETAX_K_Q4KR8_SC_OFF, p, 4, 3, false);
-        x8r_dwords(o + MOETAX_K_Q5KR8_QH_OFF, p, 16, 8, false);
-        x8r_dwords(o + MOETAX_K_Q5KR8_QS_OFF, p, 48, 32, false);
-    }
-}
 
-void moetax_k_repack_group_q6kr8(void *dst, const void *src, int64_t nb) {
-    enum { R = MOETAX_K_Q6KR8_ROWS, BB = MOETAX_K_Q6KR8_BLOCK_BYTES };
-    _Static_assert(BB == R * sizeof(moetax_block_q6_k), "a group block has the size of its 8 blocks");
-    _Static_assert(MOETAX_K_Q6KR8_QH_OFF + 2 * 8 * R * 4 == BB, "d, scales, ql, then qh");
-    const size_t bs = sizeof(moetax_block_q6_k), rb = (size_t)nb * bs;
-    const uint8_t *s = src;
-    uint8_t *d = dst;
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *o = d + (size_t)b * BB;
-        const uint8_t *p[R];
-        x8r_rows(p, s, rb, b, bs);
-        x8r_halves(o, p, offsetof(moetax_block_q6_k, d));
-        x8r_dwords(o + MOETAX_K_Q6KR8_SC_OFF, p, offsetof(moetax_block_q6_k, scales), 4, false);
-        x8r_dwords(o + MOETAX_K_Q6KR8_QL_OFF, p, offsetof(moetax_block_q6_k, ql), 32, false);
-        x8r_dwords(o + MOETAX_K_Q6KR8_QH_OFF, p, offsetof(moetax_block_q6_k, qh), 16, false);
-    }
-}
 
-void moetax_k_repack_group_q2kr8(void *dst, const void *src, int64_t nb) {
-    enum { R = MOETAX_K_Q2KR8_ROWS, BB = MOETAX_K_Q2KR8_BLOCK_BYTES };
-    _Static_assert(BB == R * sizeof(moetax_block_q2_k), "a group block has the size of its 8 blocks");
-    _Static_assert(MOETAX_K_Q2KR8_SC_OFF == 2 * 2 * R &&
-                       MOETAX_K_Q2KR8_QS_OFF == MOETAX_K_Q2KR8_SC_OFF + 4 * R * 4,
-                   "d, dmin, 4 dwords of scales x 8 rows, then qs");
-    _Static_assert(MOETAX_K_Q2KR8_QS_OFF + 16 * R * 4 == BB, "then 16 groups x 8 rows x 4 bytes of qs");
-    const size_t bs = sizeof(moetax_block_q2_k), rb = (size_t)nb * bs;
-    const uint8_t *s = src;
-    uint8_t *d = dst;
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *o = d + (size_t)b * BB;
-        const uint8_t *p[R];
-        x8r_rows(p, s, rb, b, bs);
-        x8r_halves(o, p, offsetof(moetax_block_q2_k, d));
-        x8r_halves(o + MOETAX_K_Q2KR8_DMIN_OFF, p, offsetof(moetax_block_q2_k, dmin));
-        x8r_dwords(o + MOETAX_K_Q2KR8_SC_OFF, p, offsetof(moetax_block_q2_k, scales), 4, false);
-        x8r_dwords(o + MOETAX_K_Q2KR8_QS_OFF, p, offsetof(moetax_block_q2_k, qs), 16, false);
-    }
-}
 
-void moetax_k_repack_group_q3kr8(void *dst, const void *src, int64_t nb) {
-    enum { R = MOETAX_K_Q3KR8_ROWS, BB = MOETAX_K_Q3KR8_BLOCK_BYTES };
-    _Static_assert(BB == R * sizeof(moetax_block_q3_k), "a group block has the size of its 8 blocks");
-    _Static_assert(MOETAX_K_Q3KR8_SC_OFF == 2 * R &&
-                       MOETAX_K_Q3KR8_QS_OFF == MOETAX_K_Q3KR8_SC_OFF + 3 * R * 4 &&
-                       MOETAX_K_Q3KR8_HM_OFF == MOETAX_K_Q3KR8_QS_OFF + 16 * R * 4,
-                   "d, 3 dwords of packed scales x 8 rows, 16 groups of qs x 8 rows, then hmask");
-    _Static_assert(MOETAX_K_Q3KR8_HM_OFF + 8 * R * 4 == BB, "then 8 groups x 8 rows x 4 bytes of hmask");
-    const size_t bs = sizeof(moetax_block_q3_k), rb = (size_t)nb * bs;
-    const uint8_t *s = src;
-    uint8_t *d = dst;
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *o = d + (size_t)b * BB;
-        const uint8_t *p[R];
-        x8r_rows(p, s, rb, b, bs);
-        x8r_halves(o, p, offsetof(moetax_block_q3_k, d));
-        x8r_dwords(o + MOETAX_K_Q3KR8_SC_OFF, p, offsetof(moetax_block_q3_k, scales), 3, false);
-        x8r_dwords(o + MOETAX_K_Q3KR8_QS_OFF, p, offsetof(moetax_block_q3_k, qs), 16, false);
-        x8r_dwords(o + MOETAX_K_Q3KR8_HM_OFF, p, offsetof(moetax_block_q3_k, hmask), 8, false);
-    }
-}
 
 static const struct moetax_kernels k_avx512;
 
 /* avx512: Q4_0x8r, Q8_0x8r and every k-quant's x8r (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) */
 static bool repacked_avx512(enum moetax_type t) {
     return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || moetax_k_act_is_k(t);
+}
+
+/* One group of rows in layout L (NULL: Q8_0x4r). */
+static void repack_group(const struct x8r_layout *L, void *dst, const void *src, int64_t nb) {
+    if (L) x8r_group(L, dst, src, nb);
+    else moetax_k_repack_group_q8r4(dst, src, nb);
 }
 
 moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_type t, void *dst, const void *src,
@@ -299,21 +266,15 @@ moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_
         return MOETAX_OK;
     }
     const bool q8x8 = t == MOETAX_TYPE_Q8_0 && k == &k_avx512;
-    const int R = t == MOETAX_TYPE_Q4_0 ? MOETAX_K_Q4R8_ROWS
-                  : t == MOETAX_TYPE_Q4_K ? MOETAX_K_Q4KR8_ROWS
-                  : t == MOETAX_TYPE_Q2_K ? MOETAX_K_Q2KR8_ROWS
-                  : t == MOETAX_TYPE_Q3_K ? MOETAX_K_Q3KR8_ROWS
-                  : moetax_k_act_is_k(t) ? MOETAX_K_Q6KR8_ROWS
-                  : q8x8                ? MOETAX_K_Q8R8_ROWS
-                                        : MOETAX_K_Q8R4_ROWS;
-    void (*group)(void *, const void *, int64_t) = t == MOETAX_TYPE_Q4_0 ? moetax_k_repack_group_q4r8
-                                                   : t == MOETAX_TYPE_Q4_K ? moetax_k_repack_group_q4kr8
-                                                   : t == MOETAX_TYPE_Q5_K ? moetax_k_repack_group_q5kr8
-                                                   : t == MOETAX_TYPE_Q6_K ? moetax_k_repack_group_q6kr8
-                                                   : t == MOETAX_TYPE_Q2_K ? moetax_k_repack_group_q2kr8
-                                                   : t == MOETAX_TYPE_Q3_K ? moetax_k_repack_group_q3kr8
-                                                   : q8x8               ? moetax_k_repack_group_q8r8
-                                                                        : moetax_k_repack_group_q8r4;
+    const struct x8r_layout *L = t == MOETAX_TYPE_Q4_0 ? &k_x8r_q4_0
+                                 : t == MOETAX_TYPE_Q4_K ? &k_x8r_q4_k
+                                 : t == MOETAX_TYPE_Q5_K ? &k_x8r_q5_k
+                                 : t == MOETAX_TYPE_Q6_K ? &k_x8r_q6_k
+                                 : t == MOETAX_TYPE_Q2_K ? &k_x8r_q2_k
+                                 : t == MOETAX_TYPE_Q3_K ? &k_x8r_q3_k
+                                 : q8x8                  ? &k_x8r_q8_0
+                                                         : NULL; /* Q8_0x4r */
+    const int R = L ? 8 : MOETAX_K_Q8R4_ROWS;
     const int64_t bpr = moetax_k_act_is_k(t) ? ncols / MOETAX_QK_K : ncols / 32; /* blocks per row */
     const int64_t ng = n_rows / R;
     const size_t gb = (size_t)R * rb;
@@ -326,12 +287,12 @@ moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_
         for (int64_t g = 0; g < ng; g++) {
             uint8_t *p = (uint8_t *)dst + (size_t)g * gb;
             memcpy(tmp, p, gb);
-            group(p, tmp, bpr);
+            repack_group(L, p, tmp, bpr);
         }
         if (tmp != stack) free(tmp);
     } else {
         for (int64_t g = 0; g < ng; g++)
-            group((uint8_t *)dst + (size_t)g * gb, (const uint8_t *)src + (size_t)g * gb, bpr);
+            repack_group(L, (uint8_t *)dst + (size_t)g * gb, (const uint8_t *)src + (size_t)g * gb, bpr);
     }
     /* the last n_rows % R rows stay as they are */
     const size_t done = (size_t)ng * gb, tail = (size_t)(n_rows - ng * R) * rb;

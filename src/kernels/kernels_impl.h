@@ -40,9 +40,6 @@ static inline size_t moetax_k_act_s_off(int64_t nb) { return (size_t)nb * (32 + 
 #define MOETAX_K_Q4R8_ROWS 8
 #define MOETAX_K_Q4R8_BLOCK_BYTES 144 /* 16 + 4 * 8 * 4 == 8 * sizeof(moetax_block_q4_0) */
 #define MOETAX_K_Q4R8_QS_OFF 16
-/* One group of 8 rows of nb blocks (row stride rb = 18 nb), standard ->
- * Q4_0x8r, from src to dst (no overlap). */
-void moetax_k_repack_group_q4r8(void *dst, const void *src, int64_t nb);
 /* Q8_0x4r (avx2): per group of 4 rows and block, uint16 d[4] then qs[4][32]. */
 #define MOETAX_K_Q8R4_ROWS 4
 #define MOETAX_K_Q8R4_BLOCK_BYTES 136 /* 8 + 4 * 32 == 4 * sizeof(moetax_block_q8_0) */
@@ -51,13 +48,11 @@ void moetax_k_repack_group_q4r8(void *dst, const void *src, int64_t nb);
  * Q8_0x4r, from src to dst (no overlap). */
 void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb);
 /* Q8_0x8r (avx512): per group of 8 rows and block, uint16 d[8] then qs[8][8][4]
- * (chunk c, row r: quants 4c..4c+3 of the block of row r). */
+ * (chunk c, row r: quants 4c..4c+3 of the block of row r, each plus 128). The x8r layouts are
+ * repacked by kernels.c's table of them (moetax_kernels_repack). */
 #define MOETAX_K_Q8R8_ROWS 8
 #define MOETAX_K_Q8R8_BLOCK_BYTES 272 /* 16 + 8 * 8 * 4 == 8 * sizeof(moetax_block_q8_0) */
 #define MOETAX_K_Q8R8_QS_OFF 16
-/* One group of 8 rows of nb blocks (row stride rb = 34 nb), standard ->
- * Q8_0x8r, from src to dst (no overlap). */
-void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb);
 
 /* Q4_Kx8r (avx2, avx512): per group of 8 rows and super-block, uint16 d[8], uint16
  * dmin[8], uint8 sc[3][8][4] (dword k of row r's 12 packed scale bytes at
@@ -68,16 +63,12 @@ void moetax_k_repack_group_q8r8(void *dst, const void *src, int64_t nb);
 #define MOETAX_K_Q4KR8_DMIN_OFF 16
 #define MOETAX_K_Q4KR8_SC_OFF 32
 #define MOETAX_K_Q4KR8_QS_OFF 128
-/* One group of 8 rows of nb super-blocks (row stride 144 nb), standard ->
- * Q4_Kx8r, from src to dst (no overlap). */
-void moetax_k_repack_group_q4kr8(void *dst, const void *src, int64_t nb);
 
 /* Q5_Kx8r (avx2, avx512): Q4_Kx8r's d, dmin and scales, then qh[8][8][4] (group q, row
  * r: bytes 4 q .. + 3 of the row's qh) at 128, then Q4_Kx8r's qs at 384. */
 #define MOETAX_K_Q5KR8_BLOCK_BYTES 1408 /* 8 * sizeof(moetax_block_q5_k) */
 #define MOETAX_K_Q5KR8_QH_OFF 128
 #define MOETAX_K_Q5KR8_QS_OFF 384
-void moetax_k_repack_group_q5kr8(void *dst, const void *src, int64_t nb);
 
 /* Q6_Kx8r (avx2, avx512): per group of 8 rows and super-block, uint16 d[8], int8
  * sc[4][8][4] (dword k of row r's 16 scales at 16 + 32 k + 4 r), ql[2][16][8][4]
@@ -88,7 +79,6 @@ void moetax_k_repack_group_q5kr8(void *dst, const void *src, int64_t nb);
 #define MOETAX_K_Q6KR8_SC_OFF 16
 #define MOETAX_K_Q6KR8_QL_OFF 144
 #define MOETAX_K_Q6KR8_QH_OFF 1168
-void moetax_k_repack_group_q6kr8(void *dst, const void *src, int64_t nb);
 
 /* Q2_Kx8r (avx2, avx512): per group of 8 rows and super-block, uint16 d[8], uint16 dmin[8],
  * uint8 sc[4][8][4] (dword k of row r's 16 scale bytes at 32 + 32 k + 4 r), then
@@ -98,7 +88,6 @@ void moetax_k_repack_group_q6kr8(void *dst, const void *src, int64_t nb);
 #define MOETAX_K_Q2KR8_DMIN_OFF 16
 #define MOETAX_K_Q2KR8_SC_OFF 32
 #define MOETAX_K_Q2KR8_QS_OFF 160
-void moetax_k_repack_group_q2kr8(void *dst, const void *src, int64_t nb);
 
 /* Q3_Kx8r (avx2, avx512): per group of 8 rows and super-block, uint16 d[8], uint8
  * sc[3][8][4] (dword k of row r's 12 packed scale bytes at 16 + 32 k + 4 r),
@@ -109,7 +98,6 @@ void moetax_k_repack_group_q2kr8(void *dst, const void *src, int64_t nb);
 #define MOETAX_K_Q3KR8_SC_OFF 16
 #define MOETAX_K_Q3KR8_QS_OFF 112
 #define MOETAX_K_Q3KR8_HM_OFF 624
-void moetax_k_repack_group_q3kr8(void *dst, const void *src, int64_t nb);
 
 /* Shared tables (kernels.c): fp16 -> fp32 for every bit pattern. */
 extern float moetax_k_fp16_table[1 << 16];
