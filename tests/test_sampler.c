@@ -402,6 +402,76 @@ static void test_invalid(void) {
     moetax_sampler_free(s);
 }
 
+/* Top-k on logits with ties, NaNs and infinities, k from 1 to n - 1: at a very high temperature
+ * the tokens drawn are exactly the k best of a reference sort (larger logit, then lower id; NaN
+ * as -inf), those with a finite logit each drawn, a +inf one alone. And the repetition penalty
+ * gives the draws (one seed) of the same sampler without it on logits penalized here by the
+ * documented rule (divided if positive, multiplied if <= 0, once per distinct token). */
+static void test_top_k_paths(void) {
+    static const int ns[] = {2, 3, 7, 41, 64, 1000, 4099};
+    tu_rng r = {11};
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        const int n = ns[ni];
+        float *l = malloc(sizeof(float) * (size_t)n), *key = malloc(sizeof(float) * (size_t)n);
+        float *pen = malloc(sizeof(float) * (size_t)n);
+        int *order = malloc(sizeof(int) * (size_t)n);
+        bool *allow = malloc((size_t)n);
+        for (int variant = 0; variant < 4; variant++) {
+            for (int i = 0; i < n; i++) l[i] = (float)(int)(4.0f * tu_rand_normal(&r)) * 0.5f; /* many ties */
+            if (variant >= 1)
+                for (int i = 0; i < n; i += 5) l[i] = NAN;
+            if (variant >= 2)
+                for (int i = 1; i < n; i += 7) l[i] = -INFINITY;
+            if (variant == 3) l[n - 1] = l[n / 2] = INFINITY;
+            for (int i = 0; i < n; i++) key[i] = l[i] == l[i] ? l[i] : -INFINITY, order[i] = i;
+            order_key = key;
+            qsort(order, (size_t)n, sizeof(int), cmp_order);
+            const int ks[] = {1, 2, 8, n - 1};
+            for (int ki = 0; ki < 4; ki++) {
+                const int k = ks[ki];
+                if (k < 1 || k >= n) continue;
+                memset(allow, 0, (size_t)n);
+                int finite = 0;
+                for (int i = 0; i < k; i++) allow[order[i]] = true, finite += isfinite(key[order[i]]);
+                struct moetax_sampler_params pk = params(1e4f, k, 1.0f, 0.0f, 5 + (uint64_t)ki);
+                struct moetax_sampler *s = make(&pk, n);
+                if (!s) return;
+                const int d = draw_within(s, l, allow, k <= 8 ? 4000 : 200, n);
+                if (variant == 3) CHECK_EQ_INT(d, 1); /* the first +inf, every time */
+                else if (k <= 8) /* none finite: the argmax, token 0 (the header's rule) */
+                    CHECK_MSG(d == (finite ? finite : 1), "n %d variant %d top-k %d: %d distinct drawn, %d finite", n,
+                              variant, k, d, finite);
+                moetax_sampler_free(s);
+
+                /* the penalty: remembered tokens of positive, zero, negative, NaN and infinite logits */
+                struct moetax_sampler_params pa = params(1.5f, k, 0.9f, 0.01f, 7 + (uint64_t)ki), pb = pa;
+                pa.repeat_penalty = 1.25f;
+                pa.repeat_last_n = 8;
+                struct moetax_sampler *a = make(&pa, n), *b = make(&pb, n);
+                if (!a || !b) return;
+                memcpy(pen, l, sizeof(float) * (size_t)n);
+                const int hist[] = {0, n - 1, n / 2, 1, n / 3, 0, n - 1, 2 % n};
+                bool done[8] = {false};
+                for (int h = 0; h < 8; h++) {
+                    moetax_sampler_accept(a, hist[h]);
+                    bool dup = false;
+                    for (int g = 0; g < h; g++) dup |= hist[g] == hist[h];
+                    if (dup || done[h]) continue;
+                    const int t = hist[h];
+                    pen[t] = pen[t] <= 0.0f ? pen[t] * 1.25f : pen[t] / 1.25f;
+                }
+                int differ = 0;
+                for (int dd = 0; dd < 300; dd++) differ += moetax_sampler_sample(a, l) != moetax_sampler_sample(b, pen);
+                CHECK_MSG(differ == 0, "n %d variant %d top-k %d: %d of 300 draws differ with the penalty", n,
+                          variant, k, differ);
+                moetax_sampler_free(a);
+                moetax_sampler_free(b);
+            }
+        }
+        free(l), free(key), free(pen), free(order), free(allow);
+    }
+}
+
 static void test_speed(void) {
     int n = 129280; /* DeepSeek-V3's vocabulary */
     float *l = malloc(sizeof(float) * (size_t)n);
@@ -442,6 +512,7 @@ int main(int argc, char **argv) {
     test_top_p_exact();
     test_penalty();
     test_invalid();
+    test_top_k_paths();
     test_speed();
     return tu_finish("test_sampler");
 }

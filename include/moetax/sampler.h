@@ -9,7 +9,10 @@
  *        accepted tokens has its logit divided by repeat_penalty if positive,
  *        multiplied by it if <= 0 (llama.cpp's fix of the CTRL rule);
  *     2. top-k: keep the k largest logits (a heap selection, O(n log k); ties
- *        go to the lower id);
+ *        go to the lower id). A logit enters the heap only if it is larger
+ *        than the worst kept, which a vector compare finds 4 logits at a time,
+ *        so the candidates of the whole vocabulary are never written out; with
+ *        the penalty, stages 1 and 2 run on a copy of the logits;
  *     3. top-p: softmax over what is left, keep the smallest prefix in
  *        descending order whose probability sum reaches top_p (the token that
  *        crosses it is kept; at least one token). Without top-k the prefix is

@@ -140,32 +140,58 @@ static int cmp_desc(const void *x, const void *y) {
     return better(a, b) ? -1 : better(b, a) ? 1 : 0;
 }
 
-/* The k best of src[0..n) into dst[0..k), sorted best first. A min-heap of
- * the k best so far (root = worst kept). */
+/* A min-heap of the k best so far in h[0..k) (root = worst kept): h[0..i) a heap,
+ * x added as its element i. */
+static void heap_add(struct tok *h, size_t i, struct tok x) {
+    size_t j = i;
+    while (j > 0 && better(&h[(j - 1) / 2], &x)) {
+        h[j] = h[(j - 1) / 2];
+        j = (j - 1) / 2;
+    }
+    h[j] = x;
+}
+
+/* x, better than the root of the full heap h[0..k), replaces it. */
+static void heap_replace_root(struct tok *h, size_t k, struct tok x) {
+    size_t j = 0;
+    for (;;) {
+        size_t c = 2 * j + 1;
+        if (c >= k) break;
+        if (c + 1 < k && better(&h[c], &h[c + 1])) c++;
+        if (!better(&x, &h[c])) break;
+        h[j] = h[c];
+        j = c;
+    }
+    h[j] = x;
+}
+
+/* The k best of src[0..n) into dst[0..k), sorted best first. */
 static void select_top(const struct tok *src, size_t n, struct tok *dst, size_t k) {
-    for (size_t i = 0; i < k; i++) {
-        struct tok x = src[i];
-        size_t j = i;
-        while (j > 0 && better(&dst[(j - 1) / 2], &x)) {
-            dst[j] = dst[(j - 1) / 2];
-            j = (j - 1) / 2;
-        }
-        dst[j] = x;
+    for (size_t i = 0; i < k; i++) heap_add(dst, i, src[i]);
+    for (size_t i = k; i < n; i++)
+        if (better(&src[i], &dst[0])) heap_replace_root(dst, k, src[i]);
+    qsort(dst, k, sizeof *dst, cmp_desc);
+}
+
+/* The same k best (NaN as -inf) straight from the logits x[0..n), k < n: after the first
+ * k, a logit enters only if it is larger than the worst kept (an equal one has a larger id,
+ * so it is not better), which a vector compare finds for 4 at a time, so the candidates of
+ * the whole vocabulary are never written out. */
+static void select_top_logits(const float *x, size_t n, struct tok *dst, size_t k) {
+    for (size_t i = 0; i < k; i++)
+        heap_add(dst, i, (struct tok){.logit = x[i] == x[i] ? x[i] : -INFINITY, .id = (int32_t)i});
+    size_t i = k;
+#if defined(__SSE2__)
+    for (; i + 4 <= n; i += 4) {
+        const int m = _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(x + i), _mm_set1_ps(dst[0].logit)));
+        if (!m) continue; /* most of a vocabulary */
+        for (int b = 0; b < 4; b++) /* the root may rise after each entry */
+            if ((m >> b & 1) && x[i + b] > dst[0].logit)
+                heap_replace_root(dst, k, (struct tok){.logit = x[i + b], .id = (int32_t)(i + b)});
     }
-    for (size_t i = k; i < n; i++) {
-        if (!better(&src[i], &dst[0])) continue;
-        struct tok x = src[i];
-        size_t j = 0;
-        for (;;) {
-            size_t c = 2 * j + 1;
-            if (c >= k) break;
-            if (c + 1 < k && better(&dst[c], &dst[c + 1])) c++;
-            if (!better(&x, &dst[c])) break;
-            dst[j] = dst[c];
-            j = c;
-        }
-        dst[j] = x;
-    }
+#endif
+    for (; i < n; i++)
+        if (x[i] > dst[0].logit) heap_replace_root(dst, k, (struct tok){.logit = x[i], .id = (int32_t)i});
     qsort(dst, k, sizeof *dst, cmp_desc);
 }
 
@@ -264,6 +290,33 @@ int32_t moetax_sampler_sample(struct moetax_sampler *s, const float *logits) {
     float max_logit = -INFINITY; /* NaN never compares greater: it never wins */
     if (p->temp <= 0.0f && !penalize) return (int32_t)argmax_first(logits, n);
     struct tok *cur = s->cur;
+    bool sorted = false;
+    if (p->temp > 0.0f && p->top_k > 0 && (size_t)p->top_k < n) { /* 1. and 2. on the logits themselves */
+        const float *x = logits;
+        if (penalize) { /* the penalized logits in a copy, in cur's room (n floats fit in n candidates) */
+            float *pl = (float *)(void *)s->cur;
+            memcpy(pl, logits, n * sizeof *pl);
+            for (int32_t i = 0; i < s->hist_n; i++) {
+                const int32_t t = s->hist[i];
+                if (s->seen[t]) continue;
+                s->seen[t] = 1;
+                if (pl[t] <= 0.0f) pl[t] *= p->repeat_penalty; /* a NaN stays NaN: -inf below, as it is there */
+                else pl[t] /= p->repeat_penalty;
+            }
+            for (int32_t i = 0; i < s->hist_n; i++) s->seen[s->hist[i]] = 0;
+            x = pl;
+        }
+        select_top_logits(x, n, s->sel, (size_t)p->top_k);
+        n = (size_t)p->top_k;
+        cur = s->sel;
+        s->sel = s->cur;
+        s->cur = cur;
+        sorted = true;
+        max_logit = cur[0].logit; /* the best: the largest logit, the lowest id among ties */
+        best = (size_t)cur[0].id;
+        if (!isfinite(max_logit)) return (int32_t)best;
+        goto top_p;
+    }
     for (size_t i = 0; i < n; i++) {
         float l = logits[i];
         cur[i].logit = l == l ? l : -INFINITY;
@@ -288,7 +341,6 @@ int32_t moetax_sampler_sample(struct moetax_sampler *s, const float *logits) {
     }
     if (p->temp <= 0.0f || !isfinite(max_logit)) return (int32_t)best;
 
-    bool sorted = false;
     /* 2. top-k */
     if (p->top_k > 0 && (size_t)p->top_k < n) {
         select_top(cur, n, s->sel, (size_t)p->top_k);
@@ -299,7 +351,7 @@ int32_t moetax_sampler_sample(struct moetax_sampler *s, const float *logits) {
         sorted = true;
     }
 
-    /* 3. top-p over the softmax (before temperature) of the remaining candidates */
+top_p: /* 3. top-p over the softmax (before temperature) of the remaining candidates */
     if (p->top_p < 1.0f && n > 1) {
         double z = 0.0;
         for (size_t i = 0; i < n; i++) z += cur[i].w = expf(cur[i].logit - max_logit);
