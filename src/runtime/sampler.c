@@ -140,8 +140,7 @@ static int cmp_desc(const void *x, const void *y) {
     return better(a, b) ? -1 : better(b, a) ? 1 : 0;
 }
 
-/* A min-heap of the k best so far in h[0..k) (root = worst kept): h[0..i) a heap,
- * x added as its element i. */
+/* The heap h[0..i) (root = the worst) with x added as its element i. */
 static void heap_add(struct tok *h, size_t i, struct tok x) {
     size_t j = i;
     while (j > 0 && better(&h[(j - 1) / 2], &x)) {
@@ -165,18 +164,11 @@ static void heap_replace_root(struct tok *h, size_t k, struct tok x) {
     h[j] = x;
 }
 
-/* The k best of src[0..n) into dst[0..k), sorted best first. */
-static void select_top(const struct tok *src, size_t n, struct tok *dst, size_t k) {
-    for (size_t i = 0; i < k; i++) heap_add(dst, i, src[i]);
-    for (size_t i = k; i < n; i++)
-        if (better(&src[i], &dst[0])) heap_replace_root(dst, k, src[i]);
-    qsort(dst, k, sizeof *dst, cmp_desc);
-}
-
-/* The same k best (NaN as -inf) straight from the logits x[0..n), k < n: after the first
- * k, a logit enters only if it is larger than the worst kept (an equal one has a larger id,
- * so it is not better), which a vector compare finds for 4 at a time, so the candidates of
- * the whole vocabulary are never written out. */
+/* The k best (NaN as -inf) of the logits x[0..n) into dst[0..k), sorted best first, k < n:
+ * a min-heap of the k best so far (root = worst kept); after the first k, a logit enters only
+ * if it is larger than the root (an equal one has a larger id, so it is not better), which a
+ * vector compare finds 4 at a time, so the candidates of the whole vocabulary are never
+ * written out. */
 static void select_top_logits(const float *x, size_t n, struct tok *dst, size_t k) {
     for (size_t i = 0; i < k; i++)
         heap_add(dst, i, (struct tok){.logit = x[i] == x[i] ? x[i] : -INFINITY, .id = (int32_t)i});
@@ -341,15 +333,7 @@ int32_t moetax_sampler_sample(struct moetax_sampler *s, const float *logits) {
     }
     if (p->temp <= 0.0f || !isfinite(max_logit)) return (int32_t)best;
 
-    /* 2. top-k */
-    if (p->top_k > 0 && (size_t)p->top_k < n) {
-        select_top(cur, n, s->sel, (size_t)p->top_k);
-        n = (size_t)p->top_k;
-        cur = s->sel;
-        s->sel = s->cur;
-        s->cur = cur;
-        sorted = true;
-    }
+    /* (2. top-k, when on, ran above) */
 
 top_p: /* 3. top-p over the softmax (before temperature) of the remaining candidates */
     if (p->top_p < 1.0f && n > 1) {
