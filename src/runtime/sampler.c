@@ -184,7 +184,11 @@ static void select_top_logits(const float *x, size_t n, struct tok *dst, size_t 
 #endif
     for (; i < n; i++)
         if (x[i] > dst[0].logit) heap_replace_root(dst, k, (struct tok){.logit = x[i], .id = (int32_t)i});
-    qsort(dst, k, sizeof *dst, cmp_desc);
+    for (size_t m = k; m > 1; m--) { /* heap sort: the worst to the end, best first */
+        const struct tok w = dst[0];
+        heap_replace_root(dst, m - 1, dst[m - 1]);
+        dst[m - 1] = w;
+    }
 }
 
 /* Move the best of three positions to the end of [lo, hi) as the pivot, split
