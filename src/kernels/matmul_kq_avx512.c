@@ -611,10 +611,11 @@ static const kqz_fn k_kqz[3][KQZ_JB] = {
     {q4kz_tile_1, q4kz_tile_2, q4kz_tile_3, q4kz_tile_4, q4kz_tile_5, q4kz_tile_6, q4kz_tile_7, q4kz_tile_8},
     {q5kz_tile_1, q5kz_tile_2, q5kz_tile_3, q5kz_tile_4, q5kz_tile_5, q5kz_tile_6, q5kz_tile_7, q5kz_tile_8},
     {q6kz_tile_1, q6kz_tile_2, q6kz_tile_3, q6kz_tile_4, q6kz_tile_5, q6kz_tile_6, q6kz_tile_7, q6kz_tile_8}};
-static const kqz_fn k_q5kzg[KQZ_JB] = {q5kzg_tile_1, q5kzg_tile_2, q5kzg_tile_3, q5kzg_tile_4,
-                                       q5kzg_tile_5, q5kzg_tile_6, q5kzg_tile_7, q5kzg_tile_8};
-static const kqz_fn k_q6kzg[KQZ_JB] = {q6kzg_tile_1, q6kzg_tile_2, q6kzg_tile_3, q6kzg_tile_4,
-                                       q6kzg_tile_5, q6kzg_tile_6, q6kzg_tile_7, q6kzg_tile_8};
+/* with GFNI (Q4_K has no high bits to move: its tiles as above) */
+static const kqz_fn k_kqz_gfni[3][KQZ_JB] = {
+    {q4kz_tile_1, q4kz_tile_2, q4kz_tile_3, q4kz_tile_4, q4kz_tile_5, q4kz_tile_6, q4kz_tile_7, q4kz_tile_8},
+    {q5kzg_tile_1, q5kzg_tile_2, q5kzg_tile_3, q5kzg_tile_4, q5kzg_tile_5, q5kzg_tile_6, q5kzg_tile_7, q5kzg_tile_8},
+    {q6kzg_tile_1, q6kzg_tile_2, q6kzg_tile_3, q6kzg_tile_4, q6kzg_tile_5, q6kzg_tile_6, q6kzg_tile_7, q6kzg_tile_8}};
 
 /* Q2_Kx8r / Q3_Kx8r, two groups in 512-bit vectors (the steps above on 16 lanes): the levels of
  * level vector k of 4-byte group p of half h of both groups (bA: lanes 0-7, bB: 8-15). */
@@ -789,8 +790,10 @@ KQ23Z_TILE(1) KQ23Z_TILE(2) KQ23Z_TILE(3) KQ23Z_TILE(4) KQ23Z_TILE(5) KQ23Z_TILE
 static const kq23z_fn k_kq23z[2][KQZ_JB] = {
     {q2kz_tile_1, q2kz_tile_2, q2kz_tile_3, q2kz_tile_4, q2kz_tile_5, q2kz_tile_6, q2kz_tile_7, q2kz_tile_8},
     {q3kz_tile_1, q3kz_tile_2, q3kz_tile_3, q3kz_tile_4, q3kz_tile_5, q3kz_tile_6, q3kz_tile_7, q3kz_tile_8}};
-static const kq23z_fn k_q3kzg[KQZ_JB] = {q3kzg_tile_1, q3kzg_tile_2, q3kzg_tile_3, q3kzg_tile_4,
-                                         q3kzg_tile_5, q3kzg_tile_6, q3kzg_tile_7, q3kzg_tile_8};
+/* with GFNI (Q2_K has no high bits to move: its tiles as above) */
+static const kq23z_fn k_kq23z_gfni[2][KQZ_JB] = {
+    {q2kz_tile_1, q2kz_tile_2, q2kz_tile_3, q2kz_tile_4, q2kz_tile_5, q2kz_tile_6, q2kz_tile_7, q2kz_tile_8},
+    {q3kzg_tile_1, q3kzg_tile_2, q3kzg_tile_3, q3kzg_tile_4, q3kzg_tile_5, q3kzg_tile_6, q3kzg_tile_7, q3kzg_tile_8}};
 
 /* ---- Q3_K / Q2_K as stored (a unit's plain tail), decode: 4 rows side by side ----
  * Bit-identical to matmul_kq_avx2.c's decode (and so its batch path): the same float steps on 4
@@ -1022,8 +1025,8 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
     const size_t act_row = moetax_k_act_row_bytes(wtype, ncols);
     const int ti = six ? 2 : wtype == MOETAX_TYPE_Q5_K ? 1 : 0;
     /* Q3_K's, Q5_K's and Q6_K's tiles with GFNI where the CPU has it (the same bits) */
-    const kq23z_fn *t23 = wtype == MOETAX_TYPE_Q3_K ? (moetax_k_avx512_gfni ? k_q3kzg : k_kq23z[1]) : k_kq23z[0];
-    const kqz_fn *tz = !moetax_k_avx512_gfni ? k_kqz[ti] : six ? k_q6kzg : ti == 1 ? k_q5kzg : k_kqz[ti];
+    const kq23z_fn *t23 = (moetax_k_avx512_gfni ? k_kq23z_gfni : k_kq23z)[wtype == MOETAX_TYPE_Q3_K];
+    const kqz_fn *tz = (moetax_k_avx512_gfni ? k_kqz_gfni : k_kqz)[ti];
     /* the decode's L2 prefetches end here: cached weights (!far) take none, only the L1's */
     const uint8_t *pfe = w + (size_t)(far ? row1 : row0) * row_bytes;
     const size_t pfd = KQ_PFD; /* decode's prefetch distance */

@@ -281,27 +281,29 @@ static size_t argmax_first(const float *x, size_t n) {
 int32_t moetax_sampler_sample(struct moetax_sampler *s, const float *logits) {
     const struct moetax_sampler_params *p = &s->p;
     size_t n = (size_t)s->n_vocab;
-    bool penalize = p->repeat_penalty != 1.0f && s->hist_n > 0;
+    const bool penalize = p->repeat_penalty != 1.0f && s->hist_n > 0;
+    const bool top_k = p->temp > 0.0f && p->top_k > 0 && (size_t)p->top_k < n;
+    const float *x = logits;
+    if (penalize) { /* 1. the penalized logits in a copy, in room the next stage does not write */
+        float *pl = (float *)(void *)(top_k ? s->cur : s->sel); /* n floats fit in n candidates */
+        memcpy(pl, logits, n * sizeof *pl);
+        for (int32_t i = 0; i < s->hist_n; i++) {
+            const int32_t t = s->hist[i];
+            if (s->seen[t]) continue;
+            s->seen[t] = 1;
+            if (pl[t] <= 0.0f) pl[t] *= p->repeat_penalty; /* a NaN stays NaN: -inf below, as it is there */
+            else pl[t] /= p->repeat_penalty;
+        }
+        for (int32_t i = 0; i < s->hist_n; i++) s->seen[s->hist[i]] = 0;
+        x = pl;
+    }
+    if (p->temp <= 0.0f) return (int32_t)argmax_first(x, n);
+
+    struct tok *cur = s->cur;
     size_t best = 0;
     float max_logit = -INFINITY; /* NaN never compares greater: it never wins */
-    if (p->temp <= 0.0f && !penalize) return (int32_t)argmax_first(logits, n);
-    struct tok *cur = s->cur;
     bool sorted = false;
-    if (p->temp > 0.0f && p->top_k > 0 && (size_t)p->top_k < n) { /* 1. and 2. on the logits themselves */
-        const float *x = logits;
-        if (penalize) { /* the penalized logits in a copy, in cur's room (n floats fit in n candidates) */
-            float *pl = (float *)(void *)s->cur;
-            memcpy(pl, logits, n * sizeof *pl);
-            for (int32_t i = 0; i < s->hist_n; i++) {
-                const int32_t t = s->hist[i];
-                if (s->seen[t]) continue;
-                s->seen[t] = 1;
-                if (pl[t] <= 0.0f) pl[t] *= p->repeat_penalty; /* a NaN stays NaN: -inf below, as it is there */
-                else pl[t] /= p->repeat_penalty;
-            }
-            for (int32_t i = 0; i < s->hist_n; i++) s->seen[s->hist[i]] = 0;
-            x = pl;
-        }
+    if (top_k) { /* 2. top-k straight from the logits */
         select_top_logits(x, n, s->sel, (size_t)p->top_k);
         n = (size_t)p->top_k;
         cur = s->sel;
@@ -310,36 +312,17 @@ int32_t moetax_sampler_sample(struct moetax_sampler *s, const float *logits) {
         sorted = true;
         max_logit = cur[0].logit; /* the best: the largest logit, the lowest id among ties */
         best = (size_t)cur[0].id;
-        if (!isfinite(max_logit)) return (int32_t)best;
-        goto top_p;
-    }
-    for (size_t i = 0; i < n; i++) {
-        float l = logits[i];
-        cur[i].logit = l == l ? l : -INFINITY;
-        cur[i].id = (int32_t)i;
-        if (l > max_logit) { max_logit = l; best = i; }
-    }
-
-    /* 1. repetition penalty, once per distinct token */
-    if (penalize) {
-        for (int32_t i = 0; i < s->hist_n; i++) {
-            int32_t t = s->hist[i];
-            if (s->seen[t]) continue;
-            s->seen[t] = 1;
-            if (cur[t].logit <= 0.0f) cur[t].logit *= p->repeat_penalty;
-            else cur[t].logit /= p->repeat_penalty;
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            const float l = x[i];
+            cur[i].logit = l == l ? l : -INFINITY;
+            cur[i].id = (int32_t)i;
+            if (l > max_logit) { max_logit = l; best = i; }
         }
-        for (int32_t i = 0; i < s->hist_n; i++) s->seen[s->hist[i]] = 0;
-        best = 0;
-        max_logit = cur[0].logit;
-        for (size_t i = 1; i < n; i++)
-            if (cur[i].logit > max_logit) { max_logit = cur[i].logit; best = i; }
     }
-    if (p->temp <= 0.0f || !isfinite(max_logit)) return (int32_t)best;
+    if (!isfinite(max_logit)) return (int32_t)best;
 
-    /* (2. top-k, when on, ran above) */
-
-top_p: /* 3. top-p over the softmax (before temperature) of the remaining candidates */
+    /* 3. top-p over the softmax (before temperature) of the remaining candidates */
     if (p->top_p < 1.0f && n > 1) {
         double z = 0.0;
         for (size_t i = 0; i < n; i++) z += cur[i].w = expf(cur[i].logit - max_logit);
