@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "moetax/kernels.h"
 #include "moetax/outfile.h"
 
 static const char MAGIC[8] = {'M', 'T', 'X', 'P', 'R', 'E', 'D', 0};
@@ -101,6 +102,7 @@ void moetax_predictor_free(struct moetax_predictor *p) {
     free(p->xtx);
     free(p->xty);
     free(p->fit_n);
+    free(p->fit_scratch);
     free(p->score);
     free(p);
 }
@@ -147,24 +149,30 @@ void moetax_predictor_eval(const struct moetax_predictor *p, int layer, int a, c
 
 /* ---- fitting ------------------------------------------------------------------------------ */
 
+enum { FIT_CHUNK = 64 }; /* tokens summed in float before the double sums take them */
+
 moetax_status moetax_predictor_fit_begin(struct moetax_predictor *p) {
     const size_t np = (size_t)n_pairs_of(p), F = (size_t)p->n_feat, E = (size_t)p->n_expert;
     free(p->xtx);
     free(p->xty);
     free(p->fit_n);
+    free(p->fit_scratch);
     p->xtx = p->xty = NULL;
     p->fit_n = calloc(np, sizeof *p->fit_n);
+    p->fit_scratch = malloc(sizeof(float) * FIT_CHUNK * (F + E + (F > E ? F : E)));
     size_t n_live = 0;
     for (size_t q = 0; q < np; q++) n_live += p->target[q] >= 0;
     /* the sums of absent pairs take no room: xtx / xty are indexed by live pair */
     p->xtx = calloc(n_live * F * F + 1, sizeof(double));
     p->xty = calloc(n_live * F * E + 1, sizeof(double));
-    if (!p->fit_n || !p->xtx || !p->xty) {
+    if (!p->fit_n || !p->xtx || !p->xty || !p->fit_scratch) {
         free(p->xtx);
         free(p->xty);
         free(p->fit_n);
+        free(p->fit_scratch);
         p->xtx = p->xty = NULL;
         p->fit_n = NULL;
+        p->fit_scratch = NULL;
         return moetax_error(MOETAX_ERR_NOMEM, "predictor: out of memory for the fit's sums (%.0f MiB)",
                             (double)(n_live * F * (F + E) * sizeof(double)) / (1 << 20));
     }
@@ -178,6 +186,42 @@ static size_t live_index(const struct moetax_predictor *p, int q) {
     return i;
 }
 
+/* The same sums through the kernel table's F32 matmul, FIT_CHUNK tokens at a time: with the
+ * features transposed (one row per feature, one column per token), a block of feature rows
+ * times the rows from that block on gives the block's part of the upper triangle of f^T f,
+ * and the rows times the transposed targets give f^T y. Each product over a chunk's tokens is
+ * a float sum, added to the double sums. F32 activations are the rows as they are (kernels.h), so
+ * the transposed rows serve as both operands. */
+static void fit_add_gemm(size_t F, size_t E, double *A, double *B, const float *f, const float *y, int64_t n,
+                         float *scratch) {
+    const struct moetax_kernels *k = moetax_kernels_get();
+    const size_t bm = FIT_CHUNK; /* feature rows per block */
+    float *xt = scratch, *yt = xt + F * FIT_CHUNK, *g = yt + E * FIT_CHUNK; /* g: [max(F, E)][bm] */
+    for (int64_t t0 = 0; t0 < n; t0 += FIT_CHUNK) {
+        const size_t c = (size_t)(n - t0 < FIT_CHUNK ? n - t0 : FIT_CHUNK);
+        for (size_t t = 0; t < c; t++) {
+            const float *ft = f + (size_t)(t0 + (int64_t)t) * F, *ty = y + (size_t)(t0 + (int64_t)t) * E;
+            for (size_t i = 0; i < F; i++) xt[i * c + t] = ft[i];
+            for (size_t e = 0; e < E; e++) yt[e * c + t] = ty[e];
+        }
+        for (size_t i0 = 0; i0 < F; i0 += bm) {
+            const size_t ni = F - i0 < bm ? F - i0 : bm, nj = F - i0;
+            /* g[b * ni + r] = sum over the chunk of f[i0 + r] f[i0 + b], b < nj */
+            k->matmul(MOETAX_TYPE_F32, xt + i0 * c, sizeof(float) * c, 0, (int64_t)ni, (int64_t)c,
+                      xt + i0 * c, (int64_t)nj, g, (int64_t)ni);
+            for (size_t b = 0; b < nj; b++)
+                for (size_t r = 0; r < ni && r <= b; r++) A[(i0 + r) * F + i0 + b] += g[b * ni + r];
+            /* g[e * ni + r] = sum over the chunk of f[i0 + r] y[e] */
+            k->matmul(MOETAX_TYPE_F32, xt + i0 * c, sizeof(float) * c, 0, (int64_t)ni, (int64_t)c, yt, (int64_t)E,
+                      g, (int64_t)ni);
+            for (size_t r = 0; r < ni; r++) {
+                double *Bi = B + (i0 + r) * E;
+                for (size_t e = 0; e < E; e++) Bi[e] += g[e * ni + r];
+            }
+        }
+    }
+}
+
 void moetax_predictor_fit_add(struct moetax_predictor *p, int layer, int a, const float *f, const float *y,
                               int64_t n) {
     if (!p->xtx || layer < 0 || layer >= p->n_layer || a < 1 || a > p->ahead || n <= 0) return;
@@ -185,37 +229,36 @@ void moetax_predictor_fit_add(struct moetax_predictor *p, int layer, int a, cons
     if (p->target[q] < 0) return;
     const size_t F = (size_t)p->n_feat, E = (size_t)p->n_expert, li = live_index(p, q);
     double *A = p->xtx + li * F * F, *B = p->xty + li * F * E;
-    /* upper triangle of sum f f^T, row by row: the inner loop runs over contiguous j */
-    for (int64_t t0 = 0; t0 < n; t0 += 16) {
-        const int64_t t1 = t0 + 16 < n ? t0 + 16 : n;
-        for (size_t i = 0; i < F; i++) {
-            double *Ai = A + i * F, *Bi = B + i * E;
-            for (int64_t t = t0; t < t1; t++) {
-                const float *ft = f + (size_t)t * F;
-                const double fi = ft[i];
-                if (fi == 0) continue;
-                for (size_t j = i; j < F; j++) Ai[j] += fi * ft[j];
-                const float *yt = y + (size_t)t * E;
-                for (size_t e = 0; e < E; e++) Bi[e] += fi * yt[e];
-            }
-        }
-    }
+    fit_add_gemm(F, E, A, B, f, y, n, p->fit_scratch);
     p->fit_n[q] += (uint64_t)n;
+}
+
+/* sum of a[k] b[k], k < n, in four independent chains (the compiler keeps a single chain's order,
+ * which leaves the multiplier waiting on each add) */
+static double dot_d(const double *a, const double *b, size_t n) {
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t k = 0;
+    for (; k + 4 <= n; k += 4) {
+        s0 += a[k] * b[k];
+        s1 += a[k + 1] * b[k + 1];
+        s2 += a[k + 2] * b[k + 2];
+        s3 += a[k + 3] * b[k + 3];
+    }
+    for (; k < n; k++) s0 += a[k] * b[k];
+    return (s0 + s1) + (s2 + s3);
 }
 
 /* Cholesky A = L L^T in place (lower triangle of A, n x n, row-major); false if not positive. */
 static bool cholesky(double *A, size_t n) {
     for (size_t j = 0; j < n; j++) {
-        double d = A[j * n + j];
-        for (size_t k = 0; k < j; k++) d -= A[j * n + k] * A[j * n + k];
+        const double *rj = A + j * n;
+        double d = rj[j] - dot_d(rj, rj, j);
         if (!(d > 0)) return false;
         d = sqrt(d);
         A[j * n + j] = d;
         for (size_t i = j + 1; i < n; i++) {
-            double s = A[i * n + j];
-            const double *ri = A + i * n, *rj = A + j * n;
-            for (size_t k = 0; k < j; k++) s -= ri[k] * rj[k];
-            A[i * n + j] = s / d;
+            const double *ri = A + i * n;
+            A[i * n + j] = (ri[j] - dot_d(ri, rj, j)) / d;
         }
     }
     return true;
