@@ -407,6 +407,42 @@ static void test_invalid(void) {
  * as -inf), those with a finite logit each drawn, a +inf one alone. And the repetition penalty
  * gives the draws (one seed) of the same sampler without it on logits penalized here by the
  * documented rule (divided if positive, multiplied if <= 0, once per distinct token). */
+/* The order of the top-k candidates among equal logits (lower id first) decides where top-p
+ * cuts a tie: 40 tied logits at scattered ids, top-k 40, top-p 0.29 keep the 12 lowest of those
+ * ids (0.29: 11 of 40 fall short, 12 reach it), through the block-bound selection (large vocabularies) and the heap (small ones); the
+ * logits come ascending, descending or shuffled around them. */
+static void test_top_k_tie_order(void) {
+    static const int ns[] = {64, 300, 4099, 40000};
+    tu_rng r = {23};
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        const int n = ns[ni];
+        float *l = malloc(sizeof(float) * (size_t)n);
+        bool *allow = calloc((size_t)n, 1);
+        int tied[40];
+        for (int shape = 0; shape < 3; shape++) {
+            for (int i = 0; i < n; i++)
+                l[i] = shape == 0 ? -10.0f + 5.0f * (float)i / (float)n : shape == 1 ? -5.0f - 5.0f * (float)i / (float)n
+                                                                            : -10.0f + 5.0f * tu_rand_uniform(&r);
+            for (int j = 0; j < 40; j++) tied[j] = (int)((int64_t)(j * 7 + 3) * n / 283 % n);
+            for (int j = 0; j < 40; j++) l[tied[j]] = 5.0f;
+            int m = 0;
+            for (int i = 0; i < n; i++) m += l[i] == 5.0f;
+            CHECK_EQ_INT(m, 40);
+            memset(allow, 0, (size_t)n);
+            for (int i = 0, kept = 0; i < n && kept < 12; i++)
+                if (l[i] == 5.0f) allow[i] = true, kept++;
+            struct moetax_sampler_params pk = params(1.0f, 40, 0.29f, 0.0f, 3);
+            struct moetax_sampler *s = make(&pk, n);
+            if (!s) return;
+            const int d = draw_within(s, l, allow, 3000, n);
+            CHECK_MSG(d == 12, "n %d shape %d: %d distinct drawn of the 12 lowest tied ids", n, shape, d);
+            moetax_sampler_free(s);
+        }
+        free(l);
+        free(allow);
+    }
+}
+
 static void test_top_k_paths(void) {
     static const int ns[] = {2, 3, 7, 41, 64, 1000, 4099};
     tu_rng r = {11};
@@ -513,6 +549,7 @@ int main(int argc, char **argv) {
     test_penalty();
     test_invalid();
     test_top_k_paths();
+    test_top_k_tie_order();
     test_speed();
     return tu_finish("test_sampler");
 }

@@ -29,6 +29,8 @@ struct moetax_sampler {
     struct tok *cur; /* [n_vocab] working candidates */
     struct tok *sel; /* [n_vocab] selection output */
     uint8_t *seen;   /* [n_vocab] distinct-token marks for the penalty */
+    int32_t *cand;   /* [n_vocab] top-k: the ids at or above the bound */
+    uint32_t *keys;  /* [n_vocab] top-k: block maxima, then the candidates, as ordered keys */
     int32_t *hist;   /* [repeat_last_n] ring of accepted tokens */
     int32_t hist_n, hist_pos;
     uint64_t rng[4];
@@ -97,8 +99,10 @@ moetax_status moetax_sampler_init(const struct moetax_sampler_params *p, int32_t
     s->cur = malloc((size_t)n_vocab * sizeof *s->cur);
     s->sel = malloc((size_t)n_vocab * sizeof *s->sel);
     s->seen = calloc((size_t)n_vocab, 1);
+    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+    s->keys = malloc((size_t)n_vocab * sizeof *s->keys);
     s->hist = malloc((size_t)(p->repeat_last_n > 0 ? p->repeat_last_n : 1) * sizeof *s->hist);
-    if (!s->cur || !s->sel || !s->seen || !s->hist) {
+    if (!s->cur || !s->sel || !s->seen || !s->cand || !s->keys || !s->hist) {
         moetax_sampler_free(s);
         return moetax_error(MOETAX_ERR_NOMEM, "sampler: out of memory for %d tokens", (int)n_vocab);
     }
@@ -112,6 +116,8 @@ void moetax_sampler_free(struct moetax_sampler *s) {
     free(s->cur);
     free(s->sel);
     free(s->seen);
+    free(s->cand);
+    free(s->keys);
     free(s->hist);
     free(s);
 }
@@ -164,12 +170,158 @@ static void heap_replace_root(struct tok *h, size_t k, struct tok x) {
     h[j] = x;
 }
 
-/* The k best (NaN as -inf) of the logits x[0..n) into dst[0..k), sorted best first, k < n:
- * a min-heap of the k best so far (root = worst kept); after the first k, a logit enters only
- * if it is larger than the root (an equal one has a larger id, so it is not better), which a
- * vector compare finds 4 at a time, so the candidates of the whole vocabulary are never
- * written out. */
-static void select_top_logits(const float *x, size_t n, struct tok *dst, size_t k) {
+/* ---- top-k straight from the logits ---- */
+
+/* A float's order as an unsigned key (larger float, larger key); NaN as -inf. */
+static inline uint32_t fkey(float f) {
+    if (f != f) f = -INFINITY;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+static inline float key_float(uint32_t k) {
+    const uint32_t u = k & 0x80000000u ? k & 0x7fffffffu : ~k;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The k-th largest of keys[0..m) (1 <= k <= m), by bisection over the key space: 32 counting
+ * passes that branch the same way whatever the data, where a heap or a quickselect would
+ * mispredict about every other comparison of a model's ever-changing logits. */
+static uint32_t kth_key(const uint32_t *keys, size_t m, size_t k) {
+    uint32_t lo = 0; /* count(keys >= lo) >= k holds */
+    for (int bit = 31; bit >= 0; bit--) {
+        const uint32_t t = lo | (uint32_t)1 << bit;
+        size_t below = 0, i = 0; /* keys < t */
+#if defined(__SSE2__)
+        const __m128i bias = _mm_set1_epi32((int)0x80000000u), vt = _mm_xor_si128(_mm_set1_epi32((int)t), bias);
+        __m128i acc = _mm_setzero_si128();
+        for (; i + 4 <= m; i += 4) { /* signed compares of the keys with the sign bit flipped */
+            const __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)(keys + i)), bias);
+            acc = _mm_sub_epi32(acc, _mm_cmpgt_epi32(vt, v));
+        }
+        acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0x4e));
+        acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0xb1));
+        below = (size_t)(uint32_t)_mm_cvtsi128_si32(acc);
+#endif
+        for (; i < m; i++) below += keys[i] < t;
+        if (m - below >= k) lo = t;
+    }
+    return lo;
+}
+
+/* The k best (NaN as -inf) of the logits x[0..n) into dst[0..k), sorted best first (larger
+ * logit, then lower id), 0 < k < n, with the sampler's scratch; false where the bound below
+ * does not apply (then select_top_heap does it). A lower bound on the k-th largest logit is
+ * the k-th largest of the maxima of the vocabulary's blocks (each is a logit, and k of them
+ * are at least that large); the logits at or above it (vector compares, 4 at a time) are the
+ * candidates, the exact k-th largest among them the threshold, and the k kept are ranked by
+ * counting, all without data-dependent branches but the rare candidate. */
+static bool select_top_bound(const float *x, size_t n, struct tok *dst, size_t k, int32_t *cand, uint32_t *keys) {
+    size_t blk = 16;
+    while (n / blk > 16 * k && blk < 4096) blk *= 2; /* about 8-16 k blocks: a short bisection */
+    const size_t nb = n / blk;
+    if (nb < 2 * k || k > 256) return false;
+    for (size_t b = 0; b < nb; b++) {
+        const float *xb = x + b * blk;
+        float m = -INFINITY;
+#if defined(__SSE2__)
+        __m128 v0 = _mm_set1_ps(-INFINITY), v1 = v0, v2 = v0, v3 = v0; /* blk: a multiple of 16 */
+        for (size_t j = 0; j < blk; j += 16) { /* NaN: the maximum so far is kept */
+            v0 = _mm_max_ps(_mm_loadu_ps(xb + j), v0);
+            v1 = _mm_max_ps(_mm_loadu_ps(xb + j + 4), v1);
+            v2 = _mm_max_ps(_mm_loadu_ps(xb + j + 8), v2);
+            v3 = _mm_max_ps(_mm_loadu_ps(xb + j + 12), v3);
+        }
+        __m128 v = _mm_max_ps(_mm_max_ps(v0, v1), _mm_max_ps(v2, v3));
+        v = _mm_max_ps(v, _mm_movehl_ps(v, v));
+        v = _mm_max_ss(v, _mm_shuffle_ps(v, v, 1));
+        m = _mm_cvtss_f32(v);
+#else
+        for (size_t j = 0; j < blk; j++) m = xb[j] > m ? xb[j] : m;
+#endif
+        keys[b] = fkey(m);
+    }
+    const float lb = key_float(kth_key(keys, nb, k));
+    if (!(lb > -INFINITY)) return false; /* fewer than k finite maxima: NaN and -inf need the heap's order */
+    /* only blocks whose maximum reaches the bound hold candidates (about k of them), and
+     * the tail past the last whole block */
+    const uint32_t klb = fkey(lb);
+    size_t nl = 0;
+    for (size_t b = 0; b < nb; b++) {
+        cand[nl] = (int32_t)b;
+        nl += keys[b] >= klb;
+    }
+    int32_t *const blocks = cand + n - nl; /* moved to the end: cand[0..m) fills from the front */
+    memmove(blocks, cand, nl * sizeof *cand);
+    size_t m = 0;
+    for (size_t l = 0; l <= nl; l++) {
+        const size_t i0 = l < nl ? (size_t)blocks[l] * blk : nb * blk, i1 = l < nl ? i0 + blk : n;
+        size_t i = i0;
+#if defined(__SSE2__)
+        const __m128 vlb = _mm_set1_ps(lb);
+        for (; i + 4 <= i1; i += 4) {
+            const int mask = _mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(x + i), vlb));
+            for (int b = 0; b < 4; b++) {
+                cand[m] = (int32_t)(i + (size_t)b);
+                m += (size_t)(mask >> b & 1);
+            }
+        }
+#endif
+        for (; i < i1; i++) {
+            cand[m] = (int32_t)i;
+            m += x[i] >= lb;
+        }
+    }
+    if (m < k) return false; /* cannot happen for a true bound; kept as a guard */
+    for (size_t j = 0; j < m; j++) keys[j] = fkey(x[cand[j]]);
+    const uint32_t kk = kth_key(keys, m, k);
+    size_t above = 0; /* candidates strictly better than the k-th value */
+    for (size_t j = 0; j < m; j++) above += keys[j] > kk;
+    size_t o = 0, ties = k - above; /* equal to it: the lowest ids (cand is in id order) */
+    for (size_t j = 0; j < m && o < k; j++) {
+        const bool take = keys[j] > kk || (keys[j] == kk && ties > 0);
+        ties -= keys[j] == kk && ties > 0;
+        dst[o] = (struct tok){.logit = key_float(keys[j]), .id = cand[j]};
+        keys[o] = keys[j];
+        o += take;
+    }
+    /* rank the k by counting: better = larger key, or the same key and a lower id (earlier) */
+    for (size_t a = 0; a < k; a++) {
+        size_t r = 0, b = 0;
+#if defined(__SSE2__)
+        const __m128i bias = _mm_set1_epi32((int)0x80000000u), va = _mm_xor_si128(_mm_set1_epi32((int)keys[a]), bias);
+        const __m128i ia = _mm_set1_epi32((int)a), step = _mm_set1_epi32(4);
+        __m128i ib = _mm_setr_epi32(0, 1, 2, 3), acc = _mm_setzero_si128();
+        for (; b + 4 <= k; b += 4) {
+            const __m128i vb = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)(keys + b)), bias);
+            const __m128i better = _mm_or_si128(_mm_cmpgt_epi32(vb, va),
+                                                _mm_and_si128(_mm_cmpeq_epi32(vb, va), _mm_cmpgt_epi32(ia, ib)));
+            acc = _mm_sub_epi32(acc, better);
+            ib = _mm_add_epi32(ib, step);
+        }
+        acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0x4e));
+        acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0xb1));
+        r = (size_t)(uint32_t)_mm_cvtsi128_si32(acc);
+#endif
+        for (; b < k; b++) r += keys[b] > keys[a] || (keys[b] == keys[a] && b < a);
+        cand[r] = (int32_t)a;
+    }
+    for (size_t r = 0; r < k; r++) {
+        const size_t a = (size_t)cand[r];
+        dst[k + r] = dst[a];
+    }
+    memmove(dst, dst + k, k * sizeof *dst);
+    return true;
+}
+
+/* The same selection with a min-heap of the k best so far (root = worst kept); after the
+ * first k, a logit enters only if it is larger than the root (an equal one has a larger id,
+ * so it is not better), which a vector compare finds 4 at a time. For any k and any logits
+ * (NaN, -inf); dst needs room for k. */
+static void select_top_heap(const float *x, size_t n, struct tok *dst, size_t k) {
     for (size_t i = 0; i < k; i++)
         heap_add(dst, i, (struct tok){.logit = x[i] == x[i] ? x[i] : -INFINITY, .id = (int32_t)i});
     size_t i = k;
@@ -304,7 +456,8 @@ int32_t moetax_sampler_sample(struct moetax_sampler *s, const float *logits) {
     float max_logit = -INFINITY; /* NaN never compares greater: it never wins */
     bool sorted = false;
     if (top_k) { /* 2. top-k straight from the logits */
-        select_top_logits(x, n, s->sel, (size_t)p->top_k);
+        if (!select_top_bound(x, n, s->sel, (size_t)p->top_k, s->cand, s->keys))
+            select_top_heap(x, n, s->sel, (size_t)p->top_k);
         n = (size_t)p->top_k;
         cur = s->sel;
         s->sel = s->cur;
