@@ -117,6 +117,10 @@ struct result {
     bool rss_peak;              /* rss_mib is the run's peak (else the RSS at its end) */
     double static_use;          /* the best static set of experts on the use trace (see store.h) */
     uint64_t req_bytes; /* mean bytes per read request of the store */
+    /* the warm-up repetition when it found the store fresh (decode first, -p 0): the first n
+     * tokens from a cold store (or one --warm filled); < 0: the store had been used before */
+    double cold_hit, cold_us;
+    double steady_hit; /* the timed repetitions' own hit rate */
     bool has_store;
 };
 
@@ -185,7 +189,9 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             int nt = 0, non = 0, npair = 0;
             double ph0[MOETAX_PHASE_COUNT], ph1[MOETAX_PHASE_COUNT];
             int64_t tok0, tok1;
-            struct moetax_store_stats ss0 = {0}, ss1 = {0};
+            struct moetax_store_stats ss0 = {0}, ss1 = {0}, ssc = {0};
+            double cold_dt = 0;
+            if (store) moetax_store_get_stats(store, &ssc);
             moetax_ledger_totals(led, false, ph0, NULL, &tok0, NULL);
             /* r = -1: warm-up. Decode: within each repetition the ledger is on for every other
              * token (the parity alternates between repetitions, so both sets see the same
@@ -226,6 +232,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 if (r >= 0) rep_on[non++] = (double)n / dt;
                 if (bw > 0) rep_pair[npair++] = active * (double)n / dt / 1e9 / bw;
                 if (r < 0) { /* drop the warm-up from the ledger totals and the store's counts */
+                    cold_dt = dt;
                     moetax_ledger_totals(led, false, ph0, NULL, &tok0, NULL);
                     if (store) moetax_store_get_stats(store, &ss0);
                 }
@@ -247,6 +254,11 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 /* hit rate and Belady's optimum over every acquire since the store opened (both from a
                  * cold cache, so they compare like with like) */
                 rr->hit_rate = ss1.acquires ? (double)ss1.hits / (double)ss1.acquires : 0;
+                const bool fresh = ssc.acquires == 0 && ss0.acquires > 0;
+                rr->cold_hit = fresh ? (double)ss0.hits / (double)ss0.acquires : -1;
+                rr->cold_us = fresh ? 1e6 * cold_dt / (double)n : -1;
+                rr->steady_hit = ss1.acquires > ss0.acquires
+                                     ? (double)(ss1.hits - ss0.hits) / (double)(ss1.acquires - ss0.acquires) : 0;
                 rr->precision = pi ? (double)pu / (double)pi : 0;
                 rr->read_ahead = moetax_store_read_ahead_depth(store);
                 const uint64_t ai = ss1.ahead_issued - ss0.ahead_issued, au = ss1.ahead_used - ss0.ahead_used;
@@ -315,7 +327,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
             if (D > 0) snprintf(test, sizeof test, "%s%lld @ d%lld", kind ? "tg" : "pp", (long long)n, (long long)D);
             else snprintf(test, sizeof test, "%s%lld", kind ? "tg" : "pp", (long long)n);
             if (o->json && rr->has_store && kind)
-                st = cli_json_print(stdout, cli_jobj("osiosbiooooooooooooobooooo",
+                st = cli_json_print(stdout, cli_jobj("osiosbiooooooooooooobooooooooo",
                     "model", cli_jstr(base), "test", test, "threads", threads, "expert_budget_mib", cli_jnum(rr->budget_mib),
                     "policy", moetax_store_policy_name(cli_store_policy(&o->so)), "prefetch", !o->so.no_prefetch,
                     "read_ahead", rr->read_ahead, "ahead_reads_per_token", cli_jnum(rr->ahead_per_token),
@@ -328,7 +340,10 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                     cli_jnum(rr->rss_bound_mib), "rss_is_peak", rr->rss_peak, "use_hit_rate", cli_jnum(rr->use_hit),
                     "belady_use_hit_rate", cli_jnum(rr->belady_use), "static_use_hit_rate", cli_jnum(rr->static_use),
                     "predictor_router_recall", cli_jnum(cli_predictor_recall(store, 0)), /* --predictor: per token, */
-                    "predictor_learned_recall", cli_jnum(cli_predictor_recall(store, 1)))); /* one layer ahead */
+                    "predictor_learned_recall", cli_jnum(cli_predictor_recall(store, 1)), /* one layer ahead */
+                    "cold_hit_rate", rr->cold_hit >= 0 ? cli_jnum(rr->cold_hit) : json_null(),
+                    "cold_us_per_token", rr->cold_us >= 0 ? cli_jnum(rr->cold_us) : json_null(),
+                    "steady_hit_rate", cli_jnum(rr->steady_hit), "us_per_token", cli_jnum(1e6 / rr->tps)));
             else if (rr->has_store && kind)
                 printf("| %s | %d | %s | budget %.0f MiB (%s, %s) | %.2f t/s | hit %.1f%% (Belady %.1f%%), per use %.1f%% (Belady %.1f%%, static %.1f%%) | prefetch P %.0f%% R %.0f%% |"
                        " %.2f MiB read/token at %.2f GB/s | tax %.1f%% | %s %.0f MiB (bound %.0f) |\n",
@@ -339,6 +354,11 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                        100 * rr->use_hit, 100 * rr->belady_use, 100 * rr->static_use,
                        100 * rr->precision, 100 * rr->recall, rr->read_mib_per_token, rr->store_gbps, 100 * rr->tax_share,
                        rr->rss_peak ? "peak RSS" : "RSS", rr->rss_mib, rr->rss_bound_mib);
+            if (!o->json && rr->has_store && kind && rr->cold_hit >= 0)
+                printf("|   | cold start: the first %lld tokens (the warm-up, from a store just opened%s) hit %.1f%% at %.0f us/token; "
+                       "the timed repetitions after them %.1f%% at %.0f us/token |\n",
+                       (long long)n, o->so.warm ? " and filled from the --warm profile" : "", 100 * rr->cold_hit,
+                       rr->cold_us, 100 * rr->steady_hit, 1e6 / rr->tps);
             else if (o->json)
                 st = cli_json_print(stdout, cli_jobj("osiooooooooooooIobI",
                     "model", cli_jstr(base), "test", test, "threads", threads, "tokens_per_s", cli_jnum(rr->tps),
