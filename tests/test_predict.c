@@ -94,6 +94,54 @@ static struct moetax_predictor *fitted(float *G /* [L][E][D] */, float *Wstar /*
     return p;
 }
 
+/* The fit's sums are every token's f f^T and f y^T, whatever the parts the tokens come in and
+ * wherever the fit's buffering and chunking cut them: after the solve (which takes the tokens
+ * still buffered) the upper triangle of the sums matches a double-precision reference. */
+static void fit_sums_exact(void) {
+    const int moe[3] = {1, 2, 3};
+    struct moetax_predictor *p = NULL;
+    enum { DS = 150, NT = 700 }; /* features in three blocks of the fit's products; tokens in
+                                   * more than two of its chunks, and a part */
+    CHECK(moetax_predictor_new("sums", L, DS, E, K, moe, 3, 1, MOETAX_PREDICT_FEAT_CUR, &p) == MOETAX_OK);
+    if (!p) return;
+    CHECK(moetax_predictor_fit_begin(p) == MOETAX_OK);
+    const int F = DS + 1;
+    float *f = malloc(sizeof(float) * NT * F), *y = malloc(sizeof(float) * NT * E);
+    double *xx = calloc((size_t)F * F, sizeof(double)), *xy = calloc((size_t)F * E, sizeof(double));
+    if (!f || !y || !xx || !xy) { CHECK(false); goto done; }
+    for (int t = 0; t < NT; t++) {
+        for (int i = 0; i < DS; i++) f[t * F + i] = nrand();
+        f[t * F + DS] = 1;
+        for (int e = 0; e < E; e++) y[t * E + e] = nrand();
+        for (int i = 0; i < F; i++) {
+            for (int j = i; j < F; j++) xx[i * F + j] += (double)f[t * F + i] * f[t * F + j];
+            for (int e = 0; e < E; e++) xy[i * E + e] += (double)f[t * F + i] * y[t * E + e];
+        }
+    }
+    static const int parts[] = {1, 254, 3, 300, 142}; /* sums to NT */
+    for (int k = 0, t = 0; k < 5; t += parts[k], k++) moetax_predictor_fit_add(p, 1, 1, f + t * F, y + t * E, parts[k]);
+    CHECK(moetax_predictor_fit_solve(p, 0.1, NULL) == MOETAX_OK);
+    double worst = 0;
+    for (int i = 0; i < F; i++) {
+        for (int j = i; j < F; j++) {
+            const double d = fabs(p->xtx[i * F + j] - xx[i * F + j]) / (fabs(xx[i * F + j]) + NT);
+            worst = d > worst ? d : worst;
+        }
+        for (int e = 0; e < E; e++) {
+            const double d = fabs(p->xty[i * E + e] - xy[i * E + e]) / (fabs(xy[i * E + e]) + NT);
+            worst = d > worst ? d : worst;
+        }
+    }
+    CHECK_MSG(worst < 1e-6, "the fit's sums differ from the reference by %g (relative)", worst);
+    CHECK(p->tokens == NT);
+done:
+    free(f);
+    free(y);
+    free(xx);
+    free(xy);
+    moetax_predictor_free(p);
+}
+
 static void beats_router(const struct moetax_predictor *p, const float *G, const float *Wstar) {
     for (int l = 1; l <= 2; l++) {
         const int T = p->target[moetax_predictor_pair(p, l, 1)];
@@ -553,6 +601,7 @@ int main(int argc, char **argv) {
         file_roundtrip_and_damage(p);
         version1_loads(p);
     }
+    fit_sums_exact();
     hidden_layer();
     engine();
     moetax_predictor_free(p);

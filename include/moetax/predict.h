@@ -130,7 +130,9 @@ struct moetax_predictor {
     double *xtx;              /* [pairs][n_feat][n_feat] or NULL */
     double *xty;              /* [pairs][n_feat][n_expert] */
     uint64_t *fit_n;          /* [pairs] tokens added */
-    float *fit_scratch;       /* the chunk's transposed features and targets, and a block of products */
+    float *fit_buf;           /* [live pairs][n_feat + n_expert][chunk]: tokens not yet in the sums, transposed */
+    uint32_t *fit_buf_n;      /* [live pairs] tokens in fit_buf */
+    float *fit_scratch;       /* a block of the chunk's products */
     /* scores of each kind per pair, added by whoever predicts (one thread at a time) */
     struct moetax_predict_score *score; /* [KINDS][n_layer * ahead] */
     bool use;                 /* drive the store's prefetch (else only scored) */

@@ -102,6 +102,8 @@ void moetax_predictor_free(struct moetax_predictor *p) {
     free(p->xtx);
     free(p->xty);
     free(p->fit_n);
+    free(p->fit_buf);
+    free(p->fit_buf_n);
     free(p->fit_scratch);
     free(p->score);
     free(p);
@@ -149,30 +151,39 @@ void moetax_predictor_eval(const struct moetax_predictor *p, int layer, int a, c
 
 /* ---- fitting ------------------------------------------------------------------------------ */
 
-enum { FIT_CHUNK = 64 }; /* tokens summed in float before the double sums take them */
+/* Tokens a pair's buffer holds, transposed, before the double sums take their products (each a
+ * float sum over these tokens), and feature rows per block of those products. */
+enum { FIT_CHUNK = 256, FIT_BLOCK = 64 };
 
 moetax_status moetax_predictor_fit_begin(struct moetax_predictor *p) {
     const size_t np = (size_t)n_pairs_of(p), F = (size_t)p->n_feat, E = (size_t)p->n_expert;
     free(p->xtx);
     free(p->xty);
     free(p->fit_n);
+    free(p->fit_buf);
+    free(p->fit_buf_n);
     free(p->fit_scratch);
     p->xtx = p->xty = NULL;
     p->fit_n = calloc(np, sizeof *p->fit_n);
-    p->fit_scratch = malloc(sizeof(float) * FIT_CHUNK * (F + E + (F > E ? F : E)));
     size_t n_live = 0;
     for (size_t q = 0; q < np; q++) n_live += p->target[q] >= 0;
     /* the sums of absent pairs take no room: xtx / xty are indexed by live pair */
     p->xtx = calloc(n_live * F * F + 1, sizeof(double));
     p->xty = calloc(n_live * F * E + 1, sizeof(double));
-    if (!p->fit_n || !p->xtx || !p->xty || !p->fit_scratch) {
+    p->fit_buf = malloc(sizeof(float) * (n_live * (F + E) * FIT_CHUNK + 1));
+    p->fit_buf_n = calloc(n_live + 1, sizeof *p->fit_buf_n);
+    p->fit_scratch = malloc(sizeof(float) * FIT_BLOCK * (F > E ? F : E));
+    if (!p->fit_n || !p->xtx || !p->xty || !p->fit_buf || !p->fit_buf_n || !p->fit_scratch) {
         free(p->xtx);
         free(p->xty);
         free(p->fit_n);
+        free(p->fit_buf);
+        free(p->fit_buf_n);
         free(p->fit_scratch);
         p->xtx = p->xty = NULL;
         p->fit_n = NULL;
-        p->fit_scratch = NULL;
+        p->fit_buf = p->fit_scratch = NULL;
+        p->fit_buf_n = NULL;
         return moetax_error(MOETAX_ERR_NOMEM, "predictor: out of memory for the fit's sums (%.0f MiB)",
                             (double)(n_live * F * (F + E) * sizeof(double)) / (1 << 20));
     }
@@ -186,40 +197,35 @@ static size_t live_index(const struct moetax_predictor *p, int q) {
     return i;
 }
 
-/* The same sums through the kernel table's F32 matmul, FIT_CHUNK tokens at a time: with the
- * features transposed (one row per feature, one column per token), a block of feature rows
- * times the rows from that block on gives the block's part of the upper triangle of f^T f,
- * and the rows times the transposed targets give f^T y. Each product over a chunk's tokens is
- * a float sum, added to the double sums. F32 activations are the rows as they are (kernels.h), so
- * the transposed rows serve as both operands. */
-static void fit_add_gemm(size_t F, size_t E, double *A, double *B, const float *f, const float *y, int64_t n,
-                         float *scratch) {
+/* Live pair li's buffered tokens into its double sums, through the kernel table's F32 matmul:
+ * the buffer holds the features transposed (xt: one row of FIT_CHUNK tokens per feature; a
+ * partial chunk's other columns are zeroed, so they add nothing) and the targets likewise
+ * (yt). A block of feature rows times the rows from that block on gives the block's part of
+ * the upper triangle of f^T f, and the rows times the targets' rows give f^T y. F32
+ * activations are the rows as they are (kernels.h), so the buffer serves as both operands. */
+static void fit_flush(struct moetax_predictor *p, size_t li) {
+    const size_t F = (size_t)p->n_feat, E = (size_t)p->n_expert, C = FIT_CHUNK, c = p->fit_buf_n[li];
+    if (c == 0) return;
+    float *xt = p->fit_buf + li * (F + E) * C, *yt = xt + F * C, *g = p->fit_scratch; /* g: [max(F, E)][FIT_BLOCK] */
+    for (size_t i = 0; c < C && i < F + E; i++) memset(xt + i * C + c, 0, sizeof(float) * (C - c));
+    double *A = p->xtx + li * F * F, *B = p->xty + li * F * E;
     const struct moetax_kernels *k = moetax_kernels_get();
-    const size_t bm = FIT_CHUNK; /* feature rows per block */
-    float *xt = scratch, *yt = xt + F * FIT_CHUNK, *g = yt + E * FIT_CHUNK; /* g: [max(F, E)][bm] */
-    for (int64_t t0 = 0; t0 < n; t0 += FIT_CHUNK) {
-        const size_t c = (size_t)(n - t0 < FIT_CHUNK ? n - t0 : FIT_CHUNK);
-        for (size_t t = 0; t < c; t++) {
-            const float *ft = f + (size_t)(t0 + (int64_t)t) * F, *ty = y + (size_t)(t0 + (int64_t)t) * E;
-            for (size_t i = 0; i < F; i++) xt[i * c + t] = ft[i];
-            for (size_t e = 0; e < E; e++) yt[e * c + t] = ty[e];
-        }
-        for (size_t i0 = 0; i0 < F; i0 += bm) {
-            const size_t ni = F - i0 < bm ? F - i0 : bm, nj = F - i0;
-            /* g[b * ni + r] = sum over the chunk of f[i0 + r] f[i0 + b], b < nj */
-            k->matmul(MOETAX_TYPE_F32, xt + i0 * c, sizeof(float) * c, 0, (int64_t)ni, (int64_t)c,
-                      xt + i0 * c, (int64_t)nj, g, (int64_t)ni);
-            for (size_t b = 0; b < nj; b++)
-                for (size_t r = 0; r < ni && r <= b; r++) A[(i0 + r) * F + i0 + b] += g[b * ni + r];
-            /* g[e * ni + r] = sum over the chunk of f[i0 + r] y[e] */
-            k->matmul(MOETAX_TYPE_F32, xt + i0 * c, sizeof(float) * c, 0, (int64_t)ni, (int64_t)c, yt, (int64_t)E,
-                      g, (int64_t)ni);
-            for (size_t r = 0; r < ni; r++) {
-                double *Bi = B + (i0 + r) * E;
-                for (size_t e = 0; e < E; e++) Bi[e] += g[e * ni + r];
-            }
+    for (size_t i0 = 0; i0 < F; i0 += FIT_BLOCK) {
+        const size_t ni = F - i0 < FIT_BLOCK ? F - i0 : FIT_BLOCK, nj = F - i0;
+        /* g[b * ni + r] = sum over the chunk of f[i0 + r] f[i0 + b], b < nj */
+        k->matmul(MOETAX_TYPE_F32, xt + i0 * C, sizeof(float) * C, 0, (int64_t)ni, (int64_t)C, xt + i0 * C,
+                  (int64_t)nj, g, (int64_t)ni);
+        for (size_t b = 0; b < nj; b++)
+            for (size_t r = 0; r < ni && r <= b; r++) A[(i0 + r) * F + i0 + b] += g[b * ni + r];
+        /* g[e * ni + r] = sum over the chunk of f[i0 + r] y[e] */
+        k->matmul(MOETAX_TYPE_F32, xt + i0 * C, sizeof(float) * C, 0, (int64_t)ni, (int64_t)C, yt, (int64_t)E, g,
+                  (int64_t)ni);
+        for (size_t r = 0; r < ni; r++) {
+            double *Bi = B + (i0 + r) * E;
+            for (size_t e = 0; e < E; e++) Bi[e] += g[e * ni + r];
         }
     }
+    p->fit_buf_n[li] = 0;
 }
 
 void moetax_predictor_fit_add(struct moetax_predictor *p, int layer, int a, const float *f, const float *y,
@@ -227,9 +233,15 @@ void moetax_predictor_fit_add(struct moetax_predictor *p, int layer, int a, cons
     if (!p->xtx || layer < 0 || layer >= p->n_layer || a < 1 || a > p->ahead || n <= 0) return;
     const int q = moetax_predictor_pair(p, layer, a);
     if (p->target[q] < 0) return;
-    const size_t F = (size_t)p->n_feat, E = (size_t)p->n_expert, li = live_index(p, q);
-    double *A = p->xtx + li * F * F, *B = p->xty + li * F * E;
-    fit_add_gemm(F, E, A, B, f, y, n, p->fit_scratch);
+    const size_t F = (size_t)p->n_feat, E = (size_t)p->n_expert, C = FIT_CHUNK, li = live_index(p, q);
+    float *xt = p->fit_buf + li * (F + E) * C, *yt = xt + F * C;
+    for (int64_t t = 0; t < n; t++) {
+        const size_t c = p->fit_buf_n[li];
+        const float *ft = f + (size_t)t * F, *ty = y + (size_t)t * E;
+        for (size_t i = 0; i < F; i++) xt[i * C + c] = ft[i];
+        for (size_t e = 0; e < E; e++) yt[e * C + c] = ty[e];
+        if (++p->fit_buf_n[li] == C) fit_flush(p, li);
+    }
     p->fit_n[q] += (uint64_t)n;
 }
 
@@ -300,6 +312,8 @@ moetax_status moetax_predictor_fit_solve(struct moetax_predictor *p, double lamb
     }
     moetax_status st = MOETAX_OK;
     uint64_t tokens = 0;
+    for (int q = 0; q < n_pairs_of(p); q++) /* the tokens still buffered */
+        if (p->target[q] >= 0) fit_flush(p, live_index(p, q));
     for (int q = 0; q < n_pairs_of(p) && !st; q++) {
         const int T = p->target[q];
         p->have[q] = 0;
