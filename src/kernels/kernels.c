@@ -235,11 +235,6 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb) {
 }
 
 
-
-
-
-
-
 static const struct moetax_kernels k_avx512;
 
 /* avx512: Q4_0x8r, Q8_0x8r and every k-quant's x8r (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) */
