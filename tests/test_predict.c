@@ -134,6 +134,25 @@ static void fit_sums_exact(void) {
     }
     CHECK_MSG(worst < 1e-6, "the fit's sums differ from the reference by %g (relative)", worst);
     CHECK(p->tokens == NT);
+    /* the weights solve the ridge's normal equations (no router: pulled to 0), (S + r I) w_e = y_e,
+     * with r = lambda x the mean of S's diagonal, the bias's floor 1e-9 x that mean */
+    const float *W = moetax_predictor_weights(p, 1, 1);
+    CHECK(W != NULL);
+    double mean = 0;
+    for (int i = 0; i < F; i++) mean += xx[i * F + i];
+    mean /= F;
+    double res = 0;
+    for (int e = 0; W && e < E; e++) {
+        double ny = 0, nr = 0;
+        for (int i = 0; i < F; i++) {
+            double z = (i == F - 1 ? 1e-9 * mean : (0.1 + 1e-9) * mean) * W[e * F + i];
+            for (int j = 0; j < F; j++) z += (i <= j ? xx[i * F + j] : xx[j * F + i]) * W[e * F + j];
+            nr += (z - xy[i * E + e]) * (z - xy[i * E + e]);
+            ny += xy[i * E + e] * xy[i * E + e];
+        }
+        res = sqrt(nr / ny) > res ? sqrt(nr / ny) : res;
+    }
+    CHECK_MSG(res < 1e-5, "the weights leave a residual of %g (relative) in the normal equations", res);
 done:
     free(f);
     free(y);

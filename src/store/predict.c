@@ -260,17 +260,48 @@ static double dot_d(const double *a, const double *b, size_t n) {
     return (s0 + s1) + (s2 + s3);
 }
 
-/* Cholesky A = L L^T in place (lower triangle of A, n x n, row-major); false if not positive. */
+/* c[0..4) = sums of a[k] b0..3[k], k < n: one pass over a for four rows */
+static void dot4_d(const double *a, const double *b0, const double *b1, const double *b2, const double *b3, size_t n,
+                   double c[4]) {
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t k = 0; k < n; k++) {
+        const double x = a[k];
+        s0 += x * b0[k];
+        s1 += x * b1[k];
+        s2 += x * b2[k];
+        s3 += x * b3[k];
+    }
+    c[0] = s0, c[1] = s1, c[2] = s2, c[3] = s3;
+}
+
+/* Cholesky A = L L^T in place (lower triangle of A, n x n, row-major); false if not positive.
+ * Four columns at a time: each row below them is read once for the four (the matrix is read
+ * n / 4 times instead of n, where a model's widths make it larger than the caches). */
 static bool cholesky(double *A, size_t n) {
-    for (size_t j = 0; j < n; j++) {
-        const double *rj = A + j * n;
-        double d = rj[j] - dot_d(rj, rj, j);
-        if (!(d > 0)) return false;
-        d = sqrt(d);
-        A[j * n + j] = d;
-        for (size_t i = j + 1; i < n; i++) {
-            const double *ri = A + i * n;
-            A[i * n + j] = (ri[j] - dot_d(ri, rj, j)) / d;
+    for (size_t j0 = 0; j0 < n; j0 += 4) {
+        const size_t w = n - j0 < 4 ? n - j0 : 4;
+        for (size_t j = j0; j < j0 + w; j++) { /* the panel's own rows, as the plain algorithm */
+            const double *rj = A + j * n;
+            double d = rj[j] - dot_d(rj, rj, j);
+            if (!(d > 0)) return false;
+            d = sqrt(d);
+            A[j * n + j] = d;
+            for (size_t i = j + 1; i < j0 + w; i++) {
+                const double *ri = A + i * n;
+                A[i * n + j] = (ri[j] - dot_d(ri, rj, j)) / d;
+            }
+        }
+        if (w < 4) continue; /* the last columns: no rows below them */
+        const double *r0 = A + j0 * n, *r1 = r0 + n, *r2 = r1 + n, *r3 = r2 + n;
+        for (size_t i = j0 + 4; i < n; i++) {
+            double *ri = A + i * n, c[4];
+            dot4_d(ri, r0, r1, r2, r3, j0, c); /* over the columns before the panel */
+            for (size_t q = 0; q < 4; q++) { /* then the panel's earlier columns */
+                const double *rq = A + (j0 + q) * n;
+                double sq = ri[j0 + q] - c[q];
+                for (size_t m = 0; m < q; m++) sq -= ri[j0 + m] * rq[j0 + m];
+                ri[j0 + q] = sq / rq[j0 + q];
+            }
         }
     }
     return true;
