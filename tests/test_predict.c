@@ -91,6 +91,18 @@ static struct moetax_predictor *fitted(float *G /* [L][E][D] */, float *Wstar /*
     for (int l = 0; l < L; l++) router[l] = G + l * E * D;
     CHECK_MSG(moetax_predictor_fit_solve(p, 0.1, router) == MOETAX_OK, "%s", moetax_last_error());
     CHECK_EQ_INT(p->tokens, 2000);
+    /* the pairs solved side by side (more threads than pairs) give the same weights, bit for bit */
+    const size_t nw = (size_t)L * 2 * E * (D + 1);
+    float *w1 = malloc(sizeof(float) * nw);
+    if (w1) {
+        memcpy(w1, p->w, sizeof(float) * nw);
+        p->fit_threads = 5;
+        CHECK(moetax_predictor_fit_solve(p, 0.1, router) == MOETAX_OK);
+        CHECK(memcmp(w1, p->w, sizeof(float) * nw) == 0);
+        CHECK_EQ_INT(p->tokens, 2000);
+        p->fit_threads = 0;
+        free(w1);
+    }
     return p;
 }
 

@@ -167,6 +167,8 @@ int cmd_profile(int argc, char **argv) {
         moetax_store_set_predictor(store, pred, false);
     }
     if ((st = moetax_ctx_init(m, &cp, &c))) goto done;
+    /* the fit's pairs solve side by side on the run's threads (each a copy of its equations) */
+    if (pred && fit) pred->fit_threads = moetax_ctx_n_threads(c) < 8 ? moetax_ctx_n_threads(c) : 8;
     if ((st = moetax_profile_new(base, m->hp.n_layer, moe, n_moe, m->hp.n_expert, moetax_ctx_n_expert_used(c), &prof)))
         goto done;
     const int64_t U = moetax_ctx_n_ubatch(c);

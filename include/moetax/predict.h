@@ -133,6 +133,7 @@ struct moetax_predictor {
     float *fit_buf;           /* [live pairs][n_feat + n_expert][chunk]: tokens not yet in the sums, transposed */
     uint32_t *fit_buf_n;      /* [live pairs] tokens in fit_buf */
     float *fit_scratch;       /* a block of the chunk's products */
+    int32_t fit_threads;      /* fit_solve solves up to this many pairs side by side (0 or 1: one) */
     /* scores of each kind per pair, added by whoever predicts (one thread at a time) */
     struct moetax_predict_score *score; /* [KINDS][n_layer * ahead] */
     bool use;                 /* drive the store's prefetch (else only scored) */

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -331,34 +332,39 @@ static void chol_solve(const double *L, size_t n, double *B, size_t m) {
     }
 }
 
-moetax_status moetax_predictor_fit_solve(struct moetax_predictor *p, double lambda, const float *const *router) {
-    if (!p->xtx) return moetax_error(MOETAX_ERR_ARG, "predictor: solve without fit_begin");
-    if (!(lambda >= 0) || !isfinite(lambda)) return moetax_error(MOETAX_ERR_ARG, "predictor: lambda %g: expected >= 0", lambda);
+/* One pair's solve (fit_solve, possibly on a thread of its own). */
+enum { SOLVE_PENDING, SOLVE_OK, SOLVE_SKIP, SOLVE_NOMEM, SOLVE_SINGULAR, SOLVE_NOT_FINITE };
+struct solve_job {
+    struct moetax_predictor *p;
+    double lambda;
+    const float *const *router;
+    int first, step;    /* pairs first, first + step, ... */
+    unsigned char *res; /* [pairs] SOLVE_* */
+};
+
+static void *solve_pairs(void *arg) {
+    const struct solve_job *j = arg;
+    struct moetax_predictor *p = j->p;
     const size_t F = (size_t)p->n_feat, E = (size_t)p->n_expert, d = (size_t)p->n_embd;
     double *A = malloc(sizeof(double) * F * F), *B = malloc(sizeof(double) * F * E);
-    if (!A || !B) {
-        free(A);
-        free(B);
-        return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
-    }
-    moetax_status st = MOETAX_OK;
-    uint64_t tokens = 0;
-    for (int q = 0; q < n_pairs_of(p); q++) /* the tokens still buffered */
-        if (p->target[q] >= 0) fit_flush(p, live_index(p, q));
-    for (int q = 0; q < n_pairs_of(p) && !st; q++) {
+    for (int q = j->first; q < n_pairs_of(p); q += j->step) {
         const int T = p->target[q];
-        p->have[q] = 0;
+        j->res[q] = SOLVE_SKIP;
         if (T < 0 || p->fit_n[q] < 1) continue;
+        if (!A || !B) {
+            j->res[q] = SOLVE_NOMEM;
+            continue;
+        }
         const size_t li = live_index(p, q);
         const double *S = p->xtx + li * F * F, *Y = p->xty + li * F * E;
         double m = 0;
         for (size_t i = 0; i < F; i++) m += S[i * F + i];
         m = m / (double)F;
-        const double r = lambda * m + 1e-9 * (m > 0 ? m : 1); /* a floor keeps a feature never seen solvable */
+        const double r = j->lambda * m + 1e-9 * (m > 0 ? m : 1); /* a floor keeps a feature never seen solvable */
         for (size_t i = 0; i < F; i++)
-            for (size_t j = 0; j <= i; j++) A[i * F + j] = A[j * F + i] = S[j * F + i]; /* S holds the upper triangle */
+            for (size_t k = 0; k <= i; k++) A[i * F + k] = A[k * F + i] = S[k * F + i]; /* S holds the upper triangle */
         memcpy(B, Y, sizeof(double) * F * E);
-        const float *G = router ? router[T] : NULL; /* [E][d] */
+        const float *G = j->router ? j->router[T] : NULL; /* [E][d] */
         for (size_t i = 0; i < F; i++) {
             const bool bias = i == F - 1;
             A[i * F + i] += bias ? 1e-9 * (m > 0 ? m : 1) : r;
@@ -366,9 +372,8 @@ moetax_status moetax_predictor_fit_solve(struct moetax_predictor *p, double lamb
                 for (size_t e = 0; e < E; e++) B[i * E + e] += r * (double)G[e * d + i];
         }
         if (!cholesky(A, F)) {
-            st = moetax_error(MOETAX_ERR_NUMERIC, "predictor: layer %d -> %d: the normal equations are singular "
-                              "(lambda %g; try a larger --predictor-lambda)", q / p->ahead, T, lambda);
-            break;
+            j->res[q] = SOLVE_SINGULAR;
+            continue;
         }
         chol_solve(A, F, B, E);
         float *W = p->w + (size_t)q * E * F;
@@ -378,15 +383,63 @@ moetax_status moetax_predictor_fit_solve(struct moetax_predictor *p, double lamb
                 W[e * F + i] = (float)B[i * E + e];
                 finite = finite && isfinite(W[e * F + i]);
             }
-        if (!finite) {
-            st = moetax_error(MOETAX_ERR_NUMERIC, "predictor: layer %d -> %d: the fit is not finite", q / p->ahead, T);
-            break;
-        }
-        p->have[q] = 1;
-        if (p->fit_n[q] > tokens) tokens = p->fit_n[q];
+        j->res[q] = finite ? SOLVE_OK : SOLVE_NOT_FINITE;
     }
     free(A);
     free(B);
+    return NULL;
+}
+
+moetax_status moetax_predictor_fit_solve(struct moetax_predictor *p, double lambda, const float *const *router) {
+    if (!p->xtx) return moetax_error(MOETAX_ERR_ARG, "predictor: solve without fit_begin");
+    if (!(lambda >= 0) || !isfinite(lambda)) return moetax_error(MOETAX_ERR_ARG, "predictor: lambda %g: expected >= 0", lambda);
+    const int np = n_pairs_of(p);
+    for (int q = 0; q < np; q++) /* the tokens still buffered */
+        if (p->target[q] >= 0) fit_flush(p, live_index(p, q));
+    /* the pairs are independent: up to fit_threads solve them side by side, each with its own
+     * copy of the normal equations */
+    int live = 0;
+    for (int q = 0; q < np; q++) live += p->target[q] >= 0 && p->fit_n[q] >= 1;
+    int nt = p->fit_threads > 1 ? p->fit_threads : 1;
+    if (nt > live) nt = live > 0 ? live : 1;
+    unsigned char *res = calloc((size_t)np + 1, 1);
+    struct solve_job *jobs = calloc((size_t)nt, sizeof *jobs);
+    pthread_t *th = calloc((size_t)nt, sizeof *th);
+    if (!res || !jobs || !th) {
+        free(res);
+        free(jobs);
+        free(th);
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    }
+    unsigned char *running = calloc((size_t)nt, 1);
+    for (int t = 0; t < nt; t++) {
+        jobs[t] = (struct solve_job){.p = p, .lambda = lambda, .router = router, .first = t, .step = nt, .res = res};
+        /* without a thread of its own (or for t = 0) the calling thread takes a job's pairs */
+        if (t > 0 && running && pthread_create(&th[t], NULL, solve_pairs, &jobs[t]) == 0) running[t] = 1;
+    }
+    for (int t = 0; t < nt; t++)
+        if (!running || !running[t]) solve_pairs(&jobs[t]);
+    for (int t = 1; running && t < nt; t++)
+        if (running[t]) pthread_join(th[t], NULL);
+    free(running);
+    /* the first failing pair, in order, names the error */
+    moetax_status st = MOETAX_OK;
+    uint64_t tokens = 0;
+    for (int q = 0; q < np; q++) {
+        MOETAX_ASSERT(res[q] != SOLVE_PENDING); /* every pair went to exactly one job */
+        p->have[q] = res[q] == SOLVE_OK;
+        if (res[q] == SOLVE_OK && p->fit_n[q] > tokens) tokens = p->fit_n[q];
+        if (st || res[q] == SOLVE_OK || res[q] == SOLVE_SKIP) continue;
+        if (res[q] == SOLVE_NOMEM) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+        else if (res[q] == SOLVE_SINGULAR)
+            st = moetax_error(MOETAX_ERR_NUMERIC, "predictor: layer %d -> %d: the normal equations are singular "
+                              "(lambda %g; try a larger --predictor-lambda)", q / p->ahead, p->target[q], lambda);
+        else st = moetax_error(MOETAX_ERR_NUMERIC, "predictor: layer %d -> %d: the fit is not finite", q / p->ahead,
+                               p->target[q]);
+    }
+    free(res);
+    free(jobs);
+    free(th);
     p->weights_gen++;
     if (!st) {
         p->lambda = (float)lambda;
