@@ -187,6 +187,22 @@ static inline float key_float(uint32_t k) {
     return f;
 }
 
+#if defined(__SSE2__)
+/* 4 keys (or one, broadcast) with the sign bit flipped: SSE2 compares int32 with sign, and this
+ * keeps the keys' unsigned order */
+static inline __m128i keys4(const uint32_t *p) {
+    return _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)p), _mm_set1_epi32((int)0x80000000u));
+}
+static inline __m128i key1(uint32_t k) { return _mm_set1_epi32((int)(k ^ 0x80000000u)); }
+
+/* the sum of the 4 lanes (counts) */
+static inline uint32_t hsum4(__m128i acc) {
+    acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0x4e));
+    acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0xb1));
+    return (uint32_t)_mm_cvtsi128_si32(acc);
+}
+#endif
+
 /* The k-th largest of keys[0..m) (1 <= k <= m), by bisection over the key space: 32 counting
  * passes that branch the same way whatever the data, where a heap or a quickselect would
  * mispredict about every other comparison of a model's ever-changing logits. */
@@ -196,15 +212,10 @@ static uint32_t kth_key(const uint32_t *keys, size_t m, size_t k) {
         const uint32_t t = lo | (uint32_t)1 << bit;
         size_t below = 0, i = 0; /* keys < t */
 #if defined(__SSE2__)
-        const __m128i bias = _mm_set1_epi32((int)0x80000000u), vt = _mm_xor_si128(_mm_set1_epi32((int)t), bias);
+        const __m128i vt = key1(t);
         __m128i acc = _mm_setzero_si128();
-        for (; i + 4 <= m; i += 4) { /* signed compares of the keys with the sign bit flipped */
-            const __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)(keys + i)), bias);
-            acc = _mm_sub_epi32(acc, _mm_cmpgt_epi32(vt, v));
-        }
-        acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0x4e));
-        acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0xb1));
-        below = (size_t)(uint32_t)_mm_cvtsi128_si32(acc);
+        for (; i + 4 <= m; i += 4) acc = _mm_sub_epi32(acc, _mm_cmpgt_epi32(vt, keys4(keys + i)));
+        below = hsum4(acc);
 #endif
         for (; i < m; i++) below += keys[i] < t;
         if (m - below >= k) lo = t;
@@ -292,19 +303,16 @@ static bool select_top_bound(const float *x, size_t n, struct tok *dst, size_t k
     for (size_t a = 0; a < k; a++) {
         size_t r = 0, b = 0;
 #if defined(__SSE2__)
-        const __m128i bias = _mm_set1_epi32((int)0x80000000u), va = _mm_xor_si128(_mm_set1_epi32((int)keys[a]), bias);
-        const __m128i ia = _mm_set1_epi32((int)a), step = _mm_set1_epi32(4);
+        const __m128i va = key1(keys[a]), ia = _mm_set1_epi32((int)a), step = _mm_set1_epi32(4);
         __m128i ib = _mm_setr_epi32(0, 1, 2, 3), acc = _mm_setzero_si128();
         for (; b + 4 <= k; b += 4) {
-            const __m128i vb = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(const void *)(keys + b)), bias);
+            const __m128i vb = keys4(keys + b);
             const __m128i better = _mm_or_si128(_mm_cmpgt_epi32(vb, va),
                                                 _mm_and_si128(_mm_cmpeq_epi32(vb, va), _mm_cmpgt_epi32(ia, ib)));
             acc = _mm_sub_epi32(acc, better);
             ib = _mm_add_epi32(ib, step);
         }
-        acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0x4e));
-        acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, 0xb1));
-        r = (size_t)(uint32_t)_mm_cvtsi128_si32(acc);
+        r = hsum4(acc);
 #endif
         for (; b < k; b++) r += keys[b] > keys[a] || (keys[b] == keys[a] && b < a);
         cand[r] = (int32_t)a;
