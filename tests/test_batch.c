@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moetax/gguf.h"
 #include "moetax/kvcache.h"
 #include "moetax/ledger.h"
 #include "moetax/model.h"
@@ -494,6 +495,44 @@ static void adapt_threads_same(const char *path) {
     moetax_model_free(m);
 }
 
+
+/* A logit that is not finite (an infinite weight in row `which` of the output matrix, < 0: from
+ * the end) fails the batch with MOETAX_ERR_NUMERIC naming the first bad logit in order: token
+ * 0's logit of that row. The workers check their own blocks of the logits (forward.c), so a row
+ * in the last block (the last worker's) must be seen as well as one in the first. */
+static void nonfinite_logits(const char *src, int64_t which) {
+    char path[512];
+    snprintf(path, sizeof path, "%s", tu_path("batch_inf_logit.gguf"));
+    struct moetax_gguf *g = NULL;
+    if (moetax_gguf_open(src, &g) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    const struct moetax_gguf_tensor *t = moetax_gguf_find_tensor(g, "output.weight");
+    CHECK(t && t->type == MOETAX_TYPE_F32);
+    const int64_t V = t ? (int64_t)t->ne[1] : 0, d = t ? (int64_t)t->ne[0] : 0, row = which < 0 ? V + which : which;
+    const uint64_t off = t ? g->data_offset + t->offset + (uint64_t)(row * d) * sizeof(float) : 0;
+    moetax_gguf_close(g);
+    if (!t) return;
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cp %s %s", src, path);
+    CHECK_EQ_INT(tu_run(cmd, NULL), 0);
+    FILE *f = fopen(path, "r+b");
+    const float inf[2] = {INFINITY, INFINITY};
+    CHECK(f && fseek(f, (long)off, SEEK_SET) == 0 && fwrite(inf, sizeof inf, 1, f) == 1);
+    if (f) fclose(f);
+    struct moetax_model *m = NULL;
+    if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    struct moetax_ctx *c = ctx(m, 128, 64, 2);
+    struct moetax_batch b = {0};
+    CHECK(moetax_batch_init(&b, 8) == MOETAX_OK);
+    for (int s = 0; s < 3; s++) CHECK(moetax_batch_add(&b, 5 + s, 0, s, true) == MOETAX_OK);
+    CHECK_EQ_INT(moetax_ctx_decode(c, &b), MOETAX_ERR_NUMERIC);
+    char want[96];
+    snprintf(want, sizeof want, "logits of token 0 (sequence 0, position 0) are not finite: logit %lld ", (long long)row);
+    CHECK_MSG(strstr(moetax_last_error(), want) != NULL, "%s", moetax_last_error());
+    moetax_batch_free(&b);
+    moetax_ctx_free(c);
+    moetax_model_free(m);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     kvcache_ops();
@@ -515,6 +554,8 @@ int main(int argc, char **argv) {
     capacity(q8);
     f16_cells(q8);
     adapt_threads_same(q8);
+    nonfinite_logits(f32, -1); /* the last block */
+    nonfinite_logits(f32, 3);  /* the first */
     g_kv_type = MOETAX_TYPE_F16; /* F16 cells: a sequence in a batch still gets its bits alone */
     batch_vs_alone(q8, 0, 64);
     prefix_and_full(q8, 0);

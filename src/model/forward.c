@@ -21,9 +21,13 @@
  * Plus 1 for the embedding and 1-2 for the head per step.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "attn/gqa.h"
 #include "attn/mla.h"
@@ -82,6 +86,7 @@ struct moetax_ctx {
     int32_t *out_tok;      /* [U] */
     int64_t n_out;
     float *logits;         /* NULL: no logits this micro-batch */
+    _Atomic int logits_bad; /* a worker found a logit that is not finite (decode_local names it) */
 
     /* moetax_ctx_decode's outputs: logits of the batch entries that asked, in order */
     float *out_buf;
@@ -180,6 +185,28 @@ static void check_rows(struct worker *w, int il) {
             }
 }
 
+/* Whether the n floats at x are all finite: an exponent field of all ones is inf or NaN.
+ * Branch-free over the row (it runs on every logit of every step). */
+static bool all_finite(const float *x, int64_t n) {
+    int64_t i = 0;
+    uint32_t bad = 0;
+#if defined(__SSE2__)
+    const __m128i ex = _mm_set1_epi32(0x7f800000);
+    __m128i acc = _mm_setzero_si128();
+    for (; i + 4 <= n; i += 4) {
+        const __m128i v = _mm_and_si128(_mm_loadu_si128((const __m128i *)(x + i)), ex);
+        acc = _mm_or_si128(acc, _mm_cmpeq_epi32(v, ex));
+    }
+    bad = (uint32_t)_mm_movemask_epi8(acc);
+#endif
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return bad == 0;
+}
+
 static void step_worker(void *arg, int ith, int nth) {
     struct moetax_ctx *c = arg;
     struct fw_step *s = &c->step;
@@ -235,8 +262,14 @@ static void step_worker(void *arg, int ith, int nth) {
         fw_phase_begin(&w, MOETAX_PHASE_HEAD, -1);
         ah = fw_own_rows(&w, s->x + (int64_t)c->out_tok[0] * d, d, c->n_out, m->output_norm);
     }
-    while (fw_rows(&w, hp->n_vocab, 256, &r0, &r1))
+    bool finite = true;
+    while (fw_rows(&w, hp->n_vocab, 256, &r0, &r1)) {
         fw_matmul(s, &m->output, 0, r0, r1, ah, 0, c->n_out, c->logits, hp->n_vocab);
+        /* this worker's block of every row, while it is in cache (decode_local names the first
+         * bad logit only when some worker found one) */
+        for (int64_t o = 0; o < c->n_out && finite; o++) finite = all_finite(c->logits + o * hp->n_vocab + r0, r1 - r0);
+    }
+    if (!finite) atomic_store_explicit(&c->logits_bad, 1, memory_order_relaxed);
     fw_phase_end(&w);
 }
 
@@ -652,6 +685,7 @@ static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t
         moetax_ledger_step_begin(s->ledger, nb, nb ? s->pos[0] : 0, !dec);
         moetax_ledger_step_batch(s->ledger, n_sequences(s->seq, nb));
         atomic_store(&s->err_status, 0);
+        atomic_store_explicit(&c->logits_bad, 0, memory_order_relaxed);
         if (c->adapt.on) {
             const int na = adapt_pick(c, nb);
             const uint64_t t0 = moetax_pool_now_ns();
@@ -668,7 +702,9 @@ static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t
         }
         if (nb) moetax_kvcache_commit(c->kv, s->seq, s->pos, nb);
         c->sel_n = nb;
-        if (c->logits) { /* a broken model (NaN/inf weights or activations) is an error, not a result */
+        /* a broken model (NaN/inf weights or activations) is an error, not a result: the first
+         * bad logit, in order */
+        if (c->logits && atomic_load_explicit(&c->logits_bad, memory_order_relaxed)) {
             for (int64_t o = 0; o < c->n_out; o++) {
                 const float *lr = c->logits + o * hp->n_vocab;
                 for (int64_t v = 0; v < hp->n_vocab; v++)
