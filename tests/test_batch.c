@@ -608,5 +608,12 @@ int main(int argc, char **argv) {
         batch_vs_alone(mw4, 0, 64);
         random_schedules(mw, 0, 5);
     }
+    /* 32 experts, 4 per token: a small batch's experts are whole-expert items that run their
+     * down projection too (moe.c, fused; at least 4 active experts per worker): the same bits */
+    char many[512];
+    snprintf(many, sizeof many, "%s", tu_path("batch_many_experts_q8_0.gguf"));
+    CHECK_EQ_INT(gen("--preset tiny-v3 --type q8_0 --experts 32 --experts-used 4", many), 0);
+    batch_vs_alone(many, 0, 64);
+    random_schedules(many, 0, 6);
     return tu_finish("test_batch");
 }

@@ -17,7 +17,9 @@
  *      residual rows of the expert's tokens, then the shared expert's. Blocks
  *      are disjoint, so the combine needs no atomics and no extra pass, and the
  *      summation order (experts ascending, then shared) is fixed.
- * So 6 barriers per MoE layer for a batch (plus the ffn norm's phase before it).
+ * So 6 barriers per MoE layer for a batch (plus the ffn norm's phase before it); a small
+ * batch routes on every worker (phases 2 and 3 go) and, when its gate/up items are whole
+ * experts, runs phase 5 in them (moe_block): 3 barriers.
  * One token (decode) needs 3: each worker normalises and prepares the token's row
  * at the start of phase 1 (fw_own_row), routes it and plans into its own copy at
  * the start of phase 4 (phase 2 goes), and prepares the expert hidden rows and the
@@ -1241,7 +1243,8 @@ static int64_t down_pieces(const struct plan *pl, int nth, int64_t d, int32_t *e
     return total;
 }
 
-/* Phases 5 and 6 of a batch (n > 1, one process), after gate/up's barrier:
+/* Phases 5 and 6 of a batch (n > 1, one process), after gate/up's barrier (a small batch of
+ * whole-expert items runs phase 5 in phase 4's items instead, moe_block):
  *   5. one work item per active expert: it prepares the expert's hidden rows (its slots of
  *      b->a_eh, disjoint from every other expert's) and runs the expert's whole down
  *      projection into its rows of ydown; (own_route) the shared hidden is prepared too.
@@ -1254,8 +1257,7 @@ static int64_t down_pieces(const struct plan *pl, int nth, int64_t d, int32_t *e
  * streams that the prefetchers barely start on before they end (whole matrices stream about
  * twice as fast). The results are the same bits: every output element is computed
  * by one matmul call whatever its row range (kernels.h), and the combine's order is unchanged. */
-static void moe_down_batch(struct worker *w, struct moe *b, int il, const struct plan *pl, bool own_route,
-                           const struct act *anorm) {
+static void moe_down_batch(struct worker *w, struct moe *b, int il, const struct plan *pl, bool own_route) {
     struct fw_step *s = w->s;
     const struct moetax_hparams *hp = &s->m->hp;
     const struct moetax_layer *l = &s->m->layers[il];
@@ -1292,7 +1294,15 @@ static void moe_down_batch(struct worker *w, struct moe *b, int il, const struct
         fw_matmul_at(s, &l->down_exps, wd, r0, r1, &v, o0, c, yd + (int64_t)o0 * d, d);
     }
     fw_phase_end(w);
+}
 
+/* Phase 6 of a batch (see moe_down_batch). */
+static void moe_combine_batch(struct worker *w, struct moe *b, int il, const struct plan *pl, const struct act *anorm) {
+    struct fw_step *s = w->s;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t d = s->m->hp.n_embd;
+    const int64_t Fs = l->gate_sh.data ? l->gate_sh.ne[1] : 0;
+    const float *yd = b->ydown; /* [n*k, d] */
     fw_phase_begin(w, MOETAX_PHASE_COMBINE, il);
     const int64_t bd = 64, nbd = (d + bd - 1) / bd;
     const float *xg = l->gate_inp_shexp ? anorm->x : NULL;
@@ -1442,6 +1452,16 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     const int64_t nbf = (F + bf - 1) / bf;
     /* a batch whose down projections go in pieces prepares each expert's hidden rows here */
     const bool split_down = n > 1 && !b->dist && down_pieces(pl, w->nth, d, wk->plan.fill) > pl->n_mine;
+    /* A small batch whose experts' items are whole experts (one block of F rows each, as many
+     * items as 4 per worker): each item goes on to prepare its hidden rows and run the expert's
+     * down projection (phase 5 of moe_down_batch), so phase 5 and its barrier go; the shared
+     * hidden is prepared here first (phase 1's barrier made it whole). The same calls on the
+     * same rows as phase 5's, so the same bits. */
+    const bool fused = own_route && !split_down && nbf == 1 && pl->n_mine >= 4 * w->nth;
+    if (fused && Fs) {
+        shared_hidden_prep(w, b, Fs);
+        fw_mark(w, MOETAX_PHASE_EXPERT);
+    }
     /* this rank's active experts (all without a world) */
     for (int64_t it; (it = fw_chunk(w, (int64_t)pl->n_mine * nbf, 1)) >= 0;) {
         const int64_t mi = it / nbf;
@@ -1462,6 +1482,15 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         }
         fw_matmul2_at(s, &l->gate_exps, wg, &l->up_exps, wu, f0, f1, ai, b0, cnt, g, u, F);
         for (int64_t i = 0; i < cnt; i++) K->silu_mul(u + i * F + f0, g + i * F + f0, u + i * F + f0, f1 - f0);
+        if (fused) { /* phase 5's item for this expert */
+            const int32_t o0 = pl->m_off[mi];
+            fw_mark(w, MOETAX_PHASE_DISPATCH);
+            struct act v = fw_act_view(&b->a_eh, b->eh, F, pl->n_slots);
+            fw_act_prep(s, &v, o0, o0 + cnt);
+            fw_mark(w, MOETAX_PHASE_EXPERT);
+            fw_matmul_at(s, &l->down_exps, wd, 0, d, &v, o0, cnt, b->ydown + (int64_t)o0 * d, d);
+            continue;
+        }
         if (split_down && atomic_fetch_add_explicit(&b->gu_done[mi], 1, memory_order_acq_rel) == nbf - 1) {
             /* the expert's last block: its hidden rows are whole, prepare them for the down pieces */
             fw_mark(w, MOETAX_PHASE_DISPATCH);
@@ -1473,7 +1502,8 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     fw_phase_end(w);
 
     if (n > 1 && !b->dist) {
-        moe_down_batch(w, b, il, pl, own_route, anorm);
+        if (!fused) moe_down_batch(w, b, il, pl, own_route);
+        moe_combine_batch(w, b, il, pl, anorm);
         return;
     }
 
