@@ -1344,6 +1344,16 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         fw_mark(w, MOETAX_PHASE_ROUTE);
     } else fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
     const struct act *anorm = ain; /* the normalised rows (this worker's own or the shared ones) */
+    const int64_t slots = (int64_t)il * s->n_ubatch * k; /* this layer's rows of b->sel / selw */
+    /* A small batch (without the capacity factor's shared counts, without a world): like one
+     * token, every worker plans into its own copy, and each gate/up item gathers its expert's
+     * rows itself, so phases 2 and 3 and their barriers go; the shared hidden is prepared in
+     * phase 4 or 5. With at most 64 experts the worker whose item computes the router logits
+     * routes the tokens there and then (into the layer's rows of sel / selw), while the others
+     * take the shared experts' blocks; otherwise every worker routes them after the barrier. */
+    const bool own_route = n > 1 && n <= FW_OWN_ROWS && anorm != &s->a_in && !b->dist &&
+                           !(b->capacity_factor > 0 && isfinite(b->capacity_factor));
+    const bool route_early = own_route && E <= 64;
     /* blocks of 64 rows from each matrix's first row (kernels.h, ROW RANGES): the
      * shared expert's rows are numbered from E rounded up to 64 */
     const int64_t E64 = (E + 63) / 64 * 64;
@@ -1351,6 +1361,10 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         if (r0 < E) {
             fw_mark(w, MOETAX_PHASE_ROUTE);
             fw_matmul(s, &l->gate_inp, 0, r0, r1 < E ? r1 : E, ain, 0, n, b->router, E);
+            if (route_early) {
+                route_tokens(s, b, wk, il, b->sel + slots, b->selw + slots);
+                b->hist_n[il] = n;
+            }
         } else if (r0 >= E64) {
             fw_mark(w, MOETAX_PHASE_SHARED);
             int64_t ra = r0 - E64, rb = r1 - E64;
@@ -1367,24 +1381,23 @@ void moe_block(struct worker *w, struct moe *b, int il) {
      * and plans into its own copy (the same bits everywhere) and goes on to phase 4 without a
      * barrier; the shared hidden is prepared by each worker in phase 6 (fw_own_row). Worker 0
      * also records the routing, predicts the next layer and issues the store's reads. */
-    const int64_t slots = (int64_t)il * s->n_ubatch * k; /* this layer's rows of b->sel / selw */
-    /* A small batch (without the capacity factor's shared counts, without a world): like one
-     * token, every worker routes and plans into its own copy, and each gate/up item gathers
-     * its expert's rows itself, so phases 2 and 3 and their barriers go; the shared hidden
-     * is prepared in phase 5 */
-    const bool own_route = n > 1 && n <= FW_OWN_ROWS && anorm != &s->a_in && !b->dist &&
-                           !(b->capacity_factor > 0 && isfinite(b->capacity_factor));
     if (own_route) {
+        const int32_t *sel = b->sel + slots;
+        const float *selw = b->selw + slots;
         fw_phase_begin(w, MOETAX_PHASE_ROUTE, il);
-        route_tokens(s, b, wk, il, wk->sel, wk->selw);
-        if (w->ith == 0) {
-            memcpy(b->sel + slots, wk->sel, sizeof(int32_t) * (size_t)(n * k));
-            memcpy(b->selw + slots, wk->selw, sizeof(float) * (size_t)(n * k));
-            b->hist_n[il] = n;
+        if (!route_early) {
+            route_tokens(s, b, wk, il, wk->sel, wk->selw);
+            if (w->ith == 0) {
+                memcpy(b->sel + slots, wk->sel, sizeof(int32_t) * (size_t)(n * k));
+                memcpy(b->selw + slots, wk->selw, sizeof(float) * (size_t)(n * k));
+                b->hist_n[il] = n;
+            }
+            sel = wk->sel;
+            selw = wk->selw;
         }
         pl = &wk->plan;
         fw_mark(w, MOETAX_PHASE_DISPATCH);
-        plan(s, b, il, wk->sel, wk->selw, n, pl);
+        plan(s, b, il, sel, selw, n, pl);
         if (w->ith == 0) {
             record_and_predict(s, b, il);
             record_plan(s, il, pl, 0, 0);
