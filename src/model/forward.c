@@ -680,6 +680,8 @@ static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t
         c->logits = out && c->n_out ? out + row * hp->n_vocab : NULL;
         moetax_pool_chunk_reset(c->pool, 0, 0);
         moetax_pool_chunk_reset(c->pool, 1, 0);
+        fw_rows_reset(s, 0);
+        fw_rows_reset(s, 1);
         const bool dec = one_per_sequence(s->seq, nb);
         s->one_per_seq = dec;
         moetax_ledger_step_begin(s->ledger, nb, nb ? s->pos[0] : 0, !dec);

@@ -19,9 +19,18 @@ static void test_delay(const struct fw_step *s, enum moetax_phase ph) {
     }
 }
 
+void fw_rows_reset(struct fw_step *s, int counter) {
+    for (int i = 0; i < s->n_threads; i++)
+        atomic_store_explicit(&s->rowctr[(size_t)counter * (size_t)s->n_threads + (size_t)i].v, 0, memory_order_relaxed);
+}
+
 void fw_phase_begin(struct worker *w, enum moetax_phase ph, int layer) {
     w->phase++;
-    if (w->ith == 0) moetax_pool_chunk_reset(w->s->pool, (w->phase + 1) % MOETAX_POOL_N_CHUNK_COUNTERS, 0);
+    if (w->ith == 0) {
+        const int next = (w->phase + 1) % MOETAX_POOL_N_CHUNK_COUNTERS;
+        moetax_pool_chunk_reset(w->s->pool, next, 0);
+        fw_rows_reset(w->s, next);
+    }
     w->lph = ph;
     w->layer = layer;
     if (w->ledger) w->t0 = moetax_ledger_now();
@@ -57,7 +66,16 @@ int64_t fw_chunk(struct worker *w, int64_t n, int64_t step) {
 }
 
 bool fw_rows(struct worker *w, int64_t n, int64_t block, int64_t *r0, int64_t *r1) {
-    int64_t b = fw_chunk(w, (n + block - 1) / block, 1);
+    const int64_t nb = (n + block - 1) / block;
+    struct fw_rowctr *c = w->s->rowctr + (size_t)(w->phase % MOETAX_POOL_N_CHUNK_COUNTERS) * (size_t)w->s->n_threads;
+    int64_t b = -1;
+    for (int j = 0; j < w->nth && b < 0; j++) { /* its own share first, then the others' in turn */
+        const int i = (w->ith + j) % w->nth;
+        const int64_t lo = nb * i / w->nth, len = nb * (i + 1) / w->nth - lo;
+        if (len <= 0 || atomic_load_explicit(&c[i].v, memory_order_relaxed) >= len) continue;
+        const int64_t k = atomic_fetch_add_explicit(&c[i].v, 1, memory_order_relaxed);
+        if (k < len) b = lo + k;
+    }
     if (b < 0) return false;
     *r0 = b * block;
     *r1 = *r0 + block < n ? *r0 + block : n;
@@ -357,7 +375,9 @@ moetax_status fw_step_init(struct fw_step *s, const struct moetax_model *m, stru
     s->x = calloc((size_t)(U * d), sizeof(float));
     s->xn = calloc((size_t)(U * xnc), sizeof(float));
     s->own = calloc((size_t)s->n_threads, sizeof *s->own);
-    if (!s->x || !s->xn || !s->own) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    s->rowctr = aligned_alloc(64, sizeof *s->rowctr * (size_t)MOETAX_POOL_N_CHUNK_COUNTERS * (size_t)s->n_threads);
+    if (!s->x || !s->xn || !s->own || !s->rowctr) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    for (int c = 0; c < MOETAX_POOL_N_CHUNK_COUNTERS; c++) fw_rows_reset(s, c);
     moetax_status st = fw_act_alloc(m, &s->a_in, incols, U, false);
     for (int i = 0; !st && i < s->n_threads; i++) {
         st = fw_act_alloc(m, &s->own[i].in, max_cols, FW_OWN_ROWS, false);
@@ -377,4 +397,5 @@ void fw_step_free(struct fw_step *s) {
             free(s->own[i].x);
         }
     free(s->own);
+    free(s->rowctr);
 }

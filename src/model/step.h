@@ -80,6 +80,10 @@ struct fw_step {
     struct act a_in;       /* slot for inputs of width d / q_lora / H*v (U rows) */
     struct fw_own *own;    /* [n_threads] */
 
+    /* fw_rows' block counters: per chunk counter of the pool (a phase's, see fw_phase_begin),
+     * one per worker [MOETAX_POOL_N_CHUNK_COUNTERS * n_threads], each on its own cache line */
+    struct fw_rowctr { _Atomic int64_t v; char pad[64 - sizeof(int64_t)]; } *rowctr;
+
     struct moetax_ledger *ledger;   /* optional, not owned */
     enum moetax_phase delay_phase;  /* test hook (moetax_ctx_test_delay) */
     uint64_t delay_ns;
@@ -116,8 +120,15 @@ void fw_phase_end(struct worker *w);
 int64_t fw_chunk(struct worker *w, int64_t n, int64_t step);
 /* Dynamic split of n rows into blocks of `block`: the next block [*r0, *r1) of
  * the current phase for this worker, false when all are taken. Balances
- * workers that run at different speeds (a shared machine, a late wake-up). */
+ * workers that run at different speeds (a shared machine, a late wake-up). Each
+ * worker takes the blocks of its own contiguous share in order, then the next
+ * ones left in the others' shares: a worker's reads of a matrix stay one stream
+ * (blocks dealt out in turn made every worker skip every other block, which the
+ * hardware prefetchers do not follow). At most one fw_rows loop per phase. */
 bool fw_rows(struct worker *w, int64_t n, int64_t block, int64_t *r0, int64_t *r1);
+/* Reset the counters of fw_rows for a step's first phases (as the pool's chunk counters 0
+ * and 1 are reset before each run). */
+void fw_rows_reset(struct fw_step *s, int counter);
 /* Static split [*r0, *r1) of n items for this worker, aligned to `align`. */
 void fw_split(const struct worker *w, int64_t n, int64_t align, int64_t *r0, int64_t *r1);
 
