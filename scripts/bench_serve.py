@@ -63,6 +63,18 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def ratio(a, b):
+    """a / b, NaN where b is not positive (a figure that could not be measured, e.g. a stream whose
+    chunks were all read at once on a loaded machine: its TPOT reads 0)."""
+    return a / b if b > 0 else float("nan")
+
+
+def nanmedian(xs):
+    """The median of the figures that were measured (NaN where none was)."""
+    v = [x for x in xs if x == x]
+    return statistics.median(v) if v else float("nan")
+
+
 def pct(xs, q):
     if not xs:
         return float("nan")
@@ -395,8 +407,11 @@ def main():
             r["server_cost"] = r["one_tpot_ms"] / r["engine_tpot_mean_ms"] - 1
             r["scale"] = r["many_tps"] / r["one_tps"]
             r["engine_scale"] = r["engine_tps_many"] / r["engine_tps_1"]
-            r["tpot_ratio"] = r["many_tpot_max_ms"] / r["one_tpot_ms"]
-            r["gap_p99_ratio"] = r["many_gap_p99_ms"] / r["one_gap_p99_ms"]
+            r["tpot_ratio"] = ratio(r["many_tpot_max_ms"], r["one_tpot_ms"])
+            r["gap_p99_ratio"] = ratio(r["many_gap_p99_ms"], r["one_gap_p99_ms"])
+            if not r["one_tpot_ms"] > 0 or not r["one_gap_p99_ms"] > 0:
+                print("bench_serve: warning: the one-client streams' chunks arrived together (a loaded machine): "
+                      "the TPOT and gap ratios of this round are not measured (NaN)", file=sys.stderr)
             r["long_raise_ms"] = r["long_during_p99_ms"] - r["long_before_p99_ms"]
             rounds.append(r)
             print(f"round {rd + 1}: server's own time {100 * r['own_share']:.1f}% of the engine's TPOT (HTTP CPU "
@@ -412,7 +427,7 @@ def main():
         srv.stop()
         if srv0 is not None:
             srv0.stop()
-    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    med = {k: nanmedian(r[k] for r in rounds) for k in rounds[0]}
     print(f"medians of {len(rounds)} rounds: server's own time {100 * med['own_share']:.1f}% of a step (HTTP CPU "
           f"{med['own_http_us']:.1f} + scheduler {med['own_sched_us']:.1f} us per token; target <= 5%), "
           f"server_cost {100 * med['server_cost']:+.1f}% (the clients' CPU time included where they share the "
