@@ -65,8 +65,7 @@ int64_t fw_chunk(struct worker *w, int64_t n, int64_t step) {
     return i < n ? i : -1;
 }
 
-bool fw_rows(struct worker *w, int64_t n, int64_t block, int64_t *r0, int64_t *r1) {
-    const int64_t nb = (n + block - 1) / block;
+int64_t fw_chunk_own(struct worker *w, int64_t nb) {
     struct fw_rowctr *c = w->s->rowctr + (size_t)(w->phase % MOETAX_POOL_N_CHUNK_COUNTERS) * (size_t)w->s->n_threads;
     int64_t b = -1;
     for (int j = 0; j < w->nth && b < 0; j++) { /* its own share first, then the others' in turn */
@@ -76,6 +75,11 @@ bool fw_rows(struct worker *w, int64_t n, int64_t block, int64_t *r0, int64_t *r
         const int64_t k = atomic_fetch_add_explicit(&c[i].v, 1, memory_order_relaxed);
         if (k < len) b = lo + k;
     }
+    return b;
+}
+
+bool fw_rows(struct worker *w, int64_t n, int64_t block, int64_t *r0, int64_t *r1) {
+    const int64_t b = fw_chunk_own(w, (n + block - 1) / block);
     if (b < 0) return false;
     *r0 = b * block;
     *r1 = *r0 + block < n ? *r0 + block : n;

@@ -124,8 +124,12 @@ int64_t fw_chunk(struct worker *w, int64_t n, int64_t step);
  * worker takes the blocks of its own contiguous share in order, then the next
  * ones left in the others' shares: a worker's reads of a matrix stay one stream
  * (blocks dealt out in turn made every worker skip every other block, which the
- * hardware prefetchers do not follow). At most one fw_rows loop per phase. */
+ * hardware prefetchers do not follow). At most one fw_rows or fw_chunk_own loop
+ * per phase. */
 bool fw_rows(struct worker *w, int64_t n, int64_t block, int64_t *r0, int64_t *r1);
+/* The same for n items in order (e.g. row blocks, or an expert's blocks one after the other):
+ * the next item for this worker, or -1 when all are taken. */
+int64_t fw_chunk_own(struct worker *w, int64_t n);
 /* Reset the counters of fw_rows for a step's first phases (as the pool's chunk counters 0
  * and 1 are reset before each run). */
 void fw_rows_reset(struct fw_step *s, int counter);

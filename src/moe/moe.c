@@ -1306,7 +1306,7 @@ static void moe_combine_batch(struct worker *w, struct moe *b, int il, const str
     fw_phase_begin(w, MOETAX_PHASE_COMBINE, il);
     const int64_t bd = 64, nbd = (d + bd - 1) / bd;
     const float *xg = l->gate_inp_shexp ? anorm->x : NULL;
-    for (int64_t it; (it = fw_chunk(w, nbd, 1)) >= 0;) {
+    for (int64_t it; (it = fw_chunk_own(w, nbd)) >= 0;) {
         const int64_t d0 = it * bd, d1 = d0 + bd < d ? d0 + bd : d;
         fw_mark(w, MOETAX_PHASE_COMBINE);
         /* slots are grouped by expert in ascending order: a fixed summation order */
@@ -1475,8 +1475,9 @@ void moe_block(struct worker *w, struct moe *b, int il) {
         shared_hidden_prep(w, b, Fs);
         fw_mark(w, MOETAX_PHASE_EXPERT);
     }
-    /* this rank's active experts (all without a world) */
-    for (int64_t it; (it = fw_chunk(w, (int64_t)pl->n_mine * nbf, 1)) >= 0;) {
+    /* this rank's active experts (all without a world), each worker's share in order: an expert's
+     * blocks one after the other */
+    for (int64_t it; (it = fw_chunk_own(w, (int64_t)pl->n_mine * nbf)) >= 0;) {
         const int64_t mi = it / nbf;
         int32_t e = pl->mine[mi];
         int64_t f0 = (it % nbf) * bf, f1 = f0 + bf < F ? f0 + bf : F;
@@ -1544,7 +1545,7 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     int32_t mine[512];
     int nmine = 0;
     float *yd = b->ydown; /* [n*k, d] */
-    for (int64_t it; (it = fw_chunk(w, nbd, 1)) >= 0;) {
+    for (int64_t it; (it = fw_chunk_own(w, nbd)) >= 0;) {
         int64_t d0 = it * bd, d1 = d0 + bd < d ? d0 + bd : d;
         for (int32_t ai = 0; ai < pl->n_mine; ai++) {
             int32_t e = pl->mine[ai];
