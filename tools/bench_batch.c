@@ -34,7 +34,7 @@ static int32_t tok_at(const struct bench_batch_opts *o, int64_t V, int64_t r, in
 /* shared: one ledger for every B (--ledger / --trace), else each B its own. */
 static moetax_status one_batch(const struct moetax_model *m, const char *base, struct moetax_pool *pool,
                                struct moetax_membw_probe *probe, double read_gbps, const struct bench_batch_opts *o,
-                               int B, struct moetax_ledger *shared) {
+                               int B, struct moetax_ledger *shared, bool *paired_bad) {
     const int64_t V = m->hp.n_vocab, np = o->n_prompt, ng = o->n_gen;
     const int threads = moetax_pool_n_threads(pool);
     const int k = o->experts_used ? o->experts_used : m->hp.n_expert_used;
@@ -80,7 +80,7 @@ static moetax_status one_batch(const struct moetax_model *m, const char *base, s
                 st = moetax_batch_add(&b, tok_at(o, V, r, s, B, i), (int32_t)i, s, i == (np > 0 ? np : 1) - 1);
         if (!st) st = moetax_ctx_decode(c, &b);
         double bw = 0;
-        if (probe && r >= 0) moetax_membw_probe_pass(probe, &bw);
+        if (probe && r >= 0 && moetax_membw_probe_pass(probe, &bw) == MOETAX_OK) bw = cli_read_pass_gbps(bw);
         if (r == 0) {
             moetax_ledger_totals(led, true, ph0, &wall0, &tok0, &steps0);
             moetax_ledger_moe_totals(led, true, &ms0);
@@ -125,19 +125,26 @@ static moetax_status one_batch(const struct moetax_model *m, const char *base, s
     const double tps = cli_percentile(rep_tps, nrep, 0.5), p50 = 1e3 * cli_percentile(step_t, nt, 0.5), p99 = 1e3 * cli_percentile(step_t, nt, 0.99);
     const double paired = npair ? cli_percentile(rep_pair, npair, 0.5) : 0;
     const double tax = moetax_ledger_tax_share(dph);
-    if (o->json)
-        st = cli_json_print(stdout, cli_jobj("ssiiIIffffffffffIIfb", "model", base, "test", "batch", "threads", threads,
-                                             "batch", B, "n_prompt", (int64_t)np, "n_gen", (int64_t)ng, "tokens_per_s", tps,
-                                             "tpot_p50_ms", p50, "tpot_p99_ms", p99, "unique_experts_per_step", uniq_step,
-                                             "unique_experts_per_layer", uniq_layer, "expert_bytes_per_token", eb_tok,
-                                             "imbalance", imb, "wait_share", wait_share, "tax_share", tax,
-                                             "read_gbps", read_gbps, "dropped", dropped, "rerouted", rerouted,
-                                             "bandwidth_ratio", paired, "capacity_factor_on",
-                                             o->capacity_factor > 0 && isfinite(o->capacity_factor)));
-    else
-        printf("| %s | %d | %d | %.2f | %.2f | %.3f | %.3f | %.1f (%.1f/layer) | %.2f | %.2f | %.1f%% | %.1f%% | %.0f%% |%s\n",
+    if (o->json) {
+        json_t *jo = cli_jobj("ssiiIIffffffffffIIb", "model", base, "test", "batch", "threads", threads,
+                              "batch", B, "n_prompt", (int64_t)np, "n_gen", (int64_t)ng, "tokens_per_s", tps,
+                              "tpot_p50_ms", p50, "tpot_p99_ms", p99, "unique_experts_per_step", uniq_step,
+                              "unique_experts_per_layer", uniq_layer, "expert_bytes_per_token", eb_tok,
+                              "imbalance", imb, "wait_share", wait_share, "tax_share", tax,
+                              "read_gbps", read_gbps, "dropped", dropped, "rerouted", rerouted,
+                              "capacity_factor_on", o->capacity_factor > 0 && isfinite(o->capacity_factor));
+        if (jo && !cli_paired_json(jo, "bandwidth_ratio", paired)) {
+            json_decref(jo);
+            jo = NULL;
+        }
+        st = cli_json_print(stdout, jo);
+    } else {
+        char cell[48];
+        printf("| %s | %d | %d | %.2f | %.2f | %.3f | %.3f | %.1f (%.1f/layer) | %.2f | %.2f | %.1f%% | %.1f%% | %s |\n",
                base, threads, B, tps, tps / B, p50, p99, uniq_step, uniq_layer, eb_tok / (1 << 20), imb,
-               100 * wait_share, 100 * tax, 100 * paired, "");
+               100 * wait_share, 100 * tax, cli_paired_cell(paired, cell, sizeof cell));
+        *paired_bad |= cli_paired_bad(paired);
+    }
     if (!st && (dropped || rerouted) && !o->json)
         printf("|   | capacity factor: %lld of %lld assignments dropped (%.1f%%), %lld rerouted |\n", (long long)dropped,
                (long long)(assigned + dropped), 100.0 * (double)dropped / (double)(assigned + dropped ? assigned + dropped : 1),
@@ -172,8 +179,9 @@ moetax_status bench_batch_run(const char *path, struct moetax_pool *pool, double
     struct moetax_ledger *shared = NULL; /* --ledger / --trace: every B's steps in one ledger */
     if (!st && o->lo && (o->lo->json_path || o->lo->trace_path))
         st = cli_ledger_new(m, moetax_pool_n_threads(pool), o->lo, &shared);
+    bool paired_bad = false;
     for (int i = 0; i < o->n_batch && !st; i++)
-        st = one_batch(m, base, pool, probe, read_gbps, o, (int)o->batch[i], shared);
+        st = one_batch(m, base, pool, probe, read_gbps, o, (int)o->batch[i], shared, &paired_bad);
     if (!st && shared) {
         if (!o->json) cli_ledger_summary(stderr, shared, true);
         st = cli_ledger_outputs(shared, m, path, o->lo, NULL, 0);
@@ -183,6 +191,7 @@ moetax_status bench_batch_run(const char *path, struct moetax_pool *pool, double
         printf("\nexperts/step: distinct experts read per decode step, all MoE layers (per layer in brackets); "
                "imbalance: most assignments on one expert / mean per used expert; bandwidth: the bytes a step read "
                "(weights, experts as read, KV rows) over the read bandwidth measured before each repetition (median)\n");
+    if (!st && !o->json && paired_bad) cli_paired_note(stdout);
     moetax_membw_probe_free(probe);
     moetax_model_free(m);
     return st;

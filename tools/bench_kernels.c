@@ -128,7 +128,8 @@ static struct pass_times time_pass(struct moetax_pool *pool, struct mm_ctx base,
     double *t = malloc(sizeof(double) * (size_t)reps), *r = malloc(sizeof(double) * (size_t)reps);
     for (int rep = -1; rep < reps; rep++) {
         double gbps = 0;
-        moetax_membw_pass(pool, base.w, bytes, &gbps); /* the same bytes, plainly streamed */
+        if (moetax_membw_pass(pool, base.w, bytes, &gbps) == MOETAX_OK) /* the same bytes, plainly streamed */
+            gbps = cli_read_pass_gbps(gbps);
         const double tr = (double)bytes / (gbps * 1e9);
         const double t0 = cli_now();
         for (int64_t i = 0; i < n_runs; i++) {
@@ -149,23 +150,32 @@ static struct pass_times time_pass(struct moetax_pool *pool, struct mm_ctx base,
 struct bk_out {
     bool json;
     const char *kernel;
+    bool paired_bad; /* a printed paired ratio was a measurement error (cli_paired_note) */
 };
 
-static void report(const struct bk_out *o, enum moetax_type t, int threads, const char *cs, int64_t rows,
+static void report(struct bk_out *o, enum moetax_type t, int threads, const char *cs, int64_t rows,
                    int64_t cols, int64_t batch, int mats, double bytes, struct pass_times pt, double membw,
                    double flops) {
     const double secs = pt.secs, gbps = bytes / secs / 1e9, gflops = flops / secs / 1e9;
+    const bool bad = cli_paired_bad(pt.paired);
     if (o->json) {
+        char paired[32];
+        if (bad) snprintf(paired, sizeof paired, "null");
+        else snprintf(paired, sizeof paired, "%.4f", pt.paired);
         printf("{\"test\":\"kernel\",\"kernel\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"case\":\"%s\","
                "\"rows\":%lld,\"cols\":%lld,\"batch\":%lld,\"mats\":%d,\"bytes\":%.0f,\"ms\":%.4f,"
-               "\"gbps\":%.3f,\"membw_gbps\":%.3f,\"roofline_ratio\":%.4f,\"paired_ratio\":%.4f,"
-               "\"gflops\":%.3f}\n",
+               "\"gbps\":%.3f,\"membw_gbps\":%.3f,\"roofline_ratio\":%.4f,\"paired_ratio\":%s,"
+               "\"paired_ratio_raw\":%.4f,\"paired_ratio_error\":%s,\"gflops\":%.3f}\n",
                o->kernel, moetax_type_name(t), threads, cs, (long long)rows, (long long)cols, (long long)batch, mats,
-               bytes, secs * 1e3, gbps, membw, gbps / membw, pt.paired, gflops);
+               bytes, secs * 1e3, gbps, membw, gbps / membw, paired, pt.paired, bad ? "true" : "false", gflops);
     } else {
-        printf("%-5s %3d  %-7s %7lld x %-5lld %5lld %5d %10.3f %8.2f %6.3f %6.3f %9.2f\n", moetax_type_name(t),
+        char paired[32];
+        if (bad) snprintf(paired, sizeof paired, "error %.2f", pt.paired);
+        else snprintf(paired, sizeof paired, "%.3f", pt.paired);
+        printf("%-5s %3d  %-7s %7lld x %-5lld %5lld %5d %10.3f %8.2f %6.3f %6s %9.2f\n", moetax_type_name(t),
                threads, cs, (long long)rows, (long long)cols, (long long)batch, mats, secs * 1e3, gbps, gbps / membw,
-               pt.paired, gflops);
+               paired, gflops);
+        o->paired_bad |= bad;
     }
     fflush(stdout);
 }
@@ -446,6 +456,7 @@ int bench_kernels_main(int argc, char **argv) {
         }
     }
     cli_progress_done(&prog);
+    if (out.paired_bad) cli_paired_note(stdout);
     munmap(buf, bytes);
     free(x), free(xq), free(y);
     return rc;

@@ -151,6 +151,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     struct moetax_ledger *led = NULL;
     struct moetax_store *store = NULL;
     struct moetax_membw_probe *probe = NULL; /* paired roofline (mapped runs only: it would count in a store run's RSS) */
+    bool paired_bad = false; /* a printed paired ratio was a measurement error (cli_paired_note) */
     if (!toks || !logits || !times || !times_off || !rep_on || !rep_pair) {
         st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
         goto done;
@@ -209,7 +210,8 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                     moetax_ledger_enable(led, false);
                     if ((st = moetax_ctx_eval(c, toks, D, logits, false))) break;
                 }
-                if (probe && kind == 1 && r >= 0) moetax_membw_probe_pass(probe, &bw);
+                if (probe && kind == 1 && r >= 0 && moetax_membw_probe_pass(probe, &bw) == MOETAX_OK)
+                    bw = cli_read_pass_gbps(bw);
                 moetax_ledger_enable(led, true);
                 const int32_t *tt = toks + D;
                 double t0 = cli_now();
@@ -359,19 +361,28 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                        "the timed repetitions after them %.1f%% at %.0f us/token |\n",
                        (long long)n, o->so.warm ? " and filled from the --warm profile" : "", 100 * rr->cold_hit,
                        rr->cold_us, 100 * rr->steady_hit, 1e6 / rr->tps);
-            else if (o->json)
-                st = cli_json_print(stdout, cli_jobj("osiooooooooooooIobI",
+            else if (o->json) {
+                json_t *jo = cli_jobj("osioooooooooooIobI",
                     "model", cli_jstr(base), "test", test, "threads", threads, "tokens_per_s", cli_jnum(rr->tps),
                     "tpot_p50_ms", cli_jnum(rr->p50), "tpot_p99_ms", cli_jnum(rr->p99), "active_bytes_per_token",
                     cli_jnum(active), "gbps", cli_jnum(gbps), "read_gbps", cli_jnum(read_gbps), "roofline_ratio",
-                    cli_jnum(ratio), "paired_ratio", cli_jnum(rr->paired), "us_per_layer", cli_jnum(rr->us_layer),
+                    cli_jnum(ratio), "us_per_layer", cli_jnum(rr->us_layer),
                     "tax_share", cli_jnum(rr->tax_share), "tax_us_per_token", cli_jnum(rr->tax_us), "ledger_overhead",
                     cli_jnum(kind ? rr->overhead : 0.0), "reps", (json_int_t)o->reps, "weights_huge_share",
-                    cli_jnum(huge_share), "no_mmap", o->no_mmap, "depth", (json_int_t)D));
-            else if (kind)
-                printf("| %s | %d | %s | %.2f | %.3f | %.3f | %.2f | %.2f | %.1f%% | %.1f%% | %.1f | %.1f%% | %+.1f%% |\n",
-                       base, threads, test, rr->tps, rr->p50, rr->p99, gbps, read_gbps, 100 * ratio, 100 * rr->paired,
-                       rr->us_layer, 100 * rr->tax_share, 100 * rr->overhead);
+                    cli_jnum(huge_share), "no_mmap", o->no_mmap, "depth", (json_int_t)D);
+                if (jo && !cli_paired_json(jo, "paired_ratio", rr->paired)) {
+                    json_decref(jo);
+                    jo = NULL;
+                }
+                st = cli_json_print(stdout, jo);
+            } else if (kind) {
+                char cell[48];
+                printf("| %s | %d | %s | %.2f | %.3f | %.3f | %.2f | %.2f | %.1f%% | %s | %.1f | %.1f%% | %+.1f%% |\n",
+                       base, threads, test, rr->tps, rr->p50, rr->p99, gbps, read_gbps, 100 * ratio,
+                       cli_paired_cell(rr->paired, cell, sizeof cell), rr->us_layer, 100 * rr->tax_share,
+                       100 * rr->overhead);
+                paired_bad |= cli_paired_bad(rr->paired);
+            }
             else
                 printf("| %s | %d | %s | %.2f | | | | %.2f | | | %.1f | %.1f%% | |\n", base, threads, test, rr->tps,
                        read_gbps, rr->us_layer, 100 * rr->tax_share);
@@ -379,6 +390,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
         }
     }
     if (!st && !o->json) {
+        if (paired_bad) cli_paired_note(stderr);
         fprintf(stderr, "%s, %d threads%s%s:\n", base, threads, o->budget ? ", expert budget " : "", o->budget ? o->budget : "");
         cli_ledger_summary(stderr, led, o->ntg > 0);
         if (store) cli_store_summary(stderr, store, 0);

@@ -407,3 +407,37 @@ moetax_status cli_list_inputs(const char *path, char ***out, int *n_out) {
     *n_out = n;
     return MOETAX_OK;
 }
+
+bool cli_paired_bad(double r) { return isfinite(r) && r > CLI_PAIRED_MAX; }
+
+const char *cli_paired_cell(double r, char *buf, size_t n) {
+    if (cli_paired_bad(r)) snprintf(buf, n, "error (%.1f%%)", 100 * r);
+    else snprintf(buf, n, "%.1f%%", 100 * r);
+    return buf;
+}
+
+bool cli_paired_json(json_t *o, const char *name, double r) {
+    char key[96];
+    const bool bad = cli_paired_bad(r);
+    int rc = json_object_set_new(o, name, bad ? json_null() : cli_jnum(r));
+    snprintf(key, sizeof key, "%s_raw", name);
+    rc |= json_object_set_new(o, key, cli_jnum(r));
+    snprintf(key, sizeof key, "%s_error", name);
+    rc |= json_object_set_new(o, key, json_boolean(bad));
+    return rc == 0;
+}
+
+void cli_paired_note(FILE *f) {
+    fprintf(f, "error: a paired ratio above %.0f%% is a measurement error, not a figure: the run read faster than a "
+               "plain read of memory just before it, so that read was slowed (another process, page faults) or the "
+               "run's bytes came partly from the caches\n",
+            100 * CLI_PAIRED_MAX);
+}
+
+double cli_read_pass_gbps(double gbps) {
+    const char *v = getenv("MOETAX_TEST_READ_PASS_SCALE");
+    if (!v || !*v) return gbps;
+    char *end;
+    const double k = strtod(v, &end);
+    return *end == 0 && k > 0 && isfinite(k) ? gbps * k : gbps;
+}

@@ -91,6 +91,24 @@ json_t *cli_jstr(const char *s);
 json_t *cli_jobj(const char *fmt, ...);
 moetax_status cli_json_print(FILE *f, json_t *o);
 
+/* Paired ratios (bench -m, bench --batch, bench kernels): the run's GB/s over a plain read of
+ * memory just before it. Above CLI_PAIRED_MAX the run went faster than memory reads: the read
+ * pass was slowed (another process, page faults, a drifting machine) or the run's bytes came
+ * partly from the caches; either way not a fraction of the read bandwidth. Such a ratio is
+ * reported as a measurement error, not as a figure: cli_paired_cell writes the table's cell
+ * ("87.3%", or "error (116.9%)"), cli_paired_json the JSON fields (name: the ratio or null;
+ * name_raw: the measured ratio; name_error: true when it is past the limit). */
+#define CLI_PAIRED_MAX 1.1
+bool cli_paired_bad(double r);
+const char *cli_paired_cell(double r, char *buf, size_t n);
+/* the three fields into o (an object); false when out of memory */
+bool cli_paired_json(json_t *o, const char *name, double r);
+/* The footnote a table with a flagged ratio prints under it. */
+void cli_paired_note(FILE *f);
+/* A read pass's GB/s as the benches use it: times MOETAX_TEST_READ_PASS_SCALE when set (tests
+ * of the error path: 0.05 makes every pass look 20x slower than it was), else as measured. */
+double cli_read_pass_gbps(double gbps);
+
 /* MOETAX_ERR_NUMERIC if a row of n logits (the one for position pos) holds a NaN or
  * an infinity: a broken model must not pass as a token or a perplexity. */
 moetax_status cli_check_logits(const float *row, int64_t n, int64_t pos);
