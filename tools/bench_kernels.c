@@ -68,10 +68,11 @@ static void usage(FILE *f) {
             "      --json           one JSON object per line and case:\n"
             "                         {\"test\":\"kernel\",\"kernel\",\"type\",\"threads\",\"case\",\"rows\",\"cols\",\n"
             "                          \"batch\",\"mats\",\"bytes\",\"ms\",\"gbps\",\"membw_gbps\",\"roofline_ratio\",\n"
-            "                          \"paired_ratio\",\"gflops\"}\n"
+            "                          \"paired_ratio\",\"paired_ratio_raw\",\"paired_ratio_error\",\"gflops\"}\n"
             "                       roofline_ratio = gbps / membw_gbps (membw: 'bench mem' in the same run);\n"
             "                       paired_ratio = median over runs of the kernel's GB/s / a plain read's\n"
-            "                       GB/s of the same bytes right before it (robust to a drifting machine)\n"
+            "                       GB/s of the same bytes right before it (robust to a drifting machine);\n"
+            "                       above 1.1 a measurement error: null, the value in paired_ratio_raw\n"
             "  -h, --help           this text\n",
             n > 0 ? n : 1);
 }

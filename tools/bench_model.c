@@ -45,7 +45,9 @@ static void usage(FILE *f) {
                "                 2 MiB pages; 4 KiB pages stream slower, and the read probe uses 2 MiB pages)\n"
                "                 roofline_ratio = gbps / read_gbps (read bandwidth measured once per thread count);\n"
                "                 paired_ratio = median over repetitions of gbps / a read pass just before each one\n"
-               "                 (robust to a machine whose bandwidth drifts; decode, without --expert-budget)\n"
+               "                 (robust to a machine whose bandwidth drifts; decode, without --expert-budget);\n"
+               "                 above 1.1 it is a measurement error: null, with paired_ratio_raw and\n"
+               "                 paired_ratio_error (the table prints 'error (...)'); --batch: bandwidth_ratio alike\n"
                "  --no-mem       skip the read-bandwidth probe (no roofline ratio)\n"
                CLI_CACHE_TYPE_HELP
                CLI_CONFIG_HELP
