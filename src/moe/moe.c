@@ -1465,8 +1465,8 @@ void moe_block(struct worker *w, struct moe *b, int il) {
     const int64_t nbf = (F + bf - 1) / bf;
     /* a batch whose down projections go in pieces prepares each expert's hidden rows here */
     const bool split_down = n > 1 && !b->dist && down_pieces(pl, w->nth, d, wk->plan.fill) > pl->n_mine;
-    /* A small batch whose experts' items are whole experts (one block of F rows each, as many
-     * items as 4 per worker): each item goes on to prepare its hidden rows and run the expert's
+    /* A small batch whose experts' items are whole experts (one block of F rows each, and at
+     * least 4 of them per worker): each item goes on to prepare its hidden rows and run the expert's
      * down projection (phase 5 of moe_down_batch), so phase 5 and its barrier go; the shared
      * hidden is prepared here first (phase 1's barrier made it whole). The same calls on the
      * same rows as phase 5's, so the same bits. */
