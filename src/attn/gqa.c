@@ -175,7 +175,7 @@ void gqa_attention(struct worker *w, struct gqa *a, int il) {
         /* item 0 is all of k and v and then the token's cache row (phase 3 needs no item for
          * it); then q's blocks, normed and roped per head by the attention items */
         const int64_t nqb = (nq + 63) / 64;
-        for (int64_t it; (it = fw_chunk(w, 1 + nqb, 1)) >= 0;) {
+        for (int64_t it; (it = fw_chunk_own(w, 1 + nqb)) >= 0;) {
             if (it == 0) {
                 fw_matmul(s, &l->wk, 0, 0, nk, ain, 0, 1, a->kvp, kvr);
                 fw_matmul(s, &l->wv, 0, 0, nv, ain, 0, 1, a->kvp + nk, kvr);

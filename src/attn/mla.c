@@ -226,7 +226,7 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
         /* item 0 is all of kv_a and then the token's cache row (so phase 3 needs no item
          * for it and can run into phase 4 without a barrier); then q's blocks */
         const int64_t nqb = (nq + 63) / 64;
-        for (int64_t it; (it = fw_chunk(w, 1 + nqb, 1)) >= 0;) {
+        for (int64_t it; (it = fw_chunk_own(w, 1 + nqb)) >= 0;) {
             if (it == 0) {
                 fw_matmul(s, &l->wkv_a, 0, 0, nkv, ain, 0, 1, a->kva, nkv);
                 cache_row(s, a, &a->wk[w->ith], il, 0);
