@@ -80,7 +80,8 @@ static moetax_status one_batch(const struct moetax_model *m, const char *base, s
                 st = moetax_batch_add(&b, tok_at(o, V, r, s, B, i), (int32_t)i, s, i == (np > 0 ? np : 1) - 1);
         if (!st) st = moetax_ctx_decode(c, &b);
         double bw = 0;
-        if (probe && r >= 0 && moetax_membw_probe_pass(probe, &bw) == MOETAX_OK) bw = cli_read_pass_gbps(bw);
+        if (probe) bw = cli_read_pass(probe); /* the warm-up's (r < 0) is not used */
+        if (r < 0) bw = 0;
         if (r == 0) {
             moetax_ledger_totals(led, true, ph0, &wall0, &tok0, &steps0);
             moetax_ledger_moe_totals(led, true, &ms0);

@@ -212,8 +212,8 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                     moetax_ledger_enable(led, false);
                     if ((st = moetax_ctx_eval(c, toks, D, logits, false))) break;
                 }
-                if (probe && kind == 1 && r >= 0 && moetax_membw_probe_pass(probe, &bw) == MOETAX_OK)
-                    bw = cli_read_pass_gbps(bw);
+                if (probe && kind == 1) bw = cli_read_pass(probe); /* the warm-up's (r < 0) is not used */
+                if (r < 0) bw = 0;
                 moetax_ledger_enable(led, true);
                 const int32_t *tt = toks + D;
                 double t0 = cli_now();

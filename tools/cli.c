@@ -1,4 +1,5 @@
 #include "cli.h"
+#include "moetax/membw.h"
 #include "moetax/model.h"
 #include "moetax/outfile.h"
 #include "moetax/pool.h"
@@ -434,10 +435,24 @@ void cli_paired_note(FILE *f) {
             100 * CLI_PAIRED_MAX);
 }
 
-double cli_read_pass_gbps(double gbps) {
+/* MOETAX_TEST_READ_PASS_SCALE's factor for pass i of a pair ("A" both, "A,B" the first A, the second B) */
+static double read_pass_scale(int i) {
     const char *v = getenv("MOETAX_TEST_READ_PASS_SCALE");
-    if (!v || !*v) return gbps;
+    if (!v || !*v) return 1;
     char *end;
-    const double k = strtod(v, &end);
-    return *end == 0 && k > 0 && isfinite(k) ? gbps * k : gbps;
+    double k = strtod(v, &end);
+    if (*end == ',' && i == 1) k = strtod(end + 1, &end);
+    else if (*end == ',') end += strlen(end);
+    return *end == 0 && k > 0 && isfinite(k) ? k : 1;
+}
+
+double cli_read_pass_gbps(double gbps) { return gbps * read_pass_scale(0); }
+
+double cli_read_pass(struct moetax_membw_probe *probe) {
+    double best = 0;
+    for (int i = 0; i < 2; i++) {
+        double g = 0;
+        if (moetax_membw_probe_pass(probe, &g) == MOETAX_OK && g * read_pass_scale(i) > best) best = g * read_pass_scale(i);
+    }
+    return best;
 }

@@ -106,8 +106,17 @@ bool cli_paired_json(json_t *o, const char *name, double r);
 /* The footnote a table with a flagged ratio prints under it. */
 void cli_paired_note(FILE *f);
 /* A read pass's GB/s as the benches use it: times MOETAX_TEST_READ_PASS_SCALE when set (tests
- * of the error path: 0.05 makes every pass look 20x slower than it was), else as measured. */
+ * of the error path: 0.05 makes every pass look 20x slower than it was; "A,B" scales the first
+ * pass of cli_read_pass's two by A and the second by B), else as measured. */
 double cli_read_pass_gbps(double gbps);
+/* The read bandwidth just before a repetition: the faster of two passes over the probe's
+ * buffer (a pass disturbed by a page fault or another process only reads slower, and with few
+ * repetitions one slow pass moved the median), each scaled as cli_read_pass_gbps says; 0 on
+ * error. The
+ * benches also take passes before their warm-up repetition, unused: the first passes after a
+ * model's first steps could read slow. */
+struct moetax_membw_probe;
+double cli_read_pass(struct moetax_membw_probe *probe);
 
 /* MOETAX_ERR_NUMERIC if a row of n logits (the one for position pos) holds a NaN or
  * an infinity: a broken model must not pass as a token or a perplexity. */
