@@ -158,25 +158,24 @@ static void report(struct bk_out *o, enum moetax_type t, int threads, const char
                    int64_t cols, int64_t batch, int mats, double bytes, struct pass_times pt, double membw,
                    double flops) {
     const double secs = pt.secs, gbps = bytes / secs / 1e9, gflops = flops / secs / 1e9;
-    const bool bad = cli_paired_bad(pt.paired);
     if (o->json) {
-        char paired[32];
-        if (bad) snprintf(paired, sizeof paired, "null");
-        else snprintf(paired, sizeof paired, "%.4f", pt.paired);
-        printf("{\"test\":\"kernel\",\"kernel\":\"%s\",\"type\":\"%s\",\"threads\":%d,\"case\":\"%s\","
-               "\"rows\":%lld,\"cols\":%lld,\"batch\":%lld,\"mats\":%d,\"bytes\":%.0f,\"ms\":%.4f,"
-               "\"gbps\":%.3f,\"membw_gbps\":%.3f,\"roofline_ratio\":%.4f,\"paired_ratio\":%s,"
-               "\"paired_ratio_raw\":%.4f,\"paired_ratio_error\":%s,\"gflops\":%.3f}\n",
-               o->kernel, moetax_type_name(t), threads, cs, (long long)rows, (long long)cols, (long long)batch, mats,
-               bytes, secs * 1e3, gbps, membw, gbps / membw, paired, pt.paired, bad ? "true" : "false", gflops);
+        json_t *jo = cli_jobj("ssssiIIIiffffff", "test", "kernel", "kernel", o->kernel, "type", moetax_type_name(t),
+                              "case", cs, "threads", threads, "rows", (int64_t)rows, "cols", (int64_t)cols, "batch",
+                              (int64_t)batch, "mats", mats, "bytes", bytes, "ms", secs * 1e3, "gbps", gbps,
+                              "membw_gbps", membw, "roofline_ratio", gbps / membw, "gflops", gflops);
+        if (jo && !cli_paired_json(jo, "paired_ratio", pt.paired)) {
+            json_decref(jo);
+            jo = NULL;
+        }
+        if (cli_json_print(stdout, jo)) fprintf(stderr, "moetax bench kernels: cannot write the JSON line\n");
     } else {
         char paired[32];
-        if (bad) snprintf(paired, sizeof paired, "error %.2f", pt.paired);
+        if (cli_paired_bad(pt.paired)) snprintf(paired, sizeof paired, "error %.2f", pt.paired);
         else snprintf(paired, sizeof paired, "%.3f", pt.paired);
         printf("%-5s %3d  %-7s %7lld x %-5lld %5lld %5d %10.3f %8.2f %6.3f %6s %9.2f\n", moetax_type_name(t),
                threads, cs, (long long)rows, (long long)cols, (long long)batch, mats, secs * 1e3, gbps, gbps / membw,
                paired, gflops);
-        o->paired_bad |= bad;
+        o->paired_bad |= cli_paired_bad(pt.paired);
     }
     fflush(stdout);
 }

@@ -452,7 +452,9 @@ double cli_read_pass(struct moetax_membw_probe *probe) {
     double best = 0;
     for (int i = 0; i < 2; i++) {
         double g = 0;
-        if (moetax_membw_probe_pass(probe, &g) == MOETAX_OK && g * read_pass_scale(i) > best) best = g * read_pass_scale(i);
+        if (moetax_membw_probe_pass(probe, &g) != MOETAX_OK) continue;
+        g *= read_pass_scale(i);
+        if (g > best) best = g;
     }
     return best;
 }

@@ -112,9 +112,8 @@ double cli_read_pass_gbps(double gbps);
 /* The read bandwidth just before a repetition: the faster of two passes over the probe's
  * buffer (a pass disturbed by a page fault or another process only reads slower, and with few
  * repetitions one slow pass moved the median), each scaled as cli_read_pass_gbps says; 0 on
- * error. The
- * benches also take passes before their warm-up repetition, unused: the first passes after a
- * model's first steps could read slow. */
+ * error. The benches also take passes before their warm-up repetition, unused: the first
+ * passes after a model's first steps could read slow. */
 struct moetax_membw_probe;
 double cli_read_pass(struct moetax_membw_probe *probe);
 
