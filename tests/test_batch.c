@@ -42,8 +42,8 @@ static struct moetax_ctx *ctx(struct moetax_model *m, int n_ctx, int ubatch, int
 /* Logits of the last token of hist[0..n) run alone from position 0 (prefill of the first
  * n-1 tokens, then the last one as a decode step, as a sequence decoded token by token
  * ends). NULL on error. */
-static float *alone(struct moetax_model *m, const int32_t *hist, int n) {
-    struct moetax_ctx *c = ctx(m, 128, 64, 2);
+static float *alone_in(struct moetax_model *m, const int32_t *hist, int n, int n_ctx, int threads) {
+    struct moetax_ctx *c = ctx(m, n_ctx, 64, threads);
     if (!c) return NULL;
     const int64_t V = m->hp.n_vocab;
     float *l = malloc(sizeof(float) * (size_t)V);
@@ -54,6 +54,8 @@ static float *alone(struct moetax_model *m, const int32_t *hist, int n) {
     if (st) { free(l); return NULL; }
     return l;
 }
+
+static float *alone(struct moetax_model *m, const int32_t *hist, int n) { return alone_in(m, hist, n, 128, 2); }
 
 static bool same(const float *a, const float *b, int64_t n, float tol_rel) {
     float mag = 0, diff = 0;
@@ -206,6 +208,55 @@ out:
     moetax_batch_free(&b);
     moetax_ledger_free(led);
     moetax_ctx_free(c);
+    moetax_model_free(m);
+}
+
+/* Sequences past several chunks of attention's positions (src/attn/attend.h): three prompts of
+ * 300, 560 and 700 tokens prefilled together, then steps of one token each for all three; every
+ * step's logits equal each sequence run alone (its history prefilled, then its last token as a
+ * decode step) with 2 threads and with 1, bit for bit (Q8_0 weights). */
+static void long_context(const char *path) {
+    struct moetax_model *m;
+    if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    enum { B = 3, STEPS = 2, NCTX = 2048 };
+    const int V = m->hp.n_vocab, plen[B] = {300, 560, 700};
+    int32_t *hist[B];
+    for (int q = 0; q < B; q++) {
+        hist[q] = malloc(sizeof(int32_t) * (size_t)(plen[q] + STEPS));
+        for (int i = 0; i < plen[q] + STEPS; i++) hist[q][i] = (int32_t)((i * 61 + q * 17 + 5) % V);
+    }
+    struct moetax_ctx *c = ctx(m, NCTX, 64, 2);
+    struct moetax_batch b;
+    CHECK(moetax_batch_init(&b, NCTX) == MOETAX_OK);
+    int bad = 0, checked = 0;
+    for (int q = 0; c && q < B; q++)
+        for (int i = 0; i < plen[q]; i++) CHECK(moetax_batch_add(&b, hist[q][i], i, q, false) == MOETAX_OK);
+    moetax_status st = c ? moetax_ctx_decode(c, &b) : MOETAX_ERR_ARG;
+    CHECK_MSG(st == MOETAX_OK, "prefill: %s", moetax_last_error());
+    for (int step = 0; !st && step < STEPS; step++) {
+        moetax_batch_clear(&b);
+        for (int q = 0; q < B; q++) CHECK(moetax_batch_add(&b, hist[q][plen[q] + step], plen[q] + step, q, true) == MOETAX_OK);
+        st = moetax_ctx_decode(c, &b);
+        CHECK_MSG(st == MOETAX_OK, "step %d: %s", step, moetax_last_error());
+        for (int i = 0; !st && i < b.n_tokens; i++) {
+            const int q = b.seq[i], n = plen[q] + step + 1;
+            for (int threads = 1; threads <= 2; threads++) {
+                float *ref = alone_in(m, hist[q], n, NCTX, threads);
+                checked++;
+                if (!ref || !same(moetax_ctx_logits_ith(c, i), ref, V, 0)) {
+                    bad++;
+                    CHECK_MSG(0, "%s: sequence %d at position %d differs from it alone with %d thread(s)", path, q,
+                              n - 1, threads);
+                }
+                free(ref);
+            }
+        }
+    }
+    CHECK_MSG(bad == 0 && checked == B * STEPS * 2, "%s: %d of %d long sequences' logits differ from them alone", path,
+              bad, checked);
+    moetax_batch_free(&b);
+    moetax_ctx_free(c);
+    for (int q = 0; q < B; q++) free(hist[q]);
     moetax_model_free(m);
 }
 
@@ -556,8 +607,16 @@ int main(int argc, char **argv) {
     adapt_threads_same(q8);
     nonfinite_logits(f32, -1); /* the last block */
     nonfinite_logits(f32, 3);  /* the first */
+    char q8l[512], q3l[512];
+    snprintf(q8l, sizeof q8l, "%s", tu_path("batch_tiny_v3_ctx_q8_0.gguf"));
+    snprintf(q3l, sizeof q3l, "%s", tu_path("batch_qwen3moe_ctx_q8_0.gguf"));
+    CHECK_EQ_INT(gen("--preset tiny-v3 --type q8_0 --ctx 2048", q8l), 0);
+    CHECK_EQ_INT(gen("--arch qwen3moe --preset tiny --type q8_0 --ctx 2048", q3l), 0);
+    long_context(q8l);
+    long_context(q3l);
     g_kv_type = MOETAX_TYPE_F16; /* F16 cells: a sequence in a batch still gets its bits alone */
     batch_vs_alone(q8, 0, 64);
+    long_context(q8l);
     prefix_and_full(q8, 0);
     g_kv_type = MOETAX_TYPE_F32;
     /* qwen3moe (grouped-query attention over the same paged cache): the same contracts */

@@ -712,8 +712,10 @@ static void test_vec_ops(void) {
 
         if (n > 0) {
             /* softmax sums to 1, matches exp formula */
+            /* the max and the divisor it reports (ms): the max exactly, the sum within float
+             * rounding of exp's; the values the same bits with ms as without */
             memcpy(a, x, sizeof(float) * (size_t)n);
-            ref->softmax(a, n);
+            ref->softmax(a, n, NULL);
             double sum = 0, max = -INFINITY;
             for (int64_t i = 0; i < n; i++) max = fmax(max, x[i]);
             double z = 0;
@@ -723,9 +725,24 @@ static void test_vec_ops(void) {
                 CHECK(fabs(a[i] - exp(x[i] - max) / z) <= 1e-6 * (1 + exp(x[i] - max) / z));
             }
             CHECK(fabs(sum - 1.0) < 1e-5);
+            const struct moetax_kernels *tabs[2] = {ref, avx};
+            for (int ti = 0; ti < 2; ti++) {
+                if (!tabs[ti]) continue;
+                float ms[2] = {NAN, NAN};
+                memcpy(b, x, sizeof(float) * (size_t)n);
+                tabs[ti]->softmax(b, n, ms);
+                float *plain = malloc(sizeof(float) * (size_t)n);
+                memcpy(plain, x, sizeof(float) * (size_t)n);
+                tabs[ti]->softmax(plain, n, NULL);
+                CHECK_MSG(!memcmp(b, plain, sizeof(float) * (size_t)n), "%s softmax n=%lld: ms changed the values",
+                          tabs[ti]->name, (long long)n);
+                free(plain);
+                CHECK_MSG(ms[0] == (float)max && fabs(ms[1] - z) <= 1e-5 * z, "%s softmax n=%lld: ms %g %g, want %g %g",
+                          tabs[ti]->name, (long long)n, ms[0], ms[1], max, z);
+            }
             if (avx) {
                 memcpy(b, x, sizeof(float) * (size_t)n);
-                avx->softmax(b, n);
+                avx->softmax(b, n, NULL);
                 sum = 0;
                 for (int64_t i = 0; i < n; i++) sum += b[i];
                 CHECK(fabs(sum - 1.0) < 1e-5);
@@ -800,11 +817,11 @@ static void test_vec_ops(void) {
     float v[11] = {-INFINITY, 0.0f, 100.0f, -100.0f, 88.0f, -INFINITY, 1.0f, 2.0f, 3.0f, -1e30f, 50.0f};
     float va[11], vb[11];
     memcpy(va, v, sizeof v);
-    ref->softmax(va, 11);
+    ref->softmax(va, 11, NULL);
     CHECK(va[0] == 0.0f && va[5] == 0.0f);
     if (avx) {
         memcpy(vb, v, sizeof v);
-        avx->softmax(vb, 11);
+        avx->softmax(vb, 11, NULL);
         CHECK(vb[0] == 0.0f && vb[5] == 0.0f);
         CHECK(max_rel(vb, va, 11, 1e-20) < 2e-6);
         float g[3] = {-200.0f, 200.0f, 0.0f}, one[3] = {1, 1, 1};

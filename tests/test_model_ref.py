@@ -195,6 +195,14 @@ def main():
             ("q2-norm", q2 + ["--norm", "--seed", "11"], prompt, ("f32", "q8_0"))]:
         for wtype in types:
             compare(moetax, work, name, args, wtype, pr)
+    # a context past two chunks of attention's positions (src/attn/attend.h: chunks of 256 merged in
+    # order): MLA (decode splits the heads in one group per worker there) and GQA. F32 only: over 600
+    # positions the quantized comparison meets more near-tie roundings than it may flip
+    ctx_prompt = [(53 * i + 11) % 512 for i in range(600)]
+    for name, args, types in [("v2-ctx", ["--preset", "tiny", "--ctx", "1024", "--seed", "21"], ("f32",)),
+                              ("q3-ctx", q3 + ["--ctx", "1024", "--seed", "22"], ("f32",))]:
+        for wtype in types:
+            compare(moetax, work, name, args, wtype, ctx_prompt)
     return summary()
 
 

@@ -281,8 +281,10 @@ struct moetax_kernels {
 
     /* out = x / sqrt(mean(x^2) + eps) * w (w == NULL: no weight); out == x allowed. */
     void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
-    /* x = softmax(x) in place (max-subtracted). n >= 1. */
-    void (*softmax)(float *x, int64_t n);
+    /* x = softmax(x) in place (max-subtracted). n >= 1. ms (NULL: none) receives the max of x
+     * and the sum of exp(x - max) by which the values were divided, as float (the chunks of a
+     * long attention are merged with them). */
+    void (*softmax)(float *x, int64_t n, float ms[2]);
     /* x = 1 / (1 + exp(-x)) in place. */
     void (*sigmoid)(float *x, int64_t n);
     /* Indices (and values, if val != NULL) of the k largest of x[0..n), in

@@ -18,11 +18,12 @@
  * in a model that stays in the caches goes token-parallel instead (gqa_attention_tokens), with
  * one barrier.
  *
- * The cache is paged (moetax/kvcache.h): a token attends over its own sequence's blocks;
- * the scores of each block are one matmul over the block's K rows of KV head g (the cache
- * row's stride) with the item's query heads as the batch, and the weighted sum of the V rows
- * continues one chain over the blocks (wsum with acc): the result does not depend on where
- * the blocks lie nor on the other sequences of the micro-batch. F16 cells: the scores read
+ * The cache is paged (moetax/kvcache.h): a token attends over its own sequence's blocks in
+ * chunks of a fixed number of positions (attend.h): the scores of each block are one matmul
+ * over the block's K rows of KV head g (the cache row's stride) with the item's query heads as
+ * the batch, the weighted sum of the V rows one chain over the chunk's blocks (wsum with acc),
+ * and the chunks are merged in order: the result does not depend on where the blocks lie nor
+ * on the other sequences of the micro-batch. F16 cells: the scores read
  * them with the F16 matmul, and each block's V values are converted to float first.
  */
 #include <math.h>
@@ -94,7 +95,7 @@ static void cache_row(const struct fw_step *s, struct gqa *a, struct gqa_worker 
 }
 
 static void attend(const struct fw_step *s, struct gqa *a, struct gqa_worker *wk, int il, int64_t t, int64_t g,
-                   int64_t h0, int64_t h1, int64_t np_max);
+                   int64_t h0, int64_t h1);
 static void gqa_out(struct worker *w, struct gqa *a, int il);
 
 /* Token-parallel, as mla.c's (mla_attention_tokens: when, and why the bits are the same): each
@@ -128,12 +129,10 @@ static void gqa_attention_tokens(struct worker *w, struct gqa *a, int il) {
         /* parts per KV head: one, unless one token's parts (gqa_attention) hold a single head */
         const int64_t S1 = Hkv < 2 * w->nth ? ((2 * w->nth + Hkv - 1) / Hkv < r ? (2 * w->nth + Hkv - 1) / Hkv : r) : 1;
         const int64_t S = S1 == 1 || r / S1 >= 2 ? 1 : S1;
-        int64_t np_max = 0;
-        for (int64_t t = t0; t < t1; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
         for (int64_t t = t0; t < t1; t++)
             for (int64_t g = 0; g < Hkv; g++)
                 for (int64_t part = 0; part < S; part++)
-                    attend(s, a, wk, il, t, g, g * r + r * part / S, g * r + r * (part + 1) / S, np_max);
+                    attend(s, a, wk, il, t, g, g * r + r * part / S, g * r + r * (part + 1) / S);
     }
     fw_tokens_end(w, &l->wo, a->attv, H * hv, a->out, t0, t1);
 }
@@ -210,57 +209,30 @@ void gqa_attention(struct worker *w, struct gqa *a, int il) {
                            ? ((2 * w->nth + Hkv - 1) / Hkv < r ? (2 * w->nth + Hkv - 1) / Hkv : r)
                            : 1; /* one token's; the bits stay only if its parts hold 2+ heads (mla.c) */
     const int64_t S = Hkv * n >= 2 * w->nth && (S1 == 1 || r / S1 >= 2) ? 1 : S1;
-    int64_t np_max = 0;
-    for (int64_t t = 0; t < n; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
     for (int64_t it; (it = fw_chunk(w, n * Hkv * S, 1)) >= 0;) {
         const int64_t t = it / (Hkv * S), g = it / S % Hkv, part = it % S;
         const int64_t h0 = g * r + r * part / S, h1 = g * r + r * (part + 1) / S;
         if (fuse) norm_rope_heads(s, a, a->q + t * H * hk, l->bq, l->attn_q_norm, h0, h1, t);
-        attend(s, a, wk, il, t, g, h0, h1, np_max);
+        attend(s, a, wk, il, t, g, h0, h1);
     }
     fw_phase_end(w);
     gqa_out(w, a, il);
 }
 
 /* Heads [h0, h1) of token t (all of KV head g's, or a part of them) over its sequence's
- * positions 0 .. pos (q made): the scores of each cache block are one matmul over the block's K
- * rows of KV head g with the heads as its batch, then a->attv's heads = the softmax-weighted sum
- * of the V rows, one chain over the blocks (scratch wk->sc: [heads][np_max], np_max > pos). */
+ * positions 0 .. pos (q made) into a->attv, in chunks (attend.h): each chunk's scores are one
+ * matmul per cache block over the block's K rows of KV head g with the heads as its batch, the
+ * weighted sums of its V rows one chain over its blocks. */
 static void attend(const struct fw_step *s, struct gqa *a, struct gqa_worker *wk, int il, int64_t t, int64_t g,
-                   int64_t h0, int64_t h1, int64_t np_max) {
+                   int64_t h0, int64_t h1) {
     const struct moetax_hparams *hp = &s->m->hp;
-    const struct moetax_kernels *K = s->K;
     const int64_t H = hp->n_head, Hkv = hp->n_head_kv, hk = hp->n_embd_head_k, hv = hp->n_embd_head_v;
-    const int64_t kvr = a->kv_row, nh = h1 - h0, np = s->pos[t] + 1, bs = moetax_kvcache_block_size(a->kv);
-    const enum moetax_type ct = a->f16 ? MOETAX_TYPE_F16 : MOETAX_TYPE_F32;
-    const size_t esz = a->f16 ? sizeof(uint16_t) : sizeof(float), crow = esz * (size_t)kvr;
-    float *q = a->q + t * H * hk;
     int32_t nblk;
-    const int32_t *blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk);
-    float *sc = wk->sc; /* [nh][np_max] */
-    for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
-        const int64_t nr = np - j0 < bs ? np - j0 : bs;
-        const char *rows = (const char *)moetax_kvcache_block_rows(a->kv, il, blk[b]) + esz * (size_t)(g * hk);
-        K->matmul(ct, rows, crow, 0, nr, hk, q + h0 * hk, nh, sc + j0, np_max);
-    }
-    for (int64_t hh = 0; hh < nh; hh++) {
-        K->scale(sc + hh * np_max, hp->kq_scale, np);
-        K->softmax(sc + hh * np_max, np);
-    }
-    float *o = a->attv + t * H * hv + h0 * hv;
-    for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
-        const int64_t nr = np - j0 < bs ? np - j0 : bs;
-        const char *rows = (const char *)moetax_kvcache_block_rows(a->kv, il, blk[b]) +
-                           esz * (size_t)(Hkv * hk + g * hv);
-        if (a->f16) {
-            for (int64_t rr = 0; rr < nr; rr++)
-                K->fp16_to_fp32((const uint16_t *)rows + rr * kvr, wk->vb + rr * hv, hv);
-            K->wsum(o, hv, sc + j0, np_max, nh, wk->vb, hv, nr, hv, j0 > 0);
-        } else {
-            K->wsum(o, hv, sc + j0, np_max, nh, (const float *)rows, kvr, nr, hv, j0 > 0);
-        }
-    }
-    (void)nblk;
+    const struct attend_src src = {.kv = a->kv, .layer = il, .blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk),
+                                   .f16 = a->f16, .kvr = a->kv_row, .k_off = g * hk, .k_cols = hk,
+                                   .v_off = Hkv * hk + g * hv, .v_cols = hv};
+    attend_heads(s->K, &src, a->q + t * H * hk + h0 * hk, h1 - h0, s->pos[t] + 1, hp->kq_scale,
+                 a->attv + t * H * hv + h0 * hv, hv, &wk->at);
 }
 
 /* Phases 5 and 6 (see gqa_attention) */
@@ -299,7 +271,7 @@ static void gqa_out(struct worker *w, struct gqa *a, int il) {
 moetax_status gqa_init(struct gqa *a, const struct fw_step *s, struct moetax_kvcache *kv) {
     const struct moetax_hparams *hp = &s->m->hp;
     const int64_t U = s->n_ubatch, d = hp->n_embd, H = hp->n_head, hk = hp->n_embd_head_k, hv = hp->n_embd_head_v;
-    const int64_t cells = moetax_kvcache_n_cells(kv), bs = moetax_kvcache_block_size(kv);
+    const int64_t bs = moetax_kvcache_block_size(kv);
     memset(a, 0, sizeof *a);
     a->kv = kv;
     a->kv_row = gqa_kv_row(hp);
@@ -314,9 +286,10 @@ moetax_status gqa_init(struct gqa *a, const struct fw_step *s, struct moetax_kvc
     bool ok = a->q && a->kvp && a->attv && a->out && a->ropecs && a->wk;
     for (int i = 0; ok && i < a->n_threads; i++) {
         struct gqa_worker *wk = &a->wk[i];
-        wk->sc = calloc((size_t)(H * cells), sizeof(float)); /* an item has at most r <= H heads */
+        wk->sc = calloc((size_t)attend_scratch_floats(H, hv), sizeof(float)); /* an item has at most r <= H heads */
         wk->row = calloc((size_t)a->kv_row, sizeof(float));
         wk->vb = a->f16 ? calloc((size_t)(bs * hv), sizeof(float)) : NULL;
+        wk->at = attend_scratch_at(wk->sc, H, hv, wk->vb);
         ok = wk->sc && wk->row && (!a->f16 || wk->vb);
     }
     if (!ok) {

@@ -3,14 +3,16 @@
 #ifndef MOETAX_GQA_H
 #define MOETAX_GQA_H
 
+#include "attn/attend.h"
 #include "model/step.h"
 #include "moetax/kvcache.h"
 
 /* per-worker scratch of attention */
 struct gqa_worker {
-    float *sc;  /* [heads of an item][cells] scores */
+    float *sc;  /* attend_scratch_floats(n_head, hv): attend's scratch (at) */
     float *row; /* [kv_row] a cache row before its conversion (F16 cells) */
     float *vb;  /* [block_size, hv] a block's V values of one KV head in float (F16 cells) */
+    struct attend_scratch at;
 };
 
 struct gqa {

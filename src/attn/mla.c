@@ -22,9 +22,10 @@
  * steps for its own tokens, and only the end is a barrier.
  *
  * The cache is paged (moetax/kvcache.h): token t of sequence s at position p
- * writes its row into s's block for p and attends over s's positions 0..p,
- * block by block: the scores of each block's rows are one matmul, and the
- * weighted sum continues one chain over the blocks (wsum with acc), so the
+ * writes its row into s's block for p and attends over s's positions 0..p in
+ * chunks of a fixed number of positions (attend.h): per chunk the scores of
+ * each block's rows are one matmul, the weighted sum one chain over the
+ * chunk's blocks (wsum with acc), and the chunks are merged in order, so the
  * result does not depend on where the blocks lie nor on the other sequences
  * of the micro-batch. F16 cells: the scores read them with the F16 matmul,
  * and each block's kv parts are converted to float for the weighted sum.
@@ -102,41 +103,17 @@ void mla_rope_token(struct mla *a, const struct fw_step *s, int64_t t) {
     moetax_rope_cache(&rp, s->pos[t], a->ropecs + t * hp->n_embd_head_qk_rope);
 }
 
-/* Heads [h0, h1) of token t over its sequence's positions 0 .. pos (a->qabs made): the scores of
- * each cache block's rows are one matmul with the heads as its batch, then o[h - h0][kvl] = the
- * softmax-weighted sum of the rows' kv parts, one chain over the blocks (scratch wk->f: scores
- * [heads][np_max], np_max > pos). */
+/* Heads [h0, h1) of token t over its sequence's positions 0 .. pos (a->qabs made) into o
+ * [heads][kv_lora], in chunks (attend.h): each chunk's scores are one matmul per cache block with
+ * the heads as its batch, the weighted sums of its kv parts one chain over its blocks. */
 static void attend(const struct fw_step *s, struct mla *a, struct mla_worker *wk, int il, int64_t t, int64_t h0,
-                   int64_t h1, int64_t np_max, float *o) {
+                   int64_t h1, float *o) {
     const struct moetax_hparams *hp = &s->m->hp;
-    const struct moetax_kernels *K = s->K;
-    const int64_t H = hp->n_head, kvl = hp->kv_lora_rank, kvr = a->kv_row, nh = h1 - h0, np = s->pos[t] + 1;
-    const int64_t bs = moetax_kvcache_block_size(a->kv);
-    float *sc = wk->f;
+    const int64_t H = hp->n_head, kvl = hp->kv_lora_rank, kvr = a->kv_row;
     int32_t nblk;
-    const int32_t *blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk);
-    const float *Q = a->qabs + (t * H + h0) * kvr;
-    const enum moetax_type ct = a->f16 ? MOETAX_TYPE_F16 : MOETAX_TYPE_F32;
-    const size_t crow = (a->f16 ? sizeof(uint16_t) : sizeof(float)) * (size_t)kvr;
-    for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
-        const int64_t nr = np - j0 < bs ? np - j0 : bs;
-        K->matmul(ct, moetax_kvcache_block_rows(a->kv, il, blk[b]), crow, 0, nr, kvr, Q, nh, sc + j0, np_max);
-    }
-    for (int64_t hh = 0; hh < nh; hh++) {
-        K->scale(sc + hh * np_max, hp->kq_scale, np);
-        K->softmax(sc + hh * np_max, np);
-    }
-    for (int64_t j0 = 0, b = 0; j0 < np; j0 += bs, b++) {
-        const int64_t nr = np - j0 < bs ? np - j0 : bs;
-        const void *rows = moetax_kvcache_block_rows(a->kv, il, blk[b]);
-        if (a->f16) { /* the block's kv parts in float (the weighted sum reads float rows) */
-            for (int64_t r = 0; r < nr; r++) K->fp16_to_fp32((const uint16_t *)rows + r * kvr, wk->vb + r * kvl, kvl);
-            K->wsum(o, kvl, sc + j0, np_max, nh, wk->vb, kvl, nr, kvl, j0 > 0);
-        } else {
-            K->wsum(o, kvl, sc + j0, np_max, nh, rows, kvr, nr, kvl, j0 > 0);
-        }
-    }
-    (void)nblk;
+    const struct attend_src src = {.kv = a->kv, .layer = il, .blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk),
+                                   .f16 = a->f16, .kvr = kvr, .k_off = 0, .k_cols = kvr, .v_off = 0, .v_cols = kvl};
+    attend_heads(s->K, &src, a->qabs + (t * H + h0) * kvr, h1 - h0, s->pos[t] + 1, hp->kq_scale, o, kvl, &wk->at);
 }
 
 /* Whether this micro-batch's attention runs token-parallel (mla_attention_tokens; fw_tokens_parallel
@@ -176,12 +153,10 @@ static void mla_attention_tokens(struct worker *w, struct mla *a, int il) {
         for (int64_t t = t0; t < t1; t++) cache_row(s, a, wk, il, t);
         for (int64_t h = 0; h < H; h++) q_abs_head_range(s, a, wk, il, h, t0, t1);
         const int64_t G1 = H < 2 * w->nth ? H : 2 * w->nth, G = H / G1 >= 2 ? 1 : G1;
-        int64_t np_max = 0;
-        for (int64_t t = t0; t < t1; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
         for (int64_t t = t0; t < t1; t++)
             for (int64_t g = 0; g < G; g++) {
                 const int64_t h0 = H * g / G, h1 = H * (g + 1) / G;
-                attend(s, a, wk, il, t, h0, h1, np_max, a->oatt + (t * H + h0) * kvl);
+                attend(s, a, wk, il, t, h0, h1, a->oatt + (t * H + h0) * kvl);
             }
         for (int64_t h = 0; h < H; h++) v_b_head_range(s, a, wk, il, h, t0, t1);
     }
@@ -275,19 +250,21 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
      * once per group) with the heads as the scores matmul's batch. The same bits only if one
      * token's groups hold 2+ heads each: the F32/F16 matmul's per-output chain is the same for
      * any batch of 2+ rows, but one batch row of 512 B - 8 KiB rows takes the decode path's four
-     * accumulators (kernels.h, matmul_avx2.c) */
-    const int64_t G1 = w->nth > 1 ? (H < 2 * w->nth ? H : 2 * w->nth) : 1; /* one token's */
-    const int64_t G = n >= 2 * w->nth && H / G1 >= 2 ? 1 : G1;
+     * accumulators (kernels.h, matmul_avx2.c). Each group reads the token's cache rows once: past
+     * one chunk of positions (attend.h) one group per worker, else two for balance. */
     int64_t np_max = 0;
     for (int64_t t = 0; t < n; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
-    float *o1 = wk->f + H * np_max; /* [heads of a group][kvl] (one token; the scores before it: attend) */
+    const int64_t per = np_max > ATTEND_CHUNK ? 1 : 2;
+    const int64_t G1 = w->nth > 1 ? (H < per * w->nth ? H : per * w->nth) : 1; /* one token's */
+    const int64_t G = n >= 2 * w->nth && H / G1 >= 2 ? 1 : G1;
+    float *o1 = wk->f; /* [heads of a group][kvl] (one token; q_abs_head's gather is done with wk->f by then) */
     for (int64_t it; (it = fw_chunk(w, n * G, 1)) >= 0;) {
         int64_t t = it / G, g = it % G;
         int64_t h0 = H * g / G, h1 = H * (g + 1) / G, nh = h1 - h0;
         if (fuse)
             for (int64_t h = h0; h < h1; h++) q_abs_head(s, a, wk, il, h);
         float *o = n == 1 ? o1 : a->oatt + (t * H + h0) * kvl;
-        attend(s, a, wk, il, t, h0, h1, np_max, o);
+        attend(s, a, wk, il, t, h0, h1, o);
         if (n > 1) continue;
         for (int64_t hh = 0; hh < nh; hh++) {
             int64_t h = h0 + hh;
@@ -340,7 +317,7 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
     const struct moetax_hparams *hp = &s->m->hp;
     const int64_t U = s->n_ubatch, d = hp->n_embd, H = hp->n_head, nope = hp->n_embd_head_qk_nope;
     const int64_t rope = hp->n_embd_head_qk_rope, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
-    const int64_t ql = hp->q_lora_rank, cells = moetax_kvcache_n_cells(kv);
+    const int64_t ql = hp->q_lora_rank;
     memset(a, 0, sizeof *a);
     a->kv = kv;
     a->kv_row = kvl + rope;
@@ -359,13 +336,15 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
     bool ok = a->qa && a->q && a->kva && a->qabs && a->attv && a->oatt && a->out && a->ropecs && a->wk;
     for (int i = 0; ok && i < a->n_threads; i++) {
         struct mla_worker *wk = &a->wk[i];
-        wk->nf = (size_t)max64(H * (cells + kvl), U * max64(nope, kvl));
+        wk->nf = (size_t)max64(H * kvl, U * max64(nope, kvl));
         wk->nq = moetax_act_size(MOETAX_TYPE_Q4_0, (max64(nope, kvl) + 31) / 32 * 32, U) + 64;
         wk->f = calloc(wk->nf, sizeof(float));
+        wk->atbuf = calloc((size_t)attend_scratch_floats(H, kvl), sizeof(float));
         wk->q = aligned_alloc(64, (wk->nq + 63) / 64 * 64);
         wk->row = calloc((size_t)a->kv_row, sizeof(float));
         wk->vb = a->f16 ? calloc((size_t)(bs * kvl), sizeof(float)) : NULL;
-        ok = wk->f && wk->q && wk->row && (!a->f16 || wk->vb);
+        wk->at = attend_scratch_at(wk->atbuf, H, kvl, wk->vb);
+        ok = wk->f && wk->atbuf && wk->q && wk->row && (!a->f16 || wk->vb);
     }
     if (!ok) {
         mla_free(a);
@@ -380,6 +359,7 @@ void mla_free(struct mla *a) {
     if (a->wk)
         for (int i = 0; i < a->n_threads; i++) {
             free(a->wk[i].f);
+            free(a->wk[i].atbuf);
             free(a->wk[i].q);
             free(a->wk[i].row);
             free(a->wk[i].vb);

@@ -3,13 +3,16 @@
 #ifndef MOETAX_MLA_H
 #define MOETAX_MLA_H
 
+#include "attn/attend.h"
 #include "model/step.h"
 #include "moetax/kvcache.h"
 
 /* per-worker scratch of attention */
 struct mla_worker {
-    float *f;  /* [nf] gathered q_nope / scores of a head group / gathered o of a head */
+    float *f;  /* [nf] gathered q_nope / a head group's o (one token) / gathered o of a head */
     size_t nf;
+    float *atbuf;            /* attend_scratch_floats(n_head, kv_lora) */
+    struct attend_scratch at; /* attend's scratch in atbuf (and vb) */
     void *q;   /* [nq] prepared rows for the per-head matmuls */
     size_t nq;
     float *row; /* [kv_row] a cache row before its conversion (F16 cells) */

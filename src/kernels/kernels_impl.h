@@ -134,7 +134,7 @@ void moetax_k_matmul_avx512_stream(enum moetax_type wtype, const void *w, size_t
 
 /* ---- vector ops ---- */
 void moetax_k_rmsnorm_ref(float *out, const float *x, const float *w, int64_t n, float eps);
-void moetax_k_softmax_ref(float *x, int64_t n);
+void moetax_k_softmax_ref(float *x, int64_t n, float ms[2]);
 void moetax_k_sigmoid_ref(float *x, int64_t n);
 void moetax_k_topk_ref(const float *x, int64_t n, int64_t k, int32_t *idx, float *val);
 void moetax_k_silu_mul_ref(float *out, const float *g, const float *u, int64_t n);
@@ -155,7 +155,7 @@ void moetax_k_bf16_to_fp32_ref(const uint16_t *x, float *y, int64_t n);
 void moetax_k_fp32_to_bf16_ref(const float *x, uint16_t *y, int64_t n);
 
 void moetax_k_rmsnorm_avx2(float *out, const float *x, const float *w, int64_t n, float eps);
-void moetax_k_softmax_avx2(float *x, int64_t n);
+void moetax_k_softmax_avx2(float *x, int64_t n, float ms[2]);
 void moetax_k_sigmoid_avx2(float *x, int64_t n);
 void moetax_k_silu_mul_avx2(float *out, const float *g, const float *u, int64_t n);
 void moetax_k_scatter_add_avx2(float *dst, int64_t ld_dst, const float *src, int64_t ld_src, const int32_t *rows,

@@ -84,7 +84,7 @@ void moetax_k_rmsnorm_avx2(float *out, const float *x, const float *w, int64_t n
     for (; i < n; i++) out[i] = x[i] * scale * (w ? w[i] : 1.0f);
 }
 
-void moetax_k_softmax_avx2(float *x, int64_t n) {
+void moetax_k_softmax_avx2(float *x, int64_t n, float ms[2]) {
     if (n <= 0) return;
     __m256 vm = _mm256_set1_ps(-INFINITY);
     int64_t i = 0;
@@ -103,8 +103,9 @@ void moetax_k_softmax_avx2(float *x, int64_t n) {
         store_tail(x + i, n - i, e);
         sum = _mm256_add_ps(sum, e);
     }
-    const float inv = 1.0f / hsum_ps(sum);
+    const float total = hsum_ps(sum), inv = 1.0f / total;
     moetax_k_scale_avx2(x, inv, n);
+    if (ms) ms[0] = max, ms[1] = total;
 }
 
 void moetax_k_sigmoid_avx2(float *x, int64_t n) {

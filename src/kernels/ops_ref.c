@@ -13,7 +13,7 @@ void moetax_k_rmsnorm_ref(float *out, const float *x, const float *w, int64_t n,
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * (w ? w[i] : 1.0f);
 }
 
-void moetax_k_softmax_ref(float *x, int64_t n) {
+void moetax_k_softmax_ref(float *x, int64_t n, float ms[2]) {
     if (n <= 0) return;
     float max = x[0];
     for (int64_t i = 1; i < n; i++) max = fmaxf(max, x[i]);
@@ -24,6 +24,7 @@ void moetax_k_softmax_ref(float *x, int64_t n) {
     }
     const float inv = (float)(1.0 / sum);
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
+    if (ms) ms[0] = max, ms[1] = (float)sum;
 }
 
 void moetax_k_sigmoid_ref(float *x, int64_t n) {

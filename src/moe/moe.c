@@ -115,7 +115,7 @@ static void token_scores(const struct moetax_kernels *K, const struct moetax_hpa
     const int64_t E = hp->n_expert;
     memcpy(p, logits, sizeof(float) * (size_t)E);
     if (hp->gating_func == 2) K->sigmoid(p, E);
-    else K->softmax(p, E);
+    else K->softmax(p, E, NULL);
     for (int64_t e = 0; e < E; e++) s[e] = bias ? p[e] + bias[e] : p[e];
     if (hp->n_expert_group > 1) {
         const int64_t G = hp->n_expert_group, per = E / G;

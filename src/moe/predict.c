@@ -280,7 +280,7 @@ static void features(const struct fw_step *s, const struct moetax_predictor *p, 
             if (sel[j] >= 0 && sel[j] < r->E) oh[sel[j]] = 1.0f;
         memcpy(g, z, sizeof(float) * (size_t)r->E);
         if (s->m->hp.gating_func == 2) s->K->sigmoid(g, r->E);
-        else s->K->softmax(g, r->E);
+        else s->K->softmax(g, r->E, NULL);
         o += 2 * r->E;
     }
     f[o] = 1.0f;
@@ -295,7 +295,7 @@ static float *selection_scores(const struct fw_step *s, const struct run *r, int
     float *p = r->p, *sc = r->p + E;
     memcpy(p, z, sizeof(float) * (size_t)E);
     if (hp->gating_func == 2) s->K->sigmoid(p, E);
-    else s->K->softmax(p, E);
+    else s->K->softmax(p, E, NULL);
     for (int64_t e = 0; e < E; e++) sc[e] = bias ? p[e] + bias[e] : p[e];
     return sc;
 }

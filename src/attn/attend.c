@@ -1,0 +1,85 @@
+/*
+ * attend.c - chunked attention over a sequence's cached positions (see attend.h).
+ */
+#include "attn/attend.h"
+
+#include <math.h>
+#include <string.h>
+
+int64_t attend_scratch_floats(int64_t nh, int64_t v_cols) { return nh * (ATTEND_CHUNK + v_cols + 4); }
+
+struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, float *vb) {
+    struct attend_scratch w = {.sc = buf, .oc = buf + nh * ATTEND_CHUNK, .vb = vb};
+    w.ms = w.oc + nh * v_cols;
+    return w;
+}
+
+/* Chunk c's scores, softmax and weighted sum into o (see attend_chunk); ms[h * 2 + 0/1]. */
+static void chunk(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
+                  int64_t np, int64_t c, float kq_scale, float *o, int64_t ldo, float *ms,
+                  const struct attend_scratch *w) {
+    const int64_t bs = moetax_kvcache_block_size(src->kv), kvr = src->kvr;
+    const int64_t c0 = c * ATTEND_CHUNK, c1 = c0 + ATTEND_CHUNK < np ? c0 + ATTEND_CHUNK : np, cn = c1 - c0;
+    const enum moetax_type ct = src->f16 ? MOETAX_TYPE_F16 : MOETAX_TYPE_F32;
+    const size_t esz = src->f16 ? sizeof(uint16_t) : sizeof(float), crow = esz * (size_t)kvr;
+    float *sc = w->sc; /* [nh][cn] */
+    /* the blocks that hold positions c0 .. c1-1, rows [r0, r1) of each */
+    for (int64_t b = c0 / bs; b * bs < c1; b++) {
+        const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
+        const char *rows = (const char *)moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]);
+        K->matmul(ct, rows + esz * (size_t)src->k_off, crow, r0, r1, src->k_cols, q, nh, sc + (b * bs - c0), cn);
+    }
+    for (int64_t h = 0; h < nh; h++) {
+        K->scale(sc + h * cn, kq_scale, cn);
+        K->softmax(sc + h * cn, cn, ms + 2 * h);
+    }
+    for (int64_t b = c0 / bs; b * bs < c1; b++) {
+        const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
+        const char *rows = (const char *)moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]) +
+                           esz * (size_t)(r0 * kvr + src->v_off);
+        const float *p = sc + (b * bs + r0 - c0);
+        const bool acc = b * bs + r0 > c0;
+        if (src->f16) { /* the rows' values in float (the weighted sum reads float rows) */
+            for (int64_t r = 0; r < r1 - r0; r++)
+                K->fp16_to_fp32((const uint16_t *)rows + r * kvr, w->vb + r * src->v_cols, src->v_cols);
+            K->wsum(o, ldo, p, cn, nh, w->vb, src->v_cols, r1 - r0, src->v_cols, acc);
+        } else {
+            K->wsum(o, ldo, p, cn, nh, (const float *)rows, kvr, r1 - r0, src->v_cols, acc);
+        }
+    }
+}
+
+/* One head's merge of the next chunk (output oc, max m, divisor l) into o with the running max
+ * and divisor run[0], run[1] (attend.h). */
+static void fold(const struct moetax_kernels *K, float *o, const float *oc, int64_t n, float *run, float m,
+                 float l) {
+    const float mx = fmaxf(run[0], m), a = run[1] * expf(run[0] - mx), b = l * expf(m - mx), z = a + b;
+    K->scale(o, a / z, n);
+    K->axpy(o, b / z, oc, n);
+    run[0] = mx;
+    run[1] = z;
+}
+
+void attend_chunk(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
+                  int64_t np, int64_t c, float kq_scale, float *o, int64_t ldo, float *ms,
+                  const struct attend_scratch *w) {
+    chunk(K, src, q, nh, np, c, kq_scale, o, ldo, ms, w);
+}
+
+void attend_heads(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
+                  int64_t np, float kq_scale, float *o, int64_t ldo, const struct attend_scratch *w) {
+    const int64_t nc = attend_n_chunks(np), vc = src->v_cols;
+    float *run = w->ms + 2 * nh; /* [nh][2] */
+    chunk(K, src, q, nh, np, 0, kq_scale, o, ldo, run, w);
+    for (int64_t c = 1; c < nc; c++) {
+        chunk(K, src, q, nh, np, c, kq_scale, w->oc, vc, w->ms, w);
+        for (int64_t h = 0; h < nh; h++) fold(K, o + h * ldo, w->oc + h * vc, vc, run + 2 * h, w->ms[2 * h], w->ms[2 * h + 1]);
+    }
+}
+
+void attend_merge(const struct moetax_kernels *K, const float *oc, int64_t ldc, const float *ms, int64_t ldms,
+                  int64_t nc, int64_t v_cols, float *o) {
+    memcpy(o, oc, sizeof(float) * (size_t)v_cols);
+    float run[2] = {ms[0], ms[1]};
+    for (int64_t c = 1; c < nc; c++) fold(K, o, oc + c * ldc, v_cols, run, ms[c * ldms], ms[c * ldms + 1]);
+}

@@ -1,0 +1,72 @@
+/*
+ * attend.h - one token's attention for a group of query heads over its sequence's cached
+ * positions, shared by MLA (mla.c) and GQA (gqa.c).
+ *
+ * The positions 0 .. np-1 go in chunks of ATTEND_CHUNK (a constant: the results must not depend
+ * on the thread count, the micro-batch or the cache's block size). Per chunk c, for every head:
+ * the scores of the chunk's key rows (one matmul per cache block with the heads as its batch),
+ * scaled, their softmax (max m_c, divisor l_c), and the softmax-weighted sum o_c of the chunk's
+ * value rows (wsum, one chain over the chunk's blocks). The chunk's rows are read from memory once
+ * for the scores and again from the core's own caches for the weighted sum, which a pass over all
+ * positions (scores of every position first) read from memory twice. The chunks are merged in
+ * order: with (M, Z, o) after chunks 0 .. c-1,
+ *   M' = max(M, m_c), a = Z exp(M - M'), b = l_c exp(m_c - M'), Z' = a + b,
+ *   o' = o * (a / Z') + o_c * (b / Z')                 (scale, then axpy: the table's ops)
+ * starting from o = o_0, M = m_0, Z = l_0. With np <= ATTEND_CHUNK that is the plain softmax-
+ * weighted sum, the same calls in the same order. The merge of chunk outputs computed elsewhere
+ * (attend_merge) is the same arithmetic, so the bits do not depend on who computed which chunk.
+ */
+#ifndef MOETAX_ATTN_ATTEND_H
+#define MOETAX_ATTN_ATTEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "moetax/kernels.h"
+#include "moetax/kvcache.h"
+
+enum { ATTEND_CHUNK = 256 }; /* positions per chunk */
+
+/* Where a head group's keys and values lie in one sequence's cache rows of one layer. */
+struct attend_src {
+    const struct moetax_kvcache *kv;
+    int32_t layer;
+    const int32_t *blk;   /* the sequence's block table (moetax_kvcache_seq_blocks) */
+    bool f16;             /* F16 cells, else F32 */
+    int64_t kvr;          /* values per cell row */
+    int64_t k_off, k_cols; /* the keys: values k_off .. k_off + k_cols of each row */
+    int64_t v_off, v_cols; /* the values: v_off .. v_off + v_cols */
+};
+
+/* A worker's scratch for up to nh heads (attend_scratch_floats). */
+struct attend_scratch {
+    float *sc; /* [nh][ATTEND_CHUNK] scores, then probabilities */
+    float *oc; /* [nh][v_cols] a later chunk's weighted sum */
+    float *ms; /* [nh][4] the chunk's max and divisor, the running ones */
+    float *vb; /* [block_size][v_cols] F16 cells' values in float (NULL for F32 cells) */
+};
+
+/* Floats of sc + oc + ms for nh heads of v_cols values. */
+int64_t attend_scratch_floats(int64_t nh, int64_t v_cols);
+/* Lays sc, oc and ms out in buf (attend_scratch_floats(nh, v_cols) floats); vb as given. */
+struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, float *vb);
+
+/* Chunks of np positions. */
+static inline int64_t attend_n_chunks(int64_t np) { return (np + ATTEND_CHUNK - 1) / ATTEND_CHUNK; }
+
+/* o[h * ldo + c] (h < nh, c < v_cols) = sum_j softmax_j(kq_scale * q_h . K_j) V_j over the positions
+ * j < np, q_h at q + h * k_cols; all chunks, merged as above. */
+void attend_heads(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
+                  int64_t np, float kq_scale, float *o, int64_t ldo, const struct attend_scratch *w);
+
+/* Chunk c alone: its weighted sum into o (as above) and its max and divisor into ms[h * 2 + 0/1]. */
+void attend_chunk(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
+                  int64_t np, int64_t c, float kq_scale, float *o, int64_t ldo, float *ms,
+                  const struct attend_scratch *w);
+
+/* Merges chunk outputs made by attend_chunk, for head h: oc[c] (v_cols floats each, ldc apart) with
+ * ms[c][2], c < nc, into o; the same bits as attend_heads. */
+void attend_merge(const struct moetax_kernels *K, const float *oc, int64_t ldc, const float *ms, int64_t ldms,
+                  int64_t nc, int64_t v_cols, float *o);
+
+#endif

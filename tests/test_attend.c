@@ -1,0 +1,127 @@
+// ctest-labels: unit
+// ctest-cost: 3
+/* test_attend.c - chunked attention over a paged cache (src/attn/attend.h) against a float64
+ * softmax-weighted sum of the same cells, on every kernel table the machine has: positions
+ * within one chunk, just past it and over several (the merge of chunks), chunks that begin
+ * inside a cache block (a block size that does not divide the chunk), F32 and F16 cells, keys
+ * and values at offsets of the row (GQA's layout) or overlapping (MLA's); and chunks computed
+ * one by one (attend_chunk) then merged (attend_merge) give attend_heads' bits. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn/attend.h"
+#include "moetax/kernels.h"
+#include "moetax/kvcache.h"
+#include "moetax/types.h"
+#include "testutil.h"
+
+struct layout {
+    int64_t kvr, k_off, k_cols, v_off, v_cols;
+};
+
+static void one(const struct moetax_kernels *K, bool f16, int32_t bs, const struct layout *ly, int64_t np, int64_t nh,
+                uint64_t seed) {
+    struct moetax_kvcache_params kp = {.n_cells = np + 2 * bs, .block_size = bs, .n_seq_max = 2,
+                                       .type = f16 ? MOETAX_TYPE_F16 : MOETAX_TYPE_F32};
+    struct moetax_kvcache *kv = NULL;
+    if (moetax_kvcache_init(2, ly->kvr, &kp, &kv) != MOETAX_OK) {
+        CHECK_MSG(0, "%s", moetax_last_error());
+        return;
+    }
+    tu_rng r = {seed};
+    /* sequence 1 holds a few positions first, so sequence 0's blocks are not the first ones */
+    int32_t s1 = 1, p1 = 0;
+    CHECK(moetax_kvcache_reserve(kv, &s1, &p1, 1) == MOETAX_OK);
+    moetax_kvcache_commit(kv, &s1, &p1, 1);
+    int32_t *seq = calloc((size_t)np, sizeof(int32_t)), *pos = malloc(sizeof(int32_t) * (size_t)np);
+    for (int64_t i = 0; i < np; i++) pos[i] = (int32_t)i;
+    CHECK(moetax_kvcache_reserve(kv, seq, pos, np) == MOETAX_OK);
+    /* cells of layer 1 (layer 0 left as zeros); the values as stored, in float for the reference */
+    double *cell = malloc(sizeof(double) * (size_t)(np * ly->kvr));
+    for (int64_t p = 0; p < np; p++) {
+        void *row = moetax_kvcache_row(kv, 1, 0, p);
+        for (int64_t c = 0; c < ly->kvr; c++) {
+            float v = tu_rand_normal(&r) * (c % 7 == 0 ? 3.0f : 1.0f);
+            if (f16) {
+                ((uint16_t *)row)[c] = moetax_fp32_to_fp16(v);
+                v = moetax_fp16_to_fp32(((uint16_t *)row)[c]);
+            } else ((float *)row)[c] = v;
+            cell[p * ly->kvr + c] = v;
+        }
+    }
+    moetax_kvcache_commit(kv, seq, pos, np);
+    float *q = malloc(sizeof(float) * (size_t)(nh * ly->k_cols));
+    for (int64_t i = 0; i < nh * ly->k_cols; i++) q[i] = tu_rand_normal(&r);
+    const float kq_scale = 1.0f / sqrtf((float)ly->k_cols);
+
+    int32_t nblk;
+    const struct attend_src src = {.kv = kv, .layer = 1, .blk = moetax_kvcache_seq_blocks(kv, 0, &nblk), .f16 = f16,
+                                   .kvr = ly->kvr, .k_off = ly->k_off, .k_cols = ly->k_cols, .v_off = ly->v_off,
+                                   .v_cols = ly->v_cols};
+    float *buf = malloc(sizeof(float) * (size_t)attend_scratch_floats(nh, ly->v_cols));
+    float *vb = malloc(sizeof(float) * (size_t)(bs * ly->v_cols));
+    const struct attend_scratch w = attend_scratch_at(buf, nh, ly->v_cols, f16 ? vb : NULL);
+    const int64_t ldo = ly->v_cols + 3; /* a stride wider than the row */
+    float *o = malloc(sizeof(float) * (size_t)(nh * ldo));
+    attend_heads(K, &src, q, nh, np, kq_scale, o, ldo, &w);
+
+    /* float64 reference: one softmax over all positions */
+    double *s = malloc(sizeof(double) * (size_t)np), worst = 0, mag = 0;
+    for (int64_t h = 0; h < nh; h++) {
+        double mx = -INFINITY, z = 0;
+        for (int64_t j = 0; j < np; j++) {
+            double d = 0;
+            for (int64_t c = 0; c < ly->k_cols; c++) d += (double)q[h * ly->k_cols + c] * cell[j * ly->kvr + ly->k_off + c];
+            s[j] = d * kq_scale;
+            mx = fmax(mx, s[j]);
+        }
+        for (int64_t j = 0; j < np; j++) z += (s[j] = exp(s[j] - mx));
+        for (int64_t c = 0; c < ly->v_cols; c++) {
+            double want = 0;
+            for (int64_t j = 0; j < np; j++) want += s[j] / z * cell[j * ly->kvr + ly->v_off + c];
+            worst = fmax(worst, fabs(o[h * ldo + c] - want));
+            mag = fmax(mag, fabs(want));
+        }
+    }
+    CHECK_MSG(worst <= 2e-6 + 2e-5 * mag, "%s %s bs %d np %lld nh %lld: max error %.3g (max |o| %.3g)", K->name,
+              f16 ? "f16" : "f32", bs, (long long)np, (long long)nh, worst, mag);
+
+    /* the chunks one by one, then merged: attend_heads' bits */
+    const int64_t nc = attend_n_chunks(np), vc = ly->v_cols;
+    float *oc = malloc(sizeof(float) * (size_t)(nc * nh * vc)), *ms = malloc(sizeof(float) * (size_t)(nc * nh * 2));
+    for (int64_t c = nc - 1; c >= 0; c--) /* any order */
+        attend_chunk(K, &src, q, nh, np, c, kq_scale, oc + c * nh * vc, vc, ms + c * nh * 2, &w);
+    bool same = true;
+    float *om = malloc(sizeof(float) * (size_t)vc);
+    for (int64_t h = 0; h < nh; h++) {
+        attend_merge(K, oc + h * vc, nh * vc, ms + 2 * h, nh * 2, nc, vc, om);
+        same &= !memcmp(om, o + h * ldo, sizeof(float) * (size_t)vc);
+    }
+    CHECK_MSG(same, "%s %s bs %d np %lld nh %lld: chunks merged apart differ from attend_heads", K->name,
+              f16 ? "f16" : "f32", bs, (long long)np, (long long)nh);
+    free(om), free(oc), free(ms), free(s), free(o), free(vb), free(buf), free(q), free(cell), free(seq), free(pos);
+    moetax_kvcache_free(kv);
+}
+
+int main(int argc, char **argv) {
+    tu_init(argc, argv);
+    const struct moetax_kernels *tabs[3] = {moetax_kernels_ref(), moetax_kernels_avx2(), moetax_kernels_avx512()};
+    if (!tabs[1]) printf("test_attend: no AVX2 on this CPU: its table is skipped\n");
+    if (!tabs[2]) printf("test_attend: no AVX-512 table on this CPU: skipped\n");
+    /* MLA: keys the whole row, values its first part; GQA: one KV head's keys and values */
+    const struct layout mla = {.kvr = 40, .k_off = 0, .k_cols = 40, .v_off = 0, .v_cols = 32};
+    const struct layout gqa = {.kvr = 4 * 16 + 4 * 24, .k_off = 16, .k_cols = 16, .v_off = 4 * 16 + 2 * 24, .v_cols = 24};
+    const int64_t nps[] = {1, 37, ATTEND_CHUNK, ATTEND_CHUNK + 1, 2 * ATTEND_CHUNK + 77, 4 * ATTEND_CHUNK + 5};
+    uint64_t seed = 1;
+    for (int t = 0; t < 3; t++) {
+        if (!tabs[t]) continue;
+        for (int f16 = 0; f16 < 2; f16++)
+            for (size_t i = 0; i < sizeof nps / sizeof nps[0]; i++) {
+                one(tabs[t], f16, 32, &mla, nps[i], 4, seed++);
+                one(tabs[t], f16, 48, &gqa, nps[i], 3, seed++); /* 48 does not divide the chunk */
+                one(tabs[t], f16, 32, &gqa, nps[i], 1, seed++);
+            }
+    }
+    return tu_finish("test_attend");
+}
