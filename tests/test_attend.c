@@ -4,8 +4,11 @@
  * softmax-weighted sum of the same cells, on every kernel table the machine has: positions
  * within one chunk, just past it and over several (the merge of chunks), chunks that begin
  * inside a cache block (a block size that does not divide the chunk), F32 and F16 cells, keys
- * and values at offsets of the row (GQA's layout) or overlapping (MLA's); and chunks computed
- * one by one (attend_chunk) then merged (attend_merge) give attend_heads' bits. */
+ * and values at offsets of the row (GQA's layout) or overlapping (MLA's); chunks computed one by
+ * one (attend_chunk) then merged (attend_merge) give attend_heads' bits; and a head's bits do not
+ * depend on the group of heads it is computed in (two or more: MLA's decode splits the heads into
+ * one group per worker, or two, and a batch takes them all), with rows of 576 bytes, where one
+ * batch row would take the F32 matmul's decode path and other bits. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +103,19 @@ static void one(const struct moetax_kernels *K, bool f16, int32_t bs, const stru
     }
     CHECK_MSG(same, "%s %s bs %d np %lld nh %lld: chunks merged apart differ from attend_heads", K->name,
               f16 ? "f16" : "f32", bs, (long long)np, (long long)nh);
+    /* a head's bits do not depend on the group it is computed in (groups of two or more) */
+    if (nh >= 4) {
+        const int64_t cut = nh / 2 - 1; /* [0, cut) and [cut, nh), each of 2+ heads for nh >= 5 */
+        float *o2 = malloc(sizeof(float) * (size_t)(nh * ldo));
+        const int64_t lo = cut >= 2 ? cut : 2;
+        attend_heads(K, &src, q, lo, np, kq_scale, o2, ldo, &w);
+        attend_heads(K, &src, q + lo * ly->k_cols, nh - lo, np, kq_scale, o2 + lo * ldo, ldo, &w);
+        bool sg = true;
+        for (int64_t h = 0; h < nh; h++) sg &= !memcmp(o2 + h * ldo, o + h * ldo, sizeof(float) * (size_t)vc);
+        CHECK_MSG(sg, "%s %s bs %d np %lld: heads in groups of %lld and %lld differ from one group of %lld", K->name,
+                  f16 ? "f16" : "f32", bs, (long long)np, (long long)lo, (long long)(nh - lo), (long long)nh);
+        free(o2);
+    }
     free(om), free(oc), free(ms), free(s), free(o), free(vb), free(buf), free(q), free(cell), free(seq), free(pos);
     moetax_kvcache_free(kv);
 }
@@ -110,7 +126,7 @@ int main(int argc, char **argv) {
     if (!tabs[1]) printf("test_attend: no AVX2 on this CPU: its table is skipped\n");
     if (!tabs[2]) printf("test_attend: no AVX-512 table on this CPU: skipped\n");
     /* MLA: keys the whole row, values its first part; GQA: one KV head's keys and values */
-    const struct layout mla = {.kvr = 40, .k_off = 0, .k_cols = 40, .v_off = 0, .v_cols = 32};
+    const struct layout mla = {.kvr = 144, .k_off = 0, .k_cols = 144, .v_off = 0, .v_cols = 128}; /* rows of 576 B */
     const struct layout gqa = {.kvr = 4 * 16 + 4 * 24, .k_off = 16, .k_cols = 16, .v_off = 4 * 16 + 2 * 24, .v_cols = 24};
     const int64_t nps[] = {1, 37, ATTEND_CHUNK, ATTEND_CHUNK + 1, 2 * ATTEND_CHUNK + 77, 4 * ATTEND_CHUNK + 5};
     uint64_t seed = 1;
@@ -121,6 +137,8 @@ int main(int argc, char **argv) {
                 one(tabs[t], f16, 32, &mla, nps[i], 4, seed++);
                 one(tabs[t], f16, 48, &gqa, nps[i], 3, seed++); /* 48 does not divide the chunk */
                 one(tabs[t], f16, 32, &gqa, nps[i], 1, seed++);
+                one(tabs[t], f16, 32, &mla, nps[i], 11, seed++);
+                one(tabs[t], f16, 32, &mla, nps[i], 9, seed++);
             }
     }
     return tu_finish("test_attend");
