@@ -185,6 +185,7 @@ struct moetax_model {
     struct moetax_weight output;            /* {d, n_vocab} (token_embd if absent) */
     struct moetax_layer *layers;            /* [n_layer] */
     bool has_q8_0, has_q4_0;                /* activation preparations needed */
+    bool has_kq;                            /* k-quant weights: block_q8_K rows prepared too */
     const struct moetax_arch *arch;         /* internal: the architecture that bound it (src/model/arch.h) */
     void *owned;                            /* internal: owned F32 copies */
 };

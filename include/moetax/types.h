@@ -187,6 +187,8 @@ const char *moetax_type_name(enum moetax_type t);
 /* Parse a name as printed by moetax_type_name (case-insensitive); returns false if unknown. */
 bool moetax_type_from_name(const char *name, enum moetax_type *out);
 /* True for the types moetax computes with: F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. */
+/* Q2_K .. Q6_K: k-quants, whose matmuls take block_q8_K activation rows (kernels.h). */
+bool moetax_type_is_kquant(enum moetax_type t);
 bool moetax_type_supported(enum moetax_type t);
 /* The type a matrix with rows of ne0 values takes when a whole model is made of type t
  * (quantize, gen): t where its blocks fit the rows; else a k-quant falls back to Q8_0 (as

@@ -71,6 +71,11 @@ bool moetax_type_from_name(const char *name, enum moetax_type *out) {
     return false;
 }
 
+bool moetax_type_is_kquant(enum moetax_type t) {
+    return t == MOETAX_TYPE_Q2_K || t == MOETAX_TYPE_Q3_K || t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K ||
+           t == MOETAX_TYPE_Q6_K;
+}
+
 bool moetax_type_supported(enum moetax_type t) {
     return t == MOETAX_TYPE_F32 || t == MOETAX_TYPE_F16 || t == MOETAX_TYPE_BF16 ||
            t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q2_K || t == MOETAX_TYPE_Q3_K ||

@@ -9,16 +9,14 @@
 #include <stddef.h>
 
 #include "moetax/kernels.h"
+#include "moetax/types.h"
 
 /* ---- prepared-activation layout (see kernels.h) ---- */
 static inline int moetax_k_act_is_q(enum moetax_type t) {
     return t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0;
 }
 /* k-quant weights: activations are block_q8_K rows (kernels.h). */
-static inline int moetax_k_act_is_k(enum moetax_type t) {
-    return t == MOETAX_TYPE_Q2_K || t == MOETAX_TYPE_Q3_K || t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K ||
-           t == MOETAX_TYPE_Q6_K;
-}
+static inline int moetax_k_act_is_k(enum moetax_type t) { return moetax_type_is_kquant(t); }
 /* Bytes of one prepared batch row. */
 static inline size_t moetax_k_act_row_bytes(enum moetax_type t, int64_t ncols) {
     const size_t nb = (size_t)(ncols / 32);

@@ -569,6 +569,7 @@ moetax_status arch_bind(struct moetax_model *m, struct moetax_weight *w, const c
     w->mat_bytes = w->row_bytes * (size_t)t->ne[1];
     if (t->type == MOETAX_TYPE_Q8_0) m->has_q8_0 = true;
     if (t->type == MOETAX_TYPE_Q4_0) m->has_q4_0 = true;
+    if (moetax_type_is_kquant(t->type)) m->has_kq = true;
     return MOETAX_OK;
 }
 

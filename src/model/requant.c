@@ -187,6 +187,7 @@ moetax_status model_requant_experts(struct moetax_model *m, enum moetax_type to,
     }
     if (to == MOETAX_TYPE_Q8_0) m->has_q8_0 = true;
     if (to == MOETAX_TYPE_Q4_0) m->has_q4_0 = true;
+    if (moetax_type_is_kquant(to)) m->has_kq = true;
     free(items);
     return MOETAX_OK;
 }

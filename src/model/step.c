@@ -97,15 +97,23 @@ void fw_split(const struct worker *w, int64_t n, int64_t align, int64_t *r0, int
 
 static int64_t up32(int64_t a) { return (a + 31) / 32 * 32; }
 
+/* The type whose prepared rows fill an act's qk slot: block_q8_K rows, the same for every k-quant. */
+#define ACT_KQ_TYPE MOETAX_TYPE_Q4_K
+enum { ACT_KQ_BLOCK = 256 };
+
 moetax_status fw_act_alloc(const struct moetax_model *m, struct act *a, int64_t ncols, int64_t rows, bool own_x) {
     size_t b8 = moetax_act_size(MOETAX_TYPE_Q8_0, up32(ncols), rows);
     size_t b4 = moetax_act_size(MOETAX_TYPE_Q4_0, up32(ncols), rows);
+    /* k-quant rows of every width up to ncols that is a multiple of 256 */
+    size_t bk = ncols >= ACT_KQ_BLOCK ? moetax_act_size(ACT_KQ_TYPE, ncols / ACT_KQ_BLOCK * ACT_KQ_BLOCK, rows) : 0;
     a->q8 = m->has_q8_0 ? aligned_alloc(64, (b8 + 63) / 64 * 64) : NULL;
     a->q4 = m->has_q4_0 ? aligned_alloc(64, (b4 + 63) / 64 * 64) : NULL;
+    a->qk = m->has_kq && bk ? aligned_alloc(64, (bk + 63) / 64 * 64) : NULL;
     a->cap_q8 = b8;
     a->cap_q4 = b4;
+    a->cap_qk = a->qk ? bk : 0;
     if (own_x) a->x = calloc((size_t)(ncols * rows), sizeof(float));
-    if ((m->has_q8_0 && !a->q8) || (m->has_q4_0 && !a->q4) || (own_x && !a->x))
+    if ((m->has_q8_0 && !a->q8) || (m->has_q4_0 && !a->q4) || (m->has_kq && bk && !a->qk) || (own_x && !a->x))
         return moetax_error(MOETAX_ERR_NOMEM, "out of memory for activations");
     return MOETAX_OK;
 }
@@ -113,14 +121,20 @@ moetax_status fw_act_alloc(const struct moetax_model *m, struct act *a, int64_t 
 void fw_act_free(struct act *a, bool own_x) {
     free(a->q8);
     free(a->q4);
+    free(a->qk);
     if (own_x) free((void *)a->x);
-    a->q8 = a->q4 = NULL;
+    a->q8 = a->q4 = a->qk = NULL;
     if (own_x) a->x = NULL;
 }
 
 struct act fw_act_view(const struct act *slot, const float *x, int64_t ncols, int64_t n) {
-    return (struct act){.x = x, .ncols = ncols, .n = n, .q8 = slot->q8, .q4 = slot->q4, .cap_q8 = slot->cap_q8,
-                        .cap_q4 = slot->cap_q4};
+    return (struct act){.x = x, .ncols = ncols, .n = n, .q8 = slot->q8, .q4 = slot->q4, .qk = slot->qk,
+                        .cap_q8 = slot->cap_q8, .cap_q4 = slot->cap_q4, .cap_qk = slot->cap_qk};
+}
+
+bool fw_act_has_qk(const struct act *a) {
+    return a->qk && a->ncols % ACT_KQ_BLOCK == 0 &&
+           moetax_act_size(ACT_KQ_TYPE, a->ncols, a->n) <= a->cap_qk;
 }
 
 void fw_act_publish(const struct worker *w, struct act *slot, const struct act *view) {
@@ -142,6 +156,11 @@ void fw_act_prep(const struct fw_step *s, struct act *a, int64_t t0, int64_t t1)
         size_t rb = moetax_act_size(MOETAX_TYPE_Q4_0, a->ncols, 1);
         s->K->quantize_act(MOETAX_TYPE_Q4_0, a->x + t0 * a->ncols, a->ncols, a->ncols, t1 - t0,
                            (char *)a->q4 + (size_t)t0 * rb);
+    }
+    if (fw_act_has_qk(a)) {
+        size_t rb = moetax_act_size(ACT_KQ_TYPE, a->ncols, 1);
+        s->K->quantize_act(ACT_KQ_TYPE, a->x + t0 * a->ncols, a->ncols, a->ncols, t1 - t0,
+                           (char *)a->qk + (size_t)t0 * rb);
     }
 }
 
@@ -228,13 +247,13 @@ const void *fw_act_for(const struct act *a, enum moetax_type t) {
     return a->x;
 }
 
-/* k-quant weights (Q4_K, Q5_K, Q6_K): their block_q8_K activations are prepared here, per call,
- * from the float rows a->x[b0 .. b0 + n), in chunks that fit a stack buffer, not in a slot of
- * the act: acts are built and gathered in several places (attention's scratch, the MoE
- * dispatch) that copy only the Q8_0/Q4_0 slots. quantize_act is a pure function of a row and
- * the k-quant matmul is batch-invariant (kernels.h), so the results equal those of one call
- * over prepared rows. The cost is one quantization of the rows per call (per row block and
- * expert), small against the weights' bytes; a prepared slot is the follow-up. */
+/* k-quant weights (Q2_K .. Q6_K): their block_q8_K activations come from the act's qk slot,
+ * prepared once with the other slots (fw_act_prep, or copied with them); an act without one (made
+ * by hand: attention's per-head scratch, the router guess) has them prepared here, per call,
+ * from the float rows a->x[b0 .. b0 + n), in chunks that fit a stack buffer. quantize_act is a
+ * pure function of a row and the k-quant matmul is batch-invariant (kernels.h), so the results
+ * are the same either way. Per call, a matrix split into row blocks quantized its input rows
+ * once per block. */
 static void matmul_kq2(const struct fw_step *s, const struct moetax_weight *w, const char *wp,
                        const struct moetax_weight *w2, const char *wp2, int64_t nrows, const struct act *a, int64_t b0,
                        int64_t n, float *y, float *y2, int64_t ldy);
@@ -249,10 +268,16 @@ static void matmul_kq(const struct fw_step *s, const struct moetax_weight *w, co
 static void matmul_kq2(const struct fw_step *s, const struct moetax_weight *w, const char *wp,
                        const struct moetax_weight *w2, const char *wp2, int64_t nrows, const struct act *a, int64_t b0,
                        int64_t n, float *y, float *y2, int64_t ldy) {
-    enum { STACK = 64 * 1024 };
-    _Alignas(64) unsigned char stack[STACK];
     const int64_t nc = w->ne[0];
     const size_t rb = moetax_act_size(w->type, nc, 1);
+    if (fw_act_has_qk(a) && a->ncols == nc) { /* prepared rows */
+        const char *xq = (const char *)a->qk + (size_t)b0 * rb;
+        s->mm(w->type, wp, w->row_bytes, 0, nrows, nc, xq, n, y, ldy);
+        if (w2) s->mm(w2->type, wp2, w2->row_bytes, 0, nrows, nc, xq, n, y2, ldy);
+        return;
+    }
+    enum { STACK = 64 * 1024 };
+    _Alignas(64) unsigned char stack[STACK];
     int64_t chunk = rb && rb <= STACK ? (int64_t)(STACK / rb) : 1;
     unsigned char *buf = rb <= STACK ? stack : malloc(rb);
     if (!buf) { /* a row over 64 KiB of activations (ncols > 57344) and no memory: no result */
@@ -269,10 +294,6 @@ static void matmul_kq2(const struct fw_step *s, const struct moetax_weight *w, c
     if (buf != stack) free(buf);
 }
 
-static bool is_kq(enum moetax_type t) {
-    return t == MOETAX_TYPE_Q2_K || t == MOETAX_TYPE_Q3_K || t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K ||
-           t == MOETAX_TYPE_Q6_K;
-}
 
 static bool is_float(enum moetax_type t) {
     return t == MOETAX_TYPE_F32 || t == MOETAX_TYPE_F16 || t == MOETAX_TYPE_BF16;
@@ -305,7 +326,7 @@ void fw_matmul_rel(const struct fw_step *s, const struct moetax_weight *w, int64
                    const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
     if (r1 <= r0 || n <= 0) return;
     const char *wp = (const char *)w->data + (size_t)mat * w->mat_bytes + (size_t)r0 * w->row_bytes;
-    if (is_kq(w->type)) {
+    if (moetax_type_is_kquant(w->type)) {
         matmul_kq(s, w, wp, r1 - r0, a, b0, n, y, ldy);
         return;
     }
@@ -316,7 +337,7 @@ void fw_matmul_at(const struct fw_step *s, const struct moetax_weight *w, const 
                   const struct act *a, int64_t b0, int64_t n, float *y, int64_t ldy) {
     if (r1 <= r0 || n <= 0) return;
     const char *wp = (const char *)mat + (size_t)r0 * w->row_bytes;
-    if (is_kq(w->type)) {
+    if (moetax_type_is_kquant(w->type)) {
         matmul_kq(s, w, wp, r1 - r0, a, b0, n, y + r0, ldy);
         return;
     }
@@ -332,7 +353,7 @@ void fw_matmul2_at(const struct fw_step *s, const struct moetax_weight *w, const
                    const struct moetax_weight *w2, const void *mat2, int64_t r0, int64_t r1, const struct act *a,
                    int64_t b0, int64_t n, float *y, float *y2, int64_t ldy) {
     if (r1 <= r0 || n <= 0) return;
-    if (is_kq(w->type) && is_kq(w2->type) && w->ne[0] == w2->ne[0]) {
+    if (moetax_type_is_kquant(w->type) && moetax_type_is_kquant(w2->type) && w->ne[0] == w2->ne[0]) {
         matmul_kq2(s, w, (const char *)mat + (size_t)r0 * w->row_bytes, w2,
                    (const char *)mat2 + (size_t)r0 * w2->row_bytes, r1 - r0, a, b0, n, y + r0, y2 + r0, ldy);
         return;

@@ -32,12 +32,14 @@
 
 /* Prepared activations of one input matrix [n rows, ncols] for every weight
  * type the model uses: float types read x itself; Q8_0/Q4_0 get their own
- * prepared copies (see include/moetax/kernels.h). */
+ * prepared copies, and k-quants block_q8_K rows (qk; rows of a multiple of 256
+ * values) where the slot has them (see include/moetax/kernels.h). An act made by
+ * hand without qk has its k-quant rows made per matmul call instead. */
 struct act {
     const float *x;
     int64_t ncols, n;
-    void *q8, *q4;       /* buffers owned by whoever allocated the slot (fw_act_alloc) */
-    size_t cap_q8, cap_q4;
+    void *q8, *q4, *qk;  /* buffers owned by whoever allocated the slot (fw_act_alloc) */
+    size_t cap_q8, cap_q4, cap_qk;
 };
 
 /* Per-worker buffers of the step helpers: the own rows of one token, or of a
@@ -145,6 +147,8 @@ void fw_act_free(struct act *a, bool own_x);
  * while worker 0 publishes the descriptor with fw_act_publish (the barrier at
  * the end of the phase makes it visible to the next phases). */
 struct act fw_act_view(const struct act *slot, const float *x, int64_t ncols, int64_t n);
+/* Whether a's k-quant rows are prepared in its qk slot (fw_act_prep; else made per matmul call). */
+bool fw_act_has_qk(const struct act *a);
 void fw_act_publish(const struct worker *w, struct act *slot, const struct act *view);
 /* Decode (one token): the one row x [ncols] (normalised with norm_w first,
  * unless NULL) prepared in this worker's own slot, for the matmuls of the
