@@ -63,7 +63,7 @@ static void one(const struct moetax_kernels *K, bool f16, int32_t bs, const stru
                                    .kvr = ly->kvr, .k_off = ly->k_off, .k_cols = ly->k_cols, .v_off = ly->v_off,
                                    .v_cols = ly->v_cols};
     float *buf = malloc(sizeof(float) * (size_t)attend_scratch_floats(nh, ly->v_cols));
-    float *vb = malloc(sizeof(float) * (size_t)(bs * ly->v_cols));
+    float *vb = malloc(sizeof(float) * (size_t)attend_f16_floats(ly->k_cols, ly->v_cols));
     const struct attend_scratch w = attend_scratch_at(buf, nh, ly->v_cols, f16 ? vb : NULL);
     const int64_t ldo = ly->v_cols + 3; /* a stride wider than the row */
     float *o = malloc(sizeof(float) * (size_t)(nh * ldo));

@@ -8,8 +8,10 @@
 
 int64_t attend_scratch_floats(int64_t nh, int64_t v_cols) { return nh * (ATTEND_CHUNK + v_cols + 4); }
 
-struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, float *vb) {
-    struct attend_scratch w = {.sc = buf, .oc = buf + nh * ATTEND_CHUNK, .vb = vb};
+int64_t attend_f16_floats(int64_t k_cols, int64_t v_cols) { return ATTEND_CHUNK * (k_cols + v_cols); }
+
+struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, float *fb) {
+    struct attend_scratch w = {.sc = buf, .oc = buf + nh * ATTEND_CHUNK, .fb = fb};
     w.ms = w.oc + nh * v_cols;
     return w;
 }
@@ -20,14 +22,38 @@ static void chunk(const struct moetax_kernels *K, const struct attend_src *src, 
                   const struct attend_scratch *w) {
     const int64_t bs = moetax_kvcache_block_size(src->kv), kvr = src->kvr;
     const int64_t c0 = c * ATTEND_CHUNK, c1 = c0 + ATTEND_CHUNK < np ? c0 + ATTEND_CHUNK : np, cn = c1 - c0;
-    const enum moetax_type ct = src->f16 ? MOETAX_TYPE_F16 : MOETAX_TYPE_F32;
-    const size_t esz = src->f16 ? sizeof(uint16_t) : sizeof(float), crow = esz * (size_t)kvr;
     float *sc = w->sc; /* [nh][cn] */
+    if (src->f16) {
+        /* the chunk's keys and values in float, rows side by side in fb (values inside the keys'
+         * part, as MLA's, are taken from there): one F32 matmul for the scores and one weighted
+         * sum over them, the same products as F16 matmuls over the cells (F16 to F32 is exact) */
+        const bool v_in_k = src->v_off >= src->k_off && src->v_off + src->v_cols <= src->k_off + src->k_cols;
+        const int64_t fs = v_in_k ? src->k_cols : src->k_cols + src->v_cols; /* floats a row */
+        for (int64_t b = c0 / bs; b * bs < c1; b++) {
+            const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
+            const uint16_t *rows = moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]);
+            for (int64_t r = r0; r < r1; r++) {
+                float *f = w->fb + (b * bs + r - c0) * fs;
+                K->fp16_to_fp32(rows + r * kvr + src->k_off, f, src->k_cols);
+                if (!v_in_k) K->fp16_to_fp32(rows + r * kvr + src->v_off, f + src->k_cols, src->v_cols);
+            }
+        }
+        K->matmul(MOETAX_TYPE_F32, w->fb, sizeof(float) * (size_t)fs, 0, cn, src->k_cols, q, nh, sc, cn);
+        for (int64_t h = 0; h < nh; h++) {
+            K->scale(sc + h * cn, kq_scale, cn);
+            K->softmax(sc + h * cn, cn, ms + 2 * h);
+        }
+        K->wsum(o, ldo, sc, cn, nh, w->fb + (v_in_k ? src->v_off - src->k_off : src->k_cols), fs, cn, src->v_cols,
+                false);
+        return;
+    }
+    const size_t crow = sizeof(float) * (size_t)kvr;
     /* the blocks that hold positions c0 .. c1-1, rows [r0, r1) of each */
     for (int64_t b = c0 / bs; b * bs < c1; b++) {
         const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
         const char *rows = (const char *)moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]);
-        K->matmul(ct, rows + esz * (size_t)src->k_off, crow, r0, r1, src->k_cols, q, nh, sc + (b * bs - c0), cn);
+        K->matmul(MOETAX_TYPE_F32, rows + sizeof(float) * (size_t)src->k_off, crow, r0, r1, src->k_cols, q, nh,
+                  sc + (b * bs - c0), cn);
     }
     for (int64_t h = 0; h < nh; h++) {
         K->scale(sc + h * cn, kq_scale, cn);
@@ -35,17 +61,9 @@ static void chunk(const struct moetax_kernels *K, const struct attend_src *src, 
     }
     for (int64_t b = c0 / bs; b * bs < c1; b++) {
         const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
-        const char *rows = (const char *)moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]) +
-                           esz * (size_t)(r0 * kvr + src->v_off);
-        const float *p = sc + (b * bs + r0 - c0);
-        const bool acc = b * bs + r0 > c0;
-        if (src->f16) { /* the rows' values in float (the weighted sum reads float rows) */
-            for (int64_t r = 0; r < r1 - r0; r++)
-                K->fp16_to_fp32((const uint16_t *)rows + r * kvr, w->vb + r * src->v_cols, src->v_cols);
-            K->wsum(o, ldo, p, cn, nh, w->vb, src->v_cols, r1 - r0, src->v_cols, acc);
-        } else {
-            K->wsum(o, ldo, p, cn, nh, (const float *)rows, kvr, r1 - r0, src->v_cols, acc);
-        }
+        const float *rows = (const float *)moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]) +
+                            r0 * kvr + src->v_off;
+        K->wsum(o, ldo, sc + (b * bs + r0 - c0), cn, nh, rows, kvr, r1 - r0, src->v_cols, b * bs + r0 > c0);
     }
 }
 

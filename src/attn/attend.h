@@ -43,13 +43,15 @@ struct attend_scratch {
     float *sc; /* [nh][ATTEND_CHUNK] scores, then probabilities */
     float *oc; /* [nh][v_cols] a later chunk's weighted sum */
     float *ms; /* [nh][4] the chunk's max and divisor, the running ones */
-    float *vb; /* [block_size][v_cols] F16 cells' values in float (NULL for F32 cells) */
+    float *fb; /* F16 cells: a chunk's keys and values in float (attend_f16_floats); else NULL */
 };
 
 /* Floats of sc + oc + ms for nh heads of v_cols values. */
 int64_t attend_scratch_floats(int64_t nh, int64_t v_cols);
-/* Lays sc, oc and ms out in buf (attend_scratch_floats(nh, v_cols) floats); vb as given. */
-struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, float *vb);
+/* Floats of fb for keys of k_cols and values of v_cols (F16 cells). */
+int64_t attend_f16_floats(int64_t k_cols, int64_t v_cols);
+/* Lays sc, oc and ms out in buf (attend_scratch_floats(nh, v_cols) floats); fb as given. */
+struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, float *fb);
 
 /* Chunks of np positions. */
 static inline int64_t attend_n_chunks(int64_t np) { return (np + ATTEND_CHUNK - 1) / ATTEND_CHUNK; }

@@ -23,8 +23,8 @@
  * over the block's K rows of KV head g (the cache row's stride) with the item's query heads as
  * the batch, the weighted sum of the V rows one chain over the chunk's blocks (wsum with acc),
  * and the chunks are merged in order: the result does not depend on where the blocks lie nor
- * on the other sequences of the micro-batch. F16 cells: the scores read
- * them with the F16 matmul, and each block's V values are converted to float first.
+ * on the other sequences of the micro-batch. F16 cells: each chunk's K and V rows of the KV
+ * head are converted to float once, for its scores and its weighted sum (attend.c).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -271,7 +271,6 @@ static void gqa_out(struct worker *w, struct gqa *a, int il) {
 moetax_status gqa_init(struct gqa *a, const struct fw_step *s, struct moetax_kvcache *kv) {
     const struct moetax_hparams *hp = &s->m->hp;
     const int64_t U = s->n_ubatch, d = hp->n_embd, H = hp->n_head, hk = hp->n_embd_head_k, hv = hp->n_embd_head_v;
-    const int64_t bs = moetax_kvcache_block_size(kv);
     memset(a, 0, sizeof *a);
     a->kv = kv;
     a->kv_row = gqa_kv_row(hp);
@@ -288,7 +287,7 @@ moetax_status gqa_init(struct gqa *a, const struct fw_step *s, struct moetax_kvc
         struct gqa_worker *wk = &a->wk[i];
         wk->sc = calloc((size_t)attend_scratch_floats(H, hv), sizeof(float)); /* an item has at most r <= H heads */
         wk->row = calloc((size_t)a->kv_row, sizeof(float));
-        wk->vb = a->f16 ? calloc((size_t)(bs * hv), sizeof(float)) : NULL;
+        wk->vb = a->f16 ? calloc((size_t)attend_f16_floats(hp->n_embd_head_k, hv), sizeof(float)) : NULL;
         wk->at = attend_scratch_at(wk->sc, H, hv, wk->vb);
         ok = wk->sc && wk->row && (!a->f16 || wk->vb);
     }

@@ -11,7 +11,7 @@
 struct gqa_worker {
     float *sc;  /* attend_scratch_floats(n_head, hv): attend's scratch (at) */
     float *row; /* [kv_row] a cache row before its conversion (F16 cells) */
-    float *vb;  /* [block_size, hv] a block's V values of one KV head in float (F16 cells) */
+    float *vb;  /* attend_f16_floats(hk, hv): a chunk's K and V of one KV head in float (F16 cells) */
     struct attend_scratch at;
 };
 

@@ -27,8 +27,8 @@
  * each block's rows are one matmul, the weighted sum one chain over the
  * chunk's blocks (wsum with acc), and the chunks are merged in order, so the
  * result does not depend on where the blocks lie nor on the other sequences
- * of the micro-batch. F16 cells: the scores read them with the F16 matmul,
- * and each block's kv parts are converted to float for the weighted sum.
+ * of the micro-batch. F16 cells: each chunk's rows are converted to float
+ * once, for its scores and its weighted sum (attend.c).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -322,7 +322,6 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
     a->kv = kv;
     a->kv_row = kvl + rope;
     a->f16 = moetax_kvcache_type(kv) == MOETAX_TYPE_F16;
-    const int64_t bs = moetax_kvcache_block_size(kv);
     a->n_threads = s->n_threads;
     a->qa = calloc((size_t)(U * max64(ql, 1)), sizeof(float));
     a->q = calloc((size_t)(U * H * (nope + rope)), sizeof(float));
@@ -342,7 +341,7 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
         wk->atbuf = calloc((size_t)attend_scratch_floats(H, kvl), sizeof(float));
         wk->q = aligned_alloc(64, (wk->nq + 63) / 64 * 64);
         wk->row = calloc((size_t)a->kv_row, sizeof(float));
-        wk->vb = a->f16 ? calloc((size_t)(bs * kvl), sizeof(float)) : NULL;
+        wk->vb = a->f16 ? calloc((size_t)attend_f16_floats(a->kv_row, kvl), sizeof(float)) : NULL;
         wk->at = attend_scratch_at(wk->atbuf, H, kvl, wk->vb);
         ok = wk->f && wk->atbuf && wk->q && wk->row && (!a->f16 || wk->vb);
     }

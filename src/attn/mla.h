@@ -12,11 +12,11 @@ struct mla_worker {
     float *f;  /* [nf] gathered q_nope / a head group's o (one token) / gathered o of a head */
     size_t nf;
     float *atbuf;            /* attend_scratch_floats(n_head, kv_lora) */
-    struct attend_scratch at; /* attend's scratch in atbuf (and vb) */
+    struct attend_scratch at; /* attend's scratch in atbuf and vb */
     void *q;   /* [nq] prepared rows for the per-head matmuls */
     size_t nq;
     float *row; /* [kv_row] a cache row before its conversion (F16 cells) */
-    float *vb;  /* [block_size, kv_lora] a block's kv parts in float (F16 cells) */
+    float *vb;  /* attend_f16_floats(kv_row, kv_lora): a chunk's cells in float (F16 cells) */
 };
 
 struct mla {
