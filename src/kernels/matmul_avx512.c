@@ -684,10 +684,13 @@ ALWAYS_INLINE __m512 hsum8_4x2(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 }
 
 /* RB rows (stride rb) x JP pairs of batch rows (2 JP - odd rows; an odd last row is
- * paired with itself and stored once) over columns [k0, k1). */
+ * paired with itself and stored once) over columns [k0, k1). xp (NULL: none) holds the
+ * pairs' vectors already joined, [(k - k0) / 8][JP][16] (f2_pack), for the whole 8-column
+ * steps: one load each instead of two loads and an insert (a shuffle, on the port that also
+ * does half the fmas); the same values, the same bits. */
 ALWAYS_INLINE void tile_f2(enum moetax_type t, const int RB, const int JP, const uint8_t *w, size_t rb,
                            const float *x, int64_t ldx, int nj, int64_t k0, int64_t k1, float *y, int64_t ldy,
-                           bool add) {
+                           bool add, const float *xp) {
     const size_t esz = t == MOETAX_TYPE_F32 ? 4 : 2;
     const float *xr[8];
 #pragma GCC unroll 8
@@ -705,8 +708,9 @@ ALWAYS_INLINE void tile_f2(enum moetax_type t, const int RB, const int JP, const
         __m512 xv[4];
 #pragma GCC unroll 4
         for (int p = 0; p < JP; p++)
-            xv[p] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(xr[2 * p] + k)),
-                                       _mm256_loadu_ps(xr[2 * p + 1] + k), 1);
+            xv[p] = xp ? _mm512_loadu_ps(xp + ((k - k0) / 8 * JP + p) * 16)
+                       : _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(xr[2 * p] + k)),
+                                            _mm256_loadu_ps(xr[2 * p + 1] + k), 1);
 #pragma GCC unroll 4
         for (int r = 0; r < RB; r++) {
             const __m512 wv = f_load_w16(t, w + r * rb, k);
@@ -744,11 +748,13 @@ ALWAYS_INLINE void tile_f2(enum moetax_type t, const int RB, const int JP, const
 }
 
 typedef void (*tile_f2_fn)(const uint8_t *w, size_t rb, const float *x, int64_t ldx, int nj, int64_t k0, int64_t k1,
-                           float *y, int64_t ldy, bool add);
+                           float *y, int64_t ldy, bool add, const float *xp);
 #define TILE_F2(T, RB, JP, tag)                                                                                  \
     static void tile_f2_##tag##_##RB##x##JP(const uint8_t *w, size_t rb, const float *x, int64_t ldx, int nj,    \
-                                            int64_t k0, int64_t k1, float *y, int64_t ldy, bool add) {           \
-        tile_f2(T, RB, JP, w, rb, x, ldx, nj, k0, k1, y, ldy, add);                                             \
+                                            int64_t k0, int64_t k1, float *y, int64_t ldy, bool add,             \
+                                            const float *xp) {                                                   \
+        if (xp) tile_f2(T, RB, JP, w, rb, x, ldx, nj, k0, k1, y, ldy, add, xp);                                 \
+        else tile_f2(T, RB, JP, w, rb, x, ldx, nj, k0, k1, y, ldy, add, NULL);                                  \
     }
 #define TILES_F2(T, tag)                                                                                         \
     TILE_F2(T, 4, 1, tag) TILE_F2(T, 4, 2, tag) TILE_F2(T, 4, 3, tag) TILE_F2(T, 4, 4, tag)                     \
@@ -764,10 +770,45 @@ static const tile_f2_fn k_tiles_f2[3][2][4] = {
     {TILES_F2_ROW(bf16, 1), TILES_F2_ROW(bf16, 4)},
 };
 
+/* The pairs of batch rows j .. j + nj - 1 (an odd last row paired with itself), columns
+ * [k0, k0 + 8 * steps), joined as tile_f2 joins them: xp[step][pair][16]. */
+static void f2_pack(const float *x, int64_t ldx, int nj, int64_t k0, int64_t steps, float *xp) {
+    const int np = (nj + 1) / 2;
+    for (int p = 0; p < np; p++) {
+        const float *a = x + 2 * p * ldx + k0, *b = x + (2 * p + 1 < nj ? 2 * p + 1 : nj - 1) * ldx + k0;
+        for (int64_t st = 0; st < steps; st++) {
+            float *d = xp + (st * np + p) * 16;
+            memcpy(d, a + st * 8, 8 * sizeof(float));
+            memcpy(d + 8, b + st * 8, 8 * sizeof(float));
+        }
+    }
+}
+
 static void matmul_f2(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                       const float *x, int64_t n_batch, float *y, int64_t ldy) {
-    enum { AVX2_BBMAX = 3, JPMAX = 4 };
+    enum { AVX2_BBMAX = 3, JPMAX = 4, F2_KC_MAX = 2048, PACK_MIN_ROWS = 8 };
     const int64_t kc = n_batch > AVX2_BBMAX ? (ti == 0 ? 1024 : 2048) : ncols; /* the avx2 table's chunks */
+    /* With at least PACK_MIN_ROWS rows, each tile of batch rows is joined once per column chunk
+     * (f2_pack) for every row group that passes over it; each element's chunks still go in order */
+    _Alignas(64) float xp[F2_KC_MAX / 8 * JPMAX * 16];
+    if (row1 - row0 >= PACK_MIN_ROWS && kc <= F2_KC_MAX) {
+        for (int64_t k0 = 0; k0 < ncols; k0 += kc) {
+            const int64_t k1 = ncols - k0 > kc ? k0 + kc : ncols;
+            for (int64_t j = 0; j < n_batch;) {
+                const int64_t left = n_batch - j;
+                const int nj = left >= 2 * JPMAX ? 2 * JPMAX : (int)left;
+                f2_pack(x + j * ncols, ncols, nj, k0, (k1 - k0) / 8, xp);
+                for (int64_t r = row0; r < row1;) {
+                    const int rb4 = row1 - r >= 4;
+                    k_tiles_f2[ti][rb4][(nj + 1) / 2 - 1](w + (size_t)r * row_bytes, row_bytes, x + j * ncols, ncols,
+                                                          nj, k0, k1, y + j * ldy + r, ldy, k0 > 0, xp);
+                    r += rb4 ? 4 : 1;
+                }
+                j += nj;
+            }
+        }
+        return;
+    }
     for (int64_t r = row0; r < row1;) {
         const int rb4 = row1 - r >= 4;
         for (int64_t k0 = 0; k0 < ncols; k0 += kc) {
@@ -776,7 +817,7 @@ static void matmul_f2(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, 
                 const int64_t left = n_batch - j;
                 const int nj = left >= 2 * JPMAX ? 2 * JPMAX : (int)left;
                 k_tiles_f2[ti][rb4][(nj + 1) / 2 - 1](w + (size_t)r * row_bytes, row_bytes, x + j * ncols, ncols, nj,
-                                                      k0, k1, y + j * ldy + r, ldy, k0 > 0);
+                                                      k0, k1, y + j * ldy + r, ldy, k0 > 0, NULL);
                 j += nj;
             }
         }
