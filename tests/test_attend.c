@@ -4,8 +4,7 @@
  * softmax-weighted sum of the same cells, on every kernel table the machine has: positions
  * within one chunk, just past it and over several (the merge of chunks), chunks that begin
  * inside a cache block (a block size that does not divide the chunk), F32 and F16 cells, keys
- * and values at offsets of the row (GQA's layout) or overlapping (MLA's); chunks computed one by
- * one (attend_chunk) then merged (attend_merge) give attend_heads' bits; and a head's bits do not
+ * and values at offsets of the row (GQA's layout) or overlapping (MLA's); and a head's bits do not
  * depend on the group of heads it is computed in (two or more: MLA's decode splits the heads into
  * one group per worker, or two, and a batch takes them all), with rows of 576 bytes, where one
  * batch row would take the F32 matmul's decode path and other bits. */
@@ -90,19 +89,6 @@ static void one(const struct moetax_kernels *K, bool f16, int32_t bs, const stru
     CHECK_MSG(worst <= 2e-6 + 2e-5 * mag, "%s %s bs %d np %lld nh %lld: max error %.3g (max |o| %.3g)", K->name,
               f16 ? "f16" : "f32", bs, (long long)np, (long long)nh, worst, mag);
 
-    /* the chunks one by one, then merged: attend_heads' bits */
-    const int64_t nc = attend_n_chunks(np), vc = ly->v_cols;
-    float *oc = malloc(sizeof(float) * (size_t)(nc * nh * vc)), *ms = malloc(sizeof(float) * (size_t)(nc * nh * 2));
-    for (int64_t c = nc - 1; c >= 0; c--) /* any order */
-        attend_chunk(K, &src, q, nh, np, c, kq_scale, oc + c * nh * vc, vc, ms + c * nh * 2, &w);
-    bool same = true;
-    float *om = malloc(sizeof(float) * (size_t)vc);
-    for (int64_t h = 0; h < nh; h++) {
-        attend_merge(K, oc + h * vc, nh * vc, ms + 2 * h, nh * 2, nc, vc, om);
-        same &= !memcmp(om, o + h * ldo, sizeof(float) * (size_t)vc);
-    }
-    CHECK_MSG(same, "%s %s bs %d np %lld nh %lld: chunks merged apart differ from attend_heads", K->name,
-              f16 ? "f16" : "f32", bs, (long long)np, (long long)nh);
     /* a head's bits do not depend on the group it is computed in (groups of two or more) */
     if (nh >= 4) {
         const int64_t cut = nh / 2 - 1; /* [0, cut) and [cut, nh), each of 2+ heads for nh >= 5 */
@@ -111,12 +97,12 @@ static void one(const struct moetax_kernels *K, bool f16, int32_t bs, const stru
         attend_heads(K, &src, q, lo, np, kq_scale, o2, ldo, &w);
         attend_heads(K, &src, q + lo * ly->k_cols, nh - lo, np, kq_scale, o2 + lo * ldo, ldo, &w);
         bool sg = true;
-        for (int64_t h = 0; h < nh; h++) sg &= !memcmp(o2 + h * ldo, o + h * ldo, sizeof(float) * (size_t)vc);
+        for (int64_t h = 0; h < nh; h++) sg &= !memcmp(o2 + h * ldo, o + h * ldo, sizeof(float) * (size_t)ly->v_cols);
         CHECK_MSG(sg, "%s %s bs %d np %lld: heads in groups of %lld and %lld differ from one group of %lld", K->name,
                   f16 ? "f16" : "f32", bs, (long long)np, (long long)lo, (long long)(nh - lo), (long long)nh);
         free(o2);
     }
-    free(om), free(oc), free(ms), free(s), free(o), free(vb), free(buf), free(q), free(cell), free(seq), free(pos);
+    free(s), free(o), free(vb), free(buf), free(q), free(cell), free(seq), free(pos);
     moetax_kvcache_free(kv);
 }
 

@@ -4,7 +4,6 @@
 #include "attn/attend.h"
 
 #include <math.h>
-#include <string.h>
 
 int64_t attend_scratch_floats(int64_t nh, int64_t v_cols) { return nh * (ATTEND_CHUNK + v_cols + 4); }
 
@@ -16,7 +15,8 @@ struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, 
     return w;
 }
 
-/* Chunk c's scores, softmax and weighted sum into o (see attend_chunk); ms[h * 2 + 0/1]. */
+/* Chunk c's scores, softmax and weighted sum into o [nh][ldo]; its max and divisor per head
+ * into ms[h * 2 + 0/1]. */
 static void chunk(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
                   int64_t np, int64_t c, float kq_scale, float *o, int64_t ldo, float *ms,
                   const struct attend_scratch *w) {
@@ -78,12 +78,6 @@ static void fold(const struct moetax_kernels *K, float *o, const float *oc, int6
     run[1] = z;
 }
 
-void attend_chunk(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
-                  int64_t np, int64_t c, float kq_scale, float *o, int64_t ldo, float *ms,
-                  const struct attend_scratch *w) {
-    chunk(K, src, q, nh, np, c, kq_scale, o, ldo, ms, w);
-}
-
 void attend_heads(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
                   int64_t np, float kq_scale, float *o, int64_t ldo, const struct attend_scratch *w) {
     const int64_t nc = attend_n_chunks(np), vc = src->v_cols;
@@ -91,13 +85,7 @@ void attend_heads(const struct moetax_kernels *K, const struct attend_src *src, 
     chunk(K, src, q, nh, np, 0, kq_scale, o, ldo, run, w);
     for (int64_t c = 1; c < nc; c++) {
         chunk(K, src, q, nh, np, c, kq_scale, w->oc, vc, w->ms, w);
-        for (int64_t h = 0; h < nh; h++) fold(K, o + h * ldo, w->oc + h * vc, vc, run + 2 * h, w->ms[2 * h], w->ms[2 * h + 1]);
+        for (int64_t h = 0; h < nh; h++)
+            fold(K, o + h * ldo, w->oc + h * vc, vc, run + 2 * h, w->ms[2 * h], w->ms[2 * h + 1]);
     }
-}
-
-void attend_merge(const struct moetax_kernels *K, const float *oc, int64_t ldc, const float *ms, int64_t ldms,
-                  int64_t nc, int64_t v_cols, float *o) {
-    memcpy(o, oc, sizeof(float) * (size_t)v_cols);
-    float run[2] = {ms[0], ms[1]};
-    for (int64_t c = 1; c < nc; c++) fold(K, o, oc + c * ldc, v_cols, run, ms[c * ldms], ms[c * ldms + 1]);
 }

@@ -13,8 +13,8 @@
  *   M' = max(M, m_c), a = Z exp(M - M'), b = l_c exp(m_c - M'), Z' = a + b,
  *   o' = o * (a / Z') + o_c * (b / Z')                 (scale, then axpy: the table's ops)
  * starting from o = o_0, M = m_0, Z = l_0. With np <= ATTEND_CHUNK that is the plain softmax-
- * weighted sum, the same calls in the same order. The merge of chunk outputs computed elsewhere
- * (attend_merge) is the same arithmetic, so the bits do not depend on who computed which chunk.
+ * weighted sum, the same calls in the same order. F16 cells: the chunk's rows are converted to
+ * float once, into the scratch (fb), and read from there by one F32 matmul and one weighted sum.
  */
 #ifndef MOETAX_ATTN_ATTEND_H
 #define MOETAX_ATTN_ATTEND_H
@@ -60,15 +60,5 @@ static inline int64_t attend_n_chunks(int64_t np) { return (np + ATTEND_CHUNK - 
  * j < np, q_h at q + h * k_cols; all chunks, merged as above. */
 void attend_heads(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
                   int64_t np, float kq_scale, float *o, int64_t ldo, const struct attend_scratch *w);
-
-/* Chunk c alone: its weighted sum into o (as above) and its max and divisor into ms[h * 2 + 0/1]. */
-void attend_chunk(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
-                  int64_t np, int64_t c, float kq_scale, float *o, int64_t ldo, float *ms,
-                  const struct attend_scratch *w);
-
-/* Merges chunk outputs made by attend_chunk, for head h: oc[c] (v_cols floats each, ldc apart) with
- * ms[c][2], c < nc, into o; the same bits as attend_heads. */
-void attend_merge(const struct moetax_kernels *K, const float *oc, int64_t ldc, const float *ms, int64_t ldms,
-                  int64_t nc, int64_t v_cols, float *o);
 
 #endif
