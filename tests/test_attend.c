@@ -24,7 +24,10 @@ struct layout {
 
 static void one(const struct moetax_kernels *K, bool f16, int32_t bs, const struct layout *ly, int64_t np, int64_t nh,
                 uint64_t seed) {
-    struct moetax_kvcache_params kp = {.n_cells = np + 2 * bs, .block_size = bs, .n_seq_max = 2,
+    /* odd seeds: sequence 0's blocks interleaved with sequence 1's (every third block of sequence 0
+     * is followed by one of sequence 1), so its blocks do not follow each other in memory */
+    const bool split = seed % 2 == 1;
+    struct moetax_kvcache_params kp = {.n_cells = (split ? 2 * np : np) + 2 * bs, .block_size = bs, .n_seq_max = 2,
                                        .type = f16 ? MOETAX_TYPE_F16 : MOETAX_TYPE_F32};
     struct moetax_kvcache *kv = NULL;
     if (moetax_kvcache_init(2, ly->kvr, &kp, &kv) != MOETAX_OK) {
@@ -38,7 +41,17 @@ static void one(const struct moetax_kernels *K, bool f16, int32_t bs, const stru
     moetax_kvcache_commit(kv, &s1, &p1, 1);
     int32_t *seq = calloc((size_t)np, sizeof(int32_t)), *pos = malloc(sizeof(int32_t) * (size_t)np);
     for (int64_t i = 0; i < np; i++) pos[i] = (int32_t)i;
-    CHECK(moetax_kvcache_reserve(kv, seq, pos, np) == MOETAX_OK);
+    for (int64_t i = 0, n1 = 1; i < np;) {
+        const int64_t piece = split ? (np - i < 3 * bs ? np - i : 3 * bs) : np;
+        CHECK(moetax_kvcache_reserve(kv, seq + i, pos + i, piece) == MOETAX_OK);
+        moetax_kvcache_commit(kv, seq + i, pos + i, piece);
+        i += piece;
+        for (int64_t j = 0; split && i < np && j < bs; j++, n1++) { /* a block of sequence 1 */
+            int32_t q1 = 1, pq = (int32_t)n1;
+            CHECK(moetax_kvcache_reserve(kv, &q1, &pq, 1) == MOETAX_OK);
+            moetax_kvcache_commit(kv, &q1, &pq, 1);
+        }
+    }
     /* cells of layer 1 (layer 0 left as zeros); the values as stored, in float for the reference */
     double *cell = malloc(sizeof(double) * (size_t)(np * ly->kvr));
     for (int64_t p = 0; p < np; p++) {
@@ -52,7 +65,6 @@ static void one(const struct moetax_kernels *K, bool f16, int32_t bs, const stru
             cell[p * ly->kvr + c] = v;
         }
     }
-    moetax_kvcache_commit(kv, seq, pos, np);
     float *q = malloc(sizeof(float) * (size_t)(nh * ly->k_cols));
     for (int64_t i = 0; i < nh * ly->k_cols; i++) q[i] = tu_rand_normal(&r);
     const float kq_scale = 1.0f / sqrtf((float)ly->k_cols);
