@@ -3,8 +3,8 @@
 /* test_attend.c - chunked attention over a paged cache (src/attn/attend.h) against a float64
  * softmax-weighted sum of the same cells, on every kernel table the machine has: positions
  * within one chunk, just past it and over several (the merge of chunks), chunks that begin
- * inside a cache block (a block size that does not divide the chunk), F32 and F16 cells, keys
- * and values at offsets of the row (GQA's layout) or overlapping (MLA's); and a head's bits do not
+ * inside a cache block (a block size that does not divide the chunk), a sequence's blocks in
+ * order and interleaved with another's, F32 and F16 cells, keys and values at offsets of the row (GQA's layout) or overlapping (MLA's); and a head's bits do not
  * depend on the group of heads it is computed in (two or more: MLA's decode splits the heads into
  * one group per worker, or two, and a batch takes them all), with rows of 576 bytes, where one
  * batch row would take the F32 matmul's decode path and other bits. */
