@@ -786,25 +786,32 @@ static void f2_pack(const float *x, int64_t ldx, int nj, int64_t k0, int64_t ste
 
 static void matmul_f2(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                       const float *x, int64_t n_batch, float *y, int64_t ldy) {
-    enum { AVX2_BBMAX = 3, JPMAX = 4, F2_KC_MAX = 2048, PACK_MIN_ROWS = 8 };
+    enum { AVX2_BBMAX = 3, JPMAX = 4, PACK_MIN_ROWS = 8, PACK_FLOATS = 16384, PACK_ROWS_BYTES = 256 * 1024 };
     const int64_t kc = n_batch > AVX2_BBMAX ? (ti == 0 ? 1024 : 2048) : ncols; /* the avx2 table's chunks */
-    /* With at least PACK_MIN_ROWS rows, each tile of batch rows is joined once per column chunk
-     * (f2_pack) for every row group that passes over it; each element's chunks still go in order */
-    _Alignas(64) float xp[F2_KC_MAX / 8 * JPMAX * 16];
-    if (row1 - row0 >= PACK_MIN_ROWS && kc <= F2_KC_MAX) {
-        for (int64_t k0 = 0; k0 < ncols; k0 += kc) {
-            const int64_t k1 = ncols - k0 > kc ? k0 + kc : ncols;
-            for (int64_t j = 0; j < n_batch;) {
-                const int64_t left = n_batch - j;
-                const int nj = left >= 2 * JPMAX ? 2 * JPMAX : (int)left;
-                f2_pack(x + j * ncols, ncols, nj, k0, (k1 - k0) / 8, xp);
-                for (int64_t r = row0; r < row1;) {
-                    const int rb4 = row1 - r >= 4;
-                    k_tiles_f2[ti][rb4][(nj + 1) / 2 - 1](w + (size_t)r * row_bytes, row_bytes, x + j * ncols, ncols,
-                                                          nj, k0, k1, y + j * ldy + r, ldy, k0 > 0, xp);
-                    r += rb4 ? 4 : 1;
-                }
-                j += nj;
+    /* One column chunk, at least PACK_MIN_ROWS rows and batch rows that fit: every tile's pairs are
+     * joined once (f2_pack) for all the row groups that pass over them, in the same order */
+    const int64_t steps = ncols / 8, tile_floats = steps * JPMAX * 16;
+    _Alignas(64) float xp[PACK_FLOATS];
+    const bool pack = row1 - row0 >= PACK_MIN_ROWS && ncols <= kc &&
+                      (n_batch + 2 * JPMAX - 1) / (2 * JPMAX) * tile_floats <= PACK_FLOATS;
+    if (pack)
+        for (int64_t j = 0; j < n_batch; j += 2 * JPMAX) {
+            const int64_t left = n_batch - j;
+            f2_pack(x + j * ncols, ncols, left >= 2 * JPMAX ? 2 * JPMAX : (int)left, 0, steps,
+                    xp + j / (2 * JPMAX) * tile_floats);
+        }
+    if (pack && (size_t)(row1 - row0) * row_bytes <= PACK_ROWS_BYTES) {
+        /* rows that stay in L2 (attention's cache blocks): each tile of batch rows over all of them,
+         * its joined pairs staying in L1 (both tiles' pairs and the rows did not) */
+        for (int64_t j = 0; j < n_batch; j += 2 * JPMAX) {
+            const int64_t left = n_batch - j;
+            const int nj = left >= 2 * JPMAX ? 2 * JPMAX : (int)left;
+            for (int64_t r = row0; r < row1;) {
+                const int rb4 = row1 - r >= 4;
+                k_tiles_f2[ti][rb4][(nj + 1) / 2 - 1](w + (size_t)r * row_bytes, row_bytes, x + j * ncols, ncols, nj,
+                                                      0, ncols, y + j * ldy + r, ldy, false,
+                                                      xp + j / (2 * JPMAX) * tile_floats);
+                r += rb4 ? 4 : 1;
             }
         }
         return;
@@ -817,7 +824,8 @@ static void matmul_f2(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, 
                 const int64_t left = n_batch - j;
                 const int nj = left >= 2 * JPMAX ? 2 * JPMAX : (int)left;
                 k_tiles_f2[ti][rb4][(nj + 1) / 2 - 1](w + (size_t)r * row_bytes, row_bytes, x + j * ncols, ncols, nj,
-                                                      k0, k1, y + j * ldy + r, ldy, k0 > 0, NULL);
+                                                      k0, k1, y + j * ldy + r, ldy, k0 > 0,
+                                                      pack ? xp + j / (2 * JPMAX) * tile_floats : NULL);
                 j += nj;
             }
         }
