@@ -770,12 +770,12 @@ static const tile_f2_fn k_tiles_f2[3][2][4] = {
     {TILES_F2_ROW(bf16, 1), TILES_F2_ROW(bf16, 4)},
 };
 
-/* The pairs of batch rows j .. j + nj - 1 (an odd last row paired with itself), columns
- * [k0, k0 + 8 * steps), joined as tile_f2 joins them: xp[step][pair][16]. */
-static void f2_pack(const float *x, int64_t ldx, int nj, int64_t k0, int64_t steps, float *xp) {
+/* The pairs of batch rows 0 .. nj - 1 of x (an odd last row paired with itself), columns
+ * [0, 8 * steps), joined as tile_f2 joins them: xp[step][pair][16]. */
+static void f2_pack(const float *x, int64_t ldx, int nj, int64_t steps, float *xp) {
     const int np = (nj + 1) / 2;
     for (int p = 0; p < np; p++) {
-        const float *a = x + 2 * p * ldx + k0, *b = x + (2 * p + 1 < nj ? 2 * p + 1 : nj - 1) * ldx + k0;
+        const float *a = x + 2 * p * ldx, *b = x + (2 * p + 1 < nj ? 2 * p + 1 : nj - 1) * ldx;
         for (int64_t st = 0; st < steps; st++) {
             float *d = xp + (st * np + p) * 16;
             memcpy(d, a + st * 8, 8 * sizeof(float));
@@ -797,7 +797,7 @@ static void matmul_f2(int ti, const uint8_t *w, size_t row_bytes, int64_t row0, 
     if (pack)
         for (int64_t j = 0; j < n_batch; j += 2 * JPMAX) {
             const int64_t left = n_batch - j;
-            f2_pack(x + j * ncols, ncols, left >= 2 * JPMAX ? 2 * JPMAX : (int)left, 0, steps,
+            f2_pack(x + j * ncols, ncols, left >= 2 * JPMAX ? 2 * JPMAX : (int)left, steps,
                     xp + j / (2 * JPMAX) * tile_floats);
         }
     if (pack && (size_t)(row1 - row0) * row_bytes <= PACK_ROWS_BYTES) {

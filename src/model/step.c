@@ -97,15 +97,13 @@ void fw_split(const struct worker *w, int64_t n, int64_t align, int64_t *r0, int
 
 static int64_t up32(int64_t a) { return (a + 31) / 32 * 32; }
 
-/* The type whose prepared rows fill an act's qk slot: block_q8_K rows, the same for every k-quant. */
-#define ACT_KQ_TYPE MOETAX_TYPE_Q4_K
-enum { ACT_KQ_BLOCK = 256 };
+enum { ACT_KQ_BLOCK = 256 }; /* values per block_q8_K */
 
 moetax_status fw_act_alloc(const struct moetax_model *m, struct act *a, int64_t ncols, int64_t rows, bool own_x) {
     size_t b8 = moetax_act_size(MOETAX_TYPE_Q8_0, up32(ncols), rows);
     size_t b4 = moetax_act_size(MOETAX_TYPE_Q4_0, up32(ncols), rows);
     /* k-quant rows of every width up to ncols that is a multiple of 256 */
-    size_t bk = ncols >= ACT_KQ_BLOCK ? moetax_act_size(ACT_KQ_TYPE, ncols / ACT_KQ_BLOCK * ACT_KQ_BLOCK, rows) : 0;
+    size_t bk = ncols >= ACT_KQ_BLOCK ? moetax_act_size(FW_ACT_KQ_TYPE, ncols / ACT_KQ_BLOCK * ACT_KQ_BLOCK, rows) : 0;
     a->q8 = m->has_q8_0 ? aligned_alloc(64, (b8 + 63) / 64 * 64) : NULL;
     a->q4 = m->has_q4_0 ? aligned_alloc(64, (b4 + 63) / 64 * 64) : NULL;
     a->qk = m->has_kq && bk ? aligned_alloc(64, (bk + 63) / 64 * 64) : NULL;
@@ -134,7 +132,7 @@ struct act fw_act_view(const struct act *slot, const float *x, int64_t ncols, in
 
 bool fw_act_has_qk(const struct act *a) {
     return a->qk && a->ncols % ACT_KQ_BLOCK == 0 &&
-           moetax_act_size(ACT_KQ_TYPE, a->ncols, a->n) <= a->cap_qk;
+           moetax_act_size(FW_ACT_KQ_TYPE, a->ncols, a->n) <= a->cap_qk;
 }
 
 void fw_act_publish(const struct worker *w, struct act *slot, const struct act *view) {
@@ -158,8 +156,8 @@ void fw_act_prep(const struct fw_step *s, struct act *a, int64_t t0, int64_t t1)
                            (char *)a->q4 + (size_t)t0 * rb);
     }
     if (fw_act_has_qk(a)) {
-        size_t rb = moetax_act_size(ACT_KQ_TYPE, a->ncols, 1);
-        s->K->quantize_act(ACT_KQ_TYPE, a->x + t0 * a->ncols, a->ncols, a->ncols, t1 - t0,
+        size_t rb = moetax_act_size(FW_ACT_KQ_TYPE, a->ncols, 1);
+        s->K->quantize_act(FW_ACT_KQ_TYPE, a->x + t0 * a->ncols, a->ncols, a->ncols, t1 - t0,
                            (char *)a->qk + (size_t)t0 * rb);
     }
 }
@@ -293,7 +291,6 @@ static void matmul_kq2(const struct fw_step *s, const struct moetax_weight *w, c
     }
     if (buf != stack) free(buf);
 }
-
 
 static bool is_float(enum moetax_type t) {
     return t == MOETAX_TYPE_F32 || t == MOETAX_TYPE_F16 || t == MOETAX_TYPE_BF16;

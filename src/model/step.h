@@ -35,6 +35,9 @@
  * prepared copies, and k-quants block_q8_K rows (qk; rows of a multiple of 256
  * values) where the slot has them (see include/moetax/kernels.h). An act made by
  * hand without qk has its k-quant rows made per matmul call instead. */
+/* The type whose prepared rows fill an act's qk slot: block_q8_K rows, the same for every k-quant. */
+#define FW_ACT_KQ_TYPE MOETAX_TYPE_Q4_K
+
 struct act {
     const float *x;
     int64_t ncols, n;

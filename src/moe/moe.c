@@ -327,7 +327,7 @@ static void copy_prepared_row(const struct fw_step *s, const struct act *a, int6
     }
     if (fw_act_has_qk(b)) { /* b's k-quant rows are read from its slot: a's must be prepared too */
         MOETAX_ASSERT(fw_act_has_qk(a));
-        size_t rb = moetax_act_size(MOETAX_TYPE_Q4_K, nc, 1);
+        size_t rb = moetax_act_size(FW_ACT_KQ_TYPE, nc, 1);
         memcpy((char *)b->qk + (size_t)dst_row * rb, (const char *)a->qk + (size_t)src_row * rb, rb);
     }
 }
