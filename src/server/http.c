@@ -269,7 +269,7 @@ struct stream {
     char *out;           /* pending SSE bytes */
     size_t out_len, out_off;
     double t_sent;       /* monotonic seconds of the last event with text (0: none yet) */
-    bool counted;        /* in h->streams: from its first event with text (not while queued) */
+    bool counted;        /* in h->streams: from its first event with text (not while queued) to its last */
 };
 
 static void resp_init(const struct srv_http *h, const struct srv_req *r, bool chat, const char *id,
@@ -347,6 +347,12 @@ static bool stream_fill(struct stream *s) {
         }
         s->done = true;
         any = true;
+        /* no longer paced: leave the count before the client can read [DONE], so that a client
+         * that reads /metrics after its stream ends sees it gone (stream_free came later) */
+        if (s->counted) {
+            s->counted = false;
+            atomic_fetch_sub(&s->h->streams, 1);
+        }
     }
     pthread_mutex_unlock(&r->mu);
     return any;
