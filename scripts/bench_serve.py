@@ -53,6 +53,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -297,14 +298,22 @@ def main():
         sys.exit("bench_serve: --rounds must be >= 1, --clients >= 2, -n >= 2 and --pairs >= 1")
     words = ("def return self import class for while yield lambda async await with try except raise "
              "value index result items key data list dict none true false print open path").split()
+    # the servers' logs: removed after a run that ends normally, kept (and named) otherwise
     tmp = tempfile.mkdtemp(prefix="bench_serve.")
+    os.mkdir(os.path.join(tmp, "paced"))
+    os.mkdir(os.path.join(tmp, "unpaced"))
     common = ["--prefill-chunk", str(a.prefill_chunk), "-c", str(a.clients * (a.long_prompt + a.n + a.p + 64))]
-    srv = Server(a.moetax, a.model, a.threads, a.clients, [*common, *a.serve_args], tmp)
+    ended = False
+    try:
+        srv = Server(a.moetax, a.model, a.threads, a.clients, [*common, *a.serve_args], os.path.join(tmp, "paced"))
+    except BaseException:
+        print(f"bench_serve: the server's log is kept in {tmp}", file=sys.stderr)
+        raise
     rounds = []
     srv0 = None
     try:
         srv0 = Server(a.moetax, a.model, a.threads, a.clients, [*common, *a.serve_args, "--stream-interval", "0"],
-                      tempfile.mkdtemp(prefix="bench_serve0."))
+                      os.path.join(tmp, "unpaced"))
         prompt, p_tok = make_prompt(srv, words, a.p)
         if srv.positions and a.long_prompt + 16 > srv.positions:
             print(f"the model takes {srv.positions} positions per request: the long prompt is "
@@ -423,10 +432,15 @@ def main():
                   f" -> {r['long_during_p99_ms']:.2f} ms over {r['long_during_n']} gaps (raise "
                   f"{r['long_raise_ms']:.2f} ms vs one chunk {chunk_ms:.2f} ms), its TTFT {r['long_ttft_ms']:.0f} ms",
                   flush=True)
+        ended = True
     finally:
         srv.stop()
         if srv0 is not None:
             srv0.stop()
+        if ended:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"bench_serve: the servers' logs are kept in {tmp}", file=sys.stderr)
     med = {k: nanmedian(r[k] for r in rounds) for k in rounds[0]}
     print(f"medians of {len(rounds)} rounds: server's own time {100 * med['own_share']:.1f}% of a step (HTTP CPU "
           f"{med['own_http_us']:.1f} + scheduler {med['own_sched_us']:.1f} us per token; target <= 5%), "
