@@ -28,7 +28,10 @@ static float *rand_vec(int64_t n, float scale) {
 
 static const enum moetax_type k_types[] = {MOETAX_TYPE_F32,  MOETAX_TYPE_F16,  MOETAX_TYPE_BF16, MOETAX_TYPE_Q8_0,
                                            MOETAX_TYPE_Q4_0, MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K,
-                                           MOETAX_TYPE_Q3_K, MOETAX_TYPE_Q2_K};
+                                           MOETAX_TYPE_Q3_K, MOETAX_TYPE_Q2_K, MOETAX_TYPE_Q5_0, MOETAX_TYPE_IQ4_NL};
+
+/* Types whose activations are quantized to 32-value blocks (Q8_0 rows; Q4_0 adds sums). */
+static bool is_q32(enum moetax_type t) { return moetax_act_is_q8_0(t) || t == MOETAX_TYPE_Q4_0; }
 
 /* k-quants: super-blocks of 256 values, block_q8_K activations. */
 static bool is_kq(enum moetax_type t) {
@@ -41,9 +44,20 @@ static void *rand_matrix(enum moetax_type t, int64_t rows, int64_t ncols, size_t
     *row_bytes = moetax_row_size(t, ncols);
     uint8_t *w = malloc(*row_bytes * (size_t)(rows > 0 ? rows : 1));
     float *tmp = rand_vec(ncols, 1.0f);
+    if (t == MOETAX_TYPE_IQ4_NL) { /* no quantizer (types.h): random scales and nibbles */
+        for (int64_t b = 0; b < rows * ncols / 32; b++) {
+            moetax_block_iq4_nl blk;
+            blk.d = moetax_fp32_to_fp16(0.01f * (1.0f + (float)((uint32_t)tu_rand_u64(&g_rng) % 100)) * (b % 3 ? 1.0f : -1.0f));
+            for (int j = 0; j < 16; j++) blk.qs[j] = (uint8_t)(uint32_t)tu_rand_u64(&g_rng);
+            memcpy(w + (size_t)b * sizeof blk, &blk, sizeof blk);
+        }
+        free(tmp);
+        return w;
+    }
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t k = 0; k < ncols; k++) tmp[k] = tu_rand_normal(&g_rng) * (r % 3 == 0 ? 0.02f : 1.0f);
-        CHECK(moetax_from_float(t, tmp, w + (size_t)r * *row_bytes, ncols));
+        CHECK_MSG(moetax_from_float(t, tmp, w + (size_t)r * *row_bytes, ncols), "%s x %lld", moetax_type_name(t),
+                  (long long)ncols);
     }
     free(tmp);
     return w;
@@ -116,7 +130,7 @@ static void test_matmul_case(enum moetax_type t, int64_t rows, int64_t ncols, in
         act_to_float(t, (const uint8_t *)xq_ref + b * moetax_act_size(t, ncols, 1), ncols, xf);
         double qerr = 0.0; /* activation quantization error, vs the original x */
         for (int64_t k = 0; k < ncols; k++) qerr = fmax(qerr, fabs((double)xf[k] - x[b * ldx + k]));
-        if (t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0 || is_kq(t)) CHECK(qerr < 0.05);
+        if (is_q32(t) || is_kq(t)) CHECK(qerr < 0.05);
         else CHECK(qerr == 0.0);
         for (int64_t r = 0; r < rows; r++) {
             moetax_to_float(t, (const uint8_t *)w + r * rb, wf, ncols);
@@ -197,7 +211,7 @@ static void test_matmul(void) {
     static const int64_t rows_list[] = {0, 1, 2, 3, 4, 5, 9, 17};
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
         const enum moetax_type t = k_types[ti];
-        const bool kq = is_kq(t), q = t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0 || kq;
+        const bool kq = is_kq(t), q = is_q32(t) || kq;
         const int64_t cols_f[] = {1, 5, 8, 13, 31, 64, 100, 257};
         const int64_t cols_q[] = {32, 64, 96, 160, 256, 1024};
         const int64_t cols_k[] = {256, 512, 768, 1280};
@@ -648,6 +662,7 @@ static void test_matmul_vs_f32(const struct moetax_kernels *k) {
     float *wf = rand_vec(rows * ncols, 1.0f), *x = rand_vec(ncols, 1.0f);
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
         const enum moetax_type t = k_types[ti];
+        if (!moetax_type_writable(t)) continue; /* IQ4_NL: no quantizer (types.h) */
         const size_t rb = moetax_row_size(t, ncols);
         uint8_t *w = malloc(rb * rows);
         for (int64_t r = 0; r < rows; r++) moetax_from_float(t, wf + r * ncols, w + r * rb, ncols);
@@ -1054,7 +1069,7 @@ static void test_matmul_avx512_vs_avx2(void) {
     static const int64_t cols_f[] = {1, 7, 8, 13, 100, 1031, 2047 + 1024}; /* F: tails, one and two chunks */
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
         const enum moetax_type t = k_types[ti];
-        const bool kq = is_kq(t), q = t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0;
+        const bool kq = is_kq(t), q = is_q32(t);
         static const int64_t cols_k[] = {256, 512, 768, 2048, 256 * 33};
         for (size_t ri = 0; ri < sizeof rows_l / sizeof rows_l[0]; ri++)
             for (size_t ci = 0; ci < sizeof cols_l / sizeof cols_l[0]; ci++) {

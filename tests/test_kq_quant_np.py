@@ -255,6 +255,28 @@ def dequantize_q2_k(b):
     return y
 
 
+# ---------------------------------------------------------------- Q5_0
+
+def quantize_q5_0(x):
+    """x: (nb, 32) float32 -> (nb, 22) uint8 blocks, as ggml's quantize_row_q5_0_ref: d = the value
+    of largest magnitude (the first of equals) / -16, q = min(31, trunc(x / d + 16.5))."""
+    x = np.asarray(x, F)
+    mx = x[np.arange(x.shape[0]), np.argmax(np.abs(x), axis=1)]
+    d = (mx / F(-16)).astype(F)
+    with np.errstate(divide="ignore"):
+        idv = np.where(d != 0, F(1) / np.where(d != 0, d, F(1)), F(0)).astype(F)
+    v = (x * idv[:, None]).astype(F)
+    q = np.minimum(31, np.trunc((v + F(16.5)).astype(F)).astype(np.int64))
+    out = np.zeros((x.shape[0], 22), np.uint8)
+    out[:, 0:2] = fp16(d).view(np.uint8).reshape(-1, 2)
+    qh = np.zeros(x.shape[0], np.uint64)
+    for j in range(32):
+        qh |= ((q[:, j] >> 4) & 1).astype(np.uint64) << np.uint64(j)
+    out[:, 2:6] = qh.astype("<u4").view(np.uint8).reshape(-1, 4)
+    out[:, 6:] = ((q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)).astype(np.uint8)
+    return out
+
+
 # ---------------------------------------------------------------- a GGUF of F32 tensors
 
 def write_gguf(path, tensors):
@@ -347,14 +369,44 @@ def main():
                 check(gs is not None and abs(gs - s1) <= 1e-4 * max(1.0, abs(s1), s2 ** 0.5) and
                       gq is not None and abs(gq - s2) <= 1e-5 * max(1.0, s2),
                       "%s %s: inspect's dequantized sums %s %s vs NumPy %r %r" % (tname, name, gs, gq, s1, s2))
+    # Q5_0: moetax quantize q5_0 == the NumPy port of ggml's quantize_row_q5_0_ref; q4_k takes it for
+    # rows that are not whole super-blocks, as llama-quantize does
+    for tname in ("q5_0", "q4_k"):
+        dst = os.path.join(work, "kqnp_%s.gguf" % tname)
+        p = subprocess.run([moetax, "quantize", src, dst, tname], capture_output=True, text=True)
+        check(p.returncode == 0, "%s: quantize failed: %s" % (tname, p.stderr))
+        if p.returncode:
+            continue
+        r = gguf_np.GGUFReader(dst)
+        names = (("a.weight", a), ("b.weight", b), ("odd.weight", odd)) if tname == "q5_0" else (("odd.weight", odd),)
+        if tname == "q4_k":
+            check("odd.weight: 96 columns are not a multiple of 256 (q4_k): q5_0 instead" in p.stderr,
+                  "q4_k: the fallback to q5_0 is named: %s" % p.stderr)
+            check(r.info("a.weight").type == 12, "q4_k: a.weight is q4_k")
+        else:
+            check(r.get("general.file_type") == 8, "q5_0: general.file_type (LLAMA_FTYPE_MOSTLY_Q5_0)")
+        for name, x in names:
+            check(r.info(name).type == 6, "%s: %s is q5_0" % (tname, name))
+            got = np.frombuffer(bytes(r.raw(name)), np.uint8).reshape(-1, 22)
+            want = quantize_q5_0(x.reshape(-1, 32))
+            nbad = int(np.sum(np.any(got != want, axis=1)))
+            check(nbad == 0, "%s %s: %d of %d q5_0 blocks differ from the NumPy port of ggml's reference (first %s)"
+                  % (tname, name, nbad, got.shape[0], np.argwhere(np.any(got != want, axis=1))[:3].ravel()))
+            y = gguf_np.dequantize(got.reshape(-1), 6).reshape(x.shape)
+            err = np.abs(y - x).max() / max(1e-30, float(np.abs(x).max()))
+            check(err <= 1 / 16.0, "%s %s: q5_0 max |dequant - x| / max |x| = %.4f" % (tname, name, err))
+        r.close()
     # moetax's dequantization (moetax_to_float, through quantize ... f32) of any bytes == NumPy's
     # (which equals upstream dequantize_row_q{3,2}_K, checked by hand): random blocks with
     # random finite F16 scales
     for tname, tid, bsz, doffs, deq in (("q3_k", 11, 110, (108,), dequantize_q3_k),
-                                        ("q2_k", 10, 84, (80, 82), dequantize_q2_k)):
-        blocks = rng.integers(0, 256, (48, bsz)).astype(np.uint8)
+                                        ("q2_k", 10, 84, (80, 82), dequantize_q2_k),
+                                        ("q5_0", 6, 22, (0,), lambda b: gguf_np.dequantize(b.reshape(-1), 6)),
+                                        ("iq4_nl", 20, 18, (0,), lambda b: gguf_np.dequantize(b.reshape(-1), 20))):
+        nblk = 768 * 16 // (256 if bsz > 34 else 32)
+        blocks = rng.integers(0, 256, (nblk, bsz)).astype(np.uint8)
         for o in doffs:
-            blocks[:, o:o + 2] = (rng.standard_normal(48) * 0.1).astype("<f2").view(np.uint8).reshape(48, 2)
+            blocks[:, o:o + 2] = (rng.standard_normal(nblk) * 0.1).astype("<f2").view(np.uint8).reshape(nblk, 2)
         src = os.path.join(work, "kqnp_rand_%s.gguf" % tname)
         dst = os.path.join(work, "kqnp_rand_%s_f32.gguf" % tname)
         write_gguf(src, [("r.weight", (tid, 768, 16, blocks.tobytes()))])

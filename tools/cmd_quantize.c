@@ -1,9 +1,10 @@
 /* cmd_quantize.c - `moetax quantize IN OUT TYPE`: convert a model's weights.
  * Like llama-quantize: the router (ffn_gate_inp), norms, biases, exp_probs_b
  * and all 1-D tensors stay F32; a tensor whose rows do not fit the target
- * block size falls back: k-quants (rows not a multiple of 256) to Q8_0 (as
- * llama-quantize does for Q6_K; it takes Q5_0 for Q4_K, Q5_1 for Q5_K and
- * IQ4_NL for Q2_K/Q3_K, which moetax does not compute), anything else to F16.
+ * block size falls back: k-quants (rows not a multiple of 256) as llama-quantize
+ * does for Q4_K (Q5_0) and Q6_K (Q8_0), Q2_K, Q3_K and Q5_K to Q8_0 (llama-quantize
+ * takes IQ4_NL and Q5_1, which moetax does not write), anything else to F16
+ * (moetax_type_fit).
  * Metadata is copied, general.file_type updated (q2_k: MOSTLY_Q2_K = 10,
  * q3_k: Q3_K_M = 12, q4_k: MOSTLY_Q4_K_M = 15, q5_k: Q5_K_M = 17,
  * q6_k: Q6_K = 18, as `llama-quantize --pure IN OUT Q4_K_M` writes).
@@ -22,9 +23,9 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax quantize [--experts-only] IN.gguf OUT.gguf TYPE\n\n"
-               "TYPE: f32 f16 bf16 q8_0 q4_0 q2_k q3_k q4_k q5_k q6_k. Routers, norms, biases and 1-D tensors stay f32;\n"
-               "k-quant tensors whose rows are not a multiple of 256 become q8_0, and rows that 32 does not\n"
-               "divide f16 (each named on stderr).\n"
+               "TYPE: f32 f16 bf16 q8_0 q4_0 q5_0 q2_k q3_k q4_k q5_k q6_k. Routers, norms, biases and 1-D tensors\n"
+               "stay f32; k-quant tensors whose rows are not a multiple of 256 become q5_0 (q4_k, as llama-quantize)\n"
+               "or q8_0 (the others), and rows that 32 does not divide f16 (each named on stderr).\n"
                "  --experts-only  convert the routed expert tensors only, the rest copied as stored (what\n"
                "                  run/bench/eval --expert-type TYPE compute in memory)\n");
 }
@@ -51,8 +52,9 @@ int cmd_quantize(int argc, char **argv) {
     }
     if (np != 3) return cli_usage_error("quantize", "need IN OUT TYPE");
     enum moetax_type to;
-    if (!moetax_type_from_name(pos[2], &to) || !moetax_type_supported(to))
-        return cli_usage_error("quantize", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k)", pos[2]);
+    if (!moetax_type_from_name(pos[2], &to) || !moetax_type_writable(to))
+        return cli_usage_error("quantize", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q5_0, q2_k, q3_k, q4_k, q5_k, q6_k)",
+                               pos[2]);
     /* the same file by device and inode, not by name (./../dir/IN, a link to IN) */
     bool same = false;
     moetax_status st = moetax_same_file(pos[0], pos[1], &same);
@@ -89,8 +91,8 @@ int cmd_quantize(int argc, char **argv) {
         }
         enum moetax_type ty = keep_f32(t) ? MOETAX_TYPE_F32 : to;
         if (experts_only && (!moetax_tensor_is_routed_expert(t) || t->type == to)) ty = t->type; /* as stored */
-        /* rows that the type's blocks do not divide: a k-quant falls back to q8_0, then (or a 32-block
-         * type) to f16 (moetax_type_fit); the final type is named once */
+        /* rows that the type's blocks do not divide: a k-quant falls back to q5_0 or q8_0, then (or a
+         * 32-block type) to f16 (moetax_type_fit); the final type is named once */
         const enum moetax_type want = ty;
         ty = moetax_type_fit(ty, t->ne[0]);
         if (ty != want)

@@ -36,6 +36,11 @@
  *     Q8_0 weights (nb = ncols / 32): int8 qs[nb][32]; float d[nb]
  *       ggml's Q8_0 quantization of x (d rounded to F16 as in a block_q8_0,
  *       stored widened to float).
+ *     Q5_0 and IQ4_NL weights: the Q8_0 row (the same bytes). Per output the
+ *       avx2 and avx512 tables take the exact block sums S_b of the signed
+ *       weight levels (Q5_0: q - 16; IQ4_NL: the table's level) times the
+ *       activation quants and acc = fma((float)S_b, d_w[b] * d_x[b], acc) over
+ *       the blocks in order, from 0 (Q8_0's chain); both read them as stored.
  *     Q4_0 weights: the Q8_0 row, then int32 s[nb] with s[i] = 8 * sum of
  *       block i's 32 quants: int8 qs[nb][32]; float d[nb]; int32 s[nb]. The
  *       unsigned nibbles q (0..15) of a weight block give sum((q - 8) x) =
@@ -154,7 +159,7 @@
  *   ending at n_rows, satisfies this.
 
  * INVARIANTS
- *   - Q8_0 / Q4_0: ncols must be a multiple of 32, Q2_K..Q6_K of 256
+ *   - Q8_0 / Q4_0 / Q5_0 / IQ4_NL: ncols must be a multiple of 32, Q2_K..Q6_K of 256
  *     (moetax_act_size returns 0 otherwise and matmul must not be called).
  *     F32/F16/BF16: any ncols >= 1.
  *   - k-quants: the avx512 table's kernels (Q2_K..Q6_Kx8r, any n_batch; a
@@ -248,6 +253,11 @@ void moetax_rope_cache(const struct moetax_rope_params *p, int64_t pos, float *c
 /* Bytes of prepared activations for n_batch rows of ncols (see the layout
  * above); 0 if wtype is not computable or ncols is not a multiple of its block. */
 size_t moetax_act_size(enum moetax_type wtype, int64_t ncols, int64_t n_batch);
+/* True for the weight types whose prepared activations are the Q8_0 row: Q8_0, Q5_0, IQ4_NL
+ * (one prepared row serves all three). */
+static inline bool moetax_act_is_q8_0(enum moetax_type wtype) {
+    return wtype == MOETAX_TYPE_Q8_0 || wtype == MOETAX_TYPE_Q5_0 || wtype == MOETAX_TYPE_IQ4_NL;
+}
 
 /* Rows of a row group in any table's layout (WEIGHT LAYOUTS, ROW RANGES):
  * callers that split a matrix's rows split at multiples of this. */

@@ -78,14 +78,17 @@ bool moetax_type_is_kquant(enum moetax_type t) {
 
 bool moetax_type_supported(enum moetax_type t) {
     return t == MOETAX_TYPE_F32 || t == MOETAX_TYPE_F16 || t == MOETAX_TYPE_BF16 ||
-           t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q2_K || t == MOETAX_TYPE_Q3_K ||
+           t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL ||
+           t == MOETAX_TYPE_Q2_K || t == MOETAX_TYPE_Q3_K ||
            t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K;
 }
+
+bool moetax_type_writable(enum moetax_type t) { return moetax_type_supported(t) && t != MOETAX_TYPE_IQ4_NL; }
 
 enum moetax_type moetax_type_fit(enum moetax_type t, int64_t ne0) {
     const int64_t bs = moetax_type_blck_size(t);
     if (bs > 0 && ne0 % bs == 0) return t;
-    if (bs == 256 && ne0 % 32 == 0) return MOETAX_TYPE_Q8_0;
+    if (bs == 256 && ne0 % 32 == 0) return t == MOETAX_TYPE_Q4_K ? MOETAX_TYPE_Q5_0 : MOETAX_TYPE_Q8_0;
     return MOETAX_TYPE_F16;
 }
 
@@ -95,6 +98,8 @@ uint32_t moetax_type_llama_ftype(enum moetax_type t) {
     case MOETAX_TYPE_F16: return 1;
     case MOETAX_TYPE_Q4_0: return 2;
     case MOETAX_TYPE_Q8_0: return 7;
+    case MOETAX_TYPE_Q5_0: return 8;
+    case MOETAX_TYPE_IQ4_NL: return 25;
     case MOETAX_TYPE_Q2_K: return 10;
     case MOETAX_TYPE_Q3_K: return 12;
     case MOETAX_TYPE_Q4_K: return 15;
@@ -245,6 +250,35 @@ void moetax_dequantize_row_q4_0_ref(const moetax_block_q4_0 *x, float *y, int64_
         }
     }
 }
+
+void moetax_quantize_row_q5_0_ref(const float *x, moetax_block_q5_0 *y, int64_t n) {
+    const int64_t nb = n / MOETAX_QK4_0;
+    for (int64_t i = 0; i < nb; i++) {
+        const float *xb = x + i * MOETAX_QK4_0;
+        float amax = 0.0f, max = 0.0f; /* max keeps the sign of the largest magnitude */
+        for (int j = 0; j < MOETAX_QK4_0; j++) {
+            if (amax < fabsf(xb[j])) { amax = fabsf(xb[j]); max = xb[j]; }
+        }
+        const float d = max / -16.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = moetax_fp32_to_fp16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < MOETAX_QK4_0 / 2; j++) {
+            const float x0 = xb[j] * id;
+            const float x1 = xb[j + MOETAX_QK4_0 / 2] * id;
+            int q0 = (int)(int8_t)(x0 + 16.5f);
+            int q1 = (int)(int8_t)(x1 + 16.5f);
+            if (q0 > 31) q0 = 31;
+            if (q1 > 31) q1 = 31;
+            y[i].qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+            qh |= (uint32_t)(q0 >> 4 & 1) << j;
+            qh |= (uint32_t)(q1 >> 4 & 1) << (j + MOETAX_QK4_0 / 2);
+        }
+        for (int b = 0; b < 4; b++) y[i].qh[b] = (uint8_t)(qh >> (8 * b));
+    }
+}
+
+const int8_t moetax_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 static inline uint16_t load_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
@@ -721,6 +755,7 @@ bool moetax_from_float(enum moetax_type t, const float *x, void *y, int64_t n) {
         return true;
     case MOETAX_TYPE_Q8_0: moetax_quantize_row_q8_0_ref(x, y, n); return true;
     case MOETAX_TYPE_Q4_0: moetax_quantize_row_q4_0_ref(x, y, n); return true;
+    case MOETAX_TYPE_Q5_0: moetax_quantize_row_q5_0_ref(x, y, n); return true;
     case MOETAX_TYPE_Q2_K: moetax_quantize_row_q2_k_ref(x, y, n); return true;
     case MOETAX_TYPE_Q3_K: moetax_quantize_row_q3_k_ref(x, y, n); return true;
     case MOETAX_TYPE_Q4_K: moetax_quantize_row_q4_k_ref(x, y, n); return true;
@@ -758,6 +793,29 @@ bool moetax_to_float(enum moetax_type t, const void *x, float *y, int64_t n) {
             for (int j = 0; j < MOETAX_QK4_0 / 2; j++) {
                 y[b * MOETAX_QK4_0 + j] = (float)((q[j] & 0x0f) - 8) * d;
                 y[b * MOETAX_QK4_0 + j + MOETAX_QK4_0 / 2] = (float)((q[j] >> 4) - 8) * d;
+            }
+        }
+        return true;
+    case MOETAX_TYPE_Q5_0:
+        for (int64_t b = 0; b < n / MOETAX_QK4_0; b++, p += sizeof(moetax_block_q5_0)) {
+            const float d = moetax_fp16_to_fp32(load_u16(p + offsetof(moetax_block_q5_0, d)));
+            const uint8_t *h = p + offsetof(moetax_block_q5_0, qh), *q = p + offsetof(moetax_block_q5_0, qs);
+            const uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+            for (int j = 0; j < MOETAX_QK4_0 / 2; j++) {
+                const int q0 = (q[j] & 0x0f) | (int)(qh >> j & 1) << 4;
+                const int q1 = (q[j] >> 4) | (int)(qh >> (j + 16) & 1) << 4;
+                y[b * MOETAX_QK4_0 + j] = (float)(q0 - 16) * d;
+                y[b * MOETAX_QK4_0 + j + MOETAX_QK4_0 / 2] = (float)(q1 - 16) * d;
+            }
+        }
+        return true;
+    case MOETAX_TYPE_IQ4_NL:
+        for (int64_t b = 0; b < n / MOETAX_QK4_0; b++, p += sizeof(moetax_block_iq4_nl)) {
+            const float d = moetax_fp16_to_fp32(load_u16(p + offsetof(moetax_block_iq4_nl, d)));
+            const uint8_t *q = p + offsetof(moetax_block_iq4_nl, qs);
+            for (int j = 0; j < MOETAX_QK4_0 / 2; j++) {
+                y[b * MOETAX_QK4_0 + j] = d * (float)moetax_iq4nl_values[q[j] & 0x0f];
+                y[b * MOETAX_QK4_0 + j + MOETAX_QK4_0 / 2] = d * (float)moetax_iq4nl_values[q[j] >> 4];
             }
         }
         return true;

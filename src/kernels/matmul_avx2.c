@@ -250,7 +250,7 @@ static void quantize_row_q8k(const float *x, moetax_block_q8_k *y, int64_t ncols
 void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t ldx, int64_t ncols,
                                 int64_t n_batch, void *xq) {
     const size_t row_bytes = moetax_k_act_row_bytes(wtype, ncols);
-    if (wtype == MOETAX_TYPE_Q8_0 || wtype == MOETAX_TYPE_Q4_0) {
+    if (moetax_k_act_is_q(wtype)) { /* Q5_0 and IQ4_NL weights take the Q8_0 row */
         quantize_rows_q8(x, ldx, ncols / 32, n_batch, (uint8_t *)xq, row_bytes);
         if (wtype == MOETAX_TYPE_Q4_0)
             for (int64_t b = 0; b < n_batch; b++) sums_row_q4(ncols / 32, (uint8_t *)xq + (size_t)b * row_bytes);
@@ -861,6 +861,178 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
     }
 }
 
+/* ---- Q5_0 and IQ4_NL, as stored: 4 rows x 1-2 batch rows per tile ----
+ * Per block each row's 32 signed levels are made once (Q5_0: the nibbles ORed with 0xF0
+ * where the fifth bit is clear, i.e. q - 16 as int8; IQ4_NL: the table's level by one
+ * vpshufb), then multiplied with each batch row's Q8_0 quants as tile_q8 does (|level| <=
+ * 127, so the sign trick's pmaddubsw cannot saturate), and the 4 rows' exact block sums go
+ * through Q8_0's chain acc = fma((float)S_b, d_w[b] * d_x[b], acc): the same bits for any
+ * batch size and row split. A range's last rows (fewer than 4) repeat the last row. */
+ALWAYS_INLINE __m256i nib_bytes(const uint8_t *qs) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+}
+
+ALWAYS_INLINE __m256i levels_q5_0(const uint8_t *blk) {
+    uint32_t qh;
+    memcpy(&qh, blk + offsetof(moetax_block_q5_0, qh), 4);
+    /* byte j of the 32 gets byte j / 8 of qh, then the bit j % 8 of it alone */
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
+    return _mm256_or_si256(nib_bytes(blk + offsetof(moetax_block_q5_0, qs)),
+                           _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xf0)));
+}
+
+ALWAYS_INLINE __m256i levels_iq4nl(const uint8_t *blk) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)moetax_iq4nl_values);
+    return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nib_bytes(blk + offsetof(moetax_block_iq4_nl, qs)));
+}
+
+ALWAYS_INLINE void tile_q5nl(const bool nl, const int BB, const bool far, const uint8_t *const *w,
+                             const uint8_t *act, size_t act_row, int64_t nb, float *y, int64_t ldy, int nr) {
+    const size_t bs = nl ? sizeof(moetax_block_iq4_nl) : sizeof(moetax_block_q5_0);
+    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i L[4];
+        uint16_t dh[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *blk = w[r] + (size_t)b * bs;
+            if (QPF > 0) _mm_prefetch((const char *)blk + QPF, QPF_HINT);
+            if (far) _mm_prefetch((const char *)blk + PF_FAR, _MM_HINT_T1);
+            L[r] = nl ? levels_iq4nl(blk) : levels_q5_0(blk);
+            memcpy(&dh[r], blk, 2);
+        }
+        const __m128 dw = _mm_cvtph_ps(_mm_setr_epi16((short)dh[0], (short)dh[1], (short)dh[2], (short)dh[3], 0, 0, 0, 0));
+#pragma GCC unroll 2
+        for (int j = 0; j < BB; j++) {
+            const uint8_t *a = act + (size_t)j * act_row;
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(a + b * 32));
+            __m256i t[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+                t[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(L[r], L[r]), _mm256_sign_epi8(xv, L[r])), ones);
+            const __m128 dx = _mm_broadcast_ss((const float *)(a + d_off) + b);
+            acc[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_epi32(t[0], t[1], t[2], t[3])), _mm_mul_ps(dw, dx), acc[j]);
+        }
+    }
+    for (int j = 0; j < BB; j++) {
+        float o[4];
+        _mm_storeu_ps(o, acc[j]);
+        for (int r = 0; r < nr; r++) y[j * ldy + r] = o[r];
+    }
+}
+
+typedef void (*tile_q5nl_fn)(const uint8_t *const *w, const uint8_t *act, size_t act_row, int64_t nb, float *y,
+                             int64_t ldy, int nr);
+#define TILE_Q5NL(NAME, NL, BB, FAR)                                                                                \
+    static void NAME(const uint8_t *const *w, const uint8_t *act, size_t act_row, int64_t nb, float *y, int64_t ldy, \
+                     int nr) {                                                                                       \
+        tile_q5nl(NL, BB, FAR, w, act, act_row, nb, y, ldy, nr);                                                     \
+    }
+TILE_Q5NL(tile_q5_0_1, false, 1, false) TILE_Q5NL(tile_q5_0_2, false, 2, false) TILE_Q5NL(tile_q5_0_1f, false, 1, true)
+TILE_Q5NL(tile_iq4nl_1, true, 1, false) TILE_Q5NL(tile_iq4nl_2, true, 2, false) TILE_Q5NL(tile_iq4nl_1f, true, 1, true)
+
+/* Batches of 3 or more: the levels of 4 rows x Q5NL_KB blocks are made once into lv (in L1)
+ * and every batch row runs over them, 4 at a time; each output's chain continues through y
+ * from one chunk of blocks to the next (exactly: the running sum is stored and reloaded). */
+#define Q5NL_KB 64
+struct q5nl_chunk {
+    _Alignas(32) int8_t lv[Q5NL_KB][4][32];
+    float dw[Q5NL_KB][4];
+};
+
+ALWAYS_INLINE void tile_q5nl_chunk(const int BB, const struct q5nl_chunk *c, int64_t kn, const uint8_t *act,
+                                   size_t act_row, int64_t nb, int64_t b0, float *y, int64_t ldy, int nr, bool first) {
+    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m128 acc[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < BB; j++) {
+        float o[4] = {0, 0, 0, 0};
+        if (!first)
+            for (int r = 0; r < nr; r++) o[r] = y[j * ldy + r];
+        acc[j] = _mm_loadu_ps(o);
+    }
+    for (int64_t bb = 0; bb < kn; bb++) {
+        __m256i L[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) L[r] = _mm256_load_si256((const __m256i *)c->lv[bb][r]);
+        const __m128 dw = _mm_loadu_ps(c->dw[bb]);
+#pragma GCC unroll 4
+        for (int j = 0; j < BB; j++) {
+            const uint8_t *a = act + (size_t)j * act_row;
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(a + (b0 + bb) * 32));
+            __m256i t[4];
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+                t[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(L[r], L[r]), _mm256_sign_epi8(xv, L[r])), ones);
+            const __m128 dx = _mm_broadcast_ss((const float *)(a + d_off) + b0 + bb);
+            acc[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_epi32(t[0], t[1], t[2], t[3])), _mm_mul_ps(dw, dx), acc[j]);
+        }
+    }
+    for (int j = 0; j < BB; j++) {
+        float o[4];
+        _mm_storeu_ps(o, acc[j]);
+        for (int r = 0; r < nr; r++) y[j * ldy + r] = o[r];
+    }
+}
+
+typedef void (*tile_q5nl_chunk_fn)(const struct q5nl_chunk *c, int64_t kn, const uint8_t *act, size_t act_row, int64_t nb,
+                                   int64_t b0, float *y, int64_t ldy, int nr, bool first);
+#define TILE_Q5NL_CHUNK(BB)                                                                                         \
+    static void tile_q5nl_chunk_##BB(const struct q5nl_chunk *c, int64_t kn, const uint8_t *act, size_t act_row,    \
+                                     int64_t nb, int64_t b0, float *y, int64_t ldy, int nr, bool first) {           \
+        tile_q5nl_chunk(BB, c, kn, act, act_row, nb, b0, y, ldy, nr, first);                                        \
+    }
+TILE_Q5NL_CHUNK(1) TILE_Q5NL_CHUNK(2) TILE_Q5NL_CHUNK(3) TILE_Q5NL_CHUNK(4)
+static const tile_q5nl_chunk_fn k_q5nl_chunk[4] = {tile_q5nl_chunk_1, tile_q5nl_chunk_2, tile_q5nl_chunk_3,
+                                                   tile_q5nl_chunk_4};
+
+static void matmul_q5nl(const bool nl, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                        const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
+    const int64_t nb = ncols / 32;
+    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q8_0, ncols);
+    const size_t bs = nl ? sizeof(moetax_block_iq4_nl) : sizeof(moetax_block_q5_0);
+    struct q5nl_chunk c;
+    for (int64_t r = row0; r < row1; r += 4) {
+        const int nr = row1 - r < 4 ? (int)(row1 - r) : 4;
+        const uint8_t *rows[4];
+        for (int i = 0; i < 4; i++) rows[i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * row_bytes;
+        if (n_batch >= 3) {
+            for (int64_t b0 = 0; b0 < nb; b0 += Q5NL_KB) {
+                const int64_t kn = nb - b0 < Q5NL_KB ? nb - b0 : Q5NL_KB;
+                for (int64_t bb = 0; bb < kn; bb++)
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t *blk = rows[i] + (size_t)(b0 + bb) * bs;
+                        _mm256_store_si256((__m256i *)c.lv[bb][i], nl ? levels_iq4nl(blk) : levels_q5_0(blk));
+                        uint16_t h;
+                        memcpy(&h, blk, 2);
+                        c.dw[bb][i] = moetax_k_fp16_table[h];
+                    }
+                for (int64_t j = 0; j < n_batch; j += 4) {
+                    const int jb = n_batch - j < 4 ? (int)(n_batch - j) : 4;
+                    k_q5nl_chunk[jb - 1](&c, kn, act + (size_t)j * act_row, act_row, nb, b0, y + j * ldy + r, ldy, nr,
+                                         b0 == 0);
+                }
+            }
+            continue;
+        }
+        for (int64_t j = 0; j < n_batch; j += 2) {
+            const uint8_t *a = act + (size_t)j * act_row;
+            float *yy = y + j * ldy + r;
+            if (n_batch - j >= 2) (nl ? tile_iq4nl_2 : tile_q5_0_2)(rows, a, act_row, nb, yy, ldy, nr);
+            else if (far) (nl ? tile_iq4nl_1f : tile_q5_0_1f)(rows, a, act_row, nb, yy, ldy, nr);
+            else (nl ? tile_iq4nl_1 : tile_q5_0_1)(rows, a, act_row, nb, yy, ldy, nr);
+        }
+    }
+}
+
 /* ---- batched Q8_0 (n_batch >= QB_MIN): weight rows in lanes ----
  *
  * With several batch rows tile_q8 is bound by its per-(row, batch row, block)
@@ -1095,6 +1267,9 @@ static void matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes,
     case MOETAX_TYPE_Q4_0:
         assert(row0 % MOETAX_K_Q4R8_ROWS == 0); /* ROW RANGES, kernels.h */
         matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
+        break;
+    case MOETAX_TYPE_Q5_0: case MOETAX_TYPE_IQ4_NL:
+        matmul_q5nl(wtype == MOETAX_TYPE_IQ4_NL, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
     case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K:
     case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:

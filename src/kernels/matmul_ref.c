@@ -1,5 +1,5 @@
 /* matmul_ref.c - scalar reference: activation preparation and matrix x
- * vector(s) for F32, F16, BF16, Q8_0, Q4_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K weights. Plain C11, one output at
+ * vector(s) for F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K weights. Plain C11, one output at
  * a time, double accumulation: slow and obviously right. */
 #include "kernels_impl.h"
 
@@ -25,7 +25,7 @@ void moetax_k_quantize_act_ref(enum moetax_type wtype, const float *x, int64_t l
     for (int64_t b = 0; b < n_batch; b++) {
         const float *xr = x + b * ldx;
         uint8_t *out = (uint8_t *)xq + (size_t)b * row_bytes;
-        if (wtype == MOETAX_TYPE_Q8_0 || wtype == MOETAX_TYPE_Q4_0) {
+        if (moetax_k_act_is_q(wtype)) {
             float *d = (float *)(out + moetax_k_act_d_off(wtype, nb));
             for (int64_t i = 0; i < nb; i++) quantize_block_q8(xr + i * 32, (int8_t *)out + i * 32, &d[i]);
             if (wtype == MOETAX_TYPE_Q4_0) { /* s = 8 * sum of each block's quants (kernels.h) */
@@ -82,6 +82,36 @@ static double dot_q4(const moetax_block_q4_0 *w, const int8_t *qs, const float *
         for (int j = 0; j < 16; j++) {
             isum += ((int32_t)(w[i].qs[j] & 0x0f) - 8) * (int32_t)qs[i * 32 + j];
             isum += ((int32_t)(w[i].qs[j] >> 4) - 8) * (int32_t)qs[i * 32 + 16 + j];
+        }
+        acc += (double)(moetax_fp16_to_fp32(w[i].d) * d[i]) * (double)isum;
+    }
+    return acc;
+}
+
+/* Q5_0 x Q8_0: the nibble plus bit j of qh times 16, minus 16; IQ4_NL x Q8_0: the table's
+ * level at the nibble. Both as stored (byte j: values j and j + 16). */
+static double dot_q5_0(const moetax_block_q5_0 *w, const int8_t *qs, const float *d, int64_t nb) {
+    double acc = 0.0;
+    for (int64_t i = 0; i < nb; i++) {
+        const uint32_t qh = (uint32_t)w[i].qh[0] | (uint32_t)w[i].qh[1] << 8 | (uint32_t)w[i].qh[2] << 16 |
+                            (uint32_t)w[i].qh[3] << 24;
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) {
+            isum += ((int32_t)(w[i].qs[j] & 0x0f) + 16 * (int32_t)(qh >> j & 1) - 16) * (int32_t)qs[i * 32 + j];
+            isum += ((int32_t)(w[i].qs[j] >> 4) + 16 * (int32_t)(qh >> (j + 16) & 1) - 16) * (int32_t)qs[i * 32 + 16 + j];
+        }
+        acc += (double)(moetax_fp16_to_fp32(w[i].d) * d[i]) * (double)isum;
+    }
+    return acc;
+}
+
+static double dot_iq4nl(const moetax_block_iq4_nl *w, const int8_t *qs, const float *d, int64_t nb) {
+    double acc = 0.0;
+    for (int64_t i = 0; i < nb; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) {
+            isum += (int32_t)moetax_iq4nl_values[w[i].qs[j] & 0x0f] * (int32_t)qs[i * 32 + j];
+            isum += (int32_t)moetax_iq4nl_values[w[i].qs[j] >> 4] * (int32_t)qs[i * 32 + 16 + j];
         }
         acc += (double)(moetax_fp16_to_fp32(w[i].d) * d[i]) * (double)isum;
     }
@@ -181,6 +211,12 @@ void moetax_k_matmul_ref(enum moetax_type wtype, const void *w, size_t row_bytes
                 break;
             case MOETAX_TYPE_Q4_0:
                 v = dot_q4(wr, (const int8_t *)a, (const float *)(a + moetax_k_act_d_off(wtype, nb)), nb);
+                break;
+            case MOETAX_TYPE_Q5_0:
+                v = dot_q5_0(wr, (const int8_t *)a, (const float *)(a + moetax_k_act_d_off(wtype, nb)), nb);
+                break;
+            case MOETAX_TYPE_IQ4_NL:
+                v = dot_iq4nl(wr, (const int8_t *)a, (const float *)(a + moetax_k_act_d_off(wtype, nb)), nb);
                 break;
             case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K:
             case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:
