@@ -261,6 +261,14 @@ static void test_matmul(void) {
                     for (size_t bi = 0; bi < sizeof k_batches / sizeof k_batches[0]; bi++)
                         test_matmul_case(kts[ti], k_rows[ri], 256 * ci, k_batches[bi]);
     }
+    /* Q5_0 / IQ4_NL batches (avx512: chunks of 64 blocks in Q8_0x8r, batch rows in slabs of 64, a
+     * range's last rows % 8 on avx2's path): several chunks and slabs, pairs of groups, a lone group */
+    for (int nl = 0; nl < 2; nl++) {
+        const enum moetax_type t = nl ? MOETAX_TYPE_IQ4_NL : MOETAX_TYPE_Q5_0;
+        test_matmul_case(t, 27, 32 * 70, 70);
+        test_matmul_case(t, 40, 32 * 130, 9);
+        test_matmul_case(t, 8, 32 * 44, 131);
+    }
     CHECK(moetax_act_size(MOETAX_TYPE_Q8_0, 33, 1) == 0);
     CHECK(moetax_act_size(MOETAX_TYPE_Q4_0, 48, 1) == 0);
     CHECK(moetax_act_size(MOETAX_TYPE_Q4_K, 256, 1) == sizeof(moetax_block_q8_k));

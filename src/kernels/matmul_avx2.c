@@ -868,29 +868,6 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
  * 127, so the sign trick's pmaddubsw cannot saturate), and the 4 rows' exact block sums go
  * through Q8_0's chain acc = fma((float)S_b, d_w[b] * d_x[b], acc): the same bits for any
  * batch size and row split. A range's last rows (fewer than 4) repeat the last row. */
-ALWAYS_INLINE __m256i nib_bytes(const uint8_t *qs) {
-    const __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
-}
-
-ALWAYS_INLINE __m256i levels_q5_0(const uint8_t *blk) {
-    uint32_t qh;
-    memcpy(&qh, blk + offsetof(moetax_block_q5_0, qh), 4);
-    /* byte j of the 32 gets byte j / 8 of qh, then the bit j % 8 of it alone */
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    const __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
-    return _mm256_or_si256(nib_bytes(blk + offsetof(moetax_block_q5_0, qs)),
-                           _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xf0)));
-}
-
-ALWAYS_INLINE __m256i levels_iq4nl(const uint8_t *blk) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)moetax_iq4nl_values);
-    return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nib_bytes(blk + offsetof(moetax_block_iq4_nl, qs)));
-}
-
 ALWAYS_INLINE void tile_q5nl(const bool nl, const int BB, const bool far, const uint8_t *const *w,
                              const uint8_t *act, size_t act_row, int64_t nb, float *y, int64_t ldy, int nr) {
     const size_t bs = nl ? sizeof(moetax_block_iq4_nl) : sizeof(moetax_block_q5_0);

@@ -51,8 +51,7 @@
 #include <string.h>
 
 #include "moetax/types.h"
-
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#include "simd_avx2.h"
 
 /* Bytes ahead in each group's stream (as the avx2 table's QPF). */
 #ifndef QPF512
@@ -193,11 +192,12 @@ static void q8_corrections(const uint8_t *act, size_t act_row, int64_t jn, int64
     }
 }
 
-/* G groups (1 or 2: g[0], g[1]) of 8 rows x JB batch rows over blocks [b0, b0 + kn);
+/* G groups (1 or 2: g[0], g[1]) of 8 rows x JB batch rows over blocks [b0, b0 + kn), block b of
+ * the groups at g + (b - gb0) 272 bytes (gb0: 0, or b0 for a chunk made apart: q5nl_chunk);
  * y[gi][j * ldy + 0..7]; first: the chain starts from 0, else continues from y. */
-ALWAYS_INLINE void q8r8_tile(const int G, const int JB, const uint8_t *const *g, const uint8_t *act, size_t act_row,
-                             int64_t nb, const int32_t *corr, int64_t b0, int64_t kn, float *const *y, int64_t ldy,
-                             bool first) {
+ALWAYS_INLINE void q8r8_tile(const int G, const int JB, const uint8_t *const *g, const int64_t gb0, const uint8_t *act,
+                             size_t act_row, int64_t nb, const int32_t *corr, int64_t b0, int64_t kn, float *const *y,
+                             int64_t ldy, bool first) {
     enum { NC = 2 }; /* chains per (group, batch row) when JB <= 4 */
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
     __m256 acc[2][JB_MAX];
@@ -209,7 +209,7 @@ ALWAYS_INLINE void q8r8_tile(const int G, const int JB, const uint8_t *const *g,
         const int64_t b = b0 + bb;
 #pragma GCC unroll 2
         for (int gi = 0; gi < G; gi++) {
-            const uint8_t *blk = g[gi] + (size_t)b * MOETAX_K_Q8R8_BLOCK_BYTES;
+            const uint8_t *blk = g[gi] + (size_t)(b - gb0) * MOETAX_K_Q8R8_BLOCK_BYTES;
             prefetch_blk(blk, MOETAX_K_Q8R8_BLOCK_BYTES, JB, false);
             __m256i wv[8];
 #pragma GCC unroll 8
@@ -265,28 +265,38 @@ typedef void (*q8r8_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_
     static void q8r8_tile_##G##x##JB(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,    \
                                      const int32_t *corr, int64_t b0, int64_t kn, float *const *y, int64_t ldy, \
                                      bool first) {                                                               \
-        q8r8_tile(G, JB, g, act, act_row, nb, corr, b0, kn, y, ldy, first);                                     \
+        q8r8_tile(G, JB, g, 0, act, act_row, nb, corr, b0, kn, y, ldy, first);                                  \
+    }
+#define Q8R8C_TILE(JB) /* one group, a chunk made apart (gb0 = b0) */                                            \
+    static void q8r8c_tile_1x##JB(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,      \
+                                  const int32_t *corr, int64_t b0, int64_t kn, float *const *y, int64_t ldy,    \
+                                  bool first) {                                                                 \
+        q8r8_tile(1, JB, g, b0, act, act_row, nb, corr, b0, kn, y, ldy, first);                                 \
     }
 
 Q8R8_TILE(2, 1)
 Q8R8_TILE(1, 1) Q8R8_TILE(1, 2) Q8R8_TILE(1, 3) Q8R8_TILE(1, 4)
 Q8R8_TILE(1, 5) Q8R8_TILE(1, 6) Q8R8_TILE(1, 7) Q8R8_TILE(1, 8)
+Q8R8C_TILE(1) Q8R8C_TILE(2) Q8R8C_TILE(3) Q8R8C_TILE(4) Q8R8C_TILE(5) Q8R8C_TILE(6) Q8R8C_TILE(7) Q8R8C_TILE(8)
 static const q8r8_fn k_q8r8[JB_MAX] = {q8r8_tile_1x1, q8r8_tile_1x2, q8r8_tile_1x3, q8r8_tile_1x4,
                                        q8r8_tile_1x5, q8r8_tile_1x6, q8r8_tile_1x7, q8r8_tile_1x8};
+static const q8r8_fn k_q8r8c[JB_MAX] = {q8r8c_tile_1x1, q8r8c_tile_1x2, q8r8c_tile_1x3, q8r8c_tile_1x4,
+                                        q8r8c_tile_1x5, q8r8c_tile_1x6, q8r8c_tile_1x7, q8r8c_tile_1x8};
 
 /* Two groups of 8 rows (g[0] in lanes 0-7, g[1] in lanes 8-15 of each 512-bit vector)
  * x JB batch rows over blocks [b0, b0 + kn); NC int32 chains per batch row (1 or 2).
  * y[0], y[1]: the groups' outputs; per lane the canonical chain. */
-ALWAYS_INLINE void q8z_tile(const int JB, const int NC, const uint8_t *const *g, const uint8_t *act, size_t act_row,
-                            int64_t nb, const int32_t *corr, int64_t b0, int64_t kn, float *const *y, int64_t ldy,
-                            bool first) {
+ALWAYS_INLINE void q8z_tile(const int JB, const int NC, const uint8_t *const *g, const int64_t gb0, const uint8_t *act,
+                            size_t act_row, int64_t nb, const int32_t *corr, int64_t b0, int64_t kn, float *const *y,
+                            int64_t ldy, bool first) {
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
     __m512 acc[JB_MAX];
 #pragma GCC unroll 8
     for (int j = 0; j < JB; j++) acc[j] = first ? _mm512_setzero_ps() : load_2x8(y[0] + j * ldy, y[1] + j * ldy);
     for (int64_t bb = 0; bb < kn; bb++) {
         const int64_t b = b0 + bb;
-        const uint8_t *k0 = g[0] + (size_t)b * MOETAX_K_Q8R8_BLOCK_BYTES, *k1 = g[1] + (size_t)b * MOETAX_K_Q8R8_BLOCK_BYTES;
+        const uint8_t *k0 = g[0] + (size_t)(b - gb0) * MOETAX_K_Q8R8_BLOCK_BYTES,
+                      *k1 = g[1] + (size_t)(b - gb0) * MOETAX_K_Q8R8_BLOCK_BYTES;
         prefetch_blk(k0, MOETAX_K_Q8R8_BLOCK_BYTES, JB, false);
         prefetch_blk(k1, MOETAX_K_Q8R8_BLOCK_BYTES, JB, false);
         __m512i wv[8];
@@ -325,11 +335,18 @@ typedef void (*q8z_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_r
     static void q8z_tile_##JB(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,            \
                               const int32_t *corr, int64_t b0, int64_t kn, float *const *y, int64_t ldy,          \
                               bool first) {                                                                       \
-        q8z_tile(JB, NC, g, act, act_row, nb, corr, b0, kn, y, ldy, first);                                       \
+        q8z_tile(JB, NC, g, 0, act, act_row, nb, corr, b0, kn, y, ldy, first);                                    \
+    }                                                                                                             \
+    static void q8zc_tile_##JB(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,           \
+                               const int32_t *corr, int64_t b0, int64_t kn, float *const *y, int64_t ldy,         \
+                               bool first) {                                                                      \
+        q8z_tile(JB, NC, g, b0, act, act_row, nb, corr, b0, kn, y, ldy, first);                                   \
     }
 Q8Z_TILE(1, 2) Q8Z_TILE(2, 2) Q8Z_TILE(3, 1) Q8Z_TILE(4, 1) Q8Z_TILE(5, 1) Q8Z_TILE(6, 1) Q8Z_TILE(7, 1) Q8Z_TILE(8, 1)
 static const q8z_fn k_q8z[JB_MAX] = {q8z_tile_1, q8z_tile_2, q8z_tile_3, q8z_tile_4,
                                      q8z_tile_5, q8z_tile_6, q8z_tile_7, q8z_tile_8};
+static const q8z_fn k_q8zc[JB_MAX] = {q8zc_tile_1, q8zc_tile_2, q8zc_tile_3, q8zc_tile_4,
+                                      q8zc_tile_5, q8zc_tile_6, q8zc_tile_7, q8zc_tile_8};
 
 /* One plain block_q8_0 row (a unit's last n_rows % 8 rows) against one batch row
  * over blocks [b0, b0 + kn), in the canonical chain (the avx2 table's bits). */
@@ -398,6 +415,93 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
             }
         }
     }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Q5_0 and IQ4_NL batches                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Both are read as stored (kernels.h); decode is the avx2 table's. A batch converts each group of 8
+ * rows x Q5NL_KB blocks into a chunk in Q8_0x8r's layout (the level plus 128, the F16 d as stored:
+ * a Q8_0 block of the same values, so the exact block sums are the same) and runs the Q8_0 tiles on
+ * it: two groups in 512-bit vectors, a lone group in 256-bit ones; each output's chain continues
+ * through y from one chunk to the next, as Q8_0's column chunks do. Batch rows go in slabs of up to
+ * Q5NL_JS, the corrections of a slab's chunk made once for all its row groups. A range's last rows
+ * % 8 take the avx2 table's path. The same bits as the avx2 table (the canonical Q8_0 chain). */
+#define Q5NL_KB 64
+#define Q5NL_JS 64
+
+/* Group of 8 rows (rows[i]) x blocks [b0, b0 + kn) -> o, Q8_0x8r blocks of 272 bytes. */
+static void q5nl_chunk(bool nl, const uint8_t *const *rows, int64_t b0, int64_t kn, uint8_t *o) {
+    const size_t bs = nl ? sizeof(moetax_block_iq4_nl) : sizeof(moetax_block_q5_0);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int64_t bb = 0; bb < kn; bb++, o += MOETAX_K_Q8R8_BLOCK_BYTES) {
+        __m256 v[8];
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *blk = rows[r] + (size_t)(b0 + bb) * bs;
+            memcpy(o + 2 * r, blk, 2); /* d, as stored */
+            v[r] = _mm256_castsi256_ps(_mm256_xor_si256(nl ? levels_iq4nl(blk) : levels_q5_0(blk), flip));
+        }
+        /* 8 x 8 dwords transposed: chunk c holds dword c of rows 0..7 */
+        const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+        const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+        const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+        const __m256 c[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                             _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                             _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                             _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+        for (int k = 0; k < 8; k++) _mm256_storeu_ps((float *)(o + MOETAX_K_Q8R8_QS_OFF + 32 * k), c[k]);
+    }
+}
+
+static void matmul_q5nl(bool nl, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                        const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
+    enum { R = 8 };
+    const enum moetax_type t = nl ? MOETAX_TYPE_IQ4_NL : MOETAX_TYPE_Q5_0;
+    const int64_t nb = ncols / 32, gend = row0 + (row1 - row0) / R * R;
+    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q8_0, ncols);
+    if (n_batch < 2 || gend == row0) {
+        (far ? moetax_k_matmul_avx2_stream : moetax_k_matmul_avx2)(t, w, row_bytes, row0, row1, ncols, act, n_batch, y,
+                                                                  ldy);
+        return;
+    }
+    _Alignas(64) uint8_t buf[2][Q5NL_KB * MOETAX_K_Q8R8_BLOCK_BYTES];
+    int32_t corr[Q5NL_JS * Q5NL_KB];
+    for (int64_t s0 = 0; s0 < n_batch; s0 += Q5NL_JS) {
+        const int64_t sn = n_batch - s0 < Q5NL_JS ? n_batch - s0 : Q5NL_JS;
+        const uint8_t *as = act + (size_t)s0 * act_row;
+        for (int64_t b0 = 0; b0 < nb; b0 += Q5NL_KB) {
+            const int64_t kn = nb - b0 < Q5NL_KB ? nb - b0 : Q5NL_KB;
+            /* per tile of batch rows, its corrections at corr + j0 * kn (q8_corrections' layout) */
+            for (int64_t j0 = 0, jb; j0 < sn; j0 += jb) {
+                jb = next_jb(sn - j0);
+                q8_corrections(as + (size_t)j0 * act_row, act_row, jb, b0, kn, corr + j0 * kn);
+            }
+            for (int64_t p0 = row0; p0 < gend; p0 += 2 * R) {
+                const int G = gend - p0 >= 2 * R ? 2 : 1;
+                for (int g = 0; g < G; g++) {
+                    const uint8_t *rows[R];
+                    for (int i = 0; i < R; i++) rows[i] = w + (size_t)(p0 + g * R + i) * row_bytes;
+                    q5nl_chunk(nl, rows, b0, kn, buf[g]);
+                }
+                const uint8_t *gg[2] = {buf[0], buf[1]};
+                for (int64_t j0 = 0, jb; j0 < sn; j0 += jb) {
+                    jb = next_jb(sn - j0);
+                    float *yj = y + (s0 + j0) * ldy;
+                    float *yy[2] = {yj + p0, yj + p0 + R};
+                    (G == 2 ? k_q8zc : k_q8r8c)[jb - 1](gg, as + (size_t)j0 * act_row, act_row, nb, corr + j0 * kn, b0,
+                                                         kn, yy, ldy, b0 == 0);
+                }
+            }
+        }
+    }
+    if (gend < row1) /* the last rows % 8 */
+        moetax_k_matmul_avx2(t, w, row_bytes, gend, row1, ncols, act, n_batch, y, ldy);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -855,6 +959,10 @@ static void matmul_avx512(enum moetax_type wtype, const void *w, size_t row_byte
             (far ? moetax_k_matmul_avx2_stream : moetax_k_matmul_avx2)(wtype, w, row_bytes, row0, row1, ncols, xq, n_batch,
                                                                       y, ldy);
         }
+        break;
+    case MOETAX_TYPE_Q5_0:
+    case MOETAX_TYPE_IQ4_NL:
+        matmul_q5nl(wtype == MOETAX_TYPE_IQ4_NL, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
     case MOETAX_TYPE_Q2_K:
     case MOETAX_TYPE_Q3_K:
