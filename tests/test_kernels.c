@@ -28,10 +28,11 @@ static float *rand_vec(int64_t n, float scale) {
 
 static const enum moetax_type k_types[] = {MOETAX_TYPE_F32,  MOETAX_TYPE_F16,  MOETAX_TYPE_BF16, MOETAX_TYPE_Q8_0,
                                            MOETAX_TYPE_Q4_0, MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K,
-                                           MOETAX_TYPE_Q3_K, MOETAX_TYPE_Q2_K, MOETAX_TYPE_Q5_0, MOETAX_TYPE_IQ4_NL};
+                                           MOETAX_TYPE_Q3_K, MOETAX_TYPE_Q2_K, MOETAX_TYPE_Q5_0, MOETAX_TYPE_IQ4_NL,
+                                           MOETAX_TYPE_Q4_1, MOETAX_TYPE_Q5_1};
 
 /* Types whose activations are quantized to 32-value blocks (Q8_0 rows; Q4_0 adds sums). */
-static bool is_q32(enum moetax_type t) { return moetax_act_is_q8_0(t) || t == MOETAX_TYPE_Q4_0; }
+static bool is_q32(enum moetax_type t) { return moetax_act_is_q8_0(t) || moetax_act_is_q4_0(t); }
 
 /* k-quants: super-blocks of 256 values, block_q8_K activations. */
 static bool is_kq(enum moetax_type t) {
@@ -96,7 +97,7 @@ static void act_to_float(enum moetax_type t, const void *xq, int64_t ncols, floa
             out[i * 32 + j] = (float)q[j] * d;
             sum += q[j];
         }
-        if (t == MOETAX_TYPE_Q4_0) {
+        if (moetax_act_is_q4_0(t)) {
             int32_t s;
             memcpy(&s, a + nb * 36 + i * 4, 4);
             CHECK_MSG(s == 8 * sum, "q4_0 activations: block %lld: s %d, 8 * sum %d", (long long)i, s, 8 * sum);
@@ -263,8 +264,9 @@ static void test_matmul(void) {
     }
     /* Q5_0 / IQ4_NL batches (avx512: chunks of 64 blocks in Q8_0x8r, batch rows in slabs of 64, a
      * range's last rows % 8 on avx2's path): several chunks and slabs, pairs of groups, a lone group */
-    for (int nl = 0; nl < 2; nl++) {
-        const enum moetax_type t = nl ? MOETAX_TYPE_IQ4_NL : MOETAX_TYPE_Q5_0;
+    for (int ti = 0; ti < 4; ti++) {
+        static const enum moetax_type ts[] = {MOETAX_TYPE_Q5_0, MOETAX_TYPE_IQ4_NL, MOETAX_TYPE_Q4_1, MOETAX_TYPE_Q5_1};
+        const enum moetax_type t = ts[ti];
         test_matmul_case(t, 27, 32 * 70, 70);
         test_matmul_case(t, 40, 32 * 130, 9);
         test_matmul_case(t, 8, 32 * 44, 131);
@@ -682,7 +684,8 @@ static void test_matmul_vs_f32(const struct moetax_kernels *k) {
         /* relative to sum |w x|; k-quants measured on this data: q4_k ~0.04, q5_k ~0.02, q6_k ~0.01 at worst */
         const double tol = t == MOETAX_TYPE_Q2_K                           ? 0.5
                            : t == MOETAX_TYPE_Q3_K                         ? 0.3
-                           : t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q4_K ? 0.15
+                           : t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q4_1 ? 0.15
+                           : t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_Q5_1 ? 0.06
                            : t == MOETAX_TYPE_Q5_K                       ? 0.06
                            : t == MOETAX_TYPE_Q6_K                       ? 0.03
                            : t == MOETAX_TYPE_F32                        ? 1e-5

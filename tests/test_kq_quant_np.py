@@ -277,6 +277,32 @@ def quantize_q5_0(x):
     return out
 
 
+def quantize_x_1(x, bits):
+    """x: (nb, 32) float32 -> Q4_1 (bits 4, 20-byte) or Q5_1 (bits 5, 24-byte) blocks, as ggml's
+    quantize_row_q4_1_ref / q5_1_ref: m = min, d = (max - min) / (2^bits - 1), q = trunc((x - m) / d +
+    0.5) (Q4_1: at most 15)."""
+    x = np.asarray(x, F)
+    mn, mx = x.min(axis=1), x.max(axis=1)
+    d = ((mx - mn) / F((1 << bits) - 1)).astype(F)
+    with np.errstate(divide="ignore"):
+        idv = np.where(d != 0, F(1) / np.where(d != 0, d, F(1)), F(0)).astype(F)
+    v = ((x - mn[:, None]).astype(F) * idv[:, None]).astype(F)
+    q = np.trunc((v + F(0.5)).astype(F)).astype(np.int64)
+    if bits == 4:
+        q = np.minimum(15, q)
+    bs = 20 if bits == 4 else 24
+    out = np.zeros((x.shape[0], bs), np.uint8)
+    out[:, 0:2] = fp16(d).view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = fp16(mn).view(np.uint8).reshape(-1, 2)
+    if bits == 5:
+        qh = np.zeros(x.shape[0], np.uint64)
+        for j in range(32):
+            qh |= ((q[:, j] >> 4) & 1).astype(np.uint64) << np.uint64(j)
+        out[:, 4:8] = qh.astype("<u4").view(np.uint8).reshape(-1, 4)
+    out[:, bs - 16:] = ((q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)).astype(np.uint8)
+    return out
+
+
 # ---------------------------------------------------------------- a GGUF of F32 tensors
 
 def write_gguf(path, tensors):
@@ -396,13 +422,43 @@ def main():
             err = np.abs(y - x).max() / max(1e-30, float(np.abs(x).max()))
             check(err <= 1 / 16.0, "%s %s: q5_0 max |dequant - x| / max |x| = %.4f" % (tname, name, err))
         r.close()
+    # Q4_1 / Q5_1: moetax quantize == the NumPy port of ggml's reference; q5_k takes Q5_1 for rows that
+    # are not whole super-blocks, as llama-quantize does
+    for tname, tid, bits, ft in (("q4_1", 3, 4, 3), ("q5_1", 7, 5, 9), ("q5_k", 7, 5, None)):
+        dst = os.path.join(work, "kqnp_%s.gguf" % tname)
+        p = subprocess.run([moetax, "quantize", src, dst, tname], capture_output=True, text=True)
+        check(p.returncode == 0, "%s: quantize failed: %s" % (tname, p.stderr))
+        if p.returncode:
+            continue
+        r = gguf_np.GGUFReader(dst)
+        if ft is None:
+            check("odd.weight: 96 columns are not a multiple of 256 (q5_k): q5_1 instead" in p.stderr,
+                  "q5_k: the fallback to q5_1 is named: %s" % p.stderr)
+            names = (("odd.weight", odd),)
+        else:
+            check(r.get("general.file_type") == ft, "%s: general.file_type %s" % (tname, r.get("general.file_type")))
+            names = (("a.weight", a), ("b.weight", b), ("odd.weight", odd))
+        bs = 20 if bits == 4 else 24
+        for name, x in names:
+            check(r.info(name).type == tid, "%s: %s has type %d" % (tname, name, r.info(name).type))
+            got = np.frombuffer(bytes(r.raw(name)), np.uint8).reshape(-1, bs)
+            want = quantize_x_1(x.reshape(-1, 32), bits)
+            nbad = int(np.sum(np.any(got != want, axis=1)))
+            check(nbad == 0, "%s %s: %d of %d blocks differ from the NumPy port of ggml's reference (first %s)"
+                  % (tname, name, nbad, got.shape[0], np.argwhere(np.any(got != want, axis=1))[:3].ravel()))
+            y = gguf_np.dequantize(got.reshape(-1), tid).reshape(x.shape)
+            err = np.abs(y - x).max() / max(1e-30, float(np.abs(x).max()))
+            check(err <= 1.0 / ((1 << bits) - 1), "%s %s: max |dequant - x| / max |x| = %.4f" % (tname, name, err))
+        r.close()
     # moetax's dequantization (moetax_to_float, through quantize ... f32) of any bytes == NumPy's
     # (which equals upstream dequantize_row_q{3,2}_K, checked by hand): random blocks with
     # random finite F16 scales
     for tname, tid, bsz, doffs, deq in (("q3_k", 11, 110, (108,), dequantize_q3_k),
                                         ("q2_k", 10, 84, (80, 82), dequantize_q2_k),
                                         ("q5_0", 6, 22, (0,), lambda b: gguf_np.dequantize(b.reshape(-1), 6)),
-                                        ("iq4_nl", 20, 18, (0,), lambda b: gguf_np.dequantize(b.reshape(-1), 20))):
+                                        ("iq4_nl", 20, 18, (0,), lambda b: gguf_np.dequantize(b.reshape(-1), 20)),
+                                        ("q4_1", 3, 20, (0, 2), lambda b: gguf_np.dequantize(b.reshape(-1), 3)),
+                                        ("q5_1", 7, 24, (0, 2), lambda b: gguf_np.dequantize(b.reshape(-1), 7))):
         nblk = 768 * 16 // (256 if bsz > 34 else 32)
         blocks = rng.integers(0, 256, (nblk, bsz)).astype(np.uint8)
         for o in doffs:

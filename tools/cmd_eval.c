@@ -52,7 +52,7 @@ int cmd_eval(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
         else if (cli_opt(argc, argv, &i, NULL, "--expert-type", &v, &err)) {
             if (err || !cli_expert_type_parse(v, &mp.expert_type))
-                return cli_usage_error("eval", "--expert-type: expected q8_0, q4_0, q5_0, f16, bf16, q2_k..q6_k");
+                return cli_usage_error("eval", "--expert-type: expected q8_0, q4_0, q4_1, q5_0, q5_1, f16, bf16, q2_k..q6_k");
         }
         else if (!strcmp(argv[i], "--check-finite")) check_finite = true;
         else if (cli_cache_type_opt("eval", argc, argv, &i, &kv_type, &err)) { if (err) return 2; }

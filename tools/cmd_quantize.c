@@ -2,8 +2,8 @@
  * Like llama-quantize: the router (ffn_gate_inp), norms, biases, exp_probs_b
  * and all 1-D tensors stay F32; a tensor whose rows do not fit the target
  * block size falls back: k-quants (rows not a multiple of 256) as llama-quantize
- * does for Q4_K (Q5_0) and Q6_K (Q8_0), Q2_K, Q3_K and Q5_K to Q8_0 (llama-quantize
- * takes IQ4_NL and Q5_1, which moetax does not write), anything else to F16
+ * does for Q4_K (Q5_0), Q5_K (Q5_1) and Q6_K (Q8_0), Q2_K and Q3_K to Q8_0
+ * (llama-quantize takes IQ4_NL, which moetax does not write), anything else to F16
  * (moetax_type_fit).
  * Metadata is copied, general.file_type updated (q2_k: MOSTLY_Q2_K = 10,
  * q3_k: Q3_K_M = 12, q4_k: MOSTLY_Q4_K_M = 15, q5_k: Q5_K_M = 17,
@@ -23,9 +23,10 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax quantize [--experts-only] IN.gguf OUT.gguf TYPE\n\n"
-               "TYPE: f32 f16 bf16 q8_0 q4_0 q5_0 q2_k q3_k q4_k q5_k q6_k. Routers, norms, biases and 1-D tensors\n"
-               "stay f32; k-quant tensors whose rows are not a multiple of 256 become q5_0 (q4_k, as llama-quantize)\n"
-               "or q8_0 (the others), and rows that 32 does not divide f16 (each named on stderr).\n"
+               "TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k. Routers, norms, biases and 1-D\n"
+               "tensors stay f32; k-quant tensors whose rows are not a multiple of 256 become q5_0 (q4_k), q5_1 (q5_k)\n"
+               "or q8_0 (the others; llama-quantize takes iq4_nl for q2_k/q3_k), and rows that 32 does not divide\n"
+               "f16 (each named on stderr).\n"
                "  --experts-only  convert the routed expert tensors only, the rest copied as stored (what\n"
                "                  run/bench/eval --expert-type TYPE compute in memory)\n");
 }
@@ -53,7 +54,8 @@ int cmd_quantize(int argc, char **argv) {
     if (np != 3) return cli_usage_error("quantize", "need IN OUT TYPE");
     enum moetax_type to;
     if (!moetax_type_from_name(pos[2], &to) || !moetax_type_writable(to))
-        return cli_usage_error("quantize", "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q5_0, q2_k, q3_k, q4_k, q5_k, q6_k)",
+        return cli_usage_error("quantize",
+                               "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k)",
                                pos[2]);
     /* the same file by device and inode, not by name (./../dir/IN, a link to IN) */
     bool same = false;

@@ -79,7 +79,7 @@ moetax_status cli_config_load(const char *path, struct cli_config *c) {
     }
     if (!st && (v = json_object_get(o, "expert_type")) && !json_is_null(v)) {
         if (!json_string_value(v) || !cli_expert_type_parse(json_string_value(v), &c->expert_type))
-            st = bad(path, "expert_type", "expected q8_0, q4_0, q5_0, f16, bf16, q2_k..q6_k or null (as stored)");
+            st = bad(path, "expert_type", "expected q8_0, q4_0, q4_1, q5_0, q5_1, f16, bf16, q2_k..q6_k or null (as stored)");
     }
     if (!st && (v = json_object_get(o, "policy")) && !json_is_null(v)) {
         const char *s = json_string_value(v);
@@ -98,6 +98,7 @@ bool cli_expert_type_parse(const char *s, enum moetax_type *out) {
     if (!moetax_type_from_name(s, &t)) return false;
     switch (t) {
     case MOETAX_TYPE_F16: case MOETAX_TYPE_BF16: case MOETAX_TYPE_Q8_0: case MOETAX_TYPE_Q4_0: case MOETAX_TYPE_Q5_0:
+    case MOETAX_TYPE_Q4_1: case MOETAX_TYPE_Q5_1:
     case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K: case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K:
     case MOETAX_TYPE_Q6_K: *out = t; return true;
     default: return false;
@@ -116,7 +117,7 @@ moetax_status cli_config_scan(int argc, char **argv, struct cli_config *c) {
     for (int i = 1; i < argc && !st; i++)
         if (!strcmp(argv[i], "--expert-type")) {
             if (i + 1 >= argc || !cli_expert_type_parse(argv[i + 1], &c->expert_type))
-                st = moetax_error(MOETAX_ERR_ARG, "--expert-type: expected q8_0, q4_0, q5_0, f16, bf16, q2_k..q6_k%s%s",
+                st = moetax_error(MOETAX_ERR_ARG, "--expert-type: expected q8_0, q4_0, q4_1, q5_0, q5_1, f16, bf16, q2_k..q6_k%s%s",
                                   i + 1 < argc ? ", not " : "", i + 1 < argc ? argv[i + 1] : "");
         }
     return st;

@@ -41,6 +41,11 @@
  *       weight levels (Q5_0: q - 16; IQ4_NL: the table's level) times the
  *       activation quants and acc = fma((float)S_b, d_w[b] * d_x[b], acc) over
  *       the blocks in order, from 0 (Q8_0's chain); both read them as stored.
+ *     Q4_1 and Q5_1 weights: the Q4_0 row below (the same bytes). Per output the
+ *       avx2 and avx512 tables take the exact block sums S_b of the unsigned levels
+ *       q times the activation quants and X_b = s[b] / 8, and per block
+ *       acc = fma((float)S_b, d_w[b] * d_x[b], acc), then
+ *       acc = fma((float)X_b, m_w[b] * d_x[b], acc), from 0, blocks in order.
  *     Q4_0 weights: the Q8_0 row, then int32 s[nb] with s[i] = 8 * sum of
  *       block i's 32 quants: int8 qs[nb][32]; float d[nb]; int32 s[nb]. The
  *       unsigned nibbles q (0..15) of a weight block give sum((q - 8) x) =
@@ -159,7 +164,7 @@
  *   ending at n_rows, satisfies this.
 
  * INVARIANTS
- *   - Q8_0 / Q4_0 / Q5_0 / IQ4_NL: ncols must be a multiple of 32, Q2_K..Q6_K of 256
+ *   - Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL: ncols must be a multiple of 32, Q2_K..Q6_K of 256
  *     (moetax_act_size returns 0 otherwise and matmul must not be called).
  *     F32/F16/BF16: any ncols >= 1.
  *   - k-quants: the avx512 table's kernels (Q2_K..Q6_Kx8r, any n_batch; a
@@ -257,6 +262,11 @@ size_t moetax_act_size(enum moetax_type wtype, int64_t ncols, int64_t n_batch);
  * (one prepared row serves all three). */
 static inline bool moetax_act_is_q8_0(enum moetax_type wtype) {
     return wtype == MOETAX_TYPE_Q8_0 || wtype == MOETAX_TYPE_Q5_0 || wtype == MOETAX_TYPE_IQ4_NL;
+}
+/* True for the weight types whose prepared activations are the Q4_0 row (the Q8_0 row and its
+ * block sums): Q4_0, Q4_1, Q5_1. */
+static inline bool moetax_act_is_q4_0(enum moetax_type wtype) {
+    return wtype == MOETAX_TYPE_Q4_0 || wtype == MOETAX_TYPE_Q4_1 || wtype == MOETAX_TYPE_Q5_1;
 }
 
 /* Rows of a row group in any table's layout (WEIGHT LAYOUTS, ROW RANGES):

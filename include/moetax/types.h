@@ -5,8 +5,8 @@
  * DESIGN
  *   Type ids are ggml's, so a GGUF tensor's type field maps 1:1. moetax knows the
  *   block size and byte size of every ggml type (so `inspect` can read any file)
- *   but computes with F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K
- *   and Q6_K only.
+ *   but computes with F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K,
+ *   Q4_K, Q5_K and Q6_K only.
  *
  *   Q8_0: blocks of 32 values: f16 scale d, then 32 int8 q; value = q * d.
  *   Q4_0: blocks of 32 values: f16 scale d, then 16 bytes; byte j holds value j
@@ -15,6 +15,9 @@
  *         bytes; value j's fifth bit is bit j of qh: value = (q - 16) * d, q in 0..31.
  *         llama-quantize writes it where a Q4_K matrix's rows are not whole super-blocks
  *         (DeepSeek-V2-Lite's expert down projections, 1408 wide, in Q4_K_M files).
+ *   Q4_1 (20 bytes): f16 d, f16 m, Q4_0's nibbles: value = q * d + m, q in 0..15.
+ *   Q5_1 (24 bytes): f16 d, f16 m, qh[4], nibbles as Q5_0's: value = q * d + m, q in 0..31.
+ *         llama-quantize writes it where a Q5_K matrix's rows are not whole super-blocks.
  *   IQ4_NL (18 bytes): Q4_0's layout, the nibble an index into a fixed table of 16
  *         int8 levels (moetax_iq4nl_values): value = d * table[q]. llama-quantize
  *         writes it where a Q2_K/Q3_K/IQ4_XS matrix's rows are not whole super-blocks.
@@ -116,6 +119,17 @@ typedef struct moetax_block_q5_0 {
     uint8_t qs[MOETAX_QK4_0 / 2]; /* low nibbles, as Q4_0's */
 } moetax_block_q5_0;
 
+typedef struct moetax_block_q4_1 {
+    uint16_t d, m;              /* f16 scale and minimum */
+    uint8_t qs[MOETAX_QK4_0 / 2]; /* nibbles, as Q4_0's */
+} moetax_block_q4_1;
+
+typedef struct moetax_block_q5_1 {
+    uint16_t d, m;              /* f16 scale and minimum */
+    uint8_t qh[4];              /* fifth bits, as Q5_0's */
+    uint8_t qs[MOETAX_QK4_0 / 2];
+} moetax_block_q5_1;
+
 typedef struct moetax_block_iq4_nl {
     uint16_t d;                 /* f16 scale */
     uint8_t qs[MOETAX_QK4_0 / 2]; /* indices into moetax_iq4nl_values, nibbles as Q4_0's */
@@ -208,8 +222,8 @@ size_t moetax_type_size(enum moetax_type t);
 const char *moetax_type_name(enum moetax_type t);
 /* Parse a name as printed by moetax_type_name (case-insensitive); returns false if unknown. */
 bool moetax_type_from_name(const char *name, enum moetax_type *out);
-/* True for the types moetax computes with: F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL, Q2_K, Q3_K, Q4_K,
- * Q5_K, Q6_K. */
+/* True for the types moetax computes with: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K. */
 /* Q2_K .. Q6_K: k-quants, whose matmuls take block_q8_K activation rows (kernels.h). */
 bool moetax_type_is_kquant(enum moetax_type t);
 bool moetax_type_supported(enum moetax_type t);
@@ -218,10 +232,10 @@ bool moetax_type_supported(enum moetax_type t);
  * it searches scales with importance weights). */
 bool moetax_type_writable(enum moetax_type t);
 /* The type a matrix with rows of ne0 values takes when a whole model is made of type t
- * (quantize, gen): t where its blocks fit the rows; else Q4_K falls back to Q5_0 and Q6_K to
- * Q8_0, as llama-quantize does; Q2_K, Q3_K and Q5_K to Q8_0 (llama-quantize takes IQ4_NL
- * and Q5_1, which moetax reads but does not write); anything whose blocks still do not fit
- * to F16. */
+ * (quantize, gen): t where its blocks fit the rows; else Q4_K falls back to Q5_0, Q5_K to
+ * Q5_1 and Q6_K to Q8_0, as llama-quantize does; Q2_K and Q3_K to Q8_0 (llama-quantize takes
+ * IQ4_NL, which moetax reads but does not write); anything whose blocks still do not fit to
+ * F16. */
 enum moetax_type moetax_type_fit(enum moetax_type t, int64_t ne0);
 /* llama.cpp's general.file_type (llama_ftype) of a model made of type t, as llama-quantize
  * --pure writes it: F32 0, F16 1, Q4_0 2, Q8_0 7, Q2_K 10, Q3_K 12 (Q3_K_M), Q4_K 15
@@ -263,6 +277,10 @@ void moetax_dequantize_row_q4_0_ref(const moetax_block_q4_0 *x, float *y, int64_
 /* ggml's quantize_row_q5_0_ref: per block d = (the value of largest magnitude) / -16,
  * q = min(31, trunc(x / d + 16.5)). */
 void moetax_quantize_row_q5_0_ref(const float *x, moetax_block_q5_0 *y, int64_t n);
+/* ggml's quantize_row_q4_1_ref / quantize_row_q5_1_ref: per block d = (max - min) / 15 (31),
+ * m = min, q = trunc((x - min) / d + 0.5) (Q4_1: at most 15). */
+void moetax_quantize_row_q4_1_ref(const float *x, moetax_block_q4_1 *y, int64_t n);
+void moetax_quantize_row_q5_1_ref(const float *x, moetax_block_q5_1 *y, int64_t n);
 /* ggml's quantize_row_q{4,5,6}_K_ref (no importance weights) and dequantize_row_*;
  * n a multiple of 256. */
 void moetax_quantize_row_q4_k_ref(const float *x, moetax_block_q4_k *y, int64_t n);

@@ -68,7 +68,7 @@ static void q_abs_head_range(const struct fw_step *s, struct mla *a, struct mla_
         memcpy(qn + (t - t0) * nope, qh, sizeof(float) * (size_t)nope);
     }
     struct act x = {.x = qn, .ncols = nope, .n = n, .q8 = wk->q, .q4 = wk->q, .cap_q8 = wk->nq, .cap_q4 = wk->nq};
-    if (moetax_act_is_q8_0(l->wk_b.type) || l->wk_b.type == MOETAX_TYPE_Q4_0)
+    if (moetax_act_is_q8_0(l->wk_b.type) || moetax_act_is_q4_0(l->wk_b.type))
         s->K->quantize_act(l->wk_b.type, qn, nope, nope, n, wk->q);
     fw_matmul(s, &l->wk_b, h, 0, kvl, &x, 0, n, a->qabs + (t0 * H + h) * kvr, H * kvr);
 }
@@ -88,7 +88,7 @@ static void v_b_head_range(const struct fw_step *s, struct mla *a, struct mla_wo
     for (int64_t t = t0; t < t1; t++)
         memcpy(og + (t - t0) * kvl, a->oatt + (t * H + h) * kvl, sizeof(float) * (size_t)kvl);
     struct act x = {.x = og, .ncols = kvl, .n = n, .q8 = wk->q, .q4 = wk->q, .cap_q8 = wk->nq, .cap_q4 = wk->nq};
-    if (moetax_act_is_q8_0(l->wv_b.type) || l->wv_b.type == MOETAX_TYPE_Q4_0)
+    if (moetax_act_is_q8_0(l->wv_b.type) || moetax_act_is_q4_0(l->wv_b.type))
         s->K->quantize_act(l->wv_b.type, og, kvl, kvl, n, wk->q);
     fw_matmul(s, &l->wv_b, h, 0, vh, &x, 0, n, a->attv + t0 * H * vh + h * vh, H * vh);
 }
@@ -270,7 +270,7 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
             int64_t h = h0 + hh;
             float *oh = o + hh * kvl;
             struct act x = {.x = oh, .ncols = kvl, .n = 1, .q8 = wk->q, .q4 = wk->q, .cap_q8 = wk->nq, .cap_q4 = wk->nq};
-            if (moetax_act_is_q8_0(l->wv_b.type) || l->wv_b.type == MOETAX_TYPE_Q4_0)
+            if (moetax_act_is_q8_0(l->wv_b.type) || moetax_act_is_q4_0(l->wv_b.type))
                 K->quantize_act(l->wv_b.type, oh, kvl, kvl, 1, wk->q);
             fw_matmul(s, &l->wv_b, h, 0, vh, &x, 0, 1, a->attv + h * vh, vh);
         }

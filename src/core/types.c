@@ -1,6 +1,7 @@
 /* types.c - ggml type table and the scalar reference conversions. */
 #include "moetax/types.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 #include <strings.h>
@@ -79,6 +80,7 @@ bool moetax_type_is_kquant(enum moetax_type t) {
 bool moetax_type_supported(enum moetax_type t) {
     return t == MOETAX_TYPE_F32 || t == MOETAX_TYPE_F16 || t == MOETAX_TYPE_BF16 ||
            t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL ||
+           t == MOETAX_TYPE_Q4_1 || t == MOETAX_TYPE_Q5_1 ||
            t == MOETAX_TYPE_Q2_K || t == MOETAX_TYPE_Q3_K ||
            t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K;
 }
@@ -88,7 +90,8 @@ bool moetax_type_writable(enum moetax_type t) { return moetax_type_supported(t) 
 enum moetax_type moetax_type_fit(enum moetax_type t, int64_t ne0) {
     const int64_t bs = moetax_type_blck_size(t);
     if (bs > 0 && ne0 % bs == 0) return t;
-    if (bs == 256 && ne0 % 32 == 0) return t == MOETAX_TYPE_Q4_K ? MOETAX_TYPE_Q5_0 : MOETAX_TYPE_Q8_0;
+    if (bs == 256 && ne0 % 32 == 0)
+        return t == MOETAX_TYPE_Q4_K ? MOETAX_TYPE_Q5_0 : t == MOETAX_TYPE_Q5_K ? MOETAX_TYPE_Q5_1 : MOETAX_TYPE_Q8_0;
     return MOETAX_TYPE_F16;
 }
 
@@ -99,6 +102,8 @@ uint32_t moetax_type_llama_ftype(enum moetax_type t) {
     case MOETAX_TYPE_Q4_0: return 2;
     case MOETAX_TYPE_Q8_0: return 7;
     case MOETAX_TYPE_Q5_0: return 8;
+    case MOETAX_TYPE_Q4_1: return 3;
+    case MOETAX_TYPE_Q5_1: return 9;
     case MOETAX_TYPE_IQ4_NL: return 25;
     case MOETAX_TYPE_Q2_K: return 10;
     case MOETAX_TYPE_Q3_K: return 12;
@@ -276,6 +281,50 @@ void moetax_quantize_row_q5_0_ref(const float *x, moetax_block_q5_0 *y, int64_t 
         }
         for (int b = 0; b < 4; b++) y[i].qh[b] = (uint8_t)(qh >> (8 * b));
     }
+}
+
+/* Q4_1 (bits 4) and Q5_1 (bits 5): the block's min and (max - min) / (2^bits - 1); the nibbles
+ * to qs, Q5_1's fifth bits to qh (NULL for Q4_1). */
+static void quantize_block_x_1(const float *xb, int bits, uint16_t *d_out, uint16_t *m_out, uint8_t *qs, uint8_t *qh4) {
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < MOETAX_QK4_0; j++) {
+        if (xb[j] < min) min = xb[j];
+        if (xb[j] > max) max = xb[j];
+    }
+    const float d = (max - min) / (float)((1 << bits) - 1);
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *d_out = moetax_fp32_to_fp16(d);
+    *m_out = moetax_fp32_to_fp16(min);
+    uint32_t qh = 0;
+    for (int j = 0; j < MOETAX_QK4_0 / 2; j++) {
+        const float x0 = (xb[j] - min) * id;
+        const float x1 = (xb[j + MOETAX_QK4_0 / 2] - min) * id;
+        int q0, q1;
+        if (bits == 4) {
+            q0 = (int)(int8_t)(x0 + 0.5f);
+            q1 = (int)(int8_t)(x1 + 0.5f);
+            if (q0 > 15) q0 = 15;
+            if (q1 > 15) q1 = 15;
+        } else {
+            q0 = (int)(uint8_t)(x0 + 0.5f);
+            q1 = (int)(uint8_t)(x1 + 0.5f);
+        }
+        qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+        qh |= (uint32_t)(q0 >> 4 & 1) << j;
+        qh |= (uint32_t)(q1 >> 4 & 1) << (j + MOETAX_QK4_0 / 2);
+    }
+    if (qh4)
+        for (int b = 0; b < 4; b++) qh4[b] = (uint8_t)(qh >> (8 * b));
+}
+
+void moetax_quantize_row_q4_1_ref(const float *x, moetax_block_q4_1 *y, int64_t n) {
+    for (int64_t i = 0; i < n / MOETAX_QK4_0; i++)
+        quantize_block_x_1(x + i * MOETAX_QK4_0, 4, &y[i].d, &y[i].m, y[i].qs, NULL);
+}
+
+void moetax_quantize_row_q5_1_ref(const float *x, moetax_block_q5_1 *y, int64_t n) {
+    for (int64_t i = 0; i < n / MOETAX_QK4_0; i++)
+        quantize_block_x_1(x + i * MOETAX_QK4_0, 5, &y[i].d, &y[i].m, y[i].qs, y[i].qh);
 }
 
 const int8_t moetax_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -756,6 +805,8 @@ bool moetax_from_float(enum moetax_type t, const float *x, void *y, int64_t n) {
     case MOETAX_TYPE_Q8_0: moetax_quantize_row_q8_0_ref(x, y, n); return true;
     case MOETAX_TYPE_Q4_0: moetax_quantize_row_q4_0_ref(x, y, n); return true;
     case MOETAX_TYPE_Q5_0: moetax_quantize_row_q5_0_ref(x, y, n); return true;
+    case MOETAX_TYPE_Q4_1: moetax_quantize_row_q4_1_ref(x, y, n); return true;
+    case MOETAX_TYPE_Q5_1: moetax_quantize_row_q5_1_ref(x, y, n); return true;
     case MOETAX_TYPE_Q2_K: moetax_quantize_row_q2_k_ref(x, y, n); return true;
     case MOETAX_TYPE_Q3_K: moetax_quantize_row_q3_k_ref(x, y, n); return true;
     case MOETAX_TYPE_Q4_K: moetax_quantize_row_q4_k_ref(x, y, n); return true;
@@ -809,6 +860,24 @@ bool moetax_to_float(enum moetax_type t, const void *x, float *y, int64_t n) {
             }
         }
         return true;
+    case MOETAX_TYPE_Q4_1:
+    case MOETAX_TYPE_Q5_1: {
+        const bool five = t == MOETAX_TYPE_Q5_1;
+        const size_t bs = five ? sizeof(moetax_block_q5_1) : sizeof(moetax_block_q4_1);
+        const size_t qo = five ? offsetof(moetax_block_q5_1, qs) : offsetof(moetax_block_q4_1, qs);
+        for (int64_t b = 0; b < n / MOETAX_QK4_0; b++, p += bs) {
+            const float d = moetax_fp16_to_fp32(load_u16(p)), m = moetax_fp16_to_fp32(load_u16(p + 2));
+            const uint8_t *h = p + 4, *q = p + qo;
+            const uint32_t qh = five ? (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24 : 0;
+            for (int j = 0; j < MOETAX_QK4_0 / 2; j++) {
+                const int q0 = (q[j] & 0x0f) | (int)(qh >> j & 1) << 4;
+                const int q1 = (q[j] >> 4) | (int)(qh >> (j + 16) & 1) << 4;
+                y[b * MOETAX_QK4_0 + j] = (float)q0 * d + m;
+                y[b * MOETAX_QK4_0 + j + MOETAX_QK4_0 / 2] = (float)q1 * d + m;
+            }
+        }
+        return true;
+    }
     case MOETAX_TYPE_IQ4_NL:
         for (int64_t b = 0; b < n / MOETAX_QK4_0; b++, p += sizeof(moetax_block_iq4_nl)) {
             const float d = moetax_fp16_to_fp32(load_u16(p + offsetof(moetax_block_iq4_nl, d)));

@@ -252,7 +252,7 @@ void moetax_k_quantize_act_avx2(enum moetax_type wtype, const float *x, int64_t 
     const size_t row_bytes = moetax_k_act_row_bytes(wtype, ncols);
     if (moetax_k_act_is_q(wtype)) { /* Q5_0 and IQ4_NL weights take the Q8_0 row */
         quantize_rows_q8(x, ldx, ncols / 32, n_batch, (uint8_t *)xq, row_bytes);
-        if (wtype == MOETAX_TYPE_Q4_0)
+        if (moetax_act_is_q4_0(wtype))
             for (int64_t b = 0; b < n_batch; b++) sums_row_q4(ncols / 32, (uint8_t *)xq + (size_t)b * row_bytes);
         return;
     }
@@ -861,42 +861,71 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
     }
 }
 
-/* ---- Q5_0 and IQ4_NL, as stored: 4 rows x 1-2 batch rows per tile ----
- * Per block each row's 32 signed levels are made once (Q5_0: the nibbles ORed with 0xF0
- * where the fifth bit is clear, i.e. q - 16 as int8; IQ4_NL: the table's level by one
- * vpshufb), then multiplied with each batch row's Q8_0 quants as tile_q8 does (|level| <=
- * 127, so the sign trick's pmaddubsw cannot saturate), and the 4 rows' exact block sums go
- * through Q8_0's chain acc = fma((float)S_b, d_w[b] * d_x[b], acc): the same bits for any
- * batch size and row split. A range's last rows (fewer than 4) repeat the last row. */
-ALWAYS_INLINE void tile_q5nl(const bool nl, const int BB, const bool far, const uint8_t *const *w,
-                             const uint8_t *act, size_t act_row, int64_t nb, float *y, int64_t ldy, int nr) {
-    const size_t bs = nl ? sizeof(moetax_block_iq4_nl) : sizeof(moetax_block_q5_0);
-    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
+/* ---- Q5_0, IQ4_NL, Q4_1 and Q5_1, as stored: 4 rows x 1-2 batch rows per tile ----
+ * Per block each row's 32 levels are made once: Q5_0 the nibbles ORed with 0xF0 where the fifth
+ * bit is clear (q - 16 as int8), IQ4_NL the table's level by one vpshufb, both signed and
+ * multiplied with each batch row's Q8_0 quants as tile_q8 does (|level| <= 127, so the sign
+ * trick's pmaddubsw cannot saturate); Q4_1 / Q5_1 the unsigned q (at most 31) straight into
+ * pmaddubsw, and the min's term from the Q4_0 row's block sums. The 4 rows' exact block sums go
+ * through the chain of kernels.h (Q8_0's, plus the min's fma for Q4_1 / Q5_1): the same bits for
+ * any batch size and row split. A range's last rows (fewer than 4) repeat the last row. */
+enum q5nl_kind { K_Q5_0, K_IQ4_NL, K_Q4_1, K_Q5_1 };
+
+ALWAYS_INLINE size_t q5nl_bytes(const int kind) {
+    return kind == K_Q5_0 ? sizeof(moetax_block_q5_0) : kind == K_IQ4_NL ? sizeof(moetax_block_iq4_nl)
+         : kind == K_Q4_1 ? sizeof(moetax_block_q4_1) : sizeof(moetax_block_q5_1);
+}
+
+ALWAYS_INLINE __m256i q5nl_levels(const int kind, const uint8_t *blk) {
+    return kind == K_Q5_0 ? levels_q5_0(blk) : kind == K_IQ4_NL ? levels_iq4nl(blk)
+         : kind == K_Q4_1 ? levels_q4_1(blk) : levels_q5_1(blk);
+}
+
+/* The 8 int32 partial sums of levels L times activation quants xv. */
+ALWAYS_INLINE __m256i q5nl_dot(const int kind, __m256i L, __m256i xv) {
     const __m256i ones = _mm256_set1_epi16(1);
+    if (kind >= K_Q4_1) return _mm256_madd_epi16(_mm256_maddubs_epi16(L, xv), ones);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(L, L), _mm256_sign_epi8(xv, L)), ones);
+}
+
+/* acc (4 rows in lanes) += one block of one batch row a: its exact sums S, then the min's term. */
+ALWAYS_INLINE __m128 q5nl_acc(const int kind, __m128 acc, const __m256i *L, __m128 dw, __m128 mw, const uint8_t *a,
+                              int64_t nb, int64_t b) {
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)(a + b * 32));
+    const __m128 dx = _mm_broadcast_ss((const float *)(a + moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb)) + b);
+    const __m128i s = hsum4_epi32(q5nl_dot(kind, L[0], xv), q5nl_dot(kind, L[1], xv), q5nl_dot(kind, L[2], xv),
+                                  q5nl_dot(kind, L[3], xv));
+    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(s), _mm_mul_ps(dw, dx), acc);
+    if (kind >= K_Q4_1) {
+        const int32_t sx = ((const int32_t *)(a + moetax_k_act_s_off(nb)))[b] / 8;
+        acc = _mm_fmadd_ps(_mm_set1_ps((float)sx), _mm_mul_ps(mw, dx), acc);
+    }
+    return acc;
+}
+
+ALWAYS_INLINE __m128 f16x4(const uint8_t *const *p, size_t off) {
+    uint16_t h[4];
+    for (int r = 0; r < 4; r++) memcpy(&h[r], p[r] + off, 2);
+    return _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+}
+
+ALWAYS_INLINE void tile_q5nl(const int kind, const int BB, const bool far, const uint8_t *const *w,
+                             const uint8_t *act, size_t act_row, int64_t nb, float *y, int64_t ldy, int nr) {
+    const size_t bs = q5nl_bytes(kind);
     __m128 acc[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
     for (int64_t b = 0; b < nb; b++) {
         __m256i L[4];
-        uint16_t dh[4];
+        const uint8_t *blk[4];
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            const uint8_t *blk = w[r] + (size_t)b * bs;
-            if (QPF > 0) _mm_prefetch((const char *)blk + QPF, QPF_HINT);
-            if (far) _mm_prefetch((const char *)blk + PF_FAR, _MM_HINT_T1);
-            L[r] = nl ? levels_iq4nl(blk) : levels_q5_0(blk);
-            memcpy(&dh[r], blk, 2);
+            blk[r] = w[r] + (size_t)b * bs;
+            if (QPF > 0) _mm_prefetch((const char *)blk[r] + QPF, QPF_HINT);
+            if (far) _mm_prefetch((const char *)blk[r] + PF_FAR, _MM_HINT_T1);
+            L[r] = q5nl_levels(kind, blk[r]);
         }
-        const __m128 dw = _mm_cvtph_ps(_mm_setr_epi16((short)dh[0], (short)dh[1], (short)dh[2], (short)dh[3], 0, 0, 0, 0));
+        const __m128 dw = f16x4(blk, 0), mw = kind >= K_Q4_1 ? f16x4(blk, 2) : _mm_setzero_ps();
 #pragma GCC unroll 2
-        for (int j = 0; j < BB; j++) {
-            const uint8_t *a = act + (size_t)j * act_row;
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(a + b * 32));
-            __m256i t[4];
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++)
-                t[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(L[r], L[r]), _mm256_sign_epi8(xv, L[r])), ones);
-            const __m128 dx = _mm_broadcast_ss((const float *)(a + d_off) + b);
-            acc[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_epi32(t[0], t[1], t[2], t[3])), _mm_mul_ps(dw, dx), acc[j]);
-        }
+        for (int j = 0; j < BB; j++) acc[j] = q5nl_acc(kind, acc[j], L, dw, mw, act + (size_t)j * act_row, nb, b);
     }
     for (int j = 0; j < BB; j++) {
         float o[4];
@@ -905,29 +934,18 @@ ALWAYS_INLINE void tile_q5nl(const bool nl, const int BB, const bool far, const 
     }
 }
 
-typedef void (*tile_q5nl_fn)(const uint8_t *const *w, const uint8_t *act, size_t act_row, int64_t nb, float *y,
-                             int64_t ldy, int nr);
-#define TILE_Q5NL(NAME, NL, BB, FAR)                                                                                \
-    static void NAME(const uint8_t *const *w, const uint8_t *act, size_t act_row, int64_t nb, float *y, int64_t ldy, \
-                     int nr) {                                                                                       \
-        tile_q5nl(NL, BB, FAR, w, act, act_row, nb, y, ldy, nr);                                                     \
-    }
-TILE_Q5NL(tile_q5_0_1, false, 1, false) TILE_Q5NL(tile_q5_0_2, false, 2, false) TILE_Q5NL(tile_q5_0_1f, false, 1, true)
-TILE_Q5NL(tile_iq4nl_1, true, 1, false) TILE_Q5NL(tile_iq4nl_2, true, 2, false) TILE_Q5NL(tile_iq4nl_1f, true, 1, true)
-
 /* Batches of 3 or more: the levels of 4 rows x Q5NL_KB blocks are made once into lv (in L1)
  * and every batch row runs over them, 4 at a time; each output's chain continues through y
  * from one chunk of blocks to the next (exactly: the running sum is stored and reloaded). */
 #define Q5NL_KB 64
 struct q5nl_chunk {
     _Alignas(32) int8_t lv[Q5NL_KB][4][32];
-    float dw[Q5NL_KB][4];
+    float dw[Q5NL_KB][4], mw[Q5NL_KB][4];
 };
 
-ALWAYS_INLINE void tile_q5nl_chunk(const int BB, const struct q5nl_chunk *c, int64_t kn, const uint8_t *act,
-                                   size_t act_row, int64_t nb, int64_t b0, float *y, int64_t ldy, int nr, bool first) {
-    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
-    const __m256i ones = _mm256_set1_epi16(1);
+ALWAYS_INLINE void tile_q5nl_chunk(const int kind, const int BB, const struct q5nl_chunk *c, int64_t kn,
+                                   const uint8_t *act, size_t act_row, int64_t nb, int64_t b0, float *y, int64_t ldy,
+                                   int nr, bool first) {
     __m128 acc[4];
 #pragma GCC unroll 4
     for (int j = 0; j < BB; j++) {
@@ -940,18 +958,9 @@ ALWAYS_INLINE void tile_q5nl_chunk(const int BB, const struct q5nl_chunk *c, int
         __m256i L[4];
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) L[r] = _mm256_load_si256((const __m256i *)c->lv[bb][r]);
-        const __m128 dw = _mm_loadu_ps(c->dw[bb]);
+        const __m128 dw = _mm_loadu_ps(c->dw[bb]), mw = kind >= K_Q4_1 ? _mm_loadu_ps(c->mw[bb]) : _mm_setzero_ps();
 #pragma GCC unroll 4
-        for (int j = 0; j < BB; j++) {
-            const uint8_t *a = act + (size_t)j * act_row;
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(a + (b0 + bb) * 32));
-            __m256i t[4];
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++)
-                t[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(L[r], L[r]), _mm256_sign_epi8(xv, L[r])), ones);
-            const __m128 dx = _mm_broadcast_ss((const float *)(a + d_off) + b0 + bb);
-            acc[j] = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_epi32(t[0], t[1], t[2], t[3])), _mm_mul_ps(dw, dx), acc[j]);
-        }
+        for (int j = 0; j < BB; j++) acc[j] = q5nl_acc(kind, acc[j], L, dw, mw, act + (size_t)j * act_row, nb, b0 + bb);
     }
     for (int j = 0; j < BB; j++) {
         float o[4];
@@ -960,22 +969,56 @@ ALWAYS_INLINE void tile_q5nl_chunk(const int BB, const struct q5nl_chunk *c, int
     }
 }
 
+typedef void (*tile_q5nl_fn)(const uint8_t *const *w, const uint8_t *act, size_t act_row, int64_t nb, float *y,
+                             int64_t ldy, int nr);
 typedef void (*tile_q5nl_chunk_fn)(const struct q5nl_chunk *c, int64_t kn, const uint8_t *act, size_t act_row, int64_t nb,
                                    int64_t b0, float *y, int64_t ldy, int nr, bool first);
-#define TILE_Q5NL_CHUNK(BB)                                                                                         \
-    static void tile_q5nl_chunk_##BB(const struct q5nl_chunk *c, int64_t kn, const uint8_t *act, size_t act_row,    \
-                                     int64_t nb, int64_t b0, float *y, int64_t ldy, int nr, bool first) {           \
-        tile_q5nl_chunk(BB, c, kn, act, act_row, nb, b0, y, ldy, nr, first);                                        \
+/* per kind: decode tiles of 1 and 2 batch rows, the far-prefetch decode tile, chunk tiles of 1..4 */
+#define TILES_Q5NL(K)                                                                                                \
+    static void tile_##K##_1(const uint8_t *const *w, const uint8_t *act, size_t act_row, int64_t nb, float *y,    \
+                             int64_t ldy, int nr) {                                                                 \
+        tile_q5nl(K, 1, false, w, act, act_row, nb, y, ldy, nr);                                                   \
+    }                                                                                                               \
+    static void tile_##K##_2(const uint8_t *const *w, const uint8_t *act, size_t act_row, int64_t nb, float *y,    \
+                             int64_t ldy, int nr) {                                                                 \
+        tile_q5nl(K, 2, false, w, act, act_row, nb, y, ldy, nr);                                                   \
+    }                                                                                                               \
+    static void tile_##K##_1f(const uint8_t *const *w, const uint8_t *act, size_t act_row, int64_t nb, float *y,   \
+                              int64_t ldy, int nr) {                                                                \
+        tile_q5nl(K, 1, true, w, act, act_row, nb, y, ldy, nr);                                                    \
+    }                                                                                                               \
+    static void chunk_##K##_1(const struct q5nl_chunk *c, int64_t kn, const uint8_t *act, size_t act_row,          \
+                              int64_t nb, int64_t b0, float *y, int64_t ldy, int nr, bool first) {                  \
+        tile_q5nl_chunk(K, 1, c, kn, act, act_row, nb, b0, y, ldy, nr, first);                                     \
+    }                                                                                                               \
+    static void chunk_##K##_2(const struct q5nl_chunk *c, int64_t kn, const uint8_t *act, size_t act_row,          \
+                              int64_t nb, int64_t b0, float *y, int64_t ldy, int nr, bool first) {                  \
+        tile_q5nl_chunk(K, 2, c, kn, act, act_row, nb, b0, y, ldy, nr, first);                                     \
+    }                                                                                                               \
+    static void chunk_##K##_3(const struct q5nl_chunk *c, int64_t kn, const uint8_t *act, size_t act_row,          \
+                              int64_t nb, int64_t b0, float *y, int64_t ldy, int nr, bool first) {                  \
+        tile_q5nl_chunk(K, 3, c, kn, act, act_row, nb, b0, y, ldy, nr, first);                                     \
+    }                                                                                                               \
+    static void chunk_##K##_4(const struct q5nl_chunk *c, int64_t kn, const uint8_t *act, size_t act_row,          \
+                              int64_t nb, int64_t b0, float *y, int64_t ldy, int nr, bool first) {                  \
+        tile_q5nl_chunk(K, 4, c, kn, act, act_row, nb, b0, y, ldy, nr, first);                                     \
     }
-TILE_Q5NL_CHUNK(1) TILE_Q5NL_CHUNK(2) TILE_Q5NL_CHUNK(3) TILE_Q5NL_CHUNK(4)
-static const tile_q5nl_chunk_fn k_q5nl_chunk[4] = {tile_q5nl_chunk_1, tile_q5nl_chunk_2, tile_q5nl_chunk_3,
-                                                   tile_q5nl_chunk_4};
+TILES_Q5NL(K_Q5_0) TILES_Q5NL(K_IQ4_NL) TILES_Q5NL(K_Q4_1) TILES_Q5NL(K_Q5_1)
+static const struct {
+    tile_q5nl_fn one, two, one_far;
+    tile_q5nl_chunk_fn chunk[4];
+} k_q5nl[4] = {
+#define Q5NL_ROW(K) {tile_##K##_1, tile_##K##_2, tile_##K##_1f, {chunk_##K##_1, chunk_##K##_2, chunk_##K##_3, chunk_##K##_4}}
+    Q5NL_ROW(K_Q5_0), Q5NL_ROW(K_IQ4_NL), Q5NL_ROW(K_Q4_1), Q5NL_ROW(K_Q5_1)
+#undef Q5NL_ROW
+};
 
-static void matmul_q5nl(const bool nl, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+static void matmul_q5nl(const int kind, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                         const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
     const int64_t nb = ncols / 32;
-    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q8_0, ncols);
-    const size_t bs = nl ? sizeof(moetax_block_iq4_nl) : sizeof(moetax_block_q5_0);
+    /* the Q8_0 row (Q5_0, IQ4_NL) or the Q4_0 row with its sums (Q4_1, Q5_1) */
+    const size_t act_row = moetax_k_act_row_bytes(kind >= K_Q4_1 ? MOETAX_TYPE_Q4_0 : MOETAX_TYPE_Q8_0, ncols);
+    const size_t bs = q5nl_bytes(kind);
     struct q5nl_chunk c;
     for (int64_t r = row0; r < row1; r += 4) {
         const int nr = row1 - r < 4 ? (int)(row1 - r) : 4;
@@ -987,15 +1030,17 @@ static void matmul_q5nl(const bool nl, const uint8_t *w, size_t row_bytes, int64
                 for (int64_t bb = 0; bb < kn; bb++)
                     for (int i = 0; i < 4; i++) {
                         const uint8_t *blk = rows[i] + (size_t)(b0 + bb) * bs;
-                        _mm256_store_si256((__m256i *)c.lv[bb][i], nl ? levels_iq4nl(blk) : levels_q5_0(blk));
+                        _mm256_store_si256((__m256i *)c.lv[bb][i], q5nl_levels(kind, blk));
                         uint16_t h;
                         memcpy(&h, blk, 2);
                         c.dw[bb][i] = moetax_k_fp16_table[h];
+                        memcpy(&h, blk + 2, 2); /* Q4_1 / Q5_1: m (the others: unused) */
+                        c.mw[bb][i] = moetax_k_fp16_table[h];
                     }
                 for (int64_t j = 0; j < n_batch; j += 4) {
                     const int jb = n_batch - j < 4 ? (int)(n_batch - j) : 4;
-                    k_q5nl_chunk[jb - 1](&c, kn, act + (size_t)j * act_row, act_row, nb, b0, y + j * ldy + r, ldy, nr,
-                                         b0 == 0);
+                    k_q5nl[kind].chunk[jb - 1](&c, kn, act + (size_t)j * act_row, act_row, nb, b0, y + j * ldy + r, ldy,
+                                               nr, b0 == 0);
                 }
             }
             continue;
@@ -1003,9 +1048,8 @@ static void matmul_q5nl(const bool nl, const uint8_t *w, size_t row_bytes, int64
         for (int64_t j = 0; j < n_batch; j += 2) {
             const uint8_t *a = act + (size_t)j * act_row;
             float *yy = y + j * ldy + r;
-            if (n_batch - j >= 2) (nl ? tile_iq4nl_2 : tile_q5_0_2)(rows, a, act_row, nb, yy, ldy, nr);
-            else if (far) (nl ? tile_iq4nl_1f : tile_q5_0_1f)(rows, a, act_row, nb, yy, ldy, nr);
-            else (nl ? tile_iq4nl_1 : tile_q5_0_1)(rows, a, act_row, nb, yy, ldy, nr);
+            if (n_batch - j >= 2) k_q5nl[kind].two(rows, a, act_row, nb, yy, ldy, nr);
+            else (far ? k_q5nl[kind].one_far : k_q5nl[kind].one)(rows, a, act_row, nb, yy, ldy, nr);
         }
     }
 }
@@ -1245,8 +1289,9 @@ static void matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes,
         assert(row0 % MOETAX_K_Q4R8_ROWS == 0); /* ROW RANGES, kernels.h */
         matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
-    case MOETAX_TYPE_Q5_0: case MOETAX_TYPE_IQ4_NL:
-        matmul_q5nl(wtype == MOETAX_TYPE_IQ4_NL, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
+    case MOETAX_TYPE_Q5_0: case MOETAX_TYPE_IQ4_NL: case MOETAX_TYPE_Q4_1: case MOETAX_TYPE_Q5_1:
+        matmul_q5nl(wtype == MOETAX_TYPE_Q5_0 ? K_Q5_0 : wtype == MOETAX_TYPE_IQ4_NL ? K_IQ4_NL
+                    : wtype == MOETAX_TYPE_Q4_1 ? K_Q4_1 : K_Q5_1, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
     case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K:
     case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:

@@ -1,5 +1,5 @@
 /* matmul_ref.c - scalar reference: activation preparation and matrix x
- * vector(s) for F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K weights. Plain C11, one output at
+ * vector(s) for F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K weights. Plain C11, one output at
  * a time, double accumulation: slow and obviously right. */
 #include "kernels_impl.h"
 
@@ -28,7 +28,7 @@ void moetax_k_quantize_act_ref(enum moetax_type wtype, const float *x, int64_t l
         if (moetax_k_act_is_q(wtype)) {
             float *d = (float *)(out + moetax_k_act_d_off(wtype, nb));
             for (int64_t i = 0; i < nb; i++) quantize_block_q8(xr + i * 32, (int8_t *)out + i * 32, &d[i]);
-            if (wtype == MOETAX_TYPE_Q4_0) { /* s = 8 * sum of each block's quants (kernels.h) */
+            if (moetax_act_is_q4_0(wtype)) { /* s = 8 * sum of each block's quants (kernels.h) */
                 int32_t *s = (int32_t *)(out + moetax_k_act_s_off(nb));
                 for (int64_t i = 0; i < nb; i++) {
                     int32_t sum = 0;
@@ -101,6 +101,27 @@ static double dot_q5_0(const moetax_block_q5_0 *w, const int8_t *qs, const float
             isum += ((int32_t)(w[i].qs[j] >> 4) + 16 * (int32_t)(qh >> (j + 16) & 1) - 16) * (int32_t)qs[i * 32 + 16 + j];
         }
         acc += (double)(moetax_fp16_to_fp32(w[i].d) * d[i]) * (double)isum;
+    }
+    return acc;
+}
+
+/* Q4_1 / Q5_1 x the Q4_0 row: q * d + m per value; the min's term from the row's block sums. */
+static double dot_x_1(bool five, const uint8_t *w, const int8_t *qs, const float *d, const int32_t *s, int64_t nb) {
+    const size_t bs = five ? sizeof(moetax_block_q5_1) : sizeof(moetax_block_q4_1);
+    double acc = 0.0;
+    for (int64_t i = 0; i < nb; i++, w += bs) {
+        uint16_t dh, mh;
+        memcpy(&dh, w, 2);
+        memcpy(&mh, w + 2, 2);
+        const uint8_t *q = w + (five ? 8 : 4), *h = w + 4;
+        const uint32_t qh = five ? (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24 : 0;
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) {
+            isum += ((int32_t)(q[j] & 0x0f) + 16 * (int32_t)(qh >> j & 1)) * (int32_t)qs[i * 32 + j];
+            isum += ((int32_t)(q[j] >> 4) + 16 * (int32_t)(qh >> (j + 16) & 1)) * (int32_t)qs[i * 32 + 16 + j];
+        }
+        acc += (double)(moetax_fp16_to_fp32(dh) * d[i]) * (double)isum +
+               (double)(moetax_fp16_to_fp32(mh) * d[i]) * (double)(s[i] / 8);
     }
     return acc;
 }
@@ -217,6 +238,11 @@ void moetax_k_matmul_ref(enum moetax_type wtype, const void *w, size_t row_bytes
                 break;
             case MOETAX_TYPE_IQ4_NL:
                 v = dot_iq4nl(wr, (const int8_t *)a, (const float *)(a + moetax_k_act_d_off(wtype, nb)), nb);
+                break;
+            case MOETAX_TYPE_Q4_1: case MOETAX_TYPE_Q5_1:
+                v = dot_x_1(wtype == MOETAX_TYPE_Q5_1, wr, (const int8_t *)a,
+                            (const float *)(a + moetax_k_act_d_off(wtype, nb)), (const int32_t *)(a + moetax_k_act_s_off(nb)),
+                            nb);
                 break;
             case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K:
             case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:

@@ -514,6 +514,8 @@ static size_t type_align(enum moetax_type t) {
     case MOETAX_TYPE_Q8_0: return _Alignof(moetax_block_q8_0);
     case MOETAX_TYPE_Q4_0: return _Alignof(moetax_block_q4_0);
     case MOETAX_TYPE_Q5_0: return _Alignof(moetax_block_q5_0);
+    case MOETAX_TYPE_Q4_1: return _Alignof(moetax_block_q4_1);
+    case MOETAX_TYPE_Q5_1: return _Alignof(moetax_block_q5_1);
     case MOETAX_TYPE_IQ4_NL: return _Alignof(moetax_block_iq4_nl);
     default: return _Alignof(uint16_t); /* F16, BF16 */
     }
@@ -549,8 +551,8 @@ moetax_status arch_bind(struct moetax_model *m, struct moetax_weight *w, const c
                             name, a, b);
     }
     if (!moetax_type_supported(t->type))
-        return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s; moetax computes with f32, f16, bf16, q8_0, q4_0, q5_0, "
-                            "iq4_nl, q2_k, q3_k, q4_k, q5_k and q6_k",
+        return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s; moetax computes with f32, f16, bf16, q8_0, q4_0, q4_1, "
+                            "q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k and q6_k",
                             m->gguf->path, name, moetax_type_name(t->type));
     w->data = t->data;
     w->file_data = t->data;
@@ -571,7 +573,7 @@ moetax_status arch_bind(struct moetax_model *m, struct moetax_weight *w, const c
     w->row_bytes = moetax_row_size(t->type, t->ne[0]);
     w->mat_bytes = w->row_bytes * (size_t)t->ne[1];
     if (moetax_act_is_q8_0(t->type)) m->has_q8_0 = true;
-    if (t->type == MOETAX_TYPE_Q4_0) m->has_q4_0 = true;
+    if (moetax_act_is_q4_0(t->type)) m->has_q4_0 = true;
     if (moetax_type_is_kquant(t->type)) m->has_kq = true;
     return MOETAX_OK;
 }

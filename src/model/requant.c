@@ -90,6 +90,7 @@ void moetax_model_release_file_pages(const struct moetax_model *m, const void *p
 static bool target_ok(enum moetax_type t) {
     switch (t) {
     case MOETAX_TYPE_F16: case MOETAX_TYPE_BF16: case MOETAX_TYPE_Q8_0: case MOETAX_TYPE_Q4_0: case MOETAX_TYPE_Q5_0:
+    case MOETAX_TYPE_Q4_1: case MOETAX_TYPE_Q5_1:
     case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K: case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K:
     case MOETAX_TYPE_Q6_K: return true;
     default: return false;
@@ -100,7 +101,7 @@ moetax_status model_requant_experts(struct moetax_model *m, enum moetax_type to,
     const struct moetax_hparams *hp = &m->hp;
     if (!target_ok(to))
         return moetax_error(MOETAX_ERR_ARG, "expert type %s: routed experts can be re-quantized to f16, bf16, q8_0, "
-                            "q4_0, q5_0, q2_k, q3_k, q4_k, q5_k or q6_k", moetax_type_name(to));
+                            "q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k or q6_k", moetax_type_name(to));
     if (hp->n_expert <= 0) return moetax_error(MOETAX_ERR_ARG, "%s has no routed experts to re-quantize", m->gguf->path);
     struct rq_item *items = calloc((size_t)(3 * hp->n_layer + 1), sizeof *items);
     if (!items) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
@@ -186,7 +187,7 @@ moetax_status model_requant_experts(struct moetax_model *m, enum moetax_type to,
         }
     }
     if (moetax_act_is_q8_0(to)) m->has_q8_0 = true;
-    if (to == MOETAX_TYPE_Q4_0) m->has_q4_0 = true;
+    if (moetax_act_is_q4_0(to)) m->has_q4_0 = true;
     if (moetax_type_is_kquant(to)) m->has_kq = true;
     free(items);
     return MOETAX_OK;

@@ -241,7 +241,7 @@ void fw_tokens_end(struct worker *w, const struct moetax_weight *wo, const float
 
 const void *fw_act_for(const struct act *a, enum moetax_type t) {
     if (moetax_act_is_q8_0(t)) return a->q8;
-    if (t == MOETAX_TYPE_Q4_0) return a->q4;
+    if (moetax_act_is_q4_0(t)) return a->q4;
     return a->x;
 }
 

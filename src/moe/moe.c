@@ -341,7 +341,7 @@ static void router_guess(const struct fw_step *s, struct moe *b, int T, int64_t 
     const int64_t d = hp->n_embd, E = hp->n_expert, k = b->k;
     s->K->rmsnorm(b->pred_x, s->x + t * d, nl->ffn_norm, d, hp->rms_eps);
     struct act a = {.x = b->pred_x, .ncols = d, .n = 1, .q8 = b->pred_q, .q4 = b->pred_q};
-    if (moetax_act_is_q8_0(nl->gate_inp.type) || nl->gate_inp.type == MOETAX_TYPE_Q4_0)
+    if (moetax_act_is_q8_0(nl->gate_inp.type) || moetax_act_is_q4_0(nl->gate_inp.type))
         s->K->quantize_act(nl->gate_inp.type, b->pred_x, d, d, 1, b->pred_q);
     fw_matmul(s, &nl->gate_inp, 0, 0, E, &a, 0, 1, b->pred_logits, E);
     float wdummy[256];

@@ -121,7 +121,7 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt(ms + eps) * w
 
 
-Q_TYPES = (2, 6, 8, 20)  # ggml Q4_0, Q5_0, Q8_0, IQ4_NL: weights whose matmuls take Q8_0-quantized activations
+Q_TYPES = (2, 3, 6, 7, 8, 20)  # ggml Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL: matmuls on Q8_0-quantized activations
 
 
 def quantize_q8_0(x, margin=False, flip=(), scale_margin=False):

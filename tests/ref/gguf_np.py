@@ -16,13 +16,15 @@ Metadata value types: 0 uint8, 1 int8, 2 uint16, 3 int16, 4 uint32, 5 int32, 6 f
 Tensors: ggml ne = [ne0, ne1, ...] (ne0 fastest). NumPy arrays use the reversed shape
 (ne2, ne1, ne0), so a weight {in, out} becomes (out, in) and y = W @ x.
 
-Dequantised types (to float32): F32 (0), F16 (1), BF16 (30), Q8_0 (8), Q4_0 (2), Q5_0 (6),
-IQ4_NL (20).
+Dequantised types (to float32): F32 (0), F16 (1), BF16 (30), Q8_0 (8), Q4_0 (2), Q4_1 (3),
+Q5_0 (6), Q5_1 (7), IQ4_NL (20).
   Q8_0 block (34 bytes, 32 values): f16 d, 32 x int8 q;             v = q * d
   Q4_0 block (18 bytes, 32 values): f16 d, 16 bytes; byte j: low nibble = value j,
                                     high nibble = value j + 16;     v = (q - 8) * d
   Q5_0 block (22 bytes, 32 values): f16 d, uint32 qh (little-endian), Q4_0's 16 nibble bytes;
                                     q = nibble + 16 * (bit j of qh) v = (q - 16) * d
+  Q4_1 block (20 bytes):            f16 d, f16 m, Q4_0's nibbles;   v = q * d + m
+  Q5_1 block (24 bytes):            f16 d, f16 m, then Q5_0's qh and nibbles; v = q * d + m
   IQ4_NL block (18 bytes):          Q4_0's layout;                  v = d * IQ4NL_LEVELS[nibble]
 Other ggml types are listed (name, block size, block bytes) so sizes, offsets and raw-byte
 checksums work for them; dequantising them raises NotImplementedError.
@@ -107,8 +109,8 @@ GGML_TYPES = {
 }
 GGML_TYPE_IDS = {v[0]: k for k, v in GGML_TYPES.items()}
 TYPE_F32, TYPE_F16, TYPE_Q4_0, TYPE_Q8_0, TYPE_BF16 = 0, 1, 2, 8, 30
-TYPE_Q5_0, TYPE_IQ4_NL = 6, 20
-DEQUANT_TYPES = (TYPE_F32, TYPE_F16, TYPE_BF16, TYPE_Q8_0, TYPE_Q4_0, TYPE_Q5_0, TYPE_IQ4_NL)
+TYPE_Q5_0, TYPE_IQ4_NL, TYPE_Q4_1, TYPE_Q5_1 = 6, 20, 3, 7
+DEQUANT_TYPES = (TYPE_F32, TYPE_F16, TYPE_BF16, TYPE_Q8_0, TYPE_Q4_0, TYPE_Q5_0, TYPE_IQ4_NL, TYPE_Q4_1, TYPE_Q5_1)
 # ggml's kvalues_iq4nl (ggml-common.h)
 IQ4NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
                         dtype=np.float32)
@@ -155,6 +157,19 @@ def dequantize(raw, type_id, n=None):
         lo = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int32)    # (nb, 32)
         hi = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int32)     # (nb, 32)
         out = ((lo + 16 * hi - 16).astype(np.float32) * d).reshape(-1)
+    elif type_id in (TYPE_Q4_1, TYPE_Q5_1):
+        bs = 20 if type_id == TYPE_Q4_1 else 24
+        if raw.size % bs:
+            raise GGUFError("%s data is not a whole number of %d-byte blocks" % (GGML_TYPES[type_id][0], bs))
+        b = raw.reshape(-1, bs)
+        d = np.ascontiguousarray(b[:, 0:2]).view("<f2").astype(np.float32)     # (nb, 1)
+        m = np.ascontiguousarray(b[:, 2:4]).view("<f2").astype(np.float32)     # (nb, 1)
+        qs = b[:, bs - 16:]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.int32)     # (nb, 32)
+        if type_id == TYPE_Q5_1:
+            qh = np.ascontiguousarray(b[:, 4:8]).view("<u4")
+            q += 16 * ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int32)
+        out = (q.astype(np.float32) * d + m).reshape(-1)
     elif type_id == TYPE_IQ4_NL:
         if raw.size % 18:
             raise GGUFError("iq4_nl data is not a whole number of 18-byte blocks")
