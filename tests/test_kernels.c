@@ -444,6 +444,32 @@ static void unrepack_q3kr8(const uint8_t *src, uint8_t *dst, int64_t rows, int64
 
 static int cmp_u8(const void *a, const void *b) { return (int)*(const uint8_t *)a - (int)*(const uint8_t *)b; }
 
+/* The inverse of the avx512 table's Q5_0 repack, written from the layout in kernels.h (groups of
+ * 8 rows: per block d[8], the masks M[c][h] with bit 4r + i = bit 16h + 4c + i of row r's qh, then
+ * qs[c][r][4]; the last rows % 8 plain). */
+static void unrepack_q5r8(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t nb) {
+    const size_t rb = (size_t)nb * 22;
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8)
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *g = src + (size_t)r * rb + (size_t)b * 176;
+            for (int i = 0; i < 8; i++) {
+                uint8_t *o = dst + (size_t)(r + i) * rb + (size_t)b * 22;
+                memcpy(o, g + 2 * i, 2);
+                uint32_t qh = 0;
+                for (int c = 0; c < 4; c++)
+                    for (int h = 0; h < 2; h++) {
+                        uint32_t m;
+                        memcpy(&m, g + 16 + 4 * (2 * c + h), 4);
+                        qh |= (m >> (4 * i) & 0xfu) << (16 * h + 4 * c);
+                    }
+                for (int k = 0; k < 4; k++) o[2 + k] = (uint8_t)(qh >> (8 * k));
+                for (int c = 0; c < 4; c++) memcpy(o + 6 + 4 * c, g + 48 + 32 * c + 4 * i, 4);
+            }
+        }
+    memcpy(dst + (size_t)r * rb, src + (size_t)r * rb, (size_t)(rows - r) * rb);
+}
+
 /* Repacking is a per-row permutation of the bytes that round-trips, in place or
  * not; tables that do not repack copy; the reference table reads the stored layout. */
 /* The SIMD tables' block_q8_K preparation gives the reference's bytes on the inputs where its
@@ -535,7 +561,8 @@ static void test_repack(void) {
         moetax_kernels_repack(ref, t, a, w, rows, ncols);
         CHECK(memcmp(a, w, rb * rows) == 0);
         if (avx) {
-            const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || is_kq(t); /* Q2_K..Q6_Kx8r */
+            const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || is_kq(t) || /* Q2_K..Q6_Kx8r */
+                            (t == MOETAX_TYPE_Q5_0 && strcmp(avx->name, "avx512") == 0);   /* Q5_0x8r */
             CHECK(avx->weights_repacked(t) == rp);
             moetax_kernels_repack(avx, t, a, w, rows, ncols);
             if (!rp) CHECK(memcmp(a, w, rb * rows) == 0);
@@ -547,6 +574,26 @@ static void test_repack(void) {
     }
     if (!avx) return;
     const bool q8x8 = strcmp(avx->name, "avx512") == 0; /* Q8_0x8r, else Q8_0x4r */
+    if (q8x8) { /* Q5_0x8r: round trip through the layout's inverse, in place the same, units with tails */
+        static const int64_t q5_rows[] = {1, 7, 8, 9, 16, 23};
+        for (int64_t nb = 1; nb <= 45; nb += 11)
+            for (size_t ui = 0; ui < sizeof q5_rows / sizeof q5_rows[0]; ui++) {
+                const int64_t rows = q5_rows[ui], ncols = 32 * nb;
+                size_t rb;
+                uint8_t *w = rand_matrix(MOETAX_TYPE_Q5_0, rows, ncols, &rb);
+                const size_t n = rb * (size_t)rows;
+                uint8_t *a = malloc(n), *b = malloc(n), *back = malloc(n);
+                CHECK(moetax_kernels_repack(avx, MOETAX_TYPE_Q5_0, a, w, rows, ncols) == MOETAX_OK);
+                memcpy(b, w, n);
+                CHECK(moetax_kernels_repack(avx, MOETAX_TYPE_Q5_0, b, b, rows, ncols) == MOETAX_OK);
+                CHECK(memcmp(a, b, n) == 0);
+                unrepack_q5r8(a, back, rows, nb);
+                CHECK_MSG(memcmp(back, w, n) == 0, "Q5_0x8r rows=%lld nb=%lld: no round trip", (long long)rows,
+                          (long long)nb);
+                CHECK(rows >= 8 || memcmp(a, w, n) == 0);
+                free(w), free(a), free(b), free(back);
+            }
+    }
     static const int64_t unit_rows[] = {1, 3, 4, 5, 7, 8, 9, 16, 23};
     for (int q8 = 0; q8 < 2; q8++)
         for (int64_t nb = 1; nb <= 41; nb += 4)

@@ -36,11 +36,12 @@
  *     Q8_0 weights (nb = ncols / 32): int8 qs[nb][32]; float d[nb]
  *       ggml's Q8_0 quantization of x (d rounded to F16 as in a block_q8_0,
  *       stored widened to float).
- *     Q5_0 and IQ4_NL weights: the Q8_0 row (the same bytes). Per output the
- *       avx2 and avx512 tables take the exact block sums S_b of the signed
- *       weight levels (Q5_0: q - 16; IQ4_NL: the table's level) times the
- *       activation quants and acc = fma((float)S_b, d_w[b] * d_x[b], acc) over
- *       the blocks in order, from 0 (Q8_0's chain); both read them as stored.
+ *     IQ4_NL weights: the Q8_0 row (the same bytes); Q5_0 weights: the Q4_0 row
+ *       below (the avx512 table's decode takes the offset of 16 from its sums).
+ *       Per output the avx2 and avx512 tables take the exact block sums S_b of
+ *       the signed weight levels (Q5_0: q - 16; IQ4_NL: the table's level)
+ *       times the activation quants and acc = fma((float)S_b, d_w[b] * d_x[b],
+ *       acc) over the blocks in order, from 0 (Q8_0's chain).
  *     Q4_1 and Q5_1 weights: the Q4_0 row below (the same bytes). Per output the
  *       avx2 and avx512 tables take the exact block sums S_b of the unsigned levels
  *       q times the activation quants and X_b = s[b] / 8, and per block
@@ -72,9 +73,11 @@
  *   load, the expert store after reading an expert). The unit of a repack is
  *   one matrix of n_rows rows (a 3-D tensor is n matrices; the gate and up
  *   halves of a fused gate_up matrix are two). Repacking keeps the unit's
- *   size and is a permutation of its bytes; row groups (below) never cross
+ *   size and is a permutation of its bytes (Q5_0x8r, below, also transposes
+ *   bits within its groups' fifth-bit words); row groups (below) never cross
  *   units, so row r of a unit stays within the bytes of its group of G rows
- *   from w + (r - r % G) * row_bytes (G: 8 for Q4_0 and the k-quants, 4 for avx2's Q8_0; below).
+ *   from w + (r - r % G) * row_bytes (G: 8 for Q4_0, avx512's Q5_0 and the k-quants, 4 for avx2's
+ *   Q8_0; below).
  *   Rows read any other way (moetax_to_float,
  *   e.g. the token embedding) must stay as stored.
  *     ref:  every type as stored. (Every k-quant is read as stored by ref;
@@ -98,7 +101,16 @@
  *           and the unit's last n_rows % 4 rows stay plain block_q8_0. A
  *           decode tile of 4 rows thus reads one stream, not 4 (rows of
  *           0.5-2 KiB are too short for the prefetcher to follow 4 streams).
- *     avx512: Q4_0 in avx2's Q4_0x8r. Q8_0 in "Q8_0x8r", eight rows
+ *     avx512: Q5_0 in "Q5_0x8r": rows 8i..8i+7 of a unit hold, for each block
+ *           b in order, 176 bytes (8 block_q5_0): uint16 d[8], then the fifth
+ *           bits as uint32 M[4][2] (chunk c, half h: bit 4r + i is bit 16h +
+ *           4c + i of row r's qh: a mask register per chunk and half), then
+ *           uint8 qs[4][8][4] (chunk c, row r: nibble bytes 4c..4c+3 of the
+ *           row's block); the unit's last n_rows % 8 rows plain. Not a
+ *           permutation of bytes: the qh bits are transposed (the one
+ *           exception to the rule above; the size is kept). IQ4_NL, Q4_1 and
+ *           Q5_1 as stored.
+ *           Q4_0 in avx2's Q4_0x8r. Q8_0 in "Q8_0x8r", eight rows
  *           interleaved as Q4_0x8r is: rows 8i..8i+7 of a unit hold, for each
  *           block b in order, 272 bytes (the size of 8 block_q8_0):
  *             uint16 d[8]           F16 scales of block b of rows 0..7
@@ -156,7 +168,7 @@
  *           Weights repacked for one table must not be given to another
  *           (Q8_0 and k-quant layouts differ).
  *   ROW RANGES. A call's rows [row0, row1) are relative to w: for a type
- *   with row groups (Q4_0: 8 rows; Q8_0: avx2 4, avx512 8; k-quants: avx512 8), w must be at a multiple
+ *   with row groups (Q4_0: 8 rows; Q8_0: avx2 4, avx512 8; Q5_0: avx512 8; k-quants: 8), w must be at a multiple
  *   of MOETAX_KERNELS_ROW_GROUP (8, a multiple of both) rows into its unit,
  *   row0 a multiple of 8, and row1 a multiple of 8 or the unit's last row
  *   (so a call ending inside a group ends at the unit's plain tail).
@@ -258,15 +270,16 @@ void moetax_rope_cache(const struct moetax_rope_params *p, int64_t pos, float *c
 /* Bytes of prepared activations for n_batch rows of ncols (see the layout
  * above); 0 if wtype is not computable or ncols is not a multiple of its block. */
 size_t moetax_act_size(enum moetax_type wtype, int64_t ncols, int64_t n_batch);
-/* True for the weight types whose prepared activations are the Q8_0 row: Q8_0, Q5_0, IQ4_NL
- * (one prepared row serves all three). */
+/* True for the weight types whose prepared activations are the Q8_0 row: Q8_0, IQ4_NL (one
+ * prepared row serves both). */
 static inline bool moetax_act_is_q8_0(enum moetax_type wtype) {
-    return wtype == MOETAX_TYPE_Q8_0 || wtype == MOETAX_TYPE_Q5_0 || wtype == MOETAX_TYPE_IQ4_NL;
+    return wtype == MOETAX_TYPE_Q8_0 || wtype == MOETAX_TYPE_IQ4_NL;
 }
 /* True for the weight types whose prepared activations are the Q4_0 row (the Q8_0 row and its
- * block sums): Q4_0, Q4_1, Q5_1. */
+ * block sums): Q4_0, Q4_1, Q5_0, Q5_1. */
 static inline bool moetax_act_is_q4_0(enum moetax_type wtype) {
-    return wtype == MOETAX_TYPE_Q4_0 || wtype == MOETAX_TYPE_Q4_1 || wtype == MOETAX_TYPE_Q5_1;
+    return wtype == MOETAX_TYPE_Q4_0 || wtype == MOETAX_TYPE_Q4_1 || wtype == MOETAX_TYPE_Q5_0 ||
+           wtype == MOETAX_TYPE_Q5_1;
 }
 
 /* Rows of a row group in any table's layout (WEIGHT LAYOUTS, ROW RANGES):

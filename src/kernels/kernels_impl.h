@@ -22,14 +22,15 @@ static inline size_t moetax_k_act_row_bytes(enum moetax_type t, int64_t ncols) {
     const size_t nb = (size_t)(ncols / 32);
     switch (t) {
     case MOETAX_TYPE_F32: case MOETAX_TYPE_F16: case MOETAX_TYPE_BF16: return (size_t)ncols * sizeof(float);
-    case MOETAX_TYPE_Q8_0: case MOETAX_TYPE_Q5_0: case MOETAX_TYPE_IQ4_NL: return nb * (32 + sizeof(float));
-    case MOETAX_TYPE_Q4_0: case MOETAX_TYPE_Q4_1: case MOETAX_TYPE_Q5_1: return nb * (32 + sizeof(float) + sizeof(int32_t));
+    case MOETAX_TYPE_Q8_0: case MOETAX_TYPE_IQ4_NL: return nb * (32 + sizeof(float));
+    case MOETAX_TYPE_Q4_0: case MOETAX_TYPE_Q4_1: case MOETAX_TYPE_Q5_0: case MOETAX_TYPE_Q5_1:
+        return nb * (32 + sizeof(float) + sizeof(int32_t));
     case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K: case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:
         return (size_t)(ncols / 256) * sizeof(moetax_block_q8_k);
     default: return 0;
     }
 }
-/* Q8_0 / Q4_0 row (Q5_0 and IQ4_NL weights take Q8_0's, Q4_1 and Q5_1 Q4_0's): qs[nb][32] at 0,
+/* Q8_0 / Q4_0 row (IQ4_NL weights take Q8_0's, Q4_1, Q5_0 and Q5_1 Q4_0's): qs[nb][32] at 0,
  * then float d[nb]; Q4_0 then int32 s[nb]. */
 static inline size_t moetax_k_act_d_off(enum moetax_type t, int64_t nb) { (void)t; return (size_t)nb * 32; }
 static inline size_t moetax_k_act_s_off(int64_t nb) { return (size_t)nb * (32 + sizeof(float)); }
@@ -92,6 +93,12 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb);
  * sc[3][8][4] (dword k of row r's 12 packed scale bytes at 16 + 32 k + 4 r),
  * qs[16][8][4] (group g, row r: bytes 4 g .. + 3 of the row's qs), then
  * hm[8][8][4] (group p, row r: bytes 4 p .. + 3 of the row's hmask). */
+/* Q5_0x8r (avx512): per group of 8 rows and block, uint16 d[8], then the fifth bits as 8
+ * 32-bit masks M[c][h] (chunk c, half h: bit 4r + i is bit 16h + 4c + i of row r's qh),
+ * then qs[4][8][4] (chunk c, row r: nibble bytes 4c..4c+3 of the row's block). */
+#define MOETAX_K_Q5R8_BLOCK_BYTES 176 /* 8 * sizeof(moetax_block_q5_0) */
+#define MOETAX_K_Q5R8_QH_OFF 16
+#define MOETAX_K_Q5R8_QS_OFF 48
 #define MOETAX_K_Q3KR8_ROWS 8
 #define MOETAX_K_Q3KR8_BLOCK_BYTES 880 /* 8 * sizeof(moetax_block_q3_k) */
 #define MOETAX_K_Q3KR8_SC_OFF 16

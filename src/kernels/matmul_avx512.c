@@ -459,48 +459,132 @@ static void q5nl_chunk(bool nl, const uint8_t *const *rows, int64_t b0, int64_t 
     }
 }
 
+/* Q5_0x8r (kernels.h): the unsigned levels q (0..31) of chunk c, half h of a group's block: the
+ * nibbles plus 16 where the chunk's mask has the byte's bit. */
+ALWAYS_INLINE __m256i q5r8_levels(const uint8_t *blk, int c, int h) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q5R8_QS_OFF + 32 * c));
+    const __m256i nib = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+    uint32_t m;
+    memcpy(&m, blk + MOETAX_K_Q5R8_QH_OFF + 4 * (2 * c + h), 4);
+    return _mm256_mask_add_epi8(nib, _cvtu32_mask32(m), nib, _mm256_set1_epi8(16));
+}
+
+/* Decode: G groups (g[0], g[1]: two streams) of Q5_0x8r x one batch row (the Q4_0 row: the offset
+ * of 16 from its block sums s = 8 sum(x)). Per lane the chain of kernels.h. */
+ALWAYS_INLINE void q5r8_dec(const int G, const bool far, const uint8_t *const *g, const uint8_t *act, int64_t nb,
+                            float *const *y) {
+    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t sx;
+        memcpy(&sx, act + s_off + (size_t)b * 4, 4);
+        const uint8_t *xq = act + (size_t)b * 32;
+        const __m256 dx = _mm256_broadcast_ss((const float *)(act + d_off) + b);
+#pragma GCC unroll 2
+        for (int gi = 0; gi < G; gi++) {
+            const uint8_t *blk = g[gi] + (size_t)b * MOETAX_K_Q5R8_BLOCK_BYTES;
+            prefetch_blk(blk, MOETAX_K_Q5R8_BLOCK_BYTES, 1, far);
+            __m256i i0 = _mm256_set1_epi32(-2 * sx), i1 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                i0 = _mm256_dpbusd_epi32(i0, q5r8_levels(blk, c, 0), bcast32(xq + 4 * c));
+                i1 = _mm256_dpbusd_epi32(i1, q5r8_levels(blk, c, 1), bcast32(xq + 16 + 4 * c));
+            }
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            acc[gi] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_mul_ps(dw, dx), acc[gi]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int gi = 0; gi < G; gi++) _mm256_storeu_ps(y[gi], acc[gi]);
+}
+static void q5r8_dec_2(const uint8_t *const *g, const uint8_t *act, int64_t nb, float *const *y) {
+    q5r8_dec(2, false, g, act, nb, y);
+}
+static void q5r8_dec_1(const uint8_t *const *g, const uint8_t *act, int64_t nb, float *const *y) {
+    q5r8_dec(1, false, g, act, nb, y);
+}
+static void q5r8_dec_2f(const uint8_t *const *g, const uint8_t *act, int64_t nb, float *const *y) {
+    q5r8_dec(2, true, g, act, nb, y);
+}
+static void q5r8_dec_1f(const uint8_t *const *g, const uint8_t *act, int64_t nb, float *const *y) {
+    q5r8_dec(1, true, g, act, nb, y);
+}
+
+/* A Q5_0x8r group's blocks [b0, b0 + kn) -> o, Q8_0x8r blocks (the level q - 16, plus 128). */
+static void q5r8_chunk(const uint8_t *g, int64_t b0, int64_t kn, uint8_t *o) {
+    const __m256i off = _mm256_set1_epi8(128 - 16);
+    for (int64_t bb = 0; bb < kn; bb++, o += MOETAX_K_Q8R8_BLOCK_BYTES) {
+        const uint8_t *blk = g + (size_t)(b0 + bb) * MOETAX_K_Q5R8_BLOCK_BYTES;
+        memcpy(o, blk, 16); /* d of the 8 rows, as Q8_0x8r keeps them */
+        for (int c = 0; c < 4; c++)
+            for (int h = 0; h < 2; h++)
+                _mm256_storeu_si256((__m256i *)(o + MOETAX_K_Q8R8_QS_OFF + 32 * (4 * h + c)),
+                                    _mm256_add_epi8(q5r8_levels(blk, c, h), off));
+    }
+}
+
 static void matmul_q5nl(bool nl, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                         const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
     enum { R = 8 };
     const enum moetax_type t = nl ? MOETAX_TYPE_IQ4_NL : MOETAX_TYPE_Q5_0;
     const int64_t nb = ncols / 32, gend = row0 + (row1 - row0) / R * R;
-    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q8_0, ncols);
-    if (n_batch < 2 || gend == row0) {
+    const size_t act_row = moetax_k_act_row_bytes(t, ncols);
+    if (gend == row0 || (nl && n_batch < 2)) { /* IQ4_NL decode, and a range of plain rows: avx2's */
         (far ? moetax_k_matmul_avx2_stream : moetax_k_matmul_avx2)(t, w, row_bytes, row0, row1, ncols, act, n_batch, y,
                                                                   ldy);
         return;
     }
-    _Alignas(64) uint8_t buf[2][Q5NL_KB * MOETAX_K_Q8R8_BLOCK_BYTES];
-    int32_t corr[Q5NL_JS * Q5NL_KB];
-    for (int64_t s0 = 0; s0 < n_batch; s0 += Q5NL_JS) {
-        const int64_t sn = n_batch - s0 < Q5NL_JS ? n_batch - s0 : Q5NL_JS;
-        const uint8_t *as = act + (size_t)s0 * act_row;
-        for (int64_t b0 = 0; b0 < nb; b0 += Q5NL_KB) {
-            const int64_t kn = nb - b0 < Q5NL_KB ? nb - b0 : Q5NL_KB;
-            /* per tile of batch rows, its corrections at corr + j0 * kn (q8_corrections' layout) */
-            for (int64_t j0 = 0, jb; j0 < sn; j0 += jb) {
-                jb = next_jb(sn - j0);
-                q8_corrections(as + (size_t)j0 * act_row, act_row, jb, b0, kn, corr + j0 * kn);
-            }
-            for (int64_t p0 = row0; p0 < gend; p0 += 2 * R) {
-                const int G = gend - p0 >= 2 * R ? 2 : 1;
-                for (int g = 0; g < G; g++) {
-                    const uint8_t *rows[R];
-                    for (int i = 0; i < R; i++) rows[i] = w + (size_t)(p0 + g * R + i) * row_bytes;
-                    q5nl_chunk(nl, rows, b0, kn, buf[g]);
-                }
-                const uint8_t *gg[2] = {buf[0], buf[1]};
+    if (n_batch == 1) { /* Q5_0x8r decode: group i of the first half with group i of the second */
+        const int64_t ng = (gend - row0) / R, np = ng / 2;
+        for (int64_t i = 0; i < np; i++) {
+            const int64_t ra = row0 + i * R, rb = ra + np * R;
+            const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
+            float *yy[2] = {y + ra, y + rb};
+            (far ? q5r8_dec_2f : q5r8_dec_2)(gg, act, nb, yy);
+        }
+        if (ng % 2) {
+            const int64_t r = row0 + (ng - 1) * R;
+            const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
+            float *yy[1] = {y + r};
+            (far ? q5r8_dec_1f : q5r8_dec_1)(gg, act, nb, yy);
+        }
+    } else {
+        _Alignas(64) uint8_t buf[2][Q5NL_KB * MOETAX_K_Q8R8_BLOCK_BYTES];
+        int32_t corr[Q5NL_JS * Q5NL_KB];
+        for (int64_t s0 = 0; s0 < n_batch; s0 += Q5NL_JS) {
+            const int64_t sn = n_batch - s0 < Q5NL_JS ? n_batch - s0 : Q5NL_JS;
+            const uint8_t *as = act + (size_t)s0 * act_row;
+            for (int64_t b0 = 0; b0 < nb; b0 += Q5NL_KB) {
+                const int64_t kn = nb - b0 < Q5NL_KB ? nb - b0 : Q5NL_KB;
+                /* per tile of batch rows, its corrections at corr + j0 * kn (q8_corrections' layout) */
                 for (int64_t j0 = 0, jb; j0 < sn; j0 += jb) {
                     jb = next_jb(sn - j0);
-                    float *yj = y + (s0 + j0) * ldy;
-                    float *yy[2] = {yj + p0, yj + p0 + R};
-                    (G == 2 ? k_q8zc : k_q8r8c)[jb - 1](gg, as + (size_t)j0 * act_row, act_row, nb, corr + j0 * kn, b0,
-                                                         kn, yy, ldy, b0 == 0);
+                    q8_corrections(as + (size_t)j0 * act_row, act_row, jb, b0, kn, corr + j0 * kn);
+                }
+                for (int64_t p0 = row0; p0 < gend; p0 += 2 * R) {
+                    const int G = gend - p0 >= 2 * R ? 2 : 1;
+                    for (int gi = 0; gi < G; gi++) {
+                        if (nl) {
+                            const uint8_t *rows[R];
+                            for (int i = 0; i < R; i++) rows[i] = w + (size_t)(p0 + gi * R + i) * row_bytes;
+                            q5nl_chunk(true, rows, b0, kn, buf[gi]);
+                        } else {
+                            q5r8_chunk(w + (size_t)(p0 + gi * R) * row_bytes, b0, kn, buf[gi]);
+                        }
+                    }
+                    const uint8_t *gg[2] = {buf[0], buf[1]};
+                    for (int64_t j0 = 0, jb; j0 < sn; j0 += jb) {
+                        jb = next_jb(sn - j0);
+                        float *yj = y + (s0 + j0) * ldy;
+                        float *yy[2] = {yj + p0, yj + p0 + R};
+                        (G == 2 ? k_q8zc : k_q8r8c)[jb - 1](gg, as + (size_t)j0 * act_row, act_row, nb, corr + j0 * kn,
+                                                             b0, kn, yy, ldy, b0 == 0);
+                    }
                 }
             }
         }
     }
-    if (gend < row1) /* the last rows % 8 */
+    if (gend < row1) /* the last rows % 8, plain */
         moetax_k_matmul_avx2(t, w, row_bytes, gend, row1, ncols, act, n_batch, y, ldy);
 }
 
