@@ -421,17 +421,19 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
 /* Q5_0 and IQ4_NL batches                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* Both are read as stored (kernels.h); decode is the avx2 table's. A batch converts each group of 8
- * rows x Q5NL_KB blocks into a chunk in Q8_0x8r's layout (the level plus 128, the F16 d as stored:
- * a Q8_0 block of the same values, so the exact block sums are the same) and runs the Q8_0 tiles on
- * it: two groups in 512-bit vectors, a lone group in 256-bit ones; each output's chain continues
- * through y from one chunk to the next, as Q8_0's column chunks do. Batch rows go in slabs of up to
- * Q5NL_JS, the corrections of a slab's chunk made once for all its row groups. A range's last rows
- * % 8 take the avx2 table's path. The same bits as the avx2 table (the canonical Q8_0 chain). */
+/* Q5_0 in Q5_0x8r (kernels.h; decode below: q5r8_dec), IQ4_NL as stored (decode: the avx2 table's).
+ * A batch converts each group of 8 rows x Q5NL_KB blocks into a chunk in Q8_0x8r's layout (the
+ * level plus 128, the F16 d as stored: a Q8_0 block of the same values, so the exact block sums are
+ * the same) and runs the Q8_0 tiles on it: two groups in 512-bit vectors, a lone group in 256-bit
+ * ones; each output's chain continues through y from one chunk to the next, as Q8_0's column chunks
+ * do. Batch rows go in slabs of up to Q5NL_JS, the corrections of a slab's chunk made once for all
+ * its row groups. A range's last rows % 8 (plain) take the avx2 table's path. The same bits as the
+ * avx2 table (the canonical Q8_0 chain). */
 #define Q5NL_KB 64
 #define Q5NL_JS 64
 
-/* Group of 8 rows (rows[i]) x blocks [b0, b0 + kn) -> o, Q8_0x8r blocks of 272 bytes. */
+/* Group of 8 plain rows (rows[i]) x blocks [b0, b0 + kn) -> o, Q8_0x8r blocks of 272 bytes (IQ4_NL;
+ * nl false: plain Q5_0, which the table reads as Q5_0x8r instead). */
 static void q5nl_chunk(bool nl, const uint8_t *const *rows, int64_t b0, int64_t kn, uint8_t *o) {
     const size_t bs = nl ? sizeof(moetax_block_iq4_nl) : sizeof(moetax_block_q5_0);
     const __m256i flip = _mm256_set1_epi8((char)0x80);
