@@ -432,17 +432,16 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
 #define Q5NL_KB 64
 #define Q5NL_JS 64
 
-/* Group of 8 plain rows (rows[i]) x blocks [b0, b0 + kn) -> o, Q8_0x8r blocks of 272 bytes (IQ4_NL;
- * nl false: plain Q5_0, which the table reads as Q5_0x8r instead). */
-static void q5nl_chunk(bool nl, const uint8_t *const *rows, int64_t b0, int64_t kn, uint8_t *o) {
-    const size_t bs = nl ? sizeof(moetax_block_iq4_nl) : sizeof(moetax_block_q5_0);
+/* Group of 8 plain IQ4_NL rows (rows[i]) x blocks [b0, b0 + kn) -> o, Q8_0x8r blocks of 272 bytes. */
+static void iq4nl_chunk(const uint8_t *const *rows, int64_t b0, int64_t kn, uint8_t *o) {
+    const size_t bs = sizeof(moetax_block_iq4_nl);
     const __m256i flip = _mm256_set1_epi8((char)0x80);
     for (int64_t bb = 0; bb < kn; bb++, o += MOETAX_K_Q8R8_BLOCK_BYTES) {
         __m256 v[8];
         for (int r = 0; r < 8; r++) {
             const uint8_t *blk = rows[r] + (size_t)(b0 + bb) * bs;
             memcpy(o + 2 * r, blk, 2); /* d, as stored */
-            v[r] = _mm256_castsi256_ps(_mm256_xor_si256(nl ? levels_iq4nl(blk) : levels_q5_0(blk), flip));
+            v[r] = _mm256_castsi256_ps(_mm256_xor_si256(levels_iq4nl(blk), flip));
         }
         /* 8 x 8 dwords transposed: chunk c holds dword c of rows 0..7 */
         const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
@@ -569,7 +568,7 @@ static void matmul_q5nl(bool nl, const uint8_t *w, size_t row_bytes, int64_t row
                         if (nl) {
                             const uint8_t *rows[R];
                             for (int i = 0; i < R; i++) rows[i] = w + (size_t)(p0 + gi * R + i) * row_bytes;
-                            q5nl_chunk(true, rows, b0, kn, buf[gi]);
+                            iq4nl_chunk(rows, b0, kn, buf[gi]);
                         } else {
                             q5r8_chunk(w + (size_t)(p0 + gi * R) * row_bytes, b0, kn, buf[gi]);
                         }
