@@ -598,6 +598,16 @@ int main(int argc, char **argv) {
     batch_vs_alone(q8, 0, 3);
     batch_vs_alone(q4, 0, 64);
     batch_vs_alone(f32, 2e-5f, 64);
+    { /* the fallback types of k-quant files: Q5_0 (avx512: Q5_0x8r) and Q5_1 (the avx2 kernels) */
+        char q5[512], q51[512];
+        snprintf(q5, sizeof q5, "%s", tu_path("batch_tiny_v3_q5_0.gguf"));
+        snprintf(q51, sizeof q51, "%s", tu_path("batch_tiny_q5_1.gguf"));
+        CHECK_EQ_INT(gen("--preset tiny-v3 --type q5_0 --seed 21", q5), 0);
+        CHECK_EQ_INT(gen("--preset tiny --type q5_1 --seed 22", q51), 0);
+        batch_vs_alone(q5, 0, 64);
+        batch_vs_alone(q51, 0, 64);
+        random_schedules(q5, 0, 4);
+    }
     random_schedules(q8, 0, 1);
     random_schedules(q8, 0, 2);
     random_schedules(f32, 2e-5f, 3);
