@@ -562,7 +562,8 @@ static void test_repack(void) {
         CHECK(memcmp(a, w, rb * rows) == 0);
         if (avx) {
             const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || is_kq(t) || /* Q2_K..Q6_Kx8r */
-                            (t == MOETAX_TYPE_Q5_0 && strcmp(avx->name, "avx512") == 0);   /* Q5_0x8r */
+                            ((t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL) &&          /* Q5_0x8r, */
+                             strcmp(avx->name, "avx512") == 0);                              /* IQ4_NLx8r */
             CHECK(avx->weights_repacked(t) == rp);
             moetax_kernels_repack(avx, t, a, w, rows, ncols);
             if (!rp) CHECK(memcmp(a, w, rb * rows) == 0);
@@ -574,22 +575,25 @@ static void test_repack(void) {
     }
     if (!avx) return;
     const bool q8x8 = strcmp(avx->name, "avx512") == 0; /* Q8_0x8r, else Q8_0x4r */
-    if (q8x8) { /* Q5_0x8r: round trip through the layout's inverse, in place the same, units with tails */
+    if (q8x8) { /* Q5_0x8r, IQ4_NLx8r (Q4_0x8r's layout): round trip through the layout's inverse, in
+                 * place the same, units with tails */
         static const int64_t q5_rows[] = {1, 7, 8, 9, 16, 23};
+        for (int nl = 0; nl < 2; nl++)
         for (int64_t nb = 1; nb <= 45; nb += 11)
             for (size_t ui = 0; ui < sizeof q5_rows / sizeof q5_rows[0]; ui++) {
+                const enum moetax_type t = nl ? MOETAX_TYPE_IQ4_NL : MOETAX_TYPE_Q5_0;
                 const int64_t rows = q5_rows[ui], ncols = 32 * nb;
                 size_t rb;
-                uint8_t *w = rand_matrix(MOETAX_TYPE_Q5_0, rows, ncols, &rb);
+                uint8_t *w = rand_matrix(t, rows, ncols, &rb);
                 const size_t n = rb * (size_t)rows;
                 uint8_t *a = malloc(n), *b = malloc(n), *back = malloc(n);
-                CHECK(moetax_kernels_repack(avx, MOETAX_TYPE_Q5_0, a, w, rows, ncols) == MOETAX_OK);
+                CHECK(moetax_kernels_repack(avx, t, a, w, rows, ncols) == MOETAX_OK);
                 memcpy(b, w, n);
-                CHECK(moetax_kernels_repack(avx, MOETAX_TYPE_Q5_0, b, b, rows, ncols) == MOETAX_OK);
+                CHECK(moetax_kernels_repack(avx, t, b, b, rows, ncols) == MOETAX_OK);
                 CHECK(memcmp(a, b, n) == 0);
-                unrepack_q5r8(a, back, rows, nb);
-                CHECK_MSG(memcmp(back, w, n) == 0, "Q5_0x8r rows=%lld nb=%lld: no round trip", (long long)rows,
-                          (long long)nb);
+                (nl ? unrepack_q4r8 : unrepack_q5r8)(a, back, rows, nb);
+                CHECK_MSG(memcmp(back, w, n) == 0, "%s x8r rows=%lld nb=%lld: no round trip", moetax_type_name(t),
+                          (long long)rows, (long long)nb);
                 CHECK(rows >= 8 || memcmp(a, w, n) == 0);
                 free(w), free(a), free(b), free(back);
             }

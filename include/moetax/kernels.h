@@ -36,8 +36,8 @@
  *     Q8_0 weights (nb = ncols / 32): int8 qs[nb][32]; float d[nb]
  *       ggml's Q8_0 quantization of x (d rounded to F16 as in a block_q8_0,
  *       stored widened to float).
- *     IQ4_NL weights: the Q8_0 row (the same bytes); Q5_0 weights: the Q4_0 row
- *       below (the avx512 table's decode takes the offset of 16 from its sums).
+ *     Q5_0 and IQ4_NL weights: the Q4_0 row below (the avx512 table's decode
+ *       takes the offsets of 16 and 128 from its sums).
  *       Per output the avx2 and avx512 tables take the exact block sums S_b of
  *       the signed weight levels (Q5_0: q - 16; IQ4_NL: the table's level)
  *       times the activation quants and acc = fma((float)S_b, d_w[b] * d_x[b],
@@ -108,8 +108,9 @@
  *           uint8 qs[4][8][4] (chunk c, row r: nibble bytes 4c..4c+3 of the
  *           row's block); the unit's last n_rows % 8 rows plain. Not a
  *           permutation of bytes: the qh bits are transposed (the one
- *           exception to the rule above; the size is kept). IQ4_NL, Q4_1 and
- *           Q5_1 as stored.
+ *           exception to the rule above; the size is kept). IQ4_NL in
+ *           "IQ4_NLx8r": Q4_0x8r's layout (the blocks have Q4_0's: d, then
+ *           16 nibble bytes). Q4_1 and Q5_1 as stored.
  *           Q4_0 in avx2's Q4_0x8r. Q8_0 in "Q8_0x8r", eight rows
  *           interleaved as Q4_0x8r is: rows 8i..8i+7 of a unit hold, for each
  *           block b in order, 272 bytes (the size of 8 block_q8_0):
@@ -168,7 +169,7 @@
  *           Weights repacked for one table must not be given to another
  *           (Q8_0 and k-quant layouts differ).
  *   ROW RANGES. A call's rows [row0, row1) are relative to w: for a type
- *   with row groups (Q4_0: 8 rows; Q8_0: avx2 4, avx512 8; Q5_0: avx512 8; k-quants: 8), w must be at a multiple
+ *   with row groups (Q4_0: 8 rows; Q8_0: avx2 4, avx512 8; Q5_0, IQ4_NL: avx512 8; k-quants: 8), w must be at a multiple
  *   of MOETAX_KERNELS_ROW_GROUP (8, a multiple of both) rows into its unit,
  *   row0 a multiple of 8, and row1 a multiple of 8 or the unit's last row
  *   (so a call ending inside a group ends at the unit's plain tail).
@@ -270,16 +271,13 @@ void moetax_rope_cache(const struct moetax_rope_params *p, int64_t pos, float *c
 /* Bytes of prepared activations for n_batch rows of ncols (see the layout
  * above); 0 if wtype is not computable or ncols is not a multiple of its block. */
 size_t moetax_act_size(enum moetax_type wtype, int64_t ncols, int64_t n_batch);
-/* True for the weight types whose prepared activations are the Q8_0 row: Q8_0, IQ4_NL (one
- * prepared row serves both). */
-static inline bool moetax_act_is_q8_0(enum moetax_type wtype) {
-    return wtype == MOETAX_TYPE_Q8_0 || wtype == MOETAX_TYPE_IQ4_NL;
-}
+/* True for the weight types whose prepared activations are the Q8_0 row: Q8_0. */
+static inline bool moetax_act_is_q8_0(enum moetax_type wtype) { return wtype == MOETAX_TYPE_Q8_0; }
 /* True for the weight types whose prepared activations are the Q4_0 row (the Q8_0 row and its
- * block sums): Q4_0, Q4_1, Q5_0, Q5_1. */
+ * block sums): Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL. */
 static inline bool moetax_act_is_q4_0(enum moetax_type wtype) {
     return wtype == MOETAX_TYPE_Q4_0 || wtype == MOETAX_TYPE_Q4_1 || wtype == MOETAX_TYPE_Q5_0 ||
-           wtype == MOETAX_TYPE_Q5_1;
+           wtype == MOETAX_TYPE_Q5_1 || wtype == MOETAX_TYPE_IQ4_NL;
 }
 
 /* Rows of a row group in any table's layout (WEIGHT LAYOUTS, ROW RANGES):

@@ -237,9 +237,11 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb) {
 
 static const struct moetax_kernels k_avx512;
 
-/* avx512: Q4_0x8r, Q8_0x8r, Q5_0x8r and every k-quant's x8r (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) */
+/* avx512: Q4_0x8r, Q8_0x8r, Q5_0x8r, IQ4_NLx8r (Q4_0x8r's layout) and every k-quant's x8r (Q2_K, Q3_K, Q4_K,
+ * Q5_K, Q6_K) */
 static bool repacked_avx512(enum moetax_type t) {
-    return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q5_0 || moetax_k_act_is_k(t);
+    return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL ||
+           moetax_k_act_is_k(t);
 }
 
 /* One group of 8 Q5_0 rows of nb blocks -> Q5_0x8r (kernels_impl.h): the d halves and the nibble
@@ -265,6 +267,9 @@ static void x8r_group_q5_0(void *dst, const void *src, int64_t nb) {
         memcpy(o + MOETAX_K_Q5R8_QH_OFF, m, sizeof m);
     }
 }
+_Static_assert(sizeof(moetax_block_iq4_nl) == sizeof(moetax_block_q4_0) &&
+                   offsetof(moetax_block_iq4_nl, qs) == offsetof(moetax_block_q4_0, qs),
+               "IQ4_NLx8r is Q4_0x8r's layout: the blocks have the same fields");
 _Static_assert(MOETAX_K_Q5R8_BLOCK_BYTES == 8 * sizeof(moetax_block_q5_0) &&
                    MOETAX_K_Q5R8_QS_OFF == MOETAX_K_Q5R8_QH_OFF + 8 * 4 && MOETAX_K_Q5R8_QH_OFF == 2 * 8,
                "Q5_0x8r: d, 8 masks, then 4 chunks of 8 rows x 4 bytes");
@@ -282,14 +287,15 @@ moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_
     if (n_rows <= 0 || rb == 0) return MOETAX_OK;
     /* the repacked layouts: Q4_0x8r and Q2_K..Q6_Kx8r (avx2, avx512), Q8_0x4r (avx2), Q8_0x8r (avx512),
      * groups of R rows */
-    if ((t != MOETAX_TYPE_Q4_0 && t != MOETAX_TYPE_Q8_0 && t != MOETAX_TYPE_Q5_0 && !moetax_k_act_is_k(t)) ||
+    if ((t != MOETAX_TYPE_Q4_0 && t != MOETAX_TYPE_Q8_0 && t != MOETAX_TYPE_Q5_0 && t != MOETAX_TYPE_IQ4_NL &&
+         !moetax_k_act_is_k(t)) ||
         !k->weights_repacked ||
         !k->weights_repacked(t)) {
         if (dst != src) memmove(dst, src, rb * (size_t)n_rows);
         return MOETAX_OK;
     }
     const bool q8x8 = t == MOETAX_TYPE_Q8_0 && k == &k_avx512;
-    const struct x8r_layout *L = t == MOETAX_TYPE_Q4_0 ? &k_x8r_q4_0
+    const struct x8r_layout *L = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_IQ4_NL ? &k_x8r_q4_0
                                  : t == MOETAX_TYPE_Q4_K ? &k_x8r_q4_k
                                  : t == MOETAX_TYPE_Q5_K ? &k_x8r_q5_k
                                  : t == MOETAX_TYPE_Q6_K ? &k_x8r_q6_k

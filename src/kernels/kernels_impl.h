@@ -22,16 +22,16 @@ static inline size_t moetax_k_act_row_bytes(enum moetax_type t, int64_t ncols) {
     const size_t nb = (size_t)(ncols / 32);
     switch (t) {
     case MOETAX_TYPE_F32: case MOETAX_TYPE_F16: case MOETAX_TYPE_BF16: return (size_t)ncols * sizeof(float);
-    case MOETAX_TYPE_Q8_0: case MOETAX_TYPE_IQ4_NL: return nb * (32 + sizeof(float));
-    case MOETAX_TYPE_Q4_0: case MOETAX_TYPE_Q4_1: case MOETAX_TYPE_Q5_0: case MOETAX_TYPE_Q5_1:
+    case MOETAX_TYPE_Q8_0: return nb * (32 + sizeof(float));
+    case MOETAX_TYPE_Q4_0: case MOETAX_TYPE_Q4_1: case MOETAX_TYPE_Q5_0: case MOETAX_TYPE_Q5_1: case MOETAX_TYPE_IQ4_NL:
         return nb * (32 + sizeof(float) + sizeof(int32_t));
     case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K: case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:
         return (size_t)(ncols / 256) * sizeof(moetax_block_q8_k);
     default: return 0;
     }
 }
-/* Q8_0 / Q4_0 row (IQ4_NL weights take Q8_0's, Q4_1, Q5_0 and Q5_1 Q4_0's): qs[nb][32] at 0,
- * then float d[nb]; Q4_0 then int32 s[nb]. */
+/* Q8_0 / Q4_0 row (Q4_1, Q5_0, Q5_1 and IQ4_NL weights take Q4_0's): qs[nb][32] at 0, then
+ * float d[nb]; Q4_0 then int32 s[nb]. */
 static inline size_t moetax_k_act_d_off(enum moetax_type t, int64_t nb) { (void)t; return (size_t)nb * 32; }
 static inline size_t moetax_k_act_s_off(int64_t nb) { return (size_t)nb * (32 + sizeof(float)); }
 

@@ -1016,8 +1016,8 @@ static const struct {
 static void matmul_q5nl(const int kind, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                         const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
     const int64_t nb = ncols / 32;
-    /* the Q8_0 row (IQ4_NL) or the Q4_0 row with its sums (Q5_0, Q4_1, Q5_1) */
-    const size_t act_row = moetax_k_act_row_bytes(kind == K_IQ4_NL ? MOETAX_TYPE_Q8_0 : MOETAX_TYPE_Q4_0, ncols);
+    /* the Q4_0 row: the Q8_0 row and its block sums (Q4_1 and Q5_1 use them) */
+    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q4_0, ncols);
     const size_t bs = q5nl_bytes(kind);
     struct q5nl_chunk c;
     for (int64_t r = row0; r < row1; r += 4) {

@@ -432,32 +432,13 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
 #define Q5NL_KB 64
 #define Q5NL_JS 64
 
-/* Group of 8 plain IQ4_NL rows (rows[i]) x blocks [b0, b0 + kn) -> o, Q8_0x8r blocks of 272 bytes. */
-static void iq4nl_chunk(const uint8_t *const *rows, int64_t b0, int64_t kn, uint8_t *o) {
-    const size_t bs = sizeof(moetax_block_iq4_nl);
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
-    for (int64_t bb = 0; bb < kn; bb++, o += MOETAX_K_Q8R8_BLOCK_BYTES) {
-        __m256 v[8];
-        for (int r = 0; r < 8; r++) {
-            const uint8_t *blk = rows[r] + (size_t)(b0 + bb) * bs;
-            memcpy(o + 2 * r, blk, 2); /* d, as stored */
-            v[r] = _mm256_castsi256_ps(_mm256_xor_si256(levels_iq4nl(blk), flip));
-        }
-        /* 8 x 8 dwords transposed: chunk c holds dword c of rows 0..7 */
-        const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
-        const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
-        const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
-        const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
-        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
-        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
-        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
-        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-        const __m256 c[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
-                             _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
-                             _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
-                             _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
-        for (int k = 0; k < 8; k++) _mm256_storeu_ps((float *)(o + MOETAX_K_Q8R8_QS_OFF + 32 * k), c[k]);
-    }
+/* IQ4_NLx8r (Q4_0x8r's layout): the table's levels plus 128 (unsigned) of chunk c, half h of a
+ * group's block. */
+ALWAYS_INLINE __m256i iq4r8_levels(const uint8_t *blk, int c, int h) {
+    const __m128i t = _mm_add_epi8(_mm_loadu_si128((const __m128i *)moetax_iq4nl_values), _mm_set1_epi8((char)0x80));
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q4R8_QS_OFF + 32 * c));
+    const __m256i nib = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+    return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nib);
 }
 
 /* Q5_0x8r (kernels.h): the unsigned levels q (0..31) of chunk c, half h of a group's block: the
@@ -470,11 +451,12 @@ ALWAYS_INLINE __m256i q5r8_levels(const uint8_t *blk, int c, int h) {
     return _mm256_mask_add_epi8(nib, _cvtu32_mask32(m), nib, _mm256_set1_epi8(16));
 }
 
-/* Decode: G groups (g[0], g[1]: two streams) of Q5_0x8r x one batch row (the Q4_0 row: the offset
- * of 16 from its block sums s = 8 sum(x)). Per lane the chain of kernels.h. */
-ALWAYS_INLINE void q5r8_dec(const int G, const bool far, const uint8_t *const *g, const uint8_t *act, int64_t nb,
-                            float *const *y) {
+/* Decode: G groups (g[0], g[1]: two streams) of Q5_0x8r (nl: IQ4_NLx8r) x one batch row (the Q4_0
+ * row: the offset of 16 (128) from its block sums s = 8 sum(x)). Per lane the chain of kernels.h. */
+ALWAYS_INLINE void q5r8_dec(const bool nl, const int G, const bool far, const uint8_t *const *g, const uint8_t *act,
+                            int64_t nb, float *const *y) {
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
+    const size_t gbs = nl ? MOETAX_K_Q4R8_BLOCK_BYTES : MOETAX_K_Q5R8_BLOCK_BYTES;
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < nb; b++) {
         int32_t sx;
@@ -483,13 +465,14 @@ ALWAYS_INLINE void q5r8_dec(const int G, const bool far, const uint8_t *const *g
         const __m256 dx = _mm256_broadcast_ss((const float *)(act + d_off) + b);
 #pragma GCC unroll 2
         for (int gi = 0; gi < G; gi++) {
-            const uint8_t *blk = g[gi] + (size_t)b * MOETAX_K_Q5R8_BLOCK_BYTES;
-            prefetch_blk(blk, MOETAX_K_Q5R8_BLOCK_BYTES, 1, far);
-            __m256i i0 = _mm256_set1_epi32(-2 * sx), i1 = _mm256_setzero_si256();
+            const uint8_t *blk = g[gi] + (size_t)b * gbs;
+            prefetch_blk(blk, (int)gbs, 1, far);
+            __m256i i0 = _mm256_set1_epi32((nl ? -16 : -2) * sx), i1 = _mm256_setzero_si256();
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
-                i0 = _mm256_dpbusd_epi32(i0, q5r8_levels(blk, c, 0), bcast32(xq + 4 * c));
-                i1 = _mm256_dpbusd_epi32(i1, q5r8_levels(blk, c, 1), bcast32(xq + 16 + 4 * c));
+                i0 = _mm256_dpbusd_epi32(i0, nl ? iq4r8_levels(blk, c, 0) : q5r8_levels(blk, c, 0), bcast32(xq + 4 * c));
+                i1 = _mm256_dpbusd_epi32(i1, nl ? iq4r8_levels(blk, c, 1) : q5r8_levels(blk, c, 1),
+                                         bcast32(xq + 16 + 4 * c));
             }
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
             acc[gi] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_mul_ps(dw, dx), acc[gi]);
@@ -498,29 +481,31 @@ ALWAYS_INLINE void q5r8_dec(const int G, const bool far, const uint8_t *const *g
 #pragma GCC unroll 2
     for (int gi = 0; gi < G; gi++) _mm256_storeu_ps(y[gi], acc[gi]);
 }
-static void q5r8_dec_2(const uint8_t *const *g, const uint8_t *act, int64_t nb, float *const *y) {
-    q5r8_dec(2, false, g, act, nb, y);
-}
-static void q5r8_dec_1(const uint8_t *const *g, const uint8_t *act, int64_t nb, float *const *y) {
-    q5r8_dec(1, false, g, act, nb, y);
-}
-static void q5r8_dec_2f(const uint8_t *const *g, const uint8_t *act, int64_t nb, float *const *y) {
-    q5r8_dec(2, true, g, act, nb, y);
-}
-static void q5r8_dec_1f(const uint8_t *const *g, const uint8_t *act, int64_t nb, float *const *y) {
-    q5r8_dec(1, true, g, act, nb, y);
-}
+typedef void (*q5r8_dec_fn)(const uint8_t *const *g, const uint8_t *act, int64_t nb, float *const *y);
+#define Q5R8_DEC(NAME, NL, G, FAR)                                                                 \
+    static void NAME(const uint8_t *const *g, const uint8_t *act, int64_t nb, float *const *y) {  \
+        q5r8_dec(NL, G, FAR, g, act, nb, y);                                                       \
+    }
+Q5R8_DEC(q5r8_dec_2, false, 2, false) Q5R8_DEC(q5r8_dec_1, false, 1, false)
+Q5R8_DEC(q5r8_dec_2f, false, 2, true) Q5R8_DEC(q5r8_dec_1f, false, 1, true)
+Q5R8_DEC(iq4r8_dec_2, true, 2, false) Q5R8_DEC(iq4r8_dec_1, true, 1, false)
+Q5R8_DEC(iq4r8_dec_2f, true, 2, true) Q5R8_DEC(iq4r8_dec_1f, true, 1, true)
+/* [nl][G - 1][far] */
+static const q5r8_dec_fn k_q5r8_dec[2][2][2] = {{{q5r8_dec_1, q5r8_dec_1f}, {q5r8_dec_2, q5r8_dec_2f}},
+                                                {{iq4r8_dec_1, iq4r8_dec_1f}, {iq4r8_dec_2, iq4r8_dec_2f}}};
 
-/* A Q5_0x8r group's blocks [b0, b0 + kn) -> o, Q8_0x8r blocks (the level q - 16, plus 128). */
-static void q5r8_chunk(const uint8_t *g, int64_t b0, int64_t kn, uint8_t *o) {
-    const __m256i off = _mm256_set1_epi8(128 - 16);
+/* A Q5_0x8r (nl: IQ4_NLx8r) group's blocks [b0, b0 + kn) -> o, Q8_0x8r blocks (the signed level
+ * plus 128). */
+static void q5r8_chunk(bool nl, const uint8_t *g, int64_t b0, int64_t kn, uint8_t *o) {
+    const __m256i off = _mm256_set1_epi8(nl ? 0 : 128 - 16);
+    const size_t gbs = nl ? MOETAX_K_Q4R8_BLOCK_BYTES : MOETAX_K_Q5R8_BLOCK_BYTES;
     for (int64_t bb = 0; bb < kn; bb++, o += MOETAX_K_Q8R8_BLOCK_BYTES) {
-        const uint8_t *blk = g + (size_t)(b0 + bb) * MOETAX_K_Q5R8_BLOCK_BYTES;
+        const uint8_t *blk = g + (size_t)(b0 + bb) * gbs;
         memcpy(o, blk, 16); /* d of the 8 rows, as Q8_0x8r keeps them */
         for (int c = 0; c < 4; c++)
             for (int h = 0; h < 2; h++)
                 _mm256_storeu_si256((__m256i *)(o + MOETAX_K_Q8R8_QS_OFF + 32 * (4 * h + c)),
-                                    _mm256_add_epi8(q5r8_levels(blk, c, h), off));
+                                    _mm256_add_epi8(nl ? iq4r8_levels(blk, c, h) : q5r8_levels(blk, c, h), off));
     }
 }
 
@@ -530,24 +515,24 @@ static void matmul_q5nl(bool nl, const uint8_t *w, size_t row_bytes, int64_t row
     const enum moetax_type t = nl ? MOETAX_TYPE_IQ4_NL : MOETAX_TYPE_Q5_0;
     const int64_t nb = ncols / 32, gend = row0 + (row1 - row0) / R * R;
     const size_t act_row = moetax_k_act_row_bytes(t, ncols);
-    if (gend == row0 || (nl && n_batch < 2)) { /* IQ4_NL decode, and a range of plain rows: avx2's */
+    if (gend == row0) { /* a range of plain rows: avx2's */
         (far ? moetax_k_matmul_avx2_stream : moetax_k_matmul_avx2)(t, w, row_bytes, row0, row1, ncols, act, n_batch, y,
                                                                   ldy);
         return;
     }
-    if (n_batch == 1) { /* Q5_0x8r decode: group i of the first half with group i of the second */
+    if (n_batch == 1) { /* decode: group i of the first half with group i of the second */
         const int64_t ng = (gend - row0) / R, np = ng / 2;
         for (int64_t i = 0; i < np; i++) {
             const int64_t ra = row0 + i * R, rb = ra + np * R;
             const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
             float *yy[2] = {y + ra, y + rb};
-            (far ? q5r8_dec_2f : q5r8_dec_2)(gg, act, nb, yy);
+            k_q5r8_dec[nl][1][far](gg, act, nb, yy);
         }
         if (ng % 2) {
             const int64_t r = row0 + (ng - 1) * R;
             const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
             float *yy[1] = {y + r};
-            (far ? q5r8_dec_1f : q5r8_dec_1)(gg, act, nb, yy);
+            k_q5r8_dec[nl][0][far](gg, act, nb, yy);
         }
     } else {
         _Alignas(64) uint8_t buf[2][Q5NL_KB * MOETAX_K_Q8R8_BLOCK_BYTES];
@@ -564,15 +549,7 @@ static void matmul_q5nl(bool nl, const uint8_t *w, size_t row_bytes, int64_t row
                 }
                 for (int64_t p0 = row0; p0 < gend; p0 += 2 * R) {
                     const int G = gend - p0 >= 2 * R ? 2 : 1;
-                    for (int gi = 0; gi < G; gi++) {
-                        if (nl) {
-                            const uint8_t *rows[R];
-                            for (int i = 0; i < R; i++) rows[i] = w + (size_t)(p0 + gi * R + i) * row_bytes;
-                            iq4nl_chunk(rows, b0, kn, buf[gi]);
-                        } else {
-                            q5r8_chunk(w + (size_t)(p0 + gi * R) * row_bytes, b0, kn, buf[gi]);
-                        }
-                    }
+                    for (int gi = 0; gi < G; gi++) q5r8_chunk(nl, w + (size_t)(p0 + gi * R) * row_bytes, b0, kn, buf[gi]);
                     const uint8_t *gg[2] = {buf[0], buf[1]};
                     for (int64_t j0 = 0, jb; j0 < sn; j0 += jb) {
                         jb = next_jb(sn - j0);
