@@ -555,8 +555,9 @@ static void matmul_q5nl(bool nl, const uint8_t *w, size_t row_bytes, int64_t row
                         jb = next_jb(sn - j0);
                         float *yj = y + (s0 + j0) * ldy;
                         float *yy[2] = {yj + p0, yj + p0 + R};
-                        (G == 2 ? k_q8zc : k_q8r8c)[jb - 1](gg, as + (size_t)j0 * act_row, act_row, nb, corr + j0 * kn,
-                                                             b0, kn, yy, ldy, b0 == 0);
+                        const uint8_t *aj = as + (size_t)j0 * act_row;
+                        if (G == 2) k_q8zc[jb - 1](gg, aj, act_row, nb, corr + j0 * kn, b0, kn, yy, ldy, b0 == 0);
+                        else k_q8r8c[jb - 1](gg, aj, act_row, nb, corr + j0 * kn, b0, kn, yy, ldy, b0 == 0);
                     }
                 }
             }
