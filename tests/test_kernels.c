@@ -444,27 +444,33 @@ static void unrepack_q3kr8(const uint8_t *src, uint8_t *dst, int64_t rows, int64
 
 static int cmp_u8(const void *a, const void *b) { return (int)*(const uint8_t *)a - (int)*(const uint8_t *)b; }
 
-/* The inverse of the avx512 table's Q5_0 repack, written from the layout in kernels.h (groups of
- * 8 rows: per block d[8], the masks M[c][h] with bit 4r + i = bit 16h + 4c + i of row r's qh, then
- * qs[c][r][4]; the last rows % 8 plain). */
-static void unrepack_q5r8(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t nb) {
-    const size_t rb = (size_t)nb * 22;
+/* The inverse of the avx512 table's Q5_0 / Q4_1 / Q5_1 repacks, written from the layouts in
+ * kernels.h (groups of 8 rows: per block d[8], Q4_1/Q5_1 then m[8], Q5_0/Q5_1 then the masks
+ * M[c][h] with bit 4r + i = bit 16h + 4c + i of row r's qh, then qs[c][r][4]; the last rows % 8
+ * plain). Blocks: d, (m), (qh), 16 nibble bytes. */
+static void unrepack_q5r8(enum moetax_type t, const uint8_t *src, uint8_t *dst, int64_t rows, int64_t nb) {
+    const bool with_m = t != MOETAX_TYPE_Q5_0, five = t != MOETAX_TYPE_Q4_1;
+    const size_t bs = t == MOETAX_TYPE_Q5_0 ? 22 : t == MOETAX_TYPE_Q4_1 ? 20 : 24, rb = (size_t)nb * bs;
+    const size_t mo = with_m ? 32 : 16, qo = mo + (five ? 32 : 0); /* masks, then qs, in the group's block */
     int64_t r = 0;
     for (; r + 8 <= rows; r += 8)
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *g = src + (size_t)r * rb + (size_t)b * 176;
+            const uint8_t *g = src + (size_t)r * rb + (size_t)b * 8 * bs;
             for (int i = 0; i < 8; i++) {
-                uint8_t *o = dst + (size_t)(r + i) * rb + (size_t)b * 22;
+                uint8_t *o = dst + (size_t)(r + i) * rb + (size_t)b * bs;
                 memcpy(o, g + 2 * i, 2);
-                uint32_t qh = 0;
-                for (int c = 0; c < 4; c++)
-                    for (int h = 0; h < 2; h++) {
-                        uint32_t m;
-                        memcpy(&m, g + 16 + 4 * (2 * c + h), 4);
-                        qh |= (m >> (4 * i) & 0xfu) << (16 * h + 4 * c);
-                    }
-                for (int k = 0; k < 4; k++) o[2 + k] = (uint8_t)(qh >> (8 * k));
-                for (int c = 0; c < 4; c++) memcpy(o + 6 + 4 * c, g + 48 + 32 * c + 4 * i, 4);
+                if (with_m) memcpy(o + 2, g + 16 + 2 * i, 2);
+                if (five) {
+                    uint32_t qh = 0;
+                    for (int c = 0; c < 4; c++)
+                        for (int h = 0; h < 2; h++) {
+                            uint32_t m;
+                            memcpy(&m, g + mo + 4 * (2 * c + h), 4);
+                            qh |= (m >> (4 * i) & 0xfu) << (16 * h + 4 * c);
+                        }
+                    for (int k = 0; k < 4; k++) o[(with_m ? 4 : 2) + k] = (uint8_t)(qh >> (8 * k));
+                }
+                for (int c = 0; c < 4; c++) memcpy(o + bs - 16 + 4 * c, g + qo + 32 * c + 4 * i, 4);
             }
         }
     memcpy(dst + (size_t)r * rb, src + (size_t)r * rb, (size_t)(rows - r) * rb);
@@ -562,8 +568,8 @@ static void test_repack(void) {
         CHECK(memcmp(a, w, rb * rows) == 0);
         if (avx) {
             const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || is_kq(t) || /* Q2_K..Q6_Kx8r */
-                            ((t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL) &&          /* Q5_0x8r, */
-                             strcmp(avx->name, "avx512") == 0);                              /* IQ4_NLx8r */
+                            ((t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL || t == MOETAX_TYPE_Q4_1 || /* Q5_0x8r, */
+                              t == MOETAX_TYPE_Q5_1) && strcmp(avx->name, "avx512") == 0); /* IQ4_NLx8r, Q4_1x8r, Q5_1x8r */
             CHECK(avx->weights_repacked(t) == rp);
             moetax_kernels_repack(avx, t, a, w, rows, ncols);
             if (!rp) CHECK(memcmp(a, w, rb * rows) == 0);
@@ -575,13 +581,15 @@ static void test_repack(void) {
     }
     if (!avx) return;
     const bool q8x8 = strcmp(avx->name, "avx512") == 0; /* Q8_0x8r, else Q8_0x4r */
-    if (q8x8) { /* Q5_0x8r, IQ4_NLx8r (Q4_0x8r's layout): round trip through the layout's inverse, in
-                 * place the same, units with tails */
+    if (q8x8) { /* Q5_0x8r, IQ4_NLx8r (Q4_0x8r's layout), Q4_1x8r, Q5_1x8r: round trip through the layout's
+                 * inverse, in place the same, units with tails */
         static const int64_t q5_rows[] = {1, 7, 8, 9, 16, 23};
-        for (int nl = 0; nl < 2; nl++)
+        static const enum moetax_type q5_types[] = {MOETAX_TYPE_Q5_0, MOETAX_TYPE_IQ4_NL, MOETAX_TYPE_Q4_1,
+                                                    MOETAX_TYPE_Q5_1};
+        for (int ti = 0; ti < 4; ti++)
         for (int64_t nb = 1; nb <= 45; nb += 11)
             for (size_t ui = 0; ui < sizeof q5_rows / sizeof q5_rows[0]; ui++) {
-                const enum moetax_type t = nl ? MOETAX_TYPE_IQ4_NL : MOETAX_TYPE_Q5_0;
+                const enum moetax_type t = q5_types[ti];
                 const int64_t rows = q5_rows[ui], ncols = 32 * nb;
                 size_t rb;
                 uint8_t *w = rand_matrix(t, rows, ncols, &rb);
@@ -591,7 +599,8 @@ static void test_repack(void) {
                 memcpy(b, w, n);
                 CHECK(moetax_kernels_repack(avx, t, b, b, rows, ncols) == MOETAX_OK);
                 CHECK(memcmp(a, b, n) == 0);
-                (nl ? unrepack_q4r8 : unrepack_q5r8)(a, back, rows, nb);
+                if (t == MOETAX_TYPE_IQ4_NL) unrepack_q4r8(a, back, rows, nb);
+                else unrepack_q5r8(t, a, back, rows, nb);
                 CHECK_MSG(memcmp(back, w, n) == 0, "%s x8r rows=%lld nb=%lld: no round trip", moetax_type_name(t),
                           (long long)rows, (long long)nb);
                 CHECK(rows >= 8 || memcmp(a, w, n) == 0);

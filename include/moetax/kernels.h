@@ -73,8 +73,8 @@
  *   load, the expert store after reading an expert). The unit of a repack is
  *   one matrix of n_rows rows (a 3-D tensor is n matrices; the gate and up
  *   halves of a fused gate_up matrix are two). Repacking keeps the unit's
- *   size and is a permutation of its bytes (Q5_0x8r, below, also transposes
- *   bits within its groups' fifth-bit words); row groups (below) never cross
+ *   size and is a permutation of its bytes (Q5_0x8r and Q5_1x8r, below, also
+ *   transpose bits within their groups' fifth-bit words); row groups (below) never cross
  *   units, so row r of a unit stays within the bytes of its group of G rows
  *   from w + (r - r % G) * row_bytes (G: 8 for Q4_0, avx512's Q5_0 and the k-quants, 4 for avx2's
  *   Q8_0; below).
@@ -110,7 +110,10 @@
  *           permutation of bytes: the qh bits are transposed (the one
  *           exception to the rule above; the size is kept). IQ4_NL in
  *           "IQ4_NLx8r": Q4_0x8r's layout (the blocks have Q4_0's: d, then
- *           16 nibble bytes). Q4_1 and Q5_1 as stored.
+ *           16 nibble bytes). Q4_1 in "Q4_1x8r", 160 bytes (8 block_q4_1) per
+ *           block: uint16 d[8], uint16 m[8], then qs[4][8][4] as Q5_0x8r's;
+ *           Q5_1 in "Q5_1x8r", 192 bytes (8 block_q5_1): d[8], m[8], then
+ *           Q5_0x8r's 8 masks and qs; each with the last n_rows % 8 rows plain.
  *           Q4_0 in avx2's Q4_0x8r. Q8_0 in "Q8_0x8r", eight rows
  *           interleaved as Q4_0x8r is: rows 8i..8i+7 of a unit hold, for each
  *           block b in order, 272 bytes (the size of 8 block_q8_0):
@@ -169,7 +172,7 @@
  *           Weights repacked for one table must not be given to another
  *           (Q8_0 and k-quant layouts differ).
  *   ROW RANGES. A call's rows [row0, row1) are relative to w: for a type
- *   with row groups (Q4_0: 8 rows; Q8_0: avx2 4, avx512 8; Q5_0, IQ4_NL: avx512 8; k-quants: 8), w must be at a multiple
+ *   with row groups (Q4_0: 8 rows; Q8_0: avx2 4, avx512 8; Q5_0, IQ4_NL, Q4_1, Q5_1: avx512 8; k-quants: 8), w must be at a multiple
  *   of MOETAX_KERNELS_ROW_GROUP (8, a multiple of both) rows into its unit,
  *   row0 a multiple of 8, and row1 a multiple of 8 or the unit's last row
  *   (so a call ending inside a group ends at the unit's plain tail).

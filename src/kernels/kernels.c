@@ -237,36 +237,53 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb) {
 
 static const struct moetax_kernels k_avx512;
 
-/* avx512: Q4_0x8r, Q8_0x8r, Q5_0x8r, IQ4_NLx8r (Q4_0x8r's layout) and every k-quant's x8r (Q2_K, Q3_K, Q4_K,
- * Q5_K, Q6_K) */
+/* avx512: Q4_0x8r, Q8_0x8r, Q5_0x8r, IQ4_NLx8r (Q4_0x8r's layout), Q4_1x8r, Q5_1x8r and every k-quant's
+ * x8r (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) */
 static bool repacked_avx512(enum moetax_type t) {
     return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL ||
-           moetax_k_act_is_k(t);
+           t == MOETAX_TYPE_Q4_1 || t == MOETAX_TYPE_Q5_1 || moetax_k_act_is_k(t);
 }
 
 /* One group of 8 Q5_0 rows of nb blocks -> Q5_0x8r (kernels_impl.h): the d halves and the nibble
  * dwords as the x8r layouts place them, the rows' qh bits transposed into the 8 chunk masks. */
-static void x8r_group_q5_0(void *dst, const void *src, int64_t nb) {
-    static const struct x8r_layout L = {sizeof(moetax_block_q5_0), MOETAX_K_Q5R8_BLOCK_BYTES, false, 2,
-                                        {{0, offsetof(moetax_block_q5_0, d), 0},
-                                         {MOETAX_K_Q5R8_QS_OFF, offsetof(moetax_block_q5_0, qs), 4}}};
-    const size_t rb = (size_t)nb * L.bs;
+static void x8r_group_q5(enum moetax_type t, void *dst, const void *src, int64_t nb) {
+    /* Q5_0 / Q4_1 / Q5_1: the block's d (and m) halves, then its qh (if any), then 16 nibble bytes */
+    const bool five = t != MOETAX_TYPE_Q4_1, with_m = t != MOETAX_TYPE_Q5_0;
+    const size_t bs = moetax_type_size(t), qh_src = with_m ? 4 : 2, qs_src = bs - 16;
+    const size_t qh_dst = with_m ? MOETAX_K_Q51R8_QH_OFF : MOETAX_K_Q5R8_QH_OFF;
+    const size_t qs_dst = t == MOETAX_TYPE_Q5_0 ? MOETAX_K_Q5R8_QS_OFF
+                        : t == MOETAX_TYPE_Q5_1 ? MOETAX_K_Q51R8_QS_OFF : MOETAX_K_Q41R8_QS_OFF;
+    const size_t rb = (size_t)nb * bs;
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t *o = (uint8_t *)dst + (size_t)b * L.gbs;
+        uint8_t *o = (uint8_t *)dst + (size_t)b * 8 * bs;
         const uint8_t *p[8];
-        x8r_rows(p, src, rb, b, L.bs);
-        x8r_halves(o, p, L.f[0].src);
-        x8r_dwords(o + L.f[1].dst, p, L.f[1].src, L.f[1].n, false);
+        x8r_rows(p, src, rb, b, bs);
+        x8r_halves(o, p, 0);
+        if (with_m) x8r_halves(o + MOETAX_K_QX1R8_M_OFF, p, 2);
+        x8r_dwords(o + qs_dst, p, qs_src, 4, false);
+        if (!five) continue;
         uint32_t m[8] = {0};
         for (int r = 0; r < 8; r++) {
-            const uint8_t *h = p[r] + offsetof(moetax_block_q5_0, qh);
+            const uint8_t *h = p[r] + qh_src;
             const uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
             for (int c = 0; c < 4; c++)
                 for (int hh = 0; hh < 2; hh++) m[2 * c + hh] |= (qh >> (16 * hh + 4 * c) & 0xfu) << (4 * r);
         }
-        memcpy(o + MOETAX_K_Q5R8_QH_OFF, m, sizeof m);
+        memcpy(o + qh_dst, m, sizeof m);
     }
 }
+_Static_assert(offsetof(moetax_block_q5_0, qh) == 2 && offsetof(moetax_block_q5_1, qh) == 4 &&
+                   offsetof(moetax_block_q5_0, qs) == sizeof(moetax_block_q5_0) - 16 &&
+                   offsetof(moetax_block_q4_1, qs) == sizeof(moetax_block_q4_1) - 16 &&
+                   offsetof(moetax_block_q5_1, qs) == sizeof(moetax_block_q5_1) - 16 &&
+                   offsetof(moetax_block_q4_1, m) == 2 && offsetof(moetax_block_q5_1, m) == 2,
+               "Q5_0 / Q4_1 / Q5_1: d (and m), then qh, then the 16 nibble bytes last");
+_Static_assert(MOETAX_K_Q41R8_BLOCK_BYTES == 8 * sizeof(moetax_block_q4_1) &&
+                   MOETAX_K_Q51R8_BLOCK_BYTES == 8 * sizeof(moetax_block_q5_1) &&
+                   MOETAX_K_Q41R8_QS_OFF + 4 * 8 * 4 == MOETAX_K_Q41R8_BLOCK_BYTES &&
+                   MOETAX_K_Q51R8_QS_OFF == MOETAX_K_Q51R8_QH_OFF + 8 * 4 &&
+                   MOETAX_K_Q51R8_QS_OFF + 4 * 8 * 4 == MOETAX_K_Q51R8_BLOCK_BYTES,
+               "Q4_1x8r / Q5_1x8r: d, m, (masks), then 4 chunks of 8 rows x 4 bytes");
 _Static_assert(sizeof(moetax_block_iq4_nl) == sizeof(moetax_block_q4_0) &&
                    offsetof(moetax_block_iq4_nl, qs) == offsetof(moetax_block_q4_0, qs),
                "IQ4_NLx8r is Q4_0x8r's layout: the blocks have the same fields");
@@ -274,10 +291,10 @@ _Static_assert(MOETAX_K_Q5R8_BLOCK_BYTES == 8 * sizeof(moetax_block_q5_0) &&
                    MOETAX_K_Q5R8_QS_OFF == MOETAX_K_Q5R8_QH_OFF + 8 * 4 && MOETAX_K_Q5R8_QH_OFF == 2 * 8,
                "Q5_0x8r: d, 8 masks, then 4 chunks of 8 rows x 4 bytes");
 
-/* One group of rows in layout L (NULL: Q8_0x4r, or Q5_0x8r for Q5_0). */
+/* One group of rows in layout L (NULL: Q8_0x4r, or Q5_0x8r, Q4_1x8r, Q5_1x8r for those types). */
 static void repack_group(enum moetax_type t, const struct x8r_layout *L, void *dst, const void *src, int64_t nb) {
     if (L) x8r_group(L, dst, src, nb);
-    else if (t == MOETAX_TYPE_Q5_0) x8r_group_q5_0(dst, src, nb);
+    else if (t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_Q4_1 || t == MOETAX_TYPE_Q5_1) x8r_group_q5(t, dst, src, nb);
     else moetax_k_repack_group_q8r4(dst, src, nb);
 }
 
@@ -288,7 +305,7 @@ moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_
     /* the repacked layouts: Q4_0x8r and Q2_K..Q6_Kx8r (avx2, avx512), Q8_0x4r (avx2), Q8_0x8r (avx512),
      * groups of R rows */
     if ((t != MOETAX_TYPE_Q4_0 && t != MOETAX_TYPE_Q8_0 && t != MOETAX_TYPE_Q5_0 && t != MOETAX_TYPE_IQ4_NL &&
-         !moetax_k_act_is_k(t)) ||
+         t != MOETAX_TYPE_Q4_1 && t != MOETAX_TYPE_Q5_1 && !moetax_k_act_is_k(t)) ||
         !k->weights_repacked ||
         !k->weights_repacked(t)) {
         if (dst != src) memmove(dst, src, rb * (size_t)n_rows);
@@ -303,7 +320,7 @@ moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_
                                  : t == MOETAX_TYPE_Q3_K ? &k_x8r_q3_k
                                  : q8x8                  ? &k_x8r_q8_0
                                                          : NULL; /* Q8_0x4r */
-    const int R = L || t == MOETAX_TYPE_Q5_0 ? 8 : MOETAX_K_Q8R4_ROWS;
+    const int R = L || t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_Q4_1 || t == MOETAX_TYPE_Q5_1 ? 8 : MOETAX_K_Q8R4_ROWS;
     const int64_t bpr = moetax_k_act_is_k(t) ? ncols / MOETAX_QK_K : ncols / 32; /* blocks per row */
     const int64_t ng = n_rows / R;
     const size_t gb = (size_t)R * rb;

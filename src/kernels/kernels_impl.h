@@ -99,6 +99,14 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb);
 #define MOETAX_K_Q5R8_BLOCK_BYTES 176 /* 8 * sizeof(moetax_block_q5_0) */
 #define MOETAX_K_Q5R8_QH_OFF 16
 #define MOETAX_K_Q5R8_QS_OFF 48
+/* Q4_1x8r / Q5_1x8r (avx512): per group of 8 rows and block, uint16 d[8], uint16 m[8], then
+ * (Q5_1) the fifth bits as Q5_0x8r's 8 masks, then qs[4][8][4] as Q5_0x8r's. */
+#define MOETAX_K_Q41R8_BLOCK_BYTES 160 /* 8 * sizeof(moetax_block_q4_1) */
+#define MOETAX_K_Q51R8_BLOCK_BYTES 192 /* 8 * sizeof(moetax_block_q5_1) */
+#define MOETAX_K_QX1R8_M_OFF 16
+#define MOETAX_K_Q51R8_QH_OFF 32
+#define MOETAX_K_Q41R8_QS_OFF 32
+#define MOETAX_K_Q51R8_QS_OFF 64
 #define MOETAX_K_Q3KR8_ROWS 8
 #define MOETAX_K_Q3KR8_BLOCK_BYTES 880 /* 8 * sizeof(moetax_block_q3_k) */
 #define MOETAX_K_Q3KR8_SC_OFF 16

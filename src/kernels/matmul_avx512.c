@@ -509,6 +509,115 @@ static void q5r8_chunk(bool nl, const uint8_t *g, int64_t b0, int64_t kn, uint8_
     }
 }
 
+/* Q4_1x8r / Q5_1x8r (kernels.h): G groups (decode: 2 streams) x JB batch rows (the Q4_0 row), the
+ * unsigned levels q (Q5_1: plus 16 where the chunk's mask says) summed by vpdpbusd, then per lane the
+ * chain of kernels.h: acc = fma(S, d_w d_x, acc), acc = fma(X, m_w d_x, acc), X = s / 8. */
+ALWAYS_INLINE void qx1r8_tile(const bool five, const int G, const int JB, const bool far, const uint8_t *const *g,
+                              const uint8_t *act, size_t act_row, int64_t nb, float *const *y, int64_t ldy) {
+    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
+    const size_t gbs = five ? MOETAX_K_Q51R8_BLOCK_BYTES : MOETAX_K_Q41R8_BLOCK_BYTES;
+    const size_t qs = five ? MOETAX_K_Q51R8_QS_OFF : MOETAX_K_Q41R8_QS_OFF;
+    __m256 acc[2][4];
+#pragma GCC unroll 2
+    for (int gi = 0; gi < G; gi++)
+#pragma GCC unroll 4
+        for (int j = 0; j < JB; j++) acc[gi][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+#pragma GCC unroll 2
+        for (int gi = 0; gi < G; gi++) {
+            const uint8_t *blk = g[gi] + (size_t)b * gbs;
+            prefetch_blk(blk, (int)gbs, JB, far);
+            __m256i L[4][2];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs + 32 * c));
+                L[c][0] = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+                L[c][1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f));
+                if (five)
+#pragma GCC unroll 2
+                    for (int h = 0; h < 2; h++) {
+                        uint32_t m;
+                        memcpy(&m, blk + MOETAX_K_Q51R8_QH_OFF + 4 * (2 * c + h), 4);
+                        L[c][h] = _mm256_mask_add_epi8(L[c][h], _cvtu32_mask32(m), L[c][h], _mm256_set1_epi8(16));
+                    }
+            }
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + MOETAX_K_QX1R8_M_OFF)));
+#pragma GCC unroll 4
+            for (int j = 0; j < JB; j++) {
+                const uint8_t *a = act + (size_t)j * act_row, *xq = a + (size_t)b * 32;
+                __m256i i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    i0 = _mm256_dpbusd_epi32(i0, L[c][0], bcast32(xq + 4 * c));
+                    i1 = _mm256_dpbusd_epi32(i1, L[c][1], bcast32(xq + 16 + 4 * c));
+                }
+                int32_t sx;
+                memcpy(&sx, a + s_off + (size_t)b * 4, 4);
+                const __m256 dx = _mm256_broadcast_ss((const float *)(a + d_off) + b);
+                acc[gi][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_mul_ps(dw, dx), acc[gi][j]);
+                acc[gi][j] = _mm256_fmadd_ps(_mm256_set1_ps((float)(sx / 8)), _mm256_mul_ps(mw, dx), acc[gi][j]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int gi = 0; gi < G; gi++)
+#pragma GCC unroll 4
+        for (int j = 0; j < JB; j++) _mm256_storeu_ps(y[gi] + j * ldy, acc[gi][j]);
+}
+typedef void (*qx1r8_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,
+                         int64_t ldy);
+#define QX1R8_TILE(NAME, FIVE, G, JB, FAR)                                                                      \
+    static void NAME(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y, \
+                     int64_t ldy) {                                                                            \
+        qx1r8_tile(FIVE, G, JB, FAR, g, act, act_row, nb, y, ldy);                                             \
+    }
+QX1R8_TILE(q41r8_d2, false, 2, 1, false) QX1R8_TILE(q41r8_d2f, false, 2, 1, true)
+QX1R8_TILE(q41r8_1, false, 1, 1, false) QX1R8_TILE(q41r8_1f, false, 1, 1, true)
+QX1R8_TILE(q41r8_2, false, 1, 2, false) QX1R8_TILE(q41r8_3, false, 1, 3, false) QX1R8_TILE(q41r8_4, false, 1, 4, false)
+QX1R8_TILE(q51r8_d2, true, 2, 1, false) QX1R8_TILE(q51r8_d2f, true, 2, 1, true)
+QX1R8_TILE(q51r8_1, true, 1, 1, false) QX1R8_TILE(q51r8_1f, true, 1, 1, true)
+QX1R8_TILE(q51r8_2, true, 1, 2, false) QX1R8_TILE(q51r8_3, true, 1, 3, false) QX1R8_TILE(q51r8_4, true, 1, 4, false)
+static const struct {
+    qx1r8_fn dec2[2], dec1[2], tile[4]; /* dec: [far]; tile: one group x 1..4 batch rows */
+} k_qx1r8[2] = {{{q41r8_d2, q41r8_d2f}, {q41r8_1, q41r8_1f}, {q41r8_1, q41r8_2, q41r8_3, q41r8_4}},
+                {{q51r8_d2, q51r8_d2f}, {q51r8_1, q51r8_1f}, {q51r8_1, q51r8_2, q51r8_3, q51r8_4}}};
+
+static void matmul_qx1(bool five, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                       const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
+    enum { R = 8 };
+    const enum moetax_type t = five ? MOETAX_TYPE_Q5_1 : MOETAX_TYPE_Q4_1;
+    const int64_t nb = ncols / 32, gend = row0 + (row1 - row0) / R * R, ng = (gend - row0) / R;
+    const size_t act_row = moetax_k_act_row_bytes(t, ncols);
+    if (n_batch == 1) { /* group i of the first half with group i of the second */
+        const int64_t np = ng / 2;
+        for (int64_t i = 0; i < np; i++) {
+            const int64_t ra = row0 + i * R, rb = ra + np * R;
+            const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
+            float *yy[2] = {y + ra, y + rb};
+            k_qx1r8[five].dec2[far](gg, act, act_row, nb, yy, ldy);
+        }
+        if (ng % 2) {
+            const int64_t r = row0 + (ng - 1) * R;
+            const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
+            float *yy[1] = {y + r};
+            k_qx1r8[five].dec1[far](gg, act, act_row, nb, yy, ldy);
+        }
+    } else {
+        for (int64_t i = 0; i < ng; i++) { /* each group's weights stay cached while every batch tile runs */
+            const int64_t r = row0 + i * R;
+            const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
+            for (int64_t j = 0; j < n_batch; j += 4) {
+                const int jb = n_batch - j < 4 ? (int)(n_batch - j) : 4;
+                float *yy[1] = {y + j * ldy + r};
+                k_qx1r8[five].tile[jb - 1](gg, act + (size_t)j * act_row, act_row, nb, yy, ldy);
+            }
+        }
+    }
+    if (gend < row1) /* the last rows % 8, plain */
+        moetax_k_matmul_avx2(t, w, row_bytes, gend, row1, ncols, act, n_batch, y, ldy);
+}
+
 static void matmul_q5nl(bool nl, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                         const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
     enum { R = 8 };
@@ -1026,6 +1135,10 @@ static void matmul_avx512(enum moetax_type wtype, const void *w, size_t row_byte
     case MOETAX_TYPE_Q5_0:
     case MOETAX_TYPE_IQ4_NL:
         matmul_q5nl(wtype == MOETAX_TYPE_IQ4_NL, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
+        break;
+    case MOETAX_TYPE_Q4_1:
+    case MOETAX_TYPE_Q5_1:
+        matmul_qx1(wtype == MOETAX_TYPE_Q5_1, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
     case MOETAX_TYPE_Q2_K:
     case MOETAX_TYPE_Q3_K:
