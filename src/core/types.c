@@ -222,26 +222,29 @@ void moetax_dequantize_row_q8_0_ref(const moetax_block_q8_0 *x, float *y, int64_
     }
 }
 
+/* Q4_0 (half 8) and Q5_0 (half 16), ggml's reference: d = (the value of largest magnitude, the
+ * first of equals) / -half, q = min(2 half - 1, trunc(x / d + half + 0.5)); returns d. */
+static float quantize_block_x_0(const float *xb, int half, int q[MOETAX_QK4_0]) {
+    float amax = 0.0f, max = 0.0f; /* max keeps the sign of the largest magnitude */
+    for (int j = 0; j < MOETAX_QK4_0; j++) {
+        if (amax < fabsf(xb[j])) { amax = fabsf(xb[j]); max = xb[j]; }
+    }
+    const float d = max / -(float)half;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float bias = (float)half + 0.5f;
+    for (int j = 0; j < MOETAX_QK4_0; j++) {
+        const float v = xb[j] * id;
+        const int qj = (int)(int8_t)(v + bias);
+        q[j] = qj > 2 * half - 1 ? 2 * half - 1 : qj;
+    }
+    return d;
+}
+
 void moetax_quantize_row_q4_0_ref(const float *x, moetax_block_q4_0 *y, int64_t n) {
-    const int64_t nb = n / MOETAX_QK4_0;
-    for (int64_t i = 0; i < nb; i++) {
-        const float *xb = x + i * MOETAX_QK4_0;
-        float amax = 0.0f, max = 0.0f; /* max keeps the sign of the largest magnitude */
-        for (int j = 0; j < MOETAX_QK4_0; j++) {
-            if (amax < fabsf(xb[j])) { amax = fabsf(xb[j]); max = xb[j]; }
-        }
-        const float d = max / -8.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[i].d = moetax_fp32_to_fp16(d);
-        for (int j = 0; j < MOETAX_QK4_0 / 2; j++) {
-            const float x0 = xb[j] * id;
-            const float x1 = xb[j + MOETAX_QK4_0 / 2] * id;
-            int q0 = (int)(int8_t)(x0 + 8.5f);
-            int q1 = (int)(int8_t)(x1 + 8.5f);
-            if (q0 > 15) q0 = 15;
-            if (q1 > 15) q1 = 15;
-            y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
-        }
+    for (int64_t i = 0; i < n / MOETAX_QK4_0; i++) {
+        int q[MOETAX_QK4_0];
+        y[i].d = moetax_fp32_to_fp16(quantize_block_x_0(x + i * MOETAX_QK4_0, 8, q));
+        for (int j = 0; j < MOETAX_QK4_0 / 2; j++) y[i].qs[j] = (uint8_t)(q[j] | (q[j + MOETAX_QK4_0 / 2] << 4));
     }
 }
 
@@ -257,28 +260,13 @@ void moetax_dequantize_row_q4_0_ref(const moetax_block_q4_0 *x, float *y, int64_
 }
 
 void moetax_quantize_row_q5_0_ref(const float *x, moetax_block_q5_0 *y, int64_t n) {
-    const int64_t nb = n / MOETAX_QK4_0;
-    for (int64_t i = 0; i < nb; i++) {
-        const float *xb = x + i * MOETAX_QK4_0;
-        float amax = 0.0f, max = 0.0f; /* max keeps the sign of the largest magnitude */
-        for (int j = 0; j < MOETAX_QK4_0; j++) {
-            if (amax < fabsf(xb[j])) { amax = fabsf(xb[j]); max = xb[j]; }
-        }
-        const float d = max / -16.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[i].d = moetax_fp32_to_fp16(d);
+    for (int64_t i = 0; i < n / MOETAX_QK4_0; i++) {
+        int q[MOETAX_QK4_0];
+        y[i].d = moetax_fp32_to_fp16(quantize_block_x_0(x + i * MOETAX_QK4_0, 16, q));
         uint32_t qh = 0;
-        for (int j = 0; j < MOETAX_QK4_0 / 2; j++) {
-            const float x0 = xb[j] * id;
-            const float x1 = xb[j + MOETAX_QK4_0 / 2] * id;
-            int q0 = (int)(int8_t)(x0 + 16.5f);
-            int q1 = (int)(int8_t)(x1 + 16.5f);
-            if (q0 > 31) q0 = 31;
-            if (q1 > 31) q1 = 31;
-            y[i].qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
-            qh |= (uint32_t)(q0 >> 4 & 1) << j;
-            qh |= (uint32_t)(q1 >> 4 & 1) << (j + MOETAX_QK4_0 / 2);
-        }
+        for (int j = 0; j < MOETAX_QK4_0; j++) qh |= (uint32_t)(q[j] >> 4 & 1) << j;
+        for (int j = 0; j < MOETAX_QK4_0 / 2; j++)
+            y[i].qs[j] = (uint8_t)((q[j] & 0x0f) | ((q[j + MOETAX_QK4_0 / 2] & 0x0f) << 4));
         for (int b = 0; b < 4; b++) y[i].qh[b] = (uint8_t)(qh >> (8 * b));
     }
 }
