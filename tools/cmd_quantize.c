@@ -55,8 +55,9 @@ int cmd_quantize(int argc, char **argv) {
     enum moetax_type to;
     if (!moetax_type_from_name(pos[2], &to) || !moetax_type_writable(to))
         return cli_usage_error("quantize",
-                               "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k)",
-                               pos[2]);
+                               "%s type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k)",
+                               moetax_type_from_name(pos[2], &to) && moetax_type_supported(to)
+                                   ? "moetax reads but does not write the" : "unknown", pos[2]);
     /* the same file by device and inode, not by name (./../dir/IN, a link to IN) */
     bool same = false;
     moetax_status st = moetax_same_file(pos[0], pos[1], &same);
