@@ -568,8 +568,8 @@ static void test_repack(void) {
         CHECK(memcmp(a, w, rb * rows) == 0);
         if (avx) {
             const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || is_kq(t) || /* Q2_K..Q6_Kx8r */
-                            ((t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL || t == MOETAX_TYPE_Q4_1 || /* Q5_0x8r, */
-                              t == MOETAX_TYPE_Q5_1) && strcmp(avx->name, "avx512") == 0); /* IQ4_NLx8r, Q4_1x8r, Q5_1x8r */
+                            t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL ||          /* Q5_0x8r, IQ4_NLx8r */
+                            ((t == MOETAX_TYPE_Q4_1 || t == MOETAX_TYPE_Q5_1) && strcmp(avx->name, "avx512") == 0);
             CHECK(avx->weights_repacked(t) == rp);
             moetax_kernels_repack(avx, t, a, w, rows, ncols);
             if (!rp) CHECK(memcmp(a, w, rb * rows) == 0);

@@ -1013,6 +1013,131 @@ static const struct {
 #undef Q5NL_ROW
 };
 
+/* Q5_0x8r and IQ4_NLx8r (kernels.h: the avx512 table's layouts, which this table reads too): 8 rows
+ * in the 8 int32 lanes, so the block sums need no horizontal adds. Q5_0: the unsigned q (the nibble
+ * plus 16 where the chunk's mask has the byte's bit: fifth_bits of the mask word) into pmaddubsw,
+ * the offset of 16 from the activation's block sums; IQ4_NL: the table's signed level (vpshufb)
+ * with the sign trick. G groups (decode: 2 streams) x JB batch rows; per lane Q8_0's chain. */
+ALWAYS_INLINE __m256i r8_levels(const bool nl, const uint8_t *blk, int c, int h) {
+    const size_t qs = nl ? MOETAX_K_Q4R8_QS_OFF : MOETAX_K_Q5R8_QS_OFF;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs + 32 * c));
+    const __m256i nib = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+    if (nl) {
+        const __m128i t = _mm_loadu_si128((const __m128i *)moetax_iq4nl_values);
+        return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nib);
+    }
+    return _mm256_add_epi8(nib, _mm256_and_si256(fifth_bits(blk + MOETAX_K_Q5R8_QH_OFF + 4 * (2 * c + h)),
+                                                 _mm256_set1_epi8(16)));
+}
+
+ALWAYS_INLINE void r8_tile(const bool nl, const int G, const int JB, const bool far, const uint8_t *const *g,
+                           const uint8_t *act, size_t act_row, int64_t nb, float *const *y, int64_t ldy) {
+    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
+    const size_t gbs = nl ? MOETAX_K_Q4R8_BLOCK_BYTES : MOETAX_K_Q5R8_BLOCK_BYTES;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[2][4];
+#pragma GCC unroll 2
+    for (int gi = 0; gi < G; gi++)
+#pragma GCC unroll 4
+        for (int j = 0; j < JB; j++) acc[gi][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+#pragma GCC unroll 2
+        for (int gi = 0; gi < G; gi++) {
+            const uint8_t *blk = g[gi] + (size_t)b * gbs;
+            if (QPF > 0)
+                for (size_t o = 0; o < gbs; o += 64) _mm_prefetch((const char *)blk + QPF + o, QPF_HINT);
+            if (far)
+                for (size_t o = 0; o < gbs; o += 64) _mm_prefetch((const char *)blk + PF_FAR + o, _MM_HINT_T1);
+            __m256i L[4][2];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) L[c][h] = r8_levels(nl, blk, c, h);
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+#pragma GCC unroll 4
+            for (int j = 0; j < JB; j++) {
+                const uint8_t *a = act + (size_t)j * act_row, *xq = a + (size_t)b * 32;
+                int32_t sx;
+                memcpy(&sx, a + s_off + (size_t)b * 4, 4);
+                __m256i i0 = _mm256_set1_epi32(nl ? 0 : -2 * sx), i1 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++)
+#pragma GCC unroll 2
+                    for (int h = 0; h < 2; h++) {
+                        int32_t x4;
+                        memcpy(&x4, xq + 16 * h + 4 * c, 4);
+                        const __m256i xv = _mm256_set1_epi32(x4);
+                        const __m256i p = nl ? _mm256_maddubs_epi16(_mm256_sign_epi8(L[c][h], L[c][h]),
+                                                                     _mm256_sign_epi8(xv, L[c][h]))
+                                             : _mm256_maddubs_epi16(L[c][h], xv);
+                        if (h) i1 = _mm256_add_epi32(i1, _mm256_madd_epi16(p, ones));
+                        else i0 = _mm256_add_epi32(i0, _mm256_madd_epi16(p, ones));
+                    }
+                const __m256 dx = _mm256_broadcast_ss((const float *)(a + d_off) + b);
+                acc[gi][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_mul_ps(dw, dx), acc[gi][j]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int gi = 0; gi < G; gi++)
+#pragma GCC unroll 4
+        for (int j = 0; j < JB; j++) _mm256_storeu_ps(y[gi] + j * ldy, acc[gi][j]);
+}
+typedef void (*r8_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,
+                      int64_t ldy);
+#define R8_TILE(NAME, NL, G, JB, FAR)                                                                           \
+    static void NAME(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y, \
+                     int64_t ldy) {                                                                            \
+        r8_tile(NL, G, JB, FAR, g, act, act_row, nb, y, ldy);                                                  \
+    }
+R8_TILE(q5r8_d2, false, 2, 1, false) R8_TILE(q5r8_d2f, false, 2, 1, true) R8_TILE(q5r8_1, false, 1, 1, false)
+R8_TILE(q5r8_1f, false, 1, 1, true) R8_TILE(q5r8_2, false, 1, 2, false) R8_TILE(q5r8_3, false, 1, 3, false)
+R8_TILE(q5r8_4, false, 1, 4, false)
+R8_TILE(nlr8_d2, true, 2, 1, false) R8_TILE(nlr8_d2f, true, 2, 1, true) R8_TILE(nlr8_1, true, 1, 1, false)
+R8_TILE(nlr8_1f, true, 1, 1, true) R8_TILE(nlr8_2, true, 1, 2, false) R8_TILE(nlr8_3, true, 1, 3, false)
+R8_TILE(nlr8_4, true, 1, 4, false)
+static const struct {
+    r8_fn dec2[2], dec1[2], tile[4]; /* dec: [far]; tile: one group x 1..4 batch rows */
+} k_r8[2] = {{{q5r8_d2, q5r8_d2f}, {q5r8_1, q5r8_1f}, {q5r8_1, q5r8_2, q5r8_3, q5r8_4}},
+             {{nlr8_d2, nlr8_d2f}, {nlr8_1, nlr8_1f}, {nlr8_1, nlr8_2, nlr8_3, nlr8_4}}};
+
+/* Rows [row0, row1) of Q5_0x8r / IQ4_NLx8r: the groups by the tiles above, the last rows % 8 (plain)
+ * by matmul_q5nl. */
+static void matmul_q5nl(const int kind, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                        const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far);
+static void matmul_r8(const bool nl, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+                      const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
+    enum { R = 8 };
+    const int64_t nb = ncols / 32, gend = row0 + (row1 - row0) / R * R, ng = (gend - row0) / R;
+    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q4_0, ncols);
+    if (n_batch == 1) { /* group i of the first half with group i of the second */
+        const int64_t np = ng / 2;
+        for (int64_t i = 0; i < np; i++) {
+            const int64_t ra = row0 + i * R, rb = ra + np * R;
+            const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
+            float *yy[2] = {y + ra, y + rb};
+            k_r8[nl].dec2[far](gg, act, act_row, nb, yy, ldy);
+        }
+        if (ng % 2) {
+            const int64_t r = row0 + (ng - 1) * R;
+            const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
+            float *yy[1] = {y + r};
+            k_r8[nl].dec1[far](gg, act, act_row, nb, yy, ldy);
+        }
+    } else {
+        for (int64_t i = 0; i < ng; i++) { /* each group's weights stay cached while every batch tile runs */
+            const int64_t r = row0 + i * R;
+            const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
+            for (int64_t j = 0; j < n_batch; j += 4) {
+                const int jb = n_batch - j < 4 ? (int)(n_batch - j) : 4;
+                float *yy[1] = {y + j * ldy + r};
+                k_r8[nl].tile[jb - 1](gg, act + (size_t)j * act_row, act_row, nb, yy, ldy);
+            }
+        }
+    }
+    if (gend < row1) matmul_q5nl(nl ? K_IQ4_NL : K_Q5_0, w, row_bytes, gend, row1, ncols, act, n_batch, y, ldy, far);
+}
+
 static void matmul_q5nl(const int kind, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                         const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
     const int64_t nb = ncols / 32;
@@ -1289,9 +1414,11 @@ static void matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes,
         assert(row0 % MOETAX_K_Q4R8_ROWS == 0); /* ROW RANGES, kernels.h */
         matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
-    case MOETAX_TYPE_Q5_0: case MOETAX_TYPE_IQ4_NL: case MOETAX_TYPE_Q4_1: case MOETAX_TYPE_Q5_1:
-        matmul_q5nl(wtype == MOETAX_TYPE_Q5_0 ? K_Q5_0 : wtype == MOETAX_TYPE_IQ4_NL ? K_IQ4_NL
-                    : wtype == MOETAX_TYPE_Q4_1 ? K_Q4_1 : K_Q5_1, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
+    case MOETAX_TYPE_Q5_0: case MOETAX_TYPE_IQ4_NL: /* Q5_0x8r, IQ4_NLx8r */
+        matmul_r8(wtype == MOETAX_TYPE_IQ4_NL, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
+        break;
+    case MOETAX_TYPE_Q4_1: case MOETAX_TYPE_Q5_1:
+        matmul_q5nl(wtype == MOETAX_TYPE_Q4_1 ? K_Q4_1 : K_Q5_1, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
     case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K:
     case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:
