@@ -568,8 +568,8 @@ static void test_repack(void) {
         CHECK(memcmp(a, w, rb * rows) == 0);
         if (avx) {
             const bool rp = t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || is_kq(t) || /* Q2_K..Q6_Kx8r */
-                            t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL ||          /* Q5_0x8r, IQ4_NLx8r */
-                            ((t == MOETAX_TYPE_Q4_1 || t == MOETAX_TYPE_Q5_1) && strcmp(avx->name, "avx512") == 0);
+                            t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL ||          /* Q5_0x8r, IQ4_NLx8r, */
+                            t == MOETAX_TYPE_Q4_1 || t == MOETAX_TYPE_Q5_1;              /* Q4_1x8r, Q5_1x8r */
             CHECK(avx->weights_repacked(t) == rp);
             moetax_kernels_repack(avx, t, a, w, rows, ncols);
             if (!rp) CHECK(memcmp(a, w, rb * rows) == 0);
@@ -581,8 +581,8 @@ static void test_repack(void) {
     }
     if (!avx) return;
     const bool q8x8 = strcmp(avx->name, "avx512") == 0; /* Q8_0x8r, else Q8_0x4r */
-    if (q8x8) { /* Q5_0x8r, IQ4_NLx8r (Q4_0x8r's layout), Q4_1x8r, Q5_1x8r: round trip through the layout's
-                 * inverse, in place the same, units with tails */
+    { /* Q5_0x8r, IQ4_NLx8r (Q4_0x8r's layout), Q4_1x8r, Q5_1x8r (avx2 and avx512): round trip through the
+       * layout's inverse, in place the same, units with tails */
         static const int64_t q5_rows[] = {1, 7, 8, 9, 16, 23};
         static const enum moetax_type q5_types[] = {MOETAX_TYPE_Q5_0, MOETAX_TYPE_IQ4_NL, MOETAX_TYPE_Q4_1,
                                                     MOETAX_TYPE_Q5_1};
@@ -832,8 +832,11 @@ static void test_vec_ops(void) {
                 sum = 0;
                 for (int64_t i = 0; i < n; i++) sum += b[i];
                 CHECK(fabs(sum - 1.0) < 1e-5);
-                CHECK_MSG(max_rel(b, a, n, 1e-30) < 2e-6, "softmax n=%lld: %g", (long long)n,
-                          max_rel(b, a, n, 1e-30));
+                /* the divisor is a float sum of n terms in 8 lane chains: its rounding grows with n (one
+                 * input of 4096 values measured 2.3e-6) */
+                const double tol = 2e-6 * (n > 1024 ? (double)n / 1024 : 1.0);
+                CHECK_MSG(max_rel(b, a, n, 1e-30) < tol, "softmax n=%lld: %g (bound %g)", (long long)n,
+                          max_rel(b, a, n, 1e-30), tol);
             }
         }
 

@@ -114,8 +114,7 @@
  *           block: uint16 d[8], uint16 m[8], then qs[4][8][4] as Q5_0x8r's;
  *           Q5_1 in "Q5_1x8r", 192 bytes (8 block_q5_1): d[8], m[8], then
  *           Q5_0x8r's 8 masks and qs; each with the last n_rows % 8 rows plain.
- *           The avx2 table reads Q5_0x8r and IQ4_NLx8r too (Q4_1, Q5_1 as
- *           stored).
+ *           The avx2 table reads these four layouts too.
  *           Q4_0 in avx2's Q4_0x8r. Q8_0 in "Q8_0x8r", eight rows
  *           interleaved as Q4_0x8r is: rows 8i..8i+7 of a unit hold, for each
  *           block b in order, 272 bytes (the size of 8 block_q8_0):

@@ -128,10 +128,10 @@ static bool repacked_none(enum moetax_type t) {
     return false;
 }
 
-/* avx2: Q4_0x8r, Q8_0x4r, and the avx512 table's Q5_0x8r, IQ4_NLx8r and every k-quant's x8r */
+/* avx2: Q4_0x8r, Q8_0x4r, and the avx512 table's Q5_0x8r, IQ4_NLx8r, Q4_1x8r, Q5_1x8r and every k-quant's x8r */
 static bool repacked_avx2(enum moetax_type t) {
     return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL ||
-           moetax_k_act_is_k(t);
+           t == MOETAX_TYPE_Q4_1 || t == MOETAX_TYPE_Q5_1 || moetax_k_act_is_k(t);
 }
 
 

@@ -1013,27 +1013,36 @@ static const struct {
 #undef Q5NL_ROW
 };
 
-/* Q5_0x8r and IQ4_NLx8r (kernels.h: the avx512 table's layouts, which this table reads too): 8 rows
- * in the 8 int32 lanes, so the block sums need no horizontal adds. Q5_0: the unsigned q (the nibble
- * plus 16 where the chunk's mask has the byte's bit: fifth_bits of the mask word) into pmaddubsw,
- * the offset of 16 from the activation's block sums; IQ4_NL: the table's signed level (vpshufb)
- * with the sign trick. G groups (decode: 2 streams) x JB batch rows; per lane Q8_0's chain. */
-ALWAYS_INLINE __m256i r8_levels(const bool nl, const uint8_t *blk, int c, int h) {
-    const size_t qs = nl ? MOETAX_K_Q4R8_QS_OFF : MOETAX_K_Q5R8_QS_OFF;
+/* Q5_0x8r, IQ4_NLx8r, Q4_1x8r and Q5_1x8r (kernels.h: the avx512 table's layouts, which this table
+ * reads too): 8 rows in the 8 int32 lanes, so the block sums need no horizontal adds. Q5_0 / Q4_1 /
+ * Q5_1: the unsigned q (plus 16 where the chunk's mask word has the byte's bit: fifth_bits) into
+ * pmaddubsw, Q5_0's offset of 16 from the activation's block sums; IQ4_NL: the table's signed level
+ * (vpshufb) with the sign trick. G groups (decode: 2 streams) x JB batch rows; per lane the chain of
+ * kernels.h (Q4_1 / Q5_1: then the min's fma). */
+ALWAYS_INLINE size_t r8_gbs(const int kind) {
+    return kind == K_Q5_0 ? MOETAX_K_Q5R8_BLOCK_BYTES : kind == K_IQ4_NL ? MOETAX_K_Q4R8_BLOCK_BYTES
+         : kind == K_Q4_1 ? MOETAX_K_Q41R8_BLOCK_BYTES : MOETAX_K_Q51R8_BLOCK_BYTES;
+}
+
+ALWAYS_INLINE __m256i r8_levels(const int kind, const uint8_t *blk, int c, int h) {
+    const size_t qs = kind == K_Q5_0 ? MOETAX_K_Q5R8_QS_OFF : kind == K_IQ4_NL ? MOETAX_K_Q4R8_QS_OFF
+                    : kind == K_Q4_1 ? MOETAX_K_Q41R8_QS_OFF : MOETAX_K_Q51R8_QS_OFF;
     const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + qs + 32 * c));
     const __m256i nib = _mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
-    if (nl) {
+    if (kind == K_IQ4_NL) {
         const __m128i t = _mm_loadu_si128((const __m128i *)moetax_iq4nl_values);
         return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nib);
     }
-    return _mm256_add_epi8(nib, _mm256_and_si256(fifth_bits(blk + MOETAX_K_Q5R8_QH_OFF + 4 * (2 * c + h)),
-                                                 _mm256_set1_epi8(16)));
+    if (kind == K_Q4_1) return nib;
+    const size_t qh = kind == K_Q5_0 ? MOETAX_K_Q5R8_QH_OFF : MOETAX_K_Q51R8_QH_OFF;
+    return _mm256_add_epi8(nib, _mm256_and_si256(fifth_bits(blk + qh + 4 * (2 * c + h)), _mm256_set1_epi8(16)));
 }
 
-ALWAYS_INLINE void r8_tile(const bool nl, const int G, const int JB, const bool far, const uint8_t *const *g,
+ALWAYS_INLINE void r8_tile(const int kind, const int G, const int JB, const bool far, const uint8_t *const *g,
                            const uint8_t *act, size_t act_row, int64_t nb, float *const *y, int64_t ldy) {
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
-    const size_t gbs = nl ? MOETAX_K_Q4R8_BLOCK_BYTES : MOETAX_K_Q5R8_BLOCK_BYTES;
+    const size_t gbs = r8_gbs(kind);
+    const bool nl = kind == K_IQ4_NL, with_m = kind >= K_Q4_1;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[2][4];
 #pragma GCC unroll 2
@@ -1052,14 +1061,16 @@ ALWAYS_INLINE void r8_tile(const bool nl, const int G, const int JB, const bool 
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++)
 #pragma GCC unroll 2
-                for (int h = 0; h < 2; h++) L[c][h] = r8_levels(nl, blk, c, h);
+                for (int h = 0; h < 2; h++) L[c][h] = r8_levels(kind, blk, c, h);
             const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            const __m256 mw = with_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + MOETAX_K_QX1R8_M_OFF)))
+                                     : _mm256_setzero_ps();
 #pragma GCC unroll 4
             for (int j = 0; j < JB; j++) {
                 const uint8_t *a = act + (size_t)j * act_row, *xq = a + (size_t)b * 32;
                 int32_t sx;
                 memcpy(&sx, a + s_off + (size_t)b * 4, 4);
-                __m256i i0 = _mm256_set1_epi32(nl ? 0 : -2 * sx), i1 = _mm256_setzero_si256();
+                __m256i i0 = _mm256_set1_epi32(kind == K_Q5_0 ? -2 * sx : 0), i1 = _mm256_setzero_si256();
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++)
 #pragma GCC unroll 2
@@ -1075,6 +1086,7 @@ ALWAYS_INLINE void r8_tile(const bool nl, const int G, const int JB, const bool 
                     }
                 const __m256 dx = _mm256_broadcast_ss((const float *)(a + d_off) + b);
                 acc[gi][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)), _mm256_mul_ps(dw, dx), acc[gi][j]);
+                if (with_m) acc[gi][j] = _mm256_fmadd_ps(_mm256_set1_ps((float)(sx / 8)), _mm256_mul_ps(mw, dx), acc[gi][j]);
             }
         }
     }
@@ -1085,27 +1097,35 @@ ALWAYS_INLINE void r8_tile(const bool nl, const int G, const int JB, const bool 
 }
 typedef void (*r8_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,
                       int64_t ldy);
-#define R8_TILE(NAME, NL, G, JB, FAR)                                                                           \
-    static void NAME(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y, \
-                     int64_t ldy) {                                                                            \
-        r8_tile(NL, G, JB, FAR, g, act, act_row, nb, y, ldy);                                                  \
-    }
-R8_TILE(q5r8_d2, false, 2, 1, false) R8_TILE(q5r8_d2f, false, 2, 1, true) R8_TILE(q5r8_1, false, 1, 1, false)
-R8_TILE(q5r8_1f, false, 1, 1, true) R8_TILE(q5r8_2, false, 1, 2, false) R8_TILE(q5r8_3, false, 1, 3, false)
-R8_TILE(q5r8_4, false, 1, 4, false)
-R8_TILE(nlr8_d2, true, 2, 1, false) R8_TILE(nlr8_d2f, true, 2, 1, true) R8_TILE(nlr8_1, true, 1, 1, false)
-R8_TILE(nlr8_1f, true, 1, 1, true) R8_TILE(nlr8_2, true, 1, 2, false) R8_TILE(nlr8_3, true, 1, 3, false)
-R8_TILE(nlr8_4, true, 1, 4, false)
+#define R8_TILES(K)                                                                                               \
+    static void r8_##K##_d2(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,            \
+                            float *const *y, int64_t ldy) { r8_tile(K, 2, 1, false, g, act, act_row, nb, y, ldy); } \
+    static void r8_##K##_d2f(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,           \
+                             float *const *y, int64_t ldy) { r8_tile(K, 2, 1, true, g, act, act_row, nb, y, ldy); } \
+    static void r8_##K##_1f(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,            \
+                            float *const *y, int64_t ldy) { r8_tile(K, 1, 1, true, g, act, act_row, nb, y, ldy); }  \
+    static void r8_##K##_1(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,             \
+                           float *const *y, int64_t ldy) { r8_tile(K, 1, 1, false, g, act, act_row, nb, y, ldy); }  \
+    static void r8_##K##_2(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,             \
+                           float *const *y, int64_t ldy) { r8_tile(K, 1, 2, false, g, act, act_row, nb, y, ldy); }  \
+    static void r8_##K##_3(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,             \
+                           float *const *y, int64_t ldy) { r8_tile(K, 1, 3, false, g, act, act_row, nb, y, ldy); }  \
+    static void r8_##K##_4(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,             \
+                           float *const *y, int64_t ldy) { r8_tile(K, 1, 4, false, g, act, act_row, nb, y, ldy); }
+R8_TILES(K_Q5_0) R8_TILES(K_IQ4_NL) R8_TILES(K_Q4_1) R8_TILES(K_Q5_1)
 static const struct {
     r8_fn dec2[2], dec1[2], tile[4]; /* dec: [far]; tile: one group x 1..4 batch rows */
-} k_r8[2] = {{{q5r8_d2, q5r8_d2f}, {q5r8_1, q5r8_1f}, {q5r8_1, q5r8_2, q5r8_3, q5r8_4}},
-             {{nlr8_d2, nlr8_d2f}, {nlr8_1, nlr8_1f}, {nlr8_1, nlr8_2, nlr8_3, nlr8_4}}};
+} k_r8[4] = {
+#define R8_ROW(K) {{r8_##K##_d2, r8_##K##_d2f}, {r8_##K##_1, r8_##K##_1f}, {r8_##K##_1, r8_##K##_2, r8_##K##_3, r8_##K##_4}}
+    R8_ROW(K_Q5_0), R8_ROW(K_IQ4_NL), R8_ROW(K_Q4_1), R8_ROW(K_Q5_1)
+#undef R8_ROW
+};
 
-/* Rows [row0, row1) of Q5_0x8r / IQ4_NLx8r: the groups by the tiles above, the last rows % 8 (plain)
- * by matmul_q5nl. */
+/* Rows [row0, row1) of the x8r layouts above: the groups by the tiles, the last rows % 8 (plain) by
+ * matmul_q5nl. */
 static void matmul_q5nl(const int kind, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                         const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far);
-static void matmul_r8(const bool nl, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
+static void matmul_r8(const int kind, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                       const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
     enum { R = 8 };
     const int64_t nb = ncols / 32, gend = row0 + (row1 - row0) / R * R, ng = (gend - row0) / R;
@@ -1116,13 +1136,13 @@ static void matmul_r8(const bool nl, const uint8_t *w, size_t row_bytes, int64_t
             const int64_t ra = row0 + i * R, rb = ra + np * R;
             const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
             float *yy[2] = {y + ra, y + rb};
-            k_r8[nl].dec2[far](gg, act, act_row, nb, yy, ldy);
+            k_r8[kind].dec2[far](gg, act, act_row, nb, yy, ldy);
         }
         if (ng % 2) {
             const int64_t r = row0 + (ng - 1) * R;
             const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
             float *yy[1] = {y + r};
-            k_r8[nl].dec1[far](gg, act, act_row, nb, yy, ldy);
+            k_r8[kind].dec1[far](gg, act, act_row, nb, yy, ldy);
         }
     } else {
         for (int64_t i = 0; i < ng; i++) { /* each group's weights stay cached while every batch tile runs */
@@ -1131,11 +1151,11 @@ static void matmul_r8(const bool nl, const uint8_t *w, size_t row_bytes, int64_t
             for (int64_t j = 0; j < n_batch; j += 4) {
                 const int jb = n_batch - j < 4 ? (int)(n_batch - j) : 4;
                 float *yy[1] = {y + j * ldy + r};
-                k_r8[nl].tile[jb - 1](gg, act + (size_t)j * act_row, act_row, nb, yy, ldy);
+                k_r8[kind].tile[jb - 1](gg, act + (size_t)j * act_row, act_row, nb, yy, ldy);
             }
         }
     }
-    if (gend < row1) matmul_q5nl(nl ? K_IQ4_NL : K_Q5_0, w, row_bytes, gend, row1, ncols, act, n_batch, y, ldy, far);
+    if (gend < row1) matmul_q5nl(kind, w, row_bytes, gend, row1, ncols, act, n_batch, y, ldy, far);
 }
 
 static void matmul_q5nl(const int kind, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
@@ -1414,11 +1434,9 @@ static void matmul_avx2(enum moetax_type wtype, const void *w, size_t row_bytes,
         assert(row0 % MOETAX_K_Q4R8_ROWS == 0); /* ROW RANGES, kernels.h */
         matmul_q4(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
-    case MOETAX_TYPE_Q5_0: case MOETAX_TYPE_IQ4_NL: /* Q5_0x8r, IQ4_NLx8r */
-        matmul_r8(wtype == MOETAX_TYPE_IQ4_NL, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
-        break;
-    case MOETAX_TYPE_Q4_1: case MOETAX_TYPE_Q5_1:
-        matmul_q5nl(wtype == MOETAX_TYPE_Q4_1 ? K_Q4_1 : K_Q5_1, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
+    case MOETAX_TYPE_Q5_0: case MOETAX_TYPE_IQ4_NL: case MOETAX_TYPE_Q4_1: case MOETAX_TYPE_Q5_1: /* their x8r layouts */
+        matmul_r8(wtype == MOETAX_TYPE_Q5_0 ? K_Q5_0 : wtype == MOETAX_TYPE_IQ4_NL ? K_IQ4_NL
+                  : wtype == MOETAX_TYPE_Q4_1 ? K_Q4_1 : K_Q5_1, w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
     case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K:
     case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:
