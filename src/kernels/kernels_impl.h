@@ -113,6 +113,50 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb);
 #define MOETAX_K_Q3KR8_QS_OFF 112
 #define MOETAX_K_Q3KR8_HM_OFF 624
 
+/* The row-group driver of the 8-row layouts whose tiles share one signature (matmul_avx2.c's
+ * Q5_0x8r / IQ4_NLx8r / Q4_1x8r / Q5_1x8r tiles, matmul_avx512.c's Q4_1x8r / Q5_1x8r ones): decode
+ * pairs group i of the range's first half with group i of its second (two streams; dec2, an odd last
+ * group dec1; [far]: the streamed-weights variant), batches run every tile of up to 4 batch rows over
+ * one group while it stays cached. Returns the end of the groups: the caller takes the plain rows
+ * after it. */
+typedef void (*moetax_k_r8_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,
+                               float *const *y, int64_t ldy);
+struct moetax_k_r8_tiles {
+    moetax_k_r8_fn dec2[2], dec1[2], tile[4]; /* dec: [far]; tile: one group x 1..4 batch rows */
+};
+static inline int64_t moetax_k_r8_drive(const struct moetax_k_r8_tiles *k, const uint8_t *w, size_t row_bytes,
+                                        int64_t row0, int64_t row1, int64_t nb, const uint8_t *act, size_t act_row,
+                                        int64_t n_batch, float *y, int64_t ldy, int far) {
+    enum { R = 8 };
+    const int64_t gend = row0 + (row1 - row0) / R * R, ng = (gend - row0) / R;
+    if (n_batch == 1) {
+        const int64_t np = ng / 2;
+        for (int64_t i = 0; i < np; i++) {
+            const int64_t ra = row0 + i * R, rb = ra + np * R;
+            const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
+            float *yy[2] = {y + ra, y + rb};
+            k->dec2[far](gg, act, act_row, nb, yy, ldy);
+        }
+        if (ng % 2) {
+            const int64_t r = row0 + (ng - 1) * R;
+            const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
+            float *yy[1] = {y + r};
+            k->dec1[far](gg, act, act_row, nb, yy, ldy);
+        }
+    } else {
+        for (int64_t i = 0; i < ng; i++) {
+            const int64_t r = row0 + i * R;
+            const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
+            for (int64_t j = 0; j < n_batch; j += 4) {
+                const int jb = n_batch - j < 4 ? (int)(n_batch - j) : 4;
+                float *yy[1] = {y + j * ldy + r};
+                k->tile[jb - 1](gg, act + (size_t)j * act_row, act_row, nb, yy, ldy);
+            }
+        }
+    }
+    return gend;
+}
+
 /* Shared tables (kernels.c): fp16 -> fp32 for every bit pattern. */
 extern float moetax_k_fp16_table[1 << 16];
 /* The avx512 table's Q3_K, Q5_K and Q6_K tiles use GFNI (vgf2p8affineqb): set once by the table's

@@ -1095,8 +1095,6 @@ ALWAYS_INLINE void r8_tile(const int kind, const int G, const int JB, const bool
 #pragma GCC unroll 4
         for (int j = 0; j < JB; j++) _mm256_storeu_ps(y[gi] + j * ldy, acc[gi][j]);
 }
-typedef void (*r8_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,
-                      int64_t ldy);
 #define R8_TILES(K)                                                                                               \
     static void r8_##K##_d2(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,            \
                             float *const *y, int64_t ldy) { r8_tile(K, 2, 1, false, g, act, act_row, nb, y, ldy); } \
@@ -1113,9 +1111,7 @@ typedef void (*r8_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_ro
     static void r8_##K##_4(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,             \
                            float *const *y, int64_t ldy) { r8_tile(K, 1, 4, false, g, act, act_row, nb, y, ldy); }
 R8_TILES(K_Q5_0) R8_TILES(K_IQ4_NL) R8_TILES(K_Q4_1) R8_TILES(K_Q5_1)
-static const struct {
-    r8_fn dec2[2], dec1[2], tile[4]; /* dec: [far]; tile: one group x 1..4 batch rows */
-} k_r8[4] = {
+static const struct moetax_k_r8_tiles k_r8[4] = {
 #define R8_ROW(K) {{r8_##K##_d2, r8_##K##_d2f}, {r8_##K##_1, r8_##K##_1f}, {r8_##K##_1, r8_##K##_2, r8_##K##_3, r8_##K##_4}}
     R8_ROW(K_Q5_0), R8_ROW(K_IQ4_NL), R8_ROW(K_Q4_1), R8_ROW(K_Q5_1)
 #undef R8_ROW
@@ -1127,34 +1123,8 @@ static void matmul_q5nl(const int kind, const uint8_t *w, size_t row_bytes, int6
                         const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far);
 static void matmul_r8(const int kind, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                       const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
-    enum { R = 8 };
-    const int64_t nb = ncols / 32, gend = row0 + (row1 - row0) / R * R, ng = (gend - row0) / R;
-    const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q4_0, ncols);
-    if (n_batch == 1) { /* group i of the first half with group i of the second */
-        const int64_t np = ng / 2;
-        for (int64_t i = 0; i < np; i++) {
-            const int64_t ra = row0 + i * R, rb = ra + np * R;
-            const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
-            float *yy[2] = {y + ra, y + rb};
-            k_r8[kind].dec2[far](gg, act, act_row, nb, yy, ldy);
-        }
-        if (ng % 2) {
-            const int64_t r = row0 + (ng - 1) * R;
-            const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
-            float *yy[1] = {y + r};
-            k_r8[kind].dec1[far](gg, act, act_row, nb, yy, ldy);
-        }
-    } else {
-        for (int64_t i = 0; i < ng; i++) { /* each group's weights stay cached while every batch tile runs */
-            const int64_t r = row0 + i * R;
-            const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
-            for (int64_t j = 0; j < n_batch; j += 4) {
-                const int jb = n_batch - j < 4 ? (int)(n_batch - j) : 4;
-                float *yy[1] = {y + j * ldy + r};
-                k_r8[kind].tile[jb - 1](gg, act + (size_t)j * act_row, act_row, nb, yy, ldy);
-            }
-        }
-    }
+    const int64_t gend = moetax_k_r8_drive(&k_r8[kind], w, row_bytes, row0, row1, ncols / 32, act,
+                                           moetax_k_act_row_bytes(MOETAX_TYPE_Q4_0, ncols), n_batch, y, ldy, far);
     if (gend < row1) matmul_q5nl(kind, w, row_bytes, gend, row1, ncols, act, n_batch, y, ldy, far);
 }
 

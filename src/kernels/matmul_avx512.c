@@ -565,8 +565,6 @@ ALWAYS_INLINE void qx1r8_tile(const bool five, const int G, const int JB, const 
 #pragma GCC unroll 4
         for (int j = 0; j < JB; j++) _mm256_storeu_ps(y[gi] + j * ldy, acc[gi][j]);
 }
-typedef void (*qx1r8_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,
-                         int64_t ldy);
 #define QX1R8_TILE(NAME, FIVE, G, JB, FAR)                                                                      \
     static void NAME(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y, \
                      int64_t ldy) {                                                                            \
@@ -578,42 +576,14 @@ QX1R8_TILE(q41r8_2, false, 1, 2, false) QX1R8_TILE(q41r8_3, false, 1, 3, false) 
 QX1R8_TILE(q51r8_d2, true, 2, 1, false) QX1R8_TILE(q51r8_d2f, true, 2, 1, true)
 QX1R8_TILE(q51r8_1, true, 1, 1, false) QX1R8_TILE(q51r8_1f, true, 1, 1, true)
 QX1R8_TILE(q51r8_2, true, 1, 2, false) QX1R8_TILE(q51r8_3, true, 1, 3, false) QX1R8_TILE(q51r8_4, true, 1, 4, false)
-static const struct {
-    qx1r8_fn dec2[2], dec1[2], tile[4]; /* dec: [far]; tile: one group x 1..4 batch rows */
-} k_qx1r8[2] = {{{q41r8_d2, q41r8_d2f}, {q41r8_1, q41r8_1f}, {q41r8_1, q41r8_2, q41r8_3, q41r8_4}},
+static const struct moetax_k_r8_tiles k_qx1r8[2] = {{{q41r8_d2, q41r8_d2f}, {q41r8_1, q41r8_1f}, {q41r8_1, q41r8_2, q41r8_3, q41r8_4}},
                 {{q51r8_d2, q51r8_d2f}, {q51r8_1, q51r8_1f}, {q51r8_1, q51r8_2, q51r8_3, q51r8_4}}};
 
 static void matmul_qx1(bool five, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                        const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
-    enum { R = 8 };
     const enum moetax_type t = five ? MOETAX_TYPE_Q5_1 : MOETAX_TYPE_Q4_1;
-    const int64_t nb = ncols / 32, gend = row0 + (row1 - row0) / R * R, ng = (gend - row0) / R;
-    const size_t act_row = moetax_k_act_row_bytes(t, ncols);
-    if (n_batch == 1) { /* group i of the first half with group i of the second */
-        const int64_t np = ng / 2;
-        for (int64_t i = 0; i < np; i++) {
-            const int64_t ra = row0 + i * R, rb = ra + np * R;
-            const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
-            float *yy[2] = {y + ra, y + rb};
-            k_qx1r8[five].dec2[far](gg, act, act_row, nb, yy, ldy);
-        }
-        if (ng % 2) {
-            const int64_t r = row0 + (ng - 1) * R;
-            const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
-            float *yy[1] = {y + r};
-            k_qx1r8[five].dec1[far](gg, act, act_row, nb, yy, ldy);
-        }
-    } else {
-        for (int64_t i = 0; i < ng; i++) { /* each group's weights stay cached while every batch tile runs */
-            const int64_t r = row0 + i * R;
-            const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
-            for (int64_t j = 0; j < n_batch; j += 4) {
-                const int jb = n_batch - j < 4 ? (int)(n_batch - j) : 4;
-                float *yy[1] = {y + j * ldy + r};
-                k_qx1r8[five].tile[jb - 1](gg, act + (size_t)j * act_row, act_row, nb, yy, ldy);
-            }
-        }
-    }
+    const int64_t gend = moetax_k_r8_drive(&k_qx1r8[five], w, row_bytes, row0, row1, ncols / 32, act,
+                                           moetax_k_act_row_bytes(t, ncols), n_batch, y, ldy, far);
     if (gend < row1) /* the last rows % 8, plain */
         moetax_k_matmul_avx2(t, w, row_bytes, gend, row1, ncols, act, n_batch, y, ldy);
 }
