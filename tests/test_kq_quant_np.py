@@ -395,60 +395,40 @@ def main():
                 check(gs is not None and abs(gs - s1) <= 1e-4 * max(1.0, abs(s1), s2 ** 0.5) and
                       gq is not None and abs(gq - s2) <= 1e-5 * max(1.0, s2),
                       "%s %s: inspect's dequantized sums %s %s vs NumPy %r %r" % (tname, name, gs, gq, s1, s2))
-    # Q5_0: moetax quantize q5_0 == the NumPy port of ggml's quantize_row_q5_0_ref; q4_k takes it for
-    # rows that are not whole super-blocks, as llama-quantize does
-    for tname in ("q5_0", "q4_k"):
+    # Q5_0, Q4_1, Q5_1: moetax quantize == NumPy ports of ggml's quantize_row_q5_0_ref / q4_1_ref /
+    # q5_1_ref; q4_k and q5_k take Q5_0 and Q5_1 for rows that are not whole super-blocks, as
+    # llama-quantize does (file type: LLAMA_FTYPE_MOSTLY_*; the fallbacks: the k-quant's own)
+    q41, q51 = (lambda x: quantize_x_1(x, 4)), (lambda x: quantize_x_1(x, 5))
+    for tname, tid, bs, quant, ft, bound, kq in (("q5_0", 6, 22, quantize_q5_0, 8, 1 / 16, None),
+                                                 ("q4_k", 6, 22, quantize_q5_0, None, 1 / 16, 12),
+                                                 ("q4_1", 3, 20, q41, 3, 1 / 15, None),
+                                                 ("q5_1", 7, 24, q51, 9, 1 / 31, None),
+                                                 ("q5_k", 7, 24, q51, None, 1 / 31, 13)):
         dst = os.path.join(work, "kqnp_%s.gguf" % tname)
         p = subprocess.run([moetax, "quantize", src, dst, tname], capture_output=True, text=True)
         check(p.returncode == 0, "%s: quantize failed: %s" % (tname, p.stderr))
         if p.returncode:
             continue
         r = gguf_np.GGUFReader(dst)
-        names = (("a.weight", a), ("b.weight", b), ("odd.weight", odd)) if tname == "q5_0" else (("odd.weight", odd),)
-        if tname == "q4_k":
-            check("odd.weight: 96 columns are not a multiple of 256 (q4_k): q5_0 instead" in p.stderr,
-                  "q4_k: the fallback to q5_0 is named: %s" % p.stderr)
-            check(r.info("a.weight").type == 12, "q4_k: a.weight is q4_k")
-        else:
-            check(r.get("general.file_type") == 8, "q5_0: general.file_type (LLAMA_FTYPE_MOSTLY_Q5_0)")
-        for name, x in names:
-            check(r.info(name).type == 6, "%s: %s is q5_0" % (tname, name))
-            got = np.frombuffer(bytes(r.raw(name)), np.uint8).reshape(-1, 22)
-            want = quantize_q5_0(x.reshape(-1, 32))
-            nbad = int(np.sum(np.any(got != want, axis=1)))
-            check(nbad == 0, "%s %s: %d of %d q5_0 blocks differ from the NumPy port of ggml's reference (first %s)"
-                  % (tname, name, nbad, got.shape[0], np.argwhere(np.any(got != want, axis=1))[:3].ravel()))
-            y = gguf_np.dequantize(got.reshape(-1), 6).reshape(x.shape)
-            err = np.abs(y - x).max() / max(1e-30, float(np.abs(x).max()))
-            check(err <= 1 / 16.0, "%s %s: q5_0 max |dequant - x| / max |x| = %.4f" % (tname, name, err))
-        r.close()
-    # Q4_1 / Q5_1: moetax quantize == the NumPy port of ggml's reference; q5_k takes Q5_1 for rows that
-    # are not whole super-blocks, as llama-quantize does
-    for tname, tid, bits, ft in (("q4_1", 3, 4, 3), ("q5_1", 7, 5, 9), ("q5_k", 7, 5, None)):
-        dst = os.path.join(work, "kqnp_%s.gguf" % tname)
-        p = subprocess.run([moetax, "quantize", src, dst, tname], capture_output=True, text=True)
-        check(p.returncode == 0, "%s: quantize failed: %s" % (tname, p.stderr))
-        if p.returncode:
-            continue
-        r = gguf_np.GGUFReader(dst)
-        if ft is None:
-            check("odd.weight: 96 columns are not a multiple of 256 (q5_k): q5_1 instead" in p.stderr,
-                  "q5_k: the fallback to q5_1 is named: %s" % p.stderr)
+        child = gguf_np.GGML_TYPES[tid][0]
+        if kq is not None:
+            check("odd.weight: 96 columns are not a multiple of 256 (%s): %s instead" % (tname, child) in p.stderr,
+                  "%s: the fallback to %s is named: %s" % (tname, child, p.stderr))
+            check(r.info("a.weight").type == kq, "%s: a.weight is %s" % (tname, tname))
             names = (("odd.weight", odd),)
         else:
             check(r.get("general.file_type") == ft, "%s: general.file_type %s" % (tname, r.get("general.file_type")))
             names = (("a.weight", a), ("b.weight", b), ("odd.weight", odd))
-        bs = 20 if bits == 4 else 24
         for name, x in names:
             check(r.info(name).type == tid, "%s: %s has type %d" % (tname, name, r.info(name).type))
             got = np.frombuffer(bytes(r.raw(name)), np.uint8).reshape(-1, bs)
-            want = quantize_x_1(x.reshape(-1, 32), bits)
+            want = quant(x.reshape(-1, 32))
             nbad = int(np.sum(np.any(got != want, axis=1)))
-            check(nbad == 0, "%s %s: %d of %d blocks differ from the NumPy port of ggml's reference (first %s)"
-                  % (tname, name, nbad, got.shape[0], np.argwhere(np.any(got != want, axis=1))[:3].ravel()))
+            check(nbad == 0, "%s %s: %d of %d %s blocks differ from the NumPy port of ggml's reference (first %s)"
+                  % (tname, name, nbad, got.shape[0], child, np.argwhere(np.any(got != want, axis=1))[:3].ravel()))
             y = gguf_np.dequantize(got.reshape(-1), tid).reshape(x.shape)
             err = np.abs(y - x).max() / max(1e-30, float(np.abs(x).max()))
-            check(err <= 1.0 / ((1 << bits) - 1), "%s %s: max |dequant - x| / max |x| = %.4f" % (tname, name, err))
+            check(err <= bound, "%s %s: max |dequant - x| / max |x| = %.4f" % (tname, name, err))
         r.close()
     # moetax's dequantization (moetax_to_float, through quantize ... f32) of any bytes == NumPy's
     # (which equals upstream dequantize_row_q{3,2}_K, checked by hand): random blocks with
