@@ -24,12 +24,15 @@ static void check_tensor(struct moetax_gguf *g, const char *name, int n_dims, in
     CHECK_MSG((int)t->n_dims == n_dims, "%s: n_dims %u, want %d", name, t->n_dims, n_dims);
     for (int i = 0; i < n_dims; i++)
         CHECK_MSG(t->ne[i] == ne[i], "%s: ne[%d] = %lld, want %lld", name, i, (long long)t->ne[i], (long long)ne[i]);
-    /* rows the blocks do not fit: a k-quant (256-value blocks) takes q5_0 (q4_k, as llama-quantize), q5_1
-     * (q5_k) or q8_0 where 32 fits, else f16 */
+    /* rows the blocks do not fit: a k-quant (256-value blocks) takes q5_0 (q4_k), q5_1 (q5_k), q8_0 (q6_k)
+     * or q4_0 (q2_k, q3_k) where 32 fits, as llama-quantize, else f16 */
     enum moetax_type ty = want;
     if (ty != MOETAX_TYPE_F32 && a % moetax_type_blck_size(ty))
         ty = moetax_type_blck_size(ty) == 256 && a % 32 == 0
-                 ? (want == MOETAX_TYPE_Q4_K ? MOETAX_TYPE_Q5_0 : want == MOETAX_TYPE_Q5_K ? MOETAX_TYPE_Q5_1 : MOETAX_TYPE_Q8_0)
+                 ? (want == MOETAX_TYPE_Q4_K   ? MOETAX_TYPE_Q5_0
+                    : want == MOETAX_TYPE_Q5_K ? MOETAX_TYPE_Q5_1
+                    : want == MOETAX_TYPE_Q6_K ? MOETAX_TYPE_Q8_0
+                                               : MOETAX_TYPE_Q4_0)
                  : MOETAX_TYPE_F16;
     CHECK_MSG(t->type == ty, "%s: type %s, want %s", name, moetax_type_name(t->type), moetax_type_name(ty));
 }
@@ -49,12 +52,13 @@ static void check_model(const char *path, const struct shape *s, enum moetax_typ
     if (st) return;
     char str[64];
     CHECK(moetax_gguf_get_str(g, "general.architecture", str, sizeof str) == MOETAX_OK && !strcmp(str, "deepseek2"));
-    /* llama_ftype as llama-quantize writes it: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q4_1 3, Q8_0 7, Q5_0 8, Q5_1 9, Q2_K 10,
+    /* llama_ftype as llama-quantize writes it: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q4_1 3, Q8_0 7, Q5_0 8, Q5_1 9, Q2_K 10, IQ4_NL 25,
      * Q3_K_M 12, Q4_K_M 15, Q5_K_M 17, Q6_K 18, BF16 32 */
     static const struct { enum moetax_type t; uint32_t ft; } fts[] = {
         {MOETAX_TYPE_F32, 0}, {MOETAX_TYPE_F16, 1}, {MOETAX_TYPE_Q4_0, 2}, {MOETAX_TYPE_Q8_0, 7}, {MOETAX_TYPE_Q2_K, 10},
         {MOETAX_TYPE_Q3_K, 12}, {MOETAX_TYPE_Q4_K, 15}, {MOETAX_TYPE_Q5_K, 17}, {MOETAX_TYPE_Q6_K, 18},
-        {MOETAX_TYPE_BF16, 32}, {MOETAX_TYPE_Q5_0, 8}, {MOETAX_TYPE_Q4_1, 3}, {MOETAX_TYPE_Q5_1, 9}};
+        {MOETAX_TYPE_BF16, 32}, {MOETAX_TYPE_Q5_0, 8}, {MOETAX_TYPE_Q4_1, 3}, {MOETAX_TYPE_Q5_1, 9},
+        {MOETAX_TYPE_IQ4_NL, 25}};
     uint32_t ftype = 0xffffffffu, want_ft = 0xfffffffeu;
     for (size_t i = 0; i < sizeof fts / sizeof fts[0]; i++)
         if (fts[i].t == wt) want_ft = fts[i].ft;
@@ -213,11 +217,11 @@ int main(int argc, char **argv) {
      * the others (expert ff 32, kv lora 32, heads of 16..24) take q5_0 (q4_k) or q8_0, as quantize does */
     struct shape wide = tiny;
     wide.d = 256;
-    const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q5_0", "q4_1", "q5_1"};
+    const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q5_0", "q4_1", "q5_1", "iq4_nl"};
     enum moetax_type tys[] = {MOETAX_TYPE_F32,  MOETAX_TYPE_F16,  MOETAX_TYPE_BF16, MOETAX_TYPE_Q8_0, MOETAX_TYPE_Q4_0,
                               MOETAX_TYPE_Q2_K, MOETAX_TYPE_Q3_K, MOETAX_TYPE_Q4_K, MOETAX_TYPE_Q5_K, MOETAX_TYPE_Q6_K,
-                              MOETAX_TYPE_Q5_0, MOETAX_TYPE_Q4_1, MOETAX_TYPE_Q5_1};
-    for (int t = 0; t < 13; t++) {
+                              MOETAX_TYPE_Q5_0, MOETAX_TYPE_Q4_1, MOETAX_TYPE_Q5_1, MOETAX_TYPE_IQ4_NL};
+    for (int t = 0; t < 14; t++) {
         const bool kq = moetax_type_blck_size(tys[t]) == 256;
         char args[128], out[256];
         snprintf(args, sizeof args, "--preset tiny%s --type %s", kq ? " --embd 256" : "", types[t]);

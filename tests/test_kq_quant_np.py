@@ -277,6 +277,21 @@ def quantize_q5_0(x):
     return out
 
 
+def quantize_q4_0(x):
+    """x: (nb, 32) float32 -> (nb, 18) uint8 blocks, as ggml's quantize_row_q4_0_ref: d = the value of
+    largest magnitude (the first of equals) / -8, q = min(15, trunc(x / d + 8.5))."""
+    x = np.asarray(x, F)
+    mx = x[np.arange(x.shape[0]), np.argmax(np.abs(x), axis=1)]
+    d = (mx / F(-8)).astype(F)
+    with np.errstate(divide="ignore"):
+        idv = np.where(d != 0, F(1) / np.where(d != 0, d, F(1)), F(0)).astype(F)
+    q = np.minimum(15, np.trunc(((x * idv[:, None]).astype(F) + F(8.5)).astype(F)).astype(np.int64))
+    out = np.zeros((x.shape[0], 18), np.uint8)
+    out[:, 0:2] = fp16(d).view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+    return out
+
+
 def quantize_x_1(x, bits):
     """x: (nb, 32) float32 -> Q4_1 (bits 4, 20-byte) or Q5_1 (bits 5, 24-byte) blocks, as ggml's
     quantize_row_q4_1_ref / q5_1_ref: m = min, d = (max - min) / (2^bits - 1), q = trunc((x - m) / d +
@@ -300,6 +315,62 @@ def quantize_x_1(x, bits):
             qh |= ((q[:, j] >> 4) & 1).astype(np.uint64) << np.uint64(j)
         out[:, 4:8] = qh.astype("<u4").view(np.uint8).reshape(-1, 4)
     out[:, bs - 16:] = ((q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)).astype(np.uint8)
+    return out
+
+
+IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int64)
+
+
+def iq4nl_index(v):
+    """ggml's best_index_int8 over the IQ4_NL levels, elementwise (float32 v): the nearest level,
+    the upper one on a tie."""
+    v = np.asarray(v, F)
+    hi = np.clip(np.searchsorted(IQ4NL.astype(F), v, side="right"), 1, 15)
+    lo_d = (v - IQ4NL[hi - 1].astype(F)).astype(F)
+    hi_d = (IQ4NL[hi].astype(F) - v).astype(F)
+    idx = np.where(lo_d < hi_d, hi - 1, hi)
+    idx = np.where(v <= F(IQ4NL[0]), 0, idx)
+    return np.where(v >= F(IQ4NL[15]), 15, idx)
+
+
+def quantize_iq4_nl(x):
+    """x: (nb, 32) float32 -> (nb, 18) uint8 blocks, as ggml's quantize_iq4_nl without importance
+    weights (llama-quantize's IQ4_NL): weights x^2, the first scale max / 127 refined to sum(wqx) /
+    sum(wq^2), then 15 tries from (t - 127) / max, t = -7..7, kept where sum(wqx)^2 / sum(wq^2) grows;
+    sums in float32 in the order of j."""
+    x = np.asarray(x, F)
+    nb = x.shape[0]
+    w = (x * x).astype(F)
+    ia = np.argmax(np.abs(x), axis=1)
+    amax = np.abs(x)[np.arange(nb), ia]
+    mx = x[np.arange(nb), ia]
+    ok = amax >= F(1e-15)
+    safe_mx = np.where(ok, mx, F(1))
+
+    def sums(idv):
+        q = IQ4NL[iq4nl_index((idv[:, None] * x).astype(F))].astype(F)
+        sqx, sq2 = np.zeros(nb, F), np.zeros(nb, F)
+        for j in range(32):
+            sqx = (sqx + ((w[:, j] * q[:, j]).astype(F) * x[:, j]).astype(F)).astype(F)
+            sq2 = (sq2 + ((w[:, j] * q[:, j]).astype(F) * q[:, j]).astype(F)).astype(F)
+        return sqx, sq2
+
+    d0 = (-safe_mx / F(-127)).astype(F)
+    sqx, sq2 = sums((F(1) / d0).astype(F))
+    d = np.where(sq2 > 0, (sqx / np.where(sq2 > 0, sq2, F(1))).astype(F), F(0)).astype(F)
+    best = (d * sqx).astype(F)
+    for t in range(-7, 8):
+        sqx, sq2 = sums((F(t - 127) / safe_mx).astype(F))
+        better = (sq2 > 0) & ((sqx * sqx).astype(F) > (best * sq2).astype(F))
+        dn = (sqx / np.where(sq2 > 0, sq2, F(1))).astype(F)
+        d = np.where(better, dn, d)
+        best = np.where(better, (dn * sqx).astype(F), best)
+    d = np.where(ok, d, F(0)).astype(F)
+    idv = np.where(d != 0, F(1) / np.where(d != 0, d, F(1)), F(0)).astype(F)
+    L = iq4nl_index((idv[:, None] * x).astype(F))
+    out = np.zeros((nb, 18), np.uint8)
+    out[:, 0:2] = fp16(d).view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = (L[:, :16] | (L[:, 16:] << 4)).astype(np.uint8)
     return out
 
 
@@ -364,11 +435,11 @@ def main():
         check(p.returncode == 0, "%s: quantize failed: %s" % (tname, p.stderr))
         if p.returncode:
             continue
-        check("odd.weight: 96 columns are not a multiple of 256 (%s): q8_0 instead" % tname in p.stderr,
+        check("odd.weight: 96 columns are not a multiple of 256 (%s): q4_0 instead" % tname in p.stderr,
               "%s: the fallback is named: %s" % (tname, p.stderr))
         r = gguf_np.GGUFReader(dst)
         check(r.get("general.file_type") == (12 if tid == 11 else 10), "%s: general.file_type" % tname)
-        check(r.info("odd.weight").type == 8, "%s: odd.weight is q8_0" % tname)
+        check(r.info("odd.weight").type == 2, "%s: odd.weight is q4_0 (as llama-quantize)" % tname)
         sums = {}
         for name, x in (("a.weight", a), ("b.weight", b)):
             info = r.info(name)
@@ -403,7 +474,9 @@ def main():
                                                  ("q4_k", 6, 22, quantize_q5_0, None, 1 / 16, 12),
                                                  ("q4_1", 3, 20, q41, 3, 1 / 15, None),
                                                  ("q5_1", 7, 24, q51, 9, 1 / 31, None),
-                                                 ("q5_k", 7, 24, q51, None, 1 / 31, 13)):
+                                                 ("q5_k", 7, 24, q51, None, 1 / 31, 13),
+                                                 ("iq4_nl", 20, 18, quantize_iq4_nl, 25, 0.125, None),
+                                                 ("q3_k", 2, 18, quantize_q4_0, None, 1 / 8, 11)):
         dst = os.path.join(work, "kqnp_%s.gguf" % tname)
         p = subprocess.run([moetax, "quantize", src, dst, tname], capture_output=True, text=True)
         check(p.returncode == 0, "%s: quantize failed: %s" % (tname, p.stderr))

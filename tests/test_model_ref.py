@@ -59,8 +59,9 @@ import qwen3moe_ref  # noqa: E402
 REF = {"deepseek2": deepseek2_ref, "qwen3moe": qwen3moe_ref, "qwen2moe": qwen2moe_ref, "olmoe": olmoe_ref,
        "mixtral": mixtral_ref}
 
-TOL = {"f32": 2e-5, "f16": 2e-5, "bf16": 2e-5, "q8_0": 5e-6, "q4_0": 5e-6, "q5_0": 5e-6, "q4_1": 5e-6, "q5_1": 5e-6}
-QUANT = ("q8_0", "q4_0", "q5_0", "q4_1", "q5_1")
+TOL = {"f32": 2e-5, "f16": 2e-5, "bf16": 2e-5, "q8_0": 5e-6, "q4_0": 5e-6, "q5_0": 5e-6, "q4_1": 5e-6, "q5_1": 5e-6,
+       "iq4_nl": 5e-6}
+QUANT = ("q8_0", "q4_0", "q5_0", "q4_1", "q5_1", "iq4_nl")
 MAX_FLIPS = 4         # near-tie roundings the quantized comparison may flip (see above)
 TRIES = 12            # candidate flips tried per step
 LOOSE = 1.0           # sanity bound for the float-activation comparison
@@ -146,7 +147,7 @@ def main():
                      "--expert-ff", "64", "--seed", "9"]),
     ]
     for name, args in variants:
-        for wtype in ("f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_1", "q5_1"):
+        for wtype in ("f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_1", "q5_1", "iq4_nl"):
             compare(moetax, work, name, args, wtype, prompt)
     # wide Q4_0 (the AVX2 kernels read it with 8 rows interleaved, a matrix's last rows % 8 rows as
     # stored): d 288 (9 blocks), expert F 320 (10), dense ff 544 (17), kv_lora 256 (8); plain and fused

@@ -118,7 +118,7 @@ static moetax_status gqa_params_from_file(const struct moetax_gguf *g, const cha
     if (!t) return moetax_error(MOETAX_ERR_NOT_FOUND, "%s: tensor token_embd.weight is missing", path);
     p->n_vocab = (int)t->ne[1];
     t = moetax_gguf_find_tensor(g, "output.weight");
-    if (t && moetax_type_writable(t->type)) p->wtype = t->type;
+    if (t && moetax_type_supported(t->type)) p->wtype = t->type;
     return MOETAX_OK;
 }
 
@@ -183,7 +183,7 @@ static moetax_status params_from_file(const char *path, struct moetax_gen_params
         U("attention.value_length_mla", n_embd_head_v);
     }
     t = moetax_gguf_find_tensor(g, "output.weight");
-    if (t && moetax_type_writable(t->type)) p->wtype = t->type;
+    if (t && moetax_type_supported(t->type)) p->wtype = t->type;
 #undef U
 #undef UO
 #undef FO

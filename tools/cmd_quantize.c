@@ -2,9 +2,8 @@
  * Like llama-quantize: the router (ffn_gate_inp), norms, biases, exp_probs_b
  * and all 1-D tensors stay F32; a tensor whose rows do not fit the target
  * block size falls back: k-quants (rows not a multiple of 256) as llama-quantize
- * does for Q4_K (Q5_0), Q5_K (Q5_1) and Q6_K (Q8_0), Q2_K and Q3_K to Q8_0
- * (llama-quantize takes IQ4_NL, which moetax does not write), anything else to F16
- * (moetax_type_fit).
+ * does: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K and Q3_K to Q4_0;
+ * anything else to F16 (moetax_type_fit).
  * Metadata is copied, general.file_type updated (q2_k: MOSTLY_Q2_K = 10,
  * q3_k: Q3_K_M = 12, q4_k: MOSTLY_Q4_K_M = 15, q5_k: Q5_K_M = 17,
  * q6_k: Q6_K = 18, as `llama-quantize --pure IN OUT Q4_K_M` writes).
@@ -23,10 +22,10 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax quantize [--experts-only] IN.gguf OUT.gguf TYPE\n\n"
-               "TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k. Routers, norms, biases and 1-D\n"
-               "tensors stay f32; k-quant tensors whose rows are not a multiple of 256 become q5_0 (q4_k), q5_1 (q5_k)\n"
-               "or q8_0 (the others; llama-quantize takes iq4_nl for q2_k/q3_k), and rows that 32 does not divide\n"
-               "f16 (each named on stderr).\n"
+               "TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k. Routers, norms, biases\n"
+               "and 1-D tensors stay f32; k-quant tensors whose rows are not a multiple of 256 become q5_0 (q4_k),\n"
+               "q5_1 (q5_k), q8_0 (q6_k) or q4_0 (q2_k, q3_k), as llama-quantize does, and rows that 32 does not\n"
+               "divide f16 (each named on stderr).\n"
                "  --experts-only  convert the routed expert tensors only, the rest copied as stored (what\n"
                "                  run/bench/eval --expert-type TYPE compute in memory)\n");
 }
@@ -53,11 +52,10 @@ int cmd_quantize(int argc, char **argv) {
     }
     if (np != 3) return cli_usage_error("quantize", "need IN OUT TYPE");
     enum moetax_type to;
-    if (!moetax_type_from_name(pos[2], &to) || !moetax_type_writable(to))
+    if (!moetax_type_from_name(pos[2], &to) || !moetax_type_supported(to))
         return cli_usage_error("quantize",
-                               "%s type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k)",
-                               moetax_type_from_name(pos[2], &to) && moetax_type_supported(to)
-                                   ? "moetax reads but does not write the" : "unknown", pos[2]);
+                               "unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, "
+                               "q6_k)", pos[2]);
     /* the same file by device and inode, not by name (./../dir/IN, a link to IN) */
     bool same = false;
     moetax_status st = moetax_same_file(pos[0], pos[1], &same);

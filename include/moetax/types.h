@@ -20,7 +20,8 @@
  *         llama-quantize writes it where a Q5_K matrix's rows are not whole super-blocks.
  *   IQ4_NL (18 bytes): Q4_0's layout, the nibble an index into a fixed table of 16
  *         int8 levels (moetax_iq4nl_values): value = d * table[q]. llama-quantize
- *         writes it where a Q2_K/Q3_K/IQ4_XS matrix's rows are not whole super-blocks.
+ *         writes it where an IQ4_XS (before 2026 also a Q2_K/Q3_K) matrix's rows are
+ *         not whole super-blocks.
  *
  *   k-quants (ggml's, super-blocks of QK_K = 256 values):
  *   Q2_K (84 bytes): scales[16], qs[64], f16 d, f16 dmin. Sixteen sub-blocks of
@@ -227,15 +228,11 @@ bool moetax_type_from_name(const char *name, enum moetax_type *out);
 /* Q2_K .. Q6_K: k-quants, whose matmuls take block_q8_K activation rows (kernels.h). */
 bool moetax_type_is_kquant(enum moetax_type t);
 bool moetax_type_supported(enum moetax_type t);
-/* True for the types moetax_from_float writes (quantize, gen, --expert-type): the supported
- * ones but IQ4_NL, which moetax reads and computes but does not write (ggml's quantizer for
- * it searches scales with importance weights). */
-bool moetax_type_writable(enum moetax_type t);
 /* The type a matrix with rows of ne0 values takes when a whole model is made of type t
  * (quantize, gen): t where its blocks fit the rows; else Q4_K falls back to Q5_0, Q5_K to
- * Q5_1 and Q6_K to Q8_0, as llama-quantize does; Q2_K and Q3_K to Q8_0 (llama-quantize takes
- * IQ4_NL, which moetax reads but does not write); anything whose blocks still do not fit to
- * F16. */
+ * Q5_1, Q6_K to Q8_0 and Q2_K / Q3_K to Q4_0, as llama-quantize does (llama.cpp 82bb485; older
+ * versions and ik_llama.cpp write IQ4_NL for Q2_K / Q3_K); anything whose blocks still do not fit
+ * to F16. */
 enum moetax_type moetax_type_fit(enum moetax_type t, int64_t ne0);
 /* llama.cpp's general.file_type (llama_ftype) of a model made of type t, as llama-quantize
  * --pure writes it: F32 0, F16 1, Q4_0 2, Q8_0 7, Q2_K 10, Q3_K 12 (Q3_K_M), Q4_K 15
@@ -281,6 +278,9 @@ void moetax_quantize_row_q5_0_ref(const float *x, moetax_block_q5_0 *y, int64_t 
  * m = min, q = trunc((x - min) / d + 0.5) (Q4_1: at most 15). */
 void moetax_quantize_row_q4_1_ref(const float *x, moetax_block_q4_1 *y, int64_t n);
 void moetax_quantize_row_q5_1_ref(const float *x, moetax_block_q5_1 *y, int64_t n);
+/* ggml's quantize_iq4_nl without importance weights (llama-quantize's IQ4_NL; not its
+ * quantize_row_iq4_nl_ref, which skips the search over scales). */
+void moetax_quantize_row_iq4_nl_ref(const float *x, moetax_block_iq4_nl *y, int64_t n);
 /* ggml's quantize_row_q{4,5,6}_K_ref (no importance weights) and dequantize_row_*;
  * n a multiple of 256. */
 void moetax_quantize_row_q4_k_ref(const float *x, moetax_block_q4_k *y, int64_t n);

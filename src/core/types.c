@@ -85,13 +85,14 @@ bool moetax_type_supported(enum moetax_type t) {
            t == MOETAX_TYPE_Q4_K || t == MOETAX_TYPE_Q5_K || t == MOETAX_TYPE_Q6_K;
 }
 
-bool moetax_type_writable(enum moetax_type t) { return moetax_type_supported(t) && t != MOETAX_TYPE_IQ4_NL; }
-
 enum moetax_type moetax_type_fit(enum moetax_type t, int64_t ne0) {
     const int64_t bs = moetax_type_blck_size(t);
     if (bs > 0 && ne0 % bs == 0) return t;
     if (bs == 256 && ne0 % 32 == 0)
-        return t == MOETAX_TYPE_Q4_K ? MOETAX_TYPE_Q5_0 : t == MOETAX_TYPE_Q5_K ? MOETAX_TYPE_Q5_1 : MOETAX_TYPE_Q8_0;
+        return t == MOETAX_TYPE_Q4_K                              ? MOETAX_TYPE_Q5_0
+             : t == MOETAX_TYPE_Q5_K                              ? MOETAX_TYPE_Q5_1
+             : t == MOETAX_TYPE_Q2_K || t == MOETAX_TYPE_Q3_K ? MOETAX_TYPE_Q4_0
+                                                                  : MOETAX_TYPE_Q8_0;
     return MOETAX_TYPE_F16;
 }
 
@@ -780,6 +781,66 @@ static void kq_dequant_q6k(const uint8_t *p, float *y) {
     }
 }
 
+/* The index of the IQ4_NL level nearest x (ggml's best_index_int8: ties to the upper one). */
+static int iq4nl_best_index(float x) {
+    const int8_t *v = moetax_iq4nl_values;
+    if (x <= v[0]) return 0;
+    if (x >= v[15]) return 15;
+    int lo = 0, hi = 15;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (x < v[mid]) hi = mid;
+        else lo = mid;
+    }
+    return x - v[hi - 1] < v[hi] - x ? hi - 1 : hi;
+}
+
+/* ggml's quantize_iq4_nl without importance weights (what llama-quantize writes): per block of 32
+ * the scale that maximizes sum(w q x)^2 / sum(w q^2), weights x^2, over the first guess max / 127
+ * and 15 more from (t - 127) / max, t = -7..7; the levels again from the chosen scale, which is
+ * stored as F16. */
+void moetax_quantize_row_iq4_nl_ref(const float *x, moetax_block_iq4_nl *y, int64_t n) {
+    const int8_t *v = moetax_iq4nl_values;
+    for (int64_t i = 0; i < n / MOETAX_QK4_0; i++) {
+        const float *xb = x + i * MOETAX_QK4_0;
+        uint8_t L[MOETAX_QK4_0];
+        float w[MOETAX_QK4_0], amax = 0.0f, max = 0.0f, d = 0.0f;
+        for (int j = 0; j < MOETAX_QK4_0; j++) {
+            w[j] = xb[j] * xb[j];
+            const float ax = fabsf(xb[j]);
+            if (ax > amax) { amax = ax; max = xb[j]; }
+        }
+        if (amax >= KQ_GROUP_MAX_EPS) {
+            d = -max / v[0];
+            float id = 1 / d, sumqx = 0, sumq2 = 0;
+            for (int j = 0; j < MOETAX_QK4_0; j++) {
+                const float q = v[iq4nl_best_index(id * xb[j])];
+                sumqx += w[j] * q * xb[j];
+                sumq2 += w[j] * q * q;
+            }
+            d = sumq2 > 0 ? sumqx / sumq2 : 0.0f;
+            float best = d * sumqx;
+            for (int itry = -7; itry <= 7; itry++) {
+                id = (float)(itry + v[0]) / max;
+                sumqx = sumq2 = 0;
+                for (int j = 0; j < MOETAX_QK4_0; j++) {
+                    const float q = v[iq4nl_best_index(id * xb[j])];
+                    sumqx += w[j] * q * xb[j];
+                    sumq2 += w[j] * q * q;
+                }
+                if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                    d = sumqx / sumq2;
+                    best = d * sumqx;
+                }
+            }
+        }
+        y[i].d = moetax_fp32_to_fp16(d);
+        const float id = d != 0.0f ? 1 / d : 0.0f;
+        for (int j = 0; j < MOETAX_QK4_0; j++) L[j] = (uint8_t)iq4nl_best_index(id * xb[j]);
+        for (int j = 0; j < MOETAX_QK4_0 / 2; j++) y[i].qs[j] = (uint8_t)(L[j] | (L[j + MOETAX_QK4_0 / 2] << 4));
+    }
+}
+
 bool moetax_from_float(enum moetax_type t, const float *x, void *y, int64_t n) {
     if (moetax_row_size(t, n) == 0 && n != 0) return false;
     switch (t) {
@@ -795,6 +856,7 @@ bool moetax_from_float(enum moetax_type t, const float *x, void *y, int64_t n) {
     case MOETAX_TYPE_Q5_0: moetax_quantize_row_q5_0_ref(x, y, n); return true;
     case MOETAX_TYPE_Q4_1: moetax_quantize_row_q4_1_ref(x, y, n); return true;
     case MOETAX_TYPE_Q5_1: moetax_quantize_row_q5_1_ref(x, y, n); return true;
+    case MOETAX_TYPE_IQ4_NL: moetax_quantize_row_iq4_nl_ref(x, y, n); return true;
     case MOETAX_TYPE_Q2_K: moetax_quantize_row_q2_k_ref(x, y, n); return true;
     case MOETAX_TYPE_Q3_K: moetax_quantize_row_q3_k_ref(x, y, n); return true;
     case MOETAX_TYPE_Q4_K: moetax_quantize_row_q4_k_ref(x, y, n); return true;

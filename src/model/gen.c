@@ -355,8 +355,8 @@ moetax_status moetax_gen_validate(const struct moetax_gen_params *p) {
         snprintf(msg, sizeof msg, "%s", moetax_last_error());
         return moetax_error(MOETAX_ERR_ARG, "%s (options --eps, --rope-base, --yarn-factor, --scale)", msg);
     }
-    NEED(moetax_type_writable(p->wtype),
-         "weight type %s is not one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k",
+    NEED(moetax_type_supported(p->wtype),
+         "weight type %s is not one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k",
          moetax_type_name(p->wtype));
 #undef NEED
     return MOETAX_OK;
