@@ -25,14 +25,13 @@ static void check_tensor(struct moetax_gguf *g, const char *name, int n_dims, in
     for (int i = 0; i < n_dims; i++)
         CHECK_MSG(t->ne[i] == ne[i], "%s: ne[%d] = %lld, want %lld", name, i, (long long)t->ne[i], (long long)ne[i]);
     /* rows the blocks do not fit: a k-quant (256-value blocks) takes q5_0 (q4_k), q5_1 (q5_k), q8_0 (q6_k)
-     * or q4_0 (q2_k, q3_k) where 32 fits, as llama-quantize, else f16 */
+     * or q8_0 (q6_k, q2_k, q3_k) where 32 fits, else f16 */
     enum moetax_type ty = want;
     if (ty != MOETAX_TYPE_F32 && a % moetax_type_blck_size(ty))
         ty = moetax_type_blck_size(ty) == 256 && a % 32 == 0
                  ? (want == MOETAX_TYPE_Q4_K   ? MOETAX_TYPE_Q5_0
                     : want == MOETAX_TYPE_Q5_K ? MOETAX_TYPE_Q5_1
-                    : want == MOETAX_TYPE_Q6_K ? MOETAX_TYPE_Q8_0
-                                               : MOETAX_TYPE_Q4_0)
+                                               : MOETAX_TYPE_Q8_0)
                  : MOETAX_TYPE_F16;
     CHECK_MSG(t->type == ty, "%s: type %s, want %s", name, moetax_type_name(t->type), moetax_type_name(ty));
 }

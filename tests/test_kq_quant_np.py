@@ -277,21 +277,6 @@ def quantize_q5_0(x):
     return out
 
 
-def quantize_q4_0(x):
-    """x: (nb, 32) float32 -> (nb, 18) uint8 blocks, as ggml's quantize_row_q4_0_ref: d = the value of
-    largest magnitude (the first of equals) / -8, q = min(15, trunc(x / d + 8.5))."""
-    x = np.asarray(x, F)
-    mx = x[np.arange(x.shape[0]), np.argmax(np.abs(x), axis=1)]
-    d = (mx / F(-8)).astype(F)
-    with np.errstate(divide="ignore"):
-        idv = np.where(d != 0, F(1) / np.where(d != 0, d, F(1)), F(0)).astype(F)
-    q = np.minimum(15, np.trunc(((x * idv[:, None]).astype(F) + F(8.5)).astype(F)).astype(np.int64))
-    out = np.zeros((x.shape[0], 18), np.uint8)
-    out[:, 0:2] = fp16(d).view(np.uint8).reshape(-1, 2)
-    out[:, 2:] = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
-    return out
-
-
 def quantize_x_1(x, bits):
     """x: (nb, 32) float32 -> Q4_1 (bits 4, 20-byte) or Q5_1 (bits 5, 24-byte) blocks, as ggml's
     quantize_row_q4_1_ref / q5_1_ref: m = min, d = (max - min) / (2^bits - 1), q = trunc((x - m) / d +
@@ -435,11 +420,11 @@ def main():
         check(p.returncode == 0, "%s: quantize failed: %s" % (tname, p.stderr))
         if p.returncode:
             continue
-        check("odd.weight: 96 columns are not a multiple of 256 (%s): q4_0 instead" % tname in p.stderr,
+        check("odd.weight: 96 columns are not a multiple of 256 (%s): q8_0 instead" % tname in p.stderr,
               "%s: the fallback is named: %s" % (tname, p.stderr))
         r = gguf_np.GGUFReader(dst)
         check(r.get("general.file_type") == (12 if tid == 11 else 10), "%s: general.file_type" % tname)
-        check(r.info("odd.weight").type == 2, "%s: odd.weight is q4_0 (as llama-quantize)" % tname)
+        check(r.info("odd.weight").type == 8, "%s: odd.weight is q8_0" % tname)
         sums = {}
         for name, x in (("a.weight", a), ("b.weight", b)):
             info = r.info(name)
@@ -475,8 +460,7 @@ def main():
                                                  ("q4_1", 3, 20, q41, 3, 1 / 15, None),
                                                  ("q5_1", 7, 24, q51, 9, 1 / 31, None),
                                                  ("q5_k", 7, 24, q51, None, 1 / 31, 13),
-                                                 ("iq4_nl", 20, 18, quantize_iq4_nl, 25, 0.125, None),
-                                                 ("q3_k", 2, 18, quantize_q4_0, None, 1 / 8, 11)):
+                                                 ("iq4_nl", 20, 18, quantize_iq4_nl, 25, 0.125, None)):
         dst = os.path.join(work, "kqnp_%s.gguf" % tname)
         p = subprocess.run([moetax, "quantize", src, dst, tname], capture_output=True, text=True)
         check(p.returncode == 0, "%s: quantize failed: %s" % (tname, p.stderr))

@@ -2,8 +2,8 @@
  * Like llama-quantize: the router (ffn_gate_inp), norms, biases, exp_probs_b
  * and all 1-D tensors stay F32; a tensor whose rows do not fit the target
  * block size falls back: k-quants (rows not a multiple of 256) as llama-quantize
- * does: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, Q2_K and Q3_K to Q4_0;
- * anything else to F16 (moetax_type_fit).
+ * does: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0; Q2_K and Q3_K to Q8_0 (llama.cpp
+ * 82bb485: Q4_0); anything else to F16 (moetax_type_fit).
  * Metadata is copied, general.file_type updated (q2_k: MOSTLY_Q2_K = 10,
  * q3_k: Q3_K_M = 12, q4_k: MOSTLY_Q4_K_M = 15, q5_k: Q5_K_M = 17,
  * q6_k: Q6_K = 18, as `llama-quantize --pure IN OUT Q4_K_M` writes).
@@ -24,7 +24,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: moetax quantize [--experts-only] IN.gguf OUT.gguf TYPE\n\n"
                "TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl q2_k q3_k q4_k q5_k q6_k. Routers, norms, biases\n"
                "and 1-D tensors stay f32; k-quant tensors whose rows are not a multiple of 256 become q5_0 (q4_k),\n"
-               "q5_1 (q5_k), q8_0 (q6_k) or q4_0 (q2_k, q3_k), as llama-quantize does, and rows that 32 does not\n"
+               "q5_1 (q5_k) or q8_0 (q6_k, q2_k, q3_k; llama-quantize: q4_0 for those two), and rows that 32 does not\n"
                "divide f16 (each named on stderr).\n"
                "  --experts-only  convert the routed expert tensors only, the rest copied as stored (what\n"
                "                  run/bench/eval --expert-type TYPE compute in memory)\n");

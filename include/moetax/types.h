@@ -230,9 +230,9 @@ bool moetax_type_is_kquant(enum moetax_type t);
 bool moetax_type_supported(enum moetax_type t);
 /* The type a matrix with rows of ne0 values takes when a whole model is made of type t
  * (quantize, gen): t where its blocks fit the rows; else Q4_K falls back to Q5_0, Q5_K to
- * Q5_1, Q6_K to Q8_0 and Q2_K / Q3_K to Q4_0, as llama-quantize does (llama.cpp 82bb485; older
- * versions and ik_llama.cpp write IQ4_NL for Q2_K / Q3_K); anything whose blocks still do not fit
- * to F16. */
+ * Q5_1 and Q6_K to Q8_0, as llama-quantize does; Q2_K and Q3_K to Q8_0 (llama.cpp 82bb485 takes
+ * Q4_0 there, older versions and ik_llama.cpp IQ4_NL: moetax keeps these few matrices at 8 bits);
+ * anything whose blocks still do not fit to F16. */
 enum moetax_type moetax_type_fit(enum moetax_type t, int64_t ne0);
 /* llama.cpp's general.file_type (llama_ftype) of a model made of type t, as llama-quantize
  * --pure writes it: F32 0, F16 1, Q4_0 2, Q8_0 7, Q2_K 10, Q3_K 12 (Q3_K_M), Q4_K 15

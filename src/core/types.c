@@ -91,7 +91,6 @@ enum moetax_type moetax_type_fit(enum moetax_type t, int64_t ne0) {
     if (bs == 256 && ne0 % 32 == 0)
         return t == MOETAX_TYPE_Q4_K                              ? MOETAX_TYPE_Q5_0
              : t == MOETAX_TYPE_Q5_K                              ? MOETAX_TYPE_Q5_1
-             : t == MOETAX_TYPE_Q2_K || t == MOETAX_TYPE_Q3_K ? MOETAX_TYPE_Q4_0
                                                                   : MOETAX_TYPE_Q8_0;
     return MOETAX_TYPE_F16;
 }
