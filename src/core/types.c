@@ -318,6 +318,8 @@ void moetax_quantize_row_q5_1_ref(const float *x, moetax_block_q5_1 *y, int64_t 
 const int8_t moetax_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 static inline uint16_t load_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+/* A little-endian uint32 (Q5_0 / Q5_1's qh) at any address. */
+static inline uint32_t load_le32(const uint8_t *h) { return (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24; }
 
 /* ---- k-quants: ggml's reference algorithms (ggml-quants.c), re-derived ----
  * Float expressions keep ggml's operation order so the bytes match. */
@@ -900,7 +902,7 @@ bool moetax_to_float(enum moetax_type t, const void *x, float *y, int64_t n) {
         for (int64_t b = 0; b < n / MOETAX_QK4_0; b++, p += sizeof(moetax_block_q5_0)) {
             const float d = moetax_fp16_to_fp32(load_u16(p + offsetof(moetax_block_q5_0, d)));
             const uint8_t *h = p + offsetof(moetax_block_q5_0, qh), *q = p + offsetof(moetax_block_q5_0, qs);
-            const uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+            const uint32_t qh = load_le32(h);
             for (int j = 0; j < MOETAX_QK4_0 / 2; j++) {
                 const int q0 = (q[j] & 0x0f) | (int)(qh >> j & 1) << 4;
                 const int q1 = (q[j] >> 4) | (int)(qh >> (j + 16) & 1) << 4;
@@ -917,7 +919,7 @@ bool moetax_to_float(enum moetax_type t, const void *x, float *y, int64_t n) {
         for (int64_t b = 0; b < n / MOETAX_QK4_0; b++, p += bs) {
             const float d = moetax_fp16_to_fp32(load_u16(p)), m = moetax_fp16_to_fp32(load_u16(p + 2));
             const uint8_t *h = p + 4, *q = p + qo;
-            const uint32_t qh = five ? (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24 : 0;
+            const uint32_t qh = five ? load_le32(h) : 0;
             for (int j = 0; j < MOETAX_QK4_0 / 2; j++) {
                 const int q0 = (q[j] & 0x0f) | (int)(qh >> j & 1) << 4;
                 const int q1 = (q[j] >> 4) | (int)(qh >> (j + 16) & 1) << 4;

@@ -128,11 +128,9 @@ static bool repacked_none(enum moetax_type t) {
     return false;
 }
 
-/* avx2: Q4_0x8r, Q8_0x4r, and the avx512 table's Q5_0x8r, IQ4_NLx8r, Q4_1x8r, Q5_1x8r and every k-quant's x8r */
-static bool repacked_avx2(enum moetax_type t) {
-    return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL ||
-           t == MOETAX_TYPE_Q4_1 || t == MOETAX_TYPE_Q5_1 || moetax_k_act_is_k(t);
-}
+/* avx2 and avx512: every quantized type in a layout of rows interleaved (kernels.h): Q4_0x8r, Q5_0x8r,
+ * IQ4_NLx8r, Q4_1x8r, Q5_1x8r, every k-quant's x8r, and Q8_0 in Q8_0x4r (avx2) or Q8_0x8r (avx512) */
+static bool repacked_simd(enum moetax_type t) { return moetax_k_act_is_q(t) || moetax_k_act_is_k(t); }
 
 
 /* The x8r layouts (kernels_impl.h): per group of 8 rows and block, each row's F16 halves (n == 0)
@@ -238,12 +236,6 @@ void moetax_k_repack_group_q8r4(void *dst, const void *src, int64_t nb) {
 
 static const struct moetax_kernels k_avx512;
 
-/* avx512: Q4_0x8r, Q8_0x8r, Q5_0x8r, IQ4_NLx8r (Q4_0x8r's layout), Q4_1x8r, Q5_1x8r and every k-quant's
- * x8r (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) */
-static bool repacked_avx512(enum moetax_type t) {
-    return t == MOETAX_TYPE_Q4_0 || t == MOETAX_TYPE_Q8_0 || t == MOETAX_TYPE_Q5_0 || t == MOETAX_TYPE_IQ4_NL ||
-           t == MOETAX_TYPE_Q4_1 || t == MOETAX_TYPE_Q5_1 || moetax_k_act_is_k(t);
-}
 
 /* One group of 8 Q5_0 rows of nb blocks -> Q5_0x8r (kernels_impl.h): the d halves and the nibble
  * dwords as the x8r layouts place them, the rows' qh bits transposed into the 8 chunk masks. */
@@ -265,8 +257,7 @@ static void x8r_group_q5(enum moetax_type t, void *dst, const void *src, int64_t
         if (!five) continue;
         uint32_t m[8] = {0};
         for (int r = 0; r < 8; r++) {
-            const uint8_t *h = p[r] + qh_src;
-            const uint32_t qh = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
+            const uint32_t qh = moetax_k_le32(p[r] + qh_src);
             for (int c = 0; c < 4; c++)
                 for (int hh = 0; hh < 2; hh++) m[2 * c + hh] |= (qh >> (16 * hh + 4 * c) & 0xfu) << (4 * r);
         }
@@ -303,12 +294,8 @@ moetax_status moetax_kernels_repack(const struct moetax_kernels *k, enum moetax_
                                     int64_t n_rows, int64_t ncols) {
     const size_t rb = moetax_row_size(t, ncols);
     if (n_rows <= 0 || rb == 0) return MOETAX_OK;
-    /* the repacked layouts: Q4_0x8r and Q2_K..Q6_Kx8r (avx2, avx512), Q8_0x4r (avx2), Q8_0x8r (avx512),
-     * groups of R rows */
-    if ((t != MOETAX_TYPE_Q4_0 && t != MOETAX_TYPE_Q8_0 && t != MOETAX_TYPE_Q5_0 && t != MOETAX_TYPE_IQ4_NL &&
-         t != MOETAX_TYPE_Q4_1 && t != MOETAX_TYPE_Q5_1 && !moetax_k_act_is_k(t)) ||
-        !k->weights_repacked ||
-        !k->weights_repacked(t)) {
+    /* the repacked layouts (repacked_simd), groups of R rows */
+    if (!k->weights_repacked || !k->weights_repacked(t)) {
         if (dst != src) memmove(dst, src, rb * (size_t)n_rows);
         return MOETAX_OK;
     }
@@ -376,7 +363,7 @@ static const struct moetax_kernels k_avx2 = {
     .quantize_act = moetax_k_quantize_act_avx2,
     .matmul = moetax_k_matmul_avx2,
     .matmul_stream = moetax_k_matmul_avx2_stream,
-    .weights_repacked = repacked_avx2,
+    .weights_repacked = repacked_simd,
     .rmsnorm = moetax_k_rmsnorm_avx2,
     .softmax = moetax_k_softmax_avx2,
     .sigmoid = moetax_k_sigmoid_avx2,
@@ -402,7 +389,7 @@ static const struct moetax_kernels k_avx512 = {
     .quantize_act = moetax_k_quantize_act_avx2,
     .matmul = moetax_k_matmul_avx512,
     .matmul_stream = moetax_k_matmul_avx512_stream,
-    .weights_repacked = repacked_avx512, /* Q4_0x8r, Q8_0x8r, Q2_K..Q6_Kx8r */
+    .weights_repacked = repacked_simd, /* its own Q8_0x8r where avx2 has Q8_0x4r */
     .rmsnorm = moetax_k_rmsnorm_avx2,
     .softmax = moetax_k_softmax_avx2,
     .sigmoid = moetax_k_sigmoid_avx2,

@@ -11,6 +11,9 @@
 #include "moetax/kernels.h"
 #include "moetax/types.h"
 
+/* A little-endian uint32 (Q5_0 / Q5_1's qh) at any address. */
+static inline uint32_t moetax_k_le32(const uint8_t *h) { return (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24; }
+
 /* ---- prepared-activation layout (see kernels.h) ---- */
 static inline int moetax_k_act_is_q(enum moetax_type t) {
     return moetax_act_is_q8_0(t) || moetax_act_is_q4_0(t);
@@ -20,11 +23,10 @@ static inline int moetax_k_act_is_k(enum moetax_type t) { return moetax_type_is_
 /* Bytes of one prepared batch row. */
 static inline size_t moetax_k_act_row_bytes(enum moetax_type t, int64_t ncols) {
     const size_t nb = (size_t)(ncols / 32);
+    if (moetax_act_is_q8_0(t)) return nb * (32 + sizeof(float));
+    if (moetax_act_is_q4_0(t)) return nb * (32 + sizeof(float) + sizeof(int32_t));
     switch (t) {
     case MOETAX_TYPE_F32: case MOETAX_TYPE_F16: case MOETAX_TYPE_BF16: return (size_t)ncols * sizeof(float);
-    case MOETAX_TYPE_Q8_0: return nb * (32 + sizeof(float));
-    case MOETAX_TYPE_Q4_0: case MOETAX_TYPE_Q4_1: case MOETAX_TYPE_Q5_0: case MOETAX_TYPE_Q5_1: case MOETAX_TYPE_IQ4_NL:
-        return nb * (32 + sizeof(float) + sizeof(int32_t));
     case MOETAX_TYPE_Q2_K: case MOETAX_TYPE_Q3_K: case MOETAX_TYPE_Q4_K: case MOETAX_TYPE_Q5_K: case MOETAX_TYPE_Q6_K:
         return (size_t)(ncols / 256) * sizeof(moetax_block_q8_k);
     default: return 0;

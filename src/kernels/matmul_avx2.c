@@ -861,7 +861,7 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
     }
 }
 
-/* ---- Q5_0, IQ4_NL, Q4_1 and Q5_1, as stored: 4 rows x 1-2 batch rows per tile ----
+/* ---- Q5_0, IQ4_NL, Q4_1 and Q5_1 rows as stored (a unit's last rows % 8): 4 rows x 1-2 batch rows per tile ----
  * Per block each row's 32 levels are made once: Q5_0 the nibbles ORed with 0xF0 where the fifth
  * bit is clear (q - 16 as int8), IQ4_NL the table's level by one vpshufb, both signed and
  * multiplied with each batch row's Q8_0 quants as tile_q8 does (|level| <= 127, so the sign
@@ -934,46 +934,9 @@ ALWAYS_INLINE void tile_q5nl(const int kind, const int BB, const bool far, const
     }
 }
 
-/* Batches of 3 or more: the levels of 4 rows x Q5NL_KB blocks are made once into lv (in L1)
- * and every batch row runs over them, 4 at a time; each output's chain continues through y
- * from one chunk of blocks to the next (exactly: the running sum is stored and reloaded). */
-#define Q5NL_KB 64
-struct q5nl_chunk {
-    _Alignas(32) int8_t lv[Q5NL_KB][4][32];
-    float dw[Q5NL_KB][4], mw[Q5NL_KB][4];
-};
-
-ALWAYS_INLINE void tile_q5nl_chunk(const int kind, const int BB, const struct q5nl_chunk *c, int64_t kn,
-                                   const uint8_t *act, size_t act_row, int64_t nb, int64_t b0, float *y, int64_t ldy,
-                                   int nr, bool first) {
-    __m128 acc[4];
-#pragma GCC unroll 4
-    for (int j = 0; j < BB; j++) {
-        float o[4] = {0, 0, 0, 0};
-        if (!first)
-            for (int r = 0; r < nr; r++) o[r] = y[j * ldy + r];
-        acc[j] = _mm_loadu_ps(o);
-    }
-    for (int64_t bb = 0; bb < kn; bb++) {
-        __m256i L[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) L[r] = _mm256_load_si256((const __m256i *)c->lv[bb][r]);
-        const __m128 dw = _mm_loadu_ps(c->dw[bb]), mw = kind >= K_Q4_1 ? _mm_loadu_ps(c->mw[bb]) : _mm_setzero_ps();
-#pragma GCC unroll 4
-        for (int j = 0; j < BB; j++) acc[j] = q5nl_acc(kind, acc[j], L, dw, mw, act + (size_t)j * act_row, nb, b0 + bb);
-    }
-    for (int j = 0; j < BB; j++) {
-        float o[4];
-        _mm_storeu_ps(o, acc[j]);
-        for (int r = 0; r < nr; r++) y[j * ldy + r] = o[r];
-    }
-}
-
 typedef void (*tile_q5nl_fn)(const uint8_t *const *w, const uint8_t *act, size_t act_row, int64_t nb, float *y,
                              int64_t ldy, int nr);
-typedef void (*tile_q5nl_chunk_fn)(const struct q5nl_chunk *c, int64_t kn, const uint8_t *act, size_t act_row, int64_t nb,
-                                   int64_t b0, float *y, int64_t ldy, int nr, bool first);
-/* per kind: decode tiles of 1 and 2 batch rows, the far-prefetch decode tile, chunk tiles of 1..4 */
+/* per kind: tiles of 1 and 2 batch rows, the far-prefetch one-row tile */
 #define TILES_Q5NL(K)                                                                                                \
     static void tile_##K##_1(const uint8_t *const *w, const uint8_t *act, size_t act_row, int64_t nb, float *y,    \
                              int64_t ldy, int nr) {                                                                 \
@@ -986,29 +949,12 @@ typedef void (*tile_q5nl_chunk_fn)(const struct q5nl_chunk *c, int64_t kn, const
     static void tile_##K##_1f(const uint8_t *const *w, const uint8_t *act, size_t act_row, int64_t nb, float *y,   \
                               int64_t ldy, int nr) {                                                                \
         tile_q5nl(K, 1, true, w, act, act_row, nb, y, ldy, nr);                                                    \
-    }                                                                                                               \
-    static void chunk_##K##_1(const struct q5nl_chunk *c, int64_t kn, const uint8_t *act, size_t act_row,          \
-                              int64_t nb, int64_t b0, float *y, int64_t ldy, int nr, bool first) {                  \
-        tile_q5nl_chunk(K, 1, c, kn, act, act_row, nb, b0, y, ldy, nr, first);                                     \
-    }                                                                                                               \
-    static void chunk_##K##_2(const struct q5nl_chunk *c, int64_t kn, const uint8_t *act, size_t act_row,          \
-                              int64_t nb, int64_t b0, float *y, int64_t ldy, int nr, bool first) {                  \
-        tile_q5nl_chunk(K, 2, c, kn, act, act_row, nb, b0, y, ldy, nr, first);                                     \
-    }                                                                                                               \
-    static void chunk_##K##_3(const struct q5nl_chunk *c, int64_t kn, const uint8_t *act, size_t act_row,          \
-                              int64_t nb, int64_t b0, float *y, int64_t ldy, int nr, bool first) {                  \
-        tile_q5nl_chunk(K, 3, c, kn, act, act_row, nb, b0, y, ldy, nr, first);                                     \
-    }                                                                                                               \
-    static void chunk_##K##_4(const struct q5nl_chunk *c, int64_t kn, const uint8_t *act, size_t act_row,          \
-                              int64_t nb, int64_t b0, float *y, int64_t ldy, int nr, bool first) {                  \
-        tile_q5nl_chunk(K, 4, c, kn, act, act_row, nb, b0, y, ldy, nr, first);                                     \
     }
 TILES_Q5NL(K_Q5_0) TILES_Q5NL(K_IQ4_NL) TILES_Q5NL(K_Q4_1) TILES_Q5NL(K_Q5_1)
 static const struct {
     tile_q5nl_fn one, two, one_far;
-    tile_q5nl_chunk_fn chunk[4];
 } k_q5nl[4] = {
-#define Q5NL_ROW(K) {tile_##K##_1, tile_##K##_2, tile_##K##_1f, {chunk_##K##_1, chunk_##K##_2, chunk_##K##_3, chunk_##K##_4}}
+#define Q5NL_ROW(K) {tile_##K##_1, tile_##K##_2, tile_##K##_1f}
     Q5NL_ROW(K_Q5_0), Q5NL_ROW(K_IQ4_NL), Q5NL_ROW(K_Q4_1), Q5NL_ROW(K_Q5_1)
 #undef Q5NL_ROW
 };
@@ -1128,38 +1074,16 @@ static void matmul_r8(const int kind, const uint8_t *w, size_t row_bytes, int64_
     if (gend < row1) matmul_q5nl(kind, w, row_bytes, gend, row1, ncols, act, n_batch, y, ldy, far);
 }
 
+/* Plain rows (a unit's last rows % 8 after the x8r groups): 4 at a time, 1-2 batch rows per tile. */
 static void matmul_q5nl(const int kind, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                         const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
     const int64_t nb = ncols / 32;
     /* the Q4_0 row: the Q8_0 row and its block sums (Q4_1 and Q5_1 use them) */
     const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q4_0, ncols);
-    const size_t bs = q5nl_bytes(kind);
-    struct q5nl_chunk c;
     for (int64_t r = row0; r < row1; r += 4) {
         const int nr = row1 - r < 4 ? (int)(row1 - r) : 4;
         const uint8_t *rows[4];
         for (int i = 0; i < 4; i++) rows[i] = w + (size_t)(r + (i < nr ? i : nr - 1)) * row_bytes;
-        if (n_batch >= 3) {
-            for (int64_t b0 = 0; b0 < nb; b0 += Q5NL_KB) {
-                const int64_t kn = nb - b0 < Q5NL_KB ? nb - b0 : Q5NL_KB;
-                for (int64_t bb = 0; bb < kn; bb++)
-                    for (int i = 0; i < 4; i++) {
-                        const uint8_t *blk = rows[i] + (size_t)(b0 + bb) * bs;
-                        _mm256_store_si256((__m256i *)c.lv[bb][i], q5nl_levels(kind, blk));
-                        uint16_t h;
-                        memcpy(&h, blk, 2);
-                        c.dw[bb][i] = moetax_k_fp16_table[h];
-                        memcpy(&h, blk + 2, 2); /* Q4_1 / Q5_1: m (the others: unused) */
-                        c.mw[bb][i] = moetax_k_fp16_table[h];
-                    }
-                for (int64_t j = 0; j < n_batch; j += 4) {
-                    const int jb = n_batch - j < 4 ? (int)(n_batch - j) : 4;
-                    k_q5nl[kind].chunk[jb - 1](&c, kn, act + (size_t)j * act_row, act_row, nb, b0, y + j * ldy + r, ldy,
-                                               nr, b0 == 0);
-                }
-            }
-            continue;
-        }
         for (int64_t j = 0; j < n_batch; j += 2) {
             const uint8_t *a = act + (size_t)j * act_row;
             float *yy = y + j * ldy + r;

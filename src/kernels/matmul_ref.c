@@ -93,8 +93,7 @@ static double dot_q4(const moetax_block_q4_0 *w, const int8_t *qs, const float *
 static double dot_q5_0(const moetax_block_q5_0 *w, const int8_t *qs, const float *d, int64_t nb) {
     double acc = 0.0;
     for (int64_t i = 0; i < nb; i++) {
-        const uint32_t qh = (uint32_t)w[i].qh[0] | (uint32_t)w[i].qh[1] << 8 | (uint32_t)w[i].qh[2] << 16 |
-                            (uint32_t)w[i].qh[3] << 24;
+        const uint32_t qh = moetax_k_le32(w[i].qh);
         int32_t isum = 0;
         for (int j = 0; j < 16; j++) {
             isum += ((int32_t)(w[i].qs[j] & 0x0f) + 16 * (int32_t)(qh >> j & 1) - 16) * (int32_t)qs[i * 32 + j];
@@ -114,7 +113,7 @@ static double dot_x_1(bool five, const uint8_t *w, const int8_t *qs, const float
         memcpy(&dh, w, 2);
         memcpy(&mh, w + 2, 2);
         const uint8_t *q = w + (five ? 8 : 4), *h = w + 4;
-        const uint32_t qh = five ? (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24 : 0;
+        const uint32_t qh = five ? moetax_k_le32(h) : 0;
         int32_t isum = 0;
         for (int j = 0; j < 16; j++) {
             isum += ((int32_t)(q[j] & 0x0f) + 16 * (int32_t)(qh >> j & 1)) * (int32_t)qs[i * 32 + j];
