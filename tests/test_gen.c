@@ -266,6 +266,14 @@ int main(int argc, char **argv) {
     CHECK(moetax_gen_preset("bench-v3", &p) == MOETAX_OK);
     moetax_gen_size(&p, &n_params, &n_bytes);
     CHECK_MSG(n_bytes > 2000000000ull && n_bytes < 3200000000ull, "bench-v3: %llu bytes", (unsigned long long)n_bytes);
+    /* v2-lite: DeepSeek-V2-Lite's layer shapes (issue 18's benchmark file), the heads ik_llama.cpp accepts */
+    CHECK(moetax_gen_preset("v2-lite", &p) == MOETAX_OK);
+    CHECK(moetax_gen_validate(&p) == MOETAX_OK);
+    CHECK(p.n_embd == 2048 && p.kv_lora_rank + p.n_embd_head_qk_rope == 576 && p.n_embd_head_qk_rope == 64 &&
+          p.n_expert == 64 && p.n_expert_used == 6 && p.n_ff_exp == 1408 && p.n_ff == 10944);
+    moetax_gen_size(&p, &n_params, &n_bytes);
+    CHECK_MSG(n_params > 2900000000ull && n_params < 3100000000ull, "v2-lite: %llu params",
+              (unsigned long long)n_params);
     CHECK(moetax_gen_preset("nope", &p) == MOETAX_ERR_ARG);
     CHECK(moetax_gen_preset("tiny", &p) == MOETAX_OK);
     p.n_expert_used = 9;

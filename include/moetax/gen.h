@@ -104,7 +104,7 @@ struct moetax_gen_params {
     uint64_t seed;
 };
 
-/* Fill p with a named preset: deepseek2 "tiny", "tiny-v3", "small", "bench-v3".
+/* Fill p with a named preset: deepseek2 "tiny", "tiny-v3", "small", "bench-v3", "v2-lite".
  * Returns MOETAX_ERR_ARG for an unknown name. */
 moetax_status moetax_gen_preset(const char *preset, struct moetax_gen_params *p);
 /* The same for an architecture: qwen3moe, qwen2moe, olmoe and mixtral have "tiny" and "small". */

@@ -99,7 +99,29 @@ moetax_status moetax_gen_preset(const char *preset, struct moetax_gen_params *p)
         p->wtype = MOETAX_TYPE_Q8_0;
         return MOETAX_OK;
     }
-    return moetax_error(MOETAX_ERR_ARG, "unknown preset '%s' (expected tiny, tiny-v3, small or bench-v3)", preset);
+    if (!strcmp(preset, "v2-lite")) {
+        /* DeepSeek-V2-Lite's per-layer shapes (MLA 576/512 with rope 64, 64 experts of 1408, top 6, 2
+           shared, a dense first layer 10944 wide) on small's vocabulary, with a q LoRA of 512 where
+           V2-Lite projects q directly, and 6 layers instead of 27 (--layers 27 for its depth): the
+           benchmark shape of issue 18, ~3.0 G parameters; ik_llama.cpp accepts its heads */
+        p->n_vocab = 8192;
+        p->n_embd = 2048;
+        p->n_layer = 6;
+        p->n_ff = 10944;
+        p->n_head = 16;
+        p->q_lora_rank = 512;
+        p->kv_lora_rank = 512;
+        p->n_embd_head_qk_nope = 128;
+        p->n_embd_head_qk_rope = 64;
+        p->n_embd_head_v = 128;
+        p->n_expert = 64;
+        p->n_expert_used = 6;
+        p->n_expert_shared = 2;
+        p->n_ff_exp = 1408;
+        return MOETAX_OK;
+    }
+    return moetax_error(MOETAX_ERR_ARG, "unknown preset '%s' (expected tiny, tiny-v3, small, bench-v3 or v2-lite)",
+                        preset);
 }
 
 bool moetax_gen_arch_from_name(const char *name, enum moetax_gen_arch *out) {
