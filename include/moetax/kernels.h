@@ -364,8 +364,8 @@ struct moetax_kernels {
 const struct moetax_kernels *moetax_kernels_get(void);
 /* The scalar reference table. */
 const struct moetax_kernels *moetax_kernels_ref(void);
-/* The last-level cache's size in bytes (sysconf's level-3 figure, else sysfs's
- * largest cache of CPU 0, else 32 MiB when neither is known). */
+/* The last-level cache's size in bytes (sysfs's largest cache of CPU 0, else sysconf's
+ * level-3 figure, else 32 MiB when neither is known). */
 uint64_t moetax_cpu_llc_bytes(void);
 /* Whether weights of this many bytes, read once per token, come from memory rather
  * than the caches, so that matmul_stream suits them: more than moetax_cpu_llc_bytes().

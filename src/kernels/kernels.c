@@ -496,24 +496,27 @@ uint64_t moetax_cpu_llc_bytes(void) {
     static _Atomic uint64_t cached;
     uint64_t v = atomic_load(&cached);
     if (v) return v;
-#ifdef _SC_LEVEL3_CACHE_SIZE
-    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    if (l3 > 0) v = (uint64_t)l3;
-#endif
-    if (!v) /* sysfs: the largest cache CPU 0 lists, e.g. "32768K" */
-        for (int i = 0; i < 8; i++) {
-            char path[80], buf[32];
-            snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
-            FILE *f = fopen(path, "r");
-            if (!f) break;
-            unsigned long long n = 0;
-            char unit = 0;
-            if (fgets(buf, sizeof buf, f) && sscanf(buf, "%llu%c", &n, &unit) >= 1) {
-                const uint64_t b = (uint64_t)n * (unit == 'K' ? 1024u : unit == 'M' ? 1048576u : 1u);
-                if (b > v) v = b;
-            }
-            fclose(f);
+    /* the kernel's view first (sysfs: the largest cache CPU 0 lists, e.g. "32768K"): in a VM, glibc's
+       sysconf can take a socket-wide figure from cpuid (an AMD EPYC VM: 320 MiB for a 32 MiB L3) */
+    for (int i = 0; i < 8; i++) {
+        char path[80], buf[32];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        FILE *f = fopen(path, "r");
+        if (!f) break;
+        unsigned long long n = 0;
+        char unit = 0;
+        if (fgets(buf, sizeof buf, f) && sscanf(buf, "%llu%c", &n, &unit) >= 1) {
+            const uint64_t b = (uint64_t)n * (unit == 'K' ? 1024u : unit == 'M' ? 1048576u : 1u);
+            if (b > v) v = b;
         }
+        fclose(f);
+    }
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    if (!v) {
+        const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        if (l3 > 0) v = (uint64_t)l3;
+    }
+#endif
     if (!v) v = (uint64_t)32 << 20;
     atomic_store(&cached, v);
     return v;
