@@ -85,12 +85,12 @@
 #endif
 
 /* Prefetch the block of n bytes at blk, QPF512 bytes ahead: one line per 64 bytes
- * (with the next block's, every line is touched); a batch tile (JB > 1) as above. Q4_0's
+ * (with the next block's, every line is touched); a batch tile (JB > 1) as above. The
  * decode of streamed weights (far: moetax_k_matmul_avx512_stream, a model larger than the
  * last-level cache, kernels.h) also prefetches QPF_FAR ahead into L2: its L1 prefetches then
  * find their lines there (a model in DRAM decodes faster; for one inside the L3 the added
- * instructions only cost, so its calls go without; Q8_0's decode did not gain from it:
- * commit messages). */
+ * instructions only cost, so its calls go without). Q8_0's decode took it later than Q4_0's:
+ * on an Intel Xeon it did not gain, on an AMD Zen 4 it did (commit messages). */
 ALWAYS_INLINE void prefetch_blk(const uint8_t *blk, int n, int JB, bool far) {
     if (JB > 1) {
 #pragma GCC unroll 5
@@ -195,9 +195,9 @@ static void q8_corrections(const uint8_t *act, size_t act_row, int64_t jn, int64
 /* G groups (1 or 2: g[0], g[1]) of 8 rows x JB batch rows over blocks [b0, b0 + kn), block b of
  * the groups at g + (b - gb0) 272 bytes (gb0: 0, or b0 for a chunk made apart: q5nl_chunk);
  * y[gi][j * ldy + 0..7]; first: the chain starts from 0, else continues from y. */
-ALWAYS_INLINE void q8r8_tile(const int G, const int JB, const uint8_t *const *g, const int64_t gb0, const uint8_t *act,
-                             size_t act_row, int64_t nb, const int32_t *corr, int64_t b0, int64_t kn, float *const *y,
-                             int64_t ldy, bool first) {
+ALWAYS_INLINE void q8r8_tile(const int G, const int JB, const bool far, const uint8_t *const *g, const int64_t gb0,
+                             const uint8_t *act, size_t act_row, int64_t nb, const int32_t *corr, int64_t b0, int64_t kn,
+                             float *const *y, int64_t ldy, bool first) {
     enum { NC = 2 }; /* chains per (group, batch row) when JB <= 4 */
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q8_0, nb);
     __m256 acc[2][JB_MAX];
@@ -210,7 +210,7 @@ ALWAYS_INLINE void q8r8_tile(const int G, const int JB, const uint8_t *const *g,
 #pragma GCC unroll 2
         for (int gi = 0; gi < G; gi++) {
             const uint8_t *blk = g[gi] + (size_t)(b - gb0) * MOETAX_K_Q8R8_BLOCK_BYTES;
-            prefetch_blk(blk, MOETAX_K_Q8R8_BLOCK_BYTES, JB, false);
+            prefetch_blk(blk, MOETAX_K_Q8R8_BLOCK_BYTES, JB, far);
             __m256i wv[8];
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++) wv[c] = _mm256_loadu_si256((const __m256i *)(blk + MOETAX_K_Q8R8_QS_OFF + 32 * c));
@@ -265,19 +265,28 @@ typedef void (*q8r8_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_
     static void q8r8_tile_##G##x##JB(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,    \
                                      const int32_t *corr, int64_t b0, int64_t kn, float *const *y, int64_t ldy, \
                                      bool first) {                                                               \
-        q8r8_tile(G, JB, g, 0, act, act_row, nb, corr, b0, kn, y, ldy, first);                                  \
+        q8r8_tile(G, JB, false, g, 0, act, act_row, nb, corr, b0, kn, y, ldy, first);                           \
     }
 #define Q8R8C_TILE(JB) /* one group, a chunk made apart (gb0 = b0) */                                            \
     static void q8r8c_tile_1x##JB(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb,      \
                                   const int32_t *corr, int64_t b0, int64_t kn, float *const *y, int64_t ldy,    \
                                   bool first) {                                                                 \
-        q8r8_tile(1, JB, g, b0, act, act_row, nb, corr, b0, kn, y, ldy, first);                                 \
+        q8r8_tile(1, JB, false, g, b0, act, act_row, nb, corr, b0, kn, y, ldy, first);                          \
     }
 
 Q8R8_TILE(2, 1)
 Q8R8_TILE(1, 1) Q8R8_TILE(1, 2) Q8R8_TILE(1, 3) Q8R8_TILE(1, 4)
 Q8R8_TILE(1, 5) Q8R8_TILE(1, 6) Q8R8_TILE(1, 7) Q8R8_TILE(1, 8)
 Q8R8C_TILE(1) Q8R8C_TILE(2) Q8R8C_TILE(3) Q8R8C_TILE(4) Q8R8C_TILE(5) Q8R8C_TILE(6) Q8R8C_TILE(7) Q8R8C_TILE(8)
+/* decode of streamed weights (matmul_stream): also QPF_FAR ahead into L2 */
+static void q8r8_tile_far_2x1(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, const int32_t *corr,
+                              int64_t b0, int64_t kn, float *const *y, int64_t ldy, bool first) {
+    q8r8_tile(2, 1, true, g, 0, act, act_row, nb, corr, b0, kn, y, ldy, first);
+}
+static void q8r8_tile_far_1x1(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, const int32_t *corr,
+                              int64_t b0, int64_t kn, float *const *y, int64_t ldy, bool first) {
+    q8r8_tile(1, 1, true, g, 0, act, act_row, nb, corr, b0, kn, y, ldy, first);
+}
 static const q8r8_fn k_q8r8[JB_MAX] = {q8r8_tile_1x1, q8r8_tile_1x2, q8r8_tile_1x3, q8r8_tile_1x4,
                                        q8r8_tile_1x5, q8r8_tile_1x6, q8r8_tile_1x7, q8r8_tile_1x8};
 static const q8r8_fn k_q8r8c[JB_MAX] = {q8r8c_tile_1x1, q8r8c_tile_1x2, q8r8c_tile_1x3, q8r8c_tile_1x4,
@@ -370,7 +379,7 @@ static float q8_plain_row(const uint8_t *w, int64_t nb, const uint8_t *a, const 
 }
 
 static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
-                      const uint8_t *act, int64_t n_batch, float *y, int64_t ldy) {
+                      const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
     enum { R = MOETAX_K_Q8R8_ROWS };
     const int64_t nb = ncols / 32, gend = row1 - (row1 - row0) % R;
     const size_t act_row = moetax_k_act_row_bytes(MOETAX_TYPE_Q8_0, ncols);
@@ -397,14 +406,16 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
                     const int64_t ra = p0 + i * R, rb = ra + np * R;
                     const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
                     float *yy[2] = {yj + ra, yj + rb};
-                    if (n_batch == 1) q8r8_tile_2x1(gg, aj, act_row, nb, corr, b0, kn, yy, ldy, b0 == 0);
+                    if (n_batch == 1 && far) q8r8_tile_far_2x1(gg, aj, act_row, nb, corr, b0, kn, yy, ldy, b0 == 0);
+                    else if (n_batch == 1) q8r8_tile_2x1(gg, aj, act_row, nb, corr, b0, kn, yy, ldy, b0 == 0);
                     else k_q8z[jb - 1](gg, aj, act_row, nb, corr, b0, kn, yy, ldy, b0 == 0);
                 }
                 if (ng % 2) { /* the odd group */
                     const int64_t r = p0 + (ng - 1) * R;
                     const uint8_t *g[1] = {w + (size_t)r * row_bytes};
                     float *yy[1] = {yj + r};
-                    k_q8r8[jb - 1](g, aj, act_row, nb, corr, b0, kn, yy, ldy, b0 == 0);
+                    if (far && jb == 1) q8r8_tile_far_1x1(g, aj, act_row, nb, corr, b0, kn, yy, ldy, b0 == 0);
+                    else k_q8r8[jb - 1](g, aj, act_row, nb, corr, b0, kn, yy, ldy, b0 == 0);
                 }
                 for (int64_t r = pg; r < p1; r++)
                     for (int j = 0; j < jb; j++) {
@@ -1085,7 +1096,7 @@ static void matmul_avx512(enum moetax_type wtype, const void *w, size_t row_byte
     switch (wtype) {
     case MOETAX_TYPE_Q8_0:
         assert(row0 % MOETAX_K_Q8R8_ROWS == 0); /* ROW RANGES, kernels.h */
-        matmul_q8(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy);
+        matmul_q8(w, row_bytes, row0, row1, ncols, xq, n_batch, y, ldy, far);
         break;
     case MOETAX_TYPE_Q4_0:
         assert(row0 % MOETAX_K_Q4R8_ROWS == 0); /* ROW RANGES, kernels.h */
