@@ -225,9 +225,10 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
 #define KQ_PFD 4096
 #endif
 
-/* ... and (Q4_K, Q5_K, Q6_K) KQ_NEAR bytes ahead into L1 as well (kq8r_prefetch_dec): the
- * lines are in L2 by then, so these prefetches hold the L1's miss buffers only briefly.
- * Q2_K/Q3_K decode did not gain from it and keeps the L2 prefetch alone. */
+/* ... and KQ_NEAR bytes ahead into L1 as well (kq8r_prefetch_dec): the lines are in L2 by
+ * then, so these prefetches hold the L1's miss buffers only briefly. Q2_K/Q3_K decode took it
+ * later than the others: on an Intel Xeon it did not gain, on an AMD Zen 4 Q3_K's did (commit
+ * messages). */
 #ifndef KQ_NEAR
 #define KQ_NEAR 1024
 #endif
@@ -742,8 +743,8 @@ KQ5_INLINE void q23z_blk(const bool three, const bool gf, const int JB, const ui
     }
 }
 
-/* Two groups (g0, g1) x JB batch rows; JB == 1 (decode) prefetches into L2 below pfe, as the 256-bit
- * decode does, batches KQ_QPF bytes ahead into L1. */
+/* Two groups (g0, g1) x JB batch rows; JB == 1 (decode) prefetches into L2 below pfe and into L1,
+ * as the 256-bit decode does, batches KQ_QPF bytes ahead into L1. */
 KQ5_INLINE void q23z_tile(const bool three, const bool gf, const int JB, const uint8_t *g0, const uint8_t *g1,
                           const uint8_t *xq, size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy,
                           const uint8_t *pfe) {
@@ -754,8 +755,8 @@ KQ5_INLINE void q23z_tile(const bool three, const bool gf, const int JB, const u
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * bbytes, *bB = g1 + (size_t)i * bbytes;
         if (JB == 1) {
-            kq8r_prefetch_dec(bA, KQ_PFD, 0, bbytes, pfe);
-            kq8r_prefetch_dec(bB, KQ_PFD, 0, bbytes, pfe);
+            kq8r_prefetch_dec(bA, KQ_PFD, KQ_NEAR, bbytes, pfe);
+            kq8r_prefetch_dec(bB, KQ_PFD, KQ_NEAR, bbytes, pfe);
         } else
 #pragma GCC unroll 14
             for (int o = 0; o < (int)bbytes; o += 64) {
