@@ -505,6 +505,90 @@ Q5R8_DEC(iq4r8_dec_2f, true, 2, true) Q5R8_DEC(iq4r8_dec_1f, true, 1, true)
 static const q5r8_dec_fn k_q5r8_dec[2][2][2] = {{{q5r8_dec_1, q5r8_dec_1f}, {q5r8_dec_2, q5r8_dec_2f}},
                                                 {{iq4r8_dec_1, iq4r8_dec_1f}, {iq4r8_dec_2, iq4r8_dec_2f}}};
 
+/* Small batches (2 .. JB_MAX rows, the Q4_0 row as decode's): each block's levels are made once,
+ * in registers, for all the batch rows, instead of through a Q8_0x8r chunk (whose store and load,
+ * and the corrections, cost more than the levels at a few rows: an MoE prefill's experts get a few
+ * tokens each). Two groups (g[0] in lanes 0-7, g[1] in lanes 8-15 of each 512-bit vector) x JB
+ * rows over all nb blocks; per lane decode's chain (q5r8_dec), so the same bits. */
+ALWAYS_INLINE void q5z_levels(const bool nl, const uint8_t *k0, const uint8_t *k1, int c, __m512i *lo, __m512i *hi) {
+    const size_t qs = nl ? MOETAX_K_Q4R8_QS_OFF : MOETAX_K_Q5R8_QS_OFF;
+    const __m512i v = load_2x32(k0 + qs + 32 * c, k1 + qs + 32 * c), m4 = _mm512_set1_epi8(0x0f);
+    __m512i n0 = _mm512_and_si512(v, m4), n1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    if (nl) {
+        const __m512i t = _mm512_broadcast_i32x4(
+            _mm_add_epi8(_mm_loadu_si128((const __m128i *)moetax_iq4nl_values), _mm_set1_epi8((char)0x80)));
+        *lo = _mm512_shuffle_epi8(t, n0);
+        *hi = _mm512_shuffle_epi8(t, n1);
+        return;
+    }
+    uint32_t a0, a1, b0, b1; /* the fifth bits of half 0 and 1, group 0 and 1 */
+    memcpy(&a0, k0 + MOETAX_K_Q5R8_QH_OFF + 4 * (2 * c), 4);
+    memcpy(&a1, k0 + MOETAX_K_Q5R8_QH_OFF + 4 * (2 * c + 1), 4);
+    memcpy(&b0, k1 + MOETAX_K_Q5R8_QH_OFF + 4 * (2 * c), 4);
+    memcpy(&b1, k1 + MOETAX_K_Q5R8_QH_OFF + 4 * (2 * c + 1), 4);
+    const __m512i f = _mm512_set1_epi8(16);
+    *lo = _mm512_mask_add_epi8(n0, _cvtu64_mask64((uint64_t)b0 << 32 | a0), n0, f);
+    *hi = _mm512_mask_add_epi8(n1, _cvtu64_mask64((uint64_t)b1 << 32 | a1), n1, f);
+}
+
+ALWAYS_INLINE void q5z_tile(const bool nl, const int JB, const uint8_t *const *g, const uint8_t *act, size_t act_row,
+                            int64_t nb, float *const *y, int64_t ldy) {
+    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
+    const size_t gbs = nl ? MOETAX_K_Q4R8_BLOCK_BYTES : MOETAX_K_Q5R8_BLOCK_BYTES;
+    __m512 acc[JB_MAX];
+#pragma GCC unroll 8
+    for (int j = 0; j < JB; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *k0 = g[0] + (size_t)b * gbs, *k1 = g[1] + (size_t)b * gbs;
+        prefetch_blk(k0, (int)gbs, JB, false);
+        prefetch_blk(k1, (int)gbs, JB, false);
+        __m512i wv[8]; /* 0-3: half 0 (quants 4c..4c+3), 4-7: half 1 (16 + 4c..) */
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) q5z_levels(nl, k0, k1, c, &wv[c], &wv[c + 4]);
+        __m512i s0[JB_MAX], s1[JB_MAX];
+#pragma GCC unroll 8
+        for (int j = 0; j < JB; j++) {
+            int32_t sx;
+            memcpy(&sx, act + (size_t)j * act_row + s_off + (size_t)b * 4, 4);
+            s0[j] = _mm512_set1_epi32((nl ? -16 : -2) * sx);
+            s1[j] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+#pragma GCC unroll 8
+            for (int j = 0; j < JB; j++) {
+                const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
+                s0[j] = dpbusd_bcast(s0[j], wv[c], xq + 4 * c);
+                s1[j] = dpbusd_bcast(s1[j], wv[c + 4], xq + 16 + 4 * c);
+            }
+        const __m512 dw = cvtph_2x8(k0, k1);
+#pragma GCC unroll 8
+        for (int j = 0; j < JB; j++) {
+            const __m512 dx = _mm512_set1_ps(((const float *)(act + (size_t)j * act_row + d_off))[b]);
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0[j], s1[j])), _mm512_mul_ps(dw, dx), acc[j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < JB; j++) store_2x8(y[0] + j * ldy, y[1] + j * ldy, acc[j]);
+}
+typedef void (*q5z_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,
+                       int64_t ldy);
+#define Q5Z_TILE(NAME, NL, JB)                                                                                    \
+    static void NAME(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,   \
+                     int64_t ldy) {                                                                               \
+        q5z_tile(NL, JB, g, act, act_row, nb, y, ldy);                                                            \
+    }
+Q5Z_TILE(q5z_tile_2, false, 2) Q5Z_TILE(q5z_tile_3, false, 3) Q5Z_TILE(q5z_tile_4, false, 4)
+Q5Z_TILE(q5z_tile_5, false, 5) Q5Z_TILE(q5z_tile_6, false, 6) Q5Z_TILE(q5z_tile_7, false, 7)
+Q5Z_TILE(q5z_tile_8, false, 8)
+Q5Z_TILE(iq4z_tile_2, true, 2) Q5Z_TILE(iq4z_tile_3, true, 3) Q5Z_TILE(iq4z_tile_4, true, 4)
+Q5Z_TILE(iq4z_tile_5, true, 5) Q5Z_TILE(iq4z_tile_6, true, 6) Q5Z_TILE(iq4z_tile_7, true, 7)
+Q5Z_TILE(iq4z_tile_8, true, 8)
+/* [nl][JB - 2] */
+static const q5z_fn k_q5z[2][JB_MAX - 1] = {
+    {q5z_tile_2, q5z_tile_3, q5z_tile_4, q5z_tile_5, q5z_tile_6, q5z_tile_7, q5z_tile_8},
+    {iq4z_tile_2, iq4z_tile_3, iq4z_tile_4, iq4z_tile_5, iq4z_tile_6, iq4z_tile_7, iq4z_tile_8}};
+
 /* A Q5_0x8r (nl: IQ4_NLx8r) group's blocks [b0, b0 + kn) -> o, Q8_0x8r blocks (the signed level
  * plus 128). */
 static void q5r8_chunk(bool nl, const uint8_t *g, int64_t b0, int64_t kn, uint8_t *o) {
@@ -625,9 +709,22 @@ static void matmul_q5nl(bool nl, const uint8_t *w, size_t row_bytes, int64_t row
             k_q5r8_dec[nl][0][far](gg, act, nb, yy);
         }
     } else {
+        /* small batches: pairs of groups (i with i + np, two streams, as decode) on the direct
+         * tiles; the odd group, and larger batches, through Q8_0x8r chunks */
+        int64_t c0 = row0;
+        if (n_batch <= JB_MAX) {
+            const int64_t np = (gend - row0) / R / 2;
+            for (int64_t i = 0; i < np; i++) {
+                const int64_t ra = row0 + i * R, rb = ra + np * R;
+                const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
+                float *yy[2] = {y + ra, y + rb};
+                k_q5z[nl][n_batch - 2](gg, act, act_row, nb, yy, ldy);
+            }
+            c0 = row0 + 2 * np * R;
+        }
         _Alignas(64) uint8_t buf[2][Q5NL_KB * MOETAX_K_Q8R8_BLOCK_BYTES];
         int32_t corr[Q5NL_JS * Q5NL_KB];
-        for (int64_t s0 = 0; s0 < n_batch; s0 += Q5NL_JS) {
+        for (int64_t s0 = 0; s0 < n_batch && c0 < gend; s0 += Q5NL_JS) {
             const int64_t sn = n_batch - s0 < Q5NL_JS ? n_batch - s0 : Q5NL_JS;
             const uint8_t *as = act + (size_t)s0 * act_row;
             for (int64_t b0 = 0; b0 < nb; b0 += Q5NL_KB) {
@@ -637,7 +734,7 @@ static void matmul_q5nl(bool nl, const uint8_t *w, size_t row_bytes, int64_t row
                     jb = next_jb(sn - j0);
                     q8_corrections(as + (size_t)j0 * act_row, act_row, jb, b0, kn, corr + j0 * kn);
                 }
-                for (int64_t p0 = row0; p0 < gend; p0 += 2 * R) {
+                for (int64_t p0 = c0; p0 < gend; p0 += 2 * R) {
                     const int G = gend - p0 >= 2 * R ? 2 : 1;
                     for (int gi = 0; gi < G; gi++) q5r8_chunk(nl, w + (size_t)(p0 + gi * R) * row_bytes, b0, kn, buf[gi]);
                     const uint8_t *gg[2] = {buf[0], buf[1]};
