@@ -559,7 +559,8 @@ ALWAYS_INLINE void q5z_tile(const bool nl, const int JB, const uint8_t *const *g
             for (int j = 0; j < JB; j++) {
                 const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
                 s0[j] = dpbusd_bcast(s0[j], wv[c], xq + 4 * c);
-                s1[j] = dpbusd_bcast(s1[j], wv[c + 4], xq + 16 + 4 * c);
+                if (JB <= 2) s1[j] = dpbusd_bcast(s1[j], wv[c + 4], xq + 16 + 4 * c);
+                else s0[j] = dpbusd_bcast(s0[j], wv[c + 4], xq + 16 + 4 * c);
             }
         const __m512 dw = cvtph_2x8(k0, k1);
 #pragma GCC unroll 8
@@ -674,11 +675,101 @@ QX1R8_TILE(q51r8_2, true, 1, 2, false) QX1R8_TILE(q51r8_3, true, 1, 3, false) QX
 static const struct moetax_k_r8_tiles k_qx1r8[2] = {{{q41r8_d2, q41r8_d2f}, {q41r8_1, q41r8_1f}, {q41r8_1, q41r8_2, q41r8_3, q41r8_4}},
                 {{q51r8_d2, q51r8_d2f}, {q51r8_1, q51r8_1f}, {q51r8_1, q51r8_2, q51r8_3, q51r8_4}}};
 
+/* Batches: two groups (g[0] in lanes 0-7, g[1] in lanes 8-15 of each 512-bit vector) x JB batch rows
+ * (up to JB_MAX) over all nb blocks, each block's levels made once for the JB rows; per lane
+ * qx1r8_tile's chain, so the same bits. */
+ALWAYS_INLINE void qx1z_tile(const bool five, const int JB, const uint8_t *const *g, const uint8_t *act,
+                             size_t act_row, int64_t nb, float *const *y, int64_t ldy) {
+    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
+    const size_t gbs = five ? MOETAX_K_Q51R8_BLOCK_BYTES : MOETAX_K_Q41R8_BLOCK_BYTES;
+    const size_t qs = five ? MOETAX_K_Q51R8_QS_OFF : MOETAX_K_Q41R8_QS_OFF;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), f16 = _mm512_set1_epi8(16);
+    __m512 acc[JB_MAX];
+#pragma GCC unroll 8
+    for (int j = 0; j < JB; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *k0 = g[0] + (size_t)b * gbs, *k1 = g[1] + (size_t)b * gbs;
+        prefetch_blk(k0, (int)gbs, JB, false);
+        prefetch_blk(k1, (int)gbs, JB, false);
+        __m512i L[4][2];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) {
+            const __m512i v = load_2x32(k0 + qs + 32 * c, k1 + qs + 32 * c);
+            L[c][0] = _mm512_and_si512(v, m4);
+            L[c][1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            if (five)
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    uint32_t ma, mb;
+                    memcpy(&ma, k0 + MOETAX_K_Q51R8_QH_OFF + 4 * (2 * c + h), 4);
+                    memcpy(&mb, k1 + MOETAX_K_Q51R8_QH_OFF + 4 * (2 * c + h), 4);
+                    L[c][h] = _mm512_mask_add_epi8(L[c][h], _cvtu64_mask64((uint64_t)mb << 32 | ma), L[c][h], f16);
+                }
+        }
+        const __m512 dw = cvtph_2x8(k0, k1);
+        const __m512 mw = cvtph_2x8(k0 + MOETAX_K_QX1R8_M_OFF, k1 + MOETAX_K_QX1R8_M_OFF);
+        __m512i i0[JB_MAX], i1[JB_MAX];
+#pragma GCC unroll 8
+        for (int j = 0; j < JB; j++) i0[j] = i1[j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+#pragma GCC unroll 8
+            for (int j = 0; j < JB; j++) {
+                const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
+                i0[j] = dpbusd_bcast(i0[j], L[c][0], xq + 4 * c);
+                if (JB <= 2) i1[j] = dpbusd_bcast(i1[j], L[c][1], xq + 16 + 4 * c);
+                else i0[j] = dpbusd_bcast(i0[j], L[c][1], xq + 16 + 4 * c);
+            }
+#pragma GCC unroll 8
+        for (int j = 0; j < JB; j++) {
+            const uint8_t *a = act + (size_t)j * act_row;
+            int32_t sx;
+            memcpy(&sx, a + s_off + (size_t)b * 4, 4);
+            const __m512 dx = _mm512_set1_ps(((const float *)(a + d_off))[b]);
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0[j], i1[j])), _mm512_mul_ps(dw, dx), acc[j]);
+            acc[j] = _mm512_fmadd_ps(_mm512_set1_ps((float)(sx / 8)), _mm512_mul_ps(mw, dx), acc[j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < JB; j++) store_2x8(y[0] + j * ldy, y[1] + j * ldy, acc[j]);
+}
+typedef void (*qx1z_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,
+                        int64_t ldy);
+#define QX1Z_TILE(NAME, FIVE, JB)                                                                                 \
+    static void NAME(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,   \
+                     int64_t ldy) {                                                                               \
+        qx1z_tile(FIVE, JB, g, act, act_row, nb, y, ldy);                                                         \
+    }
+QX1Z_TILE(q41z_1, false, 1) QX1Z_TILE(q41z_2, false, 2) QX1Z_TILE(q41z_3, false, 3) QX1Z_TILE(q41z_4, false, 4)
+QX1Z_TILE(q41z_5, false, 5) QX1Z_TILE(q41z_6, false, 6) QX1Z_TILE(q41z_7, false, 7) QX1Z_TILE(q41z_8, false, 8)
+QX1Z_TILE(q51z_1, true, 1) QX1Z_TILE(q51z_2, true, 2) QX1Z_TILE(q51z_3, true, 3) QX1Z_TILE(q51z_4, true, 4)
+QX1Z_TILE(q51z_5, true, 5) QX1Z_TILE(q51z_6, true, 6) QX1Z_TILE(q51z_7, true, 7) QX1Z_TILE(q51z_8, true, 8)
+/* [five][JB - 1] */
+static const qx1z_fn k_qx1z[2][JB_MAX] = {{q41z_1, q41z_2, q41z_3, q41z_4, q41z_5, q41z_6, q41z_7, q41z_8},
+                                          {q51z_1, q51z_2, q51z_3, q51z_4, q51z_5, q51z_6, q51z_7, q51z_8}};
+
 static void matmul_qx1(bool five, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                        const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
+    enum { R = 8 };
     const enum moetax_type t = five ? MOETAX_TYPE_Q5_1 : MOETAX_TYPE_Q4_1;
-    const int64_t gend = moetax_k_r8_drive(&k_qx1r8[five], w, row_bytes, row0, row1, ncols / 32, act,
-                                           moetax_k_act_row_bytes(t, ncols), n_batch, y, ldy, far);
+    const int64_t nb = ncols / 32;
+    const size_t act_row = moetax_k_act_row_bytes(t, ncols);
+    int64_t r8 = row0; /* where the shared driver takes over: decode, or a batch's odd group */
+    if (n_batch > 1) { /* pairs of groups (i with i + np, two streams, as decode) on 512-bit tiles */
+        const int64_t np = (row1 - row0) / R / 2;
+        for (int64_t i = 0; i < np; i++) {
+            const int64_t ra = row0 + i * R, rb = ra + np * R;
+            const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
+            for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
+                jb = next_jb(n_batch - j0);
+                float *yj = y + j0 * ldy;
+                float *yy[2] = {yj + ra, yj + rb};
+                k_qx1z[five][jb - 1](gg, act + (size_t)j0 * act_row, act_row, nb, yy, ldy);
+            }
+        }
+        r8 = row0 + 2 * np * R;
+    }
+    const int64_t gend = moetax_k_r8_drive(&k_qx1r8[five], w, row_bytes, r8, row1, nb, act, act_row, n_batch, y, ldy, far);
     if (gend < row1) /* the last rows % 8, plain */
         moetax_k_matmul_avx2(t, w, row_bytes, gend, row1, ncols, act, n_batch, y, ldy);
 }
