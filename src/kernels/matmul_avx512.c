@@ -432,8 +432,9 @@ static void matmul_q8(const uint8_t *w, size_t row_bytes, int64_t row0, int64_t 
 /* Q5_0 and IQ4_NL batches                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* Q5_0 in Q5_0x8r (kernels.h; decode below: q5r8_dec), IQ4_NL as stored (decode: the avx2 table's).
- * A batch converts each group of 8 rows x Q5NL_KB blocks into a chunk in Q8_0x8r's layout (the
+/* Q5_0 in Q5_0x8r, IQ4_NL in IQ4_NLx8r (kernels.h; decode below: q5r8_dec). A batch of up to JB_MAX
+ * rows runs the x4z tiles on pairs of groups (below); a larger one, and a small one's odd group,
+ * converts each group of 8 rows x Q5NL_KB blocks into a chunk in Q8_0x8r's layout (the
  * level plus 128, the F16 d as stored: a Q8_0 block of the same values, so the exact block sums are
  * the same) and runs the Q8_0 tiles on it: two groups in 512-bit vectors, a lone group in 256-bit
  * ones; each output's chain continues through y from one chunk to the next, as Q8_0's column chunks
@@ -504,91 +505,6 @@ Q5R8_DEC(iq4r8_dec_2f, true, 2, true) Q5R8_DEC(iq4r8_dec_1f, true, 1, true)
 /* [nl][G - 1][far] */
 static const q5r8_dec_fn k_q5r8_dec[2][2][2] = {{{q5r8_dec_1, q5r8_dec_1f}, {q5r8_dec_2, q5r8_dec_2f}},
                                                 {{iq4r8_dec_1, iq4r8_dec_1f}, {iq4r8_dec_2, iq4r8_dec_2f}}};
-
-/* Small batches (2 .. JB_MAX rows, the Q4_0 row as decode's): each block's levels are made once,
- * in registers, for all the batch rows, instead of through a Q8_0x8r chunk (whose store and load,
- * and the corrections, cost more than the levels at a few rows: an MoE prefill's experts get a few
- * tokens each). Two groups (g[0] in lanes 0-7, g[1] in lanes 8-15 of each 512-bit vector) x JB
- * rows over all nb blocks; per lane decode's chain (q5r8_dec), so the same bits. */
-ALWAYS_INLINE void q5z_levels(const bool nl, const uint8_t *k0, const uint8_t *k1, int c, __m512i *lo, __m512i *hi) {
-    const size_t qs = nl ? MOETAX_K_Q4R8_QS_OFF : MOETAX_K_Q5R8_QS_OFF;
-    const __m512i v = load_2x32(k0 + qs + 32 * c, k1 + qs + 32 * c), m4 = _mm512_set1_epi8(0x0f);
-    __m512i n0 = _mm512_and_si512(v, m4), n1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-    if (nl) {
-        const __m512i t = _mm512_broadcast_i32x4(
-            _mm_add_epi8(_mm_loadu_si128((const __m128i *)moetax_iq4nl_values), _mm_set1_epi8((char)0x80)));
-        *lo = _mm512_shuffle_epi8(t, n0);
-        *hi = _mm512_shuffle_epi8(t, n1);
-        return;
-    }
-    uint32_t a0, a1, b0, b1; /* the fifth bits of half 0 and 1, group 0 and 1 */
-    memcpy(&a0, k0 + MOETAX_K_Q5R8_QH_OFF + 4 * (2 * c), 4);
-    memcpy(&a1, k0 + MOETAX_K_Q5R8_QH_OFF + 4 * (2 * c + 1), 4);
-    memcpy(&b0, k1 + MOETAX_K_Q5R8_QH_OFF + 4 * (2 * c), 4);
-    memcpy(&b1, k1 + MOETAX_K_Q5R8_QH_OFF + 4 * (2 * c + 1), 4);
-    const __m512i f = _mm512_set1_epi8(16);
-    *lo = _mm512_mask_add_epi8(n0, _cvtu64_mask64((uint64_t)b0 << 32 | a0), n0, f);
-    *hi = _mm512_mask_add_epi8(n1, _cvtu64_mask64((uint64_t)b1 << 32 | a1), n1, f);
-}
-
-ALWAYS_INLINE void q5z_tile(const bool nl, const int JB, const uint8_t *const *g, const uint8_t *act, size_t act_row,
-                            int64_t nb, float *const *y, int64_t ldy) {
-    const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
-    const size_t gbs = nl ? MOETAX_K_Q4R8_BLOCK_BYTES : MOETAX_K_Q5R8_BLOCK_BYTES;
-    __m512 acc[JB_MAX];
-#pragma GCC unroll 8
-    for (int j = 0; j < JB; j++) acc[j] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *k0 = g[0] + (size_t)b * gbs, *k1 = g[1] + (size_t)b * gbs;
-        prefetch_blk(k0, (int)gbs, JB, false);
-        prefetch_blk(k1, (int)gbs, JB, false);
-        __m512i wv[8]; /* 0-3: half 0 (quants 4c..4c+3), 4-7: half 1 (16 + 4c..) */
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) q5z_levels(nl, k0, k1, c, &wv[c], &wv[c + 4]);
-        __m512i s0[JB_MAX], s1[JB_MAX];
-#pragma GCC unroll 8
-        for (int j = 0; j < JB; j++) {
-            int32_t sx;
-            memcpy(&sx, act + (size_t)j * act_row + s_off + (size_t)b * 4, 4);
-            s0[j] = _mm512_set1_epi32((nl ? -16 : -2) * sx);
-            s1[j] = _mm512_setzero_si512();
-        }
-#pragma GCC unroll 4
-        for (int c = 0; c < 4; c++)
-#pragma GCC unroll 8
-            for (int j = 0; j < JB; j++) {
-                const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
-                s0[j] = dpbusd_bcast(s0[j], wv[c], xq + 4 * c);
-                if (JB <= 2) s1[j] = dpbusd_bcast(s1[j], wv[c + 4], xq + 16 + 4 * c);
-                else s0[j] = dpbusd_bcast(s0[j], wv[c + 4], xq + 16 + 4 * c);
-            }
-        const __m512 dw = cvtph_2x8(k0, k1);
-#pragma GCC unroll 8
-        for (int j = 0; j < JB; j++) {
-            const __m512 dx = _mm512_set1_ps(((const float *)(act + (size_t)j * act_row + d_off))[b]);
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0[j], s1[j])), _mm512_mul_ps(dw, dx), acc[j]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < JB; j++) store_2x8(y[0] + j * ldy, y[1] + j * ldy, acc[j]);
-}
-typedef void (*q5z_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,
-                       int64_t ldy);
-#define Q5Z_TILE(NAME, NL, JB)                                                                                    \
-    static void NAME(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,   \
-                     int64_t ldy) {                                                                               \
-        q5z_tile(NL, JB, g, act, act_row, nb, y, ldy);                                                            \
-    }
-Q5Z_TILE(q5z_tile_2, false, 2) Q5Z_TILE(q5z_tile_3, false, 3) Q5Z_TILE(q5z_tile_4, false, 4)
-Q5Z_TILE(q5z_tile_5, false, 5) Q5Z_TILE(q5z_tile_6, false, 6) Q5Z_TILE(q5z_tile_7, false, 7)
-Q5Z_TILE(q5z_tile_8, false, 8)
-Q5Z_TILE(iq4z_tile_2, true, 2) Q5Z_TILE(iq4z_tile_3, true, 3) Q5Z_TILE(iq4z_tile_4, true, 4)
-Q5Z_TILE(iq4z_tile_5, true, 5) Q5Z_TILE(iq4z_tile_6, true, 6) Q5Z_TILE(iq4z_tile_7, true, 7)
-Q5Z_TILE(iq4z_tile_8, true, 8)
-/* [nl][JB - 2] */
-static const q5z_fn k_q5z[2][JB_MAX - 1] = {
-    {q5z_tile_2, q5z_tile_3, q5z_tile_4, q5z_tile_5, q5z_tile_6, q5z_tile_7, q5z_tile_8},
-    {iq4z_tile_2, iq4z_tile_3, iq4z_tile_4, iq4z_tile_5, iq4z_tile_6, iq4z_tile_7, iq4z_tile_8}};
 
 /* A Q5_0x8r (nl: IQ4_NLx8r) group's blocks [b0, b0 + kn) -> o, Q8_0x8r blocks (the signed level
  * plus 128). */
@@ -675,15 +591,55 @@ QX1R8_TILE(q51r8_2, true, 1, 2, false) QX1R8_TILE(q51r8_3, true, 1, 3, false) QX
 static const struct moetax_k_r8_tiles k_qx1r8[2] = {{{q41r8_d2, q41r8_d2f}, {q41r8_1, q41r8_1f}, {q41r8_1, q41r8_2, q41r8_3, q41r8_4}},
                 {{q51r8_d2, q51r8_d2f}, {q51r8_1, q51r8_1f}, {q51r8_1, q51r8_2, q51r8_3, q51r8_4}}};
 
-/* Batches: two groups (g[0] in lanes 0-7, g[1] in lanes 8-15 of each 512-bit vector) x JB batch rows
- * (up to JB_MAX) over all nb blocks, each block's levels made once for the JB rows; per lane
- * qx1r8_tile's chain, so the same bits. */
-ALWAYS_INLINE void qx1z_tile(const bool five, const int JB, const uint8_t *const *g, const uint8_t *act,
-                             size_t act_row, int64_t nb, float *const *y, int64_t ldy) {
+/* Batches of the four types that take the Q4_0 row (Q5_0, IQ4_NL, Q4_1, Q5_1): two groups (g[0] in
+ * lanes 0-7, g[1] in lanes 8-15 of each 512-bit vector) x JB batch rows (up to JB_MAX) over all nb
+ * blocks, each block's levels made once in registers for all the rows (an MoE prefill's experts get
+ * a few tokens each; Q5_0 / IQ4_NL took a Q8_0x8r chunk's store and load and the corrections before,
+ * which cost more than these levels at a few rows, and keep them for larger batches). Per lane
+ * decode's chain (q5r8_dec, qx1r8_tile), so the same bits. */
+enum x4z_kind { X4Z_Q5_0, X4Z_IQ4_NL, X4Z_Q4_1, X4Z_Q5_1 };
+
+/* The unsigned levels of chunk c of both groups' block: half 0 (quants 4c..) in *lo, half 1 in *hi. */
+ALWAYS_INLINE void x4z_levels(const enum x4z_kind kind, const uint8_t *k0, const uint8_t *k1, int c, __m512i *lo,
+                              __m512i *hi) {
+    const size_t qs = kind == X4Z_Q5_0   ? MOETAX_K_Q5R8_QS_OFF
+                      : kind == X4Z_IQ4_NL ? MOETAX_K_Q4R8_QS_OFF
+                      : kind == X4Z_Q4_1   ? MOETAX_K_Q41R8_QS_OFF
+                                           : MOETAX_K_Q51R8_QS_OFF;
+    const __m512i v = load_2x32(k0 + qs + 32 * c, k1 + qs + 32 * c), m4 = _mm512_set1_epi8(0x0f);
+    const __m512i n0 = _mm512_and_si512(v, m4), n1 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    if (kind == X4Z_IQ4_NL) {
+        const __m512i t = _mm512_broadcast_i32x4(
+            _mm_add_epi8(_mm_loadu_si128((const __m128i *)moetax_iq4nl_values), _mm_set1_epi8((char)0x80)));
+        *lo = _mm512_shuffle_epi8(t, n0);
+        *hi = _mm512_shuffle_epi8(t, n1);
+    } else if (kind == X4Z_Q4_1) {
+        *lo = n0;
+        *hi = n1;
+    } else { /* the fifth bits of half 0 and 1, group 0 and 1, as 16 */
+        const size_t qh = kind == X4Z_Q5_0 ? MOETAX_K_Q5R8_QH_OFF : MOETAX_K_Q51R8_QH_OFF;
+        uint32_t a0, a1, b0, b1;
+        memcpy(&a0, k0 + qh + 4 * (2 * c), 4);
+        memcpy(&a1, k0 + qh + 4 * (2 * c + 1), 4);
+        memcpy(&b0, k1 + qh + 4 * (2 * c), 4);
+        memcpy(&b1, k1 + qh + 4 * (2 * c + 1), 4);
+        const __m512i f = _mm512_set1_epi8(16);
+        *lo = _mm512_mask_add_epi8(n0, _cvtu64_mask64((uint64_t)b0 << 32 | a0), n0, f);
+        *hi = _mm512_mask_add_epi8(n1, _cvtu64_mask64((uint64_t)b1 << 32 | a1), n1, f);
+    }
+}
+
+ALWAYS_INLINE void x4z_tile(const enum x4z_kind kind, const int JB, const uint8_t *const *g, const uint8_t *act,
+                            size_t act_row, int64_t nb, float *const *y, int64_t ldy) {
+    const bool min = kind == X4Z_Q4_1 || kind == X4Z_Q5_1; /* the min's term (kernels.h) */
     const size_t d_off = moetax_k_act_d_off(MOETAX_TYPE_Q4_0, nb), s_off = moetax_k_act_s_off(nb);
-    const size_t gbs = five ? MOETAX_K_Q51R8_BLOCK_BYTES : MOETAX_K_Q41R8_BLOCK_BYTES;
-    const size_t qs = five ? MOETAX_K_Q51R8_QS_OFF : MOETAX_K_Q41R8_QS_OFF;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), f16 = _mm512_set1_epi8(16);
+    const size_t gbs = kind == X4Z_Q5_0   ? MOETAX_K_Q5R8_BLOCK_BYTES
+                       : kind == X4Z_IQ4_NL ? MOETAX_K_Q4R8_BLOCK_BYTES
+                       : kind == X4Z_Q4_1   ? MOETAX_K_Q41R8_BLOCK_BYTES
+                                            : MOETAX_K_Q51R8_BLOCK_BYTES;
+    /* the levels' offset from the signed values, through the block sums s = 8 sum(x): 16 (Q5_0), 128
+     * (IQ4_NL's table plus 128); Q4_1 / Q5_1 keep it in their min */
+    const int32_t off = kind == X4Z_Q5_0 ? -2 : kind == X4Z_IQ4_NL ? -16 : 0;
     __m512 acc[JB_MAX];
 #pragma GCC unroll 8
     for (int j = 0; j < JB; j++) acc[j] = _mm512_setzero_ps();
@@ -691,62 +647,55 @@ ALWAYS_INLINE void qx1z_tile(const bool five, const int JB, const uint8_t *const
         const uint8_t *k0 = g[0] + (size_t)b * gbs, *k1 = g[1] + (size_t)b * gbs;
         prefetch_blk(k0, (int)gbs, JB, false);
         prefetch_blk(k1, (int)gbs, JB, false);
-        __m512i L[4][2];
+        __m512i wv[8]; /* 0-3: half 0 (quants 4c..4c+3), 4-7: half 1 (16 + 4c..) */
 #pragma GCC unroll 4
-        for (int c = 0; c < 4; c++) {
-            const __m512i v = load_2x32(k0 + qs + 32 * c, k1 + qs + 32 * c);
-            L[c][0] = _mm512_and_si512(v, m4);
-            L[c][1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            if (five)
-#pragma GCC unroll 2
-                for (int h = 0; h < 2; h++) {
-                    uint32_t ma, mb;
-                    memcpy(&ma, k0 + MOETAX_K_Q51R8_QH_OFF + 4 * (2 * c + h), 4);
-                    memcpy(&mb, k1 + MOETAX_K_Q51R8_QH_OFF + 4 * (2 * c + h), 4);
-                    L[c][h] = _mm512_mask_add_epi8(L[c][h], _cvtu64_mask64((uint64_t)mb << 32 | ma), L[c][h], f16);
-                }
-        }
-        const __m512 dw = cvtph_2x8(k0, k1);
-        const __m512 mw = cvtph_2x8(k0 + MOETAX_K_QX1R8_M_OFF, k1 + MOETAX_K_QX1R8_M_OFF);
-        __m512i i0[JB_MAX], i1[JB_MAX];
+        for (int c = 0; c < 4; c++) x4z_levels(kind, k0, k1, c, &wv[c], &wv[c + 4]);
+        __m512i s0[JB_MAX], s1[JB_MAX];
+        int32_t sx[JB_MAX];
 #pragma GCC unroll 8
-        for (int j = 0; j < JB; j++) i0[j] = i1[j] = _mm512_setzero_si512();
+        for (int j = 0; j < JB; j++) {
+            memcpy(&sx[j], act + (size_t)j * act_row + s_off + (size_t)b * 4, 4);
+            s0[j] = _mm512_set1_epi32(off * sx[j]);
+            s1[j] = _mm512_setzero_si512();
+        }
+        /* two chains per row up to 2 rows, one from 3 (as the Q8_0 tiles) */
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
 #pragma GCC unroll 8
             for (int j = 0; j < JB; j++) {
                 const uint8_t *xq = act + (size_t)j * act_row + (size_t)b * 32;
-                i0[j] = dpbusd_bcast(i0[j], L[c][0], xq + 4 * c);
-                if (JB <= 2) i1[j] = dpbusd_bcast(i1[j], L[c][1], xq + 16 + 4 * c);
-                else i0[j] = dpbusd_bcast(i0[j], L[c][1], xq + 16 + 4 * c);
+                s0[j] = dpbusd_bcast(s0[j], wv[c], xq + 4 * c);
+                if (JB <= 2) s1[j] = dpbusd_bcast(s1[j], wv[c + 4], xq + 16 + 4 * c);
+                else s0[j] = dpbusd_bcast(s0[j], wv[c + 4], xq + 16 + 4 * c);
             }
+        const __m512 dw = cvtph_2x8(k0, k1);
+        const __m512 mw = min ? cvtph_2x8(k0 + MOETAX_K_QX1R8_M_OFF, k1 + MOETAX_K_QX1R8_M_OFF) : dw;
 #pragma GCC unroll 8
         for (int j = 0; j < JB; j++) {
-            const uint8_t *a = act + (size_t)j * act_row;
-            int32_t sx;
-            memcpy(&sx, a + s_off + (size_t)b * 4, 4);
-            const __m512 dx = _mm512_set1_ps(((const float *)(a + d_off))[b]);
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0[j], i1[j])), _mm512_mul_ps(dw, dx), acc[j]);
-            acc[j] = _mm512_fmadd_ps(_mm512_set1_ps((float)(sx / 8)), _mm512_mul_ps(mw, dx), acc[j]);
+            const __m512 dx = _mm512_set1_ps(((const float *)(act + (size_t)j * act_row + d_off))[b]);
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0[j], s1[j])), _mm512_mul_ps(dw, dx), acc[j]);
+            if (min) acc[j] = _mm512_fmadd_ps(_mm512_set1_ps((float)(sx[j] / 8)), _mm512_mul_ps(mw, dx), acc[j]);
         }
     }
 #pragma GCC unroll 8
     for (int j = 0; j < JB; j++) store_2x8(y[0] + j * ldy, y[1] + j * ldy, acc[j]);
 }
-typedef void (*qx1z_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,
-                        int64_t ldy);
-#define QX1Z_TILE(NAME, FIVE, JB)                                                                                 \
+typedef void (*x4z_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,
+                       int64_t ldy);
+#define X4Z_TILE(NAME, KIND, JB)                                                                                  \
     static void NAME(const uint8_t *const *g, const uint8_t *act, size_t act_row, int64_t nb, float *const *y,   \
                      int64_t ldy) {                                                                               \
-        qx1z_tile(FIVE, JB, g, act, act_row, nb, y, ldy);                                                         \
+        x4z_tile(KIND, JB, g, act, act_row, nb, y, ldy);                                                          \
     }
-QX1Z_TILE(q41z_1, false, 1) QX1Z_TILE(q41z_2, false, 2) QX1Z_TILE(q41z_3, false, 3) QX1Z_TILE(q41z_4, false, 4)
-QX1Z_TILE(q41z_5, false, 5) QX1Z_TILE(q41z_6, false, 6) QX1Z_TILE(q41z_7, false, 7) QX1Z_TILE(q41z_8, false, 8)
-QX1Z_TILE(q51z_1, true, 1) QX1Z_TILE(q51z_2, true, 2) QX1Z_TILE(q51z_3, true, 3) QX1Z_TILE(q51z_4, true, 4)
-QX1Z_TILE(q51z_5, true, 5) QX1Z_TILE(q51z_6, true, 6) QX1Z_TILE(q51z_7, true, 7) QX1Z_TILE(q51z_8, true, 8)
-/* [five][JB - 1] */
-static const qx1z_fn k_qx1z[2][JB_MAX] = {{q41z_1, q41z_2, q41z_3, q41z_4, q41z_5, q41z_6, q41z_7, q41z_8},
-                                          {q51z_1, q51z_2, q51z_3, q51z_4, q51z_5, q51z_6, q51z_7, q51z_8}};
+#define X4Z_TILES(P, KIND)                                                                                        \
+    X4Z_TILE(P##_1, KIND, 1) X4Z_TILE(P##_2, KIND, 2) X4Z_TILE(P##_3, KIND, 3) X4Z_TILE(P##_4, KIND, 4)           \
+    X4Z_TILE(P##_5, KIND, 5) X4Z_TILE(P##_6, KIND, 6) X4Z_TILE(P##_7, KIND, 7) X4Z_TILE(P##_8, KIND, 8)
+X4Z_TILES(q50z, X4Z_Q5_0) X4Z_TILES(iq4z, X4Z_IQ4_NL) X4Z_TILES(q41z, X4Z_Q4_1) X4Z_TILES(q51z, X4Z_Q5_1)
+/* [kind][JB - 1] */
+static const x4z_fn k_x4z[4][JB_MAX] = {{q50z_1, q50z_2, q50z_3, q50z_4, q50z_5, q50z_6, q50z_7, q50z_8},
+                                        {iq4z_1, iq4z_2, iq4z_3, iq4z_4, iq4z_5, iq4z_6, iq4z_7, iq4z_8},
+                                        {q41z_1, q41z_2, q41z_3, q41z_4, q41z_5, q41z_6, q41z_7, q41z_8},
+                                        {q51z_1, q51z_2, q51z_3, q51z_4, q51z_5, q51z_6, q51z_7, q51z_8}};
 
 static void matmul_qx1(bool five, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                        const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
@@ -764,7 +713,7 @@ static void matmul_qx1(bool five, const uint8_t *w, size_t row_bytes, int64_t ro
                 jb = next_jb(n_batch - j0);
                 float *yj = y + j0 * ldy;
                 float *yy[2] = {yj + ra, yj + rb};
-                k_qx1z[five][jb - 1](gg, act + (size_t)j0 * act_row, act_row, nb, yy, ldy);
+                k_x4z[five ? X4Z_Q5_1 : X4Z_Q4_1][jb - 1](gg, act + (size_t)j0 * act_row, act_row, nb, yy, ldy);
             }
         }
         r8 = row0 + 2 * np * R;
@@ -809,7 +758,7 @@ static void matmul_q5nl(bool nl, const uint8_t *w, size_t row_bytes, int64_t row
                 const int64_t ra = row0 + i * R, rb = ra + np * R;
                 const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
                 float *yy[2] = {y + ra, y + rb};
-                k_q5z[nl][n_batch - 2](gg, act, act_row, nb, yy, ldy);
+                k_x4z[nl ? X4Z_IQ4_NL : X4Z_Q5_0][n_batch - 1](gg, act, act_row, nb, yy, ldy);
             }
             c0 = row0 + 2 * np * R;
         }
