@@ -262,14 +262,23 @@ static void test_matmul(void) {
                     for (size_t bi = 0; bi < sizeof k_batches / sizeof k_batches[0]; bi++)
                         test_matmul_case(kts[ti], k_rows[ri], 256 * ci, k_batches[bi]);
     }
-    /* Q5_0 / IQ4_NL batches (avx512: chunks of 64 blocks in Q8_0x8r, batch rows in slabs of 64, a
-     * range's last rows % 8 on avx2's path): several chunks and slabs, pairs of groups, a lone group */
+    /* Q5_0 / IQ4_NL / Q4_1 / Q5_1 batches (avx512: Q5_0 and IQ4_NL past 8 rows in chunks of 64 blocks
+     * in Q8_0x8r, batch rows in slabs of 64, a range's last rows % 8 on avx2's path): several chunks
+     * and slabs, pairs of groups, a lone group */
     for (int ti = 0; ti < 4; ti++) {
         static const enum moetax_type ts[] = {MOETAX_TYPE_Q5_0, MOETAX_TYPE_IQ4_NL, MOETAX_TYPE_Q4_1, MOETAX_TYPE_Q5_1};
         const enum moetax_type t = ts[ti];
         test_matmul_case(t, 27, 32 * 70, 70);
         test_matmul_case(t, 40, 32 * 130, 9);
         test_matmul_case(t, 8, 32 * 44, 131);
+        /* the avx512 x4z tiles (pairs of groups x 1..8 batch rows; Q5_0 / IQ4_NL up to 8 rows, the
+         * odd group through the chunks; Q4_1 / Q5_1 any batch in tiles of up to 8): every tile width,
+         * one to five groups with and without an odd group and a tail */
+        static const int64_t x_rows[] = {8, 16, 24, 25, 40, 41};
+        static const int64_t x_batches[] = {2, 3, 4, 5, 6, 7, 8, 9, 17};
+        for (size_t ri = 0; ri < sizeof x_rows / sizeof x_rows[0]; ri++)
+            for (size_t bi = 0; bi < sizeof x_batches / sizeof x_batches[0]; bi++)
+                for (int64_t nb = 1; nb <= 9; nb += 4) test_matmul_case(t, x_rows[ri], 32 * nb, x_batches[bi]);
     }
     CHECK(moetax_act_size(MOETAX_TYPE_Q8_0, 33, 1) == 0);
     CHECK(moetax_act_size(MOETAX_TYPE_Q4_0, 48, 1) == 0);
