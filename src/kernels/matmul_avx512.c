@@ -688,36 +688,44 @@ typedef void (*x4z_fn)(const uint8_t *const *g, const uint8_t *act, size_t act_r
         x4z_tile(KIND, JB, g, act, act_row, nb, y, ldy);                                                          \
     }
 #define X4Z_TILES(P, KIND)                                                                                        \
-    X4Z_TILE(P##_1, KIND, 1) X4Z_TILE(P##_2, KIND, 2) X4Z_TILE(P##_3, KIND, 3) X4Z_TILE(P##_4, KIND, 4)           \
-    X4Z_TILE(P##_5, KIND, 5) X4Z_TILE(P##_6, KIND, 6) X4Z_TILE(P##_7, KIND, 7) X4Z_TILE(P##_8, KIND, 8)
+    X4Z_TILE(P##_2, KIND, 2) X4Z_TILE(P##_3, KIND, 3) X4Z_TILE(P##_4, KIND, 4) X4Z_TILE(P##_5, KIND, 5)           \
+    X4Z_TILE(P##_6, KIND, 6) X4Z_TILE(P##_7, KIND, 7) X4Z_TILE(P##_8, KIND, 8)
 X4Z_TILES(q50z, X4Z_Q5_0) X4Z_TILES(iq4z, X4Z_IQ4_NL) X4Z_TILES(q41z, X4Z_Q4_1) X4Z_TILES(q51z, X4Z_Q5_1)
-/* [kind][JB - 1] */
-static const x4z_fn k_x4z[4][JB_MAX] = {{q50z_1, q50z_2, q50z_3, q50z_4, q50z_5, q50z_6, q50z_7, q50z_8},
-                                        {iq4z_1, iq4z_2, iq4z_3, iq4z_4, iq4z_5, iq4z_6, iq4z_7, iq4z_8},
-                                        {q41z_1, q41z_2, q41z_3, q41z_4, q41z_5, q41z_6, q41z_7, q41z_8},
-                                        {q51z_1, q51z_2, q51z_3, q51z_4, q51z_5, q51z_6, q51z_7, q51z_8}};
+/* [kind][JB - 2]: batches only (decode has its own tiles) */
+static const x4z_fn k_x4z[4][JB_MAX - 1] = {{q50z_2, q50z_3, q50z_4, q50z_5, q50z_6, q50z_7, q50z_8},
+                                            {iq4z_2, iq4z_3, iq4z_4, iq4z_5, iq4z_6, iq4z_7, iq4z_8},
+                                            {q41z_2, q41z_3, q41z_4, q41z_5, q41z_6, q41z_7, q41z_8},
+                                            {q51z_2, q51z_3, q51z_4, q51z_5, q51z_6, q51z_7, q51z_8}};
+
+/* A batch (2+ rows) of rows [row0, row1) on the x4z tiles: group i with group i + np (two streams,
+ * as decode), the batch rows in tiles of up to JB_MAX. Returns where the paired groups end (an odd
+ * group and the plain rows after it are the caller's). */
+static int64_t x4z_pairs(enum x4z_kind kind, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1,
+                         int64_t nb, const uint8_t *act, size_t act_row, int64_t n_batch, float *y, int64_t ldy) {
+    enum { R = 8 };
+    const int64_t np = (row1 - row0) / R / 2;
+    for (int64_t i = 0; i < np; i++) {
+        const int64_t ra = row0 + i * R, rb = ra + np * R;
+        const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
+        for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
+            jb = next_jb(n_batch - j0);
+            float *yj = y + j0 * ldy;
+            float *yy[2] = {yj + ra, yj + rb};
+            k_x4z[kind][jb - 2](gg, act + (size_t)j0 * act_row, act_row, nb, yy, ldy);
+        }
+    }
+    return row0 + 2 * np * R;
+}
 
 static void matmul_qx1(bool five, const uint8_t *w, size_t row_bytes, int64_t row0, int64_t row1, int64_t ncols,
                        const uint8_t *act, int64_t n_batch, float *y, int64_t ldy, bool far) {
-    enum { R = 8 };
     const enum moetax_type t = five ? MOETAX_TYPE_Q5_1 : MOETAX_TYPE_Q4_1;
     const int64_t nb = ncols / 32;
     const size_t act_row = moetax_k_act_row_bytes(t, ncols);
-    int64_t r8 = row0; /* where the shared driver takes over: decode, or a batch's odd group */
-    if (n_batch > 1) { /* pairs of groups (i with i + np, two streams, as decode) on 512-bit tiles */
-        const int64_t np = (row1 - row0) / R / 2;
-        for (int64_t i = 0; i < np; i++) {
-            const int64_t ra = row0 + i * R, rb = ra + np * R;
-            const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
-            for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
-                jb = next_jb(n_batch - j0);
-                float *yj = y + j0 * ldy;
-                float *yy[2] = {yj + ra, yj + rb};
-                k_x4z[five ? X4Z_Q5_1 : X4Z_Q4_1][jb - 1](gg, act + (size_t)j0 * act_row, act_row, nb, yy, ldy);
-            }
-        }
-        r8 = row0 + 2 * np * R;
-    }
+    /* a batch's pairs of groups on the x4z tiles; the shared driver takes decode, or the odd group */
+    const int64_t r8 = n_batch > 1 ? x4z_pairs(five ? X4Z_Q5_1 : X4Z_Q4_1, w, row_bytes, row0, row1, nb, act, act_row,
+                                               n_batch, y, ldy)
+                                   : row0;
     const int64_t gend = moetax_k_r8_drive(&k_qx1r8[five], w, row_bytes, r8, row1, nb, act, act_row, n_batch, y, ldy, far);
     if (gend < row1) /* the last rows % 8, plain */
         moetax_k_matmul_avx2(t, w, row_bytes, gend, row1, ncols, act, n_batch, y, ldy);
@@ -751,17 +759,9 @@ static void matmul_q5nl(bool nl, const uint8_t *w, size_t row_bytes, int64_t row
     } else {
         /* small batches: pairs of groups (i with i + np, two streams, as decode) on the direct
          * tiles; the odd group, and larger batches, through Q8_0x8r chunks */
-        int64_t c0 = row0;
-        if (n_batch <= JB_MAX) {
-            const int64_t np = (gend - row0) / R / 2;
-            for (int64_t i = 0; i < np; i++) {
-                const int64_t ra = row0 + i * R, rb = ra + np * R;
-                const uint8_t *gg[2] = {w + (size_t)ra * row_bytes, w + (size_t)rb * row_bytes};
-                float *yy[2] = {y + ra, y + rb};
-                k_x4z[nl ? X4Z_IQ4_NL : X4Z_Q5_0][n_batch - 1](gg, act, act_row, nb, yy, ldy);
-            }
-            c0 = row0 + 2 * np * R;
-        }
+        const int64_t c0 = n_batch <= JB_MAX ? x4z_pairs(nl ? X4Z_IQ4_NL : X4Z_Q5_0, w, row_bytes, row0, gend, nb,
+                                                         act, act_row, n_batch, y, ldy)
+                                             : row0;
         _Alignas(64) uint8_t buf[2][Q5NL_KB * MOETAX_K_Q8R8_BLOCK_BYTES];
         int32_t corr[Q5NL_JS * Q5NL_KB];
         for (int64_t s0 = 0; s0 < n_batch && c0 < gend; s0 += Q5NL_JS) {
