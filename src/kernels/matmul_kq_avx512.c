@@ -518,9 +518,9 @@ KQ5_INLINE void q6z_tile(const int JB, const bool gf, const uint8_t *g0, const u
 #pragma GCC unroll 8
         for (int t = 0; t < JB; t++) S[t] = _mm512_setzero_si512();
         /* decode: the halves as a loop, not unrolled, so that its block body takes half the
-         * code (the 4.6 KB one ran at two thirds of the speed at some code addresses on Zen 4:
-         * too large for its op cache where it landed). The bound is hidden from the compiler,
-         * which otherwise peels the two iterations; batch tiles keep them unrolled. */
+         * code (unrolled, its speed on Zen 4 depended on where the linker placed it, as for a
+         * loop too large for the op cache: commit message). The bound is hidden from the
+         * compiler, which otherwise peels the two iterations; batch tiles keep them unrolled. */
         int n_half = 2;
         if (JB == 1) __asm__("" : "+r"(n_half));
         for (int h = 0; h < n_half; h++)
