@@ -65,9 +65,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def ratio(a, b):
-    """a / b, NaN where b is not positive (a figure that could not be measured, e.g. a stream whose
-    chunks were all read at once on a loaded machine: its TPOT reads 0)."""
-    return a / b if b > 0 else float("nan")
+    """a / b, NaN where either is not positive (a figure that could not be measured, e.g. a stream whose
+    chunks were all read at once, on a loaded machine or a model whose whole completion takes less than
+    the stream's pacing interval: its TPOT reads 0 and it has no gaps)."""
+    return a / b if a > 0 and b > 0 else float("nan")
 
 
 def nanmedian(xs):
@@ -418,9 +419,11 @@ def main():
             r["engine_scale"] = r["engine_tps_many"] / r["engine_tps_1"]
             r["tpot_ratio"] = ratio(r["many_tpot_max_ms"], r["one_tpot_ms"])
             r["gap_p99_ratio"] = ratio(r["many_gap_p99_ms"], r["one_gap_p99_ms"])
-            if not r["one_tpot_ms"] > 0 or not r["one_gap_p99_ms"] > 0:
-                print("bench_serve: warning: the one-client streams' chunks arrived together (a loaded machine): "
-                      "the TPOT and gap ratios of this round are not measured (NaN)", file=sys.stderr)
+            if not (r["one_tpot_ms"] > 0 and r["one_gap_p99_ms"] > 0 and r["many_tpot_max_ms"] > 0
+                    and r["many_gap_p99_ms"] > 0):
+                print("bench_serve: warning: a stream's chunks arrived together (a loaded machine, or completions "
+                      "shorter than the stream's pacing interval): the TPOT and gap ratios of this round are not "
+                      "measured (NaN)", file=sys.stderr)
             r["long_raise_ms"] = r["long_during_p99_ms"] - r["long_before_p99_ms"]
             rounds.append(r)
             print(f"round {rd + 1}: server's own time {100 * r['own_share']:.1f}% of the engine's TPOT (HTTP CPU "

@@ -28,9 +28,11 @@ if r.returncode != 0:
 else:
     d = json.load(open(out))
     med = d["medians"]
-    # the ratios to the one-client stream's TPOT and gaps are NaN, and said so, only where that stream's
-    # chunks all arrived at once (its TPOT or p99 gap reads 0: a loaded machine); else finite
-    unmeasured = not med.get("one_tpot_ms", 0) > 0 or not med.get("one_gap_p99_ms", 0) > 0
+    # the TPOT and gap ratios are NaN, and said so, only where a stream's chunks all arrived at once (its
+    # TPOT or p99 gap reads 0, or it has no gaps: a loaded machine, or a completion shorter than the
+    # stream's pacing interval on a fast one); else finite
+    unmeasured = not all(isinstance(med.get(k), (int, float)) and med[k] > 0
+                         for k in ("one_tpot_ms", "one_gap_p99_ms", "many_tpot_max_ms", "many_gap_p99_ms"))
     for k in ("server_cost", "scale", "engine_scale", "tpot_ratio", "gap_p99_ratio", "long_raise_ms",
               "one_tps", "many_tps", "engine_tps_1", "engine_tps_many", "one_tpot_ms", "engine_tpot_p50_ms",
               "long_ttft_ms", "own_share", "own_http_us", "own_sched_us"):
