@@ -509,8 +509,14 @@ KQ8R_INLINE void kq8r_q23_coefs(const bool three, const __m256i U[4], __m256i ev
 #ifndef KQ8R_PFD
 #define KQ8R_PFD 4096
 #endif
-/* Batch tiles: bytes ahead into L1 (about two super-blocks of a group) */
-#define KQ8R_QPF 2304
+/* Batch tiles, for weights streamed from memory (the first tile of a group's batch rows: the
+ * rest find them in L2): bytes ahead into L2, as decode's. With an L1 prefetch two super-blocks
+ * ahead alone, as they had, Q6_K's tile of 2 batch rows took 2.6x decode's time for the same
+ * bytes on Zen 4 (waiting on the memory's latency), 1.2x with this; 4 KiB, or the L1 prefetch
+ * beside it, did less (commit message: measurements). */
+#ifndef KQ8R_BPFD
+#define KQ8R_BPFD 8192
+#endif
 
 /* pmaddubsw of levels v against the 4 activation quants at x, broadcast, added to s (int16) */
 KQ_INLINE __m256i kq8r_dot16(__m256i s, __m256i v, const int8_t *x) {
@@ -709,7 +715,7 @@ enum { KQ8R_Q2, KQ8R_Q3, KQ8R_Q4, KQ8R_Q5, KQ8R_Q6 };
 
 /* G groups (g[0], g[1]) x JB batch rows (act_row apart from xq) over nb super-blocks of kind
  * kt; y[gi][t * ldy + 0..7]. Decode (JB = 1) prefetches KQ8R_PFD ahead into L2, never past pfe;
- * batch tiles KQ8R_QPF ahead into L1. */
+ * batch tiles KQ8R_BPFD ahead into L2. */
 KQ_INLINE void kqr8_tile_avx2(const int kt, const int G, const int JB, const uint8_t *const *g, const uint8_t *xq,
                               size_t act_row, int64_t nb, float *const *y, int64_t ldy, const uint8_t *pfe) {
     const size_t bbytes = kt == KQ8R_Q2   ? MOETAX_K_Q2KR8_BLOCK_BYTES
@@ -730,9 +736,7 @@ KQ_INLINE void kqr8_tile_avx2(const int kt, const int G, const int JB, const uin
         for (int gi = 0; gi < G; gi++) {
             const uint8_t *blk = g[gi] + (size_t)i * bbytes;
             if (JB == 1) kq8r_prefetch_dec(blk, KQ8R_PFD, 0, bbytes, pfe);
-            else
-#pragma GCC unroll 27
-                for (int o = 0; o < (int)bbytes; o += 64) _mm_prefetch((const char *)blk + KQ8R_QPF + o, _MM_HINT_T0);
+            else kq8r_prefetch_dec(blk, KQ8R_BPFD, 0, bbytes, pfe);
             __m256 ac[KQ_BT]; /* a local copy: the compiler keeps it in registers */
 #pragma GCC unroll 4
             for (int t = 0; t < JB; t++) ac[t] = acc[gi][t];
@@ -787,13 +791,17 @@ static void kqr8_rows_avx2(const kqr8_avx2_fn *tiles, const uint8_t *w, size_t r
         }
         r += 2 * np * R;
     }
+    const uint8_t *none = w + (size_t)row0 * row_bytes, *wr = w + (size_t)r * row_bytes; /* none: no L2 prefetch */
+    if (n_batch > 1 && r < gend) /* the first group's first KQ8R_BPFD bytes at once, as decode's */
+        kq_prefetch_span_l2(wr, pfe - wr > KQ8R_BPFD ? wr + KQ8R_BPFD : pfe);
     for (; r < gend; r += R)
         for (int64_t j0 = 0, jb; j0 < n_batch; j0 += jb) {
             const int64_t left = n_batch - j0, n_tiles = (left + KQ_BT - 1) / KQ_BT;
             jb = (left + n_tiles - 1) / n_tiles;
             const uint8_t *gg[1] = {w + (size_t)r * row_bytes};
             float *yy[1] = {y + j0 * ldy + r};
-            tiles[jb](gg, xq + (size_t)j0 * act_row, act_row, nb, yy, ldy, pfe);
+            /* the group's later tiles find it in L2 */
+            tiles[jb](gg, xq + (size_t)j0 * act_row, act_row, nb, yy, ldy, j0 ? none : pfe);
         }
 }
 

@@ -207,9 +207,6 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
  * acc += (d_x * d_w) * (float)sumi; acc -= (d_x * dmin_w) * (float)summ. The tiles
  * below hold two groups in 512-bit vectors. */
 
-#ifndef KQ_QPF
-#define KQ_QPF 2304 /* bytes ahead in a group's stream: two super-blocks (batch tiles, into L1) */
-#endif
 /* Decode (one batch row) of weights streamed from memory (matmul_stream, kernels.h) reads
  * them once at the memory's rate: it prefetches KQ_PFD bytes ahead of where it reads, into
  * L2 (prefetcht1), never past the end of its row range (pfe); cached weights go without
@@ -235,6 +232,26 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
 /* Decode's prefetch for the n bytes of a block at p (stream end pfe). */
 KQ5_INLINE void kq_prefetch_dec(const uint8_t *p, size_t n, const uint8_t *pfe) {
     kq8r_prefetch_dec(p, KQ_PFD, KQ_NEAR, n, pfe);
+}
+
+/* A batch tile's prefetch (JB > 1) for block i of its two adjacent groups (g1 = g0 + L, L the
+ * group's nb * n bytes; a range's pairs follow one another), for weights streamed from memory
+ * (pfe past them; the first tile of a pair's batch rows only: the rest find them in L2): into
+ * L2, KQ_BPFD bytes ahead of each group's stream, never past the range's end. With an L1
+ * prefetch 2 super-blocks ahead alone, as the tiles had, a tile of 2 batch rows waited on the
+ * memory's latency and took about twice decode's time for the same bytes (Q6_K 3x); KQ_BPFD 4
+ * KiB and the L1 prefetch beside it recovered most of that, 8 KiB without it more, 12 and 16 KiB
+ * no more than 8 (commit message: measurements on Zen 4). The two groups are read side by side,
+ * so group A's stream, past its end, goes on at the next pair's group B (g1 + L + offset), which
+ * nothing else brings in early; group B's runs into the next pair's group A by itself. */
+#ifndef KQ_BPFD
+#define KQ_BPFD 8192
+#endif
+KQ5_INLINE void kqz_prefetch_batch(const uint8_t *g0, const uint8_t *g1, size_t L, int64_t i, size_t n,
+                                   const uint8_t *pfe) {
+    const size_t x = (size_t)i * n + KQ_BPFD; /* the offset to prefetch in each stream */
+    kq8r_prefetch_dec(x < L ? g0 + x - KQ_BPFD : g1 + L + x - KQ_BPFD, KQ_BPFD, 0, n, pfe);
+    kq8r_prefetch_dec(g1 + x - KQ_BPFD, KQ_BPFD, 0, n, pfe);
 }
 
 /* ---- Q6_K in Q6_Kx8r: 8 rows in the 8 int32 lanes, as Q4_Kx8r (two groups a tile below) ----
@@ -375,11 +392,7 @@ KQ5_INLINE void q45z_tile(const bool five, const bool gf, const int JB, const ui
             kq_prefetch_dec(bA, bbytes, pfe);
             kq_prefetch_dec(bB, bbytes, pfe);
         } else
-#pragma GCC unroll 22
-            for (int o = 0; o < (int)bbytes; o += 64) {
-                _mm_prefetch((const char *)bA + KQ_QPF + o, _MM_HINT_T0);
-                _mm_prefetch((const char *)bB + KQ_QPF + o, _MM_HINT_T0);
-            }
+            kqz_prefetch_batch(g0, g1, (size_t)nb * bbytes, i, bbytes, pfe);
         const moetax_block_q8_k *a[KQZ_JB];
 #pragma GCC unroll 8
         for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
@@ -506,11 +519,7 @@ KQ5_INLINE void q6z_tile(const int JB, const bool gf, const uint8_t *g0, const u
             kq_prefetch_dec(bA, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
             kq_prefetch_dec(bB, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
         } else
-#pragma GCC unroll 27
-            for (int o = 0; o < MOETAX_K_Q6KR8_BLOCK_BYTES; o += 64) {
-                _mm_prefetch((const char *)bA + KQ_QPF + o, _MM_HINT_T0);
-                _mm_prefetch((const char *)bB + KQ_QPF + o, _MM_HINT_T0);
-            }
+            kqz_prefetch_batch(g0, g1, (size_t)nb * MOETAX_K_Q6KR8_BLOCK_BYTES, i, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
         const moetax_block_q8_k *a[KQZ_JB];
 #pragma GCC unroll 8
         for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
@@ -749,7 +758,7 @@ KQ5_INLINE void q23z_blk(const bool three, const bool gf, const int JB, const ui
 }
 
 /* Two groups (g0, g1) x JB batch rows; JB == 1 (decode) prefetches into L2 below pfe and into L1,
- * as the 256-bit decode does, batches KQ_QPF bytes ahead into L1. */
+ * as the 256-bit decode does, batches into L2 (kqz_prefetch_batch). */
 KQ5_INLINE void q23z_tile(const bool three, const bool gf, const int JB, const uint8_t *g0, const uint8_t *g1,
                           const uint8_t *xq, size_t act_row, int64_t nb, float *y0, float *y1, int64_t ldy,
                           const uint8_t *pfe) {
@@ -763,11 +772,7 @@ KQ5_INLINE void q23z_tile(const bool three, const bool gf, const int JB, const u
             kq8r_prefetch_dec(bA, KQ_PFD, KQ_NEAR, bbytes, pfe);
             kq8r_prefetch_dec(bB, KQ_PFD, KQ_NEAR, bbytes, pfe);
         } else
-#pragma GCC unroll 14
-            for (int o = 0; o < (int)bbytes; o += 64) {
-                _mm_prefetch((const char *)bA + KQ_QPF + o, _MM_HINT_T0);
-                _mm_prefetch((const char *)bB + KQ_QPF + o, _MM_HINT_T0);
-            }
+            kqz_prefetch_batch(g0, g1, (size_t)nb * bbytes, i, bbytes, pfe);
         const moetax_block_q8_k *a[KQZ_JB];
 #pragma GCC unroll 8
         for (int t = 0; t < JB; t++) a[t] = (const moetax_block_q8_k *)(xq + (size_t)t * act_row) + i;
@@ -1036,9 +1041,13 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
     /* the decode's L2 prefetches end here: cached weights (!far) take none, only the L1's */
     const uint8_t *pfe = w + (size_t)(far ? row1 : row0) * row_bytes;
     const size_t pfd = KQ_PFD; /* decode's prefetch distance */
-    if (n_batch == 1) { /* decode's first pfd bytes at once (kq_rows.h) */
-        const uint8_t *w0 = w + (size_t)row0 * row_bytes;
+    const uint8_t *w0 = w + (size_t)row0 * row_bytes; /* also: no L2 prefetch (kq8r_prefetch_dec's bound) */
+    if (n_batch == 1) /* decode's first pfd bytes at once (kq_rows.h) */
         kq_prefetch_span_l2(w0, pfe - w0 > (ptrdiff_t)pfd ? w0 + pfd : pfe);
+    else if (far && row0 + 2 * R <= gend) { /* a batch: the first pair's two streams' first KQ_BPFD bytes */
+        const uint8_t *w1 = w0 + (size_t)R * row_bytes;
+        kq_prefetch_span_l2(w0, w0 + KQ_BPFD < w1 ? w0 + KQ_BPFD : w1);
+        kq_prefetch_span_l2(w1, pfe - w1 > (ptrdiff_t)KQ_BPFD ? w1 + KQ_BPFD : pfe);
     }
     int64_t r = row0;
     if (q23 && n_batch > 1) /* pairs of adjacent groups in 512-bit vectors, tiles of up to KQZ_JB batch rows */
@@ -1048,7 +1057,7 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
                 jb = (left + tiles_n - 1) / tiles_n; /* tiles of even size */
                 const uint8_t *g = w + (size_t)r * row_bytes, *xj = xq + (size_t)j0 * act_row;
                 t23[jb - 1](g, g + (size_t)R * row_bytes, xj, act_row, nb, y + j0 * ldy + r, y + j0 * ldy + r + R,
-                            ldy, pfe);
+                            ldy, j0 ? w0 : pfe); /* the pair's later tiles find it in L2 */
             }
     if (n_batch > 1 && !q23) /* pairs of adjacent groups in 512-bit vectors, tiles of up to KQZ_JB batch rows */
         for (; r + 2 * R <= gend; r += 2 * R)
@@ -1057,13 +1066,13 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
                 jb = (left + tiles_n - 1) / tiles_n; /* tiles of even size */
                 const uint8_t *g = w + (size_t)r * row_bytes, *xj = xq + (size_t)j0 * act_row;
                 tz[jb - 1](g, g + (size_t)R * row_bytes, xj, act_row, nb, y + j0 * ldy + r, y + j0 * ldy + r + R,
-                           ldy, pfe);
+                           ldy, j0 ? w0 : pfe); /* the pair's later tiles find it in L2 */
             }
     if (n_batch == 1) { /* decode: group i of the range's first half beside group i of its second */
         const int64_t np = (gend - r) / R / 2;
         const size_t half = (size_t)(np * R) * row_bytes;
-        const uint8_t *w0 = w + (size_t)r * row_bytes;
-        if (far) kq_prefetch_span_l2(w0 + half, w0 + half + (half > pfd ? pfd : half));
+        const uint8_t *wr = w + (size_t)r * row_bytes;
+        if (far) kq_prefetch_span_l2(wr + half, wr + half + (half > pfd ? pfd : half));
         for (int64_t i = 0; i < np; i++) {
             const int64_t ra = r + i * R, rb = ra + np * R;
             const uint8_t *ga = w + (size_t)ra * row_bytes, *gb = w + (size_t)rb * row_bytes;
