@@ -297,22 +297,31 @@ static bool out_add(struct stream *s, const char *json) {
     return true;
 }
 
-/* Fill s->out with what the request has for the client; false when there is nothing (yet). */
+/* Fill s->out with what the request has for the client; false when there is nothing (yet).
+ * The request's lock is held only to copy what is new (the scheduler takes it for every
+ * token): the JSON is made after. The last text and the end (finish chunk, usage, [DONE])
+ * go in one event. */
 static bool stream_fill(struct stream *s) {
     struct srv_req *r = s->r;
     struct srv_api_resp a;
     pthread_mutex_lock(&r->mu);
     resp_init(s->h, r, s->chat, s->id, &a);
     const enum srv_finish fin = r->finish;
+    const size_t upto = r->len;
+    char *text = NULL, err[sizeof r->err];
+    if (upto > s->sent && (text = malloc(upto - s->sent))) memcpy(text, r->text + s->sent, upto - s->sent);
+    if (fin != SRV_FINISH_NONE) snprintf(err, sizeof err, "%s", r->err[0] ? r->err : "the request ended");
+    pthread_mutex_unlock(&r->mu);
     bool any = false;
-    if (r->len > s->sent) {
-        a.text = r->text + s->sent;
-        a.text_len = r->len - s->sent;
+    if (text) {
+        a.text = text;
+        a.text_len = upto - s->sent;
         char *j = srv_api_chunk_json(&a, false, false);
         any = out_add(s, j);
         free(j);
+        free(text);
         if (any) { /* else (out of memory) the text stays unsent and the next fill tries again */
-            s->sent = r->len;
+            s->sent = upto;
             s->t_sent = srv_now_s();
             if (!s->counted) {
                 s->counted = true;
@@ -320,7 +329,7 @@ static bool stream_fill(struct stream *s) {
             }
         }
     }
-    if (fin != SRV_FINISH_NONE && !any) {
+    if (fin != SRV_FINISH_NONE && s->sent == upto) { /* all the text is out (or in this event) */
         if (fin == SRV_FINISH_STOP || fin == SRV_FINISH_LENGTH) {
             a.text = "";
             a.text_len = 0;
@@ -334,7 +343,7 @@ static bool stream_fill(struct stream *s) {
                 free(j);
             }
         } else {
-            char *j = srv_api_error_json(r->err[0] ? r->err : "the request ended", "server_error", 500);
+            char *j = srv_api_error_json(err, "server_error", 500);
             out_add(s, j);
             free(j);
         }
@@ -354,7 +363,6 @@ static bool stream_fill(struct stream *s) {
             atomic_fetch_sub(&s->h->streams, 1);
         }
     }
-    pthread_mutex_unlock(&r->mu);
     return any;
 }
 
