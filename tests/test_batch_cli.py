@@ -82,6 +82,16 @@ def main():
         check(abs(rows[0]["unique_experts_per_layer"] - k) < 1e-9, "B=1 reads exactly k experts per layer")
         check(rows[2]["expert_bytes_per_token"] < rows[0]["expert_bytes_per_token"],
               "a batch of 8 reads fewer expert bytes per token than one sequence")
+        # the t/s ratio to the first B, paired by repetition (the repetitions take turns): the first
+        # row's is 1; with two repetitions the median of two ratios is their mean, which lies
+        # between the smaller and the larger of the repetitions' own ratios, so within a factor
+        # of the ratio of the medians that the spread of two repetitions cannot exceed here
+        check(all(o.get("vs_batch") == 1 for o in rows) and rows[0].get("tokens_per_s_ratio") == 1.0,
+              f"bench --batch: vs_batch / first ratio {[(o.get('vs_batch'), o.get('tokens_per_s_ratio')) for o in rows]}")
+        for o in rows[1:]:
+            q, plain = o.get("tokens_per_s_ratio"), o["tokens_per_s"] / rows[0]["tokens_per_s"]
+            check(isinstance(q, float) and plain / 2 < q < plain * 2,
+                  f"B={o['batch']}: tokens_per_s_ratio {q} against {plain:.3f} from the medians")
     # one ledger for every B: report groups its decode steps by batch size
     led = os.path.join(work, "batch_cli_ledger.json")
     r = run([mt, "bench", "-m", tiny, "--batch", "1,4", "-p", "4", "-n", "5", "-r", "1", "--no-mem", "--ledger", led])
