@@ -49,7 +49,10 @@ def main():
     r = run([mt, "bench", "kernels", "--size-mib", "8", "-r", "1", "-t", "1", "--types", "q4_0,f32",
              "--cases", "matrix,batch", "--json"])
     rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
-    check(r.returncode == 0 and len(rows) == 6, f"bench kernels --json: rc {r.returncode}, {len(rows)} objects")
+    check(r.returncode == 0 and len(rows) == 8, f"bench kernels --json: rc {r.returncode}, {len(rows)} objects "
+          "(2 types x the matrix and batches of 2, 8, 64)")
+    check(sorted({o.get("batch") for o in rows if o.get("case") == "batch"}) == [2, 8, 64],
+          f"bench kernels: the batch case's default sizes {sorted({o.get('batch') for o in rows if o.get('case') == 'batch'})}")
     for o in rows:
         ok = all(k in o for k in ("type", "threads", "rows", "cols", "batch", "gbps", "roofline_ratio", "paired_ratio"))
         check(ok and o["gbps"] > 0 and (o["paired_ratio_error"] or o["paired_ratio"] > 0), f"bench kernels object {o}")

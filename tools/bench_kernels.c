@@ -11,7 +11,8 @@
  *            synchronization is in the figure), x 1 vector
  *   group8   the same experts (the first shape), 8 per pool run (each worker does
  *            its share of all 8 back to back)
- *   batch    the matrix (a slice of it sized to ~2 GFLOP) x 8 and x 64 vectors (--batch LIST)
+ *   batch    the matrix (a slice of it sized to ~2 GFLOP) x 2, 8 and 64 vectors (--batch LIST; 2 rows
+ *            read the weights as decode does, and should take about its time per byte)
  * Times are medians of --reps timed runs after one warm-up. Each timed run is
  * paired with a plain streaming read (moetax_membw_sum, every worker its share)
  * of the same bytes of the same buffer just before it: `paired` is the median
@@ -63,7 +64,8 @@ static void usage(FILE *f) {
             "                       DeepSeek-V2-Lite's gate/up projection; its transpose, the down\n"
             "                       projection, runs too where its rows hold whole blocks of the\n"
             "                       type; 256x1024 is the small preset's)\n"
-            "      --batch LIST     batch rows of the batch case, 1..64 (default 8,64)\n"
+            "      --batch LIST     batch rows of the batch case, 1..64 (default 2,8,64; a batch of 2 rows is\n"
+            "                       bound by the memory as decode is, so its GB/s should be decode's)\n"
             "      --pin            pin worker i to CPU i\n"
             "      --json           one JSON object per line and case:\n"
             "                         {\"test\":\"kernel\",\"kernel\",\"type\",\"threads\",\"case\",\"rows\",\"cols\",\n"
@@ -229,8 +231,8 @@ int bench_kernels_main(int argc, char **argv) {
     int64_t erows = 1408, ecols = 2048; /* --expert */
     int cases = CASE_MATRIX | CASE_EXPERT | CASE_GROUP8 | CASE_BATCH;
     enum { BK_MAX_BATCHES = 16 };
-    int64_t batches[BK_MAX_BATCHES] = {8, 64};
-    int n_batches = 2;
+    int64_t batches[BK_MAX_BATCHES] = {2, 8, 64};
+    int n_batches = 3;
     bool pin = false;
     struct bk_out out = {.json = false};
 
