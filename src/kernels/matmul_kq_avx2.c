@@ -511,9 +511,9 @@ KQ8R_INLINE void kq8r_q23_coefs(const bool three, const __m256i U[4], __m256i ev
 #endif
 /* Batch tiles, for weights streamed from memory (the first tile of a group's batch rows: the
  * rest find them in L2): bytes ahead into L2, as decode's. With an L1 prefetch two super-blocks
- * ahead alone, as they had, Q6_K's tile of 2 batch rows took 2.6x decode's time for the same
- * bytes on Zen 4 (waiting on the memory's latency), 1.2x with this; 4 KiB, or the L1 prefetch
- * beside it, did less (commit message: measurements). */
+ * ahead alone, as they had, Q6_K's tile of 2 batch rows waited on the memory's latency and took
+ * a multiple of decode's time for the same bytes; 8 KiB ahead without the L1 prefetch came
+ * nearest it of the distances tried (commit message: measurements). */
 #ifndef KQ8R_BPFD
 #define KQ8R_BPFD 8192
 #endif

@@ -238,12 +238,12 @@ KQ5_INLINE void kq_prefetch_dec(const uint8_t *p, size_t n, const uint8_t *pfe) 
  * group's nb * n bytes; a range's pairs follow one another), for weights streamed from memory
  * (pfe past them; the first tile of a pair's batch rows only: the rest find them in L2): into
  * L2, KQ_BPFD bytes ahead of each group's stream, never past the range's end. With an L1
- * prefetch 2 super-blocks ahead alone, as the tiles had, a tile of 2 batch rows waited on the
- * memory's latency and took about twice decode's time for the same bytes (Q6_K 3x); KQ_BPFD 4
- * KiB and the L1 prefetch beside it recovered most of that, 8 KiB without it more, 12 and 16 KiB
- * no more than 8 (commit message: measurements on Zen 4). The two groups are read side by side,
- * so group A's stream, past its end, goes on at the next pair's group B (g1 + L + offset), which
- * nothing else brings in early; group B's runs into the next pair's group A by itself. */
+ * prefetch a few super-blocks ahead alone, as the tiles had, a tile of 2 batch rows waited on
+ * the memory's latency and took a multiple of decode's time for the same bytes; 8 KiB ahead
+ * without the L1 prefetch came nearest decode's time of the distances tried (commit message:
+ * measurements). The two groups are read side by side, so group A's stream, past its end, goes
+ * on at the next pair's group B (g1 + L + offset), which nothing else brings in early; group B's
+ * runs into the next pair's group A by itself. */
 #ifndef KQ_BPFD
 #define KQ_BPFD 8192
 #endif
