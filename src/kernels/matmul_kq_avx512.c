@@ -229,6 +229,17 @@ static void kq_decode_rows_512(enum moetax_type wtype, const uint8_t *w, size_t 
 #ifndef KQ_NEAR
 #define KQ_NEAR 1024
 #endif
+/* Q6_K's decode takes twice the distances, its blocks being larger than Q4_K's: with the
+ * others' its L1 prefetch came less than a block ahead of the loads, and the tile's speed from
+ * memory depended on where the linker placed its code (the same instructions elsewhere in the
+ * binary read markedly slower); at these it does not (commit message: measurements). */
+#ifndef KQ6_PFD
+#define KQ6_PFD 8192
+#endif
+#ifndef KQ6_NEAR
+#define KQ6_NEAR 4096
+#endif
+
 /* Decode's prefetch for the n bytes of a block at p (stream end pfe). */
 KQ5_INLINE void kq_prefetch_dec(const uint8_t *p, size_t n, const uint8_t *pfe) {
     kq8r_prefetch_dec(p, KQ_PFD, KQ_NEAR, n, pfe);
@@ -515,9 +526,9 @@ KQ5_INLINE void q6z_tile(const int JB, const bool gf, const uint8_t *g0, const u
     for (int t = 0; t < JB; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES, *bB = g1 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
-        if (JB == 1) { /* decode: far ahead into L2 (and L1: kq_prefetch_dec) */
-            kq_prefetch_dec(bA, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
-            kq_prefetch_dec(bB, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
+        if (JB == 1) { /* decode: far ahead into L2, and into L1 (KQ6_PFD, KQ6_NEAR) */
+            kq8r_prefetch_dec(bA, KQ6_PFD, KQ6_NEAR, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
+            kq8r_prefetch_dec(bB, KQ6_PFD, KQ6_NEAR, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
         } else
             kqz_prefetch_batch(g0, g1, (size_t)nb * MOETAX_K_Q6KR8_BLOCK_BYTES, i, MOETAX_K_Q6KR8_BLOCK_BYTES, pfe);
         const moetax_block_q8_k *a[KQZ_JB];
@@ -1040,7 +1051,7 @@ static void matmul_kq_x8(enum moetax_type wtype, const uint8_t *w, size_t row_by
     const kqz_fn *tz = (moetax_k_avx512_gfni ? k_kqz_gfni : k_kqz)[ti];
     /* the decode's L2 prefetches end here: cached weights (!far) take none, only the L1's */
     const uint8_t *pfe = w + (size_t)(far ? row1 : row0) * row_bytes;
-    const size_t pfd = KQ_PFD; /* decode's prefetch distance */
+    const size_t pfd = six ? KQ6_PFD : KQ_PFD; /* decode's prefetch distance */
     const uint8_t *w0 = w + (size_t)row0 * row_bytes; /* also: no L2 prefetch (kq8r_prefetch_dec's bound) */
     if (n_batch == 1) /* decode's first pfd bytes at once (kq_rows.h) */
         kq_prefetch_span_l2(w0, pfe - w0 > (ptrdiff_t)pfd ? w0 + pfd : pfe);
