@@ -24,7 +24,7 @@ port) and measures, in alternating rounds so that a drifting machine hits every 
 and prints per round and the medians:
 
   own_share        the server's own time per token over the one-client runs, from its /metrics
-                   (moetax_http_cpu_seconds_total: CPU of the HTTP threads; moetax_sched_seconds_total:
+                   (moetax_http_cpu_seconds_total: CPU of the HTTP thread; moetax_sched_seconds_total:
                    the scheduler's time in steps outside the model), over the engine's mean TPOT: HTTP,
                    JSON, SSE, scheduling, without the clients' CPU time (target <= 5% on the trained
                    default model); own_http_us, own_sched_us: its two parts per token

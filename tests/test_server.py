@@ -427,6 +427,10 @@ def test_idle_and_slow(s, refs):
     t0 = time.time()
     st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N_PRED, "temperature": 0})
     check(st == 200 and j["choices"][0]["text"] == refs[0], f"a request beside 200 idle connections and a slow reader: {st}")
+    # connections cost no thread each: one loop serves them all (libmicrohttpd's suspend/resume);
+    # the rest are the compute threads, the scheduler's and the helpers' (a handful, whatever the load)
+    tasks = len(os.listdir(f"/proc/{s.p.pid}/task"))
+    check(tasks <= 12, f"the server runs {tasks} threads with 202 connections open (want <= 12: no thread per connection)")
     check(time.time() - t0 < 10, "it was not held up")
     got = b""
     while not (b"data: [DONE]\n\n" in got and got.endswith(b"0\r\n\r\n")) and time.time() - t0 < 60:

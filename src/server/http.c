@@ -3,12 +3,15 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <stdarg.h>
 #include <time.h>
@@ -22,6 +25,35 @@
 #include "server/metrics.h"
 #include "server/special_tokens.h"
 
+/* A suspended connection and what it waits for (in h->waits; the loop thread's only). */
+enum wait_end {
+    WAIT_NONE = 0,
+    WAIT_READY, /* its request has something for it (a stream's text, or the end) */
+    WAIT_GONE,  /* the client went away: the connection closes */
+    WAIT_PROBE, /* a stream's client sent a FIN: one SSE comment tells a close from a half-close */
+};
+struct wait {
+    struct MHD_Connection *c;
+    int fd;
+    struct srv_req *r;     /* held by the stream or the connection's state, not by the wait */
+    const size_t *sent;    /* a stream: bytes of r->text already out; NULL: a whole answer (waits for the end) */
+    double wake_at;        /* a paced stream: not before this (monotonic seconds); 0: once there is text */
+    bool probed;           /* a stream's FIN was answered with a probe: from then on only a reset counts */
+    enum wait_end end;     /* why it was resumed, for the callback libmicrohttpd calls next */
+};
+
+/* A connection refused while its body was still arriving (refuse_mid_body): the rest of the answer
+ * goes out, then what the client still sends is read and dropped until it closes or `until`. fd is
+ * a duplicate of the connection's socket, which keeps it open after libmicrohttpd closes its own. */
+struct refusal {
+    int fd;
+    double until;
+    char *out;             /* the answer's bytes not yet sent (NULL: all sent, the sending half shut) */
+    size_t len, off;
+};
+
+enum { CMD_QUIESCE = 1, CMD_STOP = 2 };
+
 struct srv_http {
     struct srv_http_params p;
     struct MHD_Daemon *d;
@@ -31,20 +63,54 @@ struct srv_http {
     struct srv_deadline *dl; /* the request deadline (NULL: --read-timeout 0) */
     atomic_int streams;      /* streams being written now, from their first token (stream_interval
                               * stretches with them; a request still queued does not count) */
-    atomic_ullong cpu_ns;    /* the HTTP threads' CPU time, counted as requests complete (count_cpu) */
+    pthread_t loop;          /* the one thread that runs libmicrohttpd, and all of the HTTP side */
+    int kick_fd;             /* eventfd: the scheduler's wake-ups (kick) and the controller's commands */
+    atomic_bool kicked;      /* a kick is in kick_fd and not yet taken */
+    atomic_int cmd, done;    /* CMD_* asked by the controller; carried out by the loop */
+    atomic_uint n_conn;      /* connections open, as the loop last counted them */
+    /* the loop thread's only */
+    struct wait **waits;
+    int n_waits, cap_waits;
+    struct refusal *refusals;
+    int n_refusals, cap_refusals;
 };
 
-/* Add the calling thread's CPU time since it last came here to h->cpu_ns. libmicrohttpd runs each
- * connection in a thread of its own, which calls this as each of its requests completes (and
- * handle_metrics, so that a scrape counts itself); a thread's time after its last request (the
- * close) is not counted. */
-static _Thread_local uint64_t tls_cpu_counted_ns;
-static void count_cpu(struct srv_http *h) {
-    struct timespec ts;
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return;
-    const uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-    if (now > tls_cpu_counted_ns) atomic_fetch_add(&h->cpu_ns, now - tls_cpu_counted_ns);
-    tls_cpu_counted_ns = now;
+static bool grow_refusals(struct srv_http *h) {
+    const int cap = h->cap_refusals ? 2 * h->cap_refusals : 8;
+    struct refusal *n = realloc(h->refusals, sizeof *n * (size_t)cap);
+    if (!n) return false;
+    h->refusals = n;
+    h->cap_refusals = cap;
+    return true;
+}
+
+/* Wake the loop (any thread; with a request's lock held, from the scheduler: it only writes an
+ * eventfd, once until the loop has taken it). */
+static void kick(void *arg) {
+    struct srv_http *h = arg;
+    if (atomic_exchange(&h->kicked, true)) return;
+    const uint64_t one = 1;
+    while (write(h->kick_fd, &one, sizeof one) < 0 && errno == EINTR) {}
+}
+
+/* Suspend w's connection until its request has something for it (w->sent: text past *w->sent, or
+ * from wake_at on for a paced stream; else its end) or its client goes away. From a libmicrohttpd
+ * callback of that connection, in the loop thread. False when out of memory (nothing suspended). */
+static bool wait_add(struct srv_http *h, struct wait *w, double wake_at) {
+    if (h->n_waits == h->cap_waits) {
+        const int cap = h->cap_waits ? 2 * h->cap_waits : 16;
+        struct wait **n = realloc(h->waits, sizeof *n * (size_t)cap);
+        if (!n) return false;
+        h->waits = n;
+        h->cap_waits = cap;
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(w->c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    w->fd = ci ? ci->connect_fd : -1;
+    w->wake_at = wake_at;
+    w->end = WAIT_NONE;
+    h->waits[h->n_waits++] = w;
+    MHD_suspend_connection(w->c);
+    return true;
 }
 
 /* Per connection (con_cls): the body as it arrives. */
@@ -54,6 +120,11 @@ struct conn {
     int route;
     bool chunked;   /* Transfer-Encoding: chunked: trailers may follow the body */
     bool responded; /* a response is queued: ignore the rest of the body */
+    /* a whole (not streamed) answer being generated: the connection is suspended until its end */
+    struct srv_req *r; /* a reference */
+    bool chat;
+    char id[48];
+    struct wait w;
 };
 
 enum route { R_NONE = 0, R_PAGE, R_HEALTH, R_MODELS, R_METRICS, R_TAX, R_COMPLETIONS, R_CHAT };
@@ -128,41 +199,6 @@ static enum MHD_Result send_error(struct MHD_Connection *c, int status, const ch
 static enum MHD_Result send_error_close(struct MHD_Connection *c, int status, const char *msg) {
     char *j = srv_api_error_json(msg, srv_api_error_type(status), status);
     return send_text_opts(c, status, "application/json", j, j ? strlen(j) : 0, (struct send_opts){.close = true});
-}
-
-enum peer {
-    PEER_HERE,      /* nothing to say: still connected */
-    PEER_SENT_FIN,  /* it will send no more: closed, or only half-closed (shutdown(SHUT_WR)) */
-    PEER_GONE,      /* reset, or both directions shut: nothing we write can arrive */
-};
-
-/* What the client's socket says, without waiting. A FIN is the same on the wire whether the
- * peer closed its socket or only its sending half; the difference shows only once we write:
- * a closed peer answers with a reset (POLLHUP | POLLERR here), a half-closed one takes it. */
-static enum peer peer_state(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return PEER_HERE;
-    struct pollfd pf = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&pf, 1, 0) <= 0) return PEER_HERE;
-    if (pf.revents & (POLLHUP | POLLERR | POLLNVAL)) return PEER_GONE;
-    if (pf.revents & POLLRDHUP) return PEER_SENT_FIN;
-    if (pf.revents & POLLIN) {
-        char b;
-        const ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n == 0) return PEER_SENT_FIN;
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return PEER_GONE;
-    }
-    return PEER_HERE;
-}
-
-/* Restart libmicrohttpd's idle clock for c (its connection timeout), which only sends and
- * receives reset: time the server spends generating is not the client being idle. From c's own
- * thread only. Setting the timeout to 0 and back is the way 0.9.75's API offers (setting it from
- * 0 takes "now" as the last activity). */
-static void idle_clock_restart(const struct srv_http *h, struct MHD_Connection *c) {
-    if (!h->p.idle_timeout_s) return;
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->p.idle_timeout_s);
 }
 
 /* c's request deadline entry (NULL: none) */
@@ -263,7 +299,7 @@ struct stream {
     struct MHD_Connection *c;
     struct srv_req *r;
     bool chat, include_usage, done;
-    bool probed;         /* the client sent a FIN: a comment went out to see whether it is still there */
+    struct wait w;       /* while suspended */
     char id[48];
     size_t sent;         /* bytes of r->text sent */
     char *out;           /* pending SSE bytes */
@@ -297,10 +333,10 @@ static bool out_add(struct stream *s, const char *json) {
     return true;
 }
 
-/* Fill s->out with what the request has for the client; false when there is nothing (yet).
- * The request's lock is held only to copy what is new (the scheduler takes it for every
- * token): the JSON is made after. The last text and the end (finish chunk, usage, [DONE])
- * go in one event. */
+/* Fill s->out with what the request has for the client; false when there is nothing (yet),
+ * and then the request's next text wakes the loop (want_text). The request's lock is held only
+ * to copy what is new (the scheduler takes it for every token): the JSON is made after. The
+ * last text and the end (finish chunk, usage, [DONE]) go in one event. */
 static bool stream_fill(struct stream *s) {
     struct srv_req *r = s->r;
     struct srv_api_resp a;
@@ -311,6 +347,7 @@ static bool stream_fill(struct stream *s) {
     char *text = NULL, err[sizeof r->err];
     if (upto > s->sent && (text = malloc(upto - s->sent))) memcpy(text, r->text + s->sent, upto - s->sent);
     if (fin != SRV_FINISH_NONE) snprintf(err, sizeof err, "%s", r->err[0] ? r->err : "the request ended");
+    if (upto == s->sent && fin == SRV_FINISH_NONE) r->want_text = true;
     pthread_mutex_unlock(&r->mu);
     bool any = false;
     if (text) {
@@ -380,10 +417,25 @@ static double stream_interval(struct srv_http *h) {
     return x < cap ? x : cap;
 }
 
+/* libmicrohttpd's content reader for a stream, in the loop thread: the pending bytes, or else the
+ * connection is suspended (h->waits) until its request has something for it, and 0 returned. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     struct stream *s = cls;
     (void)pos;
-    const double t_enter = srv_now_s();
+    const enum wait_end end = s->w.end;
+    s->w.end = WAIT_NONE;
+    if (end == WAIT_GONE) {
+        srv_req_cancel(s->r);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    static const char probe[] = ":\n\n";
+    if (end == WAIT_PROBE && max >= sizeof probe - 1) {
+        /* closed, or half-closed (nc -N) and still reading? An SSE comment, which clients ignore,
+         * tells: a closed peer resets the connection (WAIT_GONE next), a half-closed one takes it
+         * and gets the rest of its stream. */
+        memcpy(buf, probe, sizeof probe - 1);
+        return (ssize_t)(sizeof probe - 1);
+    }
     for (;;) {
         if (s->out_off < s->out_len) {
             size_t n = s->out_len - s->out_off;
@@ -391,44 +443,18 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             memcpy(buf, s->out + s->out_off, n);
             s->out_off += n;
             if (s->out_off == s->out_len) s->out_off = s->out_len = 0;
-            /* a wait here (a queue, a long prefill) must not count as the client's idle time:
-             * libmicrohttpd checks its timeout before it sends these bytes. The timeout is whole
-             * seconds (at least 1), so a shorter wait cannot reach it. */
-            if (srv_now_s() - t_enter >= 0.5) idle_clock_restart(s->h, s->c);
             return (ssize_t)n;
         }
         if (s->done) return MHD_CONTENT_READER_END_OF_STREAM;
         /* pacing: at most one event per interval (the first token and the end at once). The
-         * tokens of fast steps travel together instead of waking this thread, the client and
-         * the network stack once per step, which on a machine whose cores all decode takes a
-         * core from the step each time. */
+         * tokens of fast steps travel together instead of waking the loop, the client and the
+         * network stack once per step, which on a machine whose cores all decode takes a core
+         * from the step each time. */
         const double iv = stream_interval(s->h);
-        if (iv > 0 && s->t_sent > 0 && srv_now_s() < s->t_sent + iv) {
-            pthread_mutex_lock(&s->r->mu);
-            srv_req_wait_until_locked(s->r, s->t_sent + iv);
-            pthread_mutex_unlock(&s->r->mu);
-        }
+        if (iv > 0 && s->t_sent > 0 && srv_now_s() < s->t_sent + iv)
+            return wait_add(s->h, &s->w, s->t_sent + iv) ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
         if (stream_fill(s)) continue;
-        const enum peer ps = peer_state(s->c);
-        if (ps == PEER_GONE) {
-            srv_req_cancel(s->r);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-        if (ps == PEER_SENT_FIN && !s->probed) {
-            /* closed, or half-closed (nc -N) and still reading? An SSE comment, which clients
-             * ignore, tells: a closed peer resets the connection (PEER_GONE at the next look),
-             * a half-closed one takes it and gets the rest of its stream. */
-            static const char probe[] = ":\n\n";
-            if (max >= sizeof probe - 1) {
-                s->probed = true;
-                memcpy(buf, probe, sizeof probe - 1);
-                if (srv_now_s() - t_enter >= 0.5) idle_clock_restart(s->h, s->c);
-                return (ssize_t)(sizeof probe - 1);
-            }
-        }
-        pthread_mutex_lock(&s->r->mu);
-        srv_req_wait_locked(s->r, s->sent, 50);
-        pthread_mutex_unlock(&s->r->mu);
+        return wait_add(s->h, &s->w, 0) ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
     }
 }
 
@@ -467,7 +493,7 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
         }
         text = rendered;
     }
-    /* tokenize here, in the connection's thread; a chat prompt's control tokens as single ids */
+    /* tokenize here, in the HTTP thread; a chat prompt's control tokens as single ids */
     int32_t *ids = NULL;
     int64_t n_ids = 0;
     moetax_status st = srv_encode_special(h->p.tok, chat ? h->p.specials : NULL, text, text_len,
@@ -494,6 +520,8 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
         srv_req_unref(r);
         return send_error(c, 400, err);
     }
+    r->wake = kick; /* the request's end, and a waiting stream's text, wake the loop */
+    r->wake_arg = h;
     st = srv_sched_submit(h->p.sched, r);
     if (st) {
         snprintf(err, sizeof err, "%s", moetax_last_error());
@@ -506,6 +534,7 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
         struct stream *s = calloc(1, sizeof *s);
         if (!s) { srv_req_cancel(r); srv_req_unref(r); return send_error(c, 500, "out of memory"); }
         *s = (struct stream){.h = h, .c = c, .r = r, .chat = chat, .include_usage = include_usage};
+        s->w = (struct wait){.c = c, .r = r, .sent = &s->sent};
         snprintf(s->id, sizeof s->id, "%s", id);
         if (chat) { /* OpenAI's first chunk: the role */
             struct srv_api_resp a;
@@ -525,27 +554,37 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
         MHD_destroy_response(resp);
         return ok;
     }
-    /* wait for the end, watching the client */
+    /* the connection sleeps until the end (whole_done), or until its client goes away: nothing can
+     * be written before the answer's status line, so a FIN cannot be told from a close there, and a
+     * client that half-closes is taken as gone (as Go's net/http and hyper do) */
+    cs->r = r;
+    cs->chat = chat;
+    snprintf(cs->id, sizeof cs->id, "%s", id);
+    cs->w = (struct wait){.c = c, .r = r};
+    if (!wait_add(h, &cs->w, 0)) {
+        srv_req_cancel(r);
+        return send_error(c, 500, "out of memory");
+    }
+    return MHD_YES;
+}
+
+/* A whole answer's connection, resumed: its request has ended, or its client has gone. */
+static enum MHD_Result whole_done(struct srv_http *h, struct MHD_Connection *c, struct conn *cs) {
+    struct srv_req *r = cs->r;
+    if (cs->w.end == WAIT_GONE) {
+        srv_req_cancel(r);
+        return MHD_NO; /* closes the connection (on_completed drops the request) */
+    }
     pthread_mutex_lock(&r->mu);
-    while (r->finish == SRV_FINISH_NONE) {
-        srv_req_wait_locked(r, SIZE_MAX, 50);
-        if (r->finish != SRV_FINISH_NONE) break;
+    if (r->finish == SRV_FINISH_NONE) { /* not reached: the loop resumes it only at the end */
         pthread_mutex_unlock(&r->mu);
-        /* nothing can be written before the answer's status line, so a FIN cannot be told from
-         * a close here: a client that half-closes is taken as gone (as Go's net/http and hyper do) */
-        const bool gone = peer_state(c) != PEER_HERE;
-        pthread_mutex_lock(&r->mu);
-        if (gone) {
-            pthread_mutex_unlock(&r->mu);
-            srv_req_cancel(r);
-            srv_req_unref(r);
-            return MHD_NO; /* closes the connection */
-        }
+        srv_req_cancel(r);
+        return send_error(c, 500, "internal error: an answer was resumed before its end");
     }
     enum MHD_Result ok;
     if (r->finish == SRV_FINISH_STOP || r->finish == SRV_FINISH_LENGTH) {
         struct srv_api_resp a;
-        resp_init(h, r, chat, id, &a);
+        resp_init(h, r, cs->chat, cs->id, &a);
         a.text = r->text;
         a.text_len = r->len;
         a.finish_reason = srv_finish_name(r->finish);
@@ -553,12 +592,12 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
         pthread_mutex_unlock(&r->mu);
         ok = send_json(c, 200, j);
     } else {
+        char err[sizeof r->err];
         snprintf(err, sizeof err, "%s", r->err[0] ? r->err : "the request ended");
         const bool cancelled = r->finish == SRV_FINISH_CANCELLED;
         pthread_mutex_unlock(&r->mu);
         ok = send_error(c, cancelled ? 503 : 500, err);
     }
-    srv_req_unref(r);
     return ok;
 }
 
@@ -578,8 +617,8 @@ static enum MHD_Result handle_metrics(struct srv_http *h, struct MHD_Connection 
     struct srv_metrics m;
     srv_sched_metrics(h->p.sched, &m);
     if (h->dl) srv_deadline_counts(h->dl, &m.http_read_timeouts, &m.http_idle_closed);
-    count_cpu(h);
-    m.http_cpu_s = (double)atomic_load(&h->cpu_ns) * 1e-9;
+    struct timespec ts; /* all of the HTTP side runs in this thread, the loop */
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) m.http_cpu_s = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
     m.http_streams = atomic_load(&h->streams);
     m.http_stream_interval_s = stream_interval(h);
     size_t n = 0;
@@ -603,17 +642,13 @@ static enum MHD_Result handle_tax(struct srv_http *h, struct MHD_Connection *c) 
 /* How long refuse_mid_body reads and drops what the client still sends after its answer. */
 enum { LINGER_MS = 1000 };
 
-/* Milliseconds left until the monotonic time `until` (seconds), at least 0. */
-static int ms_left(double until) {
-    const double left = until - srv_now_s();
-    return left > 0 ? (int)(left * 1000) + 1 : 0;
-}
-
 /* An error answered while the body is still arriving, and the connection closed. libmicrohttpd (0.9.75)
  * takes an answer only with the headers or once the request is whole, so this one is written to the
  * socket here, with "Connection: close"; then the sending half is shut and what the client still sends
  * is read and dropped until it closes, for at most LINGER_MS (a close with unread bytes sends a reset,
- * which can destroy the answer before the client has read it); then MHD_NO closes the connection. */
+ * which can destroy the answer before the client has read it); MHD_NO closes libmicrohttpd's side at
+ * once. What cannot be sent at once, and the dropping, go on in the loop on a duplicate of the socket
+ * (h->refusals), so that no other connection waits for this one. */
 static enum MHD_Result refuse_mid_body(struct srv_http *h, struct MHD_Connection *c, int status, const char *msg) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci || !request_in(h, c)) return MHD_NO;
@@ -628,24 +663,27 @@ static enum MHD_Result refuse_mid_body(struct srv_http *h, struct MHD_Connection
                            "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", status,
                            reason && *reason ? reason : "Error", date, j ? strlen(j) : 0, j ? j : "");
     free(j);
-    const double until = srv_now_s() + LINGER_MS / 1000.0;
-    for (size_t off = 0; n > 0 && off < (size_t)n;) { /* the socket may be non-blocking: wait for room */
-        const ssize_t w = send(fd, out + off, (size_t)n - off, MSG_NOSIGNAL);
-        if (w > 0) { off += (size_t)w; continue; }
-        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) break;
-        struct pollfd pf = {.fd = fd, .events = POLLOUT};
-        if (poll(&pf, 1, ms_left(until)) <= 0) break;
+    if (n <= 0) return MHD_NO;
+    size_t off = 0;
+    while (off < (size_t)n) {
+        const ssize_t w = send(fd, out + off, (size_t)n - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) off += (size_t)w;
+        else if (w < 0 && errno == EINTR) continue;
+        else break;
     }
-    if (n > 0) free(out);
-    (void)shutdown(fd, SHUT_WR);
-    for (;;) {
-        char drop[4096];
-        const ssize_t r = recv(fd, drop, sizeof drop, MSG_DONTWAIT);
-        if (r > 0) continue;
-        if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
-        if (poll(&pf, 1, ms_left(until)) <= 0) break;
+    if (off == (size_t)n) {
+        free(out);
+        out = NULL;
+        (void)shutdown(fd, SHUT_WR);
     }
+    const int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup_fd < 0 || (h->n_refusals == h->cap_refusals && !grow_refusals(h))) {
+        if (dup_fd >= 0) close(dup_fd);
+        free(out); /* the answer is lost only when out of descriptors or memory */
+        return MHD_NO;
+    }
+    h->refusals[h->n_refusals++] = (struct refusal){.fd = dup_fd, .until = srv_now_s() + LINGER_MS / 1000.0,
+                                                 .out = out, .len = (size_t)n, .off = off};
     return MHD_NO;
 }
 
@@ -694,6 +732,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cs->responded = false;
         return MHD_YES;
     }
+    if (cs->r) return whole_done(h, c, cs); /* resumed: the answer is ready, or the client gone */
     if (cs->responded) { *upload_size = 0; return MHD_YES; }
     if (*upload_size) {
         if (cs->len + *upload_size > h->p.max_body) { /* a chunked body (a Content-Length was checked above) */
@@ -751,17 +790,19 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     /* the answer has gone (or the connection is closing): a kept-alive connection waits for its
      * next request, which gets a deadline of its own */
     if (h->dl) srv_deadline_wait(h->dl, deadline_of(c));
-    count_cpu(h);
     struct conn *cs = *con_cls;
     if (!cs) return;
+    if (cs->r) {
+        srv_req_cancel(cs->r); /* a no-op when it has finished */
+        srv_req_unref(cs->r);
+    }
     free(cs->body);
     free(cs);
     *con_cls = NULL;
 }
 
 /* Connections open and close (libmicrohttpd's NOTIFY_CONNECTION; registered with a request
- * deadline only). STARTED runs in the daemon's thread before the connection's own thread
- * starts; 0.9.75 calls CLOSED after joining that thread and before it closes the socket
+ * deadline only), in the loop thread. 0.9.75 calls CLOSED before it closes the socket
  * (MHD_cleanup_connections, and new_connection_process_'s failure path): so the entry leaves
  * the deadline's list while its descriptor is still this connection's (see deadline.h). */
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
@@ -791,6 +832,170 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     if (getenv("MOETAX_SERVE_DEBUG")) vfprintf(stderr, fmt, ap);
 }
 
+/* ---- the loop ------------------------------------------------------------ */
+
+/* Whether w's request has something for it now (w->end = WAIT_READY). A stream that has caught up
+ * asks for the request's next text (want_text), which kicks the loop. */
+static bool wait_ready(struct wait *w, double now) {
+    struct srv_req *r = w->r;
+    bool ready;
+    pthread_mutex_lock(&r->mu);
+    if (r->finish != SRV_FINISH_NONE) ready = true;
+    else if (!w->sent || w->wake_at > now) ready = false; /* a whole answer; a paced stream */
+    else if (r->len > *w->sent) ready = true;
+    else {
+        r->want_text = true;
+        w->wake_at = 0;
+        ready = false;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return ready;
+}
+
+/* A lingering refusal's turn: send the rest of its answer, drop what the client sends. False
+ * when it is over (its descriptor closed). */
+static bool refusal_step(struct refusal *l, short revents, double now) {
+    if (l->out && (revents & POLLOUT)) {
+        while (l->off < l->len) {
+            const ssize_t w = send(l->fd, l->out + l->off, l->len - l->off, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w > 0) l->off += (size_t)w;
+            else if (w < 0 && errno == EINTR) continue;
+            else break;
+        }
+        if (l->off == l->len) {
+            free(l->out);
+            l->out = NULL;
+            (void)shutdown(l->fd, SHUT_WR);
+        }
+    }
+    bool over = now >= l->until || (revents & (POLLERR | POLLNVAL));
+    if (!over && (revents & (POLLIN | POLLHUP))) {
+        for (;;) {
+            char drop[4096];
+            const ssize_t n = recv(l->fd, drop, sizeof drop, MSG_DONTWAIT);
+            if (n > 0) continue;
+            if (n < 0 && errno == EINTR) continue;
+            if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) over = true;
+            break;
+        }
+    }
+    if (!over) return true;
+    free(l->out);
+    close(l->fd);
+    return false;
+}
+
+/* Resume every suspended connection as gone, its request cancelled (the server stops). */
+static void waits_cancel_all(struct srv_http *h) {
+    for (int i = 0; i < h->n_waits; i++) {
+        struct wait *w = h->waits[i];
+        srv_req_cancel(w->r);
+        w->end = WAIT_GONE;
+        MHD_resume_connection(w->c);
+    }
+    h->n_waits = 0;
+}
+
+/* The HTTP side's one thread: libmicrohttpd's events (external polling on its epoll set), the
+ * suspended connections' sockets (a client that goes away, or half-closes), the kicks (a request
+ * has text or has ended), the pacing's deadlines, the lingering refusals, and the controller's
+ * commands. All of the HTTP side runs here, so that one thread's CPU time is its cost. */
+static void *loop_main(void *arg) {
+    struct srv_http *h = arg;
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD);
+    const int mhd_fd = di ? di->epoll_fd : -1;
+    struct pollfd *pf = NULL;
+    size_t cap_pf = 0;
+    for (;;) {
+        const int cmd = atomic_load(&h->cmd);
+        if ((cmd & CMD_QUIESCE) && !(atomic_load(&h->done) & CMD_QUIESCE)) {
+            const MHD_socket fd = MHD_quiesce_daemon(h->d);
+            if (fd != MHD_INVALID_SOCKET) close(fd);
+            atomic_fetch_or(&h->done, CMD_QUIESCE);
+        }
+        if (cmd & CMD_STOP) {
+            waits_cancel_all(h);
+            MHD_run(h->d);
+            for (int i = 0; i < h->n_refusals; i++) { free(h->refusals[i].out); close(h->refusals[i].fd); }
+            h->n_refusals = 0;
+            break;
+        }
+        const int n_w = h->n_waits; /* the waits polled this time (more come during MHD_run) */
+        const size_t n_pf = 2 + (size_t)n_w + (size_t)h->n_refusals;
+        if (n_pf > cap_pf) {
+            struct pollfd *np = realloc(pf, sizeof *np * n_pf * 2);
+            if (!np) { /* out of memory: poll only libmicrohttpd and the kicks for a while */
+                struct pollfd two[2] = {{.fd = mhd_fd, .events = POLLIN}, {.fd = h->kick_fd, .events = POLLIN}};
+                (void)poll(two, 2, 10);
+                MHD_run(h->d);
+                continue;
+            }
+            pf = np;
+            cap_pf = n_pf * 2;
+        }
+        double now = srv_now_s(), until = INFINITY;
+        MHD_UNSIGNED_LONG_LONG to;
+        if (MHD_get_timeout(h->d, &to) == MHD_YES) until = now + (double)to * 1e-3;
+        pf[0] = (struct pollfd){.fd = mhd_fd, .events = POLLIN};
+        pf[1] = (struct pollfd){.fd = h->kick_fd, .events = POLLIN};
+        for (int i = 0; i < h->n_waits; i++) {
+            const struct wait *w = h->waits[i];
+            if (w->wake_at > 0 && w->wake_at < until) until = w->wake_at;
+            /* POLLRDHUP: the client's FIN; once a stream's probe has gone, only a reset counts
+             * (POLLHUP and POLLERR come whatever the events) */
+            pf[2 + i] = (struct pollfd){.fd = w->fd, .events = w->probed ? 0 : POLLRDHUP};
+        }
+        for (int i = 0; i < h->n_refusals; i++) {
+            const struct refusal *l = &h->refusals[i];
+            if (l->until < until) until = l->until;
+            pf[2 + n_w + i] = (struct pollfd){.fd = l->fd, .events = (short)(POLLIN | (l->out ? POLLOUT : 0))};
+        }
+        struct timespec ts, *tsp = NULL;
+        if (until < INFINITY) {
+            double left = until - now;
+            if (left < 0) left = 0;
+            ts.tv_sec = (time_t)left;
+            ts.tv_nsec = (long)((left - (double)ts.tv_sec) * 1e9);
+            tsp = &ts;
+        }
+        if (ppoll(pf, n_pf, tsp, NULL) < 0 && errno != EINTR) {
+            fprintf(stderr, "moetax serve: the HTTP loop's poll failed: %s\n", strerror(errno));
+            struct timespec pause = {0, 10 * 1000000L};
+            nanosleep(&pause, NULL);
+        }
+        if (pf[1].revents & POLLIN) {
+            uint64_t v;
+            (void)read(h->kick_fd, &v, sizeof v); /* then the flag: a kick after this writes again */
+            atomic_store(&h->kicked, false);
+        }
+        now = srv_now_s();
+        int kept = 0;
+        for (int i = 0; i < n_w; i++) {
+            struct wait *w = h->waits[i];
+            const short re = pf[2 + i].revents;
+            enum wait_end end = WAIT_NONE;
+            if (re & (POLLHUP | POLLERR | POLLNVAL)) end = WAIT_GONE;
+            else if (re & POLLRDHUP) end = w->sent && !w->probed ? WAIT_PROBE : WAIT_GONE;
+            else if (wait_ready(w, now)) end = WAIT_READY;
+            if (end == WAIT_NONE) { h->waits[kept++] = w; continue; }
+            if (end == WAIT_PROBE) w->probed = true;
+            w->end = end;
+            MHD_resume_connection(w->c);
+        }
+        h->n_waits = kept;
+        kept = 0;
+        for (int i = 0; i < h->n_refusals; i++)
+            if (refusal_step(&h->refusals[i], pf[2 + n_w + i].revents, now))
+                h->refusals[kept++] = h->refusals[i];
+        h->n_refusals = kept;
+        MHD_run(h->d);
+        const union MHD_DaemonInfo *ni = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+        if (ni) atomic_store(&h->n_conn, ni->num_connections);
+    }
+    free(pf);
+    return NULL;
+}
+
 moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **out) {
     *out = NULL;
     struct srv_http *h = calloc(1, sizeof *h);
@@ -799,8 +1004,8 @@ moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **
     h->created = now_unix();
     atomic_init(&h->next_id, 1);
     struct sockaddr_storage ss = {0};
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ITC |
-                     MHD_USE_ERROR_LOG;
+    /* external polling (the loop thread, loop_main) on libmicrohttpd's epoll set */
+    unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
     struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
     if (inet_pton(AF_INET, p->host, &v4->sin_addr) == 1) {
@@ -825,7 +1030,7 @@ moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **
                             on_mhd_log, h, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_MHD_POOL_BYTES,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
                             (unsigned)p->max_conn, MHD_OPTION_CONNECTION_TIMEOUT, p->idle_timeout_s,
-                            MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 << 10), MHD_OPTION_NOTIFY_COMPLETED,
+                            MHD_OPTION_NOTIFY_COMPLETED,
                             on_completed, h, h->dl ? MHD_OPTION_NOTIFY_CONNECTION : MHD_OPTION_END, on_connection, h,
                             MHD_OPTION_URI_LOG_CALLBACK, on_request_line, h, MHD_OPTION_END);
     if (!h->d) {
@@ -836,21 +1041,44 @@ moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
     h->port = di ? di->port : p->port;
+    atomic_init(&h->kicked, false);
+    atomic_init(&h->cmd, 0);
+    atomic_init(&h->done, 0);
+    atomic_init(&h->n_conn, 0);
+    h->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    const char *why = h->kick_fd < 0 ? "eventfd" : NULL;
+    if (!why && !MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD)) why = "libmicrohttpd's epoll set";
+    if (!why && pthread_create(&h->loop, NULL, loop_main, h) != 0) why = "its thread";
+    if (why) {
+        const int e = errno;
+        MHD_stop_daemon(h->d);
+        if (h->kick_fd >= 0) close(h->kick_fd);
+        srv_deadline_stop(h->dl);
+        free(h);
+        return moetax_error(MOETAX_ERR_INTERNAL, "cannot start the HTTP loop (%s): %s", why, strerror(e));
+    }
     *out = h;
     return MOETAX_OK;
 }
 
 int srv_http_port(const struct srv_http *h) { return h->port; }
 
-void srv_http_quiesce(struct srv_http *h) {
-    const MHD_socket fd = MHD_quiesce_daemon(h->d);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
+/* Ask the loop for cmd and wait (at most timeout_ms) until it has been carried out. */
+static void loop_command(struct srv_http *h, int cmd, int timeout_ms) {
+    atomic_fetch_or(&h->cmd, cmd);
+    const uint64_t one = 1;
+    while (write(h->kick_fd, &one, sizeof one) < 0 && errno == EINTR) {}
+    for (int waited = 0; waited < timeout_ms && !(atomic_load(&h->done) & cmd); waited++) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
 }
+
+void srv_http_quiesce(struct srv_http *h) { loop_command(h, CMD_QUIESCE, 1000); }
 
 void srv_http_drain(struct srv_http *h, int timeout_ms) {
     for (int waited = 0; waited < timeout_ms; waited += 10) {
-        const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
-        if (!di || di->num_connections == 0) return;
+        if (atomic_load(&h->n_conn) == 0) return;
         struct timespec ts = {0, 10 * 1000000L};
         nanosleep(&ts, NULL);
     }
@@ -858,7 +1086,14 @@ void srv_http_drain(struct srv_http *h, int timeout_ms) {
 
 void srv_http_stop(struct srv_http *h) {
     if (!h) return;
-    MHD_stop_daemon(h->d); /* every connection's CLOSED has removed its deadline entry */
+    atomic_fetch_or(&h->cmd, CMD_STOP);
+    const uint64_t one = 1;
+    while (write(h->kick_fd, &one, sizeof one) < 0 && errno == EINTR) {}
+    pthread_join(h->loop, NULL); /* it has resumed every suspended connection */
+    MHD_stop_daemon(h->d);       /* every connection's CLOSED has removed its deadline entry */
     srv_deadline_stop(h->dl);
+    close(h->kick_fd);
+    free(h->waits);
+    free(h->refusals);
     free(h);
 }

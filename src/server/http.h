@@ -2,26 +2,26 @@
  * server/http.h - the HTTP side of `moetax serve` (libmicrohttpd).
  *
  * DESIGN
- *   libmicrohttpd runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION,
- *   at most max_conn connections, small stacks). These threads never touch the
- *   context: a generation request is tokenized there, handed to the scheduler
- *   (server/sched.h), and its text read from the request's own mutex +
- *   condition variable.
- *
- *   Streaming uses a content-reader callback (MHD_create_response_from_callback,
- *   chunked transfer) that blocks on the request's condition variable, rather
- *   than suspend/resume: with a thread per connection, blocking there costs one
- *   sleeping thread, needs no wake-up path from the scheduler into MHD, and the
- *   order of events per connection stays in one function. While it waits (and
- *   while a non-streaming request waits for its end) the thread polls its
- *   socket every 50 ms, so a client that went away is noticed and its request
- *   cancelled (its cells freed at the next step), also during a long prefill
- *   when no bytes are being written: a reset (POLLHUP/POLLERR) is gone. A FIN
- *   (POLLRDHUP, or a zero-byte peek) is the same for a peer that closed and one
- *   that only half-closed (shutdown(SHUT_WR)) and still reads: a stream then
- *   writes one SSE comment (":"), which a closed peer answers with a reset
- *   and a half-closed one takes, and goes on; a non-streaming request, which
- *   can write nothing before its answer, takes the FIN as gone.
+ *   One thread (the loop) runs libmicrohttpd by external polling on its epoll
+ *   set, and with it all of the HTTP side: connections are accepted, requests
+ *   read, parsed and tokenized, answers and streams written there. It never
+ *   touches the context: a generation request is handed to the scheduler
+ *   (server/sched.h), and while its answer is being generated the connection
+ *   is suspended (libmicrohttpd's suspend/resume), so that any number of
+ *   requests wait without a thread each. The loop polls, besides libmicrohttpd's
+ *   set: an eventfd that the scheduler writes when a request ends and when a
+ *   stream that has sent all it had gets new text (sched.h: wake, want_text);
+ *   the pacing's deadlines (a stream sends at most one event per interval);
+ *   and the suspended connections' sockets, since libmicrohttpd watches no
+ *   suspended socket: a client that goes away is noticed at once and its
+ *   request cancelled (its cells freed at the next step), also during a long
+ *   prefill or in the queue, when no bytes are being written. A reset
+ *   (POLLHUP/POLLERR) is gone. A FIN (POLLRDHUP) is the same for a peer that
+ *   closed and one that only half-closed (shutdown(SHUT_WR)) and still reads:
+ *   a stream then writes one SSE comment (":"), which a closed peer answers
+ *   with a reset and a half-closed one takes, and goes on; a non-streaming
+ *   request, which can write nothing before its answer, takes the FIN as gone.
+ *   The loop's CPU time is the HTTP side's cost (/metrics).
  *
  *   Limits: headers of more than 32 KiB or 256 lines are 431 before anything
  *   runs (http.c: so that libmicrohttpd's 128 KiB pool per connection keeps

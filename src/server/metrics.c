@@ -83,8 +83,8 @@ char *srv_metrics_text(const struct srv_metrics *m, size_t *len) {
            "Connections closed by --read-timeout before a request line had arrived whole (new, or kept alive after an answer).",
            (double)m->http_idle_closed);
     metric(f, "moetax_http_cpu_seconds_total", "counter",
-           "CPU time of the HTTP side's threads (requests read and parsed, prompts tokenized, answers and streams "
-           "written), counted as each request completes.",
+           "CPU time of the HTTP side's thread (connections accepted, requests read and parsed, prompts tokenized, "
+           "answers and streams written).",
            m->http_cpu_s);
     metric(f, "moetax_sched_seconds_total", "counter",
            "The scheduler's time in steps outside the model (the batch, sampling, token text, stop strings, the metrics).",

@@ -57,11 +57,6 @@ struct srv_req *srv_req_new(const int32_t *prompt, int64_t n_prompt) {
     r->created = (int64_t)time(NULL);
     r->sp = moetax_sampler_default_params();
     pthread_mutex_init(&r->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cv, &ca);
-    pthread_condattr_destroy(&ca);
     atomic_init(&r->cancel, false);
     atomic_init(&r->refs, 1);
     return r;
@@ -70,7 +65,6 @@ struct srv_req *srv_req_new(const int32_t *prompt, int64_t n_prompt) {
 void srv_req_unref(struct srv_req *r) {
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
     pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->prompt);
     free(r->text);
@@ -79,28 +73,6 @@ void srv_req_unref(struct srv_req *r) {
 }
 
 void srv_req_cancel(struct srv_req *r) { atomic_store(&r->cancel, true); }
-
-void srv_req_wait_locked(struct srv_req *r, size_t have, int timeout_ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-    const bool text = have != SIZE_MAX;
-    r->text_waiters += text;
-    while (r->len <= have && r->finish == SRV_FINISH_NONE)
-        if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == ETIMEDOUT) break;
-    r->text_waiters -= text;
-}
-
-void srv_req_wait_until_locked(struct srv_req *r, double until_s) {
-    if (!(until_s > 0)) return;
-    struct timespec ts = {.tv_sec = (time_t)until_s};
-    ts.tv_nsec = (long)((until_s - (double)ts.tv_sec) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-    while (r->finish == SRV_FINISH_NONE)
-        if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == ETIMEDOUT) break;
-}
 
 /* Append n bytes to a growing buffer. */
 static bool buf_append(char **buf, size_t *len, size_t *cap, const char *p, size_t n) {
@@ -127,7 +99,7 @@ static void req_publish(struct srv_req *r, size_t upto, enum srv_finish fin, con
             fin = SRV_FINISH_ERROR;
             err = "out of memory";
         }
-        wake = r->text_waiters > 0;
+        wake = r->want_text;
     }
     if (fin != SRV_FINISH_NONE && r->finish == SRV_FINISH_NONE) {
         r->finish = fin;
@@ -135,9 +107,12 @@ static void req_publish(struct srv_req *r, size_t upto, enum srv_finish fin, con
         if (err) snprintf(r->err, sizeof r->err, "%s", err);
         wake = true;
     }
-    /* only a thread that waits for text is woken by text: a paced stream or a
-     * non-streaming request sleeps through the tokens (no futex wake per token) */
-    if (wake) pthread_cond_broadcast(&r->cv);
+    /* only a stream that waits for text is told of text: a paced stream or a whole
+     * answer sleeps through the tokens (no wake-up per token) */
+    if (wake && r->wake) {
+        r->want_text = false;
+        r->wake(r->wake_arg);
+    }
     pthread_mutex_unlock(&r->mu);
 }
 

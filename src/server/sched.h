@@ -1,16 +1,18 @@
 /*
  * server/sched.h - the server's scheduler: one thread that owns the context
- * and runs continuously batched decode steps; requests that HTTP threads hand
- * to it; per-request text queues the HTTP threads read.
+ * and runs continuously batched decode steps; requests that the HTTP side hands
+ * to it; per-request text that the HTTP side reads.
  *
  * DESIGN
  *   The context (KV cache, pool, buffers) is touched by the scheduler thread
- *   only. An HTTP thread builds a struct srv_req (its prompt tokens, sampling
- *   parameters, stop strings), submits it and then waits on the request's own
- *   mutex + condition variable for text: the scheduler appends text there and
- *   signals after every step, and marks the request finished (stop, length,
- *   error or cancelled). The request is reference counted (the HTTP side and
- *   the scheduler each hold one) so either side may go first.
+ *   only. The HTTP side builds a struct srv_req (its prompt tokens, sampling
+ *   parameters, stop strings, a wake-up callback), submits it and reads its
+ *   text under the request's own mutex: the scheduler appends text there after
+ *   every step and marks the request finished (stop, length, error or
+ *   cancelled), and calls the request's wake callback at the end and at the
+ *   first text after the HTTP side asked for it (want_text), never once per
+ *   token otherwise. The request is reference counted (the HTTP side and the
+ *   scheduler each hold one) so either side may go first.
  *
  *   Slots: n_parallel sequences (sequence id = slot). Each step
  *     1. admits queued requests (FIFO) into free slots, when the cache can
@@ -74,11 +76,17 @@ struct srv_req {
     int n_stop;
     bool ignore_eos;            /* generate past end-of-text (max_tokens still ends it) */
 
+    /* set before srv_sched_submit, read-only afterwards (NULL: nobody is told) */
+    void (*wake)(void *arg);    /* called by the scheduler, with mu held, when the request finishes
+                                 * and when its text grows while want_text is set (which it then
+                                 * clears): it must not block nor take mu */
+    void *wake_arg;
+
     /* shared: guarded by mu */
     pthread_mutex_t mu;
-    pthread_cond_t cv;          /* signalled when the request finishes, and when text grows while
-                                 * someone waits for text (text_waiters > 0) */
-    int text_waiters;           /* threads in srv_req_wait_locked for text (have != SIZE_MAX) */
+    bool want_text;             /* the next growth of the text calls wake (a stream waiting for
+                                 * it); otherwise only the end does, so that a paced stream or a
+                                 * whole answer costs no wake-up per token */
     char *text;                 /* published text (may hold invalid UTF-8 only at the very end) */
     size_t len, cap;
     int64_t n_gen;              /* tokens generated (counted in usage) */
@@ -102,15 +110,7 @@ struct srv_req *srv_req_new(const int32_t *prompt, int64_t n_prompt);
 void srv_req_unref(struct srv_req *r);
 /* The client went away: the scheduler drops the request at its next step. */
 void srv_req_cancel(struct srv_req *r);
-/* Wait (at most timeout_ms) until the published text is longer than `have`
- * bytes or the request has finished (have = SIZE_MAX: until it finishes; the
- * scheduler then signals only its end, not every token). Call with r->mu held. */
-void srv_req_wait_locked(struct srv_req *r, size_t have, int timeout_ms);
-/* Wait until monotonic time until_s (seconds, as CLOCK_MONOTONIC) or the end
- * of the request, whichever is first; new text does not wake it (a stream's
- * pacing). Call with r->mu held. */
-void srv_req_wait_until_locked(struct srv_req *r, double until_s);
-/* CLOCK_MONOTONIC in seconds (the clock of the request's times and of until_s). */
+/* CLOCK_MONOTONIC in seconds (the clock of the request's times). */
 double srv_now_s(void);
 
 struct srv_sched_params {
@@ -187,7 +187,7 @@ struct srv_metrics {
     double sched_s;                  /* the scheduler's time in steps outside the decode call (the
                                       * batch, sampling, token text, stop strings, these metrics; up to the
                                       * step before) */
-    double http_cpu_s;               /* set by the HTTP side: its threads' CPU time (http.c) */
+    double http_cpu_s;               /* set by the HTTP side: its thread's CPU time (http.c) */
     double tax_share;
     int64_t decode_tokens;           /* tokens of decode steps (batch size sum) */
     int64_t moe_layer_passes, moe_experts; /* decode steps: distinct experts summed over layer passes */
