@@ -38,6 +38,7 @@ struct wait {
     struct srv_req *r;     /* held by the stream or the connection's state, not by the wait */
     const size_t *sent;    /* a stream: bytes of r->text already out; NULL: a whole answer (waits for the end) */
     double wake_at;        /* a paced stream: not before this (monotonic seconds); 0: once there is text */
+    double until;          /* a stream's headers: at this time even without text (0: no such time) */
     bool probed;           /* a stream's FIN was answered with a probe: from then on only a reset counts */
     enum wait_end end;     /* why it was resumed, for the callback libmicrohttpd calls next */
 };
@@ -96,7 +97,7 @@ static void kick(void *arg) {
 /* Suspend w's connection until its request has something for it (w->sent: text past *w->sent, or
  * from wake_at on for a paced stream; else its end) or its client goes away. From a libmicrohttpd
  * callback of that connection, in the loop thread. False when out of memory (nothing suspended). */
-static bool wait_add(struct srv_http *h, struct wait *w, double wake_at) {
+static bool wait_add(struct srv_http *h, struct wait *w, double wake_at, double until) {
     if (h->n_waits == h->cap_waits) {
         const int cap = h->cap_waits ? 2 * h->cap_waits : 16;
         struct wait **n = realloc(h->waits, sizeof *n * (size_t)cap);
@@ -107,6 +108,7 @@ static bool wait_add(struct srv_http *h, struct wait *w, double wake_at) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(w->c, MHD_CONNECTION_INFO_CONNECTION_FD);
     w->fd = ci ? ci->connect_fd : -1;
     w->wake_at = wake_at;
+    w->until = until;
     w->end = WAIT_NONE;
     h->waits[h->n_waits++] = w;
     MHD_suspend_connection(w->c);
@@ -122,6 +124,7 @@ struct conn {
     bool responded; /* a response is queued: ignore the rest of the body */
     /* a whole (not streamed) answer being generated: the connection is suspended until its end */
     struct srv_req *r; /* a reference */
+    struct stream *s;  /* a stream before its first text (then its response owns it) */
     bool chat;
     char id[48];
     struct wait w;
@@ -452,9 +455,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
          * from the step each time. */
         const double iv = stream_interval(s->h);
         if (iv > 0 && s->t_sent > 0 && srv_now_s() < s->t_sent + iv)
-            return wait_add(s->h, &s->w, s->t_sent + iv) ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
+            return wait_add(s->h, &s->w, s->t_sent + iv, 0) ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
         if (stream_fill(s)) continue;
-        return wait_add(s->h, &s->w, 0) ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
+        return wait_add(s->h, &s->w, 0, 0) ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
     }
 }
 
@@ -468,6 +471,37 @@ static void stream_free(void *cls) {
 }
 
 static int64_t now_unix(void) { return (int64_t)time(NULL); }
+
+/* How long a stream's headers wait for its first text (handle_generate). */
+#define HEADERS_WAIT_S 0.05
+
+/* A stream's request has its first text, or has ended, or its client sent a FIN or went away (after
+ * the suspension handle_generate began): the answer's status and headers go out, or an error. */
+static enum MHD_Result stream_start(struct srv_http *h, struct MHD_Connection *c, struct conn *cs) {
+    (void)h;
+    struct stream *s = cs->s;
+    struct srv_req *r = s->r;
+    if (s->w.end == WAIT_GONE) {
+        srv_req_cancel(r);
+        return MHD_NO; /* closes the connection (on_completed frees the stream) */
+    }
+    pthread_mutex_lock(&r->mu);
+    const enum srv_finish fin = r->finish;
+    const bool failed = r->len == 0 && (fin == SRV_FINISH_CANCELLED || fin == SRV_FINISH_ERROR);
+    char err[sizeof r->err];
+    snprintf(err, sizeof err, "%s", r->err[0] ? r->err : "the request ended");
+    pthread_mutex_unlock(&r->mu);
+    if (failed) return send_error(c, fin == SRV_FINISH_CANCELLED ? 503 : 500, err);
+    /* a FIN before the first text (s->w.end == WAIT_PROBE) is probed by the reader's first call */
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s, stream_free);
+    if (!resp) return MHD_NO;
+    cs->s = NULL; /* the response owns it now */
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    enum MHD_Result ok = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    return ok;
+}
 
 static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection *c, struct conn *cs, bool chat) {
     char err[512];
@@ -546,13 +580,21 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
             out_add(s, j);
             free(j);
         }
-        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s, stream_free);
-        if (!resp) { stream_free(s); return MHD_NO; }
-        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
-        MHD_add_response_header(resp, "Cache-Control", "no-cache");
-        enum MHD_Result ok = MHD_queue_response(c, 200, resp);
-        MHD_destroy_response(resp);
-        return ok;
+        cs->s = s;
+        /* the status line and headers wait for the first text, for at most HEADERS_WAIT_S: they go out
+         * with it (one send and one wake-up of the client instead of two), and a request that ends
+         * before any text (cancelled, failed) is answered with an error status instead of an event
+         * stream; a request that waits longer (queued, a long prefill) gets its headers alone */
+        pthread_mutex_lock(&r->mu);
+        const bool ready = r->len > 0 || r->finish != SRV_FINISH_NONE;
+        if (!ready) r->want_text = true;
+        pthread_mutex_unlock(&r->mu);
+        if (ready) return stream_start(h, c, cs);
+        if (!wait_add(h, &s->w, 0, srv_now_s() + HEADERS_WAIT_S)) {
+            srv_req_cancel(r);
+            return send_error(c, 500, "out of memory");
+        }
+        return MHD_YES;
     }
     /* the connection sleeps until the end (whole_done), or until its client goes away: nothing can
      * be written before the answer's status line, so a FIN cannot be told from a close there, and a
@@ -561,7 +603,7 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
     cs->chat = chat;
     snprintf(cs->id, sizeof cs->id, "%s", id);
     cs->w = (struct wait){.c = c, .r = r};
-    if (!wait_add(h, &cs->w, 0)) {
+    if (!wait_add(h, &cs->w, 0, 0)) {
         srv_req_cancel(r);
         return send_error(c, 500, "out of memory");
     }
@@ -732,7 +774,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cs->responded = false;
         return MHD_YES;
     }
-    if (cs->r) return whole_done(h, c, cs); /* resumed: the answer is ready, or the client gone */
+    /* resumed: the answer is ready (or a stream's first text), or the client gone */
+    if (cs->r) return whole_done(h, c, cs);
+    if (cs->s) return stream_start(h, c, cs);
     if (cs->responded) { *upload_size = 0; return MHD_YES; }
     if (*upload_size) {
         if (cs->len + *upload_size > h->p.max_body) { /* a chunked body (a Content-Length was checked above) */
@@ -796,6 +840,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         srv_req_cancel(cs->r); /* a no-op when it has finished */
         srv_req_unref(cs->r);
     }
+    if (cs->s) stream_free(cs->s); /* a stream whose answer never began */
     free(cs->body);
     free(cs);
     *con_cls = NULL;
@@ -841,7 +886,9 @@ static bool wait_ready(struct wait *w, double now) {
     bool ready;
     pthread_mutex_lock(&r->mu);
     if (r->finish != SRV_FINISH_NONE) ready = true;
-    else if (!w->sent || w->wake_at > now) ready = false; /* a whole answer; a paced stream */
+    else if (!w->sent) ready = false;                         /* a whole answer */
+    else if (w->until > 0 && now >= w->until) ready = true;   /* a stream's headers */
+    else if (w->wake_at > now) ready = false;                 /* a paced stream */
     else if (r->len > *w->sent) ready = true;
     else {
         r->want_text = true;
@@ -941,6 +988,7 @@ static void *loop_main(void *arg) {
         for (int i = 0; i < h->n_waits; i++) {
             const struct wait *w = h->waits[i];
             if (w->wake_at > 0 && w->wake_at < until) until = w->wake_at;
+            if (w->until > 0 && w->until < until) until = w->until;
             /* POLLRDHUP: the client's FIN; once a stream's probe has gone, only a reset counts
              * (POLLHUP and POLLERR come whatever the events) */
             pf[2 + i] = (struct pollfd){.fd = w->fd, .events = w->probed ? 0 : POLLRDHUP};
