@@ -307,6 +307,12 @@ def test_chunked_over(s):
             sk.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
         r, closed = read_responses(sk, 5)
         took = time.time() - t0
+        # the server now reads and drops what this client still sends until it closes (at most a
+        # second): meanwhile the one HTTP thread serves everyone else
+        t1 = time.time()
+        ok = s.healthy()
+        check(ok and time.time() - t1 < 0.5, f"/health beside a refused client that has not closed: {ok} after "
+                                             f"{time.time() - t1:.2f} s (want at once)")
     except OSError as e:
         r, closed, took = [], f"{e.__class__.__name__}", 0
     sk.close()
