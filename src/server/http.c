@@ -70,6 +70,7 @@ struct srv_http {
     atomic_int cmd, done;    /* CMD_* asked by the controller; carried out by the loop */
     atomic_uint n_conn;      /* connections open, as the loop last counted them */
     /* the loop thread's only */
+    bool stopping;           /* CMD_STOP taken: no connection may be suspended any more */
     struct wait **waits;
     int n_waits, cap_waits;
     struct refusal *refusals;
@@ -95,9 +96,12 @@ static void kick(void *arg) {
 }
 
 /* Suspend w's connection until its request has something for it (w->sent: text past *w->sent, or
- * from wake_at on for a paced stream; else its end) or its client goes away. From a libmicrohttpd
- * callback of that connection, in the loop thread. False when out of memory (nothing suspended). */
+ * from wake_at on for a paced stream, or at until for a stream's headers; else its end) or its
+ * client goes away. From a libmicrohttpd callback of that connection, in the loop thread. False
+ * when the server stops (libmicrohttpd must not be stopped with a suspended connection) or out of
+ * memory: nothing is suspended, wait_refused says why. */
 static bool wait_add(struct srv_http *h, struct wait *w, double wake_at, double until) {
+    if (h->stopping) return false;
     if (h->n_waits == h->cap_waits) {
         const int cap = h->cap_waits ? 2 * h->cap_waits : 16;
         struct wait **n = realloc(h->waits, sizeof *n * (size_t)cap);
@@ -113,6 +117,10 @@ static bool wait_add(struct srv_http *h, struct wait *w, double wake_at, double 
     h->waits[h->n_waits++] = w;
     MHD_suspend_connection(w->c);
     return true;
+}
+
+static const char *wait_refused(const struct srv_http *h) {
+    return h->stopping ? "the server is shutting down" : "out of memory";
 }
 
 /* Per connection (con_cls): the body as it arrives. */
@@ -592,7 +600,7 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
         if (ready) return stream_start(h, c, cs);
         if (!wait_add(h, &s->w, 0, srv_now_s() + HEADERS_WAIT_S)) {
             srv_req_cancel(r);
-            return send_error(c, 500, "out of memory");
+            return send_error(c, h->stopping ? 503 : 500, wait_refused(h));
         }
         return MHD_YES;
     }
@@ -605,7 +613,7 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
     cs->w = (struct wait){.c = c, .r = r};
     if (!wait_add(h, &cs->w, 0, 0)) {
         srv_req_cancel(r);
-        return send_error(c, 500, "out of memory");
+        return send_error(c, h->stopping ? 503 : 500, wait_refused(h));
     }
     return MHD_YES;
 }
@@ -961,6 +969,7 @@ static void *loop_main(void *arg) {
             atomic_fetch_or(&h->done, CMD_QUIESCE);
         }
         if (cmd & CMD_STOP) {
+            h->stopping = true; /* the run below suspends nothing more (a stream then ends cut) */
             waits_cancel_all(h);
             MHD_run(h->d);
             for (int i = 0; i < h->n_refusals; i++) { free(h->refusals[i].out); close(h->refusals[i].fd); }
