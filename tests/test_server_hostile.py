@@ -29,6 +29,7 @@ MOETAX_SERVE_DEBUG=1, so that libmicrohttpd's own messages reach their logs).
 import json
 import os
 import re
+import random
 import socket
 import subprocess
 import sys
@@ -323,6 +324,44 @@ def test_chunked_over(s):
     check(s.healthy(), "after a chunked body past --max-body: /health")
 
 
+def test_big_prompts(s):
+    """Prompts near --max-body are parsed and tokenized off the HTTP loop (by its prep thread): /health
+    answers at once while three of them are, not after them."""
+    rng = random.Random(7)
+    text = " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+                    for _ in range(110000))
+    body = json.dumps({"prompt": text, "max_tokens": 1}).encode()
+    check(64 << 10 < len(body) < MAX_BODY, f"the test's body is {len(body)} bytes")
+    req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+           b"Connection: close\r\n\r\n" % len(body)) + body
+    done = []
+
+    def big():
+        t = time.time()
+        r, _ = s.exchange(req, timeout=120)
+        done.append((time.time() - t, r))
+
+    ths = [threading.Thread(target=big) for _ in range(3)]
+    for t in ths:
+        t.start()
+    lat = []
+    while any(t.is_alive() for t in ths):
+        t = time.time()
+        ok = s.healthy()
+        lat.append(time.time() - t)
+        check(ok, "/health while large prompts are prepared")
+        time.sleep(0.002)
+    for t in ths:
+        t.join()
+    statuses = [r[0][0] if r else None for _, r in done]
+    check(statuses == [400] * 3 and all("positions" in error_message(r[0]) for _, r in done),
+          f"the large prompts (longer than the context): {statuses}")
+    longest = max(t for t, _ in done)
+    print(f"  big prompts: /health max {1e3 * max(lat):.1f} ms over {len(lat)}, prompts {1e3 * longest:.0f} ms")
+    check(len(lat) >= 3 and max(lat) < longest / 4, f"/health took up to {1e3 * max(lat):.1f} ms ({len(lat)} requests) "
+          f"while the large prompts took {1e3 * longest:.0f} ms (want a small part of it)")
+
+
 def test_read_timeout_counts(s):
     """--read-timeout closes a connection that sent nothing, one that is kept alive and idle after an
     answer, and one whose request began but did not finish: only the last is a read timeout in
@@ -396,6 +435,7 @@ def main():
         for name, fn in (("json containers", test_json_containers), ("framing", test_framing),
                          ("roles", lambda s: test_roles(s, mistral)),
                          ("big headers", test_big_headers), ("chunked body over the limit", test_chunked_over),
+                         ("big prompts", test_big_prompts),
                          ("read timeout counts", test_read_timeout_counts)):
             t = time.time()
             fn(s)

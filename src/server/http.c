@@ -37,6 +37,7 @@ struct wait {
     int fd;
     struct srv_req *r;     /* held by the stream or the connection's state, not by the wait */
     const size_t *sent;    /* a stream: bytes of r->text already out; NULL: a whole answer (waits for the end) */
+    const atomic_int *prep; /* (r NULL) a request being prepared: waits for PREP_DONE */
     double wake_at;        /* a paced stream: not before this (monotonic seconds); 0: once there is text */
     double until;          /* a stream's headers: at this time even without text (0: no such time) */
     bool probed;           /* a stream's FIN was answered with a probe: from then on only a reset counts */
@@ -69,6 +70,13 @@ struct srv_http {
     atomic_bool kicked;      /* a kick is in kick_fd and not yet taken */
     atomic_int cmd, done;    /* CMD_* asked by the controller; carried out by the loop */
     atomic_uint n_conn;      /* connections open, as the loop last counted them */
+    /* the prep thread: large bodies' requests prepared off the loop (gen_prepare) */
+    pthread_t prep_th;
+    pthread_mutex_t prep_mu;
+    pthread_cond_t prep_cv;
+    struct prep *prep_head, *prep_tail; /* queued, under prep_mu */
+    bool prep_stop;                     /* under prep_mu */
+    atomic_ullong prep_cpu_ns;          /* the prep thread's CPU time, as of its last request */
     /* the loop thread's only */
     bool stopping;           /* CMD_STOP taken: no connection may be suspended any more */
     struct wait **waits;
@@ -133,6 +141,7 @@ struct conn {
     /* a whole (not streamed) answer being generated: the connection is suspended until its end */
     struct srv_req *r; /* a reference */
     struct stream *s;  /* a stream before its first text (then its response owns it) */
+    struct prep *prep; /* being prepared by the prep thread (a large body) */
     bool chat;
     char id[48];
     struct wait w;
@@ -511,19 +520,56 @@ static enum MHD_Result stream_start(struct srv_http *h, struct MHD_Connection *c
     return ok;
 }
 
-static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection *c, struct conn *cs, bool chat) {
+/* A generation request's body made into a request (not yet submitted), or the error to answer. Linear in
+ * the body (JSON, the chat template, the tokenizer): done in the loop for a small body, by the prep thread
+ * for a large one (see struct prep_queue), so that one large prompt does not hold up everyone's streams.
+ * Thread-safe: it reads the server's parameters and the tokenizer only. */
+struct prep {
+    struct srv_http *h;
+    char *body;            /* owned (NULL: empty) */
+    size_t len;
+    bool chat;
+    int status;            /* 0: r is made; else the error's status and message */
     char err[512];
+    struct srv_req *r;     /* a reference, not submitted */
+    bool stream, include_usage;
+    atomic_int state;      /* PREP_QUEUED, PREP_DONE, PREP_ABANDONED (prep_abandon) */
+    struct prep *next;     /* queue link */
+};
+enum { PREP_QUEUED = 0, PREP_DONE, PREP_ABANDONED };
+
+static void prep_free(struct prep *p) {
+    if (!p) return;
+    free(p->body);
+    srv_req_unref(p->r);
+    free(p);
+}
+
+static void prep_fail(struct prep *p, int status, const char *msg) {
+    p->status = status;
+    snprintf(p->err, sizeof p->err, "%s", msg);
+}
+
+static void gen_prepare(struct prep *p) {
+    struct srv_http *h = p->h;
+    const bool chat = p->chat;
     struct srv_api_req q;
-    if (chat && h->p.tmpl == SRV_CHAT_UNKNOWN)
-        return send_error(c, 400, "this model has no chat template moetax knows (tokenizer.chat_template is missing or "
-                                  "not recognised): use /v1/completions with a plain prompt instead");
-    if (srv_api_parse(cs->body ? cs->body : "", cs->len, chat, &q, err, sizeof err)) return send_error(c, 400, err);
+    if (chat && h->p.tmpl == SRV_CHAT_UNKNOWN) {
+        prep_fail(p, 400, "this model has no chat template moetax knows (tokenizer.chat_template is missing or not "
+                          "recognised): use /v1/completions with a plain prompt instead");
+        return;
+    }
+    if (srv_api_parse(p->body ? p->body : "", p->len, chat, &q, p->err, sizeof p->err)) {
+        p->status = 400;
+        return;
+    }
     for (int i = 0; i < q.n_msgs; i++) {
         if (srv_chat_role_ok(h->p.tmpl, q.msgs[i].role)) continue;
-        snprintf(err, sizeof err, "'messages[%d].role' is \"%s\", for which the %s chat template has no turn (it takes "
-                 "system, user and assistant)", i, q.msgs[i].role, srv_chat_name(h->p.tmpl));
+        p->status = 400;
+        snprintf(p->err, sizeof p->err, "'messages[%d].role' is \"%s\", for which the %s chat template has no turn (it "
+                 "takes system, user and assistant)", i, q.msgs[i].role, srv_chat_name(h->p.tmpl));
         srv_api_req_free(&q);
-        return send_error(c, 400, err);
+        return;
     }
     char *text = q.prompt;
     size_t text_len = q.prompt_len;
@@ -531,40 +577,54 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
     if (chat) {
         if (!(rendered = srv_chat_render(h->p.tmpl, q.msgs, q.n_msgs, true, &text_len))) {
             srv_api_req_free(&q);
-            return send_error(c, 500, "out of memory");
+            prep_fail(p, 500, "out of memory");
+            return;
         }
         text = rendered;
     }
-    /* tokenize here, in the HTTP thread; a chat prompt's control tokens as single ids */
+    /* a chat prompt's control tokens as single ids */
     int32_t *ids = NULL;
     int64_t n_ids = 0;
     moetax_status st = srv_encode_special(h->p.tok, chat ? h->p.specials : NULL, text, text_len,
                                           moetax_tokenizer_add_bos(h->p.tok), &ids, &n_ids);
     free(rendered);
-    if (st) { srv_api_req_free(&q); return send_error(c, 500, "cannot tokenize the prompt"); }
-    if (n_ids == 0) { free(ids); srv_api_req_free(&q); return send_error(c, 400, "the prompt is empty"); }
+    if (st) { srv_api_req_free(&q); prep_fail(p, 500, "cannot tokenize the prompt"); return; }
+    if (n_ids == 0) { free(ids); srv_api_req_free(&q); prep_fail(p, 400, "the prompt is empty"); return; }
     struct srv_req *r = srv_req_new(ids, n_ids);
     free(ids);
-    if (!r) { srv_api_req_free(&q); return send_error(c, 500, "out of memory"); }
+    if (!r) { srv_api_req_free(&q); prep_fail(p, 500, "out of memory"); return; }
     const int64_t room = srv_sched_max_seq(h->p.sched) - n_ids;
     r->max_tokens = q.max_tokens > 0 ? q.max_tokens : (room < h->p.default_max_tokens ? room : h->p.default_max_tokens);
     r->sp = q.sp;
     r->ignore_eos = q.ignore_eos;
-    if (!q.has_seed) r->sp.seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + atomic_fetch_add(&h->next_id, 1);
+    if (!q.has_seed)
+        r->sp.seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + atomic_fetch_add(&h->next_id, 1);
     for (int i = 0; i < q.n_stop; i++) { r->stop[i] = q.stop[i]; q.stop[i] = NULL; }
     r->n_stop = q.n_stop;
     q.n_stop = 0;
-    const bool stream = q.stream, include_usage = q.include_usage;
+    p->stream = q.stream;
+    p->include_usage = q.include_usage;
     srv_api_req_free(&q);
     if (r->max_tokens < 1) {
-        snprintf(err, sizeof err, "the prompt (%lld tokens) leaves no room in the %lld positions a request may use",
-                 (long long)n_ids, (long long)srv_sched_max_seq(h->p.sched));
+        p->status = 400;
+        snprintf(p->err, sizeof p->err, "the prompt (%lld tokens) leaves no room in the %lld positions a request may "
+                 "use", (long long)n_ids, (long long)srv_sched_max_seq(h->p.sched));
         srv_req_unref(r);
-        return send_error(c, 400, err);
+        return;
     }
+    p->r = r;
+}
+
+/* Submit a prepared request (in the loop) and begin its answer: p->r passes to the answer. */
+static enum MHD_Result gen_submit(struct srv_http *h, struct MHD_Connection *c, struct conn *cs, struct prep *p) {
+    char err[512];
+    if (p->status) return send_error(c, p->status, p->err);
+    struct srv_req *r = p->r;
+    p->r = NULL;
+    const bool chat = p->chat, stream = p->stream, include_usage = p->include_usage;
     r->wake = kick; /* the request's end, and a waiting stream's text, wake the loop */
     r->wake_arg = h;
-    st = srv_sched_submit(h->p.sched, r);
+    moetax_status st = srv_sched_submit(h->p.sched, r);
     if (st) {
         snprintf(err, sizeof err, "%s", moetax_last_error());
         srv_req_unref(r);
@@ -618,6 +678,80 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
     return MHD_YES;
 }
 
+/* Bodies up to this size are prepared in the loop; larger ones by the prep thread (parsing and
+ * tokenizing a 1 MiB prompt takes ~60 ms on the project's VM: that long, every stream would stall). */
+#define PREP_INLINE_BYTES (64 << 10)
+
+/* The loop gives up on p (its connection closes): whoever sees the other side's mark frees it. */
+static void prep_abandon(struct prep *p) {
+    if (atomic_exchange(&p->state, PREP_ABANDONED) == PREP_DONE) prep_free(p);
+}
+
+static void *prep_main(void *arg) {
+    struct srv_http *h = arg;
+    struct timespec ts;
+    pthread_mutex_lock(&h->prep_mu);
+    for (;;) {
+        while (!h->prep_head && !h->prep_stop) pthread_cond_wait(&h->prep_cv, &h->prep_mu);
+        struct prep *p = h->prep_head;
+        if (!p) break; /* stopping, and nothing is left */
+        h->prep_head = p->next;
+        if (!h->prep_head) h->prep_tail = NULL;
+        const bool stop = h->prep_stop;
+        pthread_mutex_unlock(&h->prep_mu);
+        if (!stop && atomic_load(&p->state) != PREP_ABANDONED) gen_prepare(p);
+        if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0)
+            atomic_store(&h->prep_cpu_ns, (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
+        if (atomic_exchange(&p->state, PREP_DONE) == PREP_ABANDONED) prep_free(p);
+        else kick(h);
+        pthread_mutex_lock(&h->prep_mu);
+    }
+    pthread_mutex_unlock(&h->prep_mu);
+    return NULL;
+}
+
+static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection *c, struct conn *cs, bool chat) {
+    struct prep *p = calloc(1, sizeof *p);
+    if (!p) return send_error(c, 500, "out of memory");
+    *p = (struct prep){.h = h, .body = cs->body, .len = cs->len, .chat = chat};
+    cs->body = NULL;
+    cs->len = cs->cap = 0;
+    if (p->len <= PREP_INLINE_BYTES) {
+        gen_prepare(p);
+        const enum MHD_Result ok = gen_submit(h, c, cs, p);
+        prep_free(p);
+        return ok;
+    }
+    atomic_init(&p->state, PREP_QUEUED);
+    cs->prep = p;
+    cs->w = (struct wait){.c = c, .prep = &p->state};
+    if (!wait_add(h, &cs->w, 0, 0)) {
+        cs->prep = NULL;
+        prep_free(p);
+        return send_error(c, h->stopping ? 503 : 500, wait_refused(h));
+    }
+    pthread_mutex_lock(&h->prep_mu);
+    if (h->prep_tail) h->prep_tail->next = p;
+    else h->prep_head = p;
+    h->prep_tail = p;
+    pthread_cond_signal(&h->prep_cv);
+    pthread_mutex_unlock(&h->prep_mu);
+    return MHD_YES;
+}
+
+/* A connection whose request the prep thread prepared, resumed: submit it, or the client has gone. */
+static enum MHD_Result prep_done(struct srv_http *h, struct MHD_Connection *c, struct conn *cs) {
+    struct prep *p = cs->prep;
+    cs->prep = NULL;
+    if (cs->w.end == WAIT_GONE) {
+        prep_abandon(p);
+        return MHD_NO; /* closes the connection */
+    }
+    const enum MHD_Result ok = gen_submit(h, c, cs, p);
+    prep_free(p);
+    return ok;
+}
+
 /* A whole answer's connection, resumed: its request has ended, or its client has gone. */
 static enum MHD_Result whole_done(struct srv_http *h, struct MHD_Connection *c, struct conn *cs) {
     struct srv_req *r = cs->r;
@@ -667,8 +801,9 @@ static enum MHD_Result handle_metrics(struct srv_http *h, struct MHD_Connection 
     struct srv_metrics m;
     srv_sched_metrics(h->p.sched, &m);
     if (h->dl) srv_deadline_counts(h->dl, &m.http_read_timeouts, &m.http_idle_closed);
-    struct timespec ts; /* all of the HTTP side runs in this thread, the loop */
+    struct timespec ts; /* the HTTP side runs in this thread, the loop, and the prep thread */
     if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) m.http_cpu_s = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    m.http_cpu_s += (double)atomic_load(&h->prep_cpu_ns) * 1e-9; /* and the prep thread's */
     m.http_streams = atomic_load(&h->streams);
     m.http_stream_interval_s = stream_interval(h);
     size_t n = 0;
@@ -783,6 +918,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     /* resumed: the answer is ready (or a stream's first text), or the client gone */
+    if (cs->prep) return prep_done(h, c, cs);
     if (cs->r) return whole_done(h, c, cs);
     if (cs->s) return stream_start(h, c, cs);
     if (cs->responded) { *upload_size = 0; return MHD_YES; }
@@ -849,6 +985,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         srv_req_unref(cs->r);
     }
     if (cs->s) stream_free(cs->s); /* a stream whose answer never began */
+    if (cs->prep) prep_abandon(cs->prep);
     free(cs->body);
     free(cs);
     *con_cls = NULL;
@@ -890,6 +1027,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
 /* Whether w's request has something for it now (w->end = WAIT_READY). A stream that has caught up
  * asks for the request's next text (want_text), which kicks the loop. */
 static bool wait_ready(struct wait *w, double now) {
+    if (w->prep) return atomic_load(w->prep) == PREP_DONE;
     struct srv_req *r = w->r;
     bool ready;
     pthread_mutex_lock(&r->mu);
@@ -944,7 +1082,7 @@ static bool refusal_step(struct refusal *l, short revents, double now) {
 static void waits_cancel_all(struct srv_http *h) {
     for (int i = 0; i < h->n_waits; i++) {
         struct wait *w = h->waits[i];
-        srv_req_cancel(w->r);
+        if (w->r) srv_req_cancel(w->r);
         w->end = WAIT_GONE;
         MHD_resume_connection(w->c);
     }
@@ -1053,6 +1191,17 @@ static void *loop_main(void *arg) {
     return NULL;
 }
 
+/* Stop and join the prep thread: it frees what is left in its queue unprepared. */
+static void prep_stop(struct srv_http *h) {
+    pthread_mutex_lock(&h->prep_mu);
+    h->prep_stop = true;
+    pthread_cond_signal(&h->prep_cv);
+    pthread_mutex_unlock(&h->prep_mu);
+    pthread_join(h->prep_th, NULL);
+    pthread_mutex_destroy(&h->prep_mu);
+    pthread_cond_destroy(&h->prep_cv);
+}
+
 moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **out) {
     *out = NULL;
     struct srv_http *h = calloc(1, sizeof *h);
@@ -1105,9 +1254,15 @@ moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **
     h->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     const char *why = h->kick_fd < 0 ? "eventfd" : NULL;
     if (!why && !MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD)) why = "libmicrohttpd's epoll set";
+    pthread_mutex_init(&h->prep_mu, NULL);
+    pthread_cond_init(&h->prep_cv, NULL);
+    atomic_init(&h->prep_cpu_ns, 0);
+    bool prep_started = false;
+    if (!why && !(prep_started = pthread_create(&h->prep_th, NULL, prep_main, h) == 0)) why = "the prep thread";
     if (!why && pthread_create(&h->loop, NULL, loop_main, h) != 0) why = "its thread";
     if (why) {
         const int e = errno;
+        if (prep_started) prep_stop(h);
         MHD_stop_daemon(h->d);
         if (h->kick_fd >= 0) close(h->kick_fd);
         srv_deadline_stop(h->dl);
@@ -1147,7 +1302,9 @@ void srv_http_stop(struct srv_http *h) {
     const uint64_t one = 1;
     while (write(h->kick_fd, &one, sizeof one) < 0 && errno == EINTR) {}
     pthread_join(h->loop, NULL); /* it has resumed every suspended connection */
-    MHD_stop_daemon(h->d);       /* every connection's CLOSED has removed its deadline entry */
+    MHD_stop_daemon(h->d);       /* every connection's CLOSED has removed its deadline entry; every
+                                  * request still being prepared is abandoned */
+    prep_stop(h);
     srv_deadline_stop(h->dl);
     close(h->kick_fd);
     free(h->waits);
