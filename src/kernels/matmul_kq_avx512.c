@@ -32,6 +32,14 @@
 #include "moetax/types.h"
 
 #define KQ5_INLINE static inline __attribute__((always_inline))
+/* Where the decode tiles' (JB = 1) block loops begin within a 64-byte line. The SIMD kernel files are
+ * built with -falign-functions=64 (CMakeLists.txt), so that code elsewhere no longer moves them, and
+ * these pads (NOPs run once a call, before the loop) put the loops of Q4_K, Q5_K and Q6_K where
+ * they read from memory fastest on Zen 4: their speed from memory hung on that position, and before
+ * the alignment any change to any other code could move it (docs/MEASUREMENTS.md, k-quants). */
+#define KQ4_DEC_PAD 16
+#define KQ5_DEC_PAD 32
+#define KQ6_DEC_PAD 16
 
 static inline uint16_t ld16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
@@ -397,6 +405,8 @@ KQ5_INLINE void q45z_tile(const bool five, const bool gf, const int JB, const ui
     __m512 acc[KQZ_JB];
 #pragma GCC unroll 8
     for (int t = 0; t < JB; t++) acc[t] = _mm512_setzero_ps();
+    if (JB == 1 && (five ? KQ5_DEC_PAD : KQ4_DEC_PAD) != 0)
+        __asm__ volatile(".nops %c0" ::"i"(five ? KQ5_DEC_PAD : KQ4_DEC_PAD));
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * bbytes, *bB = g1 + (size_t)i * bbytes;
         if (JB == 1) { /* decode: far ahead into L2 (and L1: kq_prefetch_dec) */
@@ -524,6 +534,7 @@ KQ5_INLINE void q6z_tile(const int JB, const bool gf, const uint8_t *g0, const u
     __m512 acc[KQZ_JB];
 #pragma GCC unroll 8
     for (int t = 0; t < JB; t++) acc[t] = _mm512_setzero_ps();
+    if (JB == 1 && KQ6_DEC_PAD != 0) __asm__ volatile(".nops %c0" ::"i"(KQ6_DEC_PAD));
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES, *bB = g1 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
         if (JB == 1) { /* decode: far ahead into L2, and into L1 (KQ6_PFD, KQ6_NEAR) */
