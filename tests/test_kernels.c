@@ -1213,6 +1213,14 @@ static void test_dispatch(void) {
         CHECK(!moetax_kernels_streamed(llc) && moetax_kernels_streamed(llc + 1) && !moetax_kernels_streamed(0));
 }
 
+/* The SIMD kernel files are built with -falign-functions=64 (CMakeLists.txt): without it a kernel's speed
+ * from memory moved whenever other code changed size. Their table's entry points start on 64-byte lines. */
+static void test_code_alignment(const struct moetax_kernels *k) {
+    const uintptr_t a = (uintptr_t)k->matmul;
+    CHECK_MSG(a % 64 == 0, "table '%s': its matmul starts at %#lx, not on a 64-byte line (-falign-functions=64 missing?)",
+              k->name, (unsigned long)a);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     test_dispatch();
@@ -1220,6 +1228,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 2; i++) {
         if (!(g_simd = simd[i])) continue;
         printf("test_kernels: table '%s'%s%s against the reference\n", g_simd->name, *moetax_kernels_extras(g_simd) ? " with " : "", moetax_kernels_extras(g_simd));
+        test_code_alignment(g_simd);
         test_repack();
         test_quantize_q8k();
         test_quantize_q8_rows();
