@@ -32,14 +32,16 @@
 #include "moetax/types.h"
 
 #define KQ5_INLINE static inline __attribute__((always_inline))
-/* Where the decode tiles' (JB = 1) block loops begin within a 64-byte line. The SIMD kernel files are
- * built with -falign-functions=64 (CMakeLists.txt), so that code elsewhere no longer moves them, and
- * these pads (NOPs run once a call, before the loop) put the loops of Q4_K, Q5_K and Q6_K where
- * they read from memory fastest on Zen 4: their speed from memory hung on that position, and before
- * the alignment any change to any other code could move it (docs/MEASUREMENTS.md, k-quants). */
+/* Where the decode tiles' (JB = 1) block loops, and Q6_K's batch-of-2 tile's, begin within a 64-byte
+ * line. The SIMD kernel files are built with -falign-functions=64 (CMakeLists.txt), so that code
+ * elsewhere no longer moves them, and these pads (NOPs run once a call, before the loop) put the
+ * loops where they read from memory fastest on Zen 4 (swept in steps of 8 bytes): their speed from
+ * memory hung on that position, and before the alignment any change to any other code could move
+ * it (docs/MEASUREMENTS.md, k-quants). Q2_K/Q3_K's decode and Q4_K/Q5_K's batch-of-2 tiles showed none. */
 #define KQ4_DEC_PAD 16
 #define KQ5_DEC_PAD 32
 #define KQ6_DEC_PAD 16
+#define KQ6_B2_PAD 40
 
 static inline uint16_t ld16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
@@ -535,6 +537,7 @@ KQ5_INLINE void q6z_tile(const int JB, const bool gf, const uint8_t *g0, const u
 #pragma GCC unroll 8
     for (int t = 0; t < JB; t++) acc[t] = _mm512_setzero_ps();
     if (JB == 1 && KQ6_DEC_PAD != 0) __asm__ volatile(".nops %c0" ::"i"(KQ6_DEC_PAD));
+    if (JB == 2 && KQ6_B2_PAD != 0) __asm__ volatile(".nops %c0" ::"i"(KQ6_B2_PAD));
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *bA = g0 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES, *bB = g1 + (size_t)i * MOETAX_K_Q6KR8_BLOCK_BYTES;
         if (JB == 1) { /* decode: far ahead into L2, and into L1 (KQ6_PFD, KQ6_NEAR) */
