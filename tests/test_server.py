@@ -534,6 +534,13 @@ def test_second_server():
         check(st == 200 and st2 == 200 and stream_text(ev) == j2["choices"][0]["text"]
               and j2["usage"]["completion_tokens"] == 120, f"a paced stream's text != the completion's: {st} {st2}")
         check(1 <= len(texts) <= 2 + el / 0.040 + 1, f"--stream-interval 40: {len(texts)} events with text in {el:.3f} s")
+        # the end goes at once, not an interval after the last event
+        at = []
+        st, _, ev = s.stream("/v1/completions", {"prompt": PROMPTS[1], "max_tokens": 3, "temperature": 0,
+                                                 "ignore_eos": True, "stream": True}, headers=auth, times=at)
+        gap = at[-1] - at[0] if len(at) >= 2 else 0.0
+        check(st == 200 and ev[-1] == "[DONE]" and gap < 0.030,
+              f"--stream-interval 40: a 3-token stream ended {1e3 * gap:.1f} ms after its first event (want at once)")
         # a chat prompt's control tokens are single ids (the model's <|endoftext|>); a completion's are plain text
         def chat_tokens(content):
             st, _, j = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": content}], "max_tokens": 1},

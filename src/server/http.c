@@ -437,6 +437,13 @@ static double stream_interval(struct srv_http *h) {
     return x < cap ? x : cap;
 }
 
+static bool req_ended(struct srv_req *r) {
+    pthread_mutex_lock(&r->mu);
+    const bool ended = r->finish != SRV_FINISH_NONE;
+    pthread_mutex_unlock(&r->mu);
+    return ended;
+}
+
 /* libmicrohttpd's content reader for a stream, in the loop thread: the pending bytes, or else the
  * connection is suspended (h->waits) until its request has something for it, and 0 returned. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -466,12 +473,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return (ssize_t)n;
         }
         if (s->done) return MHD_CONTENT_READER_END_OF_STREAM;
-        /* pacing: at most one event per interval (the first token and the end at once). The
+        /* pacing: at most one event per interval (the first token and the end at once: an ended
+         * request's rest goes now, which also keeps its resumption from suspending it again). The
          * tokens of fast steps travel together instead of waking the loop, the client and the
          * network stack once per step, which on a machine whose cores all decode takes a core
          * from the step each time. */
         const double iv = stream_interval(s->h);
-        if (iv > 0 && s->t_sent > 0 && srv_now_s() < s->t_sent + iv)
+        if (iv > 0 && s->t_sent > 0 && srv_now_s() < s->t_sent + iv && !req_ended(s->r))
             return wait_add(s->h, &s->w, s->t_sent + iv, 0) ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
         if (stream_fill(s)) continue;
         return wait_add(s->h, &s->w, 0, 0) ? 0 : MHD_CONTENT_READER_END_WITH_ERROR;
