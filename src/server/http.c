@@ -658,9 +658,10 @@ static enum MHD_Result gen_submit(struct srv_http *h, struct MHD_Connection *c, 
         }
         cs->s = s;
         /* the status line and headers wait for the first text, for at most HEADERS_WAIT_S: they go out
-         * with it (one send and one wake-up of the client instead of two), and a request that ends
-         * before any text (cancelled, failed) is answered with an error status instead of an event
-         * stream; a request that waits longer (queued, a long prefill) gets its headers alone */
+         * with it (libmicrohttpd's two sends back to back: one wake-up of the client and of this loop
+         * instead of two at different times), and a request that ends before any text (cancelled,
+         * failed) is answered with an error status instead of an event stream; a request that waits
+         * longer (queued, a long prefill) gets its headers alone */
         pthread_mutex_lock(&r->mu);
         const bool ready = r->len > 0 || r->finish != SRV_FINISH_NONE;
         if (!ready) r->want_text = true;
