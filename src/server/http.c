@@ -107,7 +107,7 @@ static void kick(void *arg) {
  * from wake_at on for a paced stream, or at until for a stream's headers; else its end) or its
  * client goes away. From a libmicrohttpd callback of that connection, in the loop thread. False
  * when the server stops (libmicrohttpd must not be stopped with a suspended connection) or out of
- * memory: nothing is suspended, wait_refused says why. */
+ * memory: nothing is suspended (send_wait_refused answers). */
 static bool wait_add(struct srv_http *h, struct wait *w, double wake_at, double until) {
     if (h->stopping) return false;
     if (h->n_waits == h->cap_waits) {
@@ -127,8 +127,10 @@ static bool wait_add(struct srv_http *h, struct wait *w, double wake_at, double 
     return true;
 }
 
-static const char *wait_refused(const struct srv_http *h) {
-    return h->stopping ? "the server is shutting down" : "out of memory";
+static enum MHD_Result send_error(struct MHD_Connection *c, int status, const char *msg);
+/* The answer when wait_add refused: 503 while the server stops, else 500 (out of memory). */
+static enum MHD_Result send_wait_refused(const struct srv_http *h, struct MHD_Connection *c) {
+    return h->stopping ? send_error(c, 503, "the server is shutting down") : send_error(c, 500, "out of memory");
 }
 
 /* Per connection (con_cls): the body as it arrives. */
@@ -669,7 +671,7 @@ static enum MHD_Result gen_submit(struct srv_http *h, struct MHD_Connection *c, 
         if (ready) return stream_start(h, c, cs);
         if (!wait_add(h, &s->w, 0, srv_now_s() + HEADERS_WAIT_S)) {
             srv_req_cancel(r);
-            return send_error(c, h->stopping ? 503 : 500, wait_refused(h));
+            return send_wait_refused(h, c);
         }
         return MHD_YES;
     }
@@ -682,7 +684,7 @@ static enum MHD_Result gen_submit(struct srv_http *h, struct MHD_Connection *c, 
     cs->w = (struct wait){.c = c, .r = r};
     if (!wait_add(h, &cs->w, 0, 0)) {
         srv_req_cancel(r);
-        return send_error(c, h->stopping ? 503 : 500, wait_refused(h));
+        return send_wait_refused(h, c);
     }
     return MHD_YES;
 }
@@ -737,7 +739,7 @@ static enum MHD_Result handle_generate(struct srv_http *h, struct MHD_Connection
     if (!wait_add(h, &cs->w, 0, 0)) {
         cs->prep = NULL;
         prep_free(p);
-        return send_error(c, h->stopping ? 503 : 500, wait_refused(h));
+        return send_wait_refused(h, c);
     }
     pthread_mutex_lock(&h->prep_mu);
     if (h->prep_tail) h->prep_tail->next = p;
@@ -1284,7 +1286,7 @@ moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **
 
 int srv_http_port(const struct srv_http *h) { return h->port; }
 
-/* Ask the loop for cmd and wait (at most timeout_ms) until it has been carried out. */
+/* Ask the loop for cmd and wait (at most timeout_ms; 0: not at all) until it has been carried out. */
 static void loop_command(struct srv_http *h, int cmd, int timeout_ms) {
     atomic_fetch_or(&h->cmd, cmd);
     const uint64_t one = 1;
@@ -1307,9 +1309,7 @@ void srv_http_drain(struct srv_http *h, int timeout_ms) {
 
 void srv_http_stop(struct srv_http *h) {
     if (!h) return;
-    atomic_fetch_or(&h->cmd, CMD_STOP);
-    const uint64_t one = 1;
-    while (write(h->kick_fd, &one, sizeof one) < 0 && errno == EINTR) {}
+    loop_command(h, CMD_STOP, 0);
     pthread_join(h->loop, NULL); /* it has resumed every suspended connection */
     MHD_stop_daemon(h->d);       /* every connection's CLOSED has removed its deadline entry; every
                                   * request still being prepared is abandoned */
