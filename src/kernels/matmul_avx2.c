@@ -320,7 +320,11 @@ ALWAYS_INLINE float load_w1(enum moetax_type t, const uint8_t *w, int64_t k) {
     return moetax_bf16_to_fp32(h);
 }
 
-/* RB rows starting at w (stride rb), BB batch rows starting at x (stride ncols). */
+/* Each tile also prefetches the rows TF_PF_ROWS below its own (the tile after next: tiles go down
+ * a column chunk's rows) into L2, at the columns it reads: the distance above is too near to hide
+ * the memory's latency where rows are short, as the KV cache's rows that attention reads. */
+enum { TF_PF_ROWS = 8 };
+
 /* RB rows starting at w (stride rb) x BB batch rows starting at x (stride ldx),
  * over columns [k0, k1); y[j * ldy + r] = (or +=, if add) the partial dots. */
 ALWAYS_INLINE void tile_f(enum moetax_type t, const int RB, const int BB, const uint8_t *w, size_t rb,
@@ -334,6 +338,8 @@ ALWAYS_INLINE void tile_f(enum moetax_type t, const int RB, const int BB, const 
     int64_t k = k0;
     for (; k + 16 <= k1; k += 16) {
         prefetch_tile(w, rb, RB, (size_t)k * esz, FPF(esz));
+#pragma GCC unroll 4
+        for (int r = 0; r < RB; r++) _mm_prefetch((const char *)w + (r + TF_PF_ROWS) * rb + (size_t)k * esz, _MM_HINT_T1);
 #pragma GCC unroll 2
         for (int h = 0; h < 16; h += 8) {
             __m256 xv[4];
