@@ -212,18 +212,21 @@ out:
 }
 
 /* Sequences past several chunks of attention's positions (src/attn/attend.h): three prompts of
- * 300, 560 and 700 tokens prefilled together, then steps of one token each for all three; every
- * step's logits equal each sequence run alone (its history prefilled, then its last token as a
- * decode step) with 2 threads and with 1, bit for bit (Q8_0 weights). */
+ * 300, 560 and 700 tokens prefilled together, then steps of one token each for all three, then a
+ * step of two tokens of the first and one of the second (a micro-batch with two tokens of one
+ * sequence: attention's phases, split over chunks of positions in MLA, mla.c); every step's logits
+ * equal each sequence run alone (its history prefilled, then its last token as a decode step,
+ * which with 2 threads splits over chunks too and with 1 does not) with 2 threads and with 1, bit
+ * for bit (Q8_0 weights). */
 static void long_context(const char *path) {
     struct moetax_model *m;
     if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
-    enum { B = 3, STEPS = 2, NCTX = 2048 };
+    enum { B = 3, STEPS = 3, NCTX = 2048 };
     const int V = m->hp.n_vocab, plen[B] = {300, 560, 700};
     int32_t *hist[B];
     for (int q = 0; q < B; q++) {
-        hist[q] = malloc(sizeof(int32_t) * (size_t)(plen[q] + STEPS));
-        for (int i = 0; i < plen[q] + STEPS; i++) hist[q][i] = (int32_t)((i * 61 + q * 17 + 5) % V);
+        hist[q] = malloc(sizeof(int32_t) * (size_t)(plen[q] + STEPS + 1));
+        for (int i = 0; i < plen[q] + STEPS + 1; i++) hist[q][i] = (int32_t)((i * 61 + q * 17 + 5) % V);
     }
     struct moetax_ctx *c = ctx(m, NCTX, 64, 2);
     struct moetax_batch b;
@@ -233,13 +236,20 @@ static void long_context(const char *path) {
         for (int i = 0; i < plen[q]; i++) CHECK(moetax_batch_add(&b, hist[q][i], i, q, false) == MOETAX_OK);
     moetax_status st = c ? moetax_ctx_decode(c, &b) : MOETAX_ERR_ARG;
     CHECK_MSG(st == MOETAX_OK, "prefill: %s", moetax_last_error());
+    int expect = 0;
     for (int step = 0; !st && step < STEPS; step++) {
         moetax_batch_clear(&b);
-        for (int q = 0; q < B; q++) CHECK(moetax_batch_add(&b, hist[q][plen[q] + step], plen[q] + step, q, true) == MOETAX_OK);
+        if (step < STEPS - 1)
+            for (int q = 0; q < B; q++) CHECK(moetax_batch_add(&b, hist[q][plen[q] + step], plen[q] + step, q, true) == MOETAX_OK);
+        else { /* the last: two tokens of sequence 0, one of sequence 1 */
+            for (int i = 0; i < 2; i++) CHECK(moetax_batch_add(&b, hist[0][plen[0] + step + i], plen[0] + step + i, 0, true) == MOETAX_OK);
+            CHECK(moetax_batch_add(&b, hist[1][plen[1] + step], plen[1] + step, 1, true) == MOETAX_OK);
+        }
         st = moetax_ctx_decode(c, &b);
         CHECK_MSG(st == MOETAX_OK, "step %d: %s", step, moetax_last_error());
+        expect += b.n_tokens * 2;
         for (int i = 0; !st && i < b.n_tokens; i++) {
-            const int q = b.seq[i], n = plen[q] + step + 1;
+            const int q = b.seq[i], n = b.pos[i] + 1;
             for (int threads = 1; threads <= 2; threads++) {
                 float *ref = alone_in(m, hist[q], n, NCTX, threads);
                 checked++;
@@ -252,8 +262,8 @@ static void long_context(const char *path) {
             }
         }
     }
-    CHECK_MSG(bad == 0 && checked == B * STEPS * 2, "%s: %d of %d long sequences' logits differ from them alone", path,
-              bad, checked);
+    CHECK_MSG(bad == 0 && checked == expect && expect == (B * (STEPS - 1) + 3) * 2,
+              "%s: %d of %d long sequences' logits differ from them alone", path, bad, checked);
     moetax_batch_free(&b);
     moetax_ctx_free(c);
     for (int q = 0; q < B; q++) free(hist[q]);

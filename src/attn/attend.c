@@ -15,9 +15,9 @@ struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, 
     return w;
 }
 
-/* Chunk c's scores, softmax and weighted sum into o [nh][ldo]; its max and divisor per head
- * into ms[h * 2 + 0/1]. */
-static void chunk(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
+enum { F16_PF_ROWS = 8 };
+
+void attend_chunk(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
                   int64_t np, int64_t c, float kq_scale, float *o, int64_t ldo, float *ms,
                   const struct attend_scratch *w) {
     const int64_t bs = moetax_kvcache_block_size(src->kv), kvr = src->kvr;
@@ -33,6 +33,15 @@ static void chunk(const struct moetax_kernels *K, const struct attend_src *src, 
             const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
             const uint16_t *rows = moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]);
             for (int64_t r = r0; r < r1; r++) {
+                /* the cells F16_PF_ROWS positions on into L2: a row's conversion is too short for the
+                 * hardware's prefetch to hide the memory's latency */
+                const int64_t pj = b * bs + r + F16_PF_ROWS;
+                if (pj < c1) {
+                    const char *pr = (const char *)((const uint16_t *)moetax_kvcache_block_rows(src->kv, src->layer,
+                                                                                                src->blk[pj / bs]) +
+                                                    pj % bs * kvr);
+                    for (int64_t off = 0; off < kvr * 2; off += 64) __builtin_prefetch(pr + off, 0, 2);
+                }
                 float *f = w->fb + (b * bs + r - c0) * fs;
                 K->fp16_to_fp32(rows + r * kvr + src->k_off, f, src->k_cols);
                 if (!v_in_k) K->fp16_to_fp32(rows + r * kvr + src->v_off, f + src->k_cols, src->v_cols);
@@ -67,9 +76,7 @@ static void chunk(const struct moetax_kernels *K, const struct attend_src *src, 
     }
 }
 
-/* One head's merge of the next chunk (output oc, max m, divisor l) into o with the running max
- * and divisor run[0], run[1] (attend.h). */
-static void fold(const struct moetax_kernels *K, float *o, const float *oc, int64_t n, float *run, float m,
+void attend_fold(const struct moetax_kernels *K, float *o, const float *oc, int64_t n, float *run, float m,
                  float l) {
     const float mx = fmaxf(run[0], m), a = run[1] * expf(run[0] - mx), b = l * expf(m - mx), z = a + b;
     K->scale(o, a / z, n);
@@ -82,10 +89,10 @@ void attend_heads(const struct moetax_kernels *K, const struct attend_src *src, 
                   int64_t np, float kq_scale, float *o, int64_t ldo, const struct attend_scratch *w) {
     const int64_t nc = attend_n_chunks(np), vc = src->v_cols;
     float *run = w->ms + 2 * nh; /* [nh][2] */
-    chunk(K, src, q, nh, np, 0, kq_scale, o, ldo, run, w);
+    attend_chunk(K, src, q, nh, np, 0, kq_scale, o, ldo, run, w);
     for (int64_t c = 1; c < nc; c++) {
-        chunk(K, src, q, nh, np, c, kq_scale, w->oc, vc, w->ms, w);
+        attend_chunk(K, src, q, nh, np, c, kq_scale, w->oc, vc, w->ms, w);
         for (int64_t h = 0; h < nh; h++)
-            fold(K, o + h * ldo, w->oc + h * vc, vc, run + 2 * h, w->ms[2 * h], w->ms[2 * h + 1]);
+            attend_fold(K, o + h * ldo, w->oc + h * vc, vc, run + 2 * h, w->ms[2 * h], w->ms[2 * h + 1]);
     }
 }

@@ -56,6 +56,17 @@ struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, 
 /* Chunks of np positions. */
 static inline int64_t attend_n_chunks(int64_t np) { return (np + ATTEND_CHUNK - 1) / ATTEND_CHUNK; }
 
+/* Chunk c of positions 0 .. np-1 for heads q_h (h < nh): its softmax-weighted sum into o [nh][ldo]
+ * and its max and divisor per head into ms[h * 2 + 0/1]. A head's results do not depend on nh
+ * (2 or more) nor on the scratch, so chunks can be made apart (by different workers) and merged
+ * later with attend_fold in order, with the bits of attend_heads. */
+void attend_chunk(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
+                  int64_t np, int64_t c, float kq_scale, float *o, int64_t ldo, float *ms,
+                  const struct attend_scratch *w);
+/* One head's merge of its next chunk (weighted sum oc of n values, max m, divisor l) into o, with
+ * the running max and divisor run[0], run[1] (the merge above). */
+void attend_fold(const struct moetax_kernels *K, float *o, const float *oc, int64_t n, float *run, float m, float l);
+
 /* o[h * ldo + c] (h < nh, c < v_cols) = sum_j softmax_j(kq_scale * q_h . K_j) V_j over the positions
  * j < np, q_h at q + h * k_cols; all chunks, merged as above. */
 void attend_heads(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,

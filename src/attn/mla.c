@@ -16,7 +16,9 @@
  * phase (fw_own_row); nor phase 3 when kv_a is no bigger than a worker's
  * share of phase 2 (2 workers on DeepSeek shapes; not 16): phase 2's kv_a
  * item also writes the cache row, and each attention item makes its own
- * heads' q_abs. So 3 barriers (4 with q_lora, +1 without that fusion).
+ * heads' q_abs. So 3 barriers (4 with q_lora, +1 without that fusion). A few tokens past one
+ * chunk of positions (attend.h) split phase 4 over the chunks instead (split_chunks): 4 the
+ * chunks, 4b their merge per head and W_vb; no fusion.
  * A batch of one token per sequence in a model that stays in the caches goes
  * token-parallel instead (mla_attention_tokens): each worker runs all of these
  * steps for its own tokens, and only the end is a barrier.
@@ -163,6 +165,56 @@ static void mla_attention_tokens(struct worker *w, struct mla *a, int il) {
     fw_tokens_end(w, &l->wo, a->attv, H * vh, a->out, t0, t1);
 }
 
+/* Split over positions: a micro-batch of at most SPLIT_TOKENS tokens of which one attends over two
+ * chunks (attend.h) or more runs its chunks, with all heads each, as the work items of phase 4
+ * (into a->sp_o, a->sp_ms), and merges them per head in phase 4b. Split by heads instead (one group
+ * per worker), every worker reads all of a long context's cache rows from memory, and a few tokens
+ * cannot be dealt out evenly. The same bits: a chunk's results do not depend on the heads computed
+ * with it (2 or more), and the merge is attend_heads' in the same order. Where one token's head
+ * groups would hold single heads (n_head < 2 x groups) the split is not taken, as the batch path's
+ * one group per token is not (phase 4). first[t] (t <= n): the items before token t's. */
+enum { SPLIT_TOKENS = 8 };
+static bool split_chunks(const struct worker *w, const struct mla *a, int64_t G1, int64_t *first) {
+    const struct fw_step *s = w->s;
+    const int64_t n = s->n, H = s->m->hp.n_head;
+    if (w->nth < 2 || n > SPLIT_TOKENS || H / G1 < 2) return false;
+    int64_t total = 0, most = 0;
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t nc = attend_n_chunks(s->pos[t] + 1);
+        first[t] = total;
+        total += nc;
+        most = nc > most ? nc : most;
+    }
+    first[n] = total;
+    return most >= 2 && total <= a->sp_cap;
+}
+
+/* Token t's attention for head h merged from its chunks (split_chunks' items) into o [kv_lora]. */
+static void split_merge(const struct fw_step *s, const struct mla *a, const int64_t *first, int64_t t, int64_t h,
+                        float *o) {
+    const int64_t H = s->m->hp.n_head, kvl = s->m->hp.kv_lora_rank;
+    memcpy(o, a->sp_o + (first[t] * H + h) * kvl, sizeof(float) * (size_t)kvl);
+    float run[2] = {a->sp_ms[(first[t] * H + h) * 2], a->sp_ms[(first[t] * H + h) * 2 + 1]};
+    for (int64_t it = first[t] + 1; it < first[t + 1]; it++)
+        attend_fold(s->K, o, a->sp_o + (it * H + h) * kvl, kvl, run, a->sp_ms[(it * H + h) * 2],
+                    a->sp_ms[(it * H + h) * 2 + 1]);
+}
+
+/* One token (decode): out_h = W_vb[h] o_h for heads [h0, h1), o [h1 - h0][kv_lora]. */
+static void v_b_one(const struct fw_step *s, struct mla *a, struct mla_worker *wk, int il, int64_t h0, int64_t h1,
+                    const float *o) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const int64_t vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
+    for (int64_t h = h0; h < h1; h++) {
+        const float *oh = o + (h - h0) * kvl;
+        struct act x = {.x = (float *)oh, .ncols = kvl, .n = 1, .q8 = wk->q, .q4 = wk->q, .cap_q8 = wk->nq, .cap_q4 = wk->nq};
+        if (moetax_act_is_q8_0(l->wv_b.type) || moetax_act_is_q4_0(l->wv_b.type))
+            s->K->quantize_act(l->wv_b.type, oh, kvl, kvl, 1, wk->q);
+        fw_matmul(s, &l->wv_b, h, 0, vh, &x, 0, 1, a->attv + h * vh, vh);
+    }
+}
+
 void mla_attention(struct worker *w, struct mla *a, int il) {
     if (token_parallel(w)) {
         mla_attention_tokens(w, a, il);
@@ -191,7 +243,14 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
     /* One token, and kv_a no bigger than a worker's share of the phase's bytes: kv_a is one
      * work item that also writes the token's cache row, so phase 3 can go (see below).
      * With many workers (or a kv_a larger than q) that item would hold the phase up. */
-    const bool fuse = n == 1 && l->wkv_a.mat_bytes * (size_t)w->nth <= l->wkv_a.mat_bytes + wq->mat_bytes;
+    /* phase 4's head groups per token and whether it splits over positions instead (split_chunks) */
+    int64_t np_max = 0;
+    for (int64_t t = 0; t < n; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
+    const int64_t per = np_max > ATTEND_CHUNK ? 1 : 2;
+    const int64_t G1 = w->nth > 1 ? (H < per * w->nth ? H : per * w->nth) : 1; /* one token's */
+    int64_t first[SPLIT_TOKENS + 1];
+    const bool split = split_chunks(w, a, G1, first);
+    const bool fuse = n == 1 && !split && l->wkv_a.mat_bytes * (size_t)w->nth <= l->wkv_a.mat_bytes + wq->mat_bytes;
     if (!fuse) {
         while (fw_rows(w, nq64 + nkv, 64, &r0, &r1)) {
             if (r0 < nq) fw_matmul(s, wq, 0, r0, r1 < nq ? r1 : nq, ain, 0, n, qout, nq);
@@ -252,37 +311,55 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
      * any batch of 2+ rows, but one batch row of 512 B - 8 KiB rows takes the decode path's four
      * accumulators (kernels.h, matmul_avx2.c). Each group reads the token's cache rows once: past
      * one chunk of positions (attend.h) one group per worker, else two for balance. */
-    int64_t np_max = 0;
-    for (int64_t t = 0; t < n; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
-    const int64_t per = np_max > ATTEND_CHUNK ? 1 : 2;
-    const int64_t G1 = w->nth > 1 ? (H < per * w->nth ? H : per * w->nth) : 1; /* one token's */
-    const int64_t G = n >= 2 * w->nth && H / G1 >= 2 ? 1 : G1;
-    float *o1 = wk->f; /* [heads of a group][kvl] (one token; q_abs_head's gather is done with wk->f by then) */
-    for (int64_t it; (it = fw_chunk(w, n * G, 1)) >= 0;) {
-        int64_t t = it / G, g = it % G;
-        int64_t h0 = H * g / G, h1 = H * (g + 1) / G, nh = h1 - h0;
-        if (fuse)
-            for (int64_t h = h0; h < h1; h++) q_abs_head(s, a, wk, il, h);
-        float *o = n == 1 ? o1 : a->oatt + (t * H + h0) * kvl;
-        attend(s, a, wk, il, t, h0, h1, o);
-        if (n > 1) continue;
-        for (int64_t hh = 0; hh < nh; hh++) {
-            int64_t h = h0 + hh;
-            float *oh = o + hh * kvl;
-            struct act x = {.x = oh, .ncols = kvl, .n = 1, .q8 = wk->q, .q4 = wk->q, .cap_q8 = wk->nq, .cap_q4 = wk->nq};
-            if (moetax_act_is_q8_0(l->wv_b.type) || moetax_act_is_q4_0(l->wv_b.type))
-                K->quantize_act(l->wv_b.type, oh, kvl, kvl, 1, wk->q);
-            fw_matmul(s, &l->wv_b, h, 0, vh, &x, 0, 1, a->attv + h * vh, vh);
+    if (split) {
+        for (int64_t it; (it = fw_chunk(w, first[n], 1)) >= 0;) {
+            int64_t t = 0;
+            while (first[t + 1] <= it) t++;
+            int32_t nblk;
+            const struct attend_src src = {.kv = a->kv, .layer = il, .blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk),
+                                           .f16 = a->f16, .kvr = a->kv_row, .k_off = 0, .k_cols = a->kv_row, .v_off = 0,
+                                           .v_cols = kvl};
+            attend_chunk(K, &src, a->qabs + t * H * a->kv_row, H, s->pos[t] + 1, it - first[t], hp->kq_scale,
+                         a->sp_o + it * H * kvl, kvl, a->sp_ms + it * H * 2, &wk->at);
         }
-    }
-    fw_phase_end(w);
-
-    /* 4b (batches): out_h = W_vb[h] o_h for all tokens, one batched matmul per head */
-    if (n > 1) {
-        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-        fw_split(w, H, 1, &r0, &r1); /* contiguous heads, as phase 3 */
-        for (int64_t h = r0; h < r1; h++) v_b_head_range(s, a, wk, il, h, 0, n);
         fw_phase_end(w);
+        /* 4b: each head's chunks merged, then (one token) W_vb, or (a batch) 4b below */
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+        if (n == 1) {
+            for (int64_t it; (it = fw_chunk(w, G1, 1)) >= 0;) {
+                const int64_t h0 = H * it / G1, h1 = H * (it + 1) / G1;
+                for (int64_t h = h0; h < h1; h++) split_merge(s, a, first, 0, h, wk->f + (h - h0) * kvl);
+                v_b_one(s, a, wk, il, h0, h1, wk->f);
+            }
+        } else {
+            fw_split(w, H, 1, &r0, &r1); /* contiguous heads, as phase 3 */
+            for (int64_t h = r0; h < r1; h++) {
+                for (int64_t t = 0; t < n; t++) split_merge(s, a, first, t, h, a->oatt + (t * H + h) * kvl);
+                v_b_head_range(s, a, wk, il, h, 0, n);
+            }
+        }
+        fw_phase_end(w);
+    } else {
+        const int64_t G = n >= 2 * w->nth && H / G1 >= 2 ? 1 : G1;
+        float *o1 = wk->f; /* [heads of a group][kvl] (one token; q_abs_head's gather is done with wk->f by then) */
+        for (int64_t it; (it = fw_chunk(w, n * G, 1)) >= 0;) {
+            int64_t t = it / G, g = it % G;
+            int64_t h0 = H * g / G, h1 = H * (g + 1) / G;
+            if (fuse)
+                for (int64_t h = h0; h < h1; h++) q_abs_head(s, a, wk, il, h);
+            float *o = n == 1 ? o1 : a->oatt + (t * H + h0) * kvl;
+            attend(s, a, wk, il, t, h0, h1, o);
+            if (n == 1) v_b_one(s, a, wk, il, h0, h1, o);
+        }
+        fw_phase_end(w);
+
+        /* 4b (batches): out_h = W_vb[h] o_h for all tokens, one batched matmul per head */
+        if (n > 1) {
+            fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+            fw_split(w, H, 1, &r0, &r1); /* contiguous heads, as phase 3 */
+            for (int64_t h = r0; h < r1; h++) v_b_head_range(s, a, wk, il, h, 0, n);
+            fw_phase_end(w);
+        }
     }
 
     /* 5: prepare the concatenated head outputs (one token: each worker itself, in phase 6) */
@@ -331,8 +408,18 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
     a->oatt = calloc((size_t)(U * H * kvl), sizeof(float));
     a->out = calloc((size_t)(U * d), sizeof(float));
     a->ropecs = calloc((size_t)(U * max64(rope, 1)), sizeof(float));
+    /* split_chunks' items: tokens of different sequences share the cache's cells, so their chunks
+     * are at most the cells' plus a partial one per token; a micro-batch that needs more (several
+     * tokens of one long sequence) goes by head groups */
+    if (s->n_threads > 1) {
+        const int64_t nt = U < SPLIT_TOKENS ? U : SPLIT_TOKENS;
+        a->sp_cap = attend_n_chunks(moetax_kvcache_n_cells(kv)) + nt;
+        a->sp_o = malloc(sizeof(float) * (size_t)(a->sp_cap * H * kvl));
+        a->sp_ms = malloc(sizeof(float) * (size_t)(a->sp_cap * H * 2));
+    }
     a->wk = calloc((size_t)a->n_threads, sizeof *a->wk);
-    bool ok = a->qa && a->q && a->kva && a->qabs && a->attv && a->oatt && a->out && a->ropecs && a->wk;
+    bool ok = a->qa && a->q && a->kva && a->qabs && a->attv && a->oatt && a->out && a->ropecs && a->wk &&
+              (!a->sp_cap || (a->sp_o && a->sp_ms));
     for (int i = 0; ok && i < a->n_threads; i++) {
         struct mla_worker *wk = &a->wk[i];
         wk->nf = (size_t)max64(H * kvl, U * max64(nope, kvl));
@@ -355,6 +442,8 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
 void mla_free(struct mla *a) {
     free(a->qa); free(a->q); free(a->kva); free(a->qabs); free(a->attv); free(a->oatt); free(a->out);
     free(a->ropecs);
+    free(a->sp_o);
+    free(a->sp_ms);
     if (a->wk)
         for (int i = 0; i < a->n_threads; i++) {
             free(a->wk[i].f);

@@ -32,6 +32,11 @@ struct mla {
     float *oatt;           /* [U, H, kv_lora] attention outputs before W_vb (batches) */
     float *out;            /* [U, d] W_o output before the residual add */
     float *ropecs;         /* [U, rope] cos/sin of each token's position (once per micro-batch) */
+    /* chunks of positions made apart (mla.c, split): per item (token, chunk) all heads' weighted
+     * sums, maxima and divisors, up to sp_cap items */
+    float *sp_o;           /* [sp_cap, H, kv_lora] */
+    float *sp_ms;          /* [sp_cap, H, 2] */
+    int64_t sp_cap;
     struct mla_worker *wk; /* [n_threads] */
     int n_threads;
 };
