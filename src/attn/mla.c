@@ -166,15 +166,17 @@ static void mla_attention_tokens(struct worker *w, struct mla *a, int il) {
 }
 
 /* Split over positions: a micro-batch of at most SPLIT_TOKENS tokens of which one attends over two
- * chunks (attend.h) or more runs its chunks, with all heads each, as the work items of phase 4
- * (into a->sp_o, a->sp_ms), and merges them per head in phase 4b. Split by heads instead (one group
- * per worker), every worker reads all of a long context's cache rows from memory, and a few tokens
- * cannot be dealt out evenly. The same bits: a chunk's results do not depend on the heads computed
- * with it (2 or more), and the merge is attend_heads' in the same order. Where one token's head
- * groups would hold single heads (n_head < 2 x groups) the split is not taken, as the batch path's
- * one group per token is not (phase 4). first[t] (t <= n): the items before token t's. */
+ * chunks (attend.h) or more runs its chunks as the work items of phase 4 (into a->sp_o, a->sp_ms),
+ * and merges them per head in phase 4b. Split by heads instead (one group per worker), every
+ * worker reads all of a long context's cache rows from memory, and a few tokens cannot be dealt out
+ * evenly. An item is a chunk with all heads, or with one of *hg groups of them where the chunks are
+ * fewer than two per worker (a short last chunk would otherwise hold the phase up). The same bits:
+ * a chunk's results do not depend on the heads computed with it (2 or more), and the merge is
+ * attend_heads' in the same order. Where one token's head groups would hold single heads (n_head <
+ * 2 x groups) the split is not taken, as the batch path's one group per token is not (phase 4).
+ * first[t] (t <= n): the chunks before token t's. */
 enum { SPLIT_TOKENS = 8 };
-static bool split_chunks(const struct worker *w, const struct mla *a, int64_t G1, int64_t *first) {
+static bool split_chunks(const struct worker *w, const struct mla *a, int64_t G1, int64_t *first, int64_t *hg) {
     const struct fw_step *s = w->s;
     const int64_t n = s->n, H = s->m->hp.n_head;
     if (w->nth < 2 || n > SPLIT_TOKENS || H / G1 < 2) return false;
@@ -186,6 +188,7 @@ static bool split_chunks(const struct worker *w, const struct mla *a, int64_t G1
         most = nc > most ? nc : most;
     }
     first[n] = total;
+    for (*hg = 1; total * *hg < 2 * w->nth && H / (*hg + 1) >= 2;) ++*hg;
     return most >= 2 && total <= a->sp_cap;
 }
 
@@ -248,8 +251,8 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
     for (int64_t t = 0; t < n; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
     const int64_t per = np_max > ATTEND_CHUNK ? 1 : 2;
     const int64_t G1 = w->nth > 1 ? (H < per * w->nth ? H : per * w->nth) : 1; /* one token's */
-    int64_t first[SPLIT_TOKENS + 1];
-    const bool split = split_chunks(w, a, G1, first);
+    int64_t first[SPLIT_TOKENS + 1], hg = 1;
+    const bool split = split_chunks(w, a, G1, first, &hg);
     const bool fuse = n == 1 && !split && l->wkv_a.mat_bytes * (size_t)w->nth <= l->wkv_a.mat_bytes + wq->mat_bytes;
     if (!fuse) {
         while (fw_rows(w, nq64 + nkv, 64, &r0, &r1)) {
@@ -312,15 +315,16 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
      * accumulators (kernels.h, matmul_avx2.c). Each group reads the token's cache rows once: past
      * one chunk of positions (attend.h) one group per worker, else two for balance. */
     if (split) {
-        for (int64_t it; (it = fw_chunk(w, first[n], 1)) >= 0;) {
+        for (int64_t it; (it = fw_chunk(w, first[n] * hg, 1)) >= 0;) {
+            const int64_t ci = it / hg, h0 = H * (it % hg) / hg, h1 = H * (it % hg + 1) / hg;
             int64_t t = 0;
-            while (first[t + 1] <= it) t++;
+            while (first[t + 1] <= ci) t++;
             int32_t nblk;
             const struct attend_src src = {.kv = a->kv, .layer = il, .blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk),
                                            .f16 = a->f16, .kvr = a->kv_row, .k_off = 0, .k_cols = a->kv_row, .v_off = 0,
                                            .v_cols = kvl};
-            attend_chunk(K, &src, a->qabs + t * H * a->kv_row, H, s->pos[t] + 1, it - first[t], hp->kq_scale,
-                         a->sp_o + it * H * kvl, kvl, a->sp_ms + it * H * 2, &wk->at);
+            attend_chunk(K, &src, a->qabs + (t * H + h0) * a->kv_row, h1 - h0, s->pos[t] + 1, ci - first[t],
+                         hp->kq_scale, a->sp_o + (ci * H + h0) * kvl, kvl, a->sp_ms + (ci * H + h0) * 2, &wk->at);
         }
         fw_phase_end(w);
         /* 4b: each head's chunks merged, then (one token) W_vb, or (a batch) 4b below */
