@@ -21,6 +21,10 @@
  *   a stream then writes one SSE comment (":"), which a closed peer answers
  *   with a reset and a half-closed one takes, and goes on; a non-streaming
  *   request, which can write nothing before its answer, takes the FIN as gone.
+ *   So does, in effect, a stream whose headers have not gone yet (queued, or
+ *   in its first 50 ms): resumed there, libmicrohttpd 0.9.75 reads the FIN
+ *   first and closes the connection without an answer (a known gap: such a
+ *   stream would have to queue its response before it suspends).
  *   A body larger than 64 KiB is parsed and tokenized by a second thread (the
  *   prep thread; linear in the body: ~60 ms for 1 MiB), the connection
  *   suspended meanwhile, so that one large prompt does not stall every stream;
