@@ -634,6 +634,15 @@ int main(int argc, char **argv) {
     CHECK_EQ_INT(gen("--arch qwen3moe --preset tiny --type q8_0 --ctx 2048", q3l), 0);
     long_context(q8l);
     long_context(q3l);
+    { /* one KV head of 8 query heads: with 2 threads a long context splits over chunks (gqa.c) */
+        char q3m[512];
+        snprintf(q3m, sizeof q3m, "%s", tu_path("batch_qwen3moe_mqa_ctx_q8_0.gguf"));
+        CHECK_EQ_INT(gen("--arch qwen3moe --preset tiny --type q8_0 --heads 8 --heads-kv 1 --ctx 2048 --seed 7", q3m), 0);
+        long_context(q3m);
+        g_kv_type = MOETAX_TYPE_F16;
+        long_context(q3m);
+        g_kv_type = MOETAX_TYPE_F32;
+    }
     g_kv_type = MOETAX_TYPE_F16; /* F16 cells: a sequence in a batch still gets its bits alone */
     batch_vs_alone(q8, 0, 64);
     long_context(q8l);

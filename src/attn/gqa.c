@@ -137,6 +137,29 @@ static void gqa_attention_tokens(struct worker *w, struct gqa *a, int il) {
     fw_tokens_end(w, &l->wo, a->attv, H * hv, a->out, t0, t1);
 }
 
+/* Split over positions, as MLA's (mla.c, split_chunks): a micro-batch of at most SPLIT_TOKENS
+ * tokens of which one attends over two chunks or more, where phase 4 would cut a KV head's query
+ * heads into parts (the KV heads fewer than two per worker) and each part read the head's rows
+ * again, runs items of (chunk, KV head) with all r of its query heads, into a->sp_o, a->sp_ms, and
+ * merges each head's chunks in order in a phase of its own. Not taken where the parts would hold
+ * single heads (their bits are another matmul path's; mla.c). first[t]: the chunks before token
+ * t's. */
+enum { SPLIT_TOKENS = 8 };
+static bool split_chunks(const struct worker *w, const struct gqa *a, int64_t S1, int64_t r, int64_t *first) {
+    const struct fw_step *s = w->s;
+    const int64_t n = s->n;
+    if (w->nth < 2 || n > SPLIT_TOKENS || S1 < 2 || r / S1 < 2) return false;
+    int64_t total = 0, most = 0;
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t nc = attend_n_chunks(s->pos[t] + 1);
+        first[t] = total;
+        total += nc;
+        most = nc > most ? nc : most;
+    }
+    first[n] = total;
+    return most >= 2 && total <= a->sp_cap;
+}
+
 void gqa_attention(struct worker *w, struct gqa *a, int il) {
     if (token_parallel(w)) {
         gqa_attention_tokens(w, a, il);
@@ -159,7 +182,15 @@ void gqa_attention(struct worker *w, struct gqa *a, int il) {
     const int64_t nq = l->wq.ne[1], nk = l->wk.ne[1], nv = l->wv.ne[1];
     const int64_t nq64 = (nq + 63) / 64 * 64, nk64 = (nk + 63) / 64 * 64;
     const size_t kv_bytes = l->wk.mat_bytes + l->wv.mat_bytes;
-    const bool fuse = n == 1 && hp->qk_norm != MOETAX_QK_NORM_FULL &&
+    /* phase 4's parts per KV head: split its query heads only when the items would be too few for
+     * the workers; a batch of at least two tokens per worker has enough (then each KV row is read
+     * once per token and KV head); or split over chunks of positions instead (split_chunks) */
+    const int64_t S1 = w->nth > 1 && Hkv < 2 * w->nth
+                           ? ((2 * w->nth + Hkv - 1) / Hkv < r ? (2 * w->nth + Hkv - 1) / Hkv : r)
+                           : 1; /* one token's; the bits stay only if its parts hold 2+ heads (mla.c) */
+    int64_t first[SPLIT_TOKENS + 1];
+    const bool split = split_chunks(w, a, S1, r, first);
+    const bool fuse = n == 1 && !split && hp->qk_norm != MOETAX_QK_NORM_FULL &&
                       kv_bytes * (size_t)w->nth <= kv_bytes + l->wq.mat_bytes;
     struct gqa_worker *wk = &a->wk[w->ith];
     if (!fuse) {
@@ -202,20 +233,44 @@ void gqa_attention(struct worker *w, struct gqa *a, int il) {
      * read once for the item's heads (scores = one matmul per cache block with the item's
      * queries as the batch) */
     fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
-    /* parts per KV head: split its query heads only when the items would be too few for the
-     * workers; a batch of at least two tokens per worker has enough (then each KV row is read
-     * once per token and KV head) */
-    const int64_t S1 = w->nth > 1 && Hkv < 2 * w->nth
-                           ? ((2 * w->nth + Hkv - 1) / Hkv < r ? (2 * w->nth + Hkv - 1) / Hkv : r)
-                           : 1; /* one token's; the bits stay only if its parts hold 2+ heads (mla.c) */
-    const int64_t S = Hkv * n >= 2 * w->nth && (S1 == 1 || r / S1 >= 2) ? 1 : S1;
-    for (int64_t it; (it = fw_chunk(w, n * Hkv * S, 1)) >= 0;) {
-        const int64_t t = it / (Hkv * S), g = it / S % Hkv, part = it % S;
-        const int64_t h0 = g * r + r * part / S, h1 = g * r + r * (part + 1) / S;
-        if (fuse) norm_rope_heads(s, a, a->q + t * H * hk, l->bq, l->attn_q_norm, h0, h1, t);
-        attend(s, a, wk, il, t, g, h0, h1);
+    if (split) {
+        const int64_t hv = hp->n_embd_head_v;
+        for (int64_t it; (it = fw_chunk(w, first[n] * Hkv, 1)) >= 0;) {
+            const int64_t ci = it / Hkv, g = it % Hkv;
+            int64_t t = 0;
+            while (first[t + 1] <= ci) t++;
+            int32_t nblk;
+            const struct attend_src src = {.kv = a->kv, .layer = il, .blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk),
+                                           .f16 = a->f16, .kvr = kvr, .k_off = g * hk, .k_cols = hk,
+                                           .v_off = Hkv * hk + g * hv, .v_cols = hv};
+            attend_chunk(s->K, &src, a->q + (t * H + g * r) * hk, r, s->pos[t] + 1, ci - first[t], hp->kq_scale,
+                         a->sp_o + (ci * H + g * r) * hv, hv, a->sp_ms + (ci * H + g * r) * 2, &wk->at);
+        }
+        fw_phase_end(w);
+        /* each head's chunks merged in order into attv */
+        fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
+        for (int64_t it; (it = fw_chunk(w, n * Hkv, 1)) >= 0;) {
+            const int64_t t = it / Hkv, g = it % Hkv;
+            for (int64_t h = g * r; h < (g + 1) * r; h++) {
+                float *o = a->attv + (t * H + h) * hv;
+                memcpy(o, a->sp_o + (first[t] * H + h) * hv, sizeof(float) * (size_t)hv);
+                float run[2] = {a->sp_ms[(first[t] * H + h) * 2], a->sp_ms[(first[t] * H + h) * 2 + 1]};
+                for (int64_t c = first[t] + 1; c < first[t + 1]; c++)
+                    attend_fold(s->K, o, a->sp_o + (c * H + h) * hv, hv, run, a->sp_ms[(c * H + h) * 2],
+                                a->sp_ms[(c * H + h) * 2 + 1]);
+            }
+        }
+        fw_phase_end(w);
+    } else {
+        const int64_t S = Hkv * n >= 2 * w->nth && (S1 == 1 || r / S1 >= 2) ? 1 : S1;
+        for (int64_t it; (it = fw_chunk(w, n * Hkv * S, 1)) >= 0;) {
+            const int64_t t = it / (Hkv * S), g = it / S % Hkv, part = it % S;
+            const int64_t h0 = g * r + r * part / S, h1 = g * r + r * (part + 1) / S;
+            if (fuse) norm_rope_heads(s, a, a->q + t * H * hk, l->bq, l->attn_q_norm, h0, h1, t);
+            attend(s, a, wk, il, t, g, h0, h1);
+        }
+        fw_phase_end(w);
     }
-    fw_phase_end(w);
     gqa_out(w, a, il);
 }
 
@@ -281,8 +336,13 @@ moetax_status gqa_init(struct gqa *a, const struct fw_step *s, struct moetax_kvc
     a->attv = calloc((size_t)(U * H * hv), sizeof(float));
     a->out = calloc((size_t)(U * d), sizeof(float));
     a->ropecs = calloc((size_t)(U * (hp->n_rot > 0 ? hp->n_rot : 1)), sizeof(float));
+    if (s->n_threads > 1) { /* split_chunks' items, sized as mla.c's */
+        a->sp_cap = attend_n_chunks(moetax_kvcache_n_cells(kv)) + (U < SPLIT_TOKENS ? U : SPLIT_TOKENS);
+        a->sp_o = malloc(sizeof(float) * (size_t)(a->sp_cap * H * hv));
+        a->sp_ms = malloc(sizeof(float) * (size_t)(a->sp_cap * H * 2));
+    }
     a->wk = calloc((size_t)a->n_threads, sizeof *a->wk);
-    bool ok = a->q && a->kvp && a->attv && a->out && a->ropecs && a->wk;
+    bool ok = a->q && a->kvp && a->attv && a->out && a->ropecs && a->wk && (!a->sp_cap || (a->sp_o && a->sp_ms));
     for (int i = 0; ok && i < a->n_threads; i++) {
         struct gqa_worker *wk = &a->wk[i];
         wk->sc = calloc((size_t)attend_scratch_floats(H, hv), sizeof(float)); /* an item has at most r <= H heads */
@@ -299,7 +359,7 @@ moetax_status gqa_init(struct gqa *a, const struct fw_step *s, struct moetax_kvc
 }
 
 void gqa_free(struct gqa *a) {
-    free(a->q); free(a->kvp); free(a->attv); free(a->out); free(a->ropecs);
+    free(a->q); free(a->kvp); free(a->attv); free(a->out); free(a->ropecs); free(a->sp_o); free(a->sp_ms);
     if (a->wk)
         for (int i = 0; i < a->n_threads; i++) {
             free(a->wk[i].sc);

@@ -25,6 +25,11 @@ struct gqa {
     float *attv;           /* [U, H*hv] attention outputs, heads concatenated */
     float *out;            /* [U, d] W_o output before the residual add */
     float *ropecs;         /* [U, n_rot] cos/sin of each token's position */
+    /* chunks of positions made apart (gqa.c, split_chunks): per item (token, chunk) every head's
+     * weighted sum, max and divisor, up to sp_cap items */
+    float *sp_o;           /* [sp_cap, H, hv] */
+    float *sp_ms;          /* [sp_cap, H, 2] */
+    int64_t sp_cap;
     struct gqa_worker *wk; /* [n_threads] */
     int n_threads;
 };
