@@ -14,7 +14,9 @@
  * worker normalises / prepares the one row itself, fw_own_row), nor phase 3 when k+v are no
  * bigger than a worker's share of phase 2 and the q/k norm is per head: one item of phase 2
  * computes all of k and v and writes the cache row, and each attention item norms and ropes
- * its own heads' q. So 3 barriers (4 without that fusion). A batch of one token per sequence
+ * its own heads' q. So 3 barriers (4 without that fusion). A few tokens past one chunk of
+ * positions, where a KV head's query heads would be cut into parts, split over the chunks
+ * instead (split_chunks; no fusion, a phase to merge them). A batch of one token per sequence
  * in a model that stays in the caches goes token-parallel instead (gqa_attention_tokens), with
  * one barrier.
  *
