@@ -4,6 +4,7 @@
 #include "attn/attend.h"
 
 #include <math.h>
+#include <string.h>
 
 int64_t attend_scratch_floats(int64_t nh, int64_t v_cols) { return nh * (ATTEND_CHUNK + v_cols + 4); }
 
@@ -95,4 +96,25 @@ void attend_heads(const struct moetax_kernels *K, const struct attend_src *src, 
         for (int64_t h = 0; h < nh; h++)
             attend_fold(K, o + h * ldo, w->oc + h * vc, vc, run + 2 * h, w->ms[2 * h], w->ms[2 * h + 1]);
     }
+}
+
+int64_t attend_chunks_first(const int32_t *pos, int64_t n, int64_t *first) {
+    int64_t total = 0, most = 0;
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t nc = attend_n_chunks(pos[t] + 1);
+        first[t] = total;
+        total += nc;
+        most = nc > most ? nc : most;
+    }
+    first[n] = total;
+    return most;
+}
+
+void attend_merge(const struct moetax_kernels *K, const float *oi, int64_t ldi, const float *msi, int64_t nh_items,
+                  int64_t i0, int64_t i1, int64_t h, int64_t v_cols, float *o) {
+    memcpy(o, oi + i0 * ldi + h * v_cols, sizeof(float) * (size_t)v_cols);
+    float run[2] = {msi[(i0 * nh_items + h) * 2], msi[(i0 * nh_items + h) * 2 + 1]};
+    for (int64_t i = i0 + 1; i < i1; i++)
+        attend_fold(K, o, oi + i * ldi + h * v_cols, v_cols, run, msi[(i * nh_items + h) * 2],
+                    msi[(i * nh_items + h) * 2 + 1]);
 }

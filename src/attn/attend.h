@@ -67,6 +67,16 @@ void attend_chunk(const struct moetax_kernels *K, const struct attend_src *src, 
  * the running max and divisor run[0], run[1] (the merge above). */
 void attend_fold(const struct moetax_kernels *K, float *o, const float *oc, int64_t n, float *run, float m, float l);
 
+/* Chunks made apart (attend_chunk) for a micro-batch's tokens at positions pos[0 .. n): first[t]
+ * (t <= n) the chunks before token t's, counted in token order; returns the most chunks of one
+ * token. */
+int64_t attend_chunks_first(const int32_t *pos, int64_t n, int64_t *first);
+/* Head h of one token merged from its chunks' items i0 .. i1-1 (in order), item i's weighted sums
+ * at oi + i * ldi (head h at + h * v_cols), its maxima and divisors at msi + i * 2 * nh_items (head
+ * h at + 2 h), into o [v_cols]: attend_heads' merge, the same bits. */
+void attend_merge(const struct moetax_kernels *K, const float *oi, int64_t ldi, const float *msi, int64_t nh_items,
+                  int64_t i0, int64_t i1, int64_t h, int64_t v_cols, float *o);
+
 /* o[h * ldo + c] (h < nh, c < v_cols) = sum_j softmax_j(kq_scale * q_h . K_j) V_j over the positions
  * j < np, q_h at q + h * k_cols; all chunks, merged as above. */
 void attend_heads(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,

@@ -151,15 +151,7 @@ static bool split_chunks(const struct worker *w, const struct gqa *a, int64_t S1
     const struct fw_step *s = w->s;
     const int64_t n = s->n;
     if (w->nth < 2 || n > SPLIT_TOKENS || S1 < 2 || r / S1 < 2) return false;
-    int64_t total = 0, most = 0;
-    for (int64_t t = 0; t < n; t++) {
-        const int64_t nc = attend_n_chunks(s->pos[t] + 1);
-        first[t] = total;
-        total += nc;
-        most = nc > most ? nc : most;
-    }
-    first[n] = total;
-    return most >= 2 && total <= a->sp_cap;
+    return attend_chunks_first(s->pos, n, first) >= 2 && first[n] <= a->sp_cap;
 }
 
 void gqa_attention(struct worker *w, struct gqa *a, int il) {
@@ -253,14 +245,9 @@ void gqa_attention(struct worker *w, struct gqa *a, int il) {
         fw_phase_begin(w, MOETAX_PHASE_ATTN, il);
         for (int64_t it; (it = fw_chunk(w, n * Hkv, 1)) >= 0;) {
             const int64_t t = it / Hkv, g = it % Hkv;
-            for (int64_t h = g * r; h < (g + 1) * r; h++) {
-                float *o = a->attv + (t * H + h) * hv;
-                memcpy(o, a->sp_o + (first[t] * H + h) * hv, sizeof(float) * (size_t)hv);
-                float run[2] = {a->sp_ms[(first[t] * H + h) * 2], a->sp_ms[(first[t] * H + h) * 2 + 1]};
-                for (int64_t c = first[t] + 1; c < first[t + 1]; c++)
-                    attend_fold(s->K, o, a->sp_o + (c * H + h) * hv, hv, run, a->sp_ms[(c * H + h) * 2],
-                                a->sp_ms[(c * H + h) * 2 + 1]);
-            }
+            for (int64_t h = g * r; h < (g + 1) * r; h++)
+                attend_merge(s->K, a->sp_o, H * hv, a->sp_ms, H, first[t], first[t + 1], h, hv,
+                             a->attv + (t * H + h) * hv);
         }
         fw_phase_end(w);
     } else {

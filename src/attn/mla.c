@@ -180,14 +180,7 @@ static bool split_chunks(const struct worker *w, const struct mla *a, int64_t G1
     const struct fw_step *s = w->s;
     const int64_t n = s->n, H = s->m->hp.n_head;
     if (w->nth < 2 || n > SPLIT_TOKENS || H / G1 < 2) return false;
-    int64_t total = 0, most = 0;
-    for (int64_t t = 0; t < n; t++) {
-        const int64_t nc = attend_n_chunks(s->pos[t] + 1);
-        first[t] = total;
-        total += nc;
-        most = nc > most ? nc : most;
-    }
-    first[n] = total;
+    const int64_t most = attend_chunks_first(s->pos, n, first), total = first[n];
     for (*hg = 1; total * *hg < 2 * w->nth && H / (*hg + 1) >= 2;) ++*hg;
     return most >= 2 && total <= a->sp_cap;
 }
@@ -196,11 +189,7 @@ static bool split_chunks(const struct worker *w, const struct mla *a, int64_t G1
 static void split_merge(const struct fw_step *s, const struct mla *a, const int64_t *first, int64_t t, int64_t h,
                         float *o) {
     const int64_t H = s->m->hp.n_head, kvl = s->m->hp.kv_lora_rank;
-    memcpy(o, a->sp_o + (first[t] * H + h) * kvl, sizeof(float) * (size_t)kvl);
-    float run[2] = {a->sp_ms[(first[t] * H + h) * 2], a->sp_ms[(first[t] * H + h) * 2 + 1]};
-    for (int64_t it = first[t] + 1; it < first[t + 1]; it++)
-        attend_fold(s->K, o, a->sp_o + (it * H + h) * kvl, kvl, run, a->sp_ms[(it * H + h) * 2],
-                    a->sp_ms[(it * H + h) * 2 + 1]);
+    attend_merge(s->K, a->sp_o, H * kvl, a->sp_ms, H, first[t], first[t + 1], h, kvl, o);
 }
 
 /* One token (decode): out_h = W_vb[h] o_h for heads [h0, h1), o [h1 - h0][kv_lora]. */
