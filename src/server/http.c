@@ -7,6 +7,8 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,8 +242,22 @@ static bool request_in(struct srv_http *h, struct MHD_Connection *c) {
  * headers that fill the pool leave no room for the answer, and the connection then closes without
  * one. So the headers are held well below the pool: 431 past either limit, their bytes or their
  * count (each header costs a list entry in the pool too). The body streams through the read buffer
- * to on_request, which keeps it outside the pool (--max-body). */
-enum { SRV_MHD_POOL_BYTES = 128 << 10, SRV_MAX_HEADER_BYTES = 32 << 10, SRV_MAX_HEADERS = 256 };
+ * to on_request, which keeps it outside the pool (--max-body). The pool is no larger than that needs:
+ * libmicrohttpd maps it afresh for every connection and zeroes all of it after each answer on a
+ * kept-alive one, so that each of its pages costs a page fault per connection (Node.js takes 16 KiB
+ * of headers by default too). */
+enum { SRV_MHD_POOL_BYTES = 48 << 10, SRV_MAX_HEADER_BYTES = 16 << 10, SRV_MAX_HEADERS = 256 };
+
+/* The HTTP side's threads (the loop, the prep thread) run under SCHED_BATCH: woken while the
+ * compute threads hold every core, such a thread waits for one of them to yield (at its next
+ * barrier) or for the tick instead of preempting it at once. Otherwise the scheduler thread's own
+ * wake-up of the loop (a stream's text, a request's end) handed it the scheduler's core between two steps,
+ * and a paced stream's timer took a worker's core mid-phase, while the other worker waited at the
+ * barrier. Unprivileged; where it is refused the thread runs as before. */
+static void http_thread_batch(void) {
+    const struct sched_param sp = {0};
+    (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
+}
 
 /* What a request's headers add up to: libmicrohttpd keeps a list entry in the pool for every header,
  * every cookie of a Cookie header (and a copy of that header), every argument of the URL's query and
@@ -701,6 +717,7 @@ static void prep_abandon(struct prep *p) {
 static void *prep_main(void *arg) {
     struct srv_http *h = arg;
     struct timespec ts;
+    http_thread_batch();
     pthread_mutex_lock(&h->prep_mu);
     for (;;) {
         while (!h->prep_head && !h->prep_stop) pthread_cond_wait(&h->prep_cv, &h->prep_mu);
@@ -1119,6 +1136,7 @@ static void waits_cancel_all(struct srv_http *h) {
  * commands. All of the HTTP side runs here, so that one thread's CPU time is its cost. */
 static void *loop_main(void *arg) {
     struct srv_http *h = arg;
+    http_thread_batch();
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD);
     const int mhd_fd = di ? di->epoll_fd : -1;
     struct pollfd *pf = NULL;
