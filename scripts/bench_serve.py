@@ -4,7 +4,7 @@
 Usage:
   python3 scripts/bench_serve.py [--moetax build/moetax] [-m MODEL] [-t 2] [--rounds 3]
                                  [--clients 8] [--pairs 5] [-n 96] [--long-prompt 512] [--pin]
-                                 [--json OUT]
+                                 [--keep-alive] [--json OUT]
 
 Standard library only (any python3). Starts one server (`--parallel CLIENTS`, 127.0.0.1, a free
 port) and measures, in alternating rounds so that a drifting machine hits every figure alike:
@@ -41,6 +41,10 @@ and prints per round and the medians:
                    default pacing, as a user gets it, and their gaps include it)
                    (--prefill-chunk tokens of the engine's ppN time per token: `bench -p CHUNK`);
                    target: the raise <= one chunk
+
+Each request opens a connection of its own (as curl does); --keep-alive makes the clients keep theirs
+open from one request to the next, as the OpenAI SDKs and browsers do, which spares the server a
+connection's accept, memory pool and close per request.
 
 --pin puts the server and the engine's runs on the first T CPUs and this script (the clients) on the
 rest, so that server_cost is the server's own (its HTTP thread shares the server's CPUs) and not
@@ -102,6 +106,8 @@ class Server:
                                    str(threads), "--parallel", str(parallel), *extra],
                                   stdout=self.log, stderr=self.log, preexec_fn=pinned)
         self.port = None
+        self.idle, self.idle_lock = [], threading.Lock()  # --keep-alive: open connections between requests
+        self.opened = 0  # connections the requests opened
         deadline = time.time() + 120
         while time.time() < deadline and self.port is None:
             if self.p.poll() is not None:
@@ -146,12 +152,38 @@ class Server:
         return out
 
     def request(self, body, timeout=300):
+        """POST /v1/completions: (connection, response). --keep-alive: a connection an earlier request of
+        this server left open (release), else a new one; one the server has closed meanwhile (its idle
+        deadline) is replaced."""
+        data = json.dumps(body)
+        while KEEP_ALIVE:
+            with self.idle_lock:
+                c = self.idle.pop() if self.idle else None
+            if c is None:
+                break
+            try:
+                c.request("POST", "/v1/completions", data, {"Content-Type": "application/json"})
+                return c, c.getresponse()
+            except (http.client.HTTPException, OSError):
+                c.close()
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        with self.idle_lock:
+            self.opened += 1
+        c.request("POST", "/v1/completions", data, {"Content-Type": "application/json"})
         return c, c.getresponse()
+
+    def release(self, c, whole):
+        """A request's connection after its answer: kept for the next request (--keep-alive, the answer
+        read to its end), else closed."""
+        if KEEP_ALIVE and whole:
+            with self.idle_lock:
+                self.idle.append(c)
+        else:
+            c.close()
 
 
 TEMPERATURE = 0.0  # --temperature: the clients' sampling (a fixed seed)
+KEEP_ALIVE = False  # --keep-alive: clients reuse their connections, as the OpenAI SDKs do
 
 
 def stream(srv, prompt, n, out, start_evt=None, stop_evt=None):
@@ -168,12 +200,13 @@ def stream(srv, prompt, n, out, start_evt=None, stop_evt=None):
         out.update(error=f"HTTP {r.status}: {r.read()[:300]!r}")
         c.close()
         return
-    buf = b""
+    buf, whole = b"", False
     while True:
         if stop_evt is not None and stop_evt.is_set():
             break
         chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)
         if not chunk:
+            whole = True
             break
         now = time.perf_counter()
         buf += chunk
@@ -190,7 +223,7 @@ def stream(srv, prompt, n, out, start_evt=None, stop_evt=None):
                     usage = o["usage"]
                 if o.get("choices") and o["choices"][0].get("text"):
                     times.append(now)
-    c.close()
+    srv.release(c, whole)
     out.update(t0=t0, usage=usage, t_end=time.perf_counter())
 
 
@@ -283,11 +316,15 @@ def main():
     ap.add_argument("--pin", action="store_true",
                     help="the server and the engine on the first -t CPUs, this script's clients on the others "
                          "(the server's own cost without the clients' CPU time; needs more CPUs than -t)")
+    ap.add_argument("--keep-alive", action="store_true",
+                    help="clients keep their connections open from one request to the next (as the OpenAI SDKs "
+                         "do; default: a new connection per request, as curl makes)")
     ap.add_argument("--json", help="write the rounds and medians here")
     ap.add_argument("serve_args", nargs="*", help="after --: more `moetax serve` options")
     a = ap.parse_args()
-    global TEMPERATURE, PIN
+    global TEMPERATURE, PIN, KEEP_ALIVE
     TEMPERATURE = a.temperature
+    KEEP_ALIVE = a.keep_alive
     if a.pin:
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) <= a.threads:
@@ -329,7 +366,8 @@ def main():
         chunk_ms = bench_pp(a.moetax, a.model, a.threads, a.prefill_chunk)
         print(f"model {os.path.basename(a.model)}, {a.threads} threads, {a.clients} clients, prompts of {p_tok} "
               f"tokens, {a.n} tokens each, long prompt {long_tok} tokens, prefill chunk {a.prefill_chunk} = "
-              f"{chunk_ms:.2f} ms (engine pp{a.prefill_chunk})", flush=True)
+              f"{chunk_ms:.2f} ms (engine pp{a.prefill_chunk}), "
+              f"{'connections kept alive' if KEEP_ALIVE else 'a new connection per request'}", flush=True)
         for rd in range(a.rounds):
             # a prefix of their own in every round (and for the one client apart from the eight), so
             # that the server's prefix reuse never skips a prefill an earlier request made: rounds
@@ -339,11 +377,11 @@ def main():
             # the engine alone and one client, alternately, a.pairs times: one request of the trained
             # model is ~30 ms, so a single pair is at the mercy of whatever else the machine runs then
             e1s, one = [], []
-            m_before = srv.metrics()
+            m_before, opened0 = srv.metrics(), srv.opened
             for k in range(a.pairs):
                 e1s.append(bench_engine(a.moetax, a.model, a.threads, 1, p_tok, a.n))
                 one += run_clients(srv, [f"{q} {k}" for q in rp[0]], a.n)
-            m_after = srv.metrics()
+            m_after, one_conns = srv.metrics(), srv.opened - opened0
             d_m = {k: m_after[k] - m_before[k] for k in ("moetax_http_cpu_seconds_total", "moetax_sched_seconds_total",
                                                          "llamacpp:tokens_predicted_total")}
             e1 = {"tokens_per_s": statistics.median(e["tokens_per_s"] for e in e1s),
@@ -392,7 +430,7 @@ def main():
             r = {
                 "engine_tpot_p50_ms": e1["tpot_p50_ms"], "engine_tpot_mean_ms": 1e3 / e1["tokens_per_s"],
                 "engine_tps_1": e1["tokens_per_s"],
-                "engine_tps_many": eB["tokens_per_s"], "one_requests": len(one),
+                "engine_tps_many": eB["tokens_per_s"], "one_requests": len(one), "one_connections": one_conns,
                 "one_tpot_ms": statistics.median(t1), "one_gap_p99_ms": pct(g1, 99),
                 "one_tps": statistics.median(aggregate([o]) for o in one),
                 "many_tpot_max_ms": max(tB), "many_gap_p99_ms": pct(gB, 99), "many_tps": aggregate(many),

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # ctest-labels: model;threads
 """test_bench_serve.py - scripts/bench_serve.py runs end to end (one short round, 2 clients, the
-default model) and writes every figure it promises, each finite and in range. It checks that the
+default model) and writes every figure it promises, each finite and in range; a request opens a
+connection of its own, and with --keep-alive one client's requests share one. It checks that the
 measurement works, not what it measures (timings inside a parallel test run are not measurements).
 
 Usage: test_bench_serve.py MOETAX WORKDIR
@@ -51,12 +52,29 @@ else:
             fails.append(f"medians.{k} = {med[k]} is not positive")
     if d.get("pairs") != 2 or med.get("one_requests") != 2:
         fails.append(f"--pairs 2: {d.get('pairs')} pairs, {med.get('one_requests')} one-client requests in the round")
+    if med.get("one_connections") != 2:
+        fails.append(f"a connection per request: the one-client requests opened {med.get('one_connections')} for 2")
     if d["long_prompt_tokens"] < 80:
         fails.append(f"the long prompt has {d['long_prompt_tokens']} tokens, asked 96")
     if med.get("long_during_n", 0) < 1:
         fails.append("no decoding gap fell inside the long prompt's prefill")
     if "medians of 1 rounds" not in r.stdout:
         fails.append("no summary line")
+# --keep-alive: the one client's requests go over one connection (a second only if the server closed the
+# first meanwhile, which its 30 s idle deadline does not in a run this short)
+outk = os.path.join(WORK, "bench_serve_keep.json")
+rk = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_serve.py"), "--moetax", MOETAX, "--keep-alive",
+                     "--rounds", "1", "--pairs", "3", "--clients", "2", "-n", "8", "-p", "8", "--long-prompt", "32",
+                     "--json", outk], capture_output=True, text=True, timeout=600)
+if rk.returncode != 0:
+    fails.append(f"--keep-alive: exited {rk.returncode}: {rk.stderr[-500:]!r}")
+else:
+    mk = json.load(open(outk))["medians"]
+    if mk.get("one_requests") != 3 or mk.get("one_connections") != 1:
+        fails.append(f"--keep-alive: {mk.get('one_requests')} one-client requests opened {mk.get('one_connections')} "
+                     "connections (want 3 over 1)")
+    if "connections kept alive" not in rk.stdout:
+        fails.append("--keep-alive: the run's header does not say that connections are kept alive")
 # --pin with as many threads as CPUs leaves the clients none: refused, said so
 ncpu = len(os.sched_getaffinity(0))
 rp = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_serve.py"), "--moetax", MOETAX, "--pin",
