@@ -70,6 +70,8 @@ struct srv_http {
     pthread_t loop;          /* the one thread that runs libmicrohttpd, and all of the HTTP side */
     int kick_fd;             /* eventfd: the scheduler's wake-ups (kick) and the controller's commands */
     atomic_bool kicked;      /* a kick is in kick_fd and not yet taken */
+    _Atomic uint64_t pace_due; /* the earliest paced stream's wake_at in ns (UINT64_MAX: none), for the
+                                * scheduler (srv_sched_set_pacer) */
     atomic_int cmd, done;    /* CMD_* asked by the controller; carried out by the loop */
     atomic_uint n_conn;      /* connections open, as the loop last counted them */
     /* the prep thread: large bodies' requests prepared off the loop (gen_prepare) */
@@ -1169,19 +1171,21 @@ static void *loop_main(void *arg) {
             pf = np;
             cap_pf = n_pf * 2;
         }
-        double now = srv_now_s(), until = INFINITY;
+        double now = srv_now_s(), until = INFINITY, pace = INFINITY;
         MHD_UNSIGNED_LONG_LONG to;
-        if (MHD_get_timeout(h->d, &to) == MHD_YES) until = now + (double)to * 1e-3;
         pf[0] = (struct pollfd){.fd = mhd_fd, .events = POLLIN};
         pf[1] = (struct pollfd){.fd = h->kick_fd, .events = POLLIN};
         for (int i = 0; i < h->n_waits; i++) {
             const struct wait *w = h->waits[i];
-            if (w->wake_at > 0 && w->wake_at < until) until = w->wake_at;
+            if (w->wake_at > 0 && w->wake_at < pace) pace = w->wake_at;
             if (w->until > 0 && w->until < until) until = w->until;
             /* POLLRDHUP: the client's FIN; once a stream's probe has gone, only a reset counts
              * (POLLHUP and POLLERR come whatever the events) */
             pf[2 + i] = (struct pollfd){.fd = w->fd, .events = w->probed ? 0 : POLLRDHUP};
         }
+        atomic_store_explicit(&h->pace_due, pace < INFINITY ? (uint64_t)(pace * 1e9) : UINT64_MAX, memory_order_relaxed);
+        if (pace < until) until = pace;
+        if (MHD_get_timeout(h->d, &to) == MHD_YES && now + (double)to * 1e-3 < until) until = now + (double)to * 1e-3;
         for (int i = 0; i < h->n_refusals; i++) {
             const struct refusal *l = &h->refusals[i];
             if (l->until < until) until = l->until;
@@ -1290,6 +1294,7 @@ moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
     h->port = di ? di->port : p->port;
     atomic_init(&h->kicked, false);
+    atomic_init(&h->pace_due, UINT64_MAX);
     atomic_init(&h->cmd, 0);
     atomic_init(&h->done, 0);
     atomic_init(&h->n_conn, 0);
@@ -1311,6 +1316,7 @@ moetax_status srv_http_start(const struct srv_http_params *p, struct srv_http **
         free(h);
         return moetax_error(MOETAX_ERR_INTERNAL, "cannot start the HTTP loop (%s): %s", why, strerror(e));
     }
+    srv_sched_set_pacer(p->sched, &h->pace_due, kick, h);
     *out = h;
     return MOETAX_OK;
 }

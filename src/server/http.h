@@ -91,7 +91,8 @@ void srv_http_quiesce(struct srv_http *h);
 /* Wait (at most timeout_ms) until every connection has closed: their last
  * bytes (a stream's ending) go out before srv_http_stop closes them. */
 void srv_http_drain(struct srv_http *h, int timeout_ms);
-/* Close every connection and join their threads; frees h. */
+/* Close every connection and join their threads; frees h. The scheduler must have stopped
+ * (srv_sched_stop) first: it pokes h's loop (srv_sched_set_pacer). */
 void srv_http_stop(struct srv_http *h);
 
 #endif

@@ -90,6 +90,10 @@ static bool buf_append(char **buf, size_t *len, size_t *cap, const char *p, size
     return true;
 }
 
+/* Set (in the scheduler's thread) when a request's wake callback ran since the last step's end: the
+ * step then yields its core once it is done (step). */
+static _Thread_local bool woke_waiter;
+
 /* Publish gen[len, upto) and, when fin != NONE, finish the request. */
 static void req_publish(struct srv_req *r, size_t upto, enum srv_finish fin, const char *err) {
     pthread_mutex_lock(&r->mu);
@@ -112,6 +116,7 @@ static void req_publish(struct srv_req *r, size_t upto, enum srv_finish fin, con
     if (wake && r->wake) {
         r->want_text = false;
         r->wake(r->wake_arg);
+        woke_waiter = true;
     }
     pthread_mutex_unlock(&r->mu);
 }
@@ -182,6 +187,11 @@ struct slot {
 
 struct srv_sched {
     struct srv_sched_params p;
+    /* srv_sched_set_pacer: pace_arg is set last (release), read first (acquire) */
+    const _Atomic uint64_t *pace_due;
+    void (*pace_poke)(void *arg);
+    _Atomic(void *) pace_arg;
+    uint64_t pace_poked; /* the due time last poked for (the scheduler's thread only) */
     struct moetax_ctx *ctx;
     struct moetax_kvcache *kv;
     /* the cache the scheduler keeps its books with: kv, or under token-sharded ranks (whose
@@ -737,7 +747,32 @@ static bool step(struct srv_sched *s) {
     }
     update_metrics(s, seqs, b->n_tokens, prompt_tokens == 0);
     s->sched_s += srv_now_s() - t_in - t_dec; /* in the metrics from the next step's update on */
+    /* a paced stream's event due: the HTTP side's timer would fire while the workers hold every core */
+    void *pa = atomic_load_explicit(&s->pace_arg, memory_order_acquire);
+    if (pa) {
+        const uint64_t due = atomic_load_explicit(s->pace_due, memory_order_relaxed);
+        if (due != UINT64_MAX && due != s->pace_poked && srv_now_s() * 1e9 >= (double)due) {
+            s->pace_poked = due;
+            s->pace_poke(pa);
+            woke_waiter = true;
+        }
+    }
+    /* The HTTP thread, just woken for this step's text, ends or due events, runs under SCHED_BATCH
+     * (http.c): it does not preempt a worker, so it would wait for a core to come free or for the
+     * next tick (milliseconds). Yielding here, between two steps (this thread, and the workers that
+     * wait for the next step), lets it run now on whichever core it was queued. Its time is its own
+     * CPU time (not counted here too). */
+    if (woke_waiter) {
+        woke_waiter = false;
+        moetax_ctx_yield(s->ctx);
+    }
     return true;
+}
+
+void srv_sched_set_pacer(struct srv_sched *s, const _Atomic uint64_t *due_ns, void (*poke)(void *arg), void *arg) {
+    s->pace_due = due_ns;
+    s->pace_poke = poke;
+    atomic_store_explicit(&s->pace_arg, arg, memory_order_release);
 }
 
 static void sched_loop(struct srv_sched *s) {
