@@ -342,9 +342,6 @@ int moetax_ctx_n_expert_used(const struct moetax_ctx *c);
  * many workers as the context has threads, and outlive its use. */
 struct moetax_ledger;
 void moetax_ctx_set_ledger(struct moetax_ctx *c, struct moetax_ledger *l);
-/* Between two decode calls: the caller and the context's spinning workers give up their CPUs once
- * (moetax_pool_yield), so that a thread just woken that does not preempt them runs now. */
-void moetax_ctx_yield(struct moetax_ctx *c);
 /* Test hook: every worker spins for ns nanoseconds each time it enters phase
  * `phase` (an int holding an enum moetax_phase); ns = 0 turns it off. */
 void moetax_ctx_test_delay(struct moetax_ctx *c, int phase, uint64_t ns);

@@ -104,11 +104,6 @@ struct moetax_pool_worker_stats {
     uint64_t n_barriers; /* incl. the implicit barrier at each run end */
     uint64_t n_runs;
 };
-/* Outside a run: the caller gives up its CPU once (sched_yield), and so does every worker that is
- * spinning for the next run (within ~1 us of this call; a sleeping one holds no CPU), so that a
- * thread woken meanwhile that does not preempt them (SCHED_BATCH) runs now rather than at the
- * next scheduler tick. */
-void moetax_pool_yield(struct moetax_pool *pool);
 void moetax_pool_stats(const struct moetax_pool *pool, int ith, struct moetax_pool_worker_stats *out);
 void moetax_pool_stats_reset(struct moetax_pool *pool);
 

@@ -428,7 +428,6 @@ int moetax_ctx_n_expert_used(const struct moetax_ctx *c) { return c->n_expert_us
 int64_t moetax_ctx_n_ubatch(const struct moetax_ctx *c) { return c->n_ubatch; }
 struct moetax_kvcache *moetax_ctx_kv(struct moetax_ctx *c) { return c->kv; }
 void moetax_ctx_set_ledger(struct moetax_ctx *c, struct moetax_ledger *l) { c->step.ledger = l; }
-void moetax_ctx_yield(struct moetax_ctx *c) { moetax_pool_yield(c->pool); }
 void moetax_ctx_test_delay(struct moetax_ctx *c, int ph, uint64_t ns) {
     c->step.delay_phase = (enum moetax_phase)ph;
     c->step.delay_ns = ns;

@@ -114,7 +114,6 @@ struct moetax_pool {
     _Alignas(POOL_CL) _Atomic int bar_sleepers;
     _Alignas(POOL_CL) _Atomic int in_run;
     _Atomic bool stop;
-    _Alignas(POOL_CL) _Atomic uint32_t yield_gen; /* moetax_pool_yield's requests */
     struct pool_counter chunk[MOETAX_POOL_N_CHUNK_COUNTERS];
 };
 
@@ -148,7 +147,7 @@ static void futex_wake_all(_Atomic uint32_t *word) {
 
 /* Wait until *word != old: spin for spin_ns (yielding every 20 us), then sleep. Returns with acquire. */
 static void wait_change_spin(const struct moetax_pool *p, _Atomic uint32_t *word, uint32_t old,
-                             _Atomic int *sleepers, bool spin, uint32_t *yield_seen) {
+                             _Atomic int *sleepers, bool spin) {
     if (atomic_load_explicit(word, memory_order_acquire) != old) return;
     if (spin && p->spin_ns > 0) {
         uint64_t t0 = moetax_pool_now_ns(), next_yield = POOL_YIELD_EVERY_NS;
@@ -157,13 +156,6 @@ static void wait_change_spin(const struct moetax_pool *p, _Atomic uint32_t *word
             else POOL_CPU_RELAX();
             if (atomic_load_explicit(word, memory_order_acquire) != old) return;
             if ((i & 31) == 0) {
-                if (yield_seen) { /* moetax_pool_yield: once per request */
-                    const uint32_t g = atomic_load_explicit((_Atomic uint32_t *)&p->yield_gen, memory_order_relaxed);
-                    if (g != *yield_seen) {
-                        *yield_seen = g;
-                        sched_yield();
-                    }
-                }
                 uint64_t el = moetax_pool_now_ns() - t0;
                 if (el > p->spin_ns) break;
                 /* on a machine shared with other work, the thread we wait for may be queued
@@ -181,7 +173,7 @@ static void wait_change_spin(const struct moetax_pool *p, _Atomic uint32_t *word
 }
 
 static void wait_change(const struct moetax_pool *p, _Atomic uint32_t *word, uint32_t old, _Atomic int *sleepers) {
-    wait_change_spin(p, word, old, sleepers, true, NULL);
+    wait_change_spin(p, word, old, sleepers, true);
 }
 
 /* After a seq_cst store/RMW of *word: wake whoever sleeps on it. */
@@ -213,12 +205,12 @@ static void *worker_main(void *arg) {
     struct pool_worker *w = arg;
     struct moetax_pool *p = w->pool;
     pin_self(p, w->ith);
-    uint32_t seen = 0, yield_seen = atomic_load_explicit(&p->yield_gen, memory_order_relaxed);
+    uint32_t seen = 0;
     bool sat_out = false;
     for (;;) {
         /* sitting runs out (fewer active workers): sleep at once, do not spin on a CPU that the
          * active ones may need */
-        wait_change_spin(p, &p->run_gen, seen, &p->run_sleepers, !sat_out, &yield_seen);
+        wait_change_spin(p, &p->run_gen, seen, &p->run_sleepers, !sat_out);
         /* the run's generation and its active count in one word: the caller does not wait for
          * workers that sit a run out, so it may publish the next run meanwhile */
         seen = atomic_load_explicit(&p->run_gen, memory_order_acquire);
@@ -299,7 +291,6 @@ moetax_status moetax_pool_init(const struct moetax_pool_params *params, struct m
     p->spin_ns = spin_us > 0 ? (uint64_t)spin_us * 1000u : 0;
     p->init_thread = pthread_self();
     atomic_init(&p->run_gen, 0);
-    atomic_init(&p->yield_gen, 0);
     atomic_init(&p->run_sleepers, 0);
     atomic_init(&p->n_done, 0);
     atomic_init(&p->done_sleepers, 0);
@@ -404,11 +395,6 @@ void moetax_pool_run_n(struct moetax_pool *p, int n_active, moetax_pool_fn fn, v
     if (p->hook) /* reads the workers' lines: only with a hook */
         for (int i = 0; i < n; i++) p->hook(p->hook_user, i, p->w[i].t_done, t_join);
     atomic_store_explicit(&p->in_run, 0, memory_order_release);
-}
-
-void moetax_pool_yield(struct moetax_pool *p) {
-    atomic_fetch_add_explicit(&p->yield_gen, 1, memory_order_relaxed);
-    sched_yield();
 }
 
 void moetax_pool_barrier(struct moetax_pool *p, int ith) {

@@ -7,8 +7,6 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,16 +248,6 @@ static bool request_in(struct srv_http *h, struct MHD_Connection *c) {
  * of headers by default too). */
 enum { SRV_MHD_POOL_BYTES = 48 << 10, SRV_MAX_HEADER_BYTES = 16 << 10, SRV_MAX_HEADERS = 256 };
 
-/* The HTTP side's threads (the loop, the prep thread) run under SCHED_BATCH: woken while the
- * compute threads hold every core, such a thread waits for one of them to yield (at its next
- * barrier) or for the tick instead of preempting it at once. Otherwise the scheduler thread's own
- * wake-up of the loop (a stream's text, a request's end) handed it the scheduler's core between two steps,
- * and a paced stream's timer took a worker's core mid-phase, while the other worker waited at the
- * barrier. Unprivileged; where it is refused the thread runs as before. */
-static void http_thread_batch(void) {
-    const struct sched_param sp = {0};
-    (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
-}
 
 /* What a request's headers add up to: libmicrohttpd keeps a list entry in the pool for every header,
  * every cookie of a Cookie header (and a copy of that header), every argument of the URL's query and
@@ -719,7 +707,6 @@ static void prep_abandon(struct prep *p) {
 static void *prep_main(void *arg) {
     struct srv_http *h = arg;
     struct timespec ts;
-    http_thread_batch();
     pthread_mutex_lock(&h->prep_mu);
     for (;;) {
         while (!h->prep_head && !h->prep_stop) pthread_cond_wait(&h->prep_cv, &h->prep_mu);
@@ -1136,9 +1123,9 @@ static void waits_cancel_all(struct srv_http *h) {
  * suspended connections' sockets (a client that goes away, or half-closes), the kicks (a request
  * has text or has ended), the pacing's deadlines, the lingering refusals, and the controller's
  * commands. All of the HTTP side runs here, so that one thread's CPU time is its cost. */
+#define PACE_SLACK_S 0.002
 static void *loop_main(void *arg) {
     struct srv_http *h = arg;
-    http_thread_batch();
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD);
     const int mhd_fd = di ? di->epoll_fd : -1;
     struct pollfd *pf = NULL;
@@ -1183,8 +1170,11 @@ static void *loop_main(void *arg) {
              * (POLLHUP and POLLERR come whatever the events) */
             pf[2 + i] = (struct pollfd){.fd = w->fd, .events = w->probed ? 0 : POLLRDHUP};
         }
+        /* a paced event: the scheduler wakes the loop for it at the end of the first step past it
+         * (srv_sched_set_pacer), between two steps; the loop's own timer, PACE_SLACK_S later, is for
+         * steps longer than that (or none) */
         atomic_store_explicit(&h->pace_due, pace < INFINITY ? (uint64_t)(pace * 1e9) : UINT64_MAX, memory_order_relaxed);
-        if (pace < until) until = pace;
+        if (pace + PACE_SLACK_S < until) until = pace + PACE_SLACK_S;
         if (MHD_get_timeout(h->d, &to) == MHD_YES && now + (double)to * 1e-3 < until) until = now + (double)to * 1e-3;
         for (int i = 0; i < h->n_refusals; i++) {
             const struct refusal *l = &h->refusals[i];

@@ -90,9 +90,14 @@ static bool buf_append(char **buf, size_t *len, size_t *cap, const char *p, size
     return true;
 }
 
-/* Set (in the scheduler's thread) when a request's wake callback ran since the last step's end: the
- * step then yields its core once it is done (step). */
-static _Thread_local bool woke_waiter;
+/* A step's wake-ups of the requests' waiters (the HTTP loop) are made at its end, not where its
+ * text or end is published (step): a woken HTTP thread preempts the thread that wakes it, and here
+ * that held the request's lock (the HTTP thread then blocked on it at once) and the step's
+ * bookkeeping; it was counted in the scheduler's time too. All requests of the server share one
+ * callback (http.c's kick); another one goes at once. The scheduler's thread only. */
+static _Thread_local bool wakes_deferred;
+static _Thread_local void (*wake_fn)(void *arg);
+static _Thread_local void *wake_arg;
 
 /* Publish gen[len, upto) and, when fin != NONE, finish the request. */
 static void req_publish(struct srv_req *r, size_t upto, enum srv_finish fin, const char *err) {
@@ -115,8 +120,12 @@ static void req_publish(struct srv_req *r, size_t upto, enum srv_finish fin, con
      * answer sleeps through the tokens (no wake-up per token) */
     if (wake && r->wake) {
         r->want_text = false;
-        r->wake(r->wake_arg);
-        woke_waiter = true;
+        if (wakes_deferred && (!wake_fn || (wake_fn == r->wake && wake_arg == r->wake_arg))) {
+            wake_fn = r->wake;
+            wake_arg = r->wake_arg;
+        } else {
+            r->wake(r->wake_arg);
+        }
     }
     pthread_mutex_unlock(&r->mu);
 }
@@ -639,7 +648,35 @@ static void update_metrics(struct srv_sched *s, int seqs, int64_t tokens, bool d
 }
 
 /* One step: the batch of every running sequence; false when there was nothing to do. */
+static bool step_run(struct srv_sched *s);
+
+/* One step (step_run), then the wake-ups it made (wakes_deferred), and the HTTP loop's when a paced
+ * stream's event is due: its own timer would fire in the middle of a step, taking a worker's core
+ * while the other waits at the next barrier; woken here it runs between two steps. The wake-up's
+ * write is outside the scheduler's time (sched_s): the HTTP thread, which may take this thread's
+ * core at once, counts its own. */
 static bool step(struct srv_sched *s) {
+    wakes_deferred = true;
+    const bool did = step_run(s);
+    wakes_deferred = false;
+    void *pa = atomic_load_explicit(&s->pace_arg, memory_order_acquire);
+    if (pa) {
+        const uint64_t due = atomic_load_explicit(s->pace_due, memory_order_relaxed);
+        if (due != UINT64_MAX && due != s->pace_poked && srv_now_s() * 1e9 >= (double)due) {
+            s->pace_poked = due;
+            if (wake_fn && (wake_fn != s->pace_poke || wake_arg != pa)) s->pace_poke(pa);
+            else wake_fn = s->pace_poke, wake_arg = pa;
+        }
+    }
+    if (wake_fn) {
+        void (*fn)(void *) = wake_fn;
+        wake_fn = NULL;
+        fn(wake_arg);
+    }
+    return did;
+}
+
+static bool step_run(struct srv_sched *s) {
     const double t_in = srv_now_s();
     const int N = s->p.n_parallel;
     struct moetax_batch *b = &s->batch;
@@ -747,25 +784,6 @@ static bool step(struct srv_sched *s) {
     }
     update_metrics(s, seqs, b->n_tokens, prompt_tokens == 0);
     s->sched_s += srv_now_s() - t_in - t_dec; /* in the metrics from the next step's update on */
-    /* a paced stream's event due: the HTTP side's timer would fire while the workers hold every core */
-    void *pa = atomic_load_explicit(&s->pace_arg, memory_order_acquire);
-    if (pa) {
-        const uint64_t due = atomic_load_explicit(s->pace_due, memory_order_relaxed);
-        if (due != UINT64_MAX && due != s->pace_poked && srv_now_s() * 1e9 >= (double)due) {
-            s->pace_poked = due;
-            s->pace_poke(pa);
-            woke_waiter = true;
-        }
-    }
-    /* The HTTP thread, just woken for this step's text, ends or due events, runs under SCHED_BATCH
-     * (http.c): it does not preempt a worker, so it would wait for a core to come free or for the
-     * next tick (milliseconds). Yielding here, between two steps (this thread, and the workers that
-     * wait for the next step), lets it run now on whichever core it was queued. Its time is its own
-     * CPU time (not counted here too). */
-    if (woke_waiter) {
-        woke_waiter = false;
-        moetax_ctx_yield(s->ctx);
-    }
     return true;
 }
 

@@ -149,11 +149,11 @@ moetax_status srv_sched_run(struct srv_sched *s);
  * is returned. */
 moetax_status srv_sched_follow(const struct srv_sched_params *p);
 /* The HTTP side's pacing (http.c): *due_ns is when its next paced stream event is due
- * (srv_now_s in nanoseconds; UINT64_MAX: none); at the end of a step past that time the
- * scheduler calls poke(arg) (which must be callable from its thread, with no lock held) and
- * yields its core, so that an HTTP thread that does not preempt the workers (SCHED_BATCH) sends
- * the event between two steps instead of at the next tick. Set once, before requests arrive;
- * arg must outlive the scheduler's steps (stop it before freeing arg). */
+ * (srv_now_s in nanoseconds; UINT64_MAX: none); at the end of the first step past that time the
+ * scheduler calls poke(arg) (from its thread, with no lock held), so that the HTTP thread sends
+ * the event between two steps rather than in the middle of one, where it would take a worker's
+ * core while the other waits at a barrier. Set once, before requests arrive; arg must outlive the
+ * scheduler's steps (stop it before freeing arg). */
 void srv_sched_set_pacer(struct srv_sched *s, const _Atomic uint64_t *due_ns, void (*poke)(void *arg), void *arg);
 /* Hand a request to the scheduler (it takes a reference). MOETAX_ERR_LIMIT:
  * the queue is full (503); MOETAX_ERR_ARG: prompt + max_tokens do not fit a
