@@ -248,7 +248,6 @@ static bool request_in(struct srv_http *h, struct MHD_Connection *c) {
  * of headers by default too). */
 enum { SRV_MHD_POOL_BYTES = 48 << 10, SRV_MAX_HEADER_BYTES = 16 << 10, SRV_MAX_HEADERS = 256 };
 
-
 /* What a request's headers add up to: libmicrohttpd keeps a list entry in the pool for every header,
  * every cookie of a Cookie header (and a copy of that header), every argument of the URL's query and
  * every trailer of a chunked body, so all of them count. */

@@ -647,10 +647,9 @@ static void update_metrics(struct srv_sched *s, int seqs, int64_t tokens, bool d
     pthread_mutex_unlock(&s->mmu);
 }
 
-/* One step: the batch of every running sequence; false when there was nothing to do. */
 static bool step_run(struct srv_sched *s);
 
-/* One step (step_run), then the wake-ups it made (wakes_deferred), and the HTTP loop's when a paced
+/* One step (step_run; false: there was nothing to do), then the wake-ups it made (wakes_deferred), and the HTTP loop's when a paced
  * stream's event is due: its own timer would fire in the middle of a step, taking a worker's core
  * while the other waits at the next barrier; woken here it runs between two steps. The wake-up's
  * write is outside the scheduler's time (sched_s): the HTTP thread, which may take this thread's
@@ -676,6 +675,7 @@ static bool step(struct srv_sched *s) {
     return did;
 }
 
+/* One step's work: the batch of every running sequence; false when there was nothing to do. */
 static bool step_run(struct srv_sched *s) {
     const double t_in = srv_now_s();
     const int N = s->p.n_parallel;
