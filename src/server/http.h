@@ -31,8 +31,8 @@
  *   smaller ones in the loop. The two threads' CPU time is the HTTP side's cost
  *   (/metrics).
  *
- *   Limits: headers of more than 32 KiB or 256 lines are 431 before anything
- *   runs (http.c: so that libmicrohttpd's 128 KiB pool per connection keeps
+ *   Limits: headers of more than 16 KiB or 256 lines are 431 before anything
+ *   runs (http.c: so that libmicrohttpd's 48 KiB pool per connection keeps
  *   room for the answer); bodies over max_body bytes are 413 and close the
  *   connection, at once when Content-Length says so, else (chunked) as soon as
  *   the body passes the limit (http.c writes that answer itself: libmicrohttpd
