@@ -9,6 +9,7 @@ the capacity factor in bench and perplexity, and clear errors for bad options.
 usage: test_batch_cli.py MOETAX_BIN WORKDIR
 """
 import json
+import math
 import os
 import shutil
 import struct
@@ -83,15 +84,22 @@ def main():
         check(rows[2]["expert_bytes_per_token"] < rows[0]["expert_bytes_per_token"],
               "a batch of 8 reads fewer expert bytes per token than one sequence")
         # the t/s ratio to the first B, paired by repetition (the repetitions take turns): the first
-        # row's is 1; with two repetitions the median of two ratios is their mean, which lies
-        # between the smaller and the larger of the repetitions' own ratios, so within a factor
-        # of the ratio of the medians that the spread of two repetitions cannot exceed here
+        # row's is 1, the others' positive. (With two repetitions it is the mean of their ratios and
+        # no bound ties it to the ratio of the medians: one slow repetition of B=1 makes it large.
+        # An earlier check that they agree within a factor of 2 failed that way on a loaded machine:
+        # 98.0 against 2.96. With one repetition they are the same number: checked below.)
         check(all(o.get("vs_batch") == 1 for o in rows) and rows[0].get("tokens_per_s_ratio") == 1.0,
               f"bench --batch: vs_batch / first ratio {[(o.get('vs_batch'), o.get('tokens_per_s_ratio')) for o in rows]}")
         for o in rows[1:]:
-            q, plain = o.get("tokens_per_s_ratio"), o["tokens_per_s"] / rows[0]["tokens_per_s"]
-            check(isinstance(q, float) and plain / 2 < q < plain * 2,
-                  f"B={o['batch']}: tokens_per_s_ratio {q} against {plain:.3f} from the medians")
+            q = o.get("tokens_per_s_ratio")
+            check(isinstance(q, float) and q > 0 and math.isfinite(q), f"B={o['batch']}: tokens_per_s_ratio {q}")
+    r = run([mt, "bench", "-m", tiny, "--batch", "1,4", "-p", "4", "-n", "4", "-r", "1", "-t", "2", "--json", "--no-mem"])
+    rows1 = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    check(r.returncode == 0 and len(rows1) == 2, f"bench --batch -r 1: rc {r.returncode}, {r.stderr[-300:]}")
+    if len(rows1) == 2:
+        q, plain = rows1[1].get("tokens_per_s_ratio"), rows1[1]["tokens_per_s"] / rows1[0]["tokens_per_s"]
+        check(isinstance(q, float) and abs(q - plain) <= 1e-9 * plain,
+              f"bench --batch -r 1: tokens_per_s_ratio {q} is not B=4's t/s over B=1's of the one repetition ({plain})")
     # one ledger for every B: report groups its decode steps by batch size
     led = os.path.join(work, "batch_cli_ledger.json")
     r = run([mt, "bench", "-m", tiny, "--batch", "1,4", "-p", "4", "-n", "5", "-r", "1", "--no-mem", "--ledger", led])
