@@ -98,8 +98,8 @@ def main():
     check(r.returncode == 0 and len(rows1) == 2, f"bench --batch -r 1: rc {r.returncode}, {r.stderr[-300:]}")
     if len(rows1) == 2:
         q, plain = rows1[1].get("tokens_per_s_ratio"), rows1[1]["tokens_per_s"] / rows1[0]["tokens_per_s"]
-        check(isinstance(q, float) and abs(q - plain) <= 1e-9 * plain,
-              f"bench --batch -r 1: tokens_per_s_ratio {q} is not B=4's t/s over B=1's of the one repetition ({plain})")
+        check(isinstance(q, float) and abs(q - plain) <= 1e-7 * plain,
+              f"bench --batch -r 1: tokens_per_s_ratio {q} is not B=4's t/s over B=1's of the one repetition ({plain}; the JSON holds 10 digits)")
     # one ledger for every B: report groups its decode steps by batch size
     led = os.path.join(work, "batch_cli_ledger.json")
     r = run([mt, "bench", "-m", tiny, "--batch", "1,4", "-p", "4", "-n", "5", "-r", "1", "--no-mem", "--ledger", led])
