@@ -71,6 +71,14 @@ void attend_fold(const struct moetax_kernels *K, float *o, const float *oc, int6
  * (t <= n) the chunks before token t's, counted in token order; returns the most chunks of one
  * token. */
 int64_t attend_chunks_first(const int32_t *pos, int64_t n, int64_t *first);
+/* The split over chunks (mla.c, gqa.c) takes micro-batches of at most ATTEND_SPLIT_TOKENS tokens;
+ * its items' buffers hold attend_split_cap of them: tokens of different sequences share the
+ * cache's n_cells, so their chunks are at most the cells' plus a partial one per token (a
+ * micro-batch that needs more, several tokens of one long sequence, is not split). */
+enum { ATTEND_SPLIT_TOKENS = 8 };
+static inline int64_t attend_split_cap(int64_t n_cells, int64_t n_ubatch) {
+    return attend_n_chunks(n_cells) + (n_ubatch < ATTEND_SPLIT_TOKENS ? n_ubatch : ATTEND_SPLIT_TOKENS);
+}
 /* Head h of one token merged from its chunks' items i0 .. i1-1 (in order), item i's weighted sums
  * at oi + i * ldi (head h at + h * v_cols), its maxima and divisors at msi + i * 2 * nh_items (head
  * h at + 2 h), into o [v_cols]: attend_heads' merge, the same bits. */

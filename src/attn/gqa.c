@@ -139,18 +139,17 @@ static void gqa_attention_tokens(struct worker *w, struct gqa *a, int il) {
     fw_tokens_end(w, &l->wo, a->attv, H * hv, a->out, t0, t1);
 }
 
-/* Split over positions, as MLA's (mla.c, split_chunks): a micro-batch of at most SPLIT_TOKENS
+/* Split over positions, as MLA's (mla.c, split_chunks): a micro-batch of at most ATTEND_SPLIT_TOKENS
  * tokens of which one attends over two chunks or more, where phase 4 would cut a KV head's query
  * heads into parts (the KV heads fewer than two per worker) and each part read the head's rows
  * again, runs items of (chunk, KV head) with all r of its query heads, into a->sp_o, a->sp_ms, and
  * merges each head's chunks in order in a phase of its own. Not taken where the parts would hold
  * single heads (their bits are another matmul path's; mla.c). first[t]: the chunks before token
  * t's. */
-enum { SPLIT_TOKENS = 8 };
 static bool split_chunks(const struct worker *w, const struct gqa *a, int64_t S1, int64_t r, int64_t *first) {
     const struct fw_step *s = w->s;
     const int64_t n = s->n;
-    if (w->nth < 2 || n > SPLIT_TOKENS || S1 < 2 || r / S1 < 2) return false;
+    if (w->nth < 2 || n > ATTEND_SPLIT_TOKENS || S1 < 2 || r / S1 < 2) return false;
     return attend_chunks_first(s->pos, n, first) >= 2 && first[n] <= a->sp_cap;
 }
 
@@ -182,7 +181,7 @@ void gqa_attention(struct worker *w, struct gqa *a, int il) {
     const int64_t S1 = w->nth > 1 && Hkv < 2 * w->nth
                            ? ((2 * w->nth + Hkv - 1) / Hkv < r ? (2 * w->nth + Hkv - 1) / Hkv : r)
                            : 1; /* one token's; the bits stay only if its parts hold 2+ heads (mla.c) */
-    int64_t first[SPLIT_TOKENS + 1];
+    int64_t first[ATTEND_SPLIT_TOKENS + 1];
     const bool split = split_chunks(w, a, S1, r, first);
     const bool fuse = n == 1 && !split && hp->qk_norm != MOETAX_QK_NORM_FULL &&
                       kv_bytes * (size_t)w->nth <= kv_bytes + l->wq.mat_bytes;
@@ -325,8 +324,8 @@ moetax_status gqa_init(struct gqa *a, const struct fw_step *s, struct moetax_kvc
     a->attv = calloc((size_t)(U * H * hv), sizeof(float));
     a->out = calloc((size_t)(U * d), sizeof(float));
     a->ropecs = calloc((size_t)(U * (hp->n_rot > 0 ? hp->n_rot : 1)), sizeof(float));
-    if (s->n_threads > 1) { /* split_chunks' items, sized as mla.c's */
-        a->sp_cap = attend_n_chunks(moetax_kvcache_n_cells(kv)) + (U < SPLIT_TOKENS ? U : SPLIT_TOKENS);
+    if (s->n_threads > 1) { /* split_chunks' items */
+        a->sp_cap = attend_split_cap(moetax_kvcache_n_cells(kv), U);
         a->sp_o = malloc(sizeof(float) * (size_t)(a->sp_cap * H * hv));
         a->sp_ms = malloc(sizeof(float) * (size_t)(a->sp_cap * H * 2));
     }

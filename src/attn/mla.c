@@ -165,7 +165,7 @@ static void mla_attention_tokens(struct worker *w, struct mla *a, int il) {
     fw_tokens_end(w, &l->wo, a->attv, H * vh, a->out, t0, t1);
 }
 
-/* Split over positions: a micro-batch of at most SPLIT_TOKENS tokens of which one attends over two
+/* Split over positions: a micro-batch of at most ATTEND_SPLIT_TOKENS tokens of which one attends over two
  * chunks (attend.h) or more runs its chunks as the work items of phase 4 (into a->sp_o, a->sp_ms),
  * and merges them per head in phase 4b. Split by heads instead (one group per worker), every
  * worker reads all of a long context's cache rows from memory, and a few tokens cannot be dealt out
@@ -175,11 +175,10 @@ static void mla_attention_tokens(struct worker *w, struct mla *a, int il) {
  * attend_heads' in the same order. Where one token's head groups would hold single heads (n_head <
  * 2 x groups) the split is not taken, as the batch path's one group per token is not (phase 4).
  * first[t] (t <= n): the chunks before token t's. */
-enum { SPLIT_TOKENS = 8 };
 static bool split_chunks(const struct worker *w, const struct mla *a, int64_t G1, int64_t *first, int64_t *hg) {
     const struct fw_step *s = w->s;
     const int64_t n = s->n, H = s->m->hp.n_head;
-    if (w->nth < 2 || n > SPLIT_TOKENS || H / G1 < 2) return false;
+    if (w->nth < 2 || n > ATTEND_SPLIT_TOKENS || H / G1 < 2) return false;
     const int64_t most = attend_chunks_first(s->pos, n, first), total = first[n];
     for (*hg = 1; total * *hg < 2 * w->nth && H / (*hg + 1) >= 2;) ++*hg;
     return most >= 2 && total <= a->sp_cap;
@@ -240,7 +239,7 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
     for (int64_t t = 0; t < n; t++) np_max = s->pos[t] + 1 > np_max ? s->pos[t] + 1 : np_max;
     const int64_t per = np_max > ATTEND_CHUNK ? 1 : 2;
     const int64_t G1 = w->nth > 1 ? (H < per * w->nth ? H : per * w->nth) : 1; /* one token's */
-    int64_t first[SPLIT_TOKENS + 1], hg = 1;
+    int64_t first[ATTEND_SPLIT_TOKENS + 1], hg = 1;
     const bool split = split_chunks(w, a, G1, first, &hg);
     const bool fuse = n == 1 && !split && l->wkv_a.mat_bytes * (size_t)w->nth <= l->wkv_a.mat_bytes + wq->mat_bytes;
     if (!fuse) {
@@ -401,12 +400,8 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
     a->oatt = calloc((size_t)(U * H * kvl), sizeof(float));
     a->out = calloc((size_t)(U * d), sizeof(float));
     a->ropecs = calloc((size_t)(U * max64(rope, 1)), sizeof(float));
-    /* split_chunks' items: tokens of different sequences share the cache's cells, so their chunks
-     * are at most the cells' plus a partial one per token; a micro-batch that needs more (several
-     * tokens of one long sequence) goes by head groups */
-    if (s->n_threads > 1) {
-        const int64_t nt = U < SPLIT_TOKENS ? U : SPLIT_TOKENS;
-        a->sp_cap = attend_n_chunks(moetax_kvcache_n_cells(kv)) + nt;
+    if (s->n_threads > 1) { /* split_chunks' items (a micro-batch that needs more goes by head groups) */
+        a->sp_cap = attend_split_cap(moetax_kvcache_n_cells(kv), U);
         a->sp_o = malloc(sizeof(float) * (size_t)(a->sp_cap * H * kvl));
         a->sp_ms = malloc(sizeof(float) * (size_t)(a->sp_cap * H * 2));
     }
