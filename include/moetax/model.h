@@ -264,6 +264,21 @@ double moetax_model_active_bytes_k(const struct moetax_model *m, int n_expert_us
 
 enum moetax_overflow { MOETAX_OVERFLOW_DROP = 0, MOETAX_OVERFLOW_REROUTE = 1 };
 
+/* Tokens per micro-batch unless a context says otherwise (llama.cpp's n_ubatch too): a prompt's
+ * expert matrices and attention weights are read once per micro-batch. */
+#define MOETAX_UBATCH_DEFAULT 512
+
+/* How MLA (DeepSeek2) attends in a micro-batch of one sequence's prompt tokens. The absorbed
+ * form works on the compressed cache rows; the decompressed one first makes each head's keys and
+ * values of every position (llama.cpp's and ik_llama.cpp's way for prompts), fewer operations
+ * once a micro-batch holds enough tokens. The same mathematics, other float sums: with it a
+ * prompt's logits depend in the last bits on how the prompt is cut into micro-batches. */
+enum moetax_attn_prefill {
+    MOETAX_ATTN_PREFILL_AUTO = 0,     /* decompressed where it takes fewer multiply-adds (the default) */
+    MOETAX_ATTN_PREFILL_ABSORBED,     /* always absorbed: results independent of the cut */
+    MOETAX_ATTN_PREFILL_DECOMPRESSED, /* every micro-batch of 2+ tokens of one sequence (tests) */
+};
+
 struct moetax_ctx_params {
     int32_t n_ctx;            /* KV cache cells, all sequences together (rounded up to whole
                                  blocks); 0: min(n_ctx_train, 4096) */
@@ -271,7 +286,8 @@ struct moetax_ctx_params {
     int32_t kv_block;         /* KV cache cells per block; 0: MOETAX_KV_BLOCK_DEFAULT */
     enum moetax_type kv_type; /* KV cache cells: MOETAX_TYPE_F32 (0, the default) or MOETAX_TYPE_F16 (half the
                                  memory, llama.cpp's default; then no longer llama.cpp's F32 bits) */
-    int32_t n_ubatch;         /* max tokens per micro-batch; 0: 64 */
+    int32_t n_ubatch;         /* max tokens per micro-batch; 0: MOETAX_UBATCH_DEFAULT */
+    enum moetax_attn_prefill attn_prefill; /* MLA prompts: see enum moetax_attn_prefill */
     int32_t n_threads;        /* 0: online CPUs (ignored when pool is given) */
     struct moetax_pool *pool; /* optional shared pool (not owned) */
     struct moetax_store *store; /* optional expert store (not owned; see moetax_model_store_open):

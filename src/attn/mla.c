@@ -206,6 +206,119 @@ static void v_b_one(const struct fw_step *s, struct mla *a, struct mla_worker *w
     }
 }
 
+/* ---- prefill with the keys and values decompressed ---------------------------------------- *
+ * A long prompt's micro-batch: T tokens of one sequence at positions p0 .. p0+T-1 attend over
+ * N = p0 + T positions. Absorbed, each (head, query, position) costs a dot product and a
+ * weighted sum over the cache's kv_lora + rope and kv_lora values; with the positions' keys and
+ * values decompressed per head,
+ *   k_h[j] = [W_kb[h]^T kv_j ; k_pe_j],  v_h[j] = W_vb[h] kv_j,
+ * it costs nope + rope and v_head (DeepSeek-V2: 192 + 128 against 576 + 512), while the
+ * decompression costs N (nope + v_head) kv_lora per head and micro-batch. The mathematics is the
+ * same (q_h . k_h[j] = Q_h . cache[j], W_vb[h] sum_j p_j kv_j = sum_j p_j v_h[j]); the float
+ * sums are not, so a prompt's logits then depend (in the last bits) on how it is cut into
+ * micro-batches, as llama.cpp's do. dec_pays chooses by the two costs; MOETAX_ATTN_PREFILL_ABSORBED
+ * keeps the absorbed form everywhere.
+ *
+ * One work item per head: W_kb[h] transposed and W_vb[h] in float (from the file's bytes), then
+ * per chunk of ATTEND_CHUNK positions the chunk's kv rows gathered, its keys and values made, and
+ * every query at or past the chunk's start attending to it in tiles of MLA_DEC_TILE queries (the
+ * scores one F32 matmul with the queries as its batch, the weighted sum one wsum); the chunks are
+ * merged in order as attend.h's. */
+/* W_kb[h] and W_vb[h] as stored in the file (or in memory, where not repacked), else NULL. */
+static const void *dec_src(const struct moetax_kernels *K, const struct moetax_weight *w) {
+    if (!w->data) return NULL;
+    if (w->file_data) return w->file_data;
+    return K->weights_repacked && K->weights_repacked(w->type) ? NULL : w->data;
+}
+
+/* Whether this micro-batch takes the decompressed form: one sequence's consecutive positions
+ * and fewer multiply-adds (see above). */
+static bool dec_pays(const struct fw_step *s, const struct mla *a) {
+    if (!a->dec || s->n < 2) return false;
+    for (int64_t t = 1; t < s->n; t++)
+        if (s->seq[t] != s->seq[0] || s->pos[t] != s->pos[0] + t) return false;
+    if (a->dec_mode == MOETAX_ATTN_PREFILL_DECOMPRESSED) return true;
+    const struct moetax_hparams *hp = &s->m->hp;
+    const double n = (double)s->n, N = (double)s->pos[0] + n, pairs = n * ((double)s->pos[0] + (n + 1) / 2);
+    const double kvl = (double)hp->kv_lora_rank, nope = (double)hp->n_embd_head_qk_nope;
+    const double rope = (double)hp->n_embd_head_qk_rope, vh = (double)hp->n_embd_head_v;
+    const double absorbed = pairs * (2 * kvl + rope) + n * (nope + vh) * kvl;
+    const double decompressed = pairs * (nope + rope + vh) + N * (nope + vh) * kvl;
+    return decompressed < MLA_DEC_GAIN * absorbed;
+}
+
+/* Head h of the micro-batch (dec_pays) into a->attv. */
+static void dec_head(const struct fw_step *s, struct mla *a, struct mla_worker *wk, int il, int64_t h) {
+    const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
+    const struct moetax_kernels *K = s->K;
+    const int64_t n = s->n, H = hp->n_head, nope = hp->n_embd_head_qk_nope, rope = hp->n_embd_head_qk_rope;
+    const int64_t vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank, kvr = a->kv_row, kr = nope + rope;
+    const int64_t qrow = H * kr, p0 = s->pos[0], N = p0 + n, bs = moetax_kvcache_block_size(a->kv);
+    /* W_kb[h] (kvl rows of nope) transposed, W_vb[h] (vh rows of kvl) */
+    const char *kb = (const char *)dec_src(K, &l->wk_b) + (size_t)h * l->wk_b.mat_bytes;
+    const char *vb = (const char *)dec_src(K, &l->wv_b) + (size_t)h * l->wv_b.mat_bytes;
+    for (int64_t r = 0; r < kvl; r++) {
+        moetax_to_float(l->wk_b.type, kb + (size_t)r * l->wk_b.row_bytes, wk->g, nope);
+        for (int64_t c = 0; c < nope; c++) wk->wkt[c * kvl + r] = wk->g[c];
+    }
+    for (int64_t r = 0; r < vh; r++) moetax_to_float(l->wv_b.type, vb + (size_t)r * l->wv_b.row_bytes, wk->wv + r * kvl, kvl);
+    int32_t nblk;
+    const int32_t *blk = moetax_kvcache_seq_blocks(a->kv, s->seq[0], &nblk);
+    float *o = a->attv + h * vh; /* token t's at + t * H * vh */
+    const int64_t ldo = H * vh;
+    for (int64_t c0 = 0; c0 < N; c0 += ATTEND_CHUNK) {
+        const int64_t cn = N - c0 < ATTEND_CHUNK ? N - c0 : ATTEND_CHUNK;
+        /* the chunk's kv rows into g [cn][kvl], its k_pe into kc's last rope columns */
+        for (int64_t j = 0; j < cn; j++) {
+            const int64_t p = c0 + j;
+            const void *row = (const char *)moetax_kvcache_block_rows(a->kv, il, blk[p / bs]) +
+                              (size_t)(p % bs * kvr) * (a->f16 ? sizeof(uint16_t) : sizeof(float));
+            if (a->f16) {
+                K->fp16_to_fp32(row, wk->g + j * kvl, kvl);
+                K->fp16_to_fp32((const uint16_t *)row + kvl, wk->kc + j * kr + nope, rope);
+            } else {
+                memcpy(wk->g + j * kvl, row, sizeof(float) * (size_t)kvl);
+                memcpy(wk->kc + j * kr + nope, (const float *)row + kvl, sizeof(float) * (size_t)rope);
+            }
+        }
+        for (int64_t j0 = 0; j0 < cn; j0 += MLA_DEC_ROWS) { /* batches whose rows the kernels pack once */
+            const int64_t nj = cn - j0 < MLA_DEC_ROWS ? cn - j0 : MLA_DEC_ROWS;
+            K->matmul(MOETAX_TYPE_F32, wk->wkt, sizeof(float) * (size_t)kvl, 0, nope, kvl, wk->g + j0 * kvl, nj,
+                      wk->kc + j0 * kr, kr);
+            K->matmul(MOETAX_TYPE_F32, wk->wv, sizeof(float) * (size_t)kvl, 0, vh, kvl, wk->g + j0 * kvl, nj,
+                      wk->vc + j0 * vh, vh);
+        }
+        /* the queries at or past c0, in tiles */
+        for (int64_t t0 = c0 > p0 ? c0 - p0 : 0; t0 < n; t0 += MLA_DEC_TILE) {
+            const int64_t nt = n - t0 < MLA_DEC_TILE ? n - t0 : MLA_DEC_TILE;
+            for (int64_t i = 0; i < nt; i++)
+                memcpy(wk->qt + i * kr, a->q + (t0 + i) * qrow + h * kr, sizeof(float) * (size_t)kr);
+            float *sc = wk->sc; /* [nt][cn] */
+            K->matmul(MOETAX_TYPE_F32, wk->kc, sizeof(float) * (size_t)kr, 0, cn, kr, wk->qt, nt, sc, cn);
+            for (int64_t i = 0; i < nt; i++) {
+                const int64_t valid = p0 + t0 + i + 1 - c0 < cn ? p0 + t0 + i + 1 - c0 : cn;
+                float *si = sc + i * cn;
+                K->scale(si, hp->kq_scale, valid);
+                K->softmax(si, valid, wk->ms + 2 * i);
+                if (valid < cn) memset(si + valid, 0, sizeof(float) * (size_t)(cn - valid));
+            }
+            if (c0 == 0) {
+                K->wsum(o + t0 * ldo, ldo, sc, cn, nt, wk->vc, vh, cn, vh, false);
+                for (int64_t i = 0; i < nt; i++) {
+                    wk->run[2 * (t0 + i)] = wk->ms[2 * i];
+                    wk->run[2 * (t0 + i) + 1] = wk->ms[2 * i + 1];
+                }
+            } else {
+                K->wsum(wk->oc, vh, sc, cn, nt, wk->vc, vh, cn, vh, false);
+                for (int64_t i = 0; i < nt; i++)
+                    attend_fold(K, o + (t0 + i) * ldo, wk->oc + i * vh, vh, wk->run + 2 * (t0 + i), wk->ms[2 * i],
+                                wk->ms[2 * i + 1]);
+            }
+        }
+    }
+}
+
 void mla_attention(struct worker *w, struct mla *a, int il) {
     if (token_parallel(w)) {
         mla_attention_tokens(w, a, il);
@@ -240,7 +353,8 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
     const int64_t per = np_max > ATTEND_CHUNK ? 1 : 2;
     const int64_t G1 = w->nth > 1 ? (H < per * w->nth ? H : per * w->nth) : 1; /* one token's */
     int64_t first[ATTEND_SPLIT_TOKENS + 1], hg = 1;
-    const bool split = split_chunks(w, a, G1, first, &hg);
+    const bool dec = dec_pays(s, a); /* a long prompt's keys and values decompressed (dec_head) */
+    const bool split = !dec && split_chunks(w, a, G1, first, &hg);
     const bool fuse = n == 1 && !split && l->wkv_a.mat_bytes * (size_t)w->nth <= l->wkv_a.mat_bytes + wq->mat_bytes;
     if (!fuse) {
         while (fw_rows(w, nq64 + nkv, 64, &r0, &r1)) {
@@ -283,9 +397,16 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
          * the worker reads them as one stream, which the prefetchers follow (one short stream
          * per head, heads dealt out in turn, took half as long again from memory) */
         fw_split(w, n, 1, &r0, &r1);
-        for (int64_t t = r0; t < r1; t++) cache_row(s, a, wk, il, t);
-        fw_split(w, H, 1, &r0, &r1);
-        for (int64_t h = r0; h < r1; h++) q_abs_head(s, a, wk, il, h);
+        for (int64_t t = r0; t < r1; t++) {
+            cache_row(s, a, wk, il, t);
+            if (dec) /* rope(q_pe) of every head in place: q_h = [q_nope ; rope(q_pe)] */
+                K->rope_cached(a->q + t * qrow + nope, H, nope + rope, (int)rope, MOETAX_ROPE_MODE_NORM,
+                               a->ropecs + t * rope);
+        }
+        if (!dec) {
+            fw_split(w, H, 1, &r0, &r1);
+            for (int64_t h = r0; h < r1; h++) q_abs_head(s, a, wk, il, h);
+        }
         fw_phase_end(w);
     }
 
@@ -302,7 +423,10 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
      * any batch of 2+ rows, but one batch row of 512 B - 8 KiB rows takes the decode path's four
      * accumulators (kernels.h, matmul_avx2.c). Each group reads the token's cache rows once: past
      * one chunk of positions (attend.h) one group per worker, else two for balance. */
-    if (split) {
+    if (dec) { /* a head per item, into a->attv */
+        for (int64_t h; (h = fw_chunk(w, H, 1)) >= 0;) dec_head(s, a, wk, il, h);
+        fw_phase_end(w);
+    } else if (split) {
         for (int64_t it; (it = fw_chunk(w, first[n] * hg, 1)) >= 0;) {
             const int64_t ci = it / hg, h0 = H * (it % hg) / hg, h1 = H * (it % hg + 1) / hg;
             int64_t t = 0;
@@ -382,7 +506,8 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
 
 static int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
 
-moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvcache *kv) {
+moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvcache *kv,
+                       enum moetax_attn_prefill prefill) {
     const struct moetax_hparams *hp = &s->m->hp;
     const int64_t U = s->n_ubatch, d = hp->n_embd, H = hp->n_head, nope = hp->n_embd_head_qk_nope;
     const int64_t rope = hp->n_embd_head_qk_rope, vh = hp->n_embd_head_v, kvl = hp->kv_lora_rank;
@@ -392,6 +517,13 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
     a->kv_row = kvl + rope;
     a->f16 = moetax_kvcache_type(kv) == MOETAX_TYPE_F16;
     a->n_threads = s->n_threads;
+    a->dec_mode = prefill;
+    /* the decompressed form: not where the file's k_b / v_b bytes are gone, nor where it cannot
+     * take fewer operations per position (kv_lora no wider than the decompressed heads) */
+    a->dec = prefill != MOETAX_ATTN_PREFILL_ABSORBED && U >= 2 &&
+             (prefill == MOETAX_ATTN_PREFILL_DECOMPRESSED || nope + rope + vh < 2 * kvl + rope);
+    for (int il = 0; a->dec && il < hp->n_layer; il++)
+        a->dec = dec_src(s->K, &s->m->layers[il].wk_b) && dec_src(s->K, &s->m->layers[il].wv_b);
     a->qa = calloc((size_t)(U * max64(ql, 1)), sizeof(float));
     a->q = calloc((size_t)(U * H * (nope + rope)), sizeof(float));
     a->kva = calloc((size_t)(U * a->kv_row), sizeof(float));
@@ -419,6 +551,20 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
         wk->vb = a->f16 ? calloc((size_t)attend_f16_floats(a->kv_row, kvl), sizeof(float)) : NULL;
         wk->at = attend_scratch_at(wk->atbuf, H, kvl, wk->vb);
         ok = wk->f && wk->atbuf && wk->q && wk->row && (!a->f16 || wk->vb);
+        if (ok && a->dec) {
+            const int64_t CH = ATTEND_CHUNK, TL = MLA_DEC_TILE;
+            wk->wkt = malloc(sizeof(float) * (size_t)(nope * kvl));
+            wk->wv = malloc(sizeof(float) * (size_t)(vh * kvl));
+            wk->g = malloc(sizeof(float) * (size_t)(CH * max64(kvl, nope)));
+            wk->kc = malloc(sizeof(float) * (size_t)(CH * (nope + rope)));
+            wk->vc = malloc(sizeof(float) * (size_t)(CH * vh));
+            wk->qt = malloc(sizeof(float) * (size_t)(TL * (nope + rope)));
+            wk->sc = malloc(sizeof(float) * (size_t)(TL * CH));
+            wk->oc = malloc(sizeof(float) * (size_t)(TL * vh));
+            wk->ms = malloc(sizeof(float) * (size_t)(TL * 2));
+            wk->run = malloc(sizeof(float) * (size_t)(U * 2));
+            ok = wk->wkt && wk->wv && wk->g && wk->kc && wk->vc && wk->qt && wk->sc && wk->oc && wk->ms && wk->run;
+        }
     }
     if (!ok) {
         mla_free(a);
@@ -439,6 +585,8 @@ void mla_free(struct mla *a) {
             free(a->wk[i].q);
             free(a->wk[i].row);
             free(a->wk[i].vb);
+            free(a->wk[i].wkt); free(a->wk[i].wv); free(a->wk[i].g); free(a->wk[i].kc); free(a->wk[i].vc);
+            free(a->wk[i].qt); free(a->wk[i].sc); free(a->wk[i].oc); free(a->wk[i].ms); free(a->wk[i].run);
         }
     free(a->wk);
     memset(a, 0, sizeof *a);

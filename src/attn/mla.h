@@ -7,6 +7,11 @@
 #include "model/step.h"
 #include "moetax/kvcache.h"
 
+/* The decompressed prefill (mla.c, dec_head): queries per tile, and the share of the absorbed
+ * form's multiply-adds below which a micro-batch takes it. */
+enum { MLA_DEC_TILE = 16, MLA_DEC_ROWS = 32 };
+#define MLA_DEC_GAIN 0.8
+
 /* per-worker scratch of attention */
 struct mla_worker {
     float *f;  /* [nf] gathered q_nope / a head group's o (one token) / gathered o of a head */
@@ -17,10 +22,23 @@ struct mla_worker {
     size_t nq;
     float *row; /* [kv_row] a cache row before its conversion (F16 cells) */
     float *vb;  /* attend_f16_floats(kv_row, kv_lora): a chunk's cells in float (F16 cells) */
+    /* decompressed prefill (mla.c, dec_head; NULL unless struct mla's dec) */
+    float *wkt;  /* [nope][kv_lora] W_kb[h] transposed */
+    float *wv;   /* [v_head][kv_lora] W_vb[h] */
+    float *g;    /* [ATTEND_CHUNK][max(kv_lora, nope)] a chunk's kv rows (first a weight's row) */
+    float *kc;   /* [ATTEND_CHUNK][nope + rope] its keys */
+    float *vc;   /* [ATTEND_CHUNK][v_head] its values */
+    float *qt;   /* [DEC_TILE][nope + rope] a tile's queries */
+    float *sc;   /* [DEC_TILE][ATTEND_CHUNK] their scores, then probabilities */
+    float *oc;   /* [DEC_TILE][v_head] a later chunk's weighted sums */
+    float *ms;   /* [DEC_TILE][2] the chunk's max and divisor */
+    float *run;  /* [U][2] the running ones */
 };
 
 struct mla {
     struct moetax_kvcache *kv; /* not owned; a cell's row per layer is kv_row floats */
+    enum moetax_attn_prefill dec_mode; /* the context's attn_prefill */
+    bool dec;                  /* a prompt's micro-batch may take the decompressed form (dec_pays) */
     int64_t kv_row;            /* kv_lora + rope */
     bool f16;                  /* the cache's cells are F16 */
     /* micro-batch buffers (U = n_ubatch) */
@@ -42,8 +60,10 @@ struct mla {
 };
 
 /* Buffers for micro-batches of s->n_ubatch tokens over a cache of up to
- * n_cells positions per sequence. */
-moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvcache *kv);
+ * n_cells positions per sequence; prefill: whether a prompt's micro-batches may take the
+ * decompressed form (moetax_ctx_params.attn_prefill). */
+moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvcache *kv,
+                       enum moetax_attn_prefill prefill);
 void mla_free(struct mla *a);
 /* Token t's rope cos/sin for its position s->pos[t] (any worker, own tokens). */
 void mla_rope_token(struct mla *a, const struct fw_step *s, int64_t t);

@@ -285,7 +285,7 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     if (!c) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     c->m = m;
     c->n_ctx = p && p->n_ctx > 0 ? p->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
-    c->n_ubatch = p && p->n_ubatch > 0 ? p->n_ubatch : 64;
+    c->n_ubatch = p && p->n_ubatch > 0 ? p->n_ubatch : MOETAX_UBATCH_DEFAULT;
     if (c->n_ubatch > c->n_ctx) c->n_ubatch = c->n_ctx;
     moetax_status st = MOETAX_OK;
     if (c->n_ctx > (1 << 24)) {
@@ -368,7 +368,7 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     const bool gqa = hp->attn == MOETAX_ATTN_GQA;
     st = moetax_kvcache_init(hp->n_layer, gqa ? gqa_kv_row(hp) : hp->kv_lora_rank + hp->n_embd_head_qk_rope, &kp, &c->kv);
     if (!st) st = fw_step_init(&c->step, m, c->pool, U, incols, max64(incols, ffmax));
-    if (!st) st = gqa ? gqa_init(&c->gqa, &c->step, c->kv) : mla_init(&c->attn, &c->step, c->kv);
+    if (!st) st = gqa ? gqa_init(&c->gqa, &c->step, c->kv) : mla_init(&c->attn, &c->step, c->kv, p ? p->attn_prefill : MOETAX_ATTN_PREFILL_AUTO);
     struct moe_params mp = {.k = (int32_t)k, .store = store, .prefetch = store && !(p && p->no_prefetch),
                             .capacity_factor = p ? p->capacity_factor : 0,
                             .reroute = p && p->overflow == MOETAX_OVERFLOW_REROUTE};
