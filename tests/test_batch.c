@@ -594,6 +594,68 @@ static void nonfinite_logits(const char *src, int64_t which) {
     moetax_model_free(m);
 }
 
+/* ---- MLA prompts with the keys and values decompressed ----------------------------------- */
+
+/* Logits of every position of toks[0..n) in sequences 0 .. n_seqs-1 (all in one batch), by a context
+ * of micro-batches of ub tokens whose prompts take the form f (moetax_ctx_params.attn_prefill). */
+static float *prefill_rows(struct moetax_model *m, enum moetax_attn_prefill f, int threads, int ub,
+                           const int32_t *toks, int n, int n_seqs) {
+    struct moetax_ctx_params p = {.n_ctx = 1024, .n_threads = threads, .n_ubatch = ub, .n_seq_max = NSEQ_MAX,
+                                  .kv_type = g_kv_type, .attn_prefill = f};
+    struct moetax_ctx *c = NULL;
+    moetax_status st = moetax_ctx_init(m, &p, &c);
+    CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+    const int64_t V = m->hp.n_vocab;
+    float *l = malloc(sizeof(float) * (size_t)(n * n_seqs * V));
+    struct moetax_batch b = {0};
+    CHECK(moetax_batch_init(&b, n * n_seqs) == MOETAX_OK);
+    for (int s = 0; s < n_seqs; s++)
+        for (int i = 0; i < n; i++) CHECK(moetax_batch_add(&b, toks[i], i, s, true) == MOETAX_OK);
+    st = c ? moetax_ctx_decode(c, &b) : MOETAX_ERR_ARG;
+    CHECK_MSG(st == MOETAX_OK, "%s", moetax_last_error());
+    for (int i = 0; !st && i < n * n_seqs; i++) memcpy(l + (size_t)i * V, moetax_ctx_logits_ith(c, i), sizeof(float) * (size_t)V);
+    moetax_batch_free(&b);
+    moetax_ctx_free(c);
+    return l;
+}
+
+/* A prompt of 300 tokens in micro-batches of 128 (chunks of 256 positions merged, later
+ * micro-batches over the earlier ones' positions, a last tile of 12 queries), kv_lora 64 against
+ * decompressed heads of 16 + 8 and 16: the decompressed form gives the absorbed form's logits within
+ * float rounding (F32 weights: neither quantizes an activation), not its bits (it ran); auto takes it
+ * for this prompt (DECOMPRESSED's bits) but not for two sequences in one micro-batch (ABSORBED's);
+ * its bits do not depend on the thread count. F16 cells too (g_kv_type). */
+static void mla_prefill_forms(const char *path) {
+    struct moetax_model *m;
+    if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    const int n = 300, V = m->hp.n_vocab;
+    int32_t toks[300];
+    for (int i = 0; i < n; i++) toks[i] = (int32_t)((i * 61 + 5) % V);
+    const int64_t all = (int64_t)n * V;
+    float *ab = prefill_rows(m, MOETAX_ATTN_PREFILL_ABSORBED, 2, 128, toks, n, 1);
+    float *de = prefill_rows(m, MOETAX_ATTN_PREFILL_DECOMPRESSED, 2, 128, toks, n, 1);
+    float *de1 = prefill_rows(m, MOETAX_ATTN_PREFILL_DECOMPRESSED, 1, 128, toks, n, 1);
+    float *au = prefill_rows(m, MOETAX_ATTN_PREFILL_AUTO, 2, 128, toks, n, 1);
+    float *ab2 = prefill_rows(m, MOETAX_ATTN_PREFILL_ABSORBED, 2, 256, toks, 100, 2);
+    float *au2 = prefill_rows(m, MOETAX_ATTN_PREFILL_AUTO, 2, 256, toks, 100, 2);
+    const char *cells = g_kv_type == MOETAX_TYPE_F16 ? "f16" : "f32";
+    /* F16 cells: a float difference of the earlier layers can round a later layer's cell the other way */
+    const float tol = g_kv_type == MOETAX_TYPE_F16 ? 2e-3f : 2e-5f;
+    float mag = 0, diff = 0;
+    for (int64_t i = 0; i < all; i++) mag = fmaxf(mag, fabsf(ab[i])), diff = fmaxf(diff, fabsf(ab[i] - de[i]));
+    CHECK_MSG(diff <= tol * mag, "%s cells: decompressed prefill %g off the absorbed form's logits (max %g)", cells,
+              diff, mag);
+    printf("%s cells: decompressed prefill within %.2g of the absorbed form's logits (max |logit| %.3g)\n", cells, diff,
+           mag);
+    CHECK_MSG(!same(ab, de, all, 0), "%s cells: decompressed prefill has the absorbed form's bits (did it run?)", cells);
+    CHECK_MSG(same(de, de1, all, 0), "%s cells: decompressed prefill differs between 1 and 2 threads", cells);
+    CHECK_MSG(same(au, de, all, 0), "%s cells: auto did not take the decompressed form for one long prompt", cells);
+    CHECK_MSG(same(au2, ab2, 2 * 100 * (int64_t)V, 0), "%s cells: auto took the decompressed form for two sequences",
+              cells);
+    free(ab); free(de); free(de1); free(au); free(ab2); free(au2);
+    moetax_model_free(m);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     kvcache_ops();
@@ -625,6 +687,15 @@ int main(int argc, char **argv) {
     capacity(q8);
     f16_cells(q8);
     adapt_threads_same(q8);
+    {
+        char wide[512];
+        snprintf(wide, sizeof wide, "%s", tu_path("batch_tiny_kvl64_f32.gguf"));
+        CHECK_EQ_INT(gen("--preset tiny --kv-lora 64 --ctx 1024 --seed 31", wide), 0);
+        mla_prefill_forms(wide);
+        g_kv_type = MOETAX_TYPE_F16;
+        mla_prefill_forms(wide);
+        g_kv_type = MOETAX_TYPE_F32;
+    }
     nonfinite_logits(f32, -1); /* the last block */
     nonfinite_logits(f32, 3);  /* the first */
     char q8l[512], q3l[512];

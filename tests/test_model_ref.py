@@ -68,22 +68,26 @@ LOOSE = 1.0           # sanity bound for the float-activation comparison
 from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
 
 
-def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8):
+def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8, prefill="absorbed"):
     path = os.path.join(work, f"ref_{name}_{wtype}.gguf")
-    subprocess.run([moetax, "gen"] + gen_args + ["--type", wtype, "-o", path], check=True, capture_output=True)
-    out = os.path.join(work, f"ref_{name}_{wtype}.f32")
+    if not os.path.exists(path):
+        subprocess.run([moetax, "gen"] + gen_args + ["--type", wtype, "-o", path], check=True, capture_output=True)
+    out = os.path.join(work, f"ref_{name}_{wtype}_{prefill}.f32")
     r = subprocess.run([moetax, "eval", "-m", path, "--tokens", ",".join(map(str, prompt)), "--decode", str(n_decode),
-                        "--out", out], check=True, capture_output=True, text=True)
+                        "--out", out, "--mla-prefill", prefill], check=True, capture_output=True, text=True)
     greedy = [int(x) for x in r.stdout.split(":")[1].split()]
     ours = np.fromfile(out, dtype=np.float32)
     tokens = prompt + greedy
     n_rows = len(prompt) + n_decode
     quant = wtype in QUANT
-    tag = f"{name:10s} {wtype:5s}"
+    tag = f"{name:10s} {wtype:5s}" + (f" {prefill}" if prefill != "absorbed" else "")
 
     arch = gen_args[gen_args.index("--arch") + 1] if "--arch" in gen_args else "deepseek2"
     ref_mod = REF[arch]
-    model = ref_mod.Model(path)
+    # the decompressed prefill (every micro-batch of the prompt: eval's micro-batches hold 512 tokens, these
+    # prompts' last one 2 or more) keeps attn_k_b's and attn_v_b's inputs in float
+    dec = {"decompressed": len(prompt)} if prefill == "decompressed" and arch == "deepseek2" else {}
+    model = ref_mod.Model(path, **dec)
     ref = model.forward(tokens)[:n_rows]
     ours = ours.reshape(ref.shape)
     if quant:   # float activations: informational, sanity bound only
@@ -92,7 +96,7 @@ def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8):
         agree = float(np.mean(np.argmax(ours, axis=1) == np.argmax(ref, axis=1)))
         print(f"{tag} float act (info): rel {err / mag:.2e}  argmax agree {agree:.0%}")
         check(err <= LOOSE * mag, f"{name} {wtype}: float-activation rel error {err / mag:.3g} > {LOOSE}")
-        model = ref_mod.Model(path, act_quant=True)
+        model = ref_mod.Model(path, act_quant=True, **dec)
         ref = model.forward(tokens)[:n_rows]
 
     mag = float(np.abs(ref).max())
@@ -149,6 +153,9 @@ def main():
     for name, args in variants:
         for wtype in ("f32", "f16", "bf16", "q8_0", "q4_0", "q5_0", "q4_1", "q5_1", "iq4_nl"):
             compare(moetax, work, name, args, wtype, prompt)
+        # the prompt with each head's keys and values decompressed (src/attn/mla.c, dec_head)
+        for wtype in ("f32", "q8_0", "q4_0"):
+            compare(moetax, work, name, args, wtype, prompt, prefill="decompressed")
     # wide Q4_0 (the AVX2 kernels read it with 8 rows interleaved, a matrix's last rows % 8 rows as
     # stored): d 288 (9 blocks), expert F 320 (10), dense ff 544 (17), kv_lora 256 (8); plain and fused
     # gate_up / merged kv_b; and matrices whose row counts leave a plain tail: kv_a 36 rows (rope 4),
@@ -161,6 +168,7 @@ def main():
                        ("v3-groups-layout", groups + ["--fused-gate-up", "--kv-b-merged", "--seed", "12"]),
                        ("v3-odd-rows", odd + ["--seed", "13"])]:
         compare(moetax, work, name, args, "q4_0", prompt)
+        compare(moetax, work, name, args, "q4_0", prompt, prefill="decompressed")
     # qwen3moe: GQA 2:1 (tiny), 4:1 with wider heads, and a prompt over two KV cache blocks
     q3 = ["--arch", "qwen3moe", "--preset", "tiny"]
     q3_wide = q3 + ["--embd", "128", "--heads", "8", "--heads-kv", "2", "--head-dim", "32", "--experts", "16",
@@ -204,6 +212,10 @@ def main():
                               ("q3-ctx", q3 + ["--ctx", "1024", "--seed", "22"], ("f32",))]:
         for wtype in types:
             compare(moetax, work, name, args, wtype, ctx_prompt)
+    # decompressed over 600 positions: a second micro-batch (512 + 88 tokens) over the first's positions,
+    # chunks merged, a last tile of 8 queries
+    compare(moetax, work, "v2-ctx", ["--preset", "tiny", "--ctx", "1024", "--seed", "21"], "f32", ctx_prompt,
+            prefill="decompressed")
     return summary()
 
 

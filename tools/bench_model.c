@@ -49,7 +49,7 @@ static void usage(FILE *f) {
                "                 above 1.1 it is a measurement error: null, with paired_ratio_raw and\n"
                "                 paired_ratio_error (the table prints 'error (...)'); --batch: bandwidth_ratio alike\n"
                "  --no-mem       skip the read-bandwidth probe (no roofline ratio)\n"
-               CLI_CACHE_TYPE_HELP
+               CLI_CACHE_TYPE_HELP CLI_MLA_PREFILL_HELP
                CLI_CONFIG_HELP
                "  --adapt-threads  run each step on all -t threads or half of them, whichever measures faster\n"
                "                 (a machine busy with other work; ppN/tgN tests)\n"
@@ -105,6 +105,7 @@ struct opts {
     bool adapt_threads;  /* --adapt-threads */
     enum moetax_type expert_type; /* --expert-type: routed experts re-quantized at load */
     enum moetax_type kv_type; /* --cache-type */
+    enum moetax_attn_prefill prefill; /* --mla-prefill */
     const int32_t *text;      /* -f TEXT: the tests' tokens, fresh text each repetition (NULL: pseudo-random ids) */
     int64_t n_text;
 };
@@ -166,7 +167,8 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     for (int64_t i = 0; i < max_tok + D; i++)
         toks[i] = o->text ? o->text[i % o->n_text] : (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(max_tok + D) + 1, .pool = pool, .n_expert_used = o->experts_used,
-                                   .kv_type = o->kv_type, .adapt_threads = o->adapt_threads};
+                                   .kv_type = o->kv_type, .adapt_threads = o->adapt_threads,
+                                   .attn_prefill = o->prefill};
     uint64_t budget = 0;
     if (o->budget) {
         if (!cli_store_parse_budget(o->budget, moetax_model_store_bytes_all(m), &budget)) {
@@ -561,6 +563,7 @@ int bench_model_main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-mmap")) o.no_mmap = true;
         else if (!strcmp(argv[i], "--adapt-threads")) o.adapt_threads = true;
         else if (cli_cache_type_opt("bench", argc, argv, &i, &o.kv_type, &err)) { if (err) return 2; }
+        else if (cli_mla_prefill_opt("bench", argc, argv, &i, &o.prefill, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, NULL, "--experts-used", &v, &err)) {
             if (err || !cli_parse_experts_used(v, &o.experts_used))
                 return cli_usage_error("bench", "--experts-used needs a count in 1..256");

@@ -253,6 +253,20 @@ bool cli_cache_type_opt(const char *cmd, int argc, char **argv, int *i, enum moe
     return true;
 }
 
+bool cli_mla_prefill_opt(const char *cmd, int argc, char **argv, int *i, enum moetax_attn_prefill *mode, bool *err) {
+    const char *v = NULL;
+    if (!cli_opt(argc, argv, i, NULL, "--mla-prefill", &v, err)) return false;
+    if (*err) return true;
+    if (!strcmp(v, "auto")) *mode = MOETAX_ATTN_PREFILL_AUTO;
+    else if (!strcmp(v, "absorbed")) *mode = MOETAX_ATTN_PREFILL_ABSORBED;
+    else if (!strcmp(v, "decompressed")) *mode = MOETAX_ATTN_PREFILL_DECOMPRESSED;
+    else {
+        cli_usage_error(cmd, "--mla-prefill: '%s': expected auto, absorbed or decompressed", v);
+        *err = true;
+    }
+    return true;
+}
+
 moetax_status cli_check_outputs(const char *const *paths, int n) {
     for (int k = 0; k < n; k++) {
         if (!paths[k]) continue;

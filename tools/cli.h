@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "moetax/status.h"
+#include "moetax/model.h"
 #include "moetax/types.h"
 
 /* Print "moetax <cmd>: <last error>" (or msg) to stderr; return 1 (for main). */
@@ -73,6 +74,16 @@ bool cli_cache_type_opt(const char *cmd, int argc, char **argv, int *i, enum moe
 #define CLI_CACHE_TYPE_HELP \
     "  --cache-type f32|f16 KV cache cells (default f32; f16 halves the cache, llama.cpp's default; the\n" \
     "                       logits then differ from an f32 cache's by rounding)\n"
+/* --mla-prefill auto|absorbed|decompressed: true if argv[*i] is it; a bad value prints a usage
+ * error for cmd and sets *err. */
+bool cli_mla_prefill_opt(const char *cmd, int argc, char **argv, int *i, enum moetax_attn_prefill *mode, bool *err);
+#define CLI_MLA_PREFILL_HELP \
+    "  --mla-prefill M      DeepSeek2 prompts: absorbed (default: attention over the compressed cache\n" \
+    "                       rows, as decode: the same bits however a prompt is cut into micro-batches\n" \
+    "                       or batched), auto (each head's keys and values decompressed where that takes\n" \
+    "                       fewer operations, as llama.cpp does: long prompts faster, their logits then\n" \
+    "                       depend in the last bits on the cut) or decompressed (every micro-batch of 2+\n" \
+    "                       tokens of one sequence)\n"
 #define CLI_MAX_INPUT_HELP \
     "  --max-input-bytes N  read at most N bytes of text (default 256M; sizes like 64K, 1G): a longer\n" \
     "                       input (or a device such as /dev/zero) is refused\n"

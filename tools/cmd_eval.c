@@ -22,7 +22,7 @@ static void usage(FILE *f) {
                "  --no-mmap       copy the weights into private memory (2 MiB pages) instead of reading the mapping\n"
                "  --expert-type T routed experts re-quantized in memory at load (q8_0, q4_0, ...), the rest as stored\n"
                "  --check-finite  check every hidden state after each layer (a NaN or inf names the layer)\n"
-               CLI_CACHE_TYPE_HELP);
+               CLI_CACHE_TYPE_HELP CLI_MLA_PREFILL_HELP);
 }
 
 int cmd_eval(int argc, char **argv) {
@@ -30,6 +30,7 @@ int cmd_eval(int argc, char **argv) {
     struct moetax_model_params mp = {0};
     bool check_finite = false; /* --check-finite */
     enum moetax_type kv_type = MOETAX_TYPE_F32; /* --cache-type */
+    enum moetax_attn_prefill prefill = MOETAX_ATTN_PREFILL_ABSORBED; /* --mla-prefill */
     int64_t n_decode = 0, n_threads = 0, ubatch = 0;
     bool step = false, routing = false;
     for (int i = 1; i < argc; i++) {
@@ -56,6 +57,7 @@ int cmd_eval(int argc, char **argv) {
         }
         else if (!strcmp(argv[i], "--check-finite")) check_finite = true;
         else if (cli_cache_type_opt("eval", argc, argv, &i, &kv_type, &err)) { if (err) return 2; }
+        else if (cli_mla_prefill_opt("eval", argc, argv, &i, &prefill, &err)) { if (err) return 2; }
         else return cli_usage_error("eval", "unknown option '%s'", argv[i]);
     }
     if (!model) return cli_usage_error("eval", "no model given (-m FILE)");
@@ -71,7 +73,7 @@ int cmd_eval(int argc, char **argv) {
     struct moetax_model *m;
     st = moetax_model_load_ex(model, &mp, &m);
     if (st) return cli_fail("eval", st);
-    struct moetax_ctx_params cp = {.check_finite = check_finite, .kv_type = kv_type, .n_ctx = (int32_t)(n + n_decode + 1), .n_threads = (int32_t)n_threads,
+    struct moetax_ctx_params cp = {.check_finite = check_finite, .kv_type = kv_type, .attn_prefill = prefill, .n_ctx = (int32_t)(n + n_decode + 1), .n_threads = (int32_t)n_threads,
                                    .n_ubatch = (int32_t)ubatch};
     struct moetax_ctx *c;
     if ((st = moetax_ctx_init(m, &cp, &c))) { moetax_model_free(m); return cli_fail("eval", st); }

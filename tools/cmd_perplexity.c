@@ -49,7 +49,7 @@ static void usage(FILE *f) {
                "  --no-mmap    copy the weights into private memory of 2 MiB pages (see 'moetax bench')\n"
                "  --check-finite  check every hidden state after each layer (a NaN or inf names the layer)\n"
                "  --json       print the result as one JSON object on stdout\n"
-               CLI_CACHE_TYPE_HELP
+               CLI_CACHE_TYPE_HELP CLI_MLA_PREFILL_HELP
                CLI_CONFIG_HELP
                CLI_MAX_INPUT_HELP
                "               (per file)\n"
@@ -178,6 +178,7 @@ int cmd_perplexity(int argc, char **argv) {
     struct moetax_model_params mp = {0};
     bool check_finite = false; /* --check-finite */
     enum moetax_type kv_type = MOETAX_TYPE_F32; /* --cache-type */
+    enum moetax_attn_prefill prefill = MOETAX_ATTN_PREFILL_ABSORBED; /* --mla-prefill */
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool per_file = false, json = false;
     double capf = 0;
@@ -230,6 +231,7 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
         else if (!strcmp(argv[i], "--check-finite")) check_finite = true;
         else if (cli_cache_type_opt("perplexity", argc, argv, &i, &kv_type, &err)) { if (err) return 2; }
+        else if (cli_mla_prefill_opt("perplexity", argc, argv, &i, &prefill, &err)) { if (err) return 2; }
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (cli_max_input_opt("perplexity", argc, argv, &i, &max_input, &err)) { if (err) return 2; }
         else return cli_usage_error("perplexity", "unknown option '%s'", argv[i]);
@@ -292,7 +294,7 @@ int cmd_perplexity(int argc, char **argv) {
     }
     if (to_score == 0) { st = moetax_error(MOETAX_ERR_ARG, "%s: no file has two or more tokens to score", input); goto done; }
     const int64_t bs = MOETAX_KV_BLOCK_DEFAULT;
-    struct moetax_ctx_params cp = {.check_finite = check_finite, .kv_type = kv_type, .n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads,
+    struct moetax_ctx_params cp = {.check_finite = check_finite, .kv_type = kv_type, .attn_prefill = prefill, .n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads,
                                    .n_expert_used = k_ctx, .capacity_factor = (float)capf, .overflow = overflow,
                                    .n_ubatch = (int32_t)ubatch};
     if (parallel) { /* B windows at once, one token of each per micro-batch unless --ubatch says */

@@ -58,7 +58,7 @@ static void usage(FILE *f) {
             "                       deepseek2, deepseek3, ...) instead of detecting the model's\n"
             "  --json               print the final statistics as one JSON object on stdout (the only thing on\n"
             "                       stdout: the prompt and the text go to stderr)\n"
-            CLI_CACHE_TYPE_HELP
+            CLI_CACHE_TYPE_HELP CLI_MLA_PREFILL_HELP
             CLI_CONFIG_HELP
             CLI_MAX_INPUT_HELP
             "%s%s", cli_ledger_help(), cli_store_help());
@@ -86,6 +86,7 @@ int cmd_run(int argc, char **argv) {
     bool check_finite = false; /* --check-finite */
     bool adapt = false;        /* --adapt-threads */
     enum moetax_type kv_type = MOETAX_TYPE_F32; /* --cache-type */
+    enum moetax_attn_prefill prefill = MOETAX_ATTN_PREFILL_ABSORBED; /* --mla-prefill */
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool ignore_eos = false, echo = true, json = false;
     bool chat = false;                               /* --chat */
@@ -146,6 +147,7 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(argv[i], "--adapt-threads")) adapt = true;
         else if (!strcmp(argv[i], "--check-finite")) check_finite = true;
         else if (cli_cache_type_opt("run", argc, argv, &i, &kv_type, &err)) { if (err) return 2; }
+        else if (cli_mla_prefill_opt("run", argc, argv, &i, &prefill, &err)) { if (err) return 2; }
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (cli_max_input_opt("run", argc, argv, &i, &max_input, &err)) { if (err) return 2; }
         else return cli_usage_error("run", "unknown option '%s'", argv[i]);
@@ -215,7 +217,7 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
     if ((st = moetax_sampler_init(&sp, m->hp.n_vocab, &smp))) goto done;
-    struct moetax_ctx_params cp = {.check_finite = check_finite, .kv_type = kv_type, .n_ctx = (int32_t)n_ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx,
+    struct moetax_ctx_params cp = {.check_finite = check_finite, .kv_type = kv_type, .attn_prefill = prefill, .n_ctx = (int32_t)n_ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx,
                                    .adapt_threads = adapt};
     if (so.budgets) {
         uint64_t budget;

@@ -123,7 +123,7 @@ static void usage(FILE *f) {
             "                         instead of detecting it from tokenizer.chat_template\n"
             "  --capacity-factor C    cap each expert at ceil(C x tokens x k / E) assignments per step (off by\n"
             "                         default); --overflow drop|reroute\n"
-            CLI_CACHE_TYPE_HELP
+            CLI_CACHE_TYPE_HELP CLI_MLA_PREFILL_HELP
             CLI_CONFIG_HELP
             "%s"
             "A request's prompt + max_tokens must fit min(-c, the model's context length) positions (else 400).\n"
@@ -150,6 +150,7 @@ int cmd_serve(int argc, char **argv) {
     int k_ctx = 0;
     bool no_mmap = false, no_reuse = false;
     enum moetax_type kv_type = MOETAX_TYPE_F32;
+    enum moetax_attn_prefill prefill = MOETAX_ATTN_PREFILL_ABSORBED; /* --mla-prefill */
     double capf = 0;
     enum moetax_overflow overflow = MOETAX_OVERFLOW_DROP;
     struct cli_store_opts so = {0};
@@ -215,6 +216,7 @@ int cmd_serve(int argc, char **argv) {
             overflow = strcmp(v, "drop") ? MOETAX_OVERFLOW_REROUTE : MOETAX_OVERFLOW_DROP;
         }
         else if (cli_cache_type_opt("serve", argc, argv, &i, &kv_type, &err)) { if (err) return 2; }
+        else if (cli_mla_prefill_opt("serve", argc, argv, &i, &prefill, &err)) { if (err) return 2; }
         else if (cli_store_opt(argc, argv, &i, &so, &err)) { if (err) return 2; }
         else if (cli_flag(argv, i, NULL, "--no-mmap")) no_mmap = true;
         else if (cli_flag(argv, i, NULL, "--no-prefix-reuse")) no_reuse = true;
@@ -287,7 +289,7 @@ int cmd_serve(int argc, char **argv) {
                                   .n_ctx = n_ctx ? n_ctx : parallel * (per_seq + MOETAX_KV_BLOCK_DEFAULT),
                                   .n_threads = (int)n_threads, .n_expert_used = k_ctx, .max_queue = (int)max_queue,
                                   .prefill_chunk = (int)chunk, .no_prefix_reuse = no_reuse, .adapt_threads = adapt, .store = store,
-                                  .n_ubatch_store = store_ub, .no_prefetch = so.no_prefetch, .kv_type = kv_type,
+                                  .n_ubatch_store = store_ub, .no_prefetch = so.no_prefetch, .kv_type = kv_type, .attn_prefill = prefill,
                                   .capacity_factor = (float)capf, .overflow = overflow};
     if (sp.n_ctx > INT32_MAX) { st = moetax_error(MOETAX_ERR_ARG, "-c: too many cells"); goto done; }
     if ((st = srv_specials_load(m->gguf, &specials))) goto done;

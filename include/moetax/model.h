@@ -269,13 +269,15 @@ enum moetax_overflow { MOETAX_OVERFLOW_DROP = 0, MOETAX_OVERFLOW_REROUTE = 1 };
 #define MOETAX_UBATCH_DEFAULT 512
 
 /* How MLA (DeepSeek2) attends in a micro-batch of one sequence's prompt tokens. The absorbed
- * form works on the compressed cache rows; the decompressed one first makes each head's keys and
- * values of every position (llama.cpp's and ik_llama.cpp's way for prompts), fewer operations
- * once a micro-batch holds enough tokens. The same mathematics, other float sums: with it a
- * prompt's logits depend in the last bits on how the prompt is cut into micro-batches. */
+ * form works on the compressed cache rows, as decode does: a prompt's logits are then the same
+ * bits however it is cut into micro-batches, batched with other sequences or fed token by token.
+ * The decompressed form first makes each head's keys and values of every position (llama.cpp's
+ * and ik_llama.cpp's way for prompts): fewer operations once a micro-batch holds enough tokens of
+ * a long prompt, the same mathematics with other float sums (and no quantized activations in the
+ * attention), so those bits then depend on how the prompt is cut. */
 enum moetax_attn_prefill {
-    MOETAX_ATTN_PREFILL_AUTO = 0,     /* decompressed where it takes fewer multiply-adds (the default) */
-    MOETAX_ATTN_PREFILL_ABSORBED,     /* always absorbed: results independent of the cut */
+    MOETAX_ATTN_PREFILL_ABSORBED = 0, /* always absorbed (the default) */
+    MOETAX_ATTN_PREFILL_AUTO,         /* decompressed where it takes fewer operations */
     MOETAX_ATTN_PREFILL_DECOMPRESSED, /* every micro-batch of 2+ tokens of one sequence (tests) */
 };
 

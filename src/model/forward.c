@@ -368,7 +368,8 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     const bool gqa = hp->attn == MOETAX_ATTN_GQA;
     st = moetax_kvcache_init(hp->n_layer, gqa ? gqa_kv_row(hp) : hp->kv_lora_rank + hp->n_embd_head_qk_rope, &kp, &c->kv);
     if (!st) st = fw_step_init(&c->step, m, c->pool, U, incols, max64(incols, ffmax));
-    if (!st) st = gqa ? gqa_init(&c->gqa, &c->step, c->kv) : mla_init(&c->attn, &c->step, c->kv, p ? p->attn_prefill : MOETAX_ATTN_PREFILL_AUTO);
+    if (!st) st = gqa ? gqa_init(&c->gqa, &c->step, c->kv) : mla_init(&c->attn, &c->step, c->kv,
+                                                                          p ? p->attn_prefill : MOETAX_ATTN_PREFILL_ABSORBED);
     struct moe_params mp = {.k = (int32_t)k, .store = store, .prefetch = store && !(p && p->no_prefetch),
                             .capacity_factor = p ? p->capacity_factor : 0,
                             .reroute = p && p->overflow == MOETAX_OVERFLOW_REROUTE};

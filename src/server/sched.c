@@ -882,7 +882,7 @@ static moetax_status sched_init(const struct srv_sched_params *p, struct srv_sch
                                    .n_expert_used = p->n_expert_used, .n_ubatch = ub, .store = p->store,
                                    .no_prefetch = p->no_prefetch, .kv_type = p->kv_type,
                                    .capacity_factor = p->capacity_factor, .overflow = p->overflow,
-                                   .adapt_threads = p->adapt_threads};
+                                   .adapt_threads = p->adapt_threads, .attn_prefill = p->attn_prefill};
     moetax_status st;
     if (!(s->ring = calloc(TAX_RING, sizeof *s->ring))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto fail; }
     s->t_start = srv_now_s();

@@ -126,6 +126,7 @@ struct srv_sched_params {
     bool adapt_threads;                    /* moetax_ctx_params.adapt_threads */
     struct moetax_store *store;            /* optional expert store (not owned; opened for n_ubatch_store) */
     int n_ubatch_store;                    /* the micro-batch the store was fitted to */
+    enum moetax_attn_prefill attn_prefill; /* moetax_ctx_params' */
     bool no_prefetch;                      /* with a store: no early reads */
     enum moetax_type kv_type;              /* KV cells: f32 (0) or f16 */
     float capacity_factor;                 /* 0: off */

@@ -73,7 +73,10 @@ Implements /work/shared/docs/GGUF-MOE.md with llama.cpp's deepseek2 graph semant
   same way.
 
 Python API
-  m = Model(path, dtype=np.float64, expert_cache_mb=1024, act_quant=False)
+  m = Model(path, dtype=np.float64, expert_cache_mb=1024, act_quant=False, decompressed=0)
+                               decompressed=n: positions < n as moetax's prefill with the keys and
+                               values decompressed (--mla-prefill decompressed) computes them: the
+                               same mathematics, with attn_k_b's and attn_v_b's inputs not quantized
   m.cfg                        dict of the hyper-parameters used (incl. kq_scale, rope params)
   m.forward(tokens)            -> ndarray [len(tokens), n_vocab] (float64), positions 0..n-1
   m.reset(); m.step(token)     -> ndarray [n_vocab] logits at the next position (KV cache)
@@ -357,9 +360,10 @@ def moe_forward(h, gate_inp, get_expert, probs_b, cfg, shared=None, aq=None):
 class Model:
     QTIE_RECORD = 1e-6
 
-    def __init__(self, path, dtype=np.float64, expert_cache_mb=1024, act_quant=False):
+    def __init__(self, path, dtype=np.float64, expert_cache_mb=1024, act_quant=False, decompressed=0):
         self.path = path
         self.act_quant = bool(act_quant)
+        self.decompressed = int(decompressed)
         self.qflip = set()
         self.r = GGUFReader(path)
         self.dtype = dtype
@@ -511,6 +515,16 @@ class Model:
             return deq
         return x
 
+    def _aq_part(self, x, wtype, fl):
+        """_aq of the rows not in the mask fl (T,); those in it stay as they are."""
+        if not fl.any():
+            return self._aq(x, wtype)
+        out = np.array(x, copy=True)
+        idx = np.flatnonzero(~fl)
+        if idx.size:
+            out[idx] = self._aq(x[idx], wtype, rows=idx)
+        return out
+
     # ---- weight access ----
     def _w(self, name):
         return self.r.tensor(name).astype(self.dtype)
@@ -583,7 +597,9 @@ class Model:
         self.cache[il] = np.concatenate([self.cache[il], np.concatenate([kv, k_pe], axis=1)], axis=0)
         K = self.cache[il]                                        # (P, kvl + rot)
         P = K.shape[0]
-        q_abs = np.einsum("hcn,thn->thc", lw["k_b"], aq(q_nope, wt["k_b"]))      # (T, H, kvl)
+        # positions < self.decompressed: moetax's decompressed prefill, whose k_b / v_b inputs stay float
+        fl = np.asarray(positions) < self.decompressed
+        q_abs = np.einsum("hcn,thn->thc", lw["k_b"], self._aq_part(q_nope, wt["k_b"], fl))  # (T, H, kvl)
         Q = np.concatenate([q_abs, q_pe], axis=2)                 # (T, H, kvl + rot)
         scores = np.einsum("thc,pc->thp", Q, K) * c["kq_scale"]   # (T, H, P)
         pos_k = np.arange(P)
@@ -591,7 +607,7 @@ class Model:
         scores = np.where(mask[:, None, :], -np.inf, scores)
         pr = softmax(scores, axis=-1)
         o = np.einsum("thp,pc->thc", pr, K[:, :kvl])              # (T, H, kvl)
-        out = np.einsum("hvc,thc->thv", lw["v_b"], aq(o, wt["v_b"])).reshape(T, H * vh)
+        out = np.einsum("hvc,thc->thv", lw["v_b"], self._aq_part(o, wt["v_b"], fl)).reshape(T, H * vh)
         return aq(out, wt["o"]) @ lw["o"].T
 
     def _dense_ffn(self, il, h):
