@@ -115,6 +115,15 @@ def main():
     check(a.returncode == 0, f"run: rc {a.returncode}: {a.stderr}")
     check(a.stdout.startswith("def main(self):"), "run echoes the prompt")
     check(a.stdout == b.stdout, "greedy output is the same with 1 and 2 threads")
+    # --mla-prefill: each form runs (a prompt of 2+ tokens decompressed), a bad one is a usage error
+    for f in ("absorbed", "auto", "decompressed"):
+        r = run([mt, "run", "-m", model, "-p", "def main(self):", "-n", "4", "--temp", "0", "--ignore-eos",
+                 "--mla-prefill", f])
+        check(r.returncode == 0 and r.stdout.startswith("def main(self):"), f"run --mla-prefill {f}: {r.stderr[-300:]}")
+    for cmd in (["run", "-p", "x"], ["bench"], ["eval", "--tokens", "1,2"], ["perplexity", "-f", model], ["serve"]):
+        r = run([mt] + cmd[:1] + ["-m", model] + cmd[1:] + ["--mla-prefill", "fast"])
+        check(r.returncode == 2 and "--mla-prefill: 'fast': expected auto, absorbed or decompressed" in r.stderr,
+              f"{cmd[0]} --mla-prefill fast: rc {r.returncode}: {r.stderr[-300:]}")
     # the streaming matmul (a model larger than the last-level cache) gives the same bits as the cached one
     for v in ("0", "1"):
         c = run([mt, "run", "-m", model, "-p", "def main(self):", "-n", "16", "--temp", "0", "--ignore-eos", "-t", "2"],

@@ -231,20 +231,26 @@ static const void *dec_src(const struct moetax_kernels *K, const struct moetax_w
     return K->weights_repacked && K->weights_repacked(w->type) ? NULL : w->data;
 }
 
-/* Whether this micro-batch takes the decompressed form: one sequence's consecutive positions
- * and fewer multiply-adds (see above). */
-static bool dec_pays(const struct fw_step *s, const struct mla *a) {
+/* Whether this micro-batch takes the decompressed form: one sequence's consecutive positions,
+ * and less time by the two forms' multiply-adds: per (head, query, position) 2 kv_lora + rope
+ * against nope + rope + v_head, all on float tiles; per head the absorbed form's W_kb and W_vb
+ * products for each query against the decompression's for each position, which run on float tiles
+ * too while the absorbed form's run on the integer ones where those weights are quantized
+ * (MLA_DEC_INT_SPEED times the multiply-adds a second). */
+static bool dec_pays(const struct fw_step *s, const struct mla *a, int il) {
     if (!a->dec || s->n < 2) return false;
     for (int64_t t = 1; t < s->n; t++)
         if (s->seq[t] != s->seq[0] || s->pos[t] != s->pos[0] + t) return false;
     if (a->dec_mode == MOETAX_ATTN_PREFILL_DECOMPRESSED) return true;
     const struct moetax_hparams *hp = &s->m->hp;
+    const struct moetax_layer *l = &s->m->layers[il];
     const double n = (double)s->n, N = (double)s->pos[0] + n, pairs = n * ((double)s->pos[0] + (n + 1) / 2);
     const double kvl = (double)hp->kv_lora_rank, nope = (double)hp->n_embd_head_qk_nope;
     const double rope = (double)hp->n_embd_head_qk_rope, vh = (double)hp->n_embd_head_v;
-    const double absorbed = pairs * (2 * kvl + rope) + n * (nope + vh) * kvl;
+    const bool fl = l->wk_b.type == MOETAX_TYPE_F32 || l->wk_b.type == MOETAX_TYPE_F16 || l->wk_b.type == MOETAX_TYPE_BF16;
+    const double absorbed = pairs * (2 * kvl + rope) + n * (nope + vh) * kvl / (fl ? 1.0 : MLA_DEC_INT_SPEED);
     const double decompressed = pairs * (nope + rope + vh) + N * (nope + vh) * kvl;
-    return decompressed < MLA_DEC_GAIN * absorbed;
+    return decompressed < absorbed;
 }
 
 /* Head h of the micro-batch (dec_pays) into a->attv. */
@@ -269,25 +275,25 @@ static void dec_head(const struct fw_step *s, struct mla *a, struct mla_worker *
     const int64_t ldo = H * vh;
     for (int64_t c0 = 0; c0 < N; c0 += ATTEND_CHUNK) {
         const int64_t cn = N - c0 < ATTEND_CHUNK ? N - c0 : ATTEND_CHUNK;
-        /* the chunk's kv rows into g [cn][kvl], its k_pe into kc's last rope columns */
-        for (int64_t j = 0; j < cn; j++) {
-            const int64_t p = c0 + j;
-            const void *row = (const char *)moetax_kvcache_block_rows(a->kv, il, blk[p / bs]) +
-                              (size_t)(p % bs * kvr) * (a->f16 ? sizeof(uint16_t) : sizeof(float));
-            if (a->f16) {
-                K->fp16_to_fp32(row, wk->g + j * kvl, kvl);
-                K->fp16_to_fp32((const uint16_t *)row + kvl, wk->kc + j * kr + nope, rope);
-            } else {
-                memcpy(wk->g + j * kvl, row, sizeof(float) * (size_t)kvl);
-                memcpy(wk->kc + j * kr + nope, (const float *)row + kvl, sizeof(float) * (size_t)rope);
-            }
-        }
-        for (int64_t j0 = 0; j0 < cn; j0 += MLA_DEC_ROWS) { /* batches whose rows the kernels pack once */
+        /* the chunk's keys and values, MLA_DEC_ROWS positions at a time (their kv rows gathered into
+         * g, k_pe into kc's last rope columns): what a worker touches stays within its L2 */
+        for (int64_t j0 = 0; j0 < cn; j0 += MLA_DEC_ROWS) {
             const int64_t nj = cn - j0 < MLA_DEC_ROWS ? cn - j0 : MLA_DEC_ROWS;
-            K->matmul(MOETAX_TYPE_F32, wk->wkt, sizeof(float) * (size_t)kvl, 0, nope, kvl, wk->g + j0 * kvl, nj,
-                      wk->kc + j0 * kr, kr);
-            K->matmul(MOETAX_TYPE_F32, wk->wv, sizeof(float) * (size_t)kvl, 0, vh, kvl, wk->g + j0 * kvl, nj,
-                      wk->vc + j0 * vh, vh);
+            for (int64_t j = j0; j < j0 + nj; j++) {
+                const int64_t p = c0 + j;
+                const void *row = (const char *)moetax_kvcache_block_rows(a->kv, il, blk[p / bs]) +
+                                  (size_t)(p % bs * kvr) * (a->f16 ? sizeof(uint16_t) : sizeof(float));
+                float *g = wk->g + (j - j0) * kvl;
+                if (a->f16) {
+                    K->fp16_to_fp32(row, g, kvl);
+                    K->fp16_to_fp32((const uint16_t *)row + kvl, wk->kc + j * kr + nope, rope);
+                } else {
+                    memcpy(g, row, sizeof(float) * (size_t)kvl);
+                    memcpy(wk->kc + j * kr + nope, (const float *)row + kvl, sizeof(float) * (size_t)rope);
+                }
+            }
+            K->matmul(MOETAX_TYPE_F32, wk->wkt, sizeof(float) * (size_t)kvl, 0, nope, kvl, wk->g, nj, wk->kc + j0 * kr, kr);
+            K->matmul(MOETAX_TYPE_F32, wk->wv, sizeof(float) * (size_t)kvl, 0, vh, kvl, wk->g, nj, wk->vc + j0 * vh, vh);
         }
         /* the queries at or past c0, in tiles */
         for (int64_t t0 = c0 > p0 ? c0 - p0 : 0; t0 < n; t0 += MLA_DEC_TILE) {
@@ -353,7 +359,7 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
     const int64_t per = np_max > ATTEND_CHUNK ? 1 : 2;
     const int64_t G1 = w->nth > 1 ? (H < per * w->nth ? H : per * w->nth) : 1; /* one token's */
     int64_t first[ATTEND_SPLIT_TOKENS + 1], hg = 1;
-    const bool dec = dec_pays(s, a); /* a long prompt's keys and values decompressed (dec_head) */
+    const bool dec = dec_pays(s, a, il); /* a long prompt's keys and values decompressed (dec_head) */
     const bool split = !dec && split_chunks(w, a, G1, first, &hg);
     const bool fuse = n == 1 && !split && l->wkv_a.mat_bytes * (size_t)w->nth <= l->wkv_a.mat_bytes + wq->mat_bytes;
     if (!fuse) {
@@ -555,7 +561,7 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
             const int64_t CH = ATTEND_CHUNK, TL = MLA_DEC_TILE;
             wk->wkt = malloc(sizeof(float) * (size_t)(nope * kvl));
             wk->wv = malloc(sizeof(float) * (size_t)(vh * kvl));
-            wk->g = malloc(sizeof(float) * (size_t)(CH * max64(kvl, nope)));
+            wk->g = malloc(sizeof(float) * (size_t)(MLA_DEC_ROWS * max64(kvl, nope)));
             wk->kc = malloc(sizeof(float) * (size_t)(CH * (nope + rope)));
             wk->vc = malloc(sizeof(float) * (size_t)(CH * vh));
             wk->qt = malloc(sizeof(float) * (size_t)(TL * (nope + rope)));

@@ -7,10 +7,11 @@
 #include "model/step.h"
 #include "moetax/kvcache.h"
 
-/* The decompressed prefill (mla.c, dec_head): queries per tile, and the share of the absorbed
- * form's multiply-adds below which a micro-batch takes it. */
-enum { MLA_DEC_TILE = 16, MLA_DEC_ROWS = 32 };
-#define MLA_DEC_GAIN 0.8
+/* The decompressed prefill (mla.c, dec_head): queries per tile, positions per decompression
+ * call (its rows packed once by the float tiles), and how many times as many multiply-adds a
+ * second the integer tiles make as the float ones (dec_pays' model). */
+enum { MLA_DEC_TILE = 16, MLA_DEC_ROWS = 64 };
+#define MLA_DEC_INT_SPEED 3.0
 
 /* per-worker scratch of attention */
 struct mla_worker {
@@ -25,7 +26,7 @@ struct mla_worker {
     /* decompressed prefill (mla.c, dec_head; NULL unless struct mla's dec) */
     float *wkt;  /* [nope][kv_lora] W_kb[h] transposed */
     float *wv;   /* [v_head][kv_lora] W_vb[h] */
-    float *g;    /* [ATTEND_CHUNK][max(kv_lora, nope)] a chunk's kv rows (first a weight's row) */
+    float *g;    /* [MLA_DEC_ROWS][max(kv_lora, nope)] kv rows of a chunk's positions (first a weight's row) */
     float *kc;   /* [ATTEND_CHUNK][nope + rope] its keys */
     float *vc;   /* [ATTEND_CHUNK][v_head] its values */
     float *qt;   /* [DEC_TILE][nope + rope] a tile's queries */
