@@ -114,6 +114,29 @@ static void one(const struct moetax_kernels *K, bool f16, int32_t bs, const stru
                   f16 ? "f16" : "f32", bs, (long long)np, (long long)lo, (long long)(nh - lo), (long long)nh);
         free(o2);
     }
+    /* a prompt's tile: tokens at the last nt positions (crossing a chunk's end where np is just past
+     * one), each token's heads the bits of attend_heads for it alone */
+    if (nh >= 2) {
+        const int64_t nt = np < 7 ? np : 7;
+        int64_t tnp[7];
+        float *qt = malloc(sizeof(float) * (size_t)(nt * nh * ly->k_cols));
+        for (int64_t i = 0; i < nt * nh * ly->k_cols; i++) qt[i] = tu_rand_normal(&r);
+        for (int64_t i = 0; i < nt; i++) tnp[i] = np - nt + 1 + i;
+        float *tb = malloc(sizeof(float) * (size_t)attend_tile_floats(nt * nh, ly->v_cols));
+        const struct attend_tile_scratch tw = attend_tile_at(tb, nt * nh, ly->v_cols, f16 ? vb : NULL);
+        const int64_t ldt = nh * ldo + 5; /* a token's stride wider than its heads */
+        float *ot = malloc(sizeof(float) * (size_t)(nt * ldt)), *oh = malloc(sizeof(float) * (size_t)(nh * ldo));
+        attend_tile(K, &src, qt, nh, tnp, nt, kq_scale, ot, ldt, ldo, &tw);
+        bool sg = true;
+        for (int64_t i = 0; i < nt; i++) {
+            attend_heads(K, &src, qt + i * nh * ly->k_cols, nh, tnp[i], kq_scale, oh, ldo, &w);
+            for (int64_t h = 0; h < nh; h++)
+                sg &= !memcmp(ot + i * ldt + h * ldo, oh + h * ldo, sizeof(float) * (size_t)ly->v_cols);
+        }
+        CHECK_MSG(sg, "%s %s bs %d np %lld nh %lld: a tile of %lld tokens differs from each token alone", K->name,
+                  f16 ? "f16" : "f32", bs, (long long)np, (long long)nh, (long long)nt);
+        free(qt), free(tb), free(ot), free(oh);
+    }
     free(s), free(o), free(vb), free(buf), free(q), free(cell), free(seq), free(pos);
     moetax_kvcache_free(kv);
 }

@@ -70,8 +70,7 @@ from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
 
 def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8, prefill="absorbed"):
     path = os.path.join(work, f"ref_{name}_{wtype}.gguf")
-    if not os.path.exists(path):
-        subprocess.run([moetax, "gen"] + gen_args + ["--type", wtype, "-o", path], check=True, capture_output=True)
+    subprocess.run([moetax, "gen"] + gen_args + ["--type", wtype, "-o", path], check=True, capture_output=True)
     out = os.path.join(work, f"ref_{name}_{wtype}_{prefill}.f32")
     r = subprocess.run([moetax, "eval", "-m", path, "--tokens", ",".join(map(str, prompt)), "--decode", str(n_decode),
                         "--out", out, "--mla-prefill", prefill], check=True, capture_output=True, text=True)

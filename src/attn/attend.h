@@ -67,6 +67,41 @@ void attend_chunk(const struct moetax_kernels *K, const struct attend_src *src, 
  * the running max and divisor run[0], run[1] (the merge above). */
 void attend_fold(const struct moetax_kernels *K, float *o, const float *oc, int64_t n, float *run, float m, float l);
 
+/* A tile of nt tokens of one sequence (a prompt's), token i over positions 0 .. np[i]-1 (np
+ * ascending), each with nh >= 2 query heads (token i's head h at q + (i * nh + h) * k_cols), into
+ * o (token i's head h at o + i * ldo_t + h * ldo): per chunk of positions the rows are read (F16
+ * cells: converted) once for all of the tile's tokens, the scores one matmul with the tokens' heads
+ * as its batch, the weighted sums one chain for the tokens that see the whole chunk and one per
+ * token for those that see part of it; per token and head the same calls on the same values as
+ * attend_heads for its heads alone, so the same bits (the F32/F16 matmul's per-output chain is one
+ * for every batch of 2+ rows up to rows of ATTEND_TILE_MAX_COLS; wsum's per row). */
+enum { ATTEND_TILE_ROWS = 64, ATTEND_TILE_MAX_COLS = 1024 };
+/* Tokens per tile for nh heads a token. */
+static inline int64_t attend_tile_tokens(int64_t nh) { return nh >= ATTEND_TILE_ROWS ? 1 : ATTEND_TILE_ROWS / nh; }
+/* A worker's scratch for a tile of up to nq = tokens x heads rows (attend_tile_floats). */
+struct attend_tile_scratch {
+    float *sc;  /* [nq][ATTEND_CHUNK] */
+    float *oc;  /* [nq][v_cols] a later chunk's weighted sums */
+    float *ot;  /* [nq][v_cols] the tile's outputs */
+    float *ms;  /* [nq][2] a chunk's max and divisor */
+    float *run; /* [nq][2] the running ones */
+    float *fb;  /* F16 cells: attend_f16_floats; else NULL */
+};
+/* A micro-batch's tokens cut into tiles: runs of tokens of one sequence at consecutive positions,
+ * in pieces of at most tq, tile k = tokens start[k] .. start[k+1]-1 (start: n + 1 entries);
+ * returns the tiles. */
+int64_t attend_tiles(const int32_t *seq, const int32_t *pos, int64_t n, int64_t tq, int64_t *start);
+/* attend_tiles with the most tokens a tile of nh heads takes (attend_tile_tokens), halved while the
+ * tiles times per_tile items are fewer than two per worker; returns the tiles, or 0 where they
+ * would all be single tokens (attend_heads then). */
+int64_t attend_tiles_for(const int32_t *seq, const int32_t *pos, int64_t n, int64_t nh, int64_t per_tile, int nth,
+                         int64_t *start);
+int64_t attend_tile_floats(int64_t nq, int64_t v_cols);
+struct attend_tile_scratch attend_tile_at(float *buf, int64_t nq, int64_t v_cols, float *fb);
+void attend_tile(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
+                 const int64_t *np, int64_t nt, float kq_scale, float *o, int64_t ldo_t, int64_t ldo,
+                 const struct attend_tile_scratch *w);
+
 /* Chunks made apart (attend_chunk) for a micro-batch's tokens at positions pos[0 .. n): first[t]
  * (t <= n) the chunks before token t's, counted in token order; returns the most chunks of one
  * token. */

@@ -181,8 +181,9 @@ void gqa_attention(struct worker *w, struct gqa *a, int il) {
     const int64_t S1 = w->nth > 1 && Hkv < 2 * w->nth
                            ? ((2 * w->nth + Hkv - 1) / Hkv < r ? (2 * w->nth + Hkv - 1) / Hkv : r)
                            : 1; /* one token's; the bits stay only if its parts hold 2+ heads (mla.c) */
-    int64_t first[ATTEND_SPLIT_TOKENS + 1];
+    int64_t first[ATTEND_SPLIT_TOKENS + 1], ntiles;
     const bool split = split_chunks(w, a, S1, r, first);
+    const int64_t S = Hkv * n >= 2 * w->nth && (S1 == 1 || r / S1 >= 2) ? 1 : S1; /* phase 4's parts */
     const bool fuse = n == 1 && !split && hp->qk_norm != MOETAX_QK_NORM_FULL &&
                       kv_bytes * (size_t)w->nth <= kv_bytes + l->wq.mat_bytes;
     struct gqa_worker *wk = &a->wk[w->ith];
@@ -249,8 +250,31 @@ void gqa_attention(struct worker *w, struct gqa *a, int il) {
                              a->attv + (t * H + h) * hv);
         }
         fw_phase_end(w);
+    } else if (r / S >= 2 && (ntiles = attend_tiles_for(s->seq, s->pos, n, r, Hkv, w->nth, wk->start)) > 0) {
+        /* a prompt's tokens in tiles (attend_tile): per (tile, KV head) each chunk's rows read once
+         * for the tile's tokens, the same bits as a token's heads alone (only where the per-token
+         * items below hold 2+ heads: a head alone takes the one-row matmul's bits) */
+        const int64_t hv = hp->n_embd_head_v;
+        for (int64_t it; (it = fw_chunk(w, ntiles * Hkv, 1)) >= 0;) {
+            const int64_t k = it / Hkv, g = it % Hkv, t0 = wk->start[k], nt = wk->start[k + 1] - t0;
+            if (nt == 1) {
+                attend(s, a, wk, il, t0, g, g * r, (g + 1) * r);
+                continue;
+            }
+            int64_t np[ATTEND_TILE_ROWS];
+            for (int64_t i = 0; i < nt; i++) {
+                np[i] = s->pos[t0 + i] + 1;
+                memcpy(wk->tq + i * r * hk, a->q + ((t0 + i) * H + g * r) * hk, sizeof(float) * (size_t)(r * hk));
+            }
+            int32_t nblk;
+            const struct attend_src src = {.kv = a->kv, .layer = il, .blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t0], &nblk),
+                                           .f16 = a->f16, .kvr = kvr, .k_off = g * hk, .k_cols = hk,
+                                           .v_off = Hkv * hk + g * hv, .v_cols = hv};
+            attend_tile(s->K, &src, wk->tq, r, np, nt, hp->kq_scale, a->attv + (t0 * H + g * r) * hv, H * hv, hv,
+                        &wk->tile);
+        }
+        fw_phase_end(w);
     } else {
-        const int64_t S = Hkv * n >= 2 * w->nth && (S1 == 1 || r / S1 >= 2) ? 1 : S1;
         for (int64_t it; (it = fw_chunk(w, n * Hkv * S, 1)) >= 0;) {
             const int64_t t = it / (Hkv * S), g = it / S % Hkv, part = it % S;
             const int64_t h0 = g * r + r * part / S, h1 = g * r + r * (part + 1) / S;
@@ -337,7 +361,12 @@ moetax_status gqa_init(struct gqa *a, const struct fw_step *s, struct moetax_kvc
         wk->row = calloc((size_t)a->kv_row, sizeof(float));
         wk->vb = a->f16 ? calloc((size_t)attend_f16_floats(hp->n_embd_head_k, hv), sizeof(float)) : NULL;
         wk->at = attend_scratch_at(wk->sc, H, hv, wk->vb);
-        ok = wk->sc && wk->row && (!a->f16 || wk->vb);
+        const int64_t r = H / hp->n_head_kv, nq = r > ATTEND_TILE_ROWS ? r : ATTEND_TILE_ROWS;
+        wk->tbuf = malloc(sizeof(float) * (size_t)attend_tile_floats(nq, hv));
+        wk->tile = attend_tile_at(wk->tbuf, nq, hv, wk->vb);
+        wk->tq = malloc(sizeof(float) * (size_t)(nq * hk));
+        wk->start = malloc(sizeof(int64_t) * (size_t)(U + 1));
+        ok = wk->sc && wk->row && (!a->f16 || wk->vb) && wk->tbuf && wk->tq && wk->start;
     }
     if (!ok) {
         gqa_free(a);
@@ -353,6 +382,9 @@ void gqa_free(struct gqa *a) {
             free(a->wk[i].sc);
             free(a->wk[i].row);
             free(a->wk[i].vb);
+            free(a->wk[i].tbuf);
+            free(a->wk[i].tq);
+            free(a->wk[i].start);
         }
     free(a->wk);
     memset(a, 0, sizeof *a);

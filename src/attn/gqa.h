@@ -13,6 +13,11 @@ struct gqa_worker {
     float *row; /* [kv_row] a cache row before its conversion (F16 cells) */
     float *vb;  /* attend_f16_floats(hk, hv): a chunk's K and V of one KV head in float (F16 cells) */
     struct attend_scratch at;
+    /* a prompt's tiles (gqa.c, phase 4; attend_tile) */
+    float *tbuf;               /* attend_tile_floats(nq, hv), nq = max(ATTEND_TILE_ROWS, r) rows */
+    struct attend_tile_scratch tile;
+    float *tq;                 /* [nq][hk] a tile's queries of one KV head */
+    int64_t *start;            /* [U + 1] the micro-batch's tiles (attend_tiles) */
 };
 
 struct gqa {

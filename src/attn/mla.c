@@ -464,7 +464,26 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
     } else {
         const int64_t G = n >= 2 * w->nth && H / G1 >= 2 ? 1 : G1;
         float *o1 = wk->f; /* [heads of a group][kvl] (one token; q_abs_head's gather is done with wk->f by then) */
-        for (int64_t it; (it = fw_chunk(w, n * G, 1)) >= 0;) {
+        /* (only where the per-token items hold 2+ heads: a head alone takes the one-row matmul's bits) */
+        const int64_t ntiles = n > 1 && H / G >= 2 ? attend_tiles_for(s->seq, s->pos, n, H, 1, w->nth, wk->start) : 0;
+        /* a prompt's tokens in tiles of all heads (attend_tile): each chunk's rows read once for the
+         * tile's tokens, the same bits as each token's heads alone */
+        for (int64_t it; ntiles && (it = fw_chunk(w, ntiles, 1)) >= 0;) {
+            const int64_t t0 = wk->start[it], nt = wk->start[it + 1] - t0;
+            if (nt == 1) {
+                attend(s, a, wk, il, t0, 0, H, a->oatt + t0 * H * kvl);
+                continue;
+            }
+            int64_t np[ATTEND_TILE_ROWS];
+            for (int64_t i = 0; i < nt; i++) np[i] = s->pos[t0 + i] + 1;
+            int32_t nblk;
+            const struct attend_src src = {.kv = a->kv, .layer = il, .blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t0], &nblk),
+                                           .f16 = a->f16, .kvr = a->kv_row, .k_off = 0, .k_cols = a->kv_row, .v_off = 0,
+                                           .v_cols = kvl};
+            attend_tile(K, &src, a->qabs + t0 * H * a->kv_row, H, np, nt, hp->kq_scale, a->oatt + t0 * H * kvl, H * kvl,
+                        kvl, &wk->tile);
+        }
+        for (int64_t it; !ntiles && (it = fw_chunk(w, n * G, 1)) >= 0;) {
             int64_t t = it / G, g = it % G;
             int64_t h0 = H * g / G, h1 = H * (g + 1) / G;
             if (fuse)
@@ -556,7 +575,11 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
         wk->row = calloc((size_t)a->kv_row, sizeof(float));
         wk->vb = a->f16 ? calloc((size_t)attend_f16_floats(a->kv_row, kvl), sizeof(float)) : NULL;
         wk->at = attend_scratch_at(wk->atbuf, H, kvl, wk->vb);
-        ok = wk->f && wk->atbuf && wk->q && wk->row && (!a->f16 || wk->vb);
+        const int64_t tnq = H > ATTEND_TILE_ROWS ? H : ATTEND_TILE_ROWS;
+        wk->tbuf = malloc(sizeof(float) * (size_t)attend_tile_floats(tnq, kvl));
+        wk->tile = attend_tile_at(wk->tbuf, tnq, kvl, wk->vb);
+        wk->start = malloc(sizeof(int64_t) * (size_t)(U + 1));
+        ok = wk->f && wk->atbuf && wk->q && wk->row && (!a->f16 || wk->vb) && wk->tbuf && wk->start;
         if (ok && a->dec) {
             const int64_t CH = ATTEND_CHUNK, TL = MLA_DEC_TILE;
             wk->wkt = malloc(sizeof(float) * (size_t)(nope * kvl));
@@ -591,6 +614,8 @@ void mla_free(struct mla *a) {
             free(a->wk[i].q);
             free(a->wk[i].row);
             free(a->wk[i].vb);
+            free(a->wk[i].tbuf);
+            free(a->wk[i].start);
             free(a->wk[i].wkt); free(a->wk[i].wv); free(a->wk[i].g); free(a->wk[i].kc); free(a->wk[i].vc);
             free(a->wk[i].qt); free(a->wk[i].sc); free(a->wk[i].oc); free(a->wk[i].ms); free(a->wk[i].run);
         }

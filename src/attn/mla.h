@@ -23,6 +23,10 @@ struct mla_worker {
     size_t nq;
     float *row; /* [kv_row] a cache row before its conversion (F16 cells) */
     float *vb;  /* attend_f16_floats(kv_row, kv_lora): a chunk's cells in float (F16 cells) */
+    /* a prompt's tiles in the absorbed form (mla.c, phase 4; attend_tile) */
+    float *tbuf;               /* attend_tile_floats(max(ATTEND_TILE_ROWS, n_head), kv_lora) */
+    struct attend_tile_scratch tile;
+    int64_t *start;            /* [U + 1] the micro-batch's tiles (attend_tiles) */
     /* decompressed prefill (mla.c, dec_head; NULL unless struct mla's dec) */
     float *wkt;  /* [nope][kv_lora] W_kb[h] transposed */
     float *wv;   /* [v_head][kv_lora] W_vb[h] */
