@@ -7,7 +7,9 @@
  * order and interleaved with another's, F32 and F16 cells, keys and values at offsets of the row (GQA's layout) or overlapping (MLA's); and a head's bits do not
  * depend on the group of heads it is computed in (two or more: MLA's decode splits the heads into
  * one group per worker, or two, and a batch takes them all), with rows of 576 bytes, where one
- * batch row would take the F32 matmul's decode path and other bits. */
+ * batch row would take the F32 matmul's decode path and other bits; and a prompt's tile of tokens
+ * (attend_tile, some of them seeing part of the last chunk) gives each token the bits of its heads
+ * alone. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
