@@ -239,6 +239,23 @@ def test_concurrent(s, refs):
     s.cells_back("prefix reuse")
 
 
+def test_lone_prompt(s):
+    """A prompt alone (no sequence decoding) is prefilled in one step of up to a micro-batch (512), not in
+    --prefill-chunk (64) pieces: with max_tokens 1 the request is one step, of all its prompt tokens."""
+    s.cells_back("before the lone prompt")
+    prompt = "".join(f"def lone_{i}(x):\n    return x * {i} + {i * 7}\n\n" for i in range(12))
+    m0 = s.metrics()
+    st, _, j = s.post("/v1/completions", {"prompt": prompt, "max_tokens": 1, "temperature": 0})
+    m1 = s.metrics()
+    n = j["usage"]["prompt_tokens"] if st == 200 and j else -1
+    steps = m1["moetax_steps_total"] - m0["moetax_steps_total"]
+    reused = m1["moetax_prompt_tokens_reused_total"] - m0["moetax_prompt_tokens_reused_total"]  # an idle slot's prefix
+    check(st == 200 and 64 < n - reused <= 256 and steps == 1 and m1["moetax_batch_tokens"] == n - reused,
+          f"a lone prompt of {n} tokens ({reused:.0f} reused): {steps:.0f} step(s), the last of "
+          f"{m1['moetax_batch_tokens']:.0f} tokens")
+    s.cells_back("after the lone prompt")
+
+
 def test_pacing(s):
     """8 streams at once on the default --stream-interval (5 ms): each waits 5 ms x 8/2 between events
     (/metrics says so while they run, and each stream's events with text keep to it, with room for
@@ -765,7 +782,7 @@ def main():
     s = Server("--parallel", "8", "--max-body", "64K")
     try:
         for name, fn in [("basic", lambda: test_basic(s, refs)), ("concurrent", lambda: test_concurrent(s, refs)),
-                         ("pacing", lambda: test_pacing(s)),
+                         ("pacing", lambda: test_pacing(s)), ("lone prompt", lambda: test_lone_prompt(s)),
                          ("stop", lambda: test_stop(s, refs)), ("errors", lambda: test_errors(s)),
                          ("disconnect", lambda: test_disconnect(s)), ("curl", lambda: test_curl(s, refs)),
                          ("idle+slow", lambda: test_idle_and_slow(s, refs)), ("wrk", lambda: test_wrk(s)),

@@ -212,6 +212,7 @@ struct srv_sched {
     struct moetax_ledger *led;
     struct slot *slots;
     int64_t max_seq, blocks_all, bs;
+    int64_t lone_chunk;        /* prompt tokens of a step with no sequence decoding (srv_sched_new) */
     struct moetax_batch batch;
     double sched_s; /* srv_metrics.sched_s (the scheduler's thread only) */
     uint64_t admit_counter;
@@ -699,8 +700,9 @@ static bool step_run(struct srv_sched *s) {
         seqs++;
         n_decode++;
     }
-    /* prompt chunks, in admission order, at most prefill_chunk tokens in all */
-    int64_t budget = s->p.prefill_chunk;
+    /* prompt chunks, in admission order, at most prefill_chunk tokens in all while sequences decode;
+     * with none decoding there is no step to keep short: a micro-batch's worth */
+    int64_t budget = n_decode ? s->p.prefill_chunk : s->lone_chunk;
     while (budget > 0) {
         int pick = -1;
         for (int i = 0; i < N; i++) {
@@ -876,8 +878,9 @@ static moetax_status sched_init(const struct srv_sched_params *p, struct srv_sch
     pthread_mutex_init(&s->mmu, NULL);
     const int N = p->n_parallel;
     int ub = N + p->prefill_chunk;
-    ub = ub < 64 ? 64 : ub > 512 ? 512 : ub; /* a step in one micro-batch */
+    ub = ub < MOETAX_UBATCH_DEFAULT ? MOETAX_UBATCH_DEFAULT : ub > 512 ? 512 : ub; /* a step in one micro-batch */
     if (p->store && ub > p->n_ubatch_store) ub = p->n_ubatch_store; /* every expert a micro-batch pins fits */
+    s->lone_chunk = ub > p->prefill_chunk ? ub : p->prefill_chunk; /* prompt tokens of a step with none decoding */
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)p->n_ctx, .n_seq_max = N, .n_threads = p->n_threads,
                                    .n_expert_used = p->n_expert_used, .n_ubatch = ub, .store = p->store,
                                    .no_prefetch = p->no_prefetch, .kv_type = p->kv_type,
@@ -903,7 +906,7 @@ static moetax_status sched_init(const struct srv_sched_params *p, struct srv_sch
                                       .window = 256};
     if ((st = moetax_ledger_init(&lp, &s->led))) goto fail;
     moetax_ctx_set_ledger(s->ctx, s->led);
-    if ((st = moetax_batch_init(&s->batch, N + p->prefill_chunk))) goto fail;
+    if ((st = moetax_batch_init(&s->batch, N + s->lone_chunk))) goto fail;
     if (!(s->slots = calloc((size_t)N, sizeof *s->slots))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto fail; }
     for (int i = 0; i < N; i++)
         if (!(s->slots[i].toks = malloc(sizeof(int32_t) * (size_t)(s->max_seq + 1)))) {

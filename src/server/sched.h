@@ -22,6 +22,9 @@
  *     2. builds one batch: one token of every decoding sequence, then at most
  *        prefill_chunk prompt tokens of the sequences still prefilling (in
  *        admission order), so a long prompt does not stall the decoding ones;
+ *        with no sequence decoding, up to a micro-batch's (the context's
+ *        n_ubatch: 512, or the expert store's), so a prompt alone is not cut
+ *        into steps of prefill_chunk;
  *     3. decodes it, samples the sequences whose prompt is done, applies the
  *        stop strings (text that might be the start of a stop string, or of a
  *        UTF-8 character, is held back until it is not), publishes the text.
@@ -121,7 +124,7 @@ struct srv_sched_params {
     int n_threads;                         /* 0: online CPUs */
     int n_expert_used;                     /* 0: the model's */
     int max_queue;                         /* requests waiting beyond the free slots before 503 */
-    int prefill_chunk;                     /* prompt tokens per step, all sequences together */
+    int prefill_chunk;                     /* prompt tokens per step, all sequences together, while any decodes */
     bool no_prefix_reuse;                  /* free a finished sequence's cells at once */
     bool adapt_threads;                    /* moetax_ctx_params.adapt_threads */
     struct moetax_store *store;            /* optional expert store (not owned; opened for n_ubatch_store) */
