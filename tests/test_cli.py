@@ -282,6 +282,18 @@ def main():
         json.dump({"moetax_config": 1, "expert_budget": "100%"}, f)
     r = run([mt, "bench", "-m", model, "--config", cfg, "-p", "8", "-n", "0", "-r", "1", "--no-mem"])
     check(r.returncode == 0 and "pp8" in r.stdout, f"bench --config (a budget) -p 8 -n 0: {r.stderr[-300:]}")
+    # a config's mla_prefill is the default of --mla-prefill; a bad one names the file and the key
+    with open(cfg, "w") as f:
+        json.dump({"moetax_config": 1, "mla_prefill": "decompressed"}, f)
+    args = ["run", "-m", model, "-p", "def main(self): return self.x + 1", "-n", "8", "--temp", "0", "--ignore-eos"]
+    a_ = run([mt] + args + ["--config", cfg])
+    b_ = run([mt] + args + ["--mla-prefill", "decompressed"])
+    check(a_.returncode == 0 and a_.stdout == b_.stdout, f"run --config (mla_prefill): {a_.stderr[-300:]}")
+    with open(cfg, "w") as f:
+        json.dump({"moetax_config": 1, "mla_prefill": "fast"}, f)
+    r = run([mt] + args + ["--config", cfg])
+    check(r.returncode == 2 and "mla_prefill" in r.stderr and "cli_budget_cfg.json" in r.stderr,
+          f"a config's mla_prefill 'fast': rc {r.returncode}: {r.stderr[-300:]}")
     r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "1K"])
     check(r.returncode == 1 and "give at least" in r.stderr, f"tiny budget: {r.stderr}")
     # a budget in % is a share of the slots every expert needs (each slot the largest expert as aligned

@@ -535,7 +535,7 @@ int bench_model_main(int argc, char **argv) {
     if (cfg.loaded) {
         if (cfg.threads) th[0] = cfg.threads, nth = 1;
         o.experts_used = o.so.n_expert_used = o.lo.n_expert_used = cfg.experts_used;
-        o.no_mmap = cfg.no_mmap, o.kv_type = cfg.cache_type;
+        o.no_mmap = cfg.no_mmap, o.kv_type = cfg.cache_type, o.prefill = cfg.mla_prefill;
         bo.capacity_factor = (float)cfg.capacity_factor, bo.overflow = cfg.overflow;
         cli_config_store(&cfg, &o.so);
     }

@@ -191,6 +191,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (cli_config_scan(argc, argv, &cfg)) return cli_usage_error("perplexity", "%s", moetax_last_error());
     if (cfg.loaded) {
         n_threads = cfg.threads, k_ctx = cfg.experts_used, mp.no_mmap = cfg.no_mmap, kv_type = cfg.cache_type;
+        prefill = cfg.mla_prefill;
         capf = cfg.capacity_factor, overflow = cfg.overflow;
     }
     mp.expert_type = cfg.expert_type; /* --expert-type or the file's */

@@ -101,6 +101,7 @@ int cmd_run(int argc, char **argv) {
     if (cli_config_scan(argc, argv, &cfg)) return cli_usage_error("run", "%s", moetax_last_error());
     if (cfg.loaded) {
         n_threads = cfg.threads, k_ctx = cfg.experts_used, mp.no_mmap = cfg.no_mmap, kv_type = cfg.cache_type;
+        prefill = cfg.mla_prefill;
         cli_config_store(&cfg, &so);
     }
     mp.expert_type = cfg.expert_type; /* --expert-type or the file's */

@@ -159,6 +159,7 @@ int cmd_serve(int argc, char **argv) {
     if (cli_config_scan(argc, argv, &cfg)) return cli_usage_error("serve", "%s", moetax_last_error());
     if (cfg.loaded) {
         n_threads = cfg.threads, k_ctx = cfg.experts_used, no_mmap = cfg.no_mmap, kv_type = cfg.cache_type;
+        prefill = cfg.mla_prefill;
         capf = cfg.capacity_factor, overflow = cfg.overflow;
         cli_config_store(&cfg, &so);
     }

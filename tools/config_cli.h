@@ -5,7 +5,8 @@
  * File (JSON): {"moetax_config": 1, "threads": int, "experts_used": int,
  *   "capacity_factor": number (0: off), "overflow": "drop"|"reroute", "no_mmap": bool,
  *   "cache_type": "f32"|"f16", "expert_budget": str|null, "policy": str|null,
- *   "no_prefetch": bool, "expert_type": "q8_0"|"q4_0"|...|null, ...} - every key optional;
+ *   "no_prefetch": bool, "expert_type": "q8_0"|"q4_0"|...|null,
+ *   "mla_prefill": "absorbed"|"auto"|"decompressed", ...} - every key optional;
  *   unknown keys are ignored (tune writes its measurements beside them).
  *
  * `--expert-type TYPE` (routed experts re-quantized in memory at load, the rest as stored:
@@ -28,6 +29,7 @@ struct cli_config {
     enum moetax_overflow overflow;
     bool no_mmap, no_prefetch;
     enum moetax_type cache_type;
+    enum moetax_attn_prefill mla_prefill; /* --mla-prefill (0: absorbed) */
     char expert_budget[64];  /* "" : none */
     char policy[16];         /* "" : not set */
     enum moetax_type expert_type; /* MOETAX_EXPERT_TYPE_AS_STORED: not set (file or --expert-type) */
