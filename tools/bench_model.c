@@ -414,6 +414,13 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                     : o->no_mmap      ? " (the rest in 4 KiB pages: is transparent huge page support off?)"
                                       : " (the rest in 4 KiB pages, which stream slower: the file's pages sat in the "
                                         "page cache in small folios; --no-mmap copies the weights into 2 MiB pages)");
+        const struct moetax_hparams *hp = &m->hp;
+        bool prompts = false;
+        for (int i = 0; i < o->npp; i++) prompts |= o->pp[i] > 1;
+        if (hp->attn == MOETAX_ATTN_MLA && prompts && o->prefill == MOETAX_ATTN_PREFILL_ABSORBED &&
+            hp->n_embd_head_qk_nope + hp->n_embd_head_v < 2 * hp->kv_lora_rank) /* mla.c, dec_pays */
+            fprintf(stderr, "  prompts: MLA in the absorbed form (--mla-prefill auto decompresses a long prompt's keys "
+                            "and values: fewer operations, other last bits)\n");
     }
     if (!st && write_outputs) st = cli_ledger_outputs(led, m, path, &o->lo, store, 0);
 done:

@@ -236,7 +236,8 @@ static const void *dec_src(const struct moetax_kernels *K, const struct moetax_w
  * against nope + rope + v_head, all on float tiles; per head the absorbed form's W_kb and W_vb
  * products for each query against the decompression's for each position, which run on float tiles
  * too while the absorbed form's run on the integer ones where those weights are quantized
- * (MLA_DEC_INT_SPEED times the multiply-adds a second). */
+ * (MLA_DEC_INT_SPEED times the multiply-adds a second); and by a margin (MLA_DEC_MARGIN) for what
+ * this count leaves out: each head's weights made float, the gathers, the merges. */
 static bool dec_pays(const struct fw_step *s, const struct mla *a, int il) {
     if (!a->dec || s->n < 2) return false;
     for (int64_t t = 1; t < s->n; t++)
@@ -250,7 +251,7 @@ static bool dec_pays(const struct fw_step *s, const struct mla *a, int il) {
     const bool fl = l->wk_b.type == MOETAX_TYPE_F32 || l->wk_b.type == MOETAX_TYPE_F16 || l->wk_b.type == MOETAX_TYPE_BF16;
     const double absorbed = pairs * (2 * kvl + rope) + n * (nope + vh) * kvl / (fl ? 1.0 : MLA_DEC_INT_SPEED);
     const double decompressed = pairs * (nope + rope + vh) + N * (nope + vh) * kvl;
-    return decompressed < absorbed;
+    return decompressed < MLA_DEC_MARGIN * absorbed;
 }
 
 /* Head h of the micro-batch (dec_pays) into a->attv. */

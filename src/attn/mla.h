@@ -12,6 +12,9 @@
  * second the integer tiles make as the float ones (dec_pays' model). */
 enum { MLA_DEC_TILE = 16, MLA_DEC_ROWS = 64 };
 #define MLA_DEC_INT_SPEED 3.0
+/* The decompressed form when its multiply-adds are below this share of the absorbed form's (at 0.8, the
+ * V2-Lite shape's forms ran alike, at 0.73 the trained default model's absorbed form was faster). */
+#define MLA_DEC_MARGIN 0.7
 
 /* per-worker scratch of attention */
 struct mla_worker {
