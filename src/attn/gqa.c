@@ -18,7 +18,9 @@
  * positions, where a KV head's query heads would be cut into parts, split over the chunks
  * instead (split_chunks; no fusion, a phase to merge them). A batch of one token per sequence
  * in a model that stays in the caches goes token-parallel instead (gqa_attention_tokens), with
- * one barrier.
+ * one barrier. A prompt's tokens of one sequence attend in tiles (attend_tile: per tile of
+ * tokens and KV head, a chunk's rows read, and F16 cells converted, once for the tile; the
+ * same bits as each token alone).
  *
  * The cache is paged (moetax/kvcache.h): a token attends over its own sequence's blocks in
  * chunks of a fixed number of positions (attend.h): the scores of each block are one matmul

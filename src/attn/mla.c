@@ -21,7 +21,12 @@
  * chunks, 4b their merge per head and W_vb; no fusion.
  * A batch of one token per sequence in a model that stays in the caches goes
  * token-parallel instead (mla_attention_tokens): each worker runs all of these
- * steps for its own tokens, and only the end is a barrier.
+ * steps for its own tokens, and only the end is a barrier. A prompt's tokens of
+ * one sequence attend in tiles in phase 4 (attend_tile: a chunk's rows read once
+ * for several tokens, the same bits). With MOETAX_ATTN_PREFILL_AUTO/DECOMPRESSED a
+ * prompt's micro-batch of one sequence may take the decompressed form instead
+ * (dec_pays, dec_head below): phase 3 then ropes q_pe in place and makes no
+ * q_abs, phase 4 is one item per head into the heads' outputs, and there is no 4b.
  *
  * The cache is paged (moetax/kvcache.h): token t of sequence s at position p
  * writes its row into s's block for p and attends over s's positions 0..p in
