@@ -297,7 +297,7 @@ int cmd_perplexity(int argc, char **argv) {
     const int64_t bs = MOETAX_KV_BLOCK_DEFAULT;
     struct moetax_ctx_params cp = {.check_finite = check_finite, .kv_type = kv_type, .attn_prefill = prefill, .n_ctx = (int32_t)ctx, .n_threads = (int32_t)n_threads,
                                    .n_expert_used = k_ctx, .capacity_factor = (float)capf, .overflow = overflow,
-                                   .n_ubatch = (int32_t)ubatch};
+                                   .n_ubatch = ubatch ? (int32_t)ubatch : 64}; /* the cap's micro-batch, as documented */
     if (parallel) { /* B windows at once, one token of each per micro-batch unless --ubatch says */
         cp.n_ctx = (int32_t)(parallel * ((ctx + bs - 1) / bs * bs));
         cp.n_seq_max = (int32_t)parallel;
