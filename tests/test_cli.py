@@ -120,6 +120,11 @@ def main():
         r = run([mt, "run", "-m", model, "-p", "def main(self):", "-n", "4", "--temp", "0", "--ignore-eos",
                  "--mla-prefill", f])
         check(r.returncode == 0 and r.stdout.startswith("def main(self):"), f"run --mla-prefill {f}: {r.stderr[-300:]}")
+    # bench -ub: micro-batches of a prompt (the same logits whatever their size in the absorbed form)
+    r = run([mt, "bench", "-m", model, "-p", "40", "-n", "0", "-r", "1", "--no-mem", "-ub", "16", "--json"])
+    check(r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["test"] == "pp40", f"bench -ub 16: {r.stderr[-300:]}")
+    r = run([mt, "bench", "-m", model, "-p", "40", "-n", "0", "-ub", "0"])
+    check(r.returncode == 2 and "--ubatch needs a count in 1..4096" in r.stderr, f"bench -ub 0: {r.stderr[-300:]}")
     for cmd in (["run", "-p", "x"], ["bench"], ["eval", "--tokens", "1,2"], ["perplexity", "-f", model], ["serve"]):
         r = run([mt] + cmd[:1] + ["-m", model] + cmd[1:] + ["--mla-prefill", "fast"])
         check(r.returncode == 2 and "--mla-prefill: 'fast': expected auto, absorbed or decompressed" in r.stderr,

@@ -50,6 +50,9 @@ static void usage(FILE *f) {
                "                 paired_ratio_error (the table prints 'error (...)'); --batch: bandwidth_ratio alike\n"
                "  --no-mem       skip the read-bandwidth probe (no roofline ratio)\n"
                CLI_CACHE_TYPE_HELP CLI_MLA_PREFILL_HELP
+               "  -ub, --ubatch N  tokens per micro-batch of a prompt (default 512, llama.cpp's; more takes more\n"
+               "                 memory and, with --mla-prefill auto, fewer decompressions of a long prompt's\n"
+               "                 positions; with --expert-budget the store's)\n"
                CLI_CONFIG_HELP
                "  --adapt-threads  run each step on all -t threads or half of them, whichever measures faster\n"
                "                 (a machine busy with other work; ppN/tgN tests)\n"
@@ -106,6 +109,7 @@ struct opts {
     enum moetax_type expert_type; /* --expert-type: routed experts re-quantized at load */
     enum moetax_type kv_type; /* --cache-type */
     enum moetax_attn_prefill prefill; /* --mla-prefill */
+    int64_t ubatch;                   /* -ub, --ubatch (0: the context's default) */
     const int32_t *text;      /* -f TEXT: the tests' tokens, fresh text each repetition (NULL: pseudo-random ids) */
     int64_t n_text;
 };
@@ -168,7 +172,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
         toks[i] = o->text ? o->text[i % o->n_text] : (int32_t)((i * 7919 + 13) % m->hp.n_vocab);
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(max_tok + D) + 1, .pool = pool, .n_expert_used = o->experts_used,
                                    .kv_type = o->kv_type, .adapt_threads = o->adapt_threads,
-                                   .attn_prefill = o->prefill};
+                                   .attn_prefill = o->prefill, .n_ubatch = (int32_t)o->ubatch};
     uint64_t budget = 0;
     if (o->budget) {
         if (!cli_store_parse_budget(o->budget, moetax_model_store_bytes_all(m), &budget)) {
@@ -568,6 +572,10 @@ int bench_model_main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--json")) o.json = true;
         else if (!strcmp(argv[i], "--no-mem")) o.mem = false;
         else if (!strcmp(argv[i], "--no-mmap")) o.no_mmap = true;
+        else if (cli_opt(argc, argv, &i, "-ub", "--ubatch", &v, &err)) {
+            if (err || !cli_parse_i64(v, &o.ubatch) || o.ubatch < 1 || o.ubatch > 4096)
+                return cli_usage_error("bench", "--ubatch needs a count in 1..4096");
+        }
         else if (!strcmp(argv[i], "--adapt-threads")) o.adapt_threads = true;
         else if (cli_cache_type_opt("bench", argc, argv, &i, &o.kv_type, &err)) { if (err) return 2; }
         else if (cli_mla_prefill_opt("bench", argc, argv, &i, &o.prefill, &err)) { if (err) return 2; }
