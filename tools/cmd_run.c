@@ -59,6 +59,8 @@ static void usage(FILE *f) {
             "  --json               print the final statistics as one JSON object on stdout (the only thing on\n"
             "                       stdout: the prompt and the text go to stderr)\n"
             CLI_CACHE_TYPE_HELP CLI_MLA_PREFILL_HELP
+            "  -ub, --ubatch N      tokens per micro-batch of the prompt (default 512; with --expert-budget\n"
+            "                       the store's)\n"
             CLI_CONFIG_HELP
             CLI_MAX_INPUT_HELP
             "%s%s", cli_ledger_help(), cli_store_help());
@@ -87,6 +89,7 @@ int cmd_run(int argc, char **argv) {
     bool adapt = false;        /* --adapt-threads */
     enum moetax_type kv_type = MOETAX_TYPE_F32; /* --cache-type */
     enum moetax_attn_prefill prefill = MOETAX_ATTN_PREFILL_ABSORBED; /* --mla-prefill */
+    int64_t ubatch = 0;                                            /* -ub, --ubatch (0: the default) */
     int k_ctx = 0; /* --experts-used: run-time top-k, a context parameter (0: the model's) */
     bool ignore_eos = false, echo = true, json = false;
     bool chat = false;                               /* --chat */
@@ -145,6 +148,10 @@ int cmd_run(int argc, char **argv) {
         else if (cli_opt(argc, argv, &i, "-sys", "--system", &sys_msg, &err)) { if (err) return 2; }
         else if (cli_opt(argc, argv, &i, NULL, "--chat-template", &chat_tmpl, &err)) { if (err) return 2; }
         else if (!strcmp(argv[i], "--no-mmap")) mp.no_mmap = true;
+        else if (cli_opt(argc, argv, &i, "-ub", "--ubatch", &v, &err)) {
+            if (err || !cli_parse_i64(v, &ubatch) || ubatch < 1 || ubatch > 4096)
+                return cli_usage_error("run", "--ubatch needs a count in 1..4096");
+        }
         else if (!strcmp(argv[i], "--adapt-threads")) adapt = true;
         else if (!strcmp(argv[i], "--check-finite")) check_finite = true;
         else if (cli_cache_type_opt("run", argc, argv, &i, &kv_type, &err)) { if (err) return 2; }
@@ -219,7 +226,7 @@ int cmd_run(int argc, char **argv) {
     }
     if ((st = moetax_sampler_init(&sp, m->hp.n_vocab, &smp))) goto done;
     struct moetax_ctx_params cp = {.check_finite = check_finite, .kv_type = kv_type, .attn_prefill = prefill, .n_ctx = (int32_t)n_ctx, .n_threads = (int32_t)n_threads, .n_expert_used = k_ctx,
-                                   .adapt_threads = adapt};
+                                   .adapt_threads = adapt, .n_ubatch = (int32_t)ubatch};
     if (so.budgets) {
         uint64_t budget;
         if (!cli_store_parse_budget(so.budgets, moetax_model_store_bytes_all(m), &budget)) {
