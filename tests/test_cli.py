@@ -123,8 +123,9 @@ def main():
     # bench -ub: micro-batches of a prompt (the same logits whatever their size in the absorbed form)
     r = run([mt, "bench", "-m", model, "-p", "40", "-n", "0", "-r", "1", "--no-mem", "-ub", "16", "--json"])
     check(r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["test"] == "pp40", f"bench -ub 16: {r.stderr[-300:]}")
-    r = run([mt, "bench", "-m", model, "-p", "40", "-n", "0", "-ub", "0"])
-    check(r.returncode == 2 and "--ubatch needs a count in 1..4096" in r.stderr, f"bench -ub 0: {r.stderr[-300:]}")
+    for cmd in ("bench", "run", "serve"):
+        r = run([mt, cmd, "-m", model, "-ub", "0"] + (["-p", "x"] if cmd == "run" else []))
+        check(r.returncode == 2 and "--ubatch" in r.stderr and "4096" in r.stderr, f"{cmd} -ub 0: {r.stderr[-300:]}")
     for cmd in (["run", "-p", "x"], ["bench"], ["eval", "--tokens", "1,2"], ["perplexity", "-f", model], ["serve"]):
         r = run([mt] + cmd[:1] + ["-m", model] + cmd[1:] + ["--mla-prefill", "fast"])
         check(r.returncode == 2 and "--mla-prefill: 'fast': expected auto, absorbed or decompressed" in r.stderr,

@@ -108,7 +108,10 @@ static void usage(FILE *f) {
             "                         spent generating its answer does not count (default 120; 0: never). An\n"
             "                         idle connection meets --read-timeout first when that is shorter\n"
             "  --prefill-chunk N      prompt tokens per step, all sequences together, while any sequence decodes\n"
-            "                         (default 64; a step with none decoding takes up to 512)\n"
+            "                         (default 64; a step with none decoding takes up to a micro-batch)\n"
+            "  -ub, --ubatch N        tokens per micro-batch (default 512, or --parallel + --prefill-chunk\n"
+            "                         when more; with --expert-budget at most the store's): a prompt alone is\n"
+            "                         prefilled this many tokens a step\n"
             "  --default-max-tokens N max_tokens when a request gives none (default 256; at most what fits)\n"
             "  --stream-interval MS   a stream sends at most one event per MS milliseconds, with the text of\n"
             "                         every token since the last one (default 5; 0: one event per step); the\n"
@@ -143,7 +146,7 @@ int cmd_serve(int argc, char **argv) {
 
 int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *host = "127.0.0.1", *api_key = getenv("MOETAX_API_KEY"), *tmpl_name = NULL;
-    int64_t port = 8080, parallel = 4, n_ctx = 0, n_threads = 0, max_queue = 64, max_conn = 256, chunk = 64;
+    int64_t port = 8080, parallel = 4, n_ctx = 0, n_threads = 0, max_queue = 64, max_conn = 256, chunk = 64, ubatch = 0;
     int64_t default_max = 256, read_timeout = 30, idle_timeout = 120;
     double stream_iv_ms = 5;
     bool adapt = false;
@@ -184,6 +187,7 @@ int cmd_serve(int argc, char **argv) {
         INT_OPT(NULL, "--max-queue", max_queue, 0, 1 << 20)
         INT_OPT(NULL, "--max-conn", max_conn, 1, 1 << 16)
         INT_OPT(NULL, "--prefill-chunk", chunk, 1, 4096)
+        INT_OPT("-ub", "--ubatch", ubatch, 1, 4096)
         INT_OPT(NULL, "--default-max-tokens", default_max, 1, 1 << 24)
 #undef INT_OPT
         else if (cli_opt(argc, argv, &i, NULL, "--read-timeout", &v, &err)) {
@@ -290,7 +294,7 @@ int cmd_serve(int argc, char **argv) {
     struct srv_sched_params sp = {.model = m, .tok = tok, .n_parallel = (int)parallel,
                                   .n_ctx = n_ctx ? n_ctx : parallel * (per_seq + MOETAX_KV_BLOCK_DEFAULT),
                                   .n_threads = (int)n_threads, .n_expert_used = k_ctx, .max_queue = (int)max_queue,
-                                  .prefill_chunk = (int)chunk, .no_prefix_reuse = no_reuse, .adapt_threads = adapt, .store = store,
+                                  .prefill_chunk = (int)chunk, .n_ubatch = (int)ubatch, .no_prefix_reuse = no_reuse, .adapt_threads = adapt, .store = store,
                                   .n_ubatch_store = store_ub, .no_prefetch = so.no_prefetch, .kv_type = kv_type, .attn_prefill = prefill,
                                   .capacity_factor = (float)capf, .overflow = overflow};
     if (sp.n_ctx > INT32_MAX) { st = moetax_error(MOETAX_ERR_ARG, "-c: too many cells"); goto done; }
