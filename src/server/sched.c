@@ -877,9 +877,7 @@ static moetax_status sched_init(const struct srv_sched_params *p, struct srv_sch
     pthread_cond_init(&s->cv, NULL);
     pthread_mutex_init(&s->mmu, NULL);
     const int N = p->n_parallel;
-    int ub = N + p->prefill_chunk;
-    ub = ub < MOETAX_UBATCH_DEFAULT ? MOETAX_UBATCH_DEFAULT : ub > 512 ? 512 : ub; /* a step in one micro-batch */
-    if (p->n_ubatch > 0) ub = p->n_ubatch;
+    int ub = p->n_ubatch > 0 ? p->n_ubatch : MOETAX_UBATCH_DEFAULT; /* a step of the defaults in one micro-batch */
     if (p->store && ub > p->n_ubatch_store) ub = p->n_ubatch_store; /* every expert a micro-batch pins fits */
     s->lone_chunk = ub > p->prefill_chunk ? ub : p->prefill_chunk; /* prompt tokens of a step with none decoding */
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)p->n_ctx, .n_seq_max = N, .n_threads = p->n_threads,

@@ -125,7 +125,7 @@ struct srv_sched_params {
     int n_expert_used;                     /* 0: the model's */
     int max_queue;                         /* requests waiting beyond the free slots before 503 */
     int prefill_chunk;                     /* prompt tokens per step, all sequences together, while any decodes */
-    int n_ubatch;                          /* tokens per micro-batch (0: max(512, n_parallel + prefill_chunk)) */
+    int n_ubatch;                          /* tokens per micro-batch (0: MOETAX_UBATCH_DEFAULT) */
     bool no_prefix_reuse;                  /* free a finished sequence's cells at once */
     bool adapt_threads;                    /* moetax_ctx_params.adapt_threads */
     struct moetax_store *store;            /* optional expert store (not owned; opened for n_ubatch_store) */
