@@ -122,7 +122,9 @@ def main():
         check(r.returncode == 0 and r.stdout.startswith("def main(self):"), f"run --mla-prefill {f}: {r.stderr[-300:]}")
     # bench -ub: micro-batches of a prompt (the same logits whatever their size in the absorbed form)
     r = run([mt, "bench", "-m", model, "-p", "40", "-n", "0", "-r", "1", "--no-mem", "-ub", "16", "--json"])
-    check(r.returncode == 0 and json.loads(r.stdout.splitlines()[0])["test"] == "pp40", f"bench -ub 16: {r.stderr[-300:]}")
+    row = json.loads(r.stdout.splitlines()[0]) if r.returncode == 0 else {}
+    check(row.get("test") == "pp40" and row.get("ubatch") == 16 and row.get("mla_prefill") == "absorbed",
+          f"bench -ub 16 --json: {row} {r.stderr[-300:]}")
     for cmd in ("bench", "run", "serve"):
         r = run([mt, cmd, "-m", model, "-ub", "0"] + (["-p", "x"] if cmd == "run" else []))
         check(r.returncode == 2 and "--ubatch" in r.stderr and "4096" in r.stderr, f"{cmd} -ub 0: {r.stderr[-300:]}")

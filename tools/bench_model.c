@@ -41,7 +41,8 @@ static void usage(FILE *f) {
                "                 weights' (GB/s and the roofline count the weights only)\n"
                "  --json         one JSON object per test: test, threads, tokens_per_s, tpot_p50_ms, tpot_p99_ms,\n"
                "                 active_bytes_per_token, gbps, read_gbps, roofline_ratio, paired_ratio, us_per_layer,\n"
-               "                 tax_share, ledger_overhead, weights_huge_share (the share of the resident weights in\n"
+               "                 tax_share, ledger_overhead, ubatch, mla_prefill, weights_huge_share (the share of the\n"
+               "                 resident weights in\n"
                "                 2 MiB pages; 4 KiB pages stream slower, and the read probe uses 2 MiB pages)\n"
                "                 roofline_ratio = gbps / read_gbps (read bandwidth measured once per thread count);\n"
                "                 paired_ratio = median over repetitions of gbps / a read pass just before each one\n"
@@ -381,6 +382,13 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                     "tax_share", cli_jnum(rr->tax_share), "tax_us_per_token", cli_jnum(rr->tax_us), "ledger_overhead",
                     cli_jnum(kind ? rr->overhead : 0.0), "reps", (json_int_t)o->reps, "weights_huge_share",
                     cli_jnum(huge_share), "no_mmap", o->no_mmap, "depth", (json_int_t)D);
+                if (jo) { /* how prompts ran (a ppN row's figures depend on both) */
+                    json_object_set_new(jo, "ubatch", json_integer(moetax_ctx_n_ubatch(c)));
+                    json_object_set_new(jo, "mla_prefill",
+                                        json_string(o->prefill == MOETAX_ATTN_PREFILL_AUTO           ? "auto"
+                                                    : o->prefill == MOETAX_ATTN_PREFILL_DECOMPRESSED ? "decompressed"
+                                                                                                     : "absorbed"));
+                }
                 if (jo && !cli_paired_json(jo, "paired_ratio", rr->paired)) {
                     json_decref(jo);
                     jo = NULL;
