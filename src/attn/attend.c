@@ -18,63 +18,92 @@ struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, 
 
 enum { F16_PF_ROWS = 8 };
 
-void attend_chunk(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
-                  int64_t np, int64_t c, float kq_scale, float *o, int64_t ldo, float *ms,
-                  const struct attend_scratch *w) {
-    const int64_t bs = moetax_kvcache_block_size(src->kv), kvr = src->kvr;
-    const int64_t c0 = c * ATTEND_CHUNK, c1 = c0 + ATTEND_CHUNK < np ? c0 + ATTEND_CHUNK : np, cn = c1 - c0;
-    float *sc = w->sc; /* [nh][cn] */
-    if (src->f16) {
-        /* the chunk's keys and values in float, rows side by side in fb (values inside the keys'
-         * part, as MLA's, are taken from there): one F32 matmul for the scores and one weighted
-         * sum over them, the same products as F16 matmuls over the cells (F16 to F32 is exact) */
-        const bool v_in_k = src->v_off >= src->k_off && src->v_off + src->v_cols <= src->k_off + src->k_cols;
-        const int64_t fs = v_in_k ? src->k_cols : src->k_cols + src->v_cols; /* floats a row */
-        for (int64_t b = c0 / bs; b * bs < c1; b++) {
-            const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
-            const uint16_t *rows = moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]);
-            for (int64_t r = r0; r < r1; r++) {
-                /* the cells F16_PF_ROWS positions on into L2: a row's conversion is too short for the
-                 * hardware's prefetch to hide the memory's latency */
-                const int64_t pj = b * bs + r + F16_PF_ROWS;
-                if (pj < c1) {
-                    const char *pr = (const char *)((const uint16_t *)moetax_kvcache_block_rows(src->kv, src->layer,
-                                                                                                src->blk[pj / bs]) +
-                                                    pj % bs * kvr);
-                    for (int64_t off = 0; off < kvr * 2; off += 64) __builtin_prefetch(pr + off, 0, 2);
-                }
-                float *f = w->fb + (b * bs + r - c0) * fs;
-                K->fp16_to_fp32(rows + r * kvr + src->k_off, f, src->k_cols);
-                if (!v_in_k) K->fp16_to_fp32(rows + r * kvr + src->v_off, f + src->k_cols, src->v_cols);
+/* Where a chunk's values lie among the floats a row of fb holds (F16 cells): inside the keys' part
+ * (MLA's) or after them. */
+static bool v_in_keys(const struct attend_src *src) {
+    return src->v_off >= src->k_off && src->v_off + src->v_cols <= src->k_off + src->k_cols;
+}
+static int64_t fb_floats(const struct attend_src *src) {
+    return v_in_keys(src) ? src->k_cols : src->k_cols + src->v_cols;
+}
+
+/* F16 cells: the rows of positions [c0, c1) in float, side by side in fb (fb_floats a row); the
+ * same products as F16 matmuls over the cells (F16 to F32 is exact). */
+static void chunk_f16_rows(const struct moetax_kernels *K, const struct attend_src *src, int64_t c0, int64_t c1,
+                           float *fb) {
+    const int64_t bs = moetax_kvcache_block_size(src->kv), kvr = src->kvr, fs = fb_floats(src);
+    const bool v_in_k = v_in_keys(src);
+    for (int64_t b = c0 / bs; b * bs < c1; b++) {
+        const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
+        const uint16_t *rows = moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]);
+        for (int64_t r = r0; r < r1; r++) {
+            /* the cells F16_PF_ROWS positions on into L2: a row's conversion is too short for the
+             * hardware's prefetch to hide the memory's latency */
+            const int64_t pj = b * bs + r + F16_PF_ROWS;
+            if (pj < c1) {
+                const char *pr = (const char *)((const uint16_t *)moetax_kvcache_block_rows(src->kv, src->layer,
+                                                                                            src->blk[pj / bs]) +
+                                                pj % bs * kvr);
+                for (int64_t off = 0; off < kvr * 2; off += 64) __builtin_prefetch(pr + off, 0, 2);
             }
+            float *f = fb + (b * bs + r - c0) * fs;
+            K->fp16_to_fp32(rows + r * kvr + src->k_off, f, src->k_cols);
+            if (!v_in_k) K->fp16_to_fp32(rows + r * kvr + src->v_off, f + src->k_cols, src->v_cols);
         }
-        K->matmul(MOETAX_TYPE_F32, w->fb, sizeof(float) * (size_t)fs, 0, cn, src->k_cols, q, nh, sc, cn);
-        for (int64_t h = 0; h < nh; h++) {
-            K->scale(sc + h * cn, kq_scale, cn);
-            K->softmax(sc + h * cn, cn, ms + 2 * h);
-        }
-        K->wsum(o, ldo, sc, cn, nh, w->fb + (v_in_k ? src->v_off - src->k_off : src->k_cols), fs, cn, src->v_cols,
-                false);
+    }
+}
+
+/* The scores of the positions [c0, c1) for nq query rows q into sc (ld cn = c1 - c0): one F32
+ * matmul over fb (F16 cells, chunk_f16_rows made), else one per cache block over its rows. */
+static void chunk_scores(const struct moetax_kernels *K, const struct attend_src *src, int64_t c0, int64_t c1,
+                         const float *q, int64_t nq, float *sc, const float *fb) {
+    const int64_t cn = c1 - c0;
+    if (src->f16) {
+        K->matmul(MOETAX_TYPE_F32, fb, sizeof(float) * (size_t)fb_floats(src), 0, cn, src->k_cols, q, nq, sc, cn);
         return;
     }
-    const size_t crow = sizeof(float) * (size_t)kvr;
+    const int64_t bs = moetax_kvcache_block_size(src->kv);
+    const size_t crow = sizeof(float) * (size_t)src->kvr;
     /* the blocks that hold positions c0 .. c1-1, rows [r0, r1) of each */
     for (int64_t b = c0 / bs; b * bs < c1; b++) {
         const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
         const char *rows = (const char *)moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]);
-        K->matmul(MOETAX_TYPE_F32, rows + sizeof(float) * (size_t)src->k_off, crow, r0, r1, src->k_cols, q, nh,
+        K->matmul(MOETAX_TYPE_F32, rows + sizeof(float) * (size_t)src->k_off, crow, r0, r1, src->k_cols, q, nq,
                   sc + (b * bs - c0), cn);
     }
+}
+
+/* The weighted sums of the values of positions [c0, c0 + n) for nr rows of probabilities p (ld_p)
+ * into out (ld_out): one wsum over fb (F16 cells), else one chain over the cache blocks. */
+static void chunk_wsum(const struct moetax_kernels *K, const struct attend_src *src, int64_t c0, int64_t n,
+                       const float *p, int64_t ld_p, int64_t nr, float *out, int64_t ld_out, const float *fb) {
+    const int64_t vc = src->v_cols;
+    if (src->f16) {
+        K->wsum(out, ld_out, p, ld_p, nr, fb + (v_in_keys(src) ? src->v_off - src->k_off : src->k_cols),
+                fb_floats(src), n, vc, false);
+        return;
+    }
+    const int64_t bs = moetax_kvcache_block_size(src->kv), kvr = src->kvr, c1 = c0 + n;
+    for (int64_t b = c0 / bs; b * bs < c1; b++) {
+        const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
+        const float *rows = (const float *)moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]) + r0 * kvr +
+                            src->v_off;
+        K->wsum(out, ld_out, p + (b * bs + r0 - c0), ld_p, nr, rows, kvr, r1 - r0, vc, b * bs + r0 > c0);
+    }
+}
+
+void attend_chunk(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
+                  int64_t np, int64_t c, float kq_scale, float *o, int64_t ldo, float *ms,
+                  const struct attend_scratch *w) {
+    const int64_t c0 = c * ATTEND_CHUNK, c1 = c0 + ATTEND_CHUNK < np ? c0 + ATTEND_CHUNK : np, cn = c1 - c0;
+    float *sc = w->sc; /* [nh][cn] */
+    if (src->f16) chunk_f16_rows(K, src, c0, c1, w->fb);
+    chunk_scores(K, src, c0, c1, q, nh, sc, w->fb);
     for (int64_t h = 0; h < nh; h++) {
         K->scale(sc + h * cn, kq_scale, cn);
         K->softmax(sc + h * cn, cn, ms + 2 * h);
     }
-    for (int64_t b = c0 / bs; b * bs < c1; b++) {
-        const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
-        const float *rows = (const float *)moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]) +
-                            r0 * kvr + src->v_off;
-        K->wsum(o, ldo, sc + (b * bs + r0 - c0), cn, nh, rows, kvr, r1 - r0, src->v_cols, b * bs + r0 > c0);
-    }
+    chunk_wsum(K, src, c0, cn, sc, cn, nh, o, ldo, w->fb);
 }
 
 void attend_fold(const struct moetax_kernels *K, float *o, const float *oc, int64_t n, float *run, float m,
@@ -130,66 +159,19 @@ struct attend_tile_scratch attend_tile_at(float *buf, int64_t nq, int64_t v_cols
     return w;
 }
 
-/* The chunk's F16 rows [c0, c1) in float into fb, as attend_chunk makes them. */
-static void tile_f16_rows(const struct moetax_kernels *K, const struct attend_src *src, int64_t c0, int64_t c1,
-                          float *fb, int64_t fs, bool v_in_k) {
-    const int64_t bs = moetax_kvcache_block_size(src->kv), kvr = src->kvr;
-    for (int64_t b = c0 / bs; b * bs < c1; b++) {
-        const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
-        const uint16_t *rows = moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]);
-        for (int64_t r = r0; r < r1; r++) {
-            float *f = fb + (b * bs + r - c0) * fs;
-            K->fp16_to_fp32(rows + r * kvr + src->k_off, f, src->k_cols);
-            if (!v_in_k) K->fp16_to_fp32(rows + r * kvr + src->v_off, f + src->k_cols, src->v_cols);
-        }
-    }
-}
-
-/* Weighted sums of the chunk [c0, c0 + n) for nr rows of probabilities p (ld cn) into out (ld v_cols):
- * attend_chunk's calls for a chunk of n positions. */
-static void tile_wsum(const struct moetax_kernels *K, const struct attend_src *src, int64_t c0, int64_t n,
-                      const float *p, int64_t cn, int64_t nr, float *out, int64_t fs, bool v_in_k, const float *fb) {
-    const int64_t vc = src->v_cols;
-    if (src->f16) {
-        K->wsum(out, vc, p, cn, nr, fb + (v_in_k ? src->v_off - src->k_off : src->k_cols), fs, n, vc, false);
-        return;
-    }
-    const int64_t bs = moetax_kvcache_block_size(src->kv), kvr = src->kvr, c1 = c0 + n;
-    for (int64_t b = c0 / bs; b * bs < c1; b++) {
-        const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
-        const float *rows = (const float *)moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]) + r0 * kvr +
-                            src->v_off;
-        K->wsum(out, vc, p + (b * bs + r0 - c0), cn, nr, rows, kvr, r1 - r0, vc, b * bs + r0 > c0);
-    }
-}
-
 void attend_tile(const struct moetax_kernels *K, const struct attend_src *src, const float *q, int64_t nh,
                  const int64_t *np, int64_t nt, float kq_scale, float *o, int64_t ldo_t, int64_t ldo,
                  const struct attend_tile_scratch *w) {
-    const int64_t vc = src->v_cols, last = np[nt - 1], bs = moetax_kvcache_block_size(src->kv);
-    const bool v_in_k = src->v_off >= src->k_off && src->v_off + src->v_cols <= src->k_off + src->k_cols;
-    const int64_t fs = v_in_k ? src->k_cols : src->k_cols + src->v_cols;
+    const int64_t vc = src->v_cols, last = np[nt - 1];
     for (int64_t c0 = 0; c0 < last; c0 += ATTEND_CHUNK) {
         const int64_t c1 = c0 + ATTEND_CHUNK < last ? c0 + ATTEND_CHUNK : last, cn = c1 - c0;
         int64_t i0 = 0; /* the first token that sees the chunk, then the first that sees all of it */
         while (np[i0] <= c0) i0++;
         int64_t i1 = i0;
         while (i1 < nt && np[i1] < c1) i1++;
-        const int64_t nq = (nt - i0) * nh;
-        float *sc = w->sc + i0 * nh * cn; /* rows of the tokens from i0, ld cn */
-        const float *qt = q + i0 * nh * src->k_cols;
-        if (src->f16) {
-            tile_f16_rows(K, src, c0, c1, w->fb, fs, v_in_k);
-            K->matmul(MOETAX_TYPE_F32, w->fb, sizeof(float) * (size_t)fs, 0, cn, src->k_cols, qt, nq, sc, cn);
-        } else {
-            const size_t crow = sizeof(float) * (size_t)src->kvr;
-            for (int64_t b = c0 / bs; b * bs < c1; b++) {
-                const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
-                const char *rows = (const char *)moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]);
-                K->matmul(MOETAX_TYPE_F32, rows + sizeof(float) * (size_t)src->k_off, crow, r0, r1, src->k_cols, qt, nq,
-                          sc + (b * bs - c0), cn);
-            }
-        }
+        /* rows of the tokens from i0, ld cn */
+        if (src->f16) chunk_f16_rows(K, src, c0, c1, w->fb);
+        chunk_scores(K, src, c0, c1, q + i0 * nh * src->k_cols, (nt - i0) * nh, w->sc + i0 * nh * cn, w->fb);
         for (int64_t i = i0; i < nt; i++) {
             const int64_t n = np[i] - c0 < cn ? np[i] - c0 : cn; /* the positions token i sees */
             for (int64_t h = 0; h < nh; h++) {
@@ -201,10 +183,9 @@ void attend_tile(const struct moetax_kernels *K, const struct attend_src *src, c
         /* the weighted sums: the first chunk's into ot, a later one's into oc, merged in order */
         float *dst = c0 ? w->oc : w->ot;
         for (int64_t i = i0; i < i1; i++) /* each over its own part of the chunk */
-            tile_wsum(K, src, c0, np[i] - c0, w->sc + i * nh * cn, cn, nh, dst + i * nh * vc, fs, v_in_k, w->fb);
+            chunk_wsum(K, src, c0, np[i] - c0, w->sc + i * nh * cn, cn, nh, dst + i * nh * vc, vc, w->fb);
         if (nt > i1)
-            tile_wsum(K, src, c0, cn, w->sc + i1 * nh * cn, cn, (nt - i1) * nh, dst + i1 * nh * vc, fs, v_in_k,
-                      w->fb);
+            chunk_wsum(K, src, c0, cn, w->sc + i1 * nh * cn, cn, (nt - i1) * nh, dst + i1 * nh * vc, vc, w->fb);
         if (c0)
             for (int64_t r = i0 * nh; r < nt * nh; r++)
                 attend_fold(K, w->ot + r * vc, w->oc + r * vc, vc, w->run + 2 * r, w->ms[2 * r], w->ms[2 * r + 1]);
