@@ -384,10 +384,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                     cli_jnum(huge_share), "no_mmap", o->no_mmap, "depth", (json_int_t)D);
                 if (jo) { /* how prompts ran (a ppN row's figures depend on both) */
                     json_object_set_new(jo, "ubatch", json_integer(moetax_ctx_n_ubatch(c)));
-                    json_object_set_new(jo, "mla_prefill",
-                                        json_string(o->prefill == MOETAX_ATTN_PREFILL_AUTO           ? "auto"
-                                                    : o->prefill == MOETAX_ATTN_PREFILL_DECOMPRESSED ? "decompressed"
-                                                                                                     : "absorbed"));
+                    json_object_set_new(jo, "mla_prefill", json_string(cli_mla_prefill_name(o->prefill)));
                 }
                 if (jo && !cli_paired_json(jo, "paired_ratio", rr->paired)) {
                     json_decref(jo);

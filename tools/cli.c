@@ -253,14 +253,26 @@ bool cli_cache_type_opt(const char *cmd, int argc, char **argv, int *i, enum moe
     return true;
 }
 
+const char *cli_mla_prefill_name(enum moetax_attn_prefill mode) {
+    return mode == MOETAX_ATTN_PREFILL_AUTO ? "auto" : mode == MOETAX_ATTN_PREFILL_DECOMPRESSED ? "decompressed" : "absorbed";
+}
+
+bool cli_mla_prefill_parse(const char *s, enum moetax_attn_prefill *mode) {
+    const enum moetax_attn_prefill all[] = {MOETAX_ATTN_PREFILL_ABSORBED, MOETAX_ATTN_PREFILL_AUTO,
+                                            MOETAX_ATTN_PREFILL_DECOMPRESSED};
+    for (size_t i = 0; s && i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(s, cli_mla_prefill_name(all[i]))) {
+            *mode = all[i];
+            return true;
+        }
+    return false;
+}
+
 bool cli_mla_prefill_opt(const char *cmd, int argc, char **argv, int *i, enum moetax_attn_prefill *mode, bool *err) {
     const char *v = NULL;
     if (!cli_opt(argc, argv, i, NULL, "--mla-prefill", &v, err)) return false;
     if (*err) return true;
-    if (!strcmp(v, "auto")) *mode = MOETAX_ATTN_PREFILL_AUTO;
-    else if (!strcmp(v, "absorbed")) *mode = MOETAX_ATTN_PREFILL_ABSORBED;
-    else if (!strcmp(v, "decompressed")) *mode = MOETAX_ATTN_PREFILL_DECOMPRESSED;
-    else {
+    if (!cli_mla_prefill_parse(v, mode)) {
         cli_usage_error(cmd, "--mla-prefill: '%s': expected auto, absorbed or decompressed", v);
         *err = true;
     }

@@ -77,6 +77,9 @@ bool cli_cache_type_opt(const char *cmd, int argc, char **argv, int *i, enum moe
 /* --mla-prefill auto|absorbed|decompressed: true if argv[*i] is it; a bad value prints a usage
  * error for cmd and sets *err. */
 bool cli_mla_prefill_opt(const char *cmd, int argc, char **argv, int *i, enum moetax_attn_prefill *mode, bool *err);
+/* "absorbed", "auto", "decompressed": the form's name, and back (false: none of them). */
+const char *cli_mla_prefill_name(enum moetax_attn_prefill mode);
+bool cli_mla_prefill_parse(const char *s, enum moetax_attn_prefill *mode);
 #define CLI_MLA_PREFILL_HELP \
     "  --mla-prefill M      DeepSeek2 prompts: absorbed (default: attention over the compressed cache\n" \
     "                       rows, as decode: the same bits however a prompt is cut into micro-batches\n" \

@@ -65,11 +65,7 @@ moetax_status cli_config_load(const char *path, struct cli_config *c) {
         else c->cache_type = strcmp(s, "f16") ? MOETAX_TYPE_F32 : MOETAX_TYPE_F16;
     }
     if (!st && (v = json_object_get(o, "mla_prefill")) && !json_is_null(v)) {
-        const char *s = json_string_value(v);
-        if (s && !strcmp(s, "absorbed")) c->mla_prefill = MOETAX_ATTN_PREFILL_ABSORBED;
-        else if (s && !strcmp(s, "auto")) c->mla_prefill = MOETAX_ATTN_PREFILL_AUTO;
-        else if (s && !strcmp(s, "decompressed")) c->mla_prefill = MOETAX_ATTN_PREFILL_DECOMPRESSED;
-        else st = bad(path, "mla_prefill", "expected \"absorbed\", \"auto\" or \"decompressed\"");
+        if (!cli_mla_prefill_parse(json_string_value(v), &c->mla_prefill)) st = bad(path, "mla_prefill", "expected \"absorbed\", \"auto\" or \"decompressed\"");
     }
     const char *flags[2] = {"no_mmap", "no_prefetch"};
     bool *dst[2] = {&c->no_mmap, &c->no_prefetch};
@@ -151,9 +147,7 @@ moetax_status cli_config_write(const char *path, const struct cli_config *c, voi
     json_object_set_new(o, "overflow", json_string(c->overflow == MOETAX_OVERFLOW_REROUTE ? "reroute" : "drop"));
     json_object_set_new(o, "no_mmap", json_boolean(c->no_mmap));
     json_object_set_new(o, "cache_type", json_string(c->cache_type == MOETAX_TYPE_F16 ? "f16" : "f32"));
-    json_object_set_new(o, "mla_prefill", json_string(c->mla_prefill == MOETAX_ATTN_PREFILL_AUTO           ? "auto"
-                                                      : c->mla_prefill == MOETAX_ATTN_PREFILL_DECOMPRESSED ? "decompressed"
-                                                                                                           : "absorbed"));
+    json_object_set_new(o, "mla_prefill", json_string(cli_mla_prefill_name(c->mla_prefill)));
     json_object_set_new(o, "expert_budget", c->expert_budget[0] ? json_string(c->expert_budget) : json_null());
     json_object_set_new(o, "policy", c->policy[0] ? json_string(c->policy) : json_null());
     json_object_set_new(o, "no_prefetch", json_boolean(c->no_prefetch));
