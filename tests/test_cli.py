@@ -125,6 +125,25 @@ def main():
     row = json.loads(r.stdout.splitlines()[0]) if r.returncode == 0 else {}
     check(row.get("test") == "pp40" and row.get("ubatch") == 16 and row.get("mla_prefill") == "absorbed",
           f"bench -ub 16 --json: {row} {r.stderr[-300:]}")
+    # --cache-type q8_0: each command runs with it (bench's JSON says so), a bad type is a usage error, and a
+    # model whose heads are not whole Q8_0 blocks is refused with the reason
+    r = run([mt, "bench", "-m", model, "-p", "40", "-n", "4", "-r", "1", "--no-mem", "--cache-type", "q8_0", "--json"])
+    rows = [json.loads(x) for x in r.stdout.splitlines()] if r.returncode == 0 else []
+    check(len(rows) == 2 and all(x.get("cache_type") == "q8_0" for x in rows), f"bench --cache-type q8_0: {rows} "
+          f"{r.stderr[-300:]}")
+    r = run([mt, "run", "-m", model, "-p", "def main(self):", "-n", "4", "--temp", "0", "--cache-type", "q8_0"])
+    check(r.returncode == 0 and r.stdout.startswith("def main(self):"), f"run --cache-type q8_0: {r.stderr[-300:]}")
+    r = run([mt, "eval", "-m", model, "--tokens", "1,2,3", "--cache-type", "q8_0"])
+    check(r.returncode == 0, f"eval --cache-type q8_0: {r.stderr[-300:]}")
+    for cmd in (["run", "-p", "x"], ["bench"], ["eval", "--tokens", "1,2"], ["perplexity", "-f", model], ["serve"]):
+        r = run([mt] + cmd[:1] + ["-m", model] + cmd[1:] + ["--cache-type", "q4_0"])
+        check(r.returncode == 2 and "--cache-type: 'q4_0': expected f32, f16 or q8_0" in r.stderr,
+              f"{cmd[0]} --cache-type q4_0: rc {r.returncode}: {r.stderr[-300:]}")
+    q3_16 = os.path.join(work, "q3_hd16.gguf")
+    r = run([mt, "gen", "--arch", "qwen3moe", "--preset", "tiny", "-o", q3_16])
+    r = run([mt, "run", "-m", q3_16, "-p", "x", "-n", "2", "--cache-type", "q8_0"]) if r.returncode == 0 else r
+    check(r.returncode == 1 and "blocks of 32" in r.stderr and "16-value keys" in r.stderr,
+          f"run --cache-type q8_0 on heads of 16: rc {r.returncode}: {r.stderr[-300:]}")
     for cmd in ("bench", "run", "serve"):
         r = run([mt, cmd, "-m", model, "-ub", "0"] + (["-p", "x"] if cmd == "run" else []))
         check(r.returncode == 2 and "--ubatch" in r.stderr and "4096" in r.stderr, f"{cmd} -ub 0: {r.stderr[-300:]}")
@@ -302,6 +321,14 @@ def main():
     r = run([mt] + args + ["--config", cfg])
     check(r.returncode == 2 and "mla_prefill" in r.stderr and "cli_budget_cfg.json" in r.stderr,
           f"a config's mla_prefill 'fast': rc {r.returncode}: {r.stderr[-300:]}")
+    # ... and its cache_type the default of --cache-type
+    for ct, rc in (("q8_0", 0), ("q4_0", 2)):
+        with open(cfg, "w") as f:
+            json.dump({"moetax_config": 1, "cache_type": ct}, f)
+        r = run([mt, "bench", "-m", model, "--config", cfg, "-p", "8", "-n", "0", "-r", "1", "--no-mem", "--json"])
+        got = json.loads(r.stdout.splitlines()[0]).get("cache_type") if r.returncode == 0 else None
+        check(r.returncode == rc and (got == ct if rc == 0 else "cache_type" in r.stderr and "q8_0" in r.stderr),
+              f"a config's cache_type {ct}: rc {r.returncode} {got}: {r.stderr[-300:]}")
     r = run([mt, "run", "-m", model, "-p", "x", "-n", "2", "--expert-budget", "1K"])
     check(r.returncode == 1 and "give at least" in r.stderr, f"tiny budget: {r.stderr}")
     # a budget in % is a share of the slots every expert needs (each slot the largest expert as aligned

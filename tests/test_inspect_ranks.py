@@ -68,6 +68,14 @@ def main():
     check(all(l["ranks"][0]["experts"] == list(range(16)) and l["ranks"][1]["experts"] == list(range(16, 32))
               for l in j["placement"]), "contiguous ranges by default")
     check_plan("--ranks 2", j, 2, per_expert)
+    # --kv-type: the trained model's cells hold 80 values a layer (kv_lora 64 + rope 16): 320 bytes in F32,
+    # 160 in F16, 3 Q8_0 blocks of 34 (the last padded) = 102
+    kvb = {}
+    for t in ("f32", "f16", "q8_0"):
+        r_, j_ = inspect(moetax, "--ranks", "1", "--ctx", "1024", "--kv-type", t)
+        kvb[t] = j_["per_rank"][0]["kv_bytes"] if j_ else None
+    check(kvb["f32"] == 1024 * 6 * 320 and kvb["f16"] == 1024 * 6 * 160 and kvb["q8_0"] == 1024 * 6 * 102,
+          f"inspect --kv-type: KV bytes {kvb}")
     rt = run([moetax, "inspect", MODEL, "--ranks", "2"])
     check(rt.returncode == 0 and "placement: experts per rank and MoE layer" in rt.stdout and
           "rank 0: 16 [0-15]  rank 1: 16 [16-31]" in rt.stdout, f"the text shows the placement: {rt.stdout[-500:]}")

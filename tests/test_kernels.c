@@ -906,6 +906,19 @@ static void test_vec_ops(void) {
             ref->bf16_to_fp32(h1, a, n);
             avx->bf16_to_fp32(h1, b, n);
             CHECK(n == 0 || memcmp(a, b, 4 * (size_t)n) == 0);
+            /* Q8_0 blocks (KV cache cells): each table's values are moetax_to_float's */
+            const int64_t n32 = n / 32 * 32;
+            if (n32) {
+                moetax_block_q8_0 *qb = malloc(sizeof *qb * (size_t)(n32 / 32));
+                float *c = malloc(sizeof(float) * (size_t)n32);
+                moetax_quantize_row_q8_0_ref(xs, qb, n32);
+                CHECK(moetax_to_float(MOETAX_TYPE_Q8_0, qb, c, n32));
+                ref->q8_0_to_fp32(qb, a, n32);
+                avx->q8_0_to_fp32(qb, b, n32);
+                CHECK(memcmp(a, c, 4 * (size_t)n32) == 0);
+                CHECK(memcmp(b, c, 4 * (size_t)n32) == 0);
+                free(qb), free(c);
+            }
             free(h1), free(h2), free(xs);
         }
         free(x), free(w), free(u), free(a), free(b);

@@ -68,18 +68,20 @@ LOOSE = 1.0           # sanity bound for the float-activation comparison
 from checks import check, summary  # noqa: E402  (tests/ref/checks.py)
 
 
-def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8, prefill="absorbed"):
+def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8, prefill="absorbed", cells="f32"):
     path = os.path.join(work, f"ref_{name}_{wtype}.gguf")
     subprocess.run([moetax, "gen"] + gen_args + ["--type", wtype, "-o", path], check=True, capture_output=True)
-    out = os.path.join(work, f"ref_{name}_{wtype}_{prefill}.f32")
+    out = os.path.join(work, f"ref_{name}_{wtype}_{prefill}_{cells}.f32")
     r = subprocess.run([moetax, "eval", "-m", path, "--tokens", ",".join(map(str, prompt)), "--decode", str(n_decode),
-                        "--out", out, "--mla-prefill", prefill], check=True, capture_output=True, text=True)
+                        "--out", out, "--mla-prefill", prefill, "--cache-type", cells], check=True, capture_output=True,
+                       text=True)
     greedy = [int(x) for x in r.stdout.split(":")[1].split()]
     ours = np.fromfile(out, dtype=np.float32)
     tokens = prompt + greedy
     n_rows = len(prompt) + n_decode
     quant = wtype in QUANT
-    tag = f"{name:10s} {wtype:5s}" + (f" {prefill}" if prefill != "absorbed" else "")
+    tag = f"{name:10s} {wtype:5s}" + (f" {prefill}" if prefill != "absorbed" else "") + \
+        (f" {cells} cells" if cells != "f32" else "")
 
     arch = gen_args[gen_args.index("--arch") + 1] if "--arch" in gen_args else "deepseek2"
     ref_mod = REF[arch]
@@ -87,6 +89,7 @@ def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8, prefill="ab
     # prompts' last one 2 or more) keeps attn_k_b's and attn_v_b's inputs in float
     dec = {"decompressed": len(prompt)} if prefill == "decompressed" and arch == "deepseek2" else {}
     model = ref_mod.Model(path, **dec)
+    model.cells = cells
     ref = model.forward(tokens)[:n_rows]
     ours = ours.reshape(ref.shape)
     if quant:   # float activations: informational, sanity bound only
@@ -96,6 +99,7 @@ def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8, prefill="ab
         print(f"{tag} float act (info): rel {err / mag:.2e}  argmax agree {agree:.0%}")
         check(err <= LOOSE * mag, f"{name} {wtype}: float-activation rel error {err / mag:.3g} > {LOOSE}")
         model = ref_mod.Model(path, act_quant=True, **dec)
+        model.cells = cells
         ref = model.forward(tokens)[:n_rows]
 
     mag = float(np.abs(ref).max())
@@ -109,7 +113,7 @@ def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8, prefill="ab
     print(f"{tag} {what}: max|err| {row_rel.max() * mag:.3g}  max|ref| {mag:.3g}  rel {row_rel.max():.2e}  "
           f"argmax agree {np.mean(np.argmax(ours, axis=1) == np.argmax(ref, axis=1)):.0%}")
     flips = []
-    while quant and not ok.all() and len(flips) < MAX_FLIPS:
+    while (quant or cells == "q8_0") and not ok.all() and len(flips) < MAX_FLIPS:
         first = int(np.flatnonzero(~ok)[0])
         # near ties at positions <= the first failing row, that row's own position first
         cands = sorted((t for t in model.qties if t[1] <= first and t[2] not in model.qflip),
@@ -135,7 +139,8 @@ def compare(moetax, work, name, gen_args, wtype, prompt, n_decode=8, prefill="ab
               + f": rel {row_rel.max():.2e}, {int(ok.sum())}/{n_rows} rows within {TOL[wtype]}")
     detail = "; ".join(f"row {r} rel {row_rel[r]:.3g}" for r in np.flatnonzero(~ok)[:6])
     check(ok.all(), f"{name} {wtype}: {int((~ok).sum())} of {n_rows} rows beyond rel {TOL[wtype]} or "
-                    f"with another argmax{' (after %d flips)' % len(flips) if quant else ''}: {detail}")
+                    f"with another argmax{' (after %d flips)' % len(flips) if quant or cells == 'q8_0' else ''}: "
+                    f"{detail}")
 
 
 def main():
@@ -168,6 +173,14 @@ def main():
                        ("v3-odd-rows", odd + ["--seed", "13"])]:
         compare(moetax, work, name, args, "q4_0", prompt)
         compare(moetax, work, name, args, "q4_0", prompt, prefill="decompressed")
+    # Q8_0 KV cache cells (the reference rounds each cached row as they do): MLA rows of 40 values (a padded
+    # second block), GQA heads of 32
+    q3_wide32 = ["--arch", "qwen3moe", "--preset", "tiny", "--embd", "128", "--heads", "8", "--heads-kv", "2",
+                 "--head-dim", "32", "--experts", "16", "--experts-used", "4", "--expert-ff", "64", "--seed", "7"]
+    for name, args, types in [("v2", variants[0][1], ("f32", "q8_0", "q4_0")), ("v3", variants[1][1], ("f32", "q8_0")),
+                              ("q3-wide32", q3_wide32, ("f32", "q8_0"))]:
+        for wtype in types:
+            compare(moetax, work, name, args, wtype, [(37 * i + 5) % 512 for i in range(40)], cells="q8_0")
     # qwen3moe: GQA 2:1 (tiny), 4:1 with wider heads, and a prompt over two KV cache blocks
     q3 = ["--arch", "qwen3moe", "--preset", "tiny"]
     q3_wide = q3 + ["--embd", "128", "--heads", "8", "--heads-kv", "2", "--head-dim", "32", "--experts", "16",

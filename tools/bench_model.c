@@ -41,7 +41,7 @@ static void usage(FILE *f) {
                "                 weights' (GB/s and the roofline count the weights only)\n"
                "  --json         one JSON object per test: test, threads, tokens_per_s, tpot_p50_ms, tpot_p99_ms,\n"
                "                 active_bytes_per_token, gbps, read_gbps, roofline_ratio, paired_ratio, us_per_layer,\n"
-               "                 tax_share, ledger_overhead, ubatch, mla_prefill, weights_huge_share (the share of the\n"
+               "                 tax_share, ledger_overhead, ubatch, mla_prefill, cache_type, weights_huge_share (the share of the\n"
                "                 resident weights in 2 MiB pages; 4 KiB pages stream slower, and the read probe uses\n"
                "                 2 MiB pages)\n"
                "                 roofline_ratio = gbps / read_gbps (read bandwidth measured once per thread count);\n"
@@ -385,6 +385,7 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
                 if (jo) { /* how prompts ran (a ppN row's figures depend on both) */
                     json_object_set_new(jo, "ubatch", json_integer(moetax_ctx_n_ubatch(c)));
                     json_object_set_new(jo, "mla_prefill", json_string(cli_mla_prefill_name(o->prefill)));
+                    json_object_set_new(jo, "cache_type", json_string(moetax_type_name(o->kv_type)));
                 }
                 if (jo && !cli_paired_json(jo, "paired_ratio", rr->paired)) {
                     json_decref(jo);

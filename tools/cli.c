@@ -240,14 +240,22 @@ bool cli_max_input_opt(const char *cmd, int argc, char **argv, int *i, uint64_t 
     return true;
 }
 
+bool cli_cache_type_parse(const char *s, enum moetax_type *type) {
+    static const enum moetax_type types[] = {MOETAX_TYPE_F32, MOETAX_TYPE_F16, MOETAX_TYPE_Q8_0};
+    for (size_t k = 0; s && k < sizeof types / sizeof types[0]; k++)
+        if (!strcmp(s, moetax_type_name(types[k]))) {
+            *type = types[k];
+            return true;
+        }
+    return false;
+}
+
 bool cli_cache_type_opt(const char *cmd, int argc, char **argv, int *i, enum moetax_type *type, bool *err) {
     const char *v = NULL;
     if (!cli_opt(argc, argv, i, NULL, "--cache-type", &v, err)) return false;
     if (*err) return true;
-    if (!strcmp(v, "f32")) *type = MOETAX_TYPE_F32;
-    else if (!strcmp(v, "f16")) *type = MOETAX_TYPE_F16;
-    else {
-        cli_usage_error(cmd, "--cache-type: '%s': expected f32 or f16", v);
+    if (!cli_cache_type_parse(v, type)) {
+        cli_usage_error(cmd, "--cache-type: '%s': expected f32, f16 or q8_0", v);
         *err = true;
     }
     return true;

@@ -68,12 +68,15 @@ moetax_status cli_read_file(const char *path, uint64_t max_bytes, char **text, s
 /* --max-input-bytes SIZE (256M, 1G; at least 1): true if argv[*i] is it; a bad
  * value prints a usage error for cmd and sets *err. */
 bool cli_max_input_opt(const char *cmd, int argc, char **argv, int *i, uint64_t *max_bytes, bool *err);
-/* --cache-type f32|f16 (KV cache cells): true if argv[*i] is it; a bad value prints a usage
+/* --cache-type f32|f16|q8_0 (KV cache cells): true if argv[*i] is it; a bad value prints a usage
  * error for cmd and sets *err. */
 bool cli_cache_type_opt(const char *cmd, int argc, char **argv, int *i, enum moetax_type *type, bool *err);
+/* A cell type's name (f32, f16, q8_0) into *type; false for any other string or NULL. */
+bool cli_cache_type_parse(const char *s, enum moetax_type *type);
 #define CLI_CACHE_TYPE_HELP \
-    "  --cache-type f32|f16 KV cache cells (default f32; f16 halves the cache, llama.cpp's default; the\n" \
-    "                       logits then differ from an f32 cache's by rounding)\n"
+    "  --cache-type f32|f16|q8_0 KV cache cells (default f32; f16 halves the cache, llama.cpp's\n" \
+    "                       default; q8_0 quarters it, as llama.cpp's -ctk/-ctv q8_0; the logits then\n" \
+    "                       differ from an f32 cache's by rounding)\n"
 /* --mla-prefill auto|absorbed|decompressed: true if argv[*i] is it; a bad value prints a usage
  * error for cmd and sets *err. */
 bool cli_mla_prefill_opt(const char *cmd, int argc, char **argv, int *i, enum moetax_attn_prefill *mode, bool *err);

@@ -21,7 +21,7 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: moetax inspect FILE [--json] [--checksums] [--no-tensors] [--all-metadata]\n"
-               "       moetax inspect FILE --ranks N [--ctx N] [--kv-type f32|f16] [--placement FILE]\n"
+               "       moetax inspect FILE --ranks N [--ctx N] [--kv-type f32|f16|q8_0] [--placement FILE]\n"
                "                      [--ep-replicas R [--ep-load PROFILE]] [--json]\n\n"
                "Shows a GGUF file: metadata, a tensor table (name, type, shape, bytes), totals, and the\n"
                "bytes of weights a decoded token reads: routed experts count k/E of their bytes (k experts\n"
@@ -180,7 +180,7 @@ static void id_ranges(const uint8_t *set, int32_t E, char *out, size_t cap) {
  * every MoE layer cut into N contiguous ranges, or --placement FILE's map; with --ep-replicas R
  * the replicas each rank maps: a profile's first plan with --ep-load, else every expert), and the
  * placement per MoE layer. */
-static int inspect_ranks(const char *path, int n_ranks, int64_t n_ctx, bool kv_f16, bool json, const char *placement,
+static int inspect_ranks(const char *path, int n_ranks, int64_t n_ctx, enum moetax_type kv_type, bool json, const char *placement,
                          const char *replicas, const char *load) {
     struct moetax_model *m;
     struct moetax_model_params mp = {0};
@@ -241,7 +241,9 @@ static int inspect_ranks(const char *path, int n_ranks, int64_t n_ctx, bool kv_f
     if (n_ctx <= 0) n_ctx = hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
     const int64_t bs = MOETAX_KV_BLOCK_DEFAULT, cells = (n_ctx + bs - 1) / bs * bs;
     const int64_t row = hp->attn == MOETAX_ATTN_GQA ? gqa_kv_row(hp) : hp->kv_lora_rank + hp->n_embd_head_qk_rope;
-    const uint64_t kv = (uint64_t)cells * (uint64_t)hp->n_layer * (uint64_t)row * (kv_f16 ? 2u : 4u);
+    const uint64_t row_bytes = kv_type == MOETAX_TYPE_Q8_0 ? (uint64_t)(row + 31) / 32 * sizeof(moetax_block_q8_0)
+                                                            : (uint64_t)row * (kv_type == MOETAX_TYPE_F16 ? 2u : 4u);
+    const uint64_t kv = (uint64_t)cells * (uint64_t)hp->n_layer * row_bytes;
     uint64_t repl = 0, experts = 0;
     uint64_t *mine = calloc((size_t)n_ranks, sizeof *mine), *own_b = calloc((size_t)n_ranks, sizeof *own_b);
     if (!mine || !own_b) {
@@ -319,7 +321,7 @@ static int inspect_ranks(const char *path, int n_ranks, int64_t n_ctx, bool kv_f
     }
     fprintf(f, "%s: expert parallelism over %d ranks (routed experts %s; the rest replicated), KV cache of %lld "
                "cells (%s)\n", path, n_ranks, placement ? "placed by the file" : "in contiguous ranges",
-            (long long)cells, kv_f16 ? "f16" : "f32");
+            (long long)cells, moetax_type_name(kv_type));
     if (n_rep)
         fprintf(f, "replicas: up to %d per MoE layer, %s\n", n_rep,
                 load ? "the profile's first plan (each rank maps only the replicas it hosts)"
@@ -369,7 +371,8 @@ static int inspect_ranks(const char *path, int n_ranks, int64_t n_ctx, bool kv_f
 
 int cmd_inspect(int argc, char **argv) {
     const char *path = NULL;
-    bool json = false, sums = false, tensors = true, all = false, kv_f16 = false;
+    bool json = false, sums = false, tensors = true, all = false;
+    enum moetax_type kv_type = MOETAX_TYPE_F32;
     int64_t n_ranks = 0, n_ctx = 0;
     const char *v = NULL, *placement = NULL, *replicas = NULL, *load = NULL;
     for (int i = 1; i < argc; i++) {
@@ -385,8 +388,7 @@ int cmd_inspect(int argc, char **argv) {
             if (!cli_parse_i64(argv[++i], &n_ctx) || n_ctx < 1 || n_ctx > (1 << 24)) return cli_usage_error("inspect", "--ctx: expected 1..16777216");
         } else if (!strcmp(argv[i], "--kv-type") && i + 1 < argc) {
             v = argv[++i];
-            if (!strcmp(v, "f16")) kv_f16 = true;
-            else if (strcmp(v, "f32")) return cli_usage_error("inspect", "--kv-type: expected f32 or f16");
+            if (!cli_cache_type_parse(v, &kv_type)) return cli_usage_error("inspect", "--kv-type: expected f32, f16 or q8_0");
         }
         else if (!strcmp(argv[i], "--placement") && i + 1 < argc) placement = argv[++i];
         else if (!strcmp(argv[i], "--ep-replicas") && i + 1 < argc) replicas = argv[++i];
@@ -398,7 +400,7 @@ int cmd_inspect(int argc, char **argv) {
     if (!path) return cli_usage_error("inspect", "no file given");
     if (!n_ranks && (placement || replicas || load))
         return cli_usage_error("inspect", "--placement, --ep-replicas and --ep-load go with --ranks N");
-    if (n_ranks) return inspect_ranks(path, (int)n_ranks, n_ctx, kv_f16, json, placement, replicas, load);
+    if (n_ranks) return inspect_ranks(path, (int)n_ranks, n_ctx, kv_type, json, placement, replicas, load);
     struct moetax_gguf *g;
     moetax_status st = moetax_gguf_open(path, &g);
     if (st) return cli_fail("inspect", st);

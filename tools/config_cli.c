@@ -60,9 +60,8 @@ moetax_status cli_config_load(const char *path, struct cli_config *c) {
         else c->overflow = strcmp(s, "drop") ? MOETAX_OVERFLOW_REROUTE : MOETAX_OVERFLOW_DROP;
     }
     if (!st && (v = json_object_get(o, "cache_type")) && !json_is_null(v)) {
-        const char *s = json_string_value(v);
-        if (!s || (strcmp(s, "f32") && strcmp(s, "f16"))) st = bad(path, "cache_type", "expected \"f32\" or \"f16\"");
-        else c->cache_type = strcmp(s, "f16") ? MOETAX_TYPE_F32 : MOETAX_TYPE_F16;
+        if (!cli_cache_type_parse(json_string_value(v), &c->cache_type))
+            st = bad(path, "cache_type", "expected \"f32\", \"f16\" or \"q8_0\"");
     }
     if (!st && (v = json_object_get(o, "mla_prefill")) && !json_is_null(v)) {
         if (!cli_mla_prefill_parse(json_string_value(v), &c->mla_prefill)) st = bad(path, "mla_prefill", "expected \"absorbed\", \"auto\" or \"decompressed\"");
@@ -146,7 +145,7 @@ moetax_status cli_config_write(const char *path, const struct cli_config *c, voi
     json_object_set_new(o, "capacity_factor", json_real(c->capacity_factor));
     json_object_set_new(o, "overflow", json_string(c->overflow == MOETAX_OVERFLOW_REROUTE ? "reroute" : "drop"));
     json_object_set_new(o, "no_mmap", json_boolean(c->no_mmap));
-    json_object_set_new(o, "cache_type", json_string(c->cache_type == MOETAX_TYPE_F16 ? "f16" : "f32"));
+    json_object_set_new(o, "cache_type", json_string(moetax_type_name(c->cache_type)));
     json_object_set_new(o, "mla_prefill", json_string(cli_mla_prefill_name(c->mla_prefill)));
     json_object_set_new(o, "expert_budget", c->expert_budget[0] ? json_string(c->expert_budget) : json_null());
     json_object_set_new(o, "policy", c->policy[0] ? json_string(c->policy) : json_null());

@@ -4,7 +4,7 @@
  *
  * File (JSON): {"moetax_config": 1, "threads": int, "experts_used": int,
  *   "capacity_factor": number (0: off), "overflow": "drop"|"reroute", "no_mmap": bool,
- *   "cache_type": "f32"|"f16", "expert_budget": str|null, "policy": str|null,
+ *   "cache_type": "f32"|"f16"|"q8_0", "expert_budget": str|null, "policy": str|null,
  *   "no_prefetch": bool, "expert_type": "q8_0"|"q4_0"|...|null,
  *   "mla_prefill": "absorbed"|"auto"|"decompressed", ...} - every key optional;
  *   unknown keys are ignored (tune writes its measurements beside them).

@@ -355,6 +355,9 @@ struct moetax_kernels {
     void (*fp32_to_fp16)(const float *x, uint16_t *y, int64_t n);
     void (*bf16_to_fp32)(const uint16_t *x, float *y, int64_t n);
     void (*fp32_to_bf16)(const float *x, uint16_t *y, int64_t n);
+    /* y[i] = fp32(d) * q[i] over the Q8_0 blocks x (n a multiple of 32; exact products, so the same
+     * values as types.h's moetax_to_float in every table): Q8_0 KV cache cells */
+    void (*q8_0_to_fp32)(const void *x, float *y, int64_t n);
 };
 
 /* The table for this CPU (avx512 if AVX-512 F/BW/VL/DQ + VNNI with their state

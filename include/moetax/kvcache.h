@@ -35,8 +35,11 @@
  *   - Every block is free or referenced by at least one sequence's table;
  *     free blocks + referenced blocks = n_blocks.
  *   - A block referenced by more than one table is never written.
- *   - Cells are F32 or F16 (type): F16 halves the cache, as llama.cpp's
+ *   - Cells are F32, F16 or Q8_0 (type): F16 halves the cache, as llama.cpp's
  *     default; moetax then no longer matches llama.cpp's F32 cache to the bit.
+ *     Q8_0 (llama.cpp's -ctk/-ctv q8_0) quarters it: each row in blocks of 32
+ *     values (ggml's block_q8_0, the last block zero-padded), quantized as
+ *     ggml's quantize_row_q8_0 when written and read back as float.
  */
 #ifndef MOETAX_KVCACHE_H
 #define MOETAX_KVCACHE_H
@@ -58,12 +61,12 @@ struct moetax_kvcache_params {
     int64_t n_cells;    /* total token budget (rounded up to whole blocks) */
     int32_t block_size; /* cells per block; 0: MOETAX_KV_BLOCK_DEFAULT */
     int32_t n_seq_max;  /* sequence ids 0 .. n_seq_max-1; 0: MOETAX_KV_SEQ_MAX_DEFAULT */
-    enum moetax_type type; /* MOETAX_TYPE_F32 (the default, 0) or MOETAX_TYPE_F16 */
+    enum moetax_type type; /* MOETAX_TYPE_F32 (the default, 0), MOETAX_TYPE_F16 or MOETAX_TYPE_Q8_0 */
 };
 
 struct moetax_kvcache;
 
-/* A cache of n_layer layers, row floats per cell and layer. */
+/* A cache of n_layer layers, row values per cell and layer. */
 moetax_status moetax_kvcache_init(int32_t n_layer, int64_t row, const struct moetax_kvcache_params *p,
                                   struct moetax_kvcache **out);
 void moetax_kvcache_free(struct moetax_kvcache *kv);
@@ -75,6 +78,8 @@ int32_t moetax_kvcache_block_size(const struct moetax_kvcache *kv);
 int32_t moetax_kvcache_n_seq_max(const struct moetax_kvcache *kv);
 enum moetax_type moetax_kvcache_type(const struct moetax_kvcache *kv);
 size_t moetax_kvcache_bytes(const struct moetax_kvcache *kv);
+/* Bytes of one cell's row in one layer (rows lie this far apart in a block). */
+size_t moetax_kvcache_row_bytes(const struct moetax_kvcache *kv);
 /* Positions a sequence holds (its next position); 0 for an empty or invalid id. */
 int64_t moetax_kvcache_seq_len(const struct moetax_kvcache *kv, int32_t seq);
 
@@ -99,11 +104,11 @@ moetax_status moetax_kvcache_reserve(struct moetax_kvcache *kv, const int32_t *s
 void moetax_kvcache_commit(struct moetax_kvcache *kv, const int32_t *seq, const int32_t *pos, int64_t n);
 
 /* The row of (seq, pos) in layer il (the position's block must be held): row
- * values of the cache's type (float or uint16_t F16). */
+ * values of the cache's type (float, uint16_t F16 or moetax_block_q8_0s). */
 void *moetax_kvcache_row(struct moetax_kvcache *kv, int32_t il, int32_t seq, int64_t pos);
 /* Sequence seq's block table (*n_blocks entries). */
 const int32_t *moetax_kvcache_seq_blocks(const struct moetax_kvcache *kv, int32_t seq, int32_t *n_blocks);
-/* The first row of block b in layer il (block_size rows follow, row values each). */
+/* The first row of block b in layer il (block_size rows follow, row_bytes apart). */
 const void *moetax_kvcache_block_rows(const struct moetax_kvcache *kv, int32_t il, int32_t b);
 /* Blocks referenced by more than one sequence (shared prefixes). */
 int32_t moetax_kvcache_n_shared_blocks(const struct moetax_kvcache *kv);

@@ -286,8 +286,9 @@ struct moetax_ctx_params {
                                  blocks); 0: min(n_ctx_train, 4096) */
     int32_t n_seq_max;        /* sequence ids 0 .. n_seq_max-1; 0: MOETAX_KV_SEQ_MAX_DEFAULT */
     int32_t kv_block;         /* KV cache cells per block; 0: MOETAX_KV_BLOCK_DEFAULT */
-    enum moetax_type kv_type; /* KV cache cells: MOETAX_TYPE_F32 (0, the default) or MOETAX_TYPE_F16 (half the
-                                 memory, llama.cpp's default; then no longer llama.cpp's F32 bits) */
+    enum moetax_type kv_type; /* KV cache cells: MOETAX_TYPE_F32 (0, the default), MOETAX_TYPE_F16 (half the
+                                 memory, llama.cpp's default; then no longer llama.cpp's F32 bits) or
+                                 MOETAX_TYPE_Q8_0 (a quarter; GQA heads of multiples of 32 values) */
     int32_t n_ubatch;         /* max tokens per micro-batch; 0: MOETAX_UBATCH_DEFAULT */
     enum moetax_attn_prefill attn_prefill; /* MLA prompts: see enum moetax_attn_prefill */
     int32_t n_threads;        /* 0: online CPUs (ignored when pool is given) */

@@ -8,7 +8,14 @@
 
 int64_t attend_scratch_floats(int64_t nh, int64_t v_cols) { return nh * (ATTEND_CHUNK + v_cols + 4); }
 
-int64_t attend_f16_floats(int64_t k_cols, int64_t v_cols) { return ATTEND_CHUNK * (k_cols + v_cols); }
+static int64_t ru32(int64_t n) { return (n + 31) / 32 * 32; }
+
+void attend_cell_write(const struct moetax_kernels *K, enum moetax_type ct, const float *row, int64_t n, void *cell) {
+    if (ct == MOETAX_TYPE_F16) K->fp32_to_fp16(row, cell, n);
+    else moetax_quantize_row_q8_0_ref(row, cell, ru32(n));
+}
+
+int64_t attend_cells_floats(int64_t k_cols, int64_t v_cols) { return ATTEND_CHUNK * (ru32(k_cols) + ru32(v_cols)); }
 
 struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, float *fb) {
     struct attend_scratch w = {.sc = buf, .oc = buf + nh * ATTEND_CHUNK, .fb = fb};
@@ -16,49 +23,59 @@ struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, 
     return w;
 }
 
-enum { F16_PF_ROWS = 8 };
+enum { CELL_PF_ROWS = 8 };
 
-/* Where a chunk's values lie among the floats a row of fb holds (F16 cells): inside the keys' part
- * (MLA's) or after them. */
+/* Where a chunk's values lie among the floats a row of fb holds (F16 / Q8_0 cells): inside the keys'
+ * part (MLA's) or after them. */
 static bool v_in_keys(const struct attend_src *src) {
     return src->v_off >= src->k_off && src->v_off + src->v_cols <= src->k_off + src->k_cols;
 }
+/* Floats a row's part of n values takes in fb: Q8_0 cells are read in whole blocks. */
+static int64_t fb_cols(const struct attend_src *src, int64_t n) { return src->ct == MOETAX_TYPE_Q8_0 ? ru32(n) : n; }
 static int64_t fb_floats(const struct attend_src *src) {
-    return v_in_keys(src) ? src->k_cols : src->k_cols + src->v_cols;
+    return v_in_keys(src) ? fb_cols(src, src->k_cols) : fb_cols(src, src->k_cols) + fb_cols(src, src->v_cols);
 }
 
-/* F16 cells: the rows of positions [c0, c1) in float, side by side in fb (fb_floats a row); the
- * same products as F16 matmuls over the cells (F16 to F32 is exact). */
-static void chunk_f16_rows(const struct moetax_kernels *K, const struct attend_src *src, int64_t c0, int64_t c1,
-                           float *fb) {
-    const int64_t bs = moetax_kvcache_block_size(src->kv), kvr = src->kvr, fs = fb_floats(src);
+/* Values [off, off + n) of a cell row in float (Q8_0: off a multiple of 32, the covering blocks). */
+static void cell_floats(const struct moetax_kernels *K, enum moetax_type ct, const char *row, int64_t off, int64_t n,
+                        float *f) {
+    if (ct == MOETAX_TYPE_F16) K->fp16_to_fp32((const uint16_t *)row + off, f, n);
+    else K->q8_0_to_fp32((const moetax_block_q8_0 *)row + off / 32, f, ru32(n));
+}
+
+/* F16 / Q8_0 cells: the rows of positions [c0, c1) in float, side by side in fb (fb_floats a row);
+ * the same products as matmuls over the cells (F16 to F32 is exact, Q8_0's d * q too). */
+static void chunk_cell_rows(const struct moetax_kernels *K, const struct attend_src *src, int64_t c0, int64_t c1,
+                            float *fb) {
+    const int64_t bs = moetax_kvcache_block_size(src->kv), fs = fb_floats(src);
+    const size_t rb = moetax_kvcache_row_bytes(src->kv);
     const bool v_in_k = v_in_keys(src);
+    MOETAX_ASSERT(src->ct != MOETAX_TYPE_Q8_0 || (src->k_off % 32 == 0 && (v_in_k || src->v_off % 32 == 0)));
     for (int64_t b = c0 / bs; b * bs < c1; b++) {
         const int64_t r0 = c0 > b * bs ? c0 - b * bs : 0, r1 = c1 - b * bs < bs ? c1 - b * bs : bs;
-        const uint16_t *rows = moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]);
+        const char *rows = moetax_kvcache_block_rows(src->kv, src->layer, src->blk[b]);
         for (int64_t r = r0; r < r1; r++) {
-            /* the cells F16_PF_ROWS positions on into L2: a row's conversion is too short for the
+            /* the cells CELL_PF_ROWS positions on into L2: a row's conversion is too short for the
              * hardware's prefetch to hide the memory's latency */
-            const int64_t pj = b * bs + r + F16_PF_ROWS;
+            const int64_t pj = b * bs + r + CELL_PF_ROWS;
             if (pj < c1) {
-                const char *pr = (const char *)((const uint16_t *)moetax_kvcache_block_rows(src->kv, src->layer,
-                                                                                            src->blk[pj / bs]) +
-                                                pj % bs * kvr);
-                for (int64_t off = 0; off < kvr * 2; off += 64) __builtin_prefetch(pr + off, 0, 2);
+                const char *pr = (const char *)moetax_kvcache_block_rows(src->kv, src->layer, src->blk[pj / bs]) +
+                                 (size_t)(pj % bs) * rb;
+                for (size_t off = 0; off < rb; off += 64) __builtin_prefetch(pr + off, 0, 2);
             }
             float *f = fb + (b * bs + r - c0) * fs;
-            K->fp16_to_fp32(rows + r * kvr + src->k_off, f, src->k_cols);
-            if (!v_in_k) K->fp16_to_fp32(rows + r * kvr + src->v_off, f + src->k_cols, src->v_cols);
+            cell_floats(K, src->ct, rows + (size_t)r * rb, src->k_off, src->k_cols, f);
+            if (!v_in_k) cell_floats(K, src->ct, rows + (size_t)r * rb, src->v_off, src->v_cols, f + fb_cols(src, src->k_cols));
         }
     }
 }
 
 /* The scores of the positions [c0, c1) for nq query rows q into sc (ld cn = c1 - c0): one F32
- * matmul over fb (F16 cells, chunk_f16_rows made), else one per cache block over its rows. */
+ * matmul over fb (F16 / Q8_0 cells, chunk_cell_rows made), else one per cache block over its rows. */
 static void chunk_scores(const struct moetax_kernels *K, const struct attend_src *src, int64_t c0, int64_t c1,
                          const float *q, int64_t nq, float *sc, const float *fb) {
     const int64_t cn = c1 - c0;
-    if (src->f16) {
+    if (src->ct != MOETAX_TYPE_F32) {
         K->matmul(MOETAX_TYPE_F32, fb, sizeof(float) * (size_t)fb_floats(src), 0, cn, src->k_cols, q, nq, sc, cn);
         return;
     }
@@ -74,12 +91,12 @@ static void chunk_scores(const struct moetax_kernels *K, const struct attend_src
 }
 
 /* The weighted sums of the values of positions [c0, c0 + n) for nr rows of probabilities p (ld_p)
- * into out (ld_out): one wsum over fb (F16 cells), else one chain over the cache blocks. */
+ * into out (ld_out): one wsum over fb (F16 / Q8_0 cells), else one chain over the cache blocks. */
 static void chunk_wsum(const struct moetax_kernels *K, const struct attend_src *src, int64_t c0, int64_t n,
                        const float *p, int64_t ld_p, int64_t nr, float *out, int64_t ld_out, const float *fb) {
     const int64_t vc = src->v_cols;
-    if (src->f16) {
-        K->wsum(out, ld_out, p, ld_p, nr, fb + (v_in_keys(src) ? src->v_off - src->k_off : src->k_cols),
+    if (src->ct != MOETAX_TYPE_F32) {
+        K->wsum(out, ld_out, p, ld_p, nr, fb + (v_in_keys(src) ? src->v_off - src->k_off : fb_cols(src, src->k_cols)),
                 fb_floats(src), n, vc, false);
         return;
     }
@@ -97,7 +114,7 @@ void attend_chunk(const struct moetax_kernels *K, const struct attend_src *src, 
                   const struct attend_scratch *w) {
     const int64_t c0 = c * ATTEND_CHUNK, c1 = c0 + ATTEND_CHUNK < np ? c0 + ATTEND_CHUNK : np, cn = c1 - c0;
     float *sc = w->sc; /* [nh][cn] */
-    if (src->f16) chunk_f16_rows(K, src, c0, c1, w->fb);
+    if (src->ct != MOETAX_TYPE_F32) chunk_cell_rows(K, src, c0, c1, w->fb);
     chunk_scores(K, src, c0, c1, q, nh, sc, w->fb);
     for (int64_t h = 0; h < nh; h++) {
         K->scale(sc + h * cn, kq_scale, cn);
@@ -170,7 +187,7 @@ void attend_tile(const struct moetax_kernels *K, const struct attend_src *src, c
         int64_t i1 = i0;
         while (i1 < nt && np[i1] < c1) i1++;
         /* rows of the tokens from i0, ld cn */
-        if (src->f16) chunk_f16_rows(K, src, c0, c1, w->fb);
+        if (src->ct != MOETAX_TYPE_F32) chunk_cell_rows(K, src, c0, c1, w->fb);
         chunk_scores(K, src, c0, c1, q + i0 * nh * src->k_cols, (nt - i0) * nh, w->sc + i0 * nh * cn, w->fb);
         for (int64_t i = i0; i < nt; i++) {
             const int64_t n = np[i] - c0 < cn ? np[i] - c0 : cn; /* the positions token i sees */

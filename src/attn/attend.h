@@ -13,8 +13,9 @@
  *   M' = max(M, m_c), a = Z exp(M - M'), b = l_c exp(m_c - M'), Z' = a + b,
  *   o' = o * (a / Z') + o_c * (b / Z')                 (scale, then axpy: the table's ops)
  * starting from o = o_0, M = m_0, Z = l_0. With np <= ATTEND_CHUNK that is the plain softmax-
- * weighted sum, the same calls in the same order. F16 cells: the chunk's rows are converted to
- * float once, into the scratch (fb), and read from there by one F32 matmul and one weighted sum.
+ * weighted sum, the same calls in the same order. F16 and Q8_0 cells: the chunk's rows are converted
+ * to float once, into the scratch (fb), and read from there by one F32 matmul and one weighted sum
+ * (Q8_0: k_off, and v_off where the values lie apart from the keys, at multiples of 32).
  */
 #ifndef MOETAX_ATTN_ATTEND_H
 #define MOETAX_ATTN_ATTEND_H
@@ -32,7 +33,7 @@ struct attend_src {
     const struct moetax_kvcache *kv;
     int32_t layer;
     const int32_t *blk;   /* the sequence's block table (moetax_kvcache_seq_blocks) */
-    bool f16;             /* F16 cells, else F32 */
+    enum moetax_type ct;  /* the cells' type: F32, F16 or Q8_0 (moetax_kvcache_type) */
     int64_t kvr;          /* values per cell row */
     int64_t k_off, k_cols; /* the keys: values k_off .. k_off + k_cols of each row */
     int64_t v_off, v_cols; /* the values: v_off .. v_off + v_cols */
@@ -43,15 +44,21 @@ struct attend_scratch {
     float *sc; /* [nh][ATTEND_CHUNK] scores, then probabilities */
     float *oc; /* [nh][v_cols] a later chunk's weighted sum */
     float *ms; /* [nh][4] the chunk's max and divisor, the running ones */
-    float *fb; /* F16 cells: a chunk's keys and values in float (attend_f16_floats); else NULL */
+    float *fb; /* F16 / Q8_0 cells: a chunk's keys and values in float (attend_cells_floats); else NULL */
 };
 
 /* Floats of sc + oc + ms for nh heads of v_cols values. */
 int64_t attend_scratch_floats(int64_t nh, int64_t v_cols);
-/* Floats of fb for keys of k_cols and values of v_cols (F16 cells). */
-int64_t attend_f16_floats(int64_t k_cols, int64_t v_cols);
+/* Floats of fb for keys of k_cols and values of v_cols (F16 / Q8_0 cells). */
+int64_t attend_cells_floats(int64_t k_cols, int64_t v_cols);
 /* Lays sc, oc and ms out in buf (attend_scratch_floats(nh, v_cols) floats); fb as given. */
 struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, float *fb);
+
+/* A cache row of n floats (row: ru32(n) floats where ct is Q8_0, the rest zero) into cell, in the
+ * cells' type ct (F16 or Q8_0: ggml's quantize_row_q8_0). */
+void attend_cell_write(const struct moetax_kernels *K, enum moetax_type ct, const float *row, int64_t n, void *cell);
+/* Floats of a row buffer for attend_cell_write. */
+static inline int64_t attend_cell_row_floats(int64_t n) { return (n + 31) / 32 * 32; }
 
 /* Chunks of np positions. */
 static inline int64_t attend_n_chunks(int64_t np) { return (np + ATTEND_CHUNK - 1) / ATTEND_CHUNK; }
@@ -70,7 +77,7 @@ void attend_fold(const struct moetax_kernels *K, float *o, const float *oc, int6
 /* A tile of nt tokens of one sequence (a prompt's), token i over positions 0 .. np[i]-1 (np
  * ascending), each with nh >= 2 query heads (token i's head h at q + (i * nh + h) * k_cols), into
  * o (token i's head h at o + i * ldo_t + h * ldo): per chunk of positions the rows are read (F16
- * cells: converted) once for all of the tile's tokens, the scores one matmul with the tokens' heads
+ * and Q8_0 cells: converted) once for all of the tile's tokens, the scores one matmul with the tokens' heads
  * as its batch, the weighted sums one chain for the tokens that see the whole chunk and one per
  * token for those that see part of it; per token and head the same calls on the same values as
  * attend_heads for its heads alone, so the same bits (the F32/F16 matmul's per-output chain is one
@@ -85,7 +92,7 @@ struct attend_tile_scratch {
     float *ot;  /* [nq][v_cols] the tile's outputs */
     float *ms;  /* [nq][2] a chunk's max and divisor */
     float *run; /* [nq][2] the running ones */
-    float *fb;  /* F16 cells: attend_f16_floats; else NULL */
+    float *fb;  /* F16 / Q8_0 cells: attend_cells_floats; else NULL */
 };
 /* A micro-batch's tokens cut into tiles: runs of tokens of one sequence at consecutive positions,
  * in pieces of at most tq, tile k = tokens start[k] .. start[k+1]-1 (start: n + 1 entries);

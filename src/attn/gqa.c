@@ -82,20 +82,20 @@ static void q_token(const struct fw_step *s, const struct gqa *a, int il, int64_
     norm_rope_heads(s, a, q, full ? NULL : l->bq, l->attn_q_norm, 0, H, t);
 }
 
-/* Token t's cache row of layer il: [norm+rope(k) ; v] from a->kvp (F16 cells: made in the
+/* Token t's cache row of layer il: [norm+rope(k) ; v] from a->kvp (F16 / Q8_0 cells: made in the
  * worker's float row, then converted). */
 static void cache_row(const struct fw_step *s, struct gqa *a, struct gqa_worker *wk, int il, int64_t t) {
     const struct moetax_hparams *hp = &s->m->hp;
     const struct moetax_layer *l = &s->m->layers[il];
     const int64_t Hkv = hp->n_head_kv, hk = hp->n_embd_head_k, kvr = a->kv_row;
     void *cell = moetax_kvcache_row(a->kv, il, s->seq[t], s->pos[t]);
-    float *dst = a->f16 ? wk->row : cell;
+    float *dst = a->ct != MOETAX_TYPE_F32 ? wk->row : cell;
     memcpy(dst, a->kvp + t * kvr, sizeof(float) * (size_t)kvr);
     if (l->bk) add_bias(dst, l->bk, Hkv * hk);
     if (l->bv) add_bias(dst + Hkv * hk, l->bv, kvr - Hkv * hk);
     if (l->attn_k_norm && hp->qk_norm == MOETAX_QK_NORM_FULL) s->K->rmsnorm(dst, dst, l->attn_k_norm, Hkv * hk, hp->rms_eps);
     norm_rope_heads(s, a, dst, NULL, l->attn_k_norm, 0, Hkv, t);
-    if (a->f16) s->K->fp32_to_fp16(dst, cell, kvr);
+    if (a->ct != MOETAX_TYPE_F32) attend_cell_write(s->K, a->ct, dst, kvr, cell);
 }
 
 static void attend(const struct fw_step *s, struct gqa *a, struct gqa_worker *wk, int il, int64_t t, int64_t g,
@@ -237,7 +237,7 @@ void gqa_attention(struct worker *w, struct gqa *a, int il) {
             while (first[t + 1] <= ci) t++;
             int32_t nblk;
             const struct attend_src src = {.kv = a->kv, .layer = il, .blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk),
-                                           .f16 = a->f16, .kvr = kvr, .k_off = g * hk, .k_cols = hk,
+                                           .ct = a->ct, .kvr = kvr, .k_off = g * hk, .k_cols = hk,
                                            .v_off = Hkv * hk + g * hv, .v_cols = hv};
             attend_chunk(s->K, &src, a->q + (t * H + g * r) * hk, r, s->pos[t] + 1, ci - first[t], hp->kq_scale,
                          a->sp_o + (ci * H + g * r) * hv, hv, a->sp_ms + (ci * H + g * r) * 2, &wk->at);
@@ -270,7 +270,7 @@ void gqa_attention(struct worker *w, struct gqa *a, int il) {
             }
             int32_t nblk;
             const struct attend_src src = {.kv = a->kv, .layer = il, .blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t0], &nblk),
-                                           .f16 = a->f16, .kvr = kvr, .k_off = g * hk, .k_cols = hk,
+                                           .ct = a->ct, .kvr = kvr, .k_off = g * hk, .k_cols = hk,
                                            .v_off = Hkv * hk + g * hv, .v_cols = hv};
             attend_tile(s->K, &src, wk->tq, r, np, nt, hp->kq_scale, a->attv + (t0 * H + g * r) * hv, H * hv, hv,
                         &wk->tile);
@@ -298,7 +298,7 @@ static void attend(const struct fw_step *s, struct gqa *a, struct gqa_worker *wk
     const int64_t H = hp->n_head, Hkv = hp->n_head_kv, hk = hp->n_embd_head_k, hv = hp->n_embd_head_v;
     int32_t nblk;
     const struct attend_src src = {.kv = a->kv, .layer = il, .blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk),
-                                   .f16 = a->f16, .kvr = a->kv_row, .k_off = g * hk, .k_cols = hk,
+                                   .ct = a->ct, .kvr = a->kv_row, .k_off = g * hk, .k_cols = hk,
                                    .v_off = Hkv * hk + g * hv, .v_cols = hv};
     attend_heads(s->K, &src, a->q + t * H * hk + h0 * hk, h1 - h0, s->pos[t] + 1, hp->kq_scale,
                  a->attv + t * H * hv + h0 * hv, hv, &wk->at);
@@ -343,7 +343,12 @@ moetax_status gqa_init(struct gqa *a, const struct fw_step *s, struct moetax_kvc
     memset(a, 0, sizeof *a);
     a->kv = kv;
     a->kv_row = gqa_kv_row(hp);
-    a->f16 = moetax_kvcache_type(kv) == MOETAX_TYPE_F16;
+    a->ct = moetax_kvcache_type(kv);
+    if (a->ct == MOETAX_TYPE_Q8_0 && (hk % 32 || hv % 32))
+        return moetax_error(MOETAX_ERR_UNSUPPORTED,
+                            "q8_0 KV cache cells hold a head's keys and values in blocks of 32 values, and this "
+                            "model's heads have %lld-value keys and %lld-value values: use --cache-type f16 or f32",
+                            (long long)hk, (long long)hv);
     a->n_threads = s->n_threads;
     a->q = calloc((size_t)(U * H * hk), sizeof(float));
     a->kvp = calloc((size_t)(U * a->kv_row), sizeof(float));
@@ -360,15 +365,15 @@ moetax_status gqa_init(struct gqa *a, const struct fw_step *s, struct moetax_kvc
     for (int i = 0; ok && i < a->n_threads; i++) {
         struct gqa_worker *wk = &a->wk[i];
         wk->sc = calloc((size_t)attend_scratch_floats(H, hv), sizeof(float)); /* an item has at most r <= H heads */
-        wk->row = calloc((size_t)a->kv_row, sizeof(float));
-        wk->vb = a->f16 ? calloc((size_t)attend_f16_floats(hp->n_embd_head_k, hv), sizeof(float)) : NULL;
+        wk->row = calloc((size_t)attend_cell_row_floats(a->kv_row), sizeof(float));
+        wk->vb = a->ct != MOETAX_TYPE_F32 ? calloc((size_t)attend_cells_floats(hk, hv), sizeof(float)) : NULL;
         wk->at = attend_scratch_at(wk->sc, H, hv, wk->vb);
         const int64_t r = H / hp->n_head_kv, nq = r > ATTEND_TILE_ROWS ? r : ATTEND_TILE_ROWS;
         wk->tbuf = malloc(sizeof(float) * (size_t)attend_tile_floats(nq, hv));
         wk->tile = attend_tile_at(wk->tbuf, nq, hv, wk->vb);
         wk->tq = malloc(sizeof(float) * (size_t)(nq * hk));
         wk->start = malloc(sizeof(int64_t) * (size_t)(U + 1));
-        ok = wk->sc && wk->row && (!a->f16 || wk->vb) && wk->tbuf && wk->tq && wk->start;
+        ok = wk->sc && wk->row && (a->ct == MOETAX_TYPE_F32 || wk->vb) && wk->tbuf && wk->tq && wk->start;
     }
     if (!ok) {
         gqa_free(a);

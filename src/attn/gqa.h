@@ -11,7 +11,7 @@
 struct gqa_worker {
     float *sc;  /* attend_scratch_floats(n_head, hv): attend's scratch (at) */
     float *row; /* [kv_row] a cache row before its conversion (F16 cells) */
-    float *vb;  /* attend_f16_floats(hk, hv): a chunk's K and V of one KV head in float (F16 cells) */
+    float *vb;  /* attend_cells_floats(hk, hv): a chunk's K and V of one KV head in float (F16 / Q8_0 cells) */
     struct attend_scratch at;
     /* a prompt's tiles (gqa.c, phase 4; attend_tile) */
     float *tbuf;               /* attend_tile_floats(nq, hv), nq = max(ATTEND_TILE_ROWS, r) rows */
@@ -23,7 +23,7 @@ struct gqa_worker {
 struct gqa {
     struct moetax_kvcache *kv; /* not owned; a cell's row per layer is kv_row values */
     int64_t kv_row;            /* Hkv*hk + Hkv*hv: [K of every KV head ; V of every KV head] */
-    bool f16;                  /* the cache's cells are F16 */
+    enum moetax_type ct;       /* the cache's cells: F32, F16 or Q8_0 */
     /* micro-batch buffers (U = n_ubatch) */
     float *q;              /* [U, H*hk] */
     float *kvp;            /* [U, kv_row] k and v projections, the cache row's layout */

@@ -17,8 +17,8 @@ struct moetax_kvcache {
     int32_t n_layer, bs, n_seq;
     int64_t row, n_blocks;
     enum moetax_type type;
-    size_t es;          /* bytes per value */
-    char *data;         /* [n_layer][n_blocks * bs][row] values */
+    size_t rb;          /* bytes per row: row values (Q8_0: in blocks of 32, the last padded) */
+    char *data;         /* [n_layer][n_blocks * bs] rows */
     int32_t *ref;       /* [n_blocks] tables referencing each block */
     int32_t *free_list; /* [n_blocks] stack of free blocks */
     int64_t n_free;
@@ -34,16 +34,18 @@ moetax_status moetax_kvcache_init(int32_t n_layer, int64_t row, const struct moe
     const int32_t ns = p && p->n_seq_max > 0 ? p->n_seq_max : MOETAX_KV_SEQ_MAX_DEFAULT;
     const int64_t cells = p ? p->n_cells : 0;
     if (n_layer <= 0 || row <= 0 || cells <= 0)
-        return moetax_error(MOETAX_ERR_ARG, "KV cache: %d layers, %lld floats per row, %lld cells: each must be > 0",
+        return moetax_error(MOETAX_ERR_ARG, "KV cache: %d layers, %lld values per row, %lld cells: each must be > 0",
                             n_layer, (long long)row, (long long)cells);
     if (bs > (1 << 16) || ns > (1 << 16))
         return moetax_error(MOETAX_ERR_ARG, "KV cache: block size %d or sequence count %d above %d", bs, ns, 1 << 16);
     const enum moetax_type type = p ? p->type : MOETAX_TYPE_F32;
-    if (type != MOETAX_TYPE_F32 && type != MOETAX_TYPE_F16)
-        return moetax_error(MOETAX_ERR_UNSUPPORTED, "KV cache cells of type %s: only f32 and f16", moetax_type_name(type));
-    const size_t es = type == MOETAX_TYPE_F16 ? 2 : 4;
+    if (type != MOETAX_TYPE_F32 && type != MOETAX_TYPE_F16 && type != MOETAX_TYPE_Q8_0)
+        return moetax_error(MOETAX_ERR_UNSUPPORTED, "KV cache cells of type %s: only f32, f16 and q8_0",
+                            moetax_type_name(type));
+    const double rb = type == MOETAX_TYPE_Q8_0 ? (double)((row + 31) / 32) * (double)sizeof(moetax_block_q8_0)
+                                                : (double)row * (type == MOETAX_TYPE_F16 ? 2 : 4);
     const int64_t nblk = (cells + bs - 1) / bs;
-    const double bytes = (double)n_layer * (double)nblk * bs * (double)row * (double)es;
+    const double bytes = (double)n_layer * (double)nblk * bs * rb;
     if (nblk > (1 << 24) || bytes > (double)SIZE_MAX / 2)
         return moetax_error(MOETAX_ERR_ARG, "KV cache: %lld cells (%.1f GiB) is too large", (long long)cells,
                             bytes / (1 << 30));
@@ -54,7 +56,7 @@ moetax_status moetax_kvcache_init(int32_t n_layer, int64_t row, const struct moe
     kv->n_seq = ns;
     kv->row = row;
     kv->type = type;
-    kv->es = es;
+    kv->rb = (size_t)rb;
     kv->n_blocks = nblk;
     kv->data = malloc((size_t)bytes);
     kv->ref = calloc((size_t)nblk, sizeof(int32_t));
@@ -93,8 +95,9 @@ int32_t moetax_kvcache_block_size(const struct moetax_kvcache *kv) { return kv->
 int32_t moetax_kvcache_n_seq_max(const struct moetax_kvcache *kv) { return kv->n_seq; }
 enum moetax_type moetax_kvcache_type(const struct moetax_kvcache *kv) { return kv->type; }
 size_t moetax_kvcache_bytes(const struct moetax_kvcache *kv) {
-    return (size_t)kv->n_layer * (size_t)kv->n_blocks * (size_t)kv->bs * (size_t)kv->row * kv->es;
+    return (size_t)kv->n_layer * (size_t)kv->n_blocks * (size_t)kv->bs * kv->rb;
 }
+size_t moetax_kvcache_row_bytes(const struct moetax_kvcache *kv) { return kv->rb; }
 int64_t moetax_kvcache_seq_len(const struct moetax_kvcache *kv, int32_t seq) {
     return seq >= 0 && seq < kv->n_seq ? kv->seqs[seq].len : 0;
 }
@@ -221,7 +224,7 @@ moetax_status moetax_kvcache_reserve(struct moetax_kvcache *kv, const int32_t *s
         if (len[s] == q->len) continue;
         if (q->len % kv->bs && kv->ref[q->table[q->nb - 1]] > 1) { /* copy on write */
             const int32_t old = q->table[q->nb - 1], nb = block_alloc(kv);
-            const size_t rows = (size_t)(q->len % kv->bs), rb = kv->es * (size_t)kv->row;
+            const size_t rows = (size_t)(q->len % kv->bs), rb = kv->rb;
             for (int32_t il = 0; il < kv->n_layer; il++)
                 memcpy(kv->data + (size_t)(((int64_t)il * kv->n_blocks + nb) * kv->bs) * rb,
                        kv->data + (size_t)(((int64_t)il * kv->n_blocks + old) * kv->bs) * rb, rows * rb);
@@ -241,7 +244,7 @@ void moetax_kvcache_commit(struct moetax_kvcache *kv, const int32_t *seq, const 
 void *moetax_kvcache_row(struct moetax_kvcache *kv, int32_t il, int32_t seq, int64_t pos) {
     const struct kv_seq *q = &kv->seqs[seq];
     const int32_t b = q->table[pos / kv->bs];
-    return kv->data + (size_t)((((int64_t)il * kv->n_blocks + b) * kv->bs + pos % kv->bs) * kv->row) * kv->es;
+    return kv->data + (size_t)(((int64_t)il * kv->n_blocks + b) * kv->bs + pos % kv->bs) * kv->rb;
 }
 
 const int32_t *moetax_kvcache_seq_blocks(const struct moetax_kvcache *kv, int32_t seq, int32_t *n_blocks) {
@@ -250,7 +253,7 @@ const int32_t *moetax_kvcache_seq_blocks(const struct moetax_kvcache *kv, int32_
 }
 
 const void *moetax_kvcache_block_rows(const struct moetax_kvcache *kv, int32_t il, int32_t b) {
-    return kv->data + (size_t)(((int64_t)il * kv->n_blocks + b) * kv->bs * kv->row) * kv->es;
+    return kv->data + (size_t)(((int64_t)il * kv->n_blocks + b) * kv->bs) * kv->rb;
 }
 
 int32_t moetax_kvcache_n_shared_blocks(const struct moetax_kvcache *kv) {

@@ -43,19 +43,19 @@
 
 #include "attn/mla.h"
 
-/* Token t's cache row of layer il: [rmsnorm(kv) ; rope(k_pe)] from a->kva (F16 cells: made
+/* Token t's cache row of layer il: [rmsnorm(kv) ; rope(k_pe)] from a->kva (F16 / Q8_0 cells: made
  * in the worker's float row, then converted). */
 static void cache_row(const struct fw_step *s, struct mla *a, struct mla_worker *wk, int il, int64_t t) {
     const struct moetax_hparams *hp = &s->m->hp;
     const struct moetax_layer *l = &s->m->layers[il];
     const int64_t kvl = hp->kv_lora_rank, rope = hp->n_embd_head_qk_rope, kvr = a->kv_row;
     void *cell = moetax_kvcache_row(a->kv, il, s->seq[t], s->pos[t]);
-    float *dst = a->f16 ? wk->row : cell;
+    float *dst = a->ct != MOETAX_TYPE_F32 ? wk->row : cell;
     const float *src = a->kva + t * kvr;
     s->K->rmsnorm(dst, src, l->kv_a_norm, kvl, hp->rms_eps);
     memcpy(dst + kvl, src + kvl, sizeof(float) * (size_t)rope);
     s->K->rope_cached(dst + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, a->ropecs + t * rope);
-    if (a->f16) s->K->fp32_to_fp16(dst, cell, kvr);
+    if (a->ct != MOETAX_TYPE_F32) attend_cell_write(s->K, a->ct, dst, kvr, cell);
 }
 
 /* Head h, tokens [t0, t1) of the micro-batch: Q_h = [W_kb[h] q_nope ; rope(q_pe)] into a->qabs
@@ -119,7 +119,7 @@ static void attend(const struct fw_step *s, struct mla *a, struct mla_worker *wk
     const int64_t H = hp->n_head, kvl = hp->kv_lora_rank, kvr = a->kv_row;
     int32_t nblk;
     const struct attend_src src = {.kv = a->kv, .layer = il, .blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk),
-                                   .f16 = a->f16, .kvr = kvr, .k_off = 0, .k_cols = kvr, .v_off = 0, .v_cols = kvl};
+                                   .ct = a->ct, .kvr = kvr, .k_off = 0, .k_cols = kvr, .v_off = 0, .v_cols = kvl};
     attend_heads(s->K, &src, a->qabs + (t * H + h0) * kvr, h1 - h0, s->pos[t] + 1, hp->kq_scale, o, kvl, &wk->at);
 }
 
@@ -288,11 +288,15 @@ static void dec_head(const struct fw_step *s, struct mla *a, struct mla_worker *
             for (int64_t j = j0; j < j0 + nj; j++) {
                 const int64_t p = c0 + j;
                 const void *row = (const char *)moetax_kvcache_block_rows(a->kv, il, blk[p / bs]) +
-                                  (size_t)(p % bs * kvr) * (a->f16 ? sizeof(uint16_t) : sizeof(float));
+                                  (size_t)(p % bs) * moetax_kvcache_row_bytes(a->kv);
                 float *g = wk->g + (j - j0) * kvl;
-                if (a->f16) {
+                if (a->ct == MOETAX_TYPE_F16) {
                     K->fp16_to_fp32(row, g, kvl);
                     K->fp16_to_fp32((const uint16_t *)row + kvl, wk->kc + j * kr + nope, rope);
+                } else if (a->ct == MOETAX_TYPE_Q8_0) { /* the whole row's blocks, then its parts */
+                    K->q8_0_to_fp32(row, wk->row, attend_cell_row_floats(kvr));
+                    memcpy(g, wk->row, sizeof(float) * (size_t)kvl);
+                    memcpy(wk->kc + j * kr + nope, wk->row + kvl, sizeof(float) * (size_t)rope);
                 } else {
                     memcpy(g, row, sizeof(float) * (size_t)kvl);
                     memcpy(wk->kc + j * kr + nope, (const float *)row + kvl, sizeof(float) * (size_t)rope);
@@ -445,7 +449,7 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
             while (first[t + 1] <= ci) t++;
             int32_t nblk;
             const struct attend_src src = {.kv = a->kv, .layer = il, .blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t], &nblk),
-                                           .f16 = a->f16, .kvr = a->kv_row, .k_off = 0, .k_cols = a->kv_row, .v_off = 0,
+                                           .ct = a->ct, .kvr = a->kv_row, .k_off = 0, .k_cols = a->kv_row, .v_off = 0,
                                            .v_cols = kvl};
             attend_chunk(K, &src, a->qabs + (t * H + h0) * a->kv_row, h1 - h0, s->pos[t] + 1, ci - first[t],
                          hp->kq_scale, a->sp_o + (ci * H + h0) * kvl, kvl, a->sp_ms + (ci * H + h0) * 2, &wk->at);
@@ -484,7 +488,7 @@ void mla_attention(struct worker *w, struct mla *a, int il) {
             for (int64_t i = 0; i < nt; i++) np[i] = s->pos[t0 + i] + 1;
             int32_t nblk;
             const struct attend_src src = {.kv = a->kv, .layer = il, .blk = moetax_kvcache_seq_blocks(a->kv, s->seq[t0], &nblk),
-                                           .f16 = a->f16, .kvr = a->kv_row, .k_off = 0, .k_cols = a->kv_row, .v_off = 0,
+                                           .ct = a->ct, .kvr = a->kv_row, .k_off = 0, .k_cols = a->kv_row, .v_off = 0,
                                            .v_cols = kvl};
             attend_tile(K, &src, a->qabs + t0 * H * a->kv_row, H, np, nt, hp->kq_scale, a->oatt + t0 * H * kvl, H * kvl,
                         kvl, &wk->tile);
@@ -546,7 +550,7 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
     memset(a, 0, sizeof *a);
     a->kv = kv;
     a->kv_row = kvl + rope;
-    a->f16 = moetax_kvcache_type(kv) == MOETAX_TYPE_F16;
+    a->ct = moetax_kvcache_type(kv);
     a->n_threads = s->n_threads;
     a->dec_mode = prefill;
     /* the decompressed form: not where the file's k_b / v_b bytes are gone, nor where it cannot
@@ -578,14 +582,14 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
         wk->f = calloc(wk->nf, sizeof(float));
         wk->atbuf = calloc((size_t)attend_scratch_floats(H, kvl), sizeof(float));
         wk->q = aligned_alloc(64, (wk->nq + 63) / 64 * 64);
-        wk->row = calloc((size_t)a->kv_row, sizeof(float));
-        wk->vb = a->f16 ? calloc((size_t)attend_f16_floats(a->kv_row, kvl), sizeof(float)) : NULL;
+        wk->row = calloc((size_t)attend_cell_row_floats(a->kv_row), sizeof(float));
+        wk->vb = a->ct != MOETAX_TYPE_F32 ? calloc((size_t)attend_cells_floats(a->kv_row, kvl), sizeof(float)) : NULL;
         wk->at = attend_scratch_at(wk->atbuf, H, kvl, wk->vb);
         const int64_t tnq = H > ATTEND_TILE_ROWS ? H : ATTEND_TILE_ROWS;
         wk->tbuf = malloc(sizeof(float) * (size_t)attend_tile_floats(tnq, kvl));
         wk->tile = attend_tile_at(wk->tbuf, tnq, kvl, wk->vb);
         wk->start = malloc(sizeof(int64_t) * (size_t)(U + 1));
-        ok = wk->f && wk->atbuf && wk->q && wk->row && (!a->f16 || wk->vb) && wk->tbuf && wk->start;
+        ok = wk->f && wk->atbuf && wk->q && wk->row && (a->ct == MOETAX_TYPE_F32 || wk->vb) && wk->tbuf && wk->start;
         if (ok && a->dec) {
             const int64_t CH = ATTEND_CHUNK, TL = MLA_DEC_TILE;
             wk->wkt = malloc(sizeof(float) * (size_t)(nope * kvl));

@@ -24,8 +24,8 @@ struct mla_worker {
     struct attend_scratch at; /* attend's scratch in atbuf and vb */
     void *q;   /* [nq] prepared rows for the per-head matmuls */
     size_t nq;
-    float *row; /* [kv_row] a cache row before its conversion (F16 cells) */
-    float *vb;  /* attend_f16_floats(kv_row, kv_lora): a chunk's cells in float (F16 cells) */
+    float *row; /* [attend_cell_row_floats(kv_row)] a cache row before its conversion (F16 / Q8_0 cells) */
+    float *vb;  /* attend_cells_floats(kv_row, kv_lora): a chunk's cells in float (F16 / Q8_0 cells) */
     /* a prompt's tiles in the absorbed form (mla.c, phase 4; attend_tile) */
     float *tbuf;               /* attend_tile_floats(max(ATTEND_TILE_ROWS, n_head), kv_lora) */
     struct attend_tile_scratch tile;
@@ -48,7 +48,7 @@ struct mla {
     enum moetax_attn_prefill dec_mode; /* the context's attn_prefill */
     bool dec;                  /* a prompt's micro-batch may take the decompressed form (dec_pays) */
     int64_t kv_row;            /* kv_lora + rope */
-    bool f16;                  /* the cache's cells are F16 */
+    enum moetax_type ct;       /* the cache's cells: F32, F16 or Q8_0 */
     /* micro-batch buffers (U = n_ubatch) */
     float *qa;             /* [U, q_lora] */
     float *q;              /* [U, H*(nope+rope)] */

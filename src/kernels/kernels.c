@@ -356,6 +356,7 @@ static const struct moetax_kernels k_ref = {
     .fp32_to_fp16 = moetax_k_fp32_to_fp16_ref,
     .bf16_to_fp32 = moetax_k_bf16_to_fp32_ref,
     .fp32_to_bf16 = moetax_k_fp32_to_bf16_ref,
+    .q8_0_to_fp32 = moetax_k_q8_0_to_fp32_ref,
 };
 
 static const struct moetax_kernels k_avx2 = {
@@ -380,10 +381,11 @@ static const struct moetax_kernels k_avx2 = {
     .fp32_to_fp16 = moetax_k_fp32_to_fp16_avx2,
     .bf16_to_fp32 = moetax_k_bf16_to_fp32_avx2,
     .fp32_to_bf16 = moetax_k_fp32_to_bf16_avx2,
+    .q8_0_to_fp32 = moetax_k_q8_0_to_fp32_avx2,
 };
 
-/* The avx2 table with the matmuls (Q8_0 / Q4_0 / k-quants on AVX-512 VNNI, F32/F16/BF16 batches) and the
- * attention's weighted sum on AVX-512 (matmul_avx512.c); the rest is avx2's. */
+/* The avx2 table with the matmuls (Q8_0 / Q4_0 / k-quants on AVX-512 VNNI, F32/F16/BF16 batches), the
+ * attention's weighted sum and the Q8_0 cells' conversion on AVX-512 (matmul_avx512.c); the rest is avx2's. */
 static const struct moetax_kernels k_avx512 = {
     .name = "avx512",
     .quantize_act = moetax_k_quantize_act_avx2,
@@ -406,6 +408,7 @@ static const struct moetax_kernels k_avx512 = {
     .fp32_to_fp16 = moetax_k_fp32_to_fp16_avx2,
     .bf16_to_fp32 = moetax_k_bf16_to_fp32_avx2,
     .fp32_to_bf16 = moetax_k_fp32_to_bf16_avx2,
+    .q8_0_to_fp32 = moetax_k_q8_0_to_fp32_avx512,
 };
 
 static const struct moetax_kernels *g_best;

@@ -213,6 +213,7 @@ void moetax_k_fp16_to_fp32_ref(const uint16_t *x, float *y, int64_t n);
 void moetax_k_fp32_to_fp16_ref(const float *x, uint16_t *y, int64_t n);
 void moetax_k_bf16_to_fp32_ref(const uint16_t *x, float *y, int64_t n);
 void moetax_k_fp32_to_bf16_ref(const float *x, uint16_t *y, int64_t n);
+void moetax_k_q8_0_to_fp32_ref(const void *x, float *y, int64_t n);
 
 void moetax_k_rmsnorm_avx2(float *out, const float *x, const float *w, int64_t n, float eps);
 void moetax_k_softmax_avx2(float *x, int64_t n, float ms[2]);
@@ -231,5 +232,7 @@ void moetax_k_fp16_to_fp32_avx2(const uint16_t *x, float *y, int64_t n);
 void moetax_k_fp32_to_fp16_avx2(const float *x, uint16_t *y, int64_t n);
 void moetax_k_bf16_to_fp32_avx2(const uint16_t *x, float *y, int64_t n);
 void moetax_k_fp32_to_bf16_avx2(const float *x, uint16_t *y, int64_t n);
+void moetax_k_q8_0_to_fp32_avx2(const void *x, float *y, int64_t n);
+void moetax_k_q8_0_to_fp32_avx512(const void *x, float *y, int64_t n);
 
 #endif

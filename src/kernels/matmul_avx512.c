@@ -1361,3 +1361,14 @@ void moetax_k_wsum_avx512(float *out, int64_t ld_out, const float *p, int64_t ld
         }
     }
 }
+
+void moetax_k_q8_0_to_fp32_avx512(const void *x, float *y, int64_t n) {
+    const moetax_block_q8_0 *b = x;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const __m512 d = _mm512_set1_ps(moetax_k_fp16_table[b[i].d]);
+        for (int j = 0; j < 32; j += 16) {
+            const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b[i].qs + j)));
+            _mm512_storeu_ps(y + i * 32 + j, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q)));
+        }
+    }
+}

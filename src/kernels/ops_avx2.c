@@ -274,3 +274,14 @@ void moetax_k_fp32_to_bf16_avx2(const float *x, uint16_t *y, int64_t n) {
     }
     for (; i < n; i++) y[i] = moetax_fp32_to_bf16(x[i]);
 }
+
+void moetax_k_q8_0_to_fp32_avx2(const void *x, float *y, int64_t n) {
+    const moetax_block_q8_0 *b = x;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const __m256 d = _mm256_set1_ps(moetax_k_fp16_table[b[i].d]);
+        for (int j = 0; j < 32; j += 8) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b[i].qs + j)));
+            _mm256_storeu_ps(y + i * 32 + j, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
+        }
+    }
+}

@@ -132,7 +132,7 @@ struct srv_sched_params {
     int n_ubatch_store;                    /* the micro-batch the store was fitted to */
     enum moetax_attn_prefill attn_prefill; /* moetax_ctx_params' */
     bool no_prefetch;                      /* with a store: no early reads */
-    enum moetax_type kv_type;              /* KV cells: f32 (0) or f16 */
+    enum moetax_type kv_type;              /* KV cells: f32 (0), f16 or q8_0 */
     float capacity_factor;                 /* 0: off */
     enum moetax_overflow overflow;
     bool mpi;                              /* under mpirun with 2+ ranks, on rank 0: every step's cache

@@ -181,6 +181,22 @@ def quantize_q8_0(x, margin=False, flip=(), scale_margin=False):
     return deq, m.reshape(shp), sm
 
 
+def cell_round(x, cells):
+    """Rows x (last axis) as a KV cache of cells "f32", "f16" or "q8_0" stores them and reads them back:
+    f16 rounds each value to float16; q8_0 pads the row with zeros to whole blocks of 32 and quantizes
+    it as quantize_row_q8_0 (moetax's Q8_0 cells, include/moetax/kvcache.h)."""
+    if cells == "f32":
+        return x
+    if cells == "f16":
+        return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float64)
+    if cells != "q8_0":
+        raise ValueError("cells: %r" % cells)
+    n = x.shape[-1]
+    pad = (-n) % 32
+    xp = np.concatenate([x, np.zeros(x.shape[:-1] + (pad,))], axis=-1) if pad else x
+    return quantize_q8_0(xp)[..., :n]
+
+
 def silu(x):
     return x / (1.0 + np.exp(-x))
 
@@ -358,6 +374,7 @@ def moe_forward(h, gate_inp, get_expert, probs_b, cfg, shared=None, aq=None):
 # model
 
 class Model:
+    cells = "f32"   # the KV cache's cells (cell_round): set "f16" or "q8_0" on an instance
     QTIE_RECORD = 1e-6
 
     def __init__(self, path, dtype=np.float64, expert_cache_mb=1024, act_quant=False, decompressed=0):
@@ -515,6 +532,29 @@ class Model:
             return deq
         return x
 
+    def _cell(self, x):
+        """Rows x (T, ...) of the tokens being run as the KV cache's cells store them (cell_round); q8_0
+        cells fold their rounding near ties into self.qties, as _aq does, so a flip can round one the
+        other way (moetax's float32 row and this float64 one may part at a tie)."""
+        if self.cells != "q8_0":
+            return cell_round(x, self.cells)
+        T = x.shape[0]
+        xr = x.reshape(T, -1)
+        n = xr.shape[1]
+        pad = (-n) % 32
+        xp = np.concatenate([xr, np.zeros((T, pad))], axis=1) if pad else xr
+        call = self._qcall
+        self._qcall += 1
+        flip = [i for c, i in self.qflip if c == call]
+        deq, mg, sm = quantize_q8_0(xp, margin=True, flip=flip, scale_margin=True)
+        pos = self._positions
+        for i in np.flatnonzero(mg < self.QTIE_RECORD):
+            self.qties.append((float(mg.flat[i]), int(pos[i // mg.shape[1]]), (call, int(i))))
+        nbr = mg.shape[1] // 32
+        for b in np.flatnonzero(sm < self.QTIE_RECORD):
+            self.qties.append((float(sm[b]), int(pos[b // nbr]), (call, int(mg.size + b))))
+        return deq[:, :n].reshape(x.shape).astype(self.dtype)
+
     def _aq_part(self, x, wtype, fl):
         """_aq of the rows not in the mask fl (T,); those in it stay as they are."""
         if not fl.any():
@@ -594,7 +634,8 @@ class Model:
         q_pe = rope_norm(q_pe, positions, **rargs)                # (T, H, rot)
         k_pe = rope_norm(k_pe, positions, **rargs)                # (T, rot)
         kv = rmsnorm(kv, lw["kv_a_norm"], eps)
-        self.cache[il] = np.concatenate([self.cache[il], np.concatenate([kv, k_pe], axis=1)], axis=0)
+        row = self._cell(np.concatenate([kv, k_pe], axis=1))
+        self.cache[il] = np.concatenate([self.cache[il], row], axis=0)
         K = self.cache[il]                                        # (P, kvl + rot)
         P = K.shape[0]
         # positions < self.decompressed: moetax's decompressed prefill, whose k_b / v_b inputs stay float

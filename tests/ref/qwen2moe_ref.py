@@ -71,6 +71,8 @@ class Model(q3.Model):
             v = v + lw["bv"]
         q, k = self._qk(lw, q.reshape(T, H, hk), k.reshape(T, Hkv, hk), positions)
         v = v.reshape(T, Hkv, hv)
+        kv = self._cell(np.concatenate([k.reshape(T, -1), v.reshape(T, -1)], axis=1))   # one cell row each
+        k, v = kv[:, :Hkv * hk].reshape(T, Hkv, hk), kv[:, Hkv * hk:].reshape(T, Hkv, hv)
         self.kcache[il] = np.concatenate([self.kcache[il], k], axis=0)
         self.vcache[il] = np.concatenate([self.vcache[il], v], axis=0)
         K, V = self.kcache[il], self.vcache[il]

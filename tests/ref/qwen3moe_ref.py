@@ -148,6 +148,8 @@ class Model(ds.Model):
         k = (aq(h, wt["k"]) @ lw["k"].T).reshape(T, Hkv, hk)
         v = (aq(h, wt["v"]) @ lw["v"].T).reshape(T, Hkv, hv)
         q, k = self._qk(lw, q, k, positions)
+        kv = self._cell(np.concatenate([k.reshape(T, -1), v.reshape(T, -1)], axis=1))   # one cell row each
+        k, v = kv[:, :Hkv * hk].reshape(T, Hkv, hk), kv[:, Hkv * hk:].reshape(T, Hkv, hv)
         self.kcache[il] = np.concatenate([self.kcache[il], k], axis=0)
         self.vcache[il] = np.concatenate([self.vcache[il], v], axis=0)
         K, V = self.kcache[il], self.vcache[il]                     # (P, Hkv, hd)
