@@ -8,7 +8,7 @@
 
 int64_t attend_scratch_floats(int64_t nh, int64_t v_cols) { return nh * (ATTEND_CHUNK + v_cols + 4); }
 
-static int64_t ru32(int64_t n) { return (n + 31) / 32 * 32; }
+static int64_t ru32(int64_t n) { return attend_cell_row_floats(n); } /* whole Q8_0 blocks */
 
 void attend_cell_write(const struct moetax_kernels *K, enum moetax_type ct, const float *row, int64_t n, void *cell) {
     if (ct == MOETAX_TYPE_F16) K->fp32_to_fp16(row, cell, n);

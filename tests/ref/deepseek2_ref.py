@@ -181,22 +181,6 @@ def quantize_q8_0(x, margin=False, flip=(), scale_margin=False):
     return deq, m.reshape(shp), sm
 
 
-def cell_round(x, cells):
-    """Rows x (last axis) as a KV cache of cells "f32", "f16" or "q8_0" stores them and reads them back:
-    f16 rounds each value to float16; q8_0 pads the row with zeros to whole blocks of 32 and quantizes
-    it as quantize_row_q8_0 (moetax's Q8_0 cells, include/moetax/kvcache.h)."""
-    if cells == "f32":
-        return x
-    if cells == "f16":
-        return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float64)
-    if cells != "q8_0":
-        raise ValueError("cells: %r" % cells)
-    n = x.shape[-1]
-    pad = (-n) % 32
-    xp = np.concatenate([x, np.zeros(x.shape[:-1] + (pad,))], axis=-1) if pad else x
-    return quantize_q8_0(xp)[..., :n]
-
-
 def silu(x):
     return x / (1.0 + np.exp(-x))
 
@@ -374,7 +358,7 @@ def moe_forward(h, gate_inp, get_expert, probs_b, cfg, shared=None, aq=None):
 # model
 
 class Model:
-    cells = "f32"   # the KV cache's cells (cell_round): set "f16" or "q8_0" on an instance
+    cells = "f32"   # the KV cache's cells (_cell): set "f16" or "q8_0" on an instance
     QTIE_RECORD = 1e-6
 
     def __init__(self, path, dtype=np.float64, expert_cache_mb=1024, act_quant=False, decompressed=0):
@@ -533,11 +517,18 @@ class Model:
         return x
 
     def _cell(self, x):
-        """Rows x (T, ...) of the tokens being run as the KV cache's cells store them (cell_round); q8_0
-        cells fold their rounding near ties into self.qties, as _aq does, so a flip can round one the
-        other way (moetax's float32 row and this float64 one may part at a tie)."""
+        """Rows x (T, ...) of the tokens being run (a token's cache row, flattened) as the KV cache's
+        cells (self.cells) store them and read them back: f32 as they are, f16 each value rounded to
+        float16, q8_0 the row padded with zeros to whole blocks of 32 and quantized as quantize_row_q8_0
+        (include/moetax/kvcache.h). q8_0 cells fold their rounding near ties into self.qties, as _aq
+        does, so a flip can round one the other way (moetax's float32 row and this float64 one may part
+        at a tie)."""
+        if self.cells == "f32":
+            return x
+        if self.cells == "f16":
+            return np.asarray(x, dtype=np.float32).astype(np.float16).astype(self.dtype)
         if self.cells != "q8_0":
-            return cell_round(x, self.cells)
+            raise ValueError("cells: %r" % self.cells)
         T = x.shape[0]
         xr = x.reshape(T, -1)
         n = xr.shape[1]
