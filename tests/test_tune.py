@@ -179,7 +179,8 @@ def main():
     check(len(rows) >= 4, f"tune --json: {len(rows)} rows")
     final = [o for o in rows if o["stage"] == 3]
     check(len(final) >= 2, f"{len(final)} configurations reached stage 3")
-    exact = [o for o in rows if o["experts_used"] == 4 and o["capacity_factor"] == 0 and not o["expert_type"]]
+    exact = [o for o in rows if o["experts_used"] == 4 and o["capacity_factor"] == 0 and not o["expert_type"]
+             and o["cache_type"] == "f32"]
     check(exact and all(o["kl"] == 0 and o["ppl_change"] == 0 and o["top1"] == 1 for o in exact),
           "the file's k: KL 0, perplexity unchanged, top-1 100% (threads and paging change no bit)")
     fewer = [o for o in rows if o["experts_used"] < 4]
@@ -187,6 +188,14 @@ def main():
     q4 = [o for o in rows if o["expert_type"] == "q4_0"]
     check(q4 and all(o["kl"] > 0 for o in q4), f"the precision lever listed, experts q4_0, with its KL: "
           f"{[(o['config'], o['kl']) for o in q4[:2]]}")
+    # the KV cells lever: F16 and Q8_0 cells on the default, each with its measured quality (rounded cached rows:
+    # KL > 0) and a smaller footprint than the default's F32 cells (Q8_0 the smallest)
+    kv = {o["cache_type"]: o for o in rows if o["cache_type"] != "f32"}
+    d0 = [o for o in exact if o["threads"] == os.cpu_count() and not o["no_mmap"]]
+    check(set(kv) == {"f16", "q8_0"} and all(o["kl"] > 0 and o["experts_used"] == 4 and not o["expert_type"]
+                                              for o in kv.values())
+          and d0 and d0[0]["footprint_mib"] > kv["f16"]["footprint_mib"] > kv["q8_0"]["footprint_mib"],
+          f"the KV cells lever listed with its KL and footprint: {[(o['config'], o['kl'], o['footprint_mib']) for o in kv.values()]}")
     final = [o for o in final if o["fits"]]
     for a in final:  # the front: no stage-3 point is both faster and closer
         dom = [b for b in final if b is not a and b["speed_ratio"] >= a["speed_ratio"] and b["kl"] <= a["kl"]

@@ -138,7 +138,8 @@ def main():
     front_check(rows, "batch:4")
     qual = [o for o in rows if o["stage"] >= 1]
     check({o["batch"] for o in qual} == {1, 2, 4}, f"batch sizes swept: {sorted({o['batch'] for o in qual})}")
-    off = [o for o in qual if o["capacity_factor"] == 0 and o["experts_used"] == 4 and not o["expert_type"]]
+    off = [o for o in qual if o["capacity_factor"] == 0 and o["experts_used"] == 4 and not o["expert_type"]
+           and o["cache_type"] == "f32"]
     check({o["batch"] for o in off} == {1, 2, 4} and all(o["kl"] == 0 and o["top1"] == 1 and o["ppl_change"] == 0
                                                            for o in off),
           f"capacity factor off: the exact quality at every batch size: {[(o['config'], o['kl']) for o in off][:6]}")

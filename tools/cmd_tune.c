@@ -26,7 +26,7 @@
  * still measured: it is the reference of every ratio).
  *
  * Search within --time (successive halving): 1. quality of every (k, capacity, expert type,
- * batch) on a short text, in order of the levers moved (past half of --time only the
+ * batch; and the default with F16 or Q8_0 KV cells) on a short text, in order of the levers moved (past half of --time only the
  * default's and what the log holds); those within twice the allowed loss go on; 2. a short
  * speed pair for each of them that fits x threads x paging, and for the store's configurations; then the
  * combinations of the best store configuration with each smaller k that survived; 3. the
@@ -65,9 +65,9 @@ static void usage(FILE *f) {
                "                   [--memory SIZE] [--calib TEXT|DIR] [-o CONFIG.json] [--html PAGE] [--log FILE]\n"
                "                   [--prompt N] [--max-tpot MS] [--max-kl X] [--explain] [--json]\n\n"
                "Sweeps the levers that apply (threads, routed experts per token from the file's k down to k/2,\n"
-               "--no-mmap, the experts' precision (--expert-type q8_0/q4_0), under --memory the expert store, and\n"
-               "for batch:N the batch size (N, N/2, .. 1) and the capacity factor (off, 1.25, 1.0; overflow dropped\n"
-               "or rerouted)), measures decode speed (aggregate tokens/s) as paired ratios against the default\n"
+               "--no-mmap, the experts' precision (--expert-type q8_0/q4_0), the KV cache's cells (--cache-type\n"
+               "f16/q8_0), under --memory the expert store, and for batch:N the batch size (N, N/2, .. 1) and the\n"
+               "capacity factor (off, 1.25, 1.0; overflow dropped or rerouted)), measures decode speed (aggregate tokens/s) as paired ratios against the default\n"
                "configuration run alternately, TTFT, per-sequence TPOT p50/p99 and the ledger's phases per\n"
                "token, and quality as the KL divergence of next-token distributions against the exact\n"
                "configuration, top-1 agreement and the perplexity change on a calibration text; successive\n"
@@ -196,6 +196,7 @@ struct tcfg {
     enum moetax_store_policy policy;
     bool no_prefetch;
     enum moetax_type etype; /* routed experts re-quantized at load (--expert-type); MOETAX_EXPERT_TYPE_AS_STORED */
+    enum moetax_type kv;    /* the KV cache's cells (--cache-type): MOETAX_TYPE_F32 (0, the default), F16, Q8_0 */
 };
 
 #define TUNE_ETYPES 3 /* as stored, Q8_0, Q4_0 */
@@ -286,13 +287,13 @@ static int ecap(float cf, int batch, int k, int n_expert) {
 
 static int levers_moved(const struct tcfg *c, const struct tcfg *d) {
     return (c->k != d->k) + (c->etype != d->etype) + (c->cap != d->cap || c->overflow != d->overflow) +
-           (c->batch != d->batch);
+           (c->batch != d->batch) + (c->kv != d->kv);
 }
 
 static bool is_default(const struct tcfg *c, const struct tcfg *d) {
     return c->threads == d->threads && c->k == d->k && c->batch == d->batch && !c->no_mmap && c->cap == 0 &&
            !c->budget &&
-           c->etype == MOETAX_EXPERT_TYPE_AS_STORED;
+           c->etype == MOETAX_EXPERT_TYPE_AS_STORED && c->kv == MOETAX_TYPE_F32;
 }
 
 /* log-softmax of a row in double, into lp (as float) */
@@ -318,7 +319,7 @@ static moetax_status run_windows(struct tune *t, const struct tcfg *c, int64_t n
     const int64_t W = t->window;
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(B * ((W + 31) / 32 * 32)), .n_threads = c->threads,
                                    .n_expert_used = c->k, .capacity_factor = c->cap, .overflow = c->overflow,
-                                   .n_seq_max = B,
+                                   .n_seq_max = B, .kv_type = c->kv,
                                    .n_ubatch = B > 1 ? B : 64};
     struct moetax_ctx *ctx;
     if ((st = moetax_ctx_init(m, &cp, &ctx))) return st;
@@ -406,7 +407,7 @@ static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps,
     const int64_t per = (P + steps + 1 + 31) / 32 * 32;
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(B * per), .n_threads = c->threads, .n_expert_used = c->k,
                                    .capacity_factor = c->cap, .overflow = c->overflow, .n_seq_max = B,
-                                   .n_ubatch = B > 64 ? B : 64};
+                                   .n_ubatch = B > 64 ? B : 64, .kv_type = c->kv};
     struct moetax_ctx *ctx = NULL;
     struct moetax_ledger *led = NULL;
     struct moetax_store *store = NULL;
@@ -516,15 +517,17 @@ static void cfg_name(const struct tcfg *c, char *buf, size_t n) {
     if (c->etype != MOETAX_EXPERT_TYPE_AS_STORED) snprintf(et, sizeof et, " experts %s", moetax_type_name(c->etype));
     char bs[16] = "";
     if (c->batch > 0) snprintf(bs, sizeof bs, " b%d", c->batch);
-    snprintf(buf, n, "t%d k%d%s%s%s%s%s", c->threads, c->k, bs, c->no_mmap ? " no-mmap" : "", et, cap, sto);
+    char kv[16] = "";
+    if (c->kv != MOETAX_TYPE_F32) snprintf(kv, sizeof kv, " kv %s", moetax_type_name(c->kv));
+    snprintf(buf, n, "t%d k%d%s%s%s%s%s%s", c->threads, c->k, bs, c->no_mmap ? " no-mmap" : "", et, cap, sto, kv);
 }
 
-/* Quality is measured per (k, capacity factor, expert type, batch size): the capacity factor drops by
+/* Quality is measured per (k, capacity factor, expert type, batch size, KV cells): the capacity factor drops by
  * the micro-batch's loads, so by B; with it off, B should change no bit (the quantized kernels are
  * batch-invariant), which measuring it per B shows (KL 0) rather than assumes. */
 static bool same_quality(const struct tcfg *a, const struct tcfg *b) {
     return a->k == b->k && a->cap == b->cap && (a->cap == 0 || a->overflow == b->overflow) && a->etype == b->etype &&
-           a->batch == b->batch;
+           a->batch == b->batch && a->kv == b->kv;
 }
 
 /* ---- the log (--log): one JSON line per measurement, a header line naming what was tuned ---- */
@@ -869,10 +872,11 @@ static double jnum(json_t *o, const char *k) { return json_number_value(json_obj
 static void quality_name(const struct tcfg *c, char *name, size_t n) {
     char bs[16] = "";
     if (c->batch > 0) snprintf(bs, sizeof bs, " b%d", c->batch);
-    snprintf(name, n, "k%d cf %g%s%s%s%s", c->k, (double)c->cap,
+    snprintf(name, n, "k%d cf %g%s%s%s%s%s%s", c->k, (double)c->cap,
              c->cap > 0 && c->overflow == MOETAX_OVERFLOW_REROUTE ? " reroute" : "",
              c->etype != MOETAX_EXPERT_TYPE_AS_STORED ? " experts " : "",
-             c->etype != MOETAX_EXPERT_TYPE_AS_STORED ? moetax_type_name(c->etype) : "", bs);
+             c->etype != MOETAX_EXPERT_TYPE_AS_STORED ? moetax_type_name(c->etype) : "", bs,
+             c->kv != MOETAX_TYPE_F32 ? " kv " : "", c->kv != MOETAX_TYPE_F32 ? moetax_type_name(c->kv) : "");
 }
 
 /* quality() through the log: the measurement of (k, capacity, expert type, batch) at this stage if logged */
@@ -998,10 +1002,10 @@ static moetax_status write_html(const char *path, struct tres *res, int n, const
 }
 
 /* The quality each lever of rec cost alone (the measured configuration with only that lever
- * moved from the default), then together: experts per token, expert type, capacity factor;
+ * moved from the default), then together: experts per token, expert type, capacity factor, KV cells;
  * threads, paging and the store cost none. Long-text figures where measured (*: short). */
 static void explain_quality(const struct tres *res, int n, const struct tres *rec, const struct tcfg *def) {
-    struct { const char *what; struct tcfg c; bool moved; char from[32], to[32]; } lv[4];
+    struct { const char *what; struct tcfg c; bool moved; char from[32], to[32]; } lv[5];
     lv[0].what = "experts per token", lv[0].c = (struct tcfg){.k = rec->c.k, .batch = def->batch};
     lv[0].moved = rec->c.k != def->k;
     snprintf(lv[0].from, sizeof lv[0].from, "%d", def->k), snprintf(lv[0].to, sizeof lv[0].to, "%d", rec->c.k);
@@ -1020,9 +1024,13 @@ static void explain_quality(const struct tres *res, int n, const struct tres *re
     lv[3].moved = rec->c.batch != def->batch;
     snprintf(lv[3].from, sizeof lv[3].from, "%d", def->batch > 1 ? def->batch : 1);
     snprintf(lv[3].to, sizeof lv[3].to, "%d", rec->c.batch > 1 ? rec->c.batch : 1);
+    lv[4].what = "KV cells", lv[4].c = (struct tcfg){.k = def->k, .batch = def->batch, .kv = rec->c.kv};
+    lv[4].moved = rec->c.kv != MOETAX_TYPE_F32;
+    snprintf(lv[4].from, sizeof lv[4].from, "f32");
+    snprintf(lv[4].to, sizeof lv[4].to, "%s", moetax_type_name(rec->c.kv));
     int moved = 0;
     printf("  quality (perplexity change, KL against the exact configuration):\n");
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         if (!lv[i].moved) continue;
         moved++;
         const struct tres *q = NULL;
@@ -1128,14 +1136,23 @@ int cmd_tune(int argc, char **argv) {
      * store the routed experts' part of the file becomes the budget */
     struct stat fsb;
     const uint64_t fbytes = stat(model, &fsb) == 0 ? (uint64_t)fsb.st_size : 0, ebytes = cli_store_expert_bytes(m0);
-    uint64_t kvb = 0;
-    {
-        struct moetax_ctx_params cp = {.n_ctx = (int32_t)(batch * (2048 + prompt)), .n_threads = 1, .n_seq_max = batch};
+    /* the KV cache at each cell type tried (F32: the default's; 0 where the model cannot take that type, as
+     * Q8_0 cells on heads that are not whole blocks) */
+    const enum moetax_type kvtypes[3] = {MOETAX_TYPE_F32, MOETAX_TYPE_F16, MOETAX_TYPE_Q8_0};
+    uint64_t kvbt[3] = {0};
+    for (int x = 0; x < 3; x++) {
+        struct moetax_ctx_params cp = {.n_ctx = (int32_t)(batch * (2048 + prompt)), .n_threads = 1, .n_seq_max = batch,
+                                       .kv_type = kvtypes[x]};
         struct moetax_ctx *c0;
-        if ((st = moetax_ctx_init(m0, &cp, &c0))) goto done;
-        kvb = moetax_ctx_kv_bytes(c0);
+        if ((st = moetax_ctx_init(m0, &cp, &c0))) {
+            if (x == 0) goto done;
+            st = MOETAX_OK;
+            continue;
+        }
+        kvbt[x] = moetax_ctx_kv_bytes(c0);
         moetax_ctx_free(c0);
     }
+    const uint64_t kvb = kvbt[0];
     const uint64_t fixed = (fbytes > ebytes ? fbytes - ebytes : 0) + kvb + CLI_RSS_OVERHEAD_BYTES,
                    full = fixed + ebytes;
     const bool fits = !memory || full <= memory; /* the default fits */
@@ -1164,6 +1181,11 @@ int cmd_tune(int argc, char **argv) {
         for (int e = 1; e < t.n_etypes; e++)
             printf("memory: with the routed experts as %s: %.1f MiB: %s\n", moetax_type_name(t.etypes[e]),
                    (double)efoot[e] / (1 << 20), efoot[e] <= memory ? "fits" : "does not fit");
+        for (int x = 1; x < 3; x++)
+            if (kvbt[x])
+                printf("memory: with %s KV cells: %.1f MiB (KV %.1f MiB): %s\n", moetax_type_name(kvtypes[x]),
+                       (double)(full - kvb + kvbt[x]) / (1 << 20), (double)kvbt[x] / (1 << 20),
+                       full - kvb + kvbt[x] <= memory ? "fits" : "does not fit");
         /* the largest budget that fits (whole slots; at most the experts' size), 75% and 50% of it */
         const uint64_t maxb = memory > fixed ? memory - fixed : 0;
         const uint64_t all = moetax_model_store_bytes_all(m0), cap = all ? all : ebytes; /* every expert's slot */
@@ -1220,7 +1242,7 @@ int cmd_tune(int argc, char **argv) {
     for (int x = 1 << 8; batch > 1 && x >= 1; x >>= 1)
         if (x < batch) bsz[nb++] = x;
     const int kmin = (int)((K + 1) / 2);
-    res = calloc((size_t)(1 + ncpu * 2 * (K - kmin + 1) * ncap * t.n_etypes * nb + 3 * 2 * 2 + (K - kmin + 1)),
+    res = calloc((size_t)(1 + ncpu * 2 * (K - kmin + 1) * ncap * t.n_etypes * nb + 3 * 2 * 2 + (K - kmin + 1) + 2),
                  sizeof *res);
     if (!res) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
     res[nres++] = (struct tres){.c = def};
@@ -1255,6 +1277,14 @@ int cmd_tune(int argc, char **argv) {
             for (int np = 0; np < 2; np++)
                 res[nres++] = (struct tres){.c = {.threads = ncpu, .k = (int)K, .batch = def.batch, .budget = budgets[b],
                                                   .policy = pols[pi], .no_prefetch = np}};
+    /* the KV cache's cells: F16 and Q8_0 (half and about a quarter of the default's F32 bytes; rounding of the
+     * cached rows, so a quality lever), on the default otherwise */
+    for (int x = 1; x < 3; x++)
+        if (kvbt[x]) {
+            struct tcfg c = def;
+            c.kv = kvtypes[x];
+            res[nres++] = (struct tres){.c = c};
+        }
     /* the order of stages 1 and 2 (both cut by --time): by how many of the quality levers (k, expert type, capacity
      * factor, batch size) each moves from the default, so every lever alone is measured before combinations of them;
      * within one count as built (stable) */
@@ -1267,6 +1297,8 @@ int cmd_tune(int argc, char **argv) {
     const int n_single = nres; /* then the combinations (after stage 2) */
     for (int i = 0; i < nres; i++) {
         res[i].footprint = res[i].c.budget ? fixed + res[i].c.budget : efoot[etype_index(&t, res[i].c.etype)];
+        for (int x = 1; x < 3; x++) /* the KV cache at its cells' type */
+            if (res[i].c.kv == kvtypes[x]) res[i].footprint = res[i].footprint - kvb + kvbt[x];
         res[i].fits = !memory || res[i].footprint <= memory;
     }
     if (nbud)
@@ -1313,7 +1345,7 @@ int cmd_tune(int argc, char **argv) {
             }
             struct tres q = {.c = {.threads = def.threads, .k = r->c.k, .batch = r->c.batch, .cap = r->c.cap,
                                    .overflow = r->c.overflow,
-                                   .etype = r->c.etype}};
+                                   .etype = r->c.etype, .kv = r->c.kv}};
             if ((st = quality_logged(&t, &q, t.n_short, false, 1))) break;
             r->kl = q.kl; r->top1 = q.top1; r->ppl = q.ppl; r->dppl = q.dppl;
         }
@@ -1360,7 +1392,7 @@ int cmd_tune(int argc, char **argv) {
         for (int i = 0; i < n_single && !q; i++)
             if (res[i].stage >= 1 && same_quality(&res[i].c, &r->c)) q = &res[i];
         struct tres qm = {.c = {.threads = def.threads, .k = k, .batch = r->c.batch, .cap = r->c.cap,
-                                .overflow = r->c.overflow}};
+                                .overflow = r->c.overflow, .kv = r->c.kv}};
         if (!q) { /* that k's mapped configurations did not fit --memory: its quality measured now */
             if ((st = quality_logged(&t, &qm, t.n_short, false, 1))) break;
             q = &qm;
@@ -1459,6 +1491,7 @@ int cmd_tune(int argc, char **argv) {
             json_object_set_new(jo, "prefetch", json_boolean(res[i].c.budget && !res[i].c.no_prefetch));
             json_object_set_new(jo, "expert_type", res[i].c.etype != MOETAX_EXPERT_TYPE_AS_STORED
                                                        ? json_string(moetax_type_name(res[i].c.etype)) : json_null());
+            json_object_set_new(jo, "cache_type", json_string(moetax_type_name(res[i].c.kv)));
             json_object_set_new(jo, "fits", json_boolean(res[i].fits));
             json_object_set_new(jo, "footprint_mib", json_real((double)res[i].footprint / (1 << 20)));
             json_object_set_new(jo, "recommended", json_boolean(&res[i] == rec));
@@ -1575,7 +1608,7 @@ int cmd_tune(int argc, char **argv) {
             struct cli_config cc = {.threads = rec->c.threads, .experts_used = rec->c.k, .capacity_factor = rec->c.cap,
                                     .overflow = rec->c.overflow,
                                     .no_mmap = rec->c.no_mmap, .no_prefetch = rec->c.budget && rec->c.no_prefetch,
-                                    .expert_type = rec->c.etype};
+                                    .expert_type = rec->c.etype, .cache_type = rec->c.kv};
             if (rec->c.budget) {
                 snprintf(cc.expert_budget, sizeof cc.expert_budget, "%lluK", (unsigned long long)(rec->c.budget >> 10));
                 snprintf(cc.policy, sizeof cc.policy, "%s", moetax_store_policy_name(rec->c.policy));
