@@ -77,19 +77,31 @@ static void one(const struct moetax_kernels *K, enum moetax_type ct, int32_t bs,
                                    .kvr = ly->kvr, .k_off = ly->k_off, .k_cols = ly->k_cols, .v_off = ly->v_off,
                                    .v_cols = ly->v_cols};
     float *buf = malloc(sizeof(float) * (size_t)attend_scratch_floats(nh, ly->v_cols));
-    float *vb = malloc(sizeof(float) * (size_t)attend_cells_floats(ly->k_cols, ly->v_cols));
+    float *vb = malloc(sizeof(float) * (size_t)attend_cells_floats(ly->k_cols, ly->v_cols, 7 * nh)); /* tiles below */
     const struct attend_scratch w = attend_scratch_at(buf, nh, ly->v_cols, ct != MOETAX_TYPE_F32 ? vb : NULL);
     const int64_t ldo = ly->v_cols + 3; /* a stride wider than the row */
     float *o = malloc(sizeof(float) * (size_t)(nh * ldo));
     attend_heads(K, &src, q, nh, np, kq_scale, o, ldo, &w);
 
-    /* float64 reference: one softmax over all positions */
+    /* float64 reference: one softmax over all positions; with Q8_0 cells the scores' queries as
+     * llama.cpp's q8_0 K cache takes them: each query row padded with zeros to whole blocks and
+     * quantized to Q8_0 (ggml's quantize_row_q8_0), the products then exact */
+    const int64_t k32 = attend_cell_row_floats(ly->k_cols);
+    float *qr = calloc((size_t)(nh * k32), sizeof(float));
+    for (int64_t h = 0; h < nh; h++) {
+        memcpy(qr + h * k32, q + h * ly->k_cols, sizeof(float) * (size_t)ly->k_cols);
+        if (ct != MOETAX_TYPE_Q8_0) continue;
+        moetax_block_q8_0 qb[64];
+        CHECK(k32 / 32 <= 64);
+        moetax_quantize_row_q8_0_ref(qr + h * k32, qb, k32);
+        CHECK(moetax_to_float(MOETAX_TYPE_Q8_0, qb, qr + h * k32, k32));
+    }
     double *s = malloc(sizeof(double) * (size_t)np), worst = 0, mag = 0;
     for (int64_t h = 0; h < nh; h++) {
         double mx = -INFINITY, z = 0;
         for (int64_t j = 0; j < np; j++) {
             double d = 0;
-            for (int64_t c = 0; c < ly->k_cols; c++) d += (double)q[h * ly->k_cols + c] * cell[j * ly->kvr + ly->k_off + c];
+            for (int64_t c = 0; c < ly->k_cols; c++) d += (double)qr[h * k32 + c] * cell[j * ly->kvr + ly->k_off + c];
             s[j] = d * kq_scale;
             mx = fmax(mx, s[j]);
         }
@@ -140,7 +152,7 @@ static void one(const struct moetax_kernels *K, enum moetax_type ct, int32_t bs,
                   cn, bs, (long long)np, (long long)nh, (long long)nt);
         free(qt), free(tb), free(ot), free(oh);
     }
-    free(s), free(o), free(vb), free(buf), free(q), free(cell), free(seq), free(pos);
+    free(s), free(o), free(vb), free(buf), free(q), free(qr), free(cell), free(seq), free(pos);
     moetax_kvcache_free(kv);
 }
 

@@ -13,9 +13,12 @@
  *   M' = max(M, m_c), a = Z exp(M - M'), b = l_c exp(m_c - M'), Z' = a + b,
  *   o' = o * (a / Z') + o_c * (b / Z')                 (scale, then axpy: the table's ops)
  * starting from o = o_0, M = m_0, Z = l_0. With np <= ATTEND_CHUNK that is the plain softmax-
- * weighted sum, the same calls in the same order. F16 and Q8_0 cells: the chunk's rows are converted
- * to float once, into the scratch (fb), and read from there by one F32 matmul and one weighted sum
- * (Q8_0: k_off, and v_off where the values lie apart from the keys, at multiples of 32).
+ * weighted sum, the same calls in the same order. F16 cells: the chunk's rows are converted to float
+ * once, into the scratch (fb), and read from there by one F32 matmul and one weighted sum. Q8_0 cells
+ * (k_off and v_off multiples of 32): the scores as llama.cpp's over a q8_0 K cache, the queries
+ * quantized to Q8_0 blocks (once per call) and the chunk's key blocks as stored, one Q8_0 matmul
+ * (exact integer block sums, then the table's float chain; batch-invariant, so a head's bits still do
+ * not depend on its group); the values converted to float for the weighted sum.
  */
 #ifndef MOETAX_ATTN_ATTEND_H
 #define MOETAX_ATTN_ATTEND_H
@@ -44,13 +47,14 @@ struct attend_scratch {
     float *sc; /* [nh][ATTEND_CHUNK] scores, then probabilities */
     float *oc; /* [nh][v_cols] a later chunk's weighted sum */
     float *ms; /* [nh][4] the chunk's max and divisor, the running ones */
-    float *fb; /* F16 / Q8_0 cells: a chunk's keys and values in float (attend_cells_floats); else NULL */
+    float *fb; /* F16 / Q8_0 cells: a chunk's keys and values (attend_cells_floats, nq >= nh); else NULL */
 };
 
 /* Floats of sc + oc + ms for nh heads of v_cols values. */
 int64_t attend_scratch_floats(int64_t nh, int64_t v_cols);
-/* Floats of fb for keys of k_cols and values of v_cols (F16 / Q8_0 cells). */
-int64_t attend_cells_floats(int64_t k_cols, int64_t v_cols);
+/* Floats of fb for keys of k_cols and values of v_cols (F16 / Q8_0 cells), for calls of up to nq query
+ * rows (attend_heads' nh, attend_tile's tokens x heads). */
+int64_t attend_cells_floats(int64_t k_cols, int64_t v_cols, int64_t nq);
 /* Lays sc, oc and ms out in buf (attend_scratch_floats(nh, v_cols) floats); fb as given. */
 struct attend_scratch attend_scratch_at(float *buf, int64_t nh, int64_t v_cols, float *fb);
 
@@ -92,7 +96,7 @@ struct attend_tile_scratch {
     float *ot;  /* [nq][v_cols] the tile's outputs */
     float *ms;  /* [nq][2] a chunk's max and divisor */
     float *run; /* [nq][2] the running ones */
-    float *fb;  /* F16 / Q8_0 cells: attend_cells_floats; else NULL */
+    float *fb;  /* F16 / Q8_0 cells: attend_cells_floats (nq >= the tile's rows); else NULL */
 };
 /* A micro-batch's tokens cut into tiles: runs of tokens of one sequence at consecutive positions,
  * in pieces of at most tq, tile k = tokens start[k] .. start[k+1]-1 (start: n + 1 entries);

@@ -366,9 +366,10 @@ moetax_status gqa_init(struct gqa *a, const struct fw_step *s, struct moetax_kvc
         struct gqa_worker *wk = &a->wk[i];
         wk->sc = calloc((size_t)attend_scratch_floats(H, hv), sizeof(float)); /* an item has at most r <= H heads */
         wk->row = calloc((size_t)attend_cell_row_floats(a->kv_row), sizeof(float));
-        wk->vb = a->ct != MOETAX_TYPE_F32 ? calloc((size_t)attend_cells_floats(hk, hv), sizeof(float)) : NULL;
-        wk->at = attend_scratch_at(wk->sc, H, hv, wk->vb);
         const int64_t r = H / hp->n_head_kv, nq = r > ATTEND_TILE_ROWS ? r : ATTEND_TILE_ROWS;
+        /* an item's heads are at most H (attend_heads) or a tile's nq rows */
+        wk->vb = a->ct != MOETAX_TYPE_F32 ? calloc((size_t)attend_cells_floats(hk, hv, H > nq ? H : nq), sizeof(float)) : NULL;
+        wk->at = attend_scratch_at(wk->sc, H, hv, wk->vb);
         wk->tbuf = malloc(sizeof(float) * (size_t)attend_tile_floats(nq, hv));
         wk->tile = attend_tile_at(wk->tbuf, nq, hv, wk->vb);
         wk->tq = malloc(sizeof(float) * (size_t)(nq * hk));

@@ -11,7 +11,7 @@
 struct gqa_worker {
     float *sc;  /* attend_scratch_floats(n_head, hv): attend's scratch (at) */
     float *row; /* [attend_cell_row_floats(kv_row)] a cache row before its conversion (F16 / Q8_0 cells) */
-    float *vb;  /* attend_cells_floats(hk, hv): a chunk's K and V of one KV head in float (F16 / Q8_0 cells) */
+    float *vb;  /* attend_cells_floats(hk, hv, rows): a chunk's K and V of one KV head (F16 / Q8_0 cells) */
     struct attend_scratch at;
     /* a prompt's tiles (gqa.c, phase 4; attend_tile) */
     float *tbuf;               /* attend_tile_floats(nq, hv), nq = max(ATTEND_TILE_ROWS, r) rows */

@@ -583,9 +583,9 @@ moetax_status mla_init(struct mla *a, const struct fw_step *s, struct moetax_kvc
         wk->atbuf = calloc((size_t)attend_scratch_floats(H, kvl), sizeof(float));
         wk->q = aligned_alloc(64, (wk->nq + 63) / 64 * 64);
         wk->row = calloc((size_t)attend_cell_row_floats(a->kv_row), sizeof(float));
-        wk->vb = a->ct != MOETAX_TYPE_F32 ? calloc((size_t)attend_cells_floats(a->kv_row, kvl), sizeof(float)) : NULL;
+        const int64_t tnq = H > ATTEND_TILE_ROWS ? H : ATTEND_TILE_ROWS; /* a tile's rows, at least the heads */
+        wk->vb = a->ct != MOETAX_TYPE_F32 ? calloc((size_t)attend_cells_floats(a->kv_row, kvl, tnq), sizeof(float)) : NULL;
         wk->at = attend_scratch_at(wk->atbuf, H, kvl, wk->vb);
-        const int64_t tnq = H > ATTEND_TILE_ROWS ? H : ATTEND_TILE_ROWS;
         wk->tbuf = malloc(sizeof(float) * (size_t)attend_tile_floats(tnq, kvl));
         wk->tile = attend_tile_at(wk->tbuf, tnq, kvl, wk->vb);
         wk->start = malloc(sizeof(int64_t) * (size_t)(U + 1));

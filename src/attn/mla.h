@@ -25,7 +25,7 @@ struct mla_worker {
     void *q;   /* [nq] prepared rows for the per-head matmuls */
     size_t nq;
     float *row; /* [attend_cell_row_floats(kv_row)] a cache row before its conversion (F16 / Q8_0 cells) */
-    float *vb;  /* attend_cells_floats(kv_row, kv_lora): a chunk's cells in float (F16 / Q8_0 cells) */
+    float *vb;  /* attend_cells_floats(kv_row, kv_lora, max(heads, ATTEND_TILE_ROWS)): a chunk's cells (F16 / Q8_0 cells) */
     /* a prompt's tiles in the absorbed form (mla.c, phase 4; attend_tile) */
     float *tbuf;               /* attend_tile_floats(max(ATTEND_TILE_ROWS, n_head), kv_lora) */
     struct attend_tile_scratch tile;

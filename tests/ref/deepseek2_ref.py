@@ -529,22 +529,44 @@ class Model:
             return np.asarray(x, dtype=np.float32).astype(np.float16).astype(self.dtype)
         if self.cells != "q8_0":
             raise ValueError("cells: %r" % self.cells)
-        T = x.shape[0]
-        xr = x.reshape(T, -1)
-        n = xr.shape[1]
+        return self._q8_rows(x, 1)
+
+    def _q8_rows(self, x, per_token):
+        """Rows x (T * per_token rows of the tokens being run, in token order, each flattened) padded
+        with zeros to whole blocks of 32 and quantized as quantize_row_q8_0, back in float at their
+        width; rounding near ties folded into self.qties as _aq does."""
+        xr = np.asarray(x).reshape(-1, x.shape[-1]) if per_token > 1 else np.asarray(x).reshape(x.shape[0], -1)
+        R, n = xr.shape
         pad = (-n) % 32
-        xp = np.concatenate([xr, np.zeros((T, pad))], axis=1) if pad else xr
+        xp = np.concatenate([xr, np.zeros((R, pad))], axis=1) if pad else xr
         call = self._qcall
         self._qcall += 1
         flip = [i for c, i in self.qflip if c == call]
         deq, mg, sm = quantize_q8_0(xp, margin=True, flip=flip, scale_margin=True)
         pos = self._positions
         for i in np.flatnonzero(mg < self.QTIE_RECORD):
-            self.qties.append((float(mg.flat[i]), int(pos[i // mg.shape[1]]), (call, int(i))))
+            self.qties.append((float(mg.flat[i]), int(pos[i // mg.shape[1] // per_token]), (call, int(i))))
         nbr = mg.shape[1] // 32
         for b in np.flatnonzero(sm < self.QTIE_RECORD):
-            self.qties.append((float(sm[b]), int(pos[b // nbr]), (call, int(mg.size + b))))
+            self.qties.append((float(sm[b]), int(pos[b // nbr // per_token]), (call, int(mg.size + b))))
         return deq[:, :n].reshape(x.shape).astype(self.dtype)
+
+    def _cell_queries(self, q, fl=None):
+        """Query rows q (T, H, k) as the scores over the cells see them: q8_0 cells take them quantized to
+        Q8_0 blocks per head row (padded to whole blocks), as llama.cpp's q8_0 K cache does (and moetax's
+        attention on the integer kernels); rows of tokens in the mask fl (moetax's decompressed prefill,
+        whose scores are float) and other cells as they are."""
+        if self.cells != "q8_0":
+            return q
+        if fl is None or not fl.any():
+            return self._q8_rows(q, q.shape[1])
+        out = np.array(q, copy=True)
+        idx = np.flatnonzero(~fl)
+        if idx.size:
+            pos, self._positions = self._positions, self._positions[idx]
+            out[idx] = self._q8_rows(q[idx], q.shape[1])
+            self._positions = pos
+        return out
 
     def _aq_part(self, x, wtype, fl):
         """_aq of the rows not in the mask fl (T,); those in it stay as they are."""
@@ -632,7 +654,7 @@ class Model:
         # positions < self.decompressed: moetax's decompressed prefill, whose k_b / v_b inputs stay float
         fl = np.asarray(positions) < self.decompressed
         q_abs = np.einsum("hcn,thn->thc", lw["k_b"], self._aq_part(q_nope, wt["k_b"], fl))  # (T, H, kvl)
-        Q = np.concatenate([q_abs, q_pe], axis=2)                 # (T, H, kvl + rot)
+        Q = self._cell_queries(np.concatenate([q_abs, q_pe], axis=2), fl)   # (T, H, kvl + rot)
         scores = np.einsum("thc,pc->thp", Q, K) * c["kq_scale"]   # (T, H, P)
         pos_k = np.arange(P)
         mask = pos_k[None, :] > np.asarray(positions)[:, None]    # (T, P)

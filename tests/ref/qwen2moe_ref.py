@@ -77,7 +77,7 @@ class Model(q3.Model):
         self.vcache[il] = np.concatenate([self.vcache[il], v], axis=0)
         K, V = self.kcache[il], self.vcache[il]
         g = np.arange(H) // (H // Hkv)
-        scores = np.einsum("thd,phd->thp", q, K[:, g, :]) * c["kq_scale"]
+        scores = np.einsum("thd,phd->thp", self._cell_queries(q), K[:, g, :]) * c["kq_scale"]
         mask = np.arange(K.shape[0])[None, :] > np.asarray(positions)[:, None]
         scores = np.where(mask[:, None, :], -np.inf, scores)
         o = np.einsum("thp,phd->thd", ds.softmax(scores, axis=-1), V[:, g, :]).reshape(T, H * hv)
