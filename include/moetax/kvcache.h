@@ -39,7 +39,9 @@
  *     default; moetax then no longer matches llama.cpp's F32 cache to the bit.
  *     Q8_0 (llama.cpp's -ctk/-ctv q8_0) quarters it: each row in blocks of 32
  *     values (ggml's block_q8_0, the last block zero-padded), quantized as
- *     ggml's quantize_row_q8_0 when written and read back as float.
+ *     ggml's quantize_row_q8_0 when written; attention multiplies the keys'
+ *     blocks with queries quantized to Q8_0 (integer block sums, as llama.cpp
+ *     over a q8_0 K cache) and reads the values back as float (src/attn/attend.h).
  */
 #ifndef MOETAX_KVCACHE_H
 #define MOETAX_KVCACHE_H
