@@ -5,7 +5,7 @@
  * and, for what loads, a context and two steps: a prompt of three tokens (with a
  * second sequence's token beside it) and one decode step, on one thread, with the
  * hidden states checked for NaN / inf (random weights may give them: an error, as
- * a user gets it). Every input must load and run or fail with a status and a
+ * a user gets it), in F32, F16 or Q8_0 KV cells by the input's size. Every input must load and run or fail with a status and a
  * message; never crash, leak or read out of bounds. Built with -DMOETAX_FUZZ=ON
  * (clang); scripts/test.sh runs it briefly from a seed corpus of small generated
  * models, and the CTest fuzz_model_long (label slow) for longer. */
@@ -25,14 +25,14 @@ static void must_say(moetax_status st) {
 
 /* Two steps of the loaded model: three prompt tokens of sequence 0 and one of sequence 1,
  * then one token of sequence 0; every logit row read. */
-static void run_steps(const struct moetax_model *m) {
+static void run_steps(const struct moetax_model *m, enum moetax_type kv_type) {
     static struct moetax_pool *pool;
     if (!pool) {
         struct moetax_pool_params pp = {.n_threads = 1};
         if (moetax_pool_init(&pp, &pool) != MOETAX_OK) __builtin_trap();
     }
     struct moetax_ctx_params cp = {.n_ctx = 16, .n_seq_max = 2, .kv_block = 8, .n_ubatch = 4, .pool = pool,
-                                   .check_finite = true};
+                                   .check_finite = true, .kv_type = kv_type};
     struct moetax_ctx *c = NULL;
     moetax_status st = moetax_ctx_init(m, &cp, &c);
     must_say(st);
@@ -84,7 +84,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         __builtin_trap();
     }
     moetax_clear_error();
-    run_steps(m);
+    static const enum moetax_type cells[3] = {MOETAX_TYPE_F32, MOETAX_TYPE_F16, MOETAX_TYPE_Q8_0};
+    run_steps(m, cells[size % 3]);
     moetax_model_free(m);
     moetax_clear_error();
     return 0;

@@ -1234,9 +1234,35 @@ static void test_code_alignment(const struct moetax_kernels *k) {
               k->name, (unsigned long)a);
 }
 
+/* The Q8_0 quantizers' quants of non-finite and tiny blocks (a NaN, an infinity, a maximum so small that
+ * 1/d overflows: what a KV cache row of a diverged model or a crafted file's weights hold) are defined
+ * (moetax_q8_round), not the C conversion's undefined behaviour (UBSan in the sanitizer stage). */
+static void test_q8_round_special(void) {
+    CHECK(moetax_q8_round(NAN) == 0 && moetax_q8_round(INFINITY) == 127 && moetax_q8_round(-INFINITY) == -128);
+    CHECK(moetax_q8_round(3.4f) == 3 && moetax_q8_round(-0.5f) == -1 && moetax_q8_round(126.5f) == 127 &&
+          moetax_q8_round(-127.0f) == -127 && moetax_q8_round(1e30f) == 127);
+    float x[4 * 32];
+    for (int j = 0; j < 4 * 32; j++) x[j] = (float)(j % 7) - 3.0f;
+    x[5] = NAN;              /* block 0: a NaN among finite values */
+    x[32 + 9] = -INFINITY;   /* block 1: an infinity (its scale infinite, the rest 0 * inf) */
+    for (int j = 64; j < 96; j++) x[j] = j == 70 ? 1e-40f : 0.0f; /* block 2: 1/d overflows */
+    moetax_block_q8_0 y[4];
+    moetax_quantize_row_q8_0_ref(x, y, 4 * 32);
+    /* block 1: d infinite, 1/d 0, so every value times it 0 or (the infinity) NaN */
+    CHECK(y[0].qs[5] == 0 && y[1].qs[9] == 0 && y[1].qs[0] == 0 && y[2].qs[6] == 127 && y[2].qs[0] == 0);
+    for (int i = 0; i < 32; i++) { /* block 3, finite, as ever: -3, 0, 3 at -127, 0, 127 */
+        const float v = x[96 + i];
+        if (v == 3.0f || v == -3.0f || v == 0.0f) CHECK(y[3].qs[i] == (int8_t)(v * 127.0f / 3.0f));
+    }
+    uint8_t a[4 * 36];
+    moetax_kernels_ref()->quantize_act(MOETAX_TYPE_Q8_0, x, 4 * 32, 4 * 32, 1, a); /* no UB (UBSan) */
+    CHECK(((int8_t *)a)[5] == 0 && ((int8_t *)a)[64 + 6] == 127);
+}
+
 int main(int argc, char **argv) {
     tu_init(argc, argv);
     test_dispatch();
+    test_q8_round_special();
     const struct moetax_kernels *simd[2] = {moetax_kernels_avx2(), moetax_kernels_avx512()};
     for (int i = 0; i < 2; i++) {
         if (!(g_simd = simd[i])) continue;

@@ -268,6 +268,11 @@ uint16_t moetax_fp32_to_bf16(float f);
 /* Reference row conversions for the supported types; n must be a multiple of
  * the block size. */
 void moetax_quantize_row_q8_0_ref(const float *x, moetax_block_q8_0 *y, int64_t n);
+/* A Q8_0 quant: roundf(v) for |v| <= 127 (every finite input's, where a block's
+ * scale is normal), saturated to -128..127 beyond (a block whose tiny maximum
+ * makes 1/d overflow), 0 for a NaN (a block holding one, or an infinity) --
+ * defined where the C conversion is not. */
+int8_t moetax_q8_round(float v);
 void moetax_dequantize_row_q8_0_ref(const moetax_block_q8_0 *x, float *y, int64_t n);
 void moetax_quantize_row_q4_0_ref(const float *x, moetax_block_q4_0 *y, int64_t n);
 void moetax_dequantize_row_q4_0_ref(const moetax_block_q4_0 *x, float *y, int64_t n);

@@ -201,6 +201,12 @@ uint16_t moetax_fp32_to_bf16(float f) {
     return (uint16_t)((x + (0x7fff + ((x >> 16) & 1))) >> 16);
 }
 
+int8_t moetax_q8_round(float v) {
+    if (v != v) return 0;
+    const float r = roundf(v);
+    return r >= 127.0f ? 127 : r <= -128.0f ? -128 : (int8_t)r;
+}
+
 void moetax_quantize_row_q8_0_ref(const float *x, moetax_block_q8_0 *y, int64_t n) {
     const int64_t nb = n / MOETAX_QK8_0;
     for (int64_t i = 0; i < nb; i++) {
@@ -210,7 +216,7 @@ void moetax_quantize_row_q8_0_ref(const float *x, moetax_block_q8_0 *y, int64_t 
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         y[i].d = moetax_fp32_to_fp16(d);
-        for (int j = 0; j < MOETAX_QK8_0; j++) y[i].qs[j] = (int8_t)roundf(xb[j] * id);
+        for (int j = 0; j < MOETAX_QK8_0; j++) y[i].qs[j] = moetax_q8_round(xb[j] * id);
     }
 }
 

@@ -14,7 +14,7 @@ static void quantize_block_q8(const float *x, int8_t *qs, float *d_out) {
     for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int j = 0; j < 32; j++) qs[j] = (int8_t)roundf(x[j] * id);
+    for (int j = 0; j < 32; j++) qs[j] = moetax_q8_round(x[j] * id);
     *d_out = moetax_fp16_to_fp32(moetax_fp32_to_fp16(d));
 }
 
