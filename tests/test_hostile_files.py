@@ -335,4 +335,23 @@ written = {f[0]: f[1] for f in (x.split() for x in (ins[1] if ins else "").split
 check(q is not None and q[0] == 0 and said.get("token_embd.weight") == "f16" and written == said,
       "quantize names the type each fallback is written as: said %s, written %s" % (said, written))
 
+# a weight that is NaN or infinite (a damaged F32 file): quantize and --expert-type refuse it, naming the tensor
+# (or layer and expert) and the row, and write nothing (the quantizers' float-to-integer conversions of such
+# values were undefined behaviour; UBSan's float-cast-overflow in the sanitizer build)
+from gguf_np import GGUFReader  # noqa: E402  (tests/ref/gguf_np.py)
+works("gen f32", ["gen", "--preset", "tiny", "--type", "f32", "-o", "nan.gguf"])
+info = GGUFReader("nan.gguf").tensors["blk.1.ffn_up_exps.weight"]
+with open("nan.gguf", "r+b") as f:  # expert 2, row 5: values 7 (NaN) and 8 (infinity)
+    f.seek(info.abs_offset + 4 * (info.ne[0] * (2 * info.ne[1] + 5) + 7))
+    f.write(struct.pack("<2f", float("nan"), float("inf")))
+for t in ("q4_0", "q4_1", "q5_1", "q8_0", "q4_k"):
+    if os.path.exists("nanq.gguf"):
+        os.remove("nanq.gguf")
+    refused("quantize a NaN weight to " + t, ["quantize", "nan.gguf", "nanq.gguf", t],
+            ["blk.1.ffn_up_exps.weight", "row %d, column 7" % (2 * info.ne[1] + 5), "NaN or an infinity"])
+    check(not os.path.exists("nanq.gguf"), "quantize %s: nothing written for a NaN weight" % t)
+works("quantize a NaN weight to f16 (it holds one)", ["quantize", "nan.gguf", "nanq.gguf", "f16"])
+refused("--expert-type q4_0 of a NaN weight", ["run", "-m", "nan.gguf", "--expert-type", "q4_0", "-p", "a", "-n", "1"],
+        ["layer 1, expert 2's up, row 5", "NaN or an infinity"])
+
 sys.exit(summary())

@@ -118,8 +118,18 @@ int cmd_quantize(int argc, char **argv) {
             cli_progress_update(&bar, moetax_gguf_writer_data_written(w));
             continue;
         }
+        const bool quantized = moetax_type_blck_size(types[i]) > 1;
+        char tname[256];
+        snprintf(tname, sizeof tname, "%.*s", (int)t->name.len, t->name.data);
         for (int64_t r = 0; r < rows; r++) {
             moetax_to_float(t->type, (const char *)t->data + (size_t)r * rb_in, row, t->ne[0]);
+            const int64_t bad = quantized ? moetax_nonfinite_at(row, t->ne[0]) : -1;
+            if (bad >= 0) { /* the output is left unwritten (the writer renames it only when finished) */
+                st = moetax_error(MOETAX_ERR_NUMERIC, "%s: tensor %s, row %lld, column %lld holds %g: %s cannot hold a "
+                                  "NaN or an infinity (the input's weights are damaged); nothing written", pos[0],
+                                  tname, (long long)r, (long long)bad, (double)row[bad], moetax_type_name(types[i]));
+                goto done;
+            }
             moetax_from_float(types[i], row, out, t->ne[0]);
             if ((st = moetax_gguf_writer_write(w, out, rb_out))) goto done;
         }

@@ -273,6 +273,9 @@ void moetax_quantize_row_q8_0_ref(const float *x, moetax_block_q8_0 *y, int64_t 
  * makes 1/d overflow), 0 for a NaN (a block holding one, or an infinity) --
  * defined where the C conversion is not. */
 int8_t moetax_q8_round(float v);
+/* The index of x's first NaN or infinity, or -1: a row a quantized type cannot hold (its
+ * quantizers would write garbage; quantize and --expert-type refuse it, naming the row). */
+int64_t moetax_nonfinite_at(const float *x, int64_t n);
 void moetax_dequantize_row_q8_0_ref(const moetax_block_q8_0 *x, float *y, int64_t n);
 void moetax_quantize_row_q4_0_ref(const float *x, moetax_block_q4_0 *y, int64_t n);
 void moetax_dequantize_row_q4_0_ref(const moetax_block_q4_0 *x, float *y, int64_t n);

@@ -207,6 +207,12 @@ int8_t moetax_q8_round(float v) {
     return r >= 127.0f ? 127 : r <= -128.0f ? -128 : (int8_t)r;
 }
 
+int64_t moetax_nonfinite_at(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return i;
+    return -1;
+}
+
 void moetax_quantize_row_q8_0_ref(const float *x, moetax_block_q8_0 *y, int64_t n) {
     const int64_t nb = n / MOETAX_QK8_0;
     for (int64_t i = 0; i < nb; i++) {

@@ -30,7 +30,8 @@ struct rq_job {
     bool repack;
     _Atomic int64_t next;            /* matrices handed out: item-major, expert-minor */
     int64_t n_mat;
-    _Atomic int err;                 /* a repack that ran out of memory */
+    _Atomic int err;                 /* a repack that ran out of memory, or a row that is not finite */
+    _Atomic int64_t bad;             /* the first such row's matrix (k) * 2^32 + row, or -1 */
 };
 
 
@@ -56,6 +57,12 @@ static void *rq_worker(void *arg) {
         uint8_t *d = x->dst + (size_t)e * x->dst_row * (size_t)nr;
         for (int64_t r = 0; r < nr; r++) {
             moetax_to_float(x->w->type, s + (size_t)r * x->src_row, row, nc);
+            if (moetax_nonfinite_at(row, nc) >= 0) { /* what a quantized type cannot hold: refused by the caller */
+                int64_t none = -1;
+                atomic_compare_exchange_strong(&j->bad, &none, k * ((int64_t)1 << 32) + r);
+                atomic_store(&j->err, MOETAX_ERR_NUMERIC);
+                memset(row, 0, sizeof(float) * (size_t)nc);
+            }
             moetax_from_float(j->to, row, d + (size_t)r * x->dst_row, nc);
         }
         if (j->repack)
@@ -157,6 +164,7 @@ moetax_status model_requant_experts(struct moetax_model *m, enum moetax_type to,
                          .repack = K->weights_repacked && K->weights_repacked(to), .n_mat = n_mat};
     atomic_init(&job.next, 0);
     atomic_init(&job.err, 0);
+    atomic_init(&job.bad, -1);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int nt = ncpu < 1 ? 1 : ncpu > 16 ? 16 : (int)ncpu;
     pthread_t th[16];
@@ -166,9 +174,25 @@ moetax_status model_requant_experts(struct moetax_model *m, enum moetax_type to,
     rq_worker(&job); /* the caller is worker 0 */
     for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
     if (atomic_load(&job.err)) {
+        const int64_t bad = atomic_load(&job.bad);
+        if (bad >= 0) { /* matrix k: item-major, expert-minor (rq_worker) */
+            int64_t k = bad >> 32, e = k;
+            int it = 0;
+            for (; it < n; it++) {
+                const int64_t E = items[it].w->ne[2] > 0 ? items[it].w->ne[2] : 1;
+                if (e < E) break;
+                e -= E;
+            }
+            st = moetax_error(MOETAX_ERR_NUMERIC, "%s: layer %d, expert %lld's %s, row %lld holds a NaN or an infinity: "
+                              "--expert-type %s cannot hold it (the file's weights are damaged)", m->gguf->path,
+                              it < n ? items[it].il : -1, (long long)e, it < n ? items[it].what : "?",
+                              (long long)(bad & 0xffffffff), moetax_type_name(to));
+        } else {
+            st = moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory re-quantizing the routed experts", m->gguf->path);
+        }
         moetax_huge_free(buf);
         free(items);
-        return moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory re-quantizing the routed experts", m->gguf->path);
+        return st;
     }
     for (int i = 0; i < n; i++) {
         struct rq_item *x = &items[i];
