@@ -707,6 +707,41 @@ def test_store_server(refs):
         check(rc == 0, f"the store server exited {rc}")
 
 
+def test_q8_cells_server():
+    """Q8_0 KV cells: greedy completions equal `moetax run --cache-type q8_0`, alone, four at once and with a
+    prefix reused from the cells (its blocks shared, copy on write); the cells in use back to 0."""
+    s = Server("--parallel", "4", "--cache-type", "q8_0", "--max-queue", "0", name="q8cells")
+    try:
+        ref8 = []
+        for p in PROMPTS[:4]:
+            r = subprocess.run([MOETAX, "run", "-m", MODEL, "-p", p, "-n", str(N_PRED), "--temp", "0", "-t", "1",
+                                "--no-display-prompt", "--cache-type", "q8_0"], capture_output=True, timeout=120)
+            out = r.stdout.decode("utf-8", errors="replace")
+            ref8.append(out[:-1] if out.endswith("\n") else out)
+        st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N_PRED, "temperature": 0})
+        check(st == 200 and j["choices"][0]["text"] == ref8[0], f"q8_0 cells, alone: {j}")
+        got = [None] * 4
+
+        def one(i):
+            st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[i], "max_tokens": N_PRED, "temperature": 0})
+            got[i] = j["choices"][0]["text"] if st == 200 else None
+
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        check(got == ref8, f"q8_0 cells, four at once: {got} vs {ref8}")
+        before = s.metrics()["moetax_prompt_tokens_reused_total"]
+        st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[1], "max_tokens": N_PRED, "temperature": 0})
+        check(st == 200 and j["choices"][0]["text"] == ref8[1], f"q8_0 cells, a reused prefix: {j}")
+        check(s.metrics()["moetax_prompt_tokens_reused_total"] > before, "q8_0 cells: the prefix was not reused")
+        s.cells_back("q8_0 cells")
+    finally:
+        rc = s.stop()
+        check(rc == 0, f"the q8_0 cells server exited {rc}")
+
+
 def metrics_auth(self, headers):
     st, _, data = self.request("GET", "/metrics", headers=headers)
     out = {}
@@ -800,7 +835,7 @@ def main():
     # of this test and in test_store / test_model_store under TSan
     tsan_quick = "thread" in SANITIZERS and not SLOW
     for name, fn in [("second server", test_second_server), ("queue", test_queue),
-                     ("store server", lambda: test_store_server(refs))]:
+                     ("store server", lambda: test_store_server(refs)), ("q8_0 cells server", test_q8_cells_server)]:
         if tsan_quick and name != "queue":
             long_skipped(f"{name} under ThreadSanitizer")
             continue
