@@ -652,32 +652,39 @@ def test_queue():
         check(rc == 0, f"the queue server exited {rc}")
 
 
+def greedy_as_run(s, cells, what):
+    """PROMPTS[:4]'s greedy completions from server s, the first alone, then four at once, each equal to
+    `moetax run --cache-type CELLS --temp 0`; returns run's texts."""
+    ref = []
+    for p in PROMPTS[:4]:
+        r = subprocess.run([MOETAX, "run", "-m", MODEL, "-p", p, "-n", str(N_PRED), "--temp", "0", "-t", "1",
+                            "--no-display-prompt", "--cache-type", cells], capture_output=True, timeout=120)
+        out = r.stdout.decode("utf-8", errors="replace")
+        ref.append(out[:-1] if out.endswith("\n") else out)
+    st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N_PRED, "temperature": 0})
+    check(st == 200 and j["choices"][0]["text"] == ref[0], f"{what}, alone: {j}")
+    got = [None] * 4
+
+    def one(i):
+        st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[i], "max_tokens": N_PRED, "temperature": 0})
+        got[i] = j["choices"][0]["text"] if st == 200 else None
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    check(got == ref, f"{what}, four at once: {got} vs {ref}")
+    return ref
+
+
 def test_store_server(refs):
     """An expert store of 25% of the experts and F16 cells: greedy completions equal `moetax run` with
     the same cells, alone and four at once (--max-queue 0: taken while slots are free); /metrics counts the store's reads; GET /tax sums the
     window (phases, tax share, the store's hit rate); a bad window is a 400."""
     s = Server("--parallel", "4", "--expert-budget", "25%", "--cache-type", "f16", "--max-queue", "0", name="store")
     try:
-        ref16 = []
-        for p in PROMPTS[:4]:
-            r = subprocess.run([MOETAX, "run", "-m", MODEL, "-p", p, "-n", str(N_PRED), "--temp", "0", "-t", "1",
-                                "--no-display-prompt", "--cache-type", "f16"], capture_output=True, timeout=120)
-            out = r.stdout.decode("utf-8", errors="replace")
-            ref16.append(out[:-1] if out.endswith("\n") else out)
-        st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N_PRED, "temperature": 0})
-        check(st == 200 and j["choices"][0]["text"] == ref16[0], f"store + f16 cells, alone: {j}")
-        got = [None] * 4
-
-        def one(i):
-            st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[i], "max_tokens": N_PRED, "temperature": 0})
-            got[i] = j["choices"][0]["text"] if st == 200 else None
-
-        ts = [threading.Thread(target=one, args=(i,)) for i in range(4)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(120)
-        check(got == ref16, f"store + f16 cells, four at once: {got} vs {ref16}")
+        greedy_as_run(s, "f16", "store + f16 cells")
         m = s.metrics()
         check(m.get("moetax_store_loads_total", 0) > 0 and m.get("moetax_store_bytes_read_total", 0) > 0,
               "/metrics counts the expert store's reads")
@@ -712,26 +719,7 @@ def test_q8_cells_server():
     prefix reused from the cells (its blocks shared, copy on write); the cells in use back to 0."""
     s = Server("--parallel", "4", "--cache-type", "q8_0", "--max-queue", "0", name="q8cells")
     try:
-        ref8 = []
-        for p in PROMPTS[:4]:
-            r = subprocess.run([MOETAX, "run", "-m", MODEL, "-p", p, "-n", str(N_PRED), "--temp", "0", "-t", "1",
-                                "--no-display-prompt", "--cache-type", "q8_0"], capture_output=True, timeout=120)
-            out = r.stdout.decode("utf-8", errors="replace")
-            ref8.append(out[:-1] if out.endswith("\n") else out)
-        st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N_PRED, "temperature": 0})
-        check(st == 200 and j["choices"][0]["text"] == ref8[0], f"q8_0 cells, alone: {j}")
-        got = [None] * 4
-
-        def one(i):
-            st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[i], "max_tokens": N_PRED, "temperature": 0})
-            got[i] = j["choices"][0]["text"] if st == 200 else None
-
-        ts = [threading.Thread(target=one, args=(i,)) for i in range(4)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(120)
-        check(got == ref8, f"q8_0 cells, four at once: {got} vs {ref8}")
+        ref8 = greedy_as_run(s, "q8_0", "q8_0 cells")
         before = s.metrics()["moetax_prompt_tokens_reused_total"]
         st, _, j = s.post("/v1/completions", {"prompt": PROMPTS[1], "max_tokens": N_PRED, "temperature": 0})
         check(st == 200 and j["choices"][0]["text"] == ref8[1], f"q8_0 cells, a reused prefix: {j}")
