@@ -24,7 +24,7 @@ void attend_cell_write(const struct moetax_kernels *K, enum moetax_type ct, cons
 struct q8s {
     float *vf;   /* [ATTEND_CHUNK][ru32(v_cols)] the chunk's values in float */
     uint8_t *kq; /* [ATTEND_CHUNK][rbk] the chunk's key blocks as stored */
-    uint8_t *kr; /* the same in the table's layout (weights_repacked) */
+    uint8_t *kr; /* the same in the table's layout, where it has one (weights_repacked), else NULL */
     uint8_t *xq; /* [nq][act row] the queries prepared */
     float *qp;   /* [nq][ru32(k_cols)] the queries padded to whole blocks (where k_cols is not) */
     size_t rbk, act_row;
@@ -34,7 +34,7 @@ static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
 static uint8_t *al64(void *p) { return (uint8_t *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
 
 /* The regions of fb for nq query rows (q8s_bytes of them). */
-static struct q8s q8s_at(float *fb, int64_t k_cols, int64_t v_cols, int64_t nq) {
+static struct q8s q8s_at(const struct moetax_kernels *K, float *fb, int64_t k_cols, int64_t v_cols, int64_t nq) {
     struct q8s s;
     const int64_t k32 = ru32(k_cols);
     s.rbk = moetax_row_size(MOETAX_TYPE_Q8_0, k32);
@@ -44,6 +44,7 @@ static struct q8s q8s_at(float *fb, int64_t k_cols, int64_t v_cols, int64_t nq) 
     s.kr = al64(s.kq + ATTEND_CHUNK * s.rbk);
     s.xq = al64(s.kr + ATTEND_CHUNK * s.rbk);
     s.qp = (float *)al64(s.xq + (size_t)nq * s.act_row);
+    if (!K->weights_repacked || !K->weights_repacked(MOETAX_TYPE_Q8_0)) s.kr = NULL;
     return s;
 }
 /* Bytes of q8s_at's regions from any start (each region's start rounded up to 64 bytes). */
@@ -130,13 +131,8 @@ static void chunk_cell_rows(const struct moetax_kernels *K, const struct attend_
             if (!v_in_k) cell_floats(K, src->ct, rows + (size_t)r * rb, src->v_off, src->v_cols, f + src->k_cols);
         }
     }
-    if (q8 && K->weights_repacked && K->weights_repacked(MOETAX_TYPE_Q8_0)) /* not in place: cannot fail */
+    if (q8 && q8->kr) /* not in place: cannot fail */
         (void)moetax_kernels_repack(K, MOETAX_TYPE_Q8_0, q8->kr, q8->kq, c1 - c0, ru32(src->k_cols));
-}
-
-/* The chunk's keys as the Q8_0 matmul takes them (chunk_cell_rows made them). */
-static const uint8_t *q8_keys(const struct moetax_kernels *K, const struct q8s *q8) {
-    return K->weights_repacked && K->weights_repacked(MOETAX_TYPE_Q8_0) ? q8->kr : q8->kq;
 }
 
 /* The scores of the positions [c0, c1) for nq query rows q into sc (ld cn = c1 - c0): Q8_0 cells one
@@ -147,7 +143,7 @@ static void chunk_scores(const struct moetax_kernels *K, const struct attend_src
                          const uint8_t *xq) {
     const int64_t cn = c1 - c0;
     if (q8) {
-        K->matmul(MOETAX_TYPE_Q8_0, q8_keys(K, q8), q8->rbk, 0, cn, ru32(src->k_cols), xq, nq, sc, cn);
+        K->matmul(MOETAX_TYPE_Q8_0, q8->kr ? q8->kr : q8->kq, q8->rbk, 0, cn, ru32(src->k_cols), xq, nq, sc, cn);
         return;
     }
     if (src->ct != MOETAX_TYPE_F32) {
@@ -209,7 +205,7 @@ static void chunk_run(const struct moetax_kernels *K, const struct attend_src *s
 static const struct q8s *q8_begin(const struct moetax_kernels *K, const struct attend_src *src, const float *q,
                                   int64_t nq, float *fb, struct q8s *q8) {
     if (src->ct != MOETAX_TYPE_Q8_0) return NULL;
-    *q8 = q8s_at(fb, src->k_cols, src->v_cols, nq);
+    *q8 = q8s_at(K, fb, src->k_cols, src->v_cols, nq);
     q8_queries(K, src->k_cols, q, nq, q8);
     return q8;
 }

@@ -137,10 +137,4 @@ void moetax_k_fp32_to_bf16_ref(const float *x, uint16_t *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = moetax_fp32_to_bf16(x[i]);
 }
 
-void moetax_k_q8_0_to_fp32_ref(const void *x, float *y, int64_t n) {
-    const moetax_block_q8_0 *b = x;
-    for (int64_t i = 0; i < n / 32; i++) {
-        const float d = moetax_fp16_to_fp32(b[i].d);
-        for (int j = 0; j < 32; j++) y[i * 32 + j] = d * (float)b[i].qs[j];
-    }
-}
+void moetax_k_q8_0_to_fp32_ref(const void *x, float *y, int64_t n) { moetax_dequantize_row_q8_0_ref(x, y, n); }

@@ -35,6 +35,17 @@ struct rq_job {
 };
 
 
+/* Matrix k of the job (item-major, expert-minor): its item, or -1 past the last, and the expert in it. */
+static int rq_locate(const struct rq_job *j, int64_t k, int64_t *e) {
+    *e = k;
+    for (int i = 0; i < j->n_items; i++) {
+        const int64_t E = j->items[i].w->ne[2] > 0 ? j->items[i].w->ne[2] : 1;
+        if (*e < E) return i;
+        *e -= E;
+    }
+    return -1;
+}
+
 static void *rq_worker(void *arg) {
     struct rq_job *j = arg;
     float *row = malloc(sizeof(float) * (size_t)j->max_cols);
@@ -43,13 +54,8 @@ static void *rq_worker(void *arg) {
     for (;;) {
         int64_t k = atomic_fetch_add(&j->next, 1);
         if (k >= j->n_mat) break;
-        int it = -1;
-        int64_t e = k;
-        for (int i = 0; i < j->n_items; i++) {
-            const int64_t E = j->items[i].w->ne[2] > 0 ? j->items[i].w->ne[2] : 1;
-            if (e < E) { it = i; break; }
-            e -= E;
-        }
+        int64_t e;
+        const int it = rq_locate(j, k, &e);
         if (it < 0) break;
         const struct rq_item *x = &j->items[it];
         const int64_t nc = x->w->ne[0], nr = x->w->ne[1];
@@ -175,17 +181,12 @@ moetax_status model_requant_experts(struct moetax_model *m, enum moetax_type to,
     for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
     if (atomic_load(&job.err)) {
         const int64_t bad = atomic_load(&job.bad);
-        if (bad >= 0) { /* matrix k: item-major, expert-minor (rq_worker) */
-            int64_t k = bad >> 32, e = k;
-            int it = 0;
-            for (; it < n; it++) {
-                const int64_t E = items[it].w->ne[2] > 0 ? items[it].w->ne[2] : 1;
-                if (e < E) break;
-                e -= E;
-            }
+        if (bad >= 0) {
+            int64_t e;
+            const int it = rq_locate(&job, bad >> 32, &e);
             st = moetax_error(MOETAX_ERR_NUMERIC, "%s: layer %d, expert %lld's %s, row %lld holds a NaN or an infinity: "
                               "--expert-type %s cannot hold it (the file's weights are damaged)", m->gguf->path,
-                              it < n ? items[it].il : -1, (long long)e, it < n ? items[it].what : "?",
+                              it >= 0 ? items[it].il : -1, (long long)e, it >= 0 ? items[it].what : "?",
                               (long long)(bad & 0xffffffff), moetax_type_name(to));
         } else {
             st = moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory re-quantizing the routed experts", m->gguf->path);
