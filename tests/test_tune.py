@@ -82,7 +82,7 @@ def store_checks(mt, work, calib):
             "--log", slog]
     r = run(args)
     check(r.returncode == 0 and "does not fit" in r.stdout + r.stderr, f"tune --memory 80M: {r.stderr[-400:]}")
-    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{") and '"config"' in x]
     st = [o for o in rows if o["expert_budget_mib"] > 0 and o["experts_used"] == 4]
     check(len(st) >= 4 and all(o["kl"] == 0 and o["ppl_change"] == 0 for o in st),
           f"expert-store configurations, exact: {len(st)}")
@@ -109,7 +109,8 @@ def store_checks(mt, work, calib):
     # what the log held is reused, not measured again: every configuration both runs report at the
     # same stage carries the same numbers (the rerun may go further within its --time, so its
     # recommendation may legitimately differ; a timing comparison here would only measure the machine)
-    rows2 = {(o["config"], o["stage"]): o for o in (json.loads(x) for x in r2.stdout.splitlines() if x.startswith("{"))}
+    rows2 = {(o["config"], o["stage"]): o for o in (json.loads(x) for x in r2.stdout.splitlines()
+                                                     if x.startswith("{") and '"config"' in x)}
     same = [(o, rows2[(o["config"], o["stage"])]) for o in rows if (o["config"], o["stage"]) in rows2]
     check(len(same) >= 2 and all(a["speed_ratio"] == b["speed_ratio"] and a["kl"] == b["kl"] for a, b in same),
           f"the rerun reuses the logged measurements ({len(same)} configurations at the same stage)")
@@ -175,7 +176,7 @@ def main():
     r = run([mt, "tune", "-m", MODEL, "--calib", calib, "--time", "20s", "--json", "-o", cfg, "--html", page])
     check(os.path.exists(log), "the log is written beside -o by default")
     check(r.returncode == 0, f"tune: rc {r.returncode}: {r.stderr[-500:]}")
-    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{") and '"config"' in x]
     check(len(rows) >= 4, f"tune --json: {len(rows)} rows")
     final = [o for o in rows if o["stage"] == 3]
     check(len(final) >= 2, f"{len(final)} configurations reached stage 3")

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # ctest-labels: model
-# ctest-cost: 58
+# ctest-cost: 75
 """test_tune_metrics.py - what moetax tune measures per configuration besides the speed ratio, and
 the batch workload, on the committed trained model with a short --time:
 
@@ -13,7 +13,12 @@ the batch workload, on the committed trained model with a short --time:
   batch size scores exactly the exact configuration's quality (KL 0, top-1 100%: the quantized
   kernels are batch-invariant), with it on, at a batch size where it must drop, KL > 0; the front
   is non-dominated; the recommendation keeps the quality bound and its configuration carries its
-  capacity factor and batch size.
+  capacity factor and batch size;
+- the prefill form (--mla-prefill auto against absorbed on the recommendation, an MLA model's decode
+  workload): nothing timed where auto is the absorbed form bit for bit (the trained model's short
+  prompts), both forms timed and the quality measured where it decompresses (a generated model with
+  wide compressed rows), the decision consistent with them, the configuration carrying it; a batch
+  workload says why it is not tried.
 
 usage: test_tune_metrics.py MOETAX_BIN WORKDIR
 """
@@ -37,7 +42,7 @@ def run(args):
 
 
 def rows_of(r):
-    return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{") and '"config"' in x]
 
 
 def metric_checks(rows, what):
@@ -68,6 +73,59 @@ def front_check(rows, what):
               f"{[b['config'] for b in dom]}")
 
 
+def prefill_lines(r):
+    return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{") and '"prefill_form"' in x]
+
+
+def prefill_checks(mt, work, calib, rows):
+    """The prefill form (an MLA model's decode workload, after the recommendation). On the trained model at a
+    32-token prompt the cost model keeps the absorbed form, so auto's prompt logits are the absorbed form's bit
+    for bit and nothing is timed; on a model whose compressed rows are wide (kv_lora 256 against heads of 16 + 16
+    values) a 256-token prompt is decompressed: both forms timed alternately, the quality with every micro-batch
+    decompressed measured (another summation order: KL > 0), and the decision follows from those figures within
+    the bounds; the configuration written carries it and run reads it back."""
+    pf = prefill_lines(rows)
+    check(len(pf) == 1 and pf[0]["identical"] and not pf[0]["taken"] and pf[0]["prefill_form"] == "absorbed"
+          and "bit for bit" in pf[0]["why"] and "ttft_ms_auto" not in pf[0],
+          f"trained model, a 32-token prompt: auto is the absorbed form here, said so, nothing timed: {pf}")
+    wide = os.path.join(work, "tune_mla_wide.gguf")
+    g = run([mt, "gen", "--preset", "tiny", "--type", "q8_0", "--kv-lora", "256", "--nope", "16", "--rope-dim", "16",
+             "--v-head", "16", "--ctx", "512", "-o", wide])
+    check(g.returncode == 0, f"gen: {g.stderr[-300:]}")
+    cfg = os.path.join(work, "tune_mla_wide.json")
+    wlog = os.path.join(work, "tune_mla_wide.log")
+    if os.path.exists(wlog):
+        os.remove(wlog)
+    base = [mt, "tune", "-m", wide, "--calib", calib, "--time", "10s", "--prompt", "256", "--json", "--log", wlog]
+    r = run(base + ["-o", cfg])
+    check(r.returncode == 0, f"tune on the wide MLA model: rc {r.returncode}: {r.stderr[-500:]}")
+    pf = prefill_lines(r)
+    check(len(pf) == 1, f"one prefill-form line: {pf}")
+    if len(pf) != 1:
+        return
+    p = pf[0]
+    print(f"prefill form on the wide MLA model, 256-token prompt: TTFT {p.get('ttft_ms_absorbed')} -> "
+          f"{p.get('ttft_ms_auto')} ms ({p.get('ttft_ratio')}x), taken {p['taken']}")
+    check(not p["identical"] and p["pairs"] >= 3 and p["prompt"] == 256 and p["ttft_ms_absorbed"] > 0
+          and p["ttft_ms_auto"] > 0 and 0 < p["ttft_ratio"] < 10, f"both forms timed: {p}")
+    check(p["kl"] > 0 and 0 < p["top1"] <= 1, f"the decompressed form's quality measured: KL {p['kl']}")
+    taken = p["ttft_ratio"] <= 0.95 and p["ppl_change"] <= 0.01
+    check(p["taken"] == taken and p["prefill_form"] == ("auto" if taken else "absorbed") and (taken or p.get("why")),
+          f"the decision follows from the figures and the 1% bound: {p}")
+    c = json.load(open(cfg)) if os.path.exists(cfg) else {}
+    w = c.get("measured", {}).get("prefill") or {}
+    same = set(w) == set(p) and all(math.isclose(w[k], v, rel_tol=1e-5) if isinstance(v, float) else w[k] == v
+                                    for k, v in p.items())
+    check(c.get("mla_prefill") == p["prefill_form"] and same, f"the configuration carries it: {c}")
+    a = run([mt, "run", "-m", wide, "--config", cfg, "-p", "a b c", "-n", "4", "--temp", "0"])
+    check(a.returncode == 0, f"run --config reads it: {a.stderr[-300:]}")
+    # --max-kl 0 (the log reused): only exact configurations, and the decompressed form is not one
+    r0 = run(base + ["--max-kl", "0"])
+    p0 = prefill_lines(r0)
+    check(r0.returncode == 0 and len(p0) == 1 and not p0[0]["taken"] and p0[0]["prefill_form"] == "absorbed"
+          and "--max-kl" in p0[0].get("why", ""), f"--max-kl 0: the prefill form stays absorbed, said why: {p0}")
+
+
 def main():
     mt, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
@@ -84,6 +142,7 @@ def main():
     check(r.returncode == 0, f"tune: rc {r.returncode}: {r.stderr[-500:]}")
     rows = rows_of(r)
     metric_checks(rows, "decode")
+    prefill_checks(mt, work, calib, r)
     entries = [json.loads(x) for x in open(log)] if os.path.exists(log) else []
     speed = [e for e in entries if e.get("kind") == "speed"]
     check(speed and all(e["ttft_ms"] > 0 and e["p99_ms"] >= e["tpot_p50_ms"] > 0 and e["step_us"] > 0 for e in speed)
@@ -135,6 +194,9 @@ def main():
     check(r.returncode == 0, f"tune --workload batch:4: rc {r.returncode}: {r.stderr[-500:]}")
     rows = rows_of(r)
     metric_checks(rows, "batch:4")
+    pf = prefill_lines(r)
+    check(len(pf) == 1 and pf[0]["prefill_form"] is None and "one sequence" in pf[0]["why"],
+          f"batch:4: the prefill form is not tried, and the line says why: {pf}")
     front_check(rows, "batch:4")
     qual = [o for o in rows if o["stage"] >= 1]
     check({o["batch"] for o in qual} == {1, 2, 4}, f"batch sizes swept: {sorted({o['batch'] for o in qual})}")

@@ -37,7 +37,9 @@
  * perplexity), and --explain (the ledger's phases of the default against the
  * recommendation, and the quality each of its levers cost alone) are printed; -o writes the
  * recommendation as a configuration run/bench/perplexity/serve read with --config;
- * --html a page with the front as an SVG chart. */
+ * --html a page with the front as an SVG chart. Then, for an MLA model's decode workload, the prefill form
+ * (prefill_stage): --mla-prefill auto against the absorbed form on the recommendation, by TTFT, taken where it
+ * pays within the quality bounds. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -73,12 +75,16 @@ static void usage(FILE *f) {
                "configuration, top-1 agreement and the perplexity change on a calibration text; successive\n"
                "halving within --time. Prints the Pareto front (speed vs KL) and a recommendation: the fastest\n"
                "configuration whose perplexity rises by at most --max-quality-loss (and, with --max-tpot, whose\n"
-               "p99 TPOT is within it).\n"
+               "p99 TPOT is within it). On an MLA (DeepSeek2) model's decode workload it then times the\n"
+               "recommendation's TTFT with --mla-prefill auto against the absorbed form, alternately, and\n"
+               "takes auto where it is 5%% faster and the configuration with every micro-batch decompressed\n"
+               "keeps the quality bounds (--prompt sets the prompt: auto decompresses long ones).\n"
                "  --calib TEXT|DIR  calibration text (default: the default model's held-out Python files from\n"
                "                    /usr/lib/python3.11, as tools/train/corpus.py splits them)\n"
                "  --workload W      decode (one sequence, the default) or batch:N (N sequences decoding together)\n"
                "  --memory SIZE     only configurations whose footprint fits SIZE (4G, 512M) are on the front\n"
-               "  --prompt N        the workload's prompt length: TTFT is its prefill, decode runs after it (64)\n"
+               "  --prompt N        the workload's prompt length: TTFT is its prefill (micro-batches of 512 tokens,\n"
+               "                    as run's), decode runs after it (64)\n"
                "  --max-tpot MS     recommend only a configuration whose per-sequence p99 TPOT is within MS\n"
                "  --max-kl X        recommend only a configuration whose mean KL divergence from the exact\n"
                "                    distributions is at most X (nats; 0: exact ones only). The perplexity bound\n"
@@ -197,6 +203,8 @@ struct tcfg {
     bool no_prefetch;
     enum moetax_type etype; /* routed experts re-quantized at load (--expert-type); MOETAX_EXPERT_TYPE_AS_STORED */
     enum moetax_type kv;    /* the KV cache's cells (--cache-type): MOETAX_TYPE_F32 (0, the default), F16, Q8_0 */
+    enum moetax_attn_prefill prefill; /* MLA prompts (--mla-prefill): absorbed (0, the default), or the stage after
+                                         the recommendation's: auto (its TTFT), decompressed (its quality) */
 };
 
 #define TUNE_ETYPES 3 /* as stored, Q8_0, Q4_0 */
@@ -287,13 +295,13 @@ static int ecap(float cf, int batch, int k, int n_expert) {
 
 static int levers_moved(const struct tcfg *c, const struct tcfg *d) {
     return (c->k != d->k) + (c->etype != d->etype) + (c->cap != d->cap || c->overflow != d->overflow) +
-           (c->batch != d->batch) + (c->kv != d->kv);
+           (c->batch != d->batch) + (c->kv != d->kv) + (c->prefill != d->prefill);
 }
 
 static bool is_default(const struct tcfg *c, const struct tcfg *d) {
     return c->threads == d->threads && c->k == d->k && c->batch == d->batch && !c->no_mmap && c->cap == 0 &&
            !c->budget &&
-           c->etype == MOETAX_EXPERT_TYPE_AS_STORED && c->kv == MOETAX_TYPE_F32;
+           c->etype == MOETAX_EXPERT_TYPE_AS_STORED && c->kv == MOETAX_TYPE_F32 && c->prefill == MOETAX_ATTN_PREFILL_ABSORBED;
 }
 
 /* log-softmax of a row in double, into lp (as float) */
@@ -319,7 +327,7 @@ static moetax_status run_windows(struct tune *t, const struct tcfg *c, int64_t n
     const int64_t W = t->window;
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(B * ((W + 31) / 32 * 32)), .n_threads = c->threads,
                                    .n_expert_used = c->k, .capacity_factor = c->cap, .overflow = c->overflow,
-                                   .n_seq_max = B, .kv_type = c->kv,
+                                   .n_seq_max = B, .kv_type = c->kv, .attn_prefill = c->prefill,
                                    .n_ubatch = B > 1 ? B : 64};
     struct moetax_ctx *ctx;
     if ((st = moetax_ctx_init(m, &cp, &ctx))) return st;
@@ -392,7 +400,8 @@ static moetax_status quality(struct tune *t, struct tres *r, int64_t n, bool is_
 }
 
 /* One speed measurement of c: c->batch prompts of t->prompt tokens prefilled together (TTFT: that
- * step's wall time, after which every sequence has its first token), then `steps` decode steps of
+ * step's wall time, after which every sequence has its first token; in micro-batches of run's and
+ * serve's default size, MOETAX_UBATCH_DEFAULT tokens), then `steps` decode steps of
  * one token per sequence. Per-sequence TPOT is a step's time (each sequence gets one token per
  * step), from each step's own timestamps; the ledger records the decode steps only. */
 struct smeas {
@@ -407,7 +416,8 @@ static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps,
     const int64_t per = (P + steps + 1 + 31) / 32 * 32;
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(B * per), .n_threads = c->threads, .n_expert_used = c->k,
                                    .capacity_factor = c->cap, .overflow = c->overflow, .n_seq_max = B,
-                                   .n_ubatch = B > 64 ? B : 64, .kv_type = c->kv};
+                                   .n_ubatch = B > MOETAX_UBATCH_DEFAULT ? B : MOETAX_UBATCH_DEFAULT, .kv_type = c->kv,
+                                   .attn_prefill = c->prefill};
     struct moetax_ctx *ctx = NULL;
     struct moetax_ledger *led = NULL;
     struct moetax_store *store = NULL;
@@ -519,7 +529,9 @@ static void cfg_name(const struct tcfg *c, char *buf, size_t n) {
     if (c->batch > 0) snprintf(bs, sizeof bs, " b%d", c->batch);
     char kv[16] = "";
     if (c->kv != MOETAX_TYPE_F32) snprintf(kv, sizeof kv, " kv %s", moetax_type_name(c->kv));
-    snprintf(buf, n, "t%d k%d%s%s%s%s%s%s", c->threads, c->k, bs, c->no_mmap ? " no-mmap" : "", et, cap, sto, kv);
+    char pf[32] = "";
+    if (c->prefill != MOETAX_ATTN_PREFILL_ABSORBED) snprintf(pf, sizeof pf, " prefill %s", cli_mla_prefill_name(c->prefill));
+    snprintf(buf, n, "t%d k%d%s%s%s%s%s%s%s", c->threads, c->k, bs, c->no_mmap ? " no-mmap" : "", et, cap, sto, kv, pf);
 }
 
 /* Quality is measured per (k, capacity factor, expert type, batch size, KV cells): the capacity factor drops by
@@ -527,7 +539,7 @@ static void cfg_name(const struct tcfg *c, char *buf, size_t n) {
  * batch-invariant), which measuring it per B shows (KL 0) rather than assumes. */
 static bool same_quality(const struct tcfg *a, const struct tcfg *b) {
     return a->k == b->k && a->cap == b->cap && (a->cap == 0 || a->overflow == b->overflow) && a->etype == b->etype &&
-           a->batch == b->batch && a->kv == b->kv;
+           a->batch == b->batch && a->kv == b->kv && a->prefill == b->prefill;
 }
 
 /* ---- the log (--log): one JSON line per measurement, a header line naming what was tuned ---- */
@@ -872,16 +884,18 @@ static double jnum(json_t *o, const char *k) { return json_number_value(json_obj
 static void quality_name(const struct tcfg *c, char *name, size_t n) {
     char bs[16] = "";
     if (c->batch > 0) snprintf(bs, sizeof bs, " b%d", c->batch);
-    snprintf(name, n, "k%d cf %g%s%s%s%s%s%s", c->k, (double)c->cap,
+    snprintf(name, n, "k%d cf %g%s%s%s%s%s%s%s%s", c->k, (double)c->cap,
              c->cap > 0 && c->overflow == MOETAX_OVERFLOW_REROUTE ? " reroute" : "",
              c->etype != MOETAX_EXPERT_TYPE_AS_STORED ? " experts " : "",
              c->etype != MOETAX_EXPERT_TYPE_AS_STORED ? moetax_type_name(c->etype) : "", bs,
-             c->kv != MOETAX_TYPE_F32 ? " kv " : "", c->kv != MOETAX_TYPE_F32 ? moetax_type_name(c->kv) : "");
+             c->kv != MOETAX_TYPE_F32 ? " kv " : "", c->kv != MOETAX_TYPE_F32 ? moetax_type_name(c->kv) : "",
+             c->prefill != MOETAX_ATTN_PREFILL_ABSORBED ? " prefill " : "",
+             c->prefill != MOETAX_ATTN_PREFILL_ABSORBED ? cli_mla_prefill_name(c->prefill) : "");
 }
 
 /* quality() through the log: the measurement of (k, capacity, expert type, batch) at this stage if logged */
 static moetax_status quality_logged(struct tune *t, struct tres *r, int64_t n, bool is_long, int stage) {
-    char name[80];
+    char name[128];
     quality_name(&r->c, name, sizeof name);
     json_t *o = log_find(t, "quality", stage, name);
     if (o) {
@@ -940,6 +954,125 @@ static moetax_status speed_logged(struct tune *t, const struct tcfg *d, struct t
     return st;
 }
 
+/* ---- the prefill form (MLA) ------------------------------------------------------------------ */
+
+/* After the recommendation, for an MLA model's decode workload: --mla-prefill auto (a prompt's micro-batch
+ * decompressed where the cost model says it takes fewer operations, moetax_attn_prefill) against the absorbed
+ * form on the recommended configuration, the TTFT of a --prompt-token prompt run alternately, and the
+ * decompressed form's quality on the long calibration text (every window's micro-batches decompressed: the
+ * most auto can change; logged like the other quality measurements, the TTFT pairs are not). Taken when auto's
+ * median TTFT ratio is at most PREFILL_TAKE and that quality is within the bounds. Decode is the same either
+ * way (one token per step is always absorbed), so the decode speed ratios do not see this lever. */
+#define PREFILL_TAKE 0.95
+#define PREFILL_PAIRS 7
+struct prefill_res {
+    bool tried, taken;
+    bool identical;                    /* auto's prompt logits are the absorbed form's, bit for bit: at this prompt
+                                          length the cost model keeps the absorbed form (nothing timed then) */
+    const char *why;                   /* not tried, or not taken: why */
+    int pairs;
+    double ttft_abs, ttft_auto, ratio; /* medians of the pairs (ratio: of auto / absorbed per pair) */
+    double kl, top1, dppl;             /* the recommended configuration with every micro-batch decompressed, against the
+                                          exact distributions (long text) */
+};
+
+/* The logits of the last token of a --prompt-token prompt (the calibration text's first tokens) under c, as
+ * speed_once's contexts take it (into out, the vocabulary's floats) */
+static moetax_status prompt_logits(struct tune *t, const struct tcfg *c, float *out) {
+    struct moetax_model *m;
+    moetax_status st = model_for(t, c, &m);
+    if (st) return st;
+    const int P = t->prompt;
+    struct moetax_ctx_params cp = {.n_ctx = (int32_t)((P + 31) / 32 * 32), .n_threads = c->threads, .n_expert_used = c->k,
+                                   .n_ubatch = MOETAX_UBATCH_DEFAULT, .kv_type = c->kv, .attn_prefill = c->prefill};
+    struct moetax_ctx *ctx = NULL;
+    struct moetax_batch b = {0};
+    if (!(st = moetax_ctx_init(m, &cp, &ctx)) && !(st = moetax_batch_init(&b, P))) {
+        for (int i = 0; i < P; i++) moetax_batch_add(&b, t->calib[i % t->n_calib], i, 0, i == P - 1);
+        if (!(st = moetax_ctx_decode(ctx, &b)))
+            memcpy(out, moetax_ctx_logits_ith(ctx, P - 1), sizeof(float) * (size_t)m->hp.n_vocab);
+    }
+    moetax_batch_free(&b);
+    moetax_ctx_free(ctx);
+    return st;
+}
+
+static moetax_status prefill_stage(struct tune *t, const struct tcfg *rc, int pairs, struct prefill_res *p) {
+    struct tcfg ca = *rc, cb = *rc;
+    cb.prefill = MOETAX_ATTN_PREFILL_ABSORBED;
+    ca.prefill = MOETAX_ATTN_PREFILL_AUTO;
+    const size_t V = (size_t)t->m[0][0]->hp.n_vocab;
+    float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+    moetax_status st = la && lb ? MOETAX_OK : moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    if (!st && !(st = prompt_logits(t, &cb, lb)) && !(st = prompt_logits(t, &ca, la)))
+        p->identical = !memcmp(la, lb, sizeof(float) * V);
+    free(la), free(lb);
+    if (st) return st;
+    p->tried = true;
+    if (p->identical) return MOETAX_OK;
+    struct tres q = {.c = *rc};
+    q.c.prefill = MOETAX_ATTN_PREFILL_DECOMPRESSED;
+    st = quality_logged(t, &q, t->n_calib, true, 3);
+    if (st) return st;
+    p->kl = q.kl, p->top1 = q.top1, p->dppl = q.dppl;
+    double ra[TUNE_MAX_PAIRS], ta[TUNE_MAX_PAIRS], tb[TUNE_MAX_PAIRS];
+    if (pairs > TUNE_MAX_PAIRS) pairs = TUNE_MAX_PAIRS;
+    for (int i = 0; i < pairs; i++) {
+        struct smeas sa, sb;
+        if ((st = speed_once(t, &cb, 1, &sb)) || (st = speed_once(t, &ca, 1, &sa))) return st;
+        tb[i] = sb.ttft_ms, ta[i] = sa.ttft_ms, ra[i] = sa.ttft_ms / sb.ttft_ms;
+    }
+    p->pairs = pairs;
+    p->ratio = cli_percentile(ra, pairs, 0.5);
+    p->ttft_abs = cli_percentile(tb, pairs, 0.5);
+    p->ttft_auto = cli_percentile(ta, pairs, 0.5);
+    return MOETAX_OK;
+}
+
+/* The stage's result as JSON (--json's line, the -o file's "measured"), or NULL where it was not tried */
+static json_t *prefill_json(const struct prefill_res *p, int prompt) {
+    if (!p->tried && !p->why) return NULL;
+    json_t *o = json_object();
+    if (!p->tried) {
+        json_object_set_new(o, "prefill_form", json_null());
+        json_object_set_new(o, "why", json_string(p->why));
+        return o;
+    }
+    json_object_set_new(o, "prefill_form", json_string(p->taken ? "auto" : "absorbed"));
+    json_object_set_new(o, "taken", json_boolean(p->taken));
+    json_object_set_new(o, "prompt", json_integer(prompt));
+    json_object_set_new(o, "identical", json_boolean(p->identical));
+    if (p->identical) {
+        json_object_set_new(o, "why", json_string(p->why));
+        return o;
+    }
+    json_object_set_new(o, "pairs", json_integer(p->pairs));
+    json_object_set_new(o, "ttft_ms_absorbed", cli_jnum(p->ttft_abs));
+    json_object_set_new(o, "ttft_ms_auto", cli_jnum(p->ttft_auto));
+    json_object_set_new(o, "ttft_ratio", cli_jnum(p->ratio));
+    json_object_set_new(o, "kl", cli_jnum(p->kl));
+    json_object_set_new(o, "top1", cli_jnum(p->top1));
+    json_object_set_new(o, "ppl_change", cli_jnum(p->dppl));
+    if (p->why) json_object_set_new(o, "why", json_string(p->why));
+    return o;
+}
+
+static void prefill_print(FILE *f, const struct prefill_res *p, int prompt) {
+    if (!p->tried) {
+        if (p->why) fprintf(f, "\nprefill form (--mla-prefill): not tried: %s\n", p->why);
+        return;
+    }
+    if (p->identical) {
+        fprintf(f, "\nprefill form (--mla-prefill, a %d-token prompt): not taken: %s\n", prompt, p->why);
+        return;
+    }
+    fprintf(f, "\nprefill form (--mla-prefill, the recommended configuration, a %d-token prompt): auto's TTFT %.2f ms "
+               "against the absorbed form's %.2f ms (%.3fx, the median of %d alternating pairs); with every micro-batch "
+               "decompressed, its quality KL %.3g, top-1 %.1f%%, perplexity %+.2f%%: %s%s\n", prompt, p->ttft_auto, p->ttft_abs, p->ratio,
+            p->pairs, p->kl, 100 * p->top1, 100 * p->dppl, p->taken ? "taken (--mla-prefill auto)" : "not taken: ",
+            p->taken ? "" : p->why);
+}
+
 /* ---- the command ------------------------------------------------------------------------- */
 
 /* stage 3's order: tier (the default, within the loss, within twice it), then the stage-2 speed */
@@ -949,7 +1082,8 @@ static int cmp_stage3(const void *a, const void *b) {
     return (x->ratio < y->ratio) - (x->ratio > y->ratio);
 }
 
-static moetax_status write_html(const char *path, struct tres *res, int n, const struct tres *rec, const char *model) {
+static moetax_status write_html(const char *path, struct tres *res, int n, const struct tres *rec, const char *model,
+                                const struct prefill_res *pf, int prompt) {
     struct moetax_outfile *out;
     moetax_status st = moetax_outfile_open(path, &out);
     if (st) return st;
@@ -996,7 +1130,16 @@ static moetax_status write_html(const char *path, struct tres *res, int n, const
                 res[i].tps, res[i].ttft_ms, res[i].p50_ms, res[i].p99_ms, res[i].kl, 100 * res[i].top1, 100 * res[i].dppl,
                 100 * res[i].tax);
     }
-    fputs("</table>\n</body></html>\n", f);
+    fputs("</table>\n", f);
+    if (pf->tried && pf->identical)
+        fprintf(f, "<h2>Prefill form</h2>\n<p>--mla-prefill, a %d-token prompt: not taken: %s.</p>\n", prompt, pf->why);
+    else if (pf->tried)
+        fprintf(f, "<h2>Prefill form</h2>\n<p>--mla-prefill auto on the recommended configuration, a %d-token prompt: "
+                   "TTFT %.2f ms against the absorbed form's %.2f ms (%.3fx, the median of %d alternating pairs); with "
+                   "every micro-batch decompressed, its KL %.4g, perplexity %+.2f%%: %s%s.</p>\n", prompt, pf->ttft_auto, pf->ttft_abs,
+                pf->ratio, pf->pairs, pf->kl, 100 * pf->dppl, pf->taken ? "taken" : "not taken: ", pf->taken ? "" : pf->why);
+    else if (pf->why) fprintf(f, "<h2>Prefill form</h2>\n<p>--mla-prefill: not tried: %s.</p>\n", pf->why);
+    fputs("</body></html>\n", f);
     if (ferror(f)) { moetax_outfile_abort(out); return moetax_error(MOETAX_ERR_IO, "%s: writing failed", path); }
     return moetax_outfile_commit(out);
 }
@@ -1336,7 +1479,7 @@ int cmd_tune(int argc, char **argv) {
             if (same_quality(&res[j].c, &r->c) && res[j].stage >= 1) same = &res[j];
         if (same) { r->kl = same->kl; r->top1 = same->top1; r->ppl = same->ppl; r->dppl = same->dppl; }
         else {
-            char qn[80];
+            char qn[128];
             quality_name(&r->c, qn, sizeof qn);
             /* the default, and where it does not fit one that does, are always measured */
             if (i && (fits || !r->fits || nfit_q) && cli_now() > t0 + time_s / 2 && !log_find(&t, "quality", 1, qn)) {
@@ -1476,6 +1619,26 @@ int cmd_tune(int argc, char **argv) {
                               (rec == dres || rec->ratio < 1.02);
     const struct tres *best = rec;
     if (keep_default) rec = dres;
+    struct prefill_res pf = {0};
+    if (rec && m0->hp.attn == MOETAX_ATTN_MLA) {
+        if (batch > 1)
+            pf.why = "a batch workload's prompts are prefilled together, and auto decompresses only a micro-batch of "
+                     "one sequence's consecutive positions";
+        else {
+            if ((st = prefill_stage(&t, &rec->c, cli_now() > t.t_end ? 3 : PREFILL_PAIRS, &pf))) goto done;
+            if (pf.identical)
+                pf.why = "auto's logits for the prompt are the absorbed form's, bit for bit: at this prompt length the "
+                         "cost model keeps the absorbed form (a longer --prompt may decompress)";
+            const bool faster = pf.ratio <= PREFILL_TAKE, ok_ppl = pf.dppl <= max_loss, ok_kl = max_kl < 0 || pf.kl <= max_kl;
+            pf.taken = !pf.identical && faster && ok_ppl && ok_kl;
+            if (!pf.identical)
+                pf.why = pf.taken ? NULL
+                   : !faster ? "auto's TTFT is not 5% below the absorbed form's: decompressing does not pay enough at this "
+                               "prompt length on this machine"
+                   : !ok_ppl ? "with the decompressed form the perplexity change is beyond --max-quality-loss"
+                             : "with the decompressed form the KL is beyond --max-kl";
+        }
+    }
     if (json)
         for (int i = 0; i < nres; i++) {
             char name[128];
@@ -1510,7 +1673,10 @@ int cmd_tune(int argc, char **argv) {
             }
             cli_json_print(stdout, jo);
         }
-    else {
+    if (json) {
+        json_t *pj = prefill_json(&pf, prompt);
+        if (pj) cli_json_print(stdout, pj);
+    } else {
         printf("moetax tune: %s, workload %s, exact perplexity %.3f on %lld calibration tokens\n\n", model,
                batch > 1 ? "batch" : "decode", t.ref_ppl[1], (long long)t.n_calib);
         printf("  %-44s %5s %8s %10s %8s %8s %8s %10s %7s %10s %7s %6s\n", "configuration", "stage", "speed", "tokens/s",
@@ -1570,6 +1736,7 @@ int cmd_tune(int argc, char **argv) {
             else
                 printf("\nrecommendation: %s: %.2fx the default's decode speed, perplexity %+.2f%%, KL %.3g, top-1 %.1f%%\n",
                        name, rec->ratio, 100 * rec->dppl, rec->kl, 100 * rec->top1);
+            prefill_print(stdout, &pf, prompt);
         }
         if (explain && dres && !json) {
             printf("\nexplain (ledger, us per token, default -> recommended):\n");
@@ -1603,12 +1770,17 @@ int cmd_tune(int argc, char **argv) {
                 printf("  batch %d -> %d sequences: aggregate %.1f -> %.1f tokens/s\n", dres->c.batch > 1 ? dres->c.batch : 1,
                        rec->c.batch > 1 ? rec->c.batch : 1, dres->tps, rec->tps);
             explain_quality(res, nres, rec, &def);
+            if (pf.taken)
+                printf("  --mla-prefill auto: TTFT %.2f -> %.2f ms; the quality with every micro-batch decompressed (the "
+                       "most auto changes): KL %.3g, perplexity %+.2f%%\n", pf.ttft_abs, pf.ttft_auto, pf.kl,
+                       100 * pf.dppl);
         }
         if (out) {
             struct cli_config cc = {.threads = rec->c.threads, .experts_used = rec->c.k, .capacity_factor = rec->c.cap,
                                     .overflow = rec->c.overflow,
                                     .no_mmap = rec->c.no_mmap, .no_prefetch = rec->c.budget && rec->c.no_prefetch,
-                                    .expert_type = rec->c.etype, .cache_type = rec->c.kv};
+                                    .expert_type = rec->c.etype, .cache_type = rec->c.kv,
+                                    .mla_prefill = pf.taken ? MOETAX_ATTN_PREFILL_AUTO : MOETAX_ATTN_PREFILL_ABSORBED};
             if (rec->c.budget) {
                 snprintf(cc.expert_budget, sizeof cc.expert_budget, "%lluK", (unsigned long long)(rec->c.budget >> 10));
                 snprintf(cc.policy, sizeof cc.policy, "%s", moetax_store_policy_name(rec->c.policy));
@@ -1617,7 +1789,7 @@ int cmd_tune(int argc, char **argv) {
             json_object_set_new(meas, "model", json_string(model));
             json_object_set_new(meas, "workload", json_string(batch > 1 ? "batch" : "decode"));
             json_object_set_new(meas, "batch", json_integer(rec->c.batch > 1 ? rec->c.batch : 1));
-            json_object_set_new(meas, "ttft_ms", json_real(rec->ttft_ms));
+            json_object_set_new(meas, "ttft_ms", json_real(pf.taken ? pf.ttft_auto : rec->ttft_ms));
             json_object_set_new(meas, "tpot_p50_ms", json_real(rec->p50_ms));
             json_object_set_new(meas, "tpot_p99_ms", json_real(rec->p99_ms));
             json_object_set_new(meas, "tax_share", json_real(rec->tax));
@@ -1627,12 +1799,14 @@ int cmd_tune(int argc, char **argv) {
             json_object_set_new(meas, "ppl_change", json_real(rec->dppl));
             json_object_set_new(meas, "top1", json_real(rec->top1));
             json_object_set_new(meas, "footprint_mib", json_real((double)rec->footprint / (1 << 20)));
+            json_t *pj = prefill_json(&pf, prompt);
+            if (pj) json_object_set_new(meas, "prefill", pj);
             json_t *extra = json_object();
             json_object_set_new(extra, "measured", meas);
             if ((st = cli_config_write(out, &cc, extra))) goto done;
             if (!json) printf("configuration written to %s (moetax run --config %s)\n", out, out);
         }
-        if (html && (st = write_html(html, res, nres, rec, model))) goto done;
+        if (html && (st = write_html(html, res, nres, rec, model, &pf, prompt))) goto done;
         if (html && !json) printf("HTML page written to %s\n", html);
     }
     fprintf(stderr, "moetax tune: %.0f s\n", cli_now() - t0);
