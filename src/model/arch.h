@@ -46,8 +46,9 @@ bool arch_key_bool(struct arch_keys *k, const char *suffix, bool def);
  * 1 without YaRN). */
 double arch_rope_hparams(struct moetax_model *m, struct arch_keys *k);
 /* The routing and expert-count checks shared by every MoE architecture (layers from
- * first_moe on are MoE layers): MOETAX_ERR_FORMAT naming the key. */
-moetax_status arch_check_moe(const struct moetax_model *m, int first_moe);
+ * first_moe on are MoE layers): MOETAX_ERR_FORMAT naming the key. Without MoE layers
+ * (first_moe >= block_count) the expert hparams are cleared: a dense model. */
+moetax_status arch_check_moe(struct moetax_model *m, int first_moe);
 
 /* The keys every GQA architecture (qwen3moe, olmoe, llama) reads the same way, as llama.cpp's
  * generic loader does: context_length, embedding_length, block_count, attention.head_count,

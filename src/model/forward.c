@@ -351,8 +351,8 @@ moetax_status moetax_ctx_init(const struct moetax_model *m, const struct moetax_
     }
     const int64_t U = c->n_ubatch, d = hp->n_embd, H = hp->n_head, vh = hp->n_embd_head_v;
     const int64_t ql = hp->q_lora_rank, k = hp->n_expert ? c->n_expert_used : 1;
-    const int64_t Fs = (int64_t)hp->n_expert_shared * hp->n_ff_exp;
-    int64_t ffmax = max64(max64(hp->n_ff, Fs), 1), ffdense = 1;
+    /* the FFN widths of the tensors bound (the keys' values are checked only against those) */
+    int64_t ffmax = 1, ffdense = 1;
     for (int il = 0; il < hp->n_layer; il++) {
         ffmax = max64(ffmax, m->layers[il].ffn_gate.ne[1]);
         ffmax = max64(ffmax, m->layers[il].gate_sh.ne[1]);

@@ -423,11 +423,16 @@ double arch_rope_hparams(struct moetax_model *m, struct arch_keys *k_) {
     return mscale;
 }
 
-moetax_status arch_check_moe(const struct moetax_model *m, int first_moe) {
+moetax_status arch_check_moe(struct moetax_model *m, int first_moe) {
     const struct moetax_gguf *g = m->gguf;
-    const struct moetax_hparams *hp = &m->hp;
+    struct moetax_hparams *hp = &m->hp;
 #define NEED(cond, ...) do { if (!(cond)) return moetax_error(MOETAX_ERR_FORMAT, __VA_ARGS__); } while (0)
-    if (first_moe < hp->n_layer) {
+    if (first_moe >= hp->n_layer) {
+        /* no MoE layer: the expert keys are bound to no tensor, so nothing checks them; a dense model (they
+         * would otherwise size buffers, and a crafted count asked for 135 GB of them) */
+        hp->n_expert = hp->n_expert_used = hp->n_expert_shared = hp->n_ff_exp = hp->n_ff_shexp = 0;
+        hp->n_expert_group = hp->n_expert_group_used = 0;
+    } else {
         NEED(hp->n_expert > 0, "%s: layers %d.. are MoE layers but expert_count is 0", g->path, first_moe);
         NEED(hp->n_expert_used > 0 && hp->n_expert_used <= hp->n_expert && hp->n_expert_used <= 256,
              "%s: expert_used_count %d must be in 1..min(expert_count %d, 256)", g->path, hp->n_expert_used, hp->n_expert);
