@@ -42,10 +42,10 @@ stage "ctest unit (asan+ubsan)" ctest --test-dir build-asan --output-on-failure 
 stage "build (tsan)" built_for build-tsan threads -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETAX_SANITIZE=thread
 stage "ctest threads (tsan)" ctest --test-dir build-tsan --output-on-failure -j"$jobs" -L threads
 
-fuzz() { # the GGUF reader, the model loader (hyper-parameters, tensors, tokenizer) and the server's request
-         # parsing, side by side (each fuzzer is one process), each for half of MOETAX_FUZZ_SECONDS (default 30):
-         # on 2 cores that is the CPU time of running them one after the other for a third each; the seeds
-         # come from the release build's moetax
+fuzz() { # the GGUF reader, the model loader (hyper-parameters, tensors, tokenizer), the server's request
+         # parsing and the side files (ledgers, traces, profiles, predictors), side by side (each fuzzer is one
+         # process), each for half of MOETAX_FUZZ_SECONDS (default 30): on 2 cores that is the CPU time of
+         # running them one after the other for a quarter each; the seeds come from the release build's moetax
   build build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DMOETAX_FUZZ=ON \
       -DMOETAX_SANITIZE=fuzzer-no-link,address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -- fuzzers || return 1
@@ -56,14 +56,16 @@ fuzz() { # the GGUF reader, the model loader (hyper-parameters, tensors, tokeniz
       >build-fuzz/fuzz_model.out 2>&1 & pids+=($!)
   tests/fuzz_run.sh build-fuzz/tests/fuzz_api ./build/moetax build-fuzz/corpus-api "$part" \
       >build-fuzz/fuzz_api.out 2>&1 & pids+=($!)
-  for f in 0 1 2; do wait "${pids[$f]}" || rc=1; done
-  for f in gguf model api; do echo "--- fuzz_$f"; cat "build-fuzz/fuzz_$f.out"; done
+  tests/fuzz_run.sh build-fuzz/tests/fuzz_files ./build/moetax build-fuzz/corpus-files "$part" \
+      >build-fuzz/fuzz_files.out 2>&1 & pids+=($!)
+  for f in 0 1 2 3; do wait "${pids[$f]}" || rc=1; done
+  for f in gguf model api files; do echo "--- fuzz_$f"; cat "build-fuzz/fuzz_$f.out"; done
   [ $rc -eq 0 ] || return 1
   [ "${MOETAX_SLOW:-0}" = 1 ] || return 0
   cmake --build build-fuzz -j"$jobs" --target moetax >/dev/null || return 1 # the long runs' seeds
   ctest --test-dir build-fuzz --output-on-failure -L slow -R '^fuzz_'
 }
-stage "fuzz gguf reader, model loader, server requests" fuzz
+stage "fuzz gguf reader, model loader, server requests, side files" fuzz
 
 echo
 [ $failed -eq 0 ] || echo "failed stages: ${failed_names[*]}"

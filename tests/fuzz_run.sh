@@ -7,7 +7,10 @@
 set -uo pipefail
 fuzzer=$1 moetax=$2 corpus=$3 seconds=$4 max_len=${5:-131072}
 mkdir -p "$corpus"
-case "$fuzzer" in */fuzz_api) "$(dirname "$0")/fuzz_api_seed.sh" "$corpus" || exit 1; max_len=${5:-8192} ;; esac
+case "$fuzzer" in
+  */fuzz_api) "$(dirname "$0")/fuzz_api_seed.sh" "$corpus" || exit 1; max_len=${5:-8192} ;;
+  */fuzz_files) "$(dirname "$0")/fuzz_files_seed.sh" "$moetax" "$corpus" || exit 1; max_len=${5:-262144} ;;
+esac
 if [ -z "$(ls -A "$corpus")" ]; then
   small=(--vocab 260 --embd 32 --ff 32 --expert-ff 32)
   for preset in tiny tiny-v3; do
@@ -26,5 +29,8 @@ if [ -z "$(ls -A "$corpus")" ]; then
     done
   done
 fi
-"$fuzzer" -max_total_time="$seconds" -max_len="$max_len" -rss_limit_mb=2048 -print_final_stats=1 "$corpus" 2>&1 | tail -5
+# what it finds (crash-*, leak-*, oom-*, timeout-*, slow-unit-*) goes beside the corpus (CORPUS-crash-...), not
+# into the working directory
+"$fuzzer" -max_total_time="$seconds" -max_len="$max_len" -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="${corpus%/}-" "$corpus" 2>&1 | tail -5
 exit "${PIPESTATUS[0]}"
