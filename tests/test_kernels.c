@@ -1257,6 +1257,34 @@ static void test_q8_round_special(void) {
     uint8_t a[4 * 36];
     moetax_kernels_ref()->quantize_act(MOETAX_TYPE_Q8_0, x, 4 * 32, 4 * 32, 1, a); /* no UB (UBSan) */
     CHECK(((int8_t *)a)[5] == 0 && ((int8_t *)a)[64 + 6] == 127);
+    /* every table's quantize_act gives the reference's bytes for such blocks too (kernels.h: identical bytes
+     * in every table), one block at a time and eight at a time, wherever the special block sits: rows of
+     * 1, 3, 8 and 11 blocks (the SIMD tables quantize 8 blocks at a time across rows, the rest one by one) */
+    const struct moetax_kernels *tabs[2] = {moetax_kernels_avx2(), moetax_kernels_avx512()};
+    enum { NB = 24 };
+    float z[NB * 32];
+    uint8_t ra[NB * 36], sa[NB * 36];
+    const float special[5] = {NAN, INFINITY, -INFINITY, 1e-40f, 3e38f};
+    for (int t = 0; t < 2; t++) {
+        if (!tabs[t]) continue;
+        int bad = 0;
+        for (int sp = 0; sp < 5; sp++)
+            for (int at = 0; at < NB; at += 5)
+                for (int nbr = 1; nbr <= 11; nbr += nbr < 3 ? 2 : nbr < 8 ? 5 : 3) {
+                    const int rows = NB / nbr;
+                    for (int j = 0; j < NB * 32; j++) z[j] = (float)((j * 37) % 19) - 9.0f;
+                    if (sp == 3) /* a block of zeros and one tiny value: 1 / d overflows */
+                        for (int j = 0; j < 32; j++) z[at * 32 + j] = j == 7 ? special[sp] : 0.0f;
+                    else z[at * 32 + 11] = special[sp];
+                    memset(ra, 0x5a, sizeof ra), memset(sa, 0xa5, sizeof sa);
+                    moetax_kernels_ref()->quantize_act(MOETAX_TYPE_Q8_0, z, nbr * 32, nbr * 32, rows, ra);
+                    tabs[t]->quantize_act(MOETAX_TYPE_Q8_0, z, nbr * 32, nbr * 32, rows, sa);
+                    bad += memcmp(ra, sa, (size_t)rows * moetax_act_size(MOETAX_TYPE_Q8_0, nbr * 32, 1)) != 0;
+                }
+        CHECK(bad == 0);
+        if (bad) printf("  table '%s': %d Q8_0 activation rows with a NaN, an infinity or a tiny scale differ from "
+                        "the reference's\n", tabs[t]->name, bad);
+    }
 }
 
 int main(int argc, char **argv) {

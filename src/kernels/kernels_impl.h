@@ -167,6 +167,11 @@ extern bool moetax_k_avx512_gfni;
 void moetax_k_tables_init(void);
 
 /* ---- matmul ---- */
+/* One block of 32 floats to Q8_0 quants and d (widened from F16), ggml's quantize_row_q8_0 with NaN
+ * to 0 and saturation (moetax_q8_round): the reference's, and the SIMD tables' for the blocks their
+ * vector steps would give other bytes for (a NaN or an infinity among the floats, or 1 / d overflowing),
+ * so that quantize_act gives identical bytes in every table for any input. */
+void moetax_k_quantize_block_q8_ref(const float *x, int8_t *qs, float *d_out);
 void moetax_k_quantize_act_ref(enum moetax_type wtype, const float *x, int64_t ldx, int64_t ncols,
                                int64_t n_batch, void *xq);
 void moetax_k_matmul_ref(enum moetax_type wtype, const void *w, size_t row_bytes, int64_t row0, int64_t row1,

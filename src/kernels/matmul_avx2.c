@@ -36,6 +36,7 @@
 
 #include <assert.h>
 #include <math.h>
+#include <float.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -69,7 +70,17 @@ ALWAYS_INLINE __m256i quants_block(const float *xb, __m256 vid) {
     return _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-/* ggml's Q8_0 quantization of 32 floats: the quants (natural order) and d. */
+/* Lanes whose |x| is not a finite float (NaN or an infinity) of the 32 floats at xb, as a movemask. */
+ALWAYS_INLINE int nonfinite_block(const float *xb) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
+    __m256 bad = _mm256_setzero_ps();
+    for (int j = 0; j < 32; j += 8) bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)), big, _CMP_NLE_UQ));
+    return _mm256_movemask_ps(bad);
+}
+
+/* ggml's Q8_0 quantization of 32 floats: the quants (natural order) and d. A block with a NaN or an
+ * infinity, or whose 1 / d overflows, takes the reference's scalar steps (vcvttps2dq would make
+ * -128 of what moetax_q8_round makes 0 or 127; vmaxps can drop a NaN). */
 ALWAYS_INLINE __m256i quantize_block(const float *xb, float *d_out) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
@@ -82,6 +93,11 @@ ALWAYS_INLINE __m256i quantize_block(const float *xb, float *d_out) {
     const float amax = _mm_cvtss_f32(m4);
     const float dd = amax / 127.0f;
     const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    if (!(id <= FLT_MAX) || nonfinite_block(xb)) {
+        _Alignas(32) int8_t qs[32];
+        moetax_k_quantize_block_q8_ref(xb, qs, d_out);
+        return _mm256_load_si256((const __m256i *)qs);
+    }
     *d_out = moetax_k_fp16_table[moetax_fp32_to_fp16(dd)];
     return quants_block(xb, _mm256_set1_ps(id));
 }
@@ -109,22 +125,27 @@ ALWAYS_INLINE __m256 hmax8x8(const __m256 *m) {
  * The same bytes (test_kernels against the reference). */
 ALWAYS_INLINE void quantize_8blocks(const float *const *src, uint8_t *const *q, float *const *d) {
     const __m256 sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
-    __m256 m[8];
+    __m256 m[8], sum = zero;
     for (int j = 0; j < 8; j++) {
         const float *b = src[j];
-        m[j] = _mm256_max_ps(
-            _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(b)), _mm256_andnot_ps(sign, _mm256_loadu_ps(b + 8))),
-            _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(b + 16)),
-                          _mm256_andnot_ps(sign, _mm256_loadu_ps(b + 24))));
+        const __m256 a0 = _mm256_andnot_ps(sign, _mm256_loadu_ps(b)), a1 = _mm256_andnot_ps(sign, _mm256_loadu_ps(b + 8));
+        const __m256 a2 = _mm256_andnot_ps(sign, _mm256_loadu_ps(b + 16)), a3 = _mm256_andnot_ps(sign, _mm256_loadu_ps(b + 24));
+        m[j] = _mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3));
+        sum = _mm256_add_ps(sum, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))); /* NaN stays NaN */
     }
     const __m256 amax = hmax8x8(m);
-    if (_mm256_movemask_ps(_mm256_cmp_ps(amax, amax, _CMP_UNORD_Q))) { /* a NaN: block by block */
-        for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)q[j], quantize_block(src[j], d[j]));
-        return;
-    }
     const __m256 dd = _mm256_div_ps(amax, _mm256_set1_ps(127.0f));
     const __m256 nz = _mm256_cmp_ps(dd, zero, _CMP_NEQ_OQ);
     const __m256 id = _mm256_and_ps(nz, _mm256_div_ps(_mm256_set1_ps(1.0f), dd));
+    /* a maximum or a 1 / d that is not finite (an infinity, a scale too small to invert), or a NaN that
+     * vmaxps dropped (the sum of the magnitudes keeps it; a sum that overflows only sends finite blocks
+     * the same way): block by block (quantize_block gives such a block the reference's steps) */
+    const __m256 big = _mm256_set1_ps(FLT_MAX);
+    if (_mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(_mm256_max_ps(amax, id), big, _CMP_NLE_UQ),
+                                        _mm256_cmp_ps(sum, big, _CMP_NLE_UQ)))) {
+        for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)q[j], quantize_block(src[j], d[j]));
+        return;
+    }
     float dv[8], idv[8];
     _mm256_storeu_ps(dv, _mm256_cvtph_ps(_mm256_cvtps_ph(dd, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
     _mm256_storeu_ps(idv, id);

@@ -8,8 +8,9 @@
 
 #include "moetax/types.h"
 
-/* ggml's quantize_row_q8_0 for one block, with the scale stored widened. */
-static void quantize_block_q8(const float *x, int8_t *qs, float *d_out) {
+/* ggml's quantize_row_q8_0 for one block, with the scale stored widened (the SIMD tables take it for
+ * blocks that hold a NaN or an infinity, or whose 1 / d overflows: kernels_impl.h). */
+void moetax_k_quantize_block_q8_ref(const float *x, int8_t *qs, float *d_out) {
     float amax = 0.0f;
     for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
     const float d = amax / 127.0f;
@@ -27,7 +28,7 @@ void moetax_k_quantize_act_ref(enum moetax_type wtype, const float *x, int64_t l
         uint8_t *out = (uint8_t *)xq + (size_t)b * row_bytes;
         if (moetax_k_act_is_q(wtype)) {
             float *d = (float *)(out + moetax_k_act_d_off(wtype, nb));
-            for (int64_t i = 0; i < nb; i++) quantize_block_q8(xr + i * 32, (int8_t *)out + i * 32, &d[i]);
+            for (int64_t i = 0; i < nb; i++) moetax_k_quantize_block_q8_ref(xr + i * 32, (int8_t *)out + i * 32, &d[i]);
             if (moetax_act_is_q4_0(wtype)) { /* s = 8 * sum of each block's quants (kernels.h) */
                 int32_t *s = (int32_t *)(out + moetax_k_act_s_off(nb));
                 for (int64_t i = 0; i < nb; i++) {
