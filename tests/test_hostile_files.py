@@ -367,8 +367,11 @@ for key, val in ((b"deepseek2.block_count", 1), (b"deepseek2.expert_shared_count
     check(struct.unpack_from("<I", blob, at)[0] == 4, "%s is a uint32 key" % key.decode())  # GGUF type 4
     struct.pack_into("<I", blob, at + 4, val)
 write("dense_keys.gguf", bytes(blob))
-r = run(["run", "-m", "dense_keys.gguf", "-p", "def", "-n", "4", "--temp", "0", "--ledger", "dense_keys.json"])
+r = run(["run", "-m", "dense_keys.gguf", "-p", "def", "-n", "4", "--temp", "0", "--routing-stats", "--ledger",
+         "dense_keys.json"])
 check(r is not None and r[0] == 0 and not any(x in r[2] for x in SANITIZER),
       "an all-dense file with huge expert keys runs as a dense model: %s" % (r[2].strip()[-300:] if r else "timed out"))
+# its ledger (an empty routing section: nothing was routed) is one report reads
+works("report of a dense model's ledger with --routing-stats", ["report", "dense_keys.json"])
 
 sys.exit(summary())

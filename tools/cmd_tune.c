@@ -408,7 +408,15 @@ struct smeas {
     double tps, ttft_ms, p50_ms, p99_ms, tax, step_us;
     double phase_us[MOETAX_PHASE_COUNT];
 };
-static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps, struct smeas *sm) {
+/* Where a speed measurement's prompts start in the calibration text: a new place for each pair of runs
+ * (the two runs of a pair read the same tokens, so that they route alike) */
+static int64_t next_off(const struct tune *t) {
+    static uint64_t salt = 0;
+    salt++;
+    return (int64_t)((salt * 7919) % (uint64_t)(t->n_calib > 1000 ? t->n_calib - 1000 : 1));
+}
+
+static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps, int64_t off, struct smeas *sm) {
     struct moetax_model *m;
     moetax_status st = model_for(t, c, &m);
     if (st) return st;
@@ -440,9 +448,6 @@ static moetax_status speed_once(struct tune *t, const struct tcfg *c, int steps,
     }
     if (!st) st = moetax_batch_init(&b, P * B);
     if (!st) {
-        static uint64_t salt = 0;
-        salt++;
-        const int64_t off = (int64_t)((salt * 7919) % (uint64_t)(t->n_calib > 1000 ? t->n_calib - 1000 : 1));
         for (int i = 0; i < P; i++)
             for (int s = 0; s < B; s++)
                 moetax_batch_add(&b, t->calib[(off + s * 97 + i) % t->n_calib], i, s, i == P - 1);
@@ -494,8 +499,9 @@ static moetax_status speed(struct tune *t, const struct tcfg *d, struct tres *r,
     moetax_status st = MOETAX_OK;
     for (int i = 0; i < pairs && !st; i++) {
         struct smeas sd;
-        if ((st = speed_once(t, d, steps, &sd))) break;
-        if ((st = speed_once(t, &r->c, steps, &ms[i]))) break;
+        const int64_t off = next_off(t);
+        if ((st = speed_once(t, d, steps, off, &sd))) break;
+        if ((st = speed_once(t, &r->c, steps, off, &ms[i]))) break;
         ratios[i] = ms[i].tps / sd.tps;
         tpss[i] = ms[i].tps, ttft[i] = ms[i].ttft_ms, p50[i] = ms[i].p50_ms, p99[i] = ms[i].p99_ms;
     }
@@ -838,7 +844,8 @@ static moetax_status log_open(struct tune *t, const char *path) {
 }
 
 /* The logged measurement of `name` at `stage` (log_read checked every entry). A speed entry of an older
- * tune (no TTFT, TPOT p50 or per-token wall: before they were measured) or of another --prompt is not
+ * tune (no TTFT, TPOT p50 or per-token wall: before they were measured; no ubatch: its TTFT in micro-batches
+ * of 64 tokens) or of another --prompt is not
  * reused: that configuration is measured again (t->stale counts them, said at the end); its quality
  * entries still are. */
 static json_t *log_find(struct tune *t, const char *kind, int stage, const char *name) {
@@ -849,7 +856,8 @@ static json_t *log_find(struct tune *t, const char *kind, int stage, const char 
             strcmp(json_string_value(json_object_get(o, "config")), name))
             continue;
         if (!strcmp(kind, "speed") && (!json_object_get(o, "ttft_ms") ||
-                                       json_integer_value(json_object_get(o, "prompt")) != t->prompt))
+                                       json_integer_value(json_object_get(o, "prompt")) != t->prompt ||
+                                       json_integer_value(json_object_get(o, "ubatch")) != MOETAX_UBATCH_DEFAULT))
             return NULL;
         return o;
     }
@@ -948,6 +956,7 @@ static moetax_status speed_logged(struct tune *t, const struct tcfg *d, struct t
             json_object_set_new(e, "ttft_ms", json_real(r->ttft_ms));
             json_object_set_new(e, "step_us", json_real(r->step_us));
             json_object_set_new(e, "prompt", json_integer(t->prompt));
+            json_object_set_new(e, "ubatch", json_integer(MOETAX_UBATCH_DEFAULT)); /* TTFT's micro-batches */
         }
         log_put(t, e, name);
     }
@@ -965,8 +974,10 @@ static moetax_status speed_logged(struct tune *t, const struct tcfg *d, struct t
  * way (one token per step is always absorbed), so the decode speed ratios do not see this lever. */
 #define PREFILL_TAKE 0.95
 #define PREFILL_PAIRS 7
+_Static_assert(PREFILL_PAIRS <= TUNE_MAX_PAIRS, "the pairs' arrays");
 struct prefill_res {
     bool tried, taken;
+    bool q_long;                       /* quality on the long text (past --time: the short one) */
     bool identical;                    /* auto's prompt logits are the absorbed form's, bit for bit: at this prompt
                                           length the cost model keeps the absorbed form (nothing timed then) */
     const char *why;                   /* not tried, or not taken: why */
@@ -976,8 +987,10 @@ struct prefill_res {
                                           exact distributions (long text) */
 };
 
-/* The logits of the last token of a --prompt-token prompt (the calibration text's first tokens) under c, as
- * speed_once's contexts take it (into out, the vocabulary's floats) */
+/* The logits of the last token of a --prompt-token prompt (the calibration text's first tokens) under c's
+ * threads, k, KV cells and prefill form in micro-batches of speed_once's size (into out, the vocabulary's
+ * floats): whether auto changes anything at this length. The store is left out (it changes no
+ * bit), and so is the capacity factor (a batch workload's lever; this stage runs for the decode workload). */
 static moetax_status prompt_logits(struct tune *t, const struct tcfg *c, float *out) {
     struct moetax_model *m;
     moetax_status st = model_for(t, c, &m);
@@ -997,7 +1010,8 @@ static moetax_status prompt_logits(struct tune *t, const struct tcfg *c, float *
     return st;
 }
 
-static moetax_status prefill_stage(struct tune *t, const struct tcfg *rc, int pairs, struct prefill_res *p) {
+static moetax_status prefill_stage(struct tune *t, const struct tcfg *rc, double max_loss, double max_kl,
+                                   struct prefill_res *p) {
     struct tcfg ca = *rc, cb = *rc;
     cb.prefill = MOETAX_ATTN_PREFILL_ABSORBED;
     ca.prefill = MOETAX_ATTN_PREFILL_AUTO;
@@ -1009,23 +1023,45 @@ static moetax_status prefill_stage(struct tune *t, const struct tcfg *rc, int pa
     free(la), free(lb);
     if (st) return st;
     p->tried = true;
-    if (p->identical) return MOETAX_OK;
+    if (p->identical) {
+        p->why = "auto's logits for the prompt are the absorbed form's, bit for bit: at this prompt length the cost "
+                 "model keeps the absorbed form (a longer --prompt may decompress), or this configuration cannot "
+                 "decompress";
+        return MOETAX_OK;
+    }
+    /* the quality first (past --time on the short text only): a form outside the bounds is not timed */
+    const bool late = cli_now() > t->t_end;
     struct tres q = {.c = *rc};
     q.c.prefill = MOETAX_ATTN_PREFILL_DECOMPRESSED;
-    st = quality_logged(t, &q, t->n_calib, true, 3);
-    if (st) return st;
-    p->kl = q.kl, p->top1 = q.top1, p->dppl = q.dppl;
+    if ((st = late ? quality_logged(t, &q, t->n_short, false, 1) : quality_logged(t, &q, t->n_calib, true, 3))) return st;
+    p->kl = q.kl, p->top1 = q.top1, p->dppl = q.dppl, p->q_long = !late;
+    if (!(p->dppl <= max_loss)) {
+        p->why = "with the decompressed form the perplexity change is beyond --max-quality-loss";
+        return MOETAX_OK;
+    }
+    if (max_kl >= 0 && !(p->kl <= max_kl)) {
+        p->why = "with the decompressed form the KL is beyond --max-kl";
+        return MOETAX_OK;
+    }
+    /* pairs on the same prompt, the forms' order alternating (ABBA) */
     double ra[TUNE_MAX_PAIRS], ta[TUNE_MAX_PAIRS], tb[TUNE_MAX_PAIRS];
-    if (pairs > TUNE_MAX_PAIRS) pairs = TUNE_MAX_PAIRS;
+    const int pairs = late ? 3 : PREFILL_PAIRS;
     for (int i = 0; i < pairs; i++) {
         struct smeas sa, sb;
-        if ((st = speed_once(t, &cb, 1, &sb)) || (st = speed_once(t, &ca, 1, &sa))) return st;
+        const int64_t off = next_off(t);
+        if (i % 2 == 0 ? (st = speed_once(t, &cb, 1, off, &sb)) || (st = speed_once(t, &ca, 1, off, &sa))
+                       : (st = speed_once(t, &ca, 1, off, &sa)) || (st = speed_once(t, &cb, 1, off, &sb)))
+            return st;
         tb[i] = sb.ttft_ms, ta[i] = sa.ttft_ms, ra[i] = sa.ttft_ms / sb.ttft_ms;
     }
     p->pairs = pairs;
     p->ratio = cli_percentile(ra, pairs, 0.5);
     p->ttft_abs = cli_percentile(tb, pairs, 0.5);
     p->ttft_auto = cli_percentile(ta, pairs, 0.5);
+    p->taken = p->ratio <= PREFILL_TAKE;
+    if (!p->taken)
+        p->why = "auto's TTFT is not 5% below the absorbed form's: decompressing does not pay enough at this prompt "
+                 "length on this machine";
     return MOETAX_OK;
 }
 
@@ -1033,6 +1069,7 @@ static moetax_status prefill_stage(struct tune *t, const struct tcfg *rc, int pa
 static json_t *prefill_json(const struct prefill_res *p, int prompt) {
     if (!p->tried && !p->why) return NULL;
     json_t *o = json_object();
+    json_object_set_new(o, "kind", json_string("prefill_form"));
     if (!p->tried) {
         json_object_set_new(o, "prefill_form", json_null());
         json_object_set_new(o, "why", json_string(p->why));
@@ -1047,9 +1084,12 @@ static json_t *prefill_json(const struct prefill_res *p, int prompt) {
         return o;
     }
     json_object_set_new(o, "pairs", json_integer(p->pairs));
-    json_object_set_new(o, "ttft_ms_absorbed", cli_jnum(p->ttft_abs));
-    json_object_set_new(o, "ttft_ms_auto", cli_jnum(p->ttft_auto));
-    json_object_set_new(o, "ttft_ratio", cli_jnum(p->ratio));
+    if (p->pairs) { /* timed (its quality within the bounds) */
+        json_object_set_new(o, "ttft_ms_absorbed", cli_jnum(p->ttft_abs));
+        json_object_set_new(o, "ttft_ms_auto", cli_jnum(p->ttft_auto));
+        json_object_set_new(o, "ttft_ratio", cli_jnum(p->ratio));
+    }
+    json_object_set_new(o, "quality_text", json_string(p->q_long ? "long" : "short"));
     json_object_set_new(o, "kl", cli_jnum(p->kl));
     json_object_set_new(o, "top1", cli_jnum(p->top1));
     json_object_set_new(o, "ppl_change", cli_jnum(p->dppl));
@@ -1062,8 +1102,12 @@ static void prefill_print(FILE *f, const struct prefill_res *p, int prompt) {
         if (p->why) fprintf(f, "\nprefill form (--mla-prefill): not tried: %s\n", p->why);
         return;
     }
-    if (p->identical) {
-        fprintf(f, "\nprefill form (--mla-prefill, a %d-token prompt): not taken: %s\n", prompt, p->why);
+    if (p->identical || !p->pairs) {
+        fprintf(f, "\nprefill form (--mla-prefill, a %d-token prompt): not taken: %s", prompt, p->why);
+        if (!p->identical)
+            fprintf(f, " (with every micro-batch decompressed KL %.3g, perplexity %+.2f%% on the %s text)", p->kl,
+                    100 * p->dppl, p->q_long ? "long" : "short");
+        fputc('\n', f);
         return;
     }
     fprintf(f, "\nprefill form (--mla-prefill, the recommended configuration, a %d-token prompt): auto's TTFT %.2f ms "
@@ -1131,7 +1175,7 @@ static moetax_status write_html(const char *path, struct tres *res, int n, const
                 100 * res[i].tax);
     }
     fputs("</table>\n", f);
-    if (pf->tried && pf->identical)
+    if (pf->tried && (pf->identical || !pf->pairs))
         fprintf(f, "<h2>Prefill form</h2>\n<p>--mla-prefill, a %d-token prompt: not taken: %s.</p>\n", prompt, pf->why);
     else if (pf->tried)
         fprintf(f, "<h2>Prefill form</h2>\n<p>--mla-prefill auto on the recommended configuration, a %d-token prompt: "
@@ -1460,7 +1504,7 @@ int cmd_tune(int argc, char **argv) {
     int steps2 = 32, steps3 = 64, pairs3 = 3;
     {
         struct smeas sm;
-        if ((st = speed_once(&t, &def, 32, &sm))) goto done;
+        if ((st = speed_once(&t, &def, 32, next_off(&t), &sm))) goto done;
         const double per_step = (double)batch / (sm.tps > 0 ? sm.tps : 1);
         steps2 = (int)fmin(fmax(0.15 / per_step, 32), 2048);
         steps3 = (int)fmin(fmax(0.3 / per_step, 64), 4096);
@@ -1620,23 +1664,16 @@ int cmd_tune(int argc, char **argv) {
     const struct tres *best = rec;
     if (keep_default) rec = dres;
     struct prefill_res pf = {0};
+    static char pf_err[320];
     if (rec && m0->hp.attn == MOETAX_ATTN_MLA) {
         if (batch > 1)
             pf.why = "a batch workload's prompts are prefilled together, and auto decompresses only a micro-batch of "
                      "one sequence's consecutive positions";
-        else {
-            if ((st = prefill_stage(&t, &rec->c, cli_now() > t.t_end ? 3 : PREFILL_PAIRS, &pf))) goto done;
-            if (pf.identical)
-                pf.why = "auto's logits for the prompt are the absorbed form's, bit for bit: at this prompt length the "
-                         "cost model keeps the absorbed form (a longer --prompt may decompress)";
-            const bool faster = pf.ratio <= PREFILL_TAKE, ok_ppl = pf.dppl <= max_loss, ok_kl = max_kl < 0 || pf.kl <= max_kl;
-            pf.taken = !pf.identical && faster && ok_ppl && ok_kl;
-            if (!pf.identical)
-                pf.why = pf.taken ? NULL
-                   : !faster ? "auto's TTFT is not 5% below the absorbed form's: decompressing does not pay enough at this "
-                               "prompt length on this machine"
-                   : !ok_ppl ? "with the decompressed form the perplexity change is beyond --max-quality-loss"
-                             : "with the decompressed form the KL is beyond --max-kl";
+        else if ((st = prefill_stage(&t, &rec->c, max_loss, max_kl, &pf))) { /* the stage's failure keeps the rest */
+            snprintf(pf_err, sizeof pf_err, "not measured: %s", moetax_last_error());
+            moetax_clear_error();
+            pf = (struct prefill_res){.why = pf_err};
+            st = MOETAX_OK;
         }
     }
     if (json)

@@ -594,7 +594,10 @@ static moetax_status parse_routing(struct moetax_report *r, const char *name, co
     if (st) return st;
     if (json_object_get(ro, "first_token") && (st = key_int(name, "routing", ro, "first_token", 0, INT64_MAX, &first)))
         return st;
-    if (r->n_expert < 1) return fmt_err(name, "n_expert", "must be >= 1 when there is a routing section");
+    if (r->n_expert < 1) { /* a dense model's run with --routing-stats: nothing was routed */
+        if (tokens == 0 && json_array_size(layers) == 0) return MOETAX_OK;
+        return fmt_err(name, "n_expert", "must be >= 1 when there is a routing section with routed layers");
+    }
     if (r->n_expert_used < 1 || r->n_expert_used > r->n_expert)
         return fmt_err(name, "n_expert_used", "must be in [1, n_expert] when there is a routing section");
     const int E = r->n_expert, k = r->n_expert_used;
