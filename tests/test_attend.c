@@ -164,6 +164,8 @@ int main(int argc, char **argv) {
     /* MLA: keys the whole row, values its first part (rows of 576 B in F32; 144 values: 4.5 Q8_0
      * blocks, the last padded); GQA: one KV head's keys and values (Q8_0: heads of whole blocks) */
     const struct layout mla = {.kvr = 144, .k_off = 0, .k_cols = 144, .v_off = 0, .v_cols = 128};
+    /* values that end inside a Q8_0 block whose rest is keys (33 of a row of 150: 4.7 blocks) */
+    const struct layout mla_odd = {.kvr = 150, .k_off = 0, .k_cols = 150, .v_off = 0, .v_cols = 33};
     const struct layout gqa = {.kvr = 4 * 16 + 4 * 24, .k_off = 16, .k_cols = 16, .v_off = 4 * 16 + 2 * 24, .v_cols = 24};
     const struct layout gqa32 = {.kvr = 4 * 32 + 4 * 64, .k_off = 32, .k_cols = 32, .v_off = 4 * 32 + 2 * 64, .v_cols = 64};
     const enum moetax_type cts[] = {MOETAX_TYPE_F32, MOETAX_TYPE_F16, MOETAX_TYPE_Q8_0};
@@ -180,6 +182,7 @@ int main(int argc, char **argv) {
                 one(tabs[t], ct, 32, g, nps[i], 1, seed++);
                 one(tabs[t], ct, 32, &mla, nps[i], 11, seed++);
                 one(tabs[t], ct, 32, &mla, nps[i], 9, seed++);
+                one(tabs[t], ct, 16, &mla_odd, nps[i], 5, seed++);
             }
         }
     }
