@@ -371,6 +371,8 @@ r = run(["run", "-m", "dense_keys.gguf", "-p", "def", "-n", "4", "--temp", "0", 
          "dense_keys.json"])
 check(r is not None and r[0] == 0 and not any(x in r[2] for x in SANITIZER),
       "an all-dense file with huge expert keys runs as a dense model: %s" % (r[2].strip()[-300:] if r else "timed out"))
+check(r is not None and "per token): wait" in r[2] and "per token): ," not in r[2],
+      "the ledger's summary of a dense model starts with its first phase: %s" % (r[2].strip()[-300:] if r else ""))
 # its ledger (an empty routing section: nothing was routed) is one report reads
 works("report of a dense model's ledger with --routing-stats", ["report", "dense_keys.json"])
 

@@ -66,8 +66,12 @@ void cli_ledger_summary(FILE *f, const struct moetax_ledger *l, bool decode_only
         if (moetax_phase_is_tax((enum moetax_phase)p)) tax += ph[p];
     }
     fprintf(f, "  ledger (%s, %lld steps, per token): ", decode_only ? "decode" : "all", (long long)steps);
+    const char *sep = ""; /* a comma before every phase but the first one shown (a dense model has no route) */
     for (int p = 0; p < MOETAX_PHASE_COUNT; p++)
-        if (ph[p] > 0) fprintf(f, "%s%s %.1f us", p ? ", " : "", moetax_phase_name((enum moetax_phase)p), 1e6 * ph[p] / (double)tokens);
+        if (ph[p] > 0) {
+            fprintf(f, "%s%s %.1f us", sep, moetax_phase_name((enum moetax_phase)p), 1e6 * ph[p] / (double)tokens);
+            sep = ", ";
+        }
     fprintf(f, "\n  tax share %.1f%% (route+dispatch+load+comm+wait+combine), efficiency %.1f; ledger covers %.1f%% of wall time\n",
             total > 0 ? 100 * tax / total : 0, total > 0 ? 100 * (1 - tax / total) : 0, wall > 0 ? 100 * total / wall : 0);
 }
