@@ -55,6 +55,8 @@ static void cache_row(const struct fw_step *s, struct mla *a, struct mla_worker 
     s->K->rmsnorm(dst, src, l->kv_a_norm, kvl, hp->rms_eps);
     memcpy(dst + kvl, src + kvl, sizeof(float) * (size_t)rope);
     s->K->rope_cached(dst + kvl, 1, rope, (int)rope, MOETAX_ROPE_MODE_NORM, a->ropecs + t * rope);
+    if (a->ct == MOETAX_TYPE_Q8_0) /* the padding to whole blocks zero (dec_head converts whole rows into wk->row) */
+        memset(dst + kvr, 0, sizeof(float) * (size_t)(attend_cell_row_floats(kvr) - kvr));
     if (a->ct != MOETAX_TYPE_F32) attend_cell_write(s->K, a->ct, dst, kvr, cell);
 }
 
