@@ -95,7 +95,8 @@ static void usage(FILE *f) {
                "  --html PAGE       the results and the front as one page\n"
                "  --explain         the ledger's phases per token of the default and the recommendation, TTFT,\n"
                "                    TPOT, and the quality each lever cost\n"
-               "  --json            the results as JSON lines on stdout\n");
+               "  --json            the results as JSON lines on stdout: one per configuration (\"config\"),\n"
+               "                    then, on an MLA model, the prefill form's ({\"kind\": \"prefill_form\"})\n");
 }
 
 /* ---- calibration text ------------------------------------------------------------------ */
