@@ -59,6 +59,7 @@
 #include "moetax/ledger.h"
 #include "moetax/model.h"
 #include "moetax/outfile.h"
+#include "moetax/report.h"
 #include "moetax/tokenizer.h"
 #include "store_cli.h"
 
@@ -1098,24 +1099,30 @@ static json_t *prefill_json(const struct prefill_res *p, int prompt) {
     return o;
 }
 
-static void prefill_print(FILE *f, const struct prefill_res *p, int prompt) {
+/* The stage's result as one sentence (the table's line, the HTML page's paragraph); empty where it was not tried
+ * and has nothing to say (a GQA model) */
+static void prefill_sentence(const struct prefill_res *p, int prompt, char *buf, size_t n) {
+    buf[0] = 0;
     if (!p->tried) {
-        if (p->why) fprintf(f, "\nprefill form (--mla-prefill): not tried: %s\n", p->why);
-        return;
-    }
-    if (p->identical || !p->pairs) {
-        fprintf(f, "\nprefill form (--mla-prefill, a %d-token prompt): not taken: %s", prompt, p->why);
-        if (!p->identical)
-            fprintf(f, " (with every micro-batch decompressed KL %.3g, perplexity %+.2f%% on the %s text)", p->kl,
-                    100 * p->dppl, p->q_long ? "long" : "short");
-        fputc('\n', f);
-        return;
-    }
-    fprintf(f, "\nprefill form (--mla-prefill, the recommended configuration, a %d-token prompt): auto's TTFT %.2f ms "
-               "against the absorbed form's %.2f ms (%.3fx, the median of %d alternating pairs); with every micro-batch "
-               "decompressed, its quality KL %.3g, top-1 %.1f%%, perplexity %+.2f%%: %s%s\n", prompt, p->ttft_auto, p->ttft_abs, p->ratio,
-            p->pairs, p->kl, 100 * p->top1, 100 * p->dppl, p->taken ? "taken (--mla-prefill auto)" : "not taken: ",
-            p->taken ? "" : p->why);
+        if (p->why) snprintf(buf, n, "prefill form (--mla-prefill): not tried: %s", p->why);
+    } else if (p->identical)
+        snprintf(buf, n, "prefill form (--mla-prefill, a %d-token prompt): not taken: %s", prompt, p->why);
+    else if (!p->pairs)
+        snprintf(buf, n, "prefill form (--mla-prefill, a %d-token prompt): not taken: %s (with every micro-batch "
+                 "decompressed KL %.3g, perplexity %+.2f%% on the %s text)", prompt, p->why, p->kl, 100 * p->dppl,
+                 p->q_long ? "long" : "short");
+    else
+        snprintf(buf, n, "prefill form (--mla-prefill, the recommended configuration, a %d-token prompt): auto's TTFT "
+                 "%.2f ms against the absorbed form's %.2f ms (%.3fx, the median of %d alternating pairs); with every "
+                 "micro-batch decompressed, its quality KL %.3g, top-1 %.1f%%, perplexity %+.2f%%: %s%s", prompt,
+                 p->ttft_auto, p->ttft_abs, p->ratio, p->pairs, p->kl, 100 * p->top1, 100 * p->dppl,
+                 p->taken ? "taken (--mla-prefill auto)" : "not taken: ", p->taken ? "" : p->why);
+}
+
+static void prefill_print(FILE *f, const struct prefill_res *p, int prompt) {
+    char line[1024];
+    prefill_sentence(p, prompt, line, sizeof line);
+    if (line[0]) fprintf(f, "\n%s\n", line);
 }
 
 /* ---- the command ------------------------------------------------------------------------- */
@@ -1176,14 +1183,13 @@ static moetax_status write_html(const char *path, struct tres *res, int n, const
                 100 * res[i].tax);
     }
     fputs("</table>\n", f);
-    if (pf->tried && (pf->identical || !pf->pairs))
-        fprintf(f, "<h2>Prefill form</h2>\n<p>--mla-prefill, a %d-token prompt: not taken: %s.</p>\n", prompt, pf->why);
-    else if (pf->tried)
-        fprintf(f, "<h2>Prefill form</h2>\n<p>--mla-prefill auto on the recommended configuration, a %d-token prompt: "
-                   "TTFT %.2f ms against the absorbed form's %.2f ms (%.3fx, the median of %d alternating pairs); with "
-                   "every micro-batch decompressed, its KL %.4g, perplexity %+.2f%%: %s%s.</p>\n", prompt, pf->ttft_auto, pf->ttft_abs,
-                pf->ratio, pf->pairs, pf->kl, 100 * pf->dppl, pf->taken ? "taken" : "not taken: ", pf->taken ? "" : pf->why);
-    else if (pf->why) fprintf(f, "<h2>Prefill form</h2>\n<p>--mla-prefill: not tried: %s.</p>\n", pf->why);
+    char line[1024];
+    prefill_sentence(pf, prompt, line, sizeof line);
+    if (line[0]) {
+        fputs("<h2>Prefill form</h2>\n<p>", f);
+        moetax_report_html_text(f, line);
+        fputs("</p>\n", f);
+    }
     fputs("</body></html>\n", f);
     if (ferror(f)) { moetax_outfile_abort(out); return moetax_error(MOETAX_ERR_IO, "%s: writing failed", path); }
     return moetax_outfile_commit(out);
