@@ -70,30 +70,24 @@ ALWAYS_INLINE __m256i quants_block(const float *xb, __m256 vid) {
     return _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-/* Lanes whose |x| is not a finite float (NaN or an infinity) of the 32 floats at xb, as a movemask. */
-ALWAYS_INLINE int nonfinite_block(const float *xb) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
-    __m256 bad = _mm256_setzero_ps();
-    for (int j = 0; j < 32; j += 8) bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)), big, _CMP_NLE_UQ));
-    return _mm256_movemask_ps(bad);
-}
-
 /* ggml's Q8_0 quantization of 32 floats: the quants (natural order) and d. A block with a NaN or an
  * infinity, or whose 1 / d overflows, takes the reference's scalar steps (vcvttps2dq would make
  * -128 of what moetax_q8_round makes 0 or 127; vmaxps can drop a NaN). */
 ALWAYS_INLINE __m256i quantize_block(const float *xb, float *d_out) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
-    const __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
-    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                                   _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    const __m256 a0 = _mm256_andnot_ps(sign, _mm256_loadu_ps(xb)), a1 = _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + 8));
+    const __m256 a2 = _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + 16)), a3 = _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + 24));
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3));
+    /* the magnitudes' sum keeps a NaN (and an infinity) that vmaxps may drop; one that overflows only sends a
+     * finite block the reference's way, which gives the same bytes */
+    const __m256 sum = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float amax = _mm_cvtss_f32(m4);
     const float dd = amax / 127.0f;
     const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-    if (!(id <= FLT_MAX) || nonfinite_block(xb)) {
+    if (!(id <= FLT_MAX) || _mm256_movemask_ps(_mm256_cmp_ps(sum, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ))) {
         _Alignas(32) int8_t qs[32];
         moetax_k_quantize_block_q8_ref(xb, qs, d_out);
         return _mm256_load_si256((const __m256i *)qs);
