@@ -72,6 +72,9 @@ static bool same(const float *a, const float *b, int64_t n, float tol_rel) {
 static void kvcache_ops(void) {
     struct moetax_kvcache *kv;
     struct moetax_kvcache_params p = {.n_cells = 100, .block_size = 16, .n_seq_max = 4};
+    struct moetax_kvcache_params huge = {.n_cells = INT64_MAX, .block_size = 16};
+    CHECK(moetax_kvcache_init(2, 8, &huge, &kv) == MOETAX_ERR_ARG); /* no overflow rounding it up to blocks */
+    CHECK(kv == NULL && strstr(moetax_last_error(), "too large") != NULL);
     CHECK(moetax_kvcache_init(2, 8, &p, &kv) == MOETAX_OK);
     if (!kv) return;
     CHECK_EQ_INT(moetax_kvcache_n_cells(kv), 112); /* 7 blocks */
@@ -105,6 +108,26 @@ static void kvcache_ops(void) {
     CHECK(((float *)moetax_kvcache_row(kv, 1, 1, 36))[0] == 1036.0f); /* copied */
     CHECK(((float *)moetax_kvcache_row(kv, 1, 0, 37))[0] == 1037.0f); /* the source's own row untouched */
     CHECK(((float *)moetax_kvcache_row(kv, 0, 1, 5))[0] == 5.0f);     /* shared */
+    /* an empty range removes nothing (llama.cpp's seq_rm likewise), for one sequence or all */
+    CHECK(moetax_kvcache_seq_rm(kv, 0, 5, 5) == MOETAX_OK);
+    CHECK(moetax_kvcache_seq_rm(kv, 0, 30, 10) == MOETAX_OK);
+    CHECK(moetax_kvcache_seq_rm(kv, -1, 3, 1) == MOETAX_OK);
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 0), 40);
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 1), 38);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 48);
+    /* a reserved batch that failed is taken back out: lengths and free cells as before its
+     * reservation, also after part of it was committed */
+    int32_t sa[20], pa[20];
+    for (int i = 0; i < 20; i++) sa[i] = 0, pa[i] = 40 + i;
+    CHECK(moetax_kvcache_reserve(kv, sa, pa, 20) == MOETAX_OK);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 32);
+    moetax_kvcache_commit(kv, sa, pa, 5);
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 0), 45);
+    moetax_kvcache_abort(kv);
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 0), 40);
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 1), 38);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 48);
+    CHECK(((float *)moetax_kvcache_row(kv, 1, 0, 37))[0] == 1037.0f);
     /* the middle of a sequence cannot go; its tail can */
     CHECK(moetax_kvcache_seq_rm(kv, 0, 10, 20) == MOETAX_ERR_UNSUPPORTED);
     CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 0), 40);
@@ -617,6 +640,33 @@ static void nonfinite_logits(const char *src, int64_t which) {
     char want[96];
     snprintf(want, sizeof want, "logits of token 0 (sequence 0, position 0) are not finite: logit %lld ", (long long)row);
     CHECK_MSG(strstr(moetax_last_error(), want) != NULL, "%s", moetax_last_error());
+    struct moetax_kvcache *kv = moetax_ctx_kv(c);
+    for (int s = 0; s < 3; s++) CHECK_EQ_INT(moetax_kvcache_seq_len(kv, s), 0); /* the batch failed whole */
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), moetax_kvcache_n_cells(kv));
+    moetax_ctx_free(c);
+
+    /* A batch of micro-batches of one token whose first fails after its cells were committed: the
+     * cache as before the batch (none of its positions, none of its blocks), and a later batch that
+     * needs every other free block fits (the blocks reserved for the failed one had been kept, past
+     * the sequence's length, and the next reservation then counted them as needed negatively and
+     * checked the wrong block for copy on write: out of blocks, an abort). */
+    struct moetax_ctx_params p = {.n_ctx = 16, .n_threads = 2, .n_ubatch = 1, .n_seq_max = NSEQ_MAX,
+                                  .kv_type = g_kv_type, .kv_block = 4};
+    if (moetax_ctx_init(m, &p, &c) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    kv = moetax_ctx_kv(c);
+    moetax_batch_free(&b);
+    CHECK(moetax_batch_init(&b, 16) == MOETAX_OK);
+    for (int i = 0; i < 5; i++) CHECK(moetax_batch_add(&b, 5 + i, i, 0, i == 0) == MOETAX_OK);
+    CHECK_EQ_INT(moetax_ctx_decode(c, &b), MOETAX_ERR_NUMERIC);
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 0), 0);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 16);
+    moetax_batch_clear(&b);
+    for (int i = 0; i < 4; i++) CHECK(moetax_batch_add(&b, 5 + i, i, 0, false) == MOETAX_OK);
+    for (int i = 0; i < 12; i++) CHECK(moetax_batch_add(&b, 5 + i, i, 1, false) == MOETAX_OK);
+    CHECK_MSG(moetax_ctx_decode(c, &b) == MOETAX_OK, "%s", moetax_last_error());
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 0), 4);
+    CHECK_EQ_INT(moetax_kvcache_seq_len(kv, 1), 12);
+    CHECK_EQ_INT(moetax_kvcache_n_free(kv), 0);
     moetax_batch_free(&b);
     moetax_ctx_free(c);
     moetax_model_free(m);

@@ -29,7 +29,8 @@
  *   (new ones, and copies of shared ones it writes into) must all be free, or
  *   nothing changes and the error says how many cells are missing; the
  *   sequences already in the cache are untouched. moetax_kvcache_commit then
- *   makes the written positions part of their sequences.
+ *   makes the written positions part of their sequences; moetax_kvcache_abort
+ *   takes a failed batch back out (its sequences' lengths as before it).
  *
  * INVARIANTS
  *   - Every block is free or referenced by at least one sequence's table;
@@ -104,6 +105,10 @@ moetax_status moetax_kvcache_reserve(struct moetax_kvcache *kv, const int32_t *s
 /* After the reserved tokens were written: each sequence's length becomes one
  * past its highest position among them. */
 void moetax_kvcache_commit(struct moetax_kvcache *kv, const int32_t *seq, const int32_t *pos, int64_t n);
+/* After a reserved batch failed (some of it may have been committed): every
+ * sequence back to its length before the reserve, the blocks reserved for it
+ * released. Only before any other operation on the cache. */
+void moetax_kvcache_abort(struct moetax_kvcache *kv);
 
 /* The row of (seq, pos) in layer il (the position's block must be held): row
  * values of the cache's type (float, uint16_t F16 or moetax_block_q8_0s). */

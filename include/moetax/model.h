@@ -371,7 +371,9 @@ size_t moetax_ctx_kv_bytes(const struct moetax_ctx *c);
  * Token ids, sequence ids and positions are checked first, and the cells of
  * the whole batch are reserved before any work. A step with one token per
  * sequence is booked as decode in the ledger, with the number of sequences as
- * its batch size. MOETAX_ERR_NUMERIC when a token's logits are not finite. */
+ * its batch size. MOETAX_ERR_NUMERIC when a token's logits are not finite.
+ * A batch that fails leaves the cache as it was (none of its positions added,
+ * also where earlier micro-batches had run). */
 moetax_status moetax_ctx_decode(struct moetax_ctx *c, const struct moetax_batch *b);
 /* Logits [n_vocab] of entry i of the last decoded batch, NULL unless it asked for them. */
 const float *moetax_ctx_logits_ith(const struct moetax_ctx *c, int32_t i);

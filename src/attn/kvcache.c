@@ -24,6 +24,7 @@ struct moetax_kvcache {
     int64_t n_free;
     struct kv_seq *seqs;   /* [n_seq] */
     int64_t *scratch_len;  /* [n_seq] reserve's running lengths */
+    int64_t *undo_len;     /* [n_seq] each sequence's length before the last reserve (moetax_kvcache_abort) */
     int32_t *scratch_w;    /* [n_blocks] reserve's writers per shared block (zero outside reserve) */
 };
 
@@ -42,6 +43,9 @@ moetax_status moetax_kvcache_init(int32_t n_layer, int64_t row, const struct moe
     if (type != MOETAX_TYPE_F32 && type != MOETAX_TYPE_F16 && type != MOETAX_TYPE_Q8_0)
         return moetax_error(MOETAX_ERR_UNSUPPORTED, "KV cache cells of type %s: only f32, f16 and q8_0",
                             moetax_type_name(type));
+    if (cells > (int64_t)(1 << 24) * bs) /* before rounding up to whole blocks, which could overflow */
+        return moetax_error(MOETAX_ERR_ARG, "KV cache: %lld cells is too large (at most %lld)", (long long)cells,
+                            (long long)(1 << 24) * bs);
     const double rb = type == MOETAX_TYPE_Q8_0 ? (double)((row + 31) / 32) * (double)sizeof(moetax_block_q8_0)
                                                 : (double)row * (type == MOETAX_TYPE_F16 ? 2 : 4);
     const int64_t nblk = (cells + bs - 1) / bs;
@@ -63,8 +67,9 @@ moetax_status moetax_kvcache_init(int32_t n_layer, int64_t row, const struct moe
     kv->free_list = malloc(sizeof(int32_t) * (size_t)nblk);
     kv->seqs = calloc((size_t)ns, sizeof *kv->seqs);
     kv->scratch_len = calloc((size_t)ns, sizeof(int64_t));
+    kv->undo_len = calloc((size_t)ns, sizeof(int64_t));
     kv->scratch_w = calloc((size_t)nblk, sizeof(int32_t));
-    bool ok = kv->data && kv->ref && kv->free_list && kv->seqs && kv->scratch_len && kv->scratch_w;
+    bool ok = kv->data && kv->ref && kv->free_list && kv->seqs && kv->scratch_len && kv->undo_len && kv->scratch_w;
     for (int32_t s = 0; ok && s < ns; s++) ok = (kv->seqs[s].table = malloc(sizeof(int32_t) * (size_t)nblk)) != NULL;
     if (!ok) {
         moetax_kvcache_free(kv);
@@ -85,6 +90,7 @@ void moetax_kvcache_free(struct moetax_kvcache *kv) {
     free(kv->ref);
     free(kv->free_list);
     free(kv->scratch_len);
+    free(kv->undo_len);
     free(kv->scratch_w);
     free(kv);
 }
@@ -142,9 +148,10 @@ static moetax_status check_seq(const struct moetax_kvcache *kv, int32_t seq, con
 moetax_status moetax_kvcache_seq_rm(struct moetax_kvcache *kv, int32_t seq, int64_t p0, int64_t p1) {
     if (seq >= kv->n_seq) return check_seq(kv, seq, "removal:");
     if (p0 < 0) p0 = 0;
+    if (p1 >= 0 && p1 <= p0) return MOETAX_OK; /* an empty range removes nothing */
     for (int32_t s = seq < 0 ? 0 : seq; s < (seq < 0 ? kv->n_seq : seq + 1); s++) {
         struct kv_seq *q = &kv->seqs[s];
-        if (p0 >= q->len || (p1 >= 0 && p1 <= p0)) continue;
+        if (p0 >= q->len) continue;
         if (p1 >= 0 && p1 < q->len)
             return moetax_error(MOETAX_ERR_UNSUPPORTED,
                                 "KV cache: sequence %d holds positions 0..%lld; removing %lld..%lld would leave a "
@@ -196,19 +203,22 @@ moetax_status moetax_kvcache_reserve(struct moetax_kvcache *kv, const int32_t *s
     /* blocks needed: new ones past each table's end, and copies of shared last blocks that
      * the batch writes into: of w writers into a block r tables share, min(w, r - 1) copy
      * it (when all r write, the last one keeps it) */
+    /* (a table may hold blocks past its length, from a batch that failed and was not aborted:
+     * the block written next is the one of position len, not the table's last) */
     int64_t need = 0;
     for (int32_t s = 0; s < kv->n_seq; s++) {
         const struct kv_seq *q = &kv->seqs[s];
         if (len[s] == q->len) continue;
-        need += (len[s] + kv->bs - 1) / kv->bs - q->nb;
+        const int64_t want = (len[s] + kv->bs - 1) / kv->bs;
+        if (want > q->nb) need += want - q->nb;
         if (q->len % kv->bs) {
-            const int32_t b = q->table[q->nb - 1];
+            const int32_t b = q->table[(q->len - 1) / kv->bs];
             if (kv->ref[b] > 1 && kv->scratch_w[b]++ < kv->ref[b] - 1) need++;
         }
     }
     for (int32_t s = 0; s < kv->n_seq; s++) {
         const struct kv_seq *q = &kv->seqs[s];
-        if (len[s] != q->len && q->len % kv->bs) kv->scratch_w[q->table[q->nb - 1]] = 0;
+        if (len[s] != q->len && q->len % kv->bs) kv->scratch_w[q->table[(q->len - 1) / kv->bs]] = 0;
     }
     if (need > kv->n_free) {
         int64_t tokens = 0;
@@ -219,21 +229,27 @@ moetax_status moetax_kvcache_reserve(struct moetax_kvcache *kv, const int32_t *s
                             (long long)tokens, (long long)need, kv->bs, (long long)kv->n_free,
                             (long long)kv->n_blocks, (long long)(kv->n_blocks * kv->bs));
     }
+    for (int32_t s = 0; s < kv->n_seq; s++) kv->undo_len[s] = kv->seqs[s].len;
     for (int32_t s = 0; s < kv->n_seq; s++) {
         struct kv_seq *q = &kv->seqs[s];
         if (len[s] == q->len) continue;
-        if (q->len % kv->bs && kv->ref[q->table[q->nb - 1]] > 1) { /* copy on write */
-            const int32_t old = q->table[q->nb - 1], nb = block_alloc(kv);
+        const int32_t last = (int32_t)((q->len - 1) / kv->bs);
+        if (q->len % kv->bs && kv->ref[q->table[last]] > 1) { /* copy on write */
+            const int32_t old = q->table[last], nb = block_alloc(kv);
             const size_t rows = (size_t)(q->len % kv->bs), rb = kv->rb;
             for (int32_t il = 0; il < kv->n_layer; il++)
                 memcpy(kv->data + (size_t)(((int64_t)il * kv->n_blocks + nb) * kv->bs) * rb,
                        kv->data + (size_t)(((int64_t)il * kv->n_blocks + old) * kv->bs) * rb, rows * rb);
             block_unref(kv, old);
-            q->table[q->nb - 1] = nb;
+            q->table[last] = nb;
         }
         while (q->nb < (len[s] + kv->bs - 1) / kv->bs) q->table[q->nb++] = block_alloc(kv);
     }
     return MOETAX_OK;
+}
+
+void moetax_kvcache_abort(struct moetax_kvcache *kv) {
+    for (int32_t s = 0; s < kv->n_seq; s++) seq_truncate(kv, &kv->seqs[s], kv->undo_len[s]);
 }
 
 void moetax_kvcache_commit(struct moetax_kvcache *kv, const int32_t *seq, const int32_t *pos, int64_t n) {

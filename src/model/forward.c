@@ -563,7 +563,10 @@ static moetax_status decode_sharded(struct moetax_ctx *c, int64_t n, const int32
     moetax_status st = decode_local(c, nl, c->ep_tok, c->ep_pos, c->ep_seq, c->ep_want,
                                     out ? c->ep_logits + first * V : NULL, n_ub);
     if (st || !out || !n_want) return st;
-    if ((st = moetax_dist_gather_logits(moetax_dist_world(), c->ep_logits, n_rows, V))) return st;
+    if ((st = moetax_dist_gather_logits(moetax_dist_world(), c->ep_logits, n_rows, V))) {
+        moetax_kvcache_abort(c->kv); /* all or nothing, as decode_local's own errors */
+        return st;
+    }
     /* into the batch's order: entry i's row is its rank's next one */
     int64_t next[512], o = 0;
     for (int r = 0, acc = 0; r < P; r++) next[r] = acc, acc += n_rows[r];
@@ -699,8 +702,9 @@ static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t
         }
         moetax_ledger_step_end(s->ledger);
         int err = atomic_load(&s->err_status);
-        if (err) { /* the step's results are not valid: its positions are not added */
-            for (int64_t t = 0; t < n; t++) moetax_kvcache_seq_rm(c->kv, seq[t], moetax_kvcache_seq_len(c->kv, seq[t]), -1);
+        if (err) { /* the step's results are not valid: the batch's positions are not added, not even
+                    * its earlier micro-batches' (all or nothing, as its reservation) */
+            moetax_kvcache_abort(c->kv);
             return moetax_error((moetax_status)err, "%s", s->err_msg);
         }
         if (nb) moetax_kvcache_commit(c->kv, s->seq, s->pos, nb);
@@ -713,6 +717,7 @@ static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t
                 for (int64_t v = 0; v < hp->n_vocab; v++)
                     if (!isfinite(lr[v])) {
                         const int64_t t = c->out_tok[o];
+                        moetax_kvcache_abort(c->kv); /* the batch fails whole: none of its positions stay */
                         return moetax_error(MOETAX_ERR_NUMERIC,
                                             "logits of token %lld (sequence %d, position %d) are not finite: logit %lld "
                                             "is %g (a model with NaN or inf weights?)",
