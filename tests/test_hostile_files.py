@@ -310,6 +310,31 @@ for what, args in [
         ("gen --dense-twin-of MODEL -o MODEL", ["gen", "--dense-twin-of", "victim.gguf", "-o", "victim.gguf"])]:
     refused(what, args, ["victim.gguf", "is the input"])
 check(open("victim.gguf", "rb").read() == before, "the model is left as it was")
+# the side files a command reads (a text, a predictor, a warm-start profile, a configuration): the refusal names the
+# option (each of these was replaced, exit 0, before the inputs were taken from the whole command line)
+write("side.txt", "def f(x):\n    return x\n" * 40)
+cfg = json.dumps({"moetax_config": 1, "threads": 1})
+write("cfg.json", cfg)
+side = open("side.txt", "rb").read()
+for what, args, opt in [
+        ("bench -f TEXT --trace TEXT", ["bench", "-m", "tiny.gguf", "-n", "2", "-r", "1", "--no-mem", "-f", "side.txt",
+                                         "--trace", "side.txt"], "-f"),
+        ("run --predictor P --trace P", ["run", "-m", "tiny.gguf", "-p", "hi", "-n", "1", "--expert-budget", "50%",
+                                          "--predictor", "side.txt", "--trace", "side.txt"], "--predictor"),
+        ("run --warm=W --ledger ./W", ["run", "-m", "tiny.gguf", "-p", "hi", "-n", "1", "--expert-budget", "50%",
+                                        "--warm=side.txt", "--ledger", "./side.txt"], "--warm"),
+        ("run --config C --ledger C", ["run", "-m", "tiny.gguf", "-p", "hi", "-n", "1", "--config", "cfg.json",
+                                        "--ledger", "cfg.json"], "--config"),
+        ("profile --predictor P -o P", ["profile", "-m", "tiny.gguf", "-f", "text.txt", "--predictor", "side.txt",
+                                         "-o", "side.txt"], "--predictor"),
+        ("profile --predictor P --dump-features P", ["profile", "-m", "tiny.gguf", "-f", "text.txt", "-o", "pf.json",
+                                                      "--predictor", "side.txt", "--dump-features", "side.txt"],
+         "--predictor"),
+        ("tune --calib T --html T", ["tune", "-m", "tiny.gguf", "--calib", "side.txt", "--html", "side.txt"], "")]:
+    victim = "cfg.json" if "cfg.json" in args else "side.txt"
+    refused(what, args, [victim, "is the input", opt])
+check(open("side.txt", "rb").read() == side, "the side file is left as it was")
+check(open("cfg.json").read() == cfg, "the configuration is left as it was")
 refused("report LEDGER --html LEDGER", ["report", "led.json", "--html", "led.json"], ["led.json", "is the input"])
 refused("run --ledger A --trace ./A", ["run", "-m", "tiny.gguf", "-p", "hi", "-n", "1", "--ledger", "same.json",
                                       "--trace", "./same.json"], ["same.json", "the same file"])

@@ -317,6 +317,30 @@ static bool cli_same_path(const char *a, const char *b) {
     return !strcmp(ca, cb);
 }
 
+static int g_argc;
+static char **g_argv;
+
+void cli_note_argv(int argc, char **argv) {
+    g_argc = argc;
+    g_argv = argv;
+}
+
+/* The file that argv[*i] names as an input option's value (advancing *i past a separate value), or
+ * NULL where argv[*i] is no input option. */
+static const char *cli_argv_input(int *i, const char **opt) {
+    static const char *const names[] = {"-m", "--model", "-f", "--file", "--predictor", "--warm", "--config",
+                                        "--calib", "--twin", "--dense-twin-of", "--placement", "--ep-load"};
+    const char *a = g_argv[*i];
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        const size_t n = strlen(names[k]);
+        if (strncmp(a, names[k], n)) continue;
+        *opt = names[k];
+        if (a[n] == '=' && names[k][1] == '-') return a + n + 1;
+        if (a[n] == '\0' && *i + 1 < g_argc) return g_argv[++*i];
+    }
+    return NULL;
+}
+
 moetax_status cli_check_io(const char *const *outs, int n_out, const char *const *ins, int n_in) {
     moetax_status st = cli_check_outputs(outs, n_out);
     for (int k = 0; !st && k < n_out; k++) {
@@ -325,6 +349,12 @@ moetax_status cli_check_io(const char *const *outs, int n_out, const char *const
             if (ins[i] && cli_same_path(ins[i], outs[k]))
                 st = moetax_error(MOETAX_ERR_ARG, "the output %s is the input %s: writing it would replace it", outs[k],
                                   ins[i]);
+        for (int a = 2; !st && a < g_argc; a++) {
+            const char *opt = NULL, *in = cli_argv_input(&a, &opt);
+            if (in && *in && cli_same_path(in, outs[k]))
+                st = moetax_error(MOETAX_ERR_ARG, "the output %s is the input %s (%s): writing it would replace it",
+                                  outs[k], in, opt);
+        }
         for (int j = 0; !st && j < k; j++)
             if (outs[j] && cli_same_path(outs[j], outs[k]))
                 st = moetax_error(MOETAX_ERR_ARG, "the outputs %s and %s are the same file: one would replace the "

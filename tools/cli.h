@@ -145,6 +145,10 @@ moetax_status cli_check_outputs(const char *const *paths, int n);
  * inode where the file exists, else by name): MOETAX_ERR_ARG naming both (an output in place of its
  * input would replace it). NULL entries are skipped. */
 moetax_status cli_check_io(const char *const *outs, int n_out, const char *const *ins, int n_in);
+/* The command line as main received it: cli_check_io then also takes every file an input option of it
+ * names (a model, a text, a predictor, a warm-start profile, a config, a placement map, a calibration
+ * text, a twin) as an input, so that no command's output can replace a side file it reads. */
+void cli_note_argv(int argc, char **argv);
 
 /* The default model: a small DeepSeek-style MoE trained on Python source (tools/train/,
  * models/README.md), committed in the repository. */

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "commands.h"
 #include "moetax/gguf.h"
 #include "moetax/outfile.h"
@@ -94,11 +95,13 @@ int main(int argc, char **argv) {
         return stdout_checked(0);
     }
     if (!strcmp(argv[1], "--version")) { printf("moetax 0.1.0\n"); return stdout_checked(0); }
+    cli_note_argv(argc, argv);
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         if (!strcmp(argv[1], k_commands[i].name)) {
 #ifdef MOETAX_WITH_MPI
             /* under mpirun: join the world (src/dist/dist.h); rank 0 writes the results */
             if (moetax_dist_init(&argc, &argv)) return 1;
+            cli_note_argv(argc, argv);
             /* every rank runs rank 0's command (an MPMD line or another environment would hang in a
              * later collective): checked on the arguments as given, --placement and --ep-* included */
             if (moetax_dist_world() && moetax_dist_same_command(argc, argv)) {
