@@ -672,6 +672,43 @@ static void nonfinite_logits(const char *src, int64_t which) {
     moetax_model_free(m);
 }
 
+/* A prompt whose length leaves one token after whole micro-batches: that token's step is prefill in
+ * the ledger (the batch has several tokens of its sequence), as are the others; a batch of one token
+ * per sequence is decode whatever its micro-batches (it was booked by each micro-batch alone, so the
+ * prompt's last token counted as a decode step). */
+static void ledger_prompt_tail(const char *path) {
+    struct moetax_model *m;
+    if (moetax_model_load(path, &m) != MOETAX_OK) { CHECK_MSG(0, "%s", moetax_last_error()); return; }
+    struct moetax_ctx *c = ctx(m, 512, 5, 2);
+    struct moetax_ledger *led = NULL;
+    struct moetax_ledger_params lp = {.n_workers = 2, .n_layer = m->hp.n_layer};
+    CHECK(moetax_ledger_init(&lp, &led) == MOETAX_OK);
+    struct moetax_batch b = {0};
+    CHECK(moetax_batch_init(&b, 16) == MOETAX_OK);
+    if (!c || !led) goto out;
+    moetax_ctx_set_ledger(c, led);
+    for (int i = 0; i < 11; i++) CHECK(moetax_batch_add(&b, 5 + i, i, 0, i == 10) == MOETAX_OK);
+    CHECK_MSG(moetax_ctx_decode(c, &b) == MOETAX_OK, "%s", moetax_last_error());
+    double ph[MOETAX_PHASE_COUNT], wall;
+    int64_t tokens, steps;
+    moetax_ledger_totals(led, true, ph, &wall, &tokens, &steps);
+    CHECK_EQ_INT(steps, 0);
+    moetax_ledger_totals(led, false, ph, &wall, &tokens, &steps);
+    CHECK_EQ_INT(steps, 3);
+    CHECK_EQ_INT(tokens, 11);
+    moetax_batch_clear(&b); /* 7 sequences' first tokens: micro-batches of 5 and 2, both decode */
+    for (int s = 1; s < 8; s++) CHECK(moetax_batch_add(&b, 5 + s, 0, s, true) == MOETAX_OK);
+    CHECK_MSG(moetax_ctx_decode(c, &b) == MOETAX_OK, "%s", moetax_last_error());
+    moetax_ledger_totals(led, true, ph, &wall, &tokens, &steps);
+    CHECK_EQ_INT(steps, 2);
+    CHECK_EQ_INT(tokens, 7);
+out:
+    moetax_batch_free(&b);
+    moetax_ledger_free(led);
+    moetax_ctx_free(c);
+    moetax_model_free(m);
+}
+
 /* ---- MLA prompts with the keys and values decompressed ----------------------------------- */
 
 /* Logits of every position of toks[0..n) in sequences 0 .. n_seqs-1 (all in one batch), by a context
@@ -763,6 +800,7 @@ int main(int argc, char **argv) {
     random_schedules(q8, 0, 1);
     random_schedules(q8, 0, 2);
     random_schedules(f32, 2e-5f, 3);
+    ledger_prompt_tail(f32);
     prefix_and_full(q8, 0);
     capacity(q8);
     cells_close(q8, MOETAX_TYPE_F16);

@@ -662,6 +662,9 @@ static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t
     struct fw_step *s = &c->step;
     moetax_status st = n > 0 ? moetax_kvcache_reserve(c->kv, seq, pos, n) : MOETAX_OK;
     if (st) return st;
+    /* the ledger books the batch's steps as decode where the batch has one token per sequence: a
+     * prompt's micro-batch of one token (its last, after whole micro-batches) is prefill */
+    const bool batch_dec = one_per_sequence(seq, n);
     int64_t row = 0;
     for (int64_t ub = 0; ub < n_ub; ub++) {
         int64_t i0 = ub * c->n_ubatch < n ? ub * c->n_ubatch : 0; /* past n: an empty micro-batch */
@@ -688,7 +691,7 @@ static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t
         fw_rows_reset(s, 1);
         const bool dec = one_per_sequence(s->seq, nb);
         s->one_per_seq = dec;
-        moetax_ledger_step_begin(s->ledger, nb, nb ? s->pos[0] : 0, !dec);
+        moetax_ledger_step_begin(s->ledger, nb, nb ? s->pos[0] : 0, !(dec && batch_dec));
         moetax_ledger_step_batch(s->ledger, n_sequences(s->seq, nb));
         atomic_store(&s->err_status, 0);
         atomic_store_explicit(&c->logits_bad, 0, memory_order_relaxed);
