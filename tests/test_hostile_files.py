@@ -297,6 +297,25 @@ works("gen 8 layers of 256 experts", ["gen", "--arch", "mixtral", "--preset", "t
 refused("inspect --ranks 65536 of 8 x 256 experts (tables of layers x experts x ranks)",
         ["inspect", "w8.gguf", "--ranks", "65536"], ["--ranks 65536", "2^26"], timeout=30)
 
+# ---- positions past the model's trained context (tiny: 512): run, but with a warning saying so ----------
+def warned(what, args, wants):
+    r = run(args, timeout=120)
+    ok = r is not None and r[0] == 0 and not any(x in r[2] for x in SANITIZER) and all(w in r[2] for w in wants)
+    check(ok, "%s: %s" % (what, "timed out" if r is None else "exit %d, wanted a warning naming %s; stderr: %s"
+                          % (r[0], wants, r[2].strip()[-400:])))
+
+
+past = ["warning", "past the 512 positions the model was trained on"]
+warned("eval --decode 600", ["eval", "-m", "tiny.gguf", "--tokens", "1,2,3", "--decode", "600", "-t", "1"], past)
+warned("run -c 640 -n 600", ["run", "-m", "tiny.gguf", "-p", "hi", "-n", "600", "-c", "640", "--ignore-eos", "-t", "1"],
+       past)
+write("long.txt", "x " * 700)
+warned("run --parallel 2 of a 700-token prompt", ["run", "-m", "tiny.gguf", "-f", "long.txt", "--parallel", "2", "-n", "2",
+                                                  "-t", "1"], past)
+r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])
+check(r is not None and r[0] == 0 and "warning" not in r[2], "no warning within the trained context: %s"
+      % (r[2][-300:] if r else "timed out"))
+
 # ---- an output in place of an input: refused, the input left as it was --------------------------------
 import shutil  # noqa: E402
 shutil.copy("tiny.gguf", "victim.gguf")

@@ -363,6 +363,14 @@ moetax_status cli_check_io(const char *const *outs, int n_out, const char *const
     return st;
 }
 
+bool cli_warn_past_train(const char *cmd, const struct moetax_model *m, int64_t positions, const char *what) {
+    const int64_t train = m->hp.n_ctx_train;
+    if (train <= 0 || positions <= train) return false;
+    fprintf(stderr, "moetax %s: warning: %s reaches position %lld, past the %lld positions the model was trained on: "
+            "what it computes there means little\n", cmd, what, (long long)positions - 1, (long long)train);
+    return true;
+}
+
 moetax_status cli_check_logits(const float *row, int64_t n, int64_t pos) {
     for (int64_t v = 0; v < n; v++)
         if (!isfinite(row[v]))

@@ -137,6 +137,10 @@ double cli_read_pass(struct moetax_membw_probe *probe);
 /* MOETAX_ERR_NUMERIC if a row of n logits (the one for position pos) holds a NaN or
  * an infinity: a broken model must not pass as a token or a perplexity. */
 moetax_status cli_check_logits(const float *row, int64_t n, int64_t pos);
+/* A warning on stderr ("moetax CMD: warning: WHAT reaches position N, past the T positions the model was
+ * trained on ...") where positions run past the model's trained context (none where it is unknown);
+ * true if it warned. */
+bool cli_warn_past_train(const char *cmd, const struct moetax_model *m, int64_t positions, const char *what);
 
 /* Check each output path given (NULL entries skipped) can be written, before the work
  * starts: moetax_outfile_check. */

@@ -73,6 +73,7 @@ int cmd_eval(int argc, char **argv) {
     struct moetax_model *m;
     st = moetax_model_load_ex(model, &mp, &m);
     if (st) return cli_fail("eval", st);
+    cli_warn_past_train("eval", m, n + n_decode, "--tokens + --decode");
     struct moetax_ctx_params cp = {.check_finite = check_finite, .kv_type = kv_type, .attn_prefill = prefill, .n_ctx = (int32_t)(n + n_decode + 1), .n_threads = (int32_t)n_threads,
                                    .n_ubatch = (int32_t)ubatch};
     struct moetax_ctx *c;

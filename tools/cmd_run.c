@@ -297,11 +297,17 @@ int cmd_run(int argc, char **argv) {
         char why[80] = ""; /* the cache holds whole blocks: a given -c may have been rounded up */
         if (n_ctx > 0 && n_ctx != moetax_ctx_n_ctx(c))
             snprintf(why, sizeof why, " (-c %lld, rounded up to whole KV cache blocks)", (long long)n_ctx);
+        const int64_t train = m->hp.n_ctx_train;
+        char past[112] = ""; /* a -c past the trained context runs, but its outputs mean little there */
+        if (train > 0 && n_prompt + n_predict > train)
+            snprintf(past, sizeof past, " (past the %lld positions the model was trained on: a shorter prompt or -n is "
+                     "better)", (long long)train);
         st = moetax_error(MOETAX_ERR_LIMIT, "prompt (%lld tokens) + -n %lld exceeds the context of %lld positions%s; "
-                          "give -c %lld or more", (long long)n_prompt, (long long)n_predict,
-                          (long long)moetax_ctx_n_ctx(c), why, (long long)(n_prompt + n_predict));
+                          "give -c %lld or more%s", (long long)n_prompt, (long long)n_predict,
+                          (long long)moetax_ctx_n_ctx(c), why, (long long)(n_prompt + n_predict), past);
         goto done;
     }
+    cli_warn_past_train("run", m, n_prompt + n_predict, "the prompt + -n");
     if (echo) { fputs(prompt, txt); fflush(txt); }
     for (int64_t i = 0; i < n_prompt; i++) moetax_sampler_accept(smp, ids[i]);
     double t0 = cli_now();

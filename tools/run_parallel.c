@@ -92,6 +92,11 @@ moetax_status run_parallel(const struct run_parallel_opts *o, char *prompts_text
         max_prompt = n_ids[i] > max_prompt ? n_ids[i] : max_prompt;
         total_prompt += n_ids[i];
     }
+    for (int i = 0; i < np; i++) {
+        char what[48];
+        snprintf(what, sizeof what, "prompt %d (%lld tokens) + -n", i + 1, (long long)n_ids[i]);
+        if (cli_warn_past_train("run", m, n_ids[i] + o->n_predict, what)) break; /* the first is enough */
+    }
     /* cells: every slot holding the longest prompt and all its tokens, unless -c says */
     const int64_t bs = MOETAX_KV_BLOCK_DEFAULT;
     const int64_t need = (int64_t)N * ((max_prompt + o->n_predict + bs - 1) / bs * bs);
