@@ -312,6 +312,8 @@ warned("run -c 640 -n 600", ["run", "-m", "tiny.gguf", "-p", "hi", "-n", "600", 
 write("long.txt", "x " * 700)
 warned("run --parallel 2 of a 700-token prompt", ["run", "-m", "tiny.gguf", "-f", "long.txt", "--parallel", "2", "-n", "2",
                                                   "-t", "1"], past)
+refused("run -p X -f FILE (the file's text was used)", ["run", "-m", "tiny.gguf", "-p", "hi", "-f", "long.txt", "-n", "1"],
+        ["-p and -f"])
 r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])
 check(r is not None and r[0] == 0 and "warning" not in r[2], "no warning within the trained context: %s"
       % (r[2][-300:] if r else "timed out"))

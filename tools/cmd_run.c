@@ -168,6 +168,8 @@ int cmd_run(int argc, char **argv) {
     if (!st) st = cli_check_io(outputs, 2, inputs, 2);
     if (!st && json && lo.metrics)
         st = moetax_error(MOETAX_ERR_ARG, "--json and --metrics both print on stdout: use one");
+    if (!st && prompt && pfile) /* one would be dropped without a word */
+        st = moetax_error(MOETAX_ERR_ARG, "-p and -f both given (the prompt and a prompt file); use one");
     if (st) return cli_usage_error("run", "%s", moetax_last_error());
     FILE *txt = json ? stderr : stdout; /* --json: stdout holds the JSON alone */
     char *text = NULL;
