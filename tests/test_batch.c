@@ -108,6 +108,12 @@ static void kvcache_ops(void) {
     CHECK(((float *)moetax_kvcache_row(kv, 1, 1, 36))[0] == 1036.0f); /* copied */
     CHECK(((float *)moetax_kvcache_row(kv, 1, 0, 37))[0] == 1037.0f); /* the source's own row untouched */
     CHECK(((float *)moetax_kvcache_row(kv, 0, 1, 5))[0] == 5.0f);     /* shared */
+    /* a bad sequence id: the message names the batch token and the id (it wrapped the message it was
+     * formatted into, which came out garbled) */
+    int32_t s9 = 9, p9 = 0;
+    CHECK(moetax_kvcache_reserve(kv, &s9, &p9, 1) == MOETAX_ERR_ARG);
+    CHECK_MSG(!strcmp(moetax_last_error(), "batch token 0: KV cache: batch token's sequence id 9 is outside 0..3"),
+              "%s", moetax_last_error());
     /* an empty range removes nothing (llama.cpp's seq_rm likewise), for one sequence or all */
     CHECK(moetax_kvcache_seq_rm(kv, 0, 5, 5) == MOETAX_OK);
     CHECK(moetax_kvcache_seq_rm(kv, 0, 30, 10) == MOETAX_OK);

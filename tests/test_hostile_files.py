@@ -312,6 +312,10 @@ warned("run -c 640 -n 600", ["run", "-m", "tiny.gguf", "-p", "hi", "-n", "600", 
 write("long.txt", "x " * 700)
 warned("run --parallel 2 of a 700-token prompt", ["run", "-m", "tiny.gguf", "-f", "long.txt", "--parallel", "2", "-n", "2",
                                                   "-t", "1"], past)
+r = run(["bench", "-m", "tiny.gguf", "-p", "8", "-n", "4", "-r", "1", "-t", "1", "--no-mem", "--expert-budget", "50%,1"])
+check(r is not None and r[0] > 0 and "--expert-budget 1: expert budget of" in r[2] and "give at least" in r[2]
+      and "tg4" not in r[1], "bench --expert-budget 50%%,1: refused before the first test: %s"
+      % ((r[1][-300:] + r[2][-300:]) if r else "timed out"))
 refused("run -p X -f FILE (the file's text was used)", ["run", "-m", "tiny.gguf", "-p", "hi", "-f", "long.txt", "-n", "1"],
         ["-p and -f"])
 r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])

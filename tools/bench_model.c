@@ -135,6 +135,25 @@ struct result {
     bool has_store;
 };
 
+/* Every --expert-budget item is a size or share the store can open with (it holds a token's experts),
+ * checked on the loaded model before the first test, so that a bad one does not end the benchmark
+ * after the mapped runs. */
+static moetax_status budgets_fit(const struct moetax_model *m, const struct opts *o) {
+    char *list = strdup(o->so.budgets);
+    if (!list) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    moetax_status st = MOETAX_OK;
+    const uint64_t all = moetax_model_store_bytes_all(m);
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && !st; tok = strtok_r(NULL, ",", &save)) {
+        uint64_t budget = 0;
+        if (!cli_store_parse_budget(tok, all, &budget))
+            st = moetax_error(MOETAX_ERR_ARG, "--expert-budget: '%s' is not a size (2G, 512M) or a percentage (25%%)", tok);
+        else if ((st = moetax_model_store_check_budget(m, budget, o->experts_used)))
+            st = moetax_error(st, "--expert-budget %s: %s", tok, moetax_last_error());
+    }
+    free(list);
+    return st;
+}
+
 /* Run every test of one model at one thread count; results[kind][i]. */
 static moetax_status bench_model(const char *path, struct moetax_pool *pool, double read_gbps, const struct opts *o,
                                  bool write_outputs, struct result res[2][16]) {
@@ -144,6 +163,10 @@ static moetax_status bench_model(const char *path, struct moetax_pool *pool, dou
     struct moetax_model_params mp = {.no_mmap = o->no_mmap, .expert_type = o->expert_type};
     moetax_status st = moetax_model_load_ex(path, &mp, &m);
     if (st) return st;
+    if (!o->budget && o->so.budgets && (st = budgets_fit(m, o))) {
+        moetax_model_free(m);
+        return st;
+    }
     /* page faults are paid at load (resident part) and at context creation (routed experts,
      * unless they are behind the expert store), not inside the timed steps */
     const double active = moetax_model_active_bytes_k(m, o->experts_used);

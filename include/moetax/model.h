@@ -252,6 +252,10 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
  * each the size moetax_model_store_open gives them (the largest expert, as 4096-aligned spans). 0 when
  * the model has no routed experts or they cannot be registered. A budget in % is a share of this. */
 uint64_t moetax_model_store_bytes_all(const struct moetax_model *m);
+/* MOETAX_OK where moetax_model_store_open would accept budget bytes for n_expert_used experts per token
+ * (0: the model's), else its error (the slots the budget holds, and the least budget that works), without
+ * opening a store: for a command that checks its budgets before the work. */
+moetax_status moetax_model_store_check_budget(const struct moetax_model *m, uint64_t budget, int n_expert_used);
 /* Check a run-time top-k for this model: 1..n_expert, and no more than the
  * experts of the groups a token may use (group-limited routing). 0 means the
  * model's expert_used_count and is always valid. MOETAX_ERR_ARG names the

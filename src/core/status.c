@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static _Thread_local char g_last_error[1024];
 
@@ -25,10 +26,14 @@ const char *moetax_status_name(moetax_status st) {
 }
 
 moetax_status moetax_error(moetax_status st, const char *fmt, ...) {
+    /* formatted aside first: an argument may be moetax_last_error() itself (a message that wraps the
+     * one before it), which vsnprintf into the same buffer would overwrite while reading it */
+    char msg[sizeof g_last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_last_error, sizeof g_last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(g_last_error, msg, sizeof msg);
     return st;
 }
 

@@ -848,6 +848,49 @@ static moetax_status store_add_experts(const struct moetax_model *m, struct moet
     return st;
 }
 
+/* The experts a token pins in the store at once: its top-k (n_expert_used, 0: the model's), at most
+ * the most routed experts this process owns in any layer (under expert parallelism the store holds
+ * this rank's own); *own_max_out: that most. */
+static int store_k(const struct moetax_model *m, int n_expert_used, int32_t *own_max_out) {
+    const struct moetax_hparams *hp = &m->hp;
+    int k = n_expert_used ? n_expert_used : hp->n_expert_used;
+    int32_t own_max = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        int32_t c = 0;
+        for (int e = 0; m->layers[il].is_moe && e < hp->n_expert; e++) c += moetax_model_expert_owned(m, il, e);
+        own_max = c > own_max ? c : own_max;
+    }
+    if (own_max < 1) own_max = 1;
+    if (own_max_out) *own_max_out = own_max;
+    return k > own_max ? own_max : k;
+}
+
+/* A budget whose slots (of slot bytes each) do not hold a token's k experts. */
+static moetax_status budget_too_small(uint64_t budget, uint64_t slot, int k, uint64_t least) {
+    return moetax_error(MOETAX_ERR_ARG,
+                        "expert budget of %.3f MiB holds %lld experts of %.3f MiB each, but a token uses %d: "
+                        "give at least %.3f MiB",
+                        (double)budget / (1 << 20), (long long)(slot ? budget / slot : 0), (double)slot / (1 << 20), k,
+                        (double)least / (1 << 20));
+}
+
+moetax_status moetax_model_store_check_budget(const struct moetax_model *m, uint64_t budget, int n_expert_used) {
+    if (m->hp.n_expert <= 0) return moetax_error(MOETAX_ERR_ARG, "%s: the model has no routed experts", m->gguf->path);
+    moetax_status st = moetax_model_check_experts_used(m, n_expert_used);
+    if (st) return st;
+    struct moetax_store_params p = {.path = m->gguf->path}; /* never committed: no file, slots or threads */
+    struct moetax_store *s = NULL;
+    st = moetax_store_init(&p, m->hp.n_layer, m->hp.n_expert, &s);
+    if (!st) st = store_add_experts(m, s, NULL);
+    if (!st) {
+        const int k = store_k(m, n_expert_used, NULL);
+        const uint64_t slot = moetax_store_slot_bytes(s);
+        if (!slot || budget / slot < (uint64_t)k) st = budget_too_small(budget, slot, k, moetax_store_min_budget(s, k));
+    }
+    moetax_store_free(s);
+    return st;
+}
+
 uint64_t moetax_model_store_bytes_all(const struct moetax_model *m) {
     if (m->hp.n_expert <= 0) return 0;
     /* a store that is never committed: no file opened, no slots, no threads */
@@ -903,18 +946,11 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
             break;
         }
     }
-    int k = n_expert_used ? n_expert_used : hp->n_expert_used;
     if (n_ubatch < 1) n_ubatch = 64;
     /* Expert parallelism: the store holds this process's own experts only (the budget is per
      * rank), so a layer pins at most the most experts it owns in any layer */
     int32_t own_max = 0;
-    for (int il = 0; il < hp->n_layer; il++) {
-        int32_t c = 0;
-        for (int e = 0; m->layers[il].is_moe && e < hp->n_expert; e++) c += moetax_model_expert_owned(m, il, e);
-        own_max = c > own_max ? c : own_max;
-    }
-    if (own_max < 1) own_max = 1;
-    if (k > own_max) k = own_max;
+    const int k = store_k(m, n_expert_used, &own_max);
     /* experts pinned at once: every active expert of one layer for a micro-batch */
     int min_slots = n_ubatch * k < own_max ? n_ubatch * k : own_max;
     p.min_slots = min_slots;
@@ -926,11 +962,7 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
         uint64_t slot = moetax_store_slot_bytes(s);
         int64_t n_slots = slot ? (int64_t)(p.budget_bytes / slot) : 0;
         if (n_slots < k) {
-            st = moetax_error(MOETAX_ERR_ARG,
-                              "expert budget of %.3f MiB holds %lld experts of %.3f MiB each, but a token uses %d: "
-                              "give at least %.3f MiB",
-                              (double)p.budget_bytes / (1 << 20), (long long)n_slots, (double)slot / (1 << 20), k,
-                              (double)moetax_store_min_budget(s, k) / (1 << 20));
+            st = budget_too_small(p.budget_bytes, slot, k, moetax_store_min_budget(s, k));
         } else if (n_slots < min_slots) {
             n_ubatch = (int)(n_slots / k);
             moetax_store_free(s);
