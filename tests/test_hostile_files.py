@@ -316,6 +316,11 @@ r = run(["bench", "-m", "tiny.gguf", "-p", "8", "-n", "4", "-r", "1", "-t", "1",
 check(r is not None and r[0] > 0 and "--expert-budget 1: expert budget of" in r[2] and "give at least" in r[2]
       and "tg4" not in r[1], "bench --expert-budget 50%%,1: refused before the first test: %s"
       % ((r[1][-300:] + r[2][-300:]) if r else "timed out"))
+refused("tune --calib MISSING: the option named", ["tune", "-m", "tiny.gguf", "--calib", "nothere.txt"],
+        ["--calib", "nothere.txt"])
+r = run(["inspect", "tiny.gguf", "--ranks", "2", "--ep-replicas", "1", "--ep-load", "nothere.json"])
+check(r is not None and (r[0] > 0 and "--ep-load" in r[2] and "nothere.json" in r[2] or "without MPI" in r[2]),
+      "inspect --ep-load MISSING: the option named: %s" % (r[2][-300:] if r else "timed out"))
 refused("run -p X -f FILE (the file's text was used)", ["run", "-m", "tiny.gguf", "-p", "hi", "-f", "long.txt", "-n", "1"],
         ["-p and -f"])
 r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])

@@ -114,6 +114,15 @@ def placements(moetax, tiny, work):
     refused("control bytes in a placement line", rc, err, "junk.txt:1:", "'?[2J?x' is not a rank")
     check("\x1b" not in err and "\x07" not in err, f"the message carries no control bytes: {err[-200:]!r}")
 
+    # a layer given twice: its number named (the message said "layer given"); the dense layer 0: said so (the
+    # message named the range 0..2, which holds it)
+    twice = write(os.path.join(work, "twice.txt"), "1: 0 0 0 0 0 0 0 0\n1: 1 1 1 1 1 1 1 1\n2: 0 0 0 0 0 0 0 0\n")
+    rc, err, _ = placement(moetax, tiny, twice)
+    refused("a layer placed twice", rc, err, "twice.txt:2: layer 1 placed twice")
+    dense = write(os.path.join(work, "dense.txt"), "0: 0 0 0 0 0 0 0 0\n")
+    rc, err, _ = placement(moetax, tiny, dense)
+    refused("the dense layer placed", rc, err, "dense.txt:1: layer 0 is a dense layer")
+
     # a directory: once read as an empty map ("MoE layer 1 is not placed")
     rc, err, _ = placement(moetax, tiny, work)
     refused("a directory as --placement", rc, err, work, "directory")

@@ -182,6 +182,7 @@ int cmd_run(int argc, char **argv) {
         prompt = text;
     }
     if (!prompt) prompt = "def main(";
+    const bool model_given = model != NULL;
     if (!model) {
         model = cli_default_model_path();
         if ((st = check_default_model(model))) { free(text); return cli_fail("run", st); }
@@ -216,7 +217,12 @@ int cmd_run(int argc, char **argv) {
     int32_t *ids = NULL;
     float *logits = NULL;
     double *tpot = NULL;
-    if ((st = moetax_model_load_ex(model, &mp, &m))) goto done;
+    if ((st = moetax_model_load_ex(model, &mp, &m))) {
+        const char *env = getenv("MOETAX_MODEL");
+        if (!model_given && env && !strcmp(env, model)) /* where the path came from */
+            st = moetax_error(st, "%s (the model named by $MOETAX_MODEL)", moetax_last_error());
+        goto done;
+    }
     /* the store and the ledger are sized for the context's top-k too */
     so.n_expert_used = lo.n_expert_used = k_ctx;
     if ((st = moetax_model_check_experts_used(m, k_ctx))) goto done;

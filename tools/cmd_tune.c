@@ -147,8 +147,9 @@ static moetax_status calib_tokens(const struct moetax_tokenizer *tok, const char
     int n_files = 0, cap = 0;
     const char *root = "/usr/lib/python3.11";
     moetax_status st = MOETAX_OK;
-    if (calib) st = cli_list_inputs(calib, &files, &n_files);
-    else {
+    if (calib) {
+        if ((st = cli_list_inputs(calib, &files, &n_files))) st = moetax_error(st, "--calib: %s", moetax_last_error());
+    } else {
         walk_py(root, "", &files, &n_files, &cap);
         qsort(files, (size_t)n_files, sizeof *files, cmp_str);
         int k = 0;

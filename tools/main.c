@@ -95,13 +95,20 @@ int main(int argc, char **argv) {
         return stdout_checked(0);
     }
     if (!strcmp(argv[1], "--version")) { printf("moetax 0.1.0\n"); return stdout_checked(0); }
-    cli_note_argv(argc, argv);
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         if (!strcmp(argv[1], k_commands[i].name)) {
 #ifdef MOETAX_WITH_MPI
             /* under mpirun: join the world (src/dist/dist.h); rank 0 writes the results */
             if (moetax_dist_init(&argc, &argv)) return 1;
-            cli_note_argv(argc, argv);
+#endif
+            /* the whole command line, --placement and --ep-* included (taken out of argv below): the
+             * files it reads, which no output may replace (cli_check_io) */
+            char **all_args = malloc(sizeof *all_args * (size_t)(argc + 1)); /* kept to the end, held by cli.c */
+            if (all_args) {
+                memcpy(all_args, argv, sizeof *argv * (size_t)(argc + 1));
+                cli_note_argv(argc, all_args);
+            }
+#ifdef MOETAX_WITH_MPI
             /* every rank runs rank 0's command (an MPMD line or another environment would hang in a
              * later collective): checked on the arguments as given, --placement and --ep-* included */
             if (moetax_dist_world() && moetax_dist_same_command(argc, argv)) {

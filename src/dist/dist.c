@@ -309,7 +309,12 @@ static moetax_status read_placement(struct moetax_dist *d, const struct moetax_m
         if (*p == '*') p++;
         else {
             il = strtol(p, &end, 10);
-            if (end == p || il < 0 || il >= L || !m->layers[il].is_moe) {
+            if (end != p && il >= 0 && il < L && !m->layers[il].is_moe) {
+                st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: layer %ld is a dense layer (no experts to place)",
+                                  path, ln, il);
+                break;
+            }
+            if (end == p || il < 0 || il >= L) {
                 st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: expected a MoE layer (0..%d) or '*' before ':'",
                                   path, ln, L - 1);
                 break;
@@ -319,7 +324,9 @@ static moetax_status read_placement(struct moetax_dist *d, const struct moetax_m
         while (*p == ' ') p++;
         if (*p++ != ':') { st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: expected ':' after the layer", path, ln); break; }
         if ((il < 0 && have_all) || (il >= 0 && set[il])) {
-            st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: layer %s placed twice", path, ln, il < 0 ? "*" : "given");
+            char which[24] = "*";
+            if (il >= 0) snprintf(which, sizeof which, "%ld", il);
+            st = moetax_error(MOETAX_ERR_FORMAT, "--placement %s:%d: layer %s placed twice", path, ln, which);
             break;
         }
         int32_t *row = il < 0 ? all : d->owner + (size_t)il * (size_t)E;

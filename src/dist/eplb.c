@@ -196,6 +196,7 @@ moetax_status moetax_dist_replicas_init(struct moetax_dist *d, const struct moet
     if (g_load) { /* the profile's frequencies are the prior load; only its planned replicas are mapped */
         struct moetax_profile *p = NULL;
         st = moetax_profile_load(g_load, &p);
+        if (st) st = moetax_error(st, "--ep-load: %s", moetax_last_error());
         if (!st && (p->n_layer != L || p->n_expert != E))
             st = moetax_error(MOETAX_ERR_ARG, "--ep-load %s: a profile of %d layers x %d experts, the model has %d x %d",
                               g_load, p->n_layer, p->n_expert, L, E);

@@ -874,9 +874,32 @@ static moetax_status budget_too_small(uint64_t budget, uint64_t slot, int k, uin
                         (double)least / (1 << 20));
 }
 
-moetax_status moetax_model_store_check_budget(const struct moetax_model *m, uint64_t budget, int n_expert_used) {
+/* What an expert store needs of the model: routed experts, a valid top-k, the experts as stored in the
+ * file, and their tensors at offsets the store's reads can take. */
+static moetax_status store_usable(const struct moetax_model *m, int n_expert_used) {
     if (m->hp.n_expert <= 0) return moetax_error(MOETAX_ERR_ARG, "%s: the model has no routed experts", m->gguf->path);
     moetax_status st = moetax_model_check_experts_used(m, n_expert_used);
+    if (st) return st;
+    if (model_experts_requantized(m))
+        return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: the routed experts were re-quantized at load (--expert-type) "
+                            "and the expert store reads them as stored in the file: give --expert-type or "
+                            "--expert-budget, not both", m->gguf->path);
+    for (uint64_t i = 0; i < m->gguf->n_tensors; i++) {
+        const struct moetax_gguf_tensor *t = &m->gguf->tensors[i];
+        /* the store reads an expert's rows to their file offset modulo 4096 in a slot */
+        if (moetax_tensor_is_routed_expert(t) && !tensor_aligned(t))
+            return moetax_error(MOETAX_ERR_UNSUPPORTED,
+                                "%s: tensor '%.*s' lies at file offset %llu, not a multiple of %zu (general.alignment "
+                                "%u): the expert store cannot read it; run without --expert-budget",
+                                m->gguf->path, (int)t->name.len, t->name.data,
+                                (unsigned long long)(m->gguf->data_offset + t->offset), type_align(t->type),
+                                m->gguf->alignment);
+    }
+    return MOETAX_OK;
+}
+
+moetax_status moetax_model_store_check_budget(const struct moetax_model *m, uint64_t budget, int n_expert_used) {
+    moetax_status st = store_usable(m, n_expert_used);
     if (st) return st;
     struct moetax_store_params p = {.path = m->gguf->path}; /* never committed: no file, slots or threads */
     struct moetax_store *s = NULL;
@@ -909,26 +932,10 @@ moetax_status moetax_model_store_open(const struct moetax_model *m, const struct
                                       int *n_ubatch_out) {
     const struct moetax_hparams *hp = &m->hp;
     *out = NULL;
-    if (hp->n_expert <= 0) return moetax_error(MOETAX_ERR_ARG, "%s: the model has no routed experts", m->gguf->path);
-    moetax_status cst = moetax_model_check_experts_used(m, n_expert_used);
+    moetax_status cst = store_usable(m, n_expert_used);
     if (cst) return cst;
     struct moetax_store_params p = *sp;
     if (!p.path) p.path = m->gguf->path;
-    if (model_experts_requantized(m))
-        return moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: the routed experts were re-quantized at load (--expert-type) "
-                            "and the expert store reads them as stored in the file: give --expert-type or "
-                            "--expert-budget, not both", m->gguf->path);
-    for (uint64_t i = 0; i < m->gguf->n_tensors; i++) {
-        const struct moetax_gguf_tensor *t = &m->gguf->tensors[i];
-        /* the store reads an expert's rows to their file offset modulo 4096 in a slot */
-        if (moetax_tensor_is_routed_expert(t) && !tensor_aligned(t))
-            return moetax_error(MOETAX_ERR_UNSUPPORTED,
-                                "%s: tensor '%.*s' lies at file offset %llu, not a multiple of %zu (general.alignment "
-                                "%u): the expert store cannot read it; run without --expert-budget",
-                                m->gguf->path, (int)t->name.len, t->name.data,
-                                (unsigned long long)(m->gguf->data_offset + t->offset), type_align(t->type),
-                                m->gguf->alignment);
-    }
     for (int il = 0; il < hp->n_layer; il++) {
         const struct moetax_layer *l = &m->layers[il];
         /* the store's slots are private memory already: only a repacked layout needs the hook */
