@@ -321,6 +321,13 @@ refused("tune --calib MISSING: the option named", ["tune", "-m", "tiny.gguf", "-
 r = run(["inspect", "tiny.gguf", "--ranks", "2", "--ep-replicas", "1", "--ep-load", "nothere.json"])
 check(r is not None and (r[0] > 0 and "--ep-load" in r[2] and "nothere.json" in r[2] or "without MPI" in r[2]),
       "inspect --ep-load MISSING: the option named: %s" % (r[2][-300:] if r else "timed out"))
+write("empty.txt", "")
+refused("profile of an empty text (a BOS-only profile was written)", ["profile", "-m", "tiny.gguf", "-f", "empty.txt",
+                                                                     "-o", "empty.json"], ["empty.txt", "no text"])
+check(not os.path.exists("empty.json"), "no profile is written for an empty text")
+works("a prefill-only ledger", ["run", "-m", "tiny.gguf", "-p", "hello world", "-n", "0", "--ledger", "nodec.json"])
+refused("report --decode-only of a prefill-only ledger (its breakdowns were zeros)",
+        ["report", "nodec.json", "--decode-only"], ["nodec.json", "no decode steps"])
 refused("run -p X -f FILE (the file's text was used)", ["run", "-m", "tiny.gguf", "-p", "hi", "-f", "long.txt", "-n", "1"],
         ["-p and -f"])
 r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])

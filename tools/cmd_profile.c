@@ -196,7 +196,9 @@ int cmd_profile(int argc, char **argv) {
             }
         }
     }
-    if (!st && prof->tokens == 0) st = moetax_error(MOETAX_ERR_ARG, "%s: no tokens to profile", input);
+    if (!st && prof->tokens < 2) /* the BOS token alone (an empty text): no routing of any text in it */
+        st = moetax_error(MOETAX_ERR_ARG, "%s: no text to profile (%lld token%s: the text is empty)", input,
+                          (long long)prof->tokens, prof->tokens == 1 ? ", the BOS" : "s");
     if (!st) st = moetax_profile_write(prof, out);
     if (!st && dump_out) {
         uint64_t rec = 0;

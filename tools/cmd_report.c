@@ -548,6 +548,11 @@ int cmd_report(int argc, char **argv) {
     st = moetax_report_from_json(root, path, &p, &r);
     json_decref(root);
     if (st) return cli_fail("report", st);
+    if (p.decode_only && r->decode.steps == 0) { /* its breakdowns would be zeros, its tax share 0% */
+        moetax_report_free(r);
+        return cli_fail("report", moetax_error(MOETAX_ERR_ARG, "%s holds no decode steps (a prefill-only run): "
+                                               "--decode-only has nothing to break down; leave it out", path));
+    }
     if (html) { /* a temporary file renamed into place */
         struct moetax_outfile *of;
         if (!(st = moetax_outfile_open(html, &of))) {
