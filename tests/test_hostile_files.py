@@ -328,6 +328,9 @@ check(not os.path.exists("empty.json"), "no profile is written for an empty text
 works("a prefill-only ledger", ["run", "-m", "tiny.gguf", "-p", "hello world", "-n", "0", "--ledger", "nodec.json"])
 refused("report --decode-only of a prefill-only ledger (its breakdowns were zeros)",
         ["report", "nodec.json", "--decode-only"], ["nodec.json", "no decode steps"])
+for c in (["perplexity", "-f", "text.txt"], ["bench", "-n", "2", "-r", "1"], ["serve"]):
+    refused(c[0] + " --overflow without --capacity-factor (ignored)", c + ["-m", "tiny.gguf", "--overflow", "reroute"],
+            ["--overflow goes with --capacity-factor"], timeout=30)
 refused("run -p X -f FILE (the file's text was used)", ["run", "-m", "tiny.gguf", "-p", "hi", "-f", "long.txt", "-n", "1"],
         ["-p and -f"])
 r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])

@@ -569,6 +569,7 @@ int bench_model_main(int argc, char **argv) {
     int64_t th[16] = {0};
     int nth = 0;
     struct bench_batch_opts bo = {.overflow = MOETAX_OVERFLOW_DROP};
+    bool overflow_given = false;
     const char *text_path = NULL;
     struct cli_config cfg; /* --config: defaults, the options below win */
     if (cli_config_scan(argc, argv, &cfg)) return cli_usage_error("bench", "%s", moetax_last_error());
@@ -631,12 +632,15 @@ int bench_model_main(int argc, char **argv) {
         } else if (cli_opt(argc, argv, &i, NULL, "--overflow", &v, &err)) {
             if (err || (strcmp(v, "drop") && strcmp(v, "reroute")))
                 return cli_usage_error("bench", "--overflow: expected drop or reroute");
+            overflow_given = true;
             bo.overflow = strcmp(v, "drop") ? MOETAX_OVERFLOW_REROUTE : MOETAX_OVERFLOW_DROP;
         }
         else if (cli_ledger_opt(argc, argv, &i, &o.lo, &err)) { if (err) return 2; }
         else if (cli_store_opt(argc, argv, &i, &o.so, &err)) { if (err) return 2; }
         else return cli_usage_error("bench", "unknown option '%s'", argv[i]);
     }
+    if (overflow_given && bo.capacity_factor == 0) /* the overflow of a cap that is not there */
+        return cli_usage_error("bench", "--overflow goes with --capacity-factor C (without it nothing overflows)");
     int32_t *text_ids = NULL;
     if (text_path) { /* tokenized once, with the model's tokenizer */
         if (!model) return cli_usage_error("bench", "no model given (-m FILE)");

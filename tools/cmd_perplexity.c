@@ -185,6 +185,7 @@ int cmd_perplexity(int argc, char **argv) {
     int64_t ubatch = 0, parallel = 0;
     struct acc *per = NULL;
     enum moetax_overflow overflow = MOETAX_OVERFLOW_DROP;
+    bool overflow_given = false;
     struct moetax_ledger *led = NULL;
     uint64_t max_input = 0;
     struct cli_config cfg; /* --config: defaults, the options below win */
@@ -221,6 +222,7 @@ int cmd_perplexity(int argc, char **argv) {
         } else if (cli_opt(argc, argv, &i, NULL, "--overflow", &v, &err)) {
             if (err || (strcmp(v, "drop") && strcmp(v, "reroute")))
                 return cli_usage_error("perplexity", "--overflow: expected drop or reroute");
+            overflow_given = true;
             overflow = strcmp(v, "drop") ? MOETAX_OVERFLOW_REROUTE : MOETAX_OVERFLOW_DROP;
         } else if (cli_opt(argc, argv, &i, NULL, "--parallel", &v, &err)) {
             if (err || !cli_parse_i64(v, &parallel) || parallel < 1 || parallel > 256)
@@ -238,6 +240,8 @@ int cmd_perplexity(int argc, char **argv) {
         else return cli_usage_error("perplexity", "unknown option '%s'", argv[i]);
     }
     if (!input) return cli_usage_error("perplexity", "no text given (-f FILE or -f DIR)");
+    if (overflow_given && capf == 0) /* the overflow of a cap that is not there */
+        return cli_usage_error("perplexity", "--overflow goes with --capacity-factor C (without it nothing overflows)");
     if (!model) model = cli_default_model_path();
 
     char **files = NULL;

@@ -156,6 +156,7 @@ int cmd_serve(int argc, char **argv) {
     enum moetax_attn_prefill prefill = MOETAX_ATTN_PREFILL_ABSORBED; /* --mla-prefill */
     double capf = 0;
     enum moetax_overflow overflow = MOETAX_OVERFLOW_DROP;
+    bool overflow_given = false, cf_given = false;
     struct cli_store_opts so = {0};
     struct cli_config cfg; /* --config: defaults, the options below win */
     if (cli_config_scan(argc, argv, &cfg)) return cli_usage_error("serve", "%s", moetax_last_error());
@@ -214,10 +215,12 @@ int cmd_serve(int argc, char **argv) {
             if (!err && !strcmp(v, "inf")) capf = 0;
             else if (err || !cli_parse_f64(v, &capf) || !(capf > 0) || !cli_capacity_factor_ok(&capf))
                 return cli_usage_error("serve", "--capacity-factor needs a number >= 1e-45 (inf: off)");
+            cf_given = true;
         }
         else if (cli_opt(argc, argv, &i, NULL, "--overflow", &v, &err)) {
             if (err || (strcmp(v, "drop") && strcmp(v, "reroute")))
                 return cli_usage_error("serve", "--overflow: expected drop or reroute");
+            overflow_given = true;
             overflow = strcmp(v, "drop") ? MOETAX_OVERFLOW_REROUTE : MOETAX_OVERFLOW_DROP;
         }
         else if (cli_cache_type_opt("serve", argc, argv, &i, &kv_type, &err)) { if (err) return 2; }
@@ -228,6 +231,8 @@ int cmd_serve(int argc, char **argv) {
         else if (cli_flag(argv, i, NULL, "--adapt-threads")) adapt = true;
         else return cli_usage_error("serve", "unknown option '%s' (see --help)", argv[i]);
     }
+    if (overflow_given && !cf_given && capf == 0) /* the overflow of a cap that is not there */
+        return cli_usage_error("serve", "--overflow goes with --capacity-factor C (without it nothing overflows)");
     /* an empty key (--api-key "$UNSET") would have turned the check off without a word */
     if (api_key && !*api_key) return cli_usage_error("serve", "--api-key (or $MOETAX_API_KEY) is empty: give a key, or "
                                                      "neither for a server without one");
