@@ -331,6 +331,8 @@ refused("report --decode-only of a prefill-only ledger (its breakdowns were zero
 for c in (["perplexity", "-f", "text.txt"], ["bench", "-n", "2", "-r", "1"], ["serve"]):
     refused(c[0] + " --overflow without --capacity-factor (ignored)", c + ["-m", "tiny.gguf", "--overflow", "reroute"],
             ["--overflow goes with --capacity-factor"], timeout=30)
+refused("eval --tokens 1,2, (a trailing comma was taken)", ["eval", "-m", "tiny.gguf", "--tokens", "1,2,"], ["--tokens"])
+refused("bench -t 1, (a trailing comma was taken)", ["bench", "-m", "tiny.gguf", "-t", "1,"], ["thread list"])
 refused("run -p X -f FILE (the file's text was used)", ["run", "-m", "tiny.gguf", "-p", "hi", "-f", "long.txt", "-n", "1"],
         ["-p and -f"])
 r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])

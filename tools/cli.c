@@ -117,7 +117,7 @@ int cli_parse_int_list(const char *s, int64_t *out, int max) {
         if (!cli_parse_i64(buf, &out[n])) return -1;
         n++;
         p += len;
-        if (*p == ',') p++;
+        if (*p == ',' && !*++p) return -1; /* a trailing comma: an item left out */
     }
     return n;
 }
