@@ -1,5 +1,8 @@
 // ctest-labels: unit;threads
 // ctest-cost: 19
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* RTLD_NEXT */
+#endif
 /* test_store.c - the expert store: byte-exact experts from a synthetic file
  * (32-aligned, not 4096-aligned ranges; the last expert ends at end of file)
  * under every policy and budgets from "all fit" down to the minimum, from two
@@ -21,6 +24,20 @@
 
 #include "moetax/store.h"
 #include "testutil.h"
+
+#ifdef MOETAX_WITH_URING
+#include <dlfcn.h>
+#include <liburing.h>
+/* liburing's io_uring_submit, interposed: when armed, the next submit fails once with ENOMEM (a
+ * transient failure, as under memory pressure) */
+static atomic_int g_submit_fail;
+int io_uring_submit(struct io_uring *ring) {
+    static int (*real)(struct io_uring *);
+    if (!real) real = (int (*)(struct io_uring *))dlsym(RTLD_NEXT, "io_uring_submit");
+    if (atomic_exchange(&g_submit_fail, 0)) return -ENOMEM;
+    return real(ring);
+}
+#endif
 
 #define NL 3
 #define NE 8
@@ -1106,6 +1123,30 @@ static void test_engines(uint64_t sb) {
     unsetenv("MOETAX_STORE_URING_FAIL");
     CHECK(sf.io_engine == MOETAX_STORE_IO_PREAD && sf.io_engine_fallback && sf.io_engine_errno == EPERM);
     CHECK_EQ_INT(sf.bytes_read, sp.bytes_read);
+
+#ifdef MOETAX_WITH_URING
+    /* One failed submit: that expert's read fails, naming the error; the worker's ring is replaced and
+     * every later read succeeds (the broken ring failed each of them as an I/O error, for good) */
+    if (su.io_engine == MOETAX_STORE_IO_URING) {
+        struct moetax_store *rs = NULL;
+        CHECK_EQ_INT(open_store((struct moetax_store_params){.budget_bytes = 4 * sb, .min_slots = 4, .n_io_threads = 1,
+                                                             .io_engine = MOETAX_STORE_IO_URING},
+                                &rs),
+                     MOETAX_OK);
+        if (rs) {
+            atomic_store(&g_submit_fail, 1);
+            const void *ptrs[4] = {0};
+            CHECK_EQ_INT(moetax_store_acquire(rs, 0, 0, ptrs, NULL), MOETAX_ERR_IO);
+            CHECK_MSG(has(moetax_last_error(), strerror(ENOMEM)), "%s", moetax_last_error());
+            for (int l = 0; l < NL; l++)
+                for (int e = 0; e < NE; e++) expect_ok(rs, l, e);
+            struct moetax_store_stats rst;
+            moetax_store_get_stats(rs, &rst);
+            CHECK(rst.io_engine == MOETAX_STORE_IO_URING);
+            moetax_store_free(rs);
+        }
+    }
+#endif
 
     /* A VFS that replaces pread and cannot see ring results is read with its pread. */
     struct fault f = {0};

@@ -51,7 +51,8 @@ bool cli_config_opt(int argc, char **argv, int *i, bool *err);
 #define CLI_CONFIG_HELP \
     "  --config FILE        defaults from a configuration (moetax tune -o FILE); options given here win\n" \
     "  --expert-type TYPE   routed experts re-quantized in memory at load (q8_0, q4_0; also f16, bf16,\n" \
-    "                       q2_k..q6_k), the rest as stored; not with --expert-budget\n"
+    "                       q2_k..q6_k), the rest as stored (where a command has --expert-budget: one or\n" \
+    "                       the other)\n"
 /* TYPE of --expert-type or of the "expert_type" key: a target routed experts can take */
 bool cli_expert_type_parse(const char *s, enum moetax_type *out);
 

@@ -179,8 +179,10 @@ static moetax_status open_file(struct moetax_store *s) {
         if (rc == 0) {
             /* Some filesystems accept O_DIRECT at open and refuse the reads: probe one block. */
             void *probe = NULL;
-            if (posix_memalign(&probe, MOETAX_STORE_ALIGN, MOETAX_STORE_ALIGN) != 0)
+            if (posix_memalign(&probe, MOETAX_STORE_ALIGN, MOETAX_STORE_ALIGN) != 0) {
+                v->close(v->user, fd);
                 return moetax_error(MOETAX_ERR_NOMEM, "expert store: out of memory");
+            }
             uint64_t ns;
             int calls;
             int64_t r = store_io_read(v, fd, probe, MOETAX_STORE_ALIGN, 1, 0, &ns, &calls);
@@ -471,6 +473,10 @@ moetax_status moetax_store_commit(struct moetax_store *s) {
     moetax_status st = start_engine(s);
     if (st == MOETAX_OK) st = store_io_start(s->p.n_io_threads, n_slots, io_job, s, &s->io);
     if (st != MOETAX_OK) {
+        if (s->rings) /* start_engine's, so that another commit does not leak them */
+            for (int t = 0; t < s->p.n_io_threads; t++) store_ring_free(s->rings[t]);
+        free(s->rings);
+        s->rings = NULL;
         free(s->slots);
         moetax_huge_free(&s->mem);
         s->slots = NULL;
@@ -498,18 +504,27 @@ static void io_job(void *ctx, int job, int worker) {
     bool ok = true;
     uint64_t bytes = 0, reads = 0, rns = 0, rmax = 0;
     struct store_ring_req rq[MOETAX_STORE_MAX_RANGES];
-    if (s->rings) { /* all spans in flight at once */
+    /* this worker's ring (only this worker touches it): one that failed is replaced, and where no new
+     * one can be set up the worker reads with pread (a failed submit once left every later read of the
+     * worker failing, as an I/O error of the disk) */
+    struct store_ring *ring = s->rings ? s->rings[worker] : NULL;
+    if (s->rings && (!ring || store_ring_broken(ring))) {
+        store_ring_free(ring);
+        if (store_ring_init(MOETAX_STORE_MAX_RANGES, &ring) < 0) ring = NULL;
+        s->rings[worker] = ring;
+    }
+    if (ring) { /* all spans in flight at once */
         for (int k = 0; k < x->n_spans; k++)
             rq[k] = (struct store_ring_req){.buf = sl->buf + x->span[k].pos, .len = x->span[k].len,
                                             .need = x->span[k].need, .off = x->span[k].off};
-        store_ring_read(s->rings[worker], s->vfs, s->fd, rq, x->n_spans);
+        store_ring_read(ring, s->vfs, s->fd, rq, x->n_spans);
     }
     for (int k = 0; k < x->n_spans && ok; k++) {
         const struct span *sp = &x->span[k];
         uint64_t ns;
         int calls;
         int64_t r;
-        if (s->rings) {
+        if (ring) {
             r = rq[k].res;
             ns = rq[k].ns;
             calls = rq[k].calls;

@@ -40,6 +40,8 @@ uint64_t store_now_ns(void); /* CLOCK_MONOTONIC */
  * a sandbox refuses io_uring, store_ring_init fails and the caller reads with pread. */
 struct store_ring;
 bool store_ring_built(void);
+/* A submit or a wait on r failed: nothing more goes through it (replace it). */
+bool store_ring_broken(const struct store_ring *r);
 /* The environment variable that makes store_ring_init fail (tests of the fallback): an errno
  * number, EPERM or ENOMEM; any other non-empty value but "0" gives ENOSYS. */
 const char *store_ring_fail_env(void);

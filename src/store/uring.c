@@ -6,8 +6,10 @@
  * rest, EINTR/EAGAIN are retried, and a partial read that already covers the
  * bytes needed (a span running past end of file) ends it. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "store/store_impl.h"
 
@@ -68,6 +70,8 @@ void store_ring_free(struct store_ring *r) {
     free(r);
 }
 
+bool store_ring_broken(const struct store_ring *r) { return r->broken; }
+
 int store_ring_prep(struct store_ring *r, int fd, void *buf, size_t n, uint64_t off, uint64_t tag) {
     if (r->broken) return -EIO;
     struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
@@ -122,6 +126,10 @@ int store_ring_init(unsigned depth, struct store_ring **out) {
     return forced ? -forced : -ENOSYS;
 }
 void store_ring_free(struct store_ring *r) { (void)r; }
+bool store_ring_broken(const struct store_ring *r) {
+    (void)r;
+    return true;
+}
 int store_ring_prep(struct store_ring *r, int fd, void *buf, size_t n, uint64_t off, uint64_t tag) {
     (void)r, (void)fd, (void)buf, (void)n, (void)off, (void)tag;
     return -ENOSYS;
@@ -227,11 +235,23 @@ void store_ring_read(struct store_ring *r, const struct moetax_store_vfs *vfs, i
     if (err) {
         /* the ring failed: the reads still in flight write into the caller's buffers, so wait for
          * them before failing everything that is not done */
-        while (in_flight > 0) {
+        for (int tries = 0; in_flight > 0;) {
             uint64_t tag;
             int res;
-            if (store_ring_wait(r, &tag, &res) < 0) break;
-            in_flight--;
+            if (store_ring_wait(r, &tag, &res) == 0) {
+                in_flight--;
+                continue;
+            }
+            /* the ring cannot be waited on while the kernel may still write into the slot: the slot
+             * would be given to another expert with those writes to come, so keep trying, and stop the
+             * process rather than let an expert's weights be overwritten silently */
+            if (++tries > 5000) {
+                fprintf(stderr, "moetax: expert store: io_uring: %d reads still in flight into the store's memory "
+                        "and the ring cannot be waited on: stopping\n", in_flight);
+                abort();
+            }
+            struct timespec ms = {0, 1000000L};
+            nanosleep(&ms, NULL);
         }
         fail_rest(q, n, got, err, t0);
     }
