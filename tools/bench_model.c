@@ -476,8 +476,7 @@ moetax_status bench_text_tokens(const char *model, const char *path, int32_t **o
     size_t len = 0;
     *out = NULL;
     if (!(st = moetax_tokenizer_load(g, &tok)) && !(st = cli_read_file(path, 0, &text, &len))) {
-        if (!(*out = malloc(sizeof(int32_t) * (len + 2)))) st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
-        else if (!(st = moetax_tokenizer_encode(tok, text, len, false, *out, (int64_t)len + 2, n)) && *n < 2)
+        if (!(st = cli_encode(tok, text, len, false, 0, out, n)) && *n < 2)
             st = moetax_error(MOETAX_ERR_ARG, "-f %s: fewer than 2 tokens of text", path);
     }
     if (st) { free(*out); *out = NULL; }

@@ -4,6 +4,7 @@
 #include "moetax/outfile.h"
 #include "moetax/pool.h"
 #include "moetax/readfile.h"
+#include "moetax/tokenizer.h"
 
 #include <errno.h>
 #include <float.h>
@@ -361,6 +362,35 @@ moetax_status cli_check_io(const char *const *outs, int n_out, const char *const
                                   "other", outs[j], outs[k]);
     }
     return st;
+}
+
+moetax_status cli_encode(const struct moetax_tokenizer *tok, const char *text, size_t len, bool bos, int64_t extra,
+                         int32_t **ids, int64_t *n) {
+    *ids = NULL;
+    *n = 0;
+    int64_t need = 0;
+    moetax_status st = moetax_tokenizer_encode(tok, text, len, bos, NULL, 0, &need);
+    if (st && st != MOETAX_ERR_LIMIT) return st;
+    if (!(*ids = malloc(sizeof(int32_t) * (size_t)(need + extra + 1))))
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory for %lld token ids", (long long)(need + extra));
+    if ((st = moetax_tokenizer_encode(tok, text, len, bos, *ids, need + extra + 1, n))) {
+        free(*ids);
+        *ids = NULL;
+    }
+    return st;
+}
+
+int cli_token_bytes(const struct moetax_tokenizer *tok, int32_t t, char *buf, int cap, char **out) {
+    *out = buf;
+    int nb = moetax_tokenizer_token_to_bytes(tok, t, buf, cap);
+    if (nb >= 0) return nb;
+    char *big = malloc((size_t)-nb); /* a token longer than buf (it was dropped from the output) */
+    if (!big || (nb = moetax_tokenizer_token_to_bytes(tok, t, big, -nb)) < 0) {
+        free(big);
+        return 0;
+    }
+    *out = big;
+    return nb;
 }
 
 bool cli_warn_past_train(const char *cmd, const struct moetax_model *m, int64_t positions, const char *what) {

@@ -287,10 +287,8 @@ int cmd_perplexity(int argc, char **argv) {
         char *text;
         size_t len;
         if ((st = cli_read_file(files[f], max_input, &text, &len))) goto done;
-        int64_t cap = (int64_t)len + 2, n = 0;
-        docs[f] = malloc(sizeof(int32_t) * (size_t)cap);
-        if (!docs[f]) { free(text); st = moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", files[f]); goto done; }
-        st = moetax_tokenizer_encode(tok, text, len, bos, docs[f], cap, &n);
+        int64_t n = 0;
+        st = cli_encode(tok, text, len, bos, 0, &docs[f], &n);
         free(text);
         if (st) goto done;
         doc_n[f] = n;

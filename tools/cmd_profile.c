@@ -179,8 +179,7 @@ int cmd_profile(int argc, char **argv) {
         if ((st = cli_read_file(files[f], max_input, &text, &len))) break;
         int64_t n = 0;
         free(ids);
-        if (!(ids = malloc(sizeof(int32_t) * (len + 2)))) { free(text); st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
-        st = moetax_tokenizer_encode(tok, text, len, bos, ids, (int64_t)len + 2, &n);
+        st = cli_encode(tok, text, len, bos, 0, &ids, &n);
         free(text);
         /* windows of ctx tokens from an empty cache, each chunk of U tokens read back from the routing */
         for (int64_t w0 = 0; !st && w0 < n && !(max_tokens && prof->tokens >= max_tokens); w0 += ctx) {

@@ -286,19 +286,22 @@ int cmd_run(int argc, char **argv) {
         st = moetax_error(MOETAX_ERR_ARG, "%s needs --chat", sys_msg ? "-sys" : "--chat-template");
         goto done;
     }
-    int64_t cap = 2 * (int64_t)strlen(prompt) + 8, n_prompt = 0;
-    ids = malloc(sizeof(int32_t) * (size_t)(cap + n_predict + 1));
+    int64_t n_prompt = 0;
     logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab);
     tpot = malloc(sizeof(double) * (size_t)(n_predict + 1));
-    if (!ids || !logits || !tpot) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
-    if (chat) {
+    if (!logits || !tpot) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
+    if (chat) { /* the prompt's ids, then room for the generated ones */
         int32_t *cid = NULL;
         if ((st = srv_encode_special(tok, specials, prompt, strlen(prompt), moetax_tokenizer_add_bos(tok), &cid, &n_prompt)))
             goto done;
-        if (n_prompt > cap) { free(cid); st = moetax_error(MOETAX_ERR_LIMIT, "the chat prompt has too many tokens"); goto done; }
+        if (!(ids = malloc(sizeof(int32_t) * (size_t)(n_prompt + n_predict + 1)))) {
+            free(cid);
+            st = moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+            goto done;
+        }
         memcpy(ids, cid, sizeof(int32_t) * (size_t)n_prompt);
         free(cid);
-    } else if ((st = moetax_tokenizer_encode(tok, prompt, strlen(prompt), moetax_tokenizer_add_bos(tok), ids, cap, &n_prompt)))
+    } else if ((st = cli_encode(tok, prompt, strlen(prompt), moetax_tokenizer_add_bos(tok), n_predict + 1, &ids, &n_prompt)))
         goto done;
     if (n_prompt == 0) { st = moetax_error(MOETAX_ERR_ARG, "the prompt is empty"); goto done; }
     if (n_prompt + n_predict > moetax_ctx_n_ctx(c)) {
@@ -335,8 +338,10 @@ int cmd_run(int argc, char **argv) {
         n_gen++;
         if (!ignore_eos && moetax_tokenizer_is_eog(tok, t)) break;
         moetax_sampler_accept(smp, t);
-        int nb = moetax_tokenizer_token_to_bytes(tok, t, piece, sizeof piece);
-        if (nb > 0) { fwrite(piece, 1, (size_t)nb, txt); fflush(txt); }
+        char *bytes;
+        int nb = cli_token_bytes(tok, t, piece, sizeof piece, &bytes);
+        if (nb > 0) { fwrite(bytes, 1, (size_t)nb, txt); fflush(txt); }
+        if (bytes != piece) free(bytes);
         if (n_gen == n_predict) break;
         if ((st = moetax_ctx_eval(c, &t, 1, logits, false))) goto done;
         if ((st = cli_check_logits(logits, m->hp.n_vocab, n_prompt + n_gen - 1))) goto done;

@@ -109,12 +109,9 @@ int cmd_tokenize(int argc, char **argv) {
     moetax_gguf_close(g); /* the tokenizer keeps its own copy */
     if (st) goto done;
 
-    /* at most one token per byte, plus BOS */
-    int64_t cap = (int64_t)len + 1, n = 0;
-    ids = malloc(sizeof *ids * (size_t)cap);
-    if (!ids) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory for %lld token ids", (long long)cap); goto done; }
+    int64_t n = 0;
     bool bos = !no_bos && moetax_tokenizer_add_bos(tok);
-    if ((st = moetax_tokenizer_encode(tok, text, len, bos, ids, cap, &n))) goto done;
+    if ((st = cli_encode(tok, text, len, bos, 0, &ids, &n))) goto done;
 
     if (!pieces) {
         for (int64_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", (int)ids[i]);

@@ -174,9 +174,9 @@ static moetax_status calib_tokens(const struct moetax_tokenizer *tok, const char
         char *text;
         size_t len;
         if (cli_read_file(files[f], 64 << 20, &text, &len)) continue; /* unreadable ones are skipped */
-        int32_t *buf = malloc(sizeof(int32_t) * (len + 2));
+        int32_t *buf = NULL;
         int64_t m = 0;
-        if (buf && !moetax_tokenizer_encode(tok, text, len, bos, buf, (int64_t)len + 2, &m)) {
+        if (!cli_encode(tok, text, len, bos, 0, &buf, &m)) {
             const int64_t take = m < max_tokens - n ? m : max_tokens - n;
             memcpy(ids + n, buf, sizeof(int32_t) * (size_t)take);
             n += take;

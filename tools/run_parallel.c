@@ -85,10 +85,7 @@ moetax_status run_parallel(const struct run_parallel_opts *o, char *prompts_text
     if ((st = moetax_tokenizer_load(m->gguf, &tok))) goto done;
     for (int i = 0; i < np; i++) { /* every prompt tokenized (and checked) before any work */
         const size_t len = strlen(prompts[i]);
-        const int64_t cap = (int64_t)len + 8;
-        if (!(ids[i] = malloc(sizeof(int32_t) * (size_t)cap))) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); goto done; }
-        if ((st = moetax_tokenizer_encode(tok, prompts[i], len, moetax_tokenizer_add_bos(tok), ids[i], cap, &n_ids[i])))
-            goto done;
+        if ((st = cli_encode(tok, prompts[i], len, moetax_tokenizer_add_bos(tok), 0, &ids[i], &n_ids[i]))) goto done;
         max_prompt = n_ids[i] > max_prompt ? n_ids[i] : max_prompt;
         total_prompt += n_ids[i];
     }
@@ -170,9 +167,11 @@ moetax_status run_parallel(const struct run_parallel_opts *o, char *prompts_text
             const bool eog = !o->ignore_eos && moetax_tokenizer_is_eog(tok, t);
             const bool end = eog || q->n_gen >= o->n_predict;
             if (!eog) {
-                char piece[256];
-                int nb = moetax_tokenizer_token_to_bytes(tok, t, piece, sizeof piece);
-                if (nb > 0 && !append(q, piece, (size_t)nb)) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
+                char piece[256], *bytes;
+                int nb = cli_token_bytes(tok, t, piece, sizeof piece, &bytes);
+                const bool ok = nb <= 0 || append(q, bytes, (size_t)nb);
+                if (bytes != piece) free(bytes);
+                if (!ok) { st = moetax_error(MOETAX_ERR_NOMEM, "out of memory"); break; }
                 moetax_sampler_accept(q->smp, t);
             }
             q->next = t;

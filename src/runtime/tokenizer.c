@@ -1045,8 +1045,22 @@ static size_t ws_opt_list(const uint32_t *c, size_t i, size_t e, const struct cp
 }
 static size_t r_ds_letters(const uint32_t *c, size_t i, size_t e) { return ws_opt_list(c, i, e, ds_letters, N_OF(ds_letters)); }
 static size_t r_ds_punct(const uint32_t *c, size_t i, size_t e) { return ws_opt_list(c, i, e, ds_punct, N_OF(ds_punct)); }
-/* \s+$ */
-static size_t r_ws_end(const uint32_t *c, size_t i, size_t e) { return run_of(c, i, e, c_ws) == e ? e : i; }
+/* \s+$. apply_rule tries a piece's positions in order, so the end of the white space run that holds
+ * position i is remembered for the positions after it in the same run (scanning the run again at each
+ * of them made a long run that does not end the piece quadratic: 200k spaces and a digit took 27 s);
+ * apply_rule forgets it before each pass. */
+static _Thread_local struct { bool valid; const uint32_t *c; size_t e, from, to; } g_ws_run;
+static size_t r_ws_end(const uint32_t *c, size_t i, size_t e) {
+    if (!c_ws(c[i])) return i;
+    if (!(g_ws_run.valid && g_ws_run.c == c && g_ws_run.e == e && i >= g_ws_run.from && i < g_ws_run.to)) {
+        g_ws_run.valid = true;
+        g_ws_run.c = c;
+        g_ws_run.e = e;
+        g_ws_run.from = i;
+        g_ws_run.to = run_of(c, i, e, c_ws);
+    }
+    return g_ws_run.to == e ? e : i;
+}
 static size_t r_ds_cjk(const uint32_t *c, size_t i, size_t e) { return run_list(c, i, e, ds_cjk, N_OF(ds_cjk)); }
 static size_t r_ds3_cjk(const uint32_t *c, size_t i, size_t e) { return run_list(c, i, e, ds3_cjk, N_OF(ds3_cjk)); }
 static size_t r_nums(const uint32_t *c, size_t i, size_t e) { return run_of(c, i, e, c_N); }
@@ -1101,6 +1115,7 @@ static size_t r_ds3_main(const uint32_t *c, size_t i, size_t e) {
 /* Split every piece of *in with rule f into matches and the gaps between them. */
 static bool apply_rule(const uint32_t *c, const struct pieces *in, struct pieces *out, rule_fn f) {
     out->n = 0;
+    g_ws_run.valid = false; /* r_ws_end's run, of an earlier text maybe at the same address */
     size_t start = 0;
     for (size_t k = 0; k < in->n; k++) {
         size_t e = start + in->len[k], gap = start;
@@ -1137,8 +1152,8 @@ static bool split_llama3(const uint32_t *c, size_t b, size_t e, bool digits3, st
         if (j == i && !is_crlf(c0) && !l_N(c0) && (l_L(c0) || (i + 1 < e && l_L(c[i + 1]))))
             j = run_of(c, i + 1, e, l_L);
         if (j == i && l_N(c0)) {
-            j = run_of(c, i, e, l_N);
-            if (!digits3) j = i + 1;
+            /* qwen2's digits one at a time (scanning the run first for each made a run quadratic) */
+            j = digits3 ? run_of(c, i, e, l_N) : i + 1;
             while (j - i > 3) { /* \p{N}{1,3} repeated */
                 if (!pieces_add(out, 3)) return false;
                 i += 3;

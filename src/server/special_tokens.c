@@ -10,14 +10,65 @@ struct special {
     int32_t id;
 };
 
-struct srv_specials {
-    struct special *v; /* longest first */
-    int n;
+/* A trie of the specials' bytes (children as sibling lists): at each position of a prompt the longest
+ * special that starts there is found in the length of that match, not by trying every special (a
+ * vocabulary's ~1000 specials, nearly all starting with '<', made that the prompt's length times their
+ * number). */
+struct trie_node {
+    int32_t child, sibling; /* -1: none */
+    int32_t special;        /* index into v of the special ending here, -1: none */
+    uint8_t byte;
 };
 
-static int by_len_desc(const void *a, const void *b) {
-    const struct special *x = a, *y = b;
-    return (x->len < y->len) - (x->len > y->len);
+struct srv_specials {
+    struct special *v;
+    int n;
+    struct trie_node *t; /* t[0]: the root */
+    int32_t n_t, cap_t;
+};
+
+static int32_t trie_add_node(struct srv_specials *s, uint8_t byte, int32_t sibling) {
+    if (s->n_t == s->cap_t) {
+        int32_t cap = s->cap_t ? s->cap_t * 2 : 256;
+        struct trie_node *t = realloc(s->t, sizeof *t * (size_t)cap);
+        if (!t) return -1;
+        s->t = t;
+        s->cap_t = cap;
+    }
+    s->t[s->n_t] = (struct trie_node){.child = -1, .sibling = sibling, .special = -1, .byte = byte};
+    return s->n_t++;
+}
+
+/* Special k into the trie (the first of equal texts keeps them). */
+static bool trie_insert(struct srv_specials *s, int k) {
+    int32_t node = 0;
+    const struct special *sp = &s->v[k];
+    for (size_t j = 0; j < sp->len; j++) {
+        const uint8_t b = (uint8_t)sp->text[j];
+        int32_t c = s->t[node].child;
+        while (c >= 0 && s->t[c].byte != b) c = s->t[c].sibling;
+        if (c < 0) {
+            if ((c = trie_add_node(s, b, s->t[node].child)) < 0) return false;
+            s->t[node].child = c;
+        }
+        node = c;
+    }
+    if (s->t[node].special < 0) s->t[node].special = k;
+    return true;
+}
+
+/* The longest special that text[0..len) starts with, or NULL. */
+static const struct special *trie_longest(const struct srv_specials *s, const char *text, size_t len) {
+    const struct special *hit = NULL;
+    int32_t node = 0;
+    for (size_t j = 0; j < len; j++) {
+        int32_t c = s->t[node].child;
+        while (c >= 0 && s->t[c].byte != (uint8_t)text[j]) c = s->t[c].sibling;
+        if (c < 0) break;
+        node = c;
+        if (s->t[node].special >= 0) hit = &s->v[s->t[node].special];
+    }
+    return hit;
 }
 
 moetax_status srv_specials_load(const struct moetax_gguf *g, struct srv_specials **out) {
@@ -55,7 +106,12 @@ moetax_status srv_specials_load(const struct moetax_gguf *g, struct srv_specials
         }
         if (pass == 1) s->n = n;
     }
-    qsort(s->v, (size_t)s->n, sizeof *s->v, by_len_desc);
+    bool ok = trie_add_node(s, 0, -1) == 0;
+    for (int k = 0; ok && k < s->n; k++) ok = trie_insert(s, k);
+    if (!ok) {
+        srv_specials_free(s);
+        return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
+    }
     *out = s;
     return MOETAX_OK;
 }
@@ -64,6 +120,7 @@ void srv_specials_free(struct srv_specials *s) {
     if (!s) return;
     for (int i = 0; i < s->n; i++) free(s->v[i].text);
     free(s->v);
+    free(s->t);
     free(s);
 }
 
@@ -97,11 +154,7 @@ moetax_status srv_encode_special(const struct moetax_tokenizer *tok, const struc
     size_t start = 0, i = 0;
     bool bos = add_bos;
     while (i < len) {
-        const struct special *hit = NULL;
-        for (int k = 0; s && k < s->n; k++) {
-            const struct special *sp = &s->v[k];
-            if (sp->len <= len - i && sp->text[0] == text[i] && memcmp(text + i, sp->text, sp->len) == 0) { hit = sp; break; }
-        }
+        const struct special *hit = s && s->n ? trie_longest(s, text + i, len - i) : NULL;
         if (!hit) { i++; continue; }
         if (!push_text(tok, &b, text + start, i - start, bos)) goto oom;
         bos = false;
