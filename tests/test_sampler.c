@@ -127,6 +127,28 @@ static void test_top_k_1(void) {
     }
 }
 
+/* A temperature whose inverse is infinite (1e-40): an even draw among the tied largest logits, other
+ * tokens never (the draw always took the last of the tied ones: the top weight was 0 x inf = NaN). */
+static void test_tiny_temp(void) {
+    float l[64];
+    for (int i = 0; i < 64; i++) l[i] = (float)(i % 7) * 0.25f;
+    int hits[64] = {0};
+    for (int seed = 0; seed < 400; seed++) {
+        struct moetax_sampler_params p = params(1e-40f, 0, 1.0f, 0.0f, (uint64_t)seed);
+        struct moetax_sampler *s = make(&p, 64);
+        if (!s) return;
+        hits[moetax_sampler_sample(s, l)]++;
+        moetax_sampler_free(s);
+    }
+    int tied = 0, other = 0, least = 400;
+    for (int i = 0; i < 64; i++) {
+        if (i % 7 == 6) tied++, least = hits[i] < least ? hits[i] : least;
+        else other += hits[i];
+    }
+    CHECK_EQ_INT(other, 0);
+    CHECK_MSG(tied == 9 && least >= 15, "each of the 9 tied tokens drawn (the least %d of 400 times)", least);
+}
+
 static void test_seed(void) {
     float l[64];
     for (int i = 0; i < 64; i++) l[i] = 0.05f * (float)(i % 7);
@@ -542,6 +564,7 @@ int main(int argc, char **argv) {
     tu_init(argc, argv);
     test_greedy();
     test_top_k_1();
+    test_tiny_temp();
     test_seed();
     test_distribution();
     test_filters();

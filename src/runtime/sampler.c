@@ -512,8 +512,12 @@ int32_t moetax_sampler_sample(struct moetax_sampler *s, const float *logits) {
 
     /* 5. temperature and 6. draw */
     float inv_t = 1.0f / p->temp;
+    /* a temperature so small that 1/temp is infinite (below ~2.9e-39): the limit, an even draw among the
+     * largest logits (the top logit's weight was 0 x inf = NaN, and the draw always took the last of them) */
+    const bool limit = !isfinite(inv_t);
     double z = 0.0;
-    for (size_t i = 0; i < n; i++) z += cur[i].w = expf((cur[i].logit - max_logit) * inv_t);
+    for (size_t i = 0; i < n; i++)
+        z += cur[i].w = limit ? (cur[i].logit >= max_logit ? 1.0f : 0.0f) : expf((cur[i].logit - max_logit) * inv_t);
     double u = rng_uniform(s->rng) * z, cum = 0.0;
     size_t last = 0;
     for (size_t i = 0; i < n; i++) {
