@@ -527,6 +527,20 @@ def test_second_server():
             st, _, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=h)
             check(st == 401 and j["error"]["code"] == 401, f"key {h}: {st}")
         check(s.request("GET", "/v1/models")[0] == 401, "/v1/models without the key: 401")
+        # raw bytes (http.client would not send it): the key in a first Authorization header with a wrong one
+        # after it (the first won)
+        import socket
+        for name, hdrs in (("two Authorization headers", b"Authorization: Bearer sekrit\r\nAuthorization: Bearer no\r\n"),):
+            with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sk:
+                sk.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + hdrs + b"\r\n")
+                got = b""
+                while True:
+                    d = sk.recv(65536)
+                    if not d:
+                        break
+                    got += d
+            status = got.split(b" ", 2)[1] if got.startswith(b"HTTP/") else b"none"
+            check(status in (b"400", b"401"), f"{name}: refused, got {got[:80]!r}")
         auth = {"Authorization": "Bearer sekrit"}
         st, _, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=auth)
         check(st == 200, f"with the key: {st}")

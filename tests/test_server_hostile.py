@@ -227,6 +227,12 @@ def test_framing(s):
         ("Transfer-Encoding with a space before its colon",
          b"Transfer-Encoding : chunked\r\nContent-Length: 4\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(health), health),
          400, "space or tab"),
+        # a client's error, not the server's (these were a 501 server_error)
+        ("chunked with a trailing space", b"Transfer-Encoding: chunked \r\n\r\n%s" % chunked, 400, "white space"),
+        ("an empty Transfer-Encoding", b"Transfer-Encoding: \r\n\r\n%s" % chunked, 400, "empty"),
+        # a compressed body was parsed as JSON
+        ("a gzip Content-Encoding", b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
+         415, "uncompressed"),
     )
     for name, rest, want, word in cases:
         t0 = time.time()
@@ -242,6 +248,9 @@ def test_framing(s):
     check([x[0] for x in r] == [200, 200], f"a request and /health on one connection: {[x[0] for x in r]}")
     r, _ = s.exchange(head + b"Transfer-Encoding: chunked\r\n\r\n%s" % chunked + health, timeout=5)
     check([x[0] for x in r] == [200, 200], f"a chunked request and /health on one connection: {[x[0] for x in r]}")
+    # a target in absolute form (RFC 9112 3.2.2: a server must accept it) is routed by its path (it was a 404)
+    r, _ = s.exchange(b"GET http://127.0.0.1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
+    check([x[0] for x in r] == [200], f"GET http://host/health: {[x[0] for x in r]}")
 
 
 def test_big_headers(s):

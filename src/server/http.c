@@ -153,8 +153,12 @@ struct conn {
 
 enum route { R_NONE = 0, R_PAGE, R_HEALTH, R_MODELS, R_METRICS, R_TAX, R_COMPLETIONS, R_CHAT };
 
-/* The route of (url, method); none: *status is 404, or 405 with *allow the methods the url takes. */
+/* The route of (url, method); none: *status is 404, or 405 with *allow the methods the url takes. A target
+ * in absolute form ("http://host/health", which RFC 9112 3.2.2 has a server accept) is routed by its
+ * path. */
 static int route_of(const char *url, const char *method, int *status, const char **allow) {
+    const char *scheme = !strncasecmp(url, "http://", 7) ? url + 7 : !strncasecmp(url, "https://", 8) ? url + 8 : NULL;
+    if (scheme) url = strchr(scheme, '/') ? strchr(scheme, '/') : "/";
     static const struct { const char *url, *method; int r; } table[] = {
         {"/", "GET", R_PAGE},                 {"/index.html", "GET", R_PAGE},
         {"/health", "GET", R_HEALTH},         {"/v1/health", "GET", R_HEALTH},
@@ -254,6 +258,8 @@ enum { SRV_MHD_POOL_BYTES = 48 << 10, SRV_MAX_HEADER_BYTES = 16 << 10, SRV_MAX_H
 struct head_stats {
     size_t n, bytes;            /* entries; their names' and values' bytes with ": " and CRLF */
     int n_length, n_encoding;   /* Content-Length and Transfer-Encoding headers */
+    int n_auth;                 /* Authorization headers */
+    const char *content_coding; /* a Content-Encoding other than identity */
     int n_bad_name;             /* header names with a space or tab ("Content-Length : 4") */
     const char *encoding;       /* the last Transfer-Encoding */
 };
@@ -271,6 +277,9 @@ static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const ch
     if (strpbrk(key, " \t")) f->n_bad_name++;
     else if (strcasecmp(key, "Content-Length") == 0) f->n_length++;
     else if (strcasecmp(key, "Transfer-Encoding") == 0) { f->n_encoding++; f->encoding = value; }
+    else if (strcasecmp(key, "Authorization") == 0) f->n_auth++;
+    else if (strcasecmp(key, "Content-Encoding") == 0 && value && *value && strcasecmp(value, "identity") != 0)
+        f->content_coding = value;
     return MHD_YES;
 }
 
@@ -301,19 +310,29 @@ static const char *headers_error(struct MHD_Connection *c, const char *url, int 
     if (f.n_length && f.n_encoding)
         return "both Content-Length and Transfer-Encoding: the body's length is ambiguous (RFC 9112 6.3)";
     if (f.n_encoding > 1) return "more than one Transfer-Encoding header";
-    if (f.n_encoding && (!f.encoding || strcasecmp(f.encoding, "chunked") != 0)) {
+    if (f.n_encoding && (!f.encoding || !f.encoding[0] || strpbrk(f.encoding, " \t")))
+        return "a Transfer-Encoding header that is empty or holds white space (send \"chunked\")";
+    if (f.n_encoding && strcasecmp(f.encoding, "chunked") != 0) {
         *status = 501;
         return "Transfer-Encoding other than chunked is not supported";
+    }
+    if (f.n_auth > 1) return "more than one Authorization header";
+    if (f.content_coding) {
+        *status = 415;
+        snprintf(msg, cap, "Content-Encoding %.64s is not supported: send the body uncompressed", f.content_coding);
+        return msg;
     }
     return NULL;
 }
 
 static bool auth_ok(const struct srv_http *h, struct MHD_Connection *c) {
     if (!h->p.api_key) return true;
-    const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!a || strncasecmp(a, "Bearer ", 7) != 0) return false;
+    const char *a = NULL;
+    size_t len = 0;
+    if (MHD_lookup_connection_value_n(c, MHD_HEADER_KIND, "Authorization", 13, &a, &len) != MHD_YES || !a) return false;
+    if (len < 7 || strncasecmp(a, "Bearer ", 7) != 0 || memchr(a, 0, len)) return false;
     a += 7;
-    const size_t n = strlen(a), k = strlen(h->p.api_key);
+    const size_t n = len - 7, k = strlen(h->p.api_key);
     unsigned char diff = n != k;
     for (size_t i = 0; i < n && i < k; i++) diff |= (unsigned char)(a[i] ^ h->p.api_key[i]); /* constant time */
     return diff == 0;
