@@ -333,6 +333,17 @@ def test_errors(s):
         check(st == want, f"{body!r:.60}: status {st}, want {want}")
     st, _, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "unknown_field": [1, 2], "logit_bias": {}})
     check(st == 200, f"unknown fields are ignored: {st}")
+    # OpenAI's fields this server does not implement: neutral values pass, a wrong type or a value that would
+    # change the answer is a 400 naming the field (they were ignored: logprobs 5 answered logprobs null)
+    neutral = {"frequency_penalty": 0, "presence_penalty": 0.0, "logprobs": None, "echo": False, "best_of": 1,
+               "suffix": "", "logit_bias": {}, "user": "u1"}
+    st, _, j = s.post("/v1/completions", dict({"prompt": "x", "max_tokens": 2}, **neutral))
+    check(st == 200, f"neutral values of the unsupported fields: {st} {j}")
+    for k, v in (("frequency_penalty", "a"), ("frequency_penalty", 0.5), ("presence_penalty", 5), ("logprobs", 5),
+                 ("logprobs", -1), ("echo", True), ("best_of", 2), ("suffix", "x"), ("logit_bias", {"1": 5}),
+                 ("user", {})):
+        st, j = status({"prompt": "x", "max_tokens": 2, k: v})
+        check(st == 400 and f"'{k}'" in j["error"]["message"], f"{k} {v!r}: {st} {j}")
     st, j = status({"messages": [{"role": "user", "content": "hi"}]}, path="/v1/chat/completions")
     check(st == 400 and "/v1/completions" in j["error"]["message"], f"chat without a template: {st} {j}")
     check(status(None, path="/v2/nothing", method="GET")[0] == 404, "unknown path: 404")

@@ -42,6 +42,48 @@ static int get_int(json_t *o, const char *k, int64_t lo, int64_t hi, int64_t *ou
     return 0;
 }
 
+/* OpenAI's fields this server does not implement: their types checked like every field's, and a value
+ * that would change the answer refused (a 400 naming the field), so that no client gets an answer that
+ * silently lacks what it asked for; the neutral values (0, false, null, 1, "", {}) pass. */
+static int check_unsupported(json_t *o, bool chat, char *err, size_t cap) {
+    static const char *const penalties[] = {"frequency_penalty", "presence_penalty"};
+    for (int i = 0; i < 2; i++) {
+        double x = 0;
+        int rc = get_num(o, penalties[i], -2, 2, &x, err, cap);
+        if (rc) return rc;
+        if (x != 0) return fail(err, cap, "'%s' is not supported by this server (only 0)", penalties[i]);
+    }
+    json_t *v;
+    if ((v = field(o, "logprobs"))) {
+        if (chat ? !json_is_boolean(v) : !json_is_integer(v))
+            return fail(err, cap, "'logprobs' must be %s", chat ? "a boolean" : "an integer");
+        if (chat ? json_is_true(v) : json_integer_value(v) != 0)
+            return fail(err, cap, "'logprobs' is not supported by this server");
+    }
+    if (chat && (v = field(o, "top_logprobs"))) {
+        if (!json_is_integer(v)) return fail(err, cap, "'top_logprobs' must be an integer");
+        if (json_integer_value(v) != 0) return fail(err, cap, "'top_logprobs' is not supported by this server");
+    }
+    if ((v = field(o, "logit_bias"))) {
+        if (!json_is_object(v)) return fail(err, cap, "'logit_bias' must be an object");
+        if (json_object_size(v)) return fail(err, cap, "'logit_bias' is not supported by this server");
+    }
+    if (!chat && (v = field(o, "echo"))) {
+        if (!json_is_boolean(v)) return fail(err, cap, "'echo' must be a boolean");
+        if (json_is_true(v)) return fail(err, cap, "'echo' is not supported by this server");
+    }
+    if (!chat && (v = field(o, "best_of"))) {
+        if (!json_is_integer(v)) return fail(err, cap, "'best_of' must be an integer");
+        if (json_integer_value(v) != 1) return fail(err, cap, "'best_of' must be 1 (one choice per request)");
+    }
+    if (!chat && (v = field(o, "suffix"))) {
+        if (!json_is_string(v)) return fail(err, cap, "'suffix' must be a string");
+        if (json_string_length(v)) return fail(err, cap, "'suffix' is not supported by this server");
+    }
+    if ((v = field(o, "user")) && !json_is_string(v)) return fail(err, cap, "'user' must be a string");
+    return 0;
+}
+
 static char *dup_n(const char *s, size_t n) {
     char *d = malloc(n + 1);
     if (d) { memcpy(d, s, n); d[n] = 0; }
@@ -221,6 +263,7 @@ int srv_api_parse(const char *body, size_t len, bool chat, struct srv_api_req *r
         r->has_seed = true;
     }
     if ((rc = parse_stop(o, r, err, cap))) goto done;
+    if ((rc = check_unsupported(o, chat, err, cap))) goto done;
     if ((v = field(o, "stream"))) {
         if (!json_is_boolean(v)) { rc = fail(err, cap, "'stream' must be a boolean"); goto done; }
         r->stream = json_is_true(v);
