@@ -725,6 +725,11 @@ def test_store_server(refs):
         tax = json.loads(data) if st == 200 else {}
         check(st == 200 and tax.get("steps") == 0 and tax.get("tokens") == 0 and 0.99 <= tax.get("window_s", 0) <= 1.01,
               f"/tax?window=1 after 1.3 s idle: {st} {tax}")
+        # idle: no running request holds cells; what is used is cached for prefix reuse (a check of "cells in use"
+        # read kv_cells_used alone and saw a leak)
+        check(tax.get("kv_cells_active") == 0 and tax.get("kv_cells_used") == tax.get("kv_cells_cached"),
+              f"/tax when idle: active {tax.get('kv_cells_active')}, used {tax.get('kv_cells_used')} = cached "
+              f"{tax.get('kv_cells_cached')}")
         # "created" is the request's time (Unix seconds), not the server's start
         t_req = int(time.time())
         st, _, j = s.post("/v1/completions", {"prompt": "x", "max_tokens": 1})

@@ -1106,7 +1106,10 @@ char *srv_sched_tax_json(struct srv_sched *s, double window_s) {
                         layers > 0 ? json_real((double)(now.moe_experts - then.moe_experts) / (double)layers) : json_null());
     json_object_set_new(o, "dropped_share", asg > 0 ? json_real((double)(now.moe_dropped - then.moe_dropped) / (double)asg)
                                                    : json_null());
+    /* used = active (running requests) + cached (idle slots' prefixes kept for reuse), as in /metrics */
     json_object_set_new(o, "kv_cells_used", json_integer(now.kv_cells_used));
+    json_object_set_new(o, "kv_cells_active", json_integer(now.kv_cells_active));
+    json_object_set_new(o, "kv_cells_cached", json_integer(now.kv_cells_cached));
     json_object_set_new(o, "kv_cells", json_integer(now.kv_cells));
     json_object_set_new(o, "requests_processing", json_integer(now.requests_processing));
     json_object_set_new(o, "requests_deferred", json_integer(now.requests_deferred));
