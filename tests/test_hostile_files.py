@@ -333,6 +333,8 @@ for c in (["perplexity", "-f", "text.txt"], ["bench", "-n", "2", "-r", "1"], ["s
             ["--overflow goes with --capacity-factor"], timeout=30)
 refused("eval --tokens 1,2, (a trailing comma was taken)", ["eval", "-m", "tiny.gguf", "--tokens", "1,2,"], ["--tokens"])
 refused("bench -t 1, (a trailing comma was taken)", ["bench", "-m", "tiny.gguf", "-t", "1,"], ["thread list"])
+refused("run --parallel 128 -n 2^24 (its cells wrapped in int32: the model's 512, then no prompt fit)",
+        ["run", "-m", "tiny.gguf", "-f", "long.txt", "--parallel", "128", "-n", "16777216"], ["KV cells", "lower -n"])
 refused("run -p X -f FILE (the file's text was used)", ["run", "-m", "tiny.gguf", "-p", "hi", "-f", "long.txt", "-n", "1"],
         ["-p and -f"])
 r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])

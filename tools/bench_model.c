@@ -640,15 +640,8 @@ int bench_model_main(int argc, char **argv) {
     }
     if (overflow_given && bo.capacity_factor == 0) /* the overflow of a cap that is not there */
         return cli_usage_error("bench", "--overflow goes with --capacity-factor C (without it nothing overflows)");
-    int32_t *text_ids = NULL;
-    if (text_path) { /* tokenized once, with the model's tokenizer */
-        if (!model) return cli_usage_error("bench", "no model given (-m FILE)");
-        moetax_status tst = bench_text_tokens(model, text_path, &text_ids, &o.n_text);
-        if (tst) return cli_fail("bench", tst);
-        o.text = text_ids;
-        bo.text = text_ids;
-        bo.n_text = o.n_text;
-    }
+    int32_t *text_ids = NULL; /* -f: tokenized once, with the model's tokenizer, after every check */
+    if (text_path && !model) return cli_usage_error("bench", "no model given (-m FILE)");
     /* each within -d's range, --batch's too: the tests' tokens (and -d before them) are allocated and
      * counted in int32 */
     for (int i = 0; i < o.npp; i++)
@@ -663,9 +656,14 @@ int bench_model_main(int argc, char **argv) {
         if (twin || o.so.budgets || o.lo.metrics)
             return cli_usage_error("bench", "--batch does not combine with --twin, --expert-budget or --metrics yet");
         {
-            const char *outs[2] = {o.lo.json_path, o.lo.trace_path};
-            moetax_status ost = cli_check_outputs(outs, 2);
+            const char *outs[2] = {o.lo.json_path, o.lo.trace_path}, *ins[1] = {model};
+            moetax_status ost = cli_check_io(outs, 2, ins, 1);
             if (ost) return cli_usage_error("bench", "%s", moetax_last_error());
+        }
+        if (text_path) {
+            moetax_status tst = bench_text_tokens(model, text_path, &text_ids, &bo.n_text);
+            if (tst) return cli_fail("bench", tst);
+            bo.text = text_ids;
         }
         bo.lo = &o.lo;
         bo.n_prompt = o.npp > 0 ? o.pp[0] : 0;
@@ -703,6 +701,10 @@ int bench_model_main(int argc, char **argv) {
     if (cfg.loaded && o.so.budgets == cfg.expert_budget && !o.ntg) o.so.budgets = NULL;
     moetax_status st = bench_check_upfront(model, twin, &o);
     if (st) return cli_fail("bench", st);
+    if (text_path) {
+        if ((st = bench_text_tokens(model, text_path, &text_ids, &o.n_text))) return cli_fail("bench", st);
+        o.text = text_ids;
+    }
     if (!o.json)
         printf("kernels: %s%s%s (MOETAX_KERNELS=ref|avx2|avx512 chooses); a model larger than the %.0f MiB last-level "
                "cache decodes with the streaming prefetch\n",

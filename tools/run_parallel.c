@@ -97,6 +97,12 @@ moetax_status run_parallel(const struct run_parallel_opts *o, char *prompts_text
     /* cells: every slot holding the longest prompt and all its tokens, unless -c says */
     const int64_t bs = MOETAX_KV_BLOCK_DEFAULT;
     const int64_t need = (int64_t)N * ((max_prompt + o->n_predict + bs - 1) / bs * bs);
+    if (!o->n_ctx && need > (1 << 24)) { /* (int32_t) below wrapped: the model's context, and no prompt fit */
+        st = moetax_error(MOETAX_ERR_LIMIT, "%d slots of the longest prompt (%lld tokens) + -n %lld need %lld KV cells, "
+                          "more than %d: lower -n or --parallel", N, (long long)max_prompt, (long long)o->n_predict,
+                          (long long)need, 1 << 24);
+        goto done;
+    }
     struct moetax_ctx_params cp = {.n_ctx = (int32_t)(o->n_ctx ? o->n_ctx : need), .n_threads = (int32_t)o->n_threads,
                                    .n_expert_used = o->experts_used, .n_seq_max = N, .kv_type = o->kv_type,
                                    .check_finite = o->check_finite, .adapt_threads = o->adapt_threads,

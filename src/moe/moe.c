@@ -1062,7 +1062,12 @@ static void moe_block_ep(struct worker *w, struct moe *b, int il) {
             ep_prep_combine(s, b, il, &ep->g[0]);
             st = ep_exchange(w, b, &ep->g[0].xc);
         } else if (ep->overlap)
-            for (int gi = 0; gi < ep->n_groups && !st; gi++) st = ep->g[gi].pc ? ep_exchange(w, b, &ep->g[gi].xc) : MOETAX_OK;
+            /* every posted exchange waited for, the first error kept: one left to the communication thread
+             * would go on receiving into buffers the error path frees */
+            for (int gi = 0; gi < ep->n_groups; gi++) {
+                const moetax_status sg = ep->g[gi].pc ? ep_exchange(w, b, &ep->g[gi].xc) : MOETAX_OK;
+                if (!st) st = sg;
+            }
         if (st) fw_fail(s, st);
         if (moetax_ledger_enabled(s->ledger)) {
             const struct moetax_layer *ll = &s->m->layers[il];
