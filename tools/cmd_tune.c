@@ -56,6 +56,7 @@
 #include "commands.h"
 #include "config_cli.h"
 #include "core/printable.h"
+#include "moetax/kernels.h"
 #include "moetax/ledger.h"
 #include "moetax/model.h"
 #include "moetax/outfile.h"
@@ -752,7 +753,7 @@ static moetax_status log_read(struct tune *t, const char *path, int fd, const js
                 st = moetax_error(MOETAX_ERR_FORMAT, "--log %s: line 1 is not a tune log's header (it has no "
                                   "\"moetax_tune_log\"): %s", path, untouched);
             const char *keys[] = {"moetax_tune_log", "model", "model_size", "model_mtime", "calib_tokens",
-                                  "calib_hash", "workload"};
+                                  "calib_hash", "workload", "cpus", "cpu", "kernels"};
             for (size_t k = 0; k < sizeof keys / sizeof *keys && !st; k++)
                 if (!json_equal(json_object_get(o, keys[k]), json_object_get(hdr, keys[k]))) {
                     char *a = json_dumps(json_object_get(o, keys[k]), JSON_ENCODE_ANY),
@@ -781,8 +782,27 @@ static moetax_status log_read(struct tune *t, const char *path, int fd, const js
     return st;
 }
 
+/* This machine's CPU as /proc/cpuinfo names it ("model name"; "" where it does not), into buf. */
+static void cpu_model_name(char *buf, size_t n) {
+    buf[0] = 0;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10)) continue;
+        const char *v = strchr(line, ':');
+        if (!v) break;
+        v++;
+        while (*v == ' ' || *v == '\t') v++;
+        snprintf(buf, n, "%.*s", (int)strcspn(v, "\n"), v);
+        break;
+    }
+    fclose(f);
+}
+
 /* Open the log: the entries of an existing one whose header matches (model path, size, mtime, calibration
- * tokens and hash, workload) are kept for reuse; another header is refused. Only a log tune wrote is read
+ * tokens and hash, workload, and the machine: online CPUs, CPU model, kernel table, since its speed ratios
+ * are against this machine's default) are kept for reuse; another header is refused. Only a log tune wrote is read
  * and appended to: a directory, a device (but the null device: no log), a FIFO, a socket, and a file whose
  * first line is not a log's header or whose lines are not its entries are refused and left as they are.
  * All of it before anything is measured. */
@@ -793,9 +813,15 @@ static moetax_status log_open(struct tune *t, const char *path) {
     snprintf(wl, sizeof wl, t->batch > 1 ? "batch:%d" : "decode", t->batch);
     char hash[16];
     snprintf(hash, sizeof hash, "%08x", hash_tokens(t->calib, t->n_calib));
-    json_t *hdr = json_pack("{s:i,s:s,s:I,s:I,s:I,s:s,s:s}", "moetax_tune_log", 1, "model", t->model_path, "model_size",
-                            (json_int_t)sb.st_size, "model_mtime", (json_int_t)sb.st_mtime, "calib_tokens",
-                            (json_int_t)t->n_calib, "calib_hash", hash, "workload", wl);
+    char cpu[256];
+    cpu_model_name(cpu, sizeof cpu);
+    const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    /* the path and CPU name through cli_jstr: text that is not UTF-8 is a null there, not a failed header */
+    json_t *hdr = json_pack("{s:i,s:o,s:I,s:I,s:I,s:s,s:s,s:I,s:o,s:s}", "moetax_tune_log", 1, "model",
+                            cli_jstr(t->model_path), "model_size", (json_int_t)sb.st_size, "model_mtime",
+                            (json_int_t)sb.st_mtime, "calib_tokens", (json_int_t)t->n_calib, "calib_hash", hash,
+                            "workload", wl, "cpus", (json_int_t)(ncpu > 0 ? ncpu : 1), "cpu", cli_jstr(cpu), "kernels",
+                            moetax_kernels_get()->name);
     if (!hdr) return moetax_error(MOETAX_ERR_NOMEM, "out of memory");
     moetax_status st = MOETAX_OK;
     bool have_hdr = false, nl_missing = false;
@@ -1144,7 +1170,9 @@ static moetax_status write_html(const char *path, struct tres *res, int n, const
     fprintf(f, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>moetax tune</title><style>"
                "body{font-family:sans-serif;margin:24px;color:#222}td,th{border:1px solid #ccc;padding:3px 8px;"
                "font-size:13px}table{border-collapse:collapse}.tick{font-size:10px;fill:#444}</style></head><body>\n"
-               "<h1>moetax tune</h1>\n<p>%s</p>\n", model);
+               "<h1>moetax tune</h1>\n<p>");
+    moetax_report_html_text(f, model); /* a path is text, not markup */
+    fputs("</p>\n", f);
     double kmax = 1e-6, rmin = 1e9, rmax = 0;
     for (int i = 0; i < n; i++)
         if (res[i].stage == 3) {

@@ -771,8 +771,12 @@ moetax_status moetax_gen_write(const struct moetax_gen_params *p, const char *pa
         if ((st = moetax_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne))) goto out;
     }
     const int64_t chunk_target = 1 << 20; /* values per chunk */
-    vals = malloc(sizeof(float) * (size_t)chunk_target + 4096 * sizeof(float));
-    buf = malloc(sizeof(float) * (size_t)chunk_target + 4096 * sizeof(float));
+    /* a row longer than a chunk is filled and converted alone: the buffers hold the longest row too (they
+     * held a chunk only, and a row of 1.1 M values overran them) */
+    int64_t cap = chunk_target;
+    for (int i = 0; i < l.n; i++) cap = l.t[i].ne[0] > cap ? l.t[i].ne[0] : cap;
+    vals = malloc(sizeof(float) * (size_t)cap + 4096 * sizeof(float));
+    buf = malloc(sizeof(float) * (size_t)cap + 4096 * sizeof(float)); /* no type's row is wider than f32's */
     if (!vals || !buf) { st = moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", path); goto out; }
     uint64_t total = moetax_gguf_writer_data_total(w);
     for (int i = 0; i < l.n; i++) {

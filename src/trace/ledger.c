@@ -397,13 +397,38 @@ static void json_agg(FILE *f, const struct moetax_ledger *l, const struct agg *a
     fputc('}', f);
 }
 
+/* Bytes of the well-formed UTF-8 sequence at s (Unicode's table 3-7: no overlong forms, no surrogates,
+ * nothing past U+10FFFF), 0 where there is none. */
+static int utf8_seq(const unsigned char *s) {
+    const unsigned char c = s[0];
+    int n;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) n = 2;
+    else if (c >= 0xE0 && c <= 0xEF) n = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c >= 0xF0 && c <= 0xF4) n = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else return 0;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (int i = 2; i < n; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF) return 0;
+    return n;
+}
+
+/* A JSON string: a byte that is not part of well-formed UTF-8 (a path in another encoding) is U+FFFD,
+ * since JSON readers refuse it (report, and Python's json, rejected such a ledger whole). */
 static void json_str(FILE *f, const char *s) {
     fputc('"', f);
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
+    for (const unsigned char *p = (const unsigned char *)s; p && *p;) {
+        const unsigned char c = *p;
         if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
         else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
+        else if (c < 0x80) fputc(c, f);
+        else {
+            const int n = utf8_seq(p);
+            if (n) fwrite(p, 1, (size_t)n, f), p += n;
+            else fputs("\\ufffd", f), p++;
+            continue;
+        }
+        p++;
     }
     fputc('"', f);
 }
