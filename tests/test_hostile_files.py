@@ -340,6 +340,14 @@ refused("run --parallel 128 -n 2^24 (its cells wrapped in int32: the model's 512
 works("gen a row of 1.1 M values", ["gen", "--preset", "tiny", "--layers", "1", "--embd", "1", "--ff", "1100000",
                                      "--dense-lead", "1", "--experts", "2", "--experts-used", "1", "-o", "longrow.gguf"])
 works("inspect it", ["inspect", "longrow.gguf", "--checksums"])
+# the store's per-token figures count the tokens that ran (the last sampled token is not run: they counted it)
+works("run with a store and a ledger", ["run", "-m", "tiny.gguf", "-p", "hi", "-n", "16", "--ignore-eos", "-t", "1",
+                                        "--expert-budget", "50%", "--ledger", "store_led.json"])
+if os.path.exists("store_led.json"):
+    led = json.load(open("store_led.json"))
+    check(led.get("store", {}).get("tokens") == led.get("totals", {}).get("tokens"),
+          "the ledger's store tokens %s = its tokens %s" % (led.get("store", {}).get("tokens"),
+                                                            led.get("totals", {}).get("tokens")))
 refused("run -p X -f FILE (the file's text was used)", ["run", "-m", "tiny.gguf", "-p", "hi", "-f", "long.txt", "-n", "1"],
         ["-p and -f"])
 r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])

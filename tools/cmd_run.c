@@ -350,7 +350,7 @@ int cmd_run(int argc, char **argv) {
     fputc('\n', txt);
     int64_t n_tp = n_gen > 1 ? n_gen - 1 : 0;
     qsort(tpot, (size_t)n_tp, sizeof(double), cmp_f64);
-    double p50 = n_tp ? tpot[n_tp / 2] : 0;
+    double p50 = !n_tp ? 0 : n_tp % 2 ? tpot[n_tp / 2] : 0.5 * (tpot[n_tp / 2 - 1] + tpot[n_tp / 2]); /* median */
     double dec_tps = n_tp && t_decode > 0 ? (double)n_tp / t_decode : 0;
     if (json) {
         json_t *o = cli_jobj("IIoooooi", "prompt_tokens", (json_int_t)n_prompt,
@@ -368,8 +368,10 @@ int cmd_run(int argc, char **argv) {
     fprintf(stderr, "  time to first token %.1f ms, time per output token %.2f ms (median %.2f ms)\n", 1e3 * t_first,
             n_tp ? 1e3 * t_decode / (double)n_tp : 0, 1e3 * p50);
     cli_ledger_summary(stderr, led, n_tp > 0);
-    if (store) cli_store_summary(stderr, store, n_prompt + n_gen);
-    st = cli_ledger_outputs(led, m, model, &lo, store, n_prompt + n_gen);
+    /* the tokens evaluated: the prompt and every generated token but the last, which is sampled, not run */
+    const int64_t n_eval = n_prompt + (n_gen > 0 ? n_gen - 1 : 0);
+    if (store) cli_store_summary(stderr, store, n_eval);
+    st = cli_ledger_outputs(led, m, model, &lo, store, n_eval);
 done:
     if (c) moetax_ctx_set_ledger(c, NULL);
     moetax_ledger_free(led);
