@@ -348,6 +348,18 @@ if os.path.exists("store_led.json"):
     check(led.get("store", {}).get("tokens") == led.get("totals", {}).get("tokens"),
           "the ledger's store tokens %s = its tokens %s" % (led.get("store", {}).get("tokens"),
                                                             led.get("totals", {}).get("tokens")))
+# inspect shows a file's text without its control bytes: a value with ESC sequences and a newline forged a line
+# and moved the terminal's cursor
+import struct  # noqa: E402
+def gguf_str(b):
+    return struct.pack("<Q", len(b)) + b
+evil = b"line1\n  general.file_type    uint32   7\x1b]0;pwned\x07\x00hidden"
+raw = b"GGUF" + struct.pack("<IQQ", 3, 0, 2) + gguf_str(b"general.architecture") + struct.pack("<I", 8) + \
+    gguf_str(b"llama") + gguf_str(b"test.\x1b[2Jkey") + struct.pack("<I", 8) + gguf_str(evil)
+open("ctrl.gguf", "wb").write(raw + b"\0" * (-len(raw) % 32))
+r = run(["inspect", "ctrl.gguf"])
+check(r is not None and r[0] == 0 and "\x1b" not in r[1] and "\x07" not in r[1] and "line1?" in r[1] and "hidden" in r[1],
+      "inspect prints no control bytes: %r" % (r[1][-400:] if r else "timed out"))
 refused("run -p X -f FILE (the file's text was used)", ["run", "-m", "tiny.gguf", "-p", "hi", "-f", "long.txt", "-n", "1"],
         ["-p and -f"])
 r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])

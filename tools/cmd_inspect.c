@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "core/printable.h"
 #include "commands.h"
 #include "gguf/gguf_impl.h" /* moetax_gguf_hash: FNV-1a 64 */
 #include "moetax/gguf.h"
@@ -44,10 +45,32 @@ static void usage(FILE *f) {
             (int)(INSPECT_RUNTIME_BYTES >> 20));
 }
 
+/* len bytes of a file's text as the terminal may show them (core/printable.h: control bytes, C1 controls
+ * and NULs as '?'; they moved the cursor, retitled the window or forged lines), padded with spaces to width. */
+static void put_text(FILE *f, const char *s, size_t len, int width) {
+    char buf[256];
+    int shown = 0;
+    for (size_t i = 0; i < len;) {
+        size_t took = s[i] ? moetax_printable(buf, sizeof buf, s + i, len - i, 0) : 0;
+        if (!took) { /* a NUL (where the copy stops), or nothing taken */
+            fputc('?', f);
+            shown++;
+            i++;
+            continue;
+        }
+        fputs(buf, f);
+        shown += (int)strlen(buf);
+        i += took;
+    }
+    for (; shown < width; shown++) fputc(' ', f);
+}
+
 static void print_scalar(FILE *f, const struct moetax_gguf_kv *kv) {
     switch (kv->type) {
     case MOETAX_GGUF_TYPE_STRING:
-        fprintf(f, "\"%.*s\"", (int)(kv->v.str.len > 200 ? 200 : kv->v.str.len), kv->v.str.data);
+        fputc('"', f);
+        put_text(f, kv->v.str.data, kv->v.str.len > 200 ? 200 : kv->v.str.len, 0);
+        fputc('"', f);
         break;
     case MOETAX_GGUF_TYPE_BOOL: fputs(kv->v.u64 ? "true" : "false", f); break;
     case MOETAX_GGUF_TYPE_FLOAT32: case MOETAX_GGUF_TYPE_FLOAT64:
@@ -66,7 +89,9 @@ static void print_array(FILE *f, const struct moetax_gguf_kv *kv, bool all) {
     for (uint64_t i = 0; i < show; i++) {
         if (i) fputs(", ", f);
         if (kv->arr_type == MOETAX_GGUF_TYPE_STRING) {
-            fprintf(f, "\"%.*s\"", (int)(kv->arr_str[i].len > 40 ? 40 : kv->arr_str[i].len), kv->arr_str[i].data);
+            fputc('"', f);
+            put_text(f, kv->arr_str[i].data, kv->arr_str[i].len > 40 ? 40 : kv->arr_str[i].len, 0);
+            fputc('"', f);
         } else if (kv->arr_type == MOETAX_GGUF_TYPE_ARRAY) {
             fputs("[...]", f);
         } else if (kv->arr_type == MOETAX_GGUF_TYPE_FLOAT32 || kv->arr_type == MOETAX_GGUF_TYPE_FLOAT64) {
@@ -484,8 +509,9 @@ int cmd_inspect(int argc, char **argv) {
     fprintf(f, "metadata:\n");
     for (uint64_t i = 0; i < g->n_kv; i++) {
         const struct moetax_gguf_kv *kv = &g->kv[i];
-        fprintf(f, "  %-48.*s %-8s ", (int)(kv->key.len > 200 ? 200 : kv->key.len), kv->key.data,
-                moetax_gguf_type_name(kv->type));
+        fputs("  ", f);
+        put_text(f, kv->key.data, kv->key.len > 200 ? 200 : kv->key.len, 48);
+        fprintf(f, " %-8s ", moetax_gguf_type_name(kv->type));
         if (kv->type == MOETAX_GGUF_TYPE_ARRAY) print_array(f, kv, all);
         else print_scalar(f, kv);
         fputc('\n', f);
@@ -499,8 +525,9 @@ int cmd_inspect(int argc, char **argv) {
             int o = 0;
             for (uint32_t d = 0; d < t->n_dims; d++)
                 o += snprintf(shape + o, sizeof shape - (size_t)o, "%s%lld", d ? ", " : "", (long long)t->ne[d]);
-            fprintf(f, "  %-40.*s %-6s %-24s %14llu", (int)(t->name.len > 64 ? 64 : t->name.len), t->name.data,
-                    moetax_type_name(t->type), shape, (unsigned long long)t->nbytes);
+            fputs("  ", f);
+            put_text(f, t->name.data, t->name.len > 64 ? 64 : t->name.len, 40);
+            fprintf(f, " %-6s %-24s %14llu", moetax_type_name(t->type), shape, (unsigned long long)t->nbytes);
             if (sums) {
                 double s, q;
                 fprintf(f, "  %016llx", (unsigned long long)moetax_gguf_hash(t->data, t->nbytes));
