@@ -360,6 +360,20 @@ open("ctrl.gguf", "wb").write(raw + b"\0" * (-len(raw) % 32))
 r = run(["inspect", "ctrl.gguf"])
 check(r is not None and r[0] == 0 and "\x1b" not in r[1] and "\x07" not in r[1] and "line1?" in r[1] and "hidden" in r[1],
       "inspect prints no control bytes: %r" % (r[1][-400:] if r else "timed out"))
+# quantize: a tensor name longer than it writes is refused (it was cut to 255 bytes: renamed, or two names
+# clashing as "declared twice"); an already quantized file converted again is said
+tname = b"t" * 300
+raw = b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + gguf_str(b"general.architecture") + struct.pack("<I", 8) + \
+    gguf_str(b"llama") + gguf_str(tname) + struct.pack("<IQIQ", 1, 32, 0, 0)
+raw += b"\0" * (-len(raw) % 32) + struct.pack("<32f", *range(32))
+open("longname.gguf", "wb").write(raw)
+refused("quantize a 300-byte tensor name", ["quantize", "longname.gguf", "longname_q8.gguf", "q8_0"],
+        ["tensor name of 300 bytes"])
+check(not os.path.exists("longname_q8.gguf"), "no output for a name it cannot write")
+works("gen q4_0", ["gen", "--preset", "tiny", "--type", "q4_0", "-o", "tq4.gguf"])
+r = run(["quantize", "tq4.gguf", "tq4_q8.gguf", "q8_0"])
+check(r is not None and r[0] == 0 and "is already q4_0" in r[2], "quantize q4_0 -> q8_0 says the file was quantized: %s"
+      % (r[2][-300:] if r else "timed out"))
 refused("run -p X -f FILE (the file's text was used)", ["run", "-m", "tiny.gguf", "-p", "hi", "-f", "long.txt", "-n", "1"],
         ["-p and -f"])
 r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])

@@ -81,9 +81,16 @@ int cmd_quantize(int argc, char **argv) {
     if (!experts_only && !moetax_gguf_find_kv(g, "general.file_type") && (st = moetax_gguf_writer_set_u32(w, "general.file_type", ftype)))
         goto done;
     int64_t max_ne0 = 1;
+    bool requant_said = false;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const struct moetax_gguf_tensor *t = &g->tensors[i];
         char name[256];
+        if (t->name.len >= sizeof name) { /* a shortened copy would rename it (or clash with another) */
+            st = moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: a tensor name of %llu bytes (at most %zu are written; "
+                              "llama.cpp takes 63): '%.60s...'", pos[0], (unsigned long long)t->name.len,
+                              sizeof name - 1, t->name.data);
+            goto done;
+        }
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.data);
         if (!moetax_type_supported(t->type)) {
             st = moetax_error(MOETAX_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which moetax cannot convert", pos[0],
@@ -101,6 +108,14 @@ int cmd_quantize(int argc, char **argv) {
                     (long long)t->ne[0], (long long)moetax_type_blck_size(want), moetax_type_name(want),
                     moetax_type_name(ty));
         types[i] = ty;
+        /* already quantized, to another type: its rounding stays and the new one's comes on top (llama.cpp's
+         * quantize refuses this without --allow-requantize); said, once */
+        if (ty != t->type && moetax_type_blck_size(t->type) > 1 && !requant_said) {
+            fprintf(stderr, "moetax quantize: warning: %s is already %s: converting it to %s keeps %s's error and "
+                    "adds %s's (quantize from the f32, f16 or bf16 file where there is one)\n", name,
+                    moetax_type_name(t->type), moetax_type_name(ty), moetax_type_name(t->type), moetax_type_name(ty));
+            requant_said = true;
+        }
         if (t->ne[0] > max_ne0) max_ne0 = t->ne[0];
         if ((st = moetax_gguf_writer_add_tensor(w, name, ty, t->n_dims, t->ne))) goto done;
     }
