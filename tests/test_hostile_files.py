@@ -367,6 +367,8 @@ raw = b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + gguf_str(b"general.architecture")
     gguf_str(b"llama") + gguf_str(tname) + struct.pack("<IQIQ", 1, 32, 0, 0)
 raw += b"\0" * (-len(raw) % 32) + struct.pack("<32f", *range(32))
 open("longname.gguf", "wb").write(raw)
+if os.path.exists("longname_q8.gguf"):
+    os.unlink("longname_q8.gguf")  # an earlier run's
 refused("quantize a 300-byte tensor name", ["quantize", "longname.gguf", "longname_q8.gguf", "q8_0"],
         ["tensor name of 300 bytes"])
 check(not os.path.exists("longname_q8.gguf"), "no output for a name it cannot write")
@@ -374,6 +376,10 @@ works("gen q4_0", ["gen", "--preset", "tiny", "--type", "q4_0", "-o", "tq4.gguf"
 r = run(["quantize", "tq4.gguf", "tq4_q8.gguf", "q8_0"])
 check(r is not None and r[0] == 0 and "is already q4_0" in r[2], "quantize q4_0 -> q8_0 says the file was quantized: %s"
       % (r[2][-300:] if r else "timed out"))
+# an output name of 250 bytes (legal): written (its temporary name, 11 bytes longer, was refused as too long)
+works("gen -o a 254-byte name", ["gen", "--preset", "tiny", "-o", "a" * 249 + ".gguf"])
+check(os.path.exists("a" * 249 + ".gguf") and not [f for f in os.listdir(".") if "tmp." in f],
+      "the long-named output is there and no temporary file is left")
 refused("run -p X -f FILE (the file's text was used)", ["run", "-m", "tiny.gguf", "-p", "hi", "-f", "long.txt", "-n", "1"],
         ["-p and -f"])
 r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])

@@ -177,12 +177,18 @@ static moetax_status check_space(const char *path, const char *target, int fd, u
     return MOETAX_OK;
 }
 
-/* Create <target>.tmp.XXXXXX with O_EXCL; *fd and *tmp on success. */
+/* Create <target>.tmp.XXXXXX with O_EXCL (<dir>/.moetax.tmp.XXXXXX where the target's name is too long
+ * for that: a legal name of 245-255 bytes was refused as "File name too long"); *fd and *tmp on success. */
 static moetax_status make_tmp(const char *path, const char *target, char **tmp, int *fd) {
     size_t l = strlen(target) + sizeof ".tmp.XXXXXX";
-    char *t = malloc(l);
+    char *t = malloc(l + sizeof "/.moetax.tmp.XXXXXX");
     if (!t) return moetax_error(MOETAX_ERR_NOMEM, "%s: out of memory", path);
-    snprintf(t, l, "%s.tmp.XXXXXX", target);
+    const char *slash = strrchr(target, '/');
+    const char *base = slash ? slash + 1 : target;
+    if (strlen(base) + sizeof ".tmp.XXXXXX" - 1 <= 255)
+        snprintf(t, l, "%s.tmp.XXXXXX", target);
+    else
+        snprintf(t, l + sizeof "/.moetax.tmp.XXXXXX", "%.*s.moetax.tmp.XXXXXX", (int)(base - target), target);
     int f = mkostemp(t, O_CLOEXEC);
     if (f < 0) {
         const bool other = strcmp(target, path) != 0;
@@ -287,6 +293,16 @@ moetax_status moetax_outfile_commit(struct moetax_outfile *o) {
     o->f = NULL;
     if (!what && rc != 0) { what = "close"; err = errno; }
     if (!what && rename(o->tmp, o->target) != 0) { what = "rename"; err = errno; }
+    if (!what) { /* the new name on disk too (a crash after "wrote" could lose it otherwise); best effort */
+        const char *slash = strrchr(o->target, '/');
+        char *dir = slash ? strndup(o->target, slash == o->target ? 1 : (size_t)(slash - o->target)) : strdup(".");
+        const int dfd = dir ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+        if (dfd >= 0) {
+            (void)fsync(dfd);
+            close(dfd);
+        }
+        free(dir);
+    }
     if (what) {
         const bool other = strcmp(o->target, o->path) != 0;
         st = moetax_error(MOETAX_ERR_IO, "output %s%s%s: %s failed%s%s (left as it was; %s removed)", o->path,
