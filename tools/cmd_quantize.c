@@ -9,7 +9,9 @@
  * q6_k: Q6_K = 18, as `llama-quantize --pure IN OUT Q4_K_M` writes).
  * --experts-only converts the routed expert tensors (*_exps.*) alone and copies every
  * other tensor, general.file_type included, as stored: the file `--expert-type TYPE`
- * computes in memory (src/model/requant.h; tensors already of TYPE are copied too). */
+ * computes in memory (src/model/requant.h; tensors already of TYPE are copied too) where every
+ * expert's rows fit TYPE's blocks; where they do not, quantize falls back as above and
+ * --expert-type refuses the model. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +29,8 @@ static void usage(FILE *f) {
                "q5_1 (q5_k) or q8_0 (q6_k, q2_k, q3_k; llama-quantize: q4_0 for those two), and rows that 32 does not\n"
                "divide f16 (each named on stderr).\n"
                "  --experts-only  convert the routed expert tensors only, the rest copied as stored (what\n"
-               "                  run/bench/eval --expert-type TYPE compute in memory)\n");
+               "                  run/bench/eval --expert-type TYPE compute in memory; where the experts' rows\n"
+               "                  do not fit TYPE, --expert-type refuses and this falls back as above)\n");
 }
 
 static bool keep_f32(const struct moetax_gguf_tensor *t) {
