@@ -380,6 +380,8 @@ check(r is not None and r[0] == 0 and "is already q4_0" in r[2], "quantize q4_0 
 works("gen -o a 254-byte name", ["gen", "--preset", "tiny", "-o", "a" * 249 + ".gguf"])
 check(os.path.exists("a" * 249 + ".gguf") and not [f for f in os.listdir(".") if "tmp." in f],
       "the long-named output is there and no temporary file is left")
+refused("run --parallel 2 -n 0 (it generated a token per prompt)", ["run", "-m", "tiny.gguf", "-f", "long.txt",
+                                                                     "--parallel", "2", "-n", "0"], ["-n 0"])
 refused("run -p X -f FILE (the file's text was used)", ["run", "-m", "tiny.gguf", "-p", "hi", "-f", "long.txt", "-n", "1"],
         ["-p and -f"])
 r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])

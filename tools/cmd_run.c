@@ -189,6 +189,10 @@ int cmd_run(int argc, char **argv) {
     }
     if (parallel) {
         if (!pfile) { free(text); return cli_usage_error("run", "--parallel needs -f FILE with one prompt per line"); }
+        if (n_predict == 0) { /* it sampled one token per prompt all the same */
+            free(text);
+            return cli_usage_error("run", "--parallel with -n 0 generates nothing (prompts alone: perplexity --parallel)");
+        }
         if (so.budgets) { free(text); return cli_usage_error("run", "--parallel does not combine with --expert-budget yet"); }
         const char *chat_opt = chat ? "--chat" : sys_msg ? "-sys" : chat_tmpl ? "--chat-template" : NULL;
         if (chat_opt) { free(text); return cli_usage_error("run", "--parallel does not combine with %s yet", chat_opt); }
