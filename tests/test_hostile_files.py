@@ -325,6 +325,16 @@ write("empty.txt", "")
 refused("profile of an empty text (a BOS-only profile was written)", ["profile", "-m", "tiny.gguf", "-f", "empty.txt",
                                                                      "-o", "empty.json"], ["empty.txt", "no text"])
 check(not os.path.exists("empty.json"), "no profile is written for an empty text")
+works("profile --max-tokens 1 of a real text (the empty-text check refused it)",
+      ["profile", "-m", "tiny.gguf", "-f", "text.txt", "-o", "one_tok.json", "--max-tokens", "1"])
+# bench's per-budget outputs (FILE.budget-25pct.json) against the inputs too (a --warm profile was overwritten)
+import shutil  # noqa: E402
+shutil.copy("prof.json", "x.budget-25pct.json")
+warm_before = open("x.budget-25pct.json", "rb").read()
+refused("bench --ledger x.json --warm x.budget-25pct.json", ["bench", "-m", "tiny.gguf", "-p", "0", "-n", "4", "-r", "1",
+                                                             "--no-mem", "--expert-budget", "25%", "--ledger", "x.json",
+                                                             "--warm", "x.budget-25pct.json"], ["is the input"])
+check(open("x.budget-25pct.json", "rb").read() == warm_before, "the warm-start profile is left as it was")
 works("a prefill-only ledger", ["run", "-m", "tiny.gguf", "-p", "hello world", "-n", "0", "--ledger", "nodec.json"])
 refused("report --decode-only of a prefill-only ledger (its breakdowns were zeros)",
         ["report", "nodec.json", "--decode-only"], ["nodec.json", "no decode steps"])

@@ -230,6 +230,8 @@ def test_framing(s):
         # a client's error, not the server's (these were a 501 server_error)
         ("chunked with a trailing space", b"Transfer-Encoding: chunked \r\n\r\n%s" % chunked, 400, "white space"),
         ("an empty Transfer-Encoding", b"Transfer-Encoding: \r\n\r\n%s" % chunked, 400, "empty"),
+        ("a coding list with a space after its comma", b"Transfer-Encoding: gzip, chunked\r\n\r\n%s" % chunked, 501,
+         "chunked"),
         # a compressed body was parsed as JSON
         ("a gzip Content-Encoding", b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
          415, "uncompressed"),

@@ -153,7 +153,8 @@ static int uring_reader(struct io_case *c, int qd) {
             }
             in_flight++;
         }
-        int src = store_ring_submit(r);
+        int submitted = 0;
+        int src = store_ring_submit(r, &submitted);
         if (src < 0) { /* a broken ring: what was queued never went */
             atomic_store(&c->failed, -src);
             break;

@@ -530,7 +530,7 @@ static moetax_status bench_check_upfront(const char *model, const char *twin, co
                     st = moetax_error(MOETAX_ERR_ARG, "--expert-budget lists '%s' twice: each budget's run writes its "
                                       "own --ledger / --trace file (%s)", tok, bo[0] ? bo[0] : bo[1]);
             if (!st && n_seen < n_items) snprintf(seen[n_seen++], sizeof seen[0], "%s", part);
-            if (!st) st = cli_check_outputs(bo, 2);
+            if (!st) st = cli_check_io(bo, 2, ins, 2);
         }
         free(seen);
         free(list);

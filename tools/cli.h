@@ -137,9 +137,6 @@ double cli_read_pass(struct moetax_membw_probe *probe);
 /* MOETAX_ERR_NUMERIC if a row of n logits (the one for position pos) holds a NaN or
  * an infinity: a broken model must not pass as a token or a perplexity. */
 moetax_status cli_check_logits(const float *row, int64_t n, int64_t pos);
-/* A warning on stderr ("moetax CMD: warning: WHAT reaches position N, past the T positions the model was
- * trained on ...") where positions run past the model's trained context (none where it is unknown);
- * true if it warned. */
 /* Encode len bytes of text (BOS first when bos) into *ids, malloc'd with room for extra more: the
  * encoding's length is asked first (a byte can be several tokens: an invalid byte is U+FFFD under most
  * pre-tokenizers, SentencePiece adds its space), so no text is refused for its buffer. */
@@ -149,6 +146,9 @@ moetax_status cli_encode(const struct moetax_tokenizer *tok, const char *text, s
 /* The bytes of token t: *out is buf (cap bytes) or, for a longer token, a malloc'd copy the caller frees
  * (*out != buf); returns their count (0 for none, or when out of memory). */
 int cli_token_bytes(const struct moetax_tokenizer *tok, int32_t t, char *buf, int cap, char **out);
+/* A warning on stderr ("moetax CMD: warning: WHAT reaches position N, past the T positions the model was
+ * trained on ...") where positions run past the model's trained context (none where it is unknown);
+ * true if it warned. */
 bool cli_warn_past_train(const char *cmd, const struct moetax_model *m, int64_t positions, const char *what);
 
 /* Check each output path given (NULL entries skipped) can be written, before the work

@@ -172,6 +172,7 @@ int cmd_profile(int argc, char **argv) {
     if ((st = moetax_profile_new(base, m->hp.n_layer, moe, n_moe, m->hp.n_expert, moetax_ctx_n_expert_used(c), &prof)))
         goto done;
     const int64_t U = moetax_ctx_n_ubatch(c);
+    int64_t text_tokens = 0; /* of the files' texts, the BOS left out */
     const bool bos = moetax_tokenizer_add_bos(tok) && moetax_tokenizer_bos(tok) >= 0;
     for (int f = 0; f < n_files && !st && !(max_tokens && prof->tokens >= max_tokens); f++) {
         char *text;
@@ -181,6 +182,7 @@ int cmd_profile(int argc, char **argv) {
         free(ids);
         st = cli_encode(tok, text, len, bos, 0, &ids, &n);
         free(text);
+        if (!st) text_tokens += n - (bos && n > 0);
         /* windows of ctx tokens from an empty cache, each chunk of U tokens read back from the routing */
         for (int64_t w0 = 0; !st && w0 < n && !(max_tokens && prof->tokens >= max_tokens); w0 += ctx) {
             moetax_ctx_reset(c);
@@ -195,7 +197,7 @@ int cmd_profile(int argc, char **argv) {
             }
         }
     }
-    if (!st && prof->tokens < 2) /* the BOS token alone (an empty text): no routing of any text in it */
+    if (!st && (prof->tokens == 0 || text_tokens == 0)) /* at most the BOS (an empty text): no text's routing */
         st = moetax_error(MOETAX_ERR_ARG, "%s: no text to profile (%lld token%s: the text is empty)", input,
                           (long long)prof->tokens, prof->tokens == 1 ? ", the BOS" : "s");
     if (!st) st = moetax_profile_write(prof, out);

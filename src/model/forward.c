@@ -660,7 +660,8 @@ static moetax_status decode_local(struct moetax_ctx *c, int64_t n, const int32_t
                                   const int32_t *seq, const bool *want, float *out, int64_t n_ub) {
     const struct moetax_hparams *hp = &c->m->hp;
     struct fw_step *s = &c->step;
-    moetax_status st = n > 0 ? moetax_kvcache_reserve(c->kv, seq, pos, n) : MOETAX_OK;
+    /* with no tokens (a rank's share of a sharded batch) too: it records the lengths an abort goes back to */
+    moetax_status st = moetax_kvcache_reserve(c->kv, seq, pos, n);
     if (st) return st;
     /* the ledger books the batch's steps as decode where the batch has one token per sequence: a
      * prompt's micro-batch of one token (its last, after whole micro-batches) is prefill */

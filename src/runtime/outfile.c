@@ -25,7 +25,7 @@
 struct moetax_outfile {
     char *path;   /* as given */
     char *target; /* symbolic links resolved */
-    char *tmp;    /* <target>.tmp.XXXXXX */
+    char *tmp;    /* <target>.tmp.XXXXXX, or <dir>/.moetax.tmp.XXXXXX for a long name (make_tmp) */
     FILE *f;
     int live;     /* index in g_live, -1: not listed */
 };

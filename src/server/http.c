@@ -310,8 +310,9 @@ static const char *headers_error(struct MHD_Connection *c, const char *url, int 
     if (f.n_length && f.n_encoding)
         return "both Content-Length and Transfer-Encoding: the body's length is ambiguous (RFC 9112 6.3)";
     if (f.n_encoding > 1) return "more than one Transfer-Encoding header";
-    if (f.n_encoding && (!f.encoding || !f.encoding[0] || strpbrk(f.encoding, " \t")))
-        return "a Transfer-Encoding header that is empty or holds white space (send \"chunked\")";
+    if (f.n_encoding && (!f.encoding || !f.encoding[0] || strchr(" \t", f.encoding[0]) ||
+                         strchr(" \t", f.encoding[strlen(f.encoding) - 1])))
+        return "a Transfer-Encoding header that is empty or padded with white space (send \"chunked\")";
     if (f.n_encoding && strcasecmp(f.encoding, "chunked") != 0) {
         *status = 501;
         return "Transfer-Encoding other than chunked is not supported";

@@ -51,7 +51,7 @@ void store_ring_free(struct store_ring *r);
 /* The streaming interface (bench io): queue a read of n bytes at off tagged `tag`, submit the
  * queued ones, wait for one completion (*res: bytes or -errno, as the kernel gives it). */
 int store_ring_prep(struct store_ring *r, int fd, void *buf, size_t n, uint64_t off, uint64_t tag);
-int store_ring_submit(struct store_ring *r);
+int store_ring_submit(struct store_ring *r, int *submitted); /* *submitted: SQEs the kernel took, also on failure */
 int store_ring_wait(struct store_ring *r, uint64_t *tag, int *res);
 
 #define STORE_RING_MAX_REQS 16

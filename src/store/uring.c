@@ -82,7 +82,8 @@ int store_ring_prep(struct store_ring *r, int fd, void *buf, size_t n, uint64_t 
     return 0;
 }
 
-int store_ring_submit(struct store_ring *r) {
+int store_ring_submit(struct store_ring *r, int *submitted) {
+    *submitted = 0;
     while (r->unsubmitted > 0) {
         int rc = io_uring_submit(&r->ring);
         if (rc == -EINTR || rc == -EAGAIN) continue;
@@ -92,6 +93,7 @@ int store_ring_submit(struct store_ring *r) {
             r->broken = true;
             return rc;
         }
+        *submitted += rc;
         r->unsubmitted = (unsigned)rc >= r->unsubmitted ? 0 : r->unsubmitted - (unsigned)rc;
     }
     return 0;
@@ -134,8 +136,9 @@ int store_ring_prep(struct store_ring *r, int fd, void *buf, size_t n, uint64_t 
     (void)r, (void)fd, (void)buf, (void)n, (void)off, (void)tag;
     return -ENOSYS;
 }
-int store_ring_submit(struct store_ring *r) {
+int store_ring_submit(struct store_ring *r, int *submitted) {
     (void)r;
+    *submitted = 0;
     return -ENOSYS;
 }
 int store_ring_wait(struct store_ring *r, uint64_t *tag, int *res) {
@@ -189,9 +192,11 @@ void store_ring_read(struct store_ring *r, const struct moetax_store_vfs *vfs, i
             }
         }
         if (prepared > 0) {
-            int rc = store_ring_submit(r);
+            int submitted = 0;
+            int rc = store_ring_submit(r, &submitted);
+            /* what the kernel took before a failed submit is in flight too: the drain below waits for it */
+            in_flight += rc < 0 ? submitted : prepared;
             if (rc < 0) err = rc;
-            else in_flight += prepared;
         }
         if (err || in_flight == 0) break;
         /* reap one completion, resubmit what is partial */
