@@ -360,7 +360,6 @@ if os.path.exists("store_led.json"):
                                                             led.get("totals", {}).get("tokens")))
 # inspect shows a file's text without its control bytes: a value with ESC sequences and a newline forged a line
 # and moved the terminal's cursor
-import struct  # noqa: E402
 def gguf_str(b):
     return struct.pack("<Q", len(b)) + b
 evil = b"line1\n  general.file_type    uint32   7\x1b]0;pwned\x07\x00hidden"
@@ -392,6 +391,21 @@ check(os.path.exists("a" * 249 + ".gguf") and not [f for f in os.listdir(".") if
       "the long-named output is there and no temporary file is left")
 refused("run --parallel 2 -n 0 (it generated a token per prompt)", ["run", "-m", "tiny.gguf", "-f", "long.txt",
                                                                      "--parallel", "2", "-n", "0"], ["-n 0"])
+# a model path that is not UTF-8 (a file named in another encoding): the ledger stays JSON that report and Python
+# read (its bytes went into the file as they were: report refused it, and so did Python's json)
+latin = b"mod\xe9l.gguf"
+if os.path.lexists(latin):
+    os.unlink(latin)
+os.symlink(os.path.abspath("tiny.gguf").encode(), latin)
+r = subprocess.run([BIN, "run", "-m", latin, "-p", "hi", "-n", "2", "-t", "1", "--ledger", "latin_led.json"],
+                   capture_output=True, timeout=60)
+check(r.returncode == 0, "run of a model named in Latin-1: %s" % r.stderr.decode(errors="replace")[-300:])
+try:
+    led = json.load(open("latin_led.json", encoding="utf-8"))
+    check(led.get("model", "").startswith("mod\ufffdl"), "the ledger names the model with U+FFFD: %r" % led.get("model"))
+except (OSError, ValueError) as e:
+    check(False, "the ledger of a Latin-1 model path is JSON: %s" % e)
+works("report it", ["report", "latin_led.json"])
 refused("run -p X -f FILE (the file's text was used)", ["run", "-m", "tiny.gguf", "-p", "hi", "-f", "long.txt", "-n", "1"],
         ["-p and -f"])
 r = run(["run", "-m", "tiny.gguf", "-p", "hi", "-n", "20", "-t", "1", "--ignore-eos"])
