@@ -387,8 +387,8 @@ check(r is not None and r[0] == 0 and "is already q4_0" in r[2], "quantize q4_0 
       % (r[2][-300:] if r else "timed out"))
 # an output name of 250 bytes (legal): written (its temporary name, 11 bytes longer, was refused as too long)
 works("gen -o a 254-byte name", ["gen", "--preset", "tiny", "-o", "a" * 249 + ".gguf"])
-check(os.path.exists("a" * 249 + ".gguf") and not [f for f in os.listdir(".") if "tmp." in f],
-      "the long-named output is there and no temporary file is left")
+check(os.path.exists("a" * 249 + ".gguf") and not [f for f in os.listdir(".") if f.startswith((".moetax.tmp.", "a" * 249 + ".gguf.tmp"))],
+      "the long-named output is there and no temporary file of it is left")
 refused("run --parallel 2 -n 0 (it generated a token per prompt)", ["run", "-m", "tiny.gguf", "-f", "long.txt",
                                                                      "--parallel", "2", "-n", "0"], ["-n 0"])
 # a model path that is not UTF-8 (a file named in another encoding): the ledger stays JSON that report and Python
