@@ -848,6 +848,15 @@ static moetax_status store_add_experts(const struct moetax_model *m, struct moet
     return st;
 }
 
+/* A store of the model's routed experts that is never committed (no file opened, no slots, no threads):
+ * its slot size; *n_out the experts registered. */
+static moetax_status probe_store(const struct moetax_model *m, struct moetax_store **out, int64_t *n_out) {
+    struct moetax_store_params p = {.path = m->gguf->path};
+    moetax_status st = moetax_store_init(&p, m->hp.n_layer, m->hp.n_expert, out);
+    if (!st) st = store_add_experts(m, *out, n_out);
+    return st;
+}
+
 /* The experts a token pins in the store at once: its top-k (n_expert_used, 0: the model's), at most
  * the most routed experts this process owns in any layer (under expert parallelism the store holds
  * this rank's own); *own_max_out: that most. */
@@ -901,11 +910,8 @@ static moetax_status store_usable(const struct moetax_model *m, int n_expert_use
 moetax_status moetax_model_store_check_budget(const struct moetax_model *m, uint64_t budget, int n_expert_used) {
     moetax_status st = store_usable(m, n_expert_used);
     if (st) return st;
-    struct moetax_store_params p = {.path = m->gguf->path}; /* never committed: no file, slots or threads */
     struct moetax_store *s = NULL;
-    st = moetax_store_init(&p, m->hp.n_layer, m->hp.n_expert, &s);
-    if (!st) st = store_add_experts(m, s, NULL);
-    if (!st) {
+    if (!(st = probe_store(m, &s, NULL))) {
         const int k = store_k(m, n_expert_used, NULL);
         const uint64_t slot = moetax_store_slot_bytes(s);
         if (!slot || budget / slot < (uint64_t)k) st = budget_too_small(budget, slot, k, moetax_store_min_budget(s, k));
@@ -916,12 +922,9 @@ moetax_status moetax_model_store_check_budget(const struct moetax_model *m, uint
 
 uint64_t moetax_model_store_bytes_all(const struct moetax_model *m) {
     if (m->hp.n_expert <= 0) return 0;
-    /* a store that is never committed: no file opened, no slots, no threads */
-    struct moetax_store_params p = {.path = m->gguf->path};
     struct moetax_store *s = NULL;
     int64_t n = 0;
-    moetax_status st = moetax_store_init(&p, m->hp.n_layer, m->hp.n_expert, &s);
-    if (!st) st = store_add_experts(m, s, &n);
+    moetax_status st = probe_store(m, &s, &n);
     uint64_t b = st ? 0 : moetax_store_slot_bytes(s) * (uint64_t)n;
     moetax_store_free(s);
     return b;
